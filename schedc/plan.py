@@ -1,0 +1,204 @@
+"""The plan: per-rank instruction streams, their JSON and text forms.
+
+This module is the contract between compiler and runtime (docs/plan-format.md). It imports nothing
+from the compiler, so the runtime can read plans without loading the parser or the passes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+FORMAT = "schedc-plan"
+VERSION = 1
+
+
+class Opcode(str, Enum):
+    """Built-in instruction kinds; anything else in a plan is a user task."""
+
+    F = "F"
+    B = "B"
+    I = "I"  # noqa: E741 - the papers' name for the input-gradient half of B
+    W = "W"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    SYNC_GRAD = "SYNC_GRAD"
+    STEP = "STEP"
+
+
+COMPUTE = frozenset({Opcode.F, Opcode.B, Opcode.I, Opcode.W})
+SENDS = frozenset({Opcode.SEND_F, Opcode.SEND_B})
+RECVS = frozenset({Opcode.RECV_F, Opcode.RECV_B})
+COMM = SENDS | RECVS
+SEND_OF_RECV = {Opcode.RECV_F: Opcode.SEND_F, Opcode.RECV_B: Opcode.SEND_B}
+_KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be read or does not fit its use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    """One instruction of a rank's step program (see docs/plan-format.md)."""
+
+    op: str
+    stage: int | None = None
+    mb: int | None = None
+    pipe: int | None = None
+    peer: int | None = None
+    group: tuple[int, ...] | None = None
+    part: int | None = None
+    parts: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, "stage": self.stage, "mb": self.mb}
+        for key in _KEYS[2:]:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if key == "group" else value
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Instr:
+        if not isinstance(obj, dict) or not isinstance(obj.get("op"), str):
+            raise PlanError(f"instruction must be an object with a string 'op', got {obj!r}")
+        unknown = set(obj) - {"op", *_KEYS}
+        if unknown:
+            raise PlanError(f"instruction {obj!r} has unknown keys {sorted(unknown)}")
+        group = obj.get("group")
+        return cls(obj["op"], obj.get("stage"), obj.get("mb"), obj.get("pipe"), obj.get("peer"),
+                   tuple(group) if group is not None else None, obj.get("part"), obj.get("parts"))
+
+    def __str__(self) -> str:
+        words = [self.op]
+        for key in _KEYS:
+            value = getattr(self, key)
+            if key == "mb" and value is None and self.stage is not None:
+                words.append("mb=-")
+            elif value is not None:
+                words.append(f"{key}={','.join(map(str, value)) if key == 'group' else value}")
+        return " ".join(words)
+
+    @classmethod
+    def parse(cls, line: str) -> Instr:
+        """Inverse of `str()`: ``SEND_F stage=1 mb=3 pipe=0 peer=2``."""
+        op, *words = line.split()
+        values: dict[str, Any] = {}
+        for word in words:
+            key, sep, text = word.partition("=")
+            if not sep or key not in _KEYS:
+                raise PlanError(f"bad field {word!r} in instruction {line!r}")
+            try:
+                if key == "group":
+                    values[key] = tuple(int(x) for x in text.split(",") if x)
+                else:
+                    values[key] = None if text == "-" else int(text)
+            except ValueError:
+                raise PlanError(f"bad value in field {word!r} of instruction {line!r}") from None
+        return cls(op, **values)
+
+
+def parse_rank_text(text: str) -> list[list[Instr]]:
+    """Parse a rankN.txt file back into its step programs."""
+    steps: list[list[Instr]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.startswith("# step"):
+            steps.append([])
+        elif line and not line.startswith("#"):
+            if not steps:
+                raise PlanError(f"line {number}: instruction before the first '# step' header")
+            steps[-1].append(Instr.parse(line))
+    return steps
+
+
+def format_rank_text(plan: Plan, rank: int) -> str:
+    lines = [f"# schedc plan {plan.meta['schedule']} rank {rank} (hash {plan.hash[:12]})"]
+    for k, step in enumerate(plan.ranks[rank]):
+        lines.append(f"# step {k}")
+        lines.extend(str(instr) for instr in step)
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A compiled plan: metadata (everything but the streams) and ranks[r][k] = step program k of rank r."""
+
+    meta: dict[str, Any]
+    ranks: tuple[tuple[tuple[Instr, ...], ...], ...]
+    hash: str = field(default="")
+
+    @property
+    def devices(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def cycle_steps(self) -> int:
+        return len(self.ranks[0]) if self.ranks else 0
+
+    def content(self) -> dict[str, Any]:
+        body = dict(self.meta)
+        body["ranks"] = [{"rank": r, "steps": [[i.to_json() for i in step] for step in steps]}
+                         for r, steps in enumerate(self.ranks)]
+        return body
+
+    def with_hash(self) -> Plan:
+        return replace(self, hash=content_hash(self.content()))
+
+    def to_json(self) -> dict[str, Any]:
+        body = self.content()
+        return {"format": FORMAT, "version": VERSION, "hash": self.hash or content_hash(body), **body}
+
+
+def content_hash(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def plan_from_json(obj: dict[str, Any], verify: bool = True) -> Plan:
+    """Build a Plan from parsed plan.json; with verify, refuse a plan whose hash does not match."""
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise PlanError("not a schedc plan (missing \"format\": \"schedc-plan\")")
+    if obj.get("version") != VERSION:
+        raise PlanError(f"plan version {obj.get('version')!r} is not supported (expected {VERSION})")
+    meta = {k: v for k, v in obj.items() if k not in ("format", "version", "hash", "ranks")}
+    try:
+        ranks = tuple(tuple(tuple(Instr.from_json(i) for i in step) for step in entry["steps"])
+                      for entry in sorted(obj["ranks"], key=lambda e: e["rank"]))
+    except (KeyError, TypeError) as exc:
+        raise PlanError(f"malformed 'ranks' in plan: {exc}") from None
+    plan = Plan(meta, ranks, obj.get("hash", ""))
+    if verify and plan.hash != content_hash(plan.content()):
+        raise PlanError("plan hash does not match its content (the file was edited or is corrupt)")
+    return plan
+
+
+def load_plan(path: str | Path, verify: bool = True) -> Plan:
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"{path}: cannot read plan: {exc}") from None
+    return plan_from_json(obj, verify)
+
+
+def write_plan(plan: Plan, directory: str | Path) -> list[Path]:
+    """Write plan.json and rank{r}.txt into directory (atomically per file); return the paths."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [_write_atomic(out / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")]
+    for rank in range(plan.devices):
+        written.append(_write_atomic(out / f"rank{rank}.txt", format_rank_text(plan, rank)))
+    return written
+
+
+def _write_atomic(path: Path, text: str) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
