@@ -1,0 +1,1 @@
+"""The .sched grammar, shipped as package data."""

@@ -1,0 +1,223 @@
+"""AST of the .sched language: frozen dataclasses, each carrying the source span it came from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .diagnostics import Span
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    span: Span
+
+
+# Expressions ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Num(Node):
+    value: int | float
+
+
+@dataclass(frozen=True, slots=True)
+class Name(Node):
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Star(Node):
+    """`*` in a dependency: every microbatch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unary(Node):
+    op: str  # "-" or "not"
+    operand: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Binary(Node):
+    op: str  # + - * / // % ** == != < <= > >= and or
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Cond(Node):
+    test: Expr
+    then: Expr
+    orelse: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Node):
+    func: str  # min max ceil floor abs
+    args: tuple[Expr, ...]
+
+
+Expr = Num | Name | Star | Unary | Binary | Cond | Call
+
+
+# Programs ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Cursor(Node):
+    """`F`, `F.up`, `F(0, 3)`, `curvature_A`: pop the next (or the named) op of a kind from a queue."""
+
+    kind: str
+    pipe: str | None
+    args: tuple[Expr, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Group(Node):
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Item(Node):
+    unit: Cursor | Group
+    repeat: Expr | None
+    when: Expr | None
+
+
+@dataclass(frozen=True, slots=True)
+class Let(Node):
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Loop(Node):
+    var: str
+    start: Expr
+    stop: Expr
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class When(Node):
+    test: Expr
+    then: tuple[Stmt, ...]
+    orelse: tuple[Stmt, ...]
+
+
+Stmt = Item | Let | Loop | When
+
+
+# Declarations --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Param(Node):
+    name: str
+    default: Expr
+    doc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Require(Node):
+    test: Expr
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Devices(Node):
+    count: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineDecl(Node):
+    name: str
+    stages: Expr | None
+    stage_var: str
+    placement: Expr | None
+    placement_span: Span | None
+    mb_start: Expr | None
+    mb_stop: Expr | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate(Node):
+    pipelines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CostDecl(Node):
+    kind: str
+    stage_var: str | None
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDecl(Node):
+    kind: str
+    stage_var: str | None
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Limit(Node):
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class SplitBackward(Node):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDecl(Node):
+    kind: str
+    pipe: str | None
+    key: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Program(Node):
+    device_var: str | None  # `on device d { ... }`
+    device: int | None      # `on device 0 { ... }`
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Greedy(Node):
+    key: tuple[Expr, ...] | None
+    inflight: Expr | None
+
+
+@dataclass(frozen=True, slots=True)
+class Dep(Node):
+    kind: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDecl(Node):
+    name: str
+    params: tuple[str, ...]
+    cost: Expr | None
+    after: tuple[Dep, ...]
+    keeps: tuple[Dep, ...]
+    split: Expr | None
+    at_end: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FillItem(Node):
+    task: str
+    split: Expr | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fill(Node):
+    items: tuple[FillItem, ...]
+
+
+Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
+        | SplitBackward | QueueDecl | Program | Greedy | TaskDecl | Fill)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDecl(Node):
+    name: str
+    doc: str
+    decls: tuple[Decl, ...]

@@ -1,0 +1,253 @@
+"""The command line: schedc compile | check | simulate | render | run | list | export.
+
+Heavy modules are imported inside the commands so that `schedc --help` answers at once.
+Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .diagnostics import SchedError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _defines(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"expected NAME=VALUE, got {value!r}", param_hint="-D")
+        out[name.strip()] = text.strip()
+    return out
+
+
+def _options(defines: tuple[str, ...], costs: str | None):
+    from .elaborate import Options
+    from .profiles import load_costs
+    return Options(_defines(defines), load_costs(costs) if costs else {})
+
+
+def _report(diagnostics, source) -> None:
+    for diag in diagnostics:
+        click.echo(diag.format(source), err=True)
+
+
+def _fail(exc: SchedError) -> None:
+    click.echo(exc.render(), err=True)
+    sys.exit(exc.exit_code)
+
+
+define_option = click.option("-D", "defines", multiple=True, metavar="NAME=VALUE",
+                             help="Override a param of the schedule (repeatable).")
+costs_option = click.option("--costs", type=click.Path(dir_okay=False), default=None,
+                            help="Measured costs (JSON from `schedc run --profile-out`, or a profile CSV).")
+latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
+                              help="Simulated latency of every message between devices.")
+
+
+def compile_input(file: str, defines, costs, latency: float):
+    """Read FILE (a .sched, a torch CSV schedule) and compile it; SchedError on user errors."""
+    from .compiler import compile_schedule, read_source
+    from .library import resolve
+    path = resolve(file)
+    options = _options(defines, costs)
+    if path.suffix == ".csv":
+        from .torch_csv import schedule_from_csv
+        schedule = schedule_from_csv(path, options)
+    else:
+        from .compiler import build_schedule
+        schedule = build_schedule(read_source(path), options)
+    return compile_schedule(schedule, latency)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="schedc")
+def main() -> None:
+    """schedc: declare, check, simulate, draw and run pipeline-parallel training schedules.
+
+    FILE may be a path or the name of a library schedule (see `schedc list`).
+    """
+
+
+@main.command("compile")
+@click.argument("file")
+@define_option
+@costs_option
+@latency_option
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
+              help="Directory for plan.json and rank*.txt.")
+def compile_cmd(file, defines, costs, latency, out_dir):
+    """Check, simulate and lower FILE to per-rank instruction streams."""
+    from .plan import write_plan
+    try:
+        result = compile_input(file, defines, costs, latency)
+    except SchedError as exc:
+        _fail(exc)
+    _report(result.diagnostics, result.schedule.source)
+    if not result.ok:
+        sys.exit(1)
+    paths = write_plan(result.plan, out_dir)
+    click.echo(_summary(result))
+    click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {result.plan.hash[:12]})")
+
+
+def _summary(result) -> str:
+    s, st = result.schedule, result.stats
+    params = " ".join(f"{k}={v}" for k, v in s.params.items())
+    peak = "/".join(f"{m:g}" for m in st["peak_memory"])
+    lines = [f"{s.name} ({params}): {s.devices} devices, {s.stages} stages, {s.microbatches} microbatches, "
+             f"{st['ops']} ops",
+             f"  makespan {st['makespan']:g}  bubble {st['bubble_fraction']:.4f}  "
+             f"utilization {st['utilization']:.4f}  peak activations per device {peak}"]
+    if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
+        lines.append(f"  filled: utilization {st.get('utilization_unfilled', 0):.4f} -> {st['utilization']:.4f}"
+                     f" over a cycle of {st['cycle_steps']} steps")
+    return "\n".join(lines)
+
+
+@main.command("check")
+@click.argument("file")
+@define_option
+@costs_option
+@click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+              help="Model description (TOML) for memory in bytes.")
+@click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
+def check_cmd(file, defines, costs, model_file, memory_limit):
+    """Prove FILE free of deadlock, with matching channels and within its memory bound."""
+    try:
+        result = compile_input(file, defines, costs, 0.0)
+        extra = []
+        if model_file or memory_limit:
+            from .check_memory import check_memory_bytes
+            extra = check_memory_bytes(result.schedule, result.timing, model_file, memory_limit)
+    except SchedError as exc:
+        _fail(exc)
+    diagnostics = result.diagnostics + extra
+    _report(diagnostics, result.schedule.source)
+    from .diagnostics import has_errors
+    if has_errors(diagnostics):
+        count = sum(d.severity.value == "error" for d in diagnostics)
+        click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
+        sys.exit(1)
+    click.echo(f"{result.schedule.source.path}: ok ({result.stats['ops']} ops on {result.schedule.devices} "
+               f"devices: no deadlock, channels match, memory peak "
+               f"{max(result.stats['peak_memory']):g} activations)")
+
+
+@main.command("simulate")
+@click.argument("file")
+@define_option
+@costs_option
+@latency_option
+@click.option("--profile", type=click.Path(dir_okay=False), default=None,
+              help="PipeFisher profile CSV (bs,time_f,time_b,...), used with --microbatch-size.")
+@click.option("--microbatch-size", type=int, default=None, help="Row of the profile to use.")
+@click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
+def simulate_cmd(file, defines, costs, latency, profile, microbatch_size, as_json):
+    """Simulate FILE under its cost model and print the stats."""
+    if profile:
+        costs = _profile_costs(profile, microbatch_size)
+    try:
+        result = compile_input(file, defines, costs, latency)
+    except SchedError as exc:
+        _fail(exc)
+    _report(result.diagnostics, result.schedule.source)
+    if as_json:
+        click.echo(json.dumps(result.stats, indent=1))
+    else:
+        click.echo(_summary(result))
+        click.echo(_device_table(result))
+    sys.exit(0 if result.ok else 1)
+
+
+def _profile_costs(profile: str, microbatch_size: int | None) -> str:
+    from .profiles import profile_to_costs_file
+    try:
+        return profile_to_costs_file(profile, microbatch_size)
+    except SchedError as exc:
+        _fail(exc)
+
+
+def _device_table(result) -> str:
+    st = result.stats
+    rows = ["  device      busy      idle   peak act"]
+    for d in range(result.schedule.devices):
+        rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {st['peak_memory'][d]:>10g}")
+    return "\n".join(rows)
+
+
+@main.command("list")
+def list_cmd():
+    """List the library schedules with their params."""
+    from .compiler import read_source
+    from .library import library_files
+    from .parse import parse_source
+    from . import ast
+    for path in library_files():
+        decl = parse_source(read_source(path))
+        click.echo(f"{path.stem:<18} {decl.name}: {decl.doc}")
+        for d in decl.decls:
+            if isinstance(d, ast.Param):
+                value = d.default.value if isinstance(d.default, ast.Num) else "(expr)"
+                click.echo(f"{'':<20}-D {d.name}={value:<6} {d.doc}")
+
+
+@main.command("render")
+@click.argument("file")
+@define_option
+@costs_option
+@latency_option
+@click.option("-o", "--out", "out", required=True, help="Output: .svg .png .pdf (timeline), .html, .json, .dot")
+@click.option("--dag", is_flag=True, help="Draw the dependency graph instead of the timeline.")
+@click.option("--comms", is_flag=True, help="Show sends and receives on the timeline.")
+@click.option("--measured", type=click.Path(dir_okay=False), default=None,
+              help="A measured Chrome trace to draw above the simulated timeline.")
+def render_cmd(file, defines, costs, latency, out, dag, comms, measured):
+    """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
+    from .render import render_file
+    try:
+        render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured)
+    except SchedError as exc:
+        _fail(exc)
+    click.echo(f"wrote {out}")
+
+
+@main.command("export")
+@click.argument("file")
+@define_option
+@click.option("--format", "fmt", type=click.Choice(["torch-csv"]), default="torch-csv", show_default=True)
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
+def export_cmd(file, defines, fmt, out):
+    """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
+    from .torch_csv import export_csv
+    try:
+        result = compile_input(file, defines, None, 0.0)
+        if not result.ok:
+            _report(result.diagnostics, result.schedule.source)
+            sys.exit(1)
+        Path(out).write_text(export_csv(result.schedule))
+    except SchedError as exc:
+        _fail(exc)
+    click.echo(f"wrote {out}")
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--nproc", type=int, default=None, help="Processes per node (default: the plan's devices x dp).")
+@click.pass_context
+def run_cmd(ctx, plan, nproc):
+    """Run PLAN (plan.json) under torchrun; options after PLAN go to the runtime, after `--` to torchrun.
+
+    Example: schedc run out/plan.json --nproc 4 --steps 3 --trace-out trace.json
+    """
+    from .runtime.launch import launch_from_cli
+    sys.exit(launch_from_cli(plan, nproc, list(ctx.args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Diagnostics: located errors and warnings, printed compiler-style with the source line and a caret."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A source file's name and text; spans point into it."""
+
+    path: str
+    text: str
+
+    def line(self, number: int) -> str:
+        lines = self.text.splitlines()
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A 1-based line/column range in a source file."""
+
+    line: int
+    column: int
+    end_line: int = 0
+    end_column: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.column}"
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    severity: Severity
+    message: str
+    span: Span | None = None
+    notes: tuple[str, ...] = ()
+    detail: str = ""  # a block shown after the caret, e.g. a rank x step grid
+
+    def format(self, source: Source | None) -> str:
+        where = source.path if source else "<input>"
+        if self.span:
+            where += f":{self.span}"
+        out = [f"{where}: {self.severity.value}: {self.message}"]
+        if self.span and source:
+            text = source.line(self.span.line)
+            if text:
+                width = max(1, (self.span.end_column - self.span.column)
+                            if self.span.end_line == self.span.line else 1)
+                out.append("  " + text.replace("\t", " "))
+                out.append("  " + " " * (self.span.column - 1) + "^" + "~" * (width - 1))
+        out.extend(f"  note: {note}" for note in self.notes)
+        if self.detail:
+            out.append(self.detail)
+        return "\n".join(out)
+
+
+def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "") -> Diagnostic:
+    return Diagnostic(Severity.ERROR, message, span, notes, detail)
+
+
+def warning(message: str, span: Span | None = None, notes: tuple[str, ...] = ()) -> Diagnostic:
+    return Diagnostic(Severity.WARNING, message, span, notes)
+
+
+class SchedError(Exception):
+    """A user error carrying diagnostics. `exit_code` 2 for syntax/usage, 1 for a wrong schedule."""
+
+    def __init__(self, diagnostics: list[Diagnostic] | Diagnostic, source: Source | None = None,
+                 exit_code: int = 1):
+        self.diagnostics = [diagnostics] if isinstance(diagnostics, Diagnostic) else list(diagnostics)
+        self.source = source
+        self.exit_code = exit_code
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n".join(d.format(self.source) for d in self.diagnostics)
+
+
+def has_errors(diagnostics: list[Diagnostic]) -> bool:
+    return any(d.severity is Severity.ERROR for d in diagnostics)
+
+
+@dataclass
+class DiagnosticBag:
+    """Collects diagnostics during a pass (the one mutable helper; passes return its list)."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+
+    def error(self, message: str, span: Span | None = None, **kw) -> None:
+        self.items.append(error(message, span, **kw))

@@ -1,0 +1,257 @@
+"""Elaboration: AST -> IR. Evaluates params and requires, expands pipelines into ops and runs the
+order strategy (per-device programs over queues, explicit lists, or greedy list scheduling).
+
+    schedule one_f_one_b ...  pipeline main { stages 2; ... microbatches 2 }  on device d { F F B B }
+    -> Schedule(orders=((F(0,0), F(0,1), B(0,0), B(0,1)), (F(1,0), F(1,1), B(1,0), B(1,1))), ...)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ast
+from .diagnostics import Diagnostic, SchedError, Source, Span, error, has_errors
+from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
+from .ir import BUILTIN, DEFAULT_COSTS, Dependency, Op, Pipeline, Schedule, TaskSpec
+from .order import order_greedy, run_programs
+
+MAX_OPS = 2_000_000
+
+
+@dataclass
+class Options:
+    """What the command line adds to a schedule: param overrides and measured costs."""
+
+    overrides: dict[str, str] = field(default_factory=dict)
+    costs: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # kind -> per-stage or flat
+    max_ops: int = MAX_OPS
+
+
+def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
+    return SchedError(error(message, span, **kw), source, exit_code=code)
+
+
+def _parse_override(name: str, text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"-D {name}={text}: value must be a number") from None
+
+
+def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> dict[str, Any]:
+    """Evaluate params in order, applying -D overrides; check the requires."""
+    params = [d for d in decl.decls if isinstance(d, ast.Param)]
+    known = {p.name for p in params}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise _fail(f"unknown param '{unknown[0]}' given with -D (params: {', '.join(sorted(known)) or 'none'})",
+                    None, source, code=2)
+    env: dict[str, Any] = {}
+    for param in params:
+        try:
+            env[param.name] = (_parse_override(param.name, overrides[param.name]) if param.name in overrides
+                               else evaluate(param.default, env))
+        except ValueError as exc:
+            raise _fail(str(exc), param.span, source, code=2) from None
+        except EvalError as exc:
+            raise _fail(exc.message, exc.span, source) from None
+    failures = []
+    for req in (d for d in decl.decls if isinstance(d, ast.Require)):
+        try:
+            ok = evaluate(req.test, env)
+        except EvalError as exc:
+            raise _fail(exc.message, exc.span, source) from None
+        if not ok:
+            shown = ", ".join(f"{k}={v}" for k, v in env.items())
+            failures.append(error(f"requirement failed: {req.message}", req.span, notes=(f"with {shown}",)))
+    if failures:
+        raise SchedError(failures, source)
+    return env
+
+
+def _ints(start: ast.Expr | None, stop: ast.Expr, env: dict[str, Any]) -> range:
+    lo = evaluate_int(start, env, "microbatch range start") if start is not None else 0
+    hi = evaluate_int(stop, env, "microbatch count")
+    return range(lo, hi)
+
+
+def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
+                    max_ops: int) -> tuple[Pipeline, ...]:
+    pipelines, owner, total = [], {}, 0
+    for pd in (d for d in decl.decls if isinstance(d, ast.PipelineDecl)):
+        if pd.stages is None or pd.mb_stop is None:
+            raise _fail(f"pipeline '{pd.name}' needs 'stages' and 'microbatches'", pd.span, source)
+        stages = evaluate_int(pd.stages, env, "stage count")
+        mbs = _ints(pd.mb_start, pd.mb_stop, env)
+        if stages < 1 or len(mbs) < 1:
+            raise _fail(f"pipeline '{pd.name}' has {stages} stages and {len(mbs)} microbatches; "
+                        "both must be at least 1", pd.span, source)
+        total += stages * len(mbs) * 2
+        if total > max_ops:
+            raise _fail(f"schedule would expand to more than {max_ops:,} ops "
+                        f"({stages:,} stages x {len(mbs):,} microbatches); refusing", pd.span, source)
+        placement = []
+        for s in range(stages):
+            device = evaluate_int(pd.placement, {**env, pd.stage_var: s}, "device") if pd.placement else s
+            if not 0 <= device < devices:
+                raise _fail(f"stage {s} of pipeline '{pd.name}' is placed on device {device}, "
+                            f"but devices are 0..{devices - 1}", pd.placement_span or pd.span, source)
+            placement.append(device)
+        for mb in mbs:
+            if mb < 0 or mb in owner:
+                why = "is negative" if mb < 0 else f"is already owned by pipeline '{owner[mb]}'"
+                raise _fail(f"microbatch {mb} of pipeline '{pd.name}' {why}", pd.span, source)
+            owner[mb] = pd.name
+        pipelines.append(Pipeline(pd.name, stages, tuple(placement), tuple(mbs), pd.span))
+    if not pipelines:
+        raise _fail("a schedule needs at least one pipeline", decl.span, source)
+    if sorted(owner) != list(range(len(owner))):
+        raise _fail(f"microbatches must be numbered 0..{len(owner) - 1} across pipelines", pipelines[0].span,
+                    source)
+    return tuple(pipelines)
+
+
+def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source) -> int:
+    for d in decl.decls:
+        if isinstance(d, ast.Devices):
+            count = evaluate_int(d.count, env, "device count")
+            if count < 1:
+                raise _fail(f"device count must be at least 1, got {count}", d.span, source)
+            return count
+    if isinstance(env.get("p"), int) and env["p"] >= 1:
+        return env["p"]
+    raise _fail("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
+
+
+def _replicas(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...], source: Source) -> tuple:
+    index = {p.name: k for k, p in enumerate(pipelines)}
+    groups = []
+    for rep in (d for d in decl.decls if isinstance(d, ast.Replicate)):
+        for name in rep.pipelines:
+            if name not in index:
+                raise _fail(f"unknown pipeline '{name}' (pipelines: {', '.join(index)})", rep.span, source)
+        members = tuple(index[n] for n in rep.pipelines)
+        if len({pipelines[k].stages for k in members}) != 1:
+            raise _fail("replicated pipelines must have the same number of stages", rep.span, source)
+        groups.append(members)
+    covered = {k for g in groups for k in g}
+    if len(pipelines) > 1 and covered != set(range(len(pipelines))):
+        raise _fail("several pipelines must be declared copies of one model: 'replicate a, b'",
+                    pipelines[1].span, source)
+    return tuple(groups)
+
+
+def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: Source,
+               given: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+    """Evaluate `cost K = e` / `cost K(s) = e` (or `memory ...`) per stage; measured costs win."""
+    table = {k: [float(v)] * stages for k, v in kind_default.items()}
+    for d in decls:
+        try:
+            table[d.kind] = [float(evaluate(d.value, {**env, d.stage_var: s} if d.stage_var else env))
+                             for s in range(stages)]
+        except EvalError as exc:
+            raise _fail(exc.message, exc.span, source) from None
+        if any(v < 0 for v in table[d.kind]):
+            raise _fail(f"{d.kind}: cost must not be negative", d.span, source)
+    for kind, value in given.items():
+        values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
+        if len(values) != stages:
+            raise _fail(f"measured costs for {kind} have {len(values)} stages, the schedule has {stages}",
+                        None, source, code=2)
+        table[kind] = values
+    return {k: tuple(v) for k, v in table.items()}
+
+
+def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool) -> list[Op]:
+    kinds = ("F", "I", "W") if split else ("F", "B")
+    return [Op(kind, s, mb, k, 0, pipe.placement[s], costs[kind][s])
+            for k, pipe in enumerate(pipelines) for s in range(pipe.stages) for mb in pipe.microbatches
+            for kind in kinds]
+
+
+def builtin_deps(op: Op, pipe: Pipeline, split: bool) -> tuple[Op, ...]:
+    """F(s,i) after F(s-1,i); B(s,i)/I(s,i) after F(s,i) and B(s+1,i) (I with split); W after I."""
+    s, mb, k = op.stage, op.mb, op.pipe
+    if op.kind == "F":
+        return (Op("F", s - 1, mb, k),) if s > 0 else ()
+    if op.kind == "W":
+        return (Op("I", s, mb, k),)
+    grad = "I" if split else "B"
+    return (Op("F", s, mb, k),) + ((Op(grad, s + 1, mb, k),) if s + 1 < pipe.stages else ())
+
+
+def _canonical(ops: list[Op]) -> dict[Op, Op]:
+    return {op: op for op in ops}
+
+
+def instantiate_tasks(decl: ast.ScheduleDecl, env, pipelines, costs, source: Source):
+    """Expand `task name(s, i)` declarations into ops (one per stage and microbatch, per pipeline)."""
+    from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
+    return expand_tasks(decl, env, pipelines, costs, source)
+
+
+def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = None) -> Schedule:
+    """AST -> Schedule. Raises SchedError with every diagnostic it can collect."""
+    options = options or Options()
+    try:
+        return _elaborate(decl, source, options)
+    except EvalError as exc:
+        raise _fail(exc.message, exc.span, source) from None
+
+
+def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Schedule:
+    env = bind_params(decl, source, options.overrides)
+    devices = _device_count(decl, env, source)
+    pipelines = build_pipelines(decl, env, devices, source, options.max_ops)
+    replicas = _replicas(decl, pipelines, source)
+    stages = pipelines[0].stages
+    split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
+    task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
+    defaults = dict(DEFAULT_COSTS)
+    costs = _per_stage([d for d in decl.decls if isinstance(d, ast.CostDecl)], defaults, env, stages, source,
+                       options.costs)
+    activation = _per_stage([d for d in decl.decls if isinstance(d, ast.MemoryDecl) and d.kind == "F"],
+                            {"F": 1.0}, env, stages, source, {})["F"]
+    ops = build_ops(pipelines, costs, split)
+    deps = {op: builtin_deps(op, pipelines[op.pipe], split) for op in ops}
+    tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
+    if task_decls:
+        tasks, task_ops, task_deps, keeps, fill = instantiate_tasks(decl, env, pipelines, costs, source)
+    deps.update(task_deps)
+    filled = {name for name, _ in fill}
+    placeable = ops + [op for op in task_ops if op.kind not in filled]
+    unplaced = tuple(op for op in task_ops if op.kind in filled)
+    env_pipes = {**env, **{p.name: PipeRef(p.name) for p in pipelines}}
+    programs = [d for d in decl.decls if isinstance(d, ast.Program)]
+    greedy = [d for d in decl.decls if isinstance(d, ast.Greedy)]
+    queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
+    if programs and greedy:
+        raise _fail("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
+    if programs:
+        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source)
+    else:
+        orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
+                                     env_pipes, source)
+    if has_errors(diags):
+        raise SchedError(diags, source)
+    limit, limit_span = _memory_limit(decl, env, devices)
+    return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
+                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced)
+
+
+def _memory_limit(decl, env, devices):
+    for d in decl.decls:
+        if isinstance(d, ast.Limit):
+            fn = compile_expr(d.value)
+            return tuple(float(fn({**env, "d": dev})) for dev in range(devices)), d.span
+    return None, None
+
+
+def diagnostics_of(exc: SchedError) -> list[Diagnostic]:
+    return exc.diagnostics
+
+
+__all__ = ["Options", "elaborate", "builtin_deps", "BUILTIN"]

@@ -1,0 +1,172 @@
+"""Expressions: compile AST expressions into small closures and evaluate them (no Python eval).
+
+    >>> fn = compile_expr(parse("min(p - 1 - d, m)"))   # doctest: +SKIP
+    >>> fn({"p": 4, "d": 1, "m": 8})
+    2
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import ast
+from .diagnostics import Span
+
+Env = dict[str, Any]
+Fn = Callable[[Env], Any]
+
+
+class EvalError(Exception):
+    def __init__(self, message: str, span: Span):
+        super().__init__(message)
+        self.message = message
+        self.span = span
+
+
+@dataclass(frozen=True, slots=True)
+class PipeRef:
+    """A pipeline named in an expression (`let X = down if d < h else up`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _div(a, b):
+    return a / b
+
+
+_ARITH: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": _div, "//": operator.floordiv,
+    "%": operator.mod, "**": operator.pow,
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "min": min, "max": max, "abs": abs, "ceil": math.ceil, "floor": math.floor,
+}
+_ARITY = {"abs": 1, "ceil": 1, "floor": 1}
+MAX_POWER = 64
+
+
+def _number(value: Any, span: Span) -> int | float:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    raise EvalError(f"expected a number, got pipeline '{value}'", span)
+
+
+def _compile_num(node: ast.Num) -> Fn:
+    value = node.value
+    return lambda env: value
+
+
+def _compile_name(node: ast.Name) -> Fn:
+    name, span = node.id, node.span
+
+    def get(env: Env) -> Any:
+        try:
+            return env[name]
+        except KeyError:
+            raise EvalError(f"unknown name '{name}'", span) from None
+    return get
+
+
+def _compile_star(node: ast.Star) -> Fn:
+    def star(env: Env) -> Any:
+        raise EvalError("'*' stands only as a dependency's argument", node.span)
+    return star
+
+
+def _compile_unary(node: ast.Unary) -> Fn:
+    inner, span = compile_expr(node.operand), node.span
+    if node.op == "not":
+        return lambda env: not inner(env)
+    return lambda env: -_number(inner(env), span)
+
+
+def _compile_binary(node: ast.Binary) -> Fn:
+    left, right, span = compile_expr(node.left), compile_expr(node.right), node.span
+    if node.op == "and":
+        return lambda env: left(env) and right(env)
+    if node.op == "or":
+        return lambda env: left(env) or right(env)
+    fn = _ARITH[node.op]
+    if node.op in ("==", "!="):
+        return lambda env: fn(left(env), right(env))
+
+    def apply(env: Env) -> Any:
+        a, b = _number(left(env), span), _number(right(env), span)
+        if node.op == "**" and abs(b) > MAX_POWER:
+            raise EvalError(f"exponent {b} is too large (at most {MAX_POWER})", span)
+        try:
+            return fn(a, b)
+        except ZeroDivisionError:
+            raise EvalError("division by zero", span) from None
+        except (OverflowError, ValueError) as exc:
+            raise EvalError(f"arithmetic error: {exc}", span) from None
+    return apply
+
+
+def _compile_cond(node: ast.Cond) -> Fn:
+    test, then, orelse = compile_expr(node.test), compile_expr(node.then), compile_expr(node.orelse)
+    return lambda env: then(env) if test(env) else orelse(env)
+
+
+def _compile_call(node: ast.Call) -> Fn:
+    args, span, func = [compile_expr(a) for a in node.args], node.span, _FUNCS[node.func]
+    arity = _ARITY.get(node.func)
+    if arity is not None and len(args) != arity:
+        raise EvalError(f"{node.func}() takes {arity} argument, got {len(args)}", span)
+
+    def call(env: Env) -> Any:
+        values = [_number(a(env), span) for a in args]
+        try:
+            return func(*values) if len(values) > 1 or arity else values[0]
+        except (OverflowError, ValueError) as exc:
+            raise EvalError(f"{node.func}(): {exc}", span) from None
+    return call
+
+
+_COMPILERS: dict[type, Callable[[Any], Fn]] = {
+    ast.Num: _compile_num, ast.Name: _compile_name, ast.Star: _compile_star, ast.Unary: _compile_unary,
+    ast.Binary: _compile_binary, ast.Cond: _compile_cond, ast.Call: _compile_call,
+}
+
+
+def compile_expr(node: ast.Expr) -> Fn:
+    """Turn an expression into a function of an environment (a dict of names to values)."""
+    return _COMPILERS[type(node)](node)
+
+
+def evaluate(node: ast.Expr, env: Env) -> Any:
+    return compile_expr(node)(env)
+
+
+def evaluate_int(node: ast.Expr, env: Env, what: str) -> int:
+    """Evaluate to an integer (a float with an integral value is accepted)."""
+    value = evaluate(node, env)
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, int):
+        raise EvalError(f"{what} must be an integer, got {value}", node.span)
+    return value
+
+
+def free_names(node: ast.Expr) -> set[str]:
+    """The names an expression reads (for deciding what a key or cost depends on)."""
+    if isinstance(node, ast.Name):
+        return {node.id}
+    children = {ast.Unary: ("operand",), ast.Binary: ("left", "right"), ast.Cond: ("test", "then", "orelse")}
+    names: set[str] = set()
+    for attr in children.get(type(node), ()):
+        names |= free_names(getattr(node, attr))
+    if isinstance(node, ast.Call):
+        for arg in node.args:
+            names |= free_names(arg)
+    return names

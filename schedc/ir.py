@@ -1,0 +1,123 @@
+"""The IR: ops, pipelines and a schedule's per-device orders, as frozen dataclasses.
+
+An op is identified by (kind, stage, mb, pipe, part); its device, cost and source span ride along
+without taking part in equality, so ops can key dicts cheaply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .diagnostics import Source, Span
+
+
+class OpKind(str, Enum):
+    F = "F"  # forward
+    B = "B"  # full backward
+    I = "I"  # noqa: E741 - backward for the input gradient (split backward)
+    W = "W"  # backward for the weight gradient (split backward)
+
+
+BUILTIN = frozenset(k.value for k in OpKind)
+FORWARD = frozenset({OpKind.F.value})
+BACKWARD = frozenset({OpKind.B.value, OpKind.I.value, OpKind.W.value})
+DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: str
+    stage: int
+    mb: int | None
+    pipe: int = 0
+    part: int = 0
+    device: int = field(default=0, compare=False)
+    cost: float = field(default=1.0, compare=False)
+    span: Span | None = field(default=None, compare=False, repr=False)
+    parts: int = field(default=1, compare=False)
+
+    def __str__(self) -> str:
+        args = f"{self.stage}" if self.mb is None else f"{self.stage},{self.mb}"
+        suffix = f"[{self.part + 1}/{self.parts}]" if self.parts > 1 else ""
+        return f"{self.kind}({args}){suffix}"
+
+    @property
+    def is_task(self) -> bool:
+        return self.kind not in BUILTIN
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    name: str
+    stages: int
+    placement: tuple[int, ...]  # placement[s] = device of stage s
+    microbatches: tuple[int, ...]
+    span: Span | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    """A task's `after`/`keeps` clause, evaluated: the kind it waits on, its stage, microbatch or all (None)."""
+
+    kind: str
+    stage: int
+    mb: int | None
+    all_mbs: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    name: str
+    params: tuple[str, ...]
+    split: int
+    at_end: bool
+    span: Span | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule after elaboration: who runs what, in which order, and what waits on what."""
+
+    name: str
+    description: str
+    source: Source
+    params: dict[str, Any]
+    devices: int
+    pipelines: tuple[Pipeline, ...]
+    replicas: tuple[tuple[int, ...], ...]
+    orders: tuple[tuple[Op, ...], ...]       # orders[d] = device d's program
+    deps: dict[Op, tuple[Op, ...]]            # data dependencies of every op
+    costs: dict[str, tuple[float, ...]]       # kind -> cost per stage
+    activation: tuple[float, ...]             # activation units per stage, held from F to B (or W)
+    memory_limit: tuple[float, ...] | None    # per device
+    memory_limit_span: Span | None
+    split_backward: bool
+    tasks: tuple[TaskSpec, ...] = ()
+    keeps: dict[Op, tuple[Op, ...]] = field(default_factory=dict)  # task -> activations it keeps alive
+    fill: tuple[tuple[str, int], ...] = ()    # tasks placed into bubbles, in priority order, with split
+    unplaced: tuple[Op, ...] = ()             # ops created but left for fill_bubbles to place
+    cycle: tuple[tuple[tuple[Op, ...], ...], ...] = ()  # K step programs per device, when bubbles are filled
+
+    @property
+    def steps(self) -> tuple[tuple[tuple[Op, ...], ...], ...]:
+        """The step programs: cycle[k][d], or the single step (orders) when nothing was filled."""
+        return self.cycle or (self.orders,)
+
+    @property
+    def stages(self) -> int:
+        return self.pipelines[0].stages if self.pipelines else 0
+
+    @property
+    def microbatches(self) -> int:
+        return sum(len(p.microbatches) for p in self.pipelines)
+
+    def ops(self):
+        for order in self.orders:
+            yield from order
+
+    def op_count(self) -> int:
+        return sum(len(order) for order in self.orders)
+
+    def pipeline_of_mb(self) -> dict[int, int]:
+        return {mb: index for index, pipe in enumerate(self.pipelines) for mb in pipe.microbatches}

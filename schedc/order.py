@@ -1,0 +1,315 @@
+"""Order strategies: per-device programs popping from sorted queues (explicit lists are programs
+of named ops), and greedy list scheduling under the cost model.
+
+    queue F by (i, s); on device d { F * 2 ; (F B) * 2 ; B * 2 }
+    -> device d's order: F F B F B F ... as the program pops them from its queues
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import ast
+from .diagnostics import Diagnostic, SchedError, Source, Span, error
+from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
+from .ir import Op, Pipeline
+
+MAX_PROGRAM_STEPS = 20_000_000
+_KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
+
+
+def _key_env(op: Op, pipe: Pipeline, chunk: dict[tuple[int, int], int], env: dict[str, Any]) -> dict:
+    return {**env, "s": op.stage, "i": op.mb if op.mb is not None else -1, "d": op.device,
+            "c": chunk[(op.pipe, op.stage)], "kind": op.kind, "pipe": PipeRef(pipe.name)}
+
+
+def chunk_index(pipelines: tuple[Pipeline, ...]) -> dict[tuple[int, int], int]:
+    """c: the index of stage s among the stages its pipeline places on the same device."""
+    out = {}
+    for k, pipe in enumerate(pipelines):
+        seen: dict[int, int] = {}
+        for s, device in enumerate(pipe.placement):
+            out[(k, s)] = seen.get(device, 0)
+            seen[device] = out[(k, s)] + 1
+    return out
+
+
+def _default_key(op: Op) -> tuple:
+    """By microbatch then stage (backwards: stages descending)."""
+    return (op.mb if op.mb is not None else -1, -op.stage if op.kind in ("B", "I", "W") else op.stage)
+
+
+def sort_queue(ops: list[Op], key: tuple[ast.Expr, ...] | None, pipelines, chunk, env) -> list[Op]:
+    if key is None:
+        return sorted(ops, key=lambda op: (_default_key(op), op.pipe, op.part))
+    fns = [compile_expr(e) for e in key]
+    keyed = []
+    for op in ops:
+        scope = _key_env(op, pipelines[op.pipe], chunk, env)
+        keyed.append((tuple(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part, op))
+    keyed.sort(key=lambda t: t[:5])
+    return [t[-1] for t in keyed]
+
+
+@dataclass
+class _Queue:
+    """The ops of one kind on one device, sorted; pops skip ops already taken by another cursor."""
+
+    ops: list[Op]
+    position: int = 0
+
+    def pop(self, taken: set[Op]) -> Op | None:
+        while self.position < len(self.ops) and self.ops[self.position] in taken:
+            self.position += 1
+        if self.position == len(self.ops):
+            return None
+        self.position += 1
+        return self.ops[self.position - 1]
+
+
+class _ProgramRun:
+    """Runs one device's program against its queues, collecting the order and diagnostics."""
+
+    def __init__(self, device: int, queues: dict[tuple[str, str | None], _Queue], mine: dict[Op, Op],
+                 pipelines: tuple[Pipeline, ...], diags: list[Diagnostic]):
+        self.device, self.queues, self.mine, self.pipelines = device, queues, mine, pipelines
+        self.diags, self.order, self.taken, self.steps = diags, [], set(), 0
+        self.names = {p.name: k for k, p in enumerate(pipelines)}
+
+    def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
+        env = dict(env)
+        for stmt in body:
+            self.steps += 1
+            if self.steps > MAX_PROGRAM_STEPS:
+                raise EvalError(f"program of device {self.device} runs more than {MAX_PROGRAM_STEPS:,} steps",
+                                stmt.span)
+            getattr(self, "_" + type(stmt).__name__.lower())(stmt, env)
+
+    def _let(self, stmt: ast.Let, env: dict) -> None:
+        env[stmt.name] = evaluate(stmt.value, env)
+
+    def _loop(self, stmt: ast.Loop, env: dict) -> None:
+        for k in range(evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")):
+            self.run(stmt.body, {**env, stmt.var: k})
+
+    def _when(self, stmt: ast.When, env: dict) -> None:
+        self.run(stmt.then if evaluate(stmt.test, env) else stmt.orelse, env)
+
+    def _item(self, stmt: ast.Item, env: dict) -> None:
+        if stmt.when is not None and not evaluate(stmt.when, env):
+            return
+        count = evaluate_int(stmt.repeat, env, "repeat count") if stmt.repeat is not None else 1
+        if count < 0:
+            raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
+        for _ in range(count):
+            if isinstance(stmt.unit, ast.Group):
+                self.run(stmt.unit.body, env)
+            else:
+                self._cursor(stmt.unit, env)
+            if self.diags and len(self.diags) > 50:
+                return
+
+    def _pipe(self, cursor: ast.Cursor, env: dict) -> str | None:
+        if cursor.pipe is None:
+            return None
+        value = env.get(cursor.pipe)
+        if isinstance(value, PipeRef):
+            return value.name
+        raise EvalError(f"'{cursor.pipe}' is not a pipeline (pipelines: {', '.join(self.names)})", cursor.span)
+
+    def _cursor(self, cursor: ast.Cursor, env: dict) -> None:
+        pipe = self._pipe(cursor, env)
+        if cursor.args is not None:
+            return self._named(cursor, pipe, env)
+        queue = self.queues.get((cursor.kind, pipe))
+        op = queue.pop(self.taken) if queue else None
+        if op is None:
+            where = f" of pipeline '{pipe}'" if pipe else ""
+            known = self.queues.get((cursor.kind, None))
+            why = (f"all {len(known.ops)} {cursor.kind} ops{where} of this device are already placed" if known
+                   else f"no op of kind '{cursor.kind}'{where} runs on this device")
+            self.diags.append(error(f"device {self.device}: program pops {cursor.kind}"
+                                    f"{'.' + pipe if pipe else ''} from an empty queue ({why})", cursor.span))
+            return
+        self._take(op, cursor.span)
+
+    def _named(self, cursor: ast.Cursor, pipe: str | None, env: dict) -> None:
+        args = [evaluate_int(a, env, "op argument") for a in cursor.args]
+        if len(args) not in (1, 2):
+            raise EvalError(f"{cursor.kind}(...) takes a stage and a microbatch", cursor.span)
+        stage, mb = args[0], (args[1] if len(args) == 2 else None)
+        candidates = [Op(cursor.kind, stage, mb, k) for k in range(len(self.pipelines))
+                      if pipe is None or self.pipelines[k].name == pipe]
+        found = [self.mine[c] for c in candidates if c in self.mine]
+        label = f"{cursor.kind}({stage}{'' if mb is None else f',{mb}'})"
+        if not found:
+            self.diags.append(error(f"device {self.device}: {label} is not an op of this device", cursor.span))
+        elif found[0] in self.taken:
+            self.diags.append(error(f"device {self.device}: {label} is placed twice", cursor.span))
+        else:
+            self._take(found[0], cursor.span)
+
+    def _take(self, op: Op, span: Span) -> None:
+        self.taken.add(op)
+        self.order.append(Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts))
+
+
+def _build_queues(device_ops: list[Op], queue_decls, pipelines, chunk, env) -> dict:
+    by_kind: dict[str, list[Op]] = {}
+    for op in device_ops:
+        by_kind.setdefault(op.kind, []).append(op)
+    keys = {(q.kind, q.pipe): q.key for q in queue_decls}
+    queues = {}
+    for kind, ops in by_kind.items():
+        ordered = sort_queue(ops, keys.get((kind, None)), pipelines, chunk, env)
+        queues[(kind, None)] = _Queue(ordered)
+        for k, pipe in enumerate(pipelines):
+            mine = [op for op in ordered if op.pipe == k]
+            if (kind, pipe.name) in keys:
+                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk, env)
+            if mine:
+                queues[(kind, pipe.name)] = _Queue(mine)
+    return queues
+
+
+def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
+                 pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
+                 source: Source) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
+    """Run each device's program; report empty pops and ops left over, naming device, op and line."""
+    names = {p.name for p in pipelines}
+    for q in queue_decls:
+        if q.pipe is not None and q.pipe not in names:
+            raise SchedError(error(f"unknown pipeline '{q.pipe}' in queue", q.span), source)
+    specific = {p.device: p for p in programs if p.device is not None}
+    generic = [p for p in programs if p.device_var is not None]
+    diags: list[Diagnostic] = []
+    for dev in specific:
+        if not 0 <= dev < devices:
+            diags.append(error(f"program for device {dev}, but devices are 0..{devices - 1}", specific[dev].span))
+    per_device: list[list[Op]] = [[] for _ in range(devices)]
+    for op in ops:
+        per_device[op.device].append(op)
+    chunk = chunk_index(pipelines)
+    orders = []
+    for dev in range(devices):
+        program = specific.get(dev) or (generic[-1] if generic else None)
+        if program is None:
+            diags.append(error(f"no program for device {dev}", programs[0].span))
+            orders.append(())
+            continue
+        mine = {op: op for op in per_device[dev]}
+        run = _ProgramRun(dev, _build_queues(per_device[dev], queue_decls, pipelines, chunk, env), mine,
+                          pipelines, diags)
+        scope = {**env, program.device_var: dev} if program.device_var else dict(env)
+        try:
+            run.run(program.body, scope)
+        except EvalError as exc:
+            diags.append(error(f"device {dev}: {exc.message}", exc.span))
+            orders.append(tuple(run.order))
+            continue
+        left = [op for op in per_device[dev] if op not in run.taken]
+        if left:
+            shown = ", ".join(map(str, left[:6])) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
+            diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
+                               f"unscheduled: {shown}", program.span))
+        orders.append(tuple(run.order))
+    return tuple(orders), diags
+
+
+# Greedy list scheduling ------------------------------------------------------------------------------
+
+def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op, ...]],
+                 pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
+                 source: Source, latency: float = 0.0) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
+    """When a device is idle it starts the ready op with the smallest key (default: backward first, then
+    microbatch, then stage), starting a forward only while fewer than `inflight` activations are alive."""
+    span = decl.span if decl else None
+    chunk = chunk_index(pipelines)
+    key_fn = _greedy_key(decl, pipelines, chunk, env)
+    limit_fn = compile_expr(decl.inflight) if decl and decl.inflight is not None else None
+    limits = [limit_fn({**env, "d": d}) if limit_fn else float("inf") for d in range(devices)]
+    index = {op: n for n, op in enumerate(ops)}
+    succ: list[list[int]] = [[] for _ in ops]
+    missing = [0] * len(ops)
+    for n, op in enumerate(ops):
+        for dep in deps.get(op, ()):
+            if dep in index:
+                succ[index[dep]].append(n)
+                missing[n] += 1
+    keys = [key_fn(op) for op in ops]
+    ready_at = [0.0] * len(ops)
+    waiting: list[list] = [[] for _ in range(devices)]   # (ready time, key, n)
+    ready: list[list] = [[] for _ in range(devices)]     # (key, n)
+    for n, op in enumerate(ops):
+        if missing[n] == 0:
+            heapq.heappush(waiting[op.device], (0.0, keys[n], n))
+    free_at, alive = [0.0] * devices, [0.0] * devices
+    running: list = []  # (end, n)
+    orders: list[list[Op]] = [[] for _ in range(devices)]
+    done, now = 0, 0.0
+    while done < len(ops):
+        for d in range(devices):
+            if free_at[d] > now:
+                continue
+            while waiting[d] and waiting[d][0][0] <= now:
+                _, key, n = heapq.heappop(waiting[d])
+                heapq.heappush(ready[d], (key, n))
+            n = _pick(ready[d], ops, alive[d], limits[d])
+            if n is None:
+                continue
+            op = ops[n]
+            alive[d] += 1 if op.kind == "F" else 0
+            free_at[d] = now + op.cost
+            heapq.heappush(running, (free_at[d], n))
+            orders[d].append(Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts))
+        upcoming = [w[0][0] for d, w in enumerate(waiting) if w and w[0][0] > now]
+        upcoming += [free_at[d] for d in range(devices) if free_at[d] > now]
+        if not running and not upcoming:
+            stuck = [ops[n] for d in range(devices) for _, n in ready[d]]
+            return tuple(map(tuple, orders)), [error(
+                "greedy ordering cannot progress: the in-flight limit blocks every ready forward"
+                + (f" (e.g. {stuck[0]} on device {stuck[0].device})" if stuck else ""), span)]
+        now = min(upcoming + ([running[0][0]] if running else []))
+        while running and running[0][0] <= now:
+            end, n = heapq.heappop(running)
+            done += 1
+            _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency)
+    return tuple(map(tuple, orders)), []
+
+
+def _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency) -> None:
+    op = ops[n]
+    if op.kind in ("B", "W"):
+        alive[op.device] -= 1
+    for m in succ[n]:
+        missing[m] -= 1
+        ready_at[m] = max(ready_at[m], end + (latency if ops[m].device != op.device else 0.0))
+        if missing[m] == 0:
+            heapq.heappush(waiting[ops[m].device], (ready_at[m], keys[m], m))
+
+
+def _pick(ready: list, ops: list[Op], alive: float, limit: float) -> int | None:
+    held, chosen = [], None
+    while ready:
+        item = heapq.heappop(ready)
+        if ops[item[1]].kind == "F" and alive >= limit:
+            held.append(item)
+            continue
+        chosen = item[1]
+        break
+    for item in held:
+        heapq.heappush(ready, item)
+    return chosen
+
+
+def _greedy_key(decl: ast.Greedy | None, pipelines, chunk, env) -> Callable[[Op], tuple]:
+    if decl is None or decl.key is None:
+        return lambda op: (-_KIND_RANK.get(op.kind, 0), op.mb if op.mb is not None else -1, op.stage, op.pipe,
+                           op.part)
+    fns = [compile_expr(e) for e in decl.key]
+
+    def key(op: Op) -> tuple:
+        scope = _key_env(op, pipelines[op.pipe], chunk, env)
+        return (*(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part)
+    return key

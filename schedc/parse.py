@@ -1,0 +1,296 @@
+"""Parsing: load the grammar (grammars/sched.lark) once, parse text, build the AST with spans.
+
+Lark's exceptions are translated here into located diagnostics; nothing from Lark reaches the user.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from . import ast
+from .diagnostics import SchedError, Source, Span, error
+
+GRAMMAR_PACKAGE = "schedc.grammars"
+GRAMMAR_FILE = "sched.lark"
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+MAX_NESTING = 200
+
+
+@lru_cache(maxsize=1)
+def parser() -> Lark:
+    """The LALR parser, its tables cached on disk by Lark between processes."""
+    text = resources.files(GRAMMAR_PACKAGE).joinpath(GRAMMAR_FILE).read_text()
+    return Lark(text, parser="lalr", propagate_positions=True, maybe_placeholders=True, cache=True)
+
+
+def _span(meta) -> Span:
+    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _tok_span(tok: Token) -> Span:
+    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + 1)
+
+
+def _string(tok: Token | None) -> str:
+    return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
+
+
+@v_args(meta=True)
+class ToAst(Transformer):
+    """One method per grammar rule; each returns an AST node with its span."""
+
+    # expressions
+    def number(self, meta, children):
+        tok = children[0]
+        return ast.Num(_span(meta), int(tok) if tok.type == "INT" else float(tok))
+
+    def name(self, meta, children):
+        return ast.Name(_span(meta), str(children[0]))
+
+    def star(self, meta, children):
+        return ast.Star(_span(meta))
+
+    def cond(self, meta, children):
+        then, test, orelse = children
+        return ast.Cond(_span(meta), test, then, orelse)
+
+    def or_(self, meta, children):
+        return ast.Binary(_span(meta), "or", *children)
+
+    def and_(self, meta, children):
+        return ast.Binary(_span(meta), "and", *children)
+
+    def not_(self, meta, children):
+        return ast.Unary(_span(meta), "not", children[0])
+
+    def neg(self, meta, children):
+        return ast.Unary(_span(meta), "-", children[0])
+
+    def compare(self, meta, children):
+        left, op, right = children
+        return ast.Binary(_span(meta), str(op), left, right)
+
+    binary = compare
+
+    def pow(self, meta, children):
+        return ast.Binary(_span(meta), "**", *children)
+
+    def call(self, meta, children):
+        func, *args = children
+        return ast.Call(_span(meta), str(func).strip(), tuple(args))
+
+    # programs
+    def cursor(self, meta, children):
+        kind, pipe, args = children
+        return ast.Cursor(_span(meta), str(kind), pipe and str(pipe), args)
+
+    def args(self, meta, children):
+        return tuple(children)
+
+    def group(self, meta, children):
+        return ast.Group(_span(meta), tuple(children))
+
+    def item(self, meta, children):
+        unit, repeat, when = children
+        return ast.Item(_span(meta), unit, repeat, when)
+
+    def repeat(self, meta, children):
+        return children[0]
+
+    condition = repeat_split = repeat
+
+    def let(self, meta, children):
+        return ast.Let(_span(meta), str(children[0]), children[1])
+
+    def block(self, meta, children):
+        return tuple(children)
+
+    def loop(self, meta, children):
+        var, start, stop, body = children
+        return ast.Loop(_span(meta), str(var), start, stop, body)
+
+    def when(self, meta, children):
+        test, then, orelse = children
+        if isinstance(orelse, ast.When):
+            orelse = (orelse,)
+        return ast.When(_span(meta), test, then, orelse or ())
+
+    # declarations
+    def header(self, meta, children):
+        return str(children[0]), _string(children[1])
+
+    def param(self, meta, children):
+        name, default, doc = children
+        return ast.Param(_span(meta), str(name), default, _string(doc))
+
+    def require(self, meta, children):
+        return ast.Require(_span(meta), children[0], _string(children[1]))
+
+    def devices(self, meta, children):
+        return ast.Devices(_span(meta), children[0])
+
+    def stages(self, meta, children):
+        return ("stages", children[0])
+
+    def placement(self, meta, children):
+        return ("placement", (str(children[0]), children[1], _span(meta)))
+
+    def microbatches(self, meta, children):
+        start, stop = children
+        return ("microbatches", (start, stop) if stop is not None else (None, start))
+
+    def pipeline(self, meta, children):
+        name, *fields = children
+        found = dict(fields)
+        var, place, place_span = found.get("placement", ("s", None, None))
+        start, stop = found.get("microbatches", (None, None))
+        return ast.PipelineDecl(_span(meta), str(name), found.get("stages"), var, place, place_span,
+                                start, stop)
+
+    def replicate(self, meta, children):
+        return ast.Replicate(_span(meta), tuple(str(c) for c in children))
+
+    def cost(self, meta, children):
+        kind, var, value = children
+        return ast.CostDecl(_span(meta), str(kind), var and str(var), value)
+
+    def memory(self, meta, children):
+        kind, var, value = children
+        return ast.MemoryDecl(_span(meta), str(kind), var and str(var), value)
+
+    def limit(self, meta, children):
+        return ast.Limit(_span(meta), children[0])
+
+    def split_backward(self, meta, children):
+        return ast.SplitBackward(_span(meta))
+
+    def key(self, meta, children):
+        return tuple(children)
+
+    def queue(self, meta, children):
+        kind, pipe, key = children
+        return ast.QueueDecl(_span(meta), str(kind), pipe and str(pipe), key)
+
+    def program(self, meta, children):
+        target, body = children
+        if target.type == "INT":
+            return ast.Program(_span(meta), None, int(target), body)
+        return ast.Program(_span(meta), str(target), None, body)
+
+    def greedy(self, meta, children):
+        key, inflight = children
+        return ast.Greedy(_span(meta), key, inflight)
+
+    def dep(self, meta, children):
+        return ast.Dep(_span(meta), str(children[0]), tuple(children[1:]))
+
+    def after(self, meta, children):
+        return ("after", tuple(children))
+
+    def keeps(self, meta, children):
+        return ("keeps", tuple(children))
+
+    def split(self, meta, children):
+        return ("split", children[0])
+
+    def at_end(self, meta, children):
+        return ("at_end", True)
+
+    def task(self, meta, children):
+        name, *rest = children
+        params = []
+        while rest and (rest[0] is None or isinstance(rest[0], Token)):
+            tok = rest.pop(0)
+            if tok is not None:
+                params.append(str(tok))
+        cost = rest.pop(0) if rest and not isinstance(rest[0], tuple) else None
+        clauses: dict = {"after": (), "keeps": ()}
+        for key, value in rest:
+            clauses[key] = clauses.get(key, ()) + value if key in ("after", "keeps") else value
+        return ast.TaskDecl(_span(meta), str(name), tuple(params), cost, clauses["after"], clauses["keeps"],
+                            clauses.get("split"), bool(clauses.get("at_end")))
+
+    def fill_item(self, meta, children):
+        return ast.FillItem(_span(meta), str(children[0]), children[1])
+
+    def fill(self, meta, children):
+        return ast.Fill(_span(meta), tuple(children))
+
+    def start(self, meta, children):
+        (name, doc), *decls = children
+        return ast.ScheduleDecl(_span(meta), name, doc, tuple(decls))
+
+
+_READABLE = {
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "STRING": "a string",
+    "LBRACE": "'{'", "RBRACE": "'}'", "LPAR": "'('", "RPAR": "')'", "SEMICOLON": "';'", "COMMA": "','",
+    "EQUAL": "'='", "COMPARE": "a comparison", "ADD_OP": "'+' or '-'", "MUL_OP": "an operator",
+    "FUNC": "a function", "$END": "end of file", "DOT": "'.'", "STAR": "'*'", "MINUS": "'-'",
+}
+
+
+def _readable(terminal: str) -> str:
+    if terminal in _READABLE:
+        return _READABLE[terminal]
+    pattern = parser().get_terminal(terminal).pattern
+    return f"'{pattern.value}'" if pattern.type == "str" else terminal.lower()
+
+
+def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
+    line, column = max(exc.line, 1), max(exc.column, 1)
+    if isinstance(exc, UnexpectedCharacters):
+        message = f"unexpected character {source.text[exc.pos_in_stream]!r}"
+    elif isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        message = "unexpected end of file"
+        lines = source.text.splitlines() or [""]
+        line, column = len(lines), len(lines[-1]) + 1
+    else:
+        message = f"unexpected {exc.token.type and repr(str(exc.token)) or 'token'}"
+    expected = sorted({_readable(t) for t in getattr(exc, "expected", None) or ()})
+    if expected:
+        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]))
+    return SchedError(error(message, Span(line, column, line, column + 1)), source, exit_code=2)
+
+
+def decode_source(data: bytes, path: str) -> Source:
+    """Decode a file's bytes, refusing non-UTF-8 and oversized input with a located error."""
+    if len(data) > MAX_SOURCE_BYTES:
+        raise SchedError(error(f"file is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"),
+                         Source(path, ""), exit_code=2)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SchedError(error("file is not valid UTF-8", Span(line, column, line, column + 1)),
+                         Source(path, ""), exit_code=2) from None
+    return Source(path, text)
+
+
+def _check_nesting(source: Source) -> None:
+    depth = 0
+    for number, line in enumerate(source.text.splitlines(), 1):
+        for column, char in enumerate(line.split("#", 1)[0], 1):
+            depth += char in "({"
+            depth -= char in ")}"
+            if depth > MAX_NESTING:
+                raise SchedError(error(f"nesting deeper than {MAX_NESTING} levels",
+                                       Span(number, column, number, column + 1)), source, exit_code=2)
+
+
+def parse_source(source: Source) -> ast.ScheduleDecl:
+    """Parse a .sched text into its AST; syntax errors raise SchedError (exit code 2)."""
+    if not source.text.strip():
+        raise SchedError(error("empty file: expected 'schedule NAME \"description\"'", Span(1, 1, 1, 2)),
+                         source, exit_code=2)
+    _check_nesting(source)
+    try:
+        tree = parser().parse(source.text)
+        return ToAst().transform(tree)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source) from None
+    except (VisitError, RecursionError) as exc:
+        raise SchedError(error(f"cannot build the syntax tree: {exc}"), source, exit_code=2) from None

@@ -1,0 +1,127 @@
+"""Simulation: event-driven timing of a schedule under its cost model.
+
+Each device runs its order one op at a time; an op starts when its device is free and its
+dependencies have ended (plus `latency` when a dependency ran on another device).
+
+    1F1B, p=2, m=2, F=1, B=2:  device 0: F0 F1 . . B0 . B1     makespan 9, bubble 3/6 per device
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .ir import Op, Schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Start and end of every placed op, and the derived statistics."""
+
+    start: dict[Op, float]
+    end: dict[Op, float]
+    makespan: float
+    busy: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    latency: float
+    complete: bool  # False when the orders deadlock: ops that never ran have no times
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(self.makespan - b for b in self.busy)
+
+    def stats(self) -> dict[str, Any]:
+        devices = len(self.busy)
+        busy = sum(self.busy)
+        span = self.makespan * devices
+        return {
+            "makespan": _round(self.makespan),
+            "utilization": _round(busy / span) if span else 0.0,
+            "bubble_fraction": _round((span - busy) / busy) if busy else 0.0,
+            "busy": [_round(b) for b in self.busy],
+            "idle": [_round(i) for i in self.idle],
+            "peak_memory": [_round(m) for m in self.peak_memory],
+            "latency": self.latency,
+        }
+
+
+def _round(x: float) -> float:
+    return round(x, 9)
+
+
+def program_edges(schedule: Schedule) -> tuple[list[Op], dict[Op, int], list[list[int]], list[int]]:
+    """Index the placed ops and build successor lists: program order plus data dependencies."""
+    ops = [op for order in schedule.orders for op in order]
+    index = {op: n for n, op in enumerate(ops)}
+    succ: list[list[int]] = [[] for _ in ops]
+    indegree = [0] * len(ops)
+    n = 0
+    for order in schedule.orders:
+        for k in range(len(order)):
+            if k:
+                succ[n - 1].append(n)
+                indegree[n] += 1
+            n += 1
+    for n, op in enumerate(ops):
+        for dep in schedule.deps.get(op, ()):
+            m = index.get(dep)
+            if m is not None:
+                succ[m].append(n)
+                indegree[n] += 1
+    return ops, index, succ, indegree
+
+
+def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
+    """Time every op (linear in ops + edges). An op whose dependency is never placed waits forever."""
+    ops, index, succ, indegree = program_edges(schedule)
+    start = [0.0] * len(ops)
+    end = [0.0] * len(ops)
+    ready = [0.0] * len(ops)
+    stack = [n for n in range(len(ops)) if indegree[n] == 0]
+    done = 0
+    while stack:
+        n = stack.pop()
+        op = ops[n]
+        start[n] = ready[n]
+        end[n] = ready[n] + op.cost
+        done += 1
+        for m in succ[n]:
+            arrive = end[n] + (latency if ops[m].device != op.device else 0.0)
+            if arrive > ready[m]:
+                ready[m] = arrive
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                stack.append(m)
+    complete = done == len(ops)
+    timed = [n for n in range(len(ops)) if indegree[n] == 0] if not complete else range(len(ops))
+    makespan = max((end[n] for n in timed), default=0.0)
+    busy = [0.0] * schedule.devices
+    for op in ops:
+        busy[op.device] += op.cost
+    return Timing({ops[n]: start[n] for n in timed}, {ops[n]: end[n] for n in timed}, makespan,
+                  tuple(busy), peak_memory(schedule), latency, complete)
+
+
+def memory_deltas(schedule: Schedule) -> dict[Op, float]:
+    """What each op allocates (+) or frees (-), in activation units: F holds until B (or W)."""
+    act = schedule.activation
+    release = "W" if schedule.split_backward else "B"
+    out = {}
+    for op in schedule.ops():
+        if op.kind == "F":
+            out[op] = act[op.stage]
+        elif op.kind == release:
+            out[op] = -act[op.stage]
+    return out
+
+
+def peak_memory(schedule: Schedule) -> tuple[float, ...]:
+    """Peak activation units alive per device, over its program order (a device runs one op at a time)."""
+    deltas = memory_deltas(schedule)
+    peaks = []
+    for order in schedule.orders:
+        alive = peak = 0.0
+        for op in order:
+            alive += deltas.get(op, 0.0)
+            peak = max(peak, alive)
+        peaks.append(peak)
+    return tuple(peaks)

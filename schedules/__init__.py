@@ -1,0 +1,1 @@
+"""The library of .sched schedules, shipped as package data."""
