@@ -1,0 +1,62 @@
+# Entry point of one runtime process: `torchrun --nproc-per-node P -m schedc.runtime plan.json [options]`
+# (or `python -m schedc.runtime plan.json --reference`). Errors are printed as one line, no traceback,
+# unless --debug.
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from schedc.plan import PlanError, load_plan
+
+from .checkpoint import CheckpointError
+from .data import DataError
+from .executor import ExecutionError
+from .model import ModelError
+from .options import OptionError, parse_options
+from .tasks import TaskError
+from .world import WorldError
+
+USER_ERRORS = (PlanError, ModelError, DataError, OptionError, TaskError, WorldError, CheckpointError)
+EXIT_USAGE, EXIT_FAILED = 2, 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        opts = parse_options(argv)
+    except OptionError as exc:
+        return _fail(rank, f"error: {exc}", EXIT_USAGE, only_rank0=True)
+    try:
+        return _run(opts)
+    except USER_ERRORS as exc:
+        return _fail(rank, f"error: {exc}", EXIT_FAILED, only_rank0=True, debug=opts.debug)
+    except ExecutionError as exc:
+        return _fail(rank, f"error: {exc}", EXIT_FAILED, debug=opts.debug)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a backend error outside an instruction (barrier, gather, ...)
+        text = str(exc).strip().splitlines()
+        return _fail(rank, f"error: rank {rank}: {type(exc).__name__}: {text[0] if text else ''} "
+                     "(--debug shows the traceback)", EXIT_FAILED, debug=opts.debug)
+
+
+def _run(opts) -> int:
+    plan = load_plan(opts.plan)
+    if opts.reference:
+        from .reference import run_reference
+        return run_reference(plan, opts)
+    from .train import run_pipeline
+    return run_pipeline(plan, opts)
+
+
+def _fail(rank: int, message: str, code: int, only_rank0: bool = False, debug: bool = False) -> int:
+    if debug:
+        traceback.print_exc()
+    if rank == 0 or not only_rank0:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+# Training data: byte-level tokens of real text that ships with Python (the source of a few standard
+# library modules), or synthetic tokens; batches are a pure function of (seed, step), so every rank
+# draws the same global batch, a resumed run continues where it stopped, and the reference sees the
+# same data.
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CORPUS_MODULES = ("argparse", "difflib", "textwrap", "inspect", "typing")
+
+
+class DataError(ValueError):
+    """Data that cannot be loaded or does not fit the model."""
+
+
+def load_corpus(modules: tuple[str, ...] = CORPUS_MODULES) -> torch.Tensor:
+    """The concatenated source text of `modules` as a 1-D tensor of byte values."""
+    chunks = []
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        chunks.append(Path(spec.origin).read_bytes())
+    data = b"\n".join(chunks)
+    if not data:
+        raise DataError(f"none of the standard library modules {', '.join(modules)} has source text "
+                        "here; use --synthetic")
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One step's global batch: `count` microbatches of `size` sequences, inputs and next-token targets."""
+
+    tokens: torch.Tensor
+    targets: torch.Tensor
+    size: int
+
+    def microbatch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = slice(index * self.size, (index + 1) * self.size)
+        return self.tokens[rows], self.targets[rows]
+
+
+class Dataset:
+    """Draws global batches deterministically from (seed, step)."""
+
+    def __init__(self, seq: int, vocab: int, seed: int, synthetic: bool):
+        self.seq, self.vocab, self.seed = seq, vocab, seed
+        self.corpus = None if synthetic else load_corpus()
+        if self.corpus is not None and vocab < 256:
+            raise DataError(f"byte-level text needs --vocab 256 or more (got {vocab}); or use --synthetic")
+        if self.corpus is not None and len(self.corpus) <= seq + 1:
+            raise DataError(f"the text corpus is shorter than one sequence of {seq} tokens")
+
+    def batch(self, step: int, microbatches: int, size: int) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        rows = microbatches * size
+        if self.corpus is None:
+            windows = torch.randint(0, self.vocab, (rows, self.seq + 1), generator=gen)
+        else:
+            starts = torch.randint(0, len(self.corpus) - self.seq - 1, (rows, 1), generator=gen)
+            windows = self.corpus[starts + torch.arange(self.seq + 1)]
+        return Batch(windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), size)

@@ -1,0 +1,255 @@
+# The executor: interprets one rank's step programs through a method table, one handler per op.
+#
+# Tensors in flight live in `tensors[(kind, stage, mb)]`: F of stage s puts its output under
+# ("F", s, mb), B/I of stage s its input gradient under ("B", s, mb); the consumer (F of s+1, B of s-1,
+# or a SEND) pops it, so an activation is dropped at its last use. RECV_* puts a pending irecv there,
+# waited for right before the consumer; SEND_* posts an isend, waited for before STEP. The saved state
+# of (stage, mb) for backward lives in `saved` from F to its last use (B, W, or a later user task).
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from schedc.plan import COMPUTE, Instr, Opcode, Plan
+
+from .model import Stage, lm_loss
+from .tasks import task_handler
+from .world import World
+
+BUILTIN = frozenset(op.value for op in Opcode)
+FREES = frozenset({Opcode.B.value, Opcode.W.value})
+
+
+class ExecutionError(RuntimeError):
+    """An instruction failed; the message names instruction, rank and step."""
+
+
+@dataclass(slots=True)
+class Pending:
+    """An irecv in flight and the buffer it fills."""
+
+    work: Any
+    buffer: torch.Tensor
+    peer: int
+
+
+@dataclass(slots=True)
+class Saved:
+    """What backward of (stage, mb) needs: the stage input (a leaf) and output (or scaled loss)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    grad: torch.Tensor | None = None
+
+
+class Executor:
+    def __init__(self, plan: Plan, world: World, stages: dict[int, Stage], shapes: list,
+                 optimizer: torch.optim.Optimizer, ignore_tasks: bool = False):
+        self.plan, self.world, self.stages, self.shapes = plan, world, stages, shapes
+        self.optimizer = optimizer
+        self.last = plan.meta["stages"] - 1
+        self.microbatches = plan.meta["microbatches"]
+        self.scale = 1.0 / (self.microbatches * world.dp)
+        self.table: dict[str, Callable[[Instr], None]] = {
+            Opcode.F: self.forward, Opcode.B: self.backward,
+            Opcode.I: self.backward_input, Opcode.W: self.backward_weight,
+            Opcode.SEND_F: self.send, Opcode.SEND_B: self.send,
+            Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
+            Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end}
+        self.programs = [self.compile(step, ignore_tasks) for step in plan.ranks[world.plan_rank]]
+        self.tensors: dict[tuple[str, int, int], torch.Tensor | Pending] = {}
+        self.saved: dict[tuple[int, int], Saved] = {}
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.loss_sum = torch.zeros((), device=world.device)
+        self.events: list[tuple[int, int, int, int, int]] = []
+        self.batch = None
+        self.step_no = 0
+        self.before_update: Callable[[Executor], None] | None = None
+        self.kill_step: int | None = None
+        self.current: Instr | None = None
+        self.started = 0.0
+        self.waiting_on: int | None = None
+        self.wait_ns = 0
+
+    # -- program ---------------------------------------------------------------------------------
+
+    def compile(self, program: tuple[Instr, ...], ignore_tasks: bool) -> list[tuple]:
+        """Bind each instruction to its handler and mark where saved activations are freed: after
+        the last B, W or task of (stage, mb) in the program."""
+        last_use: dict[tuple[int, int], int] = {}
+        for index, instr in enumerate(program):
+            if instr.op in FREES or instr.op not in BUILTIN:
+                last_use[(instr.stage, instr.mb)] = index
+        bound = []
+        for index, instr in enumerate(program):
+            handler = self.table.get(instr.op) or self._task(instr.op, ignore_tasks)
+            frees = last_use.get((instr.stage, instr.mb)) == index and instr.mb is not None
+            bound.append((handler, instr, frees))
+        return bound
+
+    def _task(self, name: str, ignore_tasks: bool) -> Callable[[Instr], None]:
+        handler = task_handler(name, ignore_tasks)
+        return lambda instr: handler(self, instr)
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    def run_step(self, step: int, batch) -> None:
+        self.step_no, self.batch = step, batch
+        program = self.programs[step % len(self.programs)]
+        kill_at = len(program) // 2 if self.kill_step == step else -1
+        clock = time.perf_counter_ns
+        for index, (handler, instr, frees) in enumerate(program):
+            if index == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            self.current, self.started, self.wait_ns = instr, time.monotonic(), 0
+            start = clock()
+            try:
+                handler(instr)
+            except Exception as exc:
+                raise ExecutionError(f"while executing {instr} (rank {self.rank}, step {step}): "
+                                     f"{_describe(exc)}") from exc
+            if frees:
+                self.saved.pop((instr.stage, instr.mb), None)
+            self.events.append((step, index, start, clock(), self.wait_ns))
+        self.current = None
+
+    # -- compute ---------------------------------------------------------------------------------
+
+    def take(self, key: tuple[str, int, int]) -> torch.Tensor:
+        """Pop a tensor in flight, waiting for its receive if it is still pending."""
+        value = self.tensors.pop(key, None)
+        if value is None:
+            raise ExecutionError(f"no {key[0]} tensor of stage {key[1]} mb {key[2]} on this rank: "
+                                 "its producer or RECV has not run (the plan is out of order)")
+        if isinstance(value, Pending):
+            begin, self.waiting_on = time.perf_counter_ns(), value.peer
+            try:
+                value.work.wait()
+            except Exception as exc:
+                raise ExecutionError(f"receive from rank {value.peer} failed (rank {value.peer} "
+                                     f"lost?): {_describe(exc)}") from exc
+            self.wait_ns += time.perf_counter_ns() - begin
+            self.waiting_on = None
+            return value.buffer
+        return value
+
+    def forward(self, instr: Instr) -> None:
+        s, mb = instr.stage, instr.mb
+        if s == 0:
+            x = self.batch.microbatch(self.world.replica * self.microbatches + mb)[0]
+            x = x.to(self.world.device, non_blocking=True)
+        else:
+            x = self.take(("F", s - 1, mb)).requires_grad_()
+        y = self.stages[s](x)
+        if s == self.last:
+            targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
+            loss = lm_loss(y, targets.to(self.world.device, non_blocking=True))
+            self.loss_sum += loss.detach()
+            y = loss * self.scale
+        else:
+            self.tensors[("F", s, mb)] = y.detach()
+        self.saved[(s, mb)] = Saved(x, y)
+
+    def _grad_out(self, s: int, mb: int) -> torch.Tensor | None:
+        return None if s == self.last else self.take(("B", s + 1, mb))
+
+    def backward(self, instr: Instr) -> None:
+        s, mb = instr.stage, instr.mb
+        saved = self.saved[(s, mb)]
+        torch.autograd.backward(saved.y, self._grad_out(s, mb))
+        if s > 0:
+            self.tensors[("B", s, mb)] = saved.x.grad
+
+    def backward_input(self, instr: Instr) -> None:
+        s, mb = instr.stage, instr.mb
+        saved = self.saved[(s, mb)]
+        saved.grad = self._grad_out(s, mb)
+        if s > 0:
+            (grad_x,) = torch.autograd.grad(saved.y, saved.x, saved.grad, retain_graph=True)
+            self.tensors[("B", s, mb)] = grad_x
+
+    def backward_weight(self, instr: Instr) -> None:
+        saved = self.saved[(instr.stage, instr.mb)]
+        params = [p for p in self.stages[instr.stage].parameters() if p.requires_grad]
+        torch.autograd.backward(saved.y, saved.grad, inputs=params)
+
+    # -- communication ---------------------------------------------------------------------------
+
+    def send(self, instr: Instr) -> None:
+        kind = "F" if instr.op == Opcode.SEND_F else "B"
+        tensor = self.tensors.pop((kind, instr.stage, instr.mb), None)
+        if tensor is None:
+            raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
+                                 "was not computed on this rank before")
+        tensor = tensor.contiguous()
+        self.sends.append((dist.isend(tensor, self.world.global_rank(instr.peer)), tensor))
+
+    def recv(self, instr: Instr) -> None:
+        kind = "F" if instr.op == Opcode.RECV_F else "B"
+        shape, dtype = self.shapes[instr.stage if kind == "F" else instr.stage - 1]
+        buffer = torch.empty(shape, dtype=dtype, device=self.world.device)
+        peer = self.world.global_rank(instr.peer)
+        self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer), buffer, peer)
+
+    def sync_grad(self, instr: Instr) -> None:
+        group = self.world.sync_groups[tuple(sorted(instr.group))]
+        dist.all_reduce(self.stages[instr.stage].flat_grad, group=group)
+
+    def step_end(self, instr: Instr) -> None:
+        """Wait for sends, all-reduce over data parallelism, optimizer step, zero the gradients."""
+        for work, _ in self.sends:
+            work.wait()
+        self.sends.clear()
+        self._check_drained()
+        if self.world.dp_group is not None:
+            for stage in self.stages.values():
+                dist.all_reduce(stage.flat_grad, group=self.world.dp_group)
+        if self.before_update is not None:
+            self.before_update(self)
+        self.optimizer.step()
+        for stage in self.stages.values():
+            stage.flat_grad.zero_()
+
+    def _check_drained(self) -> None:
+        if self.tensors or self.saved:
+            left = [f"{k[0]}{k[1]}.{k[2]}" for k in self.tensors] + [f"F{s}.{m}" for s, m in self.saved]
+            raise ExecutionError(f"the step program ends with tensors never consumed: {', '.join(left)}")
+
+    def take_loss(self) -> torch.Tensor:
+        """This rank's sum of microbatch losses for the step just run, then reset."""
+        loss, self.loss_sum = self.loss_sum, torch.zeros((), device=self.world.device)
+        return loss
+
+
+def attach_flat_grads(stage: Stage) -> None:
+    """Give a stage one flat gradient buffer with every parameter's .grad a view into it, so gradient
+    sync is one all-reduce and accumulation writes in place."""
+    params = [p for p in stage.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=_grad_dtype(params), device=device)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    stage.flat_grad = flat
+
+
+def _grad_dtype(params: list) -> torch.dtype:
+    return params[0].dtype if params else torch.float32
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def is_compute(op: str) -> bool:
+    return op in COMPUTE or op not in BUILTIN

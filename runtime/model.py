@@ -1,0 +1,172 @@
+# The model: a GPT-style decoder as an ordered list of named pieces, partitioned into pipeline stages.
+#
+# A model is a list of (name, module) pieces: the first takes token ids [b, t], the last returns logits
+# [b, t, vocab], every piece in between maps a tensor to a tensor. The runtime puts the first piece on
+# stage 0, the last on the last stage and splits the pieces in between as evenly as possible. A user
+# model plugs in through an import path (`--model pkg.mod:build`), a function of ModelConfig returning
+# such a list. Every rank builds the whole list from the same seed and keeps its own stages, so replicas
+# (Chimera) and the unpartitioned reference start from identical weights.
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ModelError(ValueError):
+    """A model that cannot be built or does not fit the plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Sizes of the model and of one microbatch; `extra` carries keys a user model may want."""
+
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    seq: int = 64
+    vocab: int = 256
+    mb_size: int = 4
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq, cfg.hidden)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and an MLP, each with a residual."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.fc = nn.Linear(cfg.hidden, 4 * cfg.hidden)
+        self.out = nn.Linear(4 * cfg.hidden, cfg.hidden)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.lm = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(self.norm(x))
+
+
+def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
+    """The default model: embeddings, `layers` blocks, final norm + LM head."""
+    if cfg.hidden % cfg.heads:
+        raise ModelError(f"hidden size {cfg.hidden} is not a multiple of heads {cfg.heads}")
+    blocks = [(f"blocks.{i}", Block(cfg)) for i in range(cfg.layers)]
+    return [("embed", Embed(cfg)), *blocks, ("head", Head(cfg))]
+
+
+class Stage(nn.Module):
+    """Consecutive pieces run in order; parameters keep the unpartitioned model's names."""
+
+    def __init__(self, pieces: list[tuple[str, nn.Module]]):
+        super().__init__()
+        self.names = [name for name, _ in pieces]
+        self.pieces = nn.ModuleList(module for _, module in pieces)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for piece in self.pieces:
+            x = piece(x)
+        return x
+
+    def global_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(f"{prefix}.{name}", param) for prefix, piece in zip(self.names, self.pieces)
+                for name, param in piece.named_parameters()]
+
+
+def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn.Module]]]:
+    """`None` for the GPT; else 'pkg.mod:function'."""
+    if spec is None:
+        return build_gpt
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelError(f"--model {spec!r}: expected 'package.module:function'")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelError(f"--model {spec!r}: {exc}") from None
+
+
+def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:
+    torch.manual_seed(seed)
+    pieces = list(builder(cfg))
+    if len(pieces) < 2 or not all(isinstance(m, nn.Module) for _, m in pieces):
+        raise ModelError("a model builder must return a list of at least two (name, nn.Module) pieces")
+    return pieces
+
+
+def partition(pieces: list, stages: int) -> list[list]:
+    """Split pieces into `stages` runs: the first piece on stage 0, the last on the last stage, the ones
+    in between as evenly as possible (earlier stages take the remainder).
+
+    >>> partition(['e', 'b0', 'b1', 'b2', 'h'], 2)
+    [['e', 'b0', 'b1'], ['b2', 'h']]
+    """
+    middle = pieces[1:-1]
+    if stages == 1:
+        return [list(pieces)]
+    if len(middle) < stages:
+        raise ModelError(f"the plan has {stages} model stages but the model has {len(middle)} layers "
+                         f"to split; every stage needs at least one (use --layers {stages} or more)")
+    size, extra = divmod(len(middle), stages)
+    runs, start = [], 0
+    for s in range(stages):
+        end = start + size + (s < extra)
+        runs.append(list(middle[start:end]))
+        start = end
+    runs[0].insert(0, pieces[0])
+    runs[-1].append(pieces[-1])
+    return runs
+
+
+def boundary_shapes(pieces: list[tuple[str, nn.Module]], runs: list[list], cfg: ModelConfig
+                    ) -> list[tuple[torch.Size, torch.dtype]]:
+    """Shape and dtype of each stage's output for one microbatch, found on the meta device."""
+    x = torch.zeros(cfg.mb_size, cfg.seq, dtype=torch.long, device="meta")
+    shapes = []
+    with torch.no_grad():
+        for run in runs[:-1]:
+            for _, module in run:
+                x = _on_meta(module)(x)
+            shapes.append((x.shape, x.dtype))
+    return shapes
+
+
+def _on_meta(module: nn.Module) -> nn.Module:
+    return copy.deepcopy(module).to("meta")
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())

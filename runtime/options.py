@@ -1,0 +1,155 @@
+# Command-line options of the runtime (`python -m schedc.runtime --help`) and the model TOML file.
+# Model sizes come from the defaults, then the TOML file (--config), then explicit options.
+from __future__ import annotations
+
+import argparse
+import tomllib
+from dataclasses import fields
+
+from .model import ModelConfig
+
+MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
+
+
+class OptionError(ValueError):
+    """Options that do not make sense together."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors become OptionError, so only rank 0 prints them."""
+
+    def error(self, message: str):
+        raise OptionError(f"{message}\n{self.format_usage().strip()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m schedc.runtime",
+        description="Execute a schedc plan with torch.distributed: launch one process per rank with "
+                    "`torchrun --nproc-per-node P -m schedc.runtime plan.json [options]` "
+                    "(P = plan devices x --dp), or `schedc run plan.json --nproc P`.")
+    parser.add_argument("plan", help="plan.json written by `schedc compile`")
+    _model_options(parser.add_argument_group("model"))
+    _training_options(parser.add_argument_group("data and training"))
+    _output_options(parser.add_argument_group("measurement and dumps"))
+    _fault_options(parser.add_argument_group("faults and checkpoints"))
+    return parser
+
+
+def _model_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--config", metavar="TOML",
+                       help="model sizes from a TOML file: keys layers, hidden, heads, seq, vocab, "
+                            "mb_size at top level or in a [model] table; other keys reach a user "
+                            "model as ModelConfig.extra")
+    group.add_argument("--model", metavar="PKG.MOD:FN",
+                       help="user model: FN(ModelConfig) returns a list of (name, nn.Module) pieces, "
+                            "the first taking token ids, the last returning logits (default: GPT)")
+    group.add_argument("--layers", type=int, help="transformer blocks (default 4)")
+    group.add_argument("--hidden", type=int, help="hidden size (default 64)")
+    group.add_argument("--heads", type=int, help="attention heads (default 4)")
+    group.add_argument("--seq", type=int, help="sequence length (default 64)")
+    group.add_argument("--vocab", type=int, help="vocabulary size, >= 256 for byte text (default 256)")
+    group.add_argument("--mb-size", dest="mb_size", type=int,
+                       help="sequences per microbatch (default 4)")
+
+
+def _training_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--seed", type=int, default=0, help="seed of weights and batches (default 0)")
+    group.add_argument("--synthetic", action="store_true",
+                       help="random tokens instead of byte-level Python source text")
+    group.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    group.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    group.add_argument("--dp", type=int, default=1,
+                       help="data-parallel replicas of the whole pipeline (world = devices x dp)")
+    group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="auto: CUDA with NCCL when available, else CPU with gloo")
+    group.add_argument("--reference", action="store_true",
+                       help="train the unpartitioned model in this one process on the whole batch")
+    group.add_argument("--tasks", action="append", default=[], metavar="PKG.MOD",
+                       help="import a module that registers user task handlers (repeatable)")
+    group.add_argument("--ignore-tasks", action="store_true",
+                       help="run user tasks that have no handler as no-ops")
+
+
+def _output_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--save-grads", metavar="DIR",
+                       help="write DIR/grads.pt (first step's gradients by parameter name, after "
+                            "sync, before the optimizer) and DIR/loss.json")
+    group.add_argument("--trace-out", metavar="FILE", help="Chrome/Perfetto trace of every instruction")
+    group.add_argument("--report-out", metavar="FILE", help="measured-vs-simulated report as JSON")
+    group.add_argument("--profile-out", metavar="FILE",
+                       help="measured mean cost per op kind and stage, for `schedc compile --costs`")
+    group.add_argument("--warmup", type=int, default=None,
+                       help="steps left out of report and profile (default 1 when steps > 1)")
+    group.add_argument("--quiet", action="store_true", help="no per-step lines")
+    group.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+
+
+def _fault_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="give up when a rank makes no progress for this long (default 300)")
+    group.add_argument("--save", metavar="DIR", help="checkpoint directory")
+    group.add_argument("--every", type=int, default=0, metavar="N", help="checkpoint every N steps")
+    group.add_argument("--resume", metavar="DIR", help="continue from the latest checkpoint in DIR")
+    group.add_argument("--fault-kill", metavar="RANK:STEP",
+                       help="for testing fault handling only: rank RANK kills itself halfway "
+                            "through step STEP")
+
+
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
+    opts = build_parser().parse_args(argv)
+    opts.model_config = model_config(opts)
+    opts.fault = _parse_fault(opts.fault_kill)
+    _check(opts)
+    return opts
+
+
+def model_config(opts: argparse.Namespace) -> ModelConfig:
+    values: dict = {}
+    extra: dict = {}
+    if opts.config:
+        values, extra = _read_toml(opts.config)
+    for key in MODEL_KEYS:
+        if getattr(opts, key) is not None:
+            values[key] = getattr(opts, key)
+    return ModelConfig(**values, extra=extra)
+
+
+def _read_toml(path: str) -> tuple[dict, dict]:
+    try:
+        with open(path, "rb") as handle:
+            doc = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise OptionError(f"--config {path}: {exc}") from None
+    table = {**{k: v for k, v in doc.items() if k != "model"}, **doc.get("model", {})}
+    known = {f.name for f in fields(ModelConfig)} - {"extra"}
+    values = {k: v for k, v in table.items() if k in known}
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise OptionError(f"--config {path}: {key} must be an integer, got {value!r}")
+    return values, {k: v for k, v in table.items() if k not in known}
+
+
+def _parse_fault(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    rank, sep, step = text.partition(":")
+    if not sep or not rank.isdigit() or not step.isdigit():
+        raise OptionError(f"--fault-kill {text!r}: expected RANK:STEP")
+    return int(rank), int(step)
+
+
+def _check(opts: argparse.Namespace) -> None:
+    cfg = opts.model_config
+    for key in MODEL_KEYS:
+        if getattr(cfg, key) < 1:
+            raise OptionError(f"{key} must be positive, got {getattr(cfg, key)}")
+    if opts.steps < 1 or opts.dp < 1 or opts.every < 0 or opts.timeout <= 0:
+        raise OptionError("--steps and --dp must be >= 1, --every >= 0 and --timeout > 0")
+    if opts.every and not opts.save:
+        raise OptionError("--every needs --save DIR")
+    if opts.reference and (opts.save or opts.resume or opts.fault):
+        raise OptionError("--reference does not take --save, --resume or --fault-kill")
+    if opts.warmup is None:
+        opts.warmup = 1 if opts.steps > 1 else 0

@@ -1,0 +1,40 @@
+# The reference run (--reference): the unpartitioned model in this one process on the whole global
+# batch (all microbatches of all data-parallel replicas), same model, data and seed as the plan's run.
+# Its loss and first-step gradients are what every schedule must reproduce.
+from __future__ import annotations
+
+import time
+
+import torch
+
+from schedc.plan import Plan
+
+from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, step_line,
+                    tokens_per_step, write_grads, write_loss)
+from .executor import attach_flat_grads
+from .model import Stage, lm_loss
+
+
+def run_reference(plan: Plan, opts) -> int:
+    pieces, _ = model_runs(opts, 1)
+    device = torch.device("cuda" if opts.device != "cpu" and torch.cuda.is_available() else "cpu")
+    model = Stage(pieces).to(device)
+    attach_flat_grads(model)
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opts)
+    dataset = make_dataset(opts)
+    count = global_microbatches(plan, opts.dp)
+    for step in range(opts.steps):
+        begin = time.perf_counter()
+        batch = dataset.batch(step, count, opts.model_config.mb_size)
+        loss = lm_loss(model(batch.tokens.to(device)), batch.targets.to(device))
+        loss.backward()
+        if step == 0 and opts.save_grads:
+            write_grads(opts.save_grads, {n: p.grad.detach().cpu().clone()
+                                          for n, p in model.global_parameters()})
+            write_loss(opts.save_grads, loss.item())
+        optimizer.step()
+        model.flat_grad.zero_()
+        if not opts.quiet:
+            print(step_line(step, loss.item(), time.perf_counter() - begin,
+                            tokens_per_step(plan, opts)), flush=True)
+    return 0

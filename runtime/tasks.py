@@ -1,0 +1,48 @@
+# User tasks: plan instructions that are not built-in ops (e.g. K-FAC's `curvature_A`) run through a
+# registry of handlers. A module registers handlers with `@register_task("name")` and is loaded with
+# `--tasks pkg.mod`; `--ignore-tasks` runs tasks without a handler as no-ops.
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from schedc.plan import Instr
+
+# handler(executor, instr): the executor exposes `stages` (stage -> module), `saved[(stage, mb)]`
+# (the microbatch's stage input and output while alive), `rank` and `step`.
+TaskHandler = Callable[[Any, Instr], None]
+TASKS: dict[str, TaskHandler] = {}
+
+
+class TaskError(ValueError):
+    """A task without a handler, or a task module that cannot be loaded."""
+
+
+def register_task(name: str) -> Callable[[TaskHandler], TaskHandler]:
+    def decorate(handler: TaskHandler) -> TaskHandler:
+        TASKS[name] = handler
+        return handler
+    return decorate
+
+
+def load_task_modules(names: list[str]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise TaskError(f"--tasks {name!r}: {exc}") from None
+
+
+def ignore_task(executor: Any, instr: Instr) -> None:
+    """The handler of a task without one under --ignore-tasks."""
+
+
+def task_handler(name: str, ignore_missing: bool) -> TaskHandler:
+    handler = TASKS.get(name)
+    if handler is not None:
+        return handler
+    if ignore_missing:
+        return ignore_task
+    raise TaskError(f"the plan uses task {name!r}, which has no handler here; register one with "
+                    "schedc.runtime.tasks.register_task in a module given by --tasks, or pass "
+                    "--ignore-tasks to run tasks as no-ops")

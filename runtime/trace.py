@@ -1,0 +1,157 @@
+# Measurement: per-instruction timings, merged into a Chrome trace, a measured-vs-simulated report and
+# a cost profile for the compiler (`schedc compile --costs costs.json`, see docs/plan-format.md).
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedc.plan import COMM, Instr, Opcode, Plan
+
+NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value, "wait"}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One timed instruction of one rank; times in ns since the common start; `wait` = time blocked on
+    a receive inside it (counted apart, so compute durations exclude it)."""
+
+    rank: int
+    step: int
+    op: str
+    stage: int | None
+    mb: int | None
+    start: int
+    end: int
+    wait: int
+
+
+def event_name(op: str, stage: int | None, mb: int | None) -> str:
+    if stage is None:
+        return op
+    return f"{op}{stage}" if mb is None else f"{op}{stage}.{mb}"
+
+
+def record(rank: int, step: int, instr: Instr, start: int, end: int, wait: int) -> Event:
+    return Event(rank, step, instr.op, instr.stage, instr.mb, start, end, wait)
+
+
+def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
+    """traceEvents: one process per rank, complete ("X") events in µs, a "wait" event for blocking."""
+    out: list[dict[str, Any]] = []
+    for rank in sorted({e.rank for e in events}):
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                    "args": {"name": f"rank {rank}"}})
+    for e in events:
+        args = {"op": e.op, "stage": e.stage, "mb": e.mb, "step": e.step}
+        if e.wait:
+            out.append(_complete("wait", e.rank, e.start, e.start + e.wait, args))
+        out.append(_complete(event_name(e.op, e.stage, e.mb), e.rank, e.start + e.wait, e.end, args))
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"schedule": plan.meta.get("schedule"), "hash": plan.hash}}
+
+
+def _complete(name: str, pid: int, start: int, end: int, args: dict) -> dict[str, Any]:
+    return {"name": name, "ph": "X", "pid": pid, "tid": 0, "ts": start / 1e3,
+            "dur": max(end - start, 0) / 1e3, "args": args}
+
+
+def is_compute(op: str) -> bool:
+    return op not in NOT_COMPUTE
+
+
+def mean_costs(events: list[Event], stages: int) -> dict[str, list[float | None]]:
+    """Mean compute duration (ms, waits excluded) per op kind and stage."""
+    sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * stages)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0] * stages)
+    for e in events:
+        if is_compute(e.op) and e.stage is not None:
+            sums[e.op][e.stage] += (e.end - e.start - e.wait) / 1e6
+            counts[e.op][e.stage] += 1
+    return {op: [round(sums[op][s] / n, 6) if n else None for s, n in enumerate(counts[op])]
+            for op in _ordered(sums)}
+
+
+def _ordered(keys) -> list[str]:
+    builtin = [op.value for op in (Opcode.F, Opcode.B, Opcode.I, Opcode.W) if op.value in keys]
+    return builtin + sorted(k for k in keys if k not in builtin)
+
+
+def profile(events: list[Event], stages: int) -> dict[str, Any]:
+    return {"unit": "ms", **mean_costs(events, stages)}
+
+
+def report(events: list[Event], plan: Plan, ranks: int) -> dict[str, Any]:
+    """Measured makespan, bubble and utilization per step (mean over the measured steps), mean op
+    costs, and the plan's simulated figures scaled to ms by the ratio of measured to simulated work."""
+    by_step: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        by_step[e.step].append(e)
+    if not by_step:
+        return {"steps": 0}
+    spans, busy = [], []
+    for step_events in by_step.values():
+        spans.append((max(e.end for e in step_events) - min(e.start for e in step_events)) / 1e6)
+        busy.append(sum(e.end - e.start - e.wait for e in step_events if is_compute(e.op)) / 1e6)
+    makespan, work = _mean(spans), _mean(busy)
+    out = {"steps": len(by_step), "ranks": ranks, "makespan_ms": round(makespan, 3),
+           "busy_ms_per_rank": round(work / ranks, 3),
+           "bubble": round((makespan * ranks - work) / work, 4) if work else None,
+           "utilization": round(work / (makespan * ranks), 4) if makespan else None,
+           "mean_ms": mean_costs(events, plan.meta.get("stages", 1))}
+    out["simulated"] = simulated(plan, work / (ranks // max(plan.devices, 1)))
+    return out
+
+
+def simulated(plan: Plan, measured_work_ms: float) -> dict[str, Any]:
+    stats = plan.meta.get("stats") or {}
+    sim_work = _simulated_work(plan)
+    scale = measured_work_ms / sim_work if sim_work else None
+    out = {"makespan": stats.get("makespan"), "bubble": stats.get("bubble_fraction"),
+           "utilization": stats.get("utilization"), "work_units": sim_work,
+           "ms_per_unit": round(scale, 6) if scale else None}
+    if scale and isinstance(stats.get("makespan"), (int, float)):
+        out["makespan_ms"] = round(stats["makespan"] * scale, 3)
+    return out
+
+
+def _simulated_work(plan: Plan) -> float:
+    costs = plan.meta.get("costs") or {}
+    total = 0.0
+    for steps in plan.ranks:
+        for instr in steps[0] if steps else ():
+            per_stage = costs.get(instr.op)
+            if is_compute(instr.op) and isinstance(per_stage, list) and instr.stage is not None:
+                total += per_stage[instr.stage] if instr.stage < len(per_stage) else 0.0
+    return total
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    if not rep.get("steps"):
+        return "report: no measured steps (use more --steps than --warmup)"
+    sim = rep["simulated"]
+    lines = [f"measured over {rep['steps']} steps on {rep['ranks']} ranks: makespan "
+             f"{rep['makespan_ms']:.2f} ms, bubble {rep['bubble']}, utilization {rep['utilization']}"]
+    if sim.get("makespan_ms") is not None:
+        lines.append(f"simulated: makespan {sim['makespan']} units = {sim['makespan_ms']:.2f} ms at "
+                     f"{sim['ms_per_unit']:.4f} ms/unit, bubble {sim['bubble']}, "
+                     f"utilization {sim['utilization']}")
+    for op, per_stage in rep["mean_ms"].items():
+        cells = " ".join("-" if v is None else f"{v:.3f}" for v in per_stage)
+        lines.append(f"mean {op} ms by stage: {cells}")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(target)

@@ -1,0 +1,149 @@
+# The pipelined run: check the plan against the world and the model before anything starts, build this
+# rank's stages, then run step programs under the watchdog, logging, dumping, checkpointing and tracing.
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from schedc.plan import Opcode, Plan, PlanError
+
+from . import checkpoint, trace
+from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, step_line,
+                    tokens_per_step, write_grads, write_loss)
+from .executor import BUILTIN, Executor, attach_flat_grads
+from .model import Stage, boundary_shapes
+from .tasks import load_task_modules, task_handler
+from .watchdog import Watchdog
+from .world import Env, World, check_size, pick_device, start, stop
+
+
+def held_stages(plan: Plan, plan_rank: int) -> list[int]:
+    """Model stages placed on `plan_rank` by any pipeline, checked against the rank's instructions."""
+    held = sorted({s for pipe in plan.meta.get("pipelines", [])
+                   for s, r in enumerate(pipe["placement"]) if r == plan_rank})
+    used = {i.stage for step in plan.ranks[plan_rank] for i in step if i.op in ("F", "B", "I", "W")}
+    if not used <= set(held):
+        raise PlanError(f"rank {plan_rank} computes stages {sorted(used - set(held))}, which the "
+                        "plan's pipelines do not place on it")
+    return held
+
+
+def check_plan(plan: Plan, opts, env: Env) -> None:
+    """Everything that can be refused before the process group starts."""
+    check_size(plan, opts.dp, env)
+    for key in ("stages", "microbatches", "pipelines"):
+        if key not in plan.meta:
+            raise PlanError(f"the plan has no {key!r}")
+    load_task_modules(opts.tasks)
+    for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
+        task_handler(name, opts.ignore_tasks)
+
+
+def run_pipeline(plan: Plan, opts) -> int:
+    env = Env.read()
+    check_plan(plan, opts, env)
+    pieces, runs = model_runs(opts, plan.meta["stages"])
+    shapes = boundary_shapes(pieces, runs, opts.model_config)
+    dataset = make_dataset(opts)
+    device = pick_device(opts.device, env)
+    world = start(plan, opts.dp, env, device, opts.timeout)
+    try:
+        executor = build_executor(plan, opts, world, runs, shapes)
+        del pieces, runs
+        return train(plan, opts, world, executor, dataset)
+    finally:
+        stop()
+
+
+def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
+    stages = {s: Stage(runs[s]).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    for stage in stages.values():
+        attach_flat_grads(stage)
+    params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
+    executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
+    if opts.fault and opts.fault[0] == world.rank:
+        executor.kill_step = opts.fault[1]
+    return executor
+
+
+def identity(plan: Plan, opts, world: World) -> dict:
+    return {"plan": plan.hash, "world": world.size, "dp": opts.dp, "seed": opts.seed}
+
+
+def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
+    first = checkpoint.load(opts.resume, executor, identity(plan, opts, world)) if opts.resume else 0
+    if opts.save_grads:
+        executor.before_update = _grad_dumper(opts.save_grads, first, world)
+    count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
+    dist.barrier()
+    origin = time.perf_counter_ns()
+    with Watchdog(executor, opts.timeout):
+        for step in range(first, opts.steps):
+            begin = time.perf_counter()
+            executor.run_step(step, dataset.batch(step, count, opts.model_config.mb_size))
+            loss = _mean_loss(executor)
+            _after_step(opts, world, executor, step, first, loss, time.perf_counter() - begin, tokens)
+    _finish(plan, opts, world, executor, origin, first)
+    return 0
+
+
+def _mean_loss(executor: Executor) -> float:
+    loss = executor.take_loss()
+    dist.all_reduce(loss)
+    return loss.item() * executor.scale
+
+
+def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
+    if world.rank == 0 and not opts.quiet:
+        print(step_line(step, loss, seconds, tokens), flush=True)
+    if step == first and opts.save_grads and world.rank == 0:
+        write_loss(opts.save_grads, loss)
+    if opts.save and opts.every and (step + 1) % opts.every == 0:
+        executor.current = None
+        checkpoint.save(opts.save, step + 1, executor, identity(executor.plan, opts, world))
+
+
+def _grad_dumper(directory: str, first: int, world: World):
+    """At the first step, gather every stage's synced gradients to rank 0 and write grads.pt."""
+    def dump(executor: Executor) -> None:
+        if executor.step_no != first:
+            return
+        mine = {} if world.replica else {name: p.grad.detach().cpu().clone()
+                                          for stage in executor.stages.values()
+                                          for name, p in stage.global_parameters()}
+        parts = [None] * world.size if world.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if world.rank == 0:
+            write_grads(directory, {k: v for part in parts for k, v in part.items()})
+    return dump
+
+
+def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, first: int) -> None:
+    """Gather timed events to rank 0: trace, report, profile."""
+    if opts.quiet and not (opts.trace_out or opts.report_out or opts.profile_out):
+        return  # the same on every rank: gathering is collective
+    programs = plan.ranks[world.plan_rank]
+    mine = [trace.record(world.rank, step, programs[step % len(programs)][index],
+                         start - origin, end - origin, wait)
+            for step, index, start, end, wait in executor.events]
+    parts = [None] * world.size if world.rank == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    if world.rank != 0:
+        return
+    events = [e for part in parts for e in part]
+    measured = [e for e in events if e.step >= first + opts.warmup]
+    _write_outputs(plan, opts, world, events, measured)
+
+
+def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list) -> None:
+    if opts.trace_out:
+        trace.write_json(opts.trace_out, trace.chrome_trace(events, plan))
+    rep = trace.report(measured, plan, world.size)
+    if opts.report_out:
+        trace.write_json(opts.report_out, rep)
+    if opts.profile_out:
+        trace.write_json(opts.profile_out, trace.profile(measured or events, plan.meta["stages"]))
+    if not opts.quiet:
+        print(trace.format_report(rep), flush=True)
