@@ -91,9 +91,9 @@ def compile_cmd(file, defines, costs, latency, out_dir):
     _report(result.diagnostics, result.schedule.source)
     if not result.ok:
         sys.exit(1)
-    paths = write_plan(result.plan, out_dir)
+    plan, paths = write_plan(result.plan, out_dir)
     click.echo(_summary(result))
-    click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {result.plan.hash[:12]})")
+    click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
 
 
 def _summary(result) -> str:

@@ -28,20 +28,31 @@ def _instr(op: Op) -> Instr:
 
 def _messages(schedule: Schedule, op: Op) -> tuple[list[tuple], list[tuple]]:
     """(sends after op, receives op consumes) as (kind, producing stage, mb, pipe, peer) tuples."""
-    pipe = schedule.pipelines[op.pipe]
-    place, s = pipe.placement, op.stage
-    sends, recvs = [], []
-    if op.kind == "F":
-        if s + 1 < pipe.stages and place[s + 1] != op.device:
-            sends.append((Opcode.SEND_F, s, op.mb, op.pipe, place[s + 1]))
-        if s > 0 and place[s - 1] != op.device:
-            recvs.append((Opcode.RECV_F, s - 1, op.mb, op.pipe, place[s - 1]))
-    elif op.kind in ("B", "I"):
-        if s > 0 and place[s - 1] != op.device:
-            sends.append((Opcode.SEND_B, s, op.mb, op.pipe, place[s - 1]))
-        if s + 1 < pipe.stages and place[s + 1] != op.device:
-            recvs.append((Opcode.RECV_B, s + 1, op.mb, op.pipe, place[s + 1]))
-    return sends, recvs
+    sends, recvs = _links(schedule, op.kind, op.pipe, op.stage, op.device)
+    mb, k = op.mb, op.pipe
+    return ([(kind, s, mb, k, peer) for kind, s, peer in sends],
+            [(kind, s, mb, k, peer) for kind, s, peer in recvs])
+
+
+def _links(schedule: Schedule, kind: str, k: int, s: int, device: int, cache: dict = {}) -> tuple:
+    """The messages of an op kind at stage s of pipeline k: (kind, producing stage, peer) lists."""
+    key = (id(schedule.pipelines), kind, k, s, device)
+    found = cache.get(key)
+    if found is None:
+        pipe = schedule.pipelines[k]
+        place, sends, recvs = pipe.placement, [], []
+        if kind == "F":
+            if s + 1 < pipe.stages and place[s + 1] != device:
+                sends.append((Opcode.SEND_F, s, place[s + 1]))
+            if s > 0 and place[s - 1] != device:
+                recvs.append((Opcode.RECV_F, s - 1, place[s - 1]))
+        elif kind in ("B", "I"):
+            if s > 0 and place[s - 1] != device:
+                sends.append((Opcode.SEND_B, s, place[s - 1]))
+            if s + 1 < pipe.stages and place[s + 1] != device:
+                recvs.append((Opcode.RECV_B, s + 1, place[s + 1]))
+        found = cache[key] = (tuple(sends), tuple(recvs))
+    return found
 
 
 def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], rank_sends: dict) -> dict:
@@ -122,4 +133,4 @@ def lower(schedule: Schedule, stats: dict[str, Any]) -> Plan:
     """Schedule -> Plan: every rank's K step programs with communication, gradient sync and STEP."""
     steps = [lower_step(schedule, step) for step in schedule.steps]
     ranks = tuple(tuple(tuple(steps[k][d]) for k in range(len(steps))) for d in range(schedule.devices))
-    return Plan(plan_meta(schedule, stats), ranks).with_hash()
+    return Plan(plan_meta(schedule, stats), ranks)

@@ -58,10 +58,15 @@ class Instr:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op, "stage": self.stage, "mb": self.mb}
-        for key in _KEYS[2:]:
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = list(value) if key == "group" else value
+        if self.pipe is not None:
+            out["pipe"] = self.pipe
+        if self.peer is not None:
+            out["peer"] = self.peer
+        if self.group is not None:
+            out["group"] = list(self.group)
+        if self.part is not None:
+            out["part"] = self.part
+            out["parts"] = self.parts
         return out
 
     @classmethod
@@ -76,14 +81,20 @@ class Instr:
                    tuple(group) if group is not None else None, obj.get("part"), obj.get("parts"))
 
     def __str__(self) -> str:
-        words = [self.op]
-        for key in _KEYS:
-            value = getattr(self, key)
-            if key == "mb" and value is None and self.stage is not None:
-                words.append("mb=-")
-            elif value is not None:
-                words.append(f"{key}={','.join(map(str, value)) if key == 'group' else value}")
-        return " ".join(words)
+        text = self.op
+        if self.stage is not None:
+            text += f" stage={self.stage} mb={'-' if self.mb is None else self.mb}"
+        elif self.mb is not None:
+            text += f" mb={self.mb}"
+        if self.pipe is not None:
+            text += f" pipe={self.pipe}"
+        if self.peer is not None:
+            text += f" peer={self.peer}"
+        if self.group is not None:
+            text += " group=" + ",".join(map(str, self.group))
+        if self.part is not None:
+            text += f" part={self.part} parts={self.parts}"
+        return text
 
     @classmethod
     def parse(cls, line: str) -> Instr:
@@ -148,12 +159,23 @@ class Plan:
                          for r, steps in enumerate(self.ranks)]
         return body
 
+    def canonical(self) -> str:
+        """The compact, key-sorted JSON of the content; the hash is its sha256."""
+        return json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
+
     def with_hash(self) -> Plan:
-        return replace(self, hash=content_hash(self.content()))
+        return replace(self, hash=hashlib.sha256(self.canonical().encode()).hexdigest())
 
     def to_json(self) -> dict[str, Any]:
         body = self.content()
         return {"format": FORMAT, "version": VERSION, "hash": self.hash or content_hash(body), **body}
+
+    def dumps(self) -> tuple[Plan, str]:
+        """The plan with its hash, and plan.json's text: the canonical content, format/version/hash first."""
+        canonical = self.canonical()
+        plan = replace(self, hash=hashlib.sha256(canonical.encode()).hexdigest())
+        head = json.dumps({"format": FORMAT, "version": VERSION, "hash": plan.hash}, separators=(",", ":"))
+        return plan, head[:-1] + "," + canonical[1:] + "\n"
 
 
 def content_hash(body: dict[str, Any]) -> str:
@@ -187,14 +209,16 @@ def load_plan(path: str | Path, verify: bool = True) -> Plan:
     return plan_from_json(obj, verify)
 
 
-def write_plan(plan: Plan, directory: str | Path) -> list[Path]:
-    """Write plan.json and rank{r}.txt into directory (atomically per file); return the paths."""
+def write_plan(plan: Plan, directory: str | Path) -> tuple[Plan, list[Path]]:
+    """Write plan.json and rank{r}.txt into directory (each file atomically); return the hashed plan
+    and the paths written."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    written = [_write_atomic(out / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")]
+    plan, text = plan.dumps()
+    written = [_write_atomic(out / "plan.json", text)]
     for rank in range(plan.devices):
         written.append(_write_atomic(out / f"rank{rank}.txt", format_rank_text(plan, rank)))
-    return written
+    return plan, written
 
 
 def _write_atomic(path: Path, text: str) -> Path:

@@ -101,17 +101,11 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
                   tuple(busy), peak_memory(schedule), latency, complete)
 
 
-def memory_deltas(schedule: Schedule) -> dict[Op, float]:
-    """What each op allocates (+) or frees (-), in activation units: F holds until B (or W)."""
+def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
+    """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
     act = schedule.activation
     release = "W" if schedule.split_backward else "B"
-    out = {}
-    for op in schedule.ops():
-        if op.kind == "F":
-            out[op] = act[op.stage]
-        elif op.kind == release:
-            out[op] = -act[op.stage]
-    return out
+    return {"F": act, release: tuple(-a for a in act)}
 
 
 def peak_memory(schedule: Schedule) -> tuple[float, ...]:
@@ -121,7 +115,10 @@ def peak_memory(schedule: Schedule) -> tuple[float, ...]:
     for order in schedule.orders:
         alive = peak = 0.0
         for op in order:
-            alive += deltas.get(op, 0.0)
-            peak = max(peak, alive)
+            delta = deltas.get(op.kind)
+            if delta is not None:
+                alive += delta[op.stage]
+                if alive > peak:
+                    peak = alive
         peaks.append(peak)
     return tuple(peaks)

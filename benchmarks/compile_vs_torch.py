@@ -1,0 +1,72 @@
+"""Compile speed: schedc against torch.distributed.pipelining on the same schedule.
+
+schedc: `schedc compile interleaved_1f1b -D p=32 -D v=4 -D m=256` as a whole process (parse, elaborate,
+check, simulate, lower, check channels, write plan.json and 32 rank streams).
+torch: in one process, the time ScheduleInterleaved1F1B spends building that schedule's per-rank order
+(mock stages, no process group), lowering it (`_add_send_recv`) and dry-running it
+(`_simulate_comms_compute`); torch's import is not counted.
+
+Prints both (best of --repeat runs) and `ratio X` = schedc / torch as its last line.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+class _Stage:
+    """The attributes ScheduleInterleaved1F1B reads from its stages."""
+
+    def __init__(self, index: int, stages: int, rank: int, ranks: int):
+        self.stage_index, self.num_stages = index, stages
+        self.group_rank, self.group_size = rank, ranks
+        self.is_first, self.is_last = index == 0, index == stages - 1
+        self.stage_index_to_group_rank: dict[int, int] = {}
+        self.has_backward = True
+
+
+def time_torch(p: int, v: int, m: int) -> float:
+    from torch.distributed.pipelining import schedules as S
+    start = time.perf_counter()
+    sched = S.ScheduleInterleaved1F1B([_Stage(c * p, p * v, 0, p) for c in range(v)], m)
+    order = {rank: [a for a in actions if a is not None] for rank, actions in sched.pipeline_order.items()}
+    lowered = S._add_send_recv(order, stage_to_rank=lambda s: s % p, num_stages=p * v)
+    S._simulate_comms_compute(lowered, stage_to_rank=lambda s: s % p, num_stages=p * v)
+    return time.perf_counter() - start
+
+
+def time_schedc(p: int, v: int, m: int, check: bool) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        command = ["schedc", "check" if check else "compile", "interleaved_1f1b", "-D", f"p={p}", "-D", f"v={v}",
+                   "-D", f"m={m}"] + ([] if check else ["-o", out])
+        start = time.perf_counter()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-p", type=int, default=32)
+    parser.add_argument("-v", type=int, default=4)
+    parser.add_argument("-m", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    import torch.distributed.pipelining  # noqa: F401 - import outside the timed region
+
+    ours = min(time_schedc(args.p, args.v, args.m, False) for _ in range(args.repeat))
+    check = min(time_schedc(args.p, args.v, args.m, True) for _ in range(args.repeat))
+    theirs = min(time_torch(args.p, args.v, args.m) for _ in range(args.repeat))
+    ops = 2 * args.p * args.v * args.m
+    print(f"interleaved 1F1B p={args.p} v={args.v} m={args.m} ({ops:,} compute ops)")
+    print(f"schedc compile (whole process, plan written): {ours:8.3f} s")
+    print(f"schedc check   (whole process):               {check:8.3f} s")
+    print(f"torch build + _add_send_recv + simulate:      {theirs:8.3f} s")
+    print(f"ratio {ours / theirs:.3f}")
+
+
+if __name__ == "__main__":
+    main()
