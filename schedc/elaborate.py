@@ -12,7 +12,7 @@ from typing import Any
 from . import ast
 from .diagnostics import Diagnostic, SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from .ir import BUILTIN, DEFAULT_COSTS, Dependency, Op, Pipeline, Schedule, TaskSpec
+from .ir import BUILTIN, DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -172,21 +172,6 @@ def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...
             for kind in kinds]
 
 
-def builtin_deps(op: Op, pipe: Pipeline, split: bool) -> tuple[Op, ...]:
-    """F(s,i) after F(s-1,i); B(s,i)/I(s,i) after F(s,i) and B(s+1,i) (I with split); W after I."""
-    s, mb, k = op.stage, op.mb, op.pipe
-    if op.kind == "F":
-        return (Op("F", s - 1, mb, k),) if s > 0 else ()
-    if op.kind == "W":
-        return (Op("I", s, mb, k),)
-    grad = "I" if split else "B"
-    return (Op("F", s, mb, k),) + ((Op(grad, s + 1, mb, k),) if s + 1 < pipe.stages else ())
-
-
-def _canonical(ops: list[Op]) -> dict[Op, Op]:
-    return {op: op for op in ops}
-
-
 def instantiate_tasks(decl: ast.ScheduleDecl, env, pipelines, costs, source: Source):
     """Expand `task name(s, i)` declarations into ops (one per stage and microbatch, per pipeline)."""
     from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
@@ -216,11 +201,10 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     activation = _per_stage([d for d in decl.decls if isinstance(d, ast.MemoryDecl) and d.kind == "F"],
                             {"F": 1.0}, env, stages, source, {})["F"]
     ops = build_ops(pipelines, costs, split)
-    deps = {op: builtin_deps(op, pipelines[op.pipe], split) for op in ops}
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         tasks, task_ops, task_deps, keeps, fill = instantiate_tasks(decl, env, pipelines, costs, source)
-    deps.update(task_deps)
+    deps = Dependencies(tuple(p.stages for p in pipelines), split, task_deps, tuple(ops + task_ops))
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]
     unplaced = tuple(op for op in task_ops if op.kind in filled)
@@ -254,4 +238,4 @@ def diagnostics_of(exc: SchedError) -> list[Diagnostic]:
     return exc.diagnostics
 
 
-__all__ = ["Options", "elaborate", "builtin_deps", "BUILTIN"]
+__all__ = ["Options", "elaborate"]

@@ -98,14 +98,19 @@ def _compile_binary(node: ast.Binary) -> Fn:
     if node.op in ("==", "!="):
         return lambda env: fn(left(env), right(env))
 
+    power = node.op == "**"
+
     def apply(env: Env) -> Any:
-        a, b = _number(left(env), span), _number(right(env), span)
-        if node.op == "**" and abs(b) > MAX_POWER:
-            raise EvalError(f"exponent {b} is too large (at most {MAX_POWER})", span)
+        a, b = left(env), right(env)
         try:
+            if power and abs(b) > MAX_POWER:
+                raise EvalError(f"exponent {b} is too large (at most {MAX_POWER})", span)
             return fn(a, b)
         except ZeroDivisionError:
             raise EvalError("division by zero", span) from None
+        except TypeError:
+            _number(a, span), _number(b, span)
+            raise
         except (OverflowError, ValueError) as exc:
             raise EvalError(f"arithmetic error: {exc}", span) from None
     return apply

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .diagnostics import Source, Span
@@ -46,6 +47,48 @@ class Op:
     def is_task(self) -> bool:
         return self.kind not in BUILTIN
 
+    @property
+    def key(self) -> tuple:
+        """The identity as a plain tuple (cheap to hash): (kind, stage, mb, pipe, part)."""
+        return (self.kind, self.stage, self.mb, self.pipe, self.part)
+
+
+def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int, split: bool) -> tuple[tuple, ...]:
+    """F(s,i) after F(s-1,i); B(s,i) (I with split) after F(s,i) and B(s+1,i) (I(s+1,i)); W after I."""
+    if kind == "F":
+        return (("F", s - 1, mb, k, 0),) if s > 0 else ()
+    if kind == "W":
+        return (("I", s, mb, k, 0),)
+    grad = "I" if split else "B"
+    return (("F", s, mb, k, 0),) + ((grad, s + 1, mb, k, 0),) if s + 1 < stages else (("F", s, mb, k, 0),)
+
+
+class Dependencies(Mapping):
+    """The data dependencies of every op: built-in ones derived on demand (no storage for the 10^5-10^6
+    ops of a big schedule), tasks' declared ones stored. A read-only Mapping Op -> tuple of Ops."""
+
+    __slots__ = ("stages", "split", "explicit", "ops")
+
+    def __init__(self, stages: tuple[int, ...], split: bool, explicit: dict, ops: tuple):
+        self.stages, self.split, self.explicit, self.ops = stages, split, explicit, ops
+
+    def keys_of(self, op: Op) -> tuple[tuple, ...]:
+        """Dependencies as identity tuples (see Op.key)."""
+        if op.kind in BUILTIN:
+            return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split)
+        return tuple(dep.key for dep in self.explicit.get(op, ()))
+
+    def __getitem__(self, op: Op) -> tuple[Op, ...]:
+        if op.kind in BUILTIN:
+            return tuple(Op(*key) for key in self.keys_of(op))
+        return self.explicit[op]
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
 
 @dataclass(frozen=True, slots=True)
 class Pipeline:
@@ -54,16 +97,6 @@ class Pipeline:
     placement: tuple[int, ...]  # placement[s] = device of stage s
     microbatches: tuple[int, ...]
     span: Span | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Dependency:
-    """A task's `after`/`keeps` clause, evaluated: the kind it waits on, its stage, microbatch or all (None)."""
-
-    kind: str
-    stage: int
-    mb: int | None
-    all_mbs: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +120,7 @@ class Schedule:
     pipelines: tuple[Pipeline, ...]
     replicas: tuple[tuple[int, ...], ...]
     orders: tuple[tuple[Op, ...], ...]       # orders[d] = device d's program
-    deps: dict[Op, tuple[Op, ...]]            # data dependencies of every op
+    deps: Dependencies                        # data dependencies of every op
     costs: dict[str, tuple[float, ...]]       # kind -> cost per stage
     activation: tuple[float, ...]             # activation units per stage, held from F to B (or W)
     memory_limit: tuple[float, ...] | None    # per device

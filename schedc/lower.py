@@ -26,20 +26,23 @@ def _instr(op: Op) -> Instr:
     return Instr(op.kind, op.stage, op.mb, op.pipe)
 
 
-def _messages(schedule: Schedule, op: Op) -> tuple[list[tuple], list[tuple]]:
-    """(sends after op, receives op consumes) as (kind, producing stage, mb, pipe, peer) tuples."""
-    sends, recvs = _links(schedule, op.kind, op.pipe, op.stage, op.device)
-    mb, k = op.mb, op.pipe
-    return ([(kind, s, mb, k, peer) for kind, s, peer in sends],
-            [(kind, s, mb, k, peer) for kind, s, peer in recvs])
+class _Links:
+    """The messages of an op, by (kind, pipeline, stage, device): sends after it, receives it consumes,
+    each as (opcode, producing stage, peer)."""
 
+    def __init__(self, schedule: Schedule):
+        self.pipelines = schedule.pipelines
+        self.cache: dict[tuple, tuple[tuple, tuple]] = {}
 
-def _links(schedule: Schedule, kind: str, k: int, s: int, device: int, cache: dict = {}) -> tuple:
-    """The messages of an op kind at stage s of pipeline k: (kind, producing stage, peer) lists."""
-    key = (id(schedule.pipelines), kind, k, s, device)
-    found = cache.get(key)
-    if found is None:
-        pipe = schedule.pipelines[k]
+    def __call__(self, op: Op) -> tuple[tuple, tuple]:
+        key = (op.kind, op.pipe, op.stage, op.device)
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = self._links(*key)
+        return found
+
+    def _links(self, kind: str, k: int, s: int, device: int) -> tuple[tuple, tuple]:
+        pipe = self.pipelines[k]
         place, sends, recvs = pipe.placement, [], []
         if kind == "F":
             if s + 1 < pipe.stages and place[s + 1] != device:
@@ -51,8 +54,7 @@ def _links(schedule: Schedule, kind: str, k: int, s: int, device: int, cache: di
                 sends.append((Opcode.SEND_B, s, place[s - 1]))
             if s + 1 < pipe.stages and place[s + 1] != device:
                 recvs.append((Opcode.RECV_B, s + 1, place[s + 1]))
-        found = cache[key] = (tuple(sends), tuple(recvs))
-    return found
+        return tuple(sends), tuple(recvs)
 
 
 def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], rank_sends: dict) -> dict:
@@ -75,30 +77,35 @@ def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], r
 
 def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> list[list[Instr]]:
     """Lower one step program of every device; returns instruction lists per rank."""
-    devices = schedule.devices
-    sends_after = [[_messages(schedule, op)[0] for op in order] for order in step]
-    # per rank: the ordered messages it sends to each peer, as (kind->SEND, stage, mb, pipe)
+    devices, links = schedule.devices, _Links(schedule)
+    # per rank and peer: the messages it sends there, in order, keyed as the receiver names them
     send_order: list[dict[int, list[tuple]]] = [{} for _ in range(devices)]
-    for d in range(devices):
-        for sends in sends_after[d]:
-            for kind, s, mb, k, peer in sends:
-                recv_kind = Opcode.RECV_F if kind is Opcode.SEND_F else Opcode.RECV_B
-                send_order[d].setdefault(peer, []).append((recv_kind, s, mb, k))
-    streams = []
     for d, order in enumerate(step):
-        consumers = [(n, (*m[:4], m[4])) for n, op in enumerate(order) for m in _messages(schedule, op)[1]]
-        to_me = {peer: send_order[peer].get(d, []) for peer in range(devices)}
-        posts = _post_positions(order, consumers, to_me)
-        stream: list[Instr] = []
-        for n, op in enumerate(order):
-            stream.extend(Instr(m[0].value, m[1], m[2], m[3], peer) for m, peer in posts.get(n, ()))
-            stream.append(_instr(op))
-            stream.extend(Instr(k.value, s, mb, p, peer) for k, s, mb, p, peer in sends_after[d][n])
-        stream.extend(Instr(m[0].value, m[1], m[2], m[3], peer) for m, peer in posts.get(len(order), ()))
-        stream.extend(_sync_grads(schedule, d))
-        stream.append(Instr(Opcode.STEP.value))
-        streams.append(stream)
-    return streams
+        for op in order:
+            for kind, s, peer in links(op)[0]:
+                recv = Opcode.RECV_F if kind is Opcode.SEND_F else Opcode.RECV_B
+                send_order[d].setdefault(peer, []).append((recv, s, op.mb, op.pipe))
+    return [_lower_rank(schedule, d, order, links, {p: send_order[p].get(d, []) for p in range(devices)})
+            for d, order in enumerate(step)]
+
+
+def _lower_rank(schedule: Schedule, d: int, order: tuple[Op, ...], links: _Links, to_me: dict) -> list[Instr]:
+    consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, op in enumerate(order)
+                 for kind, s, peer in links(op)[1]]
+    posts = _post_positions(order, consumers, to_me)
+    stream: list[Instr] = []
+    append = stream.append
+    for n, op in enumerate(order):
+        for (kind, s, mb, k), peer in posts.get(n, ()):
+            append(Instr(kind.value, s, mb, k, peer))
+        append(_instr(op))
+        for kind, s, peer in links(op)[0]:
+            append(Instr(kind.value, s, op.mb, op.pipe, peer))
+    for (kind, s, mb, k), peer in posts.get(len(order), ()):
+        append(Instr(kind.value, s, mb, k, peer))
+    stream.extend(_sync_grads(schedule, d))
+    append(Instr(Opcode.STEP.value))
+    return stream
 
 
 def _sync_grads(schedule: Schedule, device: int) -> list[Instr]:

@@ -19,9 +19,11 @@ MAX_PROGRAM_STEPS = 20_000_000
 _KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
 
 
-def _key_env(op: Op, pipe: Pipeline, chunk: dict[tuple[int, int], int], env: dict[str, Any]) -> dict:
-    return {**env, "s": op.stage, "i": op.mb if op.mb is not None else -1, "d": op.device,
-            "c": chunk[(op.pipe, op.stage)], "kind": op.kind, "pipe": PipeRef(pipe.name)}
+def _bind(scope: dict[str, Any], op: Op, pipe: Pipeline, chunk: dict[tuple[int, int], int]) -> dict:
+    """Bind the names a key or greedy priority may read: s, i, d, c, kind, pipe."""
+    scope["s"], scope["i"], scope["d"] = op.stage, op.mb if op.mb is not None else -1, op.device
+    scope["c"], scope["kind"], scope["pipe"] = chunk[(op.pipe, op.stage)], op.kind, PipeRef(pipe.name)
+    return scope
 
 
 def chunk_index(pipelines: tuple[Pipeline, ...]) -> dict[tuple[int, int], int]:
@@ -44,9 +46,10 @@ def sort_queue(ops: list[Op], key: tuple[ast.Expr, ...] | None, pipelines, chunk
     if key is None:
         return sorted(ops, key=lambda op: (_default_key(op), op.pipe, op.part))
     fns = [compile_expr(e) for e in key]
+    scope = dict(env)
     keyed = []
     for op in ops:
-        scope = _key_env(op, pipelines[op.pipe], chunk, env)
+        _bind(scope, op, pipelines[op.pipe], chunk)
         keyed.append((tuple(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part, op))
     keyed.sort(key=lambda t: t[:5])
     return [t[-1] for t in keyed]
@@ -308,8 +311,9 @@ def _greedy_key(decl: ast.Greedy | None, pipelines, chunk, env) -> Callable[[Op]
         return lambda op: (-_KIND_RANK.get(op.kind, 0), op.mb if op.mb is not None else -1, op.stage, op.pipe,
                            op.part)
     fns = [compile_expr(e) for e in decl.key]
+    scope = dict(env)
 
     def key(op: Op) -> tuple:
-        scope = _key_env(op, pipelines[op.pipe], chunk, env)
+        _bind(scope, op, pipelines[op.pipe], chunk)
         return (*(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part)
     return key

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 FORMAT = "schedc-plan"
 VERSION = 1
@@ -43,9 +43,9 @@ class PlanError(ValueError):
     """A plan file that cannot be read or does not fit its use."""
 
 
-@dataclass(frozen=True, slots=True)
-class Instr:
-    """One instruction of a rank's step program (see docs/plan-format.md)."""
+class Instr(NamedTuple):
+    """One instruction of a rank's step program (see docs/plan-format.md). A NamedTuple: plans hold
+    hundreds of thousands of them, and tuples are built and hashed in C."""
 
     op: str
     stage: int | None = None

@@ -48,12 +48,13 @@ def _round(x: float) -> float:
     return round(x, 9)
 
 
-def program_edges(schedule: Schedule) -> tuple[list[Op], dict[Op, int], list[list[int]], list[int]]:
+def program_edges(schedule: Schedule) -> tuple[list[Op], dict[tuple, int], list[list[int]], list[int]]:
     """Index the placed ops and build successor lists: program order plus data dependencies."""
     ops = [op for order in schedule.orders for op in order]
-    index = {op: n for n, op in enumerate(ops)}
+    index = {op.key: n for n, op in enumerate(ops)}
     succ: list[list[int]] = [[] for _ in ops]
     indegree = [0] * len(ops)
+    keys_of = schedule.deps.keys_of
     n = 0
     for order in schedule.orders:
         for k in range(len(order)):
@@ -62,7 +63,7 @@ def program_edges(schedule: Schedule) -> tuple[list[Op], dict[Op, int], list[lis
                 indegree[n] += 1
             n += 1
     for n, op in enumerate(ops):
-        for dep in schedule.deps.get(op, ()):
+        for dep in keys_of(op):
             m = index.get(dep)
             if m is not None:
                 succ[m].append(n)
