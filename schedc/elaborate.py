@@ -204,7 +204,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         tasks, task_ops, task_deps, keeps, fill = instantiate_tasks(decl, env, pipelines, costs, source)
-    deps = Dependencies(tuple(p.stages for p in pipelines), split, task_deps, tuple(ops + task_ops))
+    deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops))
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]
     unplaced = tuple(op for op in task_ops if op.kind in filled)

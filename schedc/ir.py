@@ -53,6 +53,15 @@ class Op:
         return (self.kind, self.stage, self.mb, self.pipe, self.part)
 
 
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    name: str
+    stages: int
+    placement: tuple[int, ...]  # placement[s] = device of stage s
+    microbatches: tuple[int, ...]
+    span: Span | None = field(default=None, compare=False)
+
+
 def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int, split: bool) -> tuple[tuple, ...]:
     """F(s,i) after F(s-1,i); B(s,i) (I with split) after F(s,i) and B(s+1,i) (I(s+1,i)); W after I."""
     if kind == "F":
@@ -67,10 +76,13 @@ class Dependencies(Mapping):
     """The data dependencies of every op: built-in ones derived on demand (no storage for the 10^5-10^6
     ops of a big schedule), tasks' declared ones stored. A read-only Mapping Op -> tuple of Ops."""
 
-    __slots__ = ("stages", "split", "explicit", "ops")
+    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops")
 
-    def __init__(self, stages: tuple[int, ...], split: bool, explicit: dict, ops: tuple):
-        self.stages, self.split, self.explicit, self.ops = stages, split, explicit, ops
+    def __init__(self, pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
+                 explicit: dict, ops: tuple):
+        self.stages = tuple(p.stages for p in pipelines)
+        self.placements = tuple(p.placement for p in pipelines)
+        self.costs, self.split, self.explicit, self.ops = costs, split, explicit, ops
 
     def keys_of(self, op: Op) -> tuple[tuple, ...]:
         """Dependencies as identity tuples (see Op.key)."""
@@ -80,7 +92,8 @@ class Dependencies(Mapping):
 
     def __getitem__(self, op: Op) -> tuple[Op, ...]:
         if op.kind in BUILTIN:
-            return tuple(Op(*key) for key in self.keys_of(op))
+            return tuple(Op(kind, s, mb, k, part, self.placements[k][s], self.costs[kind][s])
+                         for kind, s, mb, k, part in self.keys_of(op))
         return self.explicit[op]
 
     def __iter__(self) -> Iterator[Op]:
@@ -88,15 +101,6 @@ class Dependencies(Mapping):
 
     def __len__(self) -> int:
         return len(self.ops)
-
-
-@dataclass(frozen=True, slots=True)
-class Pipeline:
-    name: str
-    stages: int
-    placement: tuple[int, ...]  # placement[s] = device of stage s
-    microbatches: tuple[int, ...]
-    span: Span | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

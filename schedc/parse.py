@@ -76,7 +76,7 @@ class ToAst(Transformer):
     binary = compare
 
     def pow(self, meta, children):
-        return ast.Binary(_span(meta), "**", *children)
+        return ast.Binary(_span(meta), "**", children[0], children[2])
 
     def call(self, meta, children):
         func, *args = children

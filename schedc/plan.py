@@ -66,6 +66,7 @@ class Instr(NamedTuple):
             out["group"] = list(self.group)
         if self.part is not None:
             out["part"] = self.part
+        if self.parts is not None:
             out["parts"] = self.parts
         return out
 
@@ -93,7 +94,9 @@ class Instr(NamedTuple):
         if self.group is not None:
             text += " group=" + ",".join(map(str, self.group))
         if self.part is not None:
-            text += f" part={self.part} parts={self.parts}"
+            text += f" part={self.part}"
+        if self.parts is not None:
+            text += f" parts={self.parts}"
         return text
 
     @classmethod

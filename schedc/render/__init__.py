@@ -1,0 +1,70 @@
+"""Drawing schedules: `schedc render FILE -o OUT`, the format chosen by OUT's extension.
+
+    .svg .png .pdf   timeline (or, with --dag, the dependency graph) through Graphviz
+    .dot             the DOT text of the same, without running Graphviz
+    .html            a self-contained report: timeline, per-device stats, memory over time, source
+    .json            a Chrome trace (chrome://tracing, Perfetto): 1 cost unit = 1 ms
+
+Every renderer is a deterministic function from the compiled schedule to text; only `dot` runs outside.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..diagnostics import Diagnostic, SchedError, Source, error
+from .dot import FORMATS, run_dot
+
+EXTENSIONS = (*FORMATS, "dot", "html", "json")
+
+
+def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
+                dag: bool = False, comms: bool = False, measured: str | None = None) -> list[Diagnostic]:
+    """Compile (or load) FILE and write OUT; returns the compiler's diagnostics (drawn anyway)."""
+    fmt = Path(out).suffix.lower().lstrip(".")
+    if fmt not in EXTENSIONS:
+        raise _usage(f"cannot tell the format from {out!r}: use one of "
+                     + ", ".join("." + e for e in EXTENSIONS), out)
+    if dag and fmt not in (*FORMATS, "dot"):
+        raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
+    from .load import load_input
+    compiled = load_input(file, defines, costs, latency)
+    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return compiled.diagnostics
+
+
+def render(compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
+           measured: str | None = None) -> bytes:
+    """The bytes of OUT in format `fmt` for a compiled schedule."""
+    run = None
+    if measured is not None:
+        from .measured import load_measured
+        run = load_measured(measured, compiled.schedule)
+    if fmt == "json":
+        import json
+        from .trace import chrome_trace
+        return (json.dumps(chrome_trace(compiled), separators=(",", ":")) + "\n").encode()
+    if dag:
+        from .dag import dag_dot
+        text = dag_dot(compiled.schedule, out)
+        return text.encode() if fmt == "dot" else run_dot(text, fmt, out)
+    from .timeline import timeline_dot
+    text = timeline_dot(compiled, comms=comms, measured=run)
+    if fmt == "dot":
+        return text.encode()
+    if fmt == "html":
+        from .html import report_html
+        return report_html(compiled, timeline_svg(run_dot(text, "svg", out, fixed_positions=True))).encode()
+    return run_dot(text, fmt, out, fixed_positions=True)
+
+
+def timeline_svg(svg: bytes) -> str:
+    """Graphviz's SVG without its XML prologue, ready to inline in HTML."""
+    text = svg.decode()
+    return text[text.index("<svg"):]
+
+
+def _usage(message: str, out: str) -> SchedError:
+    return SchedError(error(message), Source(out, ""), exit_code=2)

@@ -1,0 +1,92 @@
+"""Colours and labels shared by every drawing: one hue per op kind, one shade per pipeline or chunk.
+
+F is blue and B green as in Megatron-LM's figures; split backward gets orange I and teal W; each user
+task kind takes the next colour of a fixed palette in sorted-name order. Ops of a device's second
+chunk (interleaved) or of a second pipeline (Chimera's `up`) are drawn in lighter shades of their hue.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Op, Schedule
+
+KIND_COLOURS = {"F": "#3b6fb6", "B": "#3f9a4a", "I": "#e3872d", "W": "#2f9c95"}
+TASK_COLOURS = ("#d6404e", "#9467bd", "#c9a227", "#e377c2", "#8c564b", "#7f7f7f", "#17becf", "#bcbd22")
+KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)"}
+
+
+def mix(colour: str, white: float) -> str:
+    """Blend `#rrggbb` with white (0 = the colour, 1 = white)."""
+    rgb = [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * white):02x}" for c in rgb)
+
+
+def text_colour(fill: str) -> str:
+    r, g, b = (int(fill[k:k + 2], 16) for k in (1, 3, 5))
+    return "#ffffff" if 0.299 * r + 0.587 * g + 0.114 * b < 150 else "#000000"
+
+
+@dataclass(frozen=True, slots=True)
+class Palette:
+    """The fill colour of every (kind, pipeline, stage), and the legend entries in a fixed order."""
+
+    kinds: tuple[str, ...]                     # kinds present: F B I W first, then tasks by name
+    variant: dict[tuple[int, int], int]        # (pipe, stage) -> shade index
+    variant_names: tuple[str, ...]             # shade index -> "down", "chunk 1", ... ("" when one shade)
+
+    def fill(self, kind: str, pipe: int, stage: int) -> str:
+        base = KIND_COLOURS.get(kind) or TASK_COLOURS[self._task_index(kind) % len(TASK_COLOURS)]
+        shades = len(self.variant_names)
+        shade = self.variant.get((pipe, stage), 0)
+        return mix(base, 0.55 * shade / (shades - 1)) if shades > 1 else base
+
+    def _task_index(self, kind: str) -> int:
+        tasks = [k for k in self.kinds if k not in KIND_COLOURS]
+        return tasks.index(kind) if kind in tasks else len(tasks)
+
+    def legend(self) -> list[tuple[str, str]]:
+        """(fill, text) per entry: every kind, in every shade for the built-in kinds."""
+        out = []
+        for kind in self.kinds:
+            name = f"{kind} {KIND_NAMES[kind]}" if kind in KIND_NAMES else kind
+            if kind in KIND_COLOURS and len(self.variant_names) > 1:
+                shades = sorted({v for v in self.variant.values()})
+                out.extend((self.fill_of_shade(kind, v), f"{kind} {self.variant_names[v]}") for v in shades)
+            else:
+                out.append((self.fill_of_shade(kind, 0), name))
+        return out
+
+    def fill_of_shade(self, kind: str, shade: int) -> str:
+        pipe_stage = next((ps for ps, v in sorted(self.variant.items()) if v == shade), (0, 0))
+        return self.fill(kind, *pipe_stage)
+
+
+def palette(schedule: Schedule) -> Palette:
+    """Shades: one per pipeline (when there are several) times one per chunk a device holds."""
+    chunks = 1
+    variant_of: dict[tuple[int, int], tuple[int, int]] = {}
+    for k, pipe in enumerate(schedule.pipelines):
+        seen: dict[int, int] = {}
+        for s, device in enumerate(pipe.placement):
+            c = seen.get(device, 0)
+            seen[device] = c + 1
+            variant_of[(k, s)] = (k, c)
+            chunks = max(chunks, c + 1)
+    many = len(schedule.pipelines) > 1
+    names = []
+    for k, pipe in enumerate(schedule.pipelines):
+        for c in range(chunks):
+            parts = ([pipe.name] if many else []) + ([f"chunk {c}"] if chunks > 1 else [])
+            names.append(" ".join(parts))
+    variant = {key: k * chunks + c for key, (k, c) in variant_of.items()}
+    return Palette(kinds_present(schedule), variant, tuple(names) if len(names) > 1 else ("",))
+
+
+def kinds_present(schedule: Schedule) -> tuple[str, ...]:
+    kinds = {op.kind for op in schedule.ops()}
+    return tuple(k for k in KIND_COLOURS if k in kinds) + tuple(sorted(kinds - set(KIND_COLOURS)))
+
+
+def op_label(op: Op) -> str:
+    """The text in an op's box: its microbatch, as in the papers (a task without one: its kind)."""
+    return str(op.mb) if op.mb is not None else op.kind[:3]

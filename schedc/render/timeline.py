@@ -1,0 +1,212 @@
+"""The timeline: one row per device, time to the right, each op a box as wide as its simulated time.
+
+We place every box ourselves (points, y downwards here, flipped for Graphviz) and emit DOT for
+`dot -Kneato -n2`, which keeps the positions: a deterministic text, rendered to SVG, PNG or PDF.
+
+    device 0  [0][1][2][3]      [0]   [4]  [1]   ...      busy 24  idle 9  peak 4
+    device 1     [0][1][2]   [0]   [3]  [1]  ...
+              0        10        20        30
+              F forward  B backward                     (legend)
+
+Large schedules switch to a compact geometry (shorter rows, a smaller unit, labels only where they fit).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..compiler import Compiled
+from ..ir import Op
+from .measured import MeasuredRun
+from .style import Palette, op_label, palette, text_colour
+
+COMPACT_OPS = 2000          # more ops than this: compact rows
+MAX_WIDTH = 12000.0         # points; beyond it the time unit shrinks (down to MIN_UNIT)
+MIN_UNIT = 6.0
+LABEL_W, NOTE_W, GAP = 64.0, 210.0, 8.0
+IDLE = "#f0f0f0"
+MESSAGE_COLOURS = {"F": "#1d3c6e", "B": "#1f5a27", "I": "#8a4a0c"}
+COMPUTE_MESSAGES = frozenset(MESSAGE_COLOURS)
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    unit: float    # points per cost unit
+    row: float     # row pitch
+    box: float     # box height
+    font: float
+    compact: bool
+
+    def fits(self, label: str, width: float) -> bool:
+        return len(label) * self.font * 0.62 + 2 <= width
+
+
+def geometry(makespan: float, ops: int) -> Geometry:
+    unit = 16.0 if makespan * 16.0 <= MAX_WIDTH else max(MIN_UNIT, MAX_WIDTH / max(makespan, 1.0))
+    if ops > COMPACT_OPS or unit < 10:
+        return Geometry(unit, 13.0, 11.0, 6.0, True)
+    return Geometry(unit, 22.0, 19.0, 9.0, False)
+
+
+@dataclass
+class _Canvas:
+    """DOT lines of positioned nodes; `y` grows downwards while building."""
+
+    geo: Geometry
+    lines: list[str]
+    y: float = 0.0
+
+    def node(self, name: str, x: float, y: float, attrs: str) -> None:
+        self.lines.append(f'{name} [pos="{x:.2f},{-y:.2f}" {attrs}];')
+
+    def box(self, name: str, x0: float, x1: float, y: float, h: float, attrs: str) -> None:
+        self.node(name, (x0 + x1) / 2, y, f"width={(x1 - x0) / 72:.4f} height={h / 72:.4f} {attrs}")
+
+    def text(self, name: str, x: float, y: float, w: float, label: str, size: float, just: str) -> None:
+        self.box(name, x, x + w, y, size + 4, f'shape=plaintext style="" fontsize={size:g} label="{_esc(label)}{just}"')
+
+    def lane(self, name: str, label: str, note: str, width: float) -> float:
+        """A row's label, its idle background and its note; returns the row's centre y."""
+        y, g = self.y + self.geo.row / 2, self.geo
+        self.text(f"{name}_label", -LABEL_W - GAP, y, LABEL_W, label, g.font + 1, "\\r")
+        self.box(f"{name}_idle", 0, width, y, g.box, f'fillcolor="{IDLE}" penwidth=0')
+        self.text(f"{name}_note", width + GAP, y, NOTE_W, note, g.font + 1, "\\l")
+        self.y += g.row
+        return y
+
+
+def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None) -> str:
+    """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given."""
+    schedule, timing = compiled.schedule, compiled.timing
+    geo = geometry(timing.makespan, schedule.op_count())
+    colours = palette(schedule)
+    width = timing.makespan * geo.unit
+    if measured is not None:
+        width = max(width, measured.makespan_ms / measured.ms_per_unit * geo.unit)
+    canvas = _Canvas(geo, _header(compiled, geo))
+    if measured is not None:
+        _section(canvas, f"measured (step {measured.step}): makespan {measured.makespan_ms:.2f} ms, "
+                         f"1 unit = {measured.ms_per_unit:.4g} ms", "m")
+        _measured_rows(canvas, measured, colours, width)
+        _section(canvas, f"simulated: makespan {timing.makespan:g} units", "s")
+    ids = _simulated_rows(canvas, compiled, colours, width)
+    if comms:
+        _messages(canvas, compiled, ids)
+    _axis(canvas, width, timing.makespan)
+    _legend(canvas, colours, width, comms)
+    canvas.lines.append("}")
+    return "\n".join(canvas.lines) + "\n"
+
+
+def _header(compiled: Compiled, geo: Geometry) -> list[str]:
+    s, st = compiled.schedule, compiled.stats
+    params = " ".join(f"{k}={v}" for k, v in s.params.items())
+    peak = "/".join(f"{m:g}" for m in st["peak_memory"])
+    title = (f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
+             f"makespan {st['makespan']:g}   bubble {st['bubble_fraction']:.4f}   utilization "
+             f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
+    return ["digraph timeline {",
+            f'graph [label="{_esc_keep(title)}" labelloc=t labeljust=l fontname="Helvetica" '
+            f'fontsize={11 if geo.compact else 12} bgcolor="white" splines=false pad=0.15];',
+            f'node [shape=box style="filled" fixedsize=true fontname="Helvetica" fontsize={geo.font:g} '
+            f'penwidth={0.3 if geo.compact else 0.6} color="#333333" label=""];',
+            'edge [arrowsize=0.35 penwidth=0.6];']
+
+
+def _section(canvas: _Canvas, title: str, name: str) -> None:
+    canvas.y += 4
+    canvas.text(f"{name}_section", 0, canvas.y + 7, 600, title, canvas.geo.font + 2, "\\l")
+    canvas.y += 16
+
+
+def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width: float) -> dict[Op, str]:
+    schedule, timing, stats, geo = compiled.schedule, compiled.timing, compiled.stats, canvas.geo
+    ids: dict[Op, str] = {}
+    tips = not geo.compact
+    for d, order in enumerate(schedule.orders):
+        note = f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   peak {stats['peak_memory'][d]:g}"
+        y = canvas.lane(f"d{d}", f"device {d}", note, width)
+        for n, op in enumerate(order):
+            start = timing.start.get(op)
+            if start is None:
+                continue
+            name = ids[op] = f"d{d}_{n}"
+            x0, x1 = start * geo.unit, timing.end[op] * geo.unit
+            fill = colours.fill(op.kind, op.pipe, op.stage)
+            label = op_label(op)
+            attrs = (f'fillcolor="{fill}" class="op {op.kind}"'
+                     + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
+                     + (f' tooltip="{op} on device {d}: {start:g} to {timing.end[op]:g}"' if tips else ""))
+            canvas.box(name, x0, x1, y, geo.box, attrs)
+    return ids
+
+
+def _measured_rows(canvas: _Canvas, run: MeasuredRun, colours: Palette, width: float) -> None:
+    geo = canvas.geo
+    scale = geo.unit / run.ms_per_unit
+    for rank, ops in zip(run.ranks, run.ops):
+        busy = sum(o.end - o.start for o in ops)
+        y = canvas.lane(f"m{rank}", f"rank {rank}", f"busy {busy:.2f} ms", width)
+        for n, op in enumerate(ops):
+            x0, x1 = op.start * scale, op.end * scale
+            fill = colours.fill(op.kind, op.pipe, op.stage or 0)
+            label = str(op.mb) if op.mb is not None else op.kind[:3]
+            attrs = (f'fillcolor="{fill}" class="measured {_esc(op.kind)}"'
+                     + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
+                     + f' tooltip="{_esc(op.kind)}({op.stage},{op.mb}) rank {rank}: {op.start:.3f} to {op.end:.3f} ms"')
+            canvas.box(f"m{rank}_{n}", x0, x1, y, geo.box, attrs)
+
+
+def _messages(canvas: _Canvas, compiled: Compiled, ids: dict[Op, str]) -> None:
+    """An arrow from the end of each producer to the start of its consumer on another device."""
+    schedule = compiled.schedule
+    for order in schedule.orders:
+        for op in order:
+            if op.kind not in COMPUTE_MESSAGES or op not in ids:
+                continue
+            for dep in schedule.deps.get(op, ()):
+                if dep.device != op.device and dep.kind in COMPUTE_MESSAGES and dep in ids:
+                    canvas.lines.append(f'{ids[dep]}:e -> {ids[op]}:w [color="{MESSAGE_COLOURS[dep.kind]}"];')
+
+
+def _axis(canvas: _Canvas, width: float, makespan: float) -> None:
+    geo = canvas.geo
+    y = canvas.y + 3
+    canvas.box("axis", 0, width, y, 0.6, 'fillcolor="#555555" penwidth=0')
+    step = _tick_step(geo.unit)
+    k = 0
+    while k * step <= makespan + 1e-9:
+        x = k * step * geo.unit
+        canvas.box(f"tick{k}", x - 0.3, x + 0.3, y + 2, 4, 'fillcolor="#555555" penwidth=0')
+        canvas.text(f"tick{k}_label", x - 20, y + 10, 40, f"{k * step:g}", geo.font + 1, "")
+        k += 1
+    canvas.text("axis_label", width + GAP, y + 10, NOTE_W, "time (cost units)", geo.font + 1, "\\l")
+    canvas.y = y + 20
+
+
+def _tick_step(unit: float, spacing: float = 40.0) -> float:
+    for magnitude in (1, 10, 100, 1000, 10000, 100000):
+        for base in (1, 2, 5):
+            if base * magnitude * unit >= spacing:
+                return float(base * magnitude)
+    return 1e6
+
+
+def _legend(canvas: _Canvas, colours: Palette, width: float, comms: bool) -> None:
+    cells = [(fill, text) for fill, text in colours.legend()] + [(IDLE, "idle (bubble)")]
+    row = "".join(f'<TD BGCOLOR="{fill}" WIDTH="14" HEIGHT="10" FIXEDSIZE="TRUE"></TD><TD>{_esc(text)}</TD>'
+                  for fill, text in cells)
+    if comms:
+        row += "<TD>arrows: messages between devices</TD>"
+    label = f'<<TABLE BORDER="0" CELLSPACING="3" CELLPADDING="1"><TR>{row}</TR></TABLE>>'
+    canvas.node("legend", width / 2, canvas.y + 10,
+                f'shape=plaintext style="" fixedsize=false fontsize={canvas.geo.font + 1:g} label={label}')
+
+
+def _esc(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("\\", "\\\\").replace('"', '\\"'))
+
+
+def _esc_keep(text: str) -> str:
+    """Escape quotes only, keeping the `\\l` line ends of a label."""
+    return text.replace('"', '\\"')

@@ -1,0 +1,74 @@
+"""parse: the grammar accepts the library and reports syntax errors with file:line:col and a caret."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import FIXTURES, SCHEDULES
+from schedc import ast
+from schedc.diagnostics import SchedError, Source
+from schedc.parse import decode_source, parse_source
+
+
+@pytest.mark.parametrize("path", sorted(SCHEDULES.glob("*.sched")), ids=lambda p: p.name)
+def test_library_parses(path):
+    decl = parse_source(Source(str(path), path.read_text()))
+    assert decl.doc and any(isinstance(d, ast.Param) for d in decl.decls)
+
+
+def _error(text: str) -> SchedError:
+    with pytest.raises(SchedError) as caught:
+        parse_source(Source("t.sched", text))
+    return caught.value
+
+
+def test_syntax_error_points_at_the_unexpected_token():
+    exc = _error((FIXTURES / "syntax_error.sched").read_text())
+    assert exc.exit_code == 2
+    assert exc.render().splitlines()[0].startswith("t.sched:4:1: error: unexpected 'on'")
+    assert exc.render().splitlines()[2] == "  ^"
+
+
+@pytest.mark.parametrize("text,line,column", [
+    ("schedule x\nparam p = 4 $", 2, 13),
+    ("schedule x\nparam p = ", 2, 11),
+    ("schedule x\non device d { F * }", 2, 19),
+    ("schedule x \"doc\"\npipeline { stages 2 }", 2, 10),
+])
+def test_error_locations(text, line, column):
+    diag = _error(text).diagnostics[0]
+    assert (diag.span.line, diag.span.column) == (line, column)
+
+
+def test_empty_file():
+    assert "empty file" in _error("  \n").render()
+
+
+def test_non_utf8_bytes_are_located():
+    with pytest.raises(SchedError) as caught:
+        decode_source(b"schedule x\nparam p = 4 \"\xff\"\n", "bad.sched")
+    assert caught.value.exit_code == 2
+    assert caught.value.diagnostics[0].span.line == 2
+
+
+def test_deep_nesting_is_refused_without_recursion_error():
+    exc = _error("schedule x\nparam p = " + "(" * 5000 + "1" + ")" * 5000)
+    assert "nesting" in exc.render()
+
+
+def test_spans_cover_the_whole_rule():
+    decl = parse_source(Source("t.sched", "schedule x\nparam p = 4 \"devices\"\n"))
+    param = decl.decls[0]
+    assert (param.span.line, param.span.column, param.span.end_column) == (2, 1, 22)
+    assert param.doc == "devices"
+
+
+def test_comments_semicolons_and_layout_are_free():
+    one = parse_source(Source("a", "schedule x\nparam p = 2 ; param m = 4 # two params\n"))
+    two = parse_source(Source("b", "schedule x\nparam p = 2\n\nparam m = 4\n"))
+    assert [d.name for d in one.decls] == [d.name for d in two.decls] == ["p", "m"]
+
+
+def test_expressions_follow_usual_precedence():
+    from schedc.expr import evaluate
+    decl = parse_source(Source("t", "schedule x\nparam a = 2 + 3 * 4 ** 2 // 5 - -1 if not 1 > 2 and 3 >= 3 else 0"))
+    assert evaluate(decl.decls[0].default, {}) == 2 + 3 * 4 ** 2 // 5 + 1

