@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up schedc on a fresh Debian machine: Graphviz and Chromium (apt), torch (CPU build, only when
+# torch is missing), numpy, and schedc itself (editable) with its test tools. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+# torch==2.13.0 is a local CPU build here; plain `torch` would pull a multi-GB CUDA build.
+$PY -c "import torch" 2>/dev/null || $PY -m pip install -q torch==2.13.0
+$PY -m pip install -q numpy scikit-learn
+$PY -m pip install -q -e ".[runtime,test]"

@@ -1,0 +1,71 @@
+"""cli: the commands, their exit codes (0 ok, 1 wrong schedule, 2 usage/syntax) and no tracebacks."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FIXTURES, ROOT
+from schedc.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_compile_writes_plan_and_rank_streams(tmp_path):
+    result = run("compile", "1f1b", "-D", "p=4", "-D", "m=8", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "bubble 0.3750" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "rank0.txt", "rank1.txt", "rank2.txt",
+                                                           "rank3.txt"]
+
+
+def test_simulate_json_prints_the_stats_object():
+    result = run("simulate", "interleaved_1f1b", "-D", "p=4", "-D", "v=2", "-D", "m=8", "--json")
+    assert result.exit_code == 0
+    stats = json.loads(result.output)
+    assert stats["bubble_fraction"] == pytest.approx(3 / 16)
+    assert {"makespan", "utilization", "busy", "idle", "peak_memory"} <= set(stats)
+
+
+def test_list_shows_the_library_with_params():
+    result = run("list")
+    for name in ("gpipe", "1f1b", "interleaved_1f1b", "chimera"):
+        assert name in result.output
+    assert "-D v=2" in result.output
+
+
+@pytest.mark.parametrize("args,code,where", [
+    (["compile", str(FIXTURES / "syntax_error.sched")], 2, "syntax_error.sched:4:1: error:"),
+    (["compile", str(FIXTURES / "pop_empty.sched")], 1, "pop_empty.sched:7:3: error:"),
+    (["compile", str(FIXTURES / "bad_device.sched")], 1, "bad_device.sched:4:31: error:"),
+    (["compile", "1f1b", "-D", "q=1"], 2, "unknown param 'q'"),
+    (["compile", "1f1b", "-D", "p=x"], 2, "value must be a number"),
+    (["compile", "no/such/file.sched"], 2, "cannot read file"),
+    (["simulate", "1f1b", "-D", "m=1000000000"], 1, "refusing"),
+])
+def test_errors_exit_with_the_right_code_and_location(args, code, where):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == code
+    assert where in result.output
+    assert "Traceback" not in result.output
+
+
+def test_help_answers_without_importing_the_compiler():
+    code = ("import sys; from schedc.cli import main\n"
+            "try: main(['--help'])\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('lark', 'torch', 'schedc.elaborate'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_compile_never_imports_torch(tmp_path):
+    code = ("import sys; from schedc.cli import main\n"
+            f"try: main(['compile', 'chimera', '-o', {str(tmp_path)!r}])\nexcept SystemExit: pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip().splitlines()[-1] == "False"
