@@ -54,6 +54,16 @@ def write_loss(directory: str, loss: float) -> None:
     tmp.replace(out / "loss.json")
 
 
+def log_step(opts, step: int, loss: float, seconds: float, tokens: int) -> None:
+    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step)."""
+    if not opts.quiet:
+        print(step_line(step, loss, seconds, tokens), flush=True)
+    if opts.metrics_out:
+        record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        with open(opts.metrics_out, "a" if step > opts.first_step else "w") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
 def step_line(step: int, loss: float, seconds: float, tokens: int) -> str:
     return (f"step {step:5d}  loss {loss:.6f}  time {seconds * 1e3:8.1f} ms  "
             f"{tokens / seconds:10.0f} tokens/s")

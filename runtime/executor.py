@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMPUTE, Instr, Opcode, Plan
+from schedc.plan import Instr, Opcode, Plan
 
 from .model import Stage, lm_loss
 from .tasks import task_handler
@@ -71,7 +72,7 @@ class Executor:
         self.batch = None
         self.step_no = 0
         self.before_update: Callable[[Executor], None] | None = None
-        self.kill_step: int | None = None
+        self.fault: tuple[int, str] | None = None  # (step, "kill" | "hang"), for fault tests
         self.current: Instr | None = None
         self.started = 0.0
         self.waiting_on: int | None = None
@@ -104,11 +105,11 @@ class Executor:
     def run_step(self, step: int, batch) -> None:
         self.step_no, self.batch = step, batch
         program = self.programs[step % len(self.programs)]
-        kill_at = len(program) // 2 if self.kill_step == step else -1
+        fault_at = len(program) // 2 if self.fault and self.fault[0] == step else -1
         clock = time.perf_counter_ns
         for index, (handler, instr, frees) in enumerate(program):
-            if index == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+            if index == fault_at:
+                self._inject_fault(instr)
             self.current, self.started, self.wait_ns = instr, time.monotonic(), 0
             start = clock()
             try:
@@ -120,6 +121,14 @@ class Executor:
                 self.saved.pop((instr.stage, instr.mb), None)
             self.events.append((step, index, start, clock(), self.wait_ns))
         self.current = None
+
+    def _inject_fault(self, instr: Instr) -> None:
+        """--fault-kill: die at once; --fault-hang: stop making progress, as a stuck rank would."""
+        if self.fault[1] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.current, self.started = instr, time.monotonic()
+        while True:
+            time.sleep(3600)
 
     # -- compute ---------------------------------------------------------------------------------
 
@@ -134,8 +143,8 @@ class Executor:
             try:
                 value.work.wait()
             except Exception as exc:
-                raise ExecutionError(f"receive from rank {value.peer} failed (rank {value.peer} "
-                                     f"lost?): {_describe(exc)}") from exc
+                raise ExecutionError(f"receive from rank {value.peer} failed, rank {value.peer} is "
+                                     f"probably lost: {_describe(exc)}") from exc
             self.wait_ns += time.perf_counter_ns() - begin
             self.waiting_on = None
             return value.buffer
@@ -247,9 +256,9 @@ def _grad_dtype(params: list) -> torch.dtype:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def is_compute(op: str) -> bool:
-    return op in COMPUTE or op not in BUILTIN
+    """One line: our own errors as they are, library errors as `Type: first sentence`."""
+    if isinstance(exc, ExecutionError):
+        return str(exc)
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo's "[file.cc:123] " prefix
+    first = re.split(r"(?<=[.!?])\s|\n", text, maxsplit=1)[0]
+    return f"{type(exc).__name__}: {first}"

@@ -86,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _failure_line(failures: dict) -> str:
-    order = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    """Name the rank that failed first; ranks the agent terminated (SIGTERM) after it come last."""
+    def key(item):
+        rank, failure = item
+        return (_how(failure) == "killed by SIGTERM", failure.timestamp, rank)
+    order = sorted(failures.items(), key=key)
     words = [f"rank {rank} ({_how(failure)})" for rank, failure in order]
     return f"error: rank {order[0][0]} failed first; failed: {', '.join(words)}"
 

@@ -82,6 +82,8 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
                        help="measured mean cost per op kind and stage, for `schedc compile --costs`")
     group.add_argument("--warmup", type=int, default=None,
                        help="steps left out of report and profile (default 1 when steps > 1)")
+    group.add_argument("--metrics-out", metavar="FILE",
+                       help="one JSON line per step (step, loss, seconds, tokens_per_s) from rank 0")
     group.add_argument("--quiet", action="store_true", help="no per-step lines")
     group.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
 
@@ -95,12 +97,16 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--fault-kill", metavar="RANK:STEP",
                        help="for testing fault handling only: rank RANK kills itself halfway "
                             "through step STEP")
+    group.add_argument("--fault-hang", metavar="RANK:STEP",
+                       help="for testing fault handling only: rank RANK stops making progress "
+                            "halfway through step STEP")
 
 
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = build_parser().parse_args(argv)
     opts.model_config = model_config(opts)
-    opts.fault = _parse_fault(opts.fault_kill)
+    opts.fault = _parse_fault("--fault-kill", opts.fault_kill, "kill") or \
+        _parse_fault("--fault-hang", opts.fault_hang, "hang")
     _check(opts)
     return opts
 
@@ -131,13 +137,13 @@ def _read_toml(path: str) -> tuple[dict, dict]:
     return values, {k: v for k, v in table.items() if k not in known}
 
 
-def _parse_fault(text: str | None) -> tuple[int, int] | None:
+def _parse_fault(option: str, text: str | None, kind: str) -> tuple[int, int, str] | None:
     if text is None:
         return None
     rank, sep, step = text.partition(":")
     if not sep or not rank.isdigit() or not step.isdigit():
-        raise OptionError(f"--fault-kill {text!r}: expected RANK:STEP")
-    return int(rank), int(step)
+        raise OptionError(f"{option} {text!r}: expected RANK:STEP")
+    return int(rank), int(step), kind
 
 
 def _check(opts: argparse.Namespace) -> None:
@@ -149,7 +155,9 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("--steps and --dp must be >= 1, --every >= 0 and --timeout > 0")
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
+    if opts.fault_kill and opts.fault_hang:
+        raise OptionError("give one of --fault-kill and --fault-hang")
     if opts.reference and (opts.save or opts.resume or opts.fault):
-        raise OptionError("--reference does not take --save, --resume or --fault-kill")
+        raise OptionError("--reference does not take --save, --resume or --fault-*")
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0

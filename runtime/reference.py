@@ -9,7 +9,7 @@ import torch
 
 from schedc.plan import Plan
 
-from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, step_line,
+from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
                     tokens_per_step, write_grads, write_loss)
 from .executor import attach_flat_grads
 from .model import Stage, lm_loss
@@ -23,6 +23,7 @@ def run_reference(plan: Plan, opts) -> int:
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opts)
     dataset = make_dataset(opts)
     count = global_microbatches(plan, opts.dp)
+    opts.first_step = 0
     for step in range(opts.steps):
         begin = time.perf_counter()
         batch = dataset.batch(step, count, opts.model_config.mb_size)
@@ -34,7 +35,5 @@ def run_reference(plan: Plan, opts) -> int:
             write_loss(opts.save_grads, loss.item())
         optimizer.step()
         model.flat_grad.zero_()
-        if not opts.quiet:
-            print(step_line(step, loss.item(), time.perf_counter() - begin,
-                            tokens_per_step(plan, opts)), flush=True)
+        log_step(opts, step, loss.item(), time.perf_counter() - begin, tokens_per_step(plan, opts))
     return 0

@@ -64,15 +64,20 @@ def is_compute(op: str) -> bool:
 
 
 def mean_costs(events: list[Event], stages: int) -> dict[str, list[float | None]]:
-    """Mean compute duration (ms, waits excluded) per op kind and stage."""
+    """Mean compute duration (ms, waits excluded) per op kind and stage; a stage never seen running an
+    op kind gets that kind's mean over the other stages."""
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * stages)
     counts: dict[str, list[int]] = defaultdict(lambda: [0] * stages)
     for e in events:
         if is_compute(e.op) and e.stage is not None:
             sums[e.op][e.stage] += (e.end - e.start - e.wait) / 1e6
             counts[e.op][e.stage] += 1
-    return {op: [round(sums[op][s] / n, 6) if n else None for s, n in enumerate(counts[op])]
-            for op in _ordered(sums)}
+    means = {}
+    for op in _ordered(sums):
+        known = [sums[op][s] / n for s, n in enumerate(counts[op]) if n]
+        fill = math.fsum(known) / len(known)
+        means[op] = [round(sums[op][s] / n if n else fill, 6) for s, n in enumerate(counts[op])]
+    return means
 
 
 def _ordered(keys) -> list[str]:
@@ -144,7 +149,7 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"{sim['ms_per_unit']:.4f} ms/unit, bubble {sim['bubble']}, "
                      f"utilization {sim['utilization']}")
     for op, per_stage in rep["mean_ms"].items():
-        cells = " ".join("-" if v is None else f"{v:.3f}" for v in per_stage)
+        cells = " ".join(f"{v:.3f}" for v in per_stage)
         lines.append(f"mean {op} ms by stage: {cells}")
     return "\n".join(lines)
 

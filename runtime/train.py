@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 
-from schedc.plan import Opcode, Plan, PlanError
+from schedc.plan import Plan, PlanError
 
 from . import checkpoint, trace
-from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, step_line,
+from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
                     tokens_per_step, write_grads, write_loss)
 from .executor import BUILTIN, Executor, attach_flat_grads
 from .model import Stage, boundary_shapes
@@ -64,7 +63,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     if opts.fault and opts.fault[0] == world.rank:
-        executor.kill_step = opts.fault[1]
+        executor.fault = opts.fault[1:]
     return executor
 
 
@@ -74,6 +73,7 @@ def identity(plan: Plan, opts, world: World) -> dict:
 
 def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     first = checkpoint.load(opts.resume, executor, identity(plan, opts, world)) if opts.resume else 0
+    opts.first_step = first
     if opts.save_grads:
         executor.before_update = _grad_dumper(opts.save_grads, first, world)
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
@@ -96,8 +96,8 @@ def _mean_loss(executor: Executor) -> float:
 
 
 def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
-    if world.rank == 0 and not opts.quiet:
-        print(step_line(step, loss, seconds, tokens), flush=True)
+    if world.rank == 0:
+        log_step(opts, step, loss, seconds, tokens)
     if step == first and opts.save_grads and world.rank == 0:
         write_loss(opts.save_grads, loss)
     if opts.save and opts.every and (step + 1) % opts.every == 0:

@@ -1,0 +1,247 @@
+# Tests of the runtime (schedc.runtime): plans compiled from the library schedules run under torchrun
+# on gloo CPU ranks must give the loss and gradients of the unpartitioned model in one process; faults
+# end every rank in bounded time naming the lost rank; bad plans are refused before the first step;
+# a resumed run continues with the losses of an uninterrupted one. Each torchrun launch takes seconds,
+# so the models are tiny and the launches few.
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from schedc.plan import Instr, load_plan, write_plan
+from schedc.runtime.__main__ import main as runtime_main
+from schedc.runtime.launch import torchrun_command
+from schedc.runtime.tasks import TaskError, register_task, task_handler
+
+MODEL = ["--layers", "8", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
+SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TOLERANCE = 1e-4
+LAUNCH_LIMIT = 180
+
+# (library schedule, ranks, params): every library schedule at 2 and 4 ranks
+EXACTNESS = [
+    ("gpipe", 2, {"p": 2, "m": 4}),
+    ("gpipe", 4, {"p": 4, "m": 4}),
+    ("1f1b", 2, {"p": 2, "m": 4}),
+    ("1f1b", 4, {"p": 4, "m": 8}),
+    ("interleaved_1f1b", 2, {"p": 2, "v": 2, "m": 4}),
+    ("interleaved_1f1b", 4, {"p": 4, "v": 2, "m": 4}),
+    ("chimera", 2, {"p": 2, "m": 4}),
+    ("chimera", 4, {"p": 4, "m": 4}),
+]
+
+
+@pytest.fixture(scope="session")
+def plans(tmp_path_factory):
+    """compile(schedule, **params) -> path of plan.json, compiled once per session."""
+    root, cache = tmp_path_factory.mktemp("plans"), {}
+
+    def compile_plan(schedule: str, **params) -> Path:
+        key = (schedule, tuple(sorted(params.items())))
+        if key not in cache:
+            out = root / "_".join([schedule, *(f"{k}{v}" for k, v in key[1])])
+            defines = [arg for k, v in key[1] for arg in ("-D", f"{k}={v}")]
+            run = subprocess.run([sys.executable, "-m", "schedc.cli", "compile",
+                                  f"schedules/{schedule}.sched", *defines, "-o", str(out)],
+                                 capture_output=True, text=True, cwd=_repo())
+            assert run.returncode == 0, run.stdout + run.stderr
+            cache[key] = out / "plan.json"
+        return cache[key]
+    return compile_plan
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """reference(plan, model, dp) -> (loss, grads) of the one-process run, cached by batch and model."""
+    root, cache = tmp_path_factory.mktemp("reference"), {}
+
+    def run_reference(plan: Path, model: list[str], dp: int = 1):
+        key = (load_plan(plan).meta["microbatches"] * dp, tuple(model))
+        if key not in cache:
+            out = root / f"ref{len(cache)}"
+            code = runtime_main([str(plan), "--reference", *model, "--dp", str(dp), "--steps", "1",
+                                 "--quiet", "--save-grads", str(out)])
+            assert code == 0
+            cache[key] = _dump(out)
+        return cache[key]
+    return run_reference
+
+
+def _repo() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+def _dump(directory: Path) -> tuple[float, dict[str, torch.Tensor]]:
+    loss = json.loads((directory / "loss.json").read_text())["loss"]
+    return loss, torch.load(directory / "grads.pt")
+
+
+def torchrun(plan: Path, nproc: int, *options: str, limit: float = LAUNCH_LIMIT):
+    command = torchrun_command(plan, nproc, [*options, "--timeout", "30"])
+    begin = time.monotonic()
+    run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=limit, cwd=_repo())
+    return run, time.monotonic() - begin
+
+
+def assert_same(got: tuple, want: tuple) -> None:
+    (loss, grads), (ref_loss, ref_grads) = got, want
+    assert abs(loss - ref_loss) <= TOLERANCE * abs(ref_loss)
+    assert sorted(grads) == sorted(ref_grads)
+    for name, ref in ref_grads.items():
+        error = ((grads[name] - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+        assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("schedule, ranks, params", EXACTNESS,
+                         ids=[f"{s}-{r}ranks" for s, r, _ in EXACTNESS])
+def test_schedule_matches_reference(plans, reference, tmp_path, schedule, ranks, params):
+    plan = plans(schedule, **params)
+    run, _ = torchrun(plan, ranks, *MODEL, "--steps", "1", "--save-grads", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert_same(_dump(tmp_path), reference(plan, MODEL))
+
+
+def test_data_parallel_matches_reference(plans, reference, tmp_path):
+    plan = plans("1f1b", p=2, m=4)
+    run, _ = torchrun(plan, 4, *SMALL, "--dp", "2", "--steps", "1", "--save-grads", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert_same(_dump(tmp_path), reference(plan, SMALL, dp=2))
+
+
+def split_backward_plan(plan_path: Path, out: Path) -> Path:
+    """The plan with every B split into I (in B's place) and W (deferred to the end of the step), and a
+    user task `probe` after every F."""
+    plan = load_plan(plan_path)
+    ranks = []
+    for steps in plan.ranks:
+        program, deferred = [], []
+        for instr in steps[0]:
+            if instr.op == "B":
+                program.append(instr._replace(op="I"))
+                deferred.append(instr._replace(op="W"))
+            elif instr.op == "STEP":
+                program += deferred + [instr]
+            else:
+                program.append(instr)
+                if instr.op == "F":
+                    program.append(Instr("probe", instr.stage, instr.mb, instr.pipe))
+        ranks.append((tuple(program),))
+    write_plan(replace(plan, ranks=tuple(ranks)), out)
+    return out / "plan.json"
+
+
+def test_split_backward_and_tasks(plans, reference, tmp_path):
+    plan = split_backward_plan(plans("1f1b", p=2, m=4), tmp_path / "plan")
+    run, _ = torchrun(plan, 2, *SMALL, "--steps", "1", "--ignore-tasks", "--save-grads",
+                      str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    assert_same(_dump(tmp_path / "out"), reference(plan, SMALL))
+
+
+def test_trace_report_and_profile(plans, tmp_path):
+    plan = plans("1f1b", p=2, m=4)
+    run, _ = torchrun(plan, 2, *SMALL, "--steps", "3", "--trace-out", str(tmp_path / "trace.json"),
+                      "--report-out", str(tmp_path / "report.json"),
+                      "--profile-out", str(tmp_path / "costs.json"))
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("step")]
+    assert len(lines) == 3 and "loss" in lines[0] and "tokens/s" in lines[0]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in complete} == {0, 1}
+    assert {"F0.0", "B1.3", "SEND_F0.0", "STEP"} <= {e["name"] for e in complete}
+    assert all(e["dur"] >= 0 and {"stage", "mb", "op"} <= set(e["args"]) for e in complete)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 2 and report["makespan_ms"] > 0 and report["simulated"]["makespan"]
+    costs = json.loads((tmp_path / "costs.json").read_text())
+    assert costs["unit"] == "ms" and len(costs["F"]) == 2 and all(v > 0 for v in costs["B"])
+    again = subprocess.run([sys.executable, "-m", "schedc.cli", "compile", "schedules/1f1b.sched",
+                            "-D", "p=2", "-D", "m=4", "--costs", str(tmp_path / "costs.json"),
+                            "-o", str(tmp_path / "timed")], capture_output=True, text=True, cwd=_repo())
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_killed_rank_ends_all_ranks_naming_it(plans):
+    plan = plans("1f1b", p=2, m=4)
+    run, seconds = torchrun(plan, 2, *SMALL, "--steps", "4", "--fault-kill", "1:1", limit=90)
+    assert run.returncode != 0
+    assert "rank 1 failed first" in run.stderr and "rank 1 is probably lost" in run.stderr
+    assert seconds < 60
+
+
+def test_hung_rank_times_out_naming_it(plans):
+    plan = plans("1f1b", p=2, m=4)
+    command = torchrun_command(plan, 2, [*SMALL, "--steps", "4", "--fault-hang", "1:1",
+                                         "--timeout", "4"])
+    begin = time.monotonic()
+    run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=90)
+    assert run.returncode != 0 and "rank 1" in run.stderr and "Timed out" in run.stderr
+    assert time.monotonic() - begin < 60
+
+
+def test_world_size_mismatch_refused_under_torchrun(plans):
+    run, _ = torchrun(plans("1f1b", p=2, m=4), 2, *SMALL, "--dp", "2")
+    assert run.returncode != 0
+    assert "with --dp 2 it needs 4 processes, but 2 were started" in run.stderr
+    assert "step" not in run.stdout and "Traceback" not in run.stderr
+
+
+def test_plan_for_other_world_size_refused(plans, capsys):
+    assert runtime_main([str(plans("1f1b", p=2, m=4)), *SMALL]) == 1
+    assert "needs 2 processes, but 1 were started" in capsys.readouterr().err
+
+
+def test_edited_plan_refused(plans, tmp_path, capsys):
+    text = plans("gpipe", p=2, m=4).read_text().replace('"microbatches":4', '"microbatches":3', 1)
+    (tmp_path / "plan.json").write_text(text)
+    assert runtime_main([str(tmp_path / "plan.json"), *SMALL]) == 1
+    assert "hash does not match" in capsys.readouterr().err
+
+
+def test_plan_with_more_stages_than_layers_refused(plans, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # refused before the process group would start
+    plan = plans("interleaved_1f1b", p=2, v=2, m=4)
+    assert runtime_main([str(plan), *SMALL]) == 1
+    assert "4 model stages but the model has 2 layers" in capsys.readouterr().err
+
+
+def test_task_without_handler_refused(plans, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan = split_backward_plan(plans("1f1b", p=2, m=4), tmp_path)
+    assert runtime_main([str(plan), *SMALL]) == 1
+    assert "task 'probe', which has no handler" in capsys.readouterr().err
+
+
+def test_task_registry():
+    with pytest.raises(TaskError):
+        task_handler("curvature_test", ignore_missing=False)
+    task_handler("curvature_test", ignore_missing=True)(None, Instr("curvature_test", 0, 0))
+    seen = []
+    register_task("curvature_test")(lambda executor, instr: seen.append(instr))
+    task_handler("curvature_test", ignore_missing=False)(None, Instr("curvature_test", 0, 1))
+    assert seen == [Instr("curvature_test", 0, 1)]
+
+
+def test_resume_continues_with_identical_losses(plans, tmp_path):
+    plan = plans("1f1b", p=2, m=4)
+    common = [*SMALL, "--steps", "5", "--quiet"]
+    first, _ = torchrun(plan, 2, *common, "--save", str(tmp_path / "ckpt"), "--every", "3",
+                        "--metrics-out", str(tmp_path / "full.jsonl"))
+    assert first.returncode == 0, first.stderr
+    assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["steps_done"] == 3
+    second, _ = torchrun(plan, 2, *common, "--resume", str(tmp_path / "ckpt"),
+                         "--metrics-out", str(tmp_path / "resumed.jsonl"))
+    assert second.returncode == 0, second.stderr
+    full = [json.loads(line) for line in (tmp_path / "full.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line) for line in (tmp_path / "resumed.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in full[3:]]
