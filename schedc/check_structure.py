@@ -1,10 +1,241 @@
 """check_structure: every (stage, microbatch) of every pipeline has exactly one F and one B (or one I
-and one W) on the stage's device, and nothing else runs outside the declared ranges."""
+and one W) on the stage's device, and nothing else runs outside the declared ranges.
+
+    device 3: F(3,1) B(3,0) ... F(3,8) B(3,7)   (torch 2.13's 1F1B for 4 ranks, 8 microbatches)
+    -> error: F(3,8): microbatch 8 is outside the microbatches 0..7 of pipeline 'main'
+       error: B(3,0) runs before its forward: no device runs F(3,0)
+       error: device 3 never runs F(3,0) (stage 3 of pipeline 'main')
+
+A fast path compares the placed ops with the expected ones as plain tuples (hashed in C); only a
+schedule that fails it is walked op by op to name every fault.
+"""
 from __future__ import annotations
 
-from .diagnostics import Diagnostic
-from .ir import Schedule
+from dataclasses import dataclass
+from itertools import chain, product
+from operator import attrgetter
+
+from .diagnostics import Diagnostic, Span, error
+from .grid import label, location, ranges
+from .ir import BUILTIN, Op, Schedule
+
+KEY = attrgetter("kind", "stage", "mb", "pipe", "part")  # Op.key, read in C
+HOME = attrgetter("pipe", "stage")
+STAGE = attrgetter("stage")
 
 
 def check_structure(schedule: Schedule) -> list[Diagnostic]:
+    """Guarantees, when it returns no error: each device's order holds exactly the expected ops, each
+    once: F and B (or F, I and W with a split backward) of every stage and microbatch of every pipeline,
+    and every placed task; every op runs on the device its stage is placed on; no model stage sits twice
+    on one device across replicated pipelines. Otherwise every fault is reported, located at the op."""
+    diags = _check_shape(schedule) + _check_replicas(schedule)
+    if diags or not census(schedule).exact or not _homes_ok(schedule):
+        diags += _walk(schedule)
+    return diags
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """The placed ops' identities against the expected ones (see Op.key)."""
+
+    placed: frozenset[tuple]
+    count: int                 # placed ops, copies included
+    expected: frozenset[tuple]
+
+    @property
+    def exact(self) -> bool:
+        """Every expected op placed exactly once, nothing else placed."""
+        return self.count == len(self.placed) and self.placed == self.expected
+
+
+_CENSUS: dict[int, tuple[Schedule, Census]] = {}  # memo by identity: check_deadlock reuses the census
+
+
+def census(schedule: Schedule) -> Census:
+    """Count the placed ops (tuples hashed in C; linear, no per-op Python code)."""
+    found = _CENSUS.get(id(schedule))
+    if found is not None and found[0] is schedule:
+        return found[1]
+    ops = list(chain.from_iterable(schedule.orders))
+    result = Census(frozenset(map(KEY, ops)), len(ops), frozenset(expected_keys(schedule)))
+    if len(_CENSUS) >= 4:
+        _CENSUS.clear()
+    _CENSUS[id(schedule)] = (schedule, result)
+    return result
+
+
+def expected_keys(schedule: Schedule) -> set[tuple]:
+    """The identities of every op the orders must hold: the built-in grid plus the placed tasks."""
+    kinds = ("F", "I", "W") if schedule.split_backward else ("F", "B")
+    keys: set[tuple] = set()
+    for k, pipe in enumerate(schedule.pipelines):
+        keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))
+    if schedule.tasks:
+        unplaced = set(map(KEY, schedule.unplaced))
+        tasks = getattr(schedule.deps, "explicit", schedule.deps)
+        keys.update(key for key in map(KEY, tasks) if key[0] not in BUILTIN and key not in unplaced)
+    return keys
+
+
+def _homes_ok(schedule: Schedule) -> bool:
+    """Every op on the device its stage is placed on (sets of small ints or pairs, built in C)."""
+    single = len(schedule.pipelines) == 1
+    homes: list[set] = [set() for _ in schedule.orders]
+    for k, pipe in enumerate(schedule.pipelines):
+        for s, device in enumerate(pipe.placement):
+            if 0 <= device < len(homes):
+                homes[device].add(s if single else (k, s))
+    where = STAGE if single else HOME
+    return all(set(map(where, order)) <= homes[d] for d, order in enumerate(schedule.orders))
+
+
+def _check_shape(schedule: Schedule) -> list[Diagnostic]:
+    if len(schedule.orders) != schedule.devices:
+        return [error(f"the schedule has {schedule.devices} devices but {len(schedule.orders)} device orders")]
     return []
+
+
+def _check_replicas(schedule: Schedule) -> list[Diagnostic]:
+    """Replicated pipelines hold copies of one model: no device may hold the same model stage twice."""
+    diags = []
+    for group in schedule.replicas:
+        pipes = [schedule.pipelines[k] for k in group]
+        for s in range(min(p.stages for p in pipes)):
+            devices = [p.placement[s] for p in pipes]
+            for device in sorted({d for d in devices if devices.count(d) > 1}):
+                names = ", ".join(f"'{p.name}'" for p in pipes if p.placement[s] == device)
+                diags.append(error(f"device {device} holds model stage {s} twice (pipelines {names} are "
+                                   "replicas of one model)", pipes[-1].span))
+    return diags
+
+
+# The slow path: name every fault ------------------------------------------------------------------
+
+def _walk(schedule: Schedule) -> list[Diagnostic]:
+    seen: dict[tuple, tuple[int, int, Op]] = {}   # key -> (device, position, op) of the first copy
+    outside, twice, misplaced = [], [], {}
+    for d, order in enumerate(schedule.orders):
+        for n, op in enumerate(order):
+            problem = _outside(schedule, op)
+            if problem:
+                outside.append(error(f"{label(schedule, op)} on device {d}: {problem}", op.span))
+                continue
+            key = KEY(op)
+            if key in seen:
+                twice.append(_twice(schedule, op, d, seen[key]))
+                continue
+            seen[key] = (d, n, op)
+            if schedule.pipelines[op.pipe].placement[op.stage] != d:
+                misplaced.setdefault((op.pipe, op.stage, d), []).append(op)
+    return (outside + twice + _misplaced(schedule, misplaced) + _early(schedule, seen)
+            + _missing(schedule, seen))
+
+
+def _outside(schedule: Schedule, op: Op) -> str | None:
+    """Why op is not an op of this schedule, or None."""
+    if not 0 <= op.pipe < len(schedule.pipelines):
+        return f"pipeline index {op.pipe} does not exist (the schedule has {len(schedule.pipelines)})"
+    pipe = schedule.pipelines[op.pipe]
+    if not 0 <= op.stage < pipe.stages:
+        return f"stage {op.stage} is outside the stages 0..{pipe.stages - 1} of pipeline '{pipe.name}'"
+    if op.kind in BUILTIN:
+        return _outside_builtin(schedule, op, pipe)
+    names = {task.name for task in schedule.tasks}
+    if op.kind not in names:
+        return f"'{op.kind}' is neither F, B, I, W nor a declared task"
+    if op.mb is not None and op.mb not in pipe.microbatches:
+        return f"microbatch {op.mb} is outside the microbatches {ranges(pipe.microbatches)} of '{pipe.name}'"
+    return None
+
+
+def _outside_builtin(schedule: Schedule, op: Op, pipe) -> str | None:
+    if op.kind == "B" and schedule.split_backward:
+        return "this schedule splits its backward into I and W; B does not run"
+    if op.kind in ("I", "W") and not schedule.split_backward:
+        return "this schedule runs a full backward B; I and W need 'backward split'"
+    if op.mb is None:
+        return "a built-in op needs a microbatch"
+    first = pipe.microbatches[0]
+    if not (0 <= op.mb - first < len(pipe.microbatches) and pipe.microbatches[op.mb - first] == op.mb):
+        return f"microbatch {op.mb} is outside the microbatches {ranges(pipe.microbatches)} of pipeline '{pipe.name}'"
+    if op.part != 0:
+        return f"part {op.part} of a built-in op does not exist"
+    return None
+
+
+def _twice(schedule: Schedule, op: Op, device: int, first: tuple[int, int, Op]) -> Diagnostic:
+    d0, n0, op0 = first
+    where = f" ({location(schedule.source, op0.span)})" if op0.span else ""
+    return error(f"{label(schedule, op)} runs twice: on device {d0} at step {n0}{where} and again on device "
+                 f"{device}", op.span)
+
+
+def _misplaced(schedule: Schedule, misplaced: dict) -> list[Diagnostic]:
+    diags = []
+    for (k, s, d), ops in sorted(misplaced.items(), key=lambda item: item[0]):
+        pipe = schedule.pipelines[k]
+        shown = ", ".join(label(schedule, op) for op in ops[:6]) + (f", ... ({len(ops)} ops)" if len(ops) > 6
+                                                                      else "")
+        diags.append(error(f"stage {s} of pipeline '{pipe.name}' is on device {pipe.placement[s]}, but device "
+                           f"{d} runs it too: {shown}", ops[0].span,
+                           notes=("a stage lives on one device; its weights cannot be in two places",)))
+    return diags
+
+
+def _early(schedule: Schedule, seen: dict) -> list[Diagnostic]:
+    """A backward (B or I) before its forward, or W before its I, in one device's order."""
+    diags = []
+    for key, (d, n, op) in seen.items():
+        before = {"B": "F", "I": "F", "W": "I"}.get(key[0])
+        if before is None:
+            continue
+        found = seen.get((before,) + key[1:])
+        need = label(schedule, Op(before, op.stage, op.mb, op.pipe))
+        if found is None:
+            diags.append(error(f"{label(schedule, op)} on device {d} runs before its {_name(before)}: no device "
+                               f"runs {need}", op.span))
+        elif found[0] == d and found[1] > n:
+            diags.append(error(f"{label(schedule, op)} on device {d} runs before its {_name(before)} {need}, "
+                               f"which device {d} runs later (step {found[1]}, "
+                               f"{location(schedule.source, found[2].span)})", op.span))
+    return sorted(diags, key=_position)
+
+
+def _name(kind: str) -> str:
+    return {"F": "forward", "I": "input backward"}[kind]
+
+
+def _missing(schedule: Schedule, seen: dict) -> list[Diagnostic]:
+    """Expected ops no device runs, grouped per (pipeline, stage, kind) with their microbatches."""
+    groups: dict[tuple, list] = {}
+    for key in sorted(census(schedule).expected - seen.keys(), key=_sort_key):
+        kind, s, mb, k, part = key
+        groups.setdefault((k, s, kind), []).append(mb if kind in BUILTIN else key)
+    diags = []
+    for (k, s, kind), mbs in groups.items():
+        pipe = schedule.pipelines[k]
+        device = pipe.placement[s]
+        if kind in BUILTIN:
+            what = (str(Op(kind, s, mbs[0])) if len(mbs) == 1
+                    else f"{kind}({s},i) for microbatches {ranges(mbs)}")
+        else:
+            what = ", ".join(str(Op(*key)) for key in mbs[:6]) + (f", ... ({len(mbs)} ops)" if len(mbs) > 6 else "")
+        diags.append(error(f"device {device} never runs {what} (stage {s} of pipeline '{pipe.name}')",
+                           _device_span(schedule, device, pipe.span)))
+    return diags
+
+
+def _sort_key(key: tuple) -> tuple:
+    kind, s, mb, k, part = key
+    return (k, s, kind, -1 if mb is None else mb, part)
+
+
+def _device_span(schedule: Schedule, device: int, fallback: Span | None) -> Span | None:
+    """Where a device's order comes from: the span of its first op, else the pipeline's."""
+    order = schedule.orders[device] if 0 <= device < len(schedule.orders) else ()
+    return next((op.span for op in order if op.span is not None), fallback)
+
+
+def _position(diag: Diagnostic) -> tuple:
+    return (diag.span.line, diag.span.column) if diag.span else (0, 0)

@@ -222,8 +222,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if has_errors(diags):
         raise SchedError(diags, source)
     limit, limit_span = _memory_limit(decl, env, devices)
+    fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
-                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced)
+                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span)
 
 
 def _memory_limit(decl, env, devices):

@@ -142,9 +142,45 @@ _COMPILERS: dict[type, Callable[[Any], Fn]] = {
 }
 
 
-def compile_expr(node: ast.Expr) -> Fn:
-    """Turn an expression into a function of an environment (a dict of names to values)."""
+def compile_expr(node: ast.Expr, constants: Env | None = None) -> Fn:
+    """Turn an expression into a function of an environment (a dict of names to values). Names found in
+    `constants` are folded in, and so is every sub-expression that reads only constants."""
+    if constants:
+        node = fold_constants(node, constants)
     return _COMPILERS[type(node)](node)
+
+
+def fold_constants(node: ast.Expr, constants: Env) -> ast.Expr:
+    """Replace names bound in `constants` by their numbers and evaluate what becomes constant.
+
+        fold_constants(i // p, {"p": 4}) -> i // 4 ;  fold_constants(p - 1, {"p": 4}) -> 3
+    """
+    if isinstance(node, ast.Name):
+        value = constants.get(node.id)
+        return ast.Num(node.span, value) if isinstance(value, (int, float)) else node
+    if isinstance(node, ast.Unary):
+        node = ast.Unary(node.span, node.op, fold_constants(node.operand, constants))
+        parts = (node.operand,)
+    elif isinstance(node, ast.Binary):
+        node = ast.Binary(node.span, node.op, fold_constants(node.left, constants),
+                          fold_constants(node.right, constants))
+        parts = (node.left, node.right)
+    elif isinstance(node, ast.Cond):
+        node = ast.Cond(node.span, *(fold_constants(n, constants) for n in (node.test, node.then, node.orelse)))
+        parts = (node.test, node.then, node.orelse)
+    elif isinstance(node, ast.Call):
+        node = ast.Call(node.span, node.func, tuple(fold_constants(a, constants) for a in node.args))
+        parts = node.args
+    else:
+        return node
+    if all(isinstance(p, ast.Num) for p in parts):
+        try:
+            value = _COMPILERS[type(node)](node)({})
+        except EvalError:
+            return node  # leave the error to evaluation time, where it is reported with its span
+        if isinstance(value, (int, float)):
+            return ast.Num(node.span, value)
+    return node
 
 
 def evaluate(node: ast.Expr, env: Env) -> Any:

@@ -135,6 +135,7 @@ class Schedule:
     fill: tuple[tuple[str, int], ...] = ()    # tasks placed into bubbles, in priority order, with split
     unplaced: tuple[Op, ...] = ()             # ops created but left for fill_bubbles to place
     cycle: tuple[tuple[tuple[Op, ...], ...], ...] = ()  # K step programs per device, when bubbles are filled
+    fill_span: Span | None = field(default=None, compare=False)  # the `fill bubbles with` statement
 
     @property
     def steps(self) -> tuple[tuple[tuple[Op, ...], ...], ...]:

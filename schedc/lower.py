@@ -20,12 +20,6 @@ PLAN_KEYS = ("schedule", "description", "source", "params", "devices", "stages",
              "replicas", "costs", "stats")
 
 
-def _instr(op: Op) -> Instr:
-    if op.parts > 1:
-        return Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts)
-    return Instr(op.kind, op.stage, op.mb, op.pipe)
-
-
 class _Links:
     """The messages of an op, by (kind, pipeline, stage, device): sends after it, receives it consumes,
     each as (opcode, producing stage, peer)."""
@@ -46,14 +40,14 @@ class _Links:
         place, sends, recvs = pipe.placement, [], []
         if kind == "F":
             if s + 1 < pipe.stages and place[s + 1] != device:
-                sends.append((Opcode.SEND_F, s, place[s + 1]))
+                sends.append(("SEND_F", s, place[s + 1]))
             if s > 0 and place[s - 1] != device:
-                recvs.append((Opcode.RECV_F, s - 1, place[s - 1]))
+                recvs.append(("RECV_F", s - 1, place[s - 1]))
         elif kind in ("B", "I"):
             if s > 0 and place[s - 1] != device:
-                sends.append((Opcode.SEND_B, s, place[s - 1]))
+                sends.append(("SEND_B", s, place[s - 1]))
             if s + 1 < pipe.stages and place[s + 1] != device:
-                recvs.append((Opcode.RECV_B, s + 1, place[s + 1]))
+                recvs.append(("RECV_B", s + 1, place[s + 1]))
         return tuple(sends), tuple(recvs)
 
 
@@ -78,31 +72,34 @@ def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], r
 def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> list[list[Instr]]:
     """Lower one step program of every device; returns instruction lists per rank."""
     devices, links = schedule.devices, _Links(schedule)
+    step_links = [[links(op) for op in order] for order in step]
     # per rank and peer: the messages it sends there, in order, keyed as the receiver names them
     send_order: list[dict[int, list[tuple]]] = [{} for _ in range(devices)]
     for d, order in enumerate(step):
-        for op in order:
-            for kind, s, peer in links(op)[0]:
-                recv = Opcode.RECV_F if kind is Opcode.SEND_F else Opcode.RECV_B
+        for op, (sends, _) in zip(order, step_links[d]):
+            for kind, s, peer in sends:
+                recv = "RECV_F" if kind == "SEND_F" else "RECV_B"
                 send_order[d].setdefault(peer, []).append((recv, s, op.mb, op.pipe))
-    return [_lower_rank(schedule, d, order, links, {p: send_order[p].get(d, []) for p in range(devices)})
+    return [_lower_rank(schedule, d, order, step_links[d], {p: send_order[p].get(d, []) for p in range(devices)})
             for d, order in enumerate(step)]
 
 
-def _lower_rank(schedule: Schedule, d: int, order: tuple[Op, ...], links: _Links, to_me: dict) -> list[Instr]:
-    consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, op in enumerate(order)
-                 for kind, s, peer in links(op)[1]]
+def _lower_rank(schedule: Schedule, d: int, order: tuple[Op, ...], op_links: list, to_me: dict) -> list[Instr]:
+    consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, (op, (_, recvs)) in enumerate(zip(order, op_links))
+                 for kind, s, peer in recvs]
     posts = _post_positions(order, consumers, to_me)
     stream: list[Instr] = []
     append = stream.append
     for n, op in enumerate(order):
-        for (kind, s, mb, k), peer in posts.get(n, ()):
-            append(Instr(kind.value, s, mb, k, peer))
-        append(_instr(op))
-        for kind, s, peer in links(op)[0]:
-            append(Instr(kind.value, s, op.mb, op.pipe, peer))
+        if n in posts:
+            for (kind, s, mb, k), peer in posts[n]:
+                append(Instr(kind, s, mb, k, peer))
+        append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1
+               else Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
+        for kind, s, peer in op_links[n][0]:
+            append(Instr(kind, s, op.mb, op.pipe, peer))
     for (kind, s, mb, k), peer in posts.get(len(order), ()):
-        append(Instr(kind.value, s, mb, k, peer))
+        append(Instr(kind, s, mb, k, peer))
     stream.extend(_sync_grads(schedule, d))
     append(Instr(Opcode.STEP.value))
     return stream

@@ -19,11 +19,20 @@ MAX_PROGRAM_STEPS = 20_000_000
 _KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
 
 
-def _bind(scope: dict[str, Any], op: Op, pipe: Pipeline, chunk: dict[tuple[int, int], int]) -> dict:
+KEY_NAMES = ("s", "i", "d", "c", "kind", "pipe")
+
+
+def _bind(scope: dict[str, Any], op: Op, pipe: PipeRef, chunk: dict[tuple[int, int], int]) -> dict:
     """Bind the names a key or greedy priority may read: s, i, d, c, kind, pipe."""
     scope["s"], scope["i"], scope["d"] = op.stage, op.mb if op.mb is not None else -1, op.device
-    scope["c"], scope["kind"], scope["pipe"] = chunk[(op.pipe, op.stage)], op.kind, PipeRef(pipe.name)
+    scope["c"], scope["kind"], scope["pipe"] = chunk[(op.pipe, op.stage)], op.kind, pipe
     return scope
+
+
+def _key_functions(key: tuple[ast.Expr, ...], env: dict[str, Any]) -> list:
+    """Compile a key, folding in the params (every name but the per-op ones is constant)."""
+    constants = {k: v for k, v in env.items() if k not in KEY_NAMES}
+    return [compile_expr(e, constants) for e in key]
 
 
 def chunk_index(pipelines: tuple[Pipeline, ...]) -> dict[tuple[int, int], int]:
@@ -45,12 +54,13 @@ def _default_key(op: Op) -> tuple:
 def sort_queue(ops: list[Op], key: tuple[ast.Expr, ...] | None, pipelines, chunk, env) -> list[Op]:
     if key is None:
         return sorted(ops, key=lambda op: (_default_key(op), op.pipe, op.part))
-    fns = [compile_expr(e) for e in key]
+    fns = _key_functions(key, env)
+    refs = [PipeRef(p.name) for p in pipelines]
     scope = dict(env)
     keyed = []
     for op in ops:
-        _bind(scope, op, pipelines[op.pipe], chunk)
-        keyed.append((tuple(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part, op))
+        _bind(scope, op, refs[op.pipe], chunk)
+        keyed.append(([fn(scope) for fn in fns], op.pipe, op.stage, op.mb or 0, op.part, op))
     keyed.sort(key=lambda t: t[:5])
     return [t[-1] for t in keyed]
 
@@ -62,8 +72,8 @@ class _Queue:
     ops: list[Op]
     position: int = 0
 
-    def pop(self, taken: set[Op]) -> Op | None:
-        while self.position < len(self.ops) and self.ops[self.position] in taken:
+    def pop(self, taken: set[int]) -> Op | None:
+        while self.position < len(self.ops) and id(self.ops[self.position]) in taken:
             self.position += 1
         if self.position == len(self.ops):
             return None
@@ -74,10 +84,12 @@ class _Queue:
 class _ProgramRun:
     """Runs one device's program against its queues, collecting the order and diagnostics."""
 
-    def __init__(self, device: int, queues: dict[tuple[str, str | None], _Queue], mine: dict[Op, Op],
+    def __init__(self, device: int, queues: dict[tuple[str, str | None], _Queue], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], diags: list[Diagnostic]):
-        self.device, self.queues, self.mine, self.pipelines = device, queues, mine, pipelines
-        self.diags, self.order, self.taken, self.steps = diags, [], set(), 0
+        self.device, self.queues, self.ops, self.pipelines = device, queues, ops, pipelines
+        self.diags, self.order, self.steps = diags, [], 0
+        self.taken: set[int] = set()  # id() of the ops placed so far
+        self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
 
     def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
@@ -144,17 +156,19 @@ class _ProgramRun:
         stage, mb = args[0], (args[1] if len(args) == 2 else None)
         candidates = [Op(cursor.kind, stage, mb, k) for k in range(len(self.pipelines))
                       if pipe is None or self.pipelines[k].name == pipe]
-        found = [self.mine[c] for c in candidates if c in self.mine]
+        if self._mine is None:
+            self._mine = {op: op for op in self.ops}
+        found = [self._mine[c] for c in candidates if c in self._mine]
         label = f"{cursor.kind}({stage}{'' if mb is None else f',{mb}'})"
         if not found:
             self.diags.append(error(f"device {self.device}: {label} is not an op of this device", cursor.span))
-        elif found[0] in self.taken:
+        elif id(found[0]) in self.taken:
             self.diags.append(error(f"device {self.device}: {label} is placed twice", cursor.span))
         else:
             self._take(found[0], cursor.span)
 
     def _take(self, op: Op, span: Span) -> None:
-        self.taken.add(op)
+        self.taken.add(id(op))
         self.order.append(Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts))
 
 
@@ -201,9 +215,8 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        mine = {op: op for op in per_device[dev]}
-        run = _ProgramRun(dev, _build_queues(per_device[dev], queue_decls, pipelines, chunk, env), mine,
-                          pipelines, diags)
+        run = _ProgramRun(dev, _build_queues(per_device[dev], queue_decls, pipelines, chunk, env),
+                          per_device[dev], pipelines, diags)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)
         try:
             run.run(program.body, scope)
@@ -211,7 +224,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"device {dev}: {exc.message}", exc.span))
             orders.append(tuple(run.order))
             continue
-        left = [op for op in per_device[dev] if op not in run.taken]
+        left = [op for op in per_device[dev] if id(op) not in run.taken]
         if left:
             shown = ", ".join(map(str, left[:6])) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
             diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
@@ -310,10 +323,11 @@ def _greedy_key(decl: ast.Greedy | None, pipelines, chunk, env) -> Callable[[Op]
     if decl is None or decl.key is None:
         return lambda op: (-_KIND_RANK.get(op.kind, 0), op.mb if op.mb is not None else -1, op.stage, op.pipe,
                            op.part)
-    fns = [compile_expr(e) for e in decl.key]
+    fns = _key_functions(decl.key, env)
+    refs = [PipeRef(p.name) for p in pipelines]
     scope = dict(env)
 
     def key(op: Op) -> tuple:
-        _bind(scope, op, pipelines[op.pipe], chunk)
+        _bind(scope, op, refs[op.pipe], chunk)
         return (*(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part)
     return key

@@ -7,7 +7,7 @@ dependencies have ended (plus `latency` when a dependency ran on another device)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .ir import Op, Schedule
@@ -24,6 +24,8 @@ class Timing:
     peak_memory: tuple[float, ...]
     latency: float
     complete: bool  # False when the orders deadlock: ops that never ran have no times
+    steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
+    extra: dict[str, Any] = field(default_factory=dict)  # stats a later pass adds (fill_bubbles)
 
     @property
     def idle(self) -> tuple[float, ...]:

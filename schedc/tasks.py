@@ -2,6 +2,12 @@
 
     task curvature_A(s, i) = 1 after F(s, i)   with 2 stages, microbatches 0..1
     -> ops curvature_A(0,0) curvature_A(0,1) curvature_A(1,0) curvature_A(1,1), each after its F
+
+Replicated pipelines (Chimera) hold copies of one model stage. A per-stage task `(s)` that is not
+`at end` is *shared*: it is work on the model stage (K-FAC's inversion of the stage's factors), done once
+per step cycle and split among the replicas — each replica's instance is its share (cost / replicas, a
+part of the stage's layers), and `*` in its dependencies means the microbatches of every replica. An
+`at end` task works on its own replica's gradients: full cost, `*` over its own pipeline's microbatches.
 """
 from __future__ import annotations
 
@@ -36,18 +42,30 @@ def _split(task: ast.TaskDecl, fill_split: dict[str, ast.Expr | None], env: dict
     return k
 
 
-def _resolve(dep: ast.Dep, scope: dict[str, Any], pipe_index: int, pipe: Pipeline, parts: dict[str, int],
-             split: bool) -> list[Op]:
-    """Ops named by a dependency clause, e.g. F(s, i) or curvature_A(s, *)."""
+def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipelines: tuple[Pipeline, ...],
+             parts: dict[str, int], split: bool) -> list[Op]:
+    """Ops named by a dependency clause, e.g. F(s, i) or curvature_A(s, *); `pipes[0]` is the task's
+    pipeline, `*` covers the microbatches of all `pipes` (the replicas of a shared task)."""
     kind = "I" if dep.kind == "B" and split else dep.kind
     stage = evaluate_int(dep.args[0], scope, "dependency stage")
     if len(dep.args) == 1:
-        mbs: list[int | None] = [None]
+        pairs: list[tuple[int, int | None]] = [(pipes[0], None)]
     elif isinstance(dep.args[1], ast.Star):
-        mbs = list(pipe.microbatches)
+        pairs = [(k, mb) for k in pipes for mb in pipelines[k].microbatches]
     else:
-        mbs = [evaluate_int(dep.args[1], scope, "dependency microbatch")]
-    return [Op(kind, stage, mb, pipe_index, part) for mb in mbs for part in range(parts.get(kind, 1))]
+        pairs = [(pipes[0], evaluate_int(dep.args[1], scope, "dependency microbatch"))]
+    return [Op(kind, stage, mb, k, part) for k, mb in pairs for part in range(parts.get(kind, 1))]
+
+
+def replica_groups(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...]) -> dict[int, tuple[int, ...]]:
+    """Pipeline index -> the indices of its replica group, itself first (alone when not replicated)."""
+    index = {p.name: k for k, p in enumerate(pipelines)}
+    groups = {k: (k,) for k in range(len(pipelines))}
+    for rep in (d for d in decl.decls if isinstance(d, ast.Replicate)):
+        members = [index[n] for n in rep.pipelines if n in index]
+        for k in members:
+            groups[k] = (k, *[j for j in members if j != k])
+    return groups
 
 
 def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[Pipeline, ...],
@@ -63,6 +81,7 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
     split_backward = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     fill_split = {item.task: item.split for item in fills}
     parts = {t.name: _split(t, fill_split, env, source) for t in tasks}
+    groups = replica_groups(decl, pipelines)
     specs, ops, deps, keeps = [], [], {}, {}
     for task in tasks:
         if task.name in BUILTIN:
@@ -80,8 +99,13 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                     total = float(cost_fn(scope))
                 else:
                     total = 1.0
-                after = [op for dep in task.after for op in _resolve(dep, scope, k, pipe, parts, split_backward)]
-                kept = [op for dep in task.keeps for op in _resolve(dep, scope, k, pipe, parts, split_backward)]
+                shared = task.params == ("s",) and not task.at_end
+                pipes = groups[k] if shared else (k,)
+                total /= len(pipes)
+                after = [op for dep in task.after
+                         for op in _resolve(dep, scope, pipes, pipelines, parts, split_backward)]
+                kept = [op for dep in task.keeps
+                        for op in _resolve(dep, scope, (k,), pipelines, parts, split_backward)]
                 previous = None
                 for part in range(k_parts):
                     op = Op(task.name, s, inst.get("i"), k, part, pipe.placement[s], total / k_parts, task.span,

@@ -106,7 +106,7 @@ def _header(compiled: Compiled, geo: Geometry) -> list[str]:
              f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
     return ["digraph timeline {",
             f'graph [label="{_esc_keep(title)}" labelloc=t labeljust=l fontname="Helvetica" '
-            f'fontsize={11 if geo.compact else 12} bgcolor="white" splines=false pad=0.15];',
+            f'fontsize={11 if geo.compact else 12} bgcolor="white" splines=false outputorder=nodesfirst pad=0.15];',
             f'node [shape=box style="filled" fixedsize=true fontname="Helvetica" fontsize={geo.font:g} '
             f'penwidth={0.3 if geo.compact else 0.6} color="#333333" label=""];',
             'edge [arrowsize=0.35 penwidth=0.6];']

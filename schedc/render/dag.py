@@ -1,0 +1,43 @@
+"""The dependency graph: every op a node (coloured as on the timeline), one cluster per device,
+data dependencies as solid arrows and each device's program order as dotted grey arrows.
+Only for small schedules: dot's layout grows much faster than linearly, so large ones are refused.
+
+    cluster device 0:  F(0,0) ..> F(0,1) ..> B(0,0)      F(0,0) -> F(1,0) -> B(1,0) -> B(0,0)
+"""
+from __future__ import annotations
+
+from ..diagnostics import SchedError, Source, error
+from ..ir import Op, Schedule
+from .style import palette, text_colour
+
+MAX_DAG_OPS = 2000
+
+
+def dag_dot(schedule: Schedule, target: str = "") -> str:
+    """DOT text (for plain `dot`) of the ops and their dependencies; SchedError beyond MAX_DAG_OPS."""
+    count = schedule.op_count()
+    if count > MAX_DAG_OPS:
+        raise SchedError(error(f"the dependency graph of {schedule.name} has {count} ops, too many to draw "
+                               f"(limit {MAX_DAG_OPS})",
+                               notes=("draw a smaller instance (e.g. -D p=4 -D m=8), or drop --dag for the "
+                                      "timeline, which scales to large schedules",)),
+                         Source(target, ""), exit_code=2)
+    colours = palette(schedule)
+    ids: dict[Op, str] = {}
+    lines = ["digraph dependencies {",
+             'graph [rankdir=LR fontname="Helvetica" fontsize=11 newrank=true nodesep=0.1 ranksep=0.25];',
+             'node [shape=box style="filled,rounded" fontname="Helvetica" fontsize=9 height=0.25 margin="0.04,0.02"];',
+             'edge [arrowsize=0.5 penwidth=0.7];']
+    for d, order in enumerate(schedule.orders):
+        lines.append(f'subgraph cluster_d{d} {{ label="device {d}"; color="#999999";')
+        for n, op in enumerate(order):
+            ids[op] = f"d{d}_{n}"
+            fill = colours.fill(op.kind, op.pipe, op.stage)
+            lines.append(f'  {ids[op]} [label="{op}" fillcolor="{fill}" fontcolor="{text_colour(fill)}"];')
+        lines.extend(f'  {ids[a]} -> {ids[b]} [style=dotted color="#999999"];' for a, b in zip(order, order[1:]))
+        lines.append("}")
+    for order in schedule.orders:
+        for op in order:
+            lines.extend(f"{ids[dep]} -> {ids[op]};" for dep in schedule.deps.get(op, ()) if dep in ids)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
