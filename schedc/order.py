@@ -7,7 +7,7 @@ of named ops), and greedy list scheduling under the cost model.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from . import ast
@@ -230,7 +230,28 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
                                f"unscheduled: {shown}", program.span))
         orders.append(tuple(run.order))
-    return tuple(orders), diags
+    return tuple(orders), merge_device_diagnostics(diags)
+
+
+def merge_device_diagnostics(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic for the devices that fail alike at one place: "devices 0, 1: unknown name 'w'"."""
+    groups: dict[tuple, list[tuple[int, Diagnostic]]] = {}
+    for diag in diags:
+        head, sep, rest = diag.message.partition(": ")
+        device = head.removeprefix("device ")
+        if sep and device.isdigit():
+            groups.setdefault((diag.span, rest), []).append((int(device), diag))
+        else:
+            groups.setdefault((id(diag),), []).append((-1, diag))
+    merged = []
+    for key, members in groups.items():
+        devices, first = [d for d, _ in members], members[0][1]
+        if len(members) == 1:
+            merged.append(first)
+        else:
+            names = ", ".join(map(str, devices))
+            merged.append(replace(first, message=f"devices {names}: {key[1]}"))
+    return merged
 
 
 # Greedy list scheduling ------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_ops_carry_the_span_of_the_program_item_that_placed_them():
 # --- semantic errors: located, with the exit code of a wrong schedule ------------------------------
 
 @pytest.mark.parametrize("fixture,line,column,text", [
-    ("pop_empty.sched", 7, 3, "device 0: program pops F from an empty queue"),
+    ("pop_empty.sched", 7, 3, "devices 0, 1: program pops F from an empty queue"),
     ("leftover.sched", 5, 1, "device 0: program leaves 1 op unscheduled: B(0,2)"),
     ("bad_device.sched", 4, 31, "stage 2 of pipeline 'main' is placed on device 2, but devices are 0..1"),
     ("unknown_name.sched", 6, 7, "unknown name 'warmup'"),
@@ -99,10 +99,14 @@ def test_semantic_errors_are_located(fixture, line, column, text):
     assert f"{FIXTURES / fixture}:{line}:{column}: error: " in exc.render()
 
 
-def test_every_faulty_device_is_reported():
+def test_every_faulty_device_is_reported_once_per_place():
     with pytest.raises(SchedError) as caught:
         build_schedule(read_source(FIXTURES / "pop_empty.sched"))
-    assert [d.message.split(":")[0] for d in caught.value.diagnostics] == ["device 0", "device 1"]
+    assert [d.message.split(":")[0] for d in caught.value.diagnostics] == ["devices 0, 1"]
+    with pytest.raises(SchedError) as caught:
+        build_schedule(read_source(FIXTURES / "leftover.sched"))
+    assert [d.message for d in caught.value.diagnostics] == [
+        "device 0: program leaves 1 op unscheduled: B(0,2)", "device 1: program leaves 1 op unscheduled: B(1,2)"]
 
 
 def test_unknown_override_is_a_usage_error():
