@@ -91,8 +91,38 @@ def fill_bubbles(schedule: Schedule, timing: Timing, max_cycle: int = MAX_CYCLE)
             raise SchedError(error(f"the filled tasks need more than {max_cycle} steps ({', '.join(left)} still "
                                    "unplaced): split them finer (`split k`), or give them less work",
                                    schedule.fill_span), schedule.source)
-        steps.append(_fill_step(state, len(steps), gaps, pending, every_step))
+        steps.append(_fill_step_fixed(state, len(steps), gaps, pending, every_step))
     return _result(schedule, timing, steps)
+
+
+def _fill_step_fixed(state: _State, k: int, gaps, pending: list[list[Op]], every_step) -> _Step:
+    """Fill step k; when appended work makes the step longer than the makespan, every device's last gap
+    grows to the step's new end, so fill again (a few rounds reach the fixed point)."""
+    length = state.timing.makespan
+    for _ in range(4):
+        where, left = dict(state.where), [list(ops) for ops in pending]
+        step = _fill_step(state, k, _stretch(gaps, state.timing.makespan, length), left, every_step)
+        new_length = max([length] + [e for placed in step.placed for _, e, _ in placed])
+        if new_length <= length + EPS:
+            break
+        state.where, length = where, new_length
+    pending[:] = left
+    return step
+
+
+def _stretch(gaps, makespan: float, length: float):
+    """Gaps of a step that lasts `length`: the tail gap (or a new one) reaches its end."""
+    if length <= makespan + EPS:
+        return gaps
+    out = []
+    for device_gaps in gaps:
+        device_gaps = list(device_gaps)
+        if device_gaps and abs(device_gaps[-1][1] - makespan) <= EPS:
+            device_gaps[-1] = (device_gaps[-1][0], length)
+        else:
+            device_gaps.append((makespan, length))
+        out.append(device_gaps)
+    return out
 
 
 def _check_at_end(schedule: Schedule, at_end_kinds: set[str]) -> None:
