@@ -1,14 +1,192 @@
-"""check_deadlock: program order plus data dependencies must be acyclic."""
+"""check_deadlock: program order plus data dependencies must let every placed op run.
+
+A device runs its order one op at a time; an op waits for its dependencies (an op that no device runs
+never arrives). When the devices get stuck, each one waits at its next op for one op of another device
+(or of itself, later), and following these waits names the cycle:
+
+    device 0: F(0,0) B(0,0) F(0,1) B(0,1)        device 1: B(1,0) F(1,0) F(1,1) B(1,1)
+    -> error: deadlock: device 0 waits at B(0,0) for B(1,0) on device 1, which waits at B(1,0) for
+       F(1,0) on device 1, ordered after B(1,0) at f.sched:9
+       followed by the rank x step grid with the stuck ops marked
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from operator import attrgetter
+
+from .check_structure import census
 from .diagnostics import Diagnostic, error
-from .ir import Schedule
+from .grid import label, location, schedule_grid
+from .ir import Op, Schedule
 from .simulate import Timing
+
+KEY = attrgetter("kind", "stage", "mb", "pipe", "part")
+GRIDS = 3  # diagnostics that carry a grid
 
 
 def check_deadlock(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
-    if timing.complete:
+    """Guarantees, when it returns no error: run in their devices' orders, every placed op's
+    dependencies are placed and run before it, so the schedule completes (ops left for fill_bubbles
+    count as done). Otherwise one error per cycle of waits, and one per op that is waited for but never
+    placed, each naming devices, ops and the source lines that ordered them, with a rank x step grid."""
+    if timing.complete and _dependencies_placed(schedule):
         return []
-    stuck = [order[0] for order in schedule.orders if order]
-    return [error(f"the schedule deadlocks ({len(schedule.deps)} ops, {len(timing.end)} can run)",
-                  stuck[0].span if stuck else None)]
+    run = replay(schedule)
+    if not run.stuck:
+        return []
+    return _explain(schedule, run)
+
+
+def _dependencies_placed(schedule: Schedule) -> bool:
+    """Cheap sufficient test: the placed ops are exactly the expected ones (so built-in dependencies are
+    placed) and every dependency of a placed task is placed or left for fill_bubbles."""
+    counted = census(schedule)
+    if not counted.exact:
+        return False
+    explicit = getattr(schedule.deps, "explicit", None)
+    if explicit is None:
+        return all(KEY(dep) in counted.placed for op in schedule.ops() for dep in schedule.deps.get(op, ()))
+    unplaced = set(map(KEY, schedule.unplaced))
+    for op, deps in explicit.items():
+        if KEY(op) in counted.placed and not all(KEY(d) in counted.placed or KEY(d) in unplaced for d in deps):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Where each device stopped: position of its next op (len(order) when done) and, for a stuck
+    device, the identity of the dependency its next op waits for."""
+
+    position: tuple[int, ...]
+    waits_for: dict[int, tuple]
+    placed_at: dict[tuple, tuple[int, int]]  # first copy of each placed op: (device, step)
+
+    @property
+    def stuck(self) -> list[int]:
+        return sorted(self.waits_for)
+
+
+def dependency_keys(schedule: Schedule):
+    """op -> identities of its dependencies, for the IR's lazy Dependencies or a plain dict."""
+    keys_of = getattr(schedule.deps, "keys_of", None)
+    if keys_of is not None:
+        return keys_of
+    return lambda op: tuple(KEY(dep) for dep in schedule.deps.get(op, ()))
+
+
+def replay(schedule: Schedule) -> Replay:
+    """Run the orders, each device as far as it can, waking a device when the op it waits for is done
+    (linear in ops + dependencies). A dependency that is never placed is never done."""
+    orders = schedule.orders
+    placed_at: dict[tuple, tuple[int, int]] = {}
+    for d, order in enumerate(orders):
+        for n, op in enumerate(order):
+            placed_at.setdefault(KEY(op), (d, n))
+    done = set(map(KEY, schedule.unplaced))
+    deps_of = dependency_keys(schedule)
+    position, waiting, blocked = [0] * len(orders), {}, {}
+    ready = list(range(len(orders)))
+    while ready:
+        d = ready.pop()
+        order, n = orders[d], position[d]
+        blocked.pop(d, None)
+        while n < len(order):
+            op = order[n]
+            missing = next((key for key in deps_of(op) if key not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(d)
+                blocked[d] = missing
+                break
+            key = KEY(op)
+            done.add(key)
+            ready.extend(waiting.pop(key, ()))
+            n += 1
+        position[d] = n
+    return Replay(tuple(position), blocked, placed_at)
+
+
+# Explaining a stuck replay --------------------------------------------------------------------------
+
+def _explain(schedule: Schedule, run: Replay) -> list[Diagnostic]:
+    """One diagnostic per cycle of waits and per missing op waited for; the devices that wait behind
+    one (stuck on a device of it) are listed in its notes."""
+    target = {d: run.placed_at.get(key, (None, None))[0] for d, key in run.waits_for.items()}
+    groups: list[list[int]] = []        # devices named by each diagnostic
+    owner: dict[int, int] = {}          # stuck device -> index of the diagnostic that explains it
+    for first in run.stuck:
+        path, d = [], first
+        while d is not None and d not in owner and d not in path:
+            path.append(d)
+            d = target[d]
+        if d is None:                   # the chain ends at an op no device runs
+            groups.append([path[-1]])
+        elif d in path:                 # a new cycle
+            groups.append(path[path.index(d):])
+        index = len(groups) - 1 if d is None or d in path else owner[d]
+        owner.update({e: index for e in path})
+    diags = []
+    for index, devices in enumerate(groups):
+        behind = [d for d in run.stuck if owner[d] == index and d not in devices]
+        make = _cycle if target[devices[0]] is not None else _never
+        diags.append(make(schedule, run, devices, behind, index < GRIDS))
+    return diags
+
+
+def _op_at(schedule: Schedule, d: int, n: int) -> Op:
+    return schedule.orders[d][n]
+
+
+def _head(schedule: Schedule, run: Replay, d: int) -> Op:
+    return _op_at(schedule, d, run.position[d])
+
+
+def _hop(schedule: Schedule, run: Replay, d: int) -> str:
+    """'waits at B(0,3) for B(1,3) on device 1, ordered after F(1,5) at f.sched:13'."""
+    head = _head(schedule, run, d)
+    e, n = run.placed_at[run.waits_for[d]]
+    awaited = _op_at(schedule, e, n)
+    text = f"waits at {label(schedule, head)} for {label(schedule, awaited)}"
+    if e == d:
+        return text + (f", which device {d} runs later, ordered after {label(schedule, head)} at "
+                       f"{location(schedule.source, awaited.span)}")
+    text += f" on device {e}"
+    if n != run.position[e]:
+        text += (f", ordered after {label(schedule, _head(schedule, run, e))} at "
+                 f"{location(schedule.source, awaited.span)}")
+    return text
+
+
+def _cycle(schedule: Schedule, run: Replay, cycle: list[int], behind: list[int], grid: bool) -> Diagnostic:
+    start = cycle.index(min(cycle))
+    cycle = cycle[start:] + cycle[:start]
+    message = "deadlock: device " + ", which ".join(
+        (f"{d} " if k == 0 else "") + _hop(schedule, run, d) for k, d in enumerate(cycle))
+    stops = tuple(f"device {d} stops at {label(schedule, _head(schedule, run, d))}, placed by "
+                  f"{location(schedule.source, _head(schedule, run, d).span)}" for d in cycle)
+    return error(message, _head(schedule, run, cycle[0]).span, notes=stops + _behind(schedule, run, behind),
+                 detail=schedule_grid(schedule, _marks(run, cycle + behind)) if grid else "")
+
+
+def _never(schedule: Schedule, run: Replay, devices: list[int], behind: list[int], grid: bool) -> Diagnostic:
+    d = devices[0]
+    head = _head(schedule, run, d)
+    message = (f"deadlock: device {d} waits at {label(schedule, head)} for "
+               f"{label(schedule, Op(*run.waits_for[d]))}, which no device runs")
+    return error(message, head.span, notes=_behind(schedule, run, behind),
+                 detail=schedule_grid(schedule, _marks(run, devices + behind)) if grid else "")
+
+
+def _behind(schedule: Schedule, run: Replay, devices: list[int]) -> tuple[str, ...]:
+    notes = tuple(f"device {d} waits behind it, at {label(schedule, _head(schedule, run, d))} "
+                  f"({location(schedule.source, _head(schedule, run, d).span)})" for d in devices[:8])
+    return notes + ((f"... and {len(devices) - 8} more devices",) if len(devices) > 8 else ())
+
+
+def _marks(run: Replay, devices: list[int]) -> dict[tuple[int, int], str]:
+    marks = {(d, run.position[d]): "stuck" for d in devices}
+    for d in devices:
+        where = run.placed_at.get(run.waits_for[d])
+        if where is not None and where not in marks:
+            marks[where] = "awaited"
+    return marks

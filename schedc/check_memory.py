@@ -1,13 +1,228 @@
-"""check_memory: peak activation memory per device against `limit memory <= expr`."""
+"""check_memory: peak memory per device against its limit, in activation units (`limit memory <= expr`)
+or in bytes for a model description (`schedc check --model model.toml --memory-limit 80GiB`).
+
+    limit memory <= 2   with 1F1B, p=4:  device 0 holds F(0,0) F(0,1) F(0,2) when it starts F(0,2)
+    -> error: device 0: 3 activation units alive at time 2, over the limit 2: F(0,0), F(0,1), F(0,2)
+
+Bytes: a transformer layer's activations take s*b*h*(34 + 5*a*s/h) bytes at 16 bits without
+recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models"); its 12h^2 + 13h parameters take 16 bytes each with Adam (2 weights + 2 grads + 12 fp32
+master and moments; 4 + 4 + 8 at 32 bits). Layers are split evenly over the stages (the first stages
+take the remainder); a device counts the weights of every model stage it holds once.
+"""
 from __future__ import annotations
 
-from .diagnostics import Diagnostic, error
-from .ir import Schedule
-from .simulate import Timing
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
+from .grid import label, location
+from .ir import Op, Schedule
+from .simulate import Timing, memory_deltas
+
+TOLERANCE = 1e-9
+OPTIONS = Source("schedc check", "")  # where errors in command-line options are reported
 
 
 def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
+    """Guarantees, when it returns no error: no device's simulated peak of activation units exceeds
+    its `limit memory`. Otherwise one error per device over its limit, naming the simulated time, the
+    op at which the limit is crossed and the ops whose activations are alive then."""
     if schedule.memory_limit is None:
         return []
-    return [error(f"device {d}: peak memory {peak:g} exceeds the limit {limit:g}", schedule.memory_limit_span)
-            for d, (peak, limit) in enumerate(zip(timing.peak_memory, schedule.memory_limit)) if peak > limit]
+    return [_over(schedule, timing, d, peak, limit)
+            for d, (peak, limit) in enumerate(zip(timing.peak_memory, schedule.memory_limit))
+            if peak > limit + TOLERANCE]
+
+
+def _over(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float) -> Diagnostic:
+    crossing = _crossing(schedule, d, limit)
+    limit_note = f"the limit is declared at {location(schedule.source, schedule.memory_limit_span)}"
+    if crossing is None:  # memory the order walk does not see (e.g. tasks that keep activations)
+        return error(f"device {d}: peak memory {peak:g} activation units exceeds the limit {limit:g}",
+                     schedule.memory_limit_span)
+    op, alive, units = crossing
+    when = timing.start.get(op)
+    at = f" at time {when:g}" if when is not None else ""
+    shown = ", ".join(label(schedule, a) for a in alive[:12]) + (f", ... ({len(alive)} in all)"
+                                                                 if len(alive) > 12 else "")
+    return error(f"device {d}: {units:g} activation units alive{at} when {label(schedule, op)} runs, over the "
+                 f"limit {limit:g} (peak {peak:g}); alive: {shown}", op.span or schedule.memory_limit_span,
+                 notes=(limit_note,))
+
+
+def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], float] | None:
+    """The first op of device d's order after which more than `limit` units are alive, with the ops
+    (forwards) whose activations are alive then."""
+    deltas = memory_deltas(schedule)
+    release = "W" if schedule.split_backward else "B"
+    alive: dict[tuple, Op] = {}
+    units = 0.0
+    for op in schedule.orders[d]:
+        delta = deltas.get(op.kind)
+        if delta is None or not 0 <= op.stage < len(delta):
+            continue
+        units += delta[op.stage]
+        if op.kind == "F":
+            alive[(op.stage, op.mb, op.pipe)] = op
+        elif op.kind == release:
+            alive.pop((op.stage, op.mb, op.pipe), None)
+        if units > limit + TOLERANCE:
+            return op, list(alive.values()), units
+    return None
+
+
+# Bytes, for a model description ------------------------------------------------------------------
+
+MODEL_KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "microbatch_size": int, "dtype": str}
+DTYPES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A GPT-style decoder: layers, hidden size h, heads a, sequence length s, microbatch size b."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    microbatch_size: int
+    dtype: str = "bf16"
+
+    @property
+    def width(self) -> int:
+        return DTYPES[self.dtype]
+
+    def activation_bytes_per_layer(self) -> float:
+        s, b, h, a = self.seq, self.microbatch_size, self.hidden, self.heads
+        return s * b * h * (34 + 5 * a * s / h) * self.width / 2
+
+    def state_bytes_per_layer(self) -> float:
+        params = 12 * self.hidden ** 2 + 13 * self.hidden
+        return params * (2 * self.width + (12 if self.width == 2 else 8))
+
+    def stage_layers(self, stages: int) -> list[int]:
+        return [self.layers // stages + (1 if s < self.layers % stages else 0) for s in range(stages)]
+
+
+def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | None,
+                       memory_limit: str | None) -> list[Diagnostic]:
+    """Guarantees, when it returns no error: on every device, the weights, gradients and optimizer state
+    of the stages it holds plus the activations alive at its peak fit in `memory_limit` bytes. Without
+    a limit, a note reports each device's peak. Unreadable options raise SchedError (exit 2)."""
+    if model_file is None:
+        raise SchedError(error("--memory-limit needs a model description: --model model.toml"), OPTIONS,
+                         exit_code=2)
+    model = load_model(model_file)
+    limit = parse_bytes(memory_limit) if memory_limit is not None else None
+    layers = model.stage_layers(schedule.stages)
+    if min(layers) == 0:
+        return [error(f"the model has {model.layers} layers, fewer than the schedule's {schedule.stages} stages")]
+    diags = []
+    peaks = []
+    for d in range(schedule.devices):
+        state, stages = _state_bytes(schedule, model, layers, d)
+        act, op, alive = _activation_peak(schedule, model, layers, d)
+        peaks.append(state + act)
+        if limit is not None and state + act > limit:
+            when = timing.start.get(op) if op is not None else None
+            diags.append(error(
+                f"device {d}: {_gib(state + act)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
+                f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
+                f"{_gib(act)} of {alive} microbatch-stages alive"
+                + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else ""),
+                op.span if op is not None else None))
+    if not diags:
+        shown = ", ".join(f"device {d} {_gib(p)}" for d, p in enumerate(peaks))
+        diags.append(Diagnostic(Severity.NOTE, f"peak memory per device: {shown}"
+                                + (f" (limit {_gib(limit)})" if limit is not None else "")))
+    return diags
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def _state_bytes(schedule: Schedule, model: Model, layers: list[int], d: int) -> tuple[float, list[int]]:
+    stages = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
+    return sum(layers[s] for s in stages) * model.state_bytes_per_layer(), stages
+
+
+def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int) -> tuple[float, Op | None, int]:
+    """Peak activation bytes over device d's order, the op reaching it and how many activations are alive."""
+    per_layer = model.activation_bytes_per_layer()
+    release = "W" if schedule.split_backward else "B"
+    alive = peak = 0.0
+    count = peak_count = 0
+    at = None
+    for op in schedule.orders[d]:
+        if not 0 <= op.stage < len(layers):
+            continue
+        size = schedule.activation[op.stage] * layers[op.stage] * per_layer
+        if op.kind == "F":
+            alive, count = alive + size, count + 1
+            if alive > peak:
+                peak, at, peak_count = alive, op, count
+        elif op.kind == release:
+            alive, count = alive - size, count - 1
+    return peak, at, peak_count
+
+
+def parse_bytes(text: str) -> float:
+    """'80GiB', '512 MB', '1e10' -> bytes; anything else is a usage error (exit 2)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*", text or "")
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in UNITS or float(match.group(1)) <= 0:
+        raise SchedError(error(f"--memory-limit: cannot read {text!r} (write e.g. 80GiB, 512MB or 1e10)"),
+                         OPTIONS, exit_code=2)
+    return float(match.group(1)) * UNITS[unit]
+
+
+def load_model(path: str) -> Model:
+    """Read a model description (TOML); errors are located in the file (exit 2)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchedError(error(f"cannot read model description: {getattr(exc, 'strerror', None) or exc}"),
+                         Source(path, ""), exit_code=2) from None
+    source = Source(path, text)
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"line (\d+), column (\d+)", str(exc))
+        span = Span(int(found.group(1)), int(found.group(2))) if found else None
+        raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source, exit_code=2) from None
+    return _model(table, source)
+
+
+def _key_span(source: Source, key: str) -> Span | None:
+    for number, line in enumerate(source.text.splitlines(), 1):
+        if re.match(rf"\s*{re.escape(key)}\s*=", line):
+            column = line.index(key) + 1
+            return Span(number, column, number, column + len(key))
+    return None
+
+
+def _model(table: dict, source: Source) -> Model:
+    diags = [error(f"unknown key '{key}' (keys: {', '.join(MODEL_KEYS)})", _key_span(source, key))
+             for key in table if key not in MODEL_KEYS]
+    values = {}
+    for key, kind in MODEL_KEYS.items():
+        value = table.get(key)
+        if value is None:
+            if key != "dtype":
+                diags.append(error(f"missing key '{key}'", Span(1, 1)))
+            continue
+        ok = (isinstance(value, kind) and not isinstance(value, bool)
+              and (value > 0 if kind is int else value in DTYPES))
+        if not ok:
+            want = "a positive integer" if kind is int else "one of " + ", ".join(DTYPES)
+            diags.append(error(f"'{key}' must be {want}, got {value!r}", _key_span(source, key)))
+        values[key] = value
+    if diags:
+        raise SchedError(diags, source, exit_code=2)
+    return Model(**values)

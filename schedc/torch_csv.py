@@ -1,0 +1,194 @@
+"""torch.distributed.pipelining's compute-only CSV schedule: import to a Schedule, export from one.
+
+Row r is rank r's order; a cell is `<stage><kind><microbatch>` (`2F0`, `3B1`, `0I2`, `0W2`), an empty
+cell an idle slot. `REDUCE_GRAD`, `UNSHARD` and `RESHARD` cells (torch adds them) are not compute and
+are skipped; `(a;b)OVERLAP_F_B` cells run their sub-actions in order.
+
+    2F0,2F1,2B0,2B1        ->   Schedule(orders=((F(2,0), F(2,1), B(2,0), B(2,1)), ...), ...)
+
+Import keeps the CSV order exactly and infers the sizes: stages = the largest stage + 1, microbatches
+= the count most stages agree on (so one stray `3F8` is reported as out of range, not taken as a
+ninth microbatch), stage s on the rank that runs most of its ops. Every op carries its cell's
+line:column, so checks point into the CSV. Export refuses what torch cannot represent.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from .compiler import read_source
+from .diagnostics import Diagnostic, SchedError, Source, Span, error
+from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
+
+CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
+SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
+COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d*")
+OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
+Cell = tuple[str, int, int, Span]  # kind, stage, microbatch, where
+
+
+def schedule_from_csv(path, options=None) -> Schedule:
+    """Read a torch CSV file into a Schedule (one pipeline, no replicas, default costs F=1, B=2).
+    Unreadable files and bad cells raise SchedError with exit code 2, every bad cell located."""
+    return schedule_from_csv_text(read_source(path), options)
+
+
+def schedule_from_csv_text(source: Source, options=None) -> Schedule:
+    rows = parse_csv(source)
+    overrides = dict(getattr(options, "overrides", None) or {})
+    microbatches = _microbatch_count(rows, overrides, source)
+    cells = [cell for row in rows for cell in row]
+    split = any(kind in ("I", "W") for kind, *_ in cells)
+    stages = max(stage for _, stage, _, _ in cells) + 1
+    placement = infer_placement(rows, stages)
+    costs = _costs(getattr(options, "costs", None) or {}, stages, source)
+    pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
+    orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where in row)
+                   for r, row in enumerate(rows))
+    kinds = ("F", "I", "W") if split else ("F", "B")
+    grid = tuple(Op(kind, s, mb, 0, 0, placement[s], costs[kind][s]) for s in range(stages)
+                 for mb in range(microbatches) for kind in kinds)
+    deps = Dependencies((pipe,), costs, split, {}, grid)
+    name = re.sub(r"\W", "_", Path(source.path).stem) or "torch_csv"
+    return Schedule(name, f"imported from torch CSV {Path(source.path).name}", source,
+                    {"p": len(rows), "m": microbatches}, len(rows), (pipe,), (), orders, deps, costs,
+                    (1.0,) * stages, None, None, split)
+
+
+def parse_csv(source: Source) -> list[list[Cell]]:
+    """Rows of compute cells with their spans; every bad cell is reported (exit code 2)."""
+    lines = source.text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    rows, diags = [], []
+    for number, line in enumerate(lines, 1):
+        row = []
+        for column, text in split_line(line.rstrip("\r"), number, diags):
+            row.extend(_cell(text, Span(number, column, number, column + max(1, len(text))), diags))
+        rows.append(row)
+    if not diags and not any(rows):
+        diags.append(error("no compute cells: expected rows of cells like 0F0,0B0 (one row per rank)",
+                           Span(1, 1, 1, 2)))
+    if diags:
+        raise SchedError(diags, source, exit_code=2)
+    return rows
+
+
+def split_line(line: str, number: int, diags: list[Diagnostic]) -> list[tuple[int, str]]:
+    """Split one CSV line into (1-based column, cell text); double-quoted cells may hold commas."""
+    out, column, n = [], 1, len(line)
+    start = 0
+    while start <= n:
+        if start < n and line[start] == '"':
+            end = start + 1
+            text = []
+            while end < n and not (line[end] == '"' and line[end + 1:end + 2] != '"'):
+                text.append(line[end])
+                end += 2 if line[end] == '"' else 1
+            if end >= n:
+                diags.append(error("unterminated quoted cell", Span(number, start + 1, number, start + 2)))
+                return out
+            out.append((start + 2, "".join(text)))
+            start = end + 1
+            if start < n and line[start] != ",":
+                diags.append(error("expected ',' after a quoted cell", Span(number, start + 1, number, start + 2)))
+                return out
+            start += 1
+            continue
+        end = line.find(",", start)
+        end = n if end < 0 else end
+        out.append((start + 1, line[start:end]))
+        start = end + 1
+    return out
+
+
+def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
+    stripped = text.strip()
+    offset = len(text) - len(text.lstrip())
+    if offset:
+        span = Span(span.line, span.column + offset, span.line, span.column + offset + len(stripped))
+    if not stripped or SKIPPED.fullmatch(stripped):
+        return []
+    match = CELL.fullmatch(stripped)
+    if match:
+        return [(match.group(2), int(match.group(1)), int(match.group(3)), span)]
+    overlap = OVERLAP.fullmatch(stripped)
+    if overlap:
+        return [cell for part in overlap.group(1).split(";") for cell in _cell(part, span, diags)]
+    why = ("communication cells belong to torch's compute_comms format; export the compute-only schedule"
+           if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
+    diags.append(error(f"bad cell {stripped!r}: {why}", span))
+    return []
+
+
+def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source: Source) -> int:
+    """-D m=N if given; else the count (largest microbatch + 1) that most stages agree on."""
+    unknown = sorted(set(overrides) - {"m"})
+    if unknown:
+        raise SchedError(error(f"unknown param '{unknown[0]}' given with -D (a torch CSV takes only m, the "
+                               "microbatch count)"), source, exit_code=2)
+    if "m" in overrides:
+        try:
+            value = int(overrides["m"])
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise SchedError(error(f"-D m={overrides['m']}: the microbatch count must be a positive integer"),
+                             source, exit_code=2)
+        return value
+    top: dict[int, int] = {}
+    for row in rows:
+        for _, stage, mb, _ in row:
+            top[stage] = max(top.get(stage, -1), mb)
+    votes = Counter(mb + 1 for mb in top.values())
+    return max(votes.items(), key=lambda item: (item[1], -item[0]))[0] if votes else 1
+
+
+def infer_placement(rows: list[list[Cell]], stages: int) -> tuple[int, ...]:
+    """Stage s on the rank that runs most of its ops (the lowest such rank); a stage nobody runs goes
+    to s % ranks, torch's default loop placement."""
+    counts: dict[int, Counter] = {}
+    for r, row in enumerate(rows):
+        for _, stage, _, _ in row:
+            counts.setdefault(stage, Counter())[r] += 1
+    return tuple(max(counts[s].items(), key=lambda item: (item[1], -item[0]))[0] if s in counts
+                 else s % len(rows) for s in range(stages))
+
+
+def _costs(given: dict, stages: int, source: Source) -> dict[str, tuple[float, ...]]:
+    table = {kind: (value,) * stages for kind, value in DEFAULT_COSTS.items()}
+    for kind, value in given.items():
+        values = (float(value),) * stages if isinstance(value, (int, float)) else tuple(map(float, value))
+        if len(values) != stages:
+            raise SchedError(error(f"measured costs for {kind} have {len(values)} stages, the CSV has {stages}"),
+                             source, exit_code=2)
+        table[kind] = values
+    return table
+
+
+# Export -----------------------------------------------------------------------------------------
+
+def export_csv(schedule: Schedule) -> str:
+    """The schedule's per-rank orders as torch's compute-only CSV (no idle cells). Refuses, with
+    SchedError (exit code 1), what torch's format cannot hold: several pipelines or replicated
+    stages (Chimera), and ops other than F, B, I, W."""
+    refusal = _unrepresentable(schedule)
+    if refusal:
+        raise SchedError(error(refusal, schedule.pipelines[-1].span if schedule.pipelines else None),
+                         schedule.source, exit_code=1)
+    return "".join(",".join(f"{op.stage}{op.kind}{op.mb}" for op in order) + "\n" for order in schedule.orders)
+
+
+def _unrepresentable(schedule: Schedule) -> str | None:
+    if len(schedule.pipelines) > 1 or schedule.replicas:
+        names = ", ".join(f"'{p.name}'" for p in schedule.pipelines)
+        return (f"torch's CSV schedule cannot represent this schedule: it has {len(schedule.pipelines)} pipelines "
+                f"({names}) holding replicated stages, and torch.distributed.pipelining runs one pipeline in "
+                "which every stage has one rank")
+    tasks = sorted({op.kind for step in schedule.steps for order in step for op in order if op.is_task}
+                   | {op.kind for op in schedule.unplaced})
+    if tasks:
+        return (f"torch's CSV schedule holds only F, B, I and W; this schedule also runs the tasks "
+                f"{', '.join(tasks)}")
+    return None
