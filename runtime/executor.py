@@ -19,12 +19,11 @@ import torch.distributed as dist
 
 from schedc.plan import Instr, Opcode, Plan
 
+from .lifetimes import plan_lifetimes
 from .model import Stage, lm_loss
-from .tasks import task_handler
+from .tasks import setup_tasks, task_handler
 from .world import World
 
-BUILTIN = frozenset(op.value for op in Opcode)
-FREES = frozenset({Opcode.B.value, Opcode.W.value})
 
 
 class ExecutionError(RuntimeError):
@@ -63,9 +62,10 @@ class Executor:
             Opcode.SEND_F: self.send, Opcode.SEND_B: self.send,
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
             Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end}
-        self.programs = [self.compile(step, ignore_tasks) for step in plan.ranks[world.plan_rank]]
+        self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
         self.tensors: dict[tuple[str, int, int], torch.Tensor | Pending] = {}
-        self.saved: dict[tuple[int, int], Saved] = {}
+        self.saved: dict[tuple[int, int], Saved] = {}  # also read by user tasks
+        self.task_state: dict = {}  # free for user task handlers
         self.sends: list[tuple[Any, torch.Tensor]] = []
         self.loss_sum = torch.zeros((), device=world.device)
         self.events: list[tuple[int, int, int, int, int]] = []
@@ -77,22 +77,16 @@ class Executor:
         self.started = 0.0
         self.waiting_on: int | None = None
         self.wait_ns = 0
+        setup_tasks(self)  # task modules attach their state and hooks (runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
 
-    def compile(self, program: tuple[Instr, ...], ignore_tasks: bool) -> list[tuple]:
-        """Bind each instruction to its handler and mark where saved activations are freed: after
-        the last B, W or task of (stage, mb) in the program."""
-        last_use: dict[tuple[int, int], int] = {}
-        for index, instr in enumerate(program):
-            if instr.op in FREES or instr.op not in BUILTIN:
-                last_use[(instr.stage, instr.mb)] = index
-        bound = []
-        for index, instr in enumerate(program):
-            handler = self.table.get(instr.op) or self._task(instr.op, ignore_tasks)
-            frees = last_use.get((instr.stage, instr.mb)) == index and instr.mb is not None
-            bound.append((handler, instr, frees))
-        return bound
+    def compile(self, programs: tuple[tuple[Instr, ...], ...], ignore_tasks: bool) -> list[list[tuple]]:
+        """Bind each instruction to its handler, with a flag where saved state is dropped after it."""
+        self.lifetimes = plan_lifetimes(list(programs))
+        return [[(self.table.get(instr.op) or self._task(instr.op, ignore_tasks), instr,
+                  index in self.lifetimes.frees[k]) for index, instr in enumerate(program)]
+                for k, program in enumerate(programs)]
 
     def _task(self, name: str, ignore_tasks: bool) -> Callable[[Instr], None]:
         handler = task_handler(name, ignore_tasks)
@@ -228,8 +222,10 @@ class Executor:
             stage.flat_grad.zero_()
 
     def _check_drained(self) -> None:
-        if self.tensors or self.saved:
-            left = [f"{k[0]}{k[1]}.{k[2]}" for k in self.tensors] + [f"F{s}.{m}" for s, m in self.saved]
+        carried = self.lifetimes.carried[self.step_no % len(self.programs)]
+        if self.tensors or not carried.issuperset(self.saved):
+            left = [f"{k[0]}{k[1]}.{k[2]}" for k in self.tensors] + \
+                [f"F{s}.{m}" for s, m in self.saved if (s, m) not in carried]
             raise ExecutionError(f"the step program ends with tensors never consumed: {', '.join(left)}")
 
     def take_loss(self) -> torch.Tensor:

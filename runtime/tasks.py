@@ -8,10 +8,13 @@ from typing import Any, Callable
 
 from schedc.plan import Instr
 
+# setup(executor), registered with `@register_setup`, runs once when an executor is built, before any
+# step: a task module attaches its state and module hooks there (K-FAC captures layer inputs in F).
 # handler(executor, instr): the executor exposes `stages` (stage -> module), `saved[(stage, mb)]`
 # (the microbatch's stage input and output while alive), `rank` and `step`.
 TaskHandler = Callable[[Any, Instr], None]
 TASKS: dict[str, TaskHandler] = {}
+SETUPS: list[Callable[[Any], None]] = []
 
 
 class TaskError(ValueError):
@@ -23,6 +26,16 @@ def register_task(name: str) -> Callable[[TaskHandler], TaskHandler]:
         TASKS[name] = handler
         return handler
     return decorate
+
+
+def register_setup(setup: Callable[[Any], None]) -> Callable[[Any], None]:
+    SETUPS.append(setup)
+    return setup
+
+
+def setup_tasks(executor: Any) -> None:
+    for setup in SETUPS:
+        setup(executor)
 
 
 def load_task_modules(names: list[str]) -> None:

@@ -112,25 +112,36 @@ def report(events: list[Event], plan: Plan, ranks: int) -> dict[str, Any]:
 
 
 def simulated(plan: Plan, measured_work_ms: float) -> dict[str, Any]:
+    """The plan's simulated stats per step (a filled cycle of K steps is divided by K), with the
+    simulated makespan in ms at the measured ms per cost unit."""
     stats = plan.meta.get("stats") or {}
-    sim_work = _simulated_work(plan)
+    cycle = max(plan.cycle_steps, 1)
+    busy = stats.get("busy")
+    sim_work = (sum(busy) if isinstance(busy, list) else _simulated_work(plan)) / cycle
     scale = measured_work_ms / sim_work if sim_work else None
-    out = {"makespan": stats.get("makespan"), "bubble": stats.get("bubble_fraction"),
+    makespan = stats.get("makespan")
+    per_step = makespan / cycle if isinstance(makespan, (int, float)) else None
+    out = {"makespan": per_step, "bubble": stats.get("bubble_fraction"),
            "utilization": stats.get("utilization"), "work_units": sim_work,
            "ms_per_unit": round(scale, 6) if scale else None}
-    if scale and isinstance(stats.get("makespan"), (int, float)):
-        out["makespan_ms"] = round(stats["makespan"] * scale, 3)
+    if scale and per_step is not None:
+        out["makespan_ms"] = round(per_step * scale, 3)
     return out
 
 
 def _simulated_work(plan: Plan) -> float:
+    """Total cost of the compute instructions of every rank over the whole cycle."""
     costs = plan.meta.get("costs") or {}
     total = 0.0
     for steps in plan.ranks:
-        for instr in steps[0] if steps else ():
+        for instr in (i for step in steps for i in step):
             per_stage = costs.get(instr.op)
-            if is_compute(instr.op) and isinstance(per_stage, list) and instr.stage is not None:
-                total += per_stage[instr.stage] if instr.stage < len(per_stage) else 0.0
+            if not is_compute(instr.op) or instr.stage is None:
+                continue
+            if isinstance(per_stage, list) and instr.stage < len(per_stage):
+                total += per_stage[instr.stage] / (instr.parts or 1)
+            elif isinstance(per_stage, (int, float)):
+                total += per_stage / (instr.parts or 1)
     return total
 
 

@@ -11,7 +11,8 @@ from schedc.plan import Plan, PlanError
 from . import checkpoint, trace
 from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
                     tokens_per_step, write_grads, write_loss)
-from .executor import BUILTIN, Executor, attach_flat_grads
+from .executor import Executor, attach_flat_grads
+from .lifetimes import BUILTIN
 from .model import Stage, boundary_shapes
 from .tasks import load_task_modules, task_handler
 from .watchdog import Watchdog

@@ -19,6 +19,7 @@ import torch
 from schedc.plan import Instr, load_plan, write_plan
 from schedc.runtime.__main__ import main as runtime_main
 from schedc.runtime.launch import torchrun_command
+from schedc.runtime.lifetimes import plan_lifetimes
 from schedc.runtime.tasks import TaskError, register_task, task_handler
 
 MODEL = ["--layers", "8", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
@@ -145,6 +146,23 @@ def test_split_backward_and_tasks(plans, reference, tmp_path):
                       str(tmp_path / "out"))
     assert run.returncode == 0, run.stderr
     assert_same(_dump(tmp_path / "out"), reference(plan, SMALL))
+
+
+def test_bubble_filled_cycle_runs_with_ignored_tasks(plans, reference, tmp_path):
+    plan = plans("pipefisher_1f1b", p=2, m=4)
+    assert load_plan(plan).cycle_steps > 1
+    run, _ = torchrun(plan, 2, *SMALL, "--steps", "3", "--ignore-tasks", "--save-grads", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    assert_same(_dump(tmp_path), reference(plan, SMALL))
+
+
+def test_lifetimes_keep_state_for_tasks_of_the_next_step():
+    f, b, late, early = Instr("F", 0, 0), Instr("B", 0, 0), Instr("curv", 0, 0), Instr("curv", 0, 1)
+    f1, b1 = Instr("F", 0, 1), Instr("B", 0, 1)
+    got = plan_lifetimes([(f, f1, b, late, b1, early), (early, f, f1, b1, b)])
+    # step 0 drops (0,0) after its task and keeps (0,1) for the task that opens step 1
+    assert got.frees == (frozenset({3}), frozenset({0, 3, 4}))
+    assert got.carried == (frozenset({(0, 1)}), frozenset())
 
 
 def test_trace_report_and_profile(plans, tmp_path):
