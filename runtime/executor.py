@@ -193,14 +193,17 @@ class Executor:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
                                  "was not computed on this rank before")
         tensor = tensor.contiguous()
-        self.sends.append((dist.isend(tensor, self.world.global_rank(instr.peer)), tensor))
+        group = self.world.channels[(self.world.plan_rank, instr.peer)]
+        self.sends.append((dist.isend(tensor, self.world.global_rank(instr.peer), group=group), tensor))
 
     def recv(self, instr: Instr) -> None:
         kind = "F" if instr.op == Opcode.RECV_F else "B"
         shape, dtype = self.shapes[instr.stage if kind == "F" else instr.stage - 1]
         buffer = torch.empty(shape, dtype=dtype, device=self.world.device)
         peer = self.world.global_rank(instr.peer)
-        self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer), buffer, peer)
+        group = self.world.channels[(instr.peer, self.world.plan_rank)]
+        self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer, group=group),
+                                                              buffer, peer)
 
     def sync_grad(self, instr: Instr) -> None:
         group = self.world.sync_groups[tuple(sorted(instr.group))]

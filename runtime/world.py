@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from schedc.plan import Opcode, Plan
+from schedc.plan import SENDS, Opcode, Plan
 
 
 class WorldError(ValueError):
@@ -40,6 +40,7 @@ class World:
     device: torch.device
     sync_groups: dict[tuple[int, ...], object] = field(default_factory=dict)
     dp_group: object | None = None
+    channels: dict[tuple[int, int], object] = field(default_factory=dict)  # (src, dst) plan ranks
 
     @property
     def plan_rank(self) -> int:
@@ -70,7 +71,8 @@ def pick_device(choice: str, env: Env) -> torch.device:
 
 
 def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -> World:
-    """Join the process group and create every subgroup (sorted, identical on all ranks)."""
+    """Join the process group and create every subgroup (sorted, identical on all ranks): one group
+    per direction of every channel, one per gradient-sync group, one per data-parallel group."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     wait = timedelta(seconds=timeout)
     if "MASTER_ADDR" in os.environ:
@@ -78,6 +80,12 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device)
+    for src, dst in channels(plan):
+        for replica in range(dp):
+            pair = [replica * plan.devices + src, replica * plan.devices + dst]
+            handle = dist.new_group(pair, timeout=wait)
+            if replica == world.replica and world.rank in pair:
+                world.channels[(src, dst)] = handle
     for group in sync_groups(plan):
         for replica in range(dp):
             ranks = [replica * plan.devices + r for r in group]
@@ -91,6 +99,14 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -
             if world.rank in ranks:
                 world.dp_group = handle
     return world
+
+
+def channels(plan: Plan) -> list[tuple[int, int]]:
+    """Ordered (sender, receiver) pairs of plan ranks. Each direction gets its own group, so on NCCL
+    (one stream per communicator) a posted receive never holds up a send the other way."""
+    pairs = {(rank, i.peer) for rank, steps in enumerate(plan.ranks) for step in steps for i in step
+             if i.op in SENDS and i.peer is not None}
+    return sorted(pairs)
 
 
 def sync_groups(plan: Plan) -> list[tuple[int, ...]]:
