@@ -118,6 +118,31 @@ def test_data_parallel_matches_reference(plans, reference, tmp_path):
     assert_same(_dump(tmp_path), reference(plan, SMALL, dp=2))
 
 
+def build_tiny(cfg):
+    """A user model for --model: embedding, `layers` MLP blocks, head; width from the TOML file."""
+    width = cfg.extra["width"]
+    blocks = [(f"mlp{i}", torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh()))
+              for i in range(cfg.layers)]
+    return [("embed", torch.nn.Embedding(cfg.vocab, width)), *blocks,
+            ("out", torch.nn.Linear(width, cfg.vocab))]
+
+
+def test_user_model_toml_synthetic_sgd(plans, tmp_path):
+    (tmp_path / "tiny.toml").write_text("[model]\nlayers = 3\nseq = 8\nvocab = 50\nwidth = 12\n")
+    plan = plans("gpipe", p=2, m=4)
+    options = ["--config", str(tmp_path / "tiny.toml"), "--model", "test_runtime:build_tiny",
+               "--synthetic", "--optimizer", "sgd", "--steps", "1", "--quiet"]
+    assert runtime_main([str(plan), *options, "--reference", "--save-grads", str(tmp_path / "ref")]) == 0
+    command = torchrun_command(plan, 2, [*options, "--save-grads", str(tmp_path / "run")])
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=LAUNCH_LIMIT)
+    assert run.returncode == 0, run.stderr
+    want = _dump(tmp_path / "ref")
+    assert sorted(want[1]) == ["embed.weight", "mlp0.0.bias", "mlp0.0.weight", "mlp1.0.bias",
+                               "mlp1.0.weight", "mlp2.0.bias", "mlp2.0.weight", "out.bias", "out.weight"]
+    assert_same(_dump(tmp_path / "run"), want)
+
+
 def split_backward_plan(plan_path: Path, out: Path) -> Path:
     """The plan with every B split into I (in B's place) and W (deferred to the end of the step), and a
     user task `probe` after every F."""
