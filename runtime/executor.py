@@ -77,6 +77,7 @@ class Executor:
         self.started = 0.0
         self.waiting_on: int | None = None
         self.wait_ns = 0
+        self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         setup_tasks(self)  # task modules attach their state and hooks (runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -113,6 +114,8 @@ class Executor:
                                      f"{_describe(exc)}") from exc
             if frees:
                 self.saved.pop((instr.stage, instr.mb), None)
+            if self.device_timing:
+                torch.cuda.synchronize()
             self.events.append((step, index, start, clock(), self.wait_ns))
         self.current = None
 

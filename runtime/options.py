@@ -76,7 +76,9 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--save-grads", metavar="DIR",
                        help="write DIR/grads.pt (first step's gradients by parameter name, after "
                             "sync, before the optimizer) and DIR/loss.json")
-    group.add_argument("--trace-out", metavar="FILE", help="Chrome/Perfetto trace of every instruction")
+    group.add_argument("--trace-out", metavar="FILE",
+                       help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
+                            "--*-out measurements synchronizes after each instruction)")
     group.add_argument("--report-out", metavar="FILE", help="measured-vs-simulated report as JSON")
     group.add_argument("--profile-out", metavar="FILE",
                        help="measured mean cost per op kind and stage, for `schedc compile --costs`")

@@ -63,6 +63,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         attach_flat_grads(stage)
     params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
+    executor.device_timing = world.device.type == "cuda" and bool(
+        opts.trace_out or opts.report_out or opts.profile_out)
     if opts.fault and opts.fault[0] == world.rank:
         executor.fault = opts.fault[1:]
     return executor
