@@ -16,167 +16,115 @@ microbatch, pipeline). Then the streams are replayed rank by rank under rendezvo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 
 from .diagnostics import Diagnostic, error
 from .grid import format_grid
 from .plan import Instr, Plan
 
-_KIND = {"F": 1, "B": 2, "I": 2, "SEND_F": 3, "SEND_B": 3, "RECV_F": 4, "RECV_B": 4, "SYNC_GRAD": 5}
-SEND, RECV, CONSUME, SYNC = "send", "recv", "consume", "sync"
+SENDS = frozenset({"SEND_F", "SEND_B"})
+RECVS = frozenset({"RECV_F", "RECV_B"})
+DIRECTION = {"SEND_F": "F", "RECV_F": "F", "SEND_B": "B", "RECV_B": "B"}
+OP, PEER, GROUP = itemgetter(0), itemgetter(4), itemgetter(5)
+FIELDS = itemgetter(1, 2, 3)     # stage, mb, pipe
+LINK = itemgetter(0, 1, 3, 4)    # op, stage, pipe, peer
+COMPUTE = itemgetter(0, 1, 3)    # op, stage, pipe
 SHOWN = 8  # mismatches listed per pair
+_F, _B, _SEND, _RECV, _SYNC = 1, 2, 3, 4, 5
+_KIND = {"F": _F, "B": _B, "I": _B, "SEND_F": _SEND, "SEND_B": _SEND, "RECV_F": _RECV, "RECV_B": _RECV,
+         "SYNC_GRAD": _SYNC}
 
 
 def check_channels(plan: Plan) -> list[Diagnostic]:
     """Guarantees, when it returns no error: in every step program, every pair of ranks agrees on the
     sequence of its messages, every message goes between the ranks holding its producing and consuming
-    stages, every tensor consumed from another rank is received exactly where it is used, SYNC_GRAD
-    groups agree, and the blocking replay above completes (no rank waits forever)."""
+    stages, SYNC_GRAD groups agree, every tensor a rank uses from another rank is received there before
+    it is used, and the blocking replay above completes (no rank waits forever).
+
+    One replay checks all of it on a good plan; a failing plan is analysed again to name every fault."""
     diags: list[Diagnostic] = []
+    place = [list(p.get("placement", ())) for p in plan.meta.get("pipelines", ())]
     for step in range(plan.cycle_steps):
         streams = [plan.ranks[r][step] if step < len(plan.ranks[r]) else () for r in range(plan.devices)]
-        scan = scan_streams(streams, _placements(plan))
-        diags += scan.errors + _pairs(scan, step, plan.cycle_steps)
-        if not diags:
-            diags += _replay_errors(streams, scan, step, plan.cycle_steps)
+        state = replay(streams, place)
+        if state.clean:
+            continue
+        found = _pairs(streams, place, step, plan.cycle_steps) + _syncs(streams, step, plan.cycle_steps)
+        diags += found or _replay_errors(streams, state, step, plan.cycle_steps)
     return diags
 
 
-def _placements(plan: Plan) -> list[list[int]]:
-    return [list(p.get("placement", ())) for p in plan.meta.get("pipelines", ())]
+# Pairwise sequences (C-level: filters, stable sorts and tuple comparisons) --------------------------
+
+def _messages(instrs: list) -> list[tuple]:
+    """(direction, stage, mb, pipe) of each message, as both ends name it."""
+    return list(zip(map(DIRECTION.__getitem__, map(OP, instrs)), *zip(*map(FIELDS, instrs)))) if instrs else []
 
 
-@dataclass
-class Scan:
-    """Per-rank codes for the replay and per-channel message sequences (channel = src * ranks + dst)."""
-
-    ranks: int
-    codes: list[list] = field(default_factory=list)         # per instruction: None or (what, channel, k)
-    sends: dict[int, list[tuple]] = field(default_factory=dict)
-    recvs: dict[int, list[tuple]] = field(default_factory=dict)
-    syncs: dict[tuple, list[tuple[int, int]]] = field(default_factory=dict)  # (group, j) -> (rank, stage)
-    errors: list[Diagnostic] = field(default_factory=list)
+def _by_peer(instrs: list) -> dict[int, list]:
+    return {peer: list(group) for peer, group in groupby(sorted(instrs, key=PEER), key=PEER)}
 
 
-def scan_streams(streams: list, place: list[list[int]]) -> Scan:
-    """One pass over every instruction: encode it for the replay, collect the message sequences."""
-    scan = Scan(len(streams))
+def _pairs(streams: list, place: list[list[int]], step: int, steps: int) -> list[Diagnostic]:
+    ranks, sent, got, diags = len(streams), {}, {}, []
     for r, stream in enumerate(streams):
-        scan.codes.append(_scan_rank(scan, r, stream, place))
-    return scan
+        sends = [ins for ins in stream if ins[0] in SENDS]
+        recvs = [ins for ins in stream if ins[0] in RECVS]
+        links = sorted(set(map(LINK, sends + recvs)), key=str)
+        diags += [_bad_link(r, link, place, ranks, step, steps) for link in links
+                  if not _link_ok(r, link, place, ranks)]
+        diags += [error(f"{_where(step, steps)}rank {r}: {op}({stage}) of pipeline {pipe} is not a stage of the plan")
+                  for op, stage, pipe in sorted(set(map(COMPUTE, stream)), key=str)
+                  if op in ("F", "B", "I") and not _stage_ok(stage, pipe, place)]
+        for peer, group in _by_peer(sends).items():
+            sent[(r, peer)] = group
+        for peer, group in _by_peer(recvs).items():
+            got[(peer, r)] = group
+    for pair in sorted(sent.keys() | got.keys(), key=str):
+        ours, theirs = _messages(sent.get(pair, [])), _messages(got.get(pair, []))
+        if ours != theirs:
+            diags.append(_mismatch(*pair, ours, theirs, step, steps))
+    return diags
 
 
-def _scan_rank(scan: Scan, r: int, stream, place: list[list[int]]) -> list:
-    ranks, codes = scan.ranks, [None] * len(stream)
-    received: dict[tuple, tuple[int, int]] = {}     # message -> (channel, k) of its receive on r
-    consumers: list[tuple[int, tuple]] = []          # (position, message consumed)
-    group_count: dict[tuple, int] = {}
-    for n, ins in enumerate(stream):
-        op, stage, mb, pipe = ins[0], ins[1], ins[2], ins[3] or 0
-        kind = _KIND.get(op)
-        if kind is None:
-            continue
-        if kind == 1 or kind == 2:
-            need = _consumed(kind, stage, mb, pipe, place, r)
-            if need is not None:
-                consumers.append((n, need))
-        elif kind == 3 or kind == 4:
-            peer = ins[4]
-            if not _peer_ok(op, stage, pipe, peer, place, r, ranks):
-                scan.errors.append(error(f"rank {r}: {_text(ins)} goes to or comes from rank {peer}, but the "
-                                         f"stages it links are on {_ends(op, stage, pipe, place)}"))
-                continue
-            message = (op[-1], stage, mb, pipe)
-            if kind == 3:
-                channel = r * ranks + peer
-                sequence = scan.sends.setdefault(channel, [])
-                codes[n] = (SEND, channel, len(sequence))
-            else:
-                channel = peer * ranks + r
-                sequence = scan.recvs.setdefault(channel, [])
-                if message in received:
-                    scan.errors.append(error(f"rank {r}: {_text(ins)} receives the same tensor twice"))
-                received[message] = (channel, len(sequence))
-                codes[n] = (RECV, channel, len(sequence))
-            sequence.append(message)
-        else:
-            group = tuple(ins[5] or ())
-            j = group_count.get(group, 0)
-            group_count[group] = j + 1
-            scan.syncs.setdefault((group, j), []).append((r, stage))
-            codes[n] = (SYNC, (group, j), len(group))
-    _link_consumers(scan, r, stream, codes, received, consumers)
-    return codes
+def _stage_ok(stage, pipe, place: list[list[int]]) -> bool:
+    pipe = pipe or 0
+    return isinstance(stage, int) and isinstance(pipe, int) and 0 <= pipe < len(place) and 0 <= stage < len(
+        place[pipe])
 
 
-def _consumed(kind: int, stage, mb, pipe: int, place: list[list[int]], r: int) -> tuple | None:
-    """The message a compute op consumes from another rank: F(s) the activation of s-1, B/I(s) the
-    gradient of s+1 (None when that stage is on this rank or does not exist)."""
-    if not 0 <= pipe < len(place) or stage is None:
-        return None
-    where = place[pipe]
-    if kind == 1:
-        return ("F", stage - 1, mb, pipe) if 0 < stage <= len(where) and where[stage - 1] != r else None
-    return ("B", stage + 1, mb, pipe) if -1 <= stage < len(where) - 1 and where[stage + 1] != r else None
-
-
-def _link_consumers(scan: Scan, r: int, stream, codes: list, received: dict, consumers: list) -> None:
-    used = set()
-    for n, message in consumers:
-        found = received.get(message)
-        if found is None:
-            scan.errors.append(error(f"rank {r}: {_text(stream[n])} (instruction {n}) uses {_message(message)} "
-                                     f"from another rank, but rank {r} never receives it"))
-            continue
-        used.add(message)
-        codes[n] = (CONSUME,) + found
-    for message in received.keys() - used:
-        scan.errors.append(error(f"rank {r}: receives {_message(message)} but no instruction uses it"))
-
-
-def _peer_ok(op: str, stage, pipe: int, peer, place: list[list[int]], r: int, ranks: int) -> bool:
+def _link_ok(r: int, link: tuple, place: list[list[int]], ranks: int) -> bool:
+    """A message goes between the ranks of its producing and consuming stages."""
+    op, stage, pipe, peer = link
+    pipe = pipe or 0
     if not isinstance(peer, int) or not 0 <= peer < ranks or peer == r or not 0 <= pipe < len(place):
         return False
-    where, s = place[pipe], stage
-    if not isinstance(s, int) or not 0 <= s < len(where):
-        return False
-    other = {"SEND_F": s + 1, "SEND_B": s - 1}.get(op, s)        # the stage on the peer's side
-    mine = s if op.startswith("SEND") else (s + 1 if op == "RECV_F" else s - 1)
+    where = place[pipe]
+    other = {"SEND_F": stage + 1, "SEND_B": stage - 1}.get(op, stage) if isinstance(stage, int) else -1
+    mine = (stage if op in SENDS else stage + 1 if op == "RECV_F" else stage - 1) if isinstance(stage, int) else -1
     return 0 <= other < len(where) and 0 <= mine < len(where) and where[other] == peer and where[mine] == r
 
 
-def _ends(op: str, stage, pipe: int, place: list[list[int]]) -> str:
-    where = place[pipe] if 0 <= pipe < len(place) else []
-    pair = (stage, stage + 1) if op.endswith("F") else (stage - 1, stage) if isinstance(stage, int) else ()
-    ranks = [f"stage {s} on rank {where[s]}" for s in pair if isinstance(s, int) and 0 <= s < len(where)]
-    return " and ".join(ranks) or "no rank (the stage does not exist)"
+def _bad_link(r: int, link: tuple, place, ranks: int, step: int, steps: int) -> Diagnostic:
+    op, stage, pipe, peer = link
+    return error(f"{_where(step, steps)}rank {r}: {op} of stage {stage} "
+                 f"{'to' if op in SENDS else 'from'} rank {peer}, but the stages it links are on "
+                 f"{_ends(op, stage, pipe or 0, place)}")
 
 
-def _message(message: tuple) -> str:
-    direction, stage, mb, pipe = message
-    what = "activation" if direction == "F" else "gradient"
-    return f"the {what} of stage {stage}, microbatch {mb}" + (f", pipeline {pipe}" if pipe else "")
-
-
-def _text(ins: Instr) -> str:
-    """Compact form for messages and the grid: F(1,2), SEND_F(0,3)>1, RECV_B(2,0)<2, SYNC_GRAD(1)."""
-    op, stage, mb = ins[0], ins[1], ins[2]
-    args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
-    if op.startswith("SEND"):
-        return f"{op}{args}>{ins[4]}"
-    if op.startswith("RECV"):
-        return f"{op}{args}<{ins[4]}"
-    return op + args
-
-
-# Pairwise sequences ------------------------------------------------------------------------------------
-
-def _pairs(scan: Scan, step: int, steps: int) -> list[Diagnostic]:
+def _syncs(streams: list, step: int, steps: int) -> list[Diagnostic]:
+    """The j-th SYNC_GRAD of a group is issued by every member, for one stage."""
+    issued: dict[tuple, list[tuple[int, int]]] = {}
+    for r, stream in enumerate(streams):
+        count: dict[tuple, int] = {}
+        for ins in stream:
+            if ins[0] == "SYNC_GRAD":
+                group = tuple(ins[5] or ())
+                count[group] = count.get(group, 0) + 1
+                issued.setdefault((group, count[group] - 1), []).append((r, ins[1]))
     diags = []
-    for channel in sorted(scan.sends.keys() | scan.recvs.keys()):
-        sent, got = scan.sends.get(channel, []), scan.recvs.get(channel, [])
-        if sent != got:
-            diags.append(_mismatch(channel // scan.ranks, channel % scan.ranks, sent, got, step, steps))
-    for (group, j), members in sorted(scan.syncs.items()):
+    for (group, j), members in sorted(issued.items()):
         ranks = sorted(r for r, _ in members)
         stages = sorted({s for _, s in members}, key=str)
         if ranks != sorted(group) or len(stages) != 1:
@@ -206,82 +154,165 @@ def _where(step: int, steps: int) -> str:
     return f"step program {step}: " if steps > 1 else ""
 
 
+def _ends(op: str, stage, pipe: int, place: list[list[int]]) -> str:
+    where = place[pipe] if 0 <= pipe < len(place) else []
+    pair = ((stage, stage + 1) if op.endswith("F") else (stage - 1, stage)) if isinstance(stage, int) else ()
+    ranks = [f"stage {s} on rank {where[s]}" for s in pair if 0 <= s < len(where)]
+    return " and ".join(ranks) or "no rank (the stage does not exist)"
+
+
+def _message(message: tuple) -> str:
+    direction, stage, mb, pipe = message
+    what = "activation" if direction == "F" else "gradient"
+    return f"the {what} of stage {stage}, microbatch {mb}" + (f", pipeline {pipe}" if pipe else "")
+
+
+def _text(ins: Instr) -> str:
+    """Compact form for messages and the grid: F(1,2), SEND_F(0,3)>1, RECV_B(2,0)<2, SYNC_GRAD(1)."""
+    op, stage, mb = ins[0], ins[1], ins[2]
+    args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
+    if op in SENDS:
+        return f"{op}{args}>{ins[4]}"
+    if op in RECVS:
+        return f"{op}{args}<{ins[4]}"
+    return op + args
+
+
 # The rendezvous replay -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Blocked:
-    """Where the replay stopped: each stuck rank's instruction index and what it waits for."""
+@dataclass
+class Replay:
+    """Where the replay of one step program stopped: each rank's position, why a stuck rank waits, and
+    faults seen on the way (a message that differs from its receive, a tensor received twice or never
+    used, a message to the wrong rank, a malformed instruction)."""
 
-    position: tuple[int, ...]
-    waits: dict[int, tuple]   # rank -> code of the instruction it is blocked at
+    position: list[int]
+    blocked: dict[int, str] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.blocked and not self.faults
 
 
-def replay_streams(codes: list[list], ranks: int) -> Blocked:
-    """Run every rank as far as it can, waking a rank when what it waits for happens (linear)."""
-    posted, sent = {}, {}                            # channel -> count of receives posted / sends done
-    arrived: dict[tuple, set[int]] = {}              # collective -> ranks arrived
-    sleeping: dict[tuple, list[int]] = {}            # event -> ranks to wake
-    position, blocked = [0] * ranks, {}
-    ready = list(range(ranks))
-    while ready:
-        r = ready.pop()
-        program, n = codes[r], position[r]
-        blocked.pop(r, None)
-        while n < len(program):
-            code = program[n]
-            if code is not None:
-                what, channel, k = code
-                if what is RECV:
-                    posted[channel] = k + 1
-                    ready.extend(sleeping.pop((SEND, channel), ()))
-                elif what is SEND:
-                    if posted.get(channel, 0) <= k:
-                        sleeping.setdefault((SEND, channel), []).append(r)
+def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
+    """reads[r][pipe][s] = (does F(s) read from another rank, does B/I(s)); peer_of[op][pipe][s] = the
+    rank at the other end of a message of stage s."""
+    reads = [[[(0 < s and where[s - 1] != r, s + 1 < len(where) and where[s + 1] != r)
+               for s in range(len(where))] for where in place] for r in range(ranks)]
+    peer_of = {"SEND_F": [[where[s + 1] if s + 1 < len(where) else -1 for s in range(len(where))] for where in place],
+               "SEND_B": [[where[s - 1] if s > 0 else -1 for s in range(len(where))] for where in place],
+               "RECV_F": [list(where) for where in place], "RECV_B": [list(where) for where in place]}
+    return reads, peer_of
+
+
+def replay(streams: list, place: list[list[int]]) -> Replay:
+    """Run every rank as far as it can, waking a rank when what it waits for happens (linear in the
+    instructions; one tight loop, the hot path of `schedc check` on big plans)."""
+    ranks = len(streams)
+    reads, peer_of = _tables(place, ranks)
+    state = Replay([0] * ranks)
+    posted, sent = [0] * (ranks * ranks), [0] * (ranks * ranks)
+    expected: list[list] = [[] for _ in range(ranks * ranks)]   # per channel: messages in receive order
+    received = [{} for _ in range(ranks)]
+    used = [0] * ranks
+    sleeping: dict[tuple, list[int]] = {}
+    syncs = _Syncs(ranks)
+    ready = list(range(ranks - 1, -1, -1))
+    try:
+        while ready:
+            r = ready.pop()
+            state.blocked.pop(r, None)
+            stream, n, mine, table = streams[r], state.position[r], received[r], reads[r]
+            while n < len(stream):
+                ins = stream[n]
+                kind = _KIND.get(ins[0])
+                if kind is None:
+                    pass
+                elif kind <= _B:
+                    pipe = ins[3] or 0
+                    if table[pipe][ins[1]][kind - 1]:
+                        got = mine.get(("F", ins[1] - 1, ins[2], pipe) if kind == _F else ("B", ins[1] + 1, ins[2], pipe))
+                        if got is None:
+                            state.blocked[r] = "uses a tensor from another rank that it has not received"
+                            break
+                        if sent[got[0]] <= got[1]:
+                            state.blocked[r] = f"until rank {got[0] // ranks} sends it (message #{got[1]})"
+                            sleeping.setdefault((_F, got[0]), []).append(r)
+                            break
+                        used[r] += 1
+                elif kind == _SEND:
+                    channel = r * ranks + ins[4]
+                    k = sent[channel]
+                    if posted[channel] <= k:
+                        state.blocked[r] = f"until rank {ins[4]} posts its receive #{k} from rank {r}"
+                        sleeping.setdefault((_SEND, channel), []).append(r)
                         break
+                    pipe = ins[3] or 0
+                    if expected[channel][k] != (ins[0][-1], ins[1], ins[2], pipe) \
+                            or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
+                        state.faults.append(f"rank {r}: {_text(ins)} does not match its receive")
                     sent[channel] = k + 1
-                    ready.extend(sleeping.pop((CONSUME, channel), ()))
-                elif what is CONSUME:
-                    if sent.get(channel, 0) <= k:
-                        sleeping.setdefault((CONSUME, channel), []).append(r)
-                        break
-                elif not _meet(r, channel, k, arrived, sleeping, ready):
+                    ready.extend(sleeping.pop((_F, channel), ()))
+                elif kind == _RECV:
+                    channel = ins[4] * ranks + r
+                    pipe = ins[3] or 0
+                    message = (ins[0][-1], ins[1], ins[2], pipe)
+                    where = (channel, posted[channel])
+                    if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
+                        state.faults.append(f"rank {r}: {_text(ins)} is received twice or from the wrong rank")
+                    expected[channel].append(message)
+                    posted[channel] += 1
+                    ready.extend(sleeping.pop((_SEND, channel), ()))
+                elif not syncs.meet(state, r, n, tuple(ins[5] or ()), ready):
                     break
-            n += 1
-        position[r] = n
-        if n < len(program):
-            blocked[r] = program[n]
-    return Blocked(tuple(position), blocked)
+                n += 1
+            state.position[r] = n
+    except (IndexError, KeyError, TypeError) as exc:
+        state.faults.append(f"malformed instruction ({type(exc).__name__}: {exc})")
+        state.blocked.clear()
+        return state
+    state.faults += [f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses"
+                     for r in range(ranks) if used[r] != len(received[r]) and r not in state.blocked]
+    state.faults += [f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
+                     "never sent" for c in range(ranks * ranks) if posted[c] != sent[c] and not state.blocked]
+    return state
 
 
-def _meet(r: int, collective: tuple, size: int, arrived: dict, sleeping: dict, ready: list) -> bool:
-    """A rank at a SYNC_GRAD: True once the whole group has arrived (the collective is done)."""
-    members = arrived.setdefault(collective, set())
-    members.add(r)
-    if len(members) < size:
-        sleeping.setdefault((SYNC, collective), []).append(r)
-        return False
-    ready.extend(x for x in sleeping.pop((SYNC, collective), ()) if x != r)
-    return True
+class _Syncs:
+    """SYNC_GRAD collectives: the j-th one of a group on each member rank meet."""
+
+    def __init__(self, ranks: int):
+        self.seen = [{} for _ in range(ranks)]     # rank -> group -> collectives passed
+        self.arrived: dict[tuple, set[int]] = {}
+        self.waiting: dict[tuple, list[int]] = {}
+
+    def meet(self, state: Replay, r: int, n: int, group: tuple, ready: list) -> bool:
+        """True once every rank of the group has reached its matching SYNC_GRAD."""
+        key = (group, self.seen[r].get(group, 0))
+        members = self.arrived.setdefault(key, set())
+        members.add(r)
+        if len(members) < len(group):
+            state.blocked[r] = f"until every rank of group {list(group)} reaches it"
+            self.waiting.setdefault(key, []).append(r)
+            return False
+        self.seen[r][group] = key[1] + 1
+        for other in self.waiting.pop(key, ()):
+            self.seen[other][group] = key[1] + 1
+            state.position[other] += 1
+            ready.append(other)
+        return True
 
 
-def _replay_errors(streams: list, scan: Scan, step: int, steps: int) -> list[Diagnostic]:
-    result = replay_streams(scan.codes, scan.ranks)
-    if not result.waits:
-        return []
-    reasons = [f"rank {r} blocks at {_text(streams[r][result.position[r]])} (instruction "
-               f"{result.position[r]}) {_waiting(result.waits[r], scan.ranks)}" for r in sorted(result.waits)]
-    marks = {(r, n): "stuck" for r, n in enumerate(result.position) if r in result.waits}
-    grid = format_grid(streams, marks, _text)
-    return [error(f"{_where(step, steps)}the plan hangs under blocking sends: " + "; ".join(reasons[:6])
-                  + (f"; ... ({len(reasons)} ranks)" if len(reasons) > 6 else ""), detail=grid,
-                  notes=("a SEND waits until its peer posts the matching RECV; a consumer waits for the SEND",))]
-
-
-def _waiting(code: tuple, ranks: int) -> str:
-    what, channel, k = code
-    if what is SEND:
-        return f"until rank {channel % ranks} posts its receive #{k} from rank {channel // ranks}"
-    if what is CONSUME:
-        return f"until rank {channel // ranks} sends message #{k} to rank {channel % ranks}"
-    group, j = channel
-    return f"until every rank of group {list(group)} reaches SYNC_GRAD #{j}"
+def _replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[Diagnostic]:
+    diags = [error(f"{_where(step, steps)}{fault}") for fault in state.faults]
+    if not state.blocked:
+        return diags
+    stuck = sorted(state.blocked)
+    reasons = [f"rank {r} blocks at {_text(streams[r][state.position[r]])} (instruction {state.position[r]}) "
+               f"{state.blocked[r]}" for r in stuck]
+    grid = format_grid(streams, {(r, state.position[r]): "stuck" for r in stuck}, _text)
+    return diags + [error(f"{_where(step, steps)}the plan hangs under blocking sends: " + "; ".join(reasons[:6])
+                          + (f"; ... ({len(reasons)} ranks)" if len(reasons) > 6 else ""), detail=grid,
+                          notes=("a SEND waits until its peer posts the matching RECV; a consumer waits for "
+                                 "the SEND",))]
