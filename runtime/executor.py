@@ -209,8 +209,16 @@ class Executor:
                                                               buffer, peer)
 
     def sync_grad(self, instr: Instr) -> None:
-        group = self.world.sync_groups[tuple(sorted(instr.group))]
-        dist.all_reduce(self.stages[instr.stage].flat_grad, group=group)
+        group = tuple(sorted(instr.group))
+        ranks = [self.world.global_rank(r) for r in group]
+        self._all_reduce(self.stages[instr.stage].flat_grad, self.world.sync_groups[group], ranks)
+
+    def _all_reduce(self, tensor: torch.Tensor, group: Any, ranks: list[int]) -> None:
+        try:
+            dist.all_reduce(tensor, group=group)
+        except Exception as exc:
+            raise ExecutionError(f"all-reduce over ranks {ranks} failed, one of them is probably "
+                                 f"lost: {_describe(exc)}") from exc
 
     def step_end(self, instr: Instr) -> None:
         """Wait for sends, all-reduce over data parallelism, optimizer step, zero the gradients."""
@@ -219,8 +227,9 @@ class Executor:
         self.sends.clear()
         self._check_drained()
         if self.world.dp_group is not None:
+            ranks = [d * self.world.devices + self.world.plan_rank for d in range(self.world.dp)]
             for stage in self.stages.values():
-                dist.all_reduce(stage.flat_grad, group=self.world.dp_group)
+                self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
         if self.before_update is not None:
             self.before_update(self)
         self.optimizer.step()
