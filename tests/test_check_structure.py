@@ -1,0 +1,100 @@
+"""check_structure and the refusal corpus (tests/fixtures/broken): exit codes, messages, locations."""
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+import pytest
+from click.testing import CliRunner
+
+import reference_orders as R
+from conftest import FIXTURES, compile_library
+from schedc.cli import main
+
+BROKEN = FIXTURES / "broken"
+
+# file, exit code, (line:col, message fragment) that must be reported
+CORPUS = [
+    ("deadlock.sched", 1, [("11:3", "device 0 waits at B(0,0) for B(1,0) on device 1, ordered after F(1,1) "
+                                    "at deadlock.sched:18, which waits at F(1,1) for F(0,1) on device 0")]),
+    ("backward_first.sched", 1, [("9:3", "waits at B(0,0) for F(0,0), which device 0 runs later")]),
+    ("memory.sched", 1, [("11:3", "device 0: 3 activation units alive at time 2 when F(0,2) runs, over the "
+                                  "limit 2 (peak 4); alive: F(0,0), F(0,1), F(0,2)")]),
+    ("duplicate.csv", 1, [("2:17", "F(1,1) runs twice")]),
+    ("missing.csv", 1, [("2:1", "device 1 never runs B(1,1)"), ("1:13", "which no device runs")]),
+    ("out_of_range.csv", 1, [("1:9", "microbatch 2 is outside the microbatches 0..1")]),
+    ("two_ranks.csv", 1, [("1:17", "stage 1 of pipeline 'main' is on device 1, but device 0 runs it too")]),
+    ("bad_cell.csv", 2, [("2:9", "bad cell '1X0'"), ("2:17", "bad cell 'zz'")]),
+]
+
+
+def run_check(*args):
+    result = CliRunner().invoke(main, ["check", *map(str, args)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+@pytest.mark.parametrize("name,code,expected", CORPUS, ids=[c[0] for c in CORPUS])
+def test_broken_corpus_is_refused_with_locations(name, code, expected):
+    result = run_check(BROKEN / name)
+    assert result.exit_code == code, result.output
+    for where, fragment in expected:
+        line = next((l for l in result.output.splitlines() if f"{name}:{where}: error:" in l), None)
+        assert line is not None and fragment in line, (where, fragment, result.output)
+
+
+def torch_1f1b_csv(p: int, m: int) -> str:
+    """torch 2.13's Schedule1F1B._get_pipeline_order() written as its compute-only CSV."""
+    from torch.distributed.pipelining.schedules import Schedule1F1B
+    order = Schedule1F1B(R._MockStage(0, p, 0, p), m).pipeline_order
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for rank in range(p):
+        writer.writerow(["" if a is None else str(a) for a in order[rank]])
+    return buf.getvalue()
+
+
+def test_torch_1f1b_from_the_wild_is_refused_naming_every_fault(tmp_path):
+    pytest.importorskip("torch.distributed.pipelining")
+    text = torch_1f1b_csv(4, 8)
+    assert "3F8" in text and "3F0" not in text  # the bug this test is about
+    path = tmp_path / "torch_1f1b.csv"
+    path.write_text(text)
+    result = run_check(path)
+    assert result.exit_code == 1
+    out = result.output
+    column = text.splitlines()[3].index("3F8") + 1
+    assert f"torch_1f1b.csv:4:{column}: error: F(3,8) on device 3: microbatch 8 is outside" in out
+    assert "torch_1f1b.csv:4:5: error: B(3,0) on device 3 runs before its forward: no device runs F(3,0)" in out
+    assert "error: device 3 never runs F(3,0)" in out
+    assert "deadlock: device 3 waits at B(3,0) for F(3,0), which no device runs" in out
+    assert "[B(3,0)]" in out  # the grid marks where device 3 is stuck
+
+
+def test_structure_reports_every_fault_of_a_mutated_order():
+    import dataclasses
+    from schedc.check_structure import check_structure
+    schedule = compile_library("1f1b", p=4, m=4).schedule
+    orders = [list(o) for o in schedule.orders]
+    orders[0].append(orders[0][0])                          # duplicate F(0,0)
+    orders[2].append(dataclasses.replace(orders[1].pop(), device=2))  # B(1,3) moved to device 2
+    orders[3][0] = dataclasses.replace(orders[3][0], mb=9)  # F(3,9) out of range, F(3,0) missing
+    mutated = dataclasses.replace(schedule, orders=tuple(map(tuple, orders)))
+    messages = [d.message for d in check_structure(mutated)]
+    assert any("F(0,0) runs twice" in m for m in messages)
+    assert any("stage 1 of pipeline 'main' is on device 1, but device 2 runs it too: B(1,3)" in m for m in messages)
+    assert any("F(3,9) on device 3: microbatch 9 is outside" in m for m in messages)
+    assert any("device 3 never runs F(3,0)" in m for m in messages)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "chimera", "interleaved_1f1b"])
+def test_library_structure_is_clean(name):
+    from schedc.check_structure import check_structure
+    assert check_structure(compile_library(name, p=4, m=8).schedule) == []
+
+
+def test_output_is_deterministic():
+    first = run_check(BROKEN / "two_ranks.csv").output
+    assert first == run_check(BROKEN / "two_ranks.csv").output
+    assert re.search(r"two_ranks.csv: 2 errors", first)
