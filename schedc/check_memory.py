@@ -194,7 +194,9 @@ def load_model(path: str) -> Model:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"line (\d+), column (\d+)", str(exc))
-        span = Span(int(found.group(1)), int(found.group(2))) if found else None
+        lines = text.splitlines() or [""]
+        span = (Span(int(found.group(1)), int(found.group(2))) if found
+                else Span(len(lines), len(lines[-1]) + 1))  # "at end of document"
         raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source, exit_code=2) from None
     return _model(table, source)
 
