@@ -25,7 +25,6 @@ from .tasks import setup_tasks, task_handler
 from .world import World
 
 
-
 class ExecutionError(RuntimeError):
     """An instruction failed; the message names instruction, rank and step."""
 

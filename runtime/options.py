@@ -27,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m schedc.runtime",
         description="Execute a schedc plan with torch.distributed: launch one process per rank with "
                     "`torchrun --nproc-per-node P -m schedc.runtime plan.json [options]` "
-                    "(P = plan devices x --dp), or `schedc run plan.json --nproc P`.")
+                    "(P = plan devices x --dp), or `schedc run plan.json --nproc P`.",
+        epilog="Several machines: give torchrun's own rendezvous flags after `--`, the same on every "
+               "node but --node-rank, e.g. `schedc run plan.json --nproc 4 -- --nnodes 2 "
+               "--node-rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id job1` "
+               "(--nproc is per node; --standalone is then left out).")
     parser.add_argument("plan", help="plan.json written by `schedc compile`")
     _model_options(parser.add_argument_group("model"))
     _training_options(parser.add_argument_group("data and training"))
