@@ -208,21 +208,20 @@ def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
 
 def replay(streams: list, place: list[list[int]]) -> Replay:
     """Run every rank as far as it can, waking a rank when what it waits for happens (linear in the
-    instructions; one tight loop, the hot path of `schedc check` on big plans)."""
+    instructions; one tight loop without allocation on the common path: the hot path of `schedc check`)."""
     ranks = len(streams)
     reads, peer_of = _tables(place, ranks)
     state = Replay([0] * ranks)
     posted, sent = [0] * (ranks * ranks), [0] * (ranks * ranks)
     expected: list[list] = [[] for _ in range(ranks * ranks)]   # per channel: messages in receive order
+    wait_post, wait_send = [-1] * (ranks * ranks), [-1] * (ranks * ranks)  # the rank asleep on a channel
     received = [{} for _ in range(ranks)]
     used = [0] * ranks
-    sleeping: dict[tuple, list[int]] = {}
     syncs = _Syncs(ranks)
     ready = list(range(ranks - 1, -1, -1))
     try:
         while ready:
             r = ready.pop()
-            state.blocked.pop(r, None)
             stream, n, mine, table = streams[r], state.position[r], received[r], reads[r]
             while n < len(stream):
                 ins = stream[n]
@@ -234,26 +233,25 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                     if table[pipe][ins[1]][kind - 1]:
                         got = mine.get(("F", ins[1] - 1, ins[2], pipe) if kind == _F else ("B", ins[1] + 1, ins[2], pipe))
                         if got is None:
-                            state.blocked[r] = "uses a tensor from another rank that it has not received"
                             break
                         if sent[got[0]] <= got[1]:
-                            state.blocked[r] = f"until rank {got[0] // ranks} sends it (message #{got[1]})"
-                            sleeping.setdefault((_F, got[0]), []).append(r)
+                            wait_send[got[0]] = r
                             break
                         used[r] += 1
                 elif kind == _SEND:
                     channel = r * ranks + ins[4]
                     k = sent[channel]
                     if posted[channel] <= k:
-                        state.blocked[r] = f"until rank {ins[4]} posts its receive #{k} from rank {r}"
-                        sleeping.setdefault((_SEND, channel), []).append(r)
+                        wait_post[channel] = r
                         break
                     pipe = ins[3] or 0
                     if expected[channel][k] != (ins[0][-1], ins[1], ins[2], pipe) \
                             or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                         state.faults.append(f"rank {r}: {_text(ins)} does not match its receive")
                     sent[channel] = k + 1
-                    ready.extend(sleeping.pop((_F, channel), ()))
+                    if wait_send[channel] >= 0:
+                        ready.append(wait_send[channel])
+                        wait_send[channel] = -1
                 elif kind == _RECV:
                     channel = ins[4] * ranks + r
                     pipe = ins[3] or 0
@@ -263,20 +261,36 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                         state.faults.append(f"rank {r}: {_text(ins)} is received twice or from the wrong rank")
                     expected[channel].append(message)
                     posted[channel] += 1
-                    ready.extend(sleeping.pop((_SEND, channel), ()))
-                elif not syncs.meet(state, r, n, tuple(ins[5] or ()), ready):
+                    if wait_post[channel] >= 0:
+                        ready.append(wait_post[channel])
+                        wait_post[channel] = -1
+                elif not syncs.meet(state, r, tuple(ins[5] or ()), ready):
                     break
                 n += 1
             state.position[r] = n
     except (IndexError, KeyError, TypeError) as exc:
         state.faults.append(f"malformed instruction ({type(exc).__name__}: {exc})")
-        state.blocked.clear()
         return state
+    state.blocked = {r: _why(streams[r][n], r, n, received[r], sent, posted, ranks) for r, n in
+                     enumerate(state.position) if n < len(streams[r])}
     state.faults += [f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses"
                      for r in range(ranks) if used[r] != len(received[r]) and r not in state.blocked]
     state.faults += [f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
                      "never sent" for c in range(ranks * ranks) if posted[c] != sent[c] and not state.blocked]
     return state
+
+
+def _why(ins, r: int, n: int, received: dict, sent: list, posted: list, ranks: int) -> str:
+    """What a rank stuck at instruction ins waits for."""
+    op, stage, mb, pipe = ins[0], ins[1], ins[2], ins[3] or 0
+    if op in SENDS:
+        return f"until rank {ins[4]} posts its receive #{sent[r * ranks + ins[4]]} from rank {r}"
+    if op == "SYNC_GRAD":
+        return f"until every rank of group {list(ins[5] or ())} reaches it"
+    got = received.get(("F", stage - 1, mb, pipe) if op == "F" else ("B", stage + 1, mb, pipe))
+    if got is None:
+        return "and uses a tensor from another rank that it has not received"
+    return f"until rank {got[0] // ranks} sends it (message #{got[1]})"
 
 
 class _Syncs:
@@ -287,13 +301,12 @@ class _Syncs:
         self.arrived: dict[tuple, set[int]] = {}
         self.waiting: dict[tuple, list[int]] = {}
 
-    def meet(self, state: Replay, r: int, n: int, group: tuple, ready: list) -> bool:
+    def meet(self, state: Replay, r: int, group: tuple, ready: list) -> bool:
         """True once every rank of the group has reached its matching SYNC_GRAD."""
         key = (group, self.seen[r].get(group, 0))
         members = self.arrived.setdefault(key, set())
         members.add(r)
         if len(members) < len(group):
-            state.blocked[r] = f"until every rank of group {list(group)} reaches it"
             self.waiting.setdefault(key, []).append(r)
             return False
         self.seen[r][group] = key[1] + 1
