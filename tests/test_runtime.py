@@ -251,9 +251,8 @@ def test_edited_plan_refused(plans, tmp_path, capsys):
 
 
 def test_plan_with_more_stages_than_layers_refused(plans, capsys, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")  # refused before the process group would start
-    plan = plans("interleaved_1f1b", p=2, v=2, m=4)
-    assert runtime_main([str(plan), *SMALL]) == 1
+    monkeypatch.setenv("WORLD_SIZE", "4")  # refused before the process group would start
+    assert runtime_main([str(plans("gpipe", p=4, m=4)), *SMALL]) == 1
     assert "4 model stages but the model has 2 layers" in capsys.readouterr().err
 
 
