@@ -3,7 +3,8 @@
 A forward whose next stage sits on another device gets a SEND_F after it and a RECV_F on the
 consumer; gradients likewise (SEND_B/RECV_B). Receives are posted in the sender's send order (NCCL
 matches messages per pair in issue order) and one message ahead: the receive of message k from a peer
-is posted right after the consumer of message k-1, so neither side can block the other's send.
+is posted right after the consumer of message k-1. A replay under rendezvous semantics then moves
+receives earlier wherever two ranks' sends would otherwise wait on each other.
 Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank), then STEP.
 
     device 0: F(0,0) B(0,0)          rank 0: F(0,0) SEND_F(0,0)->1 RECV_B(1,0)<-1 B(0,0) STEP
@@ -11,6 +12,7 @@ Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank),
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from .ir import Op, Schedule
@@ -70,39 +72,119 @@ def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], r
 
 
 def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> list[list[Instr]]:
-    """Lower one step program of every device; returns instruction lists per rank."""
+    """Lower one step program of every device; returns instruction lists per rank.
+
+    The streams are written by replaying all ranks under rendezvous semantics (a send completes only
+    once its receiver has posted the receive): receives go where _post_positions plans them, and where
+    two ranks would block each other's sends, the waiting receive is posted at once instead.
+    """
     devices, links = schedule.devices, _Links(schedule)
     step_links = [[links(op) for op in order] for order in step]
-    # per rank and peer: the messages it sends there, in order, keyed as the receiver names them
     send_order: list[dict[int, list[tuple]]] = [{} for _ in range(devices)]
+    sends: list[list[list[tuple]]] = [[] for _ in range(devices)]  # per rank, per op: (peer, k, instr)
     for d, order in enumerate(step):
-        for op, (sends, _) in zip(order, step_links[d]):
-            for kind, s, peer in sends:
-                recv = "RECV_F" if kind == "SEND_F" else "RECV_B"
-                send_order[d].setdefault(peer, []).append((recv, s, op.mb, op.pipe))
-    return [_lower_rank(schedule, d, order, step_links[d], {p: send_order[p].get(d, []) for p in range(devices)})
-            for d, order in enumerate(step)]
+        for op, (out, _) in zip(order, step_links[d]):
+            mine = []
+            for kind, s, peer in out:
+                queue = send_order[d].setdefault(peer, [])
+                mine.append((peer, len(queue), Instr(kind, s, op.mb, op.pipe, peer)))
+                queue.append(("RECV_F" if kind == "SEND_F" else "RECV_B", s, op.mb, op.pipe))
+            sends[d].append(mine)
+    ranks = [_RankReplay(schedule, d, order, step_links[d], {p: send_order[p].get(d, []) for p in range(devices)},
+                         sends[d]) for d, order in enumerate(step)]
+    _replay(ranks)
+    return [rank.finish() for rank in ranks]
 
 
-def _lower_rank(schedule: Schedule, d: int, order: tuple[Op, ...], op_links: list, to_me: dict) -> list[Instr]:
-    consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, (op, (_, recvs)) in enumerate(zip(order, op_links))
-                 for kind, s, peer in recvs]
-    posts = _post_positions(order, consumers, to_me)
-    stream: list[Instr] = []
-    append = stream.append
-    for n, op in enumerate(order):
-        if n in posts:
-            for (kind, s, mb, k), peer in posts[n]:
-                append(Instr(kind, s, mb, k, peer))
-        append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1
-               else Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
-        for kind, s, peer in op_links[n][0]:
-            append(Instr(kind, s, op.mb, op.pipe, peer))
-    for (kind, s, mb, k), peer in posts.get(len(order), ()):
-        append(Instr(kind, s, mb, k, peer))
-    stream.extend(_sync_grads(schedule, d))
-    append(Instr(Opcode.STEP.value))
-    return stream
+class _RankReplay:
+    """One rank during lowering: its compute ops, planned receive posts and the stream written so far."""
+
+    def __init__(self, schedule: Schedule, d: int, order: tuple[Op, ...], op_links: list, incoming: dict,
+                 sends: list[list[tuple]]):
+        self.schedule, self.d, self.order, self.sends = schedule, d, order, sends
+        self.incoming = incoming                                 # peer -> messages in the peer's send order
+        index = {(msg, peer): k for peer, msgs in incoming.items() for k, msg in enumerate(msgs)}
+        self.needs = [[(peer, index[((kind, s, op.mb, op.pipe), peer)]) for kind, s, peer in recvs]
+                      for op, (_, recvs) in zip(order, op_links)]
+        consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, (op, (_, recvs)) in enumerate(zip(order, op_links))
+                     for kind, s, peer in recvs]
+        self.plan = {n: [(peer, index[(msg, peer)]) for msg, peer in posted]
+                     for n, posted in _post_positions(order, consumers, incoming).items()}
+        self.posted = {peer: 0 for peer in incoming}              # receives posted, per peer (a prefix)
+        self.sent: dict[int, int] = {}                            # sends completed, per peer
+        self.stream: list[Instr] = []
+        self.pc, self.next_send = 0, None                         # next_send: index into sends[pc] once run
+
+    def post(self, peer: int, upto: int) -> bool:
+        """Post the receives from peer up to message `upto` (in order); True if any was new."""
+        first = self.posted[peer]
+        for k in range(first, upto + 1):
+            kind, s, mb, pipe = self.incoming[peer][k]
+            self.stream.append(Instr(kind, s, mb, pipe, peer))
+        self.posted[peer] = max(first, upto + 1)
+        return upto >= first
+
+    def advance(self, ranks: list[_RankReplay], wake) -> None:
+        """Run until blocked: on data not yet sent, or on a send whose receive is not yet posted."""
+        while self.pc < len(self.order):
+            if self.next_send is None:
+                for peer, k in self.plan.get(self.pc, ()):
+                    if self.post(peer, k):
+                        wake(peer)
+                if any(ranks[peer].sent.get(self.d, 0) <= k for peer, k in self.needs[self.pc]):
+                    return
+                op = self.order[self.pc]
+                self.stream.append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
+                                   Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
+                self.next_send = 0
+            pending = self.sends[self.pc]
+            while self.next_send < len(pending):
+                peer, k, instr = pending[self.next_send]
+                if ranks[peer].posted.get(self.d, 0) <= k:
+                    return
+                self.stream.append(instr)
+                self.sent[peer] = k + 1
+                self.next_send += 1
+                wake(peer)
+            self.pc, self.next_send = self.pc + 1, None
+
+    def blocked_send(self) -> tuple[int, int] | None:
+        """(peer, message index) of the send this rank waits on, if it waits on one."""
+        if self.next_send is None or self.pc >= len(self.order):
+            return None
+        peer, k, _ = self.sends[self.pc][self.next_send]
+        return peer, k
+
+    def finish(self) -> list[Instr]:
+        for peer, msgs in self.incoming.items():
+            if msgs:
+                self.post(peer, len(msgs) - 1)
+        return self.stream + _sync_grads(self.schedule, self.d) + [Instr(Opcode.STEP.value)]
+
+
+def _replay(ranks: list[_RankReplay]) -> None:
+    """Advance every rank; when all wait, post early the receive that a blocked send waits for."""
+    ready, queued = deque(range(len(ranks))), [True] * len(ranks)
+
+    def wake(d: int) -> None:
+        if not queued[d]:
+            queued[d] = True
+            ready.append(d)
+
+    while True:
+        while ready:
+            d = ready.popleft()
+            queued[d] = False
+            ranks[d].advance(ranks, wake)
+        stuck = [(d, wait) for d, rank in enumerate(ranks) if (wait := rank.blocked_send())]
+        if not stuck:
+            if any(rank.pc < len(rank.order) for rank in ranks):
+                raise ValueError("lowering a schedule whose orders deadlock (check_deadlock refuses it)")
+            return
+        d, (peer, k) = stuck[0]
+        ranks[peer].post(d, k)
+        wake(d)
+        wake(peer)
 
 
 def _sync_grads(schedule: Schedule, device: int) -> list[Instr]:

@@ -10,18 +10,18 @@ from schedc.plan import Instr, Plan
 
 SIZES = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p)]
 LIBRARY = [(name, p, m) for name in ("1f1b", "gpipe", "chimera", "interleaved_1f1b") for p, m in SIZES]
-# lowering posts receive k from a peer right after the consumer of receive k-1, after that op's own sends:
-# two ranks that send to each other then block head to head (reported to the lowering's owner)
-LOWERING_HANGS = {("interleaved_1f1b", p, m) for p, m in SIZES}
 
 
-@pytest.mark.parametrize("name,p,m", [
-    pytest.param(*case, marks=pytest.mark.xfail(case in LOWERING_HANGS, strict=True,
-                                                reason="lower.py: receives posted after the sends of the "
-                                                       "previous consumer (head-to-head SENDs)"))
-    for case in LIBRARY], ids=[f"{n}-p{p}-m{m}" for n, p, m in LIBRARY])
+@pytest.mark.parametrize("name,p,m", LIBRARY, ids=[f"{n}-p{p}-m{m}" for n, p, m in LIBRARY])
 def test_library_schedules_pass_check(name, p, m):
     result = compile_library(name, p=p, m=m)
+    assert result.ok, "\n".join(d.message for d in result.diagnostics)
+
+
+@pytest.mark.parametrize("v", (2, 3, 4))
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 4), (3, 6), (4, 4), (4, 8), (8, 16)])
+def test_interleaved_plans_complete_under_rendezvous(p, v, m):
+    result = compile_library("interleaved_1f1b", p=p, v=v, m=m)
     assert result.ok, "\n".join(d.message for d in result.diagnostics)
 
 
