@@ -126,27 +126,34 @@ class _RankReplay:
 
     def advance(self, ranks: list[_RankReplay], wake) -> None:
         """Run until blocked: on data not yet sent, or on a send whose receive is not yet posted."""
-        while self.pc < len(self.order):
-            if self.next_send is None:
-                for peer, k in self.plan.get(self.pc, ()):
-                    if self.post(peer, k):
-                        wake(peer)
-                if any(ranks[peer].sent.get(self.d, 0) <= k for peer, k in self.needs[self.pc]):
+        order, sends, needs, plan, d = self.order, self.sends, self.needs, self.plan, self.d
+        append, pc, next_send = self.stream.append, self.pc, self.next_send
+        while pc < len(order):
+            if next_send is None:
+                if pc in plan:
+                    for peer, k in plan[pc]:
+                        if self.post(peer, k):
+                            wake(peer)
+                for peer, k in needs[pc]:
+                    if ranks[peer].sent.get(d, 0) <= k:
+                        self.pc, self.next_send = pc, None
+                        return
+                op = order[pc]
+                append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
+                       Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
+                next_send = 0
+            pending = sends[pc]
+            while next_send < len(pending):
+                peer, k, instr = pending[next_send]
+                if ranks[peer].posted.get(d, 0) <= k:
+                    self.pc, self.next_send = pc, next_send
                     return
-                op = self.order[self.pc]
-                self.stream.append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
-                                   Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
-                self.next_send = 0
-            pending = self.sends[self.pc]
-            while self.next_send < len(pending):
-                peer, k, instr = pending[self.next_send]
-                if ranks[peer].posted.get(self.d, 0) <= k:
-                    return
-                self.stream.append(instr)
+                append(instr)
                 self.sent[peer] = k + 1
-                self.next_send += 1
+                next_send += 1
                 wake(peer)
-            self.pc, self.next_send = self.pc + 1, None
+            pc, next_send = pc + 1, None
+        self.pc, self.next_send = pc, None
 
     def blocked_send(self) -> tuple[int, int] | None:
         """(peer, message index) of the send this rank waits on, if it waits on one."""
