@@ -204,6 +204,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         tasks, task_ops, task_deps, keeps, fill = instantiate_tasks(decl, env, pipelines, costs, source)
+        canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
+        task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
+        keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
     deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops))
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]

@@ -74,7 +74,8 @@ def program_edges(schedule: Schedule) -> tuple[list[Op], dict[tuple, int], list[
 
 
 def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
-    """Time every op (linear in ops + edges). An op whose dependency is never placed waits forever."""
+    """Time every op (linear in ops + edges). A dependency that is not placed (check_structure reports it)
+    is ignored here, so a broken schedule still gets times."""
     ops, index, succ, indegree = program_edges(schedule)
     start = [0.0] * len(ops)
     end = [0.0] * len(ops)

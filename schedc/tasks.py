@@ -43,10 +43,12 @@ def _split(task: ast.TaskDecl, fill_split: dict[str, ast.Expr | None], env: dict
 
 
 def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipelines: tuple[Pipeline, ...],
-             parts: dict[str, int], split: bool) -> list[Op]:
+             parts: dict[str, int], split: bool, arities: dict[str, int]) -> list[Op]:
     """Ops named by a dependency clause, e.g. F(s, i) or curvature_A(s, *); `pipes[0]` is the task's
     pipeline, `*` covers the microbatches of all `pipes` (the replicas of a shared task)."""
     kind = "I" if dep.kind == "B" and split else dep.kind
+    if len(dep.args) > 2:
+        raise EvalError(f"{dep.kind}(...) takes a stage and at most a microbatch", dep.span)
     stage = evaluate_int(dep.args[0], scope, "dependency stage")
     if len(dep.args) == 1:
         pairs: list[tuple[int, int | None]] = [(pipes[0], None)]
@@ -54,7 +56,28 @@ def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipeli
         pairs = [(k, mb) for k in pipes for mb in pipelines[k].microbatches]
     else:
         pairs = [(pipes[0], evaluate_int(dep.args[1], scope, "dependency microbatch"))]
+    for k, mb in pairs:
+        _check_dep(dep, kind, stage, mb, pipelines[k], arities, split)
     return [Op(kind, stage, mb, k, part) for k, mb in pairs for part in range(parts.get(kind, 1))]
+
+
+def _check_dep(dep: ast.Dep, kind: str, stage: int, mb: int | None, pipe: Pipeline, arities: dict[str, int],
+               split: bool) -> None:
+    """A dependency must name an op that exists: a known kind, a stage and microbatch of the pipeline."""
+    builtin = {"F": 2, "I": 2, "W": 2} if split else {"F": 2, "B": 2}
+    arity = builtin.get(kind, arities.get(kind))
+    if arity is None:
+        known = ", ".join([*builtin, *arities])
+        raise EvalError(f"'{dep.kind}' is neither an op kind nor a task (known: {known})", dep.span)
+    label = f"{dep.kind}({stage}{'' if mb is None else f', {mb}'})"
+    if not 0 <= stage < pipe.stages:
+        raise EvalError(f"{label} names stage {stage}, but pipeline '{pipe.name}' has stages "
+                        f"0..{pipe.stages - 1}", dep.span)
+    if arity == 2 and (mb is None or mb not in pipe.microbatches):
+        raise EvalError(f"{label} needs a microbatch of pipeline '{pipe.name}' "
+                        f"({pipe.microbatches[0]}..{pipe.microbatches[-1]}) or '*'", dep.span)
+    if arity == 1 and mb is not None:
+        raise EvalError(f"{label}: task '{kind}' takes a stage only", dep.span)
 
 
 def replica_groups(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...]) -> dict[int, tuple[int, ...]]:
@@ -82,6 +105,7 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
     fill_split = {item.task: item.split for item in fills}
     parts = {t.name: _split(t, fill_split, env, source) for t in tasks}
     groups = replica_groups(decl, pipelines)
+    arities = {t.name: len(t.params) for t in tasks}
     specs, ops, deps, keeps = [], [], {}, {}
     for task in tasks:
         if task.name in BUILTIN:
@@ -103,9 +127,9 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                 pipes = groups[k] if shared else (k,)
                 total /= len(pipes)
                 after = [op for dep in task.after
-                         for op in _resolve(dep, scope, pipes, pipelines, parts, split_backward)]
+                         for op in _resolve(dep, scope, pipes, pipelines, parts, split_backward, arities)]
                 kept = [op for dep in task.keeps
-                        for op in _resolve(dep, scope, (k,), pipelines, parts, split_backward)]
+                        for op in _resolve(dep, scope, (k,), pipelines, parts, split_backward, arities)]
                 previous = None
                 for part in range(k_parts):
                     op = Op(task.name, s, inst.get("i"), k, part, pipe.placement[s], total / k_parts, task.span,
@@ -115,8 +139,5 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                     if kept:
                         keeps[op] = tuple(kept)
                     previous = op
-    try:
-        fill = tuple((item.task, parts[item.task]) for item in fills)
-    except EvalError:
-        raise
+    fill = tuple((item.task, parts[item.task]) for item in fills)
     return tuple(specs), ops, deps, keeps, fill

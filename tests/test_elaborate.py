@@ -87,6 +87,7 @@ def test_ops_carry_the_span_of_the_program_item_that_placed_them():
     ("bad_device.sched", 4, 31, "stage 2 of pipeline 'main' is placed on device 2, but devices are 0..1"),
     ("unknown_name.sched", 6, 7, "unknown name 'warmup'"),
     ("failed_require.sched", 4, 1, "requirement failed: m must be a multiple of p"),
+    ("bad_task_dep.sched", 5, 33, "F(2, 0) names stage 2, but pipeline 'main' has stages 0..1"),
 ])
 def test_semantic_errors_are_located(fixture, line, column, text):
     with pytest.raises(SchedError) as caught:
