@@ -30,10 +30,10 @@ SCHEDULES = {"gpipe": ("gpipe", "ScheduleGPipe", 1),
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer steps (under 4 minutes)")
-    parser.add_argument("--steps", type=int, help="steps per run (default 30, quick 12)")
+    parser.add_argument("--steps", type=int, help="steps per run (default 30, quick 10)")
     parser.add_argument("--rounds", type=int, help="alternating schedc/torch runs per schedule "
                                                    "(default 3, quick 2)")
-    parser.add_argument("--warmup", type=int, default=4, help="steps left out of the median")
+    parser.add_argument("--warmup", type=int, help="steps left out of the median (default 5, quick 3)")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps is None:
-        args.steps = 12 if args.quick else 30
+        args.steps = 10 if args.quick else 30
+    if args.warmup is None:
+        args.warmup = 3 if args.quick else 5
     if args.rounds is None:
         args.rounds = 2 if args.quick else 3
     return args
