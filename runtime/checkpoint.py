@@ -1,7 +1,8 @@
 # Checkpoints: every rank writes DIR/step-N/rank{r}.pt (to a temporary name, then renamed); after a
 # barrier rank 0 points DIR/latest.json at step-N the same way and removes older steps, so a crash at any
 # moment leaves the previous complete checkpoint in place. Batches are a function of (seed, step), so
-# the step count is the data position; RNG and optimizer state are saved with the weights.
+# the step count is the data position; RNG and optimizer state are saved with the weights, and so is
+# `executor.task_state`, where user task handlers keep what must survive a restart.
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ def save(directory: str, steps_done: int, executor, identity: dict) -> None:
     step_dir.mkdir(parents=True, exist_ok=True)
     state = {"steps_done": steps_done, "identity": identity, "rng": torch.get_rng_state(),
              "stages": {s: m.state_dict() for s, m in executor.stages.items()},
-             "optimizer": executor.optimizer.state_dict()}
+             "optimizer": executor.optimizer.state_dict(), "tasks": executor.task_state}
     _atomic_save(state, step_dir / f"rank{executor.rank}.pt")
     dist.barrier()
     if executor.rank == 0:
@@ -49,6 +50,7 @@ def load(directory: str, executor, identity: dict) -> int:
         module.load_state_dict(state["stages"][stage])
     executor.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
+    executor.task_state.update(state.get("tasks", {}))
     return state["steps_done"]
 
 

@@ -112,7 +112,7 @@ def test_schedule_matches_reference(plans, reference, tmp_path, schedule, ranks,
 
 
 def test_data_parallel_matches_reference(plans, reference, tmp_path):
-    plan = plans("1f1b", p=2, m=4)
+    plan = plans("chimera", p=2, m=4)  # replica sync and data-parallel sync together
     run, _ = torchrun(plan, 4, *SMALL, "--dp", "2", "--steps", "1", "--save-grads", str(tmp_path))
     assert run.returncode == 0, run.stderr
     assert_same(_dump(tmp_path), reference(plan, SMALL, dp=2))
