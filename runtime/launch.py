@@ -34,12 +34,7 @@ def launch(plan_path: str | Path, nproc: int, options: list[str] = (),
 def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -> int:
     """`schedc run PLAN [--nproc P] [runtime options] [-- torchrun args]`: split the arguments at `--`;
     without --nproc, start the plan's devices x --dp processes."""
-    if "--" in args:
-        split = args.index("--")
-        options, torchrun_args = list(args[:split]), list(args[split + 1:])
-    else:
-        split = len(args) - _swallowed_tail(args)
-        options, torchrun_args = list(args[:split]), list(args[split:])
+    options, torchrun_args = split_args(args, sys.argv)
     if nproc is None:
         nproc = default_nproc(plan_path, options)
         if nproc is None:
@@ -49,12 +44,20 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
     return launch(plan_path, nproc, options, torchrun_args)
 
 
-def _swallowed_tail(args: list[str]) -> int:
-    """How many trailing args followed a `--` that the command-line parser consumed (click drops it)."""
-    if "--" not in sys.argv:
-        return 0
-    tail = sys.argv[sys.argv.index("--") + 1:]
-    return len(tail) if tail and args[-len(tail):] == tail else 0
+def split_args(args: list[str], argv: list[str]) -> tuple[list[str], list[str]]:
+    """Runtime options and torchrun args: around `--` in args, or, where the command-line parser
+    consumed the `--` (click does), around the place where argv's `--` was.
+
+    >>> split_args(["--steps", "3", "--nnodes", "2"], ["schedc", "run", "p", "--steps", "3", "--", "--nnodes", "2"])
+    (['--steps', '3'], ['--nnodes', '2'])
+    """
+    if "--" in args:
+        split = args.index("--")
+        return list(args[:split]), list(args[split + 1:])
+    tail = argv[argv.index("--") + 1:] if "--" in argv else []
+    if tail and list(args[-len(tail):]) == tail:
+        return list(args[:-len(tail)]), tail
+    return list(args), []
 
 
 def default_nproc(plan_path: str | Path, options: list[str]) -> int | None:

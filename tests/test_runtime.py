@@ -18,7 +18,7 @@ import torch
 
 from schedc.plan import Instr, load_plan, write_plan
 from schedc.runtime.__main__ import main as runtime_main
-from schedc.runtime.launch import torchrun_command
+from schedc.runtime.launch import split_args, torchrun_command
 from schedc.runtime.lifetimes import plan_lifetimes
 from schedc.runtime.tasks import TaskError, register_task, task_handler
 
@@ -287,3 +287,14 @@ def test_resume_continues_with_identical_losses(plans, tmp_path):
     resumed = [json.loads(line) for line in (tmp_path / "resumed.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full[3:]]
+
+
+def test_launch_command_lines():
+    assert split_args(["--steps", "3", "--", "--nnodes", "2"], []) == (["--steps", "3"], ["--nnodes", "2"])
+    argv = ["schedc", "run", "plan.json", "--steps", "3", "--", "--nnodes", "2"]
+    assert split_args(["--steps", "3", "--nnodes", "2"], argv) == (["--steps", "3"], ["--nnodes", "2"])
+    assert split_args(["--steps", "3"], ["schedc"]) == (["--steps", "3"], [])
+    local = torchrun_command("plan.json", 4, ["--steps", "3"])
+    assert "--standalone" in local and local[-4:] == ["schedc.runtime", "plan.json", "--steps", "3"]
+    multi = torchrun_command("plan.json", 4, [], ["--nnodes", "2", "--rdzv-endpoint", "h:29500"])
+    assert "--standalone" not in multi and "--nnodes" in multi
