@@ -1,4 +1,5 @@
-"""runtime/kfac.py: K-FAC numerics against dense computations, and PipeFisher plans under torchrun."""
+"""runtime/kfac.py: K-FAC numerics against dense computations, and PipeFisher plans under torchrun
+against K-FAC computed in one process (tests/kfac_reference.py)."""
 from __future__ import annotations
 
 import json
@@ -11,11 +12,16 @@ import pytest
 import torch
 from torch import nn
 
-from schedc.runtime.kfac import damped_inverse, layer_input, precondition_layer, weight_grad
+from kfac_reference import plan_staleness, train_reference
+from schedc.runtime.kfac import DAMPING, EMA, damped_inverse, layer_input, precondition_layer, weight_grad
+from schedc.runtime.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 COSTS = {"unit": "ms", "F": 0.14, "B": 0.16, "curvature_A": 0.01, "curvature_B": 0.01, "inversion": 0.2,
          "precondition": 0.07}
+MODEL = ModelConfig(layers=2, hidden=16, heads=2, seq=8, vocab=32, mb_size=4)
+SEED, STEPS, LR = 0, 6, 0.05
+RTOL = 1e-5
 
 
 def test_factors_inverses_and_preconditioned_gradient_match_dense():
@@ -56,36 +62,80 @@ def _compile(tmp: Path, name: str, **params) -> Path:
     return out / "plan.json"
 
 
-def _run(plan: Path, tmp: Path, steps: int) -> tuple[list[float], dict]:
-    metrics, dump = tmp / f"{plan.parent.name}.jsonl", tmp / plan.parent.name
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "benchmarks"),
-           "PIPEFISHER_DUMP": str(dump)}
+def _launch(plan: Path, tmp: Path) -> subprocess.Popen:
+    """The plan on 2 ranks under torchrun, SGD with K-FAC, a checkpoint after the last step."""
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-            str(29500 + os.getpid() % 3000), str(ROOT / "benchmarks" / "pipefisher_convergence.py"),
-            "--worker", str(plan), "--model", "pipefisher_convergence:build_stages", "--layers", "2",
-            "--hidden", "16", "--seq", "64", "--vocab", "17", "--mb-size", "16", "--steps", str(steps),
-            "--optimizer", "sgd", "--lr", "0.1", "--tasks", "schedc.runtime.kfac", "--quiet",
-            "--metrics-out", str(metrics), "--device", "cpu"]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
-    params = {}
-    for rank in (0, 1):
-        params.update(torch.load(f"{dump}.rank{rank}.pt"))
-    return losses, params
+            str(29500 + os.getpid() % 3000), "-m", "schedc.runtime", str(plan), "--synthetic",
+            "--seed", str(SEED), "--layers", str(MODEL.layers), "--hidden", str(MODEL.hidden),
+            "--heads", str(MODEL.heads), "--seq", str(MODEL.seq), "--vocab", str(MODEL.vocab),
+            "--mb-size", str(MODEL.mb_size), "--steps", str(STEPS), "--optimizer", "sgd", "--lr", str(LR),
+            "--tasks", "schedc.runtime.kfac", "--quiet", "--metrics-out", str(tmp / "metrics.jsonl"),
+            "--device", "cpu", "--save", str(tmp / "checkpoints"), "--every", str(STEPS)]
+    return subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
-def test_replicated_chimera_plan_updates_like_the_single_pipeline_plan(tmp_path):
-    """Chimera p=2 (factors and inverse shares exchanged between the two replicas at the end of the
-    step) and 1F1B p=2 (everything local) run the same K-FAC: the same data per step, a cycle of 2
-    steps with the refresh from the cycle's first step published at its end. Their updates agree."""
-    chimera = _compile(tmp_path, "pipefisher", p=2, m=4)
-    single = _compile(tmp_path, "pipefisher_1f1b", p=2, m=4, c=1, k=2)
-    cycles = [len(json.loads(p.read_text())["ranks"][0]["steps"]) for p in (chimera, single)]
-    assert cycles == [2, 2]
-    losses_c, params_c = _run(chimera, tmp_path, 6)
-    losses_s, params_s = _run(single, tmp_path, 6)
-    assert losses_c == pytest.approx(losses_s, rel=1e-4)
-    assert losses_c[-1] < losses_c[0]
-    for name, value in params_s.items():
-        assert torch.allclose(params_c[name], value, atol=1e-5), name
+def _results(run: subprocess.Popen, tmp: Path) -> tuple[list[float], list[dict[int, dict]]]:
+    """Rank 0's per-step losses and every rank's final stage weights (from the checkpoint)."""
+    try:
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in (tmp / "metrics.jsonl").read_text().splitlines()]
+    save = tmp / "checkpoints"
+    final = save / json.loads((save / "latest.json").read_text())["dir"]
+    stages = [torch.load(final / f"rank{rank}.pt", weights_only=False)["stages"] for rank in (0, 1)]
+    return losses, stages
+
+
+def _distance(pipeline: list[dict[int, dict]], reference: list[dict], start: list[dict]
+              ) -> tuple[float, float]:
+    """Over every weight tensor of every stage on every rank: the largest |pipeline - reference|
+    relative to |reference| and relative to |reference - start| (the reference's whole update)."""
+    weights = updates = 0.0
+    for held in pipeline:
+        for s, state in held.items():
+            for key, value in state.items():
+                ref, diff = reference[s][key], (value - reference[s][key]).norm()
+                weights = max(weights, (diff / ref.norm()).item())
+                updates = max(updates, (diff / (ref - start[s][key]).norm()).item())
+    return weights, updates
+
+
+@pytest.mark.parametrize("schedule,params", [("pipefisher", {"p": 2, "m": 4}),
+                                             ("pipefisher_1f1b", {"p": 2, "m": 4, "c": 1, "k": 2})],
+                         ids=["chimera", "1f1b"])
+def test_pipefisher_plan_on_2_ranks_updates_like_one_process_kfac(tmp_path, schedule, params):
+    """The plan's run (Chimera: factors and inverse shares exchanged between the replicas at the end of
+    the step; 1F1B: everything local) against K-FAC on the unpartitioned model in this process, with the
+    plan's microbatches and staleness: a cycle of 2 steps, curvature from its first step, inverses
+    published at the end of the cycle's last step holding the stage's inversion (here its second, so
+    steps 0-1 are plain SGD, 2-3 use step 0's curvature and 4-5 step 2's). Losses and final weights
+    agree; a reference without staleness or without K-FAC does not."""
+    plan_path = _compile(tmp_path, schedule, **params)
+    plan = json.loads(plan_path.read_text())
+    cycle, inversion, _ = plan_staleness(plan)
+    assert cycle == 2 and sorted(inversion) == [0, 1]
+    assert STEPS > cycle + max(inversion.values()) + 1  # some steps use the second refresh
+
+    def reference(steps: int, **variant):
+        return train_reference(plan, MODEL, SEED, steps, LR, DAMPING, EMA, **variant)
+
+    launched = _launch(plan_path, tmp_path)
+    try:  # the references meanwhile: K-FAC at the plan's staleness, without staleness, plain SGD
+        start = reference(0)[1]
+        ref_losses, ref_weights = reference(STEPS)
+        others = {"fresh inverses": reference(STEPS, fresh=True), "no K-FAC": reference(STEPS, kfac=False)}
+    except BaseException:
+        launched.kill()
+        raise
+    losses, weights = _results(launched, tmp_path)
+    assert all(len(held) == (2 if schedule == "pipefisher" else 1) for held in weights)
+    assert losses == pytest.approx(ref_losses, rel=RTOL)
+    assert losses[-1] < losses[0]
+    off_weights, off_updates = _distance(weights, ref_weights, start)
+    assert off_weights < RTOL and off_updates < 10 * RTOL, (off_weights, off_updates)
+    for name, (other_losses, other_weights) in others.items():
+        assert losses != pytest.approx(other_losses, rel=100 * RTOL), name
+        assert _distance(weights, other_weights, start)[1] > 1e-2, name
