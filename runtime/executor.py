@@ -77,6 +77,7 @@ class Executor:
         self.waiting_on: int | None = None
         self.wait_ns = 0
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
+        self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         setup_tasks(self)  # task modules attach their state and hooks (runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -101,6 +102,7 @@ class Executor:
         program = self.programs[step % len(self.programs)]
         fault_at = len(program) // 2 if self.fault and self.fault[0] == step else -1
         clock = time.perf_counter_ns
+        events = self.events if step < self.record_until else []
         for index, (handler, instr, frees) in enumerate(program):
             if index == fault_at:
                 self._inject_fault(instr)
@@ -115,7 +117,7 @@ class Executor:
                 self.saved.pop((instr.stage, instr.mb), None)
             if self.device_timing:
                 torch.cuda.synchronize()
-            self.events.append((step, index, start, clock(), self.wait_ns))
+            events.append((step, index, start, clock(), self.wait_ns))
         self.current = None
 
     def _inject_fault(self, instr: Instr) -> None:

@@ -19,6 +19,9 @@ from .watchdog import Watchdog
 from .world import Env, World, check_size, pick_device, start, stop
 
 
+MEASURED_STEPS = 200  # steps timed for the report and profile (all steps with --trace-out)
+
+
 def held_stages(plan: Plan, plan_rank: int) -> list[int]:
     """Model stages placed on `plan_rank` by any pipeline, checked against the rank's instructions."""
     held = sorted({s for pipe in plan.meta.get("pipelines", [])
@@ -79,6 +82,8 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     opts.first_step = first
     if opts.save_grads:
         executor.before_update = _grad_dumper(opts.save_grads, first, world)
+    if not opts.trace_out:
+        executor.record_until = first + opts.warmup + MEASURED_STEPS
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
     dist.barrier()
     origin = time.perf_counter_ns()
