@@ -3,14 +3,16 @@
 # Tensors in flight live in `tensors[(kind, stage, mb)]`: F of stage s puts its output under
 # ("F", s, mb), B/I of stage s its input gradient under ("B", s, mb); the consumer (F of s+1, B of s-1,
 # or a SEND) pops it, so an activation is dropped at its last use. RECV_* puts a pending irecv there,
-# waited for right before the consumer; SEND_* posts an isend, waited for before STEP. The saved state
-# of (stage, mb) for backward lives in `saved` from F to its last use (B, W, or a later user task).
+# waited for right before the consumer; SEND_* posts an isend, dropped once complete and waited for
+# before STEP at the latest. The saved state of (stage, mb) for backward lives in `saved` from F to
+# its last use (B, W, or a user task, possibly of the next step: see lifetimes.py).
 from __future__ import annotations
 
 import os
 import re
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -65,7 +67,7 @@ class Executor:
         self.tensors: dict[tuple[str, int, int], torch.Tensor | Pending] = {}
         self.saved: dict[tuple[int, int], Saved] = {}  # also read by user tasks
         self.task_state: dict = {}  # free for user task handlers
-        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.sends: deque[tuple[Any, torch.Tensor]] = deque()  # isends in flight, oldest first
         self.loss_sum = torch.zeros((), device=world.device)
         self.events: list[tuple[int, int, int, int, int]] = []
         self.batch = None
@@ -199,6 +201,8 @@ class Executor:
         tensor = tensor.contiguous()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
         self.sends.append((dist.isend(tensor, self.world.global_rank(instr.peer), group=group), tensor))
+        while self.sends and self.sends[0][0].is_completed():  # drop what has gone already
+            self.sends.popleft()[0].wait()
 
     def recv(self, instr: Instr) -> None:
         kind = "F" if instr.op == Opcode.RECV_F else "B"
