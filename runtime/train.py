@@ -6,7 +6,7 @@ import time
 
 import torch.distributed as dist
 
-from schedc.plan import Plan, PlanError
+from schedc.plan import RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
@@ -39,9 +39,38 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
     for key in ("stages", "microbatches", "pipelines"):
         if key not in plan.meta:
             raise PlanError(f"the plan has no {key!r}")
+    check_messages(plan)
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
+
+
+def check_messages(plan: Plan) -> None:
+    """For every step program and ordered pair of ranks, the sends must equal the receives in order
+    (messages match by order, not by tag); a mismatch would corrupt tensors or hang."""
+    for k in range(plan.cycle_steps):
+        sent: dict[tuple[int, int], list] = {}
+        received: dict[tuple[int, int], list] = {}
+        for rank, steps in enumerate(plan.ranks):
+            for i in steps[k]:
+                if i.op in SENDS:
+                    sent.setdefault((rank, i.peer), []).append((i.op[-1], i.stage, i.mb))
+                elif i.op in RECVS:
+                    received.setdefault((i.peer, rank), []).append((i.op[-1], i.stage, i.mb))
+        for pair in sorted(set(sent) | set(received)):
+            _compare_messages(k, pair, sent.get(pair, []), received.get(pair, []))
+
+
+def _compare_messages(k: int, pair: tuple[int, int], sent: list, received: list) -> None:
+    def name(message) -> str:
+        return "nothing" if message is None else f"{message[0]}{message[1]}.{message[2]}"
+    for n in range(max(len(sent), len(received))):
+        out = sent[n] if n < len(sent) else None
+        into = received[n] if n < len(received) else None
+        if out != into:
+            raise PlanError(f"step program {k}: message #{n} from rank {pair[0]} to rank {pair[1]} "
+                            f"is sent as {name(out)} but received as {name(into)} (messages match "
+                            "in order)")
 
 
 def run_pipeline(plan: Plan, opts) -> int:

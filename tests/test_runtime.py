@@ -256,6 +256,18 @@ def test_plan_with_more_stages_than_layers_refused(plans, capsys, monkeypatch):
     assert "4 model stages but the model has 2 layers" in capsys.readouterr().err
 
 
+def test_plan_with_crossed_messages_refused(plans, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    plan = load_plan(plans("gpipe", p=2, m=4))
+    program = list(plan.ranks[1][0])
+    first, second = (n for n, i in enumerate(program) if i.op == "RECV_F" and i.mb in (0, 1))
+    program[first], program[second] = program[second], program[first]
+    write_plan(replace(plan, ranks=(plan.ranks[0], (tuple(program),))), tmp_path)
+    assert runtime_main([str(tmp_path / "plan.json"), *SMALL]) == 1
+    assert "message #0 from rank 0 to rank 1 is sent as F0.0 but received as F0.1" in \
+        capsys.readouterr().err
+
+
 def test_task_without_handler_refused(plans, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     plan = split_backward_plan(plans("1f1b", p=2, m=4), tmp_path)
