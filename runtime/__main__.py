@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(opts) -> int:
     plan = load_plan(opts.plan)
+    if opts.threads:
+        import torch
+        torch.set_num_threads(opts.threads)
     if opts.reference:
         from .reference import run_reference
         return run_reference(plan, opts)

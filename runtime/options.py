@@ -68,6 +68,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                        help="data-parallel replicas of the whole pipeline (world = devices x dp)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
+    group.add_argument("--threads", type=int, metavar="N",
+                       help="torch intra-op threads per process (default: torch's choice; torchrun "
+                            "sets 1 per process when it starts several)")
     group.add_argument("--reference", action="store_true",
                        help="train the unpartitioned model in this one process on the whole batch")
     group.add_argument("--tasks", action="append", default=[], metavar="PKG.MOD",
@@ -159,6 +162,8 @@ def _check(opts: argparse.Namespace) -> None:
             raise OptionError(f"{key} must be positive, got {getattr(cfg, key)}")
     if opts.steps < 1 or opts.dp < 1 or opts.every < 0 or opts.timeout <= 0:
         raise OptionError("--steps and --dp must be >= 1, --every >= 0 and --timeout > 0")
+    if opts.threads is not None and opts.threads < 1:
+        raise OptionError("--threads must be >= 1")
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
     if opts.fault_kill and opts.fault_hang:
