@@ -80,25 +80,33 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device)
-    for src, dst in channels(plan):
-        for replica in range(dp):
-            pair = [replica * plan.devices + src, replica * plan.devices + dst]
-            handle = dist.new_group(pair, timeout=wait)
-            if replica == world.replica and world.rank in pair:
-                world.channels[(src, dst)] = handle
+    for pair in channels(plan):
+        _add_group(world.channels, pair, _per_replica(world, list(pair), wait))
     for group in sync_groups(plan):
-        for replica in range(dp):
-            ranks = [replica * plan.devices + r for r in group]
-            handle = dist.new_group(ranks, timeout=wait)
-            if replica == world.replica and world.rank in ranks:
-                world.sync_groups[group] = handle
+        _add_group(world.sync_groups, group, _per_replica(world, list(group), wait))
     if dp > 1:
         for plan_rank in range(plan.devices):
             ranks = [d * plan.devices + plan_rank for d in range(dp)]
             handle = dist.new_group(ranks, timeout=wait)
-            if world.rank in ranks:
-                world.dp_group = handle
+            world.dp_group = handle if world.rank in ranks else world.dp_group
     return world
+
+
+def _per_replica(world: World, plan_ranks: list[int], wait: timedelta):
+    """One group of `plan_ranks` in every data-parallel replica (all ranks take part in creating
+    each); the handle of this rank's, or None if it is not a member."""
+    mine = None
+    for replica in range(world.dp):
+        ranks = [replica * world.devices + r for r in plan_ranks]
+        handle = dist.new_group(ranks, timeout=wait)
+        if world.rank in ranks:
+            mine = handle
+    return mine
+
+
+def _add_group(table: dict, key, handle) -> None:
+    if handle is not None:
+        table[key] = handle
 
 
 def channels(plan: Plan) -> list[tuple[int, int]]:
