@@ -44,4 +44,6 @@ class Watchdog:
         if instr.op == Opcode.SYNC_GRAD and instr.group:
             ranks = [ex.world.global_rank(r) for r in instr.group]
             return f"one of ranks {ranks} is lost or stuck"
-        return "another rank is lost or stuck"
+        if instr.op in (Opcode.STEP, Opcode.SEND_F, Opcode.SEND_B):
+            return "another rank is lost or stuck"
+        return "this rank is stuck in the instruction itself"

@@ -231,6 +231,14 @@ def test_hung_rank_times_out_naming_it(plans):
     assert time.monotonic() - begin < 60
 
 
+def test_watchdog_ends_a_stuck_rank(plans):
+    command = [sys.executable, "-m", "schedc.runtime", str(plans("gpipe", p=1, m=2)), *SMALL,
+               "--steps", "3", "--fault-hang", "0:1", "--timeout", "1"]
+    run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=60)
+    assert run.returncode == 3
+    assert "rank 0: no progress for 3 s while executing" in run.stderr and "(step 1)" in run.stderr
+
+
 def test_world_size_mismatch_refused_under_torchrun(plans):
     run, _ = torchrun(plans("1f1b", p=2, m=4), 2, *SMALL, "--dp", "2")
     assert run.returncode != 0
