@@ -26,6 +26,12 @@ from .model import Stage, lm_loss
 from .tasks import setup_tasks, task_handler
 from .world import World
 
+try:  # input-gradient / weight-gradient halves of backward, as torch's zero-bubble schedules split it
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    split_backward = (stage_backward_input, stage_backward_weight)
+except ImportError:  # another torch: W then runs backward again for the weights
+    split_backward = None
+
 
 class ExecutionError(RuntimeError):
     """An instruction failed; the message names instruction, rank and step."""
@@ -46,7 +52,8 @@ class Saved:
 
     x: torch.Tensor
     y: torch.Tensor
-    grad: torch.Tensor | None = None
+    grad: torch.Tensor | None = None  # output gradient, from I to W
+    groups: list | None = None  # intermediate gradients for W (split backward)
 
 
 class Executor:
@@ -178,17 +185,29 @@ class Executor:
             self.tensors[("B", s, mb)] = saved.x.grad
 
     def backward_input(self, instr: Instr) -> None:
+        """The input gradient only; W later computes the weight gradients from the intermediate
+        gradients kept here (torch.distributed.pipelining's split), without a second full pass."""
         s, mb = instr.stage, instr.mb
         saved = self.saved[(s, mb)]
         saved.grad = self._grad_out(s, mb)
-        if s > 0:
+        if s == 0:
+            return  # no input gradient to send: W does the whole backward
+        if split_backward is None:
             (grad_x,) = torch.autograd.grad(saved.y, saved.x, saved.grad, retain_graph=True)
-            self.tensors[("B", s, mb)] = grad_x
+        else:
+            grads = None if saved.grad is None else [saved.grad]
+            (grad_x,), saved.groups = split_backward[0]([saved.y], grads, [saved.x], self._params(s))
+        self.tensors[("B", s, mb)] = grad_x
 
     def backward_weight(self, instr: Instr) -> None:
         saved = self.saved[(instr.stage, instr.mb)]
-        params = [p for p in self.stages[instr.stage].parameters() if p.requires_grad]
-        torch.autograd.backward(saved.y, saved.grad, inputs=params)
+        if saved.groups is not None:
+            split_backward[1](self._params(instr.stage), saved.groups)
+        else:
+            torch.autograd.backward(saved.y, saved.grad, inputs=self._params(instr.stage))
+
+    def _params(self, stage: int) -> list[torch.nn.Parameter]:
+        return [p for p in self.stages[stage].parameters() if p.requires_grad]
 
     # -- communication ---------------------------------------------------------------------------
 
