@@ -44,8 +44,11 @@ def load(directory: str, executor, identity: dict) -> int:
         raise CheckpointError(f"--resume {directory}: no readable checkpoint ({exc})") from None
     for key, value in identity.items():
         if state["identity"].get(key) != value:
-            raise CheckpointError(f"--resume {directory}: the checkpoint was made with {key} = "
-                                  f"{state['identity'].get(key)!r}, this run has {value!r}")
+            was, now = state["identity"].get(key), value
+            if key == "plan":
+                was, now = f"hash {str(was)[:12]}", f"hash {now[:12]}"
+            raise CheckpointError(f"--resume {directory}: the checkpoint was made with {key} {was}, "
+                                  f"this run has {key} {now}")
     for stage, module in executor.stages.items():
         module.load_state_dict(state["stages"][stage])
     executor.optimizer.load_state_dict(state["optimizer"])

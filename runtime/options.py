@@ -100,7 +100,9 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
 def _fault_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                        help="give up when a rank makes no progress for this long (default 300)")
-    group.add_argument("--save", metavar="DIR", help="checkpoint directory")
+    group.add_argument("--save", metavar="DIR",
+                       help="checkpoint directory: a checkpoint after the last step, or every N steps "
+                            "with --every")
     group.add_argument("--every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     group.add_argument("--resume", metavar="DIR", help="continue from the latest checkpoint in DIR")
     group.add_argument("--fault-kill", metavar="RANK:STEP",

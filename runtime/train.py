@@ -137,7 +137,8 @@ def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> No
         log_step(opts, step, loss, seconds, tokens)
     if step == first and opts.save_grads and world.rank == 0:
         write_loss(opts.save_grads, loss)
-    if opts.save and opts.every and (step + 1) % opts.every == 0:
+    due = (step + 1) % opts.every == 0 if opts.every else step + 1 == opts.steps
+    if opts.save and due:
         executor.current = None
         checkpoint.save(opts.save, step + 1, executor, identity(executor.plan, opts, world))
 
