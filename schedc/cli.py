@@ -211,10 +211,12 @@ def render_cmd(file, defines, costs, latency, out, dag, comms, measured):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
     try:
-        render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured)
+        result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured)
     except SchedError as exc:
         _fail(exc)
+    _report(result.diagnostics, result.schedule.source)
     click.echo(f"wrote {out}")
+    sys.exit(0 if result.ok else 1)
 
 
 @main.command("export")

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..diagnostics import Diagnostic, SchedError, Source, error
+from ..compiler import Compiled
+from ..diagnostics import SchedError, Source, error
 from .dot import FORMATS, run_dot
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
 
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
-                dag: bool = False, comms: bool = False, measured: str | None = None) -> list[Diagnostic]:
-    """Compile (or load) FILE and write OUT; returns the compiler's diagnostics (drawn anyway)."""
+                dag: bool = False, comms: bool = False, measured: str | None = None) -> Compiled:
+    """Compile (or load) FILE and write OUT; returns what was drawn, with the compiler's diagnostics
+    (a schedule that fails its checks is drawn anyway, as far as it was simulated)."""
     fmt = Path(out).suffix.lower().lstrip(".")
     if fmt not in EXTENSIONS:
         raise _usage(f"cannot tell the format from {out!r}: use one of "
@@ -32,10 +34,10 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
-    return compiled.diagnostics
+    return compiled
 
 
-def render(compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
+def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
            measured: str | None = None) -> bytes:
     """The bytes of OUT in format `fmt` for a compiled schedule."""
     run = None
