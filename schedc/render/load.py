@@ -3,15 +3,18 @@
 A plan carries no timing, so a plan is re-simulated: each rank's step-0 instruction order, compute
 instructions only, with the plan's costs (or --costs) and the built-in dependencies (F after the
 previous stage's F; B/I after the next stage's B/I and its own F; W after its I). User tasks wait only
-for their rank's program order, and every stage holds one activation unit for the memory chart.
+for their rank's program order (a plan does not record their dependencies), and every stage holds one
+activation unit for the memory chart.
 """
 from __future__ import annotations
 
 from ..compiler import Compiled, schedule_stats
 from ..diagnostics import SchedError, Source, error
-from ..ir import BUILTIN, Op, Pipeline, Schedule
+from ..ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
 from ..plan import COMM, Opcode, Plan, PlanError, load_plan
 from ..simulate import simulate
+
+NOT_COMPUTE = frozenset(c.value for c in COMM) | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 
 def load_input(file: str, defines, costs: str | None, latency: float) -> Compiled:
@@ -39,24 +42,23 @@ def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0)
 def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
     meta = plan.meta
     stages = int(meta.get("stages", 1))
-    table = {k: _per_stage(v, stages) for k, v in (meta.get("costs") or {}).items()}
+    table = {k: (v,) * stages for k, v in DEFAULT_COSTS.items()}
+    table.update({k: _per_stage(v, stages) for k, v in (meta.get("costs") or {}).items()})
     table.update({k: _per_stage(v, stages) for k, v in costs.items()})
     pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]))
                       for p in meta.get("pipelines", ()))
     orders = tuple(tuple(_op(i, rank, table) for i in (steps[0] if steps else ()) if _is_compute(i.op))
                    for rank, steps in enumerate(plan.ranks))
     split = any(op.kind == "I" for order in orders for op in order)
+    deps = Dependencies(pipelines, table, split, {}, tuple(op for order in orders for op in order))
     return Schedule(str(meta.get("schedule", "plan")), str(meta.get("description", "")),
                     Source(path, ""), dict(meta.get("params") or {}), plan.devices, pipelines,
-                    tuple(tuple(g) for g in meta.get("replicas", ())), orders, _deps(orders),
+                    tuple(tuple(g) for g in meta.get("replicas", ())), orders, deps,
                     table, (1.0,) * stages, None, None, split)
 
 
 def _per_stage(value, stages: int) -> tuple[float, ...]:
     return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),) * stages
-
-
-NOT_COMPUTE = frozenset(c.value for c in COMM) | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 
 def _is_compute(opcode: str) -> bool:
@@ -69,16 +71,3 @@ def _op(instr, rank: int, table: dict) -> Op:
     cost = per_stage[stage] if per_stage and stage < len(per_stage) else 1.0
     return Op(instr.op, stage, instr.mb, instr.pipe or 0, instr.part or 0, rank, cost,
               parts=instr.parts or 1)
-
-
-def _deps(orders: tuple[tuple[Op, ...], ...]) -> dict[Op, tuple[Op, ...]]:
-    """The built-in data dependencies among the placed ops (as the language implies them)."""
-    placed = {(op.kind, op.stage, op.mb, op.pipe): op for order in orders for op in order if op.kind in BUILTIN}
-    deps: dict[Op, tuple[Op, ...]] = {}
-    for (kind, s, mb, k), op in placed.items():
-        wants = {"F": [("F", s - 1)], "B": [("B", s + 1), ("I", s + 1), ("F", s)],
-                 "I": [("B", s + 1), ("I", s + 1), ("F", s)], "W": [("I", s)]}[kind]
-        found = tuple(placed[(want, t, mb, k)] for want, t in wants if (want, t, mb, k) in placed)
-        if found:
-            deps[op] = found
-    return deps

@@ -123,7 +123,7 @@ def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width
     ids: dict[Op, str] = {}
     tips = not geo.compact
     for d, order in enumerate(schedule.orders):
-        note = f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   peak {stats['peak_memory'][d]:g}"
+        note = f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   peak act. {stats['peak_memory'][d]:g}"
         y = canvas.lane(f"d{d}", f"device {d}", note, width)
         for n, op in enumerate(order):
             start = timing.start.get(op)
