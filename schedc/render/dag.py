@@ -1,5 +1,6 @@
 """The dependency graph: every op a node (coloured as on the timeline), one cluster per device,
-data dependencies as solid arrows and each device's program order as dotted grey arrows.
+data dependencies as solid arrows and each device's program order as dotted grey arrows; tasks left
+for fill_bubbles (no place in the program yet) are drawn dashed, without program order.
 Only for small schedules: dot's layout grows much faster than linearly, so large ones are refused.
 
     cluster device 0:  F(0,0) ..> F(0,1) ..> B(0,0)      F(0,0) -> F(1,0) -> B(1,0) -> B(0,0)
@@ -15,7 +16,7 @@ MAX_DAG_OPS = 1024  # dot lays out ~1000 ops in seconds; at 2000 it can take min
 
 def dag_dot(schedule: Schedule, target: str = "") -> str:
     """DOT text (for plain `dot`) of the ops and their dependencies; SchedError beyond MAX_DAG_OPS."""
-    count = schedule.op_count()
+    count = schedule.op_count() + len(schedule.unplaced)
     if count > MAX_DAG_OPS:
         raise SchedError(error(f"the dependency graph of {schedule.name} has {count} ops, too many to draw "
                                f"(limit {MAX_DAG_OPS})",
@@ -35,11 +36,15 @@ def dag_dot(schedule: Schedule, target: str = "") -> str:
             ids[op] = f"d{d}_{n}"
             fill = colours.fill(op.kind, op.pipe, op.stage)
             lines.append(f'  {ids[op]} [label="{op}" fillcolor="{fill}" fontcolor="{text_colour(fill)}"];')
+        for n, op in enumerate(op for op in schedule.unplaced if op.device == d):
+            ids[op] = f"d{d}_u{n}"
+            fill = colours.fill(op.kind, op.pipe, op.stage)
+            lines.append(f'  {ids[op]} [label="{op}" fillcolor="{fill}" fontcolor="{text_colour(fill)}" '
+                         'style="filled,dashed"];')
         lines.extend(f'  {ids[a]} -> {ids[b]} [style=dotted color="#999999"];' for a, b in zip(order, order[1:]))
         lines.append("}")
-    for order in schedule.orders:
-        for op in order:
-            lines.extend(f"{ids[dep]} -> {ids[op]};" for dep in schedule.deps.get(op, ()) if dep in ids)
+    for op, name in ids.items():
+        lines.extend(f"{ids[dep]} -> {name};" for dep in schedule.deps.get(op, ()) if dep in ids)
     lines.append("}")
     return "\n".join(lines) + "\n"
 

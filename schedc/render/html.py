@@ -3,7 +3,8 @@ per-device stats, memory over time per device (an SVG drawn here), params, diagn
 
 Memory over time counts activation units alive on a device, from the simulated times: F allocates its
 stage's units at its start, B (W when backward is split) frees them at its end; frees at an instant
-come before allocations, as on a device that runs one op at a time.
+come before allocations, as on a device that runs one op at a time. Activations that a task keeps alive
+past their backward (`keeps`) are not drawn; the stats' peak counts them.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..compiler import Compiled
-from ..ir import Schedule
-from ..simulate import Timing, memory_deltas
+from ..simulate import memory_deltas
+from .timed import timed_ops
 
 CHART_W, PANEL_H, PANEL_GAP, AXIS_H, LEFT = 760.0, 46.0, 8.0, 22.0, 70.0
 
@@ -37,18 +38,17 @@ def _environment():
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
-def memory_over_time(schedule: Schedule, timing: Timing) -> list[list[tuple[float, float]]]:
+def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
     """Per device, the (time, activation units alive from then on) steps, starting at (0, 0)."""
-    deltas = memory_deltas(schedule)
+    deltas = memory_deltas(compiled.schedule)
     series = []
-    for order in schedule.orders:
+    for row in timed_ops(compiled):
         events = []
-        for op in order:
-            delta = deltas.get(op.kind)
-            if delta is None or op not in timing.start or not delta[op.stage]:
-                continue
-            amount = delta[op.stage]
-            events.append((timing.start[op], 1, amount) if amount > 0 else (timing.end[op], 0, amount))
+        for t in row:
+            delta = deltas.get(t.op.kind)
+            amount = delta[t.op.stage] if delta is not None else 0.0
+            if amount:
+                events.append((t.start, 1, amount) if amount > 0 else (t.end, 0, amount))
         events.sort(key=lambda e: (e[0], e[1]))
         steps, alive = [(0.0, 0.0)], 0.0
         for time, _, amount in events:
@@ -61,8 +61,9 @@ def memory_over_time(schedule: Schedule, timing: Timing) -> list[list[tuple[floa
     return series
 
 
-def memory_panels(schedule: Schedule, timing: Timing) -> tuple[list[Panel], float]:
-    series = memory_over_time(schedule, timing)
+def memory_panels(compiled: Compiled) -> tuple[list[Panel], float]:
+    schedule, timing = compiled.schedule, compiled.timing
+    series = memory_over_time(compiled)
     limits = schedule.memory_limit or ()
     top_level = max([level for steps in series for _, level in steps] + list(limits), default=0.0) or 1.0
     xscale = CHART_W / (timing.makespan or 1.0)
@@ -95,7 +96,7 @@ def device_rows(compiled: Compiled) -> list[dict]:
 def report_html(compiled: Compiled, timeline_svg: str) -> str:
     """The report's HTML text (deterministic for a given compiled schedule and timeline)."""
     schedule, timing = compiled.schedule, compiled.timing
-    panels, top_level = memory_panels(schedule, timing)
+    panels, top_level = memory_panels(compiled)
     env = _environment()
     chart = env.get_template("memory.svg.j2").render(
         panels=panels, top_level=top_level, width=CHART_W, left=LEFT, panel_h=PANEL_H,

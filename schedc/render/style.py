@@ -2,7 +2,8 @@
 
 F is blue and B green as in Megatron-LM's figures; split backward gets orange I and teal W; each user
 task kind takes the next colour of a fixed palette in sorted-name order. Ops of a device's second
-chunk (interleaved) or of a second pipeline (Chimera's `up`) are drawn in lighter shades of their hue.
+chunk (interleaved) or of a second pipeline (Chimera's `up`) are drawn in lighter shades of their hue;
+a task kind keeps one colour.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ class Palette:
     variant_names: tuple[str, ...]             # shade index -> "down", "chunk 1", ... ("" when one shade)
 
     def fill(self, kind: str, pipe: int, stage: int) -> str:
-        base = KIND_COLOURS.get(kind) or TASK_COLOURS[self._task_index(kind) % len(TASK_COLOURS)]
+        base = KIND_COLOURS.get(kind)
+        if base is None:  # a task kind: one colour, whatever the pipeline
+            return TASK_COLOURS[self._task_index(kind) % len(TASK_COLOURS)]
         shades = len(self.variant_names)
         shade = self.variant.get((pipe, stage), 0)
         return mix(base, 0.55 * shade / (shades - 1)) if shades > 1 else base
@@ -83,7 +86,7 @@ def palette(schedule: Schedule) -> Palette:
 
 
 def kinds_present(schedule: Schedule) -> tuple[str, ...]:
-    kinds = {op.kind for op in schedule.ops()}
+    kinds = {op.kind for program in schedule.steps for order in program for op in order}
     return tuple(k for k in KIND_COLOURS if k in kinds) + tuple(sorted(kinds - set(KIND_COLOURS)))
 
 

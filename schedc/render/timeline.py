@@ -18,6 +18,7 @@ from ..compiler import Compiled
 from ..ir import Op
 from .measured import MeasuredRun
 from .style import Palette, op_label, palette, text_colour
+from .timed import step_starts, timed_ops
 
 COMPACT_OPS = 2000          # more ops than this: compact rows
 MAX_WIDTH = 12000.0         # points; beyond it the time unit shrinks (down to MIN_UNIT)
@@ -104,6 +105,9 @@ def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     title = (f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
              f"makespan {st['makespan']:g}   bubble {st['bubble_fraction']:.4f}   utilization "
              f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
+    if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
+        title += (f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
+                  f"of {st.get('cycle_steps', 1)} steps of {st['makespan']:g} in all\\l")
     return ["digraph timeline {",
             f'graph [label="{_esc_keep(title)}" labelloc=t labeljust=l fontname="Helvetica" '
             f'fontsize={11 if geo.compact else 12} bgcolor="white" splines=false outputorder=nodesfirst pad=0.15];',
@@ -118,25 +122,29 @@ def _section(canvas: _Canvas, title: str, name: str) -> None:
     canvas.y += 16
 
 
-def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width: float) -> dict[Op, str]:
-    schedule, timing, stats, geo = compiled.schedule, compiled.timing, compiled.stats, canvas.geo
-    ids: dict[Op, str] = {}
-    tips = not geo.compact
-    for d, order in enumerate(schedule.orders):
-        note = f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   peak act. {stats['peak_memory'][d]:g}"
-        y = canvas.lane(f"d{d}", f"device {d}", note, width)
-        for n, op in enumerate(order):
-            start = timing.start.get(op)
-            if start is None:
-                continue
-            name = ids[op] = f"d{d}_{n}"
-            x0, x1 = start * geo.unit, timing.end[op] * geo.unit
+def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width: float) -> dict:
+    """The devices' rows; returns the node name of every drawn op, keyed by (step, op)."""
+    stats, geo = compiled.stats, canvas.geo
+    ids: dict[tuple[int, Op], str] = {}
+    rows = timed_ops(compiled)
+    ys = [canvas.lane(f"d{d}", f"device {d}", f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   "
+                      f"peak act. {stats['peak_memory'][d]:g}", width) for d in range(len(rows))]
+    for k, x in enumerate(step_starts(compiled), 1):
+        top, bottom = ys[0] - geo.row / 2, ys[-1] + geo.row / 2
+        canvas.box(f"step{k}", x * geo.unit - 0.4, x * geo.unit + 0.4, (top + bottom) / 2, bottom - top,
+                   f'fillcolor="#888888" penwidth=0 tooltip="step {k} of the cycle"')
+    for d, row in enumerate(rows):
+        for n, t in enumerate(row):
+            op = t.op
+            name = ids[(t.step, op)] = f"d{d}_{n}"
+            x0, x1 = t.start * geo.unit, t.end * geo.unit
             fill = colours.fill(op.kind, op.pipe, op.stage)
             label = op_label(op)
+            step = f" (step {t.step})" if t.step else ""
             attrs = (f'fillcolor="{fill}" class="op {op.kind}"'
                      + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
-                     + (f' tooltip="{op} on device {d}: {start:g} to {timing.end[op]:g}"' if tips else ""))
-            canvas.box(name, x0, x1, y, geo.box, attrs)
+                     + (f' tooltip="{op} on device {d}{step}: {t.start:g} to {t.end:g}"' if not geo.compact else ""))
+            canvas.box(name, x0, x1, ys[d], geo.box, attrs)
     return ids
 
 
@@ -156,16 +164,16 @@ def _measured_rows(canvas: _Canvas, run: MeasuredRun, colours: Palette, width: f
             canvas.box(f"m{rank}_{n}", x0, x1, y, geo.box, attrs)
 
 
-def _messages(canvas: _Canvas, compiled: Compiled, ids: dict[Op, str]) -> None:
+def _messages(canvas: _Canvas, compiled: Compiled, ids: dict) -> None:
     """An arrow from the end of each producer to the start of its consumer on another device."""
-    schedule = compiled.schedule
-    for order in schedule.orders:
-        for op in order:
-            if op.kind not in COMPUTE_MESSAGES or op not in ids:
-                continue
-            for dep in schedule.deps.get(op, ()):
-                if dep.device != op.device and dep.kind in COMPUTE_MESSAGES and dep in ids:
-                    canvas.lines.append(f'{ids[dep]}:e -> {ids[op]}:w [color="{MESSAGE_COLOURS[dep.kind]}"];')
+    deps = compiled.schedule.deps
+    for (k, op), name in ids.items():
+        if op.kind not in COMPUTE_MESSAGES:
+            continue
+        for dep in deps.get(op, ()):
+            source = ids.get((k, dep))
+            if source is not None and dep.device != op.device and dep.kind in COMPUTE_MESSAGES:
+                canvas.lines.append(f'{source}:e -> {name}:w [color="{MESSAGE_COLOURS[dep.kind]}"];')
 
 
 def _axis(canvas: _Canvas, width: float, makespan: float) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..compiler import Compiled
+from .timed import timed_ops
 
 US_PER_UNIT = 1000.0
 
@@ -20,22 +21,21 @@ def event_name(kind: str, stage: int | None, mb: int | None) -> str:
 
 
 def chrome_trace(compiled: Compiled) -> dict[str, Any]:
-    """traceEvents: process metadata per rank, then every timed op in program order per rank."""
-    schedule, timing = compiled.schedule, compiled.timing
+    """traceEvents: process metadata per rank, then every timed op in program order per rank (a filled
+    plan's cycle step after step, `args.step` = the step of the cycle)."""
+    schedule = compiled.schedule
     events: list[dict[str, Any]] = []
     for rank in range(schedule.devices):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
-    for rank, order in enumerate(schedule.orders):
-        for op in order:
-            start = timing.start.get(op)
-            if start is None:
-                continue
-            args = {"op": op.kind, "stage": op.stage, "mb": op.mb, "pipe": op.pipe, "step": 0}
+    for rank, row in enumerate(timed_ops(compiled)):
+        for t in row:
+            op = t.op
+            args = {"op": op.kind, "stage": op.stage, "mb": op.mb, "pipe": op.pipe, "step": t.step}
             if op.parts > 1:
                 args.update(part=op.part, parts=op.parts)
             events.append({"name": event_name(op.kind, op.stage, op.mb), "ph": "X", "pid": rank, "tid": 0,
-                           "ts": _us(start), "dur": _us(timing.end[op] - start), "args": args})
+                           "ts": _us(t.start), "dur": _us(t.end - t.start), "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": schedule.name, "params": schedule.params, "simulated": True,
                           "time_scale": "1 cost unit = 1 ms", "stats": compiled.stats}}

@@ -1,0 +1,308 @@
+"""render: every output format well-formed, deterministic (golden DOT files), the HTML report in a real
+browser, the Chrome trace aligned with the runtime's, plans and measured traces as inputs.
+
+Golden files: tests/golden/*.dot; rewrite them with `pytest tests/test_render.py --regen-golden`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FIXTURES, compile_library
+from schedc.cli import main
+from schedc.diagnostics import SchedError
+from schedc.render import render, render_file
+from schedc.render.dag import dag_dot
+from schedc.render.html import memory_over_time
+from schedc.render.timed import timed_ops
+from schedc.render.timeline import timeline_dot
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SVG = "{http://www.w3.org/2000/svg}"
+CASES = [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
+         ("chimera", {"p": 4, "m": 8}), ("gpipe", {"p": 3, "m": 5}), ("pipefisher", {"p": 4, "m": 4})]
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+
+
+def defines(params: dict) -> tuple[str, ...]:
+    return tuple(f"{k}={v}" for k, v in params.items())
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def op_count(compiled) -> int:
+    return sum(len(row) for row in timed_ops(compiled))
+
+
+def svg_shapes(data: bytes, cls: str) -> list[ET.Element]:
+    root = ET.fromstring(data)
+    return [g for g in root.iter(f"{SVG}g") if cls in g.get("class", "").split()]
+
+
+# -- formats ---------------------------------------------------------------------------------------------
+
+@needs_dot
+@pytest.mark.parametrize("name,params", CASES)
+def test_svg_parses_with_one_shape_per_op(name, params):
+    compiled = compile_library(name, **params)
+    shapes = svg_shapes(render(compiled, "svg", "x.svg"), "op")
+    assert len(shapes) == op_count(compiled)
+    assert all(g.find(f".//{SVG}polygon") is not None for g in shapes)
+    kinds = {g.get("class").split()[-1] for g in shapes}
+    assert kinds == {t.op.kind for row in timed_ops(compiled) for t in row}
+
+
+@needs_dot
+def test_png_has_header_and_a_plausible_size():
+    data = render(compile_library("1f1b", p=4, m=8), "png", "x.png")
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert 800 < width < 4000 and 200 < height < 1000
+
+
+@needs_dot
+def test_pdf_has_header_and_trailer():
+    data = render(compile_library("chimera", p=4, m=8), "pdf", "x.pdf")
+    assert data.startswith(b"%PDF-") and b"%%EOF" in data[-64:]
+
+
+@needs_dot
+def test_comms_draw_one_arrow_per_message():
+    compiled = compile_library("chimera", p=4, m=8)
+    edges = svg_shapes(render(compiled, "svg", "x.svg", comms=True), "edge")
+    assert len(edges) == 8 * 3 * 2  # every microbatch crosses 3 device boundaries forward and backward
+
+
+@pytest.mark.parametrize("name,params", CASES)
+def test_chrome_trace_has_one_event_per_op_on_its_rank(name, params):
+    compiled = compile_library(name, **params)
+    trace = json.loads(render(compiled, "json", "x.json"))
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == op_count(compiled)
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(compiled.schedule.devices)}
+    by_key = {(e["pid"], e["args"]["op"], e["args"]["stage"], e["args"]["mb"], e["args"]["step"],
+               e["args"].get("part", 0)): e for e in complete}
+    for rank, row in enumerate(timed_ops(compiled)):
+        for t in row:
+            event = by_key[(rank, t.op.kind, t.op.stage, t.op.mb, t.step, t.op.part)]
+            assert event["ts"] == pytest.approx(t.start * 1000) and event["dur"] == pytest.approx(t.op.cost * 1000)
+
+
+def test_trace_names_events_as_the_runtime_does():
+    runtime_trace = pytest.importorskip("schedc.runtime.trace")
+    trace = json.loads(render(compile_library("1f1b", p=2, m=2), "json", "x.json"))
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            assert e["name"] == runtime_trace.event_name(e["args"]["op"], e["args"]["stage"], e["args"]["mb"])
+
+
+# -- determinism and golden files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("golden,make", [
+    ("timeline_1f1b_p3_m4.dot", lambda: timeline_dot(compile_library("1f1b", p=3, m=4))),
+    ("timeline_chimera_p2_m2_comms.dot", lambda: timeline_dot(compile_library("chimera", p=2, m=2), comms=True)),
+    ("dag_1f1b_p2_m2.dot", lambda: dag_dot(compile_library("1f1b", p=2, m=2).schedule)),
+])
+def test_dot_matches_golden(golden, make, regen_golden):
+    text = make()
+    assert text == make(), "rendering must be deterministic"
+    path = GOLDEN / golden
+    if regen_golden:
+        path.write_text(text)
+    assert path.read_text() == text, f"{golden} changed; check the drawing, then run pytest --regen-golden"
+
+
+@needs_dot
+def test_html_report_is_deterministic():
+    compiled = compile_library("interleaved_1f1b", p=4, v=2, m=8)
+    assert render(compiled, "html", "x.html") == render(compiled, "html", "x.html")
+
+
+# -- HTML report -----------------------------------------------------------------------------------------
+
+@needs_dot
+def test_html_report_is_self_contained_with_all_parts(tmp_path):
+    out = tmp_path / "report.html"
+    render_file("chimera", ("p=4", "m=8"), None, 0.0, str(out))
+    html = out.read_text()
+    for absent in ("<script", "<link", "src=", "@import", "url("):
+        assert absent not in html
+    assert html.count("<svg") == 2  # the timeline and the memory chart
+    assert html.count('class="device"') == 4 and html.count("<polyline") == 4
+    assert "replicate down, up" in html  # the source
+    assert "<td>m</td><td>8</td>" in html  # the params
+
+
+@needs_dot
+def test_html_report_shows_diagnostics_and_the_memory_limit(tmp_path):
+    out = tmp_path / "report.html"
+    result = run("render", str(FIXTURES / "broken" / "memory.sched"), "-o", str(out))
+    assert result.exit_code == 1  # drawn, but the schedule fails its checks
+    html = out.read_text()
+    assert 'class="diagnostics"' in html and "over the limit 2" in html
+    assert html.count('class="limit"') == 2
+
+
+@pytest.mark.parametrize("name,params", CASES[:4])
+def test_memory_over_time_peaks_as_the_simulation(name, params):
+    compiled = compile_library(name, **params)
+    peaks = [max(level for _, level in steps) for steps in memory_over_time(compiled)]
+    assert peaks == list(compiled.stats["peak_memory"])
+    assert all(steps[-1][1] == 0 for steps in memory_over_time(compiled))
+
+
+# -- in a real browser -----------------------------------------------------------------------------------
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no headless Chromium (Debian package chromium)")
+
+
+def screenshot(url: str, tmp_path: Path, size=(1200, 900)) -> tuple[bytes, str]:
+    """Open url in headless Chromium; return the screenshot's bytes and the browser's log."""
+    shot = tmp_path / "shot.png"
+    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+               f"--screenshot={shot}", f"--window-size={size[0]},{size[1]}", url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), done.stderr[-2000:]
+    return shot.read_bytes(), done.stdout + done.stderr
+
+
+def console_errors(log: str) -> list[str]:
+    return [line for line in log.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+def decode_png(data: bytes) -> tuple[int, int, int, bytes]:
+    """A minimal PNG reader (8-bit RGB or RGBA, no interlace): width, height, channels, raw pixels."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        pos += 12 + length
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and colour in (2, 6) and interlace == 0, header
+    channels = 3 if colour == 2 else 4
+    raw, stride = zlib.decompress(b"".join(idat)), width * channels
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += line
+        prev = line
+    return width, height, channels, bytes(out)
+
+
+def near(pixel: tuple[int, ...], colour: str, tolerance: int = 12) -> bool:
+    return all(abs(p - int(colour[k:k + 2], 16)) <= tolerance for p, k in zip(pixel, (1, 3, 5)))
+
+
+def test_the_console_check_catches_errors(tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text("<!DOCTYPE html><p>x</p><script>console.error('boom'); notDefined();</script>")
+    _, log = screenshot(page.as_uri(), tmp_path, (400, 300))
+    assert any("Uncaught" in line for line in console_errors(log))
+
+
+@needs_dot
+def test_html_report_in_headless_chromium(tmp_path):
+    report = tmp_path / "report.html"
+    render_file("chimera", ("p=4", "m=8"), None, 0.0, str(report))
+    png, log = screenshot(report.as_uri(), tmp_path)
+    assert console_errors(log) == []
+    width, height, channels, pixels = decode_png(png)
+    assert (width, height) == (1200, 900)
+    step = channels * 7  # sample every 7th pixel
+    sample = [tuple(pixels[i:i + 3]) for i in range(0, len(pixels), step)]
+    assert sum(p != (255, 255, 255) for p in sample) > len(sample) // 20, "the screenshot is blank"
+    from schedc.render.style import KIND_COLOURS
+    assert sum(near(p, KIND_COLOURS["F"]) for p in sample) > 50, "no forward boxes on screen"
+    assert sum(near(p, KIND_COLOURS["B"]) for p in sample) > 50, "no backward boxes on screen"
+
+
+# -- inputs: plans, measured traces ----------------------------------------------------------------------
+
+def test_plan_input_draws_the_same_timeline(tmp_path):
+    assert run("compile", "interleaved_1f1b", "-o", str(tmp_path)).exit_code == 0
+    from schedc.render.load import load_input
+    from_plan = timeline_dot(load_input(str(tmp_path / "plan.json"), (), None, 0.0))
+    from_source = timeline_dot(compile_library("interleaved_1f1b"))
+    body = lambda text: [line for line in text.splitlines() if not line.startswith("graph [label=")]
+    assert body(from_plan) == body(from_source)  # all but the title, whose params plan.json sorts
+
+
+@needs_dot
+def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
+    trace = tmp_path / "trace.json"
+    assert run("render", "1f1b", "-o", str(trace)).exit_code == 0
+    data = json.loads(trace.read_text())
+    for e in data["traceEvents"]:
+        if e["ph"] == "X":  # "measured" at 2.5 ms per unit
+            e["ts"], e["dur"] = e["ts"] * 2.5, e["dur"] * 2.5
+    trace.write_text(json.dumps(data))
+    out = tmp_path / "cmp.svg"
+    assert run("render", "1f1b", "--measured", str(trace), "-o", str(out)).exit_code == 0
+    svg = out.read_bytes()
+    measured, simulated = svg_shapes(svg, "measured"), svg_shapes(svg, "op")
+    assert len(measured) == len(simulated) == 64
+    top = lambda g: min(float(v.split(",")[1]) for v in g.find(f".//{SVG}polygon").get("points").split())
+    assert max(map(top, measured)) < min(map(top, simulated))  # measured rows above (SVG y grows down)
+    assert b"1 unit = 2.5 ms" in svg
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+
+def test_dag_of_a_large_schedule_is_refused_with_a_hint(tmp_path):
+    result = CliRunner().invoke(main, ["render", "1f1b", "-D", "p=16", "-D", "m=64", "--dag",
+                                       "-o", str(tmp_path / "g.svg")])
+    assert result.exit_code == 2
+    assert "too many to draw" in result.output and "-D p=4" in result.output
+
+
+def test_unknown_extension_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(main, ["render", "1f1b", "-o", str(tmp_path / "x.txt")])
+    assert result.exit_code == 2 and ".svg" in result.output and "Traceback" not in result.output
+
+
+def test_missing_dot_names_the_package(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(SchedError) as info:
+        render(compile_library("1f1b", p=2, m=2), "svg", "x.svg")
+    assert info.value.exit_code == 2 and "apt-get install graphviz" in info.value.render()
+
+
+def test_missing_dot_still_writes_dot_text(monkeypatch, tmp_path):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    result = CliRunner().invoke(main, ["render", "1f1b", "-o", str(tmp_path / "t.dot")])
+    assert result.exit_code == 0 and (tmp_path / "t.dot").read_text().startswith("digraph timeline {")
