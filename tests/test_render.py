@@ -281,6 +281,33 @@ def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
     assert b"1 unit = 2.5 ms" in svg
 
 
+@needs_dot
+def test_the_runtimes_trace_is_read_as_measured(tmp_path):
+    runtime_trace = pytest.importorskip("schedc.runtime.trace")
+    compiled = compile_library("1f1b", p=2, m=2)
+    events, clock = [], [0, 0]
+    for step in (0, 1):  # two steps: the last one is drawn
+        for rank, steps in enumerate(compiled.plan.ranks):
+            for instr in steps[0]:
+                length = 3_000_000 if instr.op in ("F", "B") else 100_000  # ns
+                events.append(runtime_trace.record(rank, step, instr, clock[rank], clock[rank] + length, 50_000))
+                clock[rank] += length
+    trace = tmp_path / "trace.json"
+    runtime_trace.write_json(trace, runtime_trace.chrome_trace(events, compiled.plan))
+    out = tmp_path / "cmp.svg"
+    assert run("render", "1f1b", "-D", "p=2", "-D", "m=2", "--measured", str(trace), "-o", str(out)).exit_code == 0
+    svg = out.read_bytes()
+    assert len(svg_shapes(svg, "measured")) == compiled.schedule.op_count() and b"(step 1)" in svg
+
+
+def test_torch_csv_input(tmp_path):
+    csv = tmp_path / "order.csv"
+    assert run("export", "interleaved_1f1b", "-o", str(csv)).exit_code == 0
+    assert run("render", str(csv), "-o", str(tmp_path / "t.json")).exit_code == 0
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 128
+
+
 # -- errors ----------------------------------------------------------------------------------------------
 
 def test_dag_of_a_large_schedule_is_refused_with_a_hint(tmp_path):

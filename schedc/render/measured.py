@@ -1,8 +1,8 @@
 """Measured Chrome traces (written by the runtime, or by `schedc render -o X.json`) read back for
 drawing next to the simulation.
 
-One step is drawn: the last one in the trace (warm). Its compute events (not sends, receives, waits,
-gradient sync or STEP) are kept per rank, in ms from the step's first event. `ms_per_unit` is the
+One step is drawn: the last one in the trace (warm). Its compute events (not sends, receives, gradient
+sync, STEP, nor the runtime's "wait" events, time blocked on a receive) are kept per rank, in ms from the step's first event. `ms_per_unit` is the
 measured compute time per rank over the simulated one, so that perfectly predicted costs line up.
 """
 from __future__ import annotations
@@ -53,7 +53,8 @@ def read_events(path: str) -> list[dict]:
 
 def load_measured(path: str, schedule: Schedule) -> MeasuredRun:
     """The last measured step of a trace, with its time scale against the simulation of `schedule`."""
-    events = [e for e in read_events(path) if _args(e).get("op", e.get("name")) not in NOT_COMPUTE]
+    events = [e for e in read_events(path)
+              if e.get("name") != "wait" and _args(e).get("op", e.get("name")) not in NOT_COMPUTE]
     if not events:
         raise _usage("the measured trace has no compute events", path)
     step = max(int(_args(e).get("step") or 0) for e in events)
@@ -73,7 +74,7 @@ def load_measured(path: str, schedule: Schedule) -> MeasuredRun:
     makespan = max(o.end for row in ops for o in row)
     work = sum(o.end - o.start for row in ops for o in row) / len(ranks)
     sim_work = sum(op.cost for op in schedule.ops()) / max(schedule.devices, 1)
-    return MeasuredRun(step, ranks, ops, makespan, work / sim_work if sim_work else 1.0)
+    return MeasuredRun(step, ranks, ops, makespan, work / sim_work if sim_work and work > 0 else 1.0)
 
 
 def _args(event: dict) -> dict:
