@@ -1,11 +1,13 @@
 # Benchmark: schedc's runtime against torch.distributed.pipelining on the same model, schedule and
 # ranks (gloo, CPU, 2 ranks, OMP_NUM_THREADS=1). For GPipe, 1F1B and interleaved 1F1B it compiles the
-# library schedule, runs it with `schedc.runtime` and runs ScheduleGPipe / Schedule1F1B /
-# ScheduleInterleaved1F1B over the same GPT stages, compares the median step time after warm-up, and
-# prints the measured makespan and bubble next to the plan's simulated ones.
+# library schedule with `schedc compile`, then, in one torchrun launch per schedule, builds schedc's
+# executor for that plan and ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B over separate
+# copies of the same GPT stages, and times the two on alternating steps (ABBA order), so that both see
+# the same machine load. Each step is the schedule, the optimizer step and a loss all-reduce. It prints
+# the median step times, and schedc's measured makespan and bubble next to the plan's simulated ones.
 # The last line is `ratio X`: the geometric mean over schedules of schedc time / torch time.
 #
-#   python benchmarks/runtime_vs_torch.py --quick      # under 4 minutes on 2 CPU cores
+#   python benchmarks/runtime_vs_torch.py --quick      # about a minute on 2 CPU cores, under 4
 from __future__ import annotations
 
 import argparse
@@ -28,12 +30,10 @@ SCHEDULES = {"gpipe": ("gpipe", "ScheduleGPipe", 1),
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description="schedc runtime vs torch.distributed.pipelining")
     parser.add_argument("--quick", action="store_true", help="fewer steps (under 4 minutes)")
-    parser.add_argument("--steps", type=int, help="steps per run (default 30, quick 10)")
-    parser.add_argument("--rounds", type=int, help="alternating schedc/torch runs per schedule "
-                                                   "(default 3, quick 2)")
-    parser.add_argument("--warmup", type=int, help="steps left out of the median (default 5, quick 3)")
+    parser.add_argument("--steps", type=int, help="steps of each runtime per schedule (default 60, quick 25)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps left out of the median (default 5)")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
@@ -41,26 +41,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--mb-size", type=int, default=4)
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated subset")
-    parser.add_argument("--torch-worker", metavar="SCHEDULE", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="SCHEDULE", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps is None:
-        args.steps = 10 if args.quick else 30
-    if args.warmup is None:
-        args.warmup = 3 if args.quick else 5
-    if args.rounds is None:
-        args.rounds = 2 if args.quick else 3
+        args.steps = 25 if args.quick else 60
     return args
 
 
 def model_flags(args: argparse.Namespace) -> list[str]:
     return ["--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
-            "--seq", str(args.seq), "--mb-size", str(args.mb_size), "--steps", str(args.steps)]
+            "--seq", str(args.seq), "--mb-size", str(args.mb_size)]
 
 
-def child_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
-
+# -- the driver ------------------------------------------------------------------------------------
 
 def compile_plan(name: str, args: argparse.Namespace, out: Path) -> Path:
     schedule, _, chunks = SCHEDULES[name]
@@ -70,92 +65,33 @@ def compile_plan(name: str, args: argparse.Namespace, out: Path) -> Path:
     return out / "plan.json"
 
 
-def torchrun(args: list[str]) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS), *args]
-    run = subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO)
+def measure(name: str, args: argparse.Namespace, work: Path) -> dict:
+    """One torchrun launch: both runtimes on alternating steps; rank 0's times and schedc's report."""
+    plan, out = compile_plan(name, args, work / f"plan-{name}"), work / f"{name}.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(RANKS),
+               str(Path(__file__).resolve()), "--worker", name, "--plan", str(plan), "--out", str(out),
+               "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--microbatches", str(args.microbatches), *model_flags(args)]
+    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         cwd=REPO)
     if run.returncode:
         sys.exit(f"benchmark run failed:\n{' '.join(command)}\n{run.stderr[-3000:]}")
-
-
-def run_schedc(plan: Path, args: argparse.Namespace, work: Path) -> tuple[list[float], dict]:
-    """Step times after warm-up, and the measured-vs-simulated report."""
-    metrics, report = work / "schedc.jsonl", work / "report.json"
-    torchrun(["-m", "schedc.runtime", str(plan), *model_flags(args), "--quiet", "--warmup", str(args.warmup),
-              "--metrics-out", str(metrics), "--report-out", str(report)])
-    seconds = [json.loads(line)["seconds"] for line in metrics.read_text().splitlines()]
-    return seconds[args.warmup:], json.loads(report.read_text())
-
-
-def run_torch(name: str, args: argparse.Namespace, work: Path) -> list[float]:
-    out = work / "torch.json"
-    torchrun([str(Path(__file__).resolve()), "--torch-worker", name, "--out", str(out),
-              *model_flags(args), "--microbatches", str(args.microbatches)])
-    return json.loads(out.read_text())[args.warmup:]
-
-
-def measure(name: str, args: argparse.Namespace, work: Path) -> tuple[float, float, dict]:
-    """Median step time of schedc and of torch over alternating runs (the machine's load drifts)."""
-    plan = compile_plan(name, args, work / f"plan-{name}")
-    ours, theirs, report = [], [], {}
-    for _ in range(args.rounds):
-        times, report = run_schedc(plan, args, work)
-        ours += times
-        theirs += run_torch(name, args, work)
-    return statistics.median(ours), statistics.median(theirs), report
-
-
-def torch_worker(args: argparse.Namespace) -> None:
-    """One rank of the torch.distributed.pipelining run over the same GPT stages as schedc's runtime."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed import pipelining
-
-    from schedc.runtime.data import Dataset
-    from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    _, cls_name, chunks = SCHEDULES[args.torch_worker]
-    cfg = ModelConfig(args.layers, args.hidden, args.heads, args.seq, 256, args.mb_size)
-    count = RANKS * chunks
-    runs = partition(build_pieces(build_gpt, cfg, seed=0), count)
-    held = [rank + k * RANKS for k in range(chunks)]
-    stages = [pipelining.PipelineStage(Stage(runs[s]), s, count, torch.device("cpu")) for s in held]
-    schedule_cls = getattr(pipelining, cls_name)
-    schedule = schedule_cls(stages if chunks > 1 else stages[0], n_microbatches=args.microbatches,
-                            loss_fn=lm_loss)
-    params = [p for stage in stages for p in stage.submod.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=1e-3)
-    dataset = Dataset(args.seq, 256, 0, synthetic=False)
-    times = []
-    for step in range(args.steps):
-        batch = dataset.batch(step, args.microbatches, args.mb_size)
-        begin = time.perf_counter()
-        losses: list = []
-        inputs = (batch.tokens,) if 0 in held else ()
-        target = batch.targets if count - 1 in held else None
-        schedule.step(*inputs, target=target, losses=losses)
-        optimizer.step()
-        optimizer.zero_grad()
-        loss = torch.stack(losses).sum() if losses else torch.zeros(())
-        dist.all_reduce(loss)
-        times.append(time.perf_counter() - begin)
-    if rank == 0:
-        Path(args.out).write_text(json.dumps(times))
-    dist.destroy_process_group()
+    return json.loads(out.read_text())
 
 
 def compare(args: argparse.Namespace) -> None:
     names = [n for n in args.schedules.split(",") if n]
     ratios = []
     print(f"{RANKS} ranks, gloo CPU, {args.microbatches} microbatches, GPT layers={args.layers} hidden={args.hidden} "
-          f"seq={args.seq} mb={args.mb_size}; median of {args.rounds} x {args.steps - args.warmup} steps "
-          f"after {args.warmup} warm-up steps per run")
+          f"seq={args.seq} mb={args.mb_size}; median of {args.steps - args.warmup} alternating steps each "
+          f"after {args.warmup} warm-up steps")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            ours, theirs, report = measure(name, args, Path(tmp))
+            result = measure(name, args, Path(tmp))
+            ours = statistics.median(result["schedc"][args.warmup:])
+            theirs = statistics.median(result["torch"][args.warmup:])
             ratios.append(ours / theirs)
-            print(line(name, ours, theirs, report), flush=True)
+            print(line(name, ours, theirs, result["report"]), flush=True)
     print(f"ratio {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
 
 
@@ -167,10 +103,93 @@ def line(name: str, ours: float, theirs: float, report: dict) -> str:
             f"bubble measured {report.get('bubble')}, simulated {sim.get('bubble')}")
 
 
+# -- one rank ----------------------------------------------------------------------------------------
+
+def build_schedc(args: argparse.Namespace):
+    """schedc's executor for the plan, as `python -m schedc.runtime` builds it (this starts the world)."""
+    from schedc.plan import load_plan
+    from schedc.runtime import train
+    from schedc.runtime.build import model_runs
+    from schedc.runtime.model import boundary_shapes
+    from schedc.runtime.options import parse_options
+    from schedc.runtime.world import Env, pick_device, start
+
+    opts = parse_options([args.plan, *model_flags(args), "--steps", str(args.steps), "--warmup", str(args.warmup)])
+    plan, env = load_plan(opts.plan), Env.read()
+    train.check_plan(plan, opts, env)
+    pieces, runs = model_runs(opts, plan.meta["stages"])
+    shapes = boundary_shapes(pieces, runs, opts.model_config)
+    world = start(plan, opts.dp, env, pick_device("cpu", env), opts.timeout)
+    return plan, opts, world, train.build_executor(plan, opts, world, runs, shapes)
+
+
+def build_torch(args: argparse.Namespace, rank: int):
+    """torch.distributed.pipelining's schedule over a separate copy of the same GPT stages."""
+    import torch
+    from torch.distributed import pipelining
+
+    from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
+
+    _, cls_name, chunks = SCHEDULES[args.worker]
+    cfg = ModelConfig(args.layers, args.hidden, args.heads, args.seq, 256, args.mb_size)
+    count = RANKS * chunks
+    runs = partition(build_pieces(build_gpt, cfg, seed=0), count)
+    held = [rank + k * RANKS for k in range(chunks)]
+    stages = [pipelining.PipelineStage(Stage(runs[s]), s, count, torch.device("cpu")) for s in held]
+    schedule = getattr(pipelining, cls_name)(stages if chunks > 1 else stages[0],
+                                             n_microbatches=args.microbatches, loss_fn=lm_loss)
+    optimizer = torch.optim.AdamW([p for stage in stages for p in stage.submod.parameters()], lr=1e-3)
+    return schedule, optimizer, 0 in held, count - 1 in held
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from schedc.runtime import train
+    from schedc.runtime.data import Dataset
+
+    plan, opts, world, executor = build_schedc(args)
+    schedule, optimizer, first, last = build_torch(args, world.rank)
+    dataset = Dataset(args.seq, 256, 0, synthetic=False)
+
+    def schedc_step(step: int, batch) -> None:
+        executor.run_step(step, batch)
+        loss = executor.take_loss()
+        dist.all_reduce(loss)
+
+    def torch_step(step: int, batch) -> None:
+        losses: list = []
+        schedule.step(*((batch.tokens,) if first else ()), target=batch.targets if last else None, losses=losses)
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = torch.stack(losses).sum() if losses else torch.zeros(())
+        dist.all_reduce(loss)
+
+    times: dict[str, list[float]] = {"schedc": [], "torch": []}
+    dist.barrier()
+    origin = time.perf_counter_ns()
+    for step in range(args.steps):
+        batch = dataset.batch(step, args.microbatches, args.mb_size)
+        order = [("schedc", schedc_step), ("torch", torch_step)]
+        for name, run in order if step % 2 == 0 else order[::-1]:
+            dist.barrier()
+            begin = time.perf_counter()
+            run(step, batch)
+            times[name].append(time.perf_counter() - begin)
+    opts.report_out = f"{args.out}.report"
+    opts.quiet = True
+    train._finish(plan, opts, world, executor, origin, 0)
+    if world.rank == 0:
+        report = json.loads(Path(opts.report_out).read_text())
+        Path(args.out).write_text(json.dumps({**times, "report": report}))
+    dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.torch_worker:
-        torch_worker(args)
+    if args.worker:
+        worker(args)
     else:
         begin = time.monotonic()
         compare(args)
