@@ -63,7 +63,7 @@ def compile_schedule(schedule: Schedule, latency: float = 0.0) -> Compiled:
     stats = schedule_stats(schedule, timing)
     if has_errors(diagnostics):
         return Compiled(schedule, timing, stats, None, diagnostics)
-    plan = lower(schedule, stats)                                # sends, receives, grad sync, STEP
+    plan = lower(schedule, stats, timing)                        # sends, receives, grad sync, STEP
     diagnostics += check_channels(plan)                          # pairwise message order, rendezvous replay
     return Compiled(schedule, timing, stats, plan, diagnostics)
 

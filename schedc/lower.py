@@ -3,8 +3,9 @@
 A forward whose next stage sits on another device gets a SEND_F after it and a RECV_F on the
 consumer; gradients likewise (SEND_B/RECV_B). Receives are posted in the sender's send order (NCCL
 matches messages per pair in issue order) and one message ahead: the receive of message k from a peer
-is posted right after the consumer of message k-1. A replay under rendezvous semantics then moves
-receives earlier wherever two ranks' sends would otherwise wait on each other.
+is posted right after the consumer of message k-1. Streams are written in simulated time order, and a
+send whose receive is not yet posted gets it posted right then, so no two ranks' sends can wait on
+each other (see lower_step).
 Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank), then STEP.
 
     device 0: F(0,0) B(0,0)          rank 0: F(0,0) SEND_F(0,0)->1 RECV_B(1,0)<-1 B(0,0) STEP
@@ -12,11 +13,12 @@ Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank),
 """
 from __future__ import annotations
 
-from collections import deque
+from dataclasses import replace
 from typing import Any
 
-from .ir import Op, Schedule
+from .ir import Dependencies, Op, Schedule
 from .plan import Instr, Opcode, Plan
+from .simulate import Timing, simulate
 
 PLAN_KEYS = ("schedule", "description", "source", "params", "devices", "stages", "microbatches", "pipelines",
              "replicas", "costs", "stats")
@@ -71,12 +73,15 @@ def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], r
     return positions
 
 
-def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> list[list[Instr]]:
+def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
+               sequence: tuple[tuple[float, float, Op], ...]) -> list[list[Instr]]:
     """Lower one step program of every device; returns instruction lists per rank.
 
-    The streams are written by replaying all ranks under rendezvous semantics (a send completes only
-    once its receiver has posted the receive): receives go where _post_positions plans them, and where
-    two ranks would block each other's sends, the waiting receive is posted at once instead.
+    The streams are written in simulated time: each op when it starts, its sends when it ends (`sequence`
+    is the simulation's (start, end, op) in start order, a topological order). A send finds its receive
+    posted where _post_positions planned it, or else the receive is posted right then, at the receiver's
+    current place. Every wait (a send on its receive, a consumer on its data, an instruction on the one
+    before it) then points backwards in this sweep, so a replay with rendezvous sends cannot deadlock.
     """
     devices, links = schedule.devices, _Links(schedule)
     step_links = [[links(op) for op in order] for order in step]
@@ -90,108 +95,61 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> list[lis
                 mine.append((peer, len(queue), Instr(kind, s, op.mb, op.pipe, peer)))
                 queue.append(("RECV_F" if kind == "SEND_F" else "RECV_B", s, op.mb, op.pipe))
             sends[d].append(mine)
-    ranks = [_RankReplay(schedule, d, order, step_links[d], {p: send_order[p].get(d, []) for p in range(devices)},
-                         sends[d]) for d, order in enumerate(step)]
-    _replay(ranks)
-    return [rank.finish() for rank in ranks]
+    ranks = [_RankStream(d, order, step_links[d], {p: send_order[p].get(d, []) for p in range(devices)})
+             for d, order in enumerate(step)]
+    events = []  # (time, 0 for sends at the end of a nonzero op, position in sequence, 0 start / 1 sends, op)
+    for position, (start, end, op) in enumerate(sequence):
+        events.append((start, 1, position, 0, op))
+        events.append((end, 0 if end > start else 1, position, 1, op))
+    events.sort(key=lambda event: event[:4])
+    pending: dict[int, list[tuple]] = {}
+    for _, _, position, what, op in events:
+        rank = ranks[op.device]
+        if what == 0:
+            pending[position] = sends[op.device][rank.pc]
+            rank.run(op)
+            continue
+        for peer, k, instr in pending.pop(position):
+            ranks[peer].post(op.device, k)  # a no-op when the receive was already posted as planned
+            rank.stream.append(instr)
+    return [rank.finish() + _sync_grads(schedule, d) + [Instr(Opcode.STEP.value)] for d, rank in enumerate(ranks)]
 
 
-class _RankReplay:
-    """One rank during lowering: its compute ops, planned receive posts and the stream written so far."""
+class _RankStream:
+    """One rank's stream while it is written: its compute ops, planned receive posts and what is posted."""
 
-    def __init__(self, schedule: Schedule, d: int, order: tuple[Op, ...], op_links: list, incoming: dict,
-                 sends: list[list[tuple]]):
-        self.schedule, self.d, self.order, self.sends = schedule, d, order, sends
-        self.incoming = incoming                                 # peer -> messages in the peer's send order
+    def __init__(self, d: int, order: tuple[Op, ...], op_links: list, incoming: dict):
+        self.order, self.incoming = order, incoming              # incoming: peer -> messages, in send order
         index = {(msg, peer): k for peer, msgs in incoming.items() for k, msg in enumerate(msgs)}
-        self.needs = [[(peer, index[((kind, s, op.mb, op.pipe), peer)]) for kind, s, peer in recvs]
-                      for op, (_, recvs) in zip(order, op_links)]
         consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, (op, (_, recvs)) in enumerate(zip(order, op_links))
                      for kind, s, peer in recvs]
         self.plan = {n: [(peer, index[(msg, peer)]) for msg, peer in posted]
                      for n, posted in _post_positions(order, consumers, incoming).items()}
         self.posted = {peer: 0 for peer in incoming}              # receives posted, per peer (a prefix)
-        self.sent: dict[int, int] = {}                            # sends completed, per peer
         self.stream: list[Instr] = []
-        self.pc, self.next_send = 0, None                         # next_send: index into sends[pc] once run
+        self.pc = 0
 
-    def post(self, peer: int, upto: int) -> bool:
-        """Post the receives from peer up to message `upto` (in order); True if any was new."""
-        first = self.posted[peer]
-        for k in range(first, upto + 1):
+    def post(self, peer: int, upto: int) -> None:
+        """Post the receives from peer up to message `upto`, in the peer's send order."""
+        for k in range(self.posted[peer], upto + 1):
             kind, s, mb, pipe = self.incoming[peer][k]
             self.stream.append(Instr(kind, s, mb, pipe, peer))
-        self.posted[peer] = max(first, upto + 1)
-        return upto >= first
+        self.posted[peer] = max(self.posted[peer], upto + 1)
 
-    def advance(self, ranks: list[_RankReplay], wake) -> None:
-        """Run until blocked: on data not yet sent, or on a send whose receive is not yet posted."""
-        order, sends, needs, plan, d = self.order, self.sends, self.needs, self.plan, self.d
-        append, pc, next_send = self.stream.append, self.pc, self.next_send
-        while pc < len(order):
-            if next_send is None:
-                if pc in plan:
-                    for peer, k in plan[pc]:
-                        if self.post(peer, k):
-                            wake(peer)
-                for peer, k in needs[pc]:
-                    if ranks[peer].sent.get(d, 0) <= k:
-                        self.pc, self.next_send = pc, None
-                        return
-                op = order[pc]
-                append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
-                       Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
-                next_send = 0
-            pending = sends[pc]
-            while next_send < len(pending):
-                peer, k, instr = pending[next_send]
-                if ranks[peer].posted.get(d, 0) <= k:
-                    self.pc, self.next_send = pc, next_send
-                    return
-                append(instr)
-                self.sent[peer] = k + 1
-                next_send += 1
-                wake(peer)
-            pc, next_send = pc + 1, None
-        self.pc, self.next_send = pc, None
-
-    def blocked_send(self) -> tuple[int, int] | None:
-        """(peer, message index) of the send this rank waits on, if it waits on one."""
-        if self.next_send is None or self.pc >= len(self.order):
-            return None
-        peer, k, _ = self.sends[self.pc][self.next_send]
-        return peer, k
+    def run(self, op: Op) -> None:
+        """Append the next compute op (with the receives planned before it)."""
+        assert self.order[self.pc] is op, "the simulated sequence follows every device's order"
+        for peer, k in self.plan.get(self.pc, ()):
+            self.post(peer, k)
+        self.stream.append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
+                           Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
+        self.pc += 1
 
     def finish(self) -> list[Instr]:
         for peer, msgs in self.incoming.items():
             if msgs:
                 self.post(peer, len(msgs) - 1)
-        return self.stream + _sync_grads(self.schedule, self.d) + [Instr(Opcode.STEP.value)]
-
-
-def _replay(ranks: list[_RankReplay]) -> None:
-    """Advance every rank; when all wait, post early the receive that a blocked send waits for."""
-    ready, queued = deque(range(len(ranks))), [True] * len(ranks)
-
-    def wake(d: int) -> None:
-        if not queued[d]:
-            queued[d] = True
-            ready.append(d)
-
-    while True:
-        while ready:
-            d = ready.popleft()
-            queued[d] = False
-            ranks[d].advance(ranks, wake)
-        stuck = [(d, wait) for d, rank in enumerate(ranks) if (wait := rank.blocked_send())]
-        if not stuck:
-            if any(rank.pc < len(rank.order) for rank in ranks):
-                raise ValueError("lowering a schedule whose orders deadlock (check_deadlock refuses it)")
-            return
-        d, (peer, k) = stuck[0]
-        ranks[peer].post(d, k)
-        wake(d)
-        wake(peer)
+        return self.stream
 
 
 def _sync_grads(schedule: Schedule, device: int) -> list[Instr]:
@@ -222,8 +180,19 @@ def plan_meta(schedule: Schedule, stats: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def lower(schedule: Schedule, stats: dict[str, Any]) -> Plan:
-    """Schedule -> Plan: every rank's K step programs with communication, gradient sync and STEP."""
-    steps = [lower_step(schedule, step) for step in schedule.steps]
+def _sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[Op, ...]:
+    """The start order of one step program of a filled cycle. Only the built-in dependencies count:
+    a task placed in a later step reads inputs saved in an earlier one, and tasks send nothing."""
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.split_backward, {}, ())
+    return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence
+
+
+def lower(schedule: Schedule, stats: dict[str, Any], timing: Timing | None = None) -> Plan:
+    """Schedule -> Plan: every rank's K step programs with communication, gradient sync and STEP.
+    `timing` (of the unfilled orders) saves simulating them again."""
+    steps = []
+    for step in schedule.steps:
+        known = timing is not None and timing.sequence and step is schedule.orders
+        steps.append(lower_step(schedule, step, timing.sequence if known else _sequence(schedule, step)))
     ranks = tuple(tuple(tuple(steps[k][d]) for k in range(len(steps))) for d in range(schedule.devices))
     return Plan(plan_meta(schedule, stats), ranks)

@@ -8,6 +8,7 @@ dependencies have ended (plus `latency` when a dependency ran on another device)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Any
 
 from .ir import Op, Schedule
@@ -26,6 +27,7 @@ class Timing:
     complete: bool  # False when the orders deadlock: ops that never ran have no times
     steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
     extra: dict[str, Any] = field(default_factory=dict)  # stats a later pass adds (fill_bubbles)
+    sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
 
     @property
     def idle(self) -> tuple[float, ...]:
@@ -80,29 +82,29 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
     start = [0.0] * len(ops)
     end = [0.0] * len(ops)
     ready = [0.0] * len(ops)
-    stack = [n for n in range(len(ops)) if indegree[n] == 0]
-    done = 0
-    while stack:
-        n = stack.pop()
+    heap = [(0.0, n) for n in range(len(ops)) if indegree[n] == 0]  # (start time, op): time order
+    sequence = []
+    while heap:
+        time, n = heappop(heap)
         op = ops[n]
-        start[n] = ready[n]
-        end[n] = ready[n] + op.cost
-        done += 1
+        start[n] = time
+        end[n] = time + op.cost
+        sequence.append((time, end[n], op))
         for m in succ[n]:
             arrive = end[n] + (latency if ops[m].device != op.device else 0.0)
             if arrive > ready[m]:
                 ready[m] = arrive
             indegree[m] -= 1
             if indegree[m] == 0:
-                stack.append(m)
-    complete = done == len(ops)
+                heappush(heap, (ready[m], m))
+    complete = len(sequence) == len(ops)
     timed = [n for n in range(len(ops)) if indegree[n] == 0] if not complete else range(len(ops))
     makespan = max((end[n] for n in timed), default=0.0)
     busy = [0.0] * schedule.devices
     for op in ops:
         busy[op.device] += op.cost
     return Timing({ops[n]: start[n] for n in timed}, {ops[n]: end[n] for n in timed}, makespan,
-                  tuple(busy), peak_memory(schedule), latency, complete)
+                  tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
 
 
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
