@@ -13,9 +13,13 @@ from .build import (global_microbatches, make_dataset, make_optimizer, model_run
                     tokens_per_step, write_grads, write_loss)
 from .executor import attach_flat_grads
 from .model import Stage, lm_loss
+from .world import Env, WorldError
 
 
 def run_reference(plan: Plan, opts) -> int:
+    if Env.read().size > 1:
+        raise WorldError("--reference runs in one process: start it with `python -m schedc.runtime "
+                         "plan.json --reference`, not under torchrun")
     pieces, _ = model_runs(opts, 1)
     device = torch.device("cuda" if opts.device != "cpu" and torch.cuda.is_available() else "cpu")
     model = Stage(pieces).to(device)
