@@ -1,10 +1,9 @@
 """Lowering: a schedule's per-device orders -> per-rank instruction streams with communication.
 
 A forward whose next stage sits on another device gets a SEND_F after it and a RECV_F on the
-consumer; gradients likewise (SEND_B/RECV_B). Receives are posted in the sender's send order (NCCL
-matches messages per pair in issue order) and one message ahead: the receive of message k from a peer
-is posted right after the consumer of message k-1. Streams are written in simulated time order, and a
-send whose receive is not yet posted gets it posted right then, so no two ranks' sends can wait on
+consumer; gradients likewise (SEND_B/RECV_B). Streams are written in simulated time order and a
+receive is posted when its message is sent: in the sender's send order (NCCL matches messages per pair
+in issue order), early enough not to stall the consumer, and so that no two ranks' sends can wait on
 each other (see lower_step).
 Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank), then STEP.
 
@@ -55,33 +54,16 @@ class _Links:
         return tuple(sends), tuple(recvs)
 
 
-def _post_positions(order: tuple[Op, ...], consumers: list[tuple[int, tuple]], rank_sends: dict) -> dict:
-    """Where each receive is posted: before compute op p_k, in the sender's send order."""
-    positions: dict[int, list[tuple]] = {}
-    by_peer: dict[int, dict[tuple, int]] = {}
-    for position, msg in consumers:
-        by_peer.setdefault(msg[4], {})[msg[:4]] = position
-    for peer, needed in by_peer.items():
-        sequence = [m for m in rank_sends[peer] if m in needed]  # the peer's send order to us
-        post = [0] * len(sequence)
-        for k, msg in enumerate(sequence):
-            post[k] = min(needed[msg], needed[sequence[k - 1]] + 1 if k else 0)
-        for k in range(len(sequence) - 2, -1, -1):
-            post[k] = min(post[k], post[k + 1])
-        for k, msg in enumerate(sequence):
-            positions.setdefault(post[k], []).append((msg, peer))
-    return positions
-
-
 def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
                sequence: tuple[tuple[float, float, Op], ...]) -> list[list[Instr]]:
     """Lower one step program of every device; returns instruction lists per rank.
 
     The streams are written in simulated time: each op when it starts, its sends when it ends (`sequence`
-    is the simulation's (start, end, op) in start order, a topological order). A send finds its receive
-    posted where _post_positions planned it, or else the receive is posted right then, at the receiver's
-    current place. Every wait (a send on its receive, a consumer on its data, an instruction on the one
-    before it) then points backwards in this sweep, so a replay with rendezvous sends cannot deadlock.
+    is the simulation's (start, end, op) in start order, a topological order). When a send is written,
+    its receive is posted on the receiver at the receiver's current place: while it computes something
+    else, before the consumer starts, and in the sender's order. Every wait (a send on its receive, a
+    consumer on its data, an instruction on the one before it) then points backwards in this sweep, so
+    a replay with rendezvous sends cannot deadlock.
     """
     devices, links = schedule.devices, _Links(schedule)
     step_links = [[links(op) for op in order] for order in step]
@@ -95,36 +77,34 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
                 mine.append((peer, len(queue), Instr(kind, s, op.mb, op.pipe, peer)))
                 queue.append(("RECV_F" if kind == "SEND_F" else "RECV_B", s, op.mb, op.pipe))
             sends[d].append(mine)
-    ranks = [_RankStream(d, order, step_links[d], {p: send_order[p].get(d, []) for p in range(devices)})
+    ranks = [_RankStream(order, {p: send_order[p].get(d, []) for p in range(devices)})
              for d, order in enumerate(step)]
-    events = []  # (time, 0 for sends at the end of a nonzero op, position in sequence, 0 start / 1 sends, op)
+    events = []  # (time, 0 for sends at the end of a nonzero op, position in sequence, 0 start / 1 sends, data)
+    at = [0] * devices
     for position, (start, end, op) in enumerate(sequence):
         events.append((start, 1, position, 0, op))
-        events.append((end, 0 if end > start else 1, position, 1, op))
+        out = sends[op.device][at[op.device]]
+        at[op.device] += 1
+        if out:
+            events.append((end, 0 if end > start else 1, position, 1, (op.device, out)))
     events.sort(key=lambda event: event[:4])
-    pending: dict[int, list[tuple]] = {}
-    for _, _, position, what, op in events:
-        rank = ranks[op.device]
+    for _, _, _, what, data in events:
         if what == 0:
-            pending[position] = sends[op.device][rank.pc]
-            rank.run(op)
+            ranks[data.device].run(data)
             continue
-        for peer, k, instr in pending.pop(position):
-            ranks[peer].post(op.device, k)  # a no-op when the receive was already posted as planned
-            rank.stream.append(instr)
+        d, out = data
+        stream = ranks[d].stream
+        for peer, k, instr in out:
+            ranks[peer].post(d, k)  # the receiver posts it now, wherever it is: before its consumer starts
+            stream.append(instr)
     return [rank.finish() + _sync_grads(schedule, d) + [Instr(Opcode.STEP.value)] for d, rank in enumerate(ranks)]
 
 
 class _RankStream:
-    """One rank's stream while it is written: its compute ops, planned receive posts and what is posted."""
+    """One rank's stream while it is written: its compute ops and the receives posted so far."""
 
-    def __init__(self, d: int, order: tuple[Op, ...], op_links: list, incoming: dict):
+    def __init__(self, order: tuple[Op, ...], incoming: dict):
         self.order, self.incoming = order, incoming              # incoming: peer -> messages, in send order
-        index = {(msg, peer): k for peer, msgs in incoming.items() for k, msg in enumerate(msgs)}
-        consumers = [(n, (kind, s, op.mb, op.pipe, peer)) for n, (op, (_, recvs)) in enumerate(zip(order, op_links))
-                     for kind, s, peer in recvs]
-        self.plan = {n: [(peer, index[(msg, peer)]) for msg, peer in posted]
-                     for n, posted in _post_positions(order, consumers, incoming).items()}
         self.posted = {peer: 0 for peer in incoming}              # receives posted, per peer (a prefix)
         self.stream: list[Instr] = []
         self.pc = 0
@@ -137,10 +117,7 @@ class _RankStream:
         self.posted[peer] = max(self.posted[peer], upto + 1)
 
     def run(self, op: Op) -> None:
-        """Append the next compute op (with the receives planned before it)."""
         assert self.order[self.pc] is op, "the simulated sequence follows every device's order"
-        for peer, k in self.plan.get(self.pc, ()):
-            self.post(peer, k)
         self.stream.append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
                            Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
         self.pc += 1

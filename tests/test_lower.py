@@ -46,11 +46,12 @@ def test_every_remote_input_is_received_before_its_consumer(name, params):
 
 
 def test_1f1b_rank_stream():
+    """Receives are posted when their message is sent (simulated time), in the sender's order."""
     plan = compile_library("1f1b", p=2, m=2).plan
     assert [str(i) for i in _stream(plan, 0)] == [
-        "RECV_B stage=1 mb=0 pipe=0 peer=1",
         "F stage=0 mb=0 pipe=0", "SEND_F stage=0 mb=0 pipe=0 peer=1",
         "F stage=0 mb=1 pipe=0", "SEND_F stage=0 mb=1 pipe=0 peer=1",
+        "RECV_B stage=1 mb=0 pipe=0 peer=1",
         "B stage=0 mb=0 pipe=0",
         "RECV_B stage=1 mb=1 pipe=0 peer=1",
         "B stage=0 mb=1 pipe=0", "STEP"]
