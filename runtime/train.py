@@ -6,7 +6,7 @@ import time
 
 import torch.distributed as dist
 
-from schedc.plan import RECVS, SENDS, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
@@ -18,7 +18,6 @@ from .tasks import load_task_modules, task_handler
 from .watchdog import Watchdog
 from .world import Env, World, check_size, pick_device, start, stop
 
-
 MEASURED_STEPS = 200  # steps timed for the report and profile (all steps with --trace-out)
 
 
@@ -26,7 +25,7 @@ def held_stages(plan: Plan, plan_rank: int) -> list[int]:
     """Model stages placed on `plan_rank` by any pipeline, checked against the rank's instructions."""
     held = sorted({s for pipe in plan.meta.get("pipelines", [])
                    for s, r in enumerate(pipe["placement"]) if r == plan_rank})
-    used = {i.stage for step in plan.ranks[plan_rank] for i in step if i.op in ("F", "B", "I", "W")}
+    used = {i.stage for step in plan.ranks[plan_rank] for i in step if i.op in COMPUTE}
     if not used <= set(held):
         raise PlanError(f"rank {plan_rank} computes stages {sorted(used - set(held))}, which the "
                         "plan's pipelines do not place on it")
@@ -53,6 +52,8 @@ def check_messages(plan: Plan) -> None:
         received: dict[tuple[int, int], list] = {}
         for rank, steps in enumerate(plan.ranks):
             for i in steps[k]:
+                if i.op in COMM and not (isinstance(i.peer, int) and 0 <= i.peer < plan.devices):
+                    raise PlanError(f"rank {rank}: {i} has no valid peer (ranks 0..{plan.devices - 1})")
                 if i.op in SENDS:
                     sent.setdefault((rank, i.peer), []).append((i.op[-1], i.stage, i.mb))
                 elif i.op in RECVS:
