@@ -153,19 +153,23 @@ def partition(pieces: list, stages: int) -> list[list]:
 
 def boundary_shapes(pieces: list[tuple[str, nn.Module]], runs: list[list], cfg: ModelConfig
                     ) -> list[tuple[torch.Size, torch.dtype]]:
-    """Shape and dtype of each stage's output for one microbatch, found on the meta device."""
-    x = torch.zeros(cfg.mb_size, cfg.seq, dtype=torch.long, device="meta")
+    """Shape and dtype of each stage's output for one microbatch: found on the meta device, or by a
+    real forward on CPU where a piece cannot run on meta."""
+    try:
+        return _trace_shapes(runs, cfg, "meta")
+    except (NotImplementedError, RuntimeError):
+        return _trace_shapes(runs, cfg, "cpu")
+
+
+def _trace_shapes(runs: list[list], cfg: ModelConfig, device: str) -> list:
+    x = torch.zeros(cfg.mb_size, cfg.seq, dtype=torch.long, device=device)
     shapes = []
     with torch.no_grad():
         for run in runs[:-1]:
             for _, module in run:
-                x = _on_meta(module)(x)
+                x = (copy.deepcopy(module).to("meta") if device == "meta" else module)(x)
             shapes.append((x.shape, x.dtype))
     return shapes
-
-
-def _on_meta(module: nn.Module) -> nn.Module:
-    return copy.deepcopy(module).to("meta")
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
