@@ -6,12 +6,13 @@ torch: in one process, the time ScheduleInterleaved1F1B spends building that sch
 (mock stages, no process group), lowering it (`_add_send_recv`) and dry-running it
 (`_simulate_comms_compute`); torch's import is not counted.
 
-Prints both (best of --repeat runs) and `ratio X` = schedc / torch as its last line.
+Prints both (best of --repeat runs, the two sides alternating) as wall-clock and as CPU time (user + system
+of the process; steadier on a busy machine), and `ratio X` = schedc / torch in CPU time as its last line.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,23 +30,25 @@ class _Stage:
         self.has_backward = True
 
 
-def time_torch(p: int, v: int, m: int) -> float:
+def time_torch(p: int, v: int, m: int) -> tuple[float, float]:
     from torch.distributed.pipelining import schedules as S
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     sched = S.ScheduleInterleaved1F1B([_Stage(c * p, p * v, 0, p) for c in range(v)], m)
     order = {rank: [a for a in actions if a is not None] for rank, actions in sched.pipeline_order.items()}
     lowered = S._add_send_recv(order, stage_to_rank=lambda s: s % p, num_stages=p * v)
     S._simulate_comms_compute(lowered, stage_to_rank=lambda s: s % p, num_stages=p * v)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def time_schedc(p: int, v: int, m: int, check: bool) -> float:
+def time_schedc(p: int, v: int, m: int, check: bool) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as out:
         command = ["schedc", "check" if check else "compile", "interleaved_1f1b", "-D", f"p={p}", "-D", f"v={v}",
                    "-D", f"m={m}"] + ([] if check else ["-o", out])
-        start = time.perf_counter()
+        before, start = os.times(), time.perf_counter()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        return time.perf_counter() - start
+        after = os.times()
+        cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        return time.perf_counter() - start, cpu
 
 
 def main() -> None:
@@ -57,15 +60,21 @@ def main() -> None:
     args = parser.parse_args()
     import torch.distributed.pipelining  # noqa: F401 - import outside the timed region
 
-    ours = min(time_schedc(args.p, args.v, args.m, False) for _ in range(args.repeat))
-    check = min(time_schedc(args.p, args.v, args.m, True) for _ in range(args.repeat))
-    theirs = min(time_torch(args.p, args.v, args.m) for _ in range(args.repeat))
+    runs: dict[str, list[tuple[float, float]]] = {"compile": [], "check": [], "torch": []}
+    for _ in range(args.repeat):
+        runs["compile"].append(time_schedc(args.p, args.v, args.m, False))
+        runs["check"].append(time_schedc(args.p, args.v, args.m, True))
+        runs["torch"].append(time_torch(args.p, args.v, args.m))
+    wall = {k: min(w for w, _ in v) for k, v in runs.items()}
+    cpu = {k: min(c for _, c in v) for k, v in runs.items()}
     ops = 2 * args.p * args.v * args.m
-    print(f"interleaved 1F1B p={args.p} v={args.v} m={args.m} ({ops:,} compute ops)")
-    print(f"schedc compile (whole process, plan written): {ours:8.3f} s")
-    print(f"schedc check   (whole process):               {check:8.3f} s")
-    print(f"torch build + _add_send_recv + simulate:      {theirs:8.3f} s")
-    print(f"ratio {ours / theirs:.3f}")
+    print(f"interleaved 1F1B p={args.p} v={args.v} m={args.m} ({ops:,} compute ops), best of {args.repeat}")
+    print(f"{'':44} {'wall s':>8} {'cpu s':>8}")
+    print(f"{'schedc compile (whole process, plan written)':44} {wall['compile']:8.3f} {cpu['compile']:8.3f}")
+    print(f"{'schedc check (whole process)':44} {wall['check']:8.3f} {cpu['check']:8.3f}")
+    print(f"{'torch build + _add_send_recv + simulate':44} {wall['torch']:8.3f} {cpu['torch']:8.3f}")
+    print(f"wall-clock ratio {wall['compile'] / wall['torch']:.3f}")
+    print(f"ratio {cpu['compile'] / cpu['torch']:.3f}")
 
 
 if __name__ == "__main__":
