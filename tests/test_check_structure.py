@@ -56,7 +56,7 @@ def torch_1f1b_csv(p: int, m: int) -> str:
 
 
 def test_torch_1f1b_from_the_wild_is_refused_naming_every_fault(tmp_path):
-    pytest.importorskip("torch.distributed.pipelining")
+    import torch.distributed.pipelining  # noqa: F401 - torch is a test dependency
     text = torch_1f1b_csv(4, 8)
     assert "3F8" in text and "3F0" not in text  # the bug this test is about
     path = tmp_path / "torch_1f1b.csv"

@@ -29,7 +29,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 SVG = "{http://www.w3.org/2000/svg}"
 CASES = [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
          ("chimera", {"p": 4, "m": 8}), ("gpipe", {"p": 3, "m": 5}), ("pipefisher", {"p": 4, "m": 4})]
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+# Graphviz's dot and Chromium are installed by scripts/setup.sh (and so by .ci/run): these tests need them.
 
 
 def defines(params: dict) -> tuple[str, ...]:
@@ -51,7 +51,6 @@ def svg_shapes(data: bytes, cls: str) -> list[ET.Element]:
 
 # -- formats ---------------------------------------------------------------------------------------------
 
-@needs_dot
 @pytest.mark.parametrize("name,params", CASES)
 def test_svg_parses_with_one_shape_per_op(name, params):
     compiled = compile_library(name, **params)
@@ -62,7 +61,6 @@ def test_svg_parses_with_one_shape_per_op(name, params):
     assert kinds == {t.op.kind for row in timed_ops(compiled) for t in row}
 
 
-@needs_dot
 def test_png_has_header_and_a_plausible_size():
     data = render(compile_library("1f1b", p=4, m=8), "png", "x.png")
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -70,13 +68,11 @@ def test_png_has_header_and_a_plausible_size():
     assert 800 < width < 4000 and 200 < height < 1000
 
 
-@needs_dot
 def test_pdf_has_header_and_trailer():
     data = render(compile_library("chimera", p=4, m=8), "pdf", "x.pdf")
     assert data.startswith(b"%PDF-") and b"%%EOF" in data[-64:]
 
 
-@needs_dot
 def test_comms_draw_one_arrow_per_message():
     compiled = compile_library("chimera", p=4, m=8)
     edges = svg_shapes(render(compiled, "svg", "x.svg", comms=True), "edge")
@@ -100,7 +96,7 @@ def test_chrome_trace_has_one_event_per_op_on_its_rank(name, params):
 
 
 def test_trace_names_events_as_the_runtime_does():
-    runtime_trace = pytest.importorskip("schedc.runtime.trace")
+    from schedc.runtime import trace as runtime_trace
     trace = json.loads(render(compile_library("1f1b", p=2, m=2), "json", "x.json"))
     for e in trace["traceEvents"]:
         if e["ph"] == "X":
@@ -123,7 +119,6 @@ def test_dot_matches_golden(golden, make, regen_golden):
     assert path.read_text() == text, f"{golden} changed; check the drawing, then run pytest --regen-golden"
 
 
-@needs_dot
 def test_html_report_is_deterministic():
     compiled = compile_library("interleaved_1f1b", p=4, v=2, m=8)
     assert render(compiled, "html", "x.html") == render(compiled, "html", "x.html")
@@ -131,7 +126,6 @@ def test_html_report_is_deterministic():
 
 # -- HTML report -----------------------------------------------------------------------------------------
 
-@needs_dot
 def test_html_report_is_self_contained_with_all_parts(tmp_path):
     out = tmp_path / "report.html"
     render_file("chimera", ("p=4", "m=8"), None, 0.0, str(out))
@@ -144,7 +138,6 @@ def test_html_report_is_self_contained_with_all_parts(tmp_path):
     assert "<td>m</td><td>8</td>" in html  # the params
 
 
-@needs_dot
 def test_html_report_shows_diagnostics_and_the_memory_limit(tmp_path):
     out = tmp_path / "report.html"
     result = run("render", str(FIXTURES / "broken" / "memory.sched"), "-o", str(out))
@@ -168,7 +161,7 @@ def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    pytest.skip("no headless Chromium (Debian package chromium)")
+    raise AssertionError("no headless Chromium: install the Debian package chromium (scripts/setup.sh does)")
 
 
 def screenshot(url: str, tmp_path: Path, size=(1200, 900)) -> tuple[bytes, str]:
@@ -235,7 +228,6 @@ def test_the_console_check_catches_errors(tmp_path):
     assert any("Uncaught" in line for line in console_errors(log))
 
 
-@needs_dot
 def test_html_report_in_headless_chromium(tmp_path):
     report = tmp_path / "report.html"
     render_file("chimera", ("p=4", "m=8"), None, 0.0, str(report))
@@ -262,7 +254,6 @@ def test_plan_input_draws_the_same_timeline(tmp_path):
     assert body(from_plan) == body(from_source)  # all but the title, whose params plan.json sorts
 
 
-@needs_dot
 def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
     trace = tmp_path / "trace.json"
     assert run("render", "1f1b", "-o", str(trace)).exit_code == 0
@@ -281,9 +272,8 @@ def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
     assert b"1 unit = 2.5 ms" in svg
 
 
-@needs_dot
 def test_the_runtimes_trace_is_read_as_measured(tmp_path):
-    runtime_trace = pytest.importorskip("schedc.runtime.trace")
+    from schedc.runtime import trace as runtime_trace
     compiled = compile_library("1f1b", p=2, m=2)
     events, clock = [], [0, 0]
     for step in (0, 1):  # two steps: the last one is drawn
