@@ -1,6 +1,9 @@
 """The compiler driver: source text -> AST -> IR -> checks -> timing -> plan, one pass per line."""
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,21 @@ def compile_schedule(schedule: Schedule, latency: float = 0.0) -> Compiled:
     return Compiled(schedule, timing, stats, plan, diagnostics)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while compiling. A big schedule builds ~10^6 IR values
+    and instructions, none of them in reference cycles, and the collector's repeated passes over them
+    cost about a quarter of a compile. What is alive afterwards is frozen (left out of later passes)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
+
+
 def compile_source(source: Source, options: Options | None = None, latency: float = 0.0) -> Compiled:
     return compile_schedule(build_schedule(source, options), latency)
 
@@ -82,4 +100,4 @@ def schedule_stats(schedule: Schedule, timing: Timing) -> dict[str, Any]:
 
 
 __all__ = ["Compiled", "Options", "read_source", "build_schedule", "analyse", "compile_schedule",
-           "compile_source", "schedule_stats", "replace"]
+           "collector_paused", "compile_source", "schedule_stats", "replace"]
