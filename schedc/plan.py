@@ -78,8 +78,7 @@ class Instr(NamedTuple):
         text = "{"
         if self.group is not None:
             text += '"group":[' + ",".join(map(str, self.group)) + "],"
-        op = _OP_JSON.get(self.op) or _OP_JSON.setdefault(self.op, json.dumps(self.op))
-        text += f'"mb":{"null" if self.mb is None else self.mb},"op":{op},'
+        text += f'"mb":{"null" if self.mb is None else self.mb},"op":{_op_json(self.op)},'
         if self.part is not None:
             text += f'"part":{self.part},'
         if self.parts is not None:
@@ -156,8 +155,33 @@ def format_rank_text(plan: Plan, rank: int) -> str:
     lines = [f"# schedc plan {plan.meta['schedule']} rank {rank} (hash {plan.hash[:12]})"]
     for k, step in enumerate(plan.ranks[rank]):
         lines.append(f"# step {k}")
-        lines.extend(str(instr) for instr in step)
+        lines += step_text(step)
     return "\n".join(lines) + "\n"
+
+
+# Whole steps at once. Nearly every instruction is an op or a message with stage, mb and pipe set (and
+# no group or parts): those are formatted inline, the others by Instr's methods, which define the forms.
+
+def step_text(step: tuple[Instr, ...]) -> list[str]:
+    """`[str(i) for i in step]`, several times faster on a plan's 10^5-10^6 instructions."""
+    return [(f"{op} stage={s} mb={mb} pipe={pipe}" if peer is None else
+             f"{op} stage={s} mb={mb} pipe={pipe} peer={peer}")
+            if group is None and part is None and parts is None and s is not None and mb is not None
+            and pipe is not None else str(Instr(op, s, mb, pipe, peer, group, part, parts))
+            for op, s, mb, pipe, peer, group, part, parts in step]
+
+
+def step_json(step: tuple[Instr, ...]) -> list[str]:
+    """`[i.json_text() for i in step]`, likewise."""
+    return [(f'{{"mb":{mb},"op":{_op_json(op)},"pipe":{pipe},"stage":{s}}}' if peer is None else
+             f'{{"mb":{mb},"op":{_op_json(op)},"peer":{peer},"pipe":{pipe},"stage":{s}}}')
+            if group is None and part is None and parts is None and s is not None and mb is not None
+            and pipe is not None else Instr(op, s, mb, pipe, peer, group, part, parts).json_text()
+            for op, s, mb, pipe, peer, group, part, parts in step]
+
+
+def _op_json(op: str) -> str:
+    return _OP_JSON.get(op) or _OP_JSON.setdefault(op, json.dumps(op))
 
 
 _RANKS = "\u0000ranks\u0000"  # stands in for the rank streams while the metadata is encoded
@@ -189,7 +213,7 @@ class Plan:
         """The compact, key-sorted JSON of the content (what `content_hash` hashes), built without
         materialising a dict per instruction."""
         ranks = ",".join('{"rank":%d,"steps":[%s]}' % (r, ",".join(
-            "[" + ",".join(i.json_text() for i in step) + "]" for step in steps)) for r, steps in enumerate(self.ranks))
+            "[" + ",".join(step_json(step)) + "]" for step in steps)) for r, steps in enumerate(self.ranks))
         head = json.dumps({**self.meta, "ranks": _RANKS}, sort_keys=True, separators=(",", ":"))
         return head.replace(json.dumps(_RANKS), "[" + ranks + "]", 1)
 

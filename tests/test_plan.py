@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import compile_library
-from schedc.plan import Instr, PlanError, load_plan, parse_rank_text, write_plan
+from schedc.plan import Instr, PlanError, load_plan, parse_rank_text, step_json, step_text, write_plan
 
 small = st.integers(0, 10_000)
 instrs = st.builds(Instr, st.sampled_from(["F", "B", "I", "W", "SEND_F", "RECV_B", "STEP", "curvature_A"]),
@@ -52,3 +52,13 @@ def test_edited_plan_is_refused(tmp_path):
     path.write_text(path.read_text().replace('"mb":1', '"mb":0', 1))
     with pytest.raises(PlanError, match="hash"):
         load_plan(path)
+
+
+with_parts = st.tuples(instrs, st.none() | small, st.none() | small).map(lambda t: t[0]._replace(part=t[1], parts=t[2]))
+
+
+@given(st.lists(instrs | with_parts, max_size=6))
+def test_step_forms_are_the_instruction_forms(step):
+    step = tuple(i._replace(mb=None) if i.stage is None else i for i in step)
+    assert step_text(step) == [str(i) for i in step]
+    assert step_json(step) == [json.dumps(i.to_json(), sort_keys=True, separators=(",", ":")) for i in step]
