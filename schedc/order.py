@@ -72,6 +72,11 @@ class _Queue:
     ops: list[Op]
     position: int = 0
 
+    def peek_run(self, count: int, taken: set[int]) -> list[Op]:
+        """The next `count` ops if they are all there and none is taken yet (one C-level test), else []."""
+        ops = self.ops[self.position:self.position + count]
+        return ops if len(ops) == count and taken.isdisjoint(map(id, ops)) else []
+
     def pop(self, taken: set[int]) -> Op | None:
         while self.position < len(self.ops) and id(self.ops[self.position]) in taken:
             self.position += 1
@@ -91,15 +96,24 @@ class _ProgramRun:
         self.taken: set[int] = set()  # id() of the ops placed so far
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
+        self.lets: dict[int, bool] = {}  # id(body) -> whether it has a `let` (bodies live as long as the AST)
 
     def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
-        env = dict(env)
+        if self._scoped(body):
+            env = dict(env)  # the body's lets end with it
         for stmt in body:
             self.steps += 1
             if self.steps > MAX_PROGRAM_STEPS:
                 raise EvalError(f"program of device {self.device} runs more than {MAX_PROGRAM_STEPS:,} steps",
                                 stmt.span)
-            getattr(self, "_" + type(stmt).__name__.lower())(stmt, env)
+            self.STATEMENTS[type(stmt)](self, stmt, env)
+
+    def _scoped(self, body: tuple[ast.Stmt, ...]) -> bool:
+        """Whether a body binds names (a `let`), so that it needs a scope of its own."""
+        found = self.lets.get(id(body))
+        if found is None:
+            found = self.lets[id(body)] = any(isinstance(stmt, ast.Let) for stmt in body)
+        return found
 
     def _let(self, stmt: ast.Let, env: dict) -> None:
         env[stmt.name] = evaluate(stmt.value, env)
@@ -117,6 +131,7 @@ class _ProgramRun:
         count = evaluate_int(stmt.repeat, env, "repeat count") if stmt.repeat is not None else 1
         if count < 0:
             raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
+        count -= self._rounds_at_once(stmt.unit, count, env)
         for _ in range(count):
             if isinstance(stmt.unit, ast.Group):
                 self.run(stmt.unit.body, env)
@@ -124,6 +139,28 @@ class _ProgramRun:
                 self._cursor(stmt.unit, env)
             if self.diags and len(self.diags) > 50:
                 return
+
+    def _rounds_at_once(self, unit: ast.Cursor | ast.Group, count: int, env: dict) -> int:
+        """`F * n` or `(F B) * n` (plain pops of distinct kinds): place the n rounds at once when every
+        queue holds its next n ops untaken, the common case; returns the rounds placed (0: the caller
+        pops one at a time, reporting what is missing)."""
+        cursors = _plain_cursors(unit) if count > 1 else None
+        if not cursors or len({c.kind for c in cursors}) < len(cursors):
+            return 0
+        steps = self.steps + (count * len(cursors) if isinstance(unit, ast.Group) else 0)
+        queues = [self.queues.get((c.kind, self._pipe(c, env))) for c in cursors]
+        if steps > MAX_PROGRAM_STEPS or any(q is None for q in queues):
+            return 0
+        runs = [q.peek_run(count, self.taken) for q in queues]
+        if not all(runs):
+            return 0
+        self.steps = steps
+        for queue in queues:
+            queue.position += count
+        for ops in zip(*runs):
+            for op, cursor in zip(ops, cursors):
+                self._take(op, cursor.span)
+        return count
 
     def _pipe(self, cursor: ast.Cursor, env: dict) -> str | None:
         if cursor.pipe is None:
@@ -170,6 +207,21 @@ class _ProgramRun:
     def _take(self, op: Op, span: Span) -> None:
         self.taken.add(id(op))
         self.order.append(Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts))
+
+
+def _plain_cursors(unit: ast.Cursor | ast.Group) -> tuple[ast.Cursor, ...] | None:
+    """The pops of `F` or `(F B)`: cursors without arguments, in a group without conditions or repeats."""
+    if isinstance(unit, ast.Cursor):
+        return (unit,) if unit.args is None else None
+    items = unit.body
+    if all(isinstance(item, ast.Item) and isinstance(item.unit, ast.Cursor) and item.unit.args is None
+           and item.when is None and item.repeat is None for item in items):
+        return tuple(item.unit for item in items)
+    return None
+
+
+_ProgramRun.STATEMENTS = {ast.Let: _ProgramRun._let, ast.Loop: _ProgramRun._loop, ast.When: _ProgramRun._when,
+                          ast.Item: _ProgramRun._item}
 
 
 def _build_queues(device_ops: list[Op], queue_decls, pipelines, chunk, env) -> dict:
