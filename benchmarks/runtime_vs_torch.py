@@ -4,8 +4,9 @@
 # executor for that plan and ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B over separate
 # copies of the same GPT stages, and times the two on alternating steps (ABBA order), so that both see
 # the same machine load. Each step is the schedule, the optimizer step and a loss all-reduce. It prints
-# the median step times, and schedc's measured makespan and bubble next to the plan's simulated ones.
-# The last line is `ratio X`: the geometric mean over schedules of schedc time / torch time.
+# the median step times, the median of the per-step ratios schedc / torch (adjacent steps, so load drift
+# cancels), and schedc's measured makespan and bubble next to the plan's simulated ones.
+# The last line is `ratio X`: the geometric mean over schedules of those ratios.
 #
 #   python benchmarks/runtime_vs_torch.py --quick      # about a minute on 2 CPU cores, under 4
 from __future__ import annotations
@@ -88,17 +89,17 @@ def compare(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             result = measure(name, args, Path(tmp))
-            ours = statistics.median(result["schedc"][args.warmup:])
-            theirs = statistics.median(result["torch"][args.warmup:])
-            ratios.append(ours / theirs)
-            print(line(name, ours, theirs, result["report"]), flush=True)
+            ours, theirs = result["schedc"][args.warmup:], result["torch"][args.warmup:]
+            ratios.append(statistics.median(a / b for a, b in zip(ours, theirs)))  # paired by step
+            print(line(name, statistics.median(ours), statistics.median(theirs), ratios[-1], result["report"]),
+                  flush=True)
     print(f"ratio {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
 
 
-def line(name: str, ours: float, theirs: float, report: dict) -> str:
+def line(name: str, ours: float, theirs: float, ratio: float, report: dict) -> str:
     sim = report.get("simulated", {})
     simulated = f"{sim['makespan_ms']:.1f}" if sim.get("makespan_ms") is not None else "-"
-    return (f"{name:12s} schedc {ours * 1e3:7.1f} ms  torch {theirs * 1e3:7.1f} ms  ratio {ours / theirs:5.3f}  |  "
+    return (f"{name:12s} schedc {ours * 1e3:7.1f} ms  torch {theirs * 1e3:7.1f} ms  ratio {ratio:5.3f}  |  "
             f"makespan measured {report.get('makespan_ms', 0):.1f} ms, simulated {simulated} ms; "
             f"bubble measured {report.get('bubble')}, simulated {sim.get('bubble')}")
 
@@ -123,11 +124,12 @@ def build_schedc(args: argparse.Namespace):
     return plan, opts, world, train.build_executor(plan, opts, world, runs, shapes)
 
 
-def build_torch(args: argparse.Namespace, rank: int):
+def build_torch(args: argparse.Namespace, rank: int, opts):
     """torch.distributed.pipelining's schedule over a separate copy of the same GPT stages."""
     import torch
     from torch.distributed import pipelining
 
+    from schedc.runtime.build import make_optimizer
     from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
 
     _, cls_name, chunks = SCHEDULES[args.worker]
@@ -138,7 +140,7 @@ def build_torch(args: argparse.Namespace, rank: int):
     stages = [pipelining.PipelineStage(Stage(runs[s]), s, count, torch.device("cpu")) for s in held]
     schedule = getattr(pipelining, cls_name)(stages if chunks > 1 else stages[0],
                                              n_microbatches=args.microbatches, loss_fn=lm_loss)
-    optimizer = torch.optim.AdamW([p for stage in stages for p in stage.submod.parameters()], lr=1e-3)
+    optimizer = make_optimizer([p for stage in stages for p in stage.submod.parameters()], opts)  # as schedc's
     return schedule, optimizer, 0 in held, count - 1 in held
 
 
@@ -150,7 +152,7 @@ def worker(args: argparse.Namespace) -> None:
     from schedc.runtime.data import Dataset
 
     plan, opts, world, executor = build_schedc(args)
-    schedule, optimizer, first, last = build_torch(args, world.rank)
+    schedule, optimizer, first, last = build_torch(args, world.rank, opts)
     dataset = Dataset(args.seq, 256, 0, synthetic=False)
 
     def schedc_step(step: int, batch) -> None:

@@ -20,9 +20,13 @@ def model_runs(opts, stages: int) -> tuple[list, list[list]]:
 
 
 def make_optimizer(params: list, opts) -> torch.optim.Optimizer:
-    if opts.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=opts.lr)
-    return torch.optim.AdamW(params, lr=opts.lr)
+    """The fused implementation where this torch has one for the device (one kernel for all params),
+    else the default; the reference run builds its optimizer the same way."""
+    kind = torch.optim.SGD if opts.optimizer == "sgd" else torch.optim.AdamW
+    try:
+        return kind(params, lr=opts.lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):
+        return kind(params, lr=opts.lr)
 
 
 def make_dataset(opts) -> Dataset:
