@@ -13,6 +13,7 @@ Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank),
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from .ir import Dependencies, Op, Schedule
@@ -65,68 +66,79 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     consumer on its data, an instruction on the one before it) then points backwards in this sweep, so
     a replay with rendezvous sends cannot deadlock.
     """
-    devices, links = schedule.devices, _Links(schedule)
-    step_links = [[links(op) for op in order] for order in step]
-    send_order: list[dict[int, list[tuple]]] = [{} for _ in range(devices)]
-    sends: list[list[list[tuple]]] = [[] for _ in range(devices)]  # per rank, per op: (peer, k, instr)
-    for d, order in enumerate(step):
-        for op, (out, _) in zip(order, step_links[d]):
-            mine = []
-            for kind, s, peer in out:
-                queue = send_order[d].setdefault(peer, [])
-                mine.append((peer, len(queue), Instr(kind, s, op.mb, op.pipe, peer)))
-                queue.append(("RECV_F" if kind == "SEND_F" else "RECV_B", s, op.mb, op.pipe))
-            sends[d].append(mine)
-    ranks = [_RankStream(order, {p: send_order[p].get(d, []) for p in range(devices)})
-             for d, order in enumerate(step)]
-    events = []  # (time, 0 for sends at the end of a nonzero op, position in sequence, 0 start / 1 sends, data)
-    at = [0] * devices
-    for position, (start, end, op) in enumerate(sequence):
-        events.append((start, 1, position, 0, op))
-        out = sends[op.device][at[op.device]]
-        at[op.device] += 1
-        if out:
-            events.append((end, 0 if end > start else 1, position, 1, (op.device, out)))
-    events.sort(key=lambda event: event[:4])
-    for _, _, _, what, data in events:
-        if what == 0:
-            ranks[data.device].run(data)
+    devices = schedule.devices
+    sends, receives = _messages(step, _Links(schedule))
+    streams: list[list[Instr]] = [[] for _ in range(devices)]
+    posted = [[0] * devices for _ in range(devices)]  # posted[r][d]: receives rank r posted from d (a prefix)
+    for _, _, _, ends, d, data in _events(step, sequence, sends):
+        if not ends:  # an op starts
+            streams[d].append(data)
             continue
-        d, out = data
-        stream = ranks[d].stream
-        for peer, k, instr in out:
-            ranks[peer].post(d, k)  # the receiver posts it now, wherever it is: before its consumer starts
-            stream.append(instr)
-    return [rank.finish() + _sync_grads(schedule, d) + [Instr(Opcode.STEP.value)] for d, rank in enumerate(ranks)]
+        for peer, k, instr in data:  # an op ends: its sends, each after the receiver posts it
+            _post(streams[peer], posted[peer], receives[peer][d], d, k + 1)
+            streams[d].append(instr)
+    for r in range(devices):
+        for d in range(devices):
+            _post(streams[r], posted[r], receives[r][d], d, len(receives[r][d]))
+    return [stream + _sync_grads(schedule, d) + [Instr(Opcode.STEP.value)] for d, stream in enumerate(streams)]
 
 
-class _RankStream:
-    """One rank's stream while it is written: its compute ops and the receives posted so far."""
+_instr = partial(tuple.__new__, Instr)  # Instr from all eight fields (skips the Python-level __new__)
 
-    def __init__(self, order: tuple[Op, ...], incoming: dict):
-        self.order, self.incoming = order, incoming              # incoming: peer -> messages, in send order
-        self.posted = {peer: 0 for peer in incoming}              # receives posted, per peer (a prefix)
-        self.stream: list[Instr] = []
-        self.pc = 0
 
-    def post(self, peer: int, upto: int) -> None:
-        """Post the receives from peer up to message `upto`, in the peer's send order."""
-        for k in range(self.posted[peer], upto + 1):
-            kind, s, mb, pipe = self.incoming[peer][k]
-            self.stream.append(Instr(kind, s, mb, pipe, peer))
-        self.posted[peer] = max(self.posted[peer], upto + 1)
+def _compute(op: Op) -> Instr:
+    if op.parts == 1:
+        return _instr((op.kind, op.stage, op.mb, op.pipe, None, None, None, None))
+    return _instr((op.kind, op.stage, op.mb, op.pipe, None, None, op.part, op.parts))
 
-    def run(self, op: Op) -> None:
-        assert self.order[self.pc] is op, "the simulated sequence follows every device's order"
-        self.stream.append(Instr(op.kind, op.stage, op.mb, op.pipe) if op.parts == 1 else
-                           Instr(op.kind, op.stage, op.mb, op.pipe, part=op.part, parts=op.parts))
-        self.pc += 1
 
-    def finish(self) -> list[Instr]:
-        for peer, msgs in self.incoming.items():
-            if msgs:
-                self.post(peer, len(msgs) - 1)
-        return self.stream
+def _messages(step: tuple[tuple[Op, ...], ...], links: _Links) -> tuple[list, list]:
+    """sends[d][n]: the sends after op n of device d, as (peer, k, instr) with k its place among the
+    messages d sends to peer; receives[r][d]: the receives rank r posts from d, in d's send order."""
+    devices = len(step)
+    sends: list[list[tuple]] = [[] for _ in range(devices)]
+    receives: list[list[list[Instr]]] = [[[] for _ in range(devices)] for _ in range(devices)]
+    for d, order in enumerate(step):
+        for op in order:
+            out = links(op)[0]
+            if out:
+                out = tuple((peer, len(receives[peer][d]), _message(receives[peer][d], kind, s, op, d, peer))
+                            for kind, s, peer in out)
+            sends[d].append(out)
+    return sends, receives
+
+
+def _message(incoming: list[Instr], kind: str, s: int, op: Op, d: int, peer: int) -> Instr:
+    """The SEND of op's output to peer; its RECV joins the receiver's list from d."""
+    incoming.append(_instr((_RECEIVE[kind], s, op.mb, op.pipe, d, None, None, None)))
+    return _instr((kind, s, op.mb, op.pipe, peer, None, None, None))
+
+
+_RECEIVE = {"SEND_F": "RECV_F", "SEND_B": "RECV_B"}
+
+
+def _events(step: tuple[tuple[Op, ...], ...], sequence: tuple[tuple[float, float, Op], ...],
+            sends: list[list[tuple]]) -> list[tuple]:
+    """The sweep in time order: (time, 0 for the sends at the end of a nonzero op else 1, position in
+    sequence, 0 at the op's start / 1 at its end, device, the op's instruction at its start or its
+    sends at its end). The first four fields are unique, so the tuples sort without comparing the rest."""
+    events, at = [], [0] * len(step)
+    for position, (start, end, op) in enumerate(sequence):
+        d, n = op.device, at[op.device]
+        assert step[d][n] is op, "the simulated sequence follows every device's order"
+        at[d] = n + 1
+        events.append((start, 1, position, 0, d, _compute(op)))
+        if sends[d][n]:
+            events.append((end, 0 if end > start else 1, position, 1, d, sends[d][n]))
+    events.sort()
+    return events
+
+
+def _post(stream: list[Instr], posted: list[int], incoming: list[Instr], peer: int, upto: int) -> None:
+    """Post the receives from peer before message `upto`, in the peer's send order."""
+    if posted[peer] < upto:
+        stream += incoming[posted[peer]:upto]
+        posted[peer] = upto
 
 
 def _sync_grads(schedule: Schedule, device: int) -> list[Instr]:
