@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
+from operator import attrgetter
 from typing import Any
 
 from .ir import Op, Schedule
@@ -52,10 +53,13 @@ def _round(x: float) -> float:
     return round(x, 9)
 
 
+KEY = attrgetter("kind", "stage", "mb", "pipe", "part")  # Op.key, read in C
+
+
 def program_edges(schedule: Schedule) -> tuple[list[Op], dict[tuple, int], list[list[int]], list[int]]:
     """Index the placed ops and build successor lists: program order plus data dependencies."""
     ops = [op for order in schedule.orders for op in order]
-    index = {op.key: n for n, op in enumerate(ops)}
+    index = {key: n for n, key in enumerate(map(KEY, ops))}
     succ: list[list[int]] = [[] for _ in ops]
     indegree = [0] * len(ops)
     keys_of = schedule.deps.keys_of
@@ -79,32 +83,45 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
     """Time every op (linear in ops + edges). A dependency that is not placed (check_structure reports it)
     is ignored here, so a broken schedule still gets times."""
     ops, index, succ, indegree = program_edges(schedule)
-    start = [0.0] * len(ops)
-    end = [0.0] * len(ops)
-    ready = [0.0] * len(ops)
+    cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
+    start, end, sequence = _run(ops, cost, device, succ, indegree, latency)
+    complete = len(sequence) == len(ops)
+    if complete:
+        timed_ops, starts, ends = ops, start, end
+    else:
+        timed = [n for n in range(len(ops)) if indegree[n] == 0]
+        timed_ops, starts, ends = [ops[n] for n in timed], [start[n] for n in timed], [end[n] for n in timed]
+    busy = [0.0] * schedule.devices
+    for d, c in zip(device, cost):
+        busy[d] += c
+    return Timing(dict(zip(timed_ops, starts)), dict(zip(timed_ops, ends)), max(ends, default=0.0),
+                  tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+
+
+COST, DEVICE = attrgetter("cost"), attrgetter("device")
+
+
+def _run(ops: list[Op], cost: list[float], device: list[int], succ: list[list[int]], indegree: list[int],
+         latency: float) -> tuple[list[float], list[float], list[tuple[float, float, Op]]]:
+    """The event loop: start and end of every op that runs, and (start, end, op) in start order. Leaves
+    indegree[n] == 0 exactly for the ops that ran."""
+    start, end, ready = [0.0] * len(ops), [0.0] * len(ops), [0.0] * len(ops)
     heap = [(0.0, n) for n in range(len(ops)) if indegree[n] == 0]  # (start time, op): time order
     sequence = []
     while heap:
         time, n = heappop(heap)
-        op = ops[n]
         start[n] = time
-        end[n] = time + op.cost
-        sequence.append((time, end[n], op))
+        end[n] = finish = time + cost[n]
+        sequence.append((time, finish, ops[n]))
+        d = device[n]
         for m in succ[n]:
-            arrive = end[n] + (latency if ops[m].device != op.device else 0.0)
+            arrive = finish + latency if latency and device[m] != d else finish
             if arrive > ready[m]:
                 ready[m] = arrive
             indegree[m] -= 1
             if indegree[m] == 0:
                 heappush(heap, (ready[m], m))
-    complete = len(sequence) == len(ops)
-    timed = [n for n in range(len(ops)) if indegree[n] == 0] if not complete else range(len(ops))
-    makespan = max((end[n] for n in timed), default=0.0)
-    busy = [0.0] * schedule.devices
-    for op in ops:
-        busy[op.device] += op.cost
-    return Timing({ops[n]: start[n] for n in timed}, {ops[n]: end[n] for n in timed}, makespan,
-                  tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+    return start, end, sequence
 
 
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
