@@ -39,7 +39,7 @@ SEND_OF_RECV = {Opcode.RECV_F: Opcode.SEND_F, Opcode.RECV_B: Opcode.SEND_B}
 _KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
 
 
-_OP_JSON: dict[str, str] = {}
+_OP_JSON = {op.value: json.dumps(op.value) for op in Opcode}  # op -> its JSON string; tasks join when seen
 
 class PlanError(ValueError):
     """A plan file that cannot be read or does not fit its use."""
@@ -173,10 +173,11 @@ def step_text(step: tuple[Instr, ...]) -> list[str]:
 
 def step_json(step: tuple[Instr, ...]) -> list[str]:
     """`[i.json_text() for i in step]`, likewise."""
-    return [(f'{{"mb":{mb},"op":{_op_json(op)},"pipe":{pipe},"stage":{s}}}' if peer is None else
-             f'{{"mb":{mb},"op":{_op_json(op)},"peer":{peer},"pipe":{pipe},"stage":{s}}}')
+    quoted = _OP_JSON
+    return [(f'{{"mb":{mb},"op":{quoted[op]},"pipe":{pipe},"stage":{s}}}' if peer is None else
+             f'{{"mb":{mb},"op":{quoted[op]},"peer":{peer},"pipe":{pipe},"stage":{s}}}')
             if group is None and part is None and parts is None and s is not None and mb is not None
-            and pipe is not None else Instr(op, s, mb, pipe, peer, group, part, parts).json_text()
+            and pipe is not None and op in quoted else Instr(op, s, mb, pipe, peer, group, part, parts).json_text()
             for op, s, mb, pipe, peer, group, part, parts in step]
 
 
