@@ -99,6 +99,8 @@ def _compile_binary(node: ast.Binary) -> Fn:
         return lambda env: fn(left(env), right(env))
 
     power = node.op == "**"
+    if isinstance(node.left, ast.Name) and isinstance(node.right, ast.Num) and not power:
+        return _name_by_number(node.left, node.right.value, fn, span)
 
     def apply(env: Env) -> Any:
         a, b = left(env), right(env)
@@ -106,14 +108,37 @@ def _compile_binary(node: ast.Binary) -> Fn:
             if power and abs(b) > MAX_POWER:
                 raise EvalError(f"exponent {b} is too large (at most {MAX_POWER})", span)
             return fn(a, b)
-        except ZeroDivisionError:
-            raise EvalError("division by zero", span) from None
-        except TypeError:
-            _number(a, span), _number(b, span)
-            raise
-        except (OverflowError, ValueError) as exc:
-            raise EvalError(f"arithmetic error: {exc}", span) from None
+        except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
+            raise _arith_error(exc, a, b, span) from None
     return apply
+
+
+def _name_by_number(name: ast.Name, b: int | float, fn: Callable[[Any, Any], Any], span: Span) -> Fn:
+    """`i // 4`, `s % 2`: a name and a number (what sort keys are made of once params are folded in),
+    read in one closure."""
+    key, name_span = name.id, name.span
+
+    def apply(env: Env) -> Any:
+        try:
+            a = env[key]
+        except KeyError:
+            raise EvalError(f"unknown name '{key}'", name_span) from None
+        try:
+            return fn(a, b)
+        except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
+            raise _arith_error(exc, a, b, span) from None
+    return apply
+
+
+def _arith_error(exc: Exception, a: Any, b: Any, span: Span) -> Exception:
+    """The error to raise for an arithmetic failure: division by zero, a pipeline used as a number, an
+    overflow; any other TypeError as it was."""
+    if isinstance(exc, ZeroDivisionError):
+        return EvalError("division by zero", span)
+    if isinstance(exc, TypeError):
+        _number(a, span), _number(b, span)
+        return exc
+    return EvalError(f"arithmetic error: {exc}", span)
 
 
 def _compile_cond(node: ast.Cond) -> Fn:
