@@ -60,19 +60,18 @@ def program_edges(schedule: Schedule) -> tuple[list[Op], dict[tuple, int], list[
     """Index the placed ops and build successor lists: program order plus data dependencies."""
     ops = [op for order in schedule.orders for op in order]
     index = {key: n for n, key in enumerate(map(KEY, ops))}
-    succ: list[list[int]] = [[] for _ in ops]
-    indegree = [0] * len(ops)
-    keys_of = schedule.deps.keys_of
+    succ: list[list[int]] = [[n + 1] for n in range(len(ops))]  # the next op of the same device...
+    indegree = [1] * len(ops)
     n = 0
     for order in schedule.orders:
-        for k in range(len(order)):
-            if k:
-                succ[n - 1].append(n)
-                indegree[n] += 1
-            n += 1
-    for n, op in enumerate(ops):
-        for dep in keys_of(op):
-            m = index.get(dep)
+        if order:
+            indegree[n] = 0                                         # ...but for each device's first
+            n += len(order)
+            succ[n - 1].pop()                                       # and last op
+    get = index.get
+    for n, keys in enumerate(map(schedule.deps.keys_of, ops)):
+        for dep in keys:
+            m = get(dep)
             if m is not None:
                 succ[m].append(n)
                 indegree[n] += 1
