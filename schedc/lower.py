@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from .ir import Dependencies, Op, Schedule
@@ -24,19 +25,20 @@ PLAN_KEYS = ("schedule", "description", "source", "params", "devices", "stages",
              "replicas", "costs", "stats")
 
 
-class _Links:
-    """The messages of an op, by (kind, pipeline, stage, device): sends after it, receives it consumes,
-    each as (opcode, producing stage, peer)."""
+LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
+
+
+class _Links(dict):
+    """The messages of an op, by LINK_KEY (kind, pipeline, stage, device): sends after it, receives it
+    consumes, each as (opcode, producing stage, peer). A dict filled on first use, so that looking up a
+    device's order is one C-level map."""
 
     def __init__(self, schedule: Schedule):
+        super().__init__()
         self.pipelines = schedule.pipelines
-        self.cache: dict[tuple, tuple[tuple, tuple]] = {}
 
-    def __call__(self, op: Op) -> tuple[tuple, tuple]:
-        key = (op.kind, op.pipe, op.stage, op.device)
-        found = self.cache.get(key)
-        if found is None:
-            found = self.cache[key] = self._links(*key)
+    def __missing__(self, key: tuple) -> tuple[tuple, tuple]:
+        found = self[key] = self._links(*key)
         return found
 
     def _links(self, kind: str, k: int, s: int, device: int) -> tuple[tuple, tuple]:
@@ -70,7 +72,7 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     sends, receives = _messages(step, _Links(schedule))
     streams: list[list[Instr]] = [[] for _ in range(devices)]
     posted = [[0] * devices for _ in range(devices)]  # posted[r][d]: receives rank r posted from d (a prefix)
-    for _, _, _, ends, d, data in _events(step, sequence, sends):
+    for _, _, _, ends, d, data in _events(sequence, sends):
         if not ends:  # an op starts
             streams[d].append(data)
             continue
@@ -92,44 +94,36 @@ def _compute(op: Op) -> Instr:
     return _instr((op.kind, op.stage, op.mb, op.pipe, None, None, op.part, op.parts))
 
 
-def _messages(step: tuple[tuple[Op, ...], ...], links: _Links) -> tuple[list, list]:
-    """sends[d][n]: the sends after op n of device d, as (peer, k, instr) with k its place among the
-    messages d sends to peer; receives[r][d]: the receives rank r posts from d, in d's send order."""
+def _messages(step: tuple[tuple[Op, ...], ...], links: _Links) -> tuple[dict, list]:
+    """sends[id(op)]: the sends after op, as (peer, k, instr) with k its place among the messages op's
+    device sends to peer; receives[r][d]: the receives rank r posts from d, in d's send order."""
     devices = len(step)
-    sends: list[list[tuple]] = [[] for _ in range(devices)]
+    sends: dict[int, list[tuple]] = {}
     receives: list[list[list[Instr]]] = [[[] for _ in range(devices)] for _ in range(devices)]
     for d, order in enumerate(step):
-        for op in order:
-            out = links(op)[0]
+        for op, (out, _) in zip(order, map(links.__getitem__, map(LINK_KEY, order))):
             if out:
-                out = tuple((peer, len(receives[peer][d]), _message(receives[peer][d], kind, s, op, d, peer))
-                            for kind, s, peer in out)
-            sends[d].append(out)
+                sends[id(op)] = mine = []
+                for kind, s, peer in out:
+                    incoming = receives[peer][d]
+                    mine.append((peer, len(incoming), _instr((kind, s, op.mb, op.pipe, peer, None, None, None))))
+                    incoming.append(_instr((_RECEIVE[kind], s, op.mb, op.pipe, d, None, None, None)))
     return sends, receives
-
-
-def _message(incoming: list[Instr], kind: str, s: int, op: Op, d: int, peer: int) -> Instr:
-    """The SEND of op's output to peer; its RECV joins the receiver's list from d."""
-    incoming.append(_instr((_RECEIVE[kind], s, op.mb, op.pipe, d, None, None, None)))
-    return _instr((kind, s, op.mb, op.pipe, peer, None, None, None))
 
 
 _RECEIVE = {"SEND_F": "RECV_F", "SEND_B": "RECV_B"}
 
 
-def _events(step: tuple[tuple[Op, ...], ...], sequence: tuple[tuple[float, float, Op], ...],
-            sends: list[list[tuple]]) -> list[tuple]:
+def _events(sequence: tuple[tuple[float, float, Op], ...], sends: dict[int, list[tuple]]) -> list[tuple]:
     """The sweep in time order: (time, 0 for the sends at the end of a nonzero op else 1, position in
     sequence, 0 at the op's start / 1 at its end, device, the op's instruction at its start or its
     sends at its end). The first four fields are unique, so the tuples sort without comparing the rest."""
-    events, at = [], [0] * len(step)
+    events = []
     for position, (start, end, op) in enumerate(sequence):
-        d, n = op.device, at[op.device]
-        assert step[d][n] is op, "the simulated sequence follows every device's order"
-        at[d] = n + 1
-        events.append((start, 1, position, 0, d, _compute(op)))
-        if sends[d][n]:
-            events.append((end, 0 if end > start else 1, position, 1, d, sends[d][n]))
+        events.append((start, 1, position, 0, op.device, _compute(op)))
+        out = sends.get(id(op))
+        if out:
+            events.append((end, 0 if end > start else 1, position, 1, op.device, out))
     events.sort()
     return events
 
