@@ -13,7 +13,6 @@ take the remainder); a device counts the weights of every model stage it holds o
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +183,7 @@ def parse_bytes(text: str) -> float:
 
 def load_model(path: str) -> Model:
     """Read a model description (TOML); errors are located in the file (exit 2)."""
+    import tomllib  # only `check --model` reads TOML; compiles skip the import
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

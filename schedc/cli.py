@@ -28,8 +28,10 @@ def _defines(values: tuple[str, ...]) -> dict[str, str]:
 
 def _options(defines: tuple[str, ...], costs: str | None):
     from .elaborate import Options
+    if not costs:
+        return Options(_defines(defines), {})
     from .profiles import load_costs
-    return Options(_defines(defines), load_costs(costs) if costs else {})
+    return Options(_defines(defines), load_costs(costs))
 
 
 def _report(diagnostics, source) -> None:
