@@ -16,5 +16,5 @@ fi
 PY=${PYTHON:-python3}
 # torch==2.13.0 is a local CPU build here; plain `torch` would pull a multi-GB CUDA build.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q torch==2.13.0
-$PY -m pip install -q numpy scikit-learn
+$PY -m pip install -q numpy scikit-learn setuptools wheel
 $PY -m pip install -q -e ".[runtime,test]"
