@@ -42,13 +42,41 @@ def time_torch(p: int, v: int, m: int) -> tuple[float, float]:
 
 def time_schedc(p: int, v: int, m: int, check: bool) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as out:
-        command = ["schedc", "check" if check else "compile", "interleaved_1f1b", "-D", f"p={p}", "-D", f"v={v}",
+        command = [sys.executable, "-m", "schedc.cli", "check" if check else "compile", "interleaved_1f1b", "-D", f"p={p}", "-D", f"v={v}",
                    "-D", f"m={m}"] + ([] if check else ["-o", out])
         before, start = os.times(), time.perf_counter()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         after = os.times()
         cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
         return time.perf_counter() - start, cpu
+
+
+def time_passes(p: int, v: int, m: int) -> dict[str, float]:
+    """CPU seconds of each pass in one process (the checks' share of a compile)."""
+    from schedc import check_channels, check_deadlock, check_memory, check_structure, compiler, lower, simulate
+    from schedc.elaborate import Options
+    from schedc.library import resolve
+    from schedc.plan import write_plan
+    source = compiler.read_source(resolve("interleaved_1f1b"))
+    times: dict[str, float] = {}
+
+    def timed(name, fn, *args):
+        start = time.process_time()
+        result = fn(*args)
+        times[name] = time.process_time() - start
+        return result
+
+    with compiler.collector_paused(), tempfile.TemporaryDirectory() as out:
+        schedule = timed("parse + elaborate", compiler.build_schedule, source,
+                         Options({"p": str(p), "v": str(v), "m": str(m)}))
+        timed("check_structure", check_structure.check_structure, schedule)
+        timing = timed("simulate", simulate.simulate, schedule)
+        timed("check_deadlock", check_deadlock.check_deadlock, schedule, timing)
+        timed("check_memory", check_memory.check_memory, schedule, timing)
+        plan = timed("lower", lower.lower, schedule, timing.stats(), timing)
+        timed("check_channels", check_channels.check_channels, plan)
+        timed("write plan", write_plan, plan, out)
+    return times
 
 
 def main() -> None:
@@ -73,6 +101,10 @@ def main() -> None:
     print(f"{'schedc compile (whole process, plan written)':44} {wall['compile']:8.3f} {cpu['compile']:8.3f}")
     print(f"{'schedc check (whole process)':44} {wall['check']:8.3f} {cpu['check']:8.3f}")
     print(f"{'torch build + _add_send_recv + simulate':44} {wall['torch']:8.3f} {cpu['torch']:8.3f}")
+    passes = time_passes(args.p, args.v, args.m)
+    checks = sum(t for name, t in passes.items() if name.startswith("check"))
+    print("passes in one process (cpu s): " + ", ".join(f"{name} {t:.3f}" for name, t in passes.items()))
+    print(f"the four checks: {checks:.3f} s of {sum(passes.values()):.3f} s")
     print(f"wall-clock ratio {wall['compile'] / wall['torch']:.3f}")
     print(f"ratio {cpu['compile'] / cpu['torch']:.3f}")
 
