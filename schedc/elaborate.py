@@ -24,6 +24,7 @@ class Options:
 
     overrides: dict[str, str] = field(default_factory=dict)
     costs: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # kind -> per-stage or flat
+    memory: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # measured `memory K(s)`, units
     max_ops: int = MAX_OPS
 
 
@@ -198,8 +199,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     defaults = dict(DEFAULT_COSTS)
     costs = _per_stage([d for d in decl.decls if isinstance(d, ast.CostDecl)], defaults, env, stages, source,
                        options.costs)
-    activation = _per_stage([d for d in decl.decls if isinstance(d, ast.MemoryDecl) and d.kind == "F"],
-                            {"F": 1.0}, env, stages, source, {})["F"]
+    activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory)
     ops = build_ops(pipelines, costs, split)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
@@ -227,7 +227,26 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     limit, limit_span = _memory_limit(decl, env, devices)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
-                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span)
+                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span,
+                    memory=memory)
+
+
+def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,
+            given: dict[str, tuple[float, ...] | float]) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
+    """`memory K(s) = e` per stage: F's activation units, and the other kinds' (B's saved gradient, I's
+    with `backward split`; a task's persistent state). Measured values (a profile) win where the kind
+    exists in the schedule."""
+    kinds = ({"F", "I", "W"} if split else {"F", "B"}) | tasks
+    decls = [d for d in decl.decls if isinstance(d, ast.MemoryDecl)]
+    for d in decls:
+        if d.kind not in kinds and not (split and d.kind == "B"):
+            raise _fail(f"memory of unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})", d.span, source)
+    given = {k: v for k, v in given.items() if k in kinds or (split and k == "B")}
+    table = _per_stage(decls, {"F": 1.0}, env, stages, source, given) if decls or given else {"F": (1.0,) * stages}
+    if split and "B" in table:
+        table["I"] = table.pop("B")  # B's saved gradient is I's when backward is split, as in `keeps B(s, i)`
+    activation = table.pop("F")
+    return activation, {k: v for k, v in table.items() if any(v)}
 
 
 def _memory_limit(decl, env, devices):

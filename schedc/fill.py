@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 
 from .diagnostics import SchedError, error
 from .ir import BUILTIN, Op, Schedule
-from .simulate import Timing, memory_deltas
+from .memory import holdings, peaks
+from .simulate import Timing
 
 MAX_CYCLE = 16
 EPS = 1e-9
@@ -255,48 +256,7 @@ def _result(schedule: Schedule, timing: Timing, steps: list[_Step]) -> tuple[Sch
 
 
 def cycle_peak_memory(schedule: Schedule, steps: list[Timing]) -> tuple[float, ...]:
-    """Peak activation units per device over the cycle: F holds its activation until its B (or W), or
-    until the last task that keeps it; tasks of the cycle keep step 0's activations across steps."""
-    deltas = memory_deltas(schedule)
-    release = "W" if schedule.split_backward else "B"
-    kept_until = _kept_until(schedule, steps)
-    events: list[list[tuple[float, float]]] = [[] for _ in range(schedule.devices)]
-    offset = 0.0
-    for k, timing in enumerate(steps):
-        for order in schedule.orders:
-            for op in order:
-                if op.kind != "F":
-                    continue
-                units = deltas["F"][op.stage]
-                free_op = Op(release, op.stage, op.mb, op.pipe)
-                free_at = offset + timing.end.get(free_op, timing.makespan)
-                free_at = max(free_at, kept_until.get((k, op), 0.0))
-                events[op.device] += [(offset + timing.start[op], units), (free_at, -units)]
-        offset += timing.makespan
-    peaks = []
-    for device_events in events:
-        alive = peak = 0.0
-        for _, delta in sorted(device_events, key=lambda e: (e[0], e[1])):
-            alive += delta
-            peak = max(peak, alive)
-        peaks.append(peak)
-    return tuple(peaks)
-
-
-def _kept_until(schedule: Schedule, steps: list[Timing]) -> dict[tuple[int, Op], float]:
-    """(step, F op) -> absolute time until which a task keeps that step's activation alive. A task of
-    the cycle (placed in one step) keeps step 0's activations; an `at end` task its own step's."""
-    cycle_tasks = {op for op in schedule.unplaced if not any(s.at_end and s.name == op.kind
-                                                             for s in schedule.tasks)}
-    out: dict[tuple[int, Op], float] = {}
-    offset = 0.0
-    for k, timing in enumerate(steps):
-        for task, kept in schedule.keeps.items():
-            end = timing.end.get(task)
-            if end is None:
-                continue
-            owner = 0 if task in cycle_tasks else k
-            for op in kept:
-                out[(owner, op)] = max(out.get((owner, op), 0.0), offset + end)
-        offset += timing.makespan
-    return out
+    """Peak memory units per device over the cycle (schedc/memory.py): activations until their B (or W)
+    or the last task that keeps them, saved gradients that tasks keep, tasks' persistent state; tasks of
+    the cycle keep step 0's outputs across steps."""
+    return peaks(holdings(schedule, steps))

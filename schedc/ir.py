@@ -131,11 +131,13 @@ class Schedule:
     memory_limit_span: Span | None
     split_backward: bool
     tasks: tuple[TaskSpec, ...] = ()
-    keeps: dict[Op, tuple[Op, ...]] = field(default_factory=dict)  # task -> activations it keeps alive
+    keeps: dict[Op, tuple[Op, ...]] = field(default_factory=dict)  # task -> outputs (F, B, ...) it keeps alive
     fill: tuple[tuple[str, int], ...] = ()    # tasks placed into bubbles, in priority order, with split
     unplaced: tuple[Op, ...] = ()             # ops created but left for fill_bubbles to place
     cycle: tuple[tuple[tuple[Op, ...], ...], ...] = ()  # K step programs per device, when bubbles are filled
     fill_span: Span | None = field(default=None, compare=False)  # the `fill bubbles with` statement
+    memory: dict[str, tuple[float, ...]] = field(default_factory=dict)  # kind (not F) -> units per stage:
+    # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
 
     @property
     def steps(self) -> tuple[tuple[tuple[Op, ...], ...], ...]:

@@ -7,7 +7,7 @@ dependencies have ended (plus `latency` when a dependency ran on another device)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from operator import attrgetter
 from typing import Any
@@ -93,8 +93,12 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
     busy = [0.0] * schedule.devices
     for d, c in zip(device, cost):
         busy[d] += c
-    return Timing(dict(zip(timed_ops, starts)), dict(zip(timed_ops, ends)), max(ends, default=0.0),
-                  tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+    timing = Timing(dict(zip(timed_ops, starts)), dict(zip(timed_ops, ends)), max(ends, default=0.0),
+                    tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+    if complete and (schedule.tasks or schedule.memory):  # kept outputs, saved gradients, task state
+        from .memory import holdings, peaks
+        timing = replace(timing, peak_memory=peaks(holdings(schedule, [timing])))
+    return timing
 
 
 COST, DEVICE = attrgetter("cost"), attrgetter("device")
@@ -131,7 +135,9 @@ def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
 
 
 def peak_memory(schedule: Schedule) -> tuple[float, ...]:
-    """Peak activation units alive per device, over its program order (a device runs one op at a time)."""
+    """Peak activation units alive per device, over its program order (a device runs one op at a time).
+    Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
+    schedc/memory.py instead."""
     deltas = memory_deltas(schedule)
     peaks = []
     for order in schedule.orders:

@@ -1,0 +1,166 @@
+"""The memory model over simulated time: what every op holds on its device, from when until when, in
+activation units (`memory K(s) = e`, docs/language.md):
+
+- F(s,i) holds its activation (default 1) from its start until its B (W with `backward split`) ends, or
+  until the last task that `keeps F(s, i)` ends, whichever is later;
+- B(s,i) (I with `backward split`; also W) saves its output gradient: it holds e from its end until the
+  last task that `keeps B(s, i)` ends, and nothing when no task keeps it;
+- a task holds e as persistent state of its stage (K-FAC's factors and their inverses): on every device
+  that runs the task for that stage, once per pipeline, all the time.
+
+Over a filled cycle of K steps the built-in ops run in every step; a task of the cycle keeps step 0's
+outputs (PipeFisher saves them across steps), an `at end` task or one in the programs its own step's.
+
+    1F1B p=2 m=1, memory B(s) = 0.5, memory g(s) = 2, task g(s, i) = 1 after B(s, i) keeps B(s, i)
+    device 1: g's state 2, F(1,0) 1 over [1, 4), B(1,0)'s gradient 0.5 over [4, 5)    -> peak 3
+    device 0: g's state 2, F(0,0) 1 over [0, 6), B(0,0)'s gradient 0.5 over [6, 7)    -> peak 3
+
+Schedules without tasks or `memory` declarations for kinds other than F take the order walk of
+simulate.peak_memory instead (the same peaks, without times).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .grid import label
+from .ir import BUILTIN, Op, Schedule
+from .simulate import Timing
+
+PERSISTENT = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Memory one op holds on its device: `units` over [start, end) in absolute cycle time."""
+
+    op: Op
+    step: int
+    start: float
+    end: float                # PERSISTENT for a task's state
+    units: float
+    keeper: Op | None = None  # the task that keeps it past its own release, if one does
+
+    def describe(self, schedule: Schedule) -> str:
+        """`F(1,0)`, `F(1,0) kept by curvature_A(1,0)`, `gradient of B(1,0) kept by curvature_B(1,0)`,
+        `state of curvature_A(1) (0.5)`."""
+        if self.end == PERSISTENT:
+            return f"state of {self.op.kind}({self.op.stage}){_pipe(schedule, self.op)} ({self.units:g})"
+        what = label(schedule, self.op) if self.op.kind == "F" else f"gradient of {label(schedule, self.op)}"
+        step = f" of step {self.step}" if len(schedule.steps) > 1 else ""
+        return what + step + (f" kept by {label(schedule, self.keeper)}" if self.keeper is not None else "")
+
+
+def _pipe(schedule: Schedule, op: Op) -> str:
+    return f".{schedule.pipelines[op.pipe].name}" if len(schedule.pipelines) > 1 else ""
+
+
+def timed_model(schedule: Schedule) -> bool:
+    """Whether peaks need the timed model: tasks (they keep outputs, hold state) or memory of kinds
+    other than F. Otherwise the order walk is exact and cheaper."""
+    return bool(schedule.tasks or schedule.memory)
+
+
+def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
+    """Per device, everything held over the cycle whose step timings are `steps` (one for an unfilled
+    schedule), in step and program order; persistent state first."""
+    out: list[list[Held]] = [[] for _ in range(schedule.devices)]
+    for held in _state(schedule):
+        out[held.op.device].append(held)
+    kept = _kept_until(schedule, steps)
+    release = "W" if schedule.split_backward else "B"
+    offset = 0.0
+    for k, timing in enumerate(steps):
+        for order in schedule.orders:  # the built-in ops run in every step of the cycle
+            for op in order:
+                if op.kind not in BUILTIN or op not in timing.start:
+                    continue
+                if op.kind == "F":
+                    units = schedule.activation[op.stage]
+                    start = offset + timing.start[op]
+                    end = offset + timing.end.get(Op(release, op.stage, op.mb, op.pipe), timing.makespan)
+                else:
+                    units = schedule.memory[op.kind][op.stage] if op.kind in schedule.memory else 0.0
+                    start = end = offset + timing.end[op]
+                keeper = None
+                until, by = kept.get((k, op), (0.0, None))
+                if until > end:
+                    end, keeper = until, by
+                if units and end > start:
+                    out[op.device].append(Held(op, k, start, end, units, keeper))
+        offset += timing.makespan
+    return out
+
+
+def _state(schedule: Schedule) -> list[Held]:
+    """Persistent state: once per task kind, stage and pipeline that has a task op and declared memory."""
+    seen: dict[tuple, Held] = {}
+    tasks = [op for order in schedule.orders for op in order if op.is_task] + list(schedule.unplaced)
+    for op in tasks:
+        units = schedule.memory.get(op.kind, ())
+        key = (op.kind, op.stage, op.pipe)
+        if op.stage < len(units) and units[op.stage] and key not in seen:
+            seen[key] = Held(op, 0, 0.0, PERSISTENT, units[op.stage])
+    return list(seen.values())
+
+
+def _kept_until(schedule: Schedule, steps: Sequence[Timing]) -> dict[tuple[int, Op], tuple[float, Op]]:
+    """(step, kept op) -> (absolute time until which a task keeps that step's output, the task). A task
+    of the cycle (placed once per cycle) keeps step 0's outputs; an `at end` or programmed task its own."""
+    at_end = {spec.name for spec in schedule.tasks if spec.at_end}
+    cycle_tasks = {op for op in schedule.unplaced if op.kind not in at_end}
+    out: dict[tuple[int, Op], tuple[float, Op]] = {}
+    offset = 0.0
+    for k, timing in enumerate(steps):
+        for task, kept in schedule.keeps.items():
+            end = timing.end.get(task)
+            if end is None:
+                continue
+            owner = 0 if task in cycle_tasks else k
+            for op in kept:
+                if offset + end > out.get((owner, op), (0.0, None))[0]:
+                    out[(owner, op)] = (offset + end, task)
+        offset += timing.makespan
+    return out
+
+
+def _events(held: list[Held], weight: Callable[[Held], float] | None = None) -> list[tuple[float, int, float, int]]:
+    """(time, 0 for a release / 1 for an allocation, amount, index into held) in time order, releases
+    first at equal times (a device runs one op at a time: what ends frees before the next op starts)."""
+    events = []
+    for n, h in enumerate(held):
+        amount = weight(h) if weight else h.units
+        events.append((h.start, 1, amount, n))
+        if h.end != PERSISTENT:
+            events.append((h.end, 0, -amount, n))
+    events.sort(key=lambda e: (e[0], e[1]))
+    return events
+
+
+def peaks(per_device: list[list[Held]], weight: Callable[[Held], float] | None = None) -> tuple[float, ...]:
+    """The peak of what is held at once, per device."""
+    out = []
+    for held in per_device:
+        alive = peak = 0.0
+        for _, _, amount, _ in _events(held, weight):
+            alive += amount
+            peak = max(peak, alive)
+        out.append(peak)
+    return tuple(out)
+
+
+def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,
+               weight: Callable[[Held], float] | None = None) -> tuple[Held, list[Held], float] | None:
+    """The first allocation after which more than `limit` is held: (it, everything held then, the total)."""
+    alive: dict[int, Held] = {}
+    total = 0.0
+    for time, _, amount, n in _events(held, weight):
+        total += amount
+        if amount > 0:
+            alive[n] = held[n]
+        else:
+            alive.pop(n, None)
+        if amount > 0 and total > limit + tolerance:
+            return held[n], list(alive.values()), total
+    return None
