@@ -19,6 +19,7 @@ from pathlib import Path
 from .diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
 from .grid import label, location
 from .ir import Op, Schedule
+from .memory import PERSISTENT, Held, first_over, holdings, peak_of, timed_model
 from .simulate import Timing, memory_deltas
 
 TOLERANCE = 1e-9
@@ -26,9 +27,10 @@ OPTIONS = Source("schedc check", "")  # where errors in command-line options are
 
 
 def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
-    """Guarantees, when it returns no error: no device's simulated peak of activation units exceeds
-    its `limit memory`. Otherwise one error per device over its limit, naming the simulated time, the
-    op at which the limit is crossed and the ops whose activations are alive then."""
+    """Guarantees, when it returns no error: no device's simulated peak of memory units exceeds its
+    `limit memory`, over every step of a filled cycle: activations, the saved gradients tasks keep and
+    tasks' persistent state (schedc/memory.py). Otherwise one error per device over its limit, naming
+    the simulated time (and step), what was added when the limit was crossed and everything held then."""
     if schedule.memory_limit is None:
         return []
     return [_over(schedule, timing, d, peak, limit)
@@ -37,19 +39,53 @@ def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
 
 
 def _over(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float) -> Diagnostic:
-    crossing = _crossing(schedule, d, limit)
     limit_note = f"the limit is declared at {location(schedule.source, schedule.memory_limit_span)}"
-    if crossing is None:  # memory the order walk does not see (e.g. tasks that keep activations)
+    if timing.complete and timed_model(schedule):
+        return _over_timed(schedule, timing, d, peak, limit, limit_note)
+    crossing = _crossing(schedule, d, limit)
+    if crossing is None:  # an incomplete (deadlocked) timing of a schedule with tasks
         return error(f"device {d}: peak memory {peak:g} activation units exceeds the limit {limit:g}",
                      schedule.memory_limit_span)
     op, alive, units = crossing
     when = timing.start.get(op)
     at = f" at time {when:g}" if when is not None else ""
-    shown = ", ".join(label(schedule, a) for a in alive[:12]) + (f", ... ({len(alive)} in all)"
-                                                                 if len(alive) > 12 else "")
+    shown = _shown([label(schedule, a) for a in alive])
     return error(f"device {d}: {units:g} activation units alive{at} when {label(schedule, op)} runs, over the "
                  f"limit {limit:g} (peak {peak:g}); alive: {shown}", op.span or schedule.memory_limit_span,
                  notes=(limit_note,))
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+
+
+def _over_timed(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float, note: str) -> Diagnostic:
+    """Over the limit in the timed model (schedc/memory.py): name the step, the time, what was allocated
+    last (a forward, a gradient a task keeps, a task's state) and everything held then."""
+    steps = list(timing.steps) or [timing]
+    crossing = first_over(holdings(schedule, steps)[d], limit, TOLERANCE)
+    if crossing is None:
+        return error(f"device {d}: peak memory {peak:g} units exceeds the limit {limit:g}", schedule.memory_limit_span)
+    held, alive, units = crossing
+    step, when = _step_time(steps, held.start)
+    at = "from the start" if held.end == PERSISTENT else (
+        f"at time {when:g}" + (f" of step {step} of the cycle" if len(steps) > 1 else ""))
+    shown = _shown([h.describe(schedule) for h in alive])
+    span = held.op.span or (held.keeper.span if held.keeper is not None else None) or schedule.memory_limit_span
+    keepers = {h.keeper.kind: h.keeper.span for h in alive if h.keeper is not None}
+    notes = [f"task '{kind}' keeps outputs alive: declared at {location(schedule.source, at_span)}"
+             for kind, at_span in keepers.items()]
+    return error(f"device {d}: {units:g} units held {at} when {held.describe(schedule)} is added, over the limit "
+                 f"{limit:g} (peak {peak:g}); held: {shown}", span, notes=(note, *notes))
+
+
+def _step_time(steps: list[Timing], time: float) -> tuple[int, float]:
+    """Absolute cycle time -> (step, time within that step)."""
+    for k, step in enumerate(steps):
+        if time < step.makespan - TOLERANCE or k == len(steps) - 1:
+            return k, time
+        time -= step.makespan
+    return 0, time
 
 
 def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], float] | None:
@@ -123,16 +159,18 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
         return [error(f"the model has {model.layers} layers, fewer than the schedule's {schedule.stages} stages")]
     diags = []
     peaks = []
+    timed = holdings(schedule, list(timing.steps) or [timing]) if timing.complete and timed_model(schedule) else None
     for d in range(schedule.devices):
         state, stages = _state_bytes(schedule, model, layers, d)
-        act, op, alive = _activation_peak(schedule, model, layers, d)
+        act, op, alive = (_activation_peak(schedule, model, layers, d) if timed is None
+                          else _timed_peak(timed[d], model, layers))
         peaks.append(state + act)
         if limit is not None and state + act > limit:
             when = timing.start.get(op) if op is not None else None
             diags.append(error(
                 f"device {d}: {_gib(state + act)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
                 f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
-                f"{_gib(act)} of {alive} microbatch-stages alive"
+                f"{_gib(act)} of {alive} {'holdings' if timed else 'microbatch-stages'} alive"
                 + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else ""),
                 op.span if op is not None else None))
     if not diags:
@@ -169,6 +207,14 @@ def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int
         elif op.kind == release:
             alive, count = alive - size, count - 1
     return peak, at, peak_count
+
+
+def _timed_peak(held: list[Held], model: Model, layers: list[int]) -> tuple[float, Op | None, int]:
+    """Peak bytes of what device d holds (activations, kept gradients, task state, each in activation
+    units of its stage), the op reaching it and how many holdings are alive then."""
+    per_layer = model.activation_bytes_per_layer()
+    peak, at, count = peak_of(held, lambda h: h.units * layers[h.op.stage] * per_layer)
+    return peak, at.op if at is not None else None, count
 
 
 def parse_bytes(text: str) -> float:

@@ -11,9 +11,11 @@ activation units (`memory K(s) = e`, docs/language.md):
 Over a filled cycle of K steps the built-in ops run in every step; a task of the cycle keeps step 0's
 outputs (PipeFisher saves them across steps), an `at end` task or one in the programs its own step's.
 
-    1F1B p=2 m=1, memory B(s) = 0.5, memory g(s) = 2, task g(s, i) = 1 after B(s, i) keeps B(s, i)
-    device 1: g's state 2, F(1,0) 1 over [1, 4), B(1,0)'s gradient 0.5 over [4, 5)    -> peak 3
-    device 0: g's state 2, F(0,0) 1 over [0, 6), B(0,0)'s gradient 0.5 over [6, 7)    -> peak 3
+    1F1B p=2 m=1 (F=1, B=2), memory B(s) = 0.5, memory g(s) = 2, task g(s, i) = 1 after B(s, i)
+    keeps B(s, i), fill bubbles with g: a cycle of 2 steps of 6; g(1,0) fits at 4, g(0,0) at 1 of step 1
+    device 1: g's state 2, F(1,0) over [1, 4), B(1,0)'s gradient 0.5 over [4, 5)             -> peak 3
+    device 0: g's state 2, F(0,0) over [0, 6), B(0,0)'s gradient 0.5 over [6, 8) (g(0,0) in
+              step 1 keeps step 0's), step 1's F(0,0) over [6, 12)                            -> peak 3.5
 
 Schedules without tasks or `memory` declarations for kinds other than F take the order walk of
 simulate.peak_memory instead (the same peaks, without times).
@@ -148,6 +150,19 @@ def peaks(per_device: list[list[Held]], weight: Callable[[Held], float] | None =
             peak = max(peak, alive)
         out.append(peak)
     return tuple(out)
+
+
+def peak_of(held: list[Held], weight: Callable[[Held], float] | None = None) -> tuple[float, Held | None, int]:
+    """One device's peak, what was allocated to reach it, and how many holdings are alive then."""
+    alive = peak = 0.0
+    count = peak_count = 0
+    at = None
+    for _, _, amount, n in _events(held, weight):
+        alive += amount
+        count += 1 if amount > 0 else -1
+        if alive > peak:
+            peak, at, peak_count = alive, held[n], count
+    return peak, at, peak_count
 
 
 def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,

@@ -21,6 +21,10 @@ CORPUS = [
     ("backward_first.sched", 1, [("9:3", "waits at B(0,0) for F(0,0), which device 0 runs later")]),
     ("memory.sched", 1, [("11:3", "device 0: 3 activation units alive at time 2 when F(0,2) runs, over the "
                                   "limit 2 (peak 4); alive: F(0,0), F(0,1), F(0,2)")]),
+    ("kept_gradient.sched", 1, [("12:52", "device 0: 3 units held at time 1 of step 1 of the cycle when F(0,1) of "
+                                          "step 1 is added, over the limit 2 (peak 3); held: gradient of B(0,1) "
+                                          "of step 0 kept by g(0,1), F(0,0) of step 1, F(0,1) of step 1")]),
+    ("factor_memory.sched", 1, [("11:52", "held: state of g(0) (1.5), F(0,0), F(0,1)")]),
     ("duplicate.csv", 1, [("2:17", "F(1,1) runs twice")]),
     ("missing.csv", 1, [("2:1", "device 1 never runs B(1,1)"), ("1:13", "which no device runs")]),
     ("out_of_range.csv", 1, [("1:9", "microbatch 2 is outside the microbatches 0..1")]),
