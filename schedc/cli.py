@@ -30,8 +30,8 @@ def _options(defines: tuple[str, ...], costs: str | None):
     from .elaborate import Options
     if not costs:
         return Options(_defines(defines), {})
-    from .profiles import load_costs
-    return Options(_defines(defines), load_costs(costs))
+    from .profiles import load_costs, load_memory
+    return Options(_defines(defines), load_costs(costs), memory=load_memory(costs))
 
 
 def _report(diagnostics, source) -> None:

@@ -1,4 +1,5 @@
-"""Measured costs: the runtime's costs.json and PipeFisher's profile CSVs, as per-stage cost tables."""
+"""Measured costs: the runtime's costs.json and PipeFisher's profile CSVs, as per-stage cost tables, and
+the profile's memory columns as `memory K(s)` in activation units (a costs file's "memory" object)."""
 from __future__ import annotations
 
 import csv
@@ -25,7 +26,7 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
         raise _usage("costs must be a JSON object of op kind to cost", path)
     out = {}
     for kind, value in data.items():
-        if kind in ("unit", "source", "schedule"):
+        if kind in ("unit", "source", "schedule", "memory"):
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[kind] = float(value)
@@ -36,8 +37,51 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
     return out
 
 
+def load_memory(path: str) -> dict[str, tuple[float, ...] | float]:
+    """The "memory" object of a costs file: {"B": units or [per stage], "<task>": ...}; {} without one."""
+    if str(path).endswith(".csv"):
+        return {}
+    try:
+        data = json.loads(Path(path).read_text()).get("memory", {})
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise _usage(f"cannot read costs: {exc}", path) from None
+    ok = isinstance(data, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                                        for v in data.values())
+    if not ok:
+        raise _usage('"memory" must be an object of op kind to non-negative activation units', path)
+    return {kind: float(v) for kind, v in data.items()}
+
+
+def read_profile_memory(path: str, microbatch_size: int | None) -> dict[str, float]:
+    """A profile row's memory in activation units (mem_act = 1): B's saved output gradient
+    (mem_save_err), and the K-FAC factors with their inverses (mem_kron), half with each curvature task.
+    {} when the profile has no mem_act column."""
+    row = _profile_row(path, microbatch_size)
+    act = float(row.get("mem_act") or 0)
+    if act <= 0:
+        return {}
+    memory = {}
+    if row.get("mem_save_err"):
+        memory["B"] = float(row["mem_save_err"]) / act
+    if row.get("mem_kron"):
+        memory["curvature_A"] = memory["curvature_B"] = float(row["mem_kron"]) / act / 2
+    return memory
+
+
 def read_profile(path: str, microbatch_size: int | None) -> dict[str, float]:
     """One row of a PipeFisher profile (times in ms) as costs: F, B, curvature, inversion, precondition."""
+    row = _profile_row(path, microbatch_size)
+    costs = {"F": float(row["time_f"]), "B": float(row["time_b"])}
+    if "time_kron" in row:
+        costs["curvature_A"] = costs["curvature_B"] = float(row["time_kron"]) / 2
+    if "time_inv" in row:
+        costs["inversion"] = float(row["time_inv"])
+    if "time_prec" in row:
+        costs["precondition"] = float(row["time_prec"])
+    return costs
+
+
+def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
     try:
         rows = list(csv.DictReader(Path(path).read_text().splitlines()))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -50,21 +94,14 @@ def read_profile(path: str, microbatch_size: int | None) -> dict[str, float]:
         raise _usage(f"--microbatch-size is needed (profile rows: {', '.join(map(str, sizes))})", path)
     if microbatch_size not in sizes:
         raise _usage(f"no row for microbatch size {microbatch_size} (rows: {', '.join(map(str, sizes))})", path)
-    row = rows[sizes.index(microbatch_size)]
-    costs = {"F": float(row["time_f"]), "B": float(row["time_b"])}
-    if "time_kron" in row:
-        costs["curvature_A"] = costs["curvature_B"] = float(row["time_kron"]) / 2
-    if "time_inv" in row:
-        costs["inversion"] = float(row["time_inv"])
-    if "time_prec" in row:
-        costs["precondition"] = float(row["time_prec"])
-    return costs
+    return rows[sizes.index(microbatch_size)]
 
 
 def profile_to_costs_file(path: str, microbatch_size: int | None) -> str:
     """Write a profile row as a costs JSON (for the commands that take --costs); return its path."""
     costs = read_profile(path, microbatch_size)
+    memory = read_profile_memory(path, microbatch_size)
     handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     with handle:
-        json.dump({"unit": "ms", **costs}, handle)
+        json.dump({"unit": "ms", **costs, **({"memory": memory} if memory else {})}, handle)
     return handle.name

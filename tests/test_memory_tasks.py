@@ -114,3 +114,15 @@ def test_pipefisher_counts_saved_errors_and_factors():
     kinds = {h.op.kind for d in holdings(result.schedule, list(result.timing.steps)) for h in d}
     assert {"F", "B", "curvature_A", "curvature_B"} <= kinds
     assert all(peak > 8 for peak in result.stats["peak_memory"])
+
+
+def test_profile_maps_memory_columns():
+    """mem_save_err and mem_kron over mem_act (BERT-Large, V100, micro-batch 32: 144, 168 and 352.06 MB)."""
+    from schedc.profiles import read_profile_memory
+    memory = read_profile_memory(str(Path(__file__).parent / "data" / "bert-large_time_memory_v100.csv"), 32)
+    assert memory["B"] == pytest.approx(144 / 352.0625)
+    assert memory["curvature_A"] == memory["curvature_B"] == pytest.approx(168 / 352.0625 / 2)
+    result = CliRunner().invoke(main, ["simulate", str(SCHEDULES / "pipefisher.sched"), "--profile",
+                                       str(Path(__file__).parent / "data" / "bert-large_time_memory_v100.csv"),
+                                       "--microbatch-size", "32", "--json"])
+    assert result.exit_code == 0, result.output
