@@ -152,6 +152,18 @@ def peaks(per_device: list[list[Held]], weight: Callable[[Held], float] | None =
     return tuple(out)
 
 
+def levels(held: list[Held]) -> list[tuple[float, float]]:
+    """(time, units held from then on) steps of one device, starting at (0, 0): the memory chart."""
+    steps, alive = [(0.0, 0.0)], 0.0
+    for time, _, amount, _ in _events(held):
+        alive += amount
+        if steps[-1][0] == time:
+            steps[-1] = (time, alive)
+        else:
+            steps.append((time, alive))
+    return steps
+
+
 def peak_of(held: list[Held], weight: Callable[[Held], float] | None = None) -> tuple[float, Held | None, int]:
     """One device's peak, what was allocated to reach it, and how many holdings are alive then."""
     alive = peak = 0.0

@@ -323,3 +323,12 @@ def test_missing_dot_still_writes_dot_text(monkeypatch, tmp_path):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     result = CliRunner().invoke(main, ["render", "1f1b", "-o", str(tmp_path / "t.dot")])
     assert result.exit_code == 0 and (tmp_path / "t.dot").read_text().startswith("digraph timeline {")
+
+
+@pytest.mark.parametrize("name,params", [("pipefisher", {"p": 8, "m": 8}), ("pipefisher_1f1b", {})])
+def test_memory_over_time_of_a_filled_cycle_counts_kept_gradients_and_factors(name, params):
+    """Over the cycle, the chart reaches the stats' peak; factors stay held at the end (persistent)."""
+    compiled = compile_library(name, **params)
+    series = memory_over_time(compiled)
+    assert [max(level for _, level in steps) for steps in series] == pytest.approx(compiled.stats["peak_memory"])
+    assert all(steps[-1][1] > 0 for steps in series)

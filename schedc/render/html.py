@@ -3,8 +3,9 @@ per-device stats, memory over time per device (an SVG drawn here), params, diagn
 
 Memory over time counts activation units alive on a device, from the simulated times: F allocates its
 stage's units at its start, B (W when backward is split) frees them at its end; frees at an instant
-come before allocations, as on a device that runs one op at a time. Activations that a task keeps alive
-past their backward (`keeps`) are not drawn; the stats' peak counts them.
+come before allocations, as on a device that runs one op at a time. A schedule with tasks or other
+`memory` declarations draws schedc/memory.py's model over the whole cycle instead: activations and
+gradients that tasks keep, and tasks' persistent state (held from time 0).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..compiler import Compiled
+from ..memory import holdings, levels, timed_model
 from ..simulate import memory_deltas
 from .timed import timed_ops
 
@@ -40,7 +42,10 @@ def _environment():
 
 def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
     """Per device, the (time, activation units alive from then on) steps, starting at (0, 0)."""
-    deltas = memory_deltas(compiled.schedule)
+    schedule, timing = compiled.schedule, compiled.timing
+    if timing.complete and timed_model(schedule):
+        return [levels(held) for held in holdings(schedule, list(timing.steps) or [timing])]
+    deltas = memory_deltas(schedule)
     series = []
     for row in timed_ops(compiled):
         events = []
