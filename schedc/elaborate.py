@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ast
-from .diagnostics import Diagnostic, SchedError, Source, Span, error, has_errors
+from .diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from .ir import BUILTIN, DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
+from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -255,10 +255,6 @@ def _memory_limit(decl, env, devices):
             fn = compile_expr(d.value)
             return tuple(float(fn({**env, "d": dev})) for dev in range(devices)), d.span
     return None, None
-
-
-def diagnostics_of(exc: SchedError) -> list[Diagnostic]:
-    return exc.diagnostics
 
 
 __all__ = ["Options", "elaborate"]

@@ -21,10 +21,6 @@ from .ir import Dependencies, Op, Schedule
 from .plan import Instr, Opcode, Plan
 from .simulate import Timing, simulate
 
-PLAN_KEYS = ("schedule", "description", "source", "params", "devices", "stages", "microbatches", "pipelines",
-             "replicas", "costs", "stats")
-
-
 LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
 
 

@@ -35,7 +35,6 @@ COMPUTE = frozenset({Opcode.F, Opcode.B, Opcode.I, Opcode.W})
 SENDS = frozenset({Opcode.SEND_F, Opcode.SEND_B})
 RECVS = frozenset({Opcode.RECV_F, Opcode.RECV_B})
 COMM = SENDS | RECVS
-SEND_OF_RECV = {Opcode.RECV_F: Opcode.SEND_F, Opcode.RECV_B: Opcode.SEND_B}
 _KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
 
 
@@ -217,9 +216,6 @@ class Plan:
             "[" + ",".join(step_json(step)) + "]" for step in steps)) for r, steps in enumerate(self.ranks))
         head = json.dumps({**self.meta, "ranks": _RANKS}, sort_keys=True, separators=(",", ":"))
         return head.replace(json.dumps(_RANKS), "[" + ranks + "]", 1)
-
-    def with_hash(self) -> Plan:
-        return replace(self, hash=hashlib.sha256(self.canonical().encode()).hexdigest())
 
     def to_json(self) -> dict[str, Any]:
         body = self.content()
