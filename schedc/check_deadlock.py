@@ -43,11 +43,8 @@ def _dependencies_placed(schedule: Schedule) -> bool:
     counted = census(schedule)
     if not counted.exact:
         return False
-    explicit = getattr(schedule.deps, "explicit", None)
-    if explicit is None:
-        return all(KEY(dep) in counted.placed for op in schedule.ops() for dep in schedule.deps.get(op, ()))
     unplaced = set(map(KEY, schedule.unplaced))
-    for op, deps in explicit.items():
+    for op, deps in schedule.deps.explicit.items():
         if KEY(op) in counted.placed and not all(KEY(d) in counted.placed or KEY(d) in unplaced for d in deps):
             return False
     return True
@@ -67,14 +64,6 @@ class Replay:
         return sorted(self.waits_for)
 
 
-def dependency_keys(schedule: Schedule):
-    """op -> identities of its dependencies, for the IR's lazy Dependencies or a plain dict."""
-    keys_of = getattr(schedule.deps, "keys_of", None)
-    if keys_of is not None:
-        return keys_of
-    return lambda op: tuple(KEY(dep) for dep in schedule.deps.get(op, ()))
-
-
 def replay(schedule: Schedule) -> Replay:
     """Run the orders, each device as far as it can, waking a device when the op it waits for is done
     (linear in ops + dependencies). A dependency that is never placed is never done."""
@@ -84,7 +73,7 @@ def replay(schedule: Schedule) -> Replay:
         for n, op in enumerate(order):
             placed_at.setdefault(KEY(op), (d, n))
     done = set(map(KEY, schedule.unplaced))
-    deps_of = dependency_keys(schedule)
+    deps_of = schedule.deps.keys_of
     position, waiting, blocked = [0] * len(orders), {}, {}
     ready = list(range(len(orders)))
     while ready:

@@ -73,8 +73,7 @@ def expected_keys(schedule: Schedule) -> set[tuple]:
         keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))
     if schedule.tasks:
         unplaced = set(map(KEY, schedule.unplaced))
-        tasks = getattr(schedule.deps, "explicit", schedule.deps)
-        keys.update(key for key in map(KEY, tasks) if key[0] not in BUILTIN and key not in unplaced)
+        keys.update(key for key in map(KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)
     return keys
 
 
