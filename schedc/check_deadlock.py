@@ -12,15 +12,13 @@ never arrives). When the devices get stuck, each one waits at its next op for on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 
 from .check_structure import census
 from .diagnostics import Diagnostic, error
 from .grid import label, location, schedule_grid
-from .ir import Op, Schedule
+from .ir import OP_KEY, Op, Schedule
 from .simulate import Timing
 
-KEY = attrgetter("kind", "stage", "mb", "pipe", "part")
 GRIDS = 3  # diagnostics that carry a grid
 
 
@@ -43,9 +41,9 @@ def _dependencies_placed(schedule: Schedule) -> bool:
     counted = census(schedule)
     if not counted.exact:
         return False
-    unplaced = set(map(KEY, schedule.unplaced))
+    unplaced = set(map(OP_KEY, schedule.unplaced))
     for op, deps in schedule.deps.explicit.items():
-        if KEY(op) in counted.placed and not all(KEY(d) in counted.placed or KEY(d) in unplaced for d in deps):
+        if OP_KEY(op) in counted.placed and not all(OP_KEY(d) in counted.placed or OP_KEY(d) in unplaced for d in deps):
             return False
     return True
 
@@ -71,8 +69,8 @@ def replay(schedule: Schedule) -> Replay:
     placed_at: dict[tuple, tuple[int, int]] = {}
     for d, order in enumerate(orders):
         for n, op in enumerate(order):
-            placed_at.setdefault(KEY(op), (d, n))
-    done = set(map(KEY, schedule.unplaced))
+            placed_at.setdefault(OP_KEY(op), (d, n))
+    done = set(map(OP_KEY, schedule.unplaced))
     deps_of = schedule.deps.keys_of
     position, waiting, blocked = [0] * len(orders), {}, {}
     ready = list(range(len(orders)))
@@ -87,7 +85,7 @@ def replay(schedule: Schedule) -> Replay:
                 waiting.setdefault(missing, []).append(d)
                 blocked[d] = missing
                 break
-            key = KEY(op)
+            key = OP_KEY(op)
             done.add(key)
             ready.extend(waiting.pop(key, ()))
             n += 1

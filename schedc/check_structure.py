@@ -17,9 +17,8 @@ from operator import attrgetter
 
 from .diagnostics import Diagnostic, Span, error
 from .grid import label, location, ranges
-from .ir import BUILTIN, Op, Schedule
+from .ir import BUILTIN, OP_KEY, Op, Schedule
 
-KEY = attrgetter("kind", "stage", "mb", "pipe", "part")  # Op.key, read in C
 HOME = attrgetter("pipe", "stage")
 STAGE = attrgetter("stage")
 
@@ -58,7 +57,7 @@ def census(schedule: Schedule) -> Census:
     if found is not None and found[0] is schedule:
         return found[1]
     ops = list(chain.from_iterable(schedule.orders))
-    result = Census(frozenset(map(KEY, ops)), len(ops), frozenset(expected_keys(schedule)))
+    result = Census(frozenset(map(OP_KEY, ops)), len(ops), frozenset(expected_keys(schedule)))
     if len(_CENSUS) >= 4:
         _CENSUS.clear()
     _CENSUS[id(schedule)] = (schedule, result)
@@ -72,8 +71,8 @@ def expected_keys(schedule: Schedule) -> set[tuple]:
     for k, pipe in enumerate(schedule.pipelines):
         keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))
     if schedule.tasks:
-        unplaced = set(map(KEY, schedule.unplaced))
-        keys.update(key for key in map(KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)
+        unplaced = set(map(OP_KEY, schedule.unplaced))
+        keys.update(key for key in map(OP_KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)
     return keys
 
 
@@ -120,7 +119,7 @@ def _walk(schedule: Schedule) -> list[Diagnostic]:
             if problem:
                 outside.append(error(f"{label(schedule, op)} on device {d}: {problem}", op.span))
                 continue
-            key = KEY(op)
+            key = OP_KEY(op)
             if key in seen:
                 twice.append(_twice(schedule, op, d, seen[key]))
                 continue

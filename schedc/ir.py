@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from collections.abc import Iterator, Mapping
+from operator import attrgetter
 from typing import Any
 
 from .diagnostics import Source, Span
@@ -52,6 +53,8 @@ class Op:
         """The identity as a plain tuple (cheap to hash): (kind, stage, mb, pipe, part)."""
         return (self.kind, self.stage, self.mb, self.pipe, self.part)
 
+
+OP_KEY = attrgetter("kind", "stage", "mb", "pipe", "part")  # Op.key, read in C
 
 @dataclass(frozen=True, slots=True)
 class Pipeline:

@@ -12,7 +12,7 @@ from heapq import heappop, heappush
 from operator import attrgetter
 from typing import Any
 
-from .ir import Op, Schedule
+from .ir import OP_KEY, Op, Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +53,10 @@ def _round(x: float) -> float:
     return round(x, 9)
 
 
-KEY = attrgetter("kind", "stage", "mb", "pipe", "part")  # Op.key, read in C
-
-
 def program_edges(schedule: Schedule) -> tuple[list[Op], dict[tuple, int], list[list[int]], list[int]]:
     """Index the placed ops and build successor lists: program order plus data dependencies."""
     ops = [op for order in schedule.orders for op in order]
-    index = {key: n for n, key in enumerate(map(KEY, ops))}
+    index = {key: n for n, key in enumerate(map(OP_KEY, ops))}
     succ: list[list[int]] = [[n + 1] for n in range(len(ops))]  # the next op of the same device...
     indegree = [1] * len(ops)
     n = 0
