@@ -92,7 +92,7 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
     """The first op of device d's order after which more than `limit` units are alive, with the ops
     (forwards) whose activations are alive then."""
     deltas = memory_deltas(schedule)
-    release = "W" if schedule.split_backward else "B"
+    release = schedule.release
     alive: dict[tuple, Op] = {}
     units = 0.0
     for op in schedule.orders[d]:
@@ -192,7 +192,7 @@ def _state_bytes(schedule: Schedule, model: Model, layers: list[int], d: int) ->
 def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int) -> tuple[float, Op | None, int]:
     """Peak activation bytes over device d's order, the op reaching it and how many activations are alive."""
     per_layer = model.activation_bytes_per_layer()
-    release = "W" if schedule.split_backward else "B"
+    release = schedule.release
     alive = peak = 0.0
     count = peak_count = 0
     at = None

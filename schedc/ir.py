@@ -152,6 +152,11 @@ class Schedule:
         return self.pipelines[0].stages if self.pipelines else 0
 
     @property
+    def release(self) -> str:
+        """The kind that frees a forward's activation: W with a split backward, else B."""
+        return "W" if self.split_backward else "B"
+
+    @property
     def microbatches(self) -> int:
         return sum(len(p.microbatches) for p in self.pipelines)
 

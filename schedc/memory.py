@@ -71,7 +71,7 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
     for held in _state(schedule):
         out[held.op.device].append(held)
     kept = _kept_until(schedule, steps)
-    release = "W" if schedule.split_backward else "B"
+    release = schedule.release
     offset = 0.0
     for k, timing in enumerate(steps):
         for order in schedule.orders:  # the built-in ops run in every step of the cycle

@@ -127,8 +127,7 @@ def _run(ops: list[Op], cost: list[float], device: list[int], succ: list[list[in
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
     """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
     act = schedule.activation
-    release = "W" if schedule.split_backward else "B"
-    return {"F": act, release: tuple(-a for a in act)}
+    return {"F": act, schedule.release: tuple(-a for a in act)}
 
 
 def peak_memory(schedule: Schedule) -> tuple[float, ...]:
