@@ -17,7 +17,7 @@ from operator import attrgetter
 
 from .diagnostics import Diagnostic, Span, error
 from .grid import label, location, ranges
-from .ir import BUILTIN, OP_KEY, Op, Schedule
+from .ir import BUILTIN, OP_KEY, Op, Schedule, builtin_kinds
 
 HOME = attrgetter("pipe", "stage")
 STAGE = attrgetter("stage")
@@ -66,7 +66,7 @@ def census(schedule: Schedule) -> Census:
 
 def expected_keys(schedule: Schedule) -> set[tuple]:
     """The identities of every op the orders must hold: the built-in grid plus the placed tasks."""
-    kinds = ("F", "I", "W") if schedule.split_backward else ("F", "B")
+    kinds = builtin_kinds(schedule.split_backward)
     keys: set[tuple] = set()
     for k, pipe in enumerate(schedule.pipelines):
         keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))

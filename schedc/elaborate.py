@@ -12,7 +12,7 @@ from typing import Any
 from . import ast
 from .diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
+from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -167,7 +167,7 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
 
 
 def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool) -> list[Op]:
-    kinds = ("F", "I", "W") if split else ("F", "B")
+    kinds = builtin_kinds(split)
     return [Op(kind, s, mb, k, 0, pipe.placement[s], costs[kind][s])
             for k, pipe in enumerate(pipelines) for s in range(pipe.stages) for mb in pipe.microbatches
             for kind in kinds]
@@ -236,7 +236,7 @@ def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source
     """`memory K(s) = e` per stage: F's activation units, and the other kinds' (B's saved gradient, I's
     with `backward split`; a task's persistent state). Measured values (a profile) win where the kind
     exists in the schedule."""
-    kinds = ({"F", "I", "W"} if split else {"F", "B"}) | tasks
+    kinds = set(builtin_kinds(split)) | tasks
     decls = [d for d in decl.decls if isinstance(d, ast.MemoryDecl)]
     for d in decls:
         if d.kind not in kinds and not (split and d.kind == "B"):

@@ -27,6 +27,11 @@ BACKWARD = frozenset({OpKind.B.value, OpKind.I.value, OpKind.W.value})
 DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 
 
+def builtin_kinds(split: bool) -> tuple[str, ...]:
+    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B."""
+    return ("F", "I", "W") if split else ("F", "B")
+
+
 @dataclass(frozen=True, slots=True)
 class Op:
     kind: str

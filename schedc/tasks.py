@@ -16,7 +16,7 @@ from typing import Any
 from . import ast
 from .diagnostics import SchedError, Source, error
 from .expr import EvalError, compile_expr, evaluate_int
-from .ir import BUILTIN, Op, Pipeline, TaskSpec
+from .ir import BUILTIN, Op, Pipeline, TaskSpec, builtin_kinds
 
 MAX_SPLIT = 1024
 
@@ -64,7 +64,7 @@ def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipeli
 def _check_dep(dep: ast.Dep, kind: str, stage: int, mb: int | None, pipe: Pipeline, arities: dict[str, int],
                split: bool) -> None:
     """A dependency must name an op that exists: a known kind, a stage and microbatch of the pipeline."""
-    builtin = {"F": 2, "I": 2, "W": 2} if split else {"F": 2, "B": 2}
+    builtin = dict.fromkeys(builtin_kinds(split), 2)
     arity = builtin.get(kind, arities.get(kind))
     if arity is None:
         known = ", ".join([*builtin, *arities])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .compiler import read_source
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
-from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
+from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
@@ -46,7 +46,7 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
     orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where in row)
                    for r, row in enumerate(rows))
-    kinds = ("F", "I", "W") if split else ("F", "B")
+    kinds = builtin_kinds(split)
     grid = tuple(Op(kind, s, mb, 0, 0, placement[s], costs[kind][s]) for s in range(stages)
                  for mb in range(microbatches) for kind in kinds)
     deps = Dependencies((pipe,), costs, split, {}, grid)
