@@ -77,7 +77,7 @@ def parse_csv(source: Source) -> list[list[Cell]]:
 
 def split_line(line: str, number: int, diags: list[Diagnostic]) -> list[tuple[int, str]]:
     """Split one CSV line into (1-based column, cell text); double-quoted cells may hold commas."""
-    out, column, n = [], 1, len(line)
+    out, n = [], len(line)
     start = 0
     while start <= n:
         if start < n and line[start] == '"':
