@@ -19,8 +19,8 @@ from pathlib import Path
 from .diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
 from .grid import label, location
 from .ir import Op, Schedule
-from .memory import PERSISTENT, Held, first_over, holdings, peak_of, timed_model
-from .simulate import Timing, memory_deltas
+from .memory import PERSISTENT, Held, first_over, holdings, peak_of
+from .simulate import Timing, memory_deltas, timed_model
 
 TOLERANCE = 1e-9
 OPTIONS = Source("schedc check", "")  # where errors in command-line options are reported

@@ -58,12 +58,6 @@ def _pipe(schedule: Schedule, op: Op) -> str:
     return f".{schedule.pipelines[op.pipe].name}" if len(schedule.pipelines) > 1 else ""
 
 
-def timed_model(schedule: Schedule) -> bool:
-    """Whether peaks need the timed model: tasks (they keep outputs, hold state) or memory of kinds
-    other than F. Otherwise the order walk is exact and cheaper."""
-    return bool(schedule.tasks or schedule.memory)
-
-
 def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
     """Per device, everything held over the cycle whose step timings are `steps` (one for an unfilled
     schedule), in step and program order; persistent state first."""

@@ -92,7 +92,7 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
         busy[d] += c
     timing = Timing(dict(zip(timed_ops, starts)), dict(zip(timed_ops, ends)), max(ends, default=0.0),
                     tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
-    if complete and (schedule.tasks or schedule.memory):  # kept outputs, saved gradients, task state
+    if complete and timed_model(schedule):  # kept outputs, saved gradients, task state
         from .memory import holdings, peaks
         timing = replace(timing, peak_memory=peaks(holdings(schedule, [timing])))
     return timing
@@ -122,6 +122,12 @@ def _run(ops: list[Op], cost: list[float], device: list[int], succ: list[list[in
             if indegree[m] == 0:
                 heappush(heap, (ready[m], m))
     return start, end, sequence
+
+
+def timed_model(schedule: Schedule) -> bool:
+    """Whether peaks need the timed model (schedc/memory.py): tasks (they keep outputs, hold state) or
+    memory of kinds other than F. Otherwise the order walk of peak_memory is exact and cheaper."""
+    return bool(schedule.tasks or schedule.memory)
 
 
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:

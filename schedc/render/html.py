@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..compiler import Compiled
-from ..memory import holdings, levels, timed_model
-from ..simulate import memory_deltas
+from ..memory import holdings, levels
+from ..simulate import memory_deltas, timed_model
 from .timed import timed_ops
 
 CHART_W, PANEL_H, PANEL_GAP, AXIS_H, LEFT = 760.0, 46.0, 8.0, 22.0, 70.0
