@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedc.plan import COMM, Instr, Opcode, Plan
+from schedc.plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS, Instr, Opcode, Plan
 
-NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value, "wait"}
+NOT_COMPUTE = NOT_COMPUTE_INSTRS | {"wait"}  # and the runtime's wait events
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ COMPUTE = frozenset({Opcode.F, Opcode.B, Opcode.I, Opcode.W})
 SENDS = frozenset({Opcode.SEND_F, Opcode.SEND_B})
 RECVS = frozenset({Opcode.RECV_F, Opcode.RECV_B})
 COMM = SENDS | RECVS
+NOT_COMPUTE = frozenset(op.value for op in COMM) | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}  # as plain strings
 _KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 from ..compiler import Compiled, schedule_stats
 from ..diagnostics import SchedError, Source, error
 from ..ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
-from ..plan import COMM, Opcode, Plan, PlanError, load_plan
+from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
-
-NOT_COMPUTE = frozenset(c.value for c in COMM) | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 
 def load_input(file: str, defines, costs: str | None, latency: float) -> Compiled:

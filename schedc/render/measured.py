@@ -13,8 +13,9 @@ from pathlib import Path
 
 from ..diagnostics import SchedError, Source, error
 from ..ir import Schedule
+from ..plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS
 
-NOT_COMPUTE = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B", "SYNC_GRAD", "STEP", "wait"})
+NOT_COMPUTE = NOT_COMPUTE_INSTRS | {"wait"}  # and the runtime's wait events
 
 
 @dataclass(frozen=True, slots=True)
