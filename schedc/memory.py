@@ -148,8 +148,13 @@ def peaks(per_device: list[list[Held]], weight: Callable[[Held], float] | None =
 
 def levels(held: list[Held]) -> list[tuple[float, float]]:
     """(time, units held from then on) steps of one device, starting at (0, 0): the memory chart."""
+    return levels_of(_events(held))
+
+
+def levels_of(events: list[tuple]) -> list[tuple[float, float]]:
+    """The steps of `levels` from events (time, order at equal times, amount, ...) already in time order."""
     steps, alive = [(0.0, 0.0)], 0.0
-    for time, _, amount, _ in _events(held):
+    for time, _, amount, *_ in events:
         alive += amount
         if steps[-1][0] == time:
             steps[-1] = (time, alive)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..compiler import Compiled
-from ..memory import holdings, levels
+from ..memory import holdings, levels, levels_of
 from ..simulate import memory_deltas, timed_model
 from .timed import timed_ops
 
@@ -55,14 +55,7 @@ def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
             if amount:
                 events.append((t.start, 1, amount) if amount > 0 else (t.end, 0, amount))
         events.sort(key=lambda e: (e[0], e[1]))
-        steps, alive = [(0.0, 0.0)], 0.0
-        for time, _, amount in events:
-            alive += amount
-            if steps[-1][0] == time:
-                steps[-1] = (time, alive)
-            else:
-                steps.append((time, alive))
-        series.append(steps)
+        series.append(levels_of(events))
     return series
 
 
