@@ -173,12 +173,6 @@ def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...
             for kind in kinds]
 
 
-def instantiate_tasks(decl: ast.ScheduleDecl, env, pipelines, costs, source: Source):
-    """Expand `task name(s, i)` declarations into ops (one per stage and microbatch, per pipeline)."""
-    from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
-    return expand_tasks(decl, env, pipelines, costs, source)
-
-
 def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = None) -> Schedule:
     """AST -> Schedule. Raises SchedError with every diagnostic it can collect."""
     options = options or Options()
@@ -203,7 +197,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     ops = build_ops(pipelines, costs, split)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
-        tasks, task_ops, task_deps, keeps, fill = instantiate_tasks(decl, env, pipelines, costs, source)
+        from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
+        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, costs, source)
         canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
         task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
         keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}

@@ -80,19 +80,17 @@ def _check_dep(dep: ast.Dep, kind: str, stage: int, mb: int | None, pipe: Pipeli
         raise EvalError(f"{label}: task '{kind}' takes a stage only", dep.span)
 
 
-def replica_groups(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...]) -> dict[int, tuple[int, ...]]:
+def replica_groups(replicas: tuple[tuple[int, ...], ...], pipelines: int) -> dict[int, tuple[int, ...]]:
     """Pipeline index -> the indices of its replica group, itself first (alone when not replicated)."""
-    index = {p.name: k for k, p in enumerate(pipelines)}
-    groups = {k: (k,) for k in range(len(pipelines))}
-    for rep in (d for d in decl.decls if isinstance(d, ast.Replicate)):
-        members = [index[n] for n in rep.pipelines if n in index]
+    groups = {k: (k,) for k in range(pipelines)}
+    for members in replicas:
         for k in members:
             groups[k] = (k, *[j for j in members if j != k])
     return groups
 
 
 def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[Pipeline, ...],
-                 costs: dict[str, tuple[float, ...]], source: Source):
+                 replicas: tuple[tuple[int, ...], ...], costs: dict[str, tuple[float, ...]], source: Source):
     """Return (specs, ops, deps, keeps, fill) for the declared tasks; fill lists (name, split) in priority."""
     tasks = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     fills = [item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items]
@@ -104,7 +102,7 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
     split_backward = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     fill_split = {item.task: item.split for item in fills}
     parts = {t.name: _split(t, fill_split, env, source) for t in tasks}
-    groups = replica_groups(decl, pipelines)
+    groups = replica_groups(replicas, len(pipelines))
     arities = {t.name: len(t.params) for t in tasks}
     specs, ops, deps, keeps = [], [], {}, {}
     for task in tasks:
