@@ -54,7 +54,7 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
 
 def compile_input(file: str, defines, costs, latency: float):
     """Read FILE (a .sched, a torch CSV schedule) and compile it; SchedError on user errors."""
-    from .compiler import collector_paused, compile_schedule, read_source
+    from .compiler import build_schedule, collector_paused, compile_schedule, read_source
     from .library import resolve
     path = resolve(file)
     options = _options(defines, costs)
@@ -63,7 +63,6 @@ def compile_input(file: str, defines, costs, latency: float):
             from .torch_csv import schedule_from_csv
             schedule = schedule_from_csv(path, options)
         else:
-            from .compiler import build_schedule
             schedule = build_schedule(read_source(path), options)
         return compile_schedule(schedule, latency)
 
