@@ -198,7 +198,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
-        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, costs, source)
+        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source)
         canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
         task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
         keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}

@@ -90,7 +90,8 @@ def replica_groups(replicas: tuple[tuple[int, ...], ...], pipelines: int) -> dic
 
 
 def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[Pipeline, ...],
-                 replicas: tuple[tuple[int, ...], ...], costs: dict[str, tuple[float, ...]], source: Source):
+                 replicas: tuple[tuple[int, ...], ...], split_backward: bool, costs: dict[str, tuple[float, ...]],
+                 source: Source):
     """Return (specs, ops, deps, keeps, fill) for the declared tasks; fill lists (name, split) in priority."""
     tasks = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     fills = [item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items]
@@ -99,7 +100,6 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
         if item.task not in names:
             raise SchedError(error(f"unknown task '{item.task}' in fill (tasks: {', '.join(sorted(names))})",
                                    item.span), source)
-    split_backward = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     fill_split = {item.task: item.split for item in fills}
     parts = {t.name: _split(t, fill_split, env, source) for t in tasks}
     groups = replica_groups(replicas, len(pipelines))
