@@ -20,7 +20,7 @@ from itertools import groupby
 from operator import itemgetter
 
 from .diagnostics import Diagnostic, error
-from .grid import format_grid
+from .grid import elide, format_grid
 from .plan import Instr, Plan
 
 SENDS = frozenset({"SEND_F", "SEND_B"})
@@ -325,7 +325,7 @@ def _replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[
     reasons = [f"rank {r} blocks at {_text(streams[r][state.position[r]])} (instruction {state.position[r]}) "
                f"{state.blocked[r]}" for r in stuck]
     grid = format_grid(streams, {(r, state.position[r]): "stuck" for r in stuck}, _text)
-    return diags + [error(f"{_where(step, steps)}the plan hangs under blocking sends: " + "; ".join(reasons[:6])
-                          + (f"; ... ({len(reasons)} ranks)" if len(reasons) > 6 else ""), detail=grid,
+    return diags + [error(f"{_where(step, steps)}the plan hangs under blocking sends: "
+                          + elide(reasons, 6, "ranks", sep="; "), detail=grid,
                           notes=("a SEND waits until its peer posts the matching RECV; a consumer waits for "
                                  "the SEND",))]

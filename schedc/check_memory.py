@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
-from .grid import label, location
+from .grid import elide, label, location
 from .ir import Op, Schedule
 from .memory import PERSISTENT, Held, first_over, holdings, peak_of
 from .simulate import Timing, memory_deltas, timed_model
@@ -49,14 +49,10 @@ def _over(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float)
     op, alive, units = crossing
     when = timing.start.get(op)
     at = f" at time {when:g}" if when is not None else ""
-    shown = _shown([label(schedule, a) for a in alive])
+    shown = elide([label(schedule, a) for a in alive], 12)
     return error(f"device {d}: {units:g} activation units alive{at} when {label(schedule, op)} runs, over the "
                  f"limit {limit:g} (peak {peak:g}); alive: {shown}", op.span or schedule.memory_limit_span,
                  notes=(limit_note,))
-
-
-def _shown(names: list[str]) -> str:
-    return ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
 
 
 def _over_timed(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float, note: str) -> Diagnostic:
@@ -70,7 +66,7 @@ def _over_timed(schedule: Schedule, timing: Timing, d: int, peak: float, limit: 
     step, when = _step_time(steps, held.start)
     at = "from the start" if held.end == PERSISTENT else (
         f"at time {when:g}" + (f" of step {step} of the cycle" if len(steps) > 1 else ""))
-    shown = _shown([h.describe(schedule) for h in alive])
+    shown = elide([h.describe(schedule) for h in alive], 12)
     span = held.op.span or (held.keeper.span if held.keeper is not None else None) or schedule.memory_limit_span
     keepers = {h.keeper.kind: h.keeper.span for h in alive if h.keeper is not None}
     notes = [f"task '{kind}' keeps outputs alive: declared at {location(schedule.source, at_span)}"

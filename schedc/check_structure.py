@@ -16,7 +16,7 @@ from itertools import chain, product
 from operator import attrgetter
 
 from .diagnostics import Diagnostic, Span, error
-from .grid import label, location, ranges
+from .grid import elide, label, location, ranges
 from .ir import BUILTIN, OP_KEY, Op, Schedule, builtin_kinds
 
 HOME = attrgetter("pipe", "stage")
@@ -173,8 +173,7 @@ def _misplaced(schedule: Schedule, misplaced: dict) -> list[Diagnostic]:
     diags = []
     for (k, s, d), ops in sorted(misplaced.items(), key=lambda item: item[0]):
         pipe = schedule.pipelines[k]
-        shown = ", ".join(label(schedule, op) for op in ops[:6]) + (f", ... ({len(ops)} ops)" if len(ops) > 6
-                                                                      else "")
+        shown = elide(ops, 6, "ops", lambda op: label(schedule, op))
         diags.append(error(f"stage {s} of pipeline '{pipe.name}' is on device {pipe.placement[s]}, but device "
                            f"{d} runs it too: {shown}", ops[0].span,
                            notes=("a stage lives on one device; its weights cannot be in two places",)))
@@ -218,7 +217,7 @@ def _missing(schedule: Schedule, seen: dict) -> list[Diagnostic]:
             what = (str(Op(kind, s, mbs[0])) if len(mbs) == 1
                     else f"{kind}({s},i) for microbatches {ranges(mbs)}")
         else:
-            what = ", ".join(str(Op(*key)) for key in mbs[:6]) + (f", ... ({len(mbs)} ops)" if len(mbs) > 6 else "")
+            what = elide(mbs, 6, "ops", lambda key: str(Op(*key)))
         diags.append(error(f"device {device} never runs {what} (stage {s} of pipeline '{pipe.name}')",
                            _device_span(schedule, device, pipe.span)))
     return diags

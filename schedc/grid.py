@@ -33,6 +33,12 @@ def location(source: Source, span: Span | None) -> str:
     return f"{Path(source.path).name}:{span.line}"
 
 
+def elide(items: Sequence, limit: int, noun: str = "in all", text=str, sep: str = ", ") -> str:
+    """The first `limit` items as text, then how many there are: `F(0,1), F(0,2), ... (9 in all)`."""
+    shown = sep.join(text(item) for item in items[:limit])
+    return shown + (f"{sep}... ({len(items)} {noun})" if len(items) > limit else "")
+
+
 def ranges(values: Sequence[int]) -> str:
     """Compress sorted integers: [0, 1, 2, 5, 7, 8] -> '0..2, 5, 7..8'."""
     parts, start, prev = [], None, None

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from . import ast
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
+from .grid import elide
 from .ir import Op, Pipeline
 
 MAX_PROGRAM_STEPS = 20_000_000
@@ -278,9 +279,8 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             continue
         left = [op for op in per_device[dev] if id(op) not in run.taken]
         if left:
-            shown = ", ".join(map(str, left[:6])) + (f", ... ({len(left)} in all)" if len(left) > 6 else "")
             diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
-                               f"unscheduled: {shown}", program.span))
+                               f"unscheduled: {elide(left, 6)}", program.span))
         orders.append(tuple(run.order))
     return tuple(orders), merge_device_diagnostics(diags)
 
