@@ -48,14 +48,10 @@ class Held:
         """`F(1,0)`, `F(1,0) kept by curvature_A(1,0)`, `gradient of B(1,0) kept by curvature_B(1,0)`,
         `state of curvature_A(1) (0.5)`."""
         if self.end == PERSISTENT:
-            return f"state of {self.op.kind}({self.op.stage}){_pipe(schedule, self.op)} ({self.units:g})"
+            return f"state of {label(schedule, Op(self.op.kind, self.op.stage, None, self.op.pipe))} ({self.units:g})"
         what = label(schedule, self.op) if self.op.kind == "F" else f"gradient of {label(schedule, self.op)}"
         step = f" of step {self.step}" if len(schedule.steps) > 1 else ""
         return what + step + (f" kept by {label(schedule, self.keeper)}" if self.keeper is not None else "")
-
-
-def _pipe(schedule: Schedule, op: Op) -> str:
-    return f".{schedule.pipelines[op.pipe].name}" if len(schedule.pipelines) > 1 else ""
 
 
 def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
