@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +93,9 @@ def compile_source(source: Source, options: Options | None = None, latency: floa
 def schedule_stats(schedule: Schedule, timing: Timing) -> dict[str, Any]:
     stats = timing.stats()
     stats.update(devices=schedule.devices, ops=schedule.op_count(), cycle_steps=len(schedule.steps))
-    extra = getattr(timing, "extra", None)
-    if extra:
-        stats.update(extra)
+    stats.update(timing.extra)
     return stats
 
 
 __all__ = ["Compiled", "Options", "read_source", "build_schedule", "analyse", "compile_schedule",
-           "collector_paused", "compile_source", "schedule_stats", "replace"]
+           "collector_paused", "compile_source", "schedule_stats"]
