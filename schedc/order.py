@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import Any, Callable
 
 from . import ast
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
-from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
+from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from .grid import elide
 from .ir import Op, Pipeline
 
@@ -55,15 +56,47 @@ def _default_key(op: Op) -> tuple:
 def sort_queue(ops: list[Op], key: tuple[ast.Expr, ...] | None, pipelines, chunk, env) -> list[Op]:
     if key is None:
         return sorted(ops, key=lambda op: (_default_key(op), op.pipe, op.part))
-    fns = _key_functions(key, env)
     refs = [PipeRef(p.name) for p in pipelines]
-    scope = dict(env)
-    keyed = []
-    for op in ops:
-        _bind(scope, op, refs[op.pipe], chunk)
-        keyed.append(([fn(scope) for fn in fns], op.pipe, op.stage, op.mb or 0, op.part, op))
+    bound = [(op.stage, op.mb if op.mb is not None else -1, op.device, chunk[(op.pipe, op.stage)], op.kind,
+              refs[op.pipe]) for op in ops]   # the values of KEY_NAMES, per op
+    try:
+        values = list(zip(*_key_columns(key, env, bound))) if ops else []
+    except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
+        values = _key_rows(key, env, bound)
+    keyed = [(v, op.pipe, op.stage, op.mb or 0, op.part, op) for v, op in zip(values, ops)]
     keyed.sort(key=lambda t: t[:5])
     return [t[-1] for t in keyed]
+
+
+def _key_rows(key: tuple[ast.Expr, ...], env: dict[str, Any], bound: list[tuple]) -> list[tuple]:
+    fns, scope, rows = _key_functions(key, env), dict(env), []
+    for values in bound:
+        scope.update(zip(KEY_NAMES, values))
+        rows.append(tuple(fn(scope) for fn in fns))
+    return rows
+
+
+def _key_columns(key: tuple[ast.Expr, ...], env: dict[str, Any], bound: list[tuple]) -> list[list]:
+    """Each part of a key over every op, evaluated once per distinct value of the names it reads:
+    `s // p` once per stage, not once per op."""
+    constants = {k: v for k, v in env.items() if k not in KEY_NAMES}
+    scope, columns = dict(env), []
+    for expr in key:
+        expr = fold_constants(expr, constants)
+        fn, reads = compile_expr(expr), free_names(expr)
+        pick = _picker([n for n, name in enumerate(KEY_NAMES) if name in reads])
+        picked = list(map(pick, bound))
+        first = dict(zip(reversed(picked), reversed(bound)))  # a representative op per distinct value
+        memo = {}
+        for k, b in first.items():
+            scope.update(zip(KEY_NAMES, b))
+            memo[k] = fn(scope)
+        columns.append(list(map(memo.__getitem__, picked)))
+    return columns
+
+
+def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
+    return itemgetter(*positions) if positions else lambda _: ()
 
 
 @dataclass
@@ -158,9 +191,9 @@ class _ProgramRun:
         self.steps = steps
         for queue in queues:
             queue.position += count
-        for ops in zip(*runs):
-            for op, cursor in zip(ops, cursors):
-                self._take(op, cursor.span)
+        placed = [op for ops in zip(*runs) for op in ops]  # round by round
+        self.taken.update(map(id, placed))
+        self.order += [_placed(op, span) for op, span in zip(placed, [c.span for c in cursors] * count)]
         return count
 
     def _pipe(self, cursor: ast.Cursor, env: dict) -> str | None:
@@ -207,7 +240,12 @@ class _ProgramRun:
 
     def _take(self, op: Op, span: Span) -> None:
         self.taken.add(id(op))
-        self.order.append(Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts))
+        self.order.append(_placed(op, span))
+
+
+def _placed(op: Op, span: Span) -> Op:
+    """The op as a program places it: with the span of the cursor that popped it."""
+    return Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts)
 
 
 def _plain_cursors(unit: ast.Cursor | ast.Group) -> tuple[ast.Cursor, ...] | None:
