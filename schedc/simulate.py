@@ -7,10 +7,11 @@ dependencies have ended (plus `latency` when a dependency ran on another device)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from operator import attrgetter
-from typing import Any
+from typing import Any, Iterator
 
 from .ir import OP_KEY, Op, Schedule
 
@@ -19,8 +20,8 @@ from .ir import OP_KEY, Op, Schedule
 class Timing:
     """Start and end of every placed op, and the derived statistics."""
 
-    start: dict[Op, float]
-    end: dict[Op, float]
+    start: Mapping[Op, float]
+    end: Mapping[Op, float]
     makespan: float
     busy: tuple[float, ...]
     peak_memory: tuple[float, ...]
@@ -51,6 +52,36 @@ class Timing:
 
 def _round(x: float) -> float:
     return round(x, 9)
+
+
+class OpTimes(Mapping):
+    """Op -> time, from parallel lists. The dict is built on the first lookup: a compile that finds
+    nothing wrong looks no op up, and hashing 10^5 ops (a Python-level __hash__) is most of the cost."""
+
+    __slots__ = ("_ops", "_times", "_table")
+
+    def __init__(self, ops: list[Op], times: list[float]):
+        self._ops, self._times, self._table = ops, times, None
+
+    def table(self) -> dict[Op, float]:
+        if self._table is None:
+            self._table = dict(zip(self._ops, self._times))
+        return self._table
+
+    def __getitem__(self, op: Op) -> float:
+        return self.table()[op]
+
+    def get(self, op: Op, default: Any = None) -> Any:
+        return self.table().get(op, default)
+
+    def __contains__(self, op: object) -> bool:
+        return op in self.table()
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.table())
+
+    def __len__(self) -> int:
+        return len(self.table())
 
 
 def program_edges(schedule: Schedule) -> tuple[list[Op], dict[tuple, int], list[list[int]], list[int]]:
@@ -90,7 +121,7 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
     busy = [0.0] * schedule.devices
     for d, c in zip(device, cost):
         busy[d] += c
-    timing = Timing(dict(zip(timed_ops, starts)), dict(zip(timed_ops, ends)), max(ends, default=0.0),
+    timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), max(ends, default=0.0),
                     tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
     if complete and timed_model(schedule):  # kept outputs, saved gradients, task state
         from .memory import holdings, peaks
