@@ -17,7 +17,20 @@ from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold
 from .grid import elide
 from .ir import Op, Pipeline
 
-MAX_PROGRAM_STEPS = 20_000_000
+# the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
+PROGRAM_STEPS_BASE = 1_000_000
+PROGRAM_STEPS_PER_OP = 16
+
+
+@dataclass
+class _StepBudget:
+    """Statements the programs of all devices may still run (shared, so a runaway loop stops once)."""
+
+    total: int
+    left: int = -1
+
+    def __post_init__(self) -> None:
+        self.left = self.total
 _KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
 
 
@@ -121,12 +134,13 @@ class _Queue:
 
 
 class _ProgramRun:
-    """Runs one device's program against its queues, collecting the order and diagnostics."""
+    """Runs one device's program against its queues, collecting the order; the first fault (an empty
+    queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError."""
 
     def __init__(self, device: int, queues: dict[tuple[str, str | None], _Queue], ops: list[Op],
-                 pipelines: tuple[Pipeline, ...], diags: list[Diagnostic]):
-        self.device, self.queues, self.ops, self.pipelines = device, queues, ops, pipelines
-        self.diags, self.order, self.steps = diags, [], 0
+                 pipelines: tuple[Pipeline, ...], budget: _StepBudget):
+        self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
+        self.order: list[Op] = []
         self.taken: set[int] = set()  # id() of the ops placed so far
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
@@ -135,11 +149,11 @@ class _ProgramRun:
     def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
         if self._scoped(body):
             env = dict(env)  # the body's lets end with it
+        budget = self.budget
         for stmt in body:
-            self.steps += 1
-            if self.steps > MAX_PROGRAM_STEPS:
-                raise EvalError(f"program of device {self.device} runs more than {MAX_PROGRAM_STEPS:,} steps",
-                                stmt.span)
+            budget.left -= 1
+            if budget.left < 0:
+                raise EvalError(f"programs run more than {budget.total:,} statements (a runaway loop?)", stmt.span)
             self.STATEMENTS[type(stmt)](self, stmt, env)
 
     def _scoped(self, body: tuple[ast.Stmt, ...]) -> bool:
@@ -171,8 +185,6 @@ class _ProgramRun:
                 self.run(stmt.unit.body, env)
             else:
                 self._cursor(stmt.unit, env)
-            if self.diags and len(self.diags) > 50:
-                return
 
     def _rounds_at_once(self, unit: ast.Cursor | ast.Group, count: int, env: dict) -> int:
         """`F * n` or `(F B) * n` (plain pops of distinct kinds): place the n rounds at once when every
@@ -181,14 +193,14 @@ class _ProgramRun:
         cursors = _plain_cursors(unit) if count > 1 else None
         if not cursors or len({c.kind for c in cursors}) < len(cursors):
             return 0
-        steps = self.steps + (count * len(cursors) if isinstance(unit, ast.Group) else 0)
+        steps = count * len(cursors) if isinstance(unit, ast.Group) else 0
         queues = [self.queues.get((c.kind, self._pipe(c, env))) for c in cursors]
-        if steps > MAX_PROGRAM_STEPS or any(q is None for q in queues):
+        if steps > self.budget.left or any(q is None for q in queues):
             return 0
         runs = [q.peek_run(count, self.taken) for q in queues]
         if not all(runs):
             return 0
-        self.steps = steps
+        self.budget.left -= steps
         for queue in queues:
             queue.position += count
         placed = [op for ops in zip(*runs) for op in ops]  # round by round
@@ -215,9 +227,8 @@ class _ProgramRun:
             known = self.queues.get((cursor.kind, None))
             why = (f"all {len(known.ops)} {cursor.kind} ops{where} of this device are already placed" if known
                    else f"no op of kind '{cursor.kind}'{where} runs on this device")
-            self.diags.append(error(f"device {self.device}: program pops {cursor.kind}"
-                                    f"{'.' + pipe if pipe else ''} from an empty queue ({why})", cursor.span))
-            return
+            raise EvalError(f"program pops {cursor.kind}{'.' + pipe if pipe else ''} from an empty queue ({why})",
+                            cursor.span)
         self._take(op, cursor.span)
 
     def _named(self, cursor: ast.Cursor, pipe: str | None, env: dict) -> None:
@@ -232,11 +243,10 @@ class _ProgramRun:
         found = [self._mine[c] for c in candidates if c in self._mine]
         label = f"{cursor.kind}({stage}{'' if mb is None else f',{mb}'})"
         if not found:
-            self.diags.append(error(f"device {self.device}: {label} is not an op of this device", cursor.span))
-        elif id(found[0]) in self.taken:
-            self.diags.append(error(f"device {self.device}: {label} is placed twice", cursor.span))
-        else:
-            self._take(found[0], cursor.span)
+            raise EvalError(f"{label} is not an op of this device", cursor.span)
+        if id(found[0]) in self.taken:
+            raise EvalError(f"{label} is placed twice", cursor.span)
+        self._take(found[0], cursor.span)
 
     def _take(self, op: Op, span: Span) -> None:
         self.taken.add(id(op))
@@ -299,6 +309,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
     for op in ops:
         per_device[op.device].append(op)
     chunk = chunk_index(pipelines)
+    budget = _StepBudget(PROGRAM_STEPS_BASE + PROGRAM_STEPS_PER_OP * len(ops))
     orders = []
     for dev in range(devices):
         program = specific.get(dev) or (generic[-1] if generic else None)
@@ -307,13 +318,15 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             orders.append(())
             continue
         run = _ProgramRun(dev, _build_queues(per_device[dev], queue_decls, pipelines, chunk, env),
-                          per_device[dev], pipelines, diags)
+                          per_device[dev], pipelines, budget)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)
         try:
             run.run(program.body, scope)
         except EvalError as exc:
             diags.append(error(f"device {dev}: {exc.message}", exc.span))
             orders.append(tuple(run.order))
+            if budget.left < 0:
+                break  # the budget is shared: the other devices would stop at once for the same reason
             continue
         left = [op for op in per_device[dev] if id(op) not in run.taken]
         if left:
