@@ -116,7 +116,7 @@ def worker(argv: list[str]) -> int:
 
 # -- the driver -----------------------------------------------------------------------------------
 
-def compile_plan(schedule: str, out: Path, extra: list[str] = (), **params) -> Path:
+def compile_plan(schedule: str | Path, out: Path, extra: list[str] = (), **params) -> Path:
     args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedules" / schedule), "-o", str(out),
             *extra]
     for k, v in params.items():
@@ -141,6 +141,22 @@ def run(plan: Path, steps: int, extra: list[str], dump: str | None = None) -> li
         if done.returncode:
             raise RuntimeError(f"worker failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
         return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def unfilled_source() -> str:
+    """pipefisher_1f1b.sched without `fill bubbles with`: the same K-FAC tasks (inversion still in k parts),
+    popped by each device's program after the step's F and B, so no task runs in a bubble. A device runs
+    stage d: m curvature_A and m curvature_B pieces (c = 1), k inversion parts and its one precondition."""
+    text = (ROOT / "schedules" / "pipefisher_1f1b.sched").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("fill bubbles with")]
+    text = "\n".join(lines) + "\n"
+    edits = [("after curvature_A(s, *), curvature_B(s, *)\n", "after curvature_A(s, *), curvature_B(s, *) split k\n"),
+             ("  B * w\n}", "  B * w\n  curvature_A * m ; curvature_B * m ; inversion * k ; precondition\n}")]
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise RuntimeError(f"pipefisher_1f1b.sched changed: cannot find {old!r}")
+        text = text.replace(old, new)
+    return text
 
 
 def steps_to(losses: list[float], target: float, window: int = 3) -> int | None:
@@ -179,6 +195,11 @@ def main() -> int:
         kfac_plan = compile_plan("pipefisher_1f1b.sched", Path(tmp) / "kfac", ["--costs", str(costs)],
                                  p=2, m=4, c=1, k=2)
         base_plan = compile_plan("1f1b.sched", Path(tmp) / "base", p=2, m=4)
+        # the same K-FAC work without fills: the tasks run where the programs put them, after the step's compute
+        unfilled_sched = Path(tmp) / "pipefisher_1f1b_unfilled.sched"
+        unfilled_sched.write_text(unfilled_source())
+        unfilled_plan = compile_plan(unfilled_sched, Path(tmp) / "unfilled", ["--costs", str(costs)],
+                                     p=2, m=4, c=1, k=2)
         cycle = len(json.loads(kfac_plan.read_text())["ranks"][0]["steps"])
         print(f"PipeFisher plan: 1F1B p=2 m=4, K-FAC cycle of {cycle} steps")
         started = time.time()
@@ -187,9 +208,16 @@ def main() -> int:
         kfac_steps, kfac_lr, kfac_time = best(kfac_plan, steps, kfac_grid,
                                               ["--optimizer", "sgd", "--tasks", "schedc.runtime.kfac"],
                                               args.target, "pipefisher")
+        # the filled run's lr: K = 1, so both compute the same update each step (fresh inverses)
+        _, _, unfilled_time = best(unfilled_plan, steps, [kfac_lr],
+                                   ["--optimizer", "sgd", "--tasks", "schedc.runtime.kfac"], args.target, "unfilled")
     print(f"baseline   AdamW lr {base_lr:g}: {base_steps} steps, {base_time * 1e3:.1f} ms/step (plain 1F1B)")
     print(f"PipeFisher SGD lr {kfac_lr:g}: {kfac_steps} steps, {kfac_time * 1e3:.1f} ms/step (K-FAC in the "
           f"bubbles, cycle of {cycle} steps)")
+    print(f"unfilled   SGD lr {kfac_lr:g}: {unfilled_time * 1e3:.1f} ms/step (the same K-FAC tasks after each "
+          f"step's compute, no fills)")
+    print(f"wall per step: filled {kfac_time * 1e3:.1f} ms, unfilled {unfilled_time * 1e3:.1f} ms, "
+          f"first-order {base_time * 1e3:.1f} ms")
     print(f"total {time.time() - started:.0f} s")
     print(f"steps_ratio {kfac_steps / base_steps:.3f}")
     return 0
