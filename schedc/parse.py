@@ -4,6 +4,7 @@ Lark's exceptions are translated here into located diagnostics; nothing from Lar
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from importlib import resources
 
@@ -249,10 +250,45 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
         line, column = len(lines), len(lines[-1]) + 1
     else:
         message = f"unexpected {exc.token.type and repr(str(exc.token)) or 'token'}"
-    expected = sorted({_readable(t) for t in getattr(exc, "expected", None) or ()})
+    terminals = set(getattr(exc, "expected", None) or ())
+    expected = sorted({_readable(t) for t in terminals})
     if expected:
         message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]))
-    return SchedError(error(message, Span(line, column, line, column + 1)), source, exit_code=2)
+    notes = _ambiguity_hints(exc, source, terminals)
+    return SchedError(error(message, Span(line, column, line, column + 1), notes=notes), source, exit_code=2)
+
+
+_CURSOR_THEN_PAREN = re.compile(r"([A-Za-z_][A-Za-z_0-9.]*)\s+\($")
+_NOT_CURSORS = {"min", "max", "ceil", "floor", "abs", "require", "param", "devices", "stages", "microbatches",
+                "limit", "memory", "cost", "inflight", "by", "if", "else", "and", "or", "not", "in", "split",
+                "after", "keeps", "let"}
+_ITEM_THEN_IF = re.compile(r"\bif\b[^;{}()]*$")
+
+
+def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) -> tuple[str, ...]:
+    """Explain the two places where the grammar reads the longer way (see grammars/sched.lark)."""
+    if not isinstance(exc, UnexpectedToken) or exc.token.type == "$END":
+        return ()
+    before = source.text[: exc.pos_in_stream]
+    if terminals and terminals <= {"RPAR", "COMMA"}:
+        opening = _unmatched_paren(before)
+        cursor = _CURSOR_THEN_PAREN.search(before[: opening + 1]) if opening is not None else None
+        if cursor and cursor.group(1) not in _NOT_CURSORS:
+            return ("a '(' right after an op is read as its arguments, as in F(0, 1); "
+                    "put ';' before a group that follows an op: F ; (F B)",)
+    if exc.token.type == "LBRACE" and _ITEM_THEN_IF.search(before):
+        return ("an 'if' right after an item is read as that item's condition (B if k > 0); "
+                "put ';' before an if-statement that follows an item: B ; if k > 0 { F }",)
+    return ()
+
+
+def _unmatched_paren(text: str) -> int | None:
+    depth = 0
+    for position in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[position], 0)
+        if depth < 0:
+            return position
+    return None
 
 
 def decode_source(data: bytes, path: str) -> Source:

@@ -72,3 +72,18 @@ def test_expressions_follow_usual_precedence():
     from schedc.expr import evaluate
     decl = parse_source(Source("t", "schedule x\nparam a = 2 + 3 * 4 ** 2 // 5 - -1 if not 1 > 2 and 3 >= 3 else 0"))
     assert evaluate(decl.decls[0].default, {}) == 2 + 3 * 4 ** 2 // 5 + 1
+
+
+@pytest.mark.parametrize("fixture,line,column,hint", [
+    ("group_after_op.sched", 4, 20, "put ';' before a group that follows an op: F ; (F B)"),
+    ("if_after_item.sched", 5, 11, "put ';' before an if-statement that follows an item"),
+])
+def test_the_two_longer_readings_get_a_hint(fixture, line, column, hint):
+    exc = _error((FIXTURES / fixture).read_text())
+    diag = exc.diagnostics[0]
+    assert (diag.span.line, diag.span.column) == (line, column)
+    assert any(hint in note for note in diag.notes)
+
+
+def test_no_hint_for_an_ordinary_argument_error():
+    assert not _error("schedule x\nparam p = min (1 2)").diagnostics[0].notes
