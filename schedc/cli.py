@@ -26,8 +26,12 @@ def _defines(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _options(defines: tuple[str, ...], costs: str | None):
+def _options(defines: tuple[str, ...], costs: str | None, profile: tuple[str, int | None] | None = None):
+    """Options from -D, a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch size)."""
     from .elaborate import Options
+    if profile:
+        from .profiles import read_profile, read_profile_memory
+        return Options(_defines(defines), read_profile(*profile), memory=read_profile_memory(*profile))
     if not costs:
         return Options(_defines(defines), {})
     from .profiles import load_costs, load_memory
@@ -52,12 +56,12 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
                               help="Simulated latency of every message between devices.")
 
 
-def compile_input(file: str, defines, costs, latency: float):
+def compile_input(file: str, defines, costs, latency: float, profile: tuple[str, int | None] | None = None):
     """Read FILE (a .sched, a torch CSV schedule) and compile it; SchedError on user errors."""
     from .compiler import build_schedule, collector_paused, compile_schedule, read_source
     from .library import resolve
     path = resolve(file)
-    options = _options(defines, costs)
+    options = _options(defines, costs, profile)
     with collector_paused():
         if path.suffix == ".csv":
             from .torch_csv import schedule_from_csv
@@ -152,10 +156,8 @@ def check_cmd(file, defines, costs, model_file, memory_limit):
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, latency, profile, microbatch_size, as_json):
     """Simulate FILE under its cost model and print the stats."""
-    if profile:
-        costs = _profile_costs(profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, latency)
+        result = compile_input(file, defines, costs, latency, (profile, microbatch_size) if profile else None)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -165,14 +167,6 @@ def simulate_cmd(file, defines, costs, latency, profile, microbatch_size, as_jso
         click.echo(_summary(result))
         click.echo(_device_table(result))
     sys.exit(0 if result.ok else 1)
-
-
-def _profile_costs(profile: str, microbatch_size: int | None) -> str:
-    from .profiles import profile_to_costs_file
-    try:
-        return profile_to_costs_file(profile, microbatch_size)
-    except SchedError as exc:
-        _fail(exc)
 
 
 def _device_table(result) -> str:

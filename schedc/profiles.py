@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import tempfile
 from pathlib import Path
 
 from .diagnostics import SchedError, Source, error
@@ -95,13 +94,3 @@ def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
     if microbatch_size not in sizes:
         raise _usage(f"no row for microbatch size {microbatch_size} (rows: {', '.join(map(str, sizes))})", path)
     return rows[sizes.index(microbatch_size)]
-
-
-def profile_to_costs_file(path: str, microbatch_size: int | None) -> str:
-    """Write a profile row as a costs JSON (for the commands that take --costs); return its path."""
-    costs = read_profile(path, microbatch_size)
-    memory = read_profile_memory(path, microbatch_size)
-    handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    with handle:
-        json.dump({"unit": "ms", **costs, **({"memory": memory} if memory else {})}, handle)
-    return handle.name
