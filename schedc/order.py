@@ -402,7 +402,7 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
             alive[d] += 1 if op.kind == "F" else 0
             free_at[d] = now + op.cost
             heapq.heappush(running, (free_at[d], n))
-            orders[d].append(Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts))
+            orders[d].append(_placed(op, span))
         upcoming = [w[0][0] for d, w in enumerate(waiting) if w and w[0][0] > now]
         upcoming += [free_at[d] for d in range(devices) if free_at[d] > now]
         if not running and not upcoming:
