@@ -26,7 +26,7 @@ from .plan import Instr, Plan
 SENDS = frozenset({"SEND_F", "SEND_B"})
 RECVS = frozenset({"RECV_F", "RECV_B"})
 DIRECTION = {"SEND_F": "F", "RECV_F": "F", "SEND_B": "B", "RECV_B": "B"}
-OP, PEER, GROUP = itemgetter(0), itemgetter(4), itemgetter(5)
+OP, PEER = itemgetter(0), itemgetter(4)
 FIELDS = itemgetter(1, 2, 3)     # stage, mb, pipe
 LINK = itemgetter(0, 1, 3, 4)    # op, stage, pipe, peer
 COMPUTE = itemgetter(0, 1, 3)    # op, stage, pipe

@@ -1,7 +1,7 @@
 """Diagnostics: located errors and warnings, printed compiler-style with the source line and a caret."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -66,10 +66,6 @@ def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), d
     return Diagnostic(Severity.ERROR, message, span, notes, detail)
 
 
-def warning(message: str, span: Span | None = None, notes: tuple[str, ...] = ()) -> Diagnostic:
-    return Diagnostic(Severity.WARNING, message, span, notes)
-
-
 class SchedError(Exception):
     """A user error carrying diagnostics. `exit_code` 2 for syntax/usage, 1 for a wrong schedule."""
 
@@ -86,13 +82,3 @@ class SchedError(Exception):
 
 def has_errors(diagnostics: list[Diagnostic]) -> bool:
     return any(d.severity is Severity.ERROR for d in diagnostics)
-
-
-@dataclass
-class DiagnosticBag:
-    """Collects diagnostics during a pass (the one mutable helper; passes return its list)."""
-
-    items: list[Diagnostic] = field(default_factory=list)
-
-    def error(self, message: str, span: Span | None = None, **kw) -> None:
-        self.items.append(error(message, span, **kw))

@@ -22,8 +22,6 @@ class OpKind(str, Enum):
 
 
 BUILTIN = frozenset(k.value for k in OpKind)
-FORWARD = frozenset({OpKind.F.value})
-BACKWARD = frozenset({OpKind.B.value, OpKind.I.value, OpKind.W.value})
 DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 
 

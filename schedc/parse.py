@@ -31,10 +31,6 @@ def _span(meta) -> Span:
     return Span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
-def _tok_span(tok: Token) -> Span:
-    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + 1)
-
-
 def _string(tok: Token | None) -> str:
     return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
 
