@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 FORMAT = "schedc-plan"
@@ -211,23 +212,29 @@ class Plan:
         return body
 
     def canonical(self) -> str:
-        """The compact, key-sorted JSON of the content (what `content_hash` hashes), built without
-        materialising a dict per instruction."""
-        ranks = ",".join('{"rank":%d,"steps":[%s]}' % (r, ",".join(
-            "[" + ",".join(step_json(step)) + "]" for step in steps)) for r, steps in enumerate(self.ranks))
+        """The compact, key-sorted JSON of the content (what `content_hash` hashes)."""
+        return "".join(self.canonical_pieces())
+
+    def canonical_pieces(self) -> Iterator[str]:
+        """The canonical JSON in pieces: the metadata up to the rank list, one piece per rank, the rest.
+        Built without a dict per instruction, and never as one string: a plan of 10^6 instructions is
+        hashed and written piece by piece."""
         head = json.dumps({**self.meta, "ranks": _RANKS}, sort_keys=True, separators=(",", ":"))
-        return head.replace(json.dumps(_RANKS), "[" + ranks + "]", 1)
+        before, after = head.split(json.dumps(_RANKS), 1)
+        yield before + "["
+        for r, steps in enumerate(self.ranks):
+            yield '%s{"rank":%d,"steps":[%s]}' % ("," if r else "", r, ",".join(
+                "[" + ",".join(step_json(step)) + "]" for step in steps))
+        yield "]" + after
 
     def to_json(self) -> dict[str, Any]:
         body = self.content()
         return {"format": FORMAT, "version": VERSION, "hash": self.hash or content_hash(body), **body}
 
-    def dumps(self) -> tuple[Plan, str]:
-        """The plan with its hash, and plan.json's text: the canonical content, format/version/hash first."""
-        canonical = self.canonical()
-        plan = replace(self, hash=hashlib.sha256(canonical.encode()).hexdigest())
-        head = json.dumps({"format": FORMAT, "version": VERSION, "hash": plan.hash}, separators=(",", ":"))
-        return plan, head[:-1] + "," + canonical[1:] + "\n"
+
+def _file_head(digest: str) -> str:
+    """plan.json's first bytes: format, version and hash, then the canonical content's keys follow."""
+    return json.dumps({"format": FORMAT, "version": VERSION, "hash": digest}, separators=(",", ":"))[:-1] + ","
 
 
 def content_hash(body: dict[str, Any]) -> str:
@@ -266,11 +273,31 @@ def write_plan(plan: Plan, directory: str | Path) -> tuple[Plan, list[Path]]:
     and the paths written."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    plan, text = plan.dumps()
-    written = [_write_atomic(out / "plan.json", text)]
+    plan, path = _write_plan_json(plan, out / "plan.json")
+    written = [path]
     for rank in range(plan.devices):
         written.append(_write_atomic(out / f"rank{rank}.txt", format_rank_text(plan, rank)))
     return plan, written
+
+
+def _write_plan_json(plan: Plan, path: Path) -> tuple[Plan, Path]:
+    """Stream the canonical content into plan.json while hashing it, then fill in the hash, which the
+    file names first (a 64-digit placeholder until the content has been hashed)."""
+    digest, placeholder = hashlib.sha256(), "0" * 64
+    head = _file_head(placeholder).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as stream:
+        stream.write(head)
+        for k, piece in enumerate(plan.canonical_pieces()):
+            data = piece.encode()
+            digest.update(data)
+            stream.write(data[1:] if k == 0 else data)  # the content's "{" is the head's
+        stream.write(b"\n")
+        plan = replace(plan, hash=digest.hexdigest())
+        stream.seek(head.index(placeholder.encode()))
+        stream.write(plan.hash.encode())
+    tmp.replace(path)
+    return plan, path
 
 
 def _write_atomic(path: Path, text: str) -> Path:

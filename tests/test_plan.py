@@ -1,6 +1,7 @@
 """plan: instruction text round-trips, plan.json carries the documented keys and verifies its hash."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -62,3 +63,14 @@ def test_step_forms_are_the_instruction_forms(step):
     step = tuple(i._replace(mb=None) if i.stage is None else i for i in step)
     assert step_text(step) == [str(i) for i in step]
     assert step_json(step) == [json.dumps(i.to_json(), sort_keys=True, separators=(",", ":")) for i in step]
+
+
+def test_plan_json_is_the_canonical_content_after_its_hash(tmp_path):
+    """plan.json is streamed and its hash filled in last: the file is still format, version, hash, then
+    exactly the canonical content that the hash covers."""
+    plan, _ = write_plan(compile_library("chimera", p=4, m=8).plan, tmp_path)
+    canonical = plan.canonical()
+    assert hashlib.sha256(canonical.encode()).hexdigest() == plan.hash
+    head = json.dumps({"format": "schedc-plan", "version": 1, "hash": plan.hash}, separators=(",", ":"))
+    assert (tmp_path / "plan.json").read_text() == head[:-1] + "," + canonical[1:] + "\n"
+    assert load_plan(tmp_path / "plan.json").hash == plan.hash
