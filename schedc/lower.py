@@ -12,9 +12,11 @@ Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank),
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 from functools import partial
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import and_, attrgetter, gt, itemgetter, le, ne, truth
 from typing import Any
 
 from .ir import Dependencies, Op, Schedule
@@ -22,35 +24,29 @@ from .plan import Instr, Opcode, Plan
 from .simulate import Timing, simulate
 
 LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
+_START, _END, _OP = itemgetter(0), itemgetter(1), itemgetter(2)
+_KIND, _STAGE, _MB, _PIPE, _DEVICE, _PARTS = map(attrgetter, ("kind", "stage", "mb", "pipe", "device", "parts"))
+_NONE = repeat(None)
 
 
 class _Links(dict):
-    """The messages of an op, by LINK_KEY (kind, pipeline, stage, device): sends after it, receives it
-    consumes, each as (opcode, producing stage, peer). A dict filled on first use, so that looking up a
-    device's order is one C-level map."""
+    """The message an op sends after it, by LINK_KEY (kind, pipeline, stage, device): (send opcode,
+    receive opcode, peer), or (None, None, device) for none. A dict filled on first use, so that looking
+    up every op is one C-level map."""
 
     def __init__(self, schedule: Schedule):
         super().__init__()
         self.pipelines = schedule.pipelines
 
-    def __missing__(self, key: tuple) -> tuple[tuple, tuple]:
-        found = self[key] = self._links(*key)
+    def __missing__(self, key: tuple) -> tuple:
+        kind, k, s, device = key
+        pipe, found = self.pipelines[k], (None, None, device)
+        if kind == "F" and s + 1 < pipe.stages and pipe.placement[s + 1] != device:
+            found = ("SEND_F", "RECV_F", pipe.placement[s + 1])
+        elif kind in ("B", "I") and s > 0 and pipe.placement[s - 1] != device:
+            found = ("SEND_B", "RECV_B", pipe.placement[s - 1])
+        self[key] = found
         return found
-
-    def _links(self, kind: str, k: int, s: int, device: int) -> tuple[tuple, tuple]:
-        pipe = self.pipelines[k]
-        place, sends, recvs = pipe.placement, [], []
-        if kind == "F":
-            if s + 1 < pipe.stages and place[s + 1] != device:
-                sends.append(("SEND_F", s, place[s + 1]))
-            if s > 0 and place[s - 1] != device:
-                recvs.append(("RECV_F", s - 1, place[s - 1]))
-        elif kind in ("B", "I"):
-            if s > 0 and place[s - 1] != device:
-                sends.append(("SEND_B", s, place[s - 1]))
-            if s + 1 < pipe.stages and place[s + 1] != device:
-                recvs.append(("RECV_B", s + 1, place[s + 1]))
-        return tuple(sends), tuple(recvs)
 
 
 def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
@@ -63,72 +59,105 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     else, before the consumer starts, and in the sender's order. Every wait (a send on its receive, a
     consumer on its data, an instruction on the one before it) then points backwards in this sweep, so
     a replay with rendezvous sends cannot deadlock.
+
+    Each instruction is an item of the sweep (see _items); in time order, each is appended to its rank's
+    stream. Only an op that takes negative time (a measured cost) lets a device's sends to one peer end
+    out of their order; then _sweep posts the receives that are due with each send.
     """
-    devices = schedule.devices
-    sends, receives = _messages(step, _Links(schedule))
+    devices, links = schedule.devices, _Links(schedule)
     streams: list[list[Instr]] = [[] for _ in range(devices)]
-    posted = [[0] * devices for _ in range(devices)]  # posted[r][d]: receives rank r posted from d (a prefix)
-    for _, _, _, ends, d, data in _events(sequence, sends):
-        if not ends:  # an op starts
-            streams[d].append(data)
-            continue
-        for peer, k, instr in data:  # an op ends: its sends, each after the receiver posts it
-            _post(streams[peer], posted[peer], receives[peer][d], d, k + 1)
-            streams[d].append(instr)
-    for r in range(devices):
-        for d in range(devices):
-            _post(streams[r], posted[r], receives[r][d], d, len(receives[r][d]))
-    return [stream + _sync_grads(schedule, d) + [Instr(Opcode.STEP.value)] for d, stream in enumerate(streams)]
+    ops = list(map(_OP, sequence))
+    targets, instrs, sending = _items(ops, links, streams)
+    starts, ends = list(map(_START, sequence)), list(map(_END, sequence))
+    order = _order(starts, ends, sending)
+    if all(map(le, starts, ends)):  # each send posts just its own receive: append every item (in C)
+        deque(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)), maxlen=0)
+    else:
+        _sweep(order, targets, instrs, sending)
+    for d, (stream, unsent) in enumerate(zip(streams, _unsent(step, ops, links, devices))):
+        stream += unsent
+        stream += _sync_grads(schedule, d)
+        stream.append(Instr(Opcode.STEP.value))
+    return streams
 
 
 _instr = partial(tuple.__new__, Instr)  # Instr from all eight fields (skips the Python-level __new__)
 
 
-def _compute(op: Op) -> Instr:
-    if op.parts == 1:
-        return _instr((op.kind, op.stage, op.mb, op.pipe, None, None, None, None))
-    return _instr((op.kind, op.stage, op.mb, op.pipe, None, None, op.part, op.parts))
+def _instrs(op, stage, mb, pipe, peer) -> list[Instr]:
+    """Instrs from columns (iterables) of opcode, stage, microbatch, pipeline and peer."""
+    return list(map(_instr, zip(op, stage, mb, pipe, peer, _NONE, _NONE, _NONE)))
 
 
-def _messages(step: tuple[tuple[Op, ...], ...], links: _Links) -> tuple[dict, list]:
-    """sends[id(op)]: the sends after op, as (peer, k, instr) with k its place among the messages op's
-    device sends to peer; receives[r][d]: the receives rank r posts from d, in d's send order."""
-    devices = len(step)
-    sends: dict[int, list[tuple]] = {}
-    receives: list[list[list[Instr]]] = [[[] for _ in range(devices)] for _ in range(devices)]
-    for d, order in enumerate(step):
-        for op, (out, _) in zip(order, map(links.__getitem__, map(LINK_KEY, order))):
-            if out:
-                sends[id(op)] = mine = []
-                for kind, s, peer in out:
-                    incoming = receives[peer][d]
-                    mine.append((peer, len(incoming), _instr((kind, s, op.mb, op.pipe, peer, None, None, None))))
-                    incoming.append(_instr((_RECEIVE[kind], s, op.mb, op.pipe, d, None, None, None)))
-    return sends, receives
+def _items(ops: list[Op], links: _Links, streams: list[list[Instr]]) -> tuple[list, list, list[bool]]:
+    """The instructions of the sweep, three items for the op at position n of the sequence: 3n its
+    compute, 3n + 1 the receive its message needs and 3n + 2 the send. Returns, by item, the stream it is
+    written to and the instruction, and by op whether it sends (else its message items are unused)."""
+    kind, stage, mb, pipe, device = (list(map(field, ops)) for field in (_KIND, _STAGE, _MB, _PIPE, _DEVICE))
+    send, receive, peer = zip(*map(links.__getitem__, zip(kind, pipe, stage, device))) if ops else ((), (), ())
+    targets, instrs = [None] * (3 * len(ops)), [None] * (3 * len(ops))
+    targets[::3] = targets[2::3] = list(map(streams.__getitem__, device))
+    targets[1::3] = list(map(streams.__getitem__, peer))
+    instrs[::3] = _instrs(kind, stage, mb, pipe, _NONE)
+    instrs[1::3] = _instrs(receive, stage, mb, pipe, device)
+    instrs[2::3] = _instrs(send, stage, mb, pipe, peer)
+    parts = list(map(_PARTS, ops))
+    if parts.count(1) < len(parts):  # tasks split in parts
+        for n in compress(range(len(ops)), map(ne, parts, repeat(1))):
+            instrs[3 * n] = _instr((kind[n], stage[n], mb[n], pipe[n], None, None, ops[n].part, parts[n]))
+    return targets, instrs, list(map(truth, send))
 
 
-_RECEIVE = {"SEND_F": "RECV_F", "SEND_B": "RECV_B"}
+def _order(starts: list[float], ends: list[float], sending: list[bool]) -> list[int]:
+    """The items in sweep order. Computes are written at their op's start, messages at its end; at one
+    time, the messages of ops that took time come first, by position; then computes and the messages of
+    instant ops, by position, an op's compute before its messages."""
+    times = [0.0] * (3 * len(starts))
+    times[::3], times[1::3], times[2::3] = starts, ends, ends
+    late = list(map(and_, sending, map(gt, ends, starts)))
+    instant = list(map(ne, sending, late))  # sends and took no time
+    first = [*compress(range(1, len(times), 3), late), *compress(range(2, len(times), 3), late)]
+    rest = [*range(0, len(times), 3), *compress(range(1, len(times), 3), instant),
+            *compress(range(2, len(times), 3), instant)]
+    first.sort()
+    rest.sort()
+    order = first + rest
+    order.sort(key=times.__getitem__)  # stable: the ties keep the order above
+    return order
 
 
-def _events(sequence: tuple[tuple[float, float, Op], ...], sends: dict[int, list[tuple]]) -> list[tuple]:
-    """The sweep in time order: (time, 0 for the sends at the end of a nonzero op else 1, position in
-    sequence, 0 at the op's start / 1 at its end, device, the op's instruction at its start or its
-    sends at its end). The first four fields are unique, so the tuples sort without comparing the rest."""
-    events = []
-    for position, (start, end, op) in enumerate(sequence):
-        events.append((start, 1, position, 0, op.device, _compute(op)))
-        out = sends.get(id(op))
-        if out:
-            events.append((end, 0 if end > start else 1, position, 1, op.device, out))
-    events.sort()
-    return events
+def _sweep(order: list[int], targets: list, instrs: list, sending: list[bool]) -> None:
+    """Write the items in sweep order when a device's sends to a peer may end out of their order: a
+    receive item posts, in the sender's order, every receive of its channel up to its own not yet posted."""
+    channels: dict[tuple, list[int]] = {}  # (receiving stream, sending stream) by id -> receive items
+    place = {}  # receive item -> its channel and its place in it
+    for item in compress(range(1, len(instrs), 3), sending):
+        channel = channels.setdefault((id(targets[item]), id(targets[item + 1])), [])
+        place[item] = channel, len(channel)
+        channel.append(item)
+    posted: dict[int, int] = {}  # id of a channel -> how many of its receives are posted
+    for item in order:
+        if item not in place:
+            targets[item].append(instrs[item])
+            continue
+        channel, k = place[item]
+        done = posted.get(id(channel), 0)
+        targets[item] += map(instrs.__getitem__, channel[done:k + 1])
+        posted[id(channel)] = max(done, k + 1)
 
 
-def _post(stream: list[Instr], posted: list[int], incoming: list[Instr], peer: int, upto: int) -> None:
-    """Post the receives from peer before message `upto`, in the peer's send order."""
-    if posted[peer] < upto:
-        stream += incoming[posted[peer]:upto]
-        posted[peer] = upto
+def _unsent(step: tuple[tuple[Op, ...], ...], ops: list[Op], links: _Links, devices: int) -> list[list[Instr]]:
+    """By rank, the receives of messages never sent, by sender and in its send order: those of the ops a
+    deadlock kept from running (a suffix of each device's order). The streams end with them."""
+    unsent: list[list[list[Instr]]] = [[[] for _ in range(devices)] for _ in range(devices)]
+    if len(ops) < sum(map(len, step)):
+        ran = set(map(id, ops))
+        for d, order in enumerate(step):
+            for op in order:
+                _, receive, peer = links[LINK_KEY(op)]
+                if receive and id(op) not in ran:
+                    unsent[peer][d].append(_instr((receive, op.stage, op.mb, op.pipe, d, None, None, None)))
+    return [[instr for sender in row for instr in sender] for row in unsent]
 
 
 def _sync_grads(schedule: Schedule, device: int) -> list[Instr]:
