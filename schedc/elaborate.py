@@ -7,12 +7,13 @@ order strategy (per-device programs over queues, explicit lists, or greedy list 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from typing import Any
 
 from . import ast
 from .diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds
+from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds, ops_from_columns
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -167,10 +168,22 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
 
 
 def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool) -> list[Op]:
-    kinds = builtin_kinds(split)
-    return [Op(kind, s, mb, k, 0, pipe.placement[s], costs[kind][s])
-            for k, pipe in enumerate(pipelines) for s in range(pipe.stages) for mb in pipe.microbatches
-            for kind in kinds]
+    """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
+    (F B or F I W); made column by column, as a big schedule has 10^5 of them."""
+    kinds, ops = builtin_kinds(split), []
+    for k, pipe in enumerate(pipelines):
+        mbs, stages = pipe.microbatches, range(pipe.stages)
+        per_stage = len(mbs) * len(kinds)
+        ops += ops_from_columns(
+            per_stage * pipe.stages,
+            kinds * (len(mbs) * pipe.stages),                                             # kind
+            chain.from_iterable(repeat(s, per_stage) for s in stages),                    # stage
+            [mb for mb in mbs for _ in kinds] * pipe.stages,                              # mb
+            repeat(k), repeat(0),                                                         # pipe, part
+            chain.from_iterable(repeat(pipe.placement[s], per_stage) for s in stages),    # device
+            chain.from_iterable([costs[kind][s] for kind in kinds] * len(mbs) for s in stages),  # cost
+            repeat(None), repeat(1))                                                      # span, parts
+    return ops
 
 
 def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = None) -> Schedule:

@@ -7,15 +7,17 @@ of named ops), and greedy list scheduling under the cost model.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from operator import itemgetter
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, Callable
 
 from . import ast
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from .grid import elide
-from .ir import Op, Pipeline
+from .ir import OP_FIELDS, Op, Pipeline, ops_from_columns
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -61,55 +63,109 @@ def chunk_index(pipelines: tuple[Pipeline, ...]) -> dict[tuple[int, int], int]:
     return out
 
 
-def _default_key(op: Op) -> tuple:
-    """By microbatch then stage (backwards: stages descending)."""
-    return (op.mb if op.mb is not None else -1, -op.stage if op.kind in ("B", "I", "W") else op.stage)
-
-
-def sort_queue(ops: list[Op], key: tuple[ast.Expr, ...] | None, pipelines, chunk, env) -> list[Op]:
+def sort_queue(ops: list[Op], key: _QueueKey | None, pipelines, chunk) -> list[Op]:
+    """The ops of one queue (all of one kind) in pop order: by the queue's key, ties broken by pipe, stage,
+    microbatch and part; without a key by microbatch then stage (descending for backwards), pipe, part.
+    Sorts plain tuples zipped from columns of the ops' values (see _Columns)."""
+    if not ops:
+        return []
+    columns = _Columns(ops, pipelines, chunk)
     if key is None:
-        return sorted(ops, key=lambda op: (_default_key(op), op.pipe, op.part))
-    refs = [PipeRef(p.name) for p in pipelines]
-    bound = [(op.stage, op.mb if op.mb is not None else -1, op.device, chunk[(op.pipe, op.stage)], op.kind,
-              refs[op.pipe]) for op in ops]   # the values of KEY_NAMES, per op
-    try:
-        values = list(zip(*_key_columns(key, env, bound))) if ops else []
-    except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
-        values = _key_rows(key, env, bound)
-    keyed = [(v, op.pipe, op.stage, op.mb or 0, op.part, op) for v, op in zip(values, ops)]
-    keyed.sort(key=lambda t: t[:5])
-    return [t[-1] for t in keyed]
+        by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
+    else:
+        try:
+            values = key.columns(columns)
+        except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
+            values = list(zip(*_key_rows(key.key, key.env, columns)))
+        by = zip(*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
+                 columns.field("part"))
+    keys = list(by)
+    return list(map(ops.__getitem__, sorted(range(len(ops)), key=keys.__getitem__)))
 
 
-def _key_rows(key: tuple[ast.Expr, ...], env: dict[str, Any], bound: list[tuple]) -> list[tuple]:
+def _default_stages(columns: _Columns) -> list[int]:
+    """The stage, negated for backwards: later stages run their backward first."""
+    backward = ("B", "I", "W")
+    return [-s if kind in backward else s for kind, s in zip(columns.field("kind"), columns.field("stage"))]
+
+
+def _none_as(values: list, default: Any) -> list:
+    """`values` with None replaced (ops of per-stage tasks have no microbatch)."""
+    return [default if v is None else v for v in values] if None in values else values
+
+
+class _Columns:
+    """A queue's ops as columns, each made on first use by one pass: Op fields, and what a key reads
+    as each of KEY_NAMES (the values _bind gives them)."""
+
+    def __init__(self, ops: list[Op], pipelines: tuple[Pipeline, ...], chunk: dict[tuple[int, int], int]):
+        self.ops, self.pipelines, self.chunk = ops, pipelines, chunk
+        self.fields: dict[str, list] = {}
+        self.names: dict[str, list] = {}
+
+    def field(self, name: str) -> list:
+        """An Op field of every op."""
+        if name not in self.fields:
+            self.fields[name] = list(map(attrgetter(name), self.ops))
+        return self.fields[name]
+
+    def name(self, name: str) -> list:
+        """What a key reads as `name` (one of KEY_NAMES) for every op."""
+        if name not in self.names:
+            self.names[name] = self.NAMES[name](self)
+        return self.names[name]
+
+    def _chunks(self) -> list[int]:
+        return list(map(self.chunk.__getitem__, zip(self.field("pipe"), self.field("stage"))))
+
+    def _pipe_refs(self) -> list[PipeRef]:
+        return list(map([PipeRef(p.name) for p in self.pipelines].__getitem__, self.field("pipe")))
+
+    NAMES: dict[str, Callable[[_Columns], list]] = {
+        "s": lambda self: self.field("stage"), "i": lambda self: _none_as(self.field("mb"), -1),
+        "d": lambda self: self.field("device"), "c": _chunks, "kind": lambda self: self.field("kind"),
+        "pipe": _pipe_refs}
+
+
+def _key_rows(key: tuple[ast.Expr, ...], env: dict[str, Any], columns: _Columns) -> list[tuple]:
     fns, scope, rows = _key_functions(key, env), dict(env), []
-    for values in bound:
+    for values in zip(*map(columns.name, KEY_NAMES)):
         scope.update(zip(KEY_NAMES, values))
         rows.append(tuple(fn(scope) for fn in fns))
     return rows
 
 
-def _key_columns(key: tuple[ast.Expr, ...], env: dict[str, Any], bound: list[tuple]) -> list[list]:
-    """Each part of a key over every op, evaluated once per distinct value of the names it reads:
-    `s // p` once per stage, not once per op."""
-    constants = {k: v for k, v in env.items() if k not in KEY_NAMES}
-    scope, columns = dict(env), []
-    for expr in key:
-        expr = fold_constants(expr, constants)
-        fn, reads = compile_expr(expr), free_names(expr)
-        pick = _picker([n for n, name in enumerate(KEY_NAMES) if name in reads])
-        picked = list(map(pick, bound))
-        first = dict(zip(reversed(picked), reversed(bound)))  # a representative op per distinct value
-        memo = {}
-        for k, b in first.items():
-            scope.update(zip(KEY_NAMES, b))
-            memo[k] = fn(scope)
-        columns.append(list(map(memo.__getitem__, picked)))
-    return columns
+class _QueueKey:
+    """A queue's key, `queue F by (i // p, s)`, for all the devices' queues it sorts: each part compiled
+    once with the params folded in, and evaluated once per distinct value of the names it reads (`i // p`
+    once per microbatch, not once per op)."""
 
+    def __init__(self, key: tuple[ast.Expr, ...], env: dict[str, Any]):
+        self.key, self.env, self.scope = key, env, dict(env)
+        self.parts: list[tuple[Callable, list[str], dict]] | None = None  # (function, names read, memo)
 
-def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
-    return itemgetter(*positions) if positions else lambda _: ()
+    def columns(self, columns: _Columns) -> list[list]:
+        """The value of each key part per op."""
+        if self.parts is None:
+            constants = {k: v for k, v in self.env.items() if k not in KEY_NAMES}
+            folded = [fold_constants(expr, constants) for expr in self.key]
+            self.parts = [(compile_expr(expr), [name for name in KEY_NAMES if name in free_names(expr)], {})
+                          for expr in folded]
+        return [self._column(*part, columns) for part in self.parts]
+
+    def _column(self, fn: Callable, names: list[str], memo: dict, columns: _Columns) -> list:
+        read = list(map(columns.name, names))
+        picked = read[0] if len(read) == 1 else list(zip(*read)) if read else [()] * len(columns.ops)
+        try:
+            return list(map(memo.__getitem__, picked))  # every value met in an earlier queue
+        except KeyError:
+            pass
+        first = dict(zip(reversed(picked), reversed(range(len(picked)))))  # a representative op per value
+        for value, n in first.items():
+            if value not in memo:
+                self.scope.update(zip(names, [column[n] for column in read]))
+                memo[value] = fn(self.scope)
+        return list(map(memo.__getitem__, picked))
 
 
 @dataclass
@@ -140,7 +196,8 @@ class _ProgramRun:
     def __init__(self, device: int, queues: dict[tuple[str, str | None], _Queue], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], budget: _StepBudget):
         self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
-        self.order: list[Op] = []
+        self.order: list[Op] = []    # the ops placed so far, as the queues hold them (see placed())
+        self.spans: list[Span] = []  # and the span of the cursor that placed each
         self.taken: set[int] = set()  # id() of the ops placed so far
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
@@ -203,9 +260,10 @@ class _ProgramRun:
         self.budget.left -= steps
         for queue in queues:
             queue.position += count
-        placed = [op for ops in zip(*runs) for op in ops]  # round by round
+        placed = list(chain.from_iterable(zip(*runs)))  # round by round
         self.taken.update(map(id, placed))
-        self.order += [_placed(op, span) for op, span in zip(placed, [c.span for c in cursors] * count)]
+        self.order += placed
+        self.spans += [c.span for c in cursors] * count
         return count
 
     def _pipe(self, cursor: ast.Cursor, env: dict) -> str | None:
@@ -250,12 +308,24 @@ class _ProgramRun:
 
     def _take(self, op: Op, span: Span) -> None:
         self.taken.add(id(op))
-        self.order.append(_placed(op, span))
+        self.order.append(op)
+        self.spans.append(span)
+
+    def placed(self) -> tuple[Op, ...]:
+        """The device's order: the ops placed so far, each with the span of the cursor that placed it."""
+        return tuple(_placed(self.order, self.spans))
 
 
-def _placed(op: Op, span: Span) -> Op:
-    """The op as a program places it: with the span of the cursor that popped it."""
-    return Op(op.kind, op.stage, op.mb, op.pipe, op.part, op.device, op.cost, span, op.parts)
+_FIELD_GETTERS = [attrgetter(name) for name in OP_FIELDS]
+_SPAN = OP_FIELDS.index("span")
+
+
+def _placed(ops: list[Op], spans: Iterable[Span | None]) -> list[Op]:
+    """The ops as an order places them: copies with the given spans (the span of the cursor that popped
+    each, or of `greedy`), made column by column once the order is complete."""
+    columns: list[Iterable] = [map(getter, ops) for getter in _FIELD_GETTERS]
+    columns[_SPAN] = spans
+    return ops_from_columns(len(ops), *columns)
 
 
 def _plain_cursors(unit: ast.Cursor | ast.Group) -> tuple[ast.Cursor, ...] | None:
@@ -273,19 +343,18 @@ _ProgramRun.STATEMENTS = {ast.Let: _ProgramRun._let, ast.Loop: _ProgramRun._loop
                           ast.Item: _ProgramRun._item}
 
 
-def _build_queues(device_ops: list[Op], queue_decls, pipelines, chunk, env) -> dict:
+def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], _QueueKey], pipelines, chunk) -> dict:
     by_kind: dict[str, list[Op]] = {}
     for op in device_ops:
         by_kind.setdefault(op.kind, []).append(op)
-    keys = {(q.kind, q.pipe): q.key for q in queue_decls}
     queues = {}
     for kind, ops in by_kind.items():
-        ordered = sort_queue(ops, keys.get((kind, None)), pipelines, chunk, env)
+        ordered = sort_queue(ops, keys.get((kind, None)), pipelines, chunk)
         queues[(kind, None)] = _Queue(ordered)
         for k, pipe in enumerate(pipelines):
             mine = [op for op in ordered if op.pipe == k]
             if (kind, pipe.name) in keys:
-                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk, env)
+                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
             if mine:
                 queues[(kind, pipe.name)] = _Queue(mine)
     return queues
@@ -309,6 +378,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
     for op in ops:
         per_device[op.device].append(op)
     chunk = chunk_index(pipelines)
+    keys = {(q.kind, q.pipe): _QueueKey(q.key, env) for q in queue_decls}
     budget = _StepBudget(PROGRAM_STEPS_BASE + PROGRAM_STEPS_PER_OP * len(ops))
     orders = []
     for dev in range(devices):
@@ -317,22 +387,23 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        run = _ProgramRun(dev, _build_queues(per_device[dev], queue_decls, pipelines, chunk, env),
+        run = _ProgramRun(dev, _build_queues(per_device[dev], keys, pipelines, chunk),
                           per_device[dev], pipelines, budget)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)
         try:
             run.run(program.body, scope)
         except EvalError as exc:
             diags.append(error(f"device {dev}: {exc.message}", exc.span))
-            orders.append(tuple(run.order))
+            orders.append(run.placed())
             if budget.left < 0:
                 break  # the budget is shared: the other devices would stop at once for the same reason
             continue
-        left = [op for op in per_device[dev] if id(op) not in run.taken]
+        complete = len(run.taken) == len(per_device[dev])  # ops are taken once each
+        left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken]
         if left:
             diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
                                f"unscheduled: {elide(left, 6)}", program.span))
-        orders.append(tuple(run.order))
+        orders.append(run.placed())
     return tuple(orders), merge_device_diagnostics(diags)
 
 
@@ -386,7 +457,7 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
             heapq.heappush(waiting[op.device], (0.0, keys[n], n))
     free_at, alive = [0.0] * devices, [0.0] * devices
     running: list = []  # (end, n)
-    orders: list[list[Op]] = [[] for _ in range(devices)]
+    orders: list[list[Op]] = [[] for _ in range(devices)]  # placed with the span of `greedy` on return
     done, now = 0, 0.0
     while done < len(ops):
         for d in range(devices):
@@ -402,12 +473,12 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
             alive[d] += 1 if op.kind == "F" else 0
             free_at[d] = now + op.cost
             heapq.heappush(running, (free_at[d], n))
-            orders[d].append(_placed(op, span))
+            orders[d].append(op)
         upcoming = [w[0][0] for d, w in enumerate(waiting) if w and w[0][0] > now]
         upcoming += [free_at[d] for d in range(devices) if free_at[d] > now]
         if not running and not upcoming:
             stuck = [ops[n] for d in range(devices) for _, n in ready[d]]
-            return tuple(map(tuple, orders)), [error(
+            return _greedy_orders(orders, span), [error(
                 "greedy ordering cannot progress: the in-flight limit blocks every ready forward"
                 + (f" (e.g. {stuck[0]} on device {stuck[0].device})" if stuck else ""), span)]
         now = min(upcoming + ([running[0][0]] if running else []))
@@ -415,7 +486,11 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
             end, n = heapq.heappop(running)
             done += 1
             _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency)
-    return tuple(map(tuple, orders)), []
+    return _greedy_orders(orders, span), []
+
+
+def _greedy_orders(orders: list[list[Op]], span: Span | None) -> tuple[tuple[Op, ...], ...]:
+    return tuple(tuple(_placed(order, repeat(span))) for order in orders)
 
 
 def _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency) -> None:

@@ -1,13 +1,16 @@
 """Elaboration: the library's per-rank orders equal independent constructions of the published ones."""
 from __future__ import annotations
 
+from operator import attrgetter
+
 import pytest
 
 import reference_orders as ref
 from conftest import FIXTURES, compile_library
 from schedc.compiler import build_schedule, read_source
-from schedc.diagnostics import SchedError
+from schedc.diagnostics import SchedError, Source
 from schedc.elaborate import Options
+from schedc.ir import OP_FIELDS, Op
 
 
 def _orders(schedule, with_pipe: bool = False):
@@ -129,3 +132,54 @@ def test_expansion_limit_is_an_option():
     from conftest import SCHEDULES
     with pytest.raises(SchedError):
         build_schedule(read(SCHEDULES / "1f1b.sched"), Options({"m": "100"}, max_ops=100))
+
+
+# --- ops built by column and queues sorted by column equal their op-by-op definitions -------------
+
+KEYED = '''schedule keyed "queue keys reading every name, two pipelines of two chunks per device"
+param p = 4
+param m = 8
+pipeline down { stages 2 * p; device s -> s % p;             microbatches 0 .. m // 2 }
+pipeline up   { stages 2 * p; device s -> p - 1 - s % p;     microbatches m // 2 .. m }
+replicate down, up
+cost B(s) = 2 + s / 10
+queue F by (c, -d, i % 3, s)
+queue F.up by (-i, s)
+queue B by (pipe == down, -(i // 3))
+on device d {
+  F.down * m
+  F.up * m
+  B * (2 * m)
+}
+'''
+
+
+def test_ops_made_by_column_have_every_field_of_ops_made_one_by_one():
+    schedule = build_schedule(Source("keyed.sched", KEYED))
+    expected = [Op(kind, s, mb, k, 0, pipe.placement[s], schedule.costs[kind][s])
+                for k, pipe in enumerate(schedule.pipelines) for s in range(pipe.stages)
+                for mb in pipe.microbatches for kind in ("F", "B")]
+    every_field = attrgetter(*OP_FIELDS)
+    assert list(map(every_field, schedule.deps.ops)) == list(map(every_field, expected))
+    made = {op: op for op in expected}
+    lines = {"F": {0: 12, 1: 13}, "B": {0: 14, 1: 14}}  # the program line that placed each op
+    for op in schedule.ops():
+        assert every_field(op)[:7] == every_field(made[op])[:7] and op.parts == 1
+        assert op.span.line == lines[op.kind][op.pipe] and hash(op) == hash(made[op])
+
+
+def _popped(ops, key):
+    """Ops in the order a queue pops them: by its key, ties broken by pipe, stage, microbatch and part."""
+    return sorted(ops, key=lambda op: (*key(op), op.pipe, op.stage, op.mb, op.part))
+
+
+def test_queues_sort_like_their_keys_evaluated_op_by_op():
+    schedule = build_schedule(Source("keyed.sched", KEYED))
+    p = 4
+    for d, order in enumerate(schedule.orders):
+        mine = [op for op in schedule.deps.ops if op.device == d]
+        forwards = _popped([op for op in mine if op.kind == "F"],
+                           lambda op: (op.stage // p, -op.device, op.mb % 3, op.stage))  # c is s // p here
+        up = _popped([op for op in forwards if op.pipe == 1], lambda op: (-op.mb, op.stage))
+        backwards = _popped([op for op in mine if op.kind == "B"], lambda op: (op.pipe == 0, -(op.mb // 3)))
+        assert list(order) == [op for op in forwards if op.pipe == 0] + up + backwards
