@@ -1,12 +1,14 @@
 """simulate: with F=1, B=2 and no latency the bubble equals the papers' formulas."""
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
+from heapq import heappop, heappush
 
 import pytest
 
 from conftest import compile_library
-from schedc.simulate import simulate
+from schedc.simulate import predecessors, simulate
 
 SIZES = [(p, m) for p in (2, 3, 4, 8) for m in (p, 2 * p, 3 * p)]
 
@@ -64,3 +66,76 @@ def test_measured_costs_per_stage_change_the_timing():
     slow_last = Options({"p": "2", "m": "2"}, costs={"F": (1.0, 3.0), "B": (2.0, 6.0)})
     stats = compile_source(read_source(SCHEDULES / "1f1b.sched"), slow_last).stats
     assert stats["busy"] == [6.0, 18.0]
+
+
+def reference_sequence(schedule, latency):
+    """The plain event loop simulate must agree with: a heap of ready ops by (start, index); an op is
+    ready when its device's previous op and its placed dependencies have ended."""
+    ops = [op for order in schedule.orders for op in order]
+    index = {op.key: n for n, op in enumerate(ops)}
+    succ, indegree, n = [[] for _ in ops], [0] * len(ops), 0
+    for order in schedule.orders:
+        for m in range(n + 1, n + len(order)):
+            succ[m - 1].append(m)
+            indegree[m] += 1
+        n += len(order)
+    for n, op in enumerate(ops):
+        for key in schedule.deps.keys_of(op):
+            if key in index:
+                succ[index[key]].append(n)
+                indegree[n] += 1
+    ready, sequence = [0.0] * len(ops), []
+    heap = [(0.0, n) for n in range(len(ops)) if indegree[n] == 0]
+    while heap:
+        time, n = heappop(heap)
+        sequence.append((time, time + ops[n].cost, ops[n]))
+        for m in succ[n]:
+            arrive = sequence[-1][1] + (latency if ops[m].device != ops[n].device else 0.0)
+            ready[m] = max(ready[m], arrive)
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                heappush(heap, (ready[m], m))
+    return sequence
+
+
+def _schedule(name):
+    """A library schedule at p=4, m=8, or a test fixture (`fixtures/NAME`) at its own parameters."""
+    if name.startswith("fixtures/"):
+        from schedc.compiler import compile_source, read_source
+        from conftest import FIXTURES
+        return compile_source(read_source(FIXTURES / f"{name.removeprefix('fixtures/')}.sched")).schedule
+    return compile_library(name, p=4, m=8).schedule
+
+
+def _variants(schedule):
+    """The schedule, with its backward ops taking no time, with one device's order reversed (a deadlock)
+    and without the first op of each device (dependencies that are not placed)."""
+    free = {op: replace(op, cost=0.0) for op in schedule.ops() if op.kind in ("B", "I", "W")}
+    yield schedule
+    yield replace(schedule, orders=tuple(tuple(free.get(op, op) for op in order) for order in schedule.orders))
+    yield replace(schedule, orders=(schedule.orders[0][::-1],) + schedule.orders[1:])
+    yield replace(schedule, orders=tuple(order[1:] for order in schedule.orders))
+
+
+NAMES = ["1f1b", "gpipe", "chimera", "interleaved_1f1b", "pipefisher", "pipefisher_1f1b", "fixtures/split_backward"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("latency", [0.0, 0.5])
+def test_simulate_matches_the_plain_event_loop(name, latency):
+    for schedule in _variants(_schedule(name)):
+        timing, expected = simulate(schedule, latency), reference_sequence(schedule, latency)
+        assert timing.sequence == tuple(expected)
+        assert timing.complete == (len(expected) == schedule.op_count())
+        assert [(timing.start[op], timing.end[op]) for _, _, op in expected] == [(s, e) for s, e, _ in expected]
+        assert len(timing.start) == len(expected)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_predecessors_follow_keys_of(name):
+    schedule = _schedule(name)
+    ops, preds, firsts = predecessors(schedule)
+    index = {op.key: n for n, op in enumerate(ops)}
+    for n, op in enumerate(ops):
+        before = () if n in firsts else (n - 1,)
+        assert preds[n] == before + tuple(index.get(key, len(ops)) for key in schedule.deps.keys_of(op))
