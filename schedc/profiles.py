@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from .diagnostics import SchedError, Source, error
@@ -11,6 +12,18 @@ from .diagnostics import SchedError, Source, error
 
 def _usage(message: str, path: str) -> SchedError:
     return SchedError(error(message), Source(str(path), ""), exit_code=2)
+
+
+def _measured(value, what: str, path: str) -> float:
+    """A measured figure: a finite number >= 0. Negative, NaN or infinite costs (JSON allows NaN and
+    Infinity) and cells that are not numbers are refused, naming the file."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 0 <= number < math.inf:  # NaN fails both
+        raise _usage(f"{what} must be a finite number >= 0, got {value!r}", path)
+    return number
 
 
 def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
@@ -28,9 +41,9 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
         if kind in ("unit", "source", "schedule", "memory"):
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[kind] = float(value)
+            out[kind] = _measured(value, f"cost of {kind!r}", path)
         elif isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
-            out[kind] = tuple(float(v) for v in value)
+            out[kind] = tuple(_measured(v, f"cost of {kind!r} at stage {s}", path) for s, v in enumerate(value))
         else:
             raise _usage(f"cost of {kind!r} must be a number or a list of numbers per stage", path)
     return out
@@ -56,27 +69,30 @@ def read_profile_memory(path: str, microbatch_size: int | None) -> dict[str, flo
     (mem_save_err), and the K-FAC factors with their inverses (mem_kron), half with each curvature task.
     {} when the profile has no mem_act column."""
     row = _profile_row(path, microbatch_size)
-    act = float(row.get("mem_act") or 0)
+    act = _measured(row.get("mem_act") or 0, "profile column mem_act", path)
     if act <= 0:
         return {}
     memory = {}
     if row.get("mem_save_err"):
-        memory["B"] = float(row["mem_save_err"]) / act
+        memory["B"] = _measured(row["mem_save_err"], "profile column mem_save_err", path) / act
     if row.get("mem_kron"):
-        memory["curvature_A"] = memory["curvature_B"] = float(row["mem_kron"]) / act / 2
+        memory["curvature_A"] = memory["curvature_B"] = _measured(row["mem_kron"], "profile column mem_kron",
+                                                                  path) / act / 2
     return memory
 
 
 def read_profile(path: str, microbatch_size: int | None) -> dict[str, float]:
     """One row of a PipeFisher profile (times in ms) as costs: F, B, curvature, inversion, precondition."""
     row = _profile_row(path, microbatch_size)
-    costs = {"F": float(row["time_f"]), "B": float(row["time_b"])}
-    if "time_kron" in row:
-        costs["curvature_A"] = costs["curvature_B"] = float(row["time_kron"]) / 2
-    if "time_inv" in row:
-        costs["inversion"] = float(row["time_inv"])
-    if "time_prec" in row:
-        costs["precondition"] = float(row["time_prec"])
+    time = {column: _measured(row[column], f"profile column {column}", path)
+            for column in ("time_f", "time_b", "time_kron", "time_inv", "time_prec") if column in row}
+    costs = {"F": time["time_f"], "B": time["time_b"]}
+    if "time_kron" in time:
+        costs["curvature_A"] = costs["curvature_B"] = time["time_kron"] / 2
+    if "time_inv" in time:
+        costs["inversion"] = time["time_inv"]
+    if "time_prec" in time:
+        costs["precondition"] = time["time_prec"]
     return costs
 
 
@@ -88,7 +104,7 @@ def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
     need = {"bs", "time_f", "time_b"}
     if not rows or not need <= set(rows[0]):
         raise _usage(f"profile needs columns {', '.join(sorted(need))}", path)
-    sizes = [int(float(r["bs"])) for r in rows]
+    sizes = [int(_measured(r["bs"], "profile column bs", path)) for r in rows]
     if microbatch_size is None:
         raise _usage(f"--microbatch-size is needed (profile rows: {', '.join(map(str, sizes))})", path)
     if microbatch_size not in sizes:

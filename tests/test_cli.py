@@ -69,3 +69,26 @@ def test_compile_never_imports_torch(tmp_path):
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("costs,where", [
+    ('{"F": 1, "B": -2}', "cost of 'B' must be a finite number >= 0, got -2"),
+    ('{"F": NaN, "B": 2}', "cost of 'F' must be a finite number >= 0, got nan"),
+    ('{"F": [1, Infinity, 1, 1], "B": 2}', "cost of 'F' at stage 1 must be a finite number >= 0, got inf"),
+])
+def test_measured_costs_must_be_finite_and_not_negative(tmp_path, costs, where):
+    path = tmp_path / "costs.json"
+    path.write_text(costs)
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "--costs", str(path)])
+    assert result.exit_code == 2
+    assert f"{path}: error: {where}" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_profile_cell_that_is_not_a_number_is_refused(tmp_path):
+    path = tmp_path / "profile.csv"
+    path.write_text("bs,time_f,time_b\n1,1.5,oops\n")
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "--profile", str(path), "--microbatch-size", "1"])
+    assert result.exit_code == 2
+    assert f"{path}: error: profile column time_b must be a finite number >= 0, got 'oops'" in result.output
+    assert "Traceback" not in result.output
