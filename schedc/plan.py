@@ -9,8 +9,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from types import NoneType
+from itertools import chain, compress, count, repeat
+from operator import is_not
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 FORMAT = "schedc-plan"
@@ -152,34 +155,119 @@ def parse_rank_text(text: str) -> list[list[Instr]]:
     return steps
 
 
-def format_rank_text(plan: Plan, rank: int) -> str:
-    lines = [f"# schedc plan {plan.meta['schedule']} rank {rank} (hash {plan.hash[:12]})"]
-    for k, step in enumerate(plan.ranks[rank]):
-        lines.append(f"# step {k}")
-        lines += step_text(step)
-    return "\n".join(lines) + "\n"
+def format_rank_text(plan: Plan, rank: int, forms: list[_StepForms] | None = None) -> str:
+    """rank{rank}.txt: a header, then each step program's lines after a '# step k' line. forms: the
+    rank's steps as _StepForms when the caller has them already."""
+    pieces = [f"# schedc plan {plan.meta['schedule']} rank {rank} (hash {plan.hash[:12]})\n"]
+    for k, step in enumerate(forms or map(_StepForms, plan.ranks[rank])):
+        pieces.append(f"# step {k}\n")
+        pieces += step.text_pieces()
+    return "".join(pieces)
 
 
-# Whole steps at once. Nearly every instruction is an op or a message with stage, mb and pipe set (and
-# no group or parts): those are formatted inline, the others by Instr's methods, which define the forms.
-
-def step_text(step: tuple[Instr, ...]) -> list[str]:
-    """`[str(i) for i in step]`, several times faster on a plan's 10^5-10^6 instructions."""
-    return [(f"{op} stage={s} mb={mb} pipe={pipe}" if peer is None else
-             f"{op} stage={s} mb={mb} pipe={pipe} peer={peer}")
-            if group is None and part is None and parts is None and s is not None and mb is not None
-            and pipe is not None else str(Instr(op, s, mb, pipe, peer, group, part, parts))
-            for op, s, mb, pipe, peer, group, part, parts in step]
+def step_text(step: tuple[Instr, ...]) -> str:
+    """`"".join(f"{i}\\n" for i in step)`, several times faster on a plan's 10^5-10^6 instructions."""
+    return "".join(_StepForms(step).text_pieces())
 
 
-def step_json(step: tuple[Instr, ...]) -> list[str]:
-    """`[i.json_text() for i in step]`, likewise."""
-    quoted = _OP_JSON
-    return [(f'{{"mb":{mb},"op":{quoted[op]},"pipe":{pipe},"stage":{s}}}' if peer is None else
-             f'{{"mb":{mb},"op":{quoted[op]},"peer":{peer},"pipe":{pipe},"stage":{s}}}')
-            if group is None and part is None and parts is None and s is not None and mb is not None
-            and pipe is not None and op in quoted else Instr(op, s, mb, pipe, peer, group, part, parts).json_text()
-            for op, s, mb, pipe, peer, group, part, parts in step]
+def step_json(step: tuple[Instr, ...]) -> str:
+    """The step's JSON array, `"[" + ",".join(i.json_text() for i in step) + "]"`, likewise."""
+    return "".join(_StepForms(step).json_pieces())
+
+
+class _Forms(dict):
+    """Memo of one field's text by value, e.g. 3 -> " stage=3": a plan's fields take a few hundred
+    values, so each is formatted once and then looked up in C. Only values of the field's type are kept
+    (True == 1 and 1.0 == 1, but their texts differ); None maps to `none`."""
+
+    __slots__ = ("form", "kind")
+
+    def __init__(self, form: Callable[[Any], str], kind: type = int, none: str = "") -> None:
+        super().__init__({None: none})
+        self.form, self.kind = form, kind
+
+    def __missing__(self, value: Any) -> str:
+        text = self.form(value)
+        if type(value) is self.kind:
+            self[value] = text
+        return text
+
+
+# The pieces of a plain instruction (stage, mb and pipe ints, no group or parts): five per form.
+_TEXT_FORMS = (_Forms(" stage={}".format), _Forms(" mb={}".format), _Forms(" pipe={}".format),
+               _Forms(" peer={}\n".format, none="\n"))
+_JSON_FORMS = (_Forms(',{{"mb":{}'.format), _Forms(lambda op: ',"op":' + _op_json(op), kind=str),
+               _Forms(',"peer":{}'.format), _Forms(',"pipe":{}'.format), _Forms(',"stage":{}}}'.format))
+_INT_OR_NONE = frozenset({int, NoneType})
+
+
+class _StepForms:
+    """One step program as columns, to format its instructions a column at a time in C. Nearly every
+    instruction is plain: an op or a message with int stage, mb and pipe and no group or parts. Those
+    are formatted by table lookups; the few others (SYNC_GRAD, STEP, task parts) then by Instr's
+    methods, which define both forms, in their place."""
+
+    __slots__ = ("step", "columns", "others")
+
+    def __init__(self, step: tuple[Instr, ...]) -> None:
+        self.step = step
+        self.columns = tuple(zip(*step)) if step else ((),) * len(Instr._fields)
+        self.others = self._irregular()
+
+    def _irregular(self) -> list[int]:
+        """Positions of the instructions that are not plain, ascending: those with a stage, mb or pipe
+        of None, or a group or parts. Values neither int nor None (which the forms cannot look up, as
+        True == 1) are rare enough to check instruction by instruction."""
+        _, stages, mbs, pipes, peers, *rest = self.columns
+        types = list(map(type, chain(stages, mbs, pipes)))
+        unset = _positions(types, NoneType)
+        if len(unset) + types.count(int) < len(types) or not _INT_OR_NONE.issuperset(map(type, peers)):
+            return [k for k, i in enumerate(self.step) if not _plain(i)]
+        found = [k % len(stages) for k in unset]  # position in the three columns -> instruction
+        for column in rest:  # group, part, parts: set on few instructions if any
+            if column.count(None) < len(column):
+                found += compress(count(), map(is_not, column, repeat(None)))
+        return sorted(set(found))
+
+    def text_pieces(self) -> list[str]:
+        """The step's lines, each ending in a newline, in five pieces per instruction."""
+        ops, stages, mbs, pipes, peers = self.columns[:5]
+        pieces: list[Any] = [None] * (5 * len(ops))
+        pieces[0::5] = ops
+        for j, (forms, column) in enumerate(zip(_TEXT_FORMS, (stages, mbs, pipes, peers)), 1):
+            pieces[j::5] = map(forms.__getitem__, column)
+        for k in self.others:
+            pieces[5 * k:5 * k + 5] = str(self.step[k]), "\n", "", "", ""
+        return pieces
+
+    def json_pieces(self) -> list[str]:
+        """The step's JSON array, in five pieces per instruction and its brackets."""
+        ops, stages, mbs, pipes, peers = self.columns[:5]
+        pieces: list[Any] = [None] * (5 * len(ops))
+        for j, (forms, column) in enumerate(zip(_JSON_FORMS, (mbs, ops, peers, pipes, stages))):
+            pieces[j::5] = map(forms.__getitem__, column)
+        for k in self.others:
+            pieces[5 * k:5 * k + 5] = "," + self.step[k].json_text(), "", "", "", ""
+        if not pieces:
+            return ["[]"]
+        pieces[0] = "[" + pieces[0][1:]  # each instruction's piece starts with its separator
+        pieces.append("]")
+        return pieces
+
+
+def _plain(instr: Instr) -> bool:
+    return (type(instr.stage) is type(instr.mb) is type(instr.pipe) is int and instr.group is None
+            and instr.part is None and instr.parts is None and (instr.peer is None or type(instr.peer) is int))
+
+
+def _positions(items: list, value: Any) -> list[int]:
+    """The positions of value in items, found in C."""
+    found = [-1]
+    try:
+        while True:
+            found.append(items.index(value, found[-1] + 1))
+    except ValueError:
+        return found[1:]
 
 
 def _op_json(op: str) -> str:
@@ -215,16 +303,21 @@ class Plan:
         """The compact, key-sorted JSON of the content (what `content_hash` hashes)."""
         return "".join(self.canonical_pieces())
 
-    def canonical_pieces(self) -> Iterator[str]:
+    def canonical_pieces(self, forms: list[list[_StepForms]] | None = None) -> Iterator[str]:
         """The canonical JSON in pieces: the metadata up to the rank list, one piece per rank, the rest.
         Built without a dict per instruction, and never as one string: a plan of 10^6 instructions is
-        hashed and written piece by piece."""
+        hashed and written piece by piece. forms: the ranks' steps as _StepForms, if already made."""
         head = json.dumps({**self.meta, "ranks": _RANKS}, sort_keys=True, separators=(",", ":"))
         before, after = head.split(json.dumps(_RANKS), 1)
         yield before + "["
-        for r, steps in enumerate(self.ranks):
-            yield '%s{"rank":%d,"steps":[%s]}' % ("," if r else "", r, ",".join(
-                "[" + ",".join(step_json(step)) + "]" for step in steps))
+        for r, steps in enumerate(forms or map(_step_forms, self.ranks)):
+            pieces = ['%s{"rank":%d,"steps":[' % ("," if r else "", r)]
+            for k, step in enumerate(steps):
+                if k:
+                    pieces.append(",")
+                pieces += step.json_pieces()
+            pieces.append("]}")
+            yield "".join(pieces)
         yield "]" + after
 
     def to_json(self) -> dict[str, Any]:
@@ -273,14 +366,19 @@ def write_plan(plan: Plan, directory: str | Path) -> tuple[Plan, list[Path]]:
     and the paths written."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    plan, path = _write_plan_json(plan, out / "plan.json")
+    forms = list(map(_step_forms, plan.ranks))  # the columns of each step, for both files
+    plan, path = _write_plan_json(plan, out / "plan.json", forms)
     written = [path]
     for rank in range(plan.devices):
-        written.append(_write_atomic(out / f"rank{rank}.txt", format_rank_text(plan, rank)))
+        written.append(_write_atomic(out / f"rank{rank}.txt", format_rank_text(plan, rank, forms[rank])))
     return plan, written
 
 
-def _write_plan_json(plan: Plan, path: Path) -> tuple[Plan, Path]:
+def _step_forms(steps: tuple[tuple[Instr, ...], ...]) -> list[_StepForms]:
+    return list(map(_StepForms, steps))
+
+
+def _write_plan_json(plan: Plan, path: Path, forms: list[list[_StepForms]]) -> tuple[Plan, Path]:
     """Stream the canonical content into plan.json while hashing it, then fill in the hash, which the
     file names first (a 64-digit placeholder until the content has been hashed)."""
     digest, placeholder = hashlib.sha256(), "0" * 64
@@ -288,7 +386,7 @@ def _write_plan_json(plan: Plan, path: Path) -> tuple[Plan, Path]:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as stream:
         stream.write(head)
-        for k, piece in enumerate(plan.canonical_pieces()):
+        for k, piece in enumerate(plan.canonical_pieces(forms)):
             data = piece.encode()
             digest.update(data)
             stream.write(data[1:] if k == 0 else data)  # the content's "{" is the head's

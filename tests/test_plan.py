@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import compile_library
-from schedc.plan import Instr, PlanError, load_plan, parse_rank_text, step_json, step_text, write_plan
+from conftest import FIXTURES, compile_library
+from schedc.compiler import compile_source, read_source
+from schedc.plan import (Instr, Opcode, PlanError, load_plan, parse_rank_text, step_json, step_text,
+                         write_plan)
 
 small = st.integers(0, 10_000)
 instrs = st.builds(Instr, st.sampled_from(["F", "B", "I", "W", "SEND_F", "RECV_B", "STEP", "curvature_A"]),
@@ -58,11 +60,42 @@ def test_edited_plan_is_refused(tmp_path):
 with_parts = st.tuples(instrs, st.none() | small, st.none() | small).map(lambda t: t[0]._replace(part=t[1], parts=t[2]))
 
 
-@given(st.lists(instrs | with_parts, max_size=6))
+ops = st.sampled_from([*Opcode, "curvature_A", "tâche", 'a"b'])  # enum members, task names to escape
+
+
+@given(st.lists(instrs | with_parts | st.builds(Instr, ops, small, small, small, st.none() | small), max_size=12))
 def test_step_forms_are_the_instruction_forms(step):
+    """The whole-step forms (plain instructions from columns, the others by Instr) are each
+    instruction's forms, in order."""
     step = tuple(i._replace(mb=None) if i.stage is None else i for i in step)
-    assert step_text(step) == [str(i) for i in step]
-    assert step_json(step) == [json.dumps(i.to_json(), sort_keys=True, separators=(",", ":")) for i in step]
+    assert step_text(step) == "".join(f"{i}\n" for i in step)
+    assert step_json(step) == json.dumps([i.to_json() for i in step], sort_keys=True, separators=(",", ":"))
+
+
+odd = st.sampled_from([True, False, 1.0, 2.0, 0.5])  # equal to ints the forms may hold already
+
+
+@given(st.lists(st.builds(Instr, ops, small | odd, small | odd, small | odd, st.none() | small | odd), max_size=6))
+def test_step_forms_keep_values_of_other_types(step):
+    """A value equal to an int but of another type is still formatted as Instr formats it."""
+    step = tuple(Instr("F", n, n, n, n) for n in range(3)) + tuple(step)  # the ints come first
+    assert step_text(step) == "".join(f"{i}\n" for i in step)
+    assert step_json(step) == "[" + ",".join(i.json_text() for i in step) + "]"
+
+
+@pytest.mark.parametrize("compiled", [lambda: compile_library("pipefisher"),
+                                      lambda: compile_library("chimera", p=4, m=8),
+                                      lambda: compile_source(read_source(FIXTURES / "split_backward.sched"))])
+def test_written_files_are_the_instruction_forms(tmp_path, compiled):
+    """plan.json and the rank files, formatted a column at a time, are the plain dict and str forms
+    (tasks in parts, SYNC_GRAD, STEP, several steps)."""
+    plan, _ = write_plan(compiled().plan, tmp_path)
+    assert plan.canonical() == json.dumps(plan.content(), sort_keys=True, separators=(",", ":"))
+    for rank, steps in enumerate(plan.ranks):
+        lines = [f"# schedc plan {plan.meta['schedule']} rank {rank} (hash {plan.hash[:12]})"]
+        for k, step in enumerate(steps):
+            lines += [f"# step {k}", *map(str, step)]
+        assert (tmp_path / f"rank{rank}.txt").read_text() == "\n".join(lines) + "\n"
 
 
 def test_plan_json_is_the_canonical_content_after_its_hash(tmp_path):
