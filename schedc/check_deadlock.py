@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .check_structure import census
+from .check_structure import Census, census
 from .diagnostics import Diagnostic, error
 from .grid import label, location, schedule_grid
 from .ir import OP_KEY, Op, Schedule
@@ -22,12 +22,13 @@ from .simulate import Timing
 GRIDS = 3  # diagnostics that carry a grid
 
 
-def check_deadlock(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
+def check_deadlock(schedule: Schedule, timing: Timing, counted: Census | None = None) -> list[Diagnostic]:
     """Guarantees, when it returns no error: run in their devices' orders, every placed op's
     dependencies are placed and run before it, so the schedule completes (ops left for fill_bubbles
     count as done). Otherwise one error per cycle of waits, and one per op that is waited for but never
-    placed, each naming devices, ops and the source lines that ordered them, with a rank x step grid."""
-    if timing.complete and _dependencies_placed(schedule):
+    placed, each naming devices, ops and the source lines that ordered them, with a rank x step grid.
+    counted: the schedule's census, when the caller has it."""
+    if timing.complete and _dependencies_placed(schedule, counted or census(schedule)):
         return []
     run = replay(schedule)
     if not run.stuck:
@@ -35,10 +36,9 @@ def check_deadlock(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
     return _explain(schedule, run)
 
 
-def _dependencies_placed(schedule: Schedule) -> bool:
+def _dependencies_placed(schedule: Schedule, counted: Census) -> bool:
     """Cheap sufficient test: the placed ops are exactly the expected ones (so built-in dependencies are
     placed) and every dependency of a placed task is placed or left for fill_bubbles."""
-    counted = census(schedule)
     if not counted.exact:
         return False
     unplaced = set(map(OP_KEY, schedule.unplaced))

@@ -23,14 +23,16 @@ HOME = attrgetter("pipe", "stage")
 STAGE = attrgetter("stage")
 
 
-def check_structure(schedule: Schedule) -> list[Diagnostic]:
+def check_structure(schedule: Schedule, counted: Census | None = None) -> list[Diagnostic]:
     """Guarantees, when it returns no error: each device's order holds exactly the expected ops, each
     once: F and B (or F, I and W with a split backward) of every stage and microbatch of every pipeline,
     and every placed task; every op runs on the device its stage is placed on; no model stage sits twice
-    on one device across replicated pipelines. Otherwise every fault is reported, located at the op."""
+    on one device across replicated pipelines. Otherwise every fault is reported, located at the op.
+    counted: the schedule's census, when the caller has it (a compile counts once for two checks)."""
+    counted = counted or census(schedule)
     diags = _check_shape(schedule) + _check_replicas(schedule)
-    if diags or not census(schedule).exact or not _homes_ok(schedule):
-        diags += _walk(schedule)
+    if diags or not counted.exact or not _homes_ok(schedule):
+        diags += _walk(schedule, counted)
     return diags
 
 
@@ -48,20 +50,10 @@ class Census:
         return self.count == len(self.placed) and self.placed == self.expected
 
 
-_CENSUS: dict[int, tuple[Schedule, Census]] = {}  # memo by identity: check_deadlock reuses the census
-
-
 def census(schedule: Schedule) -> Census:
     """Count the placed ops (tuples hashed in C; linear, no per-op Python code)."""
-    found = _CENSUS.get(id(schedule))
-    if found is not None and found[0] is schedule:
-        return found[1]
     ops = list(chain.from_iterable(schedule.orders))
-    result = Census(frozenset(map(OP_KEY, ops)), len(ops), frozenset(expected_keys(schedule)))
-    if len(_CENSUS) >= 4:
-        _CENSUS.clear()
-    _CENSUS[id(schedule)] = (schedule, result)
-    return result
+    return Census(frozenset(map(OP_KEY, ops)), len(ops), frozenset(expected_keys(schedule)))
 
 
 def expected_keys(schedule: Schedule) -> set[tuple]:
@@ -110,7 +102,7 @@ def _check_replicas(schedule: Schedule) -> list[Diagnostic]:
 
 # The slow path: name every fault ------------------------------------------------------------------
 
-def _walk(schedule: Schedule) -> list[Diagnostic]:
+def _walk(schedule: Schedule, counted: Census) -> list[Diagnostic]:
     seen: dict[tuple, tuple[int, int, Op]] = {}   # key -> (device, position, op) of the first copy
     outside, twice, misplaced = [], [], {}
     for d, order in enumerate(schedule.orders):
@@ -127,7 +119,7 @@ def _walk(schedule: Schedule) -> list[Diagnostic]:
             if schedule.pipelines[op.pipe].placement[op.stage] != d:
                 misplaced.setdefault((op.pipe, op.stage, d), []).append(op)
     return (outside + twice + _misplaced(schedule, misplaced) + _early(schedule, seen)
-            + _missing(schedule, seen))
+            + _missing(schedule, seen, counted))
 
 
 def _outside(schedule: Schedule, op: Op) -> str | None:
@@ -203,10 +195,10 @@ def _name(kind: str) -> str:
     return {"F": "forward", "I": "input backward"}[kind]
 
 
-def _missing(schedule: Schedule, seen: dict) -> list[Diagnostic]:
+def _missing(schedule: Schedule, seen: dict, counted: Census) -> list[Diagnostic]:
     """Expected ops no device runs, grouped per (pipeline, stage, kind) with their microbatches."""
     groups: dict[tuple, list] = {}
-    for key in sorted(census(schedule).expected - seen.keys(), key=_sort_key):
+    for key in sorted(counted.expected - seen.keys(), key=_sort_key):
         kind, s, mb, k, part = key
         groups.setdefault((k, s, kind), []).append(mb if kind in BUILTIN else key)
     diags = []

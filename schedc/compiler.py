@@ -11,7 +11,7 @@ from typing import Any
 from .check_channels import check_channels
 from .check_deadlock import check_deadlock
 from .check_memory import check_memory
-from .check_structure import check_structure
+from .check_structure import census, check_structure
 from .diagnostics import Diagnostic, SchedError, Source, error, has_errors
 from .elaborate import Options, elaborate
 from .ir import Schedule
@@ -51,9 +51,10 @@ def build_schedule(source: Source, options: Options | None = None) -> Schedule:
 
 def analyse(schedule: Schedule, latency: float = 0.0) -> tuple[Schedule, Timing, list[Diagnostic]]:
     """Check and time a schedule; fill its bubbles when it asks for that."""
-    diagnostics = check_structure(schedule)                      # one F and one B per (stage, mb)
+    counted = census(schedule)                                   # placed ops against the expected ones
+    diagnostics = check_structure(schedule, counted)             # one F and one B per (stage, mb)
     timing = simulate(schedule, latency)                         # event-driven timing, memory peaks
-    diagnostics += check_deadlock(schedule, timing)              # program order + deps acyclic
+    diagnostics += check_deadlock(schedule, timing, counted)     # program order + deps acyclic
     if schedule.fill and timing.complete and not has_errors(diagnostics):
         from .fill import fill_bubbles
         schedule, timing = fill_bubbles(schedule, timing)        # tasks into idle gaps, a K-step cycle
