@@ -50,8 +50,30 @@ def _fail(exc: SchedError) -> None:
 
 define_option = click.option("-D", "defines", multiple=True, metavar="NAME=VALUE",
                              help="Override a param of the schedule (repeatable).")
-costs_option = click.option("--costs", type=click.Path(dir_okay=False), default=None,
-                            help="Measured costs (JSON from `schedc run --profile-out`, or a profile CSV).")
+_COST_OPTIONS = (
+    click.option("--costs", type=click.Path(dir_okay=False), default=None,
+                 help="Measured costs: JSON from `schedc run --profile-out` (or written by hand)."),
+    click.option("--profile", type=click.Path(dir_okay=False), default=None,
+                 help="Measured costs from a PipeFisher profile CSV (bs,time_f,time_b,...); with --microbatch-size."),
+    click.option("--microbatch-size", type=int, default=None, help="The row of the --profile CSV to use."),
+)
+
+
+def costs_option(command):
+    """--costs FILE.json, or --profile FILE.csv --microbatch-size B; the command gets `costs`, a
+    (path, microbatch size) `profile` or None, and `microbatch_size`, which _measured folds together."""
+    for option in reversed(_COST_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _measured(costs: str | None, profile: str | None, microbatch_size: int | None) -> tuple[str, int | None] | None:
+    """The profile row to read, or None; refuses --costs with --profile, and --microbatch-size alone."""
+    if costs and profile:
+        raise click.UsageError("give measured costs as --costs or as --profile, not both")
+    if microbatch_size is not None and not profile:
+        raise click.UsageError("--microbatch-size picks a row of a --profile CSV; give --profile too")
+    return (profile, microbatch_size) if profile else None
 latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
                               help="Simulated latency of every message between devices.")
 
@@ -87,11 +109,12 @@ def main() -> None:
 @latency_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, latency, out_dir):
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams."""
     from .plan import write_plan
+    row = _measured(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, latency)
+        result = compile_input(file, defines, costs, latency, row)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -123,10 +146,11 @@ def _summary(result) -> str:
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
               help="Model description (TOML) for memory in bytes.")
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
-def check_cmd(file, defines, costs, model_file, memory_limit):
+def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit):
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
+    row = _measured(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, 0.0)
+        result = compile_input(file, defines, costs, 0.0, row)
         extra = []
         if model_file or memory_limit:
             from .check_memory import check_memory_bytes
@@ -150,14 +174,12 @@ def check_cmd(file, defines, costs, model_file, memory_limit):
 @define_option
 @costs_option
 @latency_option
-@click.option("--profile", type=click.Path(dir_okay=False), default=None,
-              help="PipeFisher profile CSV (bs,time_f,time_b,...), used with --microbatch-size.")
-@click.option("--microbatch-size", type=int, default=None, help="Row of the profile to use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, latency, profile, microbatch_size, as_json):
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_json):
     """Simulate FILE under its cost model and print the stats."""
+    row = _measured(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, latency, (profile, microbatch_size) if profile else None)
+        result = compile_input(file, defines, costs, latency, row)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -203,11 +225,13 @@ def list_cmd():
 @click.option("--comms", is_flag=True, help="Show sends and receives on the timeline.")
 @click.option("--measured", type=click.Path(dir_okay=False), default=None,
               help="A measured Chrome trace to draw above the simulated timeline.")
-def render_cmd(file, defines, costs, latency, out, dag, comms, measured):
+def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
+    row = _measured(costs, profile, microbatch_size)
     try:
-        result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured)
+        result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
+                             profile=row)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)

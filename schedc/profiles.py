@@ -29,7 +29,7 @@ def _measured(value, what: str, path: str) -> float:
 def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
     """Read costs: JSON {"F": [per stage...] or number, "B": ..., "<task>": ...} ("unit" is ignored)."""
     if str(path).endswith(".csv"):
-        raise _usage("a profile CSV needs `schedc simulate --profile FILE --microbatch-size B`", path)
+        raise _usage("a profile CSV is read with --profile FILE --microbatch-size B, not --costs", path)
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -68,6 +68,20 @@ def test_png_has_header_and_a_plausible_size():
     assert 800 < width < 4000 and 200 < height < 1000
 
 
+@pytest.mark.parametrize("scale", [0.001, 1000.0])
+def test_costs_in_other_units_draw_at_the_size_of_forward_units(tmp_path, scale):
+    """Costs in milliseconds or seconds (a profile) draw as wide as the same schedule in forward units:
+    the time scale is set per forward, not per cost unit."""
+    widths = []
+    for factor in (1.0, scale):
+        costs = tmp_path / f"costs{factor}.json"
+        costs.write_text(json.dumps({"F": 1.0 * factor, "B": 2.0 * factor}))
+        out = tmp_path / f"timeline{factor}.png"
+        render_file("1f1b", ("p=4", "m=8"), str(costs), out=str(out))
+        widths.append(struct.unpack(">II", out.read_bytes()[16:24])[0])
+    assert abs(widths[1] - widths[0]) <= 0.02 * widths[0]
+
+
 def test_pdf_has_header_and_trailer():
     data = render(compile_library("chimera", p=4, m=8), "pdf", "x.pdf")
     assert data.startswith(b"%PDF-") and b"%%EOF" in data[-64:]

@@ -19,9 +19,11 @@ EXTENSIONS = (*FORMATS, "dot", "html", "json")
 
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
-                dag: bool = False, comms: bool = False, measured: str | None = None) -> Compiled:
+                dag: bool = False, comms: bool = False, measured: str | None = None,
+                profile: tuple[str, int | None] | None = None) -> Compiled:
     """Compile (or load) FILE and write OUT; returns what was drawn, with the compiler's diagnostics
-    (a schedule that fails its checks is drawn anyway, as far as it was simulated)."""
+    (a schedule that fails its checks is drawn anyway, as far as it was simulated). profile: (CSV,
+    microbatch size) of a PipeFisher profile row to take the costs from, instead of `costs`."""
     fmt = Path(out).suffix.lower().lstrip(".")
     if fmt not in EXTENSIONS:
         raise _usage(f"cannot tell the format from {out!r}: use one of "
@@ -29,7 +31,7 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     if dag and fmt not in (*FORMATS, "dot"):
         raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
     from .load import load_input
-    compiled = load_input(file, defines, costs, latency)
+    compiled = load_input(file, defines, costs, latency, profile)
     data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,9 @@ from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
 
 
-def load_input(file: str, defines, costs: str | None, latency: float) -> Compiled:
-    """Compile FILE, or read and re-simulate it when it is a plan.json."""
+def load_input(file: str, defines, costs: str | None, latency: float,
+               profile: tuple[str, int | None] | None = None) -> Compiled:
+    """Compile FILE, or read and re-simulate it when it is a plan.json (under measured costs if given)."""
     if file.endswith(".json"):
         if defines:
             raise SchedError(error("-D cannot change a compiled plan; render the .sched instead"),
@@ -25,10 +26,11 @@ def load_input(file: str, defines, costs: str | None, latency: float) -> Compile
             plan = load_plan(file)
         except PlanError as exc:
             raise SchedError(error(str(exc)), Source(file, ""), exit_code=2) from None
-        from ..profiles import load_costs
-        return compiled_from_plan(plan, file, load_costs(costs) if costs else {}, latency)
+        from ..profiles import load_costs, read_profile
+        measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
+        return compiled_from_plan(plan, file, measured, latency)
     from ..cli import compile_input
-    return compile_input(file, defines, costs, latency)
+    return compile_input(file, defines, costs, latency, profile)
 
 
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:

@@ -13,6 +13,7 @@ Large schedules switch to a compact geometry (shorter rows, a smaller unit, labe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import inf
 
 from ..compiler import Compiled
 from ..ir import Op
@@ -22,7 +23,7 @@ from .timed import step_starts, timed_ops
 
 COMPACT_OPS = 2000          # more ops than this: compact rows
 MAX_WIDTH = 12000.0         # points; beyond it the time unit shrinks (down to MIN_UNIT)
-MIN_UNIT = 6.0
+UNIT, MIN_UNIT = 16.0, 6.0  # points per forward's duration: wanted, and the least when shrinking
 LABEL_W, NOTE_W, GAP = 64.0, 210.0, 8.0
 IDLE = "#f0f0f0"
 MESSAGE_COLOURS = {"F": "#1d3c6e", "B": "#1f5a27", "I": "#8a4a0c"}
@@ -41,9 +42,15 @@ class Geometry:
         return len(label) * self.font * 0.62 + 2 <= width
 
 
-def geometry(makespan: float, ops: int) -> Geometry:
-    unit = 16.0 if makespan * 16.0 <= MAX_WIDTH else max(MIN_UNIT, MAX_WIDTH / max(makespan, 1.0))
-    if ops > COMPACT_OPS or unit < 10:
+def geometry(makespan: float, ops: int, forward: float = 1.0) -> Geometry:
+    """Sizes for a timeline of `ops` ops over `makespan` cost units, where a forward takes `forward`
+    units: the scale is set in forwards, so that costs in milliseconds (or any unit) draw like costs
+    in forward units."""
+    forward = forward if 0 < forward < inf else 1.0
+    span = makespan / forward  # in forwards
+    per_forward = UNIT if span * UNIT <= MAX_WIDTH else max(MIN_UNIT, MAX_WIDTH / max(span, 1.0))
+    unit = per_forward / forward
+    if ops > COMPACT_OPS or per_forward < 10:
         return Geometry(unit, 13.0, 11.0, 6.0, True)
     return Geometry(unit, 22.0, 19.0, 9.0, False)
 
@@ -78,7 +85,7 @@ class _Canvas:
 def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None) -> str:
     """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given."""
     schedule, timing = compiled.schedule, compiled.timing
-    geo = geometry(timing.makespan, schedule.op_count())
+    geo = geometry(timing.makespan, schedule.op_count(), min(schedule.costs.get("F", ()), default=1.0))
     colours = palette(schedule)
     width = timing.makespan * geo.unit
     if measured is not None:
@@ -192,11 +199,14 @@ def _axis(canvas: _Canvas, width: float, makespan: float) -> None:
 
 
 def _tick_step(unit: float, spacing: float = 40.0) -> float:
-    for magnitude in (1, 10, 100, 1000, 10000, 100000):
+    """The axis' tick step in cost units: the least 1, 2 or 5 times a power of ten at least `spacing`
+    points apart (costs may be in seconds, forwards or microseconds)."""
+    for exponent in range(-6, 7):
         for base in (1, 2, 5):
-            if base * magnitude * unit >= spacing:
-                return float(base * magnitude)
-    return 1e6
+            step = float(f"{base}e{exponent}")
+            if step * unit >= spacing:
+                return step
+    return 1e7
 
 
 def _legend(canvas: _Canvas, colours: Palette, width: float, comms: bool) -> None:
