@@ -92,3 +92,25 @@ def test_a_profile_cell_that_is_not_a_number_is_refused(tmp_path):
     assert result.exit_code == 2
     assert f"{path}: error: profile column time_b must be a finite number >= 0, got 'oops'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_compile_check_and_render_read_a_profile_row(tmp_path):
+    profile = str(ROOT / "tests" / "data" / "bert-large_time_memory_v100.csv")
+    row = ["--profile", profile, "--microbatch-size", "32"]
+    compiled = run("compile", "pipefisher", *row, "-o", str(tmp_path / "plan"))
+    assert compiled.exit_code == 0, compiled.output
+    assert "utilization 0.6859 -> 0.9572" in run("simulate", "pipefisher", "-D", "p=8", "-D", "m=8", *row).output
+    assert run("check", "pipefisher", *row).exit_code == 0
+    assert run("render", str(tmp_path / "plan" / "plan.json"), *row, "-o", str(tmp_path / "t.svg")).exit_code == 0
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--microbatch-size", "32"], "give --profile too"),
+    (["--costs", "c.json", "--profile", "p.csv"], "--costs or as --profile, not both"),
+    (["--costs", str(ROOT / "tests" / "data" / "bert-large_time_memory_v100.csv")], "is read with --profile"),
+])
+def test_measured_cost_options_that_do_not_fit_together_are_refused(args, message):
+    result = CliRunner().invoke(main, ["compile", "1f1b", *args])
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output
