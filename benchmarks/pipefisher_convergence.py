@@ -9,7 +9,8 @@ line `steps_ratio X` = PipeFisher's steps / the baseline's.
 
     python benchmarks/pipefisher_convergence.py [--quick]
 
-The file is also the per-rank worker (`--worker`): the runtime's pipeline run with the digits data.
+The model and the data plug into the runtime as any user's do: `--model pipefisher_convergence:build_stages
+--data pipefisher_convergence:digits` (this folder on PYTHONPATH).
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def build_stages(cfg) -> list[tuple[str, nn.Module]]:
 
 
 class Digits:
-    """The runtime's dataset interface: batch(step, microbatches, size) with .microbatch(index)."""
+    """scikit-learn's digits as the runtime's data: batch(step, microbatches, size), rows drawn from
+    (seed, step) like the runtime's own data, pixel values as the "tokens", the class as the target."""
 
     def __init__(self, seed: int):
         from sklearn.datasets import load_digits
@@ -87,31 +89,9 @@ class Digits:
         return Batch(self.x[rows], self.y[rows, None], size)
 
 
-def worker(argv: list[str]) -> int:
-    """One rank: the runtime's run_pipeline with the digits data instead of text."""
-    from schedc.plan import load_plan
-    from schedc.runtime import train as rt
-    from schedc.runtime.model import boundary_shapes
-    from schedc.runtime.options import parse_options
-    from schedc.runtime.world import Env, pick_device, start, stop
-    opts = parse_options(argv)
-    plan = load_plan(opts.plan)
-    env = Env.read()
-    rt.check_plan(plan, opts, env)
-    pieces, runs = rt.model_runs(opts, plan.meta["stages"])
-    shapes = boundary_shapes(pieces, runs, opts.model_config)
-    world = start(plan, opts.dp, env, pick_device("cpu", env), opts.timeout)
-    try:
-        executor = rt.build_executor(plan, opts, world, runs, shapes)
-        code = rt.train(plan, opts, world, executor, Digits(opts.seed))
-        dump = os.environ.get("PIPEFISHER_DUMP")
-        if dump:
-            params = {name: p.detach().clone() for stage in executor.stages.values()
-                      for name, p in stage.global_parameters()}
-            torch.save(params, f"{dump}.rank{world.rank}.pt")
-        return code
-    finally:
-        stop()
+def digits(cfg, seed: int) -> Digits:
+    """The runtime's --data hook."""
+    return Digits(seed)
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -125,21 +105,20 @@ def compile_plan(schedule: str | Path, out: Path, extra: list[str] = (), **param
     return out / "plan.json"
 
 
-def run(plan: Path, steps: int, extra: list[str], dump: str | None = None) -> list[dict]:
-    """Launch the 2-rank worker; return rank 0's per-step metrics."""
+def run(plan: Path, steps: int, extra: list[str]) -> list[dict]:
+    """Run the plan on 2 ranks through schedc's runtime; return rank 0's per-step metrics."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "benchmarks")}
-        if dump:
-            env["PIPEFISHER_DUMP"] = dump
         args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(29500 + os.getpid() % 2000), str(Path(__file__).resolve()), "--worker", str(plan),
-                "--model", "pipefisher_convergence:build_stages", "--layers", "2", "--hidden", "32",
+                str(29500 + os.getpid() % 2000), "-m", "schedc.runtime", str(plan),
+                "--model", "pipefisher_convergence:build_stages", "--data", "pipefisher_convergence:digits",
+                "--layers", "2", "--hidden", "32",
                 "--seq", "64", "--vocab", "17", "--mb-size", "32", "--steps", str(steps), "--quiet",
                 "--metrics-out", str(metrics), "--device", "cpu", *extra]
         done = subprocess.run(args, env=env, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"worker failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"the run failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
         return [json.loads(line) for line in metrics.read_text().splitlines()]
 
 
@@ -224,6 +203,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        sys.exit(worker(sys.argv[2:]))
     sys.exit(main())

@@ -9,7 +9,7 @@ import torch
 
 from schedc.plan import Plan
 
-from .data import Dataset
+from .data import Dataset, load_dataset
 from .model import build_pieces, load_builder, partition
 
 
@@ -30,7 +30,10 @@ def make_optimizer(params: list, opts) -> torch.optim.Optimizer:
 
 
 def make_dataset(opts) -> Dataset:
+    """The run's data: the user's (--data), else byte-level text or random tokens (--synthetic)."""
     cfg = opts.model_config
+    if opts.data:
+        return load_dataset(opts.data, cfg, opts.seed)
     return Dataset(cfg.seq, cfg.vocab, opts.seed, opts.synthetic)
 
 

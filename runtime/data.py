@@ -1,7 +1,7 @@
 # Training data: byte-level tokens of real text that ships with Python (the source of a few standard
-# library modules), or synthetic tokens; batches are a pure function of (seed, step), so every rank
-# draws the same global batch, a resumed run continues where it stopped, and the reference sees the
-# same data.
+# library modules), synthetic tokens, or the user's data (--data pkg.mod:fn). Batches are a pure
+# function of (seed, step), so every rank draws the same global batch, a resumed run continues where it
+# stopped, and the reference sees the same data.
 from __future__ import annotations
 
 import importlib.util
@@ -46,7 +46,8 @@ class Batch:
 
 
 class Dataset:
-    """Draws global batches deterministically from (seed, step)."""
+    """Draws global batches deterministically from (seed, step). The interface a user's data provides
+    too: batch(step, microbatches, size) -> Batch, the same for every rank and every call."""
 
     def __init__(self, seq: int, vocab: int, seed: int, synthetic: bool):
         self.seq, self.vocab, self.seed = seq, vocab, seed
@@ -65,3 +66,26 @@ class Dataset:
             starts = torch.randint(0, len(self.corpus) - self.seq - 1, (rows, 1), generator=gen)
             windows = self.corpus[starts + torch.arange(self.seq + 1)]
         return Batch(windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), size)
+
+
+def load_dataset(spec: str, cfg, seed: int):
+    """--data 'pkg.mod:fn': fn(cfg, seed) returns the data, an object whose batch(step, microbatches,
+    size) gives a Batch: `microbatches * size` rows of model inputs (`tokens`) and of what the last
+    piece's output is scored against (`targets`, as the loss reads them: class indices [rows, 1] for
+    logits [rows, 1, classes]). Its first batch is checked here, before any rank starts."""
+    from .plugins import load_object
+    data = load_object(spec, "--data", DataError)(cfg, seed)
+    if not callable(getattr(data, "batch", None)):
+        raise DataError(f"--data {spec!r}: the function must return an object with a method "
+                        "batch(step, microbatches, size)")
+    first = data.batch(0, 1, cfg.mb_size)
+    if not isinstance(first, Batch) or len(first.tokens) != cfg.mb_size or len(first.targets) != cfg.mb_size:
+        raise DataError(f"--data {spec!r}: batch(step, 1, {cfg.mb_size}) must return a Batch of "
+                        f"{cfg.mb_size} rows of tokens and targets, got {_describe(first)}")
+    return data
+
+
+def _describe(batch) -> str:
+    if not isinstance(batch, Batch):
+        return type(batch).__name__
+    return f"{len(batch.tokens)} rows of tokens and {len(batch.targets)} of targets"

@@ -9,13 +9,14 @@
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .plugins import load_object
 
 
 class ModelError(ValueError):
@@ -110,13 +111,7 @@ def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn
     """`None` for the GPT; else 'pkg.mod:function'."""
     if spec is None:
         return build_gpt
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ModelError(f"--model {spec!r}: expected 'package.module:function'")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ModelError(f"--model {spec!r}: {exc}") from None
+    return load_object(spec, "--model", ModelError)
 
 
 def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:

@@ -61,6 +61,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--seed", type=int, default=0, help="seed of weights and batches (default 0)")
     group.add_argument("--synthetic", action="store_true",
                        help="random tokens instead of byte-level Python source text")
+    group.add_argument("--data", metavar="PKG.MOD:FN",
+                       help="user data: FN(ModelConfig, seed) returns an object whose batch(step, "
+                            "microbatches, size) gives a schedc.runtime.data.Batch (default: text)")
     group.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     group.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
@@ -168,6 +171,8 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("--threads must be >= 1")
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
+    if opts.data and opts.synthetic:
+        raise OptionError("give one of --data and --synthetic")
     if opts.fault_kill and opts.fault_hang:
         raise OptionError("give one of --fault-kill and --fault-hang")
     if opts.reference and (opts.save or opts.resume or opts.fault):

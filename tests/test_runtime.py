@@ -18,6 +18,7 @@ import torch
 
 from schedc.plan import Instr, load_plan, write_plan
 from schedc.runtime.__main__ import main as runtime_main
+from schedc.runtime.data import Batch
 from schedc.runtime.launch import split_args, torchrun_command
 from schedc.runtime.lifetimes import plan_lifetimes
 from schedc.runtime.tasks import TaskError, register_task, task_handler
@@ -127,11 +128,32 @@ def build_tiny(cfg):
             ("out", torch.nn.Linear(width, cfg.vocab))]
 
 
-def test_user_model_toml_synthetic_sgd(plans, tmp_path):
+class Shifted:
+    """User data for --data: random tokens (from seed and step, as the runtime's own data), each to be
+    followed by the next token id."""
+
+    def __init__(self, cfg, seed: int):
+        self.cfg, self.seed = cfg, seed
+
+    def batch(self, step: int, microbatches: int, size: int) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed * 7919 + step)
+        tokens = torch.randint(0, self.cfg.vocab, (microbatches * size, self.cfg.seq), generator=gen)
+        return Batch(tokens, (tokens + 1) % self.cfg.vocab, size)
+
+
+def shifted_data(cfg, seed: int) -> Shifted:
+    return Shifted(cfg, seed)
+
+
+def no_batches(cfg, seed: int) -> object:
+    return object()
+
+
+def test_user_model_and_data_toml_sgd(plans, tmp_path):
     (tmp_path / "tiny.toml").write_text("[model]\nlayers = 3\nseq = 8\nvocab = 50\nwidth = 12\n")
     plan = plans("gpipe", p=2, m=4)
     options = ["--config", str(tmp_path / "tiny.toml"), "--model", "test_runtime:build_tiny",
-               "--synthetic", "--optimizer", "sgd", "--steps", "1", "--quiet"]
+               "--data", "test_runtime:shifted_data", "--optimizer", "sgd", "--steps", "1", "--quiet"]
     assert runtime_main([str(plan), *options, "--reference", "--save-grads", str(tmp_path / "ref")]) == 0
     command = torchrun_command(plan, 2, [*options, "--save-grads", str(tmp_path / "run")])
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
@@ -141,6 +163,17 @@ def test_user_model_toml_synthetic_sgd(plans, tmp_path):
     assert sorted(want[1]) == ["embed.weight", "mlp0.0.bias", "mlp0.0.weight", "mlp1.0.bias",
                                "mlp1.0.weight", "mlp2.0.bias", "mlp2.0.weight", "out.bias", "out.weight"]
     assert_same(_dump(tmp_path / "run"), want)
+
+
+@pytest.mark.parametrize("data,message,code", [
+    (["--data", "no_such_module:fn"], "error: --data 'no_such_module:fn': No module named 'no_such_module'", 1),
+    (["--data", "test_runtime"], "expected 'package.module:function'", 1),
+    (["--data", "test_runtime:no_batches"], "must return an object with a method batch(step, microbatches, size)", 1),
+    (["--data", "test_runtime:shifted_data", "--synthetic"], "give one of --data and --synthetic", 2),
+])
+def test_user_data_that_does_not_fit_is_refused(plans, capsys, data, message, code):
+    assert runtime_main([str(plans("gpipe", p=2, m=4)), *SMALL, "--reference", "--steps", "1", *data]) == code
+    assert message in capsys.readouterr().err
 
 
 def split_backward_plan(plan_path: Path, out: Path) -> Path:
