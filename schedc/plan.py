@@ -78,21 +78,8 @@ class Instr(NamedTuple):
         return out
 
     def json_text(self) -> str:
-        """`json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))`, written out directly
-        (a plan has 10^5-10^6 instructions; this is several times faster)."""
-        text = "{"
-        if self.group is not None:
-            text += '"group":[' + ",".join(map(str, self.group)) + "],"
-        text += f'"mb":{"null" if self.mb is None else self.mb},"op":{_op_json(self.op)},'
-        if self.part is not None:
-            text += f'"part":{self.part},'
-        if self.parts is not None:
-            text += f'"parts":{self.parts},'
-        if self.peer is not None:
-            text += f'"peer":{self.peer},'
-        if self.pipe is not None:
-            text += f'"pipe":{self.pipe},'
-        return text + f'"stage":{"null" if self.stage is None else self.stage}}}'
+        """The instruction's canonical JSON: compact, keys sorted (as plan.json and its hash have it)."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Instr:
@@ -179,7 +166,8 @@ def step_json(step: tuple[Instr, ...]) -> str:
 class _Forms(dict):
     """Memo of one field's text by value, e.g. 3 -> " stage=3": a plan's fields take a few hundred
     values, so each is formatted once and then looked up in C. Only values of the field's type are kept
-    (True == 1 and 1.0 == 1, but their texts differ); None maps to `none`."""
+    (True == 1 and 1.0 == 1, but their texts differ), and at most MEMO values (the memo lives as long
+    as the process); None maps to `none`."""
 
     __slots__ = ("form", "kind")
 
@@ -189,9 +177,12 @@ class _Forms(dict):
 
     def __missing__(self, value: Any) -> str:
         text = self.form(value)
-        if type(value) is self.kind:
+        if type(value) is self.kind and len(self) <= MEMO:
             self[value] = text
         return text
+
+
+MEMO = 4096
 
 
 # The pieces of a plain instruction (stage, mb and pipe ints, no group or parts): five per form.
@@ -215,15 +206,17 @@ class _StepForms:
         self.columns = tuple(zip(*step)) if step else ((),) * len(Instr._fields)
         self.others = self._irregular()
 
-    def _irregular(self) -> list[int]:
+    def _irregular(self) -> list[int] | None:
         """Positions of the instructions that are not plain, ascending: those with a stage, mb or pipe
-        of None, or a group or parts. Values neither int nor None (which the forms cannot look up, as
-        True == 1) are rare enough to check instruction by instruction."""
-        _, stages, mbs, pipes, peers, *rest = self.columns
+        of None, or a group or parts. None when a stage, mb, pipe or peer is neither an int nor None,
+        or an op is not a string (a hand-made plan; the memos cannot take such values, as True == 1
+        and lists do not hash): then every instruction is formatted on its own."""
+        ops, stages, mbs, pipes, peers, *rest = self.columns
         types = list(map(type, chain(stages, mbs, pipes)))
         unset = _positions(types, NoneType)
-        if len(unset) + types.count(int) < len(types) or not _INT_OR_NONE.issuperset(map(type, peers)):
-            return [k for k, i in enumerate(self.step) if not _plain(i)]
+        if (len(unset) + types.count(int) < len(types) or not _INT_OR_NONE.issuperset(map(type, peers))
+                or not {str}.issuperset(map(type, ops))):
+            return None
         found = [k % len(stages) for k in unset]  # position in the three columns -> instruction
         for column in rest:  # group, part, parts: set on few instructions if any
             if column.count(None) < len(column):
@@ -231,7 +224,10 @@ class _StepForms:
         return sorted(set(found))
 
     def text_pieces(self) -> list[str]:
-        """The step's lines, each ending in a newline, in five pieces per instruction."""
+        """The step's lines, each ending in a newline, in five pieces per instruction: the op, then the
+        texts of stage, mb, pipe and peer (the peer's with the newline)."""
+        if self.others is None:
+            return [f"{i}\n" for i in self.step]
         ops, stages, mbs, pipes, peers = self.columns[:5]
         pieces: list[Any] = [None] * (5 * len(ops))
         pieces[0::5] = ops
@@ -242,7 +238,10 @@ class _StepForms:
         return pieces
 
     def json_pieces(self) -> list[str]:
-        """The step's JSON array, in five pieces per instruction and its brackets."""
+        """The step's JSON array, in five pieces per instruction (the keys in sorted order: mb, op,
+        peer, pipe, stage, each piece with the separator before it) and its brackets."""
+        if self.others is None:
+            return ["[" + ",".join(i.json_text() for i in self.step) + "]"]
         ops, stages, mbs, pipes, peers = self.columns[:5]
         pieces: list[Any] = [None] * (5 * len(ops))
         for j, (forms, column) in enumerate(zip(_JSON_FORMS, (mbs, ops, peers, pipes, stages))):
@@ -254,11 +253,6 @@ class _StepForms:
         pieces[0] = "[" + pieces[0][1:]  # each instruction's piece starts with its separator
         pieces.append("]")
         return pieces
-
-
-def _plain(instr: Instr) -> bool:
-    return (type(instr.stage) is type(instr.mb) is type(instr.pipe) is int and instr.group is None
-            and instr.part is None and instr.parts is None and (instr.peer is None or type(instr.peer) is int))
 
 
 def _positions(items: list, value: Any) -> list[int]:
@@ -348,10 +342,32 @@ def plan_from_json(obj: dict[str, Any], verify: bool = True) -> Plan:
                       for entry in sorted(obj["ranks"], key=lambda e: e["rank"]))
     except (KeyError, TypeError) as exc:
         raise PlanError(f"malformed 'ranks' in plan: {exc}") from None
+    for steps in ranks:
+        for step in steps:
+            _check_types(step)
     plan = Plan(meta, ranks, obj.get("hash", ""))
     if verify and not _hash_matches(plan):
         raise PlanError("plan hash does not match its content (the file was edited or is corrupt)")
     return plan
+
+
+_NUMBERS = ("stage", "mb", "pipe", "peer", "part", "parts")
+
+
+def _check_types(step: tuple[Instr, ...]) -> None:
+    """Every number field of a loaded step an int or null and every group a list of ints (columns
+    checked in C; the first bad instruction is named)."""
+    columns = dict(zip(Instr._fields, zip(*step))) if step else {}
+    fine = all(_INT_OR_NONE.issuperset(map(type, columns[key])) for key in _NUMBERS if key in columns)
+    groups = [g for g in columns.get("group", ()) if g is not None]
+    if fine and all(type(x) is int for x in chain.from_iterable(groups)):
+        return
+    for instr in step:
+        for key in _NUMBERS:
+            if type(getattr(instr, key)) not in _INT_OR_NONE:
+                raise PlanError(f"instruction {instr.to_json()}: {key} must be an integer or null")
+        if instr.group is not None and not all(type(x) is int for x in instr.group):
+            raise PlanError(f"instruction {instr.to_json()}: group must be a list of integers")
 
 
 def _hash_matches(plan: Plan) -> bool:
@@ -393,17 +409,20 @@ def _write_plan_json(plan: Plan, path: Path, forms: list[list[_StepForms]]) -> t
     digest, placeholder = hashlib.sha256(), "0" * 64
     head = _file_head(placeholder).encode()
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as stream:
-        stream.write(head)
-        for k, piece in enumerate(plan.canonical_pieces(forms)):
-            data = piece.encode()
-            digest.update(data)
-            stream.write(data[1:] if k == 0 else data)  # the content's "{" is the head's
-        stream.write(b"\n")
-        plan = replace(plan, hash=digest.hexdigest())
-        stream.seek(head.index(placeholder.encode()))
-        stream.write(plan.hash.encode())
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as stream:
+            stream.write(head)
+            for k, piece in enumerate(plan.canonical_pieces(forms)):
+                data = piece.encode()
+                digest.update(data)
+                stream.write(data[1:] if k == 0 else data)  # the content's "{" is the head's
+            stream.write(b"\n")
+            plan = replace(plan, hash=digest.hexdigest())
+            stream.seek(head.index(placeholder.encode()))
+            stream.write(plan.hash.encode())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return plan, path
 
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURES, compile_library
 from schedc.compiler import compile_source, read_source
-from schedc.plan import (Instr, Opcode, PlanError, load_plan, parse_rank_text, step_json, step_text,
-                         write_plan)
+from schedc.plan import (_JSON_FORMS, _TEXT_FORMS, MEMO, Instr, Opcode, Plan, PlanError, load_plan,
+                         parse_rank_text, step_json, step_text, write_plan)
 
 small = st.integers(0, 10_000)
 instrs = st.builds(Instr, st.sampled_from(["F", "B", "I", "W", "SEND_F", "RECV_B", "STEP", "curvature_A"]),
@@ -107,3 +107,32 @@ def test_plan_json_is_the_canonical_content_after_its_hash(tmp_path):
     head = json.dumps({"format": "schedc-plan", "version": 1, "hash": plan.hash}, separators=(",", ":"))
     assert (tmp_path / "plan.json").read_text() == head[:-1] + "," + canonical[1:] + "\n"
     assert load_plan(tmp_path / "plan.json").hash == plan.hash
+
+
+@pytest.mark.parametrize("edit", ['"stage":"1"}', '"stage":[1]}', '"stage":true}', '"stage":1.0}'])
+def test_a_field_edited_to_another_type_is_refused_on_load(tmp_path, edit):
+    """Edits that the canonical writer would print like the original (a quoted number) or could not
+    print at all (a list) are refused as plan errors, not loaded or crashed on."""
+    write_plan(compile_library("1f1b", p=2, m=2).plan, tmp_path)
+    path = tmp_path / "plan.json"
+    text = path.read_text()
+    assert text.count('"stage":1}') > 0
+    path.write_text(text.replace('"stage":1}', edit, 1))
+    with pytest.raises(PlanError, match="stage must be an integer or null"):
+        load_plan(path)
+
+
+def test_hand_made_instructions_of_any_type_are_written_in_their_canonical_forms(tmp_path):
+    step = (Instr("F", [1, 2], 0, 0), Instr("B", "1", 0, 0), Instr("F", 0, 1, 0, group=("a",)), Instr("STEP"))
+    plan, _ = write_plan(Plan({"schedule": "s", "pipelines": []}, ((step,),)), tmp_path)
+    obj = json.loads((tmp_path / "plan.json").read_text())
+    assert obj["ranks"][0]["steps"][0] == [i.to_json() for i in step]
+    assert hashlib.sha256(json.dumps({k: v for k, v in obj.items() if k not in ("format", "version", "hash")},
+                                     sort_keys=True, separators=(",", ":")).encode()).hexdigest() == plan.hash
+    assert (tmp_path / "rank0.txt").read_text().splitlines()[2:] == [str(i) for i in step]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_field_memos_stay_bounded():
+    step_text(tuple(Instr("F", 0, mb, 0) for mb in range(3 * MEMO)))
+    assert all(len(memo) <= MEMO + 1 for memo in (*_TEXT_FORMS, *_JSON_FORMS))
