@@ -61,8 +61,9 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     a replay with rendezvous sends cannot deadlock.
 
     Each instruction is an item of the sweep (see _items); in time order, each is appended to its rank's
-    stream. Only an op that takes negative time (a measured cost) lets a device's sends to one peer end
-    out of their order; then _sweep posts the receives that are due with each send.
+    stream. Only an op that takes negative time lets a device's sends to one peer end out of their
+    order; then _sweep posts the receives that are due with each send. The command line refuses
+    negative costs; a Schedule built in Python may still carry one.
     """
     devices, links = schedule.devices, _Links(schedule)
     streams: list[list[Instr]] = [[] for _ in range(devices)]

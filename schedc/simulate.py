@@ -97,7 +97,8 @@ def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], l
     _times counts as ended before time 0. Also the index of every device's first op."""
     ops = list(chain.from_iterable(schedule.orders))
     keys = list(map(OP_KEY, ops))
-    index = defaultdict(repeat(len(ops)).__next__, zip(keys, range(len(ops))))  # key -> index, or the sentinel
+    # key -> index; a key not placed gets the sentinel (and is stored: the dict is thrown away after)
+    index = defaultdict(repeat(len(ops)).__next__, zip(keys, range(len(ops))))
     preds = _predecessors(ops, keys, index, schedule.deps)
     firsts, n = [], 0
     for order in schedule.orders:

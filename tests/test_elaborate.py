@@ -168,6 +168,13 @@ def test_ops_made_by_column_have_every_field_of_ops_made_one_by_one():
         assert op.span.line == lines[op.kind][op.pipe] and hash(op) == hash(made[op])
 
 
+def test_op_has_no_init_hook_that_columns_would_skip():
+    """ops_from_columns fills slots directly, skipping the dataclass __init__: safe while Op has no
+    __post_init__ (or a custom __init__) to run."""
+    assert not hasattr(Op, "__post_init__")
+    assert Op.__init__.__code__.co_filename == "<string>"  # the one dataclass generated, nothing custom
+
+
 def _popped(ops, key):
     """Ops in the order a queue pops them: by its key, ties broken by pipe, stage, microbatch and part."""
     return sorted(ops, key=lambda op: (*key(op), op.pipe, op.stage, op.mb, op.part))
