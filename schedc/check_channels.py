@@ -351,6 +351,9 @@ def _replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[
 # into lists indexed by message) and a run that stops at waits only; anything unusual goes to the replay.
 
 _SENT, _POSTED, _USED = 1, 2, 3   # an instruction's code is 3K + one of these, K its message
+# `_completes` gives up (the plan goes to the replay) after this many rounds per position of an average
+# rank, plus a margin for tiny programs; library plans use a sixth to a quarter of the allowance.
+_ROUNDS_PER_POSITION, _EXTRA_ROUNDS = 2, 64
 
 
 def certify(streams: list, place: list[list[int]], microbatches: int) -> bool:
@@ -392,6 +395,10 @@ class _Links:
         self.m, self.size, self.flat = m, len(links) * m, len(place) == 1
         if self.size > budget:
             raise ValueError("more messages than the program has instructions")
+        # Code 0: the replay neither waits on nor for it. Any op not in the tables (STEP, SYNC_GRAD, tasks,
+        # but also a misspelt SEND_F) gets code 0 at every pipe, stage and mb through this chain; a misspelt
+        # send is still caught: its message is then never sent, so the counts of `_layout` (filled % 3)
+        # or of `_matched` (`missing`) refuse the program.
         self.local = defaultdict(int)                                        # any mb -> 0
         other = defaultdict(repeat(self.local).__next__)                     # any stage -> local
         other = other if self.flat else defaultdict(repeat(other).__next__)  # any pipe
@@ -435,7 +442,7 @@ class _Layout:
     an end position: the rank and the peer field at each position, where each message K is sent,
     received and used (0 for a K not in the program), and what each position waits for."""
 
-    owner: list[int]
+    owner: list[int]   # rank per position; ranks at 0 ("none") and ranks + 1 at the extra last one
     peers: list
     ends: list[int]
     sent: list[int]
@@ -446,10 +453,16 @@ class _Layout:
     syncs: list[tuple]
 
 
+def _scatter(target: list, keys, values) -> None:
+    """target[k] = v for each pair in turn (a later pair wins), in one C-level pass: setitem returns
+    None, so any() runs to the end and is used only for that side effect."""
+    any(map(setitem, repeat(target), keys, values))
+
+
 def _layout(streams: list, links: _Links) -> _Layout | None:
     """Codes every instruction and scatters positions by code; None when a code is met twice, a stage,
     microbatch or pipeline is negative, or (one pipeline) a pipe field is neither 0 nor None."""
-    slots = [0] * (3 * links.size + 1)
+    slots = [0] * (3 * links.size + 1)   # code -> position of its instruction; slot 0 collects code 0
     owner, peers, ends, syncs, zeros, values, pipes_seen = [len(streams)], [None], [], [], 0, set(), set()
     for r, stream in enumerate(streams):
         start = len(peers)
@@ -458,7 +471,7 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
             values.update(stages, mbs)
             pipes_seen.update(pipes)
             codes = links.codes(r, ops, stages, mbs, pipes)
-            any(map(setitem, repeat(slots), codes, count(start)))
+            _scatter(slots, codes, count(start))
             zeros += codes.count(0)
             peers += peer
             if "SYNC_GRAD" in ops:
@@ -467,16 +480,20 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
         ends.append(len(peers))
         peers.append(None)
         owner += repeat(r, len(stream) + 1)
-    owner.append(len(streams) + 1)
+    owner.append(len(streams) + 1)   # owner[-1]: the rank `_completes` reads for a wait of -1 (stop)
     slots[0] = 0
+    # A code met twice: each instruction with a nonzero code writes its position (>= 1) into its code's
+    # slot, so with all codes distinct the filled slots number the instructions (all positions but 0 and
+    # the ends) less those of code 0; a repeated code overwrites a slot and leaves one fewer. A message
+    # has three codes: filled % 3 refuses most half-present ones and keeps `missing` exact.
     filled = len(slots) - slots.count(0)
     if (min((values | pipes_seen) - {None}, default=0) < 0 or links.flat and not pipes_seen <= {None, 0}
             or filled != len(peers) - 1 - len(streams) - zeros or filled % 3):
         return None
     sent, posted, used = slots[_SENT::3], slots[_POSTED::3], slots[_USED::3]
     waits = [0] * len(peers)
-    any(map(setitem, repeat(waits), sent, posted))
-    any(map(setitem, repeat(waits), used, sent))
+    _scatter(waits, sent, posted)    # a SEND waits for its receive to be posted
+    _scatter(waits, used, sent)      # a consumer waits for the SEND of its tensor
     return _Layout(owner, peers, ends, sent, posted, used, links.size - filled // 3, waits, syncs)
 
 
@@ -536,8 +553,11 @@ def _completes(lay: _Layout, ranks: int) -> bool:
     for x in chain(lay.ends, meets):
         waits[x] = -1
     owner = lay.owner
-    passed = [e + 1 for e in [0, *lay.ends[:-1]]][:ranks] + [len(waits), -1]   # and for owner 0, -1
-    for _ in range(2 * len(waits) // max(ranks, 1) + 64):
+    # passed[r]: the first position rank r has not passed (its first instruction to start with). Two
+    # sentinel "ranks" follow: owner[0] == ranks has passed everything, so a wait for position 0 (none)
+    # is always over; owner[-1] == ranks + 1 has passed nothing, so a wait of -1 never is.
+    passed = [e + 1 for e in [0, *lay.ends[:-1]]][:ranks] + [len(waits), -1]
+    for _ in range(_ROUNDS_PER_POSITION * len(waits) // max(ranks, 1) + _EXTRA_ROUNDS):
         moved = False
         for r in range(ranks):
             g = here = passed[r]
