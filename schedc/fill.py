@@ -24,9 +24,10 @@ when appended work runs past it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
 
 from .diagnostics import SchedError, error
-from .ir import BUILTIN, Op, Schedule
+from .ir import BUILTIN, OP_KEY, Op, Schedule
 from .memory import holdings, peaks
 from .simulate import Timing
 
@@ -44,18 +45,66 @@ class _Step:
 
 
 @dataclass(slots=True)
+class _Tasks:
+    """The tasks to place, numbered in priority order (fill list, then declaration order), with what each
+    waits for, worked out once: readiness is asked for hundreds of thousands of times (every gap looks
+    at every task of its device), and a task like inversion(s) waits on m * c curvature pieces."""
+
+    ops: list[Op]
+    at_end: list[bool]                   # runs in every step
+    first: list[float]                   # ready after its built-in deps: max end, + latency across devices
+    waiting: list[int]                   # deps not placed in an earlier step (tasks; ops that never run)
+    dependents: list[list[int]]          # the tasks that wait on this one, once per dep
+    local: list[list[int]]               # those of them on the same device
+    scanned: list[bool]                  # waits on a task that two ops share a name with: see _State.scan
+
+
+@dataclass(slots=True)
 class _State:
+    """The fill in progress. A task is ready in step k when every dep is done (see the module docstring):
+    `missing` counts the deps not done yet in the step, and `after` holds the latest end of the deps
+    placed earlier in the step on the same device, so readiness is read, not recomputed."""
+
     schedule: Schedule
     timing: Timing
-    rank: dict[str, int]                    # task kind -> position in the fill list
-    at_end: frozenset[str]                  # kinds that run in every step
-    where: dict[Op, tuple[int, int, float]] = field(default_factory=dict)  # task -> (step, device, end)
+    tasks: _Tasks
+    where: dict[tuple, tuple[int, int, float]] = field(default_factory=dict)  # task key -> (step, device, end)
+    missing: list[int] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    placed_now: list[int] = field(default_factory=list)  # tasks of the cycle placed in this round
+    picker: _Picker | None = None                        # the device whose gaps are being filled
 
-    def ready_at(self, op: Op, step: int) -> float | None:
-        """Earliest time in `step` at which op's dependencies are done on its device; None if not in it."""
+    def begin_round(self) -> None:
+        """Start filling a step: only placements of earlier steps count as done."""
+        self.missing, self.placed_now = self.tasks.waiting.copy(), []
+        self.after = [0.0] * len(self.missing)
+
+    def commit(self) -> None:
+        """The step is kept: tasks that waited on its placements no longer do in later steps."""
+        waiting, dependents = self.tasks.waiting, self.tasks.dependents
+        for n in self.placed_now:
+            for t in dependents[n]:
+                waiting[t] -= 1
+
+    def ready_at(self, n: int, step: int) -> float | None:
+        """Earliest time in `step` at which task n's dependencies are done on its device; None if not in
+        it. Built-in deps bind in step 0 only (later steps keep step 0's outputs), `at end` tasks always."""
+        tasks = self.tasks
+        if tasks.scanned[n]:
+            return self.scan(n, step)
+        if self.missing[n]:
+            return None
+        ready = tasks.first[n] if step == 0 or tasks.at_end[n] else 0.0
+        return max(ready, self.after[n])
+
+    def scan(self, n: int, step: int) -> float | None:
+        """ready_at by a walk over the deps, for a task that waits on a name two tasks share (a task
+        declared twice): the later placement of the name is the one that counts, which counters
+        cannot undo."""
+        op = self.tasks.ops[n]
         ready = 0.0
         for dep in self.schedule.deps.get(op, ()):
-            placed = self.where.get(dep)
+            placed = self.where.get(OP_KEY(dep))
             if placed is not None:
                 k, device, end = placed
                 if k == step:
@@ -66,9 +115,131 @@ class _State:
             end = self.timing.end.get(dep)
             if end is None:
                 return None
-            if step == 0 or op.kind in self.at_end:
+            if step == 0 or self.tasks.at_end[n]:
                 ready = max(ready, end + (self.timing.latency if dep.device != op.device else 0.0))
         return ready
+
+
+def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: frozenset[str]) -> _Tasks:
+    """Number the tasks and tabulate their deps. A dep is a task of the cycle (done once placed), an op
+    of the schedule (done at its end), or neither (never done). Unplaced ops are task kinds only, so no
+    dep is both an op of the schedule and a task of the cycle."""
+    count = len(ordered)
+    at_end = [op.kind in at_end_kinds for op in ordered]
+    number, shared = {}, set()  # Op.key -> task number; keys of two tasks (a task declared twice)
+    for n, key in enumerate(map(OP_KEY, ordered)):
+        if not at_end[n]:
+            if key in number:
+                shared.add(key)
+            number[key] = n
+    # elaboration gives a task's deps as the very ops it places, so most are found by id (an int hash;
+    # an Op hashes in Python); the rest by key
+    by_id = {id(ordered[n]): n for n in number.values() if OP_KEY(ordered[n]) not in shared}
+    tasks = _Tasks(ordered, at_end, [0.0] * count, [0] * count, [[] for _ in range(count)], [],
+                   [False] * count)
+    needed: list[list[int] | None] = [None] * count  # task deps, in dep order (None: scanned)
+    for n, op in enumerate(ordered):
+        deps = schedule.deps.get(op, ())
+        found = list(map(by_id.get, map(id, deps)))  # task number, None for the rest
+        needed[n] = [task for task in found if task is not None]
+        if len(needed[n]) < len(deps):
+            others = [dep for dep, task in zip(deps, found) if task is None]
+            keys = list(map(OP_KEY, others))
+            if not shared.isdisjoint(keys):
+                tasks.scanned[n], needed[n] = True, None
+                continue
+            needed[n] += [number[key] for key in keys if key in number]
+            built_in = [dep for dep, key in zip(others, keys) if key not in number]
+            tasks.first[n], tasks.waiting[n] = _built_in_ready(timing, op, built_in)
+    device = [op.device for op in ordered]
+    for n, deps in enumerate(needed):
+        if deps is not None:
+            deps = _counted(tasks, n, deps, needed, device)
+            tasks.waiting[n] += len(deps)
+            for task in deps:
+                tasks.dependents[task].append(n)
+    tasks.local = [[t for t in waiting if device[t] == device[n]] for n, waiting in enumerate(tasks.dependents)]
+    return tasks
+
+
+def _counted(tasks: _Tasks, n: int, deps: list[int], needed: list[list[int] | None], device: list[int]) -> list[int]:
+    """The task deps that task n waits on: a split piece (`split k`) after its previous piece p, with the
+    other deps all p's too, waits on p alone. Once p is done for n (placed in an earlier step, or in this
+    one on their device), so is each dep of p, as p ran after them; and a dep placed in this step ends by
+    p's end (p started at most EPS before the dep's end and lasts at least EPS), so p's end alone gives
+    n's ready time. The inversion pieces of a stage then wait on one piece, not on m * c curvature
+    pieces each, and placing a curvature piece counts down one task, not k."""
+    if deps:
+        p = deps[-1]
+        before = needed[p]
+        if (before is not None and device[p] == device[n] and tasks.ops[p].cost >= EPS
+                and deps[:-1] == before[:len(deps) - 1]):
+            return [p]
+    return deps
+
+
+def _built_in_ready(timing: Timing, op: Op, deps: list[Op]) -> tuple[float, int]:
+    """When op's deps that are ops of the schedule are done (their latest end, + latency across devices),
+    and how many of them never run."""
+    ready, never = 0.0, 0
+    for dep in deps:
+        end = timing.end.get(dep)
+        if end is None:
+            never += 1
+        else:
+            ready = max(ready, end + (timing.latency if dep.device != op.device else 0.0))
+    return ready, never
+
+
+class _Picker:
+    """A device's tasks in one step, for its gaps (filled in time order). The tasks with no missing deps
+    sit in one heap of task numbers per cost, so the first in priority order that fits a gap is the
+    lowest top among the costs that fit; one not yet ready at the cursor moves to a heap by ready time
+    until the cursor reaches it. A scanned task (see _State.scan) can stop being ready, so it stays in
+    its cost heap and is skipped while not ready."""
+
+    def __init__(self, state: _State, step: int, candidates: list[int]):
+        self.state, self.step = state, step
+        self.later: list[tuple[float, int]] = []
+        self.by_cost: dict[float, list[int]] = {}
+        self.taken: set[int] = set()
+        missing, scanned = state.missing, state.tasks.scanned
+        for n in candidates:
+            if scanned[n] or not missing[n]:
+                self.add(n)
+
+    def add(self, n: int) -> None:
+        """Task n has no missing deps (left)."""
+        heappush(self.by_cost.setdefault(self.state.tasks.ops[n].cost, []), n)
+
+    def pick(self, cursor: float, end: float) -> int | None:
+        """The first task in priority order that is ready at `cursor` and ends within `end`; taken."""
+        later, limit = self.later, cursor + EPS
+        while later and later[0][0] <= limit:
+            self.add(heappop(later)[1])
+        skipped, found = [], None
+        while found is None and (heap := self._first_fitting(cursor, end)) is not None:
+            n = heappop(heap)
+            ready = self.state.ready_at(n, self.step)
+            if ready is not None and ready <= limit:
+                found = n
+            elif self.state.tasks.scanned[n]:
+                skipped.append(n)
+            else:
+                heappush(later, (ready, n))
+        for n in skipped:
+            self.add(n)
+        if found is not None:
+            self.taken.add(found)
+        return found
+
+    def _first_fitting(self, cursor: float, end: float) -> list[int] | None:
+        """The cost heap with the lowest top among those whose cost fits between cursor and end."""
+        best, bound = None, end + EPS
+        for cost, heap in self.by_cost.items():
+            if heap and (best is None or heap[0] < best[0]) and not cursor + cost > bound:
+                best = heap
+        return best
 
 
 def fill_bubbles(schedule: Schedule, timing: Timing, max_cycle: int = MAX_CYCLE) -> tuple[Schedule, Timing]:
@@ -77,34 +248,39 @@ def fill_bubbles(schedule: Schedule, timing: Timing, max_cycle: int = MAX_CYCLE)
     `timing.extra` with utilization_unfilled, cycle_steps and step_times; `timing.steps` per step)."""
     rank = {name: n for n, (name, _) in enumerate(schedule.fill)}
     at_end_kinds = frozenset(spec.name for spec in schedule.tasks if spec.at_end)
-    state = _State(schedule, timing, rank, at_end_kinds)
     _check_at_end(schedule, at_end_kinds)
     ordered = sorted(schedule.unplaced, key=lambda op: rank[op.kind])  # stable: declaration order within
-    pending = [[op for op in ordered if op.device == d and op.kind not in at_end_kinds]
+    state = _State(schedule, timing, _tasks(schedule, timing, ordered, at_end_kinds))
+    # task numbers per device, in priority order
+    pending = [[n for n, op in enumerate(ordered) if op.device == d and op.kind not in at_end_kinds]
                for d in range(schedule.devices)]
-    every_step = [[op for op in ordered if op.device == d and op.kind in at_end_kinds]
+    every_step = [[n for n, op in enumerate(ordered) if op.device == d and op.kind in at_end_kinds]
                   for d in range(schedule.devices)]
-    gaps = _gaps(schedule, timing)
+    gaps, last_end = _gaps(schedule, timing)
     steps: list[_Step] = []
     while not steps or any(pending):
         if len(steps) == max_cycle:
-            left = sorted({op.kind for ops in pending for op in ops})
+            left = sorted({ordered[n].kind for tasks in pending for n in tasks})
             raise SchedError(error(f"the filled tasks need more than {max_cycle} steps ({', '.join(left)} still "
                                    "unplaced): split them finer (`split k`), or give them less work",
                                    schedule.fill_span), schedule.source)
-        steps.append(_fill_step_fixed(state, len(steps), gaps, pending, every_step))
+        steps.append(_fill_step_fixed(state, len(steps), gaps, last_end, pending, every_step))
     return _result(schedule, timing, steps)
 
 
-def _fill_step_fixed(state: _State, k: int, gaps, pending: list[list[Op]], every_step) -> _Step:
+def _fill_step_fixed(state: _State, k: int, gaps, last_end: list[float], pending: list[list[int]],
+                     every_step) -> _Step:
     """Fill step k; when appended work makes the step longer than the makespan, every device's last gap
-    grows to the step's new end, so fill again (a few rounds reach the fixed point)."""
+    grows to the step's new end, so fill again (a few rounds reach the fixed point). When the rounds run
+    out, the step keeps its last round, but its placements are not recorded as done."""
     length = state.timing.makespan
     for _ in range(4):
-        where, left = dict(state.where), [list(ops) for ops in pending]
-        step = _fill_step(state, k, _stretch(gaps, state.timing.makespan, length), left, every_step)
+        where, left = dict(state.where), [list(tasks) for tasks in pending]
+        state.begin_round()
+        step = _fill_step(state, k, _stretch(gaps, state.timing.makespan, length), last_end, left, every_step)
         new_length = max([length] + [e for placed in step.placed for _, e, _ in placed])
         if new_length <= length + EPS:
+            state.commit()
             break
         state.where, length = where, new_length
     pending[:] = left
@@ -134,9 +310,9 @@ def _check_at_end(schedule: Schedule, at_end_kinds: set[str]) -> None:
                                    "F, B, I and W", spec.span), schedule.source)
 
 
-def _gaps(schedule: Schedule, timing: Timing) -> list[list[tuple[float, float]]]:
-    """Idle intervals of every device within [0, makespan], in time order."""
-    out = []
+def _gaps(schedule: Schedule, timing: Timing) -> tuple[list[list[tuple[float, float]]], list[float]]:
+    """Idle intervals of every device within [0, makespan], in time order; and each device's last end."""
+    out, last_end = [], []
     for order in schedule.orders:
         spans = sorted((timing.start[op], timing.end[op]) for op in order)
         gaps, free = [], 0.0
@@ -147,24 +323,30 @@ def _gaps(schedule: Schedule, timing: Timing) -> list[list[tuple[float, float]]]
         if timing.makespan > free + EPS:
             gaps.append((free, timing.makespan))
         out.append(gaps)
-    return out
+        last_end.append(max((end for _, end in spans), default=0.0))
+    return out, last_end
 
 
-def _fill_step(state: _State, k: int, gaps, pending: list[list[Op]], every_step: list[list[Op]]) -> _Step:
+def _fill_step(state: _State, k: int, gaps, last_end: list[float], pending: list[list[int]],
+               every_step: list[list[int]]) -> _Step:
     devices = state.schedule.devices
-    step = _Step(k, [[] for _ in range(devices)], [_last_end(state, d) for d in range(devices)])
+    at_end_task = state.tasks.at_end
+    step = _Step(k, [[] for _ in range(devices)], list(last_end))
     at_end = []
     progress = False
     for d in range(devices):
-        candidates = sorted(pending[d] + every_step[d], key=lambda op: state.rank[op.kind])
+        candidates = sorted(pending[d] + every_step[d])  # task numbers are in priority order
+        state.picker = picker = _Picker(state, k, candidates)
         for start, end in gaps[d]:
-            progress |= _fill_gap(state, step, d, start, end, candidates)
-        pending[d] = [op for op in candidates if op.kind not in state.at_end]
-        at_end.append([op for op in candidates if op.kind in state.at_end])
+            progress |= _fill_gap(state, step, d, start, end)
+        state.picker = None
+        left = [n for n in candidates if n not in picker.taken]
+        pending[d] = [n for n in left if not at_end_task[n]]
+        at_end.append([n for n in left if at_end_task[n]])
     if not progress and any(pending):
         progress = any([_append(state, step, d, pending[d]) for d in range(devices)])
         if not progress:
-            stuck = next(op for ops in pending for op in ops)
+            stuck = next(state.tasks.ops[n] for tasks in pending for n in tasks)
             raise SchedError(error(f"task {stuck} can never run: a dependency is neither an op of the "
                                    "schedule nor a task that gets placed", _span(state.schedule, stuck)),
                              state.schedule.source)
@@ -173,50 +355,48 @@ def _fill_step(state: _State, k: int, gaps, pending: list[list[Op]], every_step:
     return step
 
 
-def _last_end(state: _State, device: int) -> float:
-    order = state.schedule.orders[device]
-    return max((state.timing.end[op] for op in order), default=0.0)
-
-
-def _fill_gap(state: _State, step: _Step, d: int, start: float, end: float, candidates: list[Op]) -> bool:
-    """Fill one gap: again and again the first candidate (in priority order) that is ready at the free
-    start and ends within the gap. True when a task of the cycle (not an `at end` one) was placed."""
+def _fill_gap(state: _State, step: _Step, d: int, start: float, end: float) -> bool:
+    """Fill one gap: again and again the first task (in priority order) that is ready at the free start
+    and ends within the gap. True when a task of the cycle (not an `at end` one) was placed."""
     cursor, placed_cycle_task = start, False
-    while True:
-        for n, op in enumerate(candidates):
-            if cursor + op.cost > end + EPS:
-                continue
-            ready = state.ready_at(op, step.index)
-            if ready is not None and ready <= cursor + EPS:
-                break
-        else:
-            return placed_cycle_task
-        del candidates[n]
-        placed_cycle_task |= op.kind not in state.at_end
-        cursor = _place(state, step, d, op, cursor)
+    while (n := state.picker.pick(cursor, end)) is not None:
+        placed_cycle_task |= not state.tasks.at_end[n]
+        cursor = _place(state, step, d, n, cursor)
         step.tail[d] = max(step.tail[d], cursor)
+    return placed_cycle_task
 
 
-def _place(state: _State, step: _Step, d: int, op: Op, start: float) -> float:
+def _place(state: _State, step: _Step, d: int, n: int, start: float) -> float:
+    """Place task n at `start` on device d (its own); the tasks of d that waited on it only for this may
+    now run, from its end on."""
+    op = state.tasks.ops[n]
     end = start + op.cost
     step.placed[d].append((start, end, op))
-    if op.kind not in state.at_end:
-        state.where[op] = (step.index, d, end)
+    if not state.tasks.at_end[n]:
+        state.where[OP_KEY(op)] = (step.index, d, end)
+        state.placed_now.append(n)
+        missing, after = state.missing, state.after
+        for t in state.tasks.local[n]:
+            missing[t] -= 1
+            if end > after[t]:
+                after[t] = end
+            if not missing[t] and state.picker is not None:
+                state.picker.add(t)
     return end
 
 
-def _append(state: _State, step: _Step, d: int, ops: list[Op]) -> bool:
-    """Run what is ready of `ops` after the device's last work in this step; True if any ran."""
+def _append(state: _State, step: _Step, d: int, tasks: list[int]) -> bool:
+    """Run what is ready of `tasks` after the device's last work in this step; True if any ran."""
     placed = False
-    while ops:
-        for n, op in enumerate(ops):
-            ready = state.ready_at(op, step.index)
+    while tasks:
+        for i, n in enumerate(tasks):
+            ready = state.ready_at(n, step.index)
             if ready is not None:
                 break
         else:
             return placed
-        del ops[n]
-        step.tail[d] = _place(state, step, d, op, max(step.tail[d], ready))
+        del tasks[i]
+        step.tail[d] = _place(state, step, d, n, max(step.tail[d], ready))
         placed = True
     return placed
 
