@@ -43,6 +43,46 @@ def _parse_override(name: str, text: str) -> int | float:
             raise ValueError(f"-D {name}={text}: value must be a number") from None
 
 
+def _declares(d: ast.Decl) -> tuple | None:
+    """What a declaration defines, as a key two of them must not share (None: it may repeat)."""
+    match d:
+        case ast.Param(name=name) | ast.PipelineDecl(name=name) | ast.TaskDecl(name=name):
+            return (type(d).__name__, f"{_WHAT[type(d)]} '{name}'")
+        case ast.CostDecl(kind=kind) | ast.MemoryDecl(kind=kind):
+            return (type(d).__name__, f"{_WHAT[type(d)]} of {kind}")
+        case ast.QueueDecl(kind=kind, pipe=pipe):
+            return (type(d).__name__, f"the queue of {kind}{'.' + pipe if pipe else ''}")
+        case ast.Program(device=device):
+            return (type(d).__name__, "the program for every device" if device is None
+                    else f"the program for device {device}")
+        case ast.Devices() | ast.Limit() | ast.SplitBackward() | ast.Greedy() | ast.Fill():
+            return (type(d).__name__, _WHAT[type(d)])
+    return None
+
+
+_WHAT = {ast.Param: "param", ast.PipelineDecl: "pipeline", ast.TaskDecl: "task", ast.CostDecl: "the cost",
+         ast.MemoryDecl: "the memory", ast.Devices: "`devices`", ast.Limit: "`limit memory`",
+         ast.SplitBackward: "`backward split`", ast.Greedy: "`greedy`", ast.Fill: "`fill bubbles with`"}
+
+
+def check_declared_once(decl: ast.ScheduleDecl, source: Source) -> None:
+    """A name, a cost, a queue, a device's program, a setting is declared once: a second declaration
+    would silently win (or lose). Every repeat is reported, at the repeat, naming the first's line."""
+    first: dict[tuple, ast.Node] = {}
+    diags = []
+    items = [*decl.decls, *(item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items)]
+    for d in items:
+        key = ("FillItem", f"task '{d.task}' in `fill bubbles with`") if isinstance(d, ast.FillItem) else _declares(d)
+        if key is None:
+            continue
+        if key in first:
+            diags.append(error(f"{key[1]} is declared twice (first at line {first[key].span.line})", d.span))
+        else:
+            first[key] = d
+    if diags:
+        raise SchedError(diags, source)
+
+
 def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> dict[str, Any]:
     """Evaluate params in order, applying -D overrides; check the requires."""
     params = [d for d in decl.decls if isinstance(d, ast.Param)]
@@ -196,6 +236,7 @@ def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = 
 
 
 def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Schedule:
+    check_declared_once(decl, source)
     env = bind_params(decl, source, options.overrides)
     devices = _device_count(decl, env, source)
     pipelines = build_pipelines(decl, env, devices, source, options.max_ops)

@@ -105,6 +105,19 @@ def test_semantic_errors_are_located(fixture, line, column, text):
     assert f"{FIXTURES / fixture}:{line}:{column}: error: " in exc.render()
 
 
+def test_every_repeated_declaration_is_reported_at_the_repeat():
+    with pytest.raises(SchedError) as caught:
+        build_schedule(read_source(FIXTURES / "declared_twice.sched"))
+    assert caught.value.exit_code == 1
+    assert [(d.span.line, d.span.column, d.message) for d in caught.value.diagnostics] == [
+        (4, 1, "param 'p' is declared twice (first at line 3)"),
+        (7, 1, "the cost of F is declared twice (first at line 6)"),
+        (9, 1, "the queue of B is declared twice (first at line 8)"),
+        (11, 1, "task 'probe' is declared twice (first at line 10)"),
+        (12, 26, "task 'probe' in `fill bubbles with` is declared twice (first at line 12)"),
+    ]
+
+
 def test_every_faulty_device_is_reported_once_per_place():
     with pytest.raises(SchedError) as caught:
         build_schedule(read_source(FIXTURES / "pop_empty.sched"))
