@@ -56,7 +56,6 @@ class _Tasks:
     waiting: list[int]                   # deps not placed in an earlier step (tasks; ops that never run)
     dependents: list[list[int]]          # the tasks that wait on this one, once per dep
     local: list[list[int]]               # those of them on the same device
-    scanned: list[bool]                  # waits on a task that two ops share a name with: see _State.scan
 
 
 @dataclass(slots=True)
@@ -68,7 +67,6 @@ class _State:
     schedule: Schedule
     timing: Timing
     tasks: _Tasks
-    where: dict[tuple, tuple[int, int, float]] = field(default_factory=dict)  # task key -> (step, device, end)
     missing: list[int] = field(default_factory=list)
     after: list[float] = field(default_factory=list)
     placed_now: list[int] = field(default_factory=list)  # tasks of the cycle placed in this round
@@ -90,34 +88,10 @@ class _State:
         """Earliest time in `step` at which task n's dependencies are done on its device; None if not in
         it. Built-in deps bind in step 0 only (later steps keep step 0's outputs), `at end` tasks always."""
         tasks = self.tasks
-        if tasks.scanned[n]:
-            return self.scan(n, step)
         if self.missing[n]:
             return None
         ready = tasks.first[n] if step == 0 or tasks.at_end[n] else 0.0
         return max(ready, self.after[n])
-
-    def scan(self, n: int, step: int) -> float | None:
-        """ready_at by a walk over the deps, for a task that waits on a name two tasks share (a task
-        declared twice): the later placement of the name is the one that counts, which counters
-        cannot undo."""
-        op = self.tasks.ops[n]
-        ready = 0.0
-        for dep in self.schedule.deps.get(op, ()):
-            placed = self.where.get(OP_KEY(dep))
-            if placed is not None:
-                k, device, end = placed
-                if k == step:
-                    if device != op.device:
-                        return None
-                    ready = max(ready, end)
-                continue
-            end = self.timing.end.get(dep)
-            if end is None:
-                return None
-            if step == 0 or self.tasks.at_end[n]:
-                ready = max(ready, end + (self.timing.latency if dep.device != op.device else 0.0))
-        return ready
 
 
 def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: frozenset[str]) -> _Tasks:
@@ -126,18 +100,13 @@ def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: 
     dep is both an op of the schedule and a task of the cycle."""
     count = len(ordered)
     at_end = [op.kind in at_end_kinds for op in ordered]
-    number, shared = {}, set()  # Op.key -> task number; keys of two tasks (a task declared twice)
-    for n, key in enumerate(map(OP_KEY, ordered)):
-        if not at_end[n]:
-            if key in number:
-                shared.add(key)
-            number[key] = n
+    # Op.key -> task number (elaboration refuses a task declared twice, so keys are unique)
+    number = {key: n for n, key in enumerate(map(OP_KEY, ordered)) if not at_end[n]}
     # elaboration gives a task's deps as the very ops it places, so most are found by id (an int hash;
     # an Op hashes in Python); the rest by key
-    by_id = {id(ordered[n]): n for n in number.values() if OP_KEY(ordered[n]) not in shared}
-    tasks = _Tasks(ordered, at_end, [0.0] * count, [0] * count, [[] for _ in range(count)], [],
-                   [False] * count)
-    needed: list[list[int] | None] = [None] * count  # task deps, in dep order (None: scanned)
+    by_id = {id(ordered[n]): n for n in number.values()}
+    tasks = _Tasks(ordered, at_end, [0.0] * count, [0] * count, [[] for _ in range(count)], [])
+    needed: list[list[int]] = [[] for _ in range(count)]  # task deps, in dep order
     for n, op in enumerate(ordered):
         deps = schedule.deps.get(op, ())
         found = list(map(by_id.get, map(id, deps)))  # task number, None for the rest
@@ -145,24 +114,20 @@ def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: 
         if len(needed[n]) < len(deps):
             others = [dep for dep, task in zip(deps, found) if task is None]
             keys = list(map(OP_KEY, others))
-            if not shared.isdisjoint(keys):
-                tasks.scanned[n], needed[n] = True, None
-                continue
             needed[n] += [number[key] for key in keys if key in number]
             built_in = [dep for dep, key in zip(others, keys) if key not in number]
             tasks.first[n], tasks.waiting[n] = _built_in_ready(timing, op, built_in)
     device = [op.device for op in ordered]
     for n, deps in enumerate(needed):
-        if deps is not None:
-            deps = _counted(tasks, n, deps, needed, device)
-            tasks.waiting[n] += len(deps)
-            for task in deps:
-                tasks.dependents[task].append(n)
+        deps = _counted(tasks, n, deps, needed, device)
+        tasks.waiting[n] += len(deps)
+        for task in deps:
+            tasks.dependents[task].append(n)
     tasks.local = [[t for t in waiting if device[t] == device[n]] for n, waiting in enumerate(tasks.dependents)]
     return tasks
 
 
-def _counted(tasks: _Tasks, n: int, deps: list[int], needed: list[list[int] | None], device: list[int]) -> list[int]:
+def _counted(tasks: _Tasks, n: int, deps: list[int], needed: list[list[int]], device: list[int]) -> list[int]:
     """The task deps that task n waits on: a split piece (`split k`) after its previous piece p, with the
     other deps all p's too, waits on p alone. Once p is done for n (placed in an earlier step, or in this
     one on their device), so is each dep of p, as p ran after them; and a dep placed in this step ends by
@@ -172,7 +137,7 @@ def _counted(tasks: _Tasks, n: int, deps: list[int], needed: list[list[int] | No
     if deps:
         p = deps[-1]
         before = needed[p]
-        if (before is not None and device[p] == device[n] and tasks.ops[p].cost >= EPS
+        if (device[p] == device[n] and tasks.ops[p].cost >= EPS
                 and deps[:-1] == before[:len(deps) - 1]):
             return [p]
     return deps
@@ -195,17 +160,16 @@ class _Picker:
     """A device's tasks in one step, for its gaps (filled in time order). The tasks with no missing deps
     sit in one heap of task numbers per cost, so the first in priority order that fits a gap is the
     lowest top among the costs that fit; one not yet ready at the cursor moves to a heap by ready time
-    until the cursor reaches it. A scanned task (see _State.scan) can stop being ready, so it stays in
-    its cost heap and is skipped while not ready."""
+    until the cursor reaches it."""
 
     def __init__(self, state: _State, step: int, candidates: list[int]):
         self.state, self.step = state, step
         self.later: list[tuple[float, int]] = []
         self.by_cost: dict[float, list[int]] = {}
         self.taken: set[int] = set()
-        missing, scanned = state.missing, state.tasks.scanned
+        missing = state.missing
         for n in candidates:
-            if scanned[n] or not missing[n]:
+            if not missing[n]:
                 self.add(n)
 
     def add(self, n: int) -> None:
@@ -217,18 +181,14 @@ class _Picker:
         later, limit = self.later, cursor + EPS
         while later and later[0][0] <= limit:
             self.add(heappop(later)[1])
-        skipped, found = [], None
+        found = None
         while found is None and (heap := self._first_fitting(cursor, end)) is not None:
             n = heappop(heap)
             ready = self.state.ready_at(n, self.step)
             if ready is not None and ready <= limit:
                 found = n
-            elif self.state.tasks.scanned[n]:
-                skipped.append(n)
             else:
                 heappush(later, (ready, n))
-        for n in skipped:
-            self.add(n)
         if found is not None:
             self.taken.add(found)
         return found
@@ -275,14 +235,14 @@ def _fill_step_fixed(state: _State, k: int, gaps, last_end: list[float], pending
     out, the step keeps its last round, but its placements are not recorded as done."""
     length = state.timing.makespan
     for _ in range(4):
-        where, left = dict(state.where), [list(tasks) for tasks in pending]
+        left = [list(tasks) for tasks in pending]
         state.begin_round()
         step = _fill_step(state, k, _stretch(gaps, state.timing.makespan, length), last_end, left, every_step)
         new_length = max([length] + [e for placed in step.placed for _, e, _ in placed])
         if new_length <= length + EPS:
             state.commit()
             break
-        state.where, length = where, new_length
+        length = new_length
     pending[:] = left
     return step
 
@@ -373,7 +333,6 @@ def _place(state: _State, step: _Step, d: int, n: int, start: float) -> float:
     end = start + op.cost
     step.placed[d].append((start, end, op))
     if not state.tasks.at_end[n]:
-        state.where[OP_KEY(op)] = (step.index, d, end)
         state.placed_now.append(n)
         missing, after = state.missing, state.after
         for t in state.tasks.local[n]:
