@@ -93,6 +93,18 @@ def compile_input(file: str, defines, costs, latency: float, profile: tuple[str,
         return compile_schedule(schedule, latency)
 
 
+def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float):
+    """compile_input for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
+    the error printed); the diagnostics of one that can are printed, and it is returned."""
+    row = _measured(costs, profile, microbatch_size)
+    try:
+        result = compile_input(file, defines, costs, latency, row)
+    except SchedError as exc:
+        _fail(exc)
+    _report(result.diagnostics, result.schedule.source)
+    return result
+
+
 @click.group(context_settings=CONTEXT)
 @click.version_option(package_name="schedc")
 def main() -> None:
@@ -112,12 +124,7 @@ def main() -> None:
 def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams."""
     from .plan import write_plan
-    row = _measured(costs, profile, microbatch_size)
-    try:
-        result = compile_input(file, defines, costs, latency, row)
-    except SchedError as exc:
-        _fail(exc)
-    _report(result.diagnostics, result.schedule.source)
+    result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:
         sys.exit(1)
     plan, paths = write_plan(result.plan, out_dir)
@@ -177,12 +184,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_json):
     """Simulate FILE under its cost model and print the stats."""
-    row = _measured(costs, profile, microbatch_size)
-    try:
-        result = compile_input(file, defines, costs, latency, row)
-    except SchedError as exc:
-        _fail(exc)
-    _report(result.diagnostics, result.schedule.source)
+    result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:
