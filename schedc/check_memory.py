@@ -67,8 +67,10 @@ def _over_timed(schedule: Schedule, timing: Timing, d: int, peak: float, limit: 
     at = "from the start" if held.end == PERSISTENT else (
         f"at time {when:g}" + (f" of step {step} of the cycle" if len(steps) > 1 else ""))
     shown = elide([h.describe(schedule) for h in alive], 12)
-    span = held.op.span or (held.keeper.span if held.keeper is not None else None) or schedule.memory_limit_span
-    keepers = {h.keeper.kind: h.keeper.span for h in alive if h.keeper is not None}
+    declared = {spec.name: spec.span for spec in schedule.tasks}  # a placed task's span is its cursor's
+    span = held.op.span or (declared.get(held.keeper.kind) if held.keeper is not None else None) \
+        or schedule.memory_limit_span
+    keepers = {h.keeper.kind: declared.get(h.keeper.kind) for h in alive if h.keeper is not None}
     notes = [f"task '{kind}' keeps outputs alive: declared at {location(schedule.source, at_span)}"
              for kind, at_span in keepers.items()]
     return error(f"device {d}: {units:g} units held {at} when {held.describe(schedule)} is added, over the limit "

@@ -126,3 +126,15 @@ def test_profile_maps_memory_columns():
                                        str(Path(__file__).parent / "data" / "bert-large_time_memory_v100.csv"),
                                        "--microbatch-size", "32", "--json"])
     assert result.exit_code == 0, result.output
+
+
+def test_over_the_limit_names_the_keeping_task_where_it_is_declared(tmp_path):
+    """A task a program places keeps outputs alive: the note points at its `task` line, not at the
+    program line that popped it."""
+    text = ("schedule keep \"x\"\nparam p = 2\nparam m = 4\n"
+            "pipeline main { stages p; device s -> s; microbatches m }\n"
+            "task probe(s, i) = 1 after F(s, i) keeps F(s, i)\n"
+            "limit memory <= 2\n"
+            "on device d {\n  F * m\n  B * m\n  probe * m\n}\n")
+    notes = [note for diag in compile_text(tmp_path, text).diagnostics for note in diag.notes]
+    assert "task 'probe' keeps outputs alive: declared at s.sched:5" in notes
