@@ -314,19 +314,20 @@ class _ProgramRun:
 
     def placed(self) -> tuple[Op, ...]:
         """The device's order: the ops placed so far, each with the span of the cursor that placed it."""
-        return tuple(_placed(self.order, self.spans))
+        _set_spans(self.order, self.spans)
+        return tuple(self.order)
 
 
 _SET_SPAN = Op.span.__set__  # the slot's own setter (Op is frozen: its __setattr__ refuses)
 
 
-def _placed(ops: list[Op], spans: Iterable[Span | None]) -> list[Op]:
-    """The ops as an order places them, each with the span of the cursor that popped it (or of
-    `greedy`). Elaboration makes the ops without one (build_ops, tasks) and places each once, so the
-    span is filled in here, in one C-level pass, while elaboration still owns the ops: the IR needs no
-    second copy of 10^5 ops. No one changes them after the Schedule is made."""
+def _set_spans(ops: list[Op], spans: Iterable[Span | None]) -> None:
+    """Give each placed op, in place, the span of the cursor that popped it (or of `greedy`).
+    Elaboration makes the ops without one (build_ops, tasks) and places each once, so the span is
+    filled in here, in one C-level pass, while elaboration still owns the ops: the IR needs no second
+    copy of 10^5 ops. No one changes them after the Schedule is made. (A task's declaration keeps its
+    own span: TaskSpec.span.)"""
     _consume(map(_SET_SPAN, ops, spans))
-    return ops
 
 
 _consume = deque(maxlen=0).extend  # runs an iterator for its effects
@@ -494,7 +495,9 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
 
 
 def _greedy_orders(orders: list[list[Op]], span: Span | None) -> tuple[tuple[Op, ...], ...]:
-    return tuple(tuple(_placed(order, repeat(span))) for order in orders)
+    for order in orders:
+        _set_spans(order, repeat(span))
+    return tuple(map(tuple, orders))
 
 
 def _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency) -> None:

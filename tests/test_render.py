@@ -82,6 +82,15 @@ def test_costs_in_other_units_draw_at_the_size_of_forward_units(tmp_path, scale)
     assert abs(widths[1] - widths[0]) <= 0.02 * widths[0]
 
 
+def test_a_forward_far_cheaper_than_the_rest_keeps_the_picture_bounded(tmp_path):
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"F": 0.001, "B": 1.0}))
+    out = tmp_path / "timeline.svg"
+    render_file("1f1b", ("p=4", "m=64"), str(costs), out=str(out))
+    width = float(ET.parse(out).getroot().get("width").removesuffix("pt"))
+    assert 1000 < width < 13000
+
+
 def test_pdf_has_header_and_trailer():
     data = render(compile_library("chimera", p=4, m=8), "pdf", "x.pdf")
     assert data.startswith(b"%PDF-") and b"%%EOF" in data[-64:]

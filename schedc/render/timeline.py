@@ -42,14 +42,16 @@ class Geometry:
         return len(label) * self.font * 0.62 + 2 <= width
 
 
-def geometry(makespan: float, ops: int, forward: float = 1.0) -> Geometry:
+def geometry(makespan: float, ops: int, forward: float = 1.0, row_ops: int = 0) -> Geometry:
     """Sizes for a timeline of `ops` ops over `makespan` cost units, where a forward takes `forward`
     units: the scale is set in forwards, so that costs in milliseconds (or any unit) draw like costs
-    in forward units."""
+    in forward units. A forward far cheaper than the other ops would then make the picture huge, so it
+    is never wider than 2 * MIN_UNIT points per op of the busiest row (`row_ops`), or MAX_WIDTH."""
     forward = forward if 0 < forward < inf else 1.0
     span = makespan / forward  # in forwards
     per_forward = UNIT if span * UNIT <= MAX_WIDTH else max(MIN_UNIT, MAX_WIDTH / max(span, 1.0))
-    unit = per_forward / forward
+    unit = min(per_forward / forward, max(MAX_WIDTH, 2 * MIN_UNIT * row_ops) / max(makespan, 1e-12))
+    per_forward = unit * forward
     if ops > COMPACT_OPS or per_forward < 10:
         return Geometry(unit, 13.0, 11.0, 6.0, True)
     return Geometry(unit, 22.0, 19.0, 9.0, False)
@@ -85,7 +87,8 @@ class _Canvas:
 def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None) -> str:
     """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given."""
     schedule, timing = compiled.schedule, compiled.timing
-    geo = geometry(timing.makespan, schedule.op_count(), min(schedule.costs.get("F", ()), default=1.0))
+    busiest = max(sum(len(step[d]) for step in schedule.steps) for d in range(schedule.devices))
+    geo = geometry(timing.makespan, schedule.op_count(), min(schedule.costs.get("F", ()), default=1.0), busiest)
     colours = palette(schedule)
     width = timing.makespan * geo.unit
     if measured is not None:
