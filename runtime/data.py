@@ -73,8 +73,8 @@ def load_dataset(spec: str, cfg, seed: int):
     size) gives a Batch: `microbatches * size` rows of model inputs (`tokens`) and of what the last
     piece's output is scored against (`targets`, as the loss reads them: class indices [rows, 1] for
     logits [rows, 1, classes]). Its first batch is checked here, before any rank starts."""
-    from .plugins import load_object
-    data = load_object(spec, "--data", DataError)(cfg, seed)
+    from .plugins import load_function
+    data = load_function(spec, "--data", DataError)(cfg, seed)
     if not callable(getattr(data, "batch", None)):
         raise DataError(f"--data {spec!r}: the function must return an object with a method "
                         "batch(step, microbatches, size)")

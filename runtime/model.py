@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .plugins import load_object
+from .plugins import load_function
 
 
 class ModelError(ValueError):
@@ -111,7 +111,7 @@ def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn
     """`None` for the GPT; else 'pkg.mod:function'."""
     if spec is None:
         return build_gpt
-    return load_object(spec, "--model", ModelError)
+    return load_function(spec, "--model", ModelError)
 
 
 def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Callable
 
 
-def load_object(spec: str, option: str, error: type[Exception]) -> Any:
-    """The object `name` of module `package.module`; `error` (naming `option`) when it cannot be had."""
+def load_function(spec: str, option: str, error: type[Exception]) -> Callable:
+    """The function `name` of module `package.module`; `error` (naming `option`) when it cannot be had
+    or is not callable."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise error(f"{option} {spec!r}: expected 'package.module:function'")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        found = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise error(f"{option} {spec!r}: {exc}") from None
+    if not callable(found):
+        raise error(f"{option} {spec!r}: {attr} is not a function (its type is {type(found).__name__})")
+    return found

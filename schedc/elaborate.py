@@ -43,11 +43,15 @@ def _parse_override(name: str, text: str) -> int | float:
             raise ValueError(f"-D {name}={text}: value must be a number") from None
 
 
-def _declares(d: ast.Decl) -> tuple | None:
-    """What a declaration defines, as a key two of them must not share (None: it may repeat)."""
+def _declares(d: ast.Decl, split: bool) -> tuple | None:
+    """What a declaration defines, as a key two of them must not share (None: it may repeat, like
+    `require`, or repeats are merged, like `fill bubbles with` lists and `backward split`). With a split
+    backward, `memory B` is I's (see _memory)."""
     match d:
         case ast.Param(name=name) | ast.PipelineDecl(name=name) | ast.TaskDecl(name=name):
             return (type(d).__name__, f"{_WHAT[type(d)]} '{name}'")
+        case ast.MemoryDecl(kind="B" | "I") if split:
+            return (type(d).__name__, "the memory of I (`memory B` with a split backward)")
         case ast.CostDecl(kind=kind) | ast.MemoryDecl(kind=kind):
             return (type(d).__name__, f"{_WHAT[type(d)]} of {kind}")
         case ast.QueueDecl(kind=kind, pipe=pipe):
@@ -55,14 +59,14 @@ def _declares(d: ast.Decl) -> tuple | None:
         case ast.Program(device=device):
             return (type(d).__name__, "the program for every device" if device is None
                     else f"the program for device {device}")
-        case ast.Devices() | ast.Limit() | ast.SplitBackward() | ast.Greedy() | ast.Fill():
+        case ast.Devices() | ast.Limit() | ast.Greedy():
             return (type(d).__name__, _WHAT[type(d)])
     return None
 
 
 _WHAT = {ast.Param: "param", ast.PipelineDecl: "pipeline", ast.TaskDecl: "task", ast.CostDecl: "the cost",
          ast.MemoryDecl: "the memory", ast.Devices: "`devices`", ast.Limit: "`limit memory`",
-         ast.SplitBackward: "`backward split`", ast.Greedy: "`greedy`", ast.Fill: "`fill bubbles with`"}
+         ast.Greedy: "`greedy`"}
 
 
 def check_declared_once(decl: ast.ScheduleDecl, source: Source) -> None:
@@ -70,9 +74,11 @@ def check_declared_once(decl: ast.ScheduleDecl, source: Source) -> None:
     would silently win (or lose). Every repeat is reported, at the repeat, naming the first's line."""
     first: dict[tuple, ast.Node] = {}
     diags = []
+    split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     items = [*decl.decls, *(item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items)]
     for d in items:
-        key = ("FillItem", f"task '{d.task}' in `fill bubbles with`") if isinstance(d, ast.FillItem) else _declares(d)
+        key = (("FillItem", f"task '{d.task}' in `fill bubbles with`") if isinstance(d, ast.FillItem)
+               else _declares(d, split))
         if key is None:
             continue
         if key in first:

@@ -177,7 +177,7 @@ class _Forms(dict):
 
     def __missing__(self, value: Any) -> str:
         text = self.form(value)
-        if type(value) is self.kind and len(self) <= MEMO:
+        if type(value) is self.kind and len(self) < MEMO:
             self[value] = text
         return text
 

@@ -118,6 +118,30 @@ def test_every_repeated_declaration_is_reported_at_the_repeat():
     ]
 
 
+MERGED = """schedule two "fill lists join; a split backward may be said twice"
+param p = 2
+param m = 2
+pipeline main { stages p; device s -> s; microbatches m }
+backward split
+backward split
+memory I(s) = 0.3
+task x(s, i) = 1 after F(s, i)
+task y(s) = 1 after x(s, *)
+fill bubbles with x
+fill bubbles with y
+on device d { F * m ; I * m ; W * m }
+"""
+
+
+def test_repeats_that_are_joined_stay_legal_and_memory_b_is_i_with_a_split_backward():
+    schedule = build_schedule(Source("two.sched", MERGED))
+    assert schedule.split_backward and [name for name, _ in schedule.fill] == ["x", "y"]
+    with pytest.raises(SchedError) as caught:
+        build_schedule(Source("two.sched", MERGED.replace("memory I(s) = 0.3\n", "memory I(s) = 0.3\nmemory B = 1\n")))
+    (diag,) = caught.value.diagnostics
+    assert diag.span.line == 8 and "memory of I (`memory B` with a split backward) is declared twice" in diag.message
+
+
 def test_every_faulty_device_is_reported_once_per_place():
     with pytest.raises(SchedError) as caught:
         build_schedule(read_source(FIXTURES / "pop_empty.sched"))

@@ -169,6 +169,7 @@ def test_user_model_and_data_toml_sgd(plans, tmp_path):
     (["--data", "no_such_module:fn"], "error: --data 'no_such_module:fn': No module named 'no_such_module'", 1),
     (["--data", "test_runtime"], "expected 'package.module:function'", 1),
     (["--data", "test_runtime:no_batches"], "must return an object with a method batch(step, microbatches, size)", 1),
+    (["--data", "test_runtime:LAUNCH_LIMIT"], "LAUNCH_LIMIT is not a function (its type is int)", 1),
     (["--data", "test_runtime:shifted_data", "--synthetic"], "give one of --data and --synthetic", 2),
 ])
 def test_user_data_that_does_not_fit_is_refused(plans, capsys, data, message, code):
