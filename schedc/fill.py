@@ -133,7 +133,11 @@ def _counted(tasks: _Tasks, n: int, deps: list[int], needed: list[list[int]], de
     one on their device), so is each dep of p, as p ran after them; and a dep placed in this step ends by
     p's end (p started at most EPS before the dep's end and lasts at least EPS), so p's end alone gives
     n's ready time. The inversion pieces of a stage then wait on one piece, not on m * c curvature
-    pieces each, and placing a curvature piece counts down one task, not k."""
+    pieces each, and placing a curvature piece counts down one task, not k.
+
+    The test is on lists of task numbers in dep order: elaboration gives piece j the deps
+    [curvature pieces..., piece j-1], so piece j+1's deps without its last (piece j) are the first
+    len(deps) - 1 of piece j's: [curvature pieces...]."""
     if deps:
         p = deps[-1]
         before = needed[p]
