@@ -22,6 +22,7 @@ from operator import getitem, itemgetter, lt, setitem
 
 from .diagnostics import Diagnostic, error
 from .grid import elide, format_grid
+from .ir import consume
 from .plan import Instr, Plan
 
 SENDS = frozenset({"SEND_F", "SEND_B"})
@@ -454,9 +455,8 @@ class _Layout:
 
 
 def _scatter(target: list, keys, values) -> None:
-    """target[k] = v for each pair in turn (a later pair wins), in one C-level pass: setitem returns
-    None, so any() runs to the end and is used only for that side effect."""
-    any(map(setitem, repeat(target), keys, values))
+    """target[k] = v for each pair in turn (a later pair wins), in one C-level pass."""
+    consume(map(setitem, repeat(target), keys, values))
 
 
 def _layout(streams: list, links: _Links) -> _Layout | None:

@@ -61,7 +61,7 @@ class Op:
 
 OP_KEY = attrgetter("kind", "stage", "mb", "pipe", "part")  # Op.key, read in C
 OP_FIELDS = tuple(f.name for f in fields(Op))  # kind, stage, mb, pipe, part, device, cost, span, parts
-_consume = deque(maxlen=0).extend
+consume = deque(maxlen=0).extend  # runs an iterator for its effects (a C-level map of setters, appends)
 
 
 def ops_from_columns(count: int, *columns) -> list[Op]:
@@ -71,7 +71,7 @@ def ops_from_columns(count: int, *columns) -> list[Op]:
     result is ordinary frozen Ops, equal and hashed as ever (Op has no __post_init__ to skip)."""
     ops = list(map(object.__new__, repeat(Op, count)))
     for name, column in zip(OP_FIELDS, columns, strict=True):
-        _consume(map(getattr(Op, name).__set__, ops, column))
+        consume(map(getattr(Op, name).__set__, ops, column))
     return ops
 
 

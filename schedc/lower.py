@@ -12,14 +12,13 @@ Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank),
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import replace
 from functools import partial
 from itertools import compress, repeat
 from operator import and_, attrgetter, gt, itemgetter, le, ne, truth
 from typing import Any
 
-from .ir import Dependencies, Op, Schedule
+from .ir import Dependencies, Op, Schedule, consume
 from .plan import Instr, Opcode, Plan
 from .simulate import Timing, simulate
 
@@ -72,7 +71,7 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     starts, ends = list(map(_START, sequence)), list(map(_END, sequence))
     order = _order(starts, ends, sending)
     if all(map(le, starts, ends)):  # each send posts just its own receive: append every item (in C)
-        deque(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)), maxlen=0)
+        consume(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)))
     else:
         _sweep(order, targets, instrs, sending)
     for d, (stream, unsent) in enumerate(zip(streams, _unsent(step, ops, links, devices))):

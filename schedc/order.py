@@ -7,7 +7,6 @@ of named ops), and greedy list scheduling under the cost model.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
@@ -18,7 +17,7 @@ from . import ast
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from .grid import elide
-from .ir import Op, Pipeline
+from .ir import Op, Pipeline, consume
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -327,10 +326,7 @@ def _set_spans(ops: list[Op], spans: Iterable[Span | None]) -> None:
     filled in here, in one C-level pass, while elaboration still owns the ops: the IR needs no second
     copy of 10^5 ops. No one changes them after the Schedule is made. (A task's declaration keeps its
     own span: TaskSpec.span.)"""
-    _consume(map(_SET_SPAN, ops, spans))
-
-
-_consume = deque(maxlen=0).extend  # runs an iterator for its effects
+    consume(map(_SET_SPAN, ops, spans))
 
 
 def _plain_cursors(unit: ast.Cursor | ast.Group) -> tuple[ast.Cursor, ...] | None:
