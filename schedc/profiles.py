@@ -57,11 +57,9 @@ def load_memory(path: str) -> dict[str, tuple[float, ...] | float]:
         data = json.loads(Path(path).read_text()).get("memory", {})
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise _usage(f"cannot read costs: {exc}", path) from None
-    ok = isinstance(data, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-                                        for v in data.values())
-    if not ok:
+    if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
         raise _usage('"memory" must be an object of op kind to non-negative activation units', path)
-    return {kind: float(v) for kind, v in data.items()}
+    return {kind: _measured(v, f"memory of {kind!r}", path) for kind, v in data.items()}
 
 
 def read_profile_memory(path: str, microbatch_size: int | None) -> dict[str, float]:

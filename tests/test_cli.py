@@ -75,6 +75,7 @@ def test_compile_never_imports_torch(tmp_path):
     ('{"F": 1, "B": -2}', "cost of 'B' must be a finite number >= 0, got -2"),
     ('{"F": NaN, "B": 2}', "cost of 'F' must be a finite number >= 0, got nan"),
     ('{"F": [1, Infinity, 1, 1], "B": 2}', "cost of 'F' at stage 1 must be a finite number >= 0, got inf"),
+    ('{"F": 1, "B": 2, "memory": {"B": -1}}', "memory of 'B' must be a finite number >= 0, got -1"),
 ])
 def test_measured_costs_must_be_finite_and_not_negative(tmp_path, costs, where):
     path = tmp_path / "costs.json"
