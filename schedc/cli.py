@@ -60,14 +60,15 @@ _COST_OPTIONS = (
 
 
 def costs_option(command):
-    """--costs FILE.json, or --profile FILE.csv --microbatch-size B; the command gets `costs`, a
-    (path, microbatch size) `profile` or None, and `microbatch_size`, which _measured folds together."""
+    """--costs FILE.json, or --profile FILE.csv --microbatch-size B; the command gets `costs`,
+    `profile` and `microbatch_size`, which _profile_choice checks and folds together."""
     for option in reversed(_COST_OPTIONS):
         command = option(command)
     return command
 
 
-def _measured(costs: str | None, profile: str | None, microbatch_size: int | None) -> tuple[str, int | None] | None:
+def _profile_choice(costs: str | None, profile: str | None,
+                    microbatch_size: int | None) -> tuple[str, int | None] | None:
     """The profile row to read, or None; refuses --costs with --profile, and --microbatch-size alone."""
     if costs and profile:
         raise click.UsageError("give measured costs as --costs or as --profile, not both")
@@ -96,7 +97,7 @@ def compile_input(file: str, defines, costs, latency: float, profile: tuple[str,
 def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float):
     """compile_input for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
     the error printed); the diagnostics of one that can are printed, and it is returned."""
-    row = _measured(costs, profile, microbatch_size)
+    row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = compile_input(file, defines, costs, latency, row)
     except SchedError as exc:
@@ -155,7 +156,7 @@ def _summary(result) -> str:
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
 def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit):
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
-    row = _measured(costs, profile, microbatch_size)
+    row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = compile_input(file, defines, costs, 0.0, row)
         extra = []
@@ -230,7 +231,7 @@ def list_cmd():
 def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
-    row = _measured(costs, profile, microbatch_size)
+    row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
                              profile=row)
