@@ -72,8 +72,8 @@ def byte_compile() -> None:
 def time_passes(p: int, v: int, m: int) -> dict[str, float]:
     """CPU seconds of each pass in one process (the checks' share of a compile)."""
     from schedc import check_channels, check_deadlock, check_memory, check_structure, compiler, lower, simulate
-    from schedc.elaborate import Options
-    from schedc.library import resolve
+    from schedc.frontend.elaborate import Options
+    from schedc.frontend.library import resolve
     from schedc.plan import write_plan
     source = compiler.read_source(resolve("interleaved_1f1b"))
     times: dict[str, float] = {}

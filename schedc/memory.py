@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .grid import label
-from .ir import BUILTIN, Op, Schedule
-from .simulate import Timing
+from .ir import Op, Schedule
+from .ops import BUILTIN
+from .timing import Timing
 
 PERSISTENT = math.inf
 
@@ -186,3 +187,35 @@ def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,
         if amount > 0 and total > limit + tolerance:
             return held[n], list(alive.values()), total
     return None
+
+
+# Without tasks or other `memory` declarations: the order walk ----------------------------------------
+
+def timed_model(schedule: Schedule) -> bool:
+    """Whether peaks need the timed model (schedc/memory.py): tasks (they keep outputs, hold state) or
+    memory of kinds other than F. Otherwise the order walk of peak_memory is exact and cheaper."""
+    return bool(schedule.tasks or schedule.memory)
+
+
+def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
+    """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
+    act = schedule.activation
+    return {"F": act, schedule.release: tuple(-a for a in act)}
+
+
+def peak_memory(schedule: Schedule) -> tuple[float, ...]:
+    """Peak activation units alive per device, over its program order (a device runs one op at a time).
+    Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
+    schedc/memory.py instead."""
+    deltas = memory_deltas(schedule)
+    peaks = []
+    for order in schedule.orders:
+        alive = peak = 0.0
+        for op in order:
+            delta = deltas.get(op.kind)
+            if delta is not None:
+                alive += delta[op.stage]
+                if alive > peak:
+                    peak = alive
+        peaks.append(peak)
+    return tuple(peaks)

@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 
-import pytest
-
 from conftest import ROOT
 from schedc.diagnostics import SchedError
 
@@ -45,8 +43,8 @@ def _digest(data: str | bytes) -> str:
 
 
 def _compile(path: str, defines: tuple[str, ...], latency: float):
-    from schedc.cli import compile_input
-    return compile_input(path, defines, None, latency)
+    from schedc.compiler import compile_file
+    return compile_file(path, defines, None, latency)
 
 
 def _hashes(path: str, defines: tuple[str, ...], latency: float, out) -> dict[str, str]:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from itertools import chain, product
 from operator import attrgetter
 
-from .diagnostics import Diagnostic, Span, error
-from .grid import elide, label, location, ranges
-from .ir import BUILTIN, OP_KEY, Op, Schedule, builtin_kinds
+from ..diagnostics import Diagnostic, Span, error
+from ..grid import elide, label, location, ranges
+from ..ir import OP_KEY, Op, Schedule
+from ..ops import BUILTIN, builtin_kinds
 
 HOME = attrgetter("pipe", "stage")
 STAGE = attrgetter("stage")

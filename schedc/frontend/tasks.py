@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import ast
-from .diagnostics import SchedError, Source, error
+from ..diagnostics import SchedError, Source, error
 from .expr import EvalError, compile_expr, evaluate_int
-from .ir import BUILTIN, Op, Pipeline, TaskSpec, builtin_kinds
+from ..ir import Op, Pipeline, TaskSpec
+from ..ops import BUILTIN, builtin_kinds
 
 MAX_SPLIT = 1024
 

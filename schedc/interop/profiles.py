@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from .diagnostics import SchedError, Source, error
+from ..diagnostics import SchedError, Source, error
 
 
 def _usage(message: str, path: str) -> SchedError:

@@ -16,11 +16,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
-from .grid import elide, label, location
-from .ir import Op, Schedule
-from .memory import PERSISTENT, Held, first_over, holdings, peak_of
-from .simulate import Timing, memory_deltas, timed_model
+from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
+from ..grid import elide, label, location
+from ..ir import Op, Schedule
+from ..memory import PERSISTENT, Held, first_over, holdings, peak_of
+from ..memory import memory_deltas, timed_model
+from ..timing import Timing
 
 TOLERANCE = 1e-9
 OPTIONS = Source("schedc check", "")  # where errors in command-line options are reported

@@ -17,9 +17,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from .compiler import read_source
-from .diagnostics import Diagnostic, SchedError, Source, Span, error
-from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds
+from ..frontend.parse import read_source
+from ..diagnostics import Diagnostic, SchedError, Source, Span, error
+from ..ir import Dependencies, Op, Pipeline, Schedule
+from ..ops import DEFAULT_COSTS, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
