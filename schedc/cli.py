@@ -150,7 +150,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_jso
     from .report import device_table, summary
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if as_json:
-        click.echo(json.dumps(result.stats, indent=1))
+        click.echo(json.dumps(result.stats.to_json(), indent=1))
     else:
         click.echo(summary(result))
         click.echo(device_table(result))

@@ -170,3 +170,17 @@ def _event_order(start: list[float], preds: list[tuple[int, ...]], firsts: list[
         tried = waiting.pop(n, [])
         if not last[n]:
             tried.append(n + 1)
+
+
+def step_sequences(schedule: Schedule, timing: Timing) -> tuple[tuple[tuple[float, float, Op], ...], ...]:
+    """For every step program (schedule.steps), its ops as (start, end, op) in start order: the order
+    lowering writes them in. The unfilled orders keep `timing`'s; each step of a filled cycle is timed
+    again on its own, with only the built-in dependencies: a task placed in a later step reads inputs
+    saved in an earlier one, and tasks send nothing."""
+    return tuple(timing.sequence if timing.sequence and step is schedule.orders else _step_sequence(schedule, step)
+                 for step in schedule.steps)
+
+
+def _step_sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[tuple[float, float, Op], ...]:
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.split_backward, {}, ())
+    return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence

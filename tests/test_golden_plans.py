@@ -56,7 +56,7 @@ def _hashes(path: str, defines: tuple[str, ...], latency: float, out) -> dict[st
         return {"error": _digest(exc.render())}
     source = result.schedule.source
     found = {"diagnostics": _digest("\n".join(d.format(source) for d in result.diagnostics)),
-             "stats": _digest(json.dumps(result.stats, sort_keys=True))}
+             "stats": _digest(json.dumps(dict(result.stats), sort_keys=True))}
     if result.plan is not None:
         _, written = write_plan(result.plan, out)
         found.update({p.name: _digest(p.read_bytes()) for p in written})

@@ -8,12 +8,13 @@ activation unit for the memory chart.
 """
 from __future__ import annotations
 
-from ..compiler import Compiled, compile_file, schedule_stats
+from ..compiler import Compiled, compile_file
 from ..diagnostics import SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
+from ..timing import Stats
 
 
 def load_input(file: str, defines, costs: str | None, latency: float,
@@ -36,7 +37,7 @@ def load_input(file: str, defines, costs: str | None, latency: float,
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:
     schedule = schedule_from_plan(plan, path, costs)
     timing = simulate(schedule, latency)
-    return Compiled(schedule, timing, schedule_stats(schedule, timing), plan, [])
+    return Compiled(schedule, timing, Stats.of(schedule, timing), plan, [])
 
 
 def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
