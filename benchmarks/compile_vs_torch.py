@@ -74,7 +74,7 @@ def time_passes(p: int, v: int, m: int) -> dict[str, float]:
     from schedc import check_channels, check_deadlock, check_memory, check_structure, compiler, lower, simulate
     from schedc.frontend.elaborate import Options
     from schedc.frontend.library import resolve
-    from schedc.plan import write_plan
+    from schedc.plan.write import write_plan
     source = compiler.read_source(resolve("interleaved_1f1b"))
     times: dict[str, float] = {}
 

@@ -98,7 +98,7 @@ def main() -> None:
               help="Directory for plan.json and rank*.txt.")
 def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams."""
-    from .plan import write_plan
+    from .plan.write import write_plan
     from .report import summary
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:

@@ -49,7 +49,7 @@ def _compile(path: str, defines: tuple[str, ...], latency: float):
 
 def _hashes(path: str, defines: tuple[str, ...], latency: float, out) -> dict[str, str]:
     """What the compile of one case produced, hashed: its error, or its diagnostics, stats and files."""
-    from schedc.plan import write_plan
+    from schedc.plan.write import write_plan
     try:
         result = _compile(path, defines, latency)
     except SchedError as exc:
