@@ -52,10 +52,11 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
                    for rank, steps in enumerate(plan.ranks))
     split = any(op.kind == OpKind.I for order in orders for op in order)
     deps = Dependencies(pipelines, table, split, {}, tuple(op for order in orders for op in order))
-    return Schedule(str(meta.get("schedule", "plan")), str(meta.get("description", "")),
-                    Source(path, ""), dict(meta.get("params") or {}), plan.devices, pipelines,
-                    tuple(tuple(g) for g in meta.get("replicas", ())), orders, deps,
-                    table, (1.0,) * stages, None, None, split)
+    return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
+                    source=Source(path, ""), params=dict(meta.get("params") or {}), devices=plan.devices,
+                    pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
+                    orders=orders, deps=deps, costs=table, activation=(1.0,) * stages, memory_limit=None,
+                    memory_limit_span=None, split_backward=split)
 
 
 def _per_stage(value, stages: int) -> tuple[float, ...]:
