@@ -20,7 +20,8 @@ class Timing:
     latency: float
     complete: bool  # False when the orders deadlock: ops that never ran have no times
     steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
-    extra: dict[str, Any] = field(default_factory=dict)  # stats a later pass adds (fill_bubbles)
+    extra: dict[str, Any] = field(default_factory=dict)  # written by fill_bubbles, read by no one: Stats.of
+    # takes the fill's figures from the timings before and after it (to be dropped with fill's rewrite)
     sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
 
     @property

@@ -129,7 +129,8 @@ def test_reading_plans_loads_no_compiler():
     """What the runtime loads of schedc when it imports the plan format: the plan package and ops."""
     import subprocess
     import sys
+    from ast import literal_eval
     code = ("import sys, schedc.plan, schedc.runtime\n"
             "print(sorted(m for m in sys.modules if m.startswith(('schedc', 'lark'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert eval(out) == ["schedc", "schedc.ops", "schedc.plan", "schedc.plan.format", "schedc.runtime"]
+    assert literal_eval(out) == ["schedc", "schedc.ops", "schedc.plan", "schedc.plan.format", "schedc.runtime"]
