@@ -192,7 +192,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
-    on = _on_cluster(file, defines, cluster)
+    on = _on_cluster(file, defines, cluster, lower=False)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
@@ -202,13 +202,13 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     sys.exit(0 if result.ok else 1)
 
 
-def _on_cluster(file: str, defines, cluster):
+def _on_cluster(file: str, defines, cluster, lower: bool = True):
     """With --cluster, FILE compiled for the cluster (errors end the process, exit 2 or 1); else None."""
     if cluster is None:
         return None
     from .predict import compile_on_cluster
     try:
-        on = compile_on_cluster(file, _defines(defines), cluster)
+        on = compile_on_cluster(file, _defines(defines), cluster, lower)
     except SchedError as exc:
         _fail(exc)
     _report(on.compiled.diagnostics, on.compiled.schedule.source)

@@ -341,18 +341,20 @@ def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]
 def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch: int) -> Prediction:
     """The step's prediction from the schedule simulated with messages (timing) and without (free)."""
     lay, m = st.layout, st.model
-    stages = schedule.stages
     tail = tails(st, schedule, costs)
     worst = max(range(schedule.devices), key=lambda d: (sum(tail[d]), -d))
-    iteration = timing.makespan + sum(tail[worst])
+    steps = len(schedule.steps)  # a filled cycle of K steps: per step, the cycle's time over K
+    makespan, free = timing.makespan / steps, free_timing.makespan / steps
+    iteration = makespan + sum(tail[worst])
     compute = tp = 0.0
-    for op in schedule.orders[worst]:
-        part = _part(costs, op)
-        compute, tp = compute + part.compute, tp + part.tp
-    breakdown = {"compute_s": compute, "tensor_parallel_comm_s": tp,
-                 "pipeline_comm_s": timing.makespan - free_timing.makespan,
+    for step in schedule.steps:
+        for op in step[worst]:
+            part = _part(costs, op)
+            compute, tp = compute + part.compute, tp + part.tp
+    compute, tp = compute / steps, tp / steps
+    breakdown = {"compute_s": compute, "tensor_parallel_comm_s": tp, "pipeline_comm_s": makespan - free,
                  "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
-                 "bubble_s": free_timing.makespan - compute - tp}
+                 "bubble_s": free - compute - tp}
     gpus = schedule.devices * lay.tp * lay.dp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
     memory, parts = device_memory(st, schedule, timing)
@@ -360,12 +362,13 @@ def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch
     return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
                       {"critical_device": worst, "largest_memory_device": top,
-                       "makespan_without_comm_s": _r(free_timing.makespan)})
+                       "makespan_without_comm_s": _r(free)})
 
 
 def _part(costs: StageCosts, op) -> Part:
+    """The parts of a built-in op; a task's cost (in seconds, schedc/predict.py) is computation."""
     parts = costs.parts.get(op.kind)
-    return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part()
+    return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part(op.cost)
 
 
 def device_memory(st: Setting, schedule, timing) -> tuple[list[float], list[dict[str, float]]]:

@@ -99,17 +99,20 @@ class OnCluster:
     setting: Setting
 
 
-def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest) -> OnCluster:
-    """Compile FILE with the costs of request's model on its cluster; SchedError on user errors."""
+def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest,
+                       lower: bool = True) -> OnCluster:
+    """Compile FILE with the costs of request's model on its cluster; SchedError on user errors.
+    Without `lower` the schedule is checked and timed but not lowered (no plan: `simulate`)."""
     model, cluster = load_model_spec(request.model), load_cluster(request.cluster)
     check_layout(model, request.layout, request.model)
-    return compile_for(file, overrides, Setting(model, cluster, request.layout), request)
+    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower)
 
 
-def compile_for(file: str, overrides: dict[str, str], st: Setting,
-                request: ClusterRequest | None = None) -> OnCluster:
-    """compile_on_cluster from descriptions already read (benchmarks and tests call this)."""
-    from .compiler import collector_paused, compile_schedule, read_source
+def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
+                lower: bool = True) -> OnCluster:
+    """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
+    is elaborated twice: once to learn its stages (and its tasks' declared costs), once with the costs."""
+    from .compiler import Compiled, analyse, collector_paused, compile_schedule, read_source, schedule_stats
     from .elaborate import Options, elaborate
     from .library import resolve
     from .parse import parse_source
@@ -125,11 +128,25 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting,
         probe = elaborate(decl, source, Options(overrides))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages)
-        schedule = elaborate(decl, source, Options(overrides, costs.costs()))
-        compiled = compile_schedule(schedule, 0.0, link_times(st, schedule.devices))
-        free = simulate(schedule)
+        schedule = elaborate(decl, source, Options(overrides, {**_task_costs(probe, costs), **costs.costs()}))
+        links = link_times(st, schedule.devices)
+        if lower:
+            compiled = compile_schedule(schedule, 0.0, links)
+        else:
+            analysed, timing, diagnostics = analyse(schedule, 0.0, links)
+            compiled = Compiled(analysed, timing, schedule_stats(analysed, timing), None, diagnostics)
+        free = analyse(schedule)[1] if schedule.fill else simulate(schedule)  # no messages: for the bubble
     result = predict(st, compiled.schedule, compiled.timing, free, costs, batch)
     return OnCluster(_with_prediction(compiled, result, st, request), result, st)
+
+
+def _task_costs(probe, costs) -> dict[str, tuple[float, ...]]:
+    """A task's declared cost counts forwards of its stage (the library's costs are in units of F = 1):
+    in seconds, its declared cost times the stage's F over the declared F."""
+    forward = costs.costs()["F"]
+    declared_f = probe.costs.get("F", (1.0,) * probe.stages)
+    return {spec.name: tuple(c * f / (df or 1.0) for c, f, df in zip(probe.costs[spec.name], forward, declared_f))
+            for spec in probe.tasks if spec.name in probe.costs}
 
 
 def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:

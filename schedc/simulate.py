@@ -170,20 +170,23 @@ def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], f
     times, so it is a stack's, and each op's predecessors are read, never its successors written."""
     count = len(cost)
     start, end, device = [0.0] * count, [None] * count + [-inf], device + [-1]  # + the sentinel
+    # into[b][a]: message time from device a to device b, 0 on one device (the sentinel reads the last)
+    into = None if links is None else [[0.0 if a == b else links[a][b] for a in range(len(links))]
+                                       for b in range(len(links))]
     last, waiting = _last_of_device(count, firsts), {}  # waiting: op -> ops whose try stopped at it
     tried = firsts[::-1]
     pop, push = tried.pop, tried.append
     while tried:
         c = pop()
         t = 0.0
+        came = into[device[c]] if into is not None else None
         for m in preds[c]:
             arrive = end[m]
             if arrive is None:
                 waiting.setdefault(m, []).append(c)
                 break
-            if links is not None:
-                if device[m] != device[c] and device[m] >= 0:  # the sentinel has ended before time 0
-                    arrive += links[device[m]][device[c]]
+            if came is not None:
+                arrive += came[device[m]]
             elif latency and device[m] != device[c]:
                 arrive += latency
             if arrive > t:
