@@ -29,6 +29,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cluster import ClusterSpec, Layout, ModelSpec
+from .ops import OpKind
+
+F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # noqa: E741
+R = "recompute"  # the part of B that repeats (some of) the forward first
 
 STATE_BYTES_PER_PARAM = 16   # 16-bit weight and gradient, fp32 master weight, Adam's two fp32 moments
 ADAM_BYTES_PER_PARAM = 32    # HBM traffic of a fused Adam step (read/write master, moments; read grad, write weight)
@@ -66,7 +70,7 @@ class StageCosts:
     def costs(self) -> dict[str, tuple[float, ...]]:
         """kind -> per-stage seconds, as a costs table for elaborate.Options (FB: F and B as one op)."""
         table = {kind: tuple(p.total for p in parts) for kind, parts in self.parts.items()}
-        table["FB"] = tuple(f + b for f, b in zip(table["F"], table["B"]))
+        table["FB"] = tuple(f + b for f, b in zip(table[F], table[B]))
         return table
 
 
@@ -150,10 +154,10 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm)
     recompute = {"full": forward, "selective": Part(attention + attention_elementwise, 0.0),
                  "none": Part()}[lay.recompute]
-    return {"F": forward,
-            "I": Part(gemms + 2 * attention + 2 * (elementwise + attention_elementwise), comm),
-            "W": Part(gemms + accumulate, 0.0),
-            "R": recompute}
+    return {F: forward,
+            I: Part(gemms + 2 * attention + 2 * (elementwise + attention_elementwise), comm),
+            W: Part(gemms + accumulate, 0.0),
+            R: recompute}
 
 
 def embedding_parts(st: Setting) -> dict[str, Part]:
@@ -161,8 +165,8 @@ def embedding_parts(st: Setting) -> dict[str, Part]:
     m, lay = st.model, st.layout
     tokens = lay.microbatch_size * m.seq * m.hidden * m.width
     comm = st.tp_all_reduce(tokens) if lay.tp > 1 else 0.0
-    return {"F": Part(st.hw.memory(3 * tokens), comm), "I": Part(), "W": Part(st.hw.memory(3 * tokens)),
-            "R": Part()}
+    return {F: Part(st.hw.memory(3 * tokens), comm), I: Part(), W: Part(st.hw.memory(3 * tokens)),
+            R: Part()}
 
 
 def head_parts(st: Setting) -> dict[str, Part]:
@@ -174,8 +178,8 @@ def head_parts(st: Setting) -> dict[str, Part]:
     entropy = hw.memory(CROSS_ENTROPY_BYTES * bs * m.vocab / t)
     small = 3 * st.tp_all_reduce(4 * bs) if t > 1 else 0.0
     grad_in = st.tp_all_reduce(w * bs * m.hidden) if t > 1 else 0.0
-    return {"F": Part(norm + logits + entropy, small),
-            "I": Part(logits + 2 * norm + entropy / 2, grad_in), "W": Part(logits), "R": Part()}
+    return {F: Part(norm + logits + entropy, small),
+            I: Part(logits + 2 * norm + entropy / 2, grad_in), W: Part(logits), R: Part()}
 
 
 def stage_layers(model: ModelSpec, stages: int) -> int:
@@ -187,15 +191,15 @@ def stage_costs(st: Setting, stages: int) -> StageCosts:
     """F, B, I, W of every stage: its layers, the embedding on stage 0, the logits on the last."""
     per = stage_layers(st.model, stages)
     layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
-    table: dict[str, list[Part]] = {k: [] for k in ("F", "B", "I", "W")}
+    table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
     for s in range(stages):
         parts = {k: layer[k] * per for k in layer}
         for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
             parts = {k: parts[k] + extra[k] for k in parts}
-        table["F"].append(parts["F"])
-        table["I"].append(parts["I"] + parts["R"])
-        table["W"].append(parts["W"])
-        table["B"].append(parts["I"] + parts["R"] + parts["W"])
+        table[F].append(parts[F])
+        table[I].append(parts[I] + parts[R])
+        table[W].append(parts[W])
+        table[B].append(parts[I] + parts[R] + parts[W])
     return StageCosts({k: tuple(v) for k, v in table.items()})
 
 

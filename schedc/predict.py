@@ -19,6 +19,7 @@ import click
 from .cluster import RECOMPUTE, Layout, check_layout, load_cluster, load_model_spec, locate, usage, _source_of
 from .costmodel import Prediction, Setting, link_times, predict, stage_costs
 from .diagnostics import SchedError, error
+from .ops import OpKind
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,9 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
     is elaborated twice: once to learn its stages (and its tasks' declared costs), once with the costs."""
     from .compiler import Compiled, analyse, collector_paused, compile_schedule, read_source, schedule_stats
-    from .elaborate import Options, elaborate
-    from .library import resolve
-    from .parse import parse_source
+    from .frontend.elaborate import Options, elaborate
+    from .frontend.library import resolve
+    from .frontend.parse import parse_source
     from .simulate import simulate
     path = resolve(file)
     if path.suffix == ".csv":
@@ -143,15 +144,15 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
 def _task_costs(probe, costs) -> dict[str, tuple[float, ...]]:
     """A task's declared cost counts forwards of its stage (the library's costs are in units of F = 1):
     in seconds, its declared cost times the stage's F over the declared F."""
-    forward = costs.costs()["F"]
-    declared_f = probe.costs.get("F", (1.0,) * probe.stages)
+    forward = costs.costs()[OpKind.F.value]
+    declared_f = probe.costs.get(OpKind.F.value, (1.0,) * probe.stages)
     return {spec.name: tuple(c * f / (df or 1.0) for c, f, df in zip(probe.costs[spec.name], forward, declared_f))
             for spec in probe.tasks if spec.name in probe.costs}
 
 
 def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:
     """-D m from --global-batch: m = B / (b d), unless -D m is given (then they must agree)."""
-    from . import ast
+    from .frontend import ast
     m = layout.microbatches()
     if m is None:
         return overrides

@@ -95,7 +95,7 @@ def test_on_an_ideal_gpu_a_layer_costs_its_flops_over_peak(t):
         st = Setting(model, ideal(), Layout(tp=t, microbatch_size=b, recompute=recompute))
         parts = layer_parts(st)
         assert parts["F"].total == pytest.approx(flops / A100.peak_flops)
-        assert (parts["I"] + parts["W"] + parts["R"]).total == pytest.approx(backward * flops / A100.peak_flops)
+        assert (parts["I"] + parts["W"] + parts["recompute"]).total == pytest.approx(backward * flops / A100.peak_flops)
         assert parts["W"].total == pytest.approx(24 * b * s * h * h / t / A100.peak_flops)
 
 

@@ -33,9 +33,9 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
     from .load import load_input
     if cluster is not None:
-        from ..cli import _defines
+        from ..compiler import parse_defines
         from ..predict import compile_on_cluster
-        compiled = compile_on_cluster(file, _defines(defines), cluster).compiled
+        compiled = compile_on_cluster(file, parse_defines(defines), cluster).compiled
     else:
         compiled = load_input(file, defines, costs, latency, profile)
     data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
