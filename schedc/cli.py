@@ -246,6 +246,33 @@ def export_cmd(file, defines, fmt, out):
     click.echo(f"wrote {out}")
 
 
+@main.command("calibrate")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The cluster TOML to write.")
+@click.option("--ranks", type=int, default=2, show_default=True, help="Local processes for the message timings.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads per process.")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
+              help="Start from this cluster file instead of measuring (with --costs).")
+@click.option("--costs", type=click.Path(dir_okay=False), default=None,
+              help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+              help="The model the profile ran (with --costs).")
+@click.option("--microbatch-size", type=int, default=1, show_default=True, help="The profile's microbatch size.")
+@click.option("--tp", type=int, default=1, show_default=True, help="The profile's tensor-parallel size.")
+@click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
+              help="The profile's recomputation (the runtime recomputes nothing).")
+def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size, tp, recompute):
+    """Write a cluster description of this machine: GEMM rate by size, memory-bound kernel bandwidth and
+    messages between local processes on the runtime's backend (gloo on CPU); with --costs and --model,
+    the compute rates scaled so that the model's F and B match a measured profile."""
+    from .predict import calibrate_file
+    try:
+        click.echo(calibrate_file(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size,
+                                  tp, recompute))
+    except SchedError as exc:
+        _fail(exc)
+
+
 @main.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--schedule", default="1f1b", show_default=True, help="Library schedule or .sched file.")
 @define_option

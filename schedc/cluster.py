@@ -244,6 +244,36 @@ def load_cluster(name: str) -> ClusterSpec:
         got["efficiency", "intra"], got["efficiency", "inter"])
 
 
+def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
+    """A cluster description's TOML text (load_cluster reads it back to the same spec)."""
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return head + f"""name = "{spec.name}"
+
+[gpu]
+peak_tflops = {spec.peak_flops / 1e12!r}
+memory_gib = {spec.memory_bytes / 2**30!r}
+hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
+
+[node]
+gpus = {spec.gpus_per_node}
+
+[intra]
+bandwidth_gbps = {spec.intra_bandwidth / 1e9!r}
+latency_us = {spec.intra_latency * 1e6!r}
+
+[inter]
+bandwidth_gbps = {spec.inter_bandwidth / 1e9!r}
+latency_us = {spec.inter_latency * 1e6!r}
+
+[efficiency]
+gemm = {spec.gemm_efficiency!r}
+gemm_half_dim = {spec.gemm_half_dim!r}
+hbm = {spec.hbm_efficiency!r}
+intra = {spec.intra_efficiency!r}
+inter = {spec.inter_efficiency!r}
+"""
+
+
 OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
 
 

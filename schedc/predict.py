@@ -224,3 +224,54 @@ def summary(on: OnCluster) -> str:
              f"{parts['weights_gradients_optimizer'] / 2**30:.2f}, activations {parts['activations'] / 2**30:.2f})",
              "  breakdown (s): " + "  ".join(f"{k[:-2].replace('_', ' ')} {v:.4f}" for k, v in b.items())]
     return "\n".join(lines)
+
+
+def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):
+    """The cluster with its compute rates (peak FLOP/s and memory-bound bandwidth) scaled so that the
+    cost model's F + B, summed over the stages of a measured profile (the runtime's --profile-out:
+    ms per stage), equals the measured sum; communication is left as measured by the microbenchmarks.
+    Returns (the scaled cluster, the factor measured / predicted)."""
+    from .costmodel import stage_costs
+    forward, backward = measured.get(OpKind.F.value), measured.get(OpKind.B.value)
+    if not isinstance(forward, (list, tuple)) or not isinstance(backward, (list, tuple)) or len(forward) != len(backward):
+        raise usage("--costs: the profile needs per-stage F and B lists (schedc run --profile-out)")
+    stages = len(forward)
+    if model.layers % stages:
+        raise usage(f"--costs: the profile has {stages} stages, which do not divide the model's {model.layers} layers")
+    costs = stage_costs(Setting(model, cluster, layout), stages).costs()
+    predicted = sum(costs[OpKind.F.value]) + sum(costs[OpKind.B.value])
+    factor = (sum(forward) + sum(backward)) / 1000.0 / predicted  # the profile is in ms
+    return replace(cluster, peak_flops=cluster.peak_flops / factor,
+                   hbm_bandwidth=cluster.hbm_bandwidth / factor), factor
+
+
+def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name: str | None, costs: str | None,
+                   model_file: str | None, microbatch_size: int, tp: int, recompute: str) -> str:
+    """`schedc calibrate`: measure (or read --cluster), then fit to a profile if one is given; write OUT."""
+    from pathlib import Path
+    from .cluster import dump_cluster
+    if (costs is None) != (model_file is None):
+        raise usage("--costs and --model go together: the profile and the model it ran")
+    report = []
+    if cluster_name is None:
+        from .runtime.calibrate import calibrate  # torch, only here
+        text, raw = calibrate(ranks, threads, quick)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        report.append("GEMM GFLOP/s by size " + ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in raw["gemm_flops"].items()))
+        report.append("memory-bound GB/s " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in raw["memory_bytes_per_s"].items()))
+        report.append("messages s " + ", ".join(f"{k} {v:.3g}" for k, v in raw["comm_s"].items()))
+        cluster_name = out
+    if costs is not None:
+        from .interop.profiles import load_costs
+        model, cluster = load_model_spec(model_file), load_cluster(cluster_name)
+        layout = Layout(tp=tp, microbatch_size=microbatch_size, recompute=recompute)
+        check_layout(model, layout, model_file)
+        fitted, factor = fit_to_profile(cluster, model, layout, load_costs(costs))
+        fitted = replace(fitted, name=f"{cluster.name}, compute fitted to {Path(costs).name}")
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(dump_cluster(fitted, f"{fitted.name}: measured F + B / predicted = {factor:.4g}; "
+                                                  f"peak FLOP/s and memory bandwidth divided by it"))
+        report.append(f"profile {costs}: measured / predicted compute {factor:.4g}; rates scaled by {1 / factor:.4g}")
+    report.append(f"wrote {out}")
+    return "\n".join(report)
