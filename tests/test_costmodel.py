@@ -178,7 +178,8 @@ def test_on_a100_the_end_stages_lengthen_the_bubble(name, params, formula):
 
 
 def throughput(schedule: str, model: ModelSpec, t: int, d: int, batch: int, **params) -> float:
-    layout = Layout(tp=t, dp=d, microbatch_size=1, global_batch=batch)
+    """teraFLOP/s per GPU of a Megatron-LM run (blocking sends), microbatch size 1 as in Figs. 12-14."""
+    layout = Layout(tp=t, dp=d, microbatch_size=1, global_batch=batch, blocking_p2p=True)
     return run(schedule, model, layout, **params).prediction.tflops_per_gpu
 
 
