@@ -20,7 +20,7 @@ from .ir import Schedule
 from .lower import lower
 from .frontend.parse import parse_source, read_source
 from .plan import Plan
-from .simulate import simulate, step_sequences
+from .simulate import Links, simulate, step_sequences
 from .timing import Stats, Timing
 
 
@@ -47,6 +47,7 @@ class Unit:
 
     schedule: Schedule
     latency: float = 0.0
+    links: Links | None = None            # per device pair message times, instead of `latency`
     census: Census | None = None          # placed ops against the expected ones
     timing: Timing | None = None          # of the schedule as it now is (over the cycle once filled)
     unfilled: Timing | None = None        # the timing before fill_bubbles, when it ran
@@ -69,7 +70,7 @@ def _check_structure(u: Unit) -> Unit:
 
 
 def _simulate(u: Unit) -> Unit:
-    return replace(u, timing=simulate(u.schedule, u.latency))
+    return replace(u, timing=simulate(u.schedule, u.latency, u.links))
 
 
 def _check_deadlock(u: Unit) -> Unit:
@@ -118,6 +119,7 @@ PASSES: tuple[Callable[[Unit], Unit], ...] = (
     _lower,             # sends, receives, gradient sync and STEP per rank: the plan
     _check_channels,    # on the plan: messages match per pair, a blocking replay completes
 )
+ANALYSIS = PASSES[:PASSES.index(_stats) + 1]  # the passes before lowering (`simulate` without a plan)
 
 
 def build_schedule(source: Source, options: Options | None = None) -> Schedule:
@@ -125,18 +127,27 @@ def build_schedule(source: Source, options: Options | None = None) -> Schedule:
     return elaborate(parse_source(source), source, options)
 
 
-def run_passes(schedule: Schedule, latency: float = 0.0, passes: Iterable[Callable[[Unit], Unit]] = PASSES) -> Unit:
-    """Run the passes in order over a schedule; returns the last Unit."""
-    unit = Unit(schedule, latency)
+def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+               passes: Iterable[Callable[[Unit], Unit]] = PASSES) -> Unit:
+    """Run the passes in order over a schedule; returns the last Unit. links: per device pair message
+    times (simulate), instead of one latency."""
+    unit = Unit(schedule, latency, links)
     for run in passes:
         unit = run(unit)
     return unit
 
 
-def compile_schedule(schedule: Schedule, latency: float = 0.0) -> Compiled:
+def compile_schedule(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
     """Check, time, fill, lower and check the plan of an elaborated schedule (PASSES)."""
-    u = run_passes(schedule, latency)
+    u = run_passes(schedule, latency, links)
     return Compiled(u.schedule, u.timing, u.stats, u.plan, list(u.diagnostics))
+
+
+def analyse(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
+    """The passes up to the stats, without lowering (ANALYSIS): the schedule checked and timed (and
+    filled); the plan is None."""
+    u = run_passes(schedule, latency, links, ANALYSIS)
+    return Compiled(u.schedule, u.timing, u.stats, None, list(u.diagnostics))
 
 
 @contextmanager
@@ -198,5 +209,5 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     return Options(params, load_costs(costs), memory=load_memory(costs))
 
 
-__all__ = ["Compiled", "Options", "PASSES", "Unit", "read_source", "build_schedule", "run_passes",
+__all__ = ["Compiled", "Options", "PASSES", "ANALYSIS", "Unit", "analyse", "read_source", "build_schedule", "run_passes",
            "compile_schedule", "collector_paused", "compile_source", "compile_file", "parse_defines"]
