@@ -1,0 +1,444 @@
+"""synthesize: find a per-device order under an activation-memory limit (`schedc tune --synthesize`)
+and write it as a `.sched` file with explicit lists, which the compiler then checks like any schedule.
+
+    p=4, m=8, F=I=W=1, latency 0.5, limit 4 activations per device
+    -> greedy variants and local search: makespan 31.5 (the zero-bubble heuristic's rules give 33.5)
+
+The problem: p stages on p devices (stage s on device s), m microbatches, per-stage costs of F and B
+or of F, I and W (`backward split`), a latency per message between devices, and a limit on the
+activations alive per device, counted as the compiler's memory model counts them (schedc/memory.py):
+F holds one unit from its start until its B ends, or its W with a split backward (I frees nothing).
+
+How, in three steps, all deterministic (ties go to the lower device, microbatch and variant):
+1. list scheduling: whenever a device is free it runs, of the ops whose inputs have arrived, the
+   input gradient (or B) first, then the forward — admitted only while the device holds fewer
+   activations than its cap —, then the weight gradient (zero bubble's ranking I > F > W); each kind
+   in microbatch order;
+2. a grid of variants of that rule, as zero bubble's automatic scheduler varies its own: the cap on
+   warm-up forwards (before a device's first backward) per device, and whether a weight gradient may
+   start when it would delay an input gradient or forward about to arrive;
+3. a bounded local search on the best orders: swap two adjacent ops of one device where the first
+   delays the second on the critical path, re-time in order, keep the swap when the makespan (then
+   the sum of the devices' end times) drops and memory stays within the limit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .diagnostics import SchedError, error
+
+F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
+KIND_NAMES = ("F", "I", "W")
+FULL_NAMES = ("F", "B")
+RANK = {X: 0, F: 1, W: 2}       # step 1's ranking: the backward first, then the forward, then W
+ALTERNATE = {F: 0, X: 1, W: 2}  # right after a backward, with `alternate`: the forward first
+SEARCH_BUDGET = 4000       # orders timed by the local search, at most, per starting order
+STARTS = 3                 # best greedy orders the local search starts from
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """What to order: `costs[kind][stage]` for F, X (B or I) and, when `split`, W; `limit[device]`."""
+
+    p: int
+    m: int
+    costs: tuple[tuple[float, ...], ...]
+    split: bool
+    latency: float
+    limit: tuple[float, ...]
+
+    @property
+    def kinds(self) -> int:
+        return 3 if self.split else 2
+
+    def name(self, kind: int) -> str:
+        return (KIND_NAMES if self.split else FULL_NAMES)[kind]
+
+    def lower_bound(self) -> float:
+        """No order beats this: the last device's first forward cannot start before the forwards of
+        the stages above it and their messages, and each device runs all its own work."""
+        before = [sum(self.costs[F][:s]) + s * self.latency for s in range(self.p)]
+        work = [sum(self.costs[k][s] for k in range(self.kinds)) * self.m for s in range(self.p)]
+        return max(b + w for b, w in zip(before, work))
+
+
+@dataclass(frozen=True, slots=True)
+class Synthesis:
+    """The best orders found: per device a tuple of (kind name, stage, microbatch)."""
+
+    problem: Problem
+    orders: tuple[tuple[tuple[str, int, int], ...], ...]
+    makespan: float
+    peak: tuple[int, ...]
+    timed: int        # orders timed in all
+    found_by: str     # the variant that gave the start of the winning order, and the search's share
+
+
+def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: float,
+                 limit: tuple[float, ...]) -> Problem:
+    """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
+    each with one value or one per stage; `limit` has one value or one per device."""
+    if p < 1 or m < 1:
+        raise SchedError(error(f"p and m must be at least 1 (got p={p}, m={m})"), exit_code=2)
+    split = "I" in costs or "W" in costs
+    if split and "B" in costs:
+        raise SchedError(error("give the backward as B, or split as I and W, not both"), exit_code=2)
+    defaults = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+    names = ("F", "I", "W") if split else ("F", "B")
+    table = tuple(_per_stage(name, costs.get(name, (defaults[name],)), p, "stage") for name in names)
+    for name, row in zip(names, table):
+        if any(not math.isfinite(c) or c <= 0 for c in row):
+            raise SchedError(error(f"cost {name} must be finite and > 0"), exit_code=2)
+    if not math.isfinite(latency) or latency < 0:
+        raise SchedError(error(f"--latency must be finite and >= 0 (got {latency:g})"), exit_code=2)
+    limits = _per_stage("memory limit", limit, p, "device")
+    if any(not math.isfinite(x) for x in limits):
+        raise SchedError(error("--memory-limit must be finite"), exit_code=2)
+    return Problem(p, m, table, split, float(latency), limits)
+
+
+def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple[float, ...]:
+    if len(values) == 1:
+        return tuple(float(values[0]) for _ in range(p))
+    if len(values) != p:
+        raise SchedError(error(f"{name}: give one value or one per {what} ({p}), not {len(values)}"), exit_code=2)
+    return tuple(float(v) for v in values)
+
+
+def synthesize(problem: Problem) -> Synthesis:
+    """The best deadlock-free orders within `problem.limit` found by the three steps of the module
+    header. SchedError (exit 1) when no order fits: a device's limit below one activation."""
+    small = [d for d, x in enumerate(problem.limit) if x < 1]
+    if small:
+        raise SchedError(error(f"no order fits: device {small[0]} has a memory limit of "
+                               f"{problem.limit[small[0]]:g} activation units, and a forward holds 1"))
+    timer = _Timer(problem)
+    bound = problem.lower_bound()
+    starts = []
+    for n, variant in enumerate(_variants(problem)):
+        orders = _list_schedule(problem, *variant)
+        if orders is not None:
+            starts.append((timer.score(orders), n, variant, orders))
+            if starts[-1][0][0] <= bound:  # optimal: nothing can beat it
+                break
+    starts.sort(key=lambda item: (item[0], item[1]))
+    best = None
+    for score, n, variant, orders in starts[:STARTS]:
+        improved, improved_score = _improve(timer, orders, score)
+        candidate = (improved_score, n, variant, improved, improved_score < score)
+        if best is None or candidate[:2] < best[:2]:
+            best = candidate
+    (makespan, _), n, variant, orders, searched = best
+    caps, guard, alternate = variant
+    found = (f"greedy variant {n} (warm-up caps {list(caps)}, {'guarded' if guard else 'eager'} W"
+             f"{', alternating' if alternate else ''})")
+    named = tuple(tuple((problem.name(k), s, i) for k, s, i in order) for order in orders)
+    return Synthesis(problem, named, makespan, timer.peaks(orders), timer.count,
+                     found + (" + local search" if searched else ""))
+
+
+# Step 1 and 2: list scheduling and its variants ---------------------------------------------------
+
+def _variants(problem: Problem) -> list[tuple[tuple[int, ...], bool, bool]]:
+    """(warm-up cap per device, guard W, alternate) triples: caps a - slope*d for a up to the largest
+    limit and slopes 0, 1, 2, each clipped to [1, limit], without repeats, in a fixed order; `alternate`
+    ranks the forward first right after a backward (1F1B's rhythm) instead of always second."""
+    p = problem.p
+    limits = [int(x) for x in problem.limit]
+    seen, out = set(), []
+    for top in range(max(limits), 0, -1):
+        for slope in (1, 2, 0):
+            caps = tuple(max(1, min(limits[d], top - slope * d)) for d in range(p))
+            if caps not in seen:
+                seen.add(caps)
+                out += [(caps, guard, alternate) for alternate in (False, True) for guard in (False, True)]
+    return out
+
+
+def _list_schedule(problem: Problem, warm: tuple[int, ...], guard: bool,
+                   alternate: bool) -> list[list[tuple]] | None:
+    """Step 1 with the caps and flags of one variant: the orders, or None if the devices would wait
+    forever. A device's next decision changes only when it or a neighbour places an op."""
+    state = _ListState(problem, warm, guard, alternate)
+    p = problem.p
+    decisions = [state.decide(d) for d in range(p)]
+    for _ in range(problem.kinds * p * problem.m):
+        pick = min((c for c in decisions if c is not None), default=None)
+        if pick is None:
+            return None
+        state.run(*pick)
+        d = pick[1]
+        for near in (d - 1, d, d + 1):
+            if 0 <= near < p:
+                decisions[near] = state.decide(near)
+    return state.orders
+
+
+class _ListState:
+    """The list scheduler's state: per device its free time, activations held, the kind it ran last
+    and per kind the next microbatch; the end time of every op placed."""
+
+    def __init__(self, problem: Problem, warm: tuple[int, ...], guard: bool, alternate: bool):
+        self.pr, self.warm, self.guard, self.alternate = problem, warm, guard, alternate
+        p = problem.p
+        self.end: dict[tuple[int, int, int], float] = {}
+        self.next = [[0] * problem.kinds for _ in range(p)]
+        self.free = [0.0] * p
+        self.alive = [0] * p
+        self.last = [W] * p
+        self.orders: list[list[tuple]] = [[] for _ in range(p)]
+
+    def ready(self, d: int) -> list[tuple[float, int]]:
+        """(earliest start, kind) of device d's next op of each kind whose inputs are placed: the
+        device's free time or the inputs' arrival, whichever is later. Left out: kinds with no op left,
+        or whose inputs are not placed yet, and a forward the memory cap does not admit."""
+        pr, end, nxt, free = self.pr, self.end, self.next[d], self.free[d]
+        lat, m, out = pr.latency, pr.m, []
+        i = nxt[X]
+        if i < m:
+            mine = end.get((F, d, i))
+            theirs = mine if d == pr.p - 1 else end.get((X, d + 1, i))
+            if mine is not None and theirs is not None:
+                out.append((max(free, mine, theirs + lat if d < pr.p - 1 else mine), X))
+        i = nxt[F]
+        if i < m and self.alive[d] < (self.warm[d] if nxt[X] == 0 else pr.limit[d]):
+            if d == 0:
+                out.append((free, F))
+            elif (F, d - 1, i) in end:
+                out.append((max(free, end[(F, d - 1, i)] + lat), F))
+        if pr.split and nxt[W] < nxt[X]:
+            out.append((max(free, end[(X, d, nxt[W])]), W))
+        return out
+
+    def decide(self, d: int) -> tuple[float, int, int] | None:
+        """(start time, device, kind) of device d's next op under the ranking, or None if unknown."""
+        known = self.ready(d)
+        if not known:
+            return None
+        rank = ALTERNATE if self.alternate and self.last[d] == X else RANK
+        start = min(t for t, _ in known)
+        kind = min((k for t, k in known if t <= start), key=rank.__getitem__)
+        if kind == W and self.guard:
+            cost = self.pr.costs[W][d]
+            sooner = [t for t, k in known if k != W and t < start + cost]
+            if sooner:  # an input gradient or forward arrives before the W would end: wait for it
+                at = min(sooner)
+                return at, d, min((k for t, k in known if k != W and t <= at), key=rank.__getitem__)
+        return start, d, kind
+
+    def run(self, start: float, d: int, kind: int) -> None:
+        pr = self.pr
+        i = self.next[d][kind]
+        self.next[d][kind] += 1
+        self.end[(kind, d, i)] = self.free[d] = start + pr.costs[kind][d]
+        if kind == F:
+            self.alive[d] += 1
+        elif kind == pr.kinds - 1:
+            self.alive[d] -= 1
+        if kind != W:
+            self.last[d] = kind
+        self.orders[d].append((kind, d, i))
+
+
+# Step 3: timing in order and local search ----------------------------------------------------------
+
+class _Timer:
+    """Times orders as the compiler's simulator does (each op at the later of its device being free and
+    its inputs' arrival), counts activations per device, and scores orders."""
+
+    def __init__(self, problem: Problem):
+        self.pr = problem
+        self.count = 0
+
+    def times(self, orders) -> dict[tuple, tuple[float, float]] | None:
+        """(start, end) of every op, or None when the orders deadlock."""
+        pr, p = self.pr, self.pr.p
+        self.count += 1
+        span: dict[tuple, tuple[float, float]] = {}
+        pos, free = [0] * p, [0.0] * p
+        left = sum(map(len, orders))
+        while left:
+            moved = False
+            for d in range(p):
+                order = orders[d]
+                while pos[d] < len(order):
+                    op = order[pos[d]]
+                    start = self._start(op, span, free[d])
+                    if start is None:
+                        break
+                    span[op] = (start, start + pr.costs[op[0]][d])
+                    free[d] = span[op][1]
+                    pos[d] += 1
+                    left -= 1
+                    moved = True
+            if not moved:
+                return None
+        return span
+
+    def _start(self, op, span, free: float) -> float | None:
+        kind, s, i = op
+        lat, start = self.pr.latency, free
+        for dep, remote in self._deps(kind, s, i):
+            got = span.get(dep)
+            if got is None:
+                return None
+            start = max(start, got[1] + (lat if remote else 0.0))
+        return start
+
+    def _deps(self, kind: int, s: int, i: int):
+        if kind == F:
+            return (((F, s - 1, i), True),) if s > 0 else ()
+        if kind == X:
+            return (((F, s, i), False),) + ((((X, s + 1, i), True),) if s < self.pr.p - 1 else ())
+        return (((X, s, i), False),)
+
+    def peaks(self, orders) -> tuple[int, ...]:
+        release = self.pr.kinds - 1
+        out = []
+        for order in orders:
+            alive = peak = 0
+            for kind, _, _ in order:
+                alive += 1 if kind == F else -1 if kind == release else 0
+                peak = max(peak, alive)
+            out.append(peak)
+        return tuple(out)
+
+    def fits(self, orders) -> bool:
+        return all(peak <= limit for peak, limit in zip(self.peaks(orders), self.pr.limit))
+
+    def score(self, orders, span=None) -> tuple[float, float]:
+        """(makespan, sum of the devices' end times); infinite for orders that deadlock."""
+        span = span if span is not None else self.times(orders)
+        if span is None:
+            return (math.inf, math.inf)
+        ends = [span[order[-1]][1] for order in orders]
+        return (max(ends), sum(ends))
+
+
+def _improve(timer: _Timer, orders: list[list[tuple]], score: tuple[float, float]):
+    """Step 3 from `orders`: the improved orders and their score."""
+    orders = [list(order) for order in orders]
+    budget = timer.count + SEARCH_BUDGET
+    span = timer.times(orders)
+    improved = True
+    while improved and timer.count < budget:
+        improved = False
+        for d, n in _critical_swaps(timer.pr, orders, span):
+            trial = orders[:d] + [_swapped(orders[d], n)] + orders[d + 1:]
+            if not _memory_ok(timer, trial, d):
+                continue
+            trial_span = timer.times(trial)
+            trial_score = timer.score(trial, trial_span)
+            if trial_score < score:
+                orders, span, score, improved = trial, trial_span, trial_score, True
+                break
+            if timer.count >= budget:
+                break
+    return orders, score
+
+
+def _swapped(order: list[tuple], n: int) -> list[tuple]:
+    out = list(order)
+    out[n], out[n + 1] = out[n + 1], out[n]
+    return out
+
+
+def _memory_ok(timer: _Timer, orders, d: int) -> bool:
+    release = timer.pr.kinds - 1
+    alive = 0
+    for kind, _, _ in orders[d]:
+        alive += 1 if kind == F else -1 if kind == release else 0
+        if alive > timer.pr.limit[d]:
+            return False
+    return True
+
+
+def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
+    """(device, position) of adjacent pairs on a critical path where the second op started when the
+    first ended and does not depend on it, nor is of the same kind (each kind stays in microbatch
+    order); latest first. The path is walked back from the op that ends last."""
+    position = {op: (d, n) for d, order in enumerate(orders) for n, op in enumerate(order)}
+    op = max(span, key=lambda o: (span[o][1], -position[o][0]))
+    out = []
+    timer = _Timer(problem)
+    while op is not None:
+        d, n = position[op]
+        start = span[op][0]
+        prev = orders[d][n - 1] if n > 0 else None
+        if prev is not None and span[prev][1] == start:
+            if prev[0] != op[0] and not (prev[2] == op[2] and op[0] == prev[0] + 1):
+                out.append((d, n - 1))
+            op = prev
+            continue
+        op = None
+        for dep, remote in timer._deps(*orders[d][n]):
+            if span[dep][1] + (problem.latency if remote else 0.0) == start:
+                op = dep
+                break
+    return out
+
+
+# Writing the .sched file -----------------------------------------------------------------------------
+
+def _number(x: float) -> str:
+    return f"{x:g}" if float(x).is_integer() or len(f"{x:g}") <= 10 else repr(float(x))
+
+
+def _per_stage_expr(row: tuple[float, ...]) -> str:
+    """One value, or `a if s == 0 else (b if s == 1 else c)` for per-stage values."""
+    if len(set(row)) == 1:
+        return _number(row[0])
+    expr = _number(row[-1])
+    for s in range(len(row) - 2, -1, -1):
+        expr = f"{_number(row[s])} if s == {s} else ({expr})"
+    return expr
+
+
+def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> str:
+    """The .sched text: literal per-device lists, the costs and the memory limit, with a header comment
+    saying what was asked and found (the latency is a command-line option, noted in the comment)."""
+    pr = result.problem
+    names = KIND_NAMES if pr.split else FULL_NAMES
+    costs = ", ".join(f"{n}={_per_stage_expr(row)}" for n, row in zip(names, pr.costs))
+    limit = _per_stage_expr(pr.limit).replace("s ==", "d ==")
+    lines = [
+        f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {_number(pr.latency)},",
+        f"# memory limit {limit} activations per device. Makespan {_number(result.makespan)} "
+        f"(lower bound {_number(pr.lower_bound())}), peak activations {' '.join(map(str, result.peak))};",
+        f"# found by {result.found_by}, {result.timed} orders timed.",
+        f"# Simulate with the same latency: schedc simulate FILE --latency {_number(pr.latency)}",
+        f'schedule {name} "order synthesized under a memory limit of {limit} activations per device"',
+        f"devices {pr.p}",
+        f"pipeline main {{ stages {pr.p}; device s -> s; microbatches {pr.m} }}",
+    ]
+    if pr.split:
+        lines.append("backward split")
+    lines += [f"cost {n}(s) = {_per_stage_expr(row)}" if len(set(row)) > 1 else f"cost {n} = {_number(row[0])}"
+              for n, row in zip(names, pr.costs)]
+    lines.append(f"limit memory <= {limit}")
+    for d, order in enumerate(result.orders):
+        lines += _device_block(d, order, width)
+    return "\n".join(lines) + "\n"
+
+
+def _device_block(d: int, order, width: int) -> list[str]:
+    items = [f"{kind}({s}, {i})" for kind, s, i in order]
+    out, line = [f"on device {d} {{"], "  "
+    for item in items:
+        if len(line) + len(item) + 1 > width and line.strip():
+            out.append(line.rstrip())
+            line = "  "
+        line += item + " "
+    if line.strip():
+        out.append(line.rstrip())
+    out.append("}")
+    return out
+
+
+def ranked_kinds(problem: Problem) -> str:
+    """The ranking of step 1, for messages: `I > F > W` or `B > F`."""
+    return " > ".join(problem.name(k) for k in (X, F, W)[:problem.kinds])
+
+
+__all__ = ["Problem", "Synthesis", "make_problem", "synthesize", "to_sched", "ranked_kinds"]
