@@ -1,4 +1,4 @@
-"""The command line: schedc compile | check | simulate | render | run | list | export.
+"""The command line: schedc compile | check | simulate | tune | render | run | list | export.
 
 Heavy modules are imported inside the commands so that `schedc --help` answers at once.
 Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
@@ -200,6 +200,31 @@ def _device_table(result) -> str:
     for d in range(result.schedule.devices):
         rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {st['peak_memory'][d]:>10g}")
     return "\n".join(rows)
+
+
+@main.command("tune")
+@click.option("--synthesize", "synth", is_flag=True,
+              help="Find a per-device order within --memory-limit and write it as a .sched file.")
+@define_option
+@click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
+              help="Cost of F, B, or split I and W; one value or one per stage (defaults F=1, B=2; I=W=1).")
+@latency_option
+@click.option("--memory-limit", default=None, help="Activations per device: one value or one per device.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="The .sched file to write (default: print it).")
+def tune_cmd(synth, defines, costs, latency, memory_limit, out):
+    """Synthesize an order under a memory limit (--synthesize; the configuration search is to come)."""
+    if not synth:
+        raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
+    from .synthesize import run_tune
+    try:
+        text, report, ok = run_tune(_defines(defines), costs, latency, memory_limit, out)
+    except SchedError as exc:
+        _fail(exc)
+    if out is None:
+        click.echo(text, nl=False)
+    click.echo(report, err=True)
+    sys.exit(0 if ok else 1)
 
 
 @main.command("list")
