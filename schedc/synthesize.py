@@ -27,10 +27,11 @@ import math
 from dataclasses import dataclass
 
 from .diagnostics import SchedError, Source, error
+from .ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
-KIND_NAMES = ("F", "I", "W")
-FULL_NAMES = ("F", "B")
+KIND_NAMES = builtin_kinds(True)    # the names of F, X, W with a split backward
+FULL_NAMES = builtin_kinds(False)   # and of F, X without
 RANK = {X: 0, F: 1, W: 2}       # step 1's ranking: the backward first, then the forward, then W
 ALTERNATE = {F: 0, X: 1, W: 2}  # right after a backward, with `alternate`: the forward first
 SEARCH_BUDGET = 4000       # orders timed by the local search, at most, per starting order
@@ -51,6 +52,14 @@ class Problem:
     @property
     def kinds(self) -> int:
         return 3 if self.split else 2
+
+    def deps(self) -> tuple[tuple[tuple[tuple[int, int, bool], ...], ...], ...]:
+        """deps[kind][stage]: (kind, stage, on another device) of the ops it waits for, as schedc.ops
+        says (the microbatch is the same)."""
+        names = builtin_kinds(self.split)
+        code = {name: k for k, name in enumerate(names)}
+        return tuple(tuple(tuple((code[k], t, t != s) for k, t in builtin_deps(name, s, self.p, self.split))
+                           for s in range(self.p)) for name in names)
 
     def name(self, kind: int) -> str:
         return (KIND_NAMES if self.split else FULL_NAMES)[kind]
@@ -81,12 +90,11 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     each with one value or one per stage; `limit` has one value or one per device."""
     if p < 1 or m < 1:
         raise SchedError(error(f"p and m must be at least 1 (got p={p}, m={m})"), exit_code=2)
-    split = "I" in costs or "W" in costs
-    if split and "B" in costs:
+    split = OpKind.I.value in costs or OpKind.W.value in costs
+    if split and OpKind.B.value in costs:
         raise SchedError(error("give the backward as B, or split as I and W, not both"), exit_code=2)
-    defaults = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-    names = ("F", "I", "W") if split else ("F", "B")
-    table = tuple(_per_stage(name, costs.get(name, (defaults[name],)), p, "stage") for name in names)
+    names = builtin_kinds(split)
+    table = tuple(_per_stage(name, costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
     for name, row in zip(names, table):
         if any(not math.isfinite(c) or c <= 0 for c in row):
             raise SchedError(error(f"cost {name} must be finite and > 0"), exit_code=2)
@@ -169,9 +177,8 @@ def _list_schedule(problem: Problem, warm: tuple[int, ...], guard: bool,
             return None
         state.run(*pick)
         d = pick[1]
-        for near in (d - 1, d, d + 1):
-            if 0 <= near < p:
-                decisions[near] = state.decide(near)
+        for near in range(max(0, d - 1), min(p, d + 2)):  # the device and its neighbours
+            decisions[near] = state.decide(near)
     return state.orders
 
 
@@ -181,6 +188,7 @@ class _ListState:
 
     def __init__(self, problem: Problem, warm: tuple[int, ...], guard: bool, alternate: bool):
         self.pr, self.warm, self.guard, self.alternate = problem, warm, guard, alternate
+        self.deps = problem.deps()
         p = problem.p
         self.end: dict[tuple[int, int, int], float] = {}
         self.next = [[0] * problem.kinds for _ in range(p)]
@@ -195,20 +203,18 @@ class _ListState:
         or whose inputs are not placed yet, and a forward the memory cap does not admit."""
         pr, end, nxt, free = self.pr, self.end, self.next[d], self.free[d]
         lat, m, out = pr.latency, pr.m, []
-        i = nxt[X]
-        if i < m:
-            mine = end.get((F, d, i))
-            theirs = mine if d == pr.p - 1 else end.get((X, d + 1, i))
-            if mine is not None and theirs is not None:
-                out.append((max(free, mine, theirs + lat if d < pr.p - 1 else mine), X))
-        i = nxt[F]
-        if i < m and self.alive[d] < (self.warm[d] if nxt[X] == 0 else pr.limit[d]):
-            if d == 0:
-                out.append((free, F))
-            elif (F, d - 1, i) in end:
-                out.append((max(free, end[(F, d - 1, i)] + lat), F))
-        if pr.split and nxt[W] < nxt[X]:
-            out.append((max(free, end[(X, d, nxt[W])]), W))
+        for kind in range(pr.kinds):
+            i = nxt[kind]
+            if i >= m or (kind == F and self.alive[d] >= (self.warm[d] if nxt[X] == 0 else pr.limit[d])):
+                continue
+            start = free
+            for k, s, remote in self.deps[kind][d]:
+                got = end.get((k, s, i))
+                if got is None:
+                    break
+                start = max(start, got + lat) if remote else max(start, got)
+            else:
+                out.append((start, kind))
         return out
 
     def decide(self, d: int) -> tuple[float, int, int] | None:
@@ -249,6 +255,7 @@ class _Timer:
 
     def __init__(self, problem: Problem):
         self.pr = problem
+        self.deps = problem.deps()
         self.count = 0
 
     def times(self, orders) -> dict[tuple, tuple[float, float]] | None:
@@ -279,19 +286,12 @@ class _Timer:
     def _start(self, op, span, free: float) -> float | None:
         kind, s, i = op
         lat, start = self.pr.latency, free
-        for dep, remote in self._deps(kind, s, i):
-            got = span.get(dep)
+        for k, t, remote in self.deps[kind][s]:
+            got = span.get((k, t, i))
             if got is None:
                 return None
             start = max(start, got[1] + (lat if remote else 0.0))
         return start
-
-    def _deps(self, kind: int, s: int, i: int):
-        if kind == F:
-            return (((F, s - 1, i), True),) if s > 0 else ()
-        if kind == X:
-            return (((F, s, i), False),) + ((((X, s + 1, i), True),) if s < self.pr.p - 1 else ())
-        return (((X, s, i), False),)
 
     def peaks(self, orders) -> tuple[int, ...]:
         release = self.pr.kinds - 1
@@ -325,7 +325,8 @@ def _improve(timer: _Timer, orders: list[list[tuple]], score: tuple[float, float
     while improved and timer.count < budget:
         improved = False
         for d, n in _critical_swaps(timer.pr, orders, span):
-            trial = orders[:d] + [_swapped(orders[d], n)] + orders[d + 1:]
+            trial = list(orders)
+            trial[d] = _swapped(orders[d], n)
             if not _memory_ok(timer, trial, d):
                 continue
             trial_span = timer.times(trial)
@@ -361,7 +362,7 @@ def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
     position = {op: (d, n) for d, order in enumerate(orders) for n, op in enumerate(order)}
     op = max(span, key=lambda o: (span[o][1], -position[o][0]))
     out = []
-    timer = _Timer(problem)
+    deps = problem.deps()
     while op is not None:
         d, n = position[op]
         start = span[op][0]
@@ -371,8 +372,9 @@ def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
                 out.append((d, n - 1))
             op = prev
             continue
-        op = None
-        for dep, remote in timer._deps(*orders[d][n]):
+        here, op = op, None
+        for k, t, remote in deps[here[0]][here[1]]:
+            dep = (k, t, here[2])
             if span[dep][1] + (problem.latency if remote else 0.0) == start:
                 op = dep
                 break
@@ -444,7 +446,7 @@ def ranked_kinds(problem: Problem) -> str:
 # The command: options -> problem -> orders -> checked .sched text ------------------------------------
 
 OPTIONS = Source("schedc tune", "")  # where errors in command-line options are reported
-COST_KINDS = ("F", "B", "I", "W")
+COST_KINDS = tuple(kind.value for kind in OpKind)
 
 
 def _option_error(message: str) -> SchedError:
