@@ -34,6 +34,8 @@ KIND_NAMES = builtin_kinds(True)    # the names of F, X, W with a split backward
 FULL_NAMES = builtin_kinds(False)   # and of F, X without
 RANK = {X: 0, F: 1, W: 2}       # step 1's ranking: the backward first, then the forward, then W
 ALTERNATE = {F: 0, X: 1, W: 2}  # right after a backward, with `alternate`: the forward first
+EAGER, GUARDED = "eager", "guarded"  # when a weight gradient may run (see _ListState)
+WEIGHTS = (EAGER, GUARDED)
 SEARCH_BUDGET = 4000       # orders timed by the local search, at most, per starting order
 STARTS = 3                 # best greedy orders the local search starts from
 
@@ -139,7 +141,7 @@ def synthesize(problem: Problem) -> Synthesis:
             best = candidate
     (makespan, _), n, variant, orders, searched = best
     caps, guard, alternate = variant
-    found = (f"greedy variant {n} (warm-up caps {list(caps)}, {'guarded' if guard else 'eager'} W"
+    found = (f"greedy variant {n} (warm-up caps {list(caps)}, {guard} W"
              f"{', alternating' if alternate else ''})")
     named = tuple(tuple((problem.name(k), s, i) for k, s, i in order) for order in orders)
     return Synthesis(problem, named, makespan, timer.peaks(orders), timer.count,
@@ -148,8 +150,8 @@ def synthesize(problem: Problem) -> Synthesis:
 
 # Step 1 and 2: list scheduling and its variants ---------------------------------------------------
 
-def _variants(problem: Problem) -> list[tuple[tuple[int, ...], bool, bool]]:
-    """(warm-up cap per device, guard W, alternate) triples: caps a - slope*d for a up to the largest
+def _variants(problem: Problem) -> list[tuple[tuple[int, ...], str, bool]]:
+    """(warm-up cap per device, W policy, alternate) triples: caps a - slope*d for a up to the largest
     limit and slopes 0, 1, 2, each clipped to [1, limit], without repeats, in a fixed order; `alternate`
     ranks the forward first right after a backward (1F1B's rhythm) instead of always second."""
     p = problem.p
@@ -160,11 +162,11 @@ def _variants(problem: Problem) -> list[tuple[tuple[int, ...], bool, bool]]:
             caps = tuple(max(1, min(limits[d], top - slope * d)) for d in range(p))
             if caps not in seen:
                 seen.add(caps)
-                out += [(caps, guard, alternate) for alternate in (False, True) for guard in (False, True)]
+                out += [(caps, guard, alternate) for alternate in (False, True) for guard in WEIGHTS]
     return out
 
 
-def _list_schedule(problem: Problem, warm: tuple[int, ...], guard: bool,
+def _list_schedule(problem: Problem, warm: tuple[int, ...], guard: str,
                    alternate: bool) -> list[list[tuple]] | None:
     """Step 1 with the caps and flags of one variant: the orders, or None if the devices would wait
     forever. A device's next decision changes only when it or a neighbour places an op."""
@@ -184,9 +186,12 @@ def _list_schedule(problem: Problem, warm: tuple[int, ...], guard: bool,
 
 class _ListState:
     """The list scheduler's state: per device its free time, activations held, the kind it ran last
-    and per kind the next microbatch; the end time of every op placed."""
+    and per kind the next microbatch; the end time of every op placed. A weight gradient runs when it
+    is the best ready op (`eager`), or (`guarded`) not when an input gradient or forward arrives
+    before it would end. With `alternate`, a forward is due after each backward, and when memory keeps
+    it out a ready W runs first to free it (the 1F1B1W rhythm of ZB-H1 and ZB-H2)."""
 
-    def __init__(self, problem: Problem, warm: tuple[int, ...], guard: bool, alternate: bool):
+    def __init__(self, problem: Problem, warm: tuple[int, ...], guard: str, alternate: bool):
         self.pr, self.warm, self.guard, self.alternate = problem, warm, guard, alternate
         self.deps = problem.deps()
         p = problem.p
@@ -225,13 +230,20 @@ class _ListState:
         rank = ALTERNATE if self.alternate and self.last[d] == X else RANK
         start = min(t for t, _ in known)
         kind = min((k for t, k in known if t <= start), key=rank.__getitem__)
-        if kind == W and self.guard:
+        if rank is ALTERNATE and kind == X and self._blocked(d) and (start, W) in known:
+            kind = W  # the forward due after a backward waits for memory: free it first (1F1B1W)
+        if kind == W and self.guard == GUARDED:
             cost = self.pr.costs[W][d]
             sooner = [t for t, k in known if k != W and t < start + cost]
             if sooner:  # an input gradient or forward arrives before the W would end: wait for it
                 at = min(sooner)
                 return at, d, min((k for t, k in known if k != W and t <= at), key=rank.__getitem__)
         return start, d, kind
+
+    def _blocked(self, d: int) -> bool:
+        """Whether device d has a forward left that its memory cap keeps out."""
+        nxt = self.next[d]
+        return nxt[F] < self.pr.m and self.alive[d] >= (self.warm[d] if nxt[X] == 0 else self.pr.limit[d])
 
     def run(self, start: float, d: int, kind: int) -> None:
         pr = self.pr

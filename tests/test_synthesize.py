@@ -14,7 +14,7 @@ from schedc.synthesize import check_text, make_problem, synthesize, to_sched
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
 CASES = [(p, m, limit, latency) for p in (4, 8) for m in (2 * p, 4 * p) for limit in (p, 2 * p)
-         for latency in (0.0, 0.5) if latency == 0 or p * m <= 64]  # with latency: not p=8, m=32 (slow)
+         for latency in (0.0, 0.5, 2.0) if latency == 0 or p * m <= 64]  # with latency: not p=8, m=32 (slow)
 
 
 def _split_problem(p, m, limit, latency):
