@@ -67,11 +67,33 @@ class Problem:
         return (KIND_NAMES if self.split else FULL_NAMES)[kind]
 
     def lower_bound(self) -> float:
-        """No order beats this: the last device's first forward cannot start before the forwards of
-        the stages above it and their messages, and each device runs all its own work."""
-        before = [sum(self.costs[F][:s]) + s * self.latency for s in range(self.p)]
-        work = [sum(self.costs[k][s] for k in range(self.kinds)) * self.m for s in range(self.p)]
-        return max(b + w for b, w in zip(before, work))
+        """No order beats this, the larger of two bounds per device d:
+        - work: d's first forward waits for the forwards above it and their messages, then d runs all
+          its own ops;
+        - memory: an activation of d lives at least `life` (its forward, the forwards below, the
+          backwards back up, its W, and the messages between), and with L = limit slots the k-th
+          forward of d cannot start before the (k-L)-th one's activation is freed: t_k >= t_(k-L) + life,
+          t_k >= t_(k-1) + F; the last one still has its own `life` to live."""
+        return max(max(self._work_bound(d), self._memory_bound(d)) for d in range(self.p))
+
+    def _before(self, d: int) -> float:
+        return sum(self.costs[F][:d]) + d * self.latency
+
+    def _work_bound(self, d: int) -> float:
+        return self._before(d) + sum(self.costs[k][d] for k in range(self.kinds)) * self.m
+
+    def _memory_bound(self, d: int) -> float:
+        below = range(d, self.p)
+        hops = 2 * (self.p - 1 - d) * self.latency
+        life = sum(self.costs[F][s] + self.costs[X][s] for s in below) + hops + (self.costs[W][d] if self.split else 0)
+        slots = max(1, int(self.limit[d]))
+        starts: list[float] = []
+        for k in range(self.m):
+            t = self._before(d) if k == 0 else starts[-1] + self.costs[F][d]
+            if k >= slots:
+                t = max(t, starts[k - slots] + life)
+            starts.append(t)
+        return starts[-1] + life
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ def test_synthesized_order_is_checked_fits_and_beats_the_references(p, m, limit,
     ours, peak = ref.simulate(orders, UNIT, latency)
     assert max(peak) <= limit
     assert ours == pytest.approx(compiled.stats["makespan"]) == pytest.approx(result.makespan)
+    assert ours >= result.problem.lower_bound() - 1e-9
     heuristic, heuristic_peak = ref.simulate(ref.heuristic(p, m, UNIT, latency, limit), UNIT, latency)
     assert max(heuristic_peak) <= limit
     assert ours <= heuristic + 1e-9
@@ -38,6 +39,14 @@ def test_synthesized_order_is_checked_fits_and_beats_the_references(p, m, limit,
     theirs, their_peak = ref.simulate(handmade, UNIT, latency)
     assert max(their_peak) <= limit
     assert ours <= theirs + 1e-9
+
+
+def test_lower_bound_counts_memory():
+    """With latency 2 and p activations an activation of device 0 lives at least 21 (F, 3 hops of F,
+    I back, W: 1 + 3 * 3 + 1 + 3 * 3 + 1), so its 5th forward waits until 21: the 8th starts at 24
+    at the earliest and its W ends at 45 or later, above the work bound 3 * 8 + 3 * 3 = 33."""
+    assert _split_problem(4, 8, 4, 2.0).lower_bound() == 45
+    assert _split_problem(4, 8, 8, 2.0).lower_bound() == 33
 
 
 def test_references_reach_the_lower_bound_without_latency():
