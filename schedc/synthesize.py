@@ -36,6 +36,7 @@ RANK = {X: 0, F: 1, W: 2}       # step 1's ranking: the backward first, then the
 ALTERNATE = {F: 0, X: 1, W: 2}  # right after a backward, with `alternate`: the forward first
 EAGER, GUARDED = "eager", "guarded"  # when a weight gradient may run (see _ListState)
 WEIGHTS = (EAGER, GUARDED)
+TOLERANCE = 1e-9          # times this close are equal (sums of float costs)
 SEARCH_BUDGET = 4000       # orders timed by the local search, at most, per starting order
 STARTS = 3                 # best greedy orders the local search starts from
 
@@ -163,8 +164,8 @@ def synthesize(problem: Problem) -> Synthesis:
             best = candidate
     (makespan, _), n, variant, orders, searched = best
     caps, guard, alternate = variant
-    found = (f"greedy variant {n} (warm-up caps {list(caps)}, {guard} W"
-             f"{', alternating' if alternate else ''})")
+    found = (f"greedy variant {n} (warm-up caps {list(caps)}" + (f", {guard} W" if problem.split else "")
+             + (", alternating)" if alternate else ")"))
     named = tuple(tuple((problem.name(k), s, i) for k, s, i in order) for order in orders)
     return Synthesis(problem, named, makespan, timer.peaks(orders), timer.count,
                      found + (" + local search" if searched else ""))
@@ -184,7 +185,8 @@ def _variants(problem: Problem) -> list[tuple[tuple[int, ...], str, bool]]:
             caps = tuple(max(1, min(limits[d], top - slope * d)) for d in range(p))
             if caps not in seen:
                 seen.add(caps)
-                out += [(caps, guard, alternate) for alternate in (False, True) for guard in WEIGHTS]
+                out += [(caps, guard, alternate) for alternate in (False, True)
+                        for guard in (WEIGHTS if problem.split else WEIGHTS[:1])]
     return out
 
 
@@ -401,7 +403,7 @@ def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
         d, n = position[op]
         start = span[op][0]
         prev = orders[d][n - 1] if n > 0 else None
-        if prev is not None and span[prev][1] == start:
+        if prev is not None and abs(span[prev][1] - start) <= TOLERANCE:
             if prev[0] != op[0] and not (prev[2] == op[2] and op[0] == prev[0] + 1):
                 out.append((d, n - 1))
             op = prev
@@ -409,7 +411,7 @@ def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
         here, op = op, None
         for k, t, remote in deps[here[0]][here[1]]:
             dep = (k, t, here[2])
-            if span[dep][1] + (problem.latency if remote else 0.0) == start:
+            if abs(span[dep][1] + (problem.latency if remote else 0.0) - start) <= TOLERANCE:
                 op = dep
                 break
     return out
