@@ -1,8 +1,8 @@
 """synthesize: find a per-device order under an activation-memory limit (`schedc tune --synthesize`)
 and write it as a `.sched` file with explicit lists, which the compiler then checks like any schedule.
 
-    p=4, m=8, F=I=W=1, latency 0.5, limit 4 activations per device
-    -> greedy variants and local search: makespan 31.5 (the zero-bubble heuristic's rules give 33.5)
+    p=4, m=8, F=I=W=1, latency 1, limit 4 activations per device
+    -> makespan 39 (the zero-bubble repo's heuristic 41, ZB-H1 41, lower bound 33)
 
 The problem: p stages on p devices (stage s on device s), m microbatches, per-stage costs of F and B
 or of F, I and W (`backward split`), a latency per message between devices, and a limit on the
@@ -15,11 +15,12 @@ How, in three steps, all deterministic (ties go to the lower device, microbatch 
    activations than its cap —, then the weight gradient (zero bubble's ranking I > F > W); each kind
    in microbatch order;
 2. a grid of variants of that rule, as zero bubble's automatic scheduler varies its own: the cap on
-   warm-up forwards (before a device's first backward) per device, and whether a weight gradient may
-   start when it would delay an input gradient or forward about to arrive;
-3. a bounded local search on the best orders: swap two adjacent ops of one device where the first
-   delays the second on the critical path, re-time in order, keep the swap when the makespan (then
-   the sum of the devices' end times) drops and memory stays within the limit.
+   warm-up forwards (before a device's first backward) per device, whether a weight gradient may
+   start when it would delay an input gradient or forward about to arrive, and whether a device
+   alternates forward and backward (running a W first when memory keeps the forward out);
+3. a bounded local search on the best orders: move an op of the critical path that waited for the op
+   before it on its device up to MOVE_BACK places earlier, re-time in order, keep the move when the
+   makespan (then the sum of all ops' end times) drops and memory stays within the limit.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ ALTERNATE = {F: 0, X: 1, W: 2}  # right after a backward, with `alternate`: the 
 EAGER, GUARDED = "eager", "guarded"  # when a weight gradient may run (see _ListState)
 WEIGHTS = (EAGER, GUARDED)
 TOLERANCE = 1e-9          # times this close are equal (sums of float costs)
-SEARCH_BUDGET = 4000       # orders timed by the local search, at most, per starting order
+MOVE_BACK = 4             # how far the local search moves a critical op earlier, at most
+SEARCH_BUDGET = 1500       # orders timed by the local search, at most, over all its starts
 STARTS = 3                 # best greedy orders the local search starts from
 
 
@@ -157,8 +159,14 @@ def synthesize(problem: Problem) -> Synthesis:
                 break
     starts.sort(key=lambda item: (item[0], item[1]))
     best = None
+    budget = timer.count + SEARCH_BUDGET
     for score, n, variant, orders in starts[:STARTS]:
-        improved, improved_score = _improve(timer, orders, score)
+        if best is not None and best[0][0] <= bound + TOLERANCE:
+            break  # optimal already
+        if score[0] > bound + TOLERANCE and timer.count < budget:
+            improved, improved_score = _improve(timer, orders, score, bound, budget)
+        else:
+            improved, improved_score = orders, score
         candidate = (improved_score, n, variant, improved, improved_score < score)
         if best is None or candidate[:2] < best[:2]:
             best = candidate
@@ -344,25 +352,26 @@ class _Timer:
         return all(peak <= limit for peak, limit in zip(self.peaks(orders), self.pr.limit))
 
     def score(self, orders, span=None) -> tuple[float, float]:
-        """(makespan, sum of the devices' end times); infinite for orders that deadlock."""
+        """(makespan, sum of every op's end time); infinite for orders that deadlock."""
         span = span if span is not None else self.times(orders)
         if span is None:
             return (math.inf, math.inf)
         ends = [span[order[-1]][1] for order in orders]
-        return (max(ends), sum(ends))
+        return (max(ends), sum(end for _, end in span.values()))
 
 
-def _improve(timer: _Timer, orders: list[list[tuple]], score: tuple[float, float]):
-    """Step 3 from `orders`: the improved orders and their score."""
+def _improve(timer: _Timer, orders: list[list[tuple]], score: tuple[float, float], bound: float,
+             budget: int):
+    """Step 3 from `orders`, until no move helps, the makespan reaches `bound` or `budget` orders have
+    been timed in all: the improved orders and their score."""
     orders = [list(order) for order in orders]
-    budget = timer.count + SEARCH_BUDGET
     span = timer.times(orders)
     improved = True
-    while improved and timer.count < budget:
+    while improved and timer.count < budget and score[0] > bound + TOLERANCE:
         improved = False
-        for d, n in _critical_swaps(timer.pr, orders, span):
+        for d, n, back in _critical_moves(timer.pr, orders, span):
             trial = list(orders)
-            trial[d] = _swapped(orders[d], n)
+            trial[d] = _moved(orders[d], n, back)
             if not _memory_ok(timer, trial, d):
                 continue
             trial_span = timer.times(trial)
@@ -375,9 +384,10 @@ def _improve(timer: _Timer, orders: list[list[tuple]], score: tuple[float, float
     return orders, score
 
 
-def _swapped(order: list[tuple], n: int) -> list[tuple]:
+def _moved(order: list[tuple], n: int, back: int) -> list[tuple]:
+    """`order` with its op at n moved `back` places earlier."""
     out = list(order)
-    out[n], out[n + 1] = out[n + 1], out[n]
+    out.insert(n - back, out.pop(n))
     return out
 
 
@@ -391,9 +401,10 @@ def _memory_ok(timer: _Timer, orders, d: int) -> bool:
     return True
 
 
-def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
-    """(device, position) of adjacent pairs on a critical path where the second op started when the
-    first ended and does not depend on it, nor is of the same kind (each kind stays in microbatch
+def _critical_moves(problem: Problem, orders, span) -> list[tuple[int, int, int]]:
+    """(device, position, places back) of moves that start a critical op earlier: an op on a critical
+    path that started when the op before it on its device ended, moved 1 to MOVE_BACK places earlier,
+    past ops it does not depend on and not past one of its own kind (each kind stays in microbatch
     order); latest first. The path is walked back from the op that ends last."""
     position = {op: (d, n) for d, order in enumerate(orders) for n, op in enumerate(order)}
     op = max(span, key=lambda o: (span[o][1], -position[o][0]))
@@ -404,8 +415,11 @@ def _critical_swaps(problem: Problem, orders, span) -> list[tuple[int, int]]:
         start = span[op][0]
         prev = orders[d][n - 1] if n > 0 else None
         if prev is not None and abs(span[prev][1] - start) <= TOLERANCE:
-            if prev[0] != op[0] and not (prev[2] == op[2] and op[0] == prev[0] + 1):
-                out.append((d, n - 1))
+            for back in range(1, min(MOVE_BACK, n) + 1):
+                jumped = orders[d][n - back]
+                if jumped[0] == op[0] or (jumped[2] == op[2] and op[0] > jumped[0]):
+                    break
+                out.append((d, n, back))
             op = prev
             continue
         here, op = op, None
