@@ -39,7 +39,8 @@ EAGER, GUARDED = "eager", "guarded"  # when a weight gradient may run (see _List
 WEIGHTS = (EAGER, GUARDED)
 TOLERANCE = 1e-9          # times this close are equal (sums of float costs)
 MOVE_BACK = 4             # how far the local search moves a critical op earlier, at most
-SEARCH_BUDGET = 1500       # orders timed by the local search, at most, over all its starts
+GREEDY_BUDGET = 1_000_000  # ops the variants of step 2 place, at most, in all (p=16, m=64: ~160 variants)
+SEARCH_BUDGET = 1_500_000  # ops the local search times, at most, over all its starts (p=8, m=32: ~1,950 orders)
 STARTS = 3                 # best greedy orders the local search starts from
 
 
@@ -150,33 +151,50 @@ def synthesize(problem: Problem) -> Synthesis:
                                f"{problem.limit[small[0]]:g} activation units, and a forward holds 1"))
     timer = _Timer(problem)
     bound = problem.lower_bound()
-    starts = []
-    for n, variant in enumerate(_variants(problem)):
-        orders = _list_schedule(problem, *variant)
-        if orders is not None:
-            starts.append((timer.score(orders), n, variant, orders))
-            if starts[-1][0][0] <= bound:  # optimal: nothing can beat it
-                break
-    starts.sort(key=lambda item: (item[0], item[1]))
-    best = None
-    budget = timer.count + SEARCH_BUDGET
-    for score, n, variant, orders in starts[:STARTS]:
-        if best is not None and best[0][0] <= bound + TOLERANCE:
-            break  # optimal already
-        if score[0] > bound + TOLERANCE and timer.count < budget:
-            improved, improved_score = _improve(timer, orders, score, bound, budget)
-        else:
-            improved, improved_score = orders, score
-        candidate = (improved_score, n, variant, improved, improved_score < score)
-        if best is None or candidate[:2] < best[:2]:
-            best = candidate
-    (makespan, _), n, variant, orders, searched = best
+    starts = _greedy_starts(problem, timer, bound)
+    (makespan, _), n, variant, orders, searched = _search(timer, starts, bound)
     caps, guard, alternate = variant
-    found = (f"greedy variant {n} (warm-up caps {list(caps)}" + (f", {guard} W" if problem.split else "")
+    shown = f"{caps[0]} on every device" if len(set(caps)) == 1 else str(list(caps))
+    found = (f"greedy variant {n} (warm-up caps {shown}" + (f", {guard} W" if problem.split else "")
              + (", alternating)" if alternate else ")"))
     named = tuple(tuple((problem.name(k), s, i) for k, s, i in order) for order in orders)
     return Synthesis(problem, named, makespan, timer.peaks(orders), timer.count,
                      found + (" + local search" if searched else ""))
+
+
+def _greedy_starts(problem: Problem, timer: "_Timer", bound: float) -> list[tuple]:
+    """Steps 1 and 2: (score, variant number, variant, orders) of the variants run, best first; the
+    grid stops at an order that reaches `bound`, or once GREEDY_BUDGET ops have been placed in all."""
+    starts, placed = [], 0
+    ops = problem.kinds * problem.p * problem.m
+    for n, variant in enumerate(_variants(problem)):
+        if starts and placed + ops > GREEDY_BUDGET:
+            break
+        orders = _list_schedule(problem, *variant)
+        placed += ops
+        if orders is not None:
+            starts.append((timer.score(orders), n, variant, orders))
+            if starts[-1][0][0] <= bound + TOLERANCE:  # optimal: nothing can beat it
+                break
+    starts.sort(key=lambda item: (item[0], item[1]))
+    return starts
+
+
+def _search(timer: "_Timer", starts: list[tuple], bound: float) -> tuple:
+    """Step 3 from the STARTS best: (score, variant number, variant, orders, improved) of the best."""
+    best = None
+    ops = sum(map(len, starts[0][3])) if starts else 1
+    budget = timer.count + max(50, SEARCH_BUDGET // ops)
+    for score, n, variant, orders in starts[:STARTS]:
+        if best is not None and best[0][0] <= bound + TOLERANCE:
+            break  # optimal already
+        improved, improved_score = orders, score
+        if score[0] > bound + TOLERANCE and timer.count < budget:
+            improved, improved_score = _improve(timer, orders, score, bound, budget)
+        candidate = (improved_score, n, variant, improved, improved_score < score)
+        if best is None or candidate[:2] < best[:2]:
+            best = candidate
+    return best
 
 
 # Step 1 and 2: list scheduling and its variants ---------------------------------------------------
