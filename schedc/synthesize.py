@@ -42,6 +42,11 @@ MOVE_BACK = 4             # how far the local search moves a critical op earlier
 GREEDY_BUDGET = 1_000_000  # ops the variants of step 2 place, at most, in all (p=16, m=64: ~160 variants)
 SEARCH_BUDGET = 1_500_000  # ops the local search times, at most, over all its starts (p=8, m=32: ~1,950 orders)
 STARTS = 3                 # best greedy orders the local search starts from
+OPTIONS = Source("schedc tune", "")  # where errors in the inputs are reported
+
+
+def _option_error(message: str, exit_code: int = 2) -> SchedError:
+    return SchedError(error(message), OPTIONS, exit_code=exit_code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,20 +122,20 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
     each with one value or one per stage; `limit` has one value or one per device."""
     if p < 1 or m < 1:
-        raise SchedError(error(f"p and m must be at least 1 (got p={p}, m={m})"), exit_code=2)
+        raise _option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     split = OpKind.I.value in costs or OpKind.W.value in costs
     if split and OpKind.B.value in costs:
-        raise SchedError(error("give the backward as B, or split as I and W, not both"), exit_code=2)
+        raise _option_error("give the backward as B, or split as I and W, not both")
     names = builtin_kinds(split)
     table = tuple(_per_stage(name, costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
     for name, row in zip(names, table):
         if any(not math.isfinite(c) or c <= 0 for c in row):
-            raise SchedError(error(f"cost {name} must be finite and > 0"), exit_code=2)
+            raise _option_error(f"cost {name} must be finite and > 0")
     if not math.isfinite(latency) or latency < 0:
-        raise SchedError(error(f"--latency must be finite and >= 0 (got {latency:g})"), exit_code=2)
+        raise _option_error(f"--latency must be finite and >= 0 (got {latency:g})")
     limits = _per_stage("memory limit", limit, p, "device")
     if any(not math.isfinite(x) for x in limits):
-        raise SchedError(error("--memory-limit must be finite"), exit_code=2)
+        raise _option_error("--memory-limit must be finite")
     return Problem(p, m, table, split, float(latency), limits)
 
 
@@ -138,7 +143,7 @@ def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple
     if len(values) == 1:
         return tuple(float(values[0]) for _ in range(p))
     if len(values) != p:
-        raise SchedError(error(f"{name}: give one value or one per {what} ({p}), not {len(values)}"), exit_code=2)
+        raise _option_error(f"{name}: give one value or one per {what} ({p}), not {len(values)}")
     return tuple(float(v) for v in values)
 
 
@@ -147,8 +152,8 @@ def synthesize(problem: Problem) -> Synthesis:
     header. SchedError (exit 1) when no order fits: a device's limit below one activation."""
     small = [d for d, x in enumerate(problem.limit) if x < 1]
     if small:
-        raise SchedError(error(f"no order fits: device {small[0]} has a memory limit of "
-                               f"{problem.limit[small[0]]:g} activation units, and a forward holds 1"))
+        raise _option_error(f"no order fits: device {small[0]} has a memory limit of "
+                            f"{problem.limit[small[0]]:g} activation units, and a forward holds 1", exit_code=1)
     timer = _Timer(problem)
     bound = problem.lower_bound()
     starts = _greedy_starts(problem, timer, bound)
@@ -366,9 +371,6 @@ class _Timer:
             out.append(peak)
         return tuple(out)
 
-    def fits(self, orders) -> bool:
-        return all(peak <= limit for peak, limit in zip(self.peaks(orders), self.pr.limit))
-
     def score(self, orders, span=None) -> tuple[float, float]:
         """(makespan, sum of every op's end time); infinite for orders that deadlock."""
         span = span if span is not None else self.times(orders)
@@ -506,19 +508,9 @@ def _device_block(d: int, order, width: int) -> list[str]:
     return out
 
 
-def ranked_kinds(problem: Problem) -> str:
-    """The ranking of step 1, for messages: `I > F > W` or `B > F`."""
-    return " > ".join(problem.name(k) for k in (X, F, W)[:problem.kinds])
-
-
 # The command: options -> problem -> orders -> checked .sched text ------------------------------------
 
-OPTIONS = Source("schedc tune", "")  # where errors in command-line options are reported
 COST_KINDS = tuple(kind.value for kind in OpKind)
-
-
-def _option_error(message: str) -> SchedError:
-    return SchedError(error(message), OPTIONS, exit_code=2)
 
 
 def _numbers(name: str, text: str) -> tuple[float, ...]:
@@ -578,7 +570,7 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, me
             with open(out, "w", encoding="utf-8") as handle:
                 handle.write(text)
         except OSError as exc:
-            raise SchedError(error(f"cannot write {out}: {exc.strerror or exc}"), OPTIONS, exit_code=2) from None
+            raise _option_error(f"cannot write {out}: {exc.strerror or exc}") from None
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
     stats = compiled.stats
     lines.append(f"{path}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
@@ -588,5 +580,5 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, me
     return text, "\n".join(lines), compiled.ok
 
 
-__all__ = ["Problem", "Synthesis", "make_problem", "synthesize", "to_sched", "ranked_kinds",
+__all__ = ["Problem", "Synthesis", "make_problem", "synthesize", "to_sched",
            "problem_from_options", "check_text", "run_tune"]
