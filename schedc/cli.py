@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
@@ -157,6 +158,11 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_jso
     sys.exit(0 if result.ok else 1)
 
 
+def _progress_line(what: str, done: int, total: int) -> None:
+    """Progress on a terminal: `what n/N` rewritten in place on stderr (the caller clears it)."""
+    click.echo(f"\r{what} {done}/{total}", err=True, nl=False)
+
+
 @main.command("tune")
 @click.option("--synthesize", "synth", is_flag=True,
               help="Find a per-device order within --memory-limit and write it as a .sched file.")
@@ -173,10 +179,15 @@ def tune_cmd(synth, defines, costs, latency, memory_limit, out):
         raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
     from .compiler import parse_defines
     from .synthesize import run_tune
+    shown = sys.stderr.isatty()
     try:
-        text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out)
+        text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out,
+                                    partial(_progress_line, "synthesizing: greedy variant") if shown else None)
     except SchedError as exc:
         _fail(exc)
+    finally:
+        if shown:
+            click.echo("\r\033[K", err=True, nl=False)
     if out is None:
         click.echo(text, nl=False)
     click.echo(report, err=True)

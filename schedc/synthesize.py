@@ -25,6 +25,7 @@ How, in three steps, all deterministic (ties go to the lower device, microbatch 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .diagnostics import SchedError, Source, error
@@ -147,16 +148,17 @@ def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple
     return tuple(float(v) for v in values)
 
 
-def synthesize(problem: Problem) -> Synthesis:
+def synthesize(problem: Problem, progress: Callable[[int, int], None] | None = None) -> Synthesis:
     """The best deadlock-free orders within `problem.limit` found by the three steps of the module
-    header. SchedError (exit 1) when no order fits: a device's limit below one activation."""
+    header; `progress(done, total)` is told after each greedy variant. SchedError (exit 1) when no
+    order fits: a device's limit below one activation."""
     small = [d for d, x in enumerate(problem.limit) if x < 1]
     if small:
         raise _option_error(f"no order fits: device {small[0]} has a memory limit of "
                             f"{problem.limit[small[0]]:g} activation units, and a forward holds 1", exit_code=1)
     timer = _Timer(problem)
     bound = problem.lower_bound()
-    starts = _greedy_starts(problem, timer, bound)
+    starts = _greedy_starts(problem, timer, bound, progress)
     (makespan, _), n, variant, orders, searched = _search(timer, starts, bound)
     caps, guard, alternate = variant
     shown = f"{caps[0]} on every device" if len(set(caps)) == 1 else str(list(caps))
@@ -167,16 +169,20 @@ def synthesize(problem: Problem) -> Synthesis:
                      found + (" + local search" if searched else ""))
 
 
-def _greedy_starts(problem: Problem, timer: "_Timer", bound: float) -> list[tuple]:
+def _greedy_starts(problem: Problem, timer: "_Timer", bound: float,
+                   progress: Callable[[int, int], None] | None) -> list[tuple]:
     """Steps 1 and 2: (score, variant number, variant, orders) of the variants run, best first; the
     grid stops at an order that reaches `bound`, or once GREEDY_BUDGET ops have been placed in all."""
     starts, placed = [], 0
     ops = problem.kinds * problem.p * problem.m
-    for n, variant in enumerate(_variants(problem)):
+    variants = _variants(problem)
+    for n, variant in enumerate(variants):
         if starts and placed + ops > GREEDY_BUDGET:
             break
         orders = _list_schedule(problem, *variant)
         placed += ops
+        if progress is not None:
+            progress(n + 1, len(variants))
         if orders is not None:
             starts.append((timer.score(orders), n, variant, orders))
             if starts[-1][0][0] <= bound + TOLERANCE:  # optimal: nothing can beat it
@@ -557,11 +563,11 @@ def check_text(text: str, path: str, latency: float = 0.0):
 
 
 def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, memory_limit: str | None,
-             out: str | None) -> tuple[str, str, bool]:
+             out: str | None, progress: Callable[[int, int], None] | None = None) -> tuple[str, str, bool]:
     """`schedc tune --synthesize`: (the .sched text, a report for the terminal, whether the compiler
     accepts it). The text is compiled before it is written; a refused one is written too, for study."""
     problem = problem_from_options(defines, costs, latency, memory_limit)
-    result = synthesize(problem)
+    result = synthesize(problem, progress)
     path = out or "synthesized.sched"
     text = to_sched(result)
     compiled = check_text(text, path, problem.latency)
