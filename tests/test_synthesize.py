@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import zb_heuristic as ref
-from conftest import FIXTURES
+from conftest import ROOT
 from schedc.cli import main
 from schedc.synthesize import check_text, make_problem, synthesize, to_sched
 
@@ -105,7 +105,7 @@ def test_written_file_is_the_orders_and_is_deterministic():
 def test_golden_file(regen_golden):
     """The file `schedc tune --synthesize -D p=4 -D m=8 --cost I=1 --cost W=1 --latency 0.5
     --memory-limit 4` writes (pytest --regen-golden rewrites it)."""
-    golden = FIXTURES / "synthesized_p4_m8_limit4.sched"
+    golden = ROOT / "tests" / "golden" / "synthesized_p4_m8_limit4.sched"
     text = to_sched(synthesize(_split_problem(4, 8, 4, 0.5)))
     if regen_golden:
         golden.write_text(text, encoding="utf-8")
