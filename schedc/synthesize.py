@@ -43,6 +43,7 @@ MOVE_BACK = 4             # how far the local search moves a critical op earlier
 GREEDY_BUDGET = 1_000_000  # ops the variants of step 2 place, at most, in all (p=16, m=64: ~160 variants)
 SEARCH_BUDGET = 1_500_000  # ops the local search times, at most, over all its starts (p=8, m=32: ~1,950 orders)
 STARTS = 3                 # best greedy orders the local search starts from
+MAX_OPS = 2_000_000        # the language's bound on a schedule's ops (docs/language.md)
 OPTIONS = Source("schedc tune", "")  # where errors in the inputs are reported
 
 
@@ -124,6 +125,8 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     each with one value or one per stage; `limit` has one value or one per device."""
     if p < 1 or m < 1:
         raise _option_error(f"p and m must be at least 1 (got p={p}, m={m})")
+    if 3 * p * m > MAX_OPS:
+        raise _option_error(f"p={p}, m={m} would make {3 * p * m:,} ops, more than the {MAX_OPS:,} a schedule may have")
     split = OpKind.I.value in costs or OpKind.W.value in costs
     if split and OpKind.B.value in costs:
         raise _option_error("give the backward as B, or split as I and W, not both")
@@ -271,7 +274,7 @@ class _ListState:
         lat, m, out = pr.latency, pr.m, []
         for kind in range(pr.kinds):
             i = nxt[kind]
-            if i >= m or (kind == F and self.alive[d] >= (self.warm[d] if nxt[X] == 0 else pr.limit[d])):
+            if i >= m or (kind == F and self.alive[d] >= self._cap(d)):
                 continue
             start = free
             for k, s, remote in self.deps[kind][d]:
@@ -304,7 +307,12 @@ class _ListState:
     def _blocked(self, d: int) -> bool:
         """Whether device d has a forward left that its memory cap keeps out."""
         nxt = self.next[d]
-        return nxt[F] < self.pr.m and self.alive[d] >= (self.warm[d] if nxt[X] == 0 else self.pr.limit[d])
+        return nxt[F] < self.pr.m and self.alive[d] >= self._cap(d)
+
+    def _cap(self, d: int) -> int:
+        """Activations device d may hold before its next forward: the warm-up cap until its first
+        backward, then the limit's whole units."""
+        return self.warm[d] if self.next[d][X] == 0 else math.floor(self.pr.limit[d])
 
     def run(self, start: float, d: int, kind: int) -> None:
         pr = self.pr
@@ -463,6 +471,15 @@ def _number(x: float) -> str:
     return f"{x:g}" if float(x).is_integer() or len(f"{x:g}") <= 10 else repr(float(x))
 
 
+def _listed(row: tuple[float, ...]) -> str:
+    """One value, or the values per device comma-separated (as --memory-limit takes them)."""
+    return _number(row[0]) if len(set(row)) == 1 else ",".join(map(_number, row))
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' * (n != 1)}"
+
+
 def _per_stage_expr(row: tuple[float, ...]) -> str:
     """One value, or `a if s == 0 else (b if s == 1 else c)` for per-stage values."""
     if len(set(row)) == 1:
@@ -484,7 +501,7 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
         f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {_number(pr.latency)},",
         f"# memory limit {limit} activations per device. Makespan {_number(result.makespan)} "
         f"(lower bound {_number(pr.lower_bound())}), peak activations {' '.join(map(str, result.peak))};",
-        f"# found by {result.found_by}, {result.timed} orders timed.",
+        f"# found by {result.found_by}, {_count(result.timed, 'order')} timed.",
         f"# Simulate with the same latency: schedc simulate FILE --latency {_number(pr.latency)}",
         f'schedule {name} "order synthesized under a memory limit of {limit} activations per device"',
         f"devices {pr.p}",
@@ -580,8 +597,8 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, me
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
     stats = compiled.stats
     lines.append(f"{path}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
-                 f"{' '.join(f'{x:g}' for x in stats['peak_memory'])} within {_per_stage_expr(problem.limit)}; "
-                 f"{result.found_by}; {result.timed} orders timed"
+                 f"{' '.join(f'{x:g}' for x in stats['peak_memory'])} within {_listed(problem.limit)}; "
+                 f"{result.found_by}; {_count(result.timed, 'order')} timed"
                  + ("" if compiled.ok else "; the compiler refuses it"))
     return text, "\n".join(lines), compiled.ok
 

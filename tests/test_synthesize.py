@@ -93,6 +93,15 @@ def test_per_stage_costs_and_limits():
     assert result.makespan >= problem.lower_bound()
 
 
+def test_a_fractional_limit_admits_whole_activations(tmp_path):
+    out = tmp_path / "half.sched"
+    result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "I=1", "--cost", "W=1",
+                   "--memory-limit", "2.5", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "peak activations 2 2 2 2 within 2.5;" in result.output
+    assert "limit memory <= 2.5" in out.read_text()
+
+
 def test_written_file_is_the_orders_and_is_deterministic():
     problem = _split_problem(4, 8, 4, 0.5)
     first, second = to_sched(synthesize(problem)), to_sched(synthesize(problem))
@@ -140,6 +149,7 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "four"], 2, "expected a number"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--memory-limit", "4"], 2, "--latency"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "0.5"], 1, "no order fits: device 0"),
+    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--memory-limit", "4"], 2, "more than the 2,000,000"),
 ])
 def test_cli_bad_input(args, code, message):
     result = _tune(*args)
