@@ -205,7 +205,7 @@ def tune_cmd(synth, defines, costs, latency, memory_limit, out):
     if not synth:
         raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
     from .compiler import parse_defines
-    from .synthesize import run_tune
+    from .synthesize_cli import run_tune
     shown = sys.stderr.isatty()
     try:
         text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out,

@@ -47,7 +47,7 @@ MAX_OPS = 2_000_000        # the language's bound on a schedule's ops (docs/lang
 OPTIONS = Source("schedc tune", "")  # where errors in the inputs are reported
 
 
-def _option_error(message: str, exit_code: int = 2) -> SchedError:
+def option_error(message: str, exit_code: int = 2) -> SchedError:
     return SchedError(error(message), OPTIONS, exit_code=exit_code)
 
 
@@ -124,22 +124,22 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
     each with one value or one per stage; `limit` has one value or one per device."""
     if p < 1 or m < 1:
-        raise _option_error(f"p and m must be at least 1 (got p={p}, m={m})")
+        raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     if 3 * p * m > MAX_OPS:
-        raise _option_error(f"p={p}, m={m} would make {3 * p * m:,} ops, more than the {MAX_OPS:,} a schedule may have")
+        raise option_error(f"p={p}, m={m} would make {3 * p * m:,} ops, more than the {MAX_OPS:,} a schedule may have")
     split = OpKind.I.value in costs or OpKind.W.value in costs
     if split and OpKind.B.value in costs:
-        raise _option_error("give the backward as B, or split as I and W, not both")
+        raise option_error("give the backward as B, or split as I and W, not both")
     names = builtin_kinds(split)
     table = tuple(_per_stage(name, costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
     for name, row in zip(names, table):
         if any(not math.isfinite(c) or c <= 0 for c in row):
-            raise _option_error(f"cost {name} must be finite and > 0")
+            raise option_error(f"cost {name} must be finite and > 0")
     if not math.isfinite(latency) or latency < 0:
-        raise _option_error(f"--latency must be finite and >= 0 (got {latency:g})")
+        raise option_error(f"--latency must be finite and >= 0 (got {latency:g})")
     limits = _per_stage("memory limit", limit, p, "device")
     if any(not math.isfinite(x) for x in limits):
-        raise _option_error("--memory-limit must be finite")
+        raise option_error("--memory-limit must be finite")
     return Problem(p, m, table, split, float(latency), limits)
 
 
@@ -147,7 +147,7 @@ def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple
     if len(values) == 1:
         return tuple(float(values[0]) for _ in range(p))
     if len(values) != p:
-        raise _option_error(f"{name}: give one value or one per {what} ({p}), not {len(values)}")
+        raise option_error(f"{name}: give one value or one per {what} ({p}), not {len(values)}")
     return tuple(float(v) for v in values)
 
 
@@ -157,7 +157,7 @@ def synthesize(problem: Problem, progress: Callable[[int, int], None] | None = N
     order fits: a device's limit below one activation."""
     small = [d for d, x in enumerate(problem.limit) if x < 1]
     if small:
-        raise _option_error(f"no order fits: device {small[0]} has a memory limit of "
+        raise option_error(f"no order fits: device {small[0]} has a memory limit of "
                             f"{problem.limit[small[0]]:g} activation units, and a forward holds 1", exit_code=1)
     timer = _Timer(problem)
     bound = problem.lower_bound()
@@ -467,26 +467,26 @@ def _critical_moves(problem: Problem, orders, span) -> list[tuple[int, int, int]
 
 # Writing the .sched file -----------------------------------------------------------------------------
 
-def _number(x: float) -> str:
+def number(x: float) -> str:
     return f"{x:g}" if float(x).is_integer() or len(f"{x:g}") <= 10 else repr(float(x))
 
 
-def _listed(row: tuple[float, ...]) -> str:
+def listed(row: tuple[float, ...]) -> str:
     """One value, or the values per device comma-separated (as --memory-limit takes them)."""
-    return _number(row[0]) if len(set(row)) == 1 else ",".join(map(_number, row))
+    return number(row[0]) if len(set(row)) == 1 else ",".join(map(number, row))
 
 
-def _count(n: int, what: str) -> str:
+def count(n: int, what: str) -> str:
     return f"{n} {what}{'s' * (n != 1)}"
 
 
 def _per_stage_expr(row: tuple[float, ...]) -> str:
     """One value, or `a if s == 0 else (b if s == 1 else c)` for per-stage values."""
     if len(set(row)) == 1:
-        return _number(row[0])
-    expr = _number(row[-1])
+        return number(row[0])
+    expr = number(row[-1])
     for s in range(len(row) - 2, -1, -1):
-        expr = f"{_number(row[s])} if s == {s} else ({expr})"
+        expr = f"{number(row[s])} if s == {s} else ({expr})"
     return expr
 
 
@@ -498,18 +498,18 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
     costs = ", ".join(f"{n}={_per_stage_expr(row)}" for n, row in zip(names, pr.costs))
     limit = _per_stage_expr(pr.limit).replace("s ==", "d ==")
     lines = [
-        f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {_number(pr.latency)},",
-        f"# memory limit {limit} activations per device. Makespan {_number(result.makespan)} "
-        f"(lower bound {_number(pr.lower_bound())}), peak activations {' '.join(map(str, result.peak))};",
-        f"# found by {result.found_by}, {_count(result.timed, 'order')} timed.",
-        f"# Simulate with the same latency: schedc simulate FILE --latency {_number(pr.latency)}",
+        f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {number(pr.latency)},",
+        f"# memory limit {limit} activations per device. Makespan {number(result.makespan)} "
+        f"(lower bound {number(pr.lower_bound())}), peak activations {' '.join(map(str, result.peak))};",
+        f"# found by {result.found_by}, {count(result.timed, 'order')} timed.",
+        f"# Simulate with the same latency: schedc simulate FILE --latency {number(pr.latency)}",
         f'schedule {name} "order synthesized under a memory limit of {limit} activations per device"',
         f"devices {pr.p}",
         f"pipeline main {{ stages {pr.p}; device s -> s; microbatches {pr.m} }}",
     ]
     if pr.split:
         lines.append("backward split")
-    lines += [f"cost {n}(s) = {_per_stage_expr(row)}" if len(set(row)) > 1 else f"cost {n} = {_number(row[0])}"
+    lines += [f"cost {n}(s) = {_per_stage_expr(row)}" if len(set(row)) > 1 else f"cost {n} = {number(row[0])}"
               for n, row in zip(names, pr.costs)]
     lines.append(f"limit memory <= {limit}")
     for d, order in enumerate(result.orders):
@@ -531,77 +531,5 @@ def _device_block(d: int, order, width: int) -> list[str]:
     return out
 
 
-# The command: options -> problem -> orders -> checked .sched text ------------------------------------
-
-COST_KINDS = tuple(kind.value for kind in OpKind)
-
-
-def _numbers(name: str, text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise _option_error(f"{name}: expected a number or comma-separated numbers, got {text!r}") from None
-    return values
-
-
-def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latency: float,
-                         memory_limit: str | None) -> Problem:
-    """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2`, `--memory-limit 4` -> a Problem (errors: exit 2)."""
-    unknown = sorted(set(defines) - {"p", "m"})
-    if unknown:
-        raise _option_error(f"-D {unknown[0]}: tune --synthesize takes only p (devices) and m (microbatches)")
-    sizes = {}
-    for name in ("p", "m"):
-        if name not in defines:
-            raise _option_error(f"give -D {name}=N ({'devices' if name == 'p' else 'microbatches'})")
-        try:
-            sizes[name] = int(defines[name])
-        except ValueError:
-            raise _option_error(f"-D {name}: expected an integer, got {defines[name]!r}") from None
-    table: dict[str, tuple[float, ...]] = {}
-    for item in costs:
-        kind, sep, text = item.partition("=")
-        kind = kind.strip()
-        if not sep or kind not in COST_KINDS:
-            raise _option_error(f"--cost {item!r}: expected KIND=VALUE with KIND one of {', '.join(COST_KINDS)}")
-        if kind in table:
-            raise _option_error(f"--cost {kind} given twice")
-        table[kind] = _numbers(f"--cost {kind}", text)
-    if memory_limit is None:
-        raise _option_error("give --memory-limit N (activations per device; one value or one per device)")
-    return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--memory-limit", memory_limit))
-
-
-def check_text(text: str, path: str, latency: float = 0.0):
-    """Compile the written schedule as any schedule is compiled (with the latency it was made for);
-    the Compiled result: its diagnostics, and the compiler's own makespan and memory peaks."""
-    from .compiler import compile_source
-    return compile_source(Source(path, text), latency=latency)
-
-
-def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, memory_limit: str | None,
-             out: str | None, progress: Callable[[int, int], None] | None = None) -> tuple[str, str, bool]:
-    """`schedc tune --synthesize`: (the .sched text, a report for the terminal, whether the compiler
-    accepts it). The text is compiled before it is written; a refused one is written too, for study."""
-    problem = problem_from_options(defines, costs, latency, memory_limit)
-    result = synthesize(problem, progress)
-    path = out or "synthesized.sched"
-    text = to_sched(result)
-    compiled = check_text(text, path, problem.latency)
-    if out is not None:
-        try:
-            with open(out, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        except OSError as exc:
-            raise _option_error(f"cannot write {out}: {exc.strerror or exc}") from None
-    lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
-    stats = compiled.stats
-    lines.append(f"{path}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
-                 f"{' '.join(f'{x:g}' for x in stats['peak_memory'])} within {_listed(problem.limit)}; "
-                 f"{result.found_by}; {_count(result.timed, 'order')} timed"
-                 + ("" if compiled.ok else "; the compiler refuses it"))
-    return text, "\n".join(lines), compiled.ok
-
-
-__all__ = ["Problem", "Synthesis", "make_problem", "synthesize", "to_sched",
-           "problem_from_options", "check_text", "run_tune"]
+__all__ = ["Problem", "Synthesis", "make_problem", "synthesize", "to_sched", "option_error", "number", "listed",
+           "count"]

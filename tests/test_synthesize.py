@@ -10,7 +10,8 @@ from click.testing import CliRunner
 import zb_heuristic as ref
 from conftest import ROOT
 from schedc.cli import main
-from schedc.synthesize import check_text, make_problem, synthesize, to_sched
+from schedc.synthesize import make_problem, synthesize, to_sched
+from schedc.synthesize_cli import check_text
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
 CASES = [(p, m, limit, latency) for p in (4, 8) for m in (2 * p, 4 * p) for limit in (p, 2 * p)
