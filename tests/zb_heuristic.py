@@ -16,9 +16,10 @@
   1F1B's warm-up (p-1-d forwards), then forward + input gradient per step, the weight gradient of the
   oldest microbatch from step d on; the weight gradients left over close the step. Peak memory p.
 * ``zb_h2`` — ZB-H2: 2(p-1-d)+1 warm-up forwards (enough to cover the wait for the first input
-  gradient), then (I, W, F) per step while forwards remain — the W keeps memory at the warm-up count,
-  below 2p —, then the tail as the paper reorders it: input gradients as they come, weight gradients
-  between them and at the end. Peak memory 2(p-d)-1 <= 2p.
+  gradient), then input gradient and forward alternating while forwards remain, a W first whenever the
+  forward would hold more than 2p; then the tail as the paper reorders it into a parallelogram: (W, I)
+  pairs, then the weight gradients left. With m <= 2p it is the shape drawn in the comment of the
+  heuristic's ``manual_order``. Peak memory at most 2p.
 
 Orders are lists per device of ``(kind, stage, microbatch)``, kinds ``F``, ``B``, ``I``, ``W``.
 """
