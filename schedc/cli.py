@@ -13,6 +13,7 @@ import click
 
 from .diagnostics import SchedError
 from .predict import cluster_options
+from .tune import tune_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -182,6 +183,19 @@ def _on_cluster(file: str, defines, cluster, lower: bool = True):
 def _cluster_summary(on) -> str:
     from .predict import summary
     return "\n" + summary(on)
+
+
+@main.command("tune")
+@tune_options
+@click.option("--json", "as_json", is_flag=True, help="Print the ranked list as JSON, best first.")
+def tune_cmd(request, as_json):
+    """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
+    ranked by the predicted iteration time of each schedule's simulated order."""
+    from .tune import run_command
+    try:
+        click.echo(run_command(request, as_json))
+    except SchedError as exc:
+        _fail(exc)
 
 
 @main.command("list")
