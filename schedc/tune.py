@@ -123,6 +123,7 @@ class Refusal:
 
     message: str
     memory: float | None = None
+    layers: bool = False   # the schedule's stages do not divide the layers: outside the space
 
 
 @dataclass(frozen=True)
@@ -327,13 +328,13 @@ class Searcher:
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
         self.progress = progress or (lambda n: None)
-        self.shapes: dict[tuple, Shape | str] = {}
+        self.shapes: dict[tuple, Shape | Refusal] = {}
         self.structures: dict[tuple, Structure] = {}
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.costs: dict[tuple, Any] = {}
         self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
-                       "over_memory": 0, "refused": 0}
+                       "over_memory": 0, "refused": 0, "layers": 0}
 
     # pieces, cached -----------------------------------------------------------------------------
 
@@ -343,7 +344,7 @@ class Searcher:
             tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
             sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce))
 
-    def shape(self, c: Candidate) -> Shape | str:
+    def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
         key = c.structure_key()
         if key not in self.shapes:
@@ -352,11 +353,11 @@ class Searcher:
             try:
                 _, devices, pipelines = shape_of(entry.decl, entry.source, c.params())
             except SchedError as exc:
-                self.shapes[key] = exc.diagnostics[0].message
+                self.shapes[key] = Refusal(exc.diagnostics[0].message)
             else:
                 stages = pipelines[0].stages
-                self.shapes[key] = Shape(devices, pipelines) if self.model.layers % stages == 0 else (
-                    f"{stages} stages do not divide the {self.model.layers} layers")
+                self.shapes[key] = Shape(devices, pipelines) if self.model.layers % stages == 0 else Refusal(
+                    f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
         return self.shapes[key]
 
     def stage_costs(self, st: Setting, c: Candidate, stages: int):
@@ -379,23 +380,36 @@ class Searcher:
         return self.structures[key]
 
     def _structure(self, c: Candidate) -> Structure:
-        from .checks.structure import census, check_structure
+        """The order and its activation peaks; its checks and predecessors wait for prepare()."""
         from .compiler import collector_paused
-        from .diagnostics import has_errors
         from .frontend.elaborate import Options, elaborate
         from .memory import peak_memory
-        from .simulate import DEVICE, predecessors
         entry = self.entries[c.schedule]
         with collector_paused():
             try:
                 schedule = elaborate(entry.decl, entry.source, Options(c.params()))
             except SchedError as exc:
                 return Structure(error=exc.diagnostics[0].message)
-            found = check_structure(schedule, census(schedule))
+        return Structure(schedule, peaks=peak_memory(schedule))
+
+    @staticmethod
+    def prepare(structure: Structure) -> Structure:
+        """Check the order's structure (one F and one B of every stage and microbatch, on its device)
+        and index its ops' predecessors for simulate's timing; once per order that fits in memory."""
+        from .checks.structure import census, check_structure
+        from .compiler import collector_paused
+        from .diagnostics import has_errors
+        from .simulate import DEVICE, predecessors
+        if structure.ops or structure.error is not None:
+            return structure
+        with collector_paused():
+            found = check_structure(structure.schedule, census(structure.schedule))
             if has_errors(found):
-                return Structure(error=found[0].message)
-            ops, preds, firsts = predecessors(schedule)
-        return Structure(schedule, ops, preds, firsts, list(map(DEVICE, ops)), peak_memory(schedule))
+                structure.error = found[0].message
+                return structure
+            structure.ops, structure.preds, structure.firsts = predecessors(structure.schedule)
+            structure.device = list(map(DEVICE, structure.ops))
+        return structure
 
     def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order),
@@ -434,6 +448,8 @@ class Searcher:
         top = max(range(len(memory)), key=lambda k: (memory[k], -k))
         if memory[top] > self.limit:
             return self.over(memory[top], top)
+        if self.prepare(structure).error is not None:
+            return Refusal(structure.error)
         makespan = self.makespan(c, structure, costs, self.link_times(st, c, schedule.devices))
         if makespan is None:
             return Refusal("the order deadlocks")
@@ -475,8 +491,8 @@ class Searcher:
         for c in space:
             fam = families.setdefault((c.schedule, c.t, c.p), Family())
             shape = self.shape(c)
-            if isinstance(shape, str):
-                self._refuse(fam, c, Refusal(shape))
+            if isinstance(shape, Refusal):
+                self._refuse(fam, c, shape)
                 continue
             st = self.setting(c)
             costs = self.stage_costs(st, c, shape.stages)
@@ -527,6 +543,9 @@ class Searcher:
                        time.perf_counter() - start)
 
     def _refuse(self, fam: Family, c: Candidate, refusal: Refusal) -> None:
+        if refusal.layers:
+            self.counts["layers"] += 1
+            return
         if refusal.memory is None:
             fam.refused = fam.refused or refusal.message
             self.counts["refused"] += 1
@@ -709,7 +728,8 @@ def report(outcome: Outcome, pruned_lines: int = 12) -> str:
     counts = outcome.counts
     lines.append(f"ranked by iteration time; {counts['candidates']} candidates: {counts['simulated']} simulations "
                  f"of {counts['structures']} orders, {counts['bounded']} bounded out before simulating, "
-                 f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule; "
+                 f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
+                 f"{counts['layers']} with stages that do not divide the layers; "
                  f"{outcome.seconds:.2f} s")
     if outcome.pruned:
         lines.append(f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):")
