@@ -188,12 +188,12 @@ def _cluster_summary(on) -> str:
 @main.command("tune")
 @tune_options
 @click.option("--json", "as_json", is_flag=True, help="Print the ranked list as JSON, best first.")
-def tune_cmd(request, as_json):
+def tune_cmd(options, as_json):
     """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
     ranked by the predicted iteration time of each schedule's simulated order."""
     from .tune import run_command
     try:
-        click.echo(run_command(request, as_json))
+        click.echo(run_command(options, as_json))
     except SchedError as exc:
         _fail(exc)
 

@@ -298,6 +298,7 @@ class Family:
     bound: tuple[float, float] | None = None      # least bound of a pruned candidate, the threshold then
     bounded: int = 0
     refused: str | None = None                    # a requirement or compile error of the schedule
+    layers: str | None = None                     # its stages do not divide the layers (outside the space)
 
     def note_bound(self, bound: float, threshold: float) -> None:
         self.bounded += 1
@@ -432,6 +433,9 @@ class Searcher:
     def evaluate(self, c: Candidate, free: bool = False) -> Prediction | Refusal:
         """The candidate's prediction, or why it is refused (a compile error, a deadlock, its memory
         over the limit). free: also the message-free simulation (the bubble of the breakdown)."""
+        shape = self.shape(c)
+        if isinstance(shape, Refusal):
+            return shape
         if self.entries[c.schedule].plain:
             return self._evaluate_plain(c)
         from .timing import Timing
@@ -476,7 +480,7 @@ class Searcher:
         return Refusal(errors[0].message) if errors else pred
 
     def over(self, nbytes: float, device: int, what: str = "") -> Refusal:
-        return Refusal(f"does not fit: {nbytes / GIB:.1f} GiB > {self.limit / GIB:.0f} GiB at device {device}{what}",
+        return Refusal(f"does not fit: {nbytes / GIB:.4g} GiB > {self.limit / GIB:.4g} GiB at device {device}{what}",
                        nbytes)
 
     # the walk -----------------------------------------------------------------------------------
@@ -545,6 +549,7 @@ class Searcher:
     def _refuse(self, fam: Family, c: Candidate, refusal: Refusal) -> None:
         if refusal.layers:
             self.counts["layers"] += 1
+            fam.layers = refusal.message
             return
         if refusal.memory is None:
             fam.refused = fam.refused or refusal.message
@@ -574,6 +579,8 @@ class Searcher:
                 lines.append((1, fam.over[0], head + fam.over[1]))
             elif fam.refused is not None:
                 lines.append((2, 0.0, head + fam.refused))
+            elif fam.layers is not None and self.counts["layers"] == self.counts["candidates"] - self.counts["refused"]:
+                lines.append((3, 0.0, head + fam.layers))  # shown only when nothing else ran
         return [text for _, _, text in sorted(lines)]
 
     def _space(self, space: list[Candidate]) -> str:
@@ -660,23 +667,18 @@ _OPTIONS = (
 )
 
 
+_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "top",
+          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce")
+
+
 def tune_options(command):
-    """Add the configuration search's options to a click command; it gets `request` (a Request) and
-    `as_json`. Bad values are usage errors (exit 2)."""
+    """Add the configuration search's options to a click command; it gets them as `options` (a dict
+    for request_from, which run_command calls)."""
     import functools
 
     @functools.wraps(command)
     def wrapper(*args, **kw):
-        from .checks.memory import parse_bytes
-        names = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp",
-                 "pp", "top", "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce")
-        o = {name: kw.pop(name) for name in names}
-        kw["request"] = Request(
-            o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"),
-            parse_bytes(o["memory_limit"]) if o["memory_limit"] is not None else None,
-            _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
-            _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
-            o["overlap_grad_reduce"])
+        kw["options"] = {name: kw.pop(name) for name in _NAMES}
         return command(*args, **kw)
 
     for option in reversed(_OPTIONS):
@@ -684,11 +686,27 @@ def tune_options(command):
     return wrapper
 
 
-def run_command(request: Request, as_json: bool) -> str:
+def request_from(o: dict[str, Any]) -> Request:
+    """The Request of the command line's options; bad values are usage errors (exit 2)."""
+    from .checks.memory import parse_bytes
+    limit = None
+    if o["memory_limit"] is not None:
+        try:
+            limit = parse_bytes(o["memory_limit"])
+        except SchedError:
+            raise usage(f"--memory-limit: cannot read {o['memory_limit']!r} (write e.g. 80GiB, 512MB or 1e10 bytes)") from None
+    return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
+                   _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
+                   _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
+                   o["overlap_grad_reduce"])
+
+
+def run_command(options: dict[str, Any], as_json: bool) -> str:
     """`schedc tune` without --synthesize: search (a progress bar on stderr unless --json), then the
     table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
     import json
     import sys
+    request = request_from(options)
     if as_json or not sys.stderr.isatty():
         outcome = search(request)
     else:
@@ -698,10 +716,16 @@ def run_command(request: Request, as_json: bool) -> str:
             searcher.progress = bar.update
             outcome = searcher.run()
     if not outcome.ranked:
-        raise nothing_fits(outcome)
+        raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else nothing_fits(outcome)
     if as_json:
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
     return report(outcome)
+
+
+def no_layout(outcome: Outcome) -> SchedError:
+    r = outcome.request
+    return usage(f"no layout of {r.gpus} GPUs whose pipeline stages divide the model's layers "
+                 f"(t x p x d = {r.gpus}, d dividing the global batch {r.global_batch}; {outcome.space})")
 
 
 def nothing_fits(outcome: Outcome) -> SchedError:
@@ -709,7 +733,8 @@ def nothing_fits(outcome: Outcome) -> SchedError:
     limit = outcome.request.memory_limit
     notes = outcome.pruned[:8] + ((f"... and {len(outcome.pruned) - 8} more families",) if len(outcome.pruned) > 8 else ())
     what = f"{limit / GIB:g} GiB" if limit is not None else "the GPU's memory"
-    return SchedError(error(f"no configuration fits in {what} per GPU ({outcome.space})", notes=notes),
+    head = f"no configuration fits in {what} per GPU" if outcome.counts["over_memory"] else "no configuration runs"
+    return SchedError(error(f"{head} ({outcome.space})", notes=notes),
                       Source("schedc tune", ""), exit_code=1)
 
 
@@ -726,7 +751,7 @@ def report(outcome: Outcome, pruned_lines: int = 12) -> str:
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.3f}")
     counts = outcome.counts
-    lines.append(f"ranked by iteration time; {counts['candidates']} candidates: {counts['simulated']} simulations "
+    lines.append(f"ranked by iteration time; {counts['candidates']} candidates: simulations {counts['simulated']} "
                  f"of {counts['structures']} orders, {counts['bounded']} bounded out before simulating, "
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not divide the layers; "
