@@ -44,6 +44,7 @@ ROWS = [
     ("gpt-1008b", 8, 64, 3072, 3072, 1, 0, "local", 163),
 ]
 CLUSTER = "dgx-a100-80gb"
+BLOCKING = True  # Megatron-LM's point-to-point calls wait for both ends of every message
 
 
 def row_args(name, t, p, gpus, batch, b, per_virtual, ddp):
@@ -52,7 +53,7 @@ def row_args(name, t, p, gpus, batch, b, per_virtual, ddp):
     v = model.layers // (p * per_virtual) if per_virtual else 1
     schedule, params = ("interleaved_1f1b", {"p": str(p), "v": str(v)}) if v > 1 else ("1f1b", {"p": str(p)})
     layout = Layout(tp=t, dp=gpus // (t * p), microbatch_size=b, global_batch=batch,
-                    overlap_grad_reduce=ddp == "torch")
+                    overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
     return model, schedule, params, layout, v
 
 

@@ -4,8 +4,9 @@
 # uses (gloo on CPU). Every "GPU" of the description is one process with --threads threads; the
 # processes measured share one node.
 #
-#   GEMM        n x n x n products for n = 16 ... 1024: 1/rate is linear in 1/n for rate = P * n / (n + n0),
-#               so a least-squares line gives the peak P (gemm = 1) and the half dimension n0
+#   GEMM        linear layers (2048 rows through an n x n weight) for n = 64 ... 512: 1/rate is linear in
+#               1/n for rate = P * n / (n + n0), so a least-squares line gives the peak P (gemm = 1) and
+#               the half dimension n0
 #   memory      bytes read and written per second by add, GELU and layer norm on 2M values (their mean)
 #   messages    a message's time between two processes: the latency of 4 bytes, the bandwidth of 8 MB
 #   all-reduce  8 MB over --ranks processes: NCCL's bus bandwidth 2(n-1)/n * bytes / time, as the
@@ -25,6 +26,7 @@ from pathlib import Path
 # the caches of the CPUs measured here and the rate falls, which the model's rate(n) cannot follow.
 SIZES = (64, 128, 192, 256, 384, 512)
 QUICK_SIZES = (64, 128, 256)
+TOKENS = 2048            # rows of the products: microbatch x sequence, larger than every n
 MEMORY_VALUES = 1 << 21  # 8 MB of fp32: the size of a small model's activations, as the runtime moves them
 
 
@@ -56,12 +58,15 @@ def _best_time(fn, min_time: float) -> float:
     return best
 
 
-def measure_gemm(sizes=SIZES, min_time: float = 0.2) -> dict[int, float]:
+def measure_gemm(sizes=SIZES, min_time: float = 0.2, tokens: int = TOKENS) -> dict[int, float]:
+    """FLOP/s of a linear layer as the model runs it: `tokens` rows through an n x n weight (x @ w.T),
+    whose smallest dimension is n."""
     import torch
+    import torch.nn.functional as F
     rates = {}
     for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        rates[n] = 2 * n ** 3 / _best_time(lambda: torch.mm(a, b), min_time)
+        x, w = torch.randn(tokens, n), torch.randn(n, n)
+        rates[n] = 2 * tokens * n * n / _best_time(lambda: F.linear(x, w), min_time)
     return rates
 
 

@@ -74,7 +74,9 @@ class ClusterSpec:
 class Layout:
     """How the model is laid out: tensor parallel t, data parallel d, microbatch size b, global batch,
     recomputation, sequence parallelism, gradient all-reduce overlapped with the backward (torch DDP)
-    or after it (Megatron's local DDP), and the scatter/gather of pipeline messages over t links."""
+    or after it (Megatron's local DDP), the scatter/gather of pipeline messages over t links, and
+    whether a send holds its sender until the message is through (Megatron-LM's point-to-point calls
+    wait for both ends) or not (schedc's runtime: isend, waited for before the buffer is reused)."""
 
     tp: int = 1
     dp: int = 1
@@ -84,6 +86,7 @@ class Layout:
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = False
     scatter_gather: bool = True
+    blocking_p2p: bool = False  # sends hold the sender until the message is through (Megatron-LM)
 
     def microbatches(self) -> int | None:
         """m = global batch / (b * d) per pipeline, or None without a global batch."""
@@ -288,7 +291,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
     for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.microbatch_size, "--microbatch-size")):
         if value < 1:
             raise usage(f"{name} must be a positive integer, got {value}")
-    source = model_source or _source_of(model_path)
+    source = model_source or source_text(model_path)
     for key in ("heads", "hidden", "ffn", "vocab"):
         value = getattr(model, key)
         if value % t:
@@ -301,7 +304,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
 
 
-def _source_of(path: str) -> Source:
+def source_text(path: str) -> Source:
     try:
         return Source(path, Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cluster import ClusterSpec, Layout, ModelSpec
-from .ops import OpKind
+from .ops import OpKind, feeds
 
 F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # noqa: E741
 R = "recompute"  # the part of B that repeats (some of) the forward first
@@ -45,20 +45,22 @@ GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradien
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """An op's time, split into computation and tensor-parallel communication (seconds)."""
+    """An op's time, split into computation, tensor-parallel communication and (with blocking
+    point-to-point messages) the time its sender waits for its message to be through (seconds)."""
 
     compute: float = 0.0
     tp: float = 0.0
+    p2p: float = 0.0
 
     def __add__(self, other: Part) -> Part:
-        return Part(self.compute + other.compute, self.tp + other.tp)
+        return Part(self.compute + other.compute, self.tp + other.tp, self.p2p + other.p2p)
 
     def __mul__(self, k: float) -> Part:
-        return Part(self.compute * k, self.tp * k)
+        return Part(self.compute * k, self.tp * k, self.p2p * k)
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp
+        return self.compute + self.tp + self.p2p
 
 
 @dataclass(frozen=True)
@@ -187,8 +189,10 @@ def stage_layers(model: ModelSpec, stages: int) -> int:
     return model.layers // stages
 
 
-def stage_costs(st: Setting, stages: int) -> StageCosts:
-    """F, B, I, W of every stage: its layers, the embedding on stage 0, the logits on the last."""
+def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = None) -> StageCosts:
+    """F, B, I, W of every stage: its layers, the embedding on stage 0, the logits on the last; with
+    blocking point-to-point messages (layout.blocking_p2p) and the stages' devices, an op whose output
+    goes to another device also holds its device until the message is through (link_times)."""
     per = stage_layers(st.model, stages)
     layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
     table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
@@ -200,7 +204,18 @@ def stage_costs(st: Setting, stages: int) -> StageCosts:
         table[I].append(parts[I] + parts[R])
         table[W].append(parts[W])
         table[B].append(parts[I] + parts[R] + parts[W])
+    if st.layout.blocking_p2p and placement is not None:
+        _add_sends(table, placement, message_times(st, max(placement) + 1))
     return StageCosts({k: tuple(v) for k, v in table.items()})
+
+
+def _add_sends(table: dict[str, list[Part]], placement: tuple[int, ...], times: list[list[float]]) -> None:
+    """Add the blocking send of every op whose output feeds a stage on another device (schedc.ops)."""
+    for kind in (F, B, I):
+        for s, part in enumerate(table[kind]):
+            to = feeds(kind, s)
+            if to is not None and 0 <= to < len(placement) and placement[to] != placement[s]:
+                table[kind][s] = part + Part(p2p=times[placement[s]][placement[to]])
 
 
 # Parameters and memory ------------------------------------------------------------------------------
@@ -259,9 +274,17 @@ def rank_of(device: int, st: Setting) -> int:
 
 
 def link_times(st: Setting, devices: int) -> list[list[float]]:
-    """links[a][b]: time of one pipeline message (b·s·h values; each of t GPUs sends 1/t of it with the
-    scatter/gather optimisation or sequence parallelism, then an all-gather over NVLink restores the
-    whole with scatter/gather) from device a to device b, over NVLink in a node, else the network."""
+    """links[a][b], what simulate adds to a message from device a to device b: its whole time
+    (message_times), or nothing when sends block (the sending op already holds it, stage_costs)."""
+    if st.layout.blocking_p2p:
+        return [[0.0] * devices for _ in range(devices)]
+    return message_times(st, devices)
+
+
+def message_times(st: Setting, devices: int) -> list[list[float]]:
+    """Time of one pipeline message (b·s·h values; each of t GPUs sends 1/t of it with the scatter/gather
+    optimisation or sequence parallelism, then an all-gather over NVLink restores the whole with
+    scatter/gather) from device a to device b, over NVLink in a node, else the network."""
     m, lay, hw, g = st.model, st.layout, st.hw, st.cluster.gpus_per_node
     size = lay.microbatch_size * m.seq * m.hidden * m.width
     split = lay.tp > 1 and (lay.scatter_gather or lay.sequence_parallel)
@@ -350,15 +373,15 @@ def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch
     steps = len(schedule.steps)  # a filled cycle of K steps: per step, the cycle's time over K
     makespan, free = timing.makespan / steps, free_timing.makespan / steps
     iteration = makespan + sum(tail[worst])
-    compute = tp = 0.0
+    held = Part()
     for step in schedule.steps:
         for op in step[worst]:
-            part = _part(costs, op)
-            compute, tp = compute + part.compute, tp + part.tp
-    compute, tp = compute / steps, tp / steps
-    breakdown = {"compute_s": compute, "tensor_parallel_comm_s": tp, "pipeline_comm_s": makespan - free,
+            held = held + _part(costs, op)
+    held = held * (1 / steps)
+    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp,
+                 "pipeline_comm_s": held.p2p + makespan - free,
                  "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
-                 "bubble_s": free - compute - tp}
+                 "bubble_s": free - held.total}
     gpus = schedule.devices * lay.tp * lay.dp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
     memory, parts = device_memory(st, schedule, timing)

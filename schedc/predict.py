@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .cluster import RECOMPUTE, Layout, check_layout, load_cluster, load_model_spec, locate, usage, _source_of
+from .cluster import RECOMPUTE, Layout, check_layout, load_cluster, load_model_spec, locate, usage, source_text
 from .costmodel import Prediction, Setting, link_times, predict, stage_costs
 from .diagnostics import SchedError, error
 from .ops import OpKind
@@ -45,10 +45,14 @@ _OPTIONS = (
                  help="Sequence parallelism (with --cluster): reduce-scatter/all-gather, activations split t ways."),
     click.option("--overlap-grad-reduce", is_flag=True, default=False,
                  help="The data-parallel all-reduce overlaps the last backward (torch DDP), with --cluster."),
+    click.option("--blocking-p2p", is_flag=True, default=False,
+                 help="A send holds its sender until the message is through, as Megatron-LM's point-to-point "
+                      "calls do (default: it does not, as in schedc's runtime), with --cluster."),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster.")
-_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_parallel", "overlap_grad_reduce")
+_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_parallel", "overlap_grad_reduce",
+          "blocking_p2p")
 
 
 def cluster_options(command=None, *, model: bool = True):
@@ -87,7 +91,8 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
         raise click.UsageError("--cluster derives the costs: give it without --costs or --profile")
     layout = Layout(tp=values["tp"] or 1, dp=values["dp"] or 1, microbatch_size=microbatch_size or 1,
                     global_batch=values["global_batch"], recompute=values["recompute"] or "full",
-                    sequence_parallel=values["sequence_parallel"], overlap_grad_reduce=values["overlap_grad_reduce"])
+                    sequence_parallel=values["sequence_parallel"], overlap_grad_reduce=values["overlap_grad_reduce"],
+                    blocking_p2p=values["blocking_p2p"])
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
 
@@ -128,7 +133,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         overrides = _microbatches(decl, dict(overrides), layout)
         probe = elaborate(decl, source, Options(overrides))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
-        costs = stage_costs(st, probe.stages)
+        costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
         schedule = elaborate(decl, source, Options(overrides, {**_task_costs(probe, costs), **costs.costs()}))
         links = link_times(st, schedule.devices)
         if lower:
@@ -172,13 +177,12 @@ def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     batch asked for. Returns the global batch (sequences per step)."""
     stages = schedule.stages
     if model.layers % stages:
-        source = _source_of(model_path)
+        source = source_text(model_path)
         params = ", ".join(f"{k}={v}" for k, v in schedule.params.items())
         raise SchedError(error(f"'layers' ({model.layers}) must be a multiple of the schedule's {stages} "
                                f"stages ({schedule.name}: {params})", locate(source, "layers")), source,
                          exit_code=2)
-    per_replica = max((len(p.microbatches) for p in schedule.pipelines), default=0)
-    per_replica = schedule.microbatches if not schedule.replicas else per_replica * len(schedule.pipelines)
+    per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
     batch = per_replica * layout.microbatch_size * layout.dp
     if layout.global_batch is not None and batch != layout.global_batch:
         raise usage(f"the schedule runs {per_replica} microbatches per step: --global-batch "
@@ -196,7 +200,7 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
             "model": request.model if request else None, "cluster": st.cluster.name, "tp": lay.tp, "dp": lay.dp,
             "microbatch_size": lay.microbatch_size, "global_batch": result.global_batch,
             "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
-            "overlap_grad_reduce": lay.overlap_grad_reduce, "unit": "s"}})
+            "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p, "unit": "s"}})
     diagnostics = list(compiled.diagnostics)
     limit = st.cluster.memory_bytes
     if result.memory_bytes > limit:

@@ -178,7 +178,8 @@ def test_on_a100_the_end_stages_lengthen_the_bubble(name, params, formula):
 
 
 def throughput(schedule: str, model: ModelSpec, t: int, d: int, batch: int, **params) -> float:
-    layout = Layout(tp=t, dp=d, microbatch_size=1, global_batch=batch)
+    """teraFLOP/s per GPU of a Megatron-LM run (blocking sends), microbatch size 1 as in Figs. 12-14."""
+    layout = Layout(tp=t, dp=d, microbatch_size=1, global_batch=batch, blocking_p2p=True)
     return run(schedule, model, layout, **params).prediction.tflops_per_gpu
 
 
@@ -211,7 +212,8 @@ def test_throughput_falls_as_the_pipeline_grows_at_fixed_gpus(batch):
 @pytest.mark.parametrize("row", TABLE_1, ids=[f"{r[0]}h" for r in TABLE_1])
 def test_table_1_rows_are_predicted_within_10_percent_and_fit_in_80_gb(row):
     h, a, l, t, p, n, batch, b, v, overlap, measured = row
-    layout = Layout(tp=t, dp=n // (t * p), microbatch_size=b, global_batch=batch, overlap_grad_reduce=overlap)
+    layout = Layout(tp=t, dp=n // (t * p), microbatch_size=b, global_batch=batch, overlap_grad_reduce=overlap,
+                    blocking_p2p=True)
     on = run("interleaved_1f1b" if v > 1 else "1f1b", gpt(l, h, a), layout, p=p, **({"v": v} if v > 1 else {}))
     assert on.prediction.gpus == n
     assert on.prediction.tflops_per_gpu == pytest.approx(measured, rel=0.10)
@@ -225,6 +227,21 @@ def test_the_breakdown_adds_up_to_the_iteration():
     assert all(value >= -1e-9 for value in pred.breakdown.values())
     assert pred.breakdown["pipeline_comm_s"] > 0 and pred.breakdown["tensor_parallel_comm_s"] > 0
     assert pred.memory_bytes == pytest.approx(sum(pred.memory_parts.values()))
+
+
+def test_blocking_sends_hold_the_sender_for_the_message():
+    """With blocking sends an op that feeds another device holds it for the message's time; the
+    message then adds nothing on the way, and the step is longer (each device waits for its sends)."""
+    model, base = gpt(16, 8192, 64), Layout(tp=8, dp=2, microbatch_size=1, global_batch=32)
+    free, held = (run("1f1b", model, replace(base, blocking_p2p=b), p=4) for b in (False, True))
+    costs, plain = held.compiled.schedule.costs, free.compiled.schedule.costs
+    message = link_times(Setting(model, A100, base), 4)[0][1]
+    assert costs["F"][0] == pytest.approx(plain["F"][0] + message)  # F(0) sends to stage 1
+    assert costs["F"][3] == pytest.approx(plain["F"][3])              # the last F sends nothing
+    assert costs["B"][0] == pytest.approx(plain["B"][0]) and costs["B"][1] == pytest.approx(plain["B"][1] + message)
+    assert held.prediction.iteration_s > free.prediction.iteration_s
+    assert held.prediction.breakdown["pipeline_comm_s"] > 0
+    assert sum(held.prediction.breakdown.values()) == pytest.approx(held.prediction.iteration_s)
 
 
 def test_memory_over_the_gpu_is_an_error():
