@@ -1,6 +1,7 @@
 """`schedc tune` against the Megatron-LM paper (Narayanan et al. 2021): for every row of Table 1 (model,
 GPUs and global batch fixed, 80 GB A100s), the search's best prediction against the prediction for the
-paper's own configuration (t, p, b, v, full recomputation, its DDP), and where the paper's choice
+paper's own configuration (t, p, b, v, full recomputation, its DDP, blocking sends as in
+megatron_table1.py), and where the paper's choice
 ranks in its family (1F1B or interleaved: the exact top 5 of each schedule, --per schedule); then the
 paper's Fig. 13 (162.2B on 64 GPUs: the best t is 8) and Fig. 14 (5.9B on 64 GPUs, no tensor
 parallelism: the best throughput falls as p grows), both read off the search (--per t, --per p).
@@ -28,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from megatron_table1 import CLUSTER, ROWS, row_args  # noqa: E402
+from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
 from schedc.frontend.library import library_files  # noqa: E402
 from schedc.tune import Candidate, Request, Searcher  # noqa: E402
 
@@ -52,7 +53,7 @@ def table_row(row) -> dict:
     out = {"row": name, "batch": batch}
     for key, recompute in (("all", ("full", "selective", "none")), ("full", ("full",))):
         request = Request(model_file(name), CLUSTER, gpus, batch, schedules(), recompute=recompute, top=5,
-                          per="schedule", overlap_grad_reduce=ddp == "torch")
+                          per="schedule", overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
         searcher = Searcher(request)
         start = time.perf_counter()
         outcome = searcher.run()
@@ -64,7 +65,7 @@ def table_row(row) -> dict:
         out["paper"], out["predicted"] = paper, searcher.evaluate(paper, free=True)
     if out["full"]["rank"] is None:  # its exact rank, up to 50, from its family's top 50
         request = Request(model_file(name), CLUSTER, gpus, batch, (schedule,), recompute=("full",), top=50,
-                          overlap_grad_reduce=ddp == "torch")
+                          overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
         ranked = [r.candidate for r in Searcher(request).run().ranked]
         out["full"]["exact_rank"] = ranked.index(out["paper"]) + 1 if out["paper"] in ranked else None
     return out
@@ -99,7 +100,8 @@ def table(rows) -> bool:
 
 
 def best_per(model: str, gpus: int, batch: int, per: str, **kw) -> dict:
-    outcome = Searcher(Request(model_file(model), CLUSTER, gpus, batch, schedules(), top=1, per=per, **kw)).run()
+    outcome = Searcher(Request(model_file(model), CLUSTER, gpus, batch, schedules(), top=1, per=per,
+                               blocking_p2p=BLOCKING, **kw)).run()
     return {getattr(r.candidate, per): r for r in outcome.ranked}
 
 
@@ -123,7 +125,7 @@ def speed(runs: int) -> None:
     exe = Path(sys.executable).with_name("schedc")
     command = [str(exe) if exe.exists() else "schedc", "tune", "--model", model_file(name), "--cluster", CLUSTER,
                "--gpus", str(gpus), "--global-batch", str(batch), "--schedules", ",".join(schedules()),
-               "--top", "5", "--json"]
+               "--top", "5", "--json"] + (["--blocking-p2p"] if BLOCKING else [])
 
     def timed(cmd):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

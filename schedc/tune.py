@@ -60,6 +60,7 @@ class Request:
     exhaustive: bool = False
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = False
+    blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -343,7 +344,8 @@ class Searcher:
         r = self.request
         return Setting(self.model, self.cluster, Layout(
             tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-            sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce))
+            sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce,
+            blocking_p2p=r.blocking_p2p))
 
     def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
@@ -361,10 +363,13 @@ class Searcher:
                     f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
         return self.shapes[key]
 
-    def stage_costs(self, st: Setting, c: Candidate, stages: int):
-        key = (c.t, c.b, c.recompute, stages)
+    def stage_costs(self, st: Setting, c: Candidate, shape: Shape):
+        """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's
+        placement (as predict.compile_for gives them), which depends on d through the ranks' nodes."""
+        placement = shape.pipelines[0].placement
+        key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if self.request.blocking_p2p else ())
         if key not in self.costs:
-            self.costs[key] = stage_costs(st, stages)
+            self.costs[key] = stage_costs(st, shape.stages, placement)
         return self.costs[key]
 
     def link_times(self, st: Setting, c: Candidate, devices: int):
@@ -447,7 +452,7 @@ class Searcher:
         limit = schedule.memory_limit
         if limit is not None and any(peak > lim + 1e-9 for peak, lim in zip(structure.peaks, limit)):
             return Refusal("exceeds the schedule's own memory limit (in activations)")
-        costs = self.stage_costs(st, c, schedule.stages)
+        costs = self.stage_costs(st, c, shape)
         memory, _ = device_memory(st, schedule, Timing({}, {}, 0.0, (), structure.peaks, 0.0, True))
         top = max(range(len(memory)), key=lambda k: (memory[k], -k))
         if memory[top] > self.limit:
@@ -499,7 +504,7 @@ class Searcher:
                 self._refuse(fam, c, shape)
                 continue
             st = self.setting(c)
-            costs = self.stage_costs(st, c, shape.stages)
+            costs = self.stage_costs(st, c, shape)
             state, device = state_bound(st, shape)
             if state > self.limit:
                 self._refuse(fam, c, self.over(state, device, " (weights, gradients, optimizer state and "
@@ -664,11 +669,13 @@ _OPTIONS = (
     click.option("--sequence-parallel", is_flag=True, help="Sequence parallelism for every candidate."),
     click.option("--overlap-grad-reduce", is_flag=True,
                  help="The data-parallel all-reduce overlaps the last backward (torch DDP)."),
+    click.option("--blocking-p2p", is_flag=True,
+                 help="A send holds its sender until the message is through (Megatron-LM's point-to-point calls)."),
 )
 
 
 _NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "top",
-          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce")
+          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p")
 
 
 def tune_options(command):
@@ -698,7 +705,7 @@ def request_from(o: dict[str, Any]) -> Request:
     return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
                    _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
                    _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
-                   o["overlap_grad_reduce"])
+                   o["overlap_grad_reduce"], o["blocking_p2p"])
 
 
 def run_command(options: dict[str, Any], as_json: bool) -> str:
@@ -773,7 +780,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     flags = "".join((" --sequence-parallel" if r.sequence_parallel else "",
-                     " --overlap-grad-reduce" if r.overlap_grad_reduce else ""))
+                     " --overlap-grad-reduce" if r.overlap_grad_reduce else "",
+                     " --blocking-p2p" if r.blocking_p2p else ""))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")

@@ -41,10 +41,12 @@ def key(ranked):
     return [(r.candidate, round(r.iteration_s, 12)) for r in ranked]
 
 
-def test_the_shortcut_prediction_is_compile_fors(model):
+@pytest.mark.parametrize("blocking", [False, True])
+def test_the_shortcut_prediction_is_compile_fors(model, blocking):
     """Every field of the prediction, for a sample of the space across the four schedules, equals
-    predict.compile_for's (whole elaboration with the costs, analyse, simulate with links and without)."""
-    searcher = Searcher(request(model, memory_limit=1e15))
+    predict.compile_for's (whole elaboration with the costs, analyse, simulate with links and without),
+    with sends that let the sender go on and with blocking ones."""
+    searcher = Searcher(request(model, memory_limit=1e15, blocking_p2p=blocking))
     space = candidates(searcher.model, list(searcher.entries.values()), searcher.request)
     compared = 0
     for c in random.Random(7).sample(space, 40):
@@ -64,7 +66,8 @@ def test_the_shortcut_prediction_is_compile_fors(model):
 
 @pytest.mark.parametrize("kw", [{}, {"gpus": 8, "batch": 64, "memory_limit": 3 * 2**30},
                                 {"per": "schedule", "top": 3}, {"per": "t", "top": 2},
-                                {"overlap_grad_reduce": True, "recompute": ("full",)}])
+                                {"overlap_grad_reduce": True, "recompute": ("full",)},
+                                {"blocking_p2p": True, "gpus": 8, "batch": 64}])
 def test_the_bounded_search_ranks_as_the_exhaustive_one(model, kw):
     pruned = search(request(model, **kw))
     reference = search(request(model, exhaustive=True, **kw))
@@ -81,7 +84,7 @@ def test_the_bound_never_exceeds_the_simulated_iteration(model):
         if isinstance(shape, Refusal) or isinstance(result, Refusal):
             continue
         st = searcher.setting(c)
-        costs = searcher.stage_costs(st, c, shape.stages)
+        costs = searcher.stage_costs(st, c, shape)
         bound = makespan_bound(shape, costs.costs(), searcher.link_times(st, c, shape.devices), False)
         assert bound + tail_bound(st, shape, costs) <= result.iteration_s * (1 + 1e-12)
         checked += 1
