@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE))
 
 from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
 from schedc.frontend.library import library_files  # noqa: E402
-from schedc.tune import Candidate, Request, Searcher  # noqa: E402
+from schedc.search import Candidate, Request, Searcher  # noqa: E402
 
 FAMILIES = ("1f1b", "interleaved_1f1b")
 

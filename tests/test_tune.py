@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from schedc.cli import main
 from schedc.predict import compile_for
-from schedc.tune import (Candidate, Refusal, Request, Searcher, Shape, candidates, makespan_bound, search,
+from schedc.search import (Candidate, Refusal, Request, Searcher, Shape, candidates, makespan_bound, search,
                          tail_bound)
 
 SMALL = """layers = 8
