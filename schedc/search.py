@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cluster import RECOMPUTE, Layout, load_cluster, load_model_spec, usage
-from .costmodel import Prediction, Setting, device_memory, link_times, predict, stage_costs, tails
+from .costmodel import (Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs,
+                        tails)
 from .diagnostics import SchedError
 from .ops import OpKind, builtin_kinds
 
@@ -335,6 +336,7 @@ class Searcher:
         self.structures: dict[tuple, Structure] = {}
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.costs: dict[tuple, Any] = {}
+        self.states: dict[tuple, tuple[float, int]] = {}
         self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
                        "over_memory": 0, "refused": 0, "layers": 0}
@@ -368,10 +370,25 @@ class Searcher:
         """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's
         placement (as predict.compile_for gives them), which depends on d through the ranks' nodes."""
         placement = shape.pipelines[0].placement
-        key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if self.request.blocking_p2p else ())
+        blocking = self.request.blocking_p2p
+        key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if blocking else ())
         if key not in self.costs:
-            self.costs[key] = stage_costs(st, shape.stages, placement)
+            times = self.message_times(st, c, shape.devices) if blocking else None
+            self.costs[key] = stage_costs(st, shape.stages, placement, times)
         return self.costs[key]
+
+    def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
+        """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m."""
+        key = (tuple(p.placement for p in shape.pipelines), c.t, c.b, c.recompute)
+        if key not in self.states:
+            self.states[key] = state_bound(st, shape)
+        return self.states[key]
+
+    def message_times(self, st: Setting, c: Candidate, devices: int):
+        key = ("messages", c.t, c.d, c.b, devices)
+        if key not in self.links:
+            self.links[key] = message_times(st, devices)
+        return self.links[key]
 
     def link_times(self, st: Setting, c: Candidate, devices: int):
         key = (c.t, c.d, c.b, devices)
@@ -505,8 +522,7 @@ class Searcher:
                 self._refuse(fam, c, shape)
                 continue
             st = self.setting(c)
-            costs = self.stage_costs(st, c, shape)
-            state, device = state_bound(st, shape)
+            state, device = self.state_bound(st, c, shape)
             if state > self.limit:
                 self._refuse(fam, c, self.over(state, device, " (weights, gradients, optimizer state and "
                                                               "working memory alone)"))
@@ -514,6 +530,7 @@ class Searcher:
             entry = self.entries[c.schedule]
             bound = 0.0
             if not (entry.plain or r.exhaustive):
+                costs = self.stage_costs(st, c, shape)
                 links = self.link_times(st, c, shape.devices)
                 bound = makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape, costs)
             bounded.append((bound, c))
