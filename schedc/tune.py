@@ -41,12 +41,12 @@ def _names(text: str | None, name: str, allowed: tuple[str, ...] | None = None) 
 
 
 _OPTIONS = (
-    click.option("--model", "model", required=True, type=click.Path(dir_okay=False),
+    click.option("--model", "model", type=click.Path(dir_okay=False),
                  help="Model description (TOML: layers, hidden, heads, seq, vocab)."),
-    click.option("--cluster", "cluster", required=True, metavar="NAME|FILE",
+    click.option("--cluster", "cluster", metavar="NAME|FILE",
                  help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
-    click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs N = t x p x d."),
-    click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Sequences per step B."),
+    click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
+    click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step B."),
     click.option("--memory-limit", "memory_limit", default=None,
                  help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory)."),
     click.option("--schedules", default=None, metavar="A,B,...",
@@ -89,8 +89,13 @@ def tune_options(command):
 
 
 def request_from(o: dict[str, Any]) -> Request:
-    """The Request of the command line's options; bad values are usage errors (exit 2)."""
+    """The Request of the command line's options; bad values are usage errors (exit 2). --model,
+    --cluster, --gpus and --global-batch are checked here, not by click, so that the same command can
+    take other modes (--synthesize) without them."""
     from .checks.memory import parse_bytes
+    missing = [f"--{k.replace('_', '-')}" for k in ("model", "cluster", "gpus", "global_batch") if o[k] is None]
+    if missing:
+        raise usage(f"the configuration search needs {', '.join(missing)}")
     limit = None
     if o["memory_limit"] is not None:
         try:

@@ -190,6 +190,7 @@ def test_json_is_a_list_best_first(model):
     (["--gpus", "16", "--global-batch", "3", "--tp", "1", "--pp", "2"], 2, "no layout of 16 GPUs: t x p x d = 16"),
     (["--gpus", "16", "--global-batch", "32", "--memory-limit", "lots"], 2, "--memory-limit: cannot read 'lots'"),
     (["--gpus", "16", "--global-batch", "32", "--recompute", "some"], 2, "--recompute: unknown value 'some'"),
+    (["--gpus", "16"], 2, "the configuration search needs --global-batch"),
 ])
 def test_bad_input_is_a_message_and_an_exit_code(model, args, code, message):
     result = run_cli("--model", model, "--cluster", CLUSTER, *args)
