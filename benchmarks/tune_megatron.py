@@ -36,7 +36,12 @@ from schedc.search import Candidate, Request, Searcher  # noqa: E402
 FAMILIES = ("1f1b", "interleaved_1f1b")
 
 
+SCHEDULES: tuple[str, ...] | None = None  # --schedules
+
+
 def schedules() -> tuple[str, ...]:
+    if SCHEDULES is not None:
+        return SCHEDULES
     names = {p.stem for p in library_files()}
     return FAMILIES + (("zb_h1",) if "zb_h1" in names else ())
 
@@ -159,7 +164,12 @@ def main() -> None:
     parser.add_argument("--speed", type=int, default=0, metavar="RUNS", help="also time the 1T row's search")
     parser.add_argument("--no-table", action="store_true", help="skip the table")
     parser.add_argument("--no-figures", action="store_true", help="skip Fig. 13 and 14")
+    parser.add_argument("--schedules", default=None, help="schedules to search, comma-separated (default: "
+                        "1f1b, interleaved_1f1b, and zb_h1 when the library has it)")
     args = parser.parse_args()
+    global SCHEDULES
+    if args.schedules:
+        SCHEDULES = tuple(args.schedules.split(","))
     rows = ROWS if args.rows is None else [ROWS[int(k) - 1] for k in args.rows.split(",")]
     if not args.no_table:
         table(rows)

@@ -48,7 +48,8 @@ _OPTIONS = (
     click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
     click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step B."),
     click.option("--memory-limit", "memory_limit", default=None,
-                 help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory)."),
+                 help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory); with --synthesize, "
+                      "activations per device: one value or one per device."),
     click.option("--schedules", default=None, metavar="A,B,...",
                  help="Schedules to search (library names or files; default: every library schedule the "
                       "search can set: params p, m and optionally v, no tasks)."),
