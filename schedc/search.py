@@ -420,7 +420,8 @@ class Searcher:
     def prepare(structure: Structure) -> Structure:
         """Check the order's structure (one F and one B of every stage and microbatch, on its device)
         and index its ops' predecessors for simulate's timing; once per order that fits in memory."""
-        from .checks.structure import census, check_structure
+        from .checks.census import census
+        from .checks.structure import check_structure
         from .compiler import collector_paused
         from .diagnostics import has_errors
         from .simulate import DEVICE, predecessors
