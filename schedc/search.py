@@ -34,7 +34,7 @@ from .cluster import RECOMPUTE, Layout, load_cluster, load_model_spec, usage
 from .costmodel import (Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs,
                         tails)
 from .diagnostics import SchedError
-from .ops import OpKind, builtin_kinds
+from .ops import OpKind, builtin_kinds, fed_by, feeds
 
 GIB = 2 ** 30
 SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
@@ -250,25 +250,52 @@ class Shape:
 
 def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool) -> float:
     """No simulated makespan is below this: some device runs all its ops one at a time (busy), not
-    before a forward of its first stage could arrive (the forwards of the stages before it and their
-    messages), and its last op (a backward, without a split backward) leaves the backwards of the
-    stages before it still to run."""
+    before a forward of its first stage could arrive (the forwards that feed it and their messages),
+    and its last op (a backward, without a split backward) leaves the backwards it feeds still to run."""
     kinds = builtin_kinds(split)
     busy = [0.0] * shape.devices
     front = [math.inf] * shape.devices
     back = [math.inf] * shape.devices
-    forward, backward = table[OpKind.F.value], table[OpKind.B.value]
     for pipe in shape.pipelines:
-        place, n = pipe.placement, len(pipe.microbatches)
-        ahead = behind = 0.0
-        for s, dev in enumerate(place):
-            if s:
-                ahead += forward[s - 1] + links[place[s - 1]][dev]
-                behind += backward[s - 1] + links[dev][place[s - 1]]
-            busy[dev] += n * sum(table[kind][s] for kind in kinds)
-            front[dev] = min(front[dev], ahead)
-            back[dev] = min(back[dev], 0.0 if split else behind)
+        ahead = _reach(OpKind.F.value, pipe, table, links)
+        behind = [0.0] * pipe.stages if split else _left(OpKind.B.value, pipe, table, links)
+        for s, dev in enumerate(pipe.placement):
+            busy[dev] += len(pipe.microbatches) * sum(table[kind][s] for kind in kinds)
+            front[dev] = min(front[dev], ahead[s])
+            back[dev] = min(back[dev], behind[s])
     return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
+
+
+def _chain(kind: str, pipe) -> list[int]:
+    """The stages in the order `kind`'s output flows through them (ops.feeds), from the stage whose
+    op reads no neighbour (ops.fed_by): 0, 1, ... for F; the last stage down to 0 for B."""
+    n = pipe.stages
+    stage = next(s for s in range(n) if not 0 <= fed_by(kind, s)[1] < n)
+    order = [stage]
+    while (to := feeds(kind, stage)) is not None and 0 <= to < n:
+        order.append(to)
+        stage = to
+    return order
+
+
+def _reach(kind: str, pipe, table, links) -> list[float]:
+    """Per stage, the least time from the start of the chain until its op of `kind` can start: the ops
+    before it in the chain and their messages."""
+    reach = [0.0] * pipe.stages
+    order, place = _chain(kind, pipe), pipe.placement
+    for here, to in zip(order, order[1:]):
+        reach[to] = reach[here] + table[kind][here] + links[place[here]][place[to]]
+    return reach
+
+
+def _left(kind: str, pipe, table, links) -> list[float]:
+    """Per stage, the least time from the end of its op of `kind` until the chain's end: the messages
+    and ops after it in the chain."""
+    left = [0.0] * pipe.stages
+    order, place = _chain(kind, pipe), pipe.placement
+    for here, to in reversed(list(zip(order, order[1:]))):
+        left[here] = links[place[here]][place[to]] + table[kind][to] + left[to]
+    return left
 
 
 def tail_bound(st: Setting, shape: Shape, costs) -> float:
