@@ -16,6 +16,7 @@ import click
 
 from .diagnostics import SchedError, exit_code
 from .predict import cluster_options
+from .tune import tune_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -196,15 +197,32 @@ def _progress_line(what: str, done: int, total: int) -> None:
               help="Find a per-device order within --memory-limit and write it as a .sched file.")
 @define_option
 @click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
-              help="Cost of F, B, or split I and W; one value or one per stage (defaults F=1, B=2; I=W=1).")
+              help="With --synthesize: cost of F, B, or split I and W; one value or one per stage (defaults F=1, "
+                   "B=2; I=W=1).")
 @latency_option
-@click.option("--memory-limit", default=None, help="Activations per device: one value or one per device.")
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
-              help="The .sched file to write (default: print it).")
-def tune_cmd(synth, defines, costs, latency, memory_limit, out):
-    """Synthesize an order under a memory limit (--synthesize; the configuration search is to come)."""
-    if not synth:
-        raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
+              help="With --synthesize: the .sched file to write (default: print it).")
+@tune_options
+@click.option("--json", "as_json", is_flag=True, help="Print the ranked list as JSON, best first.")
+def tune_cmd(synth, defines, costs, latency, out, options, as_json):
+    """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
+    ranked by the predicted iteration time of each schedule's simulated order; or, with --synthesize,
+    find a per-device order for given costs under a memory limit."""
+    if synth:
+        return _synthesize(defines, costs, latency, options["memory_limit"], out)
+    given = [name for name, value in (("-D", defines), ("--cost", costs), ("-o", out), ("--latency", latency))
+             if value]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} go{'es' * (len(given) == 1)} with --synthesize")
+    from .tune import run_command
+    try:
+        click.echo(run_command(options, as_json))
+    except SchedError as exc:
+        _fail(exc)
+
+
+def _synthesize(defines, costs, latency, memory_limit, out) -> None:
+    """`schedc tune --synthesize`: the order, written or printed, and its report."""
     from .compiler import parse_defines
     from .synthesize_cli import run_tune
     shown = sys.stderr.isatty()

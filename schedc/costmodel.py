@@ -189,10 +189,12 @@ def stage_layers(model: ModelSpec, stages: int) -> int:
     return model.layers // stages
 
 
-def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = None) -> StageCosts:
+def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = None,
+                times: list[list[float]] | None = None) -> StageCosts:
     """F, B, I, W of every stage: its layers, the embedding on stage 0, the logits on the last; with
     blocking point-to-point messages (layout.blocking_p2p) and the stages' devices, an op whose output
-    goes to another device also holds its device until the message is through (link_times)."""
+    goes to another device also holds its device until the message is through (link_times). times:
+    message_times(st, devices) when the caller has them already (schedc tune)."""
     per = stage_layers(st.model, stages)
     layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
     table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
@@ -205,7 +207,7 @@ def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = No
         table[W].append(parts[W])
         table[B].append(parts[I] + parts[R] + parts[W])
     if st.layout.blocking_p2p and placement is not None:
-        _add_sends(table, placement, message_times(st, max(placement) + 1))
+        _add_sends(table, placement, times if times is not None else message_times(st, max(placement) + 1))
     return StageCosts({k: tuple(v) for k, v in table.items()})
 
 

@@ -137,7 +137,7 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
 
 
 @pytest.mark.parametrize("args,code,message", [
-    (["-D", "p=4", "-D", "m=8", "--memory-limit", "4"], 2, "configuration search is not available yet"),
+    (["-D", "p=4", "-D", "m=8", "--memory-limit", "4"], 2, "-D goes with --synthesize"),
     (["--synthesize", "-D", "m=8", "--memory-limit", "4"], 2, "give -D p=N"),
     (["--synthesize", "-D", "p=4", "-D", "m=x", "--memory-limit", "4"], 2, "-D m: expected an integer"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "-D", "v=2", "--memory-limit", "4"], 2, "-D v:"),

@@ -242,6 +242,17 @@ def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = 
         raise _fail(exc.message, exc.span, source) from None
 
 
+def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> tuple[dict[str, Any], int, tuple[Pipeline, ...]]:
+    """A schedule's params (its requires checked), device count and pipelines, without expanding its
+    ops or running its order: what `schedc tune` asks of every candidate before simulating any."""
+    try:
+        env = bind_params(decl, source, overrides)
+        devices = _device_count(decl, env, source)
+        return env, devices, build_pipelines(decl, env, devices, source, MAX_OPS)
+    except EvalError as exc:
+        raise _fail(exc.message, exc.span, source) from None
+
+
 def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Schedule:
     check_declared_once(decl, source)
     env = bind_params(decl, source, options.overrides)
@@ -314,4 +325,4 @@ def _memory_limit(decl, env, devices):
     return None, None
 
 
-__all__ = ["Options", "elaborate"]
+__all__ = ["Options", "elaborate", "shape_of"]

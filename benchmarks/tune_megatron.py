@@ -1,0 +1,183 @@
+"""`schedc tune` against the Megatron-LM paper (Narayanan et al. 2021): for every row of Table 1 (model,
+GPUs and global batch fixed, 80 GB A100s), the search's best prediction against the prediction for the
+paper's own configuration (t, p, b, v, full recomputation, its DDP, blocking sends as in
+megatron_table1.py), and where the paper's choice
+ranks in its family (1F1B or interleaved: the exact top 5 of each schedule, --per schedule); then the
+paper's Fig. 13 (162.2B on 64 GPUs: the best t is 8) and Fig. 14 (5.9B on 64 GPUs, no tensor
+parallelism: the best throughput falls as p grows), both read off the search (--per t, --per p).
+
+    python benchmarks/tune_megatron.py                # the table and the figures
+    python benchmarks/tune_megatron.py --speed 3      # also: the 1T row, `schedc tune` whole process,
+                                                      # 3 runs, and once with --exhaustive; top 5 compared
+    python benchmarks/tune_megatron.py --rows 9,10    # some rows only (1-based)
+
+The schedules searched are the library's 1f1b and interleaved_1f1b, plus zb_h1 where the library has it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
+from schedc.frontend.library import library_files  # noqa: E402
+from schedc.search import Candidate, Request, Searcher  # noqa: E402
+
+FAMILIES = ("1f1b", "interleaved_1f1b")
+
+
+SCHEDULES: tuple[str, ...] | None = None  # --schedules
+
+
+def schedules() -> tuple[str, ...]:
+    if SCHEDULES is not None:
+        return SCHEDULES
+    names = {p.stem for p in library_files()}
+    return FAMILIES + (("zb_h1",) if "zb_h1" in names else ())
+
+
+def model_file(name: str) -> str:
+    return str(HERE / "models" / f"{name}.toml")
+
+
+def table_row(row) -> dict:
+    """Two searches of the row: every recomputation choice (the best), and full recomputation only, the
+    paper's setting (where the paper's configuration ranks in its family)."""
+    name, t, p, gpus, batch, b, per_virtual, ddp, measured = row
+    model, schedule, params, layout, v = row_args(name, t, p, gpus, batch, b, per_virtual, ddp)
+    out = {"row": name, "batch": batch}
+    for key, recompute in (("all", ("full", "selective", "none")), ("full", ("full",))):
+        request = Request(model_file(name), CLUSTER, gpus, batch, schedules(), recompute=recompute, top=5,
+                          per="schedule", overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
+        searcher = Searcher(request)
+        start = time.perf_counter()
+        outcome = searcher.run()
+        paper = Candidate(schedule, t, p, layout.dp, v if v > 1 else None, b, batch // (b * layout.dp), "full")
+        family = [r.candidate for r in outcome.ranked if r.candidate.schedule == schedule]
+        out[key] = {"best": min(outcome.ranked, key=lambda r: (r.iteration_s, r.candidate)),
+                    "rank": family.index(paper) + 1 if paper in family else None,
+                    "seconds": time.perf_counter() - start}
+        out["paper"], out["predicted"] = paper, searcher.evaluate(paper, free=True)
+    if out["full"]["rank"] is None:  # its exact rank, up to 50, from its family's top 50
+        request = Request(model_file(name), CLUSTER, gpus, batch, (schedule,), recompute=("full",), top=50,
+                          overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
+        ranked = [r.candidate for r in Searcher(request).run().ranked]
+        out["full"]["exact_rank"] = ranked.index(out["paper"]) + 1 if out["paper"] in ranked else None
+    return out
+
+
+def table(rows) -> bool:
+    print("per row: the paper's configuration (full recomputation, its DDP) as predicted; the search's best over "
+          "every recomputation choice; the best with full recomputation only and the paper's rank in its family "
+          "there (the exact top 5 of each schedule); speed-up = the paper's iteration time / the best's")
+    print(f"{'model':<11} {'GPUs':>5} {'B':>5} | {'paper':<16} {'t':>2} {'p':>3} {'v':>2} {'b':>3} {'TF/s':>6} "
+          f"{'iter s':>8} | {'best':<16} {'t':>2} {'p':>3} {'v':>2} {'b':>3} {'recomp':<9} {'TF/s':>6} {'iter s':>8} "
+          f"{'speed-up':>8} | {'best, full recomputation':<27} {'speed-up':>8} {'rank':>4} | search s")
+    ok = True
+    for row in rows:
+        r = table_row(row)
+        c, pred = r["paper"], r["predicted"]
+        best, full = r["all"]["best"], r["full"]["best"]
+        w, f = best.candidate, full.candidate
+        rank = r["full"]["rank"]
+        shown = rank or (f"{r['full']['exact_rank']}" if r["full"].get("exact_rank") else ">50")
+        good = best.iteration_s <= pred.iteration_s * (1 + 1e-12) and rank is not None
+        ok &= good
+        print(f"{r['row']:<11} {c.p * c.t * c.d:>5} {r['batch']:>5} | {c.schedule:<16} {c.t:>2} {c.p:>3} {c.v or 1:>2} "
+              f"{c.b:>3} {pred.tflops_per_gpu:>6.1f} {pred.iteration_s:>8.3f} | {w.schedule:<16} {w.t:>2} "
+              f"{w.p:>3} {w.v or 1:>2} {w.b:>3} {w.recompute:<9} {best.prediction.tflops_per_gpu:>6.1f} "
+              f"{best.iteration_s:>8.3f} {pred.iteration_s / best.iteration_s:>8.3f} | "
+              f"{f'{f.schedule} t{f.t} p{f.p} v{f.v or 1} b{f.b}':<27}"
+              f" {pred.iteration_s / full.iteration_s:>8.3f} {shown:>4} | "
+              f"{r['all']['seconds']:.1f} + {r['full']['seconds']:.1f}" + ("" if good else "  <-- FAILS"))
+    print(f"table: best >= paper on every row, and the paper's choice in its family's top 5: {ok}")
+    return ok
+
+
+def best_per(model: str, gpus: int, batch: int, per: str, **kw) -> dict:
+    outcome = Searcher(Request(model_file(model), CLUSTER, gpus, batch, schedules(), top=1, per=per,
+                               blocking_p2p=BLOCKING, **kw)).run()
+    return {getattr(r.candidate, per): r for r in outcome.ranked}
+
+
+def figures() -> bool:
+    fig13 = best_per("gpt-162.2b", 64, 128, "t")
+    best_t = min(fig13, key=lambda t: fig13[t].iteration_s)
+    print("Fig. 13, 162.2B on 64 GPUs, batch 128, best per t: " + ", ".join(
+        f"t={t}: {r.prediction.tflops_per_gpu:.1f} TF/s ({r.candidate.schedule} p={r.candidate.p} "
+        f"b={r.candidate.b} {r.candidate.recompute})" for t, r in sorted(fig13.items())) + f" -> best t = {best_t}")
+    fig14 = best_per("gpt-5.9b", 64, 512, "p", tp=(1,))
+    rates = [fig14[p].prediction.global_batch / fig14[p].iteration_s for p in sorted(fig14)]
+    falls = all(a > b for a, b in zip(rates, rates[1:]))
+    print("Fig. 14, 5.9B on 64 GPUs, batch 512, t=1, best per p (sequences/s): " + ", ".join(
+        f"p={p}: {rate:.1f}" for p, rate in zip(sorted(fig14), rates)) + f" -> falls as p grows: {falls}")
+    return best_t == 8 and falls
+
+
+def speed(runs: int) -> None:
+    """The 1T row: `schedc tune` whole process, `runs` times, then once with --exhaustive."""
+    name, t, p, gpus, batch, *_ = ROWS[-1]
+    exe = Path(sys.executable).with_name("schedc")
+    command = [str(exe) if exe.exists() else "schedc", "tune", "--model", model_file(name), "--cluster", CLUSTER,
+               "--gpus", str(gpus), "--global-batch", str(batch), "--schedules", ",".join(schedules()),
+               "--top", "5", "--json"] + (["--blocking-p2p"] if BLOCKING else [])
+
+    def timed(cmd):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return json.loads(out), wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+    walls, cpus = [], []
+    for _ in range(runs):
+        top, wall, cpu = timed(command)
+        walls.append(wall)
+        cpus.append(cpu)
+    print(f"1T row ({gpus} GPUs, B={batch}) over {', '.join(schedules())}: schedc tune whole process, {runs} runs: "
+          f"wall s min {min(walls):.2f} median {statistics.median(walls):.2f} max {max(walls):.2f}; CPU s min "
+          f"{min(cpus):.2f} median {statistics.median(cpus):.2f} max {max(cpus):.2f}")
+    reference, wall, cpu = timed(command + ["--exhaustive"])
+    print(f"the same with --exhaustive: wall s {wall:.2f}, CPU s {cpu:.2f}")
+    keys = ("schedule", "t", "p", "d", "v", "b", "recompute", "iteration_s")
+    same = [tuple(e[k] for k in keys) for e in top] == [tuple(e[k] for k in keys) for e in reference]
+    for e in top:
+        print("  " + " ".join(f"{k}={e[k]}" for k in keys + ("tflops_per_gpu", "memory_gib_per_gpu")))
+    print(f"top 5 equal to --exhaustive's: {same}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default=None, help="rows of Table 1 to run, 1-based, comma-separated")
+    parser.add_argument("--speed", type=int, default=0, metavar="RUNS", help="also time the 1T row's search")
+    parser.add_argument("--no-table", action="store_true", help="skip the table")
+    parser.add_argument("--no-figures", action="store_true", help="skip Fig. 13 and 14")
+    parser.add_argument("--schedules", default=None, help="schedules to search, comma-separated (default: "
+                        "1f1b, interleaved_1f1b, and zb_h1 when the library has it)")
+    args = parser.parse_args()
+    global SCHEDULES
+    if args.schedules:
+        SCHEDULES = tuple(args.schedules.split(","))
+    rows = ROWS if args.rows is None else [ROWS[int(k) - 1] for k in args.rows.split(",")]
+    if not args.no_table:
+        table(rows)
+    if not args.no_figures:
+        figures()
+    if args.speed:
+        speed(args.speed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,667 @@
+"""The configuration search of `schedc tune --model M --cluster C --gpus N --global-batch B` (the command
+line and its report are schedc/tune.py). It tries
+tensor-parallel t (dividing the heads; within a node first), pipeline p (the schedule's stages must
+divide the layers), d = N / (t p), chunks v (schedules with a param v), microbatch size b (dividing
+B / d), recomputation and the schedules listed, and ranks them by the predicted iteration time of
+each schedule's own compiled order simulated with the cluster's costs (schedc/predict.py), never a
+closed formula.
+
+    candidates --bounds--> sorted by a lower bound --elaborate, memory, simulate--> top K
+       |                        |                           |
+    t p d v b m recompute   weights alone over the limit;  an order's structure (ops, predecessors,
+                            an iteration no faster than     activation peaks) once per (schedule, p, v, m);
+                            the K-th best found so far:    a simulation once per (schedule, p, v, m,
+                            pruned, never simulated         cost vector, links)
+
+The bound: every device runs all its ops one at a time, none before the forwards of the stages before
+its first one have run and their messages arrived, and (without a split backward) its last op, a
+backward, still has the backwards of the stages before it to wait for; then the end-of-step tail of
+the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
+(`--exhaustive` simulates every candidate that fits, as the reference). Schedules whose order depends
+on the costs (greedy), that declare tasks, fill bubbles or memory beyond activations are compiled
+whole for every candidate (predict.compile_for), without the bound.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .cluster import RECOMPUTE, Layout, load_cluster, load_model_spec, usage
+from .costmodel import (Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs,
+                        tails)
+from .diagnostics import SchedError
+from .ops import OpKind, builtin_kinds, fed_by, feeds
+
+GIB = 2 ** 30
+SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
+GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
+SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `schedc tune` was asked: files, sizes, limit and the space's restrictions."""
+
+    model: str
+    cluster: str
+    gpus: int
+    global_batch: int
+    schedules: tuple[str, ...] = ()          # () -> the library's schedules the search can set
+    memory_limit: float | None = None        # bytes per GPU; None -> the cluster's GPU memory
+    recompute: tuple[str, ...] = RECOMPUTE
+    tp: tuple[int, ...] | None = None        # restrict t (and p) to these values
+    pp: tuple[int, ...] | None = None
+    top: int = 10
+    per: str | None = None                   # one of GROUPS: the top K of each group, exactly
+    exhaustive: bool = False
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False
+    blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Candidate:
+    """One point of the space; m = B / (b d) microbatches per pipeline."""
+
+    schedule: str
+    t: int
+    p: int
+    d: int
+    v: int | None
+    b: int
+    m: int
+    recompute: str
+
+    def params(self) -> dict[str, str]:
+        out = {"p": str(self.p), "m": str(self.m)}
+        if self.v is not None:
+            out["v"] = str(self.v)
+        return out
+
+    def structure_key(self) -> tuple:
+        return (self.schedule, self.p, self.v, self.m)
+
+    def describe(self) -> str:
+        v = f" v={self.v}" if self.v is not None else ""
+        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v} b={self.b} recompute {self.recompute}"
+
+    def group(self, per: str | None) -> Any:
+        return None if per is None else getattr(self, per)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A simulated candidate and its prediction (the bubble from the message-free simulation)."""
+
+    candidate: Candidate
+    prediction: Prediction
+
+    @property
+    def iteration_s(self) -> float:
+        return self.prediction.iteration_s
+
+    @property
+    def bubble(self) -> float:
+        """Idle share of the iteration in the message-free simulation (float noise below 0 shows as 0)."""
+        share = self.prediction.breakdown["bubble_s"] / self.prediction.iteration_s
+        return 0.0 if -1e-9 < share < 0 else share
+
+    def to_json(self) -> dict[str, Any]:
+        c, p = self.candidate, self.prediction
+        return {"schedule": c.schedule, "t": c.t, "p": c.p, "d": c.d, "v": c.v, "b": c.b, "m": c.m,
+                "recompute": c.recompute, "tflops_per_gpu": round(p.tflops_per_gpu, 3),
+                "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
+                "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
+                "critical_device": p.extra["critical_device"]}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a candidate was not ranked: a requirement or compile error, a deadlock, or its memory (the
+    bytes of its largest device) over the limit."""
+
+    message: str
+    memory: float | None = None
+    layers: bool = False   # the schedule's stages do not divide the layers: outside the space
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The search's answer: the ranked candidates (best first; per group with --per), one line per
+    family (schedule, t, p) none of whose candidates was simulated, and the counts."""
+
+    request: Request
+    ranked: tuple[Ranked, ...]
+    pruned: tuple[str, ...]
+    counts: dict[str, int]
+    space: str
+    seconds: float
+
+
+# The schedules -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    """A schedule the search may set: its parsed declaration and what decides how it is evaluated."""
+
+    name: str     # as given: a library name or a path
+    decl: Any
+    source: Any
+    params: tuple[str, ...]
+    split: bool
+    plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
+
+    @property
+    def chunked(self) -> bool:
+        return "v" in self.params
+
+
+def library_entries(names: Iterable[str]) -> list[Entry]:
+    """The schedules named (library names or files); () -> every library schedule whose params the
+    search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
+    from .frontend import ast
+    from .frontend.library import library_files, resolve
+    from .frontend.parse import parse_source, read_source
+    names = list(names)
+    default = not names
+    if default:
+        names = [path.stem for path in library_files()]
+    entries = []
+    for name in names:
+        path = resolve(name)
+        if not path.exists() or path.suffix != ".sched":
+            known = ", ".join(p.stem for p in library_files())
+            raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
+        source = read_source(path)
+        decl = parse_source(source)
+        params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
+        tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
+        if default and (tasks or not set(params) <= set(SEARCHED)):
+            continue
+        if "p" not in params or "m" not in params:
+            raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
+                        f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
+        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
+        split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
+        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain))
+    return entries
+
+
+# The space ---------------------------------------------------------------------------------------
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def layouts(model, request: Request) -> list[tuple[int, int, int]]:
+    """(t, p, d) with t p d = N: t divides the heads (and hidden, ffn, vocab), d the global batch.
+    None -> a usage error saying why (exit 2)."""
+    n, batch = request.gpus, request.global_batch
+    out = []
+    for t in divisors(n):
+        if any(getattr(model, key) % t for key in ("heads", "hidden", "ffn", "vocab")):
+            continue
+        if request.tp is not None and t not in request.tp:
+            continue
+        for p in divisors(n // t):
+            d = n // (t * p)
+            if batch % d == 0 and (request.pp is None or p in request.pp):
+                out.append((t, p, d))
+    if not out:
+        restricted = " (restricted by --tp/--pp)" if request.tp is not None or request.pp is not None else ""
+        raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
+                    f"(and hidden, ffn, vocab) and d dividing the global batch {batch}{restricted}")
+    return out
+
+
+def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]:
+    """Every point of the space, in a fixed order (the stages' fit to the layers is checked later)."""
+    out = []
+    for t, p, d in layouts(model, request):
+        per_replica = request.global_batch // d
+        for entry in entries:
+            chunks = [v for v in divisors(model.layers // p) if v >= 2] if entry.chunked and model.layers % p == 0 \
+                else [None]
+            for v in ([None] if not entry.chunked else chunks):
+                for b in divisors(per_replica):
+                    for recompute in request.recompute:
+                        out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
+    return out
+
+
+# Bounds -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """What a schedule is made of without its order: devices and pipelines (for tails and bounds)."""
+
+    devices: int
+    pipelines: tuple
+    orders: tuple = ()
+
+    @property
+    def stages(self) -> int:
+        return self.pipelines[0].stages
+
+
+def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool) -> float:
+    """No simulated makespan is below this: some device runs all its ops one at a time (busy), not
+    before a forward of its first stage could arrive (the forwards that feed it and their messages),
+    and its last op (a backward, without a split backward) leaves the backwards it feeds still to run."""
+    kinds = builtin_kinds(split)
+    busy = [0.0] * shape.devices
+    front = [math.inf] * shape.devices
+    back = [math.inf] * shape.devices
+    for pipe in shape.pipelines:
+        ahead = _reach(OpKind.F.value, pipe, table, links)
+        behind = [0.0] * pipe.stages if split else _left(OpKind.B.value, pipe, table, links)
+        for s, dev in enumerate(pipe.placement):
+            busy[dev] += len(pipe.microbatches) * sum(table[kind][s] for kind in kinds)
+            front[dev] = min(front[dev], ahead[s])
+            back[dev] = min(back[dev], behind[s])
+    return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
+
+
+def _chain(kind: str, pipe) -> list[int]:
+    """The stages in the order `kind`'s output flows through them (ops.feeds), from the stage whose
+    op reads no neighbour (ops.fed_by): 0, 1, ... for F; the last stage down to 0 for B."""
+    n = pipe.stages
+    stage = next(s for s in range(n) if not 0 <= fed_by(kind, s)[1] < n)
+    order = [stage]
+    while (to := feeds(kind, stage)) is not None and 0 <= to < n:
+        order.append(to)
+        stage = to
+    return order
+
+
+def _reach(kind: str, pipe, table, links) -> list[float]:
+    """Per stage, the least time from the start of the chain until its op of `kind` can start: the ops
+    before it in the chain and their messages."""
+    reach = [0.0] * pipe.stages
+    order, place = _chain(kind, pipe), pipe.placement
+    for here, to in zip(order, order[1:]):
+        reach[to] = reach[here] + table[kind][here] + links[place[here]][place[to]]
+    return reach
+
+
+def _left(kind: str, pipe, table, links) -> list[float]:
+    """Per stage, the least time from the end of its op of `kind` until the chain's end: the messages
+    and ops after it in the chain."""
+    left = [0.0] * pipe.stages
+    order, place = _chain(kind, pipe), pipe.placement
+    for here, to in reversed(list(zip(order, order[1:]))):
+        left[here] = links[place[here]][place[to]] + table[kind][to] + left[to]
+    return left
+
+
+def tail_bound(st: Setting, shape: Shape, costs) -> float:
+    """The end-of-step tail predict adds (the largest device's): with the all-reduce overlapped, its
+    exposed part can be 0, so only the optimizer counts."""
+    lay = st.layout
+    plain = replace(st, layout=replace(lay, overlap_grad_reduce=False))
+    per = tails(plain, shape, costs)
+    return max((opt if lay.overlap_grad_reduce else comm + opt) for comm, opt in per)
+
+
+def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
+    """The largest device's bytes before any activation: weights, gradients, optimizer state and one
+    backward's working memory (device_memory with no activation alive), and that device."""
+    from .timing import Timing
+    empty = Timing({}, {}, 0.0, (), (0.0,) * shape.devices, 0.0, True)
+    memory, _ = device_memory(st, shape, empty)
+    top = max(range(len(memory)), key=lambda k: (memory[k], -k))
+    return memory[top], top
+
+
+# The search ---------------------------------------------------------------------------------------
+
+@dataclass
+class Family:
+    """What happened to the candidates of one (schedule, t, p): for the lines of pruned families."""
+
+    simulated: int = 0
+    over: tuple[float, str] | None = None         # least memory over the limit: bytes, the line
+    bound: tuple[float, float] | None = None      # least bound of a pruned candidate, the threshold then
+    bounded: int = 0
+    refused: str | None = None                    # a requirement or compile error of the schedule
+    layers: str | None = None                     # its stages do not divide the layers (outside the space)
+
+    def note_bound(self, bound: float, threshold: float) -> None:
+        self.bounded += 1
+        self.bound = min(self.bound or (math.inf, 0.0), (bound, threshold))
+
+
+@dataclass
+class Structure:
+    """An order compiled once per (schedule, p, v, m): the schedule (default costs), its ops with their
+    predecessors (simulate.predecessors), devices, activation peaks; or why it cannot run."""
+
+    schedule: Any = None
+    ops: list = field(default_factory=list)
+    preds: list = field(default_factory=list)
+    firsts: list = field(default_factory=list)
+    device: list = field(default_factory=list)
+    peaks: tuple[float, ...] = ()
+    error: str | None = None
+
+
+class Searcher:
+    """The search over one request; its caches live as long as it does."""
+
+    def __init__(self, request: Request, progress: Callable[[int], None] | None = None):
+        self.request = request
+        self.model = load_model_spec(request.model)
+        self.cluster = load_cluster(request.cluster)
+        self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
+        self.entries = {e.name: e for e in library_entries(request.schedules)}
+        self.progress = progress or (lambda n: None)
+        self.shapes: dict[tuple, Shape | Refusal] = {}
+        self.structures: dict[tuple, Structure] = {}
+        self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
+        self.costs: dict[tuple, Any] = {}
+        self.states: dict[tuple, tuple[float, int]] = {}
+        self.links: dict[tuple, Any] = {}
+        self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
+                       "over_memory": 0, "refused": 0, "layers": 0}
+
+    # pieces, cached -----------------------------------------------------------------------------
+
+    def setting(self, c: Candidate) -> Setting:
+        r = self.request
+        return Setting(self.model, self.cluster, Layout(
+            tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
+            sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce,
+            blocking_p2p=r.blocking_p2p))
+
+    def shape(self, c: Candidate) -> Shape | Refusal:
+        """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
+        key = c.structure_key()
+        if key not in self.shapes:
+            from .frontend.elaborate import shape_of
+            entry = self.entries[c.schedule]
+            try:
+                _, devices, pipelines = shape_of(entry.decl, entry.source, c.params())
+            except SchedError as exc:
+                self.shapes[key] = Refusal(exc.diagnostics[0].message)
+            else:
+                stages = pipelines[0].stages
+                self.shapes[key] = Shape(devices, pipelines) if self.model.layers % stages == 0 else Refusal(
+                    f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
+        return self.shapes[key]
+
+    def stage_costs(self, st: Setting, c: Candidate, shape: Shape):
+        """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's
+        placement (as predict.compile_for gives them), which depends on d through the ranks' nodes."""
+        placement = shape.pipelines[0].placement
+        blocking = self.request.blocking_p2p
+        key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if blocking else ())
+        if key not in self.costs:
+            times = self.message_times(st, c, shape.devices) if blocking else None
+            self.costs[key] = stage_costs(st, shape.stages, placement, times)
+        return self.costs[key]
+
+    def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
+        """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m."""
+        key = (tuple(p.placement for p in shape.pipelines), c.t, c.b, c.recompute)
+        if key not in self.states:
+            self.states[key] = state_bound(st, shape)
+        return self.states[key]
+
+    def message_times(self, st: Setting, c: Candidate, devices: int):
+        key = ("messages", c.t, c.d, c.b, devices)
+        if key not in self.links:
+            self.links[key] = message_times(st, devices)
+        return self.links[key]
+
+    def link_times(self, st: Setting, c: Candidate, devices: int):
+        key = (c.t, c.d, c.b, devices)
+        if key not in self.links:
+            self.links[key] = link_times(st, devices)
+        return self.links[key]
+
+    def structure(self, c: Candidate) -> Structure:
+        key = c.structure_key()
+        if key not in self.structures:
+            self.structures[key] = self._structure(c)
+            self.counts["structures"] += 1
+        return self.structures[key]
+
+    def _structure(self, c: Candidate) -> Structure:
+        """The order and its activation peaks; its checks and predecessors wait for prepare()."""
+        from .compiler import collector_paused
+        from .frontend.elaborate import Options, elaborate
+        from .memory import peak_memory
+        entry = self.entries[c.schedule]
+        with collector_paused():
+            try:
+                schedule = elaborate(entry.decl, entry.source, Options(c.params()))
+            except SchedError as exc:
+                return Structure(error=exc.diagnostics[0].message)
+        return Structure(schedule, peaks=peak_memory(schedule))
+
+    @staticmethod
+    def prepare(structure: Structure) -> Structure:
+        """Check the order's structure (one F and one B of every stage and microbatch, on its device)
+        and index its ops' predecessors for simulate's timing; once per order that fits in memory."""
+        from .checks.census import census
+        from .checks.structure import check_structure
+        from .compiler import collector_paused
+        from .diagnostics import has_errors
+        from .simulate import DEVICE, predecessors
+        if structure.ops or structure.error is not None:
+            return structure
+        with collector_paused():
+            found = check_structure(structure.schedule, census(structure.schedule))
+            if has_errors(found):
+                structure.error = found[0].message
+                return structure
+            structure.ops, structure.preds, structure.firsts = predecessors(structure.schedule)
+            structure.device = list(map(DEVICE, structure.ops))
+        return structure
+
+    def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
+        """The simulated makespan with messages on their links (simulate's own timing of the order),
+        None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
+        from .simulate import _times
+        table = costs.costs()
+        key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
+        if key in self.simulated and not self.request.exhaustive:
+            self.counts["cache_hits"] += 1
+            return self.simulated[key]
+        cost = [table[op.kind][op.stage] for op in structure.ops]
+        _, ends = _times(cost, structure.device, structure.preds, structure.firsts, 0.0, links)
+        self.counts["simulated"] += 1
+        result = None if None in ends else max(ends, default=0.0)
+        self.simulated[key] = result
+        return result
+
+    # evaluation -----------------------------------------------------------------------------------
+
+    def evaluate(self, c: Candidate, free: bool = False) -> Prediction | Refusal:
+        """The candidate's prediction, or why it is refused (a compile error, a deadlock, its memory
+        over the limit). free: also the message-free simulation (the bubble of the breakdown)."""
+        shape = self.shape(c)
+        if isinstance(shape, Refusal):
+            return shape
+        if self.entries[c.schedule].plain:
+            return self._evaluate_plain(c)
+        from .timing import Timing
+        st = self.setting(c)
+        structure = self.structure(c)
+        if structure.error is not None:
+            return Refusal(structure.error)
+        schedule = structure.schedule
+        limit = schedule.memory_limit
+        if limit is not None and any(peak > lim + 1e-9 for peak, lim in zip(structure.peaks, limit)):
+            return Refusal("exceeds the schedule's own memory limit (in activations)")
+        costs = self.stage_costs(st, c, shape)
+        memory, _ = device_memory(st, schedule, Timing({}, {}, 0.0, (), structure.peaks, 0.0, True))
+        top = max(range(len(memory)), key=lambda k: (memory[k], -k))
+        if memory[top] > self.limit:
+            return self.over(memory[top], top)
+        if self.prepare(structure).error is not None:
+            return Refusal(structure.error)
+        makespan = self.makespan(c, structure, costs, self.link_times(st, c, schedule.devices))
+        if makespan is None:
+            return Refusal("the order deadlocks")
+        free_span = makespan
+        if free:
+            free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
+        timed = Timing({}, {}, makespan, (), structure.peaks, 0.0, True)
+        free_timed = Timing({}, {}, free_span, (), structure.peaks, 0.0, True)
+        return predict(st, schedule, timed, free_timed, costs, self.request.global_batch)
+
+    def _evaluate_plain(self, c: Candidate) -> Prediction | Refusal:
+        """The whole compile of predict.compile_for (no shortcut): its prediction or its first error."""
+        from .predict import compile_for
+        try:
+            on = compile_for(c.schedule, c.params(), self.setting(c), lower=False)
+        except SchedError as exc:
+            return Refusal(exc.diagnostics[0].message)
+        pred = on.prediction
+        if pred.memory_bytes > self.limit:
+            return self.over(pred.memory_bytes, pred.extra["largest_memory_device"])
+        errors = [d for d in on.compiled.diagnostics if d.severity.value == "error"]
+        if pred.memory_bytes > self.cluster.memory_bytes:
+            errors = errors[:-1]  # compile_for's own 'exceeds the GPU's memory', the last one
+        return Refusal(errors[0].message) if errors else pred
+
+    def over(self, nbytes: float, device: int, what: str = "") -> Refusal:
+        return Refusal(f"does not fit: {nbytes / GIB:.4g} GiB > {self.limit / GIB:.4g} GiB at device {device}{what}",
+                       nbytes)
+
+    # the walk -----------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        start = time.perf_counter()
+        r = self.request
+        space = candidates(self.model, list(self.entries.values()), r)
+        self.counts["candidates"] = len(space)
+        families: dict[tuple, Family] = {}
+        bounded = []  # (bound, candidate)
+        for c in space:
+            fam = families.setdefault((c.schedule, c.t, c.p), Family())
+            shape = self.shape(c)
+            if isinstance(shape, Refusal):
+                self._refuse(fam, c, shape)
+                continue
+            st = self.setting(c)
+            state, device = self.state_bound(st, c, shape)
+            if state > self.limit:
+                self._refuse(fam, c, self.over(state, device, " (weights, gradients, optimizer state and "
+                                                              "working memory alone)"))
+                continue
+            entry = self.entries[c.schedule]
+            bound = 0.0
+            if not (entry.plain or r.exhaustive):
+                costs = self.stage_costs(st, c, shape)
+                links = self.link_times(st, c, shape.devices)
+                bound = makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape, costs)
+            bounded.append((bound, c))
+        self.progress(len(space) - len(bounded))
+        bounded.sort()
+        best: dict[Any, list[_Kept]] = {}   # group -> heap, worst on top: the K best so far
+        for n, (bound, c) in enumerate(bounded):
+            heap = best.setdefault(c.group(r.per), [])
+            threshold = heap[0].key[0] if len(heap) >= r.top else math.inf
+            if bound > threshold * (1 + SLACK):
+                rest = bounded[n + 1:] if r.per is None else []  # sorted: every later one is bounded too
+                for later_bound, later in [(bound, c)] + rest:
+                    families[(later.schedule, later.t, later.p)].note_bound(later_bound, threshold)
+                self.counts["bounded"] += 1 + len(rest)
+                self.progress(1 + len(rest))
+                if rest:
+                    break
+                continue
+            result = self.evaluate(c)
+            self.progress(1)
+            fam = families[(c.schedule, c.t, c.p)]
+            if isinstance(result, Refusal):
+                self._refuse(fam, c, result)
+                continue
+            fam.simulated += 1
+            kept = _Kept((result.iteration_s, c))
+            if len(heap) < r.top:
+                heapq.heappush(heap, kept)
+            elif kept.key < heap[0].key:
+                heapq.heapreplace(heap, kept)
+        ranked = []
+        for group in sorted(best, key=_group_key):
+            for kept in sorted(best[group], key=lambda k: k.key):
+                ranked.append(Ranked(kept.key[1], self.evaluate(kept.key[1], free=True)))
+        pruned = tuple(self._family_lines(families))
+        return Outcome(r, tuple(ranked), pruned, dict(self.counts), self._space(space),
+                       time.perf_counter() - start)
+
+    def _refuse(self, fam: Family, c: Candidate, refusal: Refusal) -> None:
+        if refusal.layers:
+            self.counts["layers"] += 1
+            fam.layers = refusal.message
+            return
+        if refusal.memory is None:
+            fam.refused = fam.refused or refusal.message
+            self.counts["refused"] += 1
+            return
+        self.counts["over_memory"] += 1
+        if fam.over is None or refusal.memory < fam.over[0]:
+            v = f", v={c.v}" if c.v is not None else ""
+            fam.over = (refusal.memory, f"{refusal.message}; the least of the family, at b={c.b}{v}, "
+                                        f"recompute {c.recompute}")
+
+    def _family_lines(self, families: dict[tuple, Family]) -> list[str]:
+        """One line per (schedule, t, p) with nothing simulated: bounded ones first (closest first),
+        then those over memory (least over first), then refusals."""
+        lines = []
+        node = self.cluster.gpus_per_node
+        which = f"the {_nth(self.request.top)} best" if self.request.per is None else "its group's K-th best"
+        for (name, t, p), fam in families.items():
+            if fam.simulated:
+                continue
+            head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if t > node else "")
+            if fam.bound is not None:
+                bound, threshold = fam.bound
+                lines.append((0, bound, head + f"at best {bound:.4g} s per iteration, slower than {which} "
+                                              f"({threshold:.4g} s): {fam.bounded} not simulated"))
+            elif fam.over is not None:
+                lines.append((1, fam.over[0], head + fam.over[1]))
+            elif fam.refused is not None:
+                lines.append((2, 0.0, head + fam.refused))
+            elif fam.layers is not None and self.counts["layers"] == self.counts["candidates"] - self.counts["refused"]:
+                lines.append((3, 0.0, head + fam.layers))  # shown only when nothing else ran
+        return [text for _, _, text in sorted(lines)]
+
+    def _space(self, space: list[Candidate]) -> str:
+        def values(name):
+            found = sorted({getattr(c, name) for c in space if getattr(c, name) is not None})
+            return "{" + ", ".join(map(str, found)) + "}"
+        return (f"{len(space)} candidates over {', '.join(self.entries)}: t in {values('t')}, p in {values('p')}, "
+                f"v in {values('v')}, b in {values('b')}, recompute {', '.join(self.request.recompute)}")
+
+
+class _Kept:
+    """A heap entry ordered worst first: (iteration_s, candidate), the larger key on top."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __lt__(self, other: _Kept) -> bool:
+        return self.key > other.key
+
+
+def _nth(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _group_key(group: Any) -> tuple:
+    return (group is None, str(type(group)), group if group is not None else 0)
+
+
+def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:
+    """The ranked configurations for a request (SchedError on bad input: exit 2, or 1 when nothing fits)."""
+    return Searcher(request, progress).run()

@@ -1,0 +1,190 @@
+"""`schedc tune --model M --cluster C --gpus N --global-batch B`: the command line of the configuration
+search (schedc/search.py) and what it prints: the ranked table, the pruned families, the winner's
+command lines, or a JSON list best first.
+
+    schedc tune --model gpt.toml --cluster dgx-a100-80gb --gpus 3072 --global-batch 3072 \\
+        --schedules 1f1b,interleaved_1f1b --top 5 [--memory-limit 80GiB] [--json] [--exhaustive]
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .cluster import RECOMPUTE, usage
+from .diagnostics import SchedError
+from .search import GIB, GROUPS, Outcome, Request, Searcher, candidates, search
+
+
+# The command line ---------------------------------------------------------------------------------
+
+def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise usage(f"{name}: expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def _names(text: str | None, name: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    values = tuple(x.strip() for x in (text or "").split(",") if x.strip())
+    if text is not None and not values:
+        raise usage(f"{name}: expected a list separated by commas, got {text!r}")
+    bad = [x for x in values if allowed is not None and x not in allowed]
+    if bad:
+        raise usage(f"{name}: unknown value {bad[0]!r} (choose from {', '.join(allowed)})")
+    return values
+
+
+_OPTIONS = (
+    click.option("--model", "model", type=click.Path(dir_okay=False),
+                 help="Model description (TOML: layers, hidden, heads, seq, vocab)."),
+    click.option("--cluster", "cluster", metavar="NAME|FILE",
+                 help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
+    click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
+    click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step B."),
+    click.option("--memory-limit", "memory_limit", default=None,
+                 help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory); with --synthesize, "
+                      "activations per device: one value or one per device."),
+    click.option("--schedules", default=None, metavar="A,B,...",
+                 help="Schedules to search (library names or files; default: every library schedule the "
+                      "search can set: params p, m and optionally v, no tasks)."),
+    click.option("--recompute", "recompute", default=None, metavar="full,selective,none",
+                 help="Recomputation choices to search (default all three)."),
+    click.option("--tp", "tp", default=None, metavar="T,...", help="Only these tensor-parallel sizes."),
+    click.option("--pp", "pp", default=None, metavar="P,...", help="Only these pipeline sizes."),
+    click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to rank."),
+    click.option("--per", type=click.Choice(GROUPS), default=None,
+                 help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
+    click.option("--exhaustive", is_flag=True,
+                 help="Simulate every candidate that fits (no bound, no cache): the reference."),
+    click.option("--sequence-parallel", is_flag=True, help="Sequence parallelism for every candidate."),
+    click.option("--overlap-grad-reduce", is_flag=True,
+                 help="The data-parallel all-reduce overlaps the last backward (torch DDP)."),
+    click.option("--blocking-p2p", is_flag=True,
+                 help="A send holds its sender until the message is through (Megatron-LM's point-to-point calls)."),
+)
+
+
+_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "top",
+          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p")
+
+
+def tune_options(command):
+    """Add the configuration search's options to a click command; it gets them as `options` (a dict
+    for request_from, which run_command calls)."""
+    import functools
+
+    @functools.wraps(command)
+    def wrapper(*args, **kw):
+        kw["options"] = {name: kw.pop(name) for name in _NAMES}
+        return command(*args, **kw)
+
+    for option in reversed(_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def request_from(o: dict[str, Any]) -> Request:
+    """The Request of the command line's options; bad values are usage errors (exit 2). --model,
+    --cluster, --gpus and --global-batch are checked here, not by click, so that the same command can
+    take other modes (--synthesize) without them."""
+    from .checks.memory import parse_bytes
+    missing = [f"--{k.replace('_', '-')}" for k in ("model", "cluster", "gpus", "global_batch") if o[k] is None]
+    if missing:
+        raise usage(f"the configuration search needs {', '.join(missing)}")
+    limit = None
+    if o["memory_limit"] is not None:
+        try:
+            limit = parse_bytes(o["memory_limit"])
+        except SchedError:
+            raise usage(f"--memory-limit: cannot read {o['memory_limit']!r} (write e.g. 80GiB, 512MB or 1e10 bytes)") from None
+    return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
+                   _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
+                   _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
+                   o["overlap_grad_reduce"], o["blocking_p2p"])
+
+
+def run_command(options: dict[str, Any], as_json: bool) -> str:
+    """`schedc tune` without --synthesize: search (a progress bar on stderr unless --json), then the
+    table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
+    import json
+    import sys
+    request = request_from(options)
+    if as_json or not sys.stderr.isatty():
+        outcome = search(request)
+    else:
+        searcher = Searcher(request)
+        total = len(candidates(searcher.model, list(searcher.entries.values()), request))
+        with click.progressbar(length=total, label="tune", file=sys.stderr, show_pos=True) as bar:
+            searcher.progress = bar.update
+            outcome = searcher.run()
+    if not outcome.ranked:
+        raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else nothing_fits(outcome)
+    if as_json:
+        return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
+    return report(outcome)
+
+
+def no_layout(outcome: Outcome) -> SchedError:
+    r = outcome.request
+    return usage(f"no layout of {r.gpus} GPUs whose pipeline stages divide the model's layers "
+                 f"(t x p x d = {r.gpus}, d dividing the global batch {r.global_batch}; {outcome.space})")
+
+
+def nothing_fits(outcome: Outcome) -> SchedError:
+    from .diagnostics import Source, error
+    limit = outcome.request.memory_limit
+    notes = outcome.pruned[:8] + ((f"... and {len(outcome.pruned) - 8} more families",) if len(outcome.pruned) > 8 else ())
+    what = f"{limit / GIB:g} GiB" if limit is not None else "the GPU's memory"
+    head = f"no configuration fits in {what} per GPU" if outcome.counts["over_memory"] else "no configuration runs"
+    return SchedError(error(f"{head} ({outcome.space})", notes=notes),
+                      Source("schedc tune", ""), exit_code=1)
+
+
+def report(outcome: Outcome, pruned_lines: int = 12) -> str:
+    """The ranked table, the pruned families, the counts, and the winner's command lines."""
+    r = outcome.request
+    head = (f"{'#':>3}  {'schedule':<18} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
+            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7}")
+    lines = [f"schedc tune: {r.gpus} GPUs, global batch {r.global_batch}, {outcome.space}", head]
+    for n, item in enumerate(outcome.ranked, 1):
+        c, p = item.candidate, item.prediction
+        v = "-" if c.v is None else str(c.v)
+        lines.append(f"{n:>3}  {c.schedule:<18} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
+                     f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
+                     f" {item.bubble:>7.3f}")
+    counts = outcome.counts
+    lines.append(f"ranked by iteration time; {counts['candidates']} candidates: simulations {counts['simulated']} "
+                 f"of {counts['structures']} orders, {counts['bounded']} bounded out before simulating, "
+                 f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
+                 f"{counts['layers']} with stages that do not divide the layers; "
+                 f"{outcome.seconds:.2f} s")
+    if outcome.pruned:
+        lines.append(f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):")
+        lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
+        if len(outcome.pruned) > pruned_lines:
+            lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more")
+    lines.append("the winner:")
+    lines += [f"  {command}" for command in winner_commands(outcome)]
+    return "\n".join(lines)
+
+
+def winner_commands(outcome: Outcome) -> list[str]:
+    """The command lines that simulate, compile and render the best candidate."""
+    import shlex
+    r = outcome.request
+    c = outcome.ranked[0].candidate
+    defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
+    flags = "".join((" --sequence-parallel" if r.sequence_parallel else "",
+                     " --overlap-grad-reduce" if r.overlap_grad_reduce else "",
+                     " --blocking-p2p" if r.blocking_p2p else ""))
+    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
+              f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
+              f"--recompute {c.recompute}{flags}")
+    return [f"schedc simulate {common}", f"schedc compile {common} -o out/tune",
+            f"schedc render {common} -o tune.svg"]

@@ -1,0 +1,199 @@
+"""schedc/tune.py: the configuration search. Its shortcuts (one elaboration per order, simulate's timing
+over a cached predecessor index, the bound, the cache) are held to the plain form: predict.compile_for
+of the same candidate, and the same search with --exhaustive. References for the bound come from the
+bubble formulas of the papers, written here."""
+from __future__ import annotations
+
+import json
+import random
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from schedc.cli import main
+from schedc.predict import compile_for
+from schedc.search import (Candidate, Refusal, Request, Searcher, Shape, candidates, makespan_bound, search,
+                         tail_bound)
+
+SMALL = """layers = 8
+hidden = 1024
+heads = 16
+seq = 512
+vocab = 8192
+"""
+CLUSTER = "dgx-a100-80gb"
+LIBRARY = ("1f1b", "interleaved_1f1b", "gpipe", "chimera")
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL)
+    return str(path)
+
+
+def request(model, gpus=16, batch=32, **kw) -> Request:
+    return Request(model, CLUSTER, gpus, batch, kw.pop("schedules", LIBRARY), **kw)
+
+
+def key(ranked):
+    return [(r.candidate, round(r.iteration_s, 12)) for r in ranked]
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_the_shortcut_prediction_is_compile_fors(model, blocking):
+    """Every field of the prediction, for a sample of the space across the four schedules, equals
+    predict.compile_for's (whole elaboration with the costs, analyse, simulate with links and without),
+    with sends that let the sender go on and with blocking ones."""
+    searcher = Searcher(request(model, memory_limit=1e15, blocking_p2p=blocking))
+    space = candidates(searcher.model, list(searcher.entries.values()), searcher.request)
+    compared = 0
+    for c in random.Random(7).sample(space, 40):
+        fast = searcher.evaluate(c, free=True)
+        try:
+            plain = compile_for(c.schedule, c.params(), searcher.setting(c), lower=False).prediction
+        except Exception:  # noqa: BLE001 - the schedule refuses the params: so must the shortcut
+            assert isinstance(fast, Refusal)
+            continue
+        assert not isinstance(fast, Refusal), (c, fast)
+        assert fast.iteration_s == plain.iteration_s and fast.memory_bytes == plain.memory_bytes
+        assert fast.tflops_per_gpu == plain.tflops_per_gpu and fast.breakdown == plain.breakdown
+        assert fast.device_memory == plain.device_memory
+        compared += 1
+    assert compared >= 20
+
+
+@pytest.mark.parametrize("kw", [{}, {"gpus": 8, "batch": 64, "memory_limit": 3 * 2**30},
+                                {"per": "schedule", "top": 3}, {"per": "t", "top": 2},
+                                {"overlap_grad_reduce": True, "recompute": ("full",)},
+                                {"blocking_p2p": True, "gpus": 8, "batch": 64}])
+def test_the_bounded_search_ranks_as_the_exhaustive_one(model, kw):
+    pruned = search(request(model, **kw))
+    reference = search(request(model, exhaustive=True, **kw))
+    assert key(pruned.ranked) == key(reference.ranked)
+    assert pruned.counts["simulated"] < reference.counts["simulated"]
+    assert pruned.counts["bounded"] > 0 and reference.counts["bounded"] == 0
+
+
+def test_the_bound_never_exceeds_the_simulated_iteration(model):
+    searcher = Searcher(request(model, memory_limit=1e15))
+    checked = 0
+    for c in candidates(searcher.model, list(searcher.entries.values()), searcher.request)[::3]:
+        shape, result = searcher.shape(c), searcher.evaluate(c)
+        if isinstance(shape, Refusal) or isinstance(result, Refusal):
+            continue
+        st = searcher.setting(c)
+        costs = searcher.stage_costs(st, c, shape)
+        bound = makespan_bound(shape, costs.costs(), searcher.link_times(st, c, shape.devices), False)
+        assert bound + tail_bound(st, shape, costs) <= result.iteration_s * (1 + 1e-12)
+        checked += 1
+    assert checked > 50
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 1), (4, 12, 1), (8, 16, 1), (4, 8, 2), (2, 8, 4)])
+def test_the_bound_is_the_bubble_formula_with_uniform_stages(p, m, v):
+    """Uniform F and B, free messages: 1F1B's makespan (m + p - 1)(F + B) (Narayanan et al. 2021), and
+    the interleaved schedule's (m v + p - 1)(F + B) in chunk costs; the bound is exactly that."""
+    from schedc.frontend.elaborate import shape_of
+    from schedc.frontend.library import resolve
+    from schedc.frontend.parse import parse_source, read_source
+    name = "1f1b" if v == 1 else "interleaved_1f1b"
+    source = read_source(resolve(name))
+    params = {"p": str(p), "m": str(m), **({"v": str(v)} if v > 1 else {})}
+    _, devices, pipelines = shape_of(parse_source(source), source, params)
+    f, b = 0.25, 0.5
+    table = {"F": (f,) * (p * v), "B": (b,) * (p * v)}
+    bound = makespan_bound(Shape(devices, pipelines), table, [[0.0] * p] * p, False)
+    assert bound == pytest.approx((m * v + p - 1) * (f + b), rel=1e-12)
+
+
+def test_the_ranking_is_sorted_fits_and_lays_out_every_gpu(model):
+    limit = 2.5 * 2**30
+    outcome = search(request(model, memory_limit=limit, top=8))
+    assert len(outcome.ranked) == 8
+    times = [r.iteration_s for r in outcome.ranked]
+    assert times == sorted(times)
+    for r in outcome.ranked:
+        c = r.candidate
+        assert c.t * c.p * c.d == 16 and c.b * c.d * c.m == 32
+        assert r.prediction.memory_bytes <= limit
+        assert r.prediction.gpus == 16 and r.prediction.global_batch == 32
+
+
+def test_a_tighter_limit_never_finds_a_faster_configuration(model):
+    loose = search(request(model, top=1)).ranked[0]
+    tight = search(request(model, top=1, memory_limit=loose.prediction.memory_bytes * 0.9)).ranked[0]
+    assert tight.iteration_s >= loose.iteration_s
+    assert tight.prediction.memory_bytes <= loose.prediction.memory_bytes * 0.9
+
+
+def test_simulations_are_cached_per_order_and_cost_vector(model):
+    searcher = Searcher(request(model))
+    c = Candidate("1f1b", 2, 4, 2, None, 2, 8, "full")
+    first = searcher.evaluate(c)
+    simulated = searcher.counts["simulated"]
+    again = searcher.evaluate(c)
+    assert again.iteration_s == first.iteration_s
+    assert searcher.counts["simulated"] == simulated and searcher.counts["cache_hits"] == 1
+    other = searcher.evaluate(Candidate("1f1b", 2, 4, 2, None, 2, 8, "selective"))  # same order, new costs
+    assert searcher.counts["structures"] == 1 and searcher.counts["simulated"] == simulated + 1
+    assert other.iteration_s < first.iteration_s
+
+
+def test_pruned_families_say_why(model):
+    outcome = search(request(model, memory_limit=1.2 * 2**30, top=3))
+    text = "\n".join(outcome.pruned)
+    assert "does not fit: " in text and "GiB > 1.2 GiB at device" in text
+    assert "t=16 crosses nodes (8 GPUs per node)" in text
+    assert "slower than the 3rd best" in text
+    assert "requirement failed: p must be even" in text  # chimera with p = 1
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, ["tune", *args])
+
+
+def test_the_command_prints_the_table_and_the_winners_command_lines(model):
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
+                     "--schedules", "1f1b,interleaved_1f1b", "--top", "3")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[1].split()[:3] == ["#", "schedule", "t"] and "TFLOP/s/GPU" in lines[1] and "bubble" in lines[1]
+    assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "3"]
+    simulate = next(line.strip() for line in lines if line.strip().startswith("schedc simulate"))
+    assert any(line.strip().startswith("schedc compile") for line in lines)
+    assert any(line.strip().startswith("schedc render") for line in lines)
+    again = CliRunner().invoke(main, shlex.split(simulate)[1:] + ["--json"])
+    assert again.exit_code == 0, again.output
+    assert f"{json.loads(again.output)['iteration_s']:.4f}" == lines[2].split()[10]
+
+
+def test_json_is_a_list_best_first(model):
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--json",
+                     "--top", "4", "--schedules", "1f1b,gpipe")
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.output)
+    assert len(entries) == 4
+    for entry in entries:
+        assert {"schedule", "t", "p", "d", "v", "b", "recompute", "tflops_per_gpu", "iteration_s",
+                "memory_gib_per_gpu"} <= set(entry)
+    assert [e["iteration_s"] for e in entries] == sorted(e["iteration_s"] for e in entries)
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["--gpus", "16", "--global-batch", "32", "--schedules", "nosuch"], 2,
+     "--schedules: no library schedule or .sched file named 'nosuch'"),
+    (["--gpus", "16", "--global-batch", "32", "--memory-limit", "0.01GiB"], 1, "no configuration fits in 0.01 GiB"),
+    (["--gpus", "3", "--global-batch", "4", "--schedules", "1f1b"], 2,
+     "no layout of 3 GPUs whose pipeline stages divide the model's layers"),
+    (["--gpus", "16", "--global-batch", "3", "--tp", "1", "--pp", "2"], 2, "no layout of 16 GPUs: t x p x d = 16"),
+    (["--gpus", "16", "--global-batch", "32", "--memory-limit", "lots"], 2, "--memory-limit: cannot read 'lots'"),
+    (["--gpus", "16", "--global-batch", "32", "--recompute", "some"], 2, "--recompute: unknown value 'some'"),
+    (["--gpus", "16"], 2, "the configuration search needs --global-batch"),
+])
+def test_bad_input_is_a_message_and_an_exit_code(model, args, code, message):
+    result = run_cli("--model", model, "--cluster", CLUSTER, *args)
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, (TypeError, ValueError, KeyError))
