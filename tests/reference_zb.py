@@ -366,13 +366,24 @@ def _v_order(kind: str, p: int, m: int, squeeze: bool = True) -> Orders:
 
 
 def v_half(p: int, m: int) -> Orders:
-    """V-Half: the half-memory building block repeated m times, squeezed, W's in the free slots."""
+    """V-Half as the reference generator orders it: the half-memory building block repeated m
+    times, warm-up and cool-down squeezed, W's in the free slots."""
     return _v_order("half", p, m)
 
 
 def v_min(p: int, m: int) -> Orders:
-    """V-Min: the minimal-memory building block repeated m times, squeezed, W's in the free slots."""
+    """V-Min as the reference generator orders it (minimal-memory block, squeezed)."""
     return _v_order("min", p, m)
+
+
+def v_half_block(p: int, m: int) -> Orders:
+    """V-Half's building block repeated m times as it is, W's in the free slots (no squeezing)."""
+    return _v_order("half", p, m, squeeze=False)
+
+
+def v_min_block(p: int, m: int) -> Orders:
+    """V-Min's building block repeated m times as it is, W's in the free slots (no squeezing)."""
+    return _v_order("min", p, m, squeeze=False)
 
 
 # --------------------------------------------------------------------------------------------

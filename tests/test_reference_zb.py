@@ -150,7 +150,7 @@ def test_single_stage_references_are_valid(p, m):
 
 @pytest.mark.parametrize("p,m", SIZES)
 def test_v_shape_references_are_valid(p, m):
-    for orders in (Z.zbv(p, m), Z.v_half(p, m), Z.v_min(p, m)):
+    for orders in (Z.zbv(p, m), Z.v_half(p, m), Z.v_min(p, m), Z.v_half_block(p, m), Z.v_min_block(p, m)):
         check_valid(orders, 2 * p, Z.placement_v(p), {None: range(m)})
     if m >= 2 * p:
         check_valid(Z.dualpipev(p, m), 2 * p, Z.placement_v(p), {None: range(m)})
@@ -236,8 +236,21 @@ def test_zero_bubble_readme_rates(p):
 
 @pytest.mark.parametrize("p", [4, 8, 16])
 def test_v_half_and_v_min_bubbles_do_not_grow_with_m(p):
-    for build in (Z.v_half, Z.v_min):
+    for build in (Z.v_half, Z.v_min, Z.v_half_block, Z.v_min_block):
         assert len({bubble(build(p, m), 2 * p, UNIT) for m in (2 * p, 3 * p, 5 * p)}) == 1
+
+
+@pytest.mark.parametrize("p", [4, 5, 8, 16])
+def test_v_blocks_repeat_with_period_six(p):
+    # in the steady state every rank runs the same six ops per microbatch, one slot each
+    m = 6 * p
+    for build in (Z.v_half_block, Z.v_min_block):
+        for units in build(p, m):
+            shift = [(k, s, i + 1) for k, s, i in units]
+            middle = len(units) // 2
+            assert units[middle + 6:middle + 30] == shift[middle:middle + 24]
+    # squeezing moves no op of V-Min's steady state and keeps V-Min's bubble
+    assert bubble(Z.v_min(p, 3 * p), 2 * p, UNIT) == bubble(Z.v_min_block(p, 3 * p), 2 * p, UNIT)
 
 
 @pytest.mark.parametrize("p", [2, 4, 6, 8, 16])
@@ -249,6 +262,8 @@ def test_peak_activation_memory(p):
     assert peak_activations(Z.zbv(p, m), 2 * p, UNIT) == 2 * p
     assert peak_activations(Z.v_half(p, m), 2 * p, UNIT) == 2 * math.ceil((p + 2) / 2)
     assert peak_activations(Z.v_min(p, m), 2 * p, UNIT) <= 2 * math.ceil((p + 4) / 3)
+    assert peak_activations(Z.v_half_block(p, m), 2 * p, UNIT) <= 2 * math.ceil((p + 2) / 2)
+    assert peak_activations(Z.v_min_block(p, m), 2 * p, UNIT) <= 2 * math.ceil((p + 4) / 3)
     # DualPipe / DualPipeV: PP + 1 stage activations, PP the stage count
     if p % 2 == 0:
         assert peak_activations(Z.dualpipe(p, m + m % 2), p, UNIT) == p + 1
