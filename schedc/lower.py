@@ -191,7 +191,7 @@ def plan_meta(schedule: Schedule, stats: dict[str, Any]) -> dict[str, Any]:
 def _sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[Op, ...]:
     """The start order of one step program of a filled cycle. Only the built-in dependencies count:
     a task placed in a later step reads inputs saved in an earlier one, and tasks send nothing."""
-    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.split_backward, {}, ())
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.deps.split, {}, ())
     return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence
 
 

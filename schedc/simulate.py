@@ -19,7 +19,7 @@ from operator import attrgetter, gt, itemgetter
 
 from .ir import OP_KEY, Dependencies, Op, Schedule
 from .memory import holdings, peak_memory, peaks, timed_model
-from .ops import BUILTIN, builtin_deps
+from .ops import BUILTIN, OVERLAP, builtin_deps
 from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
@@ -50,6 +50,8 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
     templates = _BuiltinDeps(deps)
     preds = []
     append = preds.append
+    if deps.mixed:  # a backward's producer depends on the microbatch: no per-(kind, stage) template
+        return [(p, *[index[key] for key in deps.keys_of(op)]) for p, op in enumerate(ops, -1)]
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
         found = templates[kind, s, k]
         if found is None:  # a task: its declared dependencies
@@ -83,7 +85,10 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
     placed (check_structure reports it) is ignored here, so a broken schedule still gets times."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
+    pairs = _fuse(schedule, ops, preds, cost)
     start, end = _times(cost, device, preds, firsts, latency)
+    for n in pairs:  # the backward half of an overlapped op runs with its forward half
+        start[n + 1] = start[n]
     complete = None not in end
     ran = range(len(ops)) if complete else [n for n, e in enumerate(end) if e is not None]
     timed_ops, starts, ends = (ops, start, end) if complete else (
@@ -103,6 +108,26 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
 
 
 COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
+
+
+def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost: list[float]) -> list[int]:
+    """Make each overlapped pair (forward at n, backward at n + 1) one op: the forward half waits for
+    the backward half's dependencies too and carries the pair's cost (`cost FB`, by default the sum),
+    the backward half follows at no cost. Returns the indices n."""
+    if not schedule.fused:
+        return []
+    where = {id(op): n for n, op in enumerate(ops)}
+    table = schedule.costs.get(OVERLAP)
+    pairs = []
+    for f, b in schedule.fused:
+        n = where[id(f)]
+        if where.get(id(b)) != n + 1:
+            raise ValueError(f"overlapped {f} and {b} are not placed side by side")
+        preds[n] = preds[n] + tuple(m for m in preds[n + 1] if m != n)
+        preds[n + 1] = (n,)
+        cost[n], cost[n + 1] = (table[f.stage] if table else cost[n] + cost[n + 1]), 0.0
+        pairs.append(n)
+    return pairs
 
 
 def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],

@@ -72,6 +72,13 @@ def replay(schedule: Schedule) -> Replay:
             placed_at.setdefault(OP_KEY(op), (d, n))
     done = set(map(OP_KEY, schedule.unplaced))
     deps_of = schedule.deps.keys_of
+    if schedule.fused:  # an overlapped op starts when the inputs of both halves are there
+        partner = {OP_KEY(f): b for f, b in schedule.fused}
+        keys_of = deps_of
+
+        def deps_of(op: Op) -> tuple[tuple, ...]:
+            other = partner.get(OP_KEY(op))
+            return keys_of(op) if other is None else keys_of(op) + keys_of(other)
     position, waiting, blocked = [0] * len(orders), {}, {}
     ready = list(range(len(orders)))
     while ready:

@@ -58,11 +58,16 @@ def census(schedule: Schedule) -> Census:
 
 
 def expected_keys(schedule: Schedule) -> set[tuple]:
-    """The identities of every op the orders must hold: the built-in grid plus the placed tasks."""
-    kinds = builtin_kinds(schedule.split_backward)
+    """The identities of every op the orders must hold: the built-in grid plus the placed tasks. With a
+    mixed backward, F and, per (stage, microbatch), I and W where the programs split it, else B."""
     keys: set[tuple] = set()
     for k, pipe in enumerate(schedule.pipelines):
-        keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))
+        if schedule.mixed_backward:
+            for s, mb in product(range(pipe.stages), pipe.microbatches):
+                split = (k, s, mb) in schedule.split_of
+                keys.update((kind, s, mb, k, 0) for kind in builtin_kinds(split))
+            continue
+        keys.update(product(builtin_kinds(schedule.split_backward), range(pipe.stages), pipe.microbatches, (k,), (0,)))
     if schedule.tasks:
         unplaced = set(map(OP_KEY, schedule.unplaced))
         keys.update(key for key in map(OP_KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)
@@ -143,7 +148,7 @@ def _outside(schedule: Schedule, op: Op) -> str | None:
 def _outside_builtin(schedule: Schedule, op: Op, pipe) -> str | None:
     if op.kind == "B" and schedule.split_backward:
         return "this schedule splits its backward into I and W; B does not run"
-    if op.kind in ("I", "W") and not schedule.split_backward:
+    if op.kind in ("I", "W") and not schedule.split_backward and not schedule.mixed_backward:
         return "this schedule runs a full backward B; I and W need 'backward split'"
     if op.mb is None:
         return "a built-in op needs a microbatch"

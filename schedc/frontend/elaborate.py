@@ -13,8 +13,8 @@ from typing import Any
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from ..ir import Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import DEFAULT_COSTS, builtin_kinds
+from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
+from ..ops import DEFAULT_COSTS, MIXED_KINDS, builtin_kinds
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -214,10 +214,12 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
     return {k: tuple(v) for k, v in table.items()}
 
 
-def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool) -> list[Op]:
+def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
+              mixed: bool = False) -> list[Op]:
     """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
-    (F B or F I W); made column by column, as a big schedule has 10^5 of them."""
-    kinds, ops = builtin_kinds(split), []
+    (F B, F I W, or all four with a mixed backward: the programs choose); made column by column, as a big
+    schedule has 10^5 of them."""
+    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split)), []
     for k, pipe in enumerate(pipelines):
         mbs, stages = pipe.microbatches, range(pipe.stages)
         per_stage = len(mbs) * len(kinds)
@@ -250,12 +252,14 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     replicas = _replicas(decl, pipelines, source)
     stages = pipelines[0].stages
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
+    mixed = _mixed_backward(decl, split, source)
     task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     defaults = dict(DEFAULT_COSTS)
-    costs = _per_stage([d for d in decl.decls if isinstance(d, ast.CostDecl)], defaults, env, stages, source,
-                       options.costs)
+    cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
+    _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
+    costs = _per_stage(cost_decls, defaults, env, stages, source, options.costs)
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory)
-    ops = build_ops(pipelines, costs, split)
+    ops = build_ops(pipelines, costs, split, mixed)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
@@ -273,8 +277,13 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
     if programs and greedy:
         raise _fail("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
+    if mixed and not programs:
+        raise _fail("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
+                    next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
+    fused: list = []
     if programs:
-        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source)
+        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source,
+                                     mixed, fused)
     else:
         orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
                                      env_pipes, source)
@@ -282,9 +291,46 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         raise SchedError(diags, source)
     limit, limit_span = _memory_limit(decl, env, devices)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
+    split_of = None
+    if mixed:
+        split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == "I")
+        chosen = set(map(OP_KEY, chain.from_iterable(orders)))
+        grid = tuple(op for op in ops if op.kind == "F" or OP_KEY(op) in chosen)
+        deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
+    if not fused and "FB" in costs:
+        span = next(d.span for d in cost_decls if d.kind == "FB")
+        raise _fail("cost of FB, but no program overlaps a forward and a backward (F & B)", span, source)
     return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
                     activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span,
-                    memory=memory)
+                    memory=memory, split_of=split_of, fused=tuple(fused))
+
+
+def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
+    mixed = [d for d in decl.decls if isinstance(d, ast.MixedBackward)]
+    if mixed and split:
+        raise _fail("a backward is either split or mixed: 'backward split' and 'backward mixed' exclude each "
+                    "other", mixed[0].span, source)
+    return bool(mixed)
+
+
+def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool, mixed: bool, tasks: set[str],
+                 source: Source) -> None:
+    """Every kind a `cost` or `queue` names runs in the schedule: a misspelt kind would be ignored."""
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
+    diags = []
+    for d in [*costs, *(d for d in decl.decls if isinstance(d, ast.QueueDecl))]:
+        if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind == "FB"):
+            continue
+        if d.kind == "B" and split:
+            why = "this schedule splits its backward: B does not run (give I and W)"
+        elif d.kind in ("I", "W"):
+            why = "I and W run only with 'backward split' or 'backward mixed'"
+        else:
+            why = f"unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})"
+        what = "cost" if isinstance(d, ast.CostDecl) else "queue"
+        diags.append(error(f"{what} of {d.kind}: {why}", d.span))
+    if diags:
+        raise SchedError(diags, source)
 
 
 def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,

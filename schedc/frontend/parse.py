@@ -82,8 +82,20 @@ class ToAst(Transformer):
 
     # programs
     def cursor(self, meta, children):
-        kind, pipe, args = children
-        return ast.Cursor(_span(meta), str(kind), pipe and str(pipe), args)
+        kind, pipe, chunk, args = children
+        return ast.Cursor(_span(meta), str(kind), pipe and str(pipe), args, chunk)
+
+    def chunk(self, meta, children):
+        return children[0]
+
+    def overlap(self, meta, children):
+        return ast.Overlap(_span(meta), *children)
+
+    def choice(self, meta, children):
+        return ast.Choice(_span(meta), tuple(children))
+
+    def optional(self, meta, children):
+        return True
 
     def args(self, meta, children):
         return tuple(children)
@@ -92,8 +104,8 @@ class ToAst(Transformer):
         return ast.Group(_span(meta), tuple(children))
 
     def item(self, meta, children):
-        unit, repeat, when = children
-        return ast.Item(_span(meta), unit, repeat, when)
+        unit, optional, repeat, when = children
+        return ast.Item(_span(meta), unit, repeat, when, bool(optional))
 
     def repeat(self, meta, children):
         return children[0]
@@ -164,6 +176,9 @@ class ToAst(Transformer):
 
     def split_backward(self, meta, children):
         return ast.SplitBackward(_span(meta))
+
+    def mixed_backward(self, meta, children):
+        return ast.MixedBackward(_span(meta))
 
     def key(self, meta, children):
         return tuple(children)
