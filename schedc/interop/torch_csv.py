@@ -2,7 +2,9 @@
 
 Row r is rank r's order; a cell is `<stage><kind><microbatch>` (`2F0`, `3B1`, `0I2`, `0W2`), an empty
 cell an idle slot. `REDUCE_GRAD`, `UNSHARD` and `RESHARD` cells (torch adds them) are not compute and
-are skipped; `(a;b)OVERLAP_F_B` cells run their sub-actions in order.
+are skipped. A `(0F7;7B3)OVERLAP_F_B` cell is an overlapped op: its forward and its backward run as
+one (Schedule.fused). B, I and W may be mixed: a stage and microbatch whose backward shows as I (and W)
+runs it split, the others whole (a mixed backward, as torch's DualPipeV).
 
     2F0,2F1,2B0,2B1        ->   Schedule(orders=((F(2,0), F(2,1), B(2,0), B(2,1)), ...), ...)
 
@@ -26,7 +28,7 @@ CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
 COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d*")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
-Cell = tuple[str, int, int, Span]  # kind, stage, microbatch, where
+Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 
 
 def schedule_from_csv(path, options=None) -> Schedule:
@@ -40,21 +42,26 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     overrides = dict(getattr(options, "overrides", None) or {})
     microbatches = _microbatch_count(rows, overrides, source)
     cells = [cell for row in rows for cell in row]
-    split = any(kind in ("I", "W") for kind, *_ in cells)
-    stages = max(stage for _, stage, _, _ in cells) + 1
+    kinds_seen = {kind for kind, *_ in cells}
+    mixed = "B" in kinds_seen and bool(kinds_seen & {"I", "W"})
+    split = not mixed and bool(kinds_seen & {"I", "W"})
+    stages = max(cell[1] for cell in cells) + 1
     placement = infer_placement(rows, stages)
     costs = _costs(getattr(options, "costs", None) or {}, stages, source)
     pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
-    orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where in row)
+    orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where, _ in row)
                    for r, row in enumerate(rows))
-    kinds = builtin_kinds(split)
+    fused = tuple((order[n], order[n + 1]) for order, row in zip(orders, rows)
+                  for n, cell in enumerate(row) if cell[4])
+    split_of = frozenset((0, s, mb) for kind, s, mb, *_ in cells if kind == "I") if mixed else None
     grid = tuple(Op(kind, s, mb, 0, 0, placement[s], costs[kind][s]) for s in range(stages)
-                 for mb in range(microbatches) for kind in kinds)
-    deps = Dependencies((pipe,), costs, split, {}, grid)
+                 for mb in range(microbatches)
+                 for kind in builtin_kinds(split if split_of is None else (0, s, mb) in split_of))
+    deps = Dependencies((pipe,), costs, split if split_of is None else split_of, {}, grid)
     name = re.sub(r"\W", "_", Path(source.path).stem) or "torch_csv"
     return Schedule(name, f"imported from torch CSV {Path(source.path).name}", source,
                     {"p": len(rows), "m": microbatches}, len(rows), (pipe,), (), orders, deps, costs,
-                    (1.0,) * stages, None, None, split)
+                    (1.0,) * stages, None, None, split, split_of=split_of, fused=fused)
 
 
 def parse_csv(source: Source) -> list[list[Cell]]:
@@ -113,14 +120,26 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return []
     match = CELL.fullmatch(stripped)
     if match:
-        return [(match.group(2), int(match.group(1)), int(match.group(3)), span)]
+        return [(match.group(2), int(match.group(1)), int(match.group(3)), span, False)]
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
-        return [cell for part in overlap.group(1).split(";") for cell in _cell(part, span, diags)]
+        return _overlap(overlap.group(1), span, diags)
     why = ("communication cells belong to torch's compute_comms format; export the compute-only schedule"
            if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
     diags.append(error(f"bad cell {stripped!r}: {why}", span))
     return []
+
+
+def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
+    """The two halves of an OVERLAP_F_B cell, forward first, the forward marked as overlapped."""
+    halves = [cell for part in inner.split(";") for cell in _cell(part, span, diags)]
+    kinds = sorted(cell[0] for cell in halves)
+    if len(halves) != 2 or kinds[1] != "F" or kinds[0] not in ("B", "I"):
+        diags.append(error(f"bad cell '({inner})OVERLAP_F_B': an overlapped op holds one forward and one "
+                           "backward (B or I), e.g. (0F7;7B3)OVERLAP_F_B", span))
+        return []
+    forward, backward = sorted(halves, key=lambda cell: cell[0] != "F")
+    return [forward[:4] + (True,), backward]
 
 
 def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source: Source) -> int:
@@ -140,7 +159,7 @@ def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source:
         return value
     top: dict[int, int] = {}
     for row in rows:
-        for _, stage, mb, _ in row:
+        for _, stage, mb, *_ in row:
             top[stage] = max(top.get(stage, -1), mb)
     votes = Counter(mb + 1 for mb in top.values())
     return max(votes.items(), key=lambda item: (item[1], -item[0]))[0] if votes else 1
@@ -151,7 +170,7 @@ def infer_placement(rows: list[list[Cell]], stages: int) -> tuple[int, ...]:
     to s % ranks, torch's default loop placement."""
     counts: dict[int, Counter] = {}
     for r, row in enumerate(rows):
-        for _, stage, _, _ in row:
+        for _, stage, *_ in row:
             counts.setdefault(stage, Counter())[r] += 1
     return tuple(max(counts[s].items(), key=lambda item: (item[1], -item[0]))[0] if s in counts
                  else s % len(rows) for s in range(stages))
@@ -178,7 +197,18 @@ def export_csv(schedule: Schedule) -> str:
     if refusal:
         raise SchedError(error(refusal, schedule.pipelines[-1].span if schedule.pipelines else None),
                          schedule.source, exit_code=1)
-    return "".join(",".join(f"{op.stage}{op.kind}{op.mb}" for op in order) + "\n" for order in schedule.orders)
+    fused = {id(f): b for f, b in schedule.fused}
+    second = {id(b) for b in fused.values()}
+    rows = []
+    for order in schedule.orders:
+        cells = [_action(op) if id(op) not in fused else f"({_action(op)};{_action(fused[id(op)])})OVERLAP_F_B"
+                 for op in order if id(op) not in second]
+        rows.append(",".join(cells) + "\n")
+    return "".join(rows)
+
+
+def _action(op: Op) -> str:
+    return f"{op.stage}{op.kind}{op.mb}"
 
 
 def _unrepresentable(schedule: Schedule) -> str | None:
