@@ -147,9 +147,11 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_json):
     """Simulate FILE under its cost model and print the stats."""
-    from .report import device_table, summary
+    from .report import device_table, refusal, summary
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
-    if as_json:
+    if not result.ok:
+        click.echo(json.dumps({"error": refusal(result)}) if as_json else refusal(result))
+    elif as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:
         click.echo(summary(result))
