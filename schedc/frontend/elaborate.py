@@ -297,8 +297,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         chosen = set(map(OP_KEY, chain.from_iterable(orders)))
         grid = tuple(op for op in ops if op.kind == "F" or OP_KEY(op) in chosen)
         deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
-    if not fused and "FB" in costs:
-        span = next(d.span for d in cost_decls if d.kind == "FB")
+    declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
+    if not fused and declared_fb is not None:
+        span = declared_fb
         raise _fail("cost of FB, but no program overlaps a forward and a backward (F & B)", span, source)
     return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
                     activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span,
