@@ -148,7 +148,8 @@ class Schedule:
     memory: dict[str, tuple[float, ...]] = field(default_factory=dict)  # kind (not F) -> units per stage:
     # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
     split_of: frozenset | None = None  # `backward mixed`: the (pipe, stage, mb) whose backward runs as I + W
-    fused: tuple[tuple[Op, Op], ...] = ()  # overlapped (forward, backward) pairs, each placed side by side
+    fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
+    # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
 
     @property
     def mixed_backward(self) -> bool:

@@ -111,9 +111,9 @@ COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
 
 
 def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost: list[float]) -> list[int]:
-    """Make each overlapped pair (forward at n, backward at n + 1) one op: the forward half waits for
-    the backward half's dependencies too and carries the pair's cost (`cost FB`, by default the sum),
-    the backward half follows at no cost. Returns the indices n."""
+    """Make each overlapped pair (its first half at n, the other at n + 1) one op: the first half waits
+    for the second's dependencies too and carries the pair's cost (`cost FB` of the forward's stage, by
+    default the sum), the second follows at no cost. Returns the indices n."""
     if not schedule.fused:
         return []
     where = {id(op): n for n, op in enumerate(ops)}
@@ -125,7 +125,8 @@ def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost:
             raise ValueError(f"overlapped {f} and {b} are not placed side by side")
         preds[n] = preds[n] + tuple(m for m in preds[n + 1] if m != n)
         preds[n + 1] = (n,)
-        cost[n], cost[n + 1] = (table[f.stage] if table else cost[n] + cost[n + 1]), 0.0
+        forward = f if f.kind == "F" else b
+        cost[n], cost[n + 1] = (table[forward.stage] if table else cost[n] + cost[n + 1]), 0.0
         pairs.append(n)
     return pairs
 

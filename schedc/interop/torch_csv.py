@@ -131,15 +131,14 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
 
 
 def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
-    """The two halves of an OVERLAP_F_B cell, forward first, the forward marked as overlapped."""
+    """The two halves of an OVERLAP_F_B cell in the cell's order, the first marked as overlapped."""
     halves = [cell for part in inner.split(";") for cell in _cell(part, span, diags)]
     kinds = sorted(cell[0] for cell in halves)
     if len(halves) != 2 or kinds[1] != "F" or kinds[0] not in ("B", "I"):
         diags.append(error(f"bad cell '({inner})OVERLAP_F_B': an overlapped op holds one forward and one "
                            "backward (B or I), e.g. (0F7;7B3)OVERLAP_F_B", span))
         return []
-    forward, backward = sorted(halves, key=lambda cell: cell[0] != "F")
-    return [forward[:4] + (True,), backward]
+    return [halves[0][:4] + (True,), halves[1]]
 
 
 def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source: Source) -> int:
