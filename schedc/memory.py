@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .grid import label
 from .ir import Op, Schedule
-from .ops import BUILTIN
+from .ops import BUILTIN, OpKind
 from .timing import Timing
 
 PERSISTENT = math.inf
@@ -50,7 +50,7 @@ class Held:
         `state of curvature_A(1) (0.5)`."""
         if self.end == PERSISTENT:
             return f"state of {label(schedule, Op(self.op.kind, self.op.stage, None, self.op.pipe))} ({self.units:g})"
-        what = label(schedule, self.op) if self.op.kind == "F" else f"gradient of {label(schedule, self.op)}"
+        what = label(schedule, self.op) if self.op.kind == OpKind.F else f"gradient of {label(schedule, self.op)}"
         step = f" of step {self.step}" if len(schedule.steps) > 1 else ""
         return what + step + (f" kept by {label(schedule, self.keeper)}" if self.keeper is not None else "")
 
@@ -68,7 +68,7 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
             for op in order:
                 if op.kind not in BUILTIN or op not in timing.start:
                     continue
-                if op.kind == "F":
+                if op.kind == OpKind.F:
                     units = schedule.activation[op.stage]
                     start = offset + timing.start[op]
                     end = offset + timing.end.get(Op(schedule.release_of(op), op.stage, op.mb, op.pipe),
@@ -200,7 +200,7 @@ def timed_model(schedule: Schedule) -> bool:
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
     """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
     act = schedule.activation
-    return {"F": act, **{kind: tuple(-a for a in act) for kind in schedule.releases}}
+    return {OpKind.F.value: act, **{kind: tuple(-a for a in act) for kind in schedule.releases}}
 
 
 def peak_memory(schedule: Schedule) -> tuple[float, ...]:

@@ -58,6 +58,7 @@ SENDS = frozenset({Opcode.SEND_F.value, Opcode.SEND_B.value})
 RECVS = frozenset({Opcode.RECV_F.value, Opcode.RECV_B.value})
 COMM = SENDS | RECVS
 LINKED = frozenset({OpKind.F.value}) | GRADIENT               # the ops whose output goes to another stage
+SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a split backward
 NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 DEFAULT_COSTS = {OpKind.F.value: 1.0, OpKind.B.value: 2.0, OpKind.I.value: 1.0, OpKind.W.value: 1.0}
@@ -128,6 +129,16 @@ def peer_stage(opcode: str, stage: int) -> int:
     return link_ends(opcode, stage)[opcode in SENDS]
 
 
+# a built-in op -> the op of its own (stage, microbatch) that must have run before it
+_AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value}
+
+
+def follows(kind: str) -> str | None:
+    """The op of the same stage and microbatch that must run first: F for B and I, I for W; None for F
+    and tasks."""
+    return _AFTER.get(kind)
+
+
 def fed_by(kind: str, stage: int) -> tuple[str, int] | None:
     """(kind, stage) of the neighbouring op whose output an op reads, in the tensor's name (F or B):
     F(s) reads F(s-1)'s activation, B(s) and I(s) the gradient of s+1. None for W and tasks. As
@@ -146,9 +157,8 @@ def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple
 
         F(2) -> F(1);  B(1) of 3 stages -> F(1), B(2);  I(2) of 3 -> F(2);  W(1) -> I(1)
     """
-    if kind == OpKind.W.value:
-        return ((OpKind.I.value, stage),)
-    own = () if kind == OpKind.F.value else ((OpKind.F.value, stage),)
+    before = follows(kind)
+    own = () if before is None else ((before, stage),)
     producer = fed_by(kind, stage)
     if producer is None or not 0 <= producer[1] < stages:
         return own

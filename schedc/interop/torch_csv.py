@@ -22,7 +22,7 @@ from pathlib import Path
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import DEFAULT_COSTS, builtin_kinds
+from ..ops import DEFAULT_COSTS, SPLIT, OpKind, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
@@ -43,8 +43,8 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     microbatches = _microbatch_count(rows, overrides, source)
     cells = [cell for row in rows for cell in row]
     kinds_seen = {kind for kind, *_ in cells}
-    mixed = "B" in kinds_seen and bool(kinds_seen & {"I", "W"})
-    split = not mixed and bool(kinds_seen & {"I", "W"})
+    mixed = OpKind.B.value in kinds_seen and bool(kinds_seen & SPLIT)
+    split = not mixed and bool(kinds_seen & SPLIT)
     stages = max(cell[1] for cell in cells) + 1
     placement = infer_placement(rows, stages)
     costs = _costs(getattr(options, "costs", None) or {}, stages, source)

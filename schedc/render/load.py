@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..compiler import Compiled, compile_file, schedule_stats
 from ..diagnostics import SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import DEFAULT_COSTS
+from ..ops import DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
 
@@ -49,7 +49,7 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
                       for p in meta.get("pipelines", ()))
     orders = tuple(tuple(_op(i, rank, table) for i in (steps[0] if steps else ()) if _is_compute(i.op))
                    for rank, steps in enumerate(plan.ranks))
-    split = any(op.kind == "I" for order in orders for op in order)
+    split = any(op.kind == OpKind.I for order in orders for op in order)
     deps = Dependencies(pipelines, table, split, {}, tuple(op for order in orders for op in order))
     return Schedule(str(meta.get("schedule", "plan")), str(meta.get("description", "")),
                     Source(path, ""), dict(meta.get("params") or {}), plan.devices, pipelines,
