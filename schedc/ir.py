@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from .diagnostics import Source, Span
-from .ops import BUILTIN, builtin_deps, label, release_kind
+from .ops import BUILTIN, RELEASES, builtin_deps, fed_by, label, release_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,9 @@ def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
                      split: bool | frozenset) -> tuple[tuple, ...]:
     """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps).
     `split`: whether backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
-    if isinstance(split, frozenset):
-        split = (k, s + 1, mb) in split  # B and I read the gradient of stage s + 1: I's if that one is split
+    if isinstance(split, frozenset):  # B and I read their neighbour's gradient: I's if that one runs split
+        producer = fed_by(kind, s)
+        split = producer is not None and (k, producer[1], mb) in split
     return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split))
 
 
@@ -159,7 +160,7 @@ class Schedule:
     def releases(self) -> frozenset[str]:
         """The kinds that free a forward's activation: B and W with a mixed backward (one of them runs
         per stage and microbatch), else `release`."""
-        return frozenset(("B", "W")) if self.split_of is not None else frozenset((self.release,))
+        return RELEASES if self.split_of is not None else frozenset((self.release,))
 
     def release_of(self, op: Op) -> str:
         """The kind that frees the activation of op's (stage, microbatch): W when its backward is split."""

@@ -62,6 +62,7 @@ SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a spl
 NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 DEFAULT_COSTS = {OpKind.F.value: 1.0, OpKind.B.value: 2.0, OpKind.I.value: 1.0, OpKind.W.value: 1.0}
+RELEASES = frozenset({OpKind.B.value, OpKind.W.value})  # what frees a forward's activation (one per backward)
 OVERLAP = "FB"  # the cost kind of an overlapped forward + backward (`F & B`), by default their sum
 MIXED_KINDS = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value)  # `backward mixed`: all four,
 # of which a program runs F and either B or I and W per (stage, microbatch)

@@ -19,7 +19,7 @@ from operator import attrgetter, gt, itemgetter
 
 from .ir import OP_KEY, Dependencies, Op, Schedule
 from .memory import holdings, peak_memory, peaks, timed_model
-from .ops import BUILTIN, OVERLAP, builtin_deps
+from .ops import BUILTIN, OVERLAP, OpKind, builtin_deps
 from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
@@ -125,7 +125,7 @@ def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost:
             raise ValueError(f"overlapped {f} and {b} are not placed side by side")
         preds[n] = preds[n] + tuple(m for m in preds[n + 1] if m != n)
         preds[n + 1] = (n,)
-        forward = f if f.kind == "F" else b
+        forward = f if f.kind == OpKind.F else b
         cost[n], cost[n + 1] = (table[forward.stage] if table else cost[n] + cost[n + 1]), 0.0
         pairs.append(n)
     return pairs

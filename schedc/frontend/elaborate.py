@@ -14,7 +14,7 @@ from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import DEFAULT_COSTS, MIXED_KINDS, builtin_kinds
+from ..ops import DEFAULT_COSTS, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -293,9 +293,10 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     split_of = None
     if mixed:
-        split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == "I")
+        split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order
+                             if op.kind == OpKind.I)
         chosen = set(map(OP_KEY, chain.from_iterable(orders)))
-        grid = tuple(op for op in ops if op.kind == "F" or OP_KEY(op) in chosen)
+        grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
         deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
     declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
     if not fused and declared_fb is not None:
@@ -322,9 +323,9 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
     for d in [*costs, *(d for d in decl.decls if isinstance(d, ast.QueueDecl))]:
         if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind == "FB"):
             continue
-        if d.kind == "B" and split:
+        if d.kind == OpKind.B and split:
             why = "this schedule splits its backward: B does not run (give I and W)"
-        elif d.kind in ("I", "W"):
+        elif d.kind in SPLIT:
             why = "I and W run only with 'backward split' or 'backward mixed'"
         else:
             why = f"unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})"

@@ -18,6 +18,7 @@ from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from ..grid import elide
 from ..ir import Op, Pipeline, consume
+from ..ops import GRADIENT, SPLIT, OpKind
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -258,7 +259,7 @@ class _ProgramRun:
 
     def _overlap(self, overlap: ast.Overlap, env: dict) -> None:
         """`F[0] & B[1]`: the two ops placed next to each other, marked as one overlapped op."""
-        if overlap.forward.kind != "F" or overlap.backward.kind not in ("B", "I"):
+        if overlap.forward.kind != _F or overlap.backward.kind not in GRADIENT:
             raise EvalError(f"an overlapped op is a forward and a backward (F & B or F & I), not "
                             f"{overlap.forward.kind} & {overlap.backward.kind}", overlap.span)
         placed = len(self.order)
@@ -287,7 +288,7 @@ class _ProgramRun:
         cursors = _plain_cursors(unit) if count > 1 else None
         if not cursors or len({c.kind for c in cursors}) < len(cursors):
             return 0
-        if self.mixed and any(c.kind in _BACKWARD for c in cursors):
+        if self.mixed and any(c.kind in BACKWARDS for c in cursors):
             return 0
         steps = count * len(cursors) if isinstance(unit, ast.Group) else 0
         queues = [self.queues.get((c.kind, self._pipe(c, env), None)) for c in cursors]
@@ -319,7 +320,7 @@ class _ProgramRun:
     def _next(self, cursor: ast.Cursor, env: dict) -> Op | None:
         """The op the cursor would pop, without popping it (None: its queue is empty)."""
         pipe, chunk = self._pipe(cursor, env), self._chunk(cursor, env)
-        if self.mixed and cursor.kind == "W":
+        if self.mixed and cursor.kind == _W:
             return self.mixed.peek_weight(self.pipelines, pipe, chunk, self.chunk)
         queue = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
         return queue.peek(self.taken) if queue else None
@@ -331,7 +332,7 @@ class _ProgramRun:
                 raise EvalError("a named op takes no chunk: F(0, 3), not F[0](0, 3)", cursor.span)
             return self._named(cursor, pipe, env)
         chunk = self._chunk(cursor, env)
-        if self.mixed and cursor.kind == "W":
+        if self.mixed and cursor.kind == _W:
             op = self.mixed.pop_weight(self.pipelines, pipe, chunk, self.chunk)
         else:
             queue = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
@@ -341,13 +342,13 @@ class _ProgramRun:
                 return
             raise EvalError(f"program pops {_cursor_text(cursor, pipe, chunk)} from an empty queue "
                             f"({self._why_empty(cursor, pipe, chunk)})", cursor.span)
-        if self.mixed and cursor.kind in _BACKWARD:
+        if self.mixed and cursor.kind in GRADIENT:
             op = self.mixed.choose(op, cursor.kind, self.taken)
         self._take(op, cursor.span)
 
     def _why_empty(self, cursor: ast.Cursor, pipe: str | None, chunk: int | None) -> str:
         where = (f" of pipeline '{pipe}'" if pipe else "") + (f" of chunk {chunk}" if chunk is not None else "")
-        if self.mixed and cursor.kind == "W":
+        if self.mixed and cursor.kind == _W:
             return f"no input gradient{where} placed so far waits for its W"
         known = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
         if known:
@@ -373,7 +374,7 @@ class _ProgramRun:
             raise EvalError(f"{label} is not an op of this device", cursor.span)
         if id(found[0]) in self.taken:
             raise EvalError(f"{label} is placed twice", cursor.span)
-        if self.mixed and found[0].kind in "BIW":
+        if self.mixed and found[0].kind in BACKWARDS:
             self.mixed.name(found[0], self.taken)
         self._take(found[0], cursor.span)
 
@@ -425,12 +426,13 @@ _ProgramRun.STATEMENTS = {ast.Let: _ProgramRun._let, ast.Loop: _ProgramRun._loop
 _ProgramRun.UNITS = {ast.Cursor: _ProgramRun._cursor, ast.Group: _ProgramRun._group,
                      ast.Overlap: _ProgramRun._overlap, ast.Choice: _ProgramRun._choice}
 
-_BACKWARD = ("B", "I")
+_F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
+BACKWARDS = GRADIENT | SPLIT  # B, I, W: what a mixed backward chooses among
 
 
 def _queued(kind: str, mixed: _MixedBackward | None) -> str:
     """The queue a cursor pops from: with a mixed backward, B and I share B's (the next backward)."""
-    return "B" if mixed and kind == "I" else kind
+    return _B if mixed and kind == _I else kind
 
 
 class _MixedBackward:
@@ -439,13 +441,13 @@ class _MixedBackward:
     chunk or pipeline, when the cursor names one). The halves not chosen count as taken."""
 
     def __init__(self, device_ops: list[Op]):
-        self.halves = {(op.kind, op.stage, op.mb, op.pipe): op for op in device_ops if op.kind in "BIW"}
+        self.halves = {(op.kind, op.stage, op.mb, op.pipe): op for op in device_ops if op.kind in BACKWARDS}
         self.pending: list[Op] = []  # W ops of the I's placed so far, oldest first
 
     def choose(self, backward: Op, kind: str, taken: set[int]) -> Op:
         at = (backward.stage, backward.mb, backward.pipe)
-        i, w = self.halves[("I", *at)], self.halves[("W", *at)]
-        if kind == "B":
+        i, w = self.halves[(_I, *at)], self.halves[(_W, *at)]
+        if kind == _B:
             taken.update((id(i), id(w)))
             return backward
         taken.add(id(backward))
@@ -461,10 +463,10 @@ class _MixedBackward:
     def name(self, op: Op, taken: set[int]) -> None:
         """An op named in an explicit list (`I(0, 3)`): the halves it excludes count as taken."""
         at = (op.stage, op.mb, op.pipe)
-        if op.kind == "B":
-            taken.update(id(self.halves[(k, *at)]) for k in "IW")
-        elif op.kind == "I":
-            taken.add(id(self.halves[("B", *at)]))
+        if op.kind == _B:
+            taken.update(id(self.halves[(k, *at)]) for k in SPLIT)
+        elif op.kind == _I:
+            taken.add(id(self.halves[(_B, *at)]))
         elif op in self.pending:
             self.pending.remove(op)
 
@@ -483,11 +485,11 @@ def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], _Queu
     With a mixed backward, I and W are not queued (B's queue is the backward queue, see _MixedBackward)."""
     by_kind: dict[str, list[Op]] = {}
     for op in device_ops:
-        if not (mixed and op.kind in ("I", "W")):
+        if not (mixed and op.kind in SPLIT):
             by_kind.setdefault(op.kind, []).append(op)
     queues = {}
     for kind, ops in by_kind.items():
-        key = keys.get((kind, None)) or (keys.get(("I", None)) if mixed and kind == "B" else None)
+        key = keys.get((kind, None)) or (keys.get((_I, None)) if mixed and kind == _B else None)
         ordered = sort_queue(ops, key, pipelines, chunk)
         queues[(kind, None, None)] = _Queue(ordered)
         _chunk_queues(queues, kind, None, ordered, chunk)
@@ -556,7 +558,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             fused += run.fused
         complete = len(run.taken) == len(per_device[dev])  # ops are taken once each
         left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
-                                    and not (mixed and op.kind in "IW" and _undecided(op, run))]
+                                    and not (mixed and op.kind in SPLIT and _undecided(op, run))]
         if left:
             diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
                                f"unscheduled: {elide(left, 6)}", program.span))
@@ -566,7 +568,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
 
 def _undecided(op: Op, run: _ProgramRun) -> bool:
     """An I or W of a backward no program chose yet (its B stands for it among the ops left over)."""
-    return id(run.mixed.halves[("B", op.stage, op.mb, op.pipe)]) not in run.taken
+    return id(run.mixed.halves[(_B, op.stage, op.mb, op.pipe)]) not in run.taken
 
 
 def merge_device_diagnostics(diags: list[Diagnostic]) -> list[Diagnostic]:

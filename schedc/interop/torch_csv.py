@@ -22,7 +22,7 @@ from pathlib import Path
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import DEFAULT_COSTS, SPLIT, OpKind, builtin_kinds
+from ..ops import DEFAULT_COSTS, GRADIENT, SPLIT, OpKind, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
@@ -53,7 +53,7 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
                    for r, row in enumerate(rows))
     fused = tuple((order[n], order[n + 1]) for order, row in zip(orders, rows)
                   for n, cell in enumerate(row) if cell[4])
-    split_of = frozenset((0, s, mb) for kind, s, mb, *_ in cells if kind == "I") if mixed else None
+    split_of = frozenset((0, s, mb) for kind, s, mb, *_ in cells if kind == OpKind.I) if mixed else None
     grid = tuple(Op(kind, s, mb, 0, 0, placement[s], costs[kind][s]) for s in range(stages)
                  for mb in range(microbatches)
                  for kind in builtin_kinds(split if split_of is None else (0, s, mb) in split_of))
@@ -134,7 +134,7 @@ def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
     """The two halves of an OVERLAP_F_B cell in the cell's order, the first marked as overlapped."""
     halves = [cell for part in inner.split(";") for cell in _cell(part, span, diags)]
     kinds = sorted(cell[0] for cell in halves)
-    if len(halves) != 2 or kinds[1] != "F" or kinds[0] not in ("B", "I"):
+    if len(halves) != 2 or kinds[1] != OpKind.F or kinds[0] not in GRADIENT:
         diags.append(error(f"bad cell '({inner})OVERLAP_F_B': an overlapped op holds one forward and one "
                            "backward (B or I), e.g. (0F7;7B3)OVERLAP_F_B", span))
         return []
