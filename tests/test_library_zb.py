@@ -209,3 +209,13 @@ def test_mixed_backward_leftovers_name_the_backward_once():
         compile_text(text)
     rendered = info.value.render()
     assert "leaves 2 ops unscheduled: W(0,0), B(0,1)" in rendered or "leaves 2 ops unscheduled: B(0,1), W(0,0)" in rendered
+
+
+def test_kind_lists_rank_kinds_in_greedy_priorities():
+    text = ("schedule g \"g\"\nparam p = 2\nparam m = 3\npipeline main { stages p; device s -> s; microbatches m }\n"
+            "backward split\ngreedy by ([I, F, W], i)\n")
+    last = [str(op) for op in compile_text(text).schedule.orders[1]]
+    assert last == ["F(1,0)", "I(1,0)", "F(1,1)", "I(1,1)", "F(1,2)", "I(1,2)", "W(1,0)", "W(1,1)", "W(1,2)"]
+    with pytest.raises(SchedError) as info:
+        compile_text(text.replace("[I, F, W]", "[I, F, Q]"))
+    assert "t.sched:6:12: error: unknown kind 'Q' in a list of kinds (kinds: F, I, W)" in info.value.render()

@@ -54,7 +54,15 @@ class Call(Node):
     args: tuple[Expr, ...]
 
 
-Expr = Num | Name | Star | Unary | Binary | Cond | Call
+@dataclass(frozen=True, slots=True)
+class Kinds(Node):
+    """`[I, F, W]` in a queue key or greedy priority: the position of the op's kind in the list (kinds
+    not listed come after)."""
+
+    names: tuple[str, ...]
+
+
+Expr = Num | Name | Star | Unary | Binary | Cond | Call | Kinds
 
 
 # Programs ------------------------------------------------------------------------------------------

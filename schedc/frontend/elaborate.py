@@ -12,7 +12,7 @@ from typing import Any
 
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
-from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
+from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import DEFAULT_COSTS, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
 from .order import order_greedy, run_programs
@@ -331,6 +331,12 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
             why = f"unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})"
         what = "cost" if isinstance(d, ast.CostDecl) else "queue"
         diags.append(error(f"{what} of {d.kind}: {why}", d.span))
+    keys = [e for d in decl.decls if isinstance(d, (ast.QueueDecl, ast.Greedy)) for e in (d.key or ())]
+    for listed in (k for e in keys for k in kind_lists(e)):
+        for name in listed.names:
+            if name not in kinds:
+                diags.append(error(f"unknown kind '{name}' in a list of kinds (kinds: {', '.join(sorted(kinds))})",
+                                   listed.span))
     if diags:
         raise SchedError(diags, source)
 

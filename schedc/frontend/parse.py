@@ -76,6 +76,9 @@ class ToAst(Transformer):
     def pow(self, meta, children):
         return ast.Binary(_span(meta), "**", children[0], children[2])
 
+    def kinds(self, meta, children):
+        return ast.Kinds(_span(meta), tuple(str(c) for c in children))
+
     def call(self, meta, children):
         func, *args = children
         return ast.Call(_span(meta), str(func).strip(), tuple(args))
