@@ -202,18 +202,20 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 @main.command("export")
 @click.argument("file")
 @define_option
-@click.option("--format", "fmt", type=click.Choice(["torch-csv"]), default="torch-csv", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms"]), default="torch-csv",
+              show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
 def export_cmd(file, defines, fmt, out):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
     from .compiler import compile_file
-    from .interop.torch_csv import export_csv
+    from .interop.torch_csv import export_comms_csv, export_csv
     try:
         result = compile_file(file, defines, None, 0.0)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
             sys.exit(1)
-        Path(out).write_text(export_csv(result.schedule))
+        text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
+        Path(out).write_text(export_comms_csv(result.plan) if fmt == "torch-comms" else text)
     except SchedError as exc:
         _fail(exc)
     click.echo(f"wrote {out}")

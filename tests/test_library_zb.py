@@ -219,3 +219,50 @@ def test_kind_lists_rank_kinds_in_greedy_priorities():
     with pytest.raises(SchedError) as info:
         compile_text(text.replace("[I, F, W]", "[I, F, Q]"))
     assert "t.sched:6:12: error: unknown kind 'Q' in a list of kinds (kinds: F, I, W)" in info.value.render()
+
+
+# torch's compute_comms format --------------------------------------------------------------------
+
+SKIP = {"REDUCE_GRAD", "UNSHARD", "RESHARD"}
+
+
+def torch_comms_csv(name: str, p: int, m: int) -> str:
+    """torch's own lowered order (compute and SEND/RECV cells) as its compute_comms CSV."""
+    order = Z.torch_schedule(name, p, 2, m).pipeline_order_with_comms
+    return "".join(",".join(str(a) for a in order[r] if a.computation_type.value not in SKIP) + "\n"
+                   for r in range(p))
+
+
+@pytest.mark.parametrize("name,p,m", [("ScheduleZBVZeroBubble", 2, 4), ("ScheduleDualPipeV", 2, 6),
+                                      ("ScheduleZBVZeroBubble", 4, 8)])
+def test_check_runs_the_channel_check_on_torchs_compute_comms(tmp_path, name, p, m):
+    text = torch_comms_csv(name, p, m)
+    good = tmp_path / "good.csv"
+    good.write_text(text)
+    result = CliRunner().invoke(main, ["check", str(good)])
+    assert result.exit_code == 0, result.output
+    rows = text.splitlines()
+    cells = rows[1].split(",")
+    first = next(n for n, c in enumerate(cells) if "RECV_F" in c)
+    second = next(n for n, c in enumerate(cells) if "RECV_F" in c and n > first)
+    cells[first], cells[second] = cells[second], cells[first]  # two receives from one peer, swapped
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([rows[0], ",".join(cells), *rows[2:]]) + "\n")
+    result = CliRunner().invoke(main, ["check", str(bad)])
+    assert result.exit_code == 1
+    assert "messages from rank 0 to rank 1 do not match" in result.output
+
+
+def test_compute_comms_export_loads_and_runs_in_torchs_simulator(tmp_path):
+    from torch.distributed.pipelining import schedules
+    out = tmp_path / "zbv.csv"
+    result = CliRunner().invoke(main, ["export", "zbv", "-D", "p=2", "-D", "m=4", "--format", "torch-comms",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    runtime = schedules._PipelineScheduleRuntime([Z._MockStage(0, 4, 0, 2), Z._MockStage(3, 4, 0, 2)], 4)
+    runtime._load_csv(str(out), format="compute_comms")
+    lowered = {r: [a for a in acts if a is not None] for r, acts in runtime.pipeline_order_with_comms.items()}
+    simulated = schedules._simulate_comms_compute(lowered, lambda s: runtime.stage_index_to_group_rank[s], 4)
+    assert sum(a is not None and a.is_compute_op for row in simulated.values() for a in row) == 48
+    back = CliRunner().invoke(main, ["check", str(out)])
+    assert back.exit_code == 0 and "channels match" in back.output

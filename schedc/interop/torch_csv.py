@@ -22,11 +22,12 @@ from pathlib import Path
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import DEFAULT_COSTS, GRADIENT, SPLIT, OpKind, builtin_kinds
+from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
+from ..plan import Instr, Plan
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
-COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d*")
+COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d+")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 
@@ -38,7 +39,7 @@ def schedule_from_csv(path, options=None) -> Schedule:
 
 
 def schedule_from_csv_text(source: Source, options=None) -> Schedule:
-    rows = parse_csv(source)
+    rows = [[cell for cell in row if cell[0] in BUILTIN] for row in parse_csv(source, comms=True)]
     overrides = dict(getattr(options, "overrides", None) or {})
     microbatches = _microbatch_count(rows, overrides, source)
     cells = [cell for row in rows for cell in row]
@@ -64,8 +65,9 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
                     (1.0,) * stages, None, None, split, split_of=split_of, fused=fused)
 
 
-def parse_csv(source: Source) -> list[list[Cell]]:
-    """Rows of compute cells with their spans; every bad cell is reported (exit code 2)."""
+def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
+    """Rows of compute cells with their spans (and, with `comms`, the SEND_F / RECV_F / SEND_B / RECV_B
+    cells of torch's compute_comms format, kind = the opcode); every bad cell is reported (exit 2)."""
     lines = source.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -73,7 +75,9 @@ def parse_csv(source: Source) -> list[list[Cell]]:
     for number, line in enumerate(lines, 1):
         row = []
         for column, text in split_line(line.rstrip("\r"), number, diags):
-            row.extend(_cell(text, Span(number, column, number, column + max(1, len(text))), diags))
+            span = Span(number, column, number, column + max(1, len(text)))
+            message = COMMS.fullmatch(text.strip()) if comms else None
+            row.extend(_comm_cell(text.strip(), span) if message else _cell(text, span, diags))
         rows.append(row)
     if not diags and not any(rows):
         diags.append(error("no compute cells: expected rows of cells like 0F0,0B0 (one row per rank)",
@@ -124,10 +128,14 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
         return _overlap(overlap.group(1), span, diags)
-    why = ("communication cells belong to torch's compute_comms format; export the compute-only schedule"
-           if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
+    why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0, or a message cell such as 2SEND_F0"
     diags.append(error(f"bad cell {stripped!r}: {why}", span))
     return []
+
+
+def _comm_cell(text: str, span: Span) -> list[Cell]:
+    stage, opcode, mb = re.fullmatch(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)", text).groups()
+    return [(opcode, int(stage), int(mb), span, False)]
 
 
 def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
@@ -222,3 +230,50 @@ def _unrepresentable(schedule: Schedule) -> str | None:
         return (f"torch's CSV schedule holds only F, B, I and W; this schedule also runs the tasks "
                 f"{', '.join(tasks)}")
     return None
+
+
+# torch's compute_comms format: the rank streams with their messages ---------------------------------
+
+def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...], ...] | None:
+    """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
+    no message cells), each ending with STEP. torch names a send by the stage that sends and a receive
+    by the stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing
+    stage (RECV_F stage=1)."""
+    rows = parse_csv(source, comms=True)
+    if not any(cell[0] in COMM for row in rows for cell in row):
+        return None
+    place = schedule.pipelines[0].placement
+    streams = []
+    for row in rows:
+        stream = []
+        for kind, stage, mb, _, _ in row:
+            if kind in BUILTIN:
+                stream.append(Instr(kind, stage, mb, 0))
+                continue
+            tensor = carries(kind)
+            producer = stage if kind in SENDS else fed_by(tensor, stage)[1]
+            peer_stage = feeds(tensor, stage) if kind in SENDS else producer
+            peer = place[peer_stage] if 0 <= peer_stage < len(place) else -1
+            stream.append(Instr(kind, producer, mb, 0, peer))
+        stream.append(Instr(Opcode.STEP.value))
+        streams.append(tuple(stream))
+    return tuple(streams)
+
+
+def export_comms_csv(plan: Plan) -> str:
+    """A one-step plan's rank streams as torch's compute_comms CSV: compute cells and SEND_*/RECV_*
+    cells named torch's way (a receive by its receiving stage); SYNC_GRAD and STEP are left out."""
+    if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
+        raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
+                         Source(plan.meta.get("source", "plan"), ""), exit_code=1)
+    rows = []
+    for (program,) in plan.ranks:
+        cells = []
+        for ins in program:
+            if ins.op in BUILTIN:
+                cells.append(f"{ins.stage}{ins.op}{ins.mb}")
+            elif ins.op in COMM:
+                stage = ins.stage if ins.op in SENDS else feeds(carries(ins.op), ins.stage)
+                cells.append(f"{stage}{ins.op}{ins.mb}")
+        rows.append(",".join(cells) + "\n")
+    return "".join(rows)
