@@ -258,7 +258,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
     _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
     costs = _per_stage(cost_decls, defaults, env, stages, source, options.costs)
-    activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory)
+    activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
+                                 mixed)
     ops = build_ops(pipelines, costs, split, mixed)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
@@ -342,11 +343,12 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
 
 
 def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,
-            given: dict[str, tuple[float, ...] | float]) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
+            given: dict[str, tuple[float, ...] | float],
+            mixed: bool = False) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
     """`memory K(s) = e` per stage: F's activation units, and the other kinds' (B's saved gradient, I's
     with `backward split`; a task's persistent state). Measured values (a profile) win where the kind
     exists in the schedule."""
-    kinds = set(builtin_kinds(split)) | tasks
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
     decls = [d for d in decl.decls if isinstance(d, ast.MemoryDecl)]
     for d in decls:
         if d.kind not in kinds and not (split and d.kind == "B"):
