@@ -266,3 +266,11 @@ def test_compute_comms_export_loads_and_runs_in_torchs_simulator(tmp_path):
     assert sum(a is not None and a.is_compute_op for row in simulated.values() for a in row) == 48
     back = CliRunner().invoke(main, ["check", str(out)])
     assert back.exit_code == 0 and "channels match" in back.output
+
+
+def test_a_backward_runs_whole_or_split_not_both(tmp_path):
+    path = tmp_path / "both.csv"
+    path.write_text("0F0,0F1,0B0,0I0,0W0,0B1\n1F0,1B0,1F1,1B1\n")
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 1
+    assert "both.csv:1:9: error: B(0,0) on device 0 runs the backward that I(0,0)" in result.output

@@ -124,8 +124,22 @@ def _walk(schedule: Schedule, counted: Census) -> list[Diagnostic]:
             seen[key] = (d, n, op)
             if schedule.pipelines[op.pipe].placement[op.stage] != d:
                 misplaced.setdefault((op.pipe, op.stage, d), []).append(op)
-    return (outside + twice + _misplaced(schedule, misplaced) + _early(schedule, seen)
-            + _missing(schedule, seen, counted))
+    return (outside + twice + _misplaced(schedule, misplaced) + _both_backwards(schedule, seen)
+            + _early(schedule, seen) + _missing(schedule, seen, counted))
+
+
+def _both_backwards(schedule: Schedule, seen: dict) -> list[Diagnostic]:
+    """With a mixed backward, a (stage, microbatch) runs B or I and W, not both."""
+    if not schedule.mixed_backward:
+        return []
+    diags = []
+    for key, (d, _, op) in seen.items():
+        if key[0] == OpKind.B and (OpKind.I.value,) + key[1:] in seen:
+            split = seen[(OpKind.I.value,) + key[1:]][2]
+            diags.append(error(f"{label(schedule, op)} on device {d} runs the backward that "
+                               f"{label(schedule, split)} ({location(schedule.source, split.span)}) already splits: "
+                               "a backward runs whole (B) or split (I and W), not both", op.span))
+    return diags
 
 
 def _outside(schedule: Schedule, op: Op) -> str | None:
