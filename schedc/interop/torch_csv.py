@@ -128,7 +128,7 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
         return _overlap(overlap.group(1), span, diags)
-    why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0, or a message cell such as 2SEND_F0"
+    why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0"
     diags.append(error(f"bad cell {stripped!r}: {why}", span))
     return []
 
