@@ -1,5 +1,6 @@
 """check_structure: every (stage, microbatch) of every pipeline has exactly one F and one B (or one I
-and one W) on the stage's device, and nothing else runs outside the declared ranges.
+and one W; with a mixed backward either, not both) on the stage's device, and nothing else runs
+outside the declared ranges.
 
     device 3: F(3,1) B(3,0) ... F(3,8) B(3,7)   (torch 2.13's 1F1B for 4 ranks, 8 microbatches)
     -> error: F(3,8): microbatch 8 is outside the microbatches 0..7 of pipeline 'main'

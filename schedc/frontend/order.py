@@ -3,6 +3,11 @@ of named ops), and greedy list scheduling under the cost model.
 
     queue F by (i, s); on device d { F * 2 ; (F B) * 2 ; B * 2 }
     -> device d's order: F F B F B F ... as the program pops them from its queues
+
+Cursors may name a local chunk (`F[1]`), be optional (`F?`), choose (`(W[1] | W[0])`) and pair a
+forward with a backward into one overlapped op (`F[0] & B[1]`, recorded in the schedule's `fused`);
+with `backward mixed` a backward queue serves B and I alike and W pops the oldest pending weight
+gradient (_MixedBackward).
 """
 from __future__ import annotations
 
