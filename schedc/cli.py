@@ -1,4 +1,4 @@
-"""The command line: schedc compile | check | simulate | render | run | list | export.
+"""The command line: schedc compile | check | simulate | tune | render | run | list | export.
 
 Heavy modules are imported inside the commands so that `schedc --help` answers at once.
 Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
@@ -184,6 +185,42 @@ def _on_cluster(file: str, defines, cluster, lower: bool = True):
 def _cluster_summary(on) -> str:
     from .predict import summary
     return "\n" + summary(on)
+
+
+def _progress_line(what: str, done: int, total: int) -> None:
+    """Progress on a terminal: `what n/N` rewritten in place on stderr (the caller clears it)."""
+    click.echo(f"\r{what} {done}/{total}", err=True, nl=False)
+
+
+@main.command("tune")
+@click.option("--synthesize", "synth", is_flag=True,
+              help="Find a per-device order within --memory-limit and write it as a .sched file.")
+@define_option
+@click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
+              help="Cost of F, B, or split I and W; one value or one per stage (defaults F=1, B=2; I=W=1).")
+@latency_option
+@click.option("--memory-limit", default=None, help="Activations per device: one value or one per device.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="The .sched file to write (default: print it).")
+def tune_cmd(synth, defines, costs, latency, memory_limit, out):
+    """Synthesize an order under a memory limit (--synthesize; the configuration search is to come)."""
+    if not synth:
+        raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
+    from .compiler import parse_defines
+    from .synthesize_cli import run_tune
+    shown = sys.stderr.isatty()
+    try:
+        text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out,
+                                    partial(_progress_line, "synthesizing: greedy variant") if shown else None)
+    except SchedError as exc:
+        _fail(exc)
+    finally:
+        if shown:
+            click.echo("\r\033[K", err=True, nl=False)
+    if out is None:
+        click.echo(text, nl=False)
+    click.echo(report, err=True)
+    sys.exit(0 if ok else 1)
 
 
 @main.command("list")

@@ -55,12 +55,10 @@ _NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_par
           "blocking_p2p")
 
 
-def cluster_options(command=None, *, model: bool = True):
-    """Add the cluster options to a command; it gets `cluster`: a ClusterRequest or None. The command's
-    own `microbatch_size` (the --profile row option) is the microbatch size b with --cluster, and is
-    passed on as None then. With model=False the command has its own --model (schedc check)."""
-    if command is None:
-        return functools.partial(cluster_options, model=model)
+def cluster_options(command):
+    """Add the cluster options (and --model) to a command; it gets `model_file` and `cluster`: a
+    ClusterRequest or None. The command's own `microbatch_size` (the --profile row option) is the
+    microbatch size b with --cluster, and is passed on as None then."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -71,7 +69,7 @@ def cluster_options(command=None, *, model: bool = True):
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
 
-    for option in reversed(_OPTIONS + ((_MODEL_OPTION,) if model else ())):
+    for option in reversed((*_OPTIONS, _MODEL_OPTION)):
         wrapper = option(wrapper)
     return wrapper
 
