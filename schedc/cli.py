@@ -1,7 +1,9 @@
-"""The command line: schedc compile | check | simulate | tune | render | run | list | export.
+"""The command line: schedc compile | check | simulate | tune | render | run | list | export | demo | calibrate.
 
-Heavy modules are imported inside the commands so that `schedc --help` answers at once.
-Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
+Click only: each command parses its options and calls the library (compiler.compile_file, render,
+demo, the runtime's launcher); heavy modules are imported inside the commands so that `schedc --help`
+answers at once. Exit codes (diagnostics.exit_code, SchedError.exit_code): 0 ok, 1 a schedule that
+fails its checks, 2 usage or syntax errors.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .diagnostics import SchedError
+from .diagnostics import SchedError, exit_code
 from .predict import cluster_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -103,12 +105,12 @@ def main() -> None:
 def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
     from a model on a cluster, and the step's prediction in the plan's stats)."""
-    from .plan import write_plan
+    from .plan.write import write_plan
     from .report import summary
     on = _on_cluster(file, defines, cluster)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:
-        sys.exit(1)
+        sys.exit(exit_code(result.diagnostics))
     plan, paths = write_plan(result.plan, out_dir)
     click.echo(summary(result) + (_cluster_summary(on) if on else ""))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
@@ -135,11 +137,10 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
         _fail(exc)
     diagnostics = result.diagnostics + extra
     _report(diagnostics, result.schedule.source)
-    from .diagnostics import has_errors
-    if has_errors(diagnostics):
+    if exit_code(diagnostics):
         count = sum(d.severity.value == "error" for d in diagnostics)
         click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
-        sys.exit(1)
+        sys.exit(exit_code(diagnostics))
     click.echo(f"{result.schedule.source.path}: ok ({result.stats['ops']} ops on {result.schedule.devices} "
                f"devices: no deadlock, channels match, memory peak "
                f"{max(result.stats['peak_memory']):g} activations)")
@@ -161,11 +162,11 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     if not result.ok:
         click.echo(json.dumps({"error": refusal(result)}) if as_json else refusal(result))
     elif as_json:
-        click.echo(json.dumps(result.stats, indent=1))
+        click.echo(json.dumps(dict(result.stats), indent=1))
     else:
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
-    sys.exit(0 if result.ok else 1)
+    sys.exit(exit_code(result.diagnostics))
 
 
 def _on_cluster(file: str, defines, cluster, lower: bool = True):
@@ -262,7 +263,7 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
     click.echo(f"wrote {out}")
-    sys.exit(0 if result.ok else 1)
+    sys.exit(exit_code(result.diagnostics))
 
 
 @main.command("export")
@@ -279,7 +280,7 @@ def export_cmd(file, defines, fmt, out):
         result = compile_file(file, defines, None, 0.0)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
-            sys.exit(1)
+            sys.exit(exit_code(result.diagnostics))
         text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
         Path(out).write_text(export_comms_csv(result.plan) if fmt == "torch-comms" else text)
     except SchedError as exc:

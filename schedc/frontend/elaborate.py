@@ -303,9 +303,11 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if not fused and declared_fb is not None:
         span = declared_fb
         raise _fail("cost of FB, but no program overlaps a forward and a backward (F & B)", span, source)
-    return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
-                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span,
-                    memory=memory, split_of=split_of, fused=tuple(fused))
+    return Schedule(name=decl.name, description=decl.doc, source=source, params=env, devices=devices,
+                    pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
+                    activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
+                    tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
+                    split_of=split_of, fused=tuple(fused))
 
 
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:

@@ -60,9 +60,10 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
                  for kind in builtin_kinds(split if split_of is None else (0, s, mb) in split_of))
     deps = Dependencies((pipe,), costs, split if split_of is None else split_of, {}, grid)
     name = re.sub(r"\W", "_", Path(source.path).stem) or "torch_csv"
-    return Schedule(name, f"imported from torch CSV {Path(source.path).name}", source,
-                    {"p": len(rows), "m": microbatches}, len(rows), (pipe,), (), orders, deps, costs,
-                    (1.0,) * stages, None, None, split, split_of=split_of, fused=fused)
+    return Schedule(name=name, description=f"imported from torch CSV {Path(source.path).name}", source=source,
+                    params={"p": len(rows), "m": microbatches}, devices=len(rows), pipelines=(pipe,), replicas=(),
+                    orders=orders, deps=deps, costs=costs, activation=(1.0,) * stages, memory_limit=None,
+                    memory_limit_span=None, split_backward=split, split_of=split_of, fused=fused)
 
 
 def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
