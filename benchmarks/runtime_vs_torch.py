@@ -1,7 +1,9 @@
 # Benchmark: schedc's runtime against torch.distributed.pipelining on the same model, schedule and
-# ranks (gloo, CPU, 2 ranks, OMP_NUM_THREADS=1). For GPipe, 1F1B and interleaved 1F1B it compiles the
-# library schedule with `schedc compile`, then, in one torchrun launch per schedule, builds schedc's
-# executor for that plan and ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B over separate
+# ranks (gloo, CPU, 2 ranks, OMP_NUM_THREADS=1). For GPipe, 1F1B, interleaved 1F1B, ZB-V, interleaved
+# zero bubble and DualPipeV it compiles the library schedule with `schedc compile`, then, in one torchrun
+# launch per schedule, builds schedc's executor for that plan and torch's class of the same name
+# (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble,
+# ScheduleInterleavedZeroBubble, ScheduleDualPipeV) over separate
 # copies of the same GPT stages, and times the two on alternating steps (ABBA order), so that both see
 # the same machine load. Each step is the schedule, the optimizer step and a loss all-reduce. It prints
 # the median step times, the median of the per-step ratios schedc / torch (adjacent steps, so load drift
@@ -24,10 +26,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RANKS = 2
-# name: (library schedule, torch class, chunks per rank)
-SCHEDULES = {"gpipe": ("gpipe", "ScheduleGPipe", 1),
-             "1f1b": ("1f1b", "Schedule1F1B", 1),
-             "interleaved": ("interleaved_1f1b", "ScheduleInterleaved1F1B", 2)}
+# name: (library schedule, torch class, chunks per rank, V-shaped: rank r holds stages r and 2p-1-r)
+SCHEDULES = {"gpipe": ("gpipe", "ScheduleGPipe", 1, False),
+             "1f1b": ("1f1b", "Schedule1F1B", 1, False),
+             "interleaved": ("interleaved_1f1b", "ScheduleInterleaved1F1B", 2, False),
+             "zbv": ("zbv", "ScheduleZBVZeroBubble", 2, True),
+             "interleaved_zb": ("interleaved_zb", "ScheduleInterleavedZeroBubble", 2, False),
+             "dualpipev": ("dualpipev", "ScheduleDualPipeV", 2, True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,8 +64,9 @@ def model_flags(args: argparse.Namespace) -> list[str]:
 # -- the driver ------------------------------------------------------------------------------------
 
 def compile_plan(name: str, args: argparse.Namespace, out: Path) -> Path:
-    schedule, _, chunks = SCHEDULES[name]
-    defines = ["-D", f"p={RANKS}", "-D", f"m={args.microbatches}"] + (["-D", f"v={chunks}"] if chunks > 1 else [])
+    schedule, _, chunks, v_shape = SCHEDULES[name]
+    defines = ["-D", f"p={RANKS}", "-D", f"m={args.microbatches}"] + (
+        ["-D", f"v={chunks}"] if chunks > 1 and not v_shape else [])
     subprocess.run([sys.executable, "-m", "schedc.cli", "compile", str(REPO / "schedules" / f"{schedule}.sched"),
                     *defines, "-o", str(out)], check=True, capture_output=True, cwd=REPO)
     return out / "plan.json"
@@ -132,11 +138,11 @@ def build_torch(args: argparse.Namespace, rank: int, opts):
     from schedc.runtime.build import make_optimizer
     from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
 
-    _, cls_name, chunks = SCHEDULES[args.worker]
+    _, cls_name, chunks, v_shape = SCHEDULES[args.worker]
     cfg = ModelConfig(args.layers, args.hidden, args.heads, args.seq, 256, args.mb_size)
     count = RANKS * chunks
     runs = partition(build_pieces(build_gpt, cfg, seed=0), count)
-    held = [rank + k * RANKS for k in range(chunks)]
+    held = [rank, count - 1 - rank] if v_shape else [rank + k * RANKS for k in range(chunks)]
     stages = [pipelining.PipelineStage(Stage(runs[s]), s, count, torch.device("cpu")) for s in held]
     schedule = getattr(pipelining, cls_name)(stages if chunks > 1 else stages[0],
                                              n_microbatches=args.microbatches, loss_fn=lm_loss)

@@ -157,10 +157,12 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
-    from .report import device_table, summary
+    from .report import device_table, refusal, summary
     on = _on_cluster(file, defines, cluster, lower=False)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
-    if as_json:
+    if not result.ok:
+        click.echo(json.dumps({"error": refusal(result)}) if as_json else refusal(result))
+    elif as_json:
         click.echo(json.dumps(dict(result.stats), indent=1))
     else:
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
@@ -285,18 +287,20 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 @main.command("export")
 @click.argument("file")
 @define_option
-@click.option("--format", "fmt", type=click.Choice(["torch-csv"]), default="torch-csv", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms"]), default="torch-csv",
+              show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
 def export_cmd(file, defines, fmt, out):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
     from .compiler import compile_file
-    from .interop.torch_csv import export_csv
+    from .interop.torch_csv import export_comms_csv, export_csv
     try:
         result = compile_file(file, defines, None, 0.0)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
             sys.exit(exit_code(result.diagnostics))
-        Path(out).write_text(export_csv(result.schedule))
+        text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
+        Path(out).write_text(export_comms_csv(result.plan) if fmt == "torch-comms" else text)
     except SchedError as exc:
         _fail(exc)
     click.echo(f"wrote {out}")

@@ -182,9 +182,22 @@ def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = Non
         if path.suffix == ".csv":
             from .interop.torch_csv import schedule_from_csv
             schedule = schedule_from_csv(path, options)
+            return _with_imported_comms(compile_schedule(schedule, latency), path)
         else:
             schedule = build_schedule(read_source(path), options)
         return compile_schedule(schedule, latency)
+
+
+def _with_imported_comms(compiled: Compiled, path) -> Compiled:
+    """A torch compute_comms CSV brings its own messages: its streams replace the lowered plan, and the
+    channel check runs on them (torch does not check a hand-ordered compute_comms schedule)."""
+    from .interop.torch_csv import comms_streams
+    streams = comms_streams(read_source(path), compiled.schedule)
+    if streams is None or compiled.plan is None:
+        return compiled
+    plan = Plan(compiled.plan.meta, tuple((stream,) for stream in streams))
+    return Compiled(compiled.schedule, compiled.timing, compiled.stats, plan,
+                    [d for d in compiled.diagnostics] + check_channels(plan))
 
 
 def parse_defines(values: Iterable[str]) -> dict[str, str]:

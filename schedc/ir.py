@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from .diagnostics import Source, Span
-from .ops import BUILTIN, builtin_deps, label, release_kind
+from .ops import BUILTIN, RELEASES, builtin_deps, fed_by, label, release_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +77,21 @@ class Pipeline:
     span: Span | None = field(default=None, compare=False)
 
 
-def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int, split: bool) -> tuple[tuple, ...]:
-    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps)."""
+def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
+                     split: bool | frozenset) -> tuple[tuple, ...]:
+    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps).
+    `split`: whether backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
+    if isinstance(split, frozenset):  # B and I read their neighbour's gradient: I's if that one runs split
+        producer = fed_by(kind, s)
+        split = producer is not None and (k, producer[1], mb) in split
     return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split))
 
 
 class Dependencies(Mapping):
     """The data dependencies of every op: built-in ones derived on demand (no storage for the 10^5-10^6
-    ops of a big schedule), tasks' declared ones stored. A read-only Mapping Op -> tuple of Ops."""
+    ops of a big schedule), tasks' declared ones stored. A read-only Mapping Op -> tuple of Ops.
+    `split` is a bool, or with a mixed backward the frozenset of (pipe, stage, mb) whose backward is
+    split (then `mixed` is true)."""
 
     __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops")
 
@@ -93,6 +100,10 @@ class Dependencies(Mapping):
         self.stages = tuple(p.stages for p in pipelines)
         self.placements = tuple(p.placement for p in pipelines)
         self.costs, self.split, self.explicit, self.ops = costs, split, explicit, ops
+
+    @property
+    def mixed(self) -> bool:
+        return isinstance(self.split, frozenset)
 
     def keys_of(self, op: Op) -> tuple[tuple, ...]:
         """Dependencies as identity tuples (see Op.key)."""
@@ -149,6 +160,25 @@ class Schedule:
     fill_span: Span | None = field(default=None, compare=False)  # the `fill bubbles with` statement
     memory: dict[str, tuple[float, ...]] = field(default_factory=dict)  # kind (not F) -> units per stage:
     # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
+    split_of: frozenset | None = None  # `backward mixed`: the (pipe, stage, mb) whose backward runs as I + W
+    fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
+    # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
+
+    @property
+    def mixed_backward(self) -> bool:
+        return self.split_of is not None
+
+    @property
+    def releases(self) -> frozenset[str]:
+        """The kinds that free a forward's activation: B and W with a mixed backward (one of them runs
+        per stage and microbatch), else `release`."""
+        return RELEASES if self.split_of is not None else frozenset((self.release,))
+
+    def release_of(self, op: Op) -> str:
+        """The kind that frees the activation of op's (stage, microbatch): W when its backward is split."""
+        if self.split_of is None:
+            return self.release
+        return release_kind((op.pipe, op.stage, op.mb) in self.split_of)
 
     @property
     def steps(self) -> tuple[tuple[tuple[Op, ...], ...], ...]:

@@ -62,7 +62,6 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
     for held in _state(schedule):
         out[held.op.device].append(held)
     kept = _kept_until(schedule, steps)
-    release = schedule.release
     offset = 0.0
     for k, timing in enumerate(steps):
         for order in schedule.orders:  # the built-in ops run in every step of the cycle
@@ -72,7 +71,8 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
                 if op.kind == OpKind.F:
                     units = schedule.activation[op.stage]
                     start = offset + timing.start[op]
-                    end = offset + timing.end.get(Op(release, op.stage, op.mb, op.pipe), timing.makespan)
+                    end = offset + timing.end.get(Op(schedule.release_of(op), op.stage, op.mb, op.pipe),
+                                                  timing.makespan)
                 else:
                     units = schedule.memory[op.kind][op.stage] if op.kind in schedule.memory else 0.0
                     start = end = offset + timing.end[op]
@@ -200,7 +200,7 @@ def timed_model(schedule: Schedule) -> bool:
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
     """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
     act = schedule.activation
-    return {OpKind.F.value: act, schedule.release: tuple(-a for a in act)}
+    return {OpKind.F.value: act, **{kind: tuple(-a for a in act) for kind in schedule.releases}}
 
 
 def peak_memory(schedule: Schedule) -> tuple[float, ...]:

@@ -62,6 +62,10 @@ SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a spl
 NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 DEFAULT_COSTS = {OpKind.F.value: 1.0, OpKind.B.value: 2.0, OpKind.I.value: 1.0, OpKind.W.value: 1.0}
+RELEASES = frozenset({OpKind.B.value, OpKind.W.value})  # what frees a forward's activation (one per backward)
+OVERLAP = "FB"  # the cost kind of an overlapped forward + backward (`F & B`), by default their sum
+MIXED_KINDS = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value)  # `backward mixed`: all four,
+# of which a program runs F and either B or I and W per (stage, microbatch)
 
 
 def builtin_kinds(split: bool) -> tuple[str, ...]:
@@ -149,7 +153,8 @@ def fed_by(kind: str, stage: int) -> tuple[str, int] | None:
 
 def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple[str, int], ...]:
     """(kind, stage) of the ops a built-in op waits for, in this order: for B and I their own forward,
-    for W its I; then the neighbour that feeds it, when that stage exists.
+    for W its I; then the neighbour that feeds it, when that stage exists. `split` says whether that
+    neighbour's backward is split (with a mixed backward the schedule's choice for it, see ir.Dependencies).
 
         F(2) -> F(1);  B(1) of 3 stages -> F(1), B(2);  I(2) of 3 -> F(2);  W(1) -> I(1)
     """

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .diagnostics import Severity
+
 if TYPE_CHECKING:
     from .compiler import Compiled
 
@@ -23,9 +25,31 @@ def summary(result: Compiled) -> str:
 
 
 def device_table(result: Compiled) -> str:
-    """Busy, idle and peak activations per device."""
+    """Busy, idle and peak activations per device; `inside` is the idle time between the device's first
+    and last op (zero bubble's steady-state bubble: the warm-up's and the drain's idle left out)."""
     st = result.stats
-    rows = ["  device      busy      idle   peak act"]
+    inside = idle_inside(result)
+    rows = ["  device      busy      idle    inside   peak act"]
     for d in range(result.schedule.devices):
-        rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {st['peak_memory'][d]:>10g}")
+        rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {inside[d]:>9g} {st['peak_memory'][d]:>10g}")
     return "\n".join(rows)
+
+
+def idle_inside(result: Compiled) -> list[float]:
+    """Per device, its idle time between the start of its first op and the end of its last one."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for start, end, op in result.timing.sequence:
+        first.setdefault(op.device, start)
+        last[op.device] = max(last.get(op.device, end), end)
+    return [round(last[d] - first[d] - result.stats["busy"][d], 9) if d in first else 0.0
+            for d in range(result.schedule.devices)]
+
+
+def refusal(result: Compiled) -> str:
+    """What simulate prints instead of stats for a schedule that fails its checks: its times are not a
+    schedule's (a deadlocked one never finishes), so no makespan or utilization is shown."""
+    s = result.schedule
+    errors = sum(d.severity is Severity.ERROR for d in result.diagnostics)
+    return (f"{s.name}: fails its checks ({errors} error{'s' * (errors != 1)} below); "
+            "no stats for a schedule that cannot run")

@@ -20,7 +20,7 @@ from operator import attrgetter, gt, itemgetter
 
 from .ir import OP_KEY, Dependencies, Op, Schedule
 from .memory import holdings, peak_memory, peaks, timed_model
-from .ops import BUILTIN, builtin_deps
+from .ops import BUILTIN, OVERLAP, OpKind, builtin_deps
 from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
@@ -51,6 +51,8 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
     table = _builtin_table(deps).get
     preds = []
     append = preds.append
+    if deps.mixed:  # a backward's producer depends on the microbatch: no per-(kind, stage) template
+        return [(p, *[index[key] for key in deps.keys_of(op)]) for p, op in enumerate(ops, -1)]
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
         per_pipe = table(kind)
         if per_pipe is None:  # a task: its declared dependencies
@@ -102,7 +104,10 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
     one `latency` of every message."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
+    pairs = _fuse(schedule, ops, preds, cost)
     start, end = _times(cost, device, preds, firsts, latency, links)
+    for n in pairs:  # the backward half of an overlapped op runs with its forward half
+        start[n + 1] = start[n]
     complete = None not in end
     ran = range(len(ops)) if complete else [n for n, e in enumerate(end) if e is not None]
     timed_ops, starts, ends = (ops, start, end) if complete else (
@@ -124,6 +129,27 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
 
 COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
 Links = Sequence[Sequence[float]]  # device x device -> message time
+
+
+def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost: list[float]) -> list[int]:
+    """Make each overlapped pair (its first half at n, the other at n + 1) one op: the first half waits
+    for the second's dependencies too and carries the pair's cost (`cost FB` of the forward's stage, by
+    default the sum), the second follows at no cost. Returns the indices n."""
+    if not schedule.fused:
+        return []
+    where = {id(op): n for n, op in enumerate(ops)}
+    table = schedule.costs.get(OVERLAP)
+    pairs = []
+    for f, b in schedule.fused:
+        n = where[id(f)]
+        if where.get(id(b)) != n + 1:
+            raise ValueError(f"overlapped {f} and {b} are not placed side by side")
+        preds[n] = preds[n] + tuple(m for m in preds[n + 1] if m != n)
+        preds[n + 1] = (n,)
+        forward = f if f.kind == OpKind.F else b
+        cost[n], cost[n + 1] = (table[forward.stage] if table else cost[n] + cost[n + 1]), 0.0
+        pairs.append(n)
+    return pairs
 
 
 def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
@@ -209,5 +235,5 @@ def step_sequences(schedule: Schedule, timing: Timing) -> tuple[tuple[tuple[floa
 
 
 def _step_sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[tuple[float, float, Op], ...]:
-    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.split_backward, {}, ())
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.deps.split, {}, ())
     return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence

@@ -34,11 +34,16 @@ def census(schedule: Schedule) -> Census:
 
 
 def expected_keys(schedule: Schedule) -> set[tuple]:
-    """The identities of every op the orders must hold: the built-in grid plus the placed tasks."""
-    kinds = builtin_kinds(schedule.split_backward)
+    """The identities of every op the orders must hold: the built-in grid plus the placed tasks. With a
+    mixed backward, F and, per (stage, microbatch), I and W where the programs split it, else B."""
     keys: set[tuple] = set()
     for k, pipe in enumerate(schedule.pipelines):
-        keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))
+        if schedule.mixed_backward:
+            for s, mb in product(range(pipe.stages), pipe.microbatches):
+                split = (k, s, mb) in schedule.split_of
+                keys.update((kind, s, mb, k, 0) for kind in builtin_kinds(split))
+            continue
+        keys.update(product(builtin_kinds(schedule.split_backward), range(pipe.stages), pipe.microbatches, (k,), (0,)))
     if schedule.tasks:
         unplaced = set(map(OP_KEY, schedule.unplaced))
         keys.update(key for key in map(OP_KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)

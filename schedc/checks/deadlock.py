@@ -72,6 +72,15 @@ def replay(schedule: Schedule) -> Replay:
             placed_at.setdefault(OP_KEY(op), (d, n))
     done = set(map(OP_KEY, schedule.unplaced))
     deps_of = schedule.deps.keys_of
+    if schedule.fused:  # an overlapped op starts when the inputs of both halves are there
+        partner = {OP_KEY(f): b for f, b in schedule.fused}
+        keys_of = deps_of
+
+        def deps_of(op: Op) -> tuple[tuple, ...]:
+            other = partner.get(OP_KEY(op))
+            if other is None:
+                return keys_of(op)
+            return keys_of(op) + tuple(key for key in keys_of(other) if key != OP_KEY(op))
     position, waiting, blocked = [0] * len(orders), {}, {}
     ready = list(range(len(orders)))
     while ready:
@@ -128,12 +137,20 @@ def _head(schedule: Schedule, run: Replay, d: int) -> Op:
     return _op_at(schedule, d, run.position[d])
 
 
+def _unit(schedule: Schedule, op: Op) -> str:
+    """An op's label, or an overlapped pair's: 'F(4,4) & B(4,4)'."""
+    for forward, backward in schedule.fused:
+        if forward is op:
+            return f"{label(schedule, forward)} & {label(schedule, backward)}"
+    return label(schedule, op)
+
+
 def _hop(schedule: Schedule, run: Replay, d: int) -> str:
     """'waits at B(0,3) for B(1,3) on device 1, ordered after F(1,5) at f.sched:13'."""
     head = _head(schedule, run, d)
     e, n = run.placed_at[run.waits_for[d]]
     awaited = _op_at(schedule, e, n)
-    text = f"waits at {label(schedule, head)} for {label(schedule, awaited)}"
+    text = f"waits at {_unit(schedule, head)} for {label(schedule, awaited)}"
     if e == d:
         return text + (f", which device {d} runs later, ordered after {label(schedule, head)} at "
                        f"{location(schedule.source, awaited.span)}")

@@ -92,7 +92,7 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
     """The first op of device d's order after which more than `limit` units are alive, with the ops
     (forwards) whose activations are alive then."""
     deltas = memory_deltas(schedule)
-    release = schedule.release
+    releases = schedule.releases
     alive: dict[tuple, Op] = {}
     units = 0.0
     for op in schedule.orders[d]:
@@ -102,7 +102,7 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
         units += delta[op.stage]
         if op.kind == OpKind.F:
             alive[(op.stage, op.mb, op.pipe)] = op
-        elif op.kind == release:
+        elif op.kind in releases:
             alive.pop((op.stage, op.mb, op.pipe), None)
         if units > limit + TOLERANCE:
             return op, list(alive.values()), units
@@ -193,7 +193,7 @@ def _state_bytes(schedule: Schedule, model: Model, layers: list[int], d: int) ->
 def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int) -> tuple[float, Op | None, int]:
     """Peak activation bytes over device d's order, the op reaching it and how many activations are alive."""
     per_layer = model.activation_bytes_per_layer()
-    release = schedule.release
+    releases = schedule.releases
     alive = peak = 0.0
     count = peak_count = 0
     at = None
@@ -205,7 +205,7 @@ def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int
             alive, count = alive + size, count + 1
             if alive > peak:
                 peak, at, peak_count = alive, op, count
-        elif op.kind == release:
+        elif op.kind in releases:
             alive, count = alive - size, count - 1
     return peak, at, peak_count
 

@@ -1,5 +1,6 @@
 """check_structure: every (stage, microbatch) of every pipeline has exactly one F and one B (or one I
-and one W) on the stage's device, and nothing else runs outside the declared ranges.
+and one W; with a mixed backward either, not both) on the stage's device, and nothing else runs
+outside the declared ranges.
 
     device 3: F(3,1) B(3,0) ... F(3,8) B(3,7)   (torch 2.13's 1F1B for 4 ranks, 8 microbatches)
     -> error: F(3,8): microbatch 8 is outside the microbatches 0..7 of pipeline 'main'
@@ -86,8 +87,22 @@ def _walk(schedule: Schedule, counted: Census) -> list[Diagnostic]:
             seen[key] = (d, n, op)
             if schedule.pipelines[op.pipe].placement[op.stage] != d:
                 misplaced.setdefault((op.pipe, op.stage, d), []).append(op)
-    return (outside + twice + _misplaced(schedule, misplaced) + _early(schedule, seen)
-            + _missing(schedule, seen, counted))
+    return (outside + twice + _misplaced(schedule, misplaced) + _both_backwards(schedule, seen)
+            + _early(schedule, seen) + _missing(schedule, seen, counted))
+
+
+def _both_backwards(schedule: Schedule, seen: dict) -> list[Diagnostic]:
+    """With a mixed backward, a (stage, microbatch) runs B or I and W, not both."""
+    if not schedule.mixed_backward:
+        return []
+    diags = []
+    for key, (d, _, op) in seen.items():
+        if key[0] == OpKind.B and (OpKind.I.value,) + key[1:] in seen:
+            split = seen[(OpKind.I.value,) + key[1:]][2]
+            diags.append(error(f"{label(schedule, op)} on device {d} runs the backward that "
+                               f"{label(schedule, split)} ({location(schedule.source, split.span)}) already splits: "
+                               "a backward runs whole (B) or split (I and W), not both", op.span))
+    return diags
 
 
 def _outside(schedule: Schedule, op: Op) -> str | None:
@@ -110,7 +125,7 @@ def _outside(schedule: Schedule, op: Op) -> str | None:
 def _outside_builtin(schedule: Schedule, op: Op, pipe) -> str | None:
     if op.kind == OpKind.B and schedule.split_backward:
         return "this schedule splits its backward into I and W; B does not run"
-    if op.kind in SPLIT and not schedule.split_backward:
+    if op.kind in SPLIT and not schedule.split_backward and not schedule.mixed_backward:
         return "this schedule runs a full backward B; I and W need 'backward split'"
     if op.mb is None:
         return "a built-in op needs a microbatch"

@@ -54,18 +54,28 @@ class Call(Node):
     args: tuple[Expr, ...]
 
 
-Expr = Num | Name | Star | Unary | Binary | Cond | Call
+@dataclass(frozen=True, slots=True)
+class Kinds(Node):
+    """`[I, F, W]` in a queue key or greedy priority: the position of the op's kind in the list (kinds
+    not listed come after)."""
+
+    names: tuple[str, ...]
+
+
+Expr = Num | Name | Star | Unary | Binary | Cond | Call | Kinds
 
 
 # Programs ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Cursor(Node):
-    """`F`, `F.up`, `F(0, 3)`, `curvature_A`: pop the next (or the named) op of a kind from a queue."""
+    """`F`, `F.up`, `F[1]`, `F(0, 3)`, `curvature_A`: pop the next (or the named) op of a kind from a
+    queue; `[c]` restricts it to the device's local chunk c."""
 
     kind: str
     pipe: str | None
     args: tuple[Expr, ...] | None
+    chunk: Expr | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +84,29 @@ class Group(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class Overlap(Node):
+    """`F[0] & B[1]`: a forward and a backward popped together, run as one op."""
+
+    forward: Cursor
+    backward: Cursor
+
+
+@dataclass(frozen=True, slots=True)
+class Choice(Node):
+    """`(W[1] | W[0])`: the first of these cursors whose queue has an op."""
+
+    options: tuple[Cursor, ...]
+
+
+Unit = Cursor | Group | Overlap | Choice
+
+
+@dataclass(frozen=True, slots=True)
 class Item(Node):
-    unit: Cursor | Group
+    unit: Unit
     repeat: Expr | None
     when: Expr | None
+    optional: bool = False  # `F?`: a pop from an empty queue places nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +194,11 @@ class SplitBackward(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class MixedBackward(Node):
+    """`backward mixed`: each backward runs whole (B) or as I then W, as the program pops it."""
+
+
+@dataclass(frozen=True, slots=True)
 class QueueDecl(Node):
     kind: str
     pipe: str | None
@@ -213,7 +247,7 @@ class Fill(Node):
 
 
 Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
-        | SplitBackward | QueueDecl | Program | Greedy | TaskDecl | Fill)
+        | SplitBackward | MixedBackward | QueueDecl | Program | Greedy | TaskDecl | Fill)
 
 
 @dataclass(frozen=True, slots=True)

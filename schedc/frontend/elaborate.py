@@ -12,9 +12,9 @@ from typing import Any
 
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
-from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from ..ir import Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import DEFAULT_COSTS, builtin_kinds
+from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
+from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
+from ..ops import DEFAULT_COSTS, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -214,10 +214,12 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
     return {k: tuple(v) for k, v in table.items()}
 
 
-def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool) -> list[Op]:
+def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
+              mixed: bool = False) -> list[Op]:
     """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
-    (F B or F I W); made column by column, as a big schedule has 10^5 of them."""
-    kinds, ops = builtin_kinds(split), []
+    (F B, F I W, or all four with a mixed backward: the programs choose); made column by column, as a big
+    schedule has 10^5 of them."""
+    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split)), []
     for k, pipe in enumerate(pipelines):
         mbs, stages = pipe.microbatches, range(pipe.stages)
         per_stage = len(mbs) * len(kinds)
@@ -261,12 +263,15 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     replicas = _replicas(decl, pipelines, source)
     stages = pipelines[0].stages
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
+    mixed = _mixed_backward(decl, split, source)
     task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     defaults = dict(DEFAULT_COSTS)
-    costs = _per_stage([d for d in decl.decls if isinstance(d, ast.CostDecl)], defaults, env, stages, source,
-                       options.costs)
-    activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory)
-    ops = build_ops(pipelines, costs, split)
+    cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
+    _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
+    costs = _per_stage(cost_decls, defaults, env, stages, source, options.costs)
+    activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
+                                 mixed)
+    ops = build_ops(pipelines, costs, split, mixed)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
@@ -284,8 +289,13 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
     if programs and greedy:
         raise _fail("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
+    if mixed and not programs:
+        raise _fail("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
+                    next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
+    fused: list = []
     if programs:
-        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source)
+        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source,
+                                     mixed, fused)
     else:
         orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
                                      env_pipes, source)
@@ -293,18 +303,65 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         raise SchedError(diags, source)
     limit, limit_span = _memory_limit(decl, env, devices)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
+    split_of = None
+    if mixed:
+        split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order
+                             if op.kind == OpKind.I)
+        chosen = set(map(OP_KEY, chain.from_iterable(orders)))
+        grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
+        deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
+    declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
+    if not fused and declared_fb is not None:
+        span = declared_fb
+        raise _fail("cost of FB, but no program overlaps a forward and a backward (F & B)", span, source)
     return Schedule(name=decl.name, description=decl.doc, source=source, params=env, devices=devices,
                     pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
-                    tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory)
+                    tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
+                    split_of=split_of, fused=tuple(fused))
+
+
+def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
+    mixed = [d for d in decl.decls if isinstance(d, ast.MixedBackward)]
+    if mixed and split:
+        raise _fail("a backward is either split or mixed: 'backward split' and 'backward mixed' exclude each "
+                    "other", mixed[0].span, source)
+    return bool(mixed)
+
+
+def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool, mixed: bool, tasks: set[str],
+                 source: Source) -> None:
+    """Every kind a `cost` or `queue` names runs in the schedule: a misspelt kind would be ignored."""
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
+    diags = []
+    for d in [*costs, *(d for d in decl.decls if isinstance(d, ast.QueueDecl))]:
+        if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind == "FB"):
+            continue
+        if d.kind == OpKind.B and split:
+            why = "this schedule splits its backward: B does not run (give I and W)"
+        elif d.kind in SPLIT:
+            why = "I and W run only with 'backward split' or 'backward mixed'"
+        else:
+            why = f"unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})"
+        what = "cost" if isinstance(d, ast.CostDecl) else "queue"
+        diags.append(error(f"{what} of {d.kind}: {why}", d.span))
+    keys = [e for d in decl.decls if isinstance(d, (ast.QueueDecl, ast.Greedy)) for e in (d.key or ())]
+    for listed in (k for e in keys for k in kind_lists(e)):
+        for name in listed.names:
+            if name not in kinds:
+                diags.append(error(f"unknown kind '{name}' in a list of kinds (kinds: {', '.join(sorted(kinds))})",
+                                   listed.span))
+    if diags:
+        raise SchedError(diags, source)
 
 
 def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,
-            given: dict[str, tuple[float, ...] | float]) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
+            given: dict[str, tuple[float, ...] | float],
+            mixed: bool = False) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
     """`memory K(s) = e` per stage: F's activation units, and the other kinds' (B's saved gradient, I's
     with `backward split`; a task's persistent state). Measured values (a profile) win where the kind
     exists in the schedule."""
-    kinds = set(builtin_kinds(split)) | tasks
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
     decls = [d for d in decl.decls if isinstance(d, ast.MemoryDecl)]
     for d in decls:
         if d.kind not in kinds and not (split and d.kind == "B"):

@@ -161,9 +161,23 @@ def _compile_call(node: ast.Call) -> Fn:
     return call
 
 
+def _compile_kinds(node: ast.Kinds) -> Fn:
+    rank = {name: n for n, name in enumerate(node.names)}
+    last, span = len(node.names), node.span
+
+    def position(env: Env) -> int:
+        try:
+            kind = env["kind"]
+        except KeyError:
+            raise EvalError("a list of kinds ranks an op's kind: it stands in queue keys and greedy "
+                            "priorities only", span) from None
+        return rank.get(kind, last)
+    return position
+
+
 _COMPILERS: dict[type, Callable[[Any], Fn]] = {
     ast.Num: _compile_num, ast.Name: _compile_name, ast.Star: _compile_star, ast.Unary: _compile_unary,
-    ast.Binary: _compile_binary, ast.Cond: _compile_cond, ast.Call: _compile_call,
+    ast.Binary: _compile_binary, ast.Cond: _compile_cond, ast.Call: _compile_call, ast.Kinds: _compile_kinds,
 }
 
 
@@ -224,10 +238,21 @@ def evaluate_int(node: ast.Expr, env: Env, what: str) -> int:
     return value
 
 
+def kind_lists(node: ast.Expr) -> list[ast.Kinds]:
+    """The `[I, F, W]` lists inside an expression (their names are checked against the schedule's kinds)."""
+    if isinstance(node, ast.Kinds):
+        return [node]
+    children = {ast.Unary: ("operand",), ast.Binary: ("left", "right"), ast.Cond: ("test", "then", "orelse")}
+    found = [k for attr in children.get(type(node), ()) for k in kind_lists(getattr(node, attr))]
+    return found + [k for arg in (node.args if isinstance(node, ast.Call) else ()) for k in kind_lists(arg)]
+
+
 def free_names(node: ast.Expr) -> set[str]:
     """The names an expression reads (for deciding what a key or cost depends on)."""
     if isinstance(node, ast.Name):
         return {node.id}
+    if isinstance(node, ast.Kinds):
+        return {"kind"}
     children = {ast.Unary: ("operand",), ast.Binary: ("left", "right"), ast.Cond: ("test", "then", "orelse")}
     names: set[str] = set()
     for attr in children.get(type(node), ()):

@@ -3,6 +3,11 @@ of named ops), and greedy list scheduling under the cost model.
 
     queue F by (i, s); on device d { F * 2 ; (F B) * 2 ; B * 2 }
     -> device d's order: F F B F B F ... as the program pops them from its queues
+
+Cursors may name a local chunk (`F[1]`), be optional (`F?`), choose (`(W[1] | W[0])`) and pair a
+forward with a backward into one overlapped op (`F[0] & B[1]`, recorded in the schedule's `fused`);
+with `backward mixed` a backward queue serves B and I alike and W pops the oldest pending weight
+gradient (_MixedBackward).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from ..grid import elide
 from ..ir import Op, Pipeline, set_spans
+from ..ops import GRADIENT, SPLIT, OpKind
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -180,27 +186,35 @@ class _Queue:
         return ops if len(ops) == count and taken.isdisjoint(map(id, ops)) else []
 
     def pop(self, taken: set[int]) -> Op | None:
+        op = self.peek(taken)
+        if op is not None:
+            self.position += 1
+        return op
+
+    def peek(self, taken: set[int]) -> Op | None:
+        """The next op not taken yet (skipping the taken ones for good), or None."""
         while self.position < len(self.ops) and id(self.ops[self.position]) in taken:
             self.position += 1
-        if self.position == len(self.ops):
-            return None
-        self.position += 1
-        return self.ops[self.position - 1]
+        return self.ops[self.position] if self.position < len(self.ops) else None
 
 
 class _ProgramRun:
     """Runs one device's program against its queues, collecting the order; the first fault (an empty
     queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError."""
 
-    def __init__(self, device: int, queues: dict[tuple[str, str | None], _Queue], ops: list[Op],
-                 pipelines: tuple[Pipeline, ...], budget: _StepBudget):
+    def __init__(self, device: int, queues: dict[tuple[str, str | None, int | None], _Queue], ops: list[Op],
+                 pipelines: tuple[Pipeline, ...], budget: _StepBudget, mixed: _MixedBackward | None = None,
+                 chunk: dict[tuple[int, int], int] | None = None):
         self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
         self.order: list[Op] = []    # the ops placed so far, as the queues hold them (see placed())
         self.spans: list[Span] = []  # and the span of the cursor that placed each
-        self.taken: set[int] = set()  # id() of the ops placed so far
+        self.taken: set[int] = set()  # id() of the ops placed so far (and, mixed, of the unchosen halves)
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
         self.lets: dict[int, bool] = {}  # id(body) -> whether it has a `let` (bodies live as long as the AST)
+        self.mixed, self.chunk = mixed, chunk or {}
+        self.fused: list[tuple[Op, Op]] = []  # overlapped (forward, backward) pairs, placed next to each other
+        self.lenient = 0  # > 0 inside an optional item: a pop from an empty queue places nothing
 
     def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
         if self._scoped(body):
@@ -235,12 +249,41 @@ class _ProgramRun:
         count = evaluate_int(stmt.repeat, env, "repeat count") if stmt.repeat is not None else 1
         if count < 0:
             raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
-        count -= self._rounds_at_once(stmt.unit, count, env)
-        for _ in range(count):
-            if isinstance(stmt.unit, ast.Group):
-                self.run(stmt.unit.body, env)
-            else:
-                self._cursor(stmt.unit, env)
+        self.lenient += stmt.optional
+        try:
+            count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
+            unit = self.UNITS[type(stmt.unit)]
+            for _ in range(count):
+                unit(self, stmt.unit, env)
+        finally:
+            self.lenient -= stmt.optional
+
+    def _group(self, group: ast.Group, env: dict) -> None:
+        self.run(group.body, env)
+
+    def _overlap(self, overlap: ast.Overlap, env: dict) -> None:
+        """`F[0] & B[1]`: the two ops placed next to each other, marked as one overlapped op."""
+        if overlap.forward.kind != _F or overlap.backward.kind not in GRADIENT:
+            raise EvalError(f"an overlapped op is a forward and a backward (F & B or F & I), not "
+                            f"{overlap.forward.kind} & {overlap.backward.kind}", overlap.span)
+        placed = len(self.order)
+        self._cursor(overlap.forward, env)
+        if len(self.order) == placed:  # an optional pop found nothing: the pair is skipped whole
+            return
+        self._cursor(overlap.backward, env)
+        if len(self.order) == placed + 1:
+            raise EvalError(f"{self.order[-1]} has no backward to overlap with ({overlap.backward.kind} is "
+                            "empty)", overlap.span)
+        self.fused.append((self.order[-2], self.order[-1]))
+
+    def _choice(self, choice: ast.Choice, env: dict) -> None:
+        """`(W[1] | W[0])`: the first cursor whose queue has an op."""
+        for cursor in choice.options:
+            if self._next(cursor, env) is not None:
+                return self._cursor(cursor, env)
+        if not self.lenient:
+            raise EvalError(f"program pops {' | '.join(_cursor_text(c) for c in choice.options)} and every "
+                            "queue is empty", choice.span)
 
     def _rounds_at_once(self, unit: ast.Cursor | ast.Group, count: int, env: dict) -> int:
         """`F * n` or `(F B) * n` (plain pops of distinct kinds): place the n rounds at once when every
@@ -249,8 +292,10 @@ class _ProgramRun:
         cursors = _plain_cursors(unit) if count > 1 else None
         if not cursors or len({c.kind for c in cursors}) < len(cursors):
             return 0
+        if self.mixed and any(c.kind in BACKWARDS for c in cursors):
+            return 0
         steps = count * len(cursors) if isinstance(unit, ast.Group) else 0
-        queues = [self.queues.get((c.kind, self._pipe(c, env))) for c in cursors]
+        queues = [self.queues.get((c.kind, self._pipe(c, env), None)) for c in cursors]
         if steps > self.budget.left or any(q is None for q in queues):
             return 0
         runs = [q.peek_run(count, self.taken) for q in queues]
@@ -273,20 +318,50 @@ class _ProgramRun:
             return value.name
         raise EvalError(f"'{cursor.pipe}' is not a pipeline (pipelines: {', '.join(self.names)})", cursor.span)
 
+    def _chunk(self, cursor: ast.Cursor, env: dict) -> int | None:
+        return None if cursor.chunk is None else evaluate_int(cursor.chunk, env, "chunk")
+
+    def _next(self, cursor: ast.Cursor, env: dict) -> Op | None:
+        """The op the cursor would pop, without popping it (None: its queue is empty)."""
+        pipe, chunk = self._pipe(cursor, env), self._chunk(cursor, env)
+        if self.mixed and cursor.kind == _W:
+            return self.mixed.peek_weight(self.pipelines, pipe, chunk, self.chunk)
+        queue = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
+        return queue.peek(self.taken) if queue else None
+
     def _cursor(self, cursor: ast.Cursor, env: dict) -> None:
         pipe = self._pipe(cursor, env)
         if cursor.args is not None:
+            if cursor.chunk is not None:
+                raise EvalError("a named op takes no chunk: F(0, 3), not F[0](0, 3)", cursor.span)
             return self._named(cursor, pipe, env)
-        queue = self.queues.get((cursor.kind, pipe))
-        op = queue.pop(self.taken) if queue else None
+        chunk = self._chunk(cursor, env)
+        if self.mixed and cursor.kind == _W:
+            op = self.mixed.pop_weight(self.pipelines, pipe, chunk, self.chunk)
+        else:
+            queue = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
+            op = queue.pop(self.taken) if queue else None
         if op is None:
-            where = f" of pipeline '{pipe}'" if pipe else ""
-            known = self.queues.get((cursor.kind, None))
-            why = (f"all {len(known.ops)} {cursor.kind} ops{where} of this device are already placed" if known
-                   else f"no op of kind '{cursor.kind}'{where} runs on this device")
-            raise EvalError(f"program pops {cursor.kind}{'.' + pipe if pipe else ''} from an empty queue ({why})",
-                            cursor.span)
+            if self.lenient:
+                return
+            raise EvalError(f"program pops {_cursor_text(cursor, pipe, chunk)} from an empty queue "
+                            f"({self._why_empty(cursor, pipe, chunk)})", cursor.span)
+        if self.mixed and cursor.kind in GRADIENT:
+            op = self.mixed.choose(op, cursor.kind, self.taken)
         self._take(op, cursor.span)
+
+    def _why_empty(self, cursor: ast.Cursor, pipe: str | None, chunk: int | None) -> str:
+        where = (f" of pipeline '{pipe}'" if pipe else "") + (f" of chunk {chunk}" if chunk is not None else "")
+        if self.mixed and cursor.kind == _W:
+            return f"no input gradient{where} placed so far waits for its W"
+        known = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
+        if known:
+            return f"all {len(known.ops)} {cursor.kind} ops{where} of this device are already placed"
+        if chunk is not None and self.queues.get((_queued(cursor.kind, self.mixed), pipe, None)):
+            chunks = sorted({c for (kind, p, c) in self.queues if kind == _queued(cursor.kind, self.mixed)
+                             and p == pipe and c is not None})
+            return f"this device holds chunks {', '.join(map(str, chunks))}"
+        return f"no op of kind '{cursor.kind}'{where} runs on this device"
 
     def _named(self, cursor: ast.Cursor, pipe: str | None, env: dict) -> None:
         args = [evaluate_int(a, env, "op argument") for a in cursor.args]
@@ -303,6 +378,8 @@ class _ProgramRun:
             raise EvalError(f"{label} is not an op of this device", cursor.span)
         if id(found[0]) in self.taken:
             raise EvalError(f"{label} is placed twice", cursor.span)
+        if self.mixed and found[0].kind in BACKWARDS:
+            self.mixed.name(found[0], self.taken)
         self._take(found[0], cursor.span)
 
     def _take(self, op: Op, span: Span) -> None:
@@ -316,42 +393,124 @@ class _ProgramRun:
         return tuple(self.order)
 
 
-def _plain_cursors(unit: ast.Cursor | ast.Group) -> tuple[ast.Cursor, ...] | None:
-    """The pops of `F` or `(F B)`: cursors without arguments, in a group without conditions or repeats."""
+def _plain_cursors(unit: ast.Unit) -> tuple[ast.Cursor, ...] | None:
+    """The pops of `F` or `(F B)`: cursors without arguments or chunks, in a group without conditions,
+    repeats or optional pops."""
     if isinstance(unit, ast.Cursor):
-        return (unit,) if unit.args is None else None
+        return (unit,) if unit.args is None and unit.chunk is None else None
+    if not isinstance(unit, ast.Group):
+        return None
     items = unit.body
     if all(isinstance(item, ast.Item) and isinstance(item.unit, ast.Cursor) and item.unit.args is None
-           and item.when is None and item.repeat is None for item in items):
+           and item.unit.chunk is None and item.when is None and item.repeat is None and not item.optional
+           for item in items):
         return tuple(item.unit for item in items)
     return None
 
 
+def _cursor_text(cursor: ast.Cursor, pipe: str | None = None, chunk: int | None = None) -> str:
+    pipe = pipe or cursor.pipe
+    return cursor.kind + (f".{pipe}" if pipe else "") + (f"[{chunk}]" if chunk is not None else "")
+
+
 _ProgramRun.STATEMENTS = {ast.Let: _ProgramRun._let, ast.Loop: _ProgramRun._loop, ast.When: _ProgramRun._when,
                           ast.Item: _ProgramRun._item}
+_ProgramRun.UNITS = {ast.Cursor: _ProgramRun._cursor, ast.Group: _ProgramRun._group,
+                     ast.Overlap: _ProgramRun._overlap, ast.Choice: _ProgramRun._choice}
+
+_F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
+BACKWARDS = GRADIENT | SPLIT  # B, I, W: what a mixed backward chooses among
 
 
-def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], _QueueKey], pipelines, chunk) -> dict:
+def _queued(kind: str, mixed: _MixedBackward | None) -> str:
+    """The queue a cursor pops from: with a mixed backward, B and I share B's (the next backward)."""
+    return _B if mixed and kind == _I else kind
+
+
+class _MixedBackward:
+    """`backward mixed` on one device: the backward queue holds one op per (stage, microbatch), the B;
+    popping it as I places the I instead and makes its W pending; a W pops the oldest pending one (of a
+    chunk or pipeline, when the cursor names one). The halves not chosen count as taken."""
+
+    def __init__(self, device_ops: list[Op]):
+        self.halves = {(op.kind, op.stage, op.mb, op.pipe): op for op in device_ops if op.kind in BACKWARDS}
+        self.pending: list[Op] = []  # W ops of the I's placed so far, oldest first
+
+    def choose(self, backward: Op, kind: str, taken: set[int]) -> Op:
+        at = (backward.stage, backward.mb, backward.pipe)
+        i, w = self.halves[(_I, *at)], self.halves[(_W, *at)]
+        if kind == _B:
+            taken.update((id(i), id(w)))
+            return backward
+        taken.add(id(backward))
+        self.pending.append(w)
+        return i
+
+    def _find(self, pipelines, pipe: str | None, chunk: int | None, chunks) -> int | None:
+        for n, w in enumerate(self.pending):
+            if (pipe is None or pipelines[w.pipe].name == pipe) and (chunk is None or chunks[(w.pipe, w.stage)] == chunk):
+                return n
+        return None
+
+    def name(self, op: Op, taken: set[int]) -> None:
+        """An op named in an explicit list (`I(0, 3)`): the halves it excludes count as taken."""
+        at = (op.stage, op.mb, op.pipe)
+        if op.kind == _B:
+            taken.update(id(self.halves[(k, *at)]) for k in SPLIT)
+        elif op.kind == _I:
+            taken.add(id(self.halves[(_B, *at)]))
+        elif op in self.pending:
+            self.pending.remove(op)
+
+    def peek_weight(self, pipelines, pipe, chunk, chunks) -> Op | None:
+        n = self._find(pipelines, pipe, chunk, chunks)
+        return None if n is None else self.pending[n]
+
+    def pop_weight(self, pipelines, pipe, chunk, chunks) -> Op | None:
+        n = self._find(pipelines, pipe, chunk, chunks)
+        return None if n is None else self.pending.pop(n)
+
+
+def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], _QueueKey], pipelines, chunk,
+                  mixed: bool = False) -> dict:
+    """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
+    With a mixed backward, I and W are not queued (B's queue is the backward queue, see _MixedBackward)."""
     by_kind: dict[str, list[Op]] = {}
     for op in device_ops:
-        by_kind.setdefault(op.kind, []).append(op)
+        if not (mixed and op.kind in SPLIT):
+            by_kind.setdefault(op.kind, []).append(op)
     queues = {}
     for kind, ops in by_kind.items():
-        ordered = sort_queue(ops, keys.get((kind, None)), pipelines, chunk)
-        queues[(kind, None)] = _Queue(ordered)
+        key = keys.get((kind, None)) or (keys.get((_I, None)) if mixed and kind == _B else None)
+        ordered = sort_queue(ops, key, pipelines, chunk)
+        queues[(kind, None, None)] = _Queue(ordered)
+        _chunk_queues(queues, kind, None, ordered, chunk)
         for k, pipe in enumerate(pipelines):
             mine = [op for op in ordered if op.pipe == k]
             if (kind, pipe.name) in keys:
                 mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
             if mine:
-                queues[(kind, pipe.name)] = _Queue(mine)
+                queues[(kind, pipe.name, None)] = _Queue(mine)
+                _chunk_queues(queues, kind, pipe.name, mine, chunk)
     return queues
+
+
+def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
+    """A queue per local chunk, in the order of the whole queue (made only for devices with chunks)."""
+    by_chunk: dict[int, list[Op]] = {}
+    for op in ordered:
+        by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
+    for c, ops in by_chunk.items():
+        queues[(kind, pipe, c)] = _Queue(ops)
 
 
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
-                 source: Source) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
-    """Run each device's program; report empty pops and ops left over, naming device, op and line."""
+                 source: Source, mixed: bool = False, fused: list | None = None,
+                 ) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
+    """Run each device's program; report empty pops and ops left over, naming device, op and line.
+    With `mixed` (a mixed backward), the programs choose B or I per backward and the halves not chosen
+    are dropped from the orders. Overlapped pairs the programs place are appended to `fused`."""
     names = {p.name for p in pipelines}
     for q in queue_decls:
         if q.pipe is not None and q.pipe not in names:
@@ -375,8 +534,9 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        run = _ProgramRun(dev, _build_queues(per_device[dev], keys, pipelines, chunk),
-                          per_device[dev], pipelines, budget)
+        run = _ProgramRun(dev, _build_queues(per_device[dev], keys, pipelines, chunk, mixed),
+                          per_device[dev], pipelines, budget, _MixedBackward(per_device[dev]) if mixed else None,
+                          chunk)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)
         try:
             run.run(program.body, scope)
@@ -386,13 +546,21 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             if budget.left < 0:
                 break  # the budget is shared: the other devices would stop at once for the same reason
             continue
+        if fused is not None:
+            fused += run.fused
         complete = len(run.taken) == len(per_device[dev])  # ops are taken once each
-        left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken]
+        left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
+                                    and not (mixed and op.kind in SPLIT and _undecided(op, run))]
         if left:
             diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
                                f"unscheduled: {elide(left, 6)}", program.span))
         orders.append(run.placed())
     return tuple(orders), merge_device_diagnostics(diags)
+
+
+def _undecided(op: Op, run: _ProgramRun) -> bool:
+    """An I or W of a backward no program chose yet (its B stands for it among the ops left over)."""
+    return id(run.mixed.halves[(_B, op.stage, op.mb, op.pipe)]) not in run.taken
 
 
 def merge_device_diagnostics(diags: list[Diagnostic]) -> list[Diagnostic]:

@@ -76,14 +76,29 @@ class ToAst(Transformer):
     def pow(self, meta, children):
         return ast.Binary(_span(meta), "**", children[0], children[2])
 
+    def kinds(self, meta, children):
+        return ast.Kinds(_span(meta), tuple(str(c) for c in children))
+
     def call(self, meta, children):
         func, *args = children
         return ast.Call(_span(meta), str(func).strip(), tuple(args))
 
     # programs
     def cursor(self, meta, children):
-        kind, pipe, args = children
-        return ast.Cursor(_span(meta), str(kind), pipe and str(pipe), args)
+        kind, pipe, chunk, args = children
+        return ast.Cursor(_span(meta), str(kind), pipe and str(pipe), args, chunk)
+
+    def chunk(self, meta, children):
+        return children[0]
+
+    def overlap(self, meta, children):
+        return ast.Overlap(_span(meta), *children)
+
+    def choice(self, meta, children):
+        return ast.Choice(_span(meta), tuple(children))
+
+    def optional(self, meta, children):
+        return True
 
     def args(self, meta, children):
         return tuple(children)
@@ -92,8 +107,8 @@ class ToAst(Transformer):
         return ast.Group(_span(meta), tuple(children))
 
     def item(self, meta, children):
-        unit, repeat, when = children
-        return ast.Item(_span(meta), unit, repeat, when)
+        unit, optional, repeat, when = children
+        return ast.Item(_span(meta), unit, repeat, when, bool(optional))
 
     def repeat(self, meta, children):
         return children[0]
@@ -164,6 +179,9 @@ class ToAst(Transformer):
 
     def split_backward(self, meta, children):
         return ast.SplitBackward(_span(meta))
+
+    def mixed_backward(self, meta, children):
+        return ast.MixedBackward(_span(meta))
 
     def key(self, meta, children):
         return tuple(children)

@@ -2,7 +2,9 @@
 
 Row r is rank r's order; a cell is `<stage><kind><microbatch>` (`2F0`, `3B1`, `0I2`, `0W2`), an empty
 cell an idle slot. `REDUCE_GRAD`, `UNSHARD` and `RESHARD` cells (torch adds them) are not compute and
-are skipped; `(a;b)OVERLAP_F_B` cells run their sub-actions in order.
+are skipped. A `(0F7;7B3)OVERLAP_F_B` cell is an overlapped op: its forward and its backward run as
+one (Schedule.fused). B, I and W may be mixed: a stage and microbatch whose backward shows as I (and W)
+runs it split, the others whole (a mixed backward, as torch's DualPipeV).
 
     2F0,2F1,2B0,2B1        ->   Schedule(orders=((F(2,0), F(2,1), B(2,0), B(2,1)), ...), ...)
 
@@ -20,13 +22,14 @@ from pathlib import Path
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import DEFAULT_COSTS, SPLIT, builtin_kinds
+from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
+from ..plan import Instr, Plan
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
-COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d*")
+COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d+")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
-Cell = tuple[str, int, int, Span]  # kind, stage, microbatch, where
+Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 
 
 def schedule_from_csv(path, options=None) -> Schedule:
@@ -36,30 +39,36 @@ def schedule_from_csv(path, options=None) -> Schedule:
 
 
 def schedule_from_csv_text(source: Source, options=None) -> Schedule:
-    rows = parse_csv(source)
+    rows = [[cell for cell in row if cell[0] in BUILTIN] for row in parse_csv(source, comms=True)]
     overrides = dict(getattr(options, "overrides", None) or {})
     microbatches = _microbatch_count(rows, overrides, source)
     cells = [cell for row in rows for cell in row]
-    split = any(kind in SPLIT for kind, *_ in cells)
-    stages = max(stage for _, stage, _, _ in cells) + 1
+    kinds_seen = {kind for kind, *_ in cells}
+    mixed = OpKind.B.value in kinds_seen and bool(kinds_seen & SPLIT)
+    split = not mixed and bool(kinds_seen & SPLIT)
+    stages = max(cell[1] for cell in cells) + 1
     placement = infer_placement(rows, stages)
     costs = _costs(getattr(options, "costs", None) or {}, stages, source)
     pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
-    orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where in row)
+    orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where, _ in row)
                    for r, row in enumerate(rows))
-    kinds = builtin_kinds(split)
+    fused = tuple((order[n], order[n + 1]) for order, row in zip(orders, rows)
+                  for n, cell in enumerate(row) if cell[4])
+    split_of = frozenset((0, s, mb) for kind, s, mb, *_ in cells if kind == OpKind.I) if mixed else None
     grid = tuple(Op(kind, s, mb, 0, 0, placement[s], costs[kind][s]) for s in range(stages)
-                 for mb in range(microbatches) for kind in kinds)
-    deps = Dependencies((pipe,), costs, split, {}, grid)
+                 for mb in range(microbatches)
+                 for kind in builtin_kinds(split if split_of is None else (0, s, mb) in split_of))
+    deps = Dependencies((pipe,), costs, split if split_of is None else split_of, {}, grid)
     name = re.sub(r"\W", "_", Path(source.path).stem) or "torch_csv"
     return Schedule(name=name, description=f"imported from torch CSV {Path(source.path).name}", source=source,
                     params={"p": len(rows), "m": microbatches}, devices=len(rows), pipelines=(pipe,), replicas=(),
                     orders=orders, deps=deps, costs=costs, activation=(1.0,) * stages, memory_limit=None,
-                    memory_limit_span=None, split_backward=split)
+                    memory_limit_span=None, split_backward=split, split_of=split_of, fused=fused)
 
 
-def parse_csv(source: Source) -> list[list[Cell]]:
-    """Rows of compute cells with their spans; every bad cell is reported (exit code 2)."""
+def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
+    """Rows of compute cells with their spans (and, with `comms`, the SEND_F / RECV_F / SEND_B / RECV_B
+    cells of torch's compute_comms format, kind = the opcode); every bad cell is reported (exit 2)."""
     lines = source.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -67,7 +76,9 @@ def parse_csv(source: Source) -> list[list[Cell]]:
     for number, line in enumerate(lines, 1):
         row = []
         for column, text in split_line(line.rstrip("\r"), number, diags):
-            row.extend(_cell(text, Span(number, column, number, column + max(1, len(text))), diags))
+            span = Span(number, column, number, column + max(1, len(text)))
+            message = COMMS.fullmatch(text.strip()) if comms else None
+            row.extend(_comm_cell(text.strip(), span) if message else _cell(text, span, diags))
         rows.append(row)
     if not diags and not any(rows):
         diags.append(error("no compute cells: expected rows of cells like 0F0,0B0 (one row per rank)",
@@ -114,14 +125,29 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return []
     match = CELL.fullmatch(stripped)
     if match:
-        return [(match.group(2), int(match.group(1)), int(match.group(3)), span)]
+        return [(match.group(2), int(match.group(1)), int(match.group(3)), span, False)]
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
-        return [cell for part in overlap.group(1).split(";") for cell in _cell(part, span, diags)]
-    why = ("communication cells belong to torch's compute_comms format; export the compute-only schedule"
-           if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
+        return _overlap(overlap.group(1), span, diags)
+    why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0"
     diags.append(error(f"bad cell {stripped!r}: {why}", span))
     return []
+
+
+def _comm_cell(text: str, span: Span) -> list[Cell]:
+    stage, opcode, mb = re.fullmatch(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)", text).groups()
+    return [(opcode, int(stage), int(mb), span, False)]
+
+
+def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
+    """The two halves of an OVERLAP_F_B cell in the cell's order, the first marked as overlapped."""
+    halves = [cell for part in inner.split(";") for cell in _cell(part, span, diags)]
+    kinds = sorted(cell[0] for cell in halves)
+    if len(halves) != 2 or kinds[1] != OpKind.F or kinds[0] not in GRADIENT:
+        diags.append(error(f"bad cell '({inner})OVERLAP_F_B': an overlapped op holds one forward and one "
+                           "backward (B or I), e.g. (0F7;7B3)OVERLAP_F_B", span))
+        return []
+    return [halves[0][:4] + (True,), halves[1]]
 
 
 def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source: Source) -> int:
@@ -141,7 +167,7 @@ def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source:
         return value
     top: dict[int, int] = {}
     for row in rows:
-        for _, stage, mb, _ in row:
+        for _, stage, mb, *_ in row:
             top[stage] = max(top.get(stage, -1), mb)
     votes = Counter(mb + 1 for mb in top.values())
     return max(votes.items(), key=lambda item: (item[1], -item[0]))[0] if votes else 1
@@ -152,7 +178,7 @@ def infer_placement(rows: list[list[Cell]], stages: int) -> tuple[int, ...]:
     to s % ranks, torch's default loop placement."""
     counts: dict[int, Counter] = {}
     for r, row in enumerate(rows):
-        for _, stage, _, _ in row:
+        for _, stage, *_ in row:
             counts.setdefault(stage, Counter())[r] += 1
     return tuple(max(counts[s].items(), key=lambda item: (item[1], -item[0]))[0] if s in counts
                  else s % len(rows) for s in range(stages))
@@ -179,7 +205,18 @@ def export_csv(schedule: Schedule) -> str:
     if refusal:
         raise SchedError(error(refusal, schedule.pipelines[-1].span if schedule.pipelines else None),
                          schedule.source, exit_code=1)
-    return "".join(",".join(f"{op.stage}{op.kind}{op.mb}" for op in order) + "\n" for order in schedule.orders)
+    fused = {id(f): b for f, b in schedule.fused}
+    second = {id(b) for b in fused.values()}
+    rows = []
+    for order in schedule.orders:
+        cells = [_action(op) if id(op) not in fused else f"({_action(op)};{_action(fused[id(op)])})OVERLAP_F_B"
+                 for op in order if id(op) not in second]
+        rows.append(",".join(cells) + "\n")
+    return "".join(rows)
+
+
+def _action(op: Op) -> str:
+    return f"{op.stage}{op.kind}{op.mb}"
 
 
 def _unrepresentable(schedule: Schedule) -> str | None:
@@ -194,3 +231,50 @@ def _unrepresentable(schedule: Schedule) -> str | None:
         return (f"torch's CSV schedule holds only F, B, I and W; this schedule also runs the tasks "
                 f"{', '.join(tasks)}")
     return None
+
+
+# torch's compute_comms format: the rank streams with their messages ---------------------------------
+
+def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...], ...] | None:
+    """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
+    no message cells), each ending with STEP. torch names a send by the stage that sends and a receive
+    by the stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing
+    stage (RECV_F stage=1)."""
+    rows = parse_csv(source, comms=True)
+    if not any(cell[0] in COMM for row in rows for cell in row):
+        return None
+    place = schedule.pipelines[0].placement
+    streams = []
+    for row in rows:
+        stream = []
+        for kind, stage, mb, _, _ in row:
+            if kind in BUILTIN:
+                stream.append(Instr(kind, stage, mb, 0))
+                continue
+            tensor = carries(kind)
+            producer = stage if kind in SENDS else fed_by(tensor, stage)[1]
+            peer_stage = feeds(tensor, stage) if kind in SENDS else producer
+            peer = place[peer_stage] if 0 <= peer_stage < len(place) else -1
+            stream.append(Instr(kind, producer, mb, 0, peer))
+        stream.append(Instr(Opcode.STEP.value))
+        streams.append(tuple(stream))
+    return tuple(streams)
+
+
+def export_comms_csv(plan: Plan) -> str:
+    """A one-step plan's rank streams as torch's compute_comms CSV: compute cells and SEND_*/RECV_*
+    cells named torch's way (a receive by its receiving stage); SYNC_GRAD and STEP are left out."""
+    if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
+        raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
+                         Source(plan.meta.get("source", "plan"), ""), exit_code=1)
+    rows = []
+    for (program,) in plan.ranks:
+        cells = []
+        for ins in program:
+            if ins.op in BUILTIN:
+                cells.append(f"{ins.stage}{ins.op}{ins.mb}")
+            elif ins.op in COMM:
+                stage = ins.stage if ins.op in SENDS else feeds(carries(ins.op), ins.stage)
+                cells.append(f"{stage}{ins.op}{ins.mb}")
+        rows.append(",".join(cells) + "\n")
+    return "".join(rows)

@@ -144,11 +144,14 @@ def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width
         top, bottom = ys[0] - geo.row / 2, ys[-1] + geo.row / 2
         canvas.box(f"step{k}", x * geo.unit - 0.4, x * geo.unit + 0.4, (top + bottom) / 2, bottom - top,
                    f'fillcolor="#888888" penwidth=0 tooltip="step {k} of the cycle"')
+    halves = _overlapped(compiled.schedule)
     for d, row in enumerate(rows):
         for n, t in enumerate(row):
             op = t.op
             name = ids[(t.step, op)] = f"d{d}_{n}"
             x0, x1 = t.start * geo.unit, t.end * geo.unit
+            if op in halves:  # an overlapped pair: one box, its halves in their own colours side by side
+                x0, x1 = (x0, (x0 + x1) / 2) if halves[op] == 0 else ((x0 + x1) / 2, x1)
             fill = colours.fill(op.kind, op.pipe, op.stage)
             label = op_label(op)
             step = f" (step {t.step})" if t.step else ""
@@ -157,6 +160,11 @@ def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width
                      + (f' tooltip="{op} on device {d}{step}: {t.start:g} to {t.end:g}"' if not geo.compact else ""))
             canvas.box(name, x0, x1, ys[d], geo.box, attrs)
     return ids
+
+
+def _overlapped(schedule) -> dict[Op, int]:
+    """The halves of overlapped pairs: 0 for the first, 1 for the second."""
+    return {op: k for pair in schedule.fused for k, op in enumerate(pair)}
 
 
 def _measured_rows(canvas: _Canvas, run: MeasuredRun, colours: Palette, width: float) -> None:
