@@ -57,7 +57,8 @@ def analyse(schedule: Schedule, latency: float = 0.0) -> tuple[Schedule, Timing,
     diagnostics += check_deadlock(schedule, timing, counted)     # program order + deps acyclic
     if schedule.fill and timing.complete and not has_errors(diagnostics):
         from .fill import fill_bubbles
-        schedule, timing = fill_bubbles(schedule, timing)        # tasks into idle gaps, a K-step cycle
+        schedule, timing, notes = fill_bubbles(schedule, timing)  # tasks into idle gaps, a K-step cycle
+        diagnostics += notes
     diagnostics += check_memory(schedule, timing)                # peak per device within the limit
     return schedule, timing, diagnostics
 
