@@ -26,16 +26,23 @@ def _defines(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _options(defines: tuple[str, ...], costs: str | None, profile: tuple[str, int | None] | None = None):
-    """Options from -D, a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch size)."""
+def _options(defines: tuple[str, ...], costs: str | None, profile: tuple[str, int | None] | None = None,
+             model: str | None = None):
+    """Options from -D, a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch size);
+    a model description gives its layer count (a profile's costs are per layer)."""
     from .elaborate import Options
+    layers = None
+    if model:
+        from .check_memory import load_model
+        layers = load_model(model).layers
     if profile:
         from .profiles import read_profile, read_profile_memory
-        return Options(_defines(defines), read_profile(*profile), memory=read_profile_memory(*profile))
+        return Options(_defines(defines), read_profile(*profile), memory=read_profile_memory(*profile),
+                       model_layers=layers, per_layer=True)
     if not costs:
-        return Options(_defines(defines), {})
+        return Options(_defines(defines), {}, model_layers=layers)
     from .profiles import load_costs, load_memory
-    return Options(_defines(defines), load_costs(costs), memory=load_memory(costs))
+    return Options(_defines(defines), load_costs(costs), memory=load_memory(costs), model_layers=layers)
 
 
 def _report(diagnostics, source) -> None:
@@ -75,16 +82,20 @@ def _profile_choice(costs: str | None, profile: str | None,
     if microbatch_size is not None and not profile:
         raise click.UsageError("--microbatch-size picks a row of a --profile CSV; give --profile too")
     return (profile, microbatch_size) if profile else None
+layers_option = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+                             help="Model description (TOML): its layers per stage give tasks their units "
+                                  "(`layers`) and scale a --profile's per-layer costs.")
 latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
                               help="Simulated latency of every message between devices.")
 
 
-def compile_input(file: str, defines, costs, latency: float, profile: tuple[str, int | None] | None = None):
+def compile_input(file: str, defines, costs, latency: float, profile: tuple[str, int | None] | None = None,
+                  model: str | None = None):
     """Read FILE (a .sched, a torch CSV schedule) and compile it; SchedError on user errors."""
     from .compiler import build_schedule, collector_paused, compile_schedule, read_source
     from .library import resolve
     path = resolve(file)
-    options = _options(defines, costs, profile)
+    options = _options(defines, costs, profile, model)
     with collector_paused():
         if path.suffix == ".csv":
             from .torch_csv import schedule_from_csv
@@ -94,12 +105,12 @@ def compile_input(file: str, defines, costs, latency: float, profile: tuple[str,
         return compile_schedule(schedule, latency)
 
 
-def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float):
+def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None):
     """compile_input for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
     the error printed); the diagnostics of one that can are printed, and it is returned."""
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, latency, row)
+        result = compile_input(file, defines, costs, latency, row, model)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -120,12 +131,13 @@ def main() -> None:
 @define_option
 @costs_option
 @latency_option
+@layers_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir):
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams."""
     from .plan import write_plan
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency)
+    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file)
     if not result.ok:
         sys.exit(1)
     plan, paths = write_plan(result.plan, out_dir)
@@ -160,7 +172,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, 0.0, row)
+        result = compile_input(file, defines, costs, 0.0, row, model_file)
         extra = []
         if model_file or memory_limit:
             from .check_memory import check_memory_bytes
@@ -184,10 +196,11 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @define_option
 @costs_option
 @latency_option
+@layers_option
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_json):
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, as_json):
     """Simulate FILE under its cost model and print the stats."""
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency)
+    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:

@@ -27,6 +27,8 @@ class Options:
     costs: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # kind -> per-stage or flat
     memory: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # measured `memory K(s)`, units
     max_ops: int = MAX_OPS
+    model_layers: int | None = None  # a model description's layers, spread over the stages (`layers`)
+    per_layer: bool = False          # the measured costs are one layer's (a profile row): times layers
 
 
 def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
@@ -251,14 +253,16 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     defaults = dict(DEFAULT_COSTS)
+    layers = stage_layers(options.model_layers, stages, decl, source)
     costs = _per_stage([d for d in decl.decls if isinstance(d, ast.CostDecl)], defaults, env, stages, source,
-                       options.costs)
+                       _per_stage_given(options, layers))
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory)
     ops = build_ops(pipelines, costs, split)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
-        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source)
+        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
+                                                               layers)
         canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
         task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
         keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
@@ -284,6 +288,26 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
                     activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span,
                     memory=memory)
+
+
+def stage_layers(model_layers: int | None, stages: int, decl, source: Source) -> tuple[int, ...] | None:
+    """The model's layers over the stages, the first ones one more when they do not divide evenly (as
+    the runtime partitions a model); None without a model."""
+    if model_layers is None:
+        return None
+    if model_layers < stages:
+        raise _fail(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
+                    source, code=2)
+    return tuple(model_layers // stages + (s < model_layers % stages) for s in range(stages))
+
+
+def _per_stage_given(options: Options, layers: tuple[int, ...] | None) -> dict:
+    """Measured costs, per stage: a profile's are one layer's, times the stage's layers (`cost piece`,
+    the fixed part of one call, stays)."""
+    if not (options.per_layer and layers):
+        return options.costs
+    return {kind: value if kind == "piece" or not isinstance(value, (int, float))
+            else tuple(value * n for n in layers) for kind, value in options.costs.items()}
 
 
 def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,

@@ -115,6 +115,8 @@ def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: 
     needed: list[list[int]] = [[] for _ in range(count)]  # task deps, in dep order
     for n, op in enumerate(ordered):
         deps = schedule.deps.get(op, ())
+        if at_end[n]:  # its previous piece is ready with it and comes first in priority
+            deps = [dep for dep in deps if not _same_instance(dep, op)]
         found = list(map(by_id.get, map(id, deps)))  # task number, None for the rest
         needed[n] = [task for task in found if task is not None]
         if len(needed[n]) < len(deps):
@@ -416,11 +418,18 @@ def _free(gaps: list[tuple[float, float]], placed: list[tuple[float, float, Op]]
 
 
 def _check_at_end(schedule: Schedule, at_end_kinds: set[str]) -> None:
+    """An `at end` task depends on built-in ops only (its pieces aside: they follow one another by
+    priority, as they are ready at the same time)."""
     for op in schedule.unplaced:
-        if op.kind in at_end_kinds and any(dep.kind not in BUILTIN for dep in schedule.deps.get(op, ())):
+        if op.kind in at_end_kinds and any(dep.kind not in BUILTIN and not _same_instance(dep, op)
+                                           for dep in schedule.deps.get(op, ())):
             spec = next(s for s in schedule.tasks if s.name == op.kind)
             raise SchedError(error(f"task '{op.kind}' runs at the end of every step and may depend only on "
                                    "F, B, I and W", spec.span), schedule.source)
+
+
+def _same_instance(a: Op, b: Op) -> bool:
+    return (a.kind, a.stage, a.mb, a.pipe) == (b.kind, b.stage, b.mb, b.pipe)
 
 
 def _gaps(schedule: Schedule, timing: Timing) -> tuple[list[list[tuple[float, float]]], list[float]]:

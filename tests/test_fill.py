@@ -272,3 +272,21 @@ def test_pipefisher_on_chimera_with_v100_profiles(model, size):
         ops = [op for op in result.schedule.unplaced if op.kind == kind and op.stage == int(stage)]
         deps = [dep for op in ops for dep in result.schedule.deps[op] if dep.kind != kind]
         assert max(step[op] for op in ops) <= max(step[dep] for dep in deps)
+
+
+def test_model_layers_give_units_and_scale_a_profile(tmp_path):
+    """`--model` spreads its layers over the stages: a profile's per-layer costs are times the stage's
+    layers, and the tasks' units follow (`split layers`: BERT-Large's 24 layers on 8 stages, 3 each;
+    precondition is not cut by `split auto`, so it shows the units). Fewer layers than stages: exit 2."""
+    model = tmp_path / "bert-large.toml"
+    model.write_text("layers = 24\nhidden = 1024\nheads = 16\nseq = 128\nmicrobatch_size = 32\n")
+    row = ["-D", "p=8", "-D", "m=8", "--profile", str(BERT_LARGE), "--microbatch-size", "32"]
+    per_layer = simulate_json("pipefisher", *row)
+    three = simulate_json("pipefisher", *row, "--model", str(model))
+    assert per_layer["pieces"]["precondition"] == 1 and three["pieces"]["precondition"] == 3
+    assert three["makespan_unfilled"] == pytest.approx(3 * per_layer["makespan_unfilled"])
+    assert three["utilization_unfilled"] == pytest.approx(per_layer["utilization_unfilled"])
+    assert three["utilization"] >= 0.95
+    model.write_text("layers = 4\nhidden = 1024\nheads = 16\nseq = 128\nmicrobatch_size = 32\n")
+    refused = CliRunner().invoke(main, ["simulate", "pipefisher", *row, "--model", str(model)])
+    assert refused.exit_code == 2 and "the model has 4 layers, fewer than the schedule's 8 stages" in refused.output
