@@ -20,8 +20,8 @@ from pathlib import Path
 
 from schedc.compiler import compile_source, read_source
 from schedc.diagnostics import SchedError
-from schedc.elaborate import Options
-from schedc.profiles import read_profile, read_profile_memory
+from schedc.frontend.elaborate import Options
+from schedc.interop.profiles import read_profile, read_profile_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = "paper (BERT-Large, micro-batch 32, measured): 59.8 % -> 97.6 %"

@@ -27,11 +27,12 @@ from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 
 from .diagnostics import Diagnostic, SchedError, Severity, error
-from .elaborate import MAX_OPS
-from .ir import BUILTIN, OP_KEY, Op, Schedule
+from .frontend.elaborate import MAX_OPS
+from .frontend.tasks import refine_tasks
+from .ir import OP_KEY, Op, Schedule
+from .ops import BUILTIN
 from .memory import holdings, peaks
-from .simulate import Timing
-from .tasks import refine_tasks
+from .timing import Timing
 
 WARN_CYCLE = 16  # a longer cycle is warned about: the tasks' work is that stale
 AUTO_CUTS = (1, 2, 4, 8, 16)  # `split auto`: pieces per unit tried

@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from . import ast
-from .diagnostics import SchedError, Source, Span, error
+from ..diagnostics import SchedError, Source, Span, error
 
 GRAMMAR_PACKAGE = "schedc.grammars"
 GRAMMAR_FILE = "sched.lark"
@@ -326,3 +327,13 @@ def parse_source(source: Source) -> ast.ScheduleDecl:
         raise _syntax_error(exc, source) from None
     except (VisitError, RecursionError) as exc:
         raise SchedError(error(f"cannot build the syntax tree: {exc}"), source, exit_code=2) from None
+
+
+def read_source(path: str | Path) -> Source:
+    """Read a schedule file; a missing or unreadable file is a usage error (exit 2)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SchedError(error(f"cannot read file: {exc.strerror or exc}"), Source(str(path), ""),
+                         exit_code=2) from None
+    return decode_source(data, str(path))
