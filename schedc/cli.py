@@ -66,17 +66,20 @@ def _profile_choice(costs: str | None, profile: str | None,
 layers_option = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (TOML): its layers per stage give tasks their units "
                                   "(`layers`) and scale a --profile's per-layer costs.")
+with_option = click.option("--with", "addons", multiple=True, metavar="ADDON",
+                           help="Apply an add-on (schedules/addons/ or next to FILE), as `use ADDON` would.")
 latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
                               help="Simulated latency of every message between devices.")
 
 
-def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None):
+def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
+              addons: tuple[str, ...] = ()):
     """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
     the error printed); the diagnostics of one that can are printed, and it is returned."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_file(file, defines, costs, latency, row, model)
+        result = compile_file(file, defines, costs, latency, row, model, addons)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -98,13 +101,14 @@ def main() -> None:
 @costs_option
 @latency_option
 @layers_option
+@with_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, out_dir):
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, addons, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams."""
     from .plan import write_plan
     from .report import summary
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file)
+    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file, addons)
     if not result.ok:
         sys.exit(1)
     plan, paths = write_plan(result.plan, out_dir)
@@ -119,12 +123,13 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
               help="Model description (TOML) for memory in bytes.")
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
-def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit):
+@with_option
+def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, addons):
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_file(file, defines, costs, 0.0, row, model_file)
+        result = compile_file(file, defines, costs, 0.0, row, model_file, addons)
         extra = []
         if model_file or memory_limit:
             from .checks.memory import check_memory_bytes
@@ -149,11 +154,12 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @costs_option
 @latency_option
 @layers_option
+@with_option
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, as_json):
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, addons, as_json):
     """Simulate FILE under its cost model and print the stats."""
     from .report import device_table, summary
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file)
+    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file, addons)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .checks.channels import check_channels
@@ -12,6 +12,7 @@ from .checks.deadlock import check_deadlock
 from .checks.memory import check_memory
 from .checks.structure import census, check_structure
 from .diagnostics import Diagnostic, SchedError, Source, error, has_errors
+from .frontend.compose import compose
 from .frontend.elaborate import Options, elaborate
 from .ir import Schedule
 from .lower import lower
@@ -35,7 +36,8 @@ class Compiled:
 
 def build_schedule(source: Source, options: Options | None = None) -> Schedule:
     """Parse and elaborate: text -> AST -> IR with per-device orders."""
-    return elaborate(parse_source(source), source, options)
+    addons = options.addons if options else ()
+    return elaborate(compose(parse_source(source), source, addons), source, options)  # extends, use
 
 
 def analyse(schedule: Schedule, latency: float = 0.0) -> tuple[Schedule, Timing, list[Diagnostic]]:
@@ -82,14 +84,16 @@ def compile_source(source: Source, options: Options | None = None, latency: floa
 
 
 def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = None, latency: float = 0.0,
-                 profile: tuple[str, int | None] | None = None, model: str | None = None) -> Compiled:
+                 profile: tuple[str, int | None] | None = None, model: str | None = None,
+                 addons: Iterable[str] = ()) -> Compiled:
     """The library's entry point (the command line, the demo, the renderer and the tests call it): read
     FILE (a path or a library name; a .sched or a torch CSV schedule) and compile it. defines: NAME=VALUE
     params; costs: a measured-costs JSON; profile: (PipeFisher profile CSV, microbatch size) instead;
-    model: a model description (TOML), whose layers per stage give tasks their units. Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
+    model: a model description (TOML), whose layers per stage give tasks their units; addons: add-ons
+    applied as `use NAME` would (`--with`). Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
     from .frontend.library import resolve
     path = resolve(file)
-    options = _options(parse_defines(defines), costs, profile, model)
+    options = replace(_options(parse_defines(defines), costs, profile, model), addons=tuple(addons))
     with collector_paused():
         if path.suffix == ".csv":
             from .interop.torch_csv import schedule_from_csv

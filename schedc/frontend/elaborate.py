@@ -28,6 +28,7 @@ class Options:
     costs: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # kind -> per-stage or flat
     memory: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # measured `memory K(s)`, units
     max_ops: int = MAX_OPS
+    addons: tuple[str, ...] = ()     # `--with NAME`: add-ons used as by `use NAME` (compose.py)
     model_layers: int | None = None  # a model description's layers, spread over the stages (`layers`)
     per_layer: bool = False          # the measured costs are one layer's (a profile row): times layers
 
@@ -65,6 +66,11 @@ def _declares(d: ast.Decl, split: bool) -> tuple | None:
         case ast.Devices() | ast.Limit() | ast.Greedy():
             return (type(d).__name__, _WHAT[type(d)])
     return None
+
+
+def declared_key(d: ast.Decl) -> tuple | None:
+    """What a declaration defines, as composition (compose.py) compares them: _declares' key."""
+    return _declares(d, False)
 
 
 _WHAT = {ast.Param: "param", ast.PipelineDecl: "pipeline", ast.TaskDecl: "task", ast.CostDecl: "the cost",
