@@ -128,19 +128,18 @@ def run(plan: Path, steps: int, extra: list[str]) -> list[dict]:
 
 
 def unfilled_source() -> str:
-    """pipefisher_1f1b.sched without `fill bubbles with`: the same K-FAC tasks (inversion still in k parts),
-    popped by each device's program after the step's F and B, so no task runs in a bubble. A device runs
-    stage d: m curvature_A and m curvature_B pieces (c = 1), k inversion parts and its one precondition."""
-    text = (ROOT / "schedules" / "pipefisher_1f1b.sched").read_text()
-    lines = [line for line in text.splitlines() if not line.startswith("fill bubbles with")]
-    text = "\n".join(lines) + "\n"
-    edits = [("after curvature_A(s, *), curvature_B(s, *)\n", "after curvature_A(s, *), curvature_B(s, *) split k\n"),
-             ("  B * w\n}", "  B * w\n  curvature_A * m ; curvature_B * m ; inversion * k ; precondition\n}")]
-    for old, new in edits:
-        if text.count(old) != 1:
-            raise RuntimeError(f"pipefisher_1f1b.sched changed: cannot find {old!r}")
-        text = text.replace(old, new)
-    return text
+    """pipefisher_1f1b.sched (1F1B with the K-FAC add-on) without `fill bubbles with`, written out: the
+    same K-FAC tasks, popped by each device's program after the step's F and B, so no task runs in a
+    bubble. A device runs stage d: m curvature_A and m curvature_B pieces, the inversion's 2 pieces
+    and its one precondition."""
+    base = (ROOT / "schedules" / "1f1b.sched").read_text()
+    kfac = (ROOT / "schedules" / "addons" / "kfac.sched").read_text()
+    tasks = [line for line in kfac.splitlines() if not line.startswith(("addon ", "fill bubbles with"))]
+    text = base + "\n".join(tasks) + "\n"
+    old = "  B * w\n}"
+    if text.count(old) != 1:
+        raise RuntimeError(f"1f1b.sched changed: cannot find {old!r}")
+    return text.replace(old, "  B * w\n  curvature_A * m ; curvature_B * m ; inversion * 2 ; precondition\n}")
 
 
 def steps_to(losses: list[float], target: float, window: int = 3) -> int | None:
@@ -183,14 +182,12 @@ def main() -> int:
         # (`--profile-out`, rounded; fixed so that the plan, and its cycle, are reproducible)
         costs = Path(tmp) / "costs.json"
         costs.write_text(json.dumps(MEASURED_MS))
-        kfac_plan = compile_plan("pipefisher_1f1b.sched", Path(tmp) / "kfac", ["--costs", str(costs)],
-                                 p=2, m=4, c=1, k=2)
+        kfac_plan = compile_plan("pipefisher_1f1b.sched", Path(tmp) / "kfac", ["--costs", str(costs)], p=2, m=4)
         base_plan = compile_plan("1f1b.sched", Path(tmp) / "base", p=2, m=4)
         # the same K-FAC work without fills: the tasks run where the programs put them, after the step's compute
         unfilled_sched = Path(tmp) / "pipefisher_1f1b_unfilled.sched"
         unfilled_sched.write_text(unfilled_source())
-        unfilled_plan = compile_plan(unfilled_sched, Path(tmp) / "unfilled", ["--costs", str(costs)],
-                                     p=2, m=4, c=1, k=2)
+        unfilled_plan = compile_plan(unfilled_sched, Path(tmp) / "unfilled", ["--costs", str(costs)], p=2, m=4)
         cycle = len(json.loads(kfac_plan.read_text())["ranks"][0]["steps"])
         print(f"PipeFisher plan: 1F1B p=2 m=4, K-FAC cycle of {cycle} steps; {steps} steps per run")
         ratios, times = [], {"filled": [], "first-order": []}

@@ -53,12 +53,13 @@ def test_factors_inverses_and_preconditioned_gradient_match_dense():
     assert torch.allclose(layer.bias.grad, expected[:, -1], atol=1e-4)
 
 
-def _compile(tmp: Path, name: str, **params) -> Path:
+def _compile(tmp: Path, name: str, addons: tuple[str, ...] = (), **params) -> Path:
     costs = tmp / "costs.json"
     costs.write_text(json.dumps(COSTS))
     out = tmp / name
     args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedules" / f"{name}.sched"), "-o",
             str(out), "--costs", str(costs)] + [f"-D{k}={v}" for k, v in params.items()]
+    args += [f"--with={addon}" for addon in addons]
     subprocess.run(args, check=True, capture_output=True, text=True)
     return out / "plan.json"
 
@@ -104,11 +105,13 @@ def _distance(pipeline: list[dict[int, dict]], reference: list[dict], start: lis
     return weights, updates
 
 
-@pytest.mark.parametrize("schedule,params,ranks,steps,lagged", [
-    ("pipefisher", {"p": 2, "m": 4}, 2, STEPS, False),
-    ("pipefisher_1f1b", {"p": 2, "m": 4, "c": 1, "k": 2}, 2, STEPS, False),
-    ("pipefisher", {"p": 4, "m": 4}, 4, 8, True)], ids=["chimera", "1f1b", "chimera-lagged"])
-def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, params, ranks, steps, lagged):
+@pytest.mark.parametrize("schedule,params,ranks,steps,cycle,lagged", [
+    ("pipefisher", {"p": 2, "m": 4}, 2, STEPS, 2, False),
+    ("pipefisher_1f1b", {"p": 2, "m": 4}, 2, STEPS, 2, False),
+    ("pipefisher", {"p": 4, "m": 4}, 4, 8, 2, True),
+    ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, 2, 8, 3, False)],
+    ids=["chimera", "1f1b", "chimera-lagged", "interleaved-with-kfac"])
+def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, params, ranks, steps, cycle, lagged):
     """The plan's run (Chimera: factors and inverse shares exchanged between the replicas at the end of
     the step; 1F1B: everything local) against K-FAC on the unpartitioned model in this process, with the
     plan's microbatches and staleness: a cycle of 2 steps, curvature from its first step, inverses
@@ -116,16 +119,18 @@ def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, param
     so steps 0-1 are plain SGD, 2-3 use step 0's curvature and 4-5 step 2's). Chimera on 4 ranks has
     its inversions lagged by the fill: they run in the cycle after their curvature, in its first
     step, on the previous refresh's factors (none in the first cycle), so steps 0-2 are plain SGD,
-    3-4 use step 0's curvature and 5-6 step 2's. Losses and final weights agree; a reference without
-    staleness or without K-FAC does not."""
-    plan_path = _compile(tmp_path, schedule, **params)
+    3-4 use step 0's curvature and 5-6 step 2's. Interleaved 1F1B gets the same work from the add-on
+    (`--with kfac`), 2 chunks per rank, a cycle of 3. Losses and final weights agree; a reference
+    without staleness or without K-FAC does not."""
+    plan_path = _compile(tmp_path, schedule, ("kfac",) if schedule == "interleaved_1f1b" else (), **params)
     plan = json.loads(plan_path.read_text())
-    cycle, inversion, _ = plan_staleness(plan)
-    assert cycle == 2 and sorted(inversion) == list(range(params["p"]))
+    stages = params["p"] * params.get("v", 1)
+    found, inversion, _ = plan_staleness(plan)
+    assert found == cycle and sorted(inversion) == list(range(stages))
     assert (min(inversion.values()) >= cycle) == lagged == bool(json.loads(plan_path.read_text())["stats"]["lagged"])
     assert steps > cycle + max(inversion.values()) + 1  # some steps use the second refresh
 
-    model = replace(MODEL, layers=max(MODEL.layers, params["p"]))  # a layer per stage at least
+    model = replace(MODEL, layers=max(MODEL.layers, stages))  # a layer per stage at least
 
     def reference(steps: int, **variant):
         return train_reference(plan, model, SEED, steps, LR, DAMPING, EMA, **variant)
@@ -139,7 +144,7 @@ def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, param
         launched.kill()
         raise
     losses, weights = _results(launched, tmp_path, ranks)
-    assert all(len(held) == (2 if schedule == "pipefisher" else 1) for held in weights)
+    assert all(len(held) == stages * (2 if schedule == "pipefisher" else 1) // ranks for held in weights)
     assert losses == pytest.approx(ref_losses, rel=RTOL)
     assert losses[-1] < losses[0]
     off_weights, off_updates = _distance(weights, ref_weights, start)

@@ -122,13 +122,13 @@ def _where(d: ast.Node, top: Source) -> str:
 def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) -> Source:
     """The file `extends`/`use` names: next to the naming file, then in the library; quoted: a path."""
     here = Path(source.path).parent
+    library = Path(str(resources.files(LIBRARY_PACKAGE).joinpath(ADDONS)))
+    schedules = [here / f"{name}.sched", *[p for p in library_files() if p.stem == name]]
+    addons = [here / ADDONS / f"{name}.sched", here / f"{name}.sched", library / f"{name}.sched"]
     if name.endswith(".sched") or "/" in name:
         candidates = [here / name]
-    elif kind == "schedule":
-        candidates = [here / f"{name}.sched", *[p for p in library_files() if p.stem == name]]
-    else:
-        library = Path(str(resources.files(LIBRARY_PACKAGE).joinpath(ADDONS)))
-        candidates = [here / ADDONS / f"{name}.sched", here / f"{name}.sched", library / f"{name}.sched"]
+    else:  # the other kind last, so that naming one for the other gets its own message
+        candidates = schedules + addons if kind == "schedule" else addons + schedules
     for path in candidates:
         if path.is_file() and _key(Source(str(path), "")) != _key(source):
             return read_source(path)
