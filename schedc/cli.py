@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from .diagnostics import SchedError
+from .predict import cluster_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -43,7 +44,8 @@ _COST_OPTIONS = (
                  help="Measured costs: JSON from `schedc run --profile-out` (or written by hand)."),
     click.option("--profile", type=click.Path(dir_okay=False), default=None,
                  help="Measured costs from a PipeFisher profile CSV (bs,time_f,time_b,...); with --microbatch-size."),
-    click.option("--microbatch-size", type=int, default=None, help="The row of the --profile CSV to use."),
+    click.option("--microbatch-size", type=int, default=None,
+                 help="The row of the --profile CSV to use; with --cluster, the microbatch size b."),
 )
 
 
@@ -63,9 +65,6 @@ def _profile_choice(costs: str | None, profile: str | None,
     if microbatch_size is not None and not profile:
         raise click.UsageError("--microbatch-size picks a row of a --profile CSV; give --profile too")
     return (profile, microbatch_size) if profile else None
-layers_option = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-                             help="Model description (TOML): its layers per stage give tasks their units "
-                                  "(`layers`) and scale a --profile's per-layer costs.")
 with_option = click.option("--with", "addons", multiple=True, metavar="ADDON",
                            help="Apply an add-on (schedules/addons/ or next to FILE), as `use ADDON` would.")
 latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
@@ -100,19 +99,22 @@ def main() -> None:
 @define_option
 @costs_option
 @latency_option
-@layers_option
+@cluster_options
 @with_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, addons, out_dir):
-    """Check, simulate and lower FILE to per-rank instruction streams."""
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, out_dir):
+    """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
+    from a model on a cluster, and the step's prediction in the plan's stats)."""
     from .plan import write_plan
     from .report import summary
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file, addons)
+    on = _on_cluster(file, defines, cluster)
+    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
+                                              addons)
     if not result.ok:
         sys.exit(1)
     plan, paths = write_plan(result.plan, out_dir)
-    click.echo(summary(result))
+    click.echo(summary(result) + (_cluster_summary(on) if on else ""))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
 
 
@@ -129,7 +131,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_file(file, defines, costs, 0.0, row, model_file, addons)
+        result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
         extra = []
         if model_file or memory_limit:
             from .checks.memory import check_memory_bytes
@@ -153,19 +155,41 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @define_option
 @costs_option
 @latency_option
-@layers_option
+@cluster_options
 @with_option
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, addons, as_json):
-    """Simulate FILE under its cost model and print the stats."""
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
+    """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
+    in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
     from .report import device_table, summary
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency, model_file, addons)
+    on = _on_cluster(file, defines, cluster, lower=False)
+    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
+                                              addons)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:
-        click.echo(summary(result))
+        click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
     sys.exit(0 if result.ok else 1)
+
+
+def _on_cluster(file: str, defines, cluster, lower: bool = True):
+    """With --cluster, FILE compiled for the cluster (errors end the process, exit 2 or 1); else None."""
+    if cluster is None:
+        return None
+    from .compiler import parse_defines
+    from .predict import compile_on_cluster
+    try:
+        on = compile_on_cluster(file, parse_defines(defines), cluster, lower)
+    except SchedError as exc:
+        _fail(exc)
+    _report(on.compiled.diagnostics, on.compiled.schedule.source)
+    return on
+
+
+def _cluster_summary(on) -> str:
+    from .predict import summary
+    return "\n" + summary(on)
 
 
 @main.command("list")
@@ -194,13 +218,15 @@ def list_cmd():
 @click.option("--comms", is_flag=True, help="Show sends and receives on the timeline.")
 @click.option("--measured", type=click.Path(dir_okay=False), default=None,
               help="A measured Chrome trace to draw above the simulated timeline.")
-def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured):
+@cluster_options
+def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured, model_file,
+               cluster):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
-                             profile=row)
+                             profile=row, cluster=cluster)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -226,6 +252,33 @@ def export_cmd(file, defines, fmt, out):
     except SchedError as exc:
         _fail(exc)
     click.echo(f"wrote {out}")
+
+
+@main.command("calibrate")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The cluster TOML to write.")
+@click.option("--ranks", type=int, default=2, show_default=True, help="Local processes for the message timings.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads per process.")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
+              help="Start from this cluster file instead of measuring (with --costs).")
+@click.option("--costs", type=click.Path(dir_okay=False), default=None,
+              help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+              help="The model the profile ran (with --costs).")
+@click.option("--microbatch-size", type=int, default=1, show_default=True, help="The profile's microbatch size.")
+@click.option("--tp", type=int, default=1, show_default=True, help="The profile's tensor-parallel size.")
+@click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
+              help="The profile's recomputation (the runtime recomputes nothing).")
+def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size, tp, recompute):
+    """Write a cluster description of this machine: GEMM rate by size, memory-bound kernel bandwidth and
+    messages between local processes on the runtime's backend (gloo on CPU); with --costs and --model,
+    the compute rates scaled so that the model's F and B match a measured profile."""
+    from .predict import calibrate_file
+    try:
+        click.echo(calibrate_file(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size,
+                                  tp, recompute))
+    except SchedError as exc:
+        _fail(exc)
 
 
 @main.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -40,11 +40,12 @@ def build_schedule(source: Source, options: Options | None = None) -> Schedule:
     return elaborate(compose(parse_source(source), source, addons), source, options)  # extends, use
 
 
-def analyse(schedule: Schedule, latency: float = 0.0) -> tuple[Schedule, Timing, list[Diagnostic]]:
-    """Check and time a schedule; fill its bubbles when it asks for that."""
+def analyse(schedule: Schedule, latency: float = 0.0, links=None) -> tuple[Schedule, Timing, list[Diagnostic]]:
+    """Check and time a schedule; fill its bubbles when it asks for that. `links`: per device pair
+    message times (simulate), instead of one latency."""
     counted = census(schedule)                                   # placed ops against the expected ones
     diagnostics = check_structure(schedule, counted)             # one F and one B per (stage, mb)
-    timing = simulate(schedule, latency)                         # event-driven timing, memory peaks
+    timing = simulate(schedule, latency, links)                  # event-driven timing, memory peaks
     diagnostics += check_deadlock(schedule, timing, counted)     # program order + deps acyclic
     if schedule.fill and timing.complete and not has_errors(diagnostics):
         from .fill import fill_bubbles
@@ -54,8 +55,8 @@ def analyse(schedule: Schedule, latency: float = 0.0) -> tuple[Schedule, Timing,
     return schedule, timing, diagnostics
 
 
-def compile_schedule(schedule: Schedule, latency: float = 0.0) -> Compiled:
-    schedule, timing, diagnostics = analyse(schedule, latency)
+def compile_schedule(schedule: Schedule, latency: float = 0.0, links=None) -> Compiled:
+    schedule, timing, diagnostics = analyse(schedule, latency, links)
     stats = schedule_stats(schedule, timing)
     if has_errors(diagnostics):
         return Compiled(schedule, timing, stats, None, diagnostics)
@@ -120,8 +121,8 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     size, its costs one layer's); a model description gives its layer count."""
     layers = None
     if model:
-        from .checks.memory import load_model
-        layers = load_model(model).layers
+        from .cluster import load_model_spec
+        layers = load_model_spec(model).layers
     if profile:
         from .interop.profiles import read_profile, read_profile_memory
         return Options(params, read_profile(*profile), memory=read_profile_memory(*profile), model_layers=layers,

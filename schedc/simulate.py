@@ -11,6 +11,7 @@ order in which the events happen, `sequence`, is then a sort by start time.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from heapq import heappop, heappush
 from itertools import chain, repeat
@@ -78,17 +79,20 @@ class _BuiltinDeps(dict):
         return found
 
 
-def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
+def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Timing:
     """Time every op (linear in ops + edges, then a sort of nearly sorted runs). A dependency that is not
-    placed (check_structure reports it) is ignored here, so a broken schedule still gets times."""
+    placed (check_structure reports it) is ignored here, so a broken schedule still gets times.
+    `links[a][b]`, when given, is the time of a message from device a to device b (the link the two sit
+    on, schedc/costmodel.py) and replaces the one `latency` of every message."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
-    start, end = _times(cost, device, preds, firsts, latency)
+    start, end = _times(cost, device, preds, firsts, latency, links)
     complete = None not in end
     ran = range(len(ops)) if complete else [n for n, e in enumerate(end) if e is not None]
     timed_ops, starts, ends = (ops, start, end) if complete else (
         [ops[n] for n in ran], [start[n] for n in ran], [end[n] for n in ran])
-    if latency >= 0 and all(map(gt, ends, starts)):  # see _event_order
+    if latency >= 0 and (links is None or min(map(min, links), default=0.0) >= 0) \
+            and all(map(gt, ends, starts)):  # see _event_order
         sequence = sorted(zip(starts, ends, timed_ops), key=START)  # stable: ties keep index order
     else:
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
@@ -103,28 +107,35 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
 
 
 COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
+Links = Sequence[Sequence[float]]  # device x device -> message time
 
 
 def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
-           latency: float) -> tuple[list[float], list[float | None]]:
+           latency: float, links: Links | None = None) -> tuple[list[float], list[float | None]]:
     """Start and end of every op that runs (end None for the others: the orders deadlock). An op is tried
     when its device reaches it and again when the predecessor it waited for ends; once all have ended,
     it starts at the latest arrival (0.0 at the earliest). The order of the tries does not change the
     times, so it is a stack's, and each op's predecessors are read, never its successors written."""
     count = len(cost)
     start, end, device = [0.0] * count, [None] * count + [-inf], device + [-1]  # + the sentinel
+    # into[b][a]: message time from device a to device b, 0 on one device (the sentinel reads the last)
+    into = None if links is None else [[0.0 if a == b else links[a][b] for a in range(len(links))]
+                                       for b in range(len(links))]
     last, waiting = _last_of_device(count, firsts), {}  # waiting: op -> ops whose try stopped at it
     tried = firsts[::-1]
     pop, push = tried.pop, tried.append
     while tried:
         c = pop()
         t = 0.0
+        came = into[device[c]] if into is not None else None
         for m in preds[c]:
             arrive = end[m]
             if arrive is None:
                 waiting.setdefault(m, []).append(c)
                 break
-            if latency and device[m] != device[c]:
+            if came is not None:
+                arrive += came[device[m]]
+            elif latency and device[m] != device[c]:
                 arrive += latency
             if arrive > t:
                 t = arrive

@@ -279,7 +279,7 @@ def test_model_layers_give_units_and_scale_a_profile(tmp_path):
     layers, and the tasks' units follow (`split layers`: BERT-Large's 24 layers on 8 stages, 3 each;
     precondition is not cut by `split auto`, so it shows the units). Fewer layers than stages: exit 2."""
     model = tmp_path / "bert-large.toml"
-    model.write_text("layers = 24\nhidden = 1024\nheads = 16\nseq = 128\nmicrobatch_size = 32\n")
+    model.write_text("layers = 24\nhidden = 1024\nheads = 16\nseq = 128\nvocab = 30522\n")
     row = ["-D", "p=8", "-D", "m=8", "--profile", str(BERT_LARGE), "--microbatch-size", "32"]
     per_layer = simulate_json("pipefisher", *row)
     three = simulate_json("pipefisher", *row, "--model", str(model))
@@ -287,6 +287,6 @@ def test_model_layers_give_units_and_scale_a_profile(tmp_path):
     assert three["makespan_unfilled"] == pytest.approx(3 * per_layer["makespan_unfilled"])
     assert three["utilization_unfilled"] == pytest.approx(per_layer["utilization_unfilled"])
     assert three["utilization"] >= 0.95
-    model.write_text("layers = 4\nhidden = 1024\nheads = 16\nseq = 128\nmicrobatch_size = 32\n")
+    model.write_text("layers = 4\nhidden = 1024\nheads = 16\nseq = 128\nvocab = 30522\n")
     refused = CliRunner().invoke(main, ["simulate", "pipefisher", *row, "--model", str(model)])
     assert refused.exit_code == 2 and "the model has 4 layers, fewer than the schedule's 8 stages" in refused.output
