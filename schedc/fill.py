@@ -37,6 +37,7 @@ from .timing import Timing
 WARN_CYCLE = 16  # a longer cycle is warned about: the tasks' work is that stale
 AUTO_CUTS = (1, 2, 4, 8, 16)  # `split auto`: pieces per unit tried
 AUTO_ROUNDS = 1
+AUTO_BUDGET = 60_000  # task pieces filled over choose_cuts' trials (Chimera p=8, m=8: 34,000-47,000)
 EPS = 1e-9
 
 
@@ -236,54 +237,61 @@ def fill_bubbles(schedule: Schedule, timing: Timing,
 def choose_cuts(schedule: Schedule, timing: Timing, kinds: list[str],
                 max_ops: int = MAX_OPS) -> tuple[Schedule, Timing]:
     """Fill with the `split auto` tasks' units cut into j pieces each (refine_tasks, which charges every
-    extra piece `cost piece`), j from AUTO_CUTS, one kind after the other in priority order, keeping
-    the cut that raises the useful utilization most (the work of the uncut units over the cycle's
-    capacity: what an extra piece costs is busy time, but not work), the coarser one on a tie: every
-    kind cut alike first, then each kind in turn (AUTO_ROUNDS times over), the others held at the best
-    so far. Each cut is filled with and without lagging the groups that may lag (laggable).
-    Deterministic; each combination is filled once."""
+    extra piece `cost piece`), j from AUTO_CUTS, keeping the cut that gives the highest useful
+    utilization (the work of the uncut units over the cycle's capacity: what an extra piece costs is
+    busy time, but not work); on a tie the one whose last step holds least (nearest to a step less),
+    then the first tried. Every kind cut alike first, then each kind in turn (AUTO_ROUNDS times over),
+    the others held at the best so far; each cut filled with and without lagging the groups that may
+    lag (laggable). Deterministic; each combination once, and no more than AUTO_BUDGET task pieces
+    filled in all once one fill succeeded (a big schedule tries fewer cuts)."""
+    may_lag = laggable(schedule)
+    lags = [(frozenset(), False)] + ([(may_lag, True), (may_lag, False)] if may_lag else [])
+    useful = _useful(schedule, timing)
+    cuts, tried, spent = dict.fromkeys(kinds, 1), set(), 0
+    best, best_score, failure = None, None, None
+    for kind, j in [(None, j) for j in AUTO_CUTS] + [(kind, j) for kind in kinds * AUTO_ROUNDS for j in AUTO_CUTS]:
+        trial = dict.fromkeys(kinds, j) if kind is None else {**cuts, kind: j}
+        if tuple(trial.values()) in tried:
+            continue
+        tried.add(tuple(trial.values()))
+        size = sum(trial.get(op.kind, 1) for op in schedule.unplaced) * len(lags)  # pieces to fill
+        if best is not None and spent + size > AUTO_BUDGET:
+            continue
+        spent += size
+        refined = refine_tasks(schedule, trial)
+        for lagged, first in lags:
+            try:
+                result = _fill(refined, timing, max_ops, lagged, first)
+            except _NotLagged:
+                continue
+            except SchedError as exc:
+                failure = failure or exc
+                continue
+            score = (round(useful(result[1]), 9), -round(sum(result[1].steps[-1].busy), 9))
+            if best is None or score > best_score:
+                best, best_score, cuts = result, score, trial
+    if best is None:
+        raise failure
+    best[1].extra["utilization_useful"] = useful(best[1])
+    return best
+
+
+def _useful(schedule: Schedule, timing: Timing):
+    """Useful utilization of a fill of `schedule` cut any way: the uncut work (built-in ops and `at end`
+    tasks every step, the rest once) over devices x the cycle's time."""
     at_end = {spec.name for spec in schedule.tasks if spec.at_end}
     every_step = sum(timing.busy) + sum(op.cost for op in schedule.unplaced if op.kind in at_end)
     once = sum(op.cost for op in schedule.unplaced if op.kind not in at_end)
-    may_lag = laggable(schedule)
-    lags = [(frozenset(), False)] + ([(may_lag, True), (may_lag, False)] if may_lag else [])
-    cuts = dict.fromkeys(kinds, 1)
-    best, best_score, best_useful, failure = None, (0.0, 0.0), 0.0, None
-    tried: set[tuple[int, ...]] = set()
-    # every kind cut alike first, then one kind at a time from the best so far
-    for kind, j in [(None, j) for j in AUTO_CUTS] + [(kind, j) for kind in kinds * AUTO_ROUNDS for j in AUTO_CUTS]:
-        trial = dict.fromkeys(kinds, j) if kind is None else {**cuts, kind: j}
-        if tuple(trial.values()) not in tried:
-            tried.add(tuple(trial.values()))
-            refined = refine_tasks(schedule, trial)
-            for lagged, first in lags:
-                try:
-                    result = _fill(refined, timing, max_ops, lagged, first)
-                except _NotLagged:
-                    continue
-                except SchedError as exc:
-                    failure = failure or exc
-                    continue
-                filled = result[1]
-                useful = ((filled.extra["cycle_steps"] * every_step + once) /
-                          (schedule.devices * filled.makespan))
-                # on a tie, the less work the last step holds, the nearer the cycle is to a step less
-                score = (round(useful, 9), -round(sum(filled.steps[-1].busy), 9))
-                if best is None or score > best_score:
-                    best, best_score, best_useful, cuts = result, score, useful, trial
-    if best is None:
-        raise failure
-    best[1].extra["utilization_useful"] = best_useful
-    return best
+    return lambda filled: (filled.extra["cycle_steps"] * every_step + once) / (schedule.devices * filled.makespan)
 
 
 def _cycle_notes(schedule: Schedule, filled: Timing) -> list[Diagnostic]:
     steps = filled.extra["cycle_steps"]
     if steps <= WARN_CYCLE:
         return []
-    return [Diagnostic(Severity.WARNING, f"the filled tasks span a cycle of {steps} steps (more than {WARN_CYCLE}): their work "
-                    f"(K-FAC's curvature) is refreshed once every {steps} steps; bigger bubbles (more "
-                    "microbatches, larger ones) or less work shorten it", schedule.fill_span)]
+    return [Diagnostic(Severity.WARNING, f"the filled tasks span a cycle of {steps} steps (more than "
+                       f"{WARN_CYCLE}): their work (K-FAC's curvature) is refreshed once every {steps} steps; "
+                       "bigger bubbles (more microbatches, larger ones) or less work shorten it", schedule.fill_span)]
 
 
 def _fill(schedule: Schedule, timing: Timing, max_ops: int, lagged: frozenset[tuple[str, int]] = frozenset(),
