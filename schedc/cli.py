@@ -1,17 +1,20 @@
-"""The command line: schedc compile | check | simulate | render | run | list | export.
+"""The command line: schedc compile | check | simulate | tune | render | run | list | export | demo | calibrate.
 
-Heavy modules are imported inside the commands so that `schedc --help` answers at once.
-Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
+Click only: each command parses its options and calls the library (compiler.compile_file, render,
+demo, the runtime's launcher); heavy modules are imported inside the commands so that `schedc --help`
+answers at once. Exit codes (diagnostics.exit_code, SchedError.exit_code): 0 ok, 1 a schedule that
+fails its checks, 2 usage or syntax errors.
 """
 from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
 
-from .diagnostics import SchedError
+from .diagnostics import SchedError, exit_code
 from .predict import cluster_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -106,13 +109,13 @@ def main() -> None:
 def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
     from a model on a cluster, and the step's prediction in the plan's stats)."""
-    from .plan import write_plan
+    from .plan.write import write_plan
     from .report import summary
     on = _on_cluster(file, defines, cluster)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
     if not result.ok:
-        sys.exit(1)
+        sys.exit(exit_code(result.diagnostics))
     plan, paths = write_plan(result.plan, out_dir)
     click.echo(summary(result) + (_cluster_summary(on) if on else ""))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
@@ -140,11 +143,10 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
         _fail(exc)
     diagnostics = result.diagnostics + extra
     _report(diagnostics, result.schedule.source)
-    from .diagnostics import has_errors
-    if has_errors(diagnostics):
+    if exit_code(diagnostics):
         count = sum(d.severity.value == "error" for d in diagnostics)
         click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
-        sys.exit(1)
+        sys.exit(exit_code(diagnostics))
     click.echo(f"{result.schedule.source.path}: ok ({result.stats['ops']} ops on {result.schedule.devices} "
                f"devices: no deadlock, channels match, memory peak "
                f"{max(result.stats['peak_memory']):g} activations)")
@@ -166,11 +168,11 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
     if as_json:
-        click.echo(json.dumps(result.stats, indent=1))
+        click.echo(json.dumps(dict(result.stats), indent=1))
     else:
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
-    sys.exit(0 if result.ok else 1)
+    sys.exit(exit_code(result.diagnostics))
 
 
 def _on_cluster(file: str, defines, cluster, lower: bool = True):
@@ -190,6 +192,42 @@ def _on_cluster(file: str, defines, cluster, lower: bool = True):
 def _cluster_summary(on) -> str:
     from .predict import summary
     return "\n" + summary(on)
+
+
+def _progress_line(what: str, done: int, total: int) -> None:
+    """Progress on a terminal: `what n/N` rewritten in place on stderr (the caller clears it)."""
+    click.echo(f"\r{what} {done}/{total}", err=True, nl=False)
+
+
+@main.command("tune")
+@click.option("--synthesize", "synth", is_flag=True,
+              help="Find a per-device order within --memory-limit and write it as a .sched file.")
+@define_option
+@click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
+              help="Cost of F, B, or split I and W; one value or one per stage (defaults F=1, B=2; I=W=1).")
+@latency_option
+@click.option("--memory-limit", default=None, help="Activations per device: one value or one per device.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="The .sched file to write (default: print it).")
+def tune_cmd(synth, defines, costs, latency, memory_limit, out):
+    """Synthesize an order under a memory limit (--synthesize; the configuration search is to come)."""
+    if not synth:
+        raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
+    from .compiler import parse_defines
+    from .synthesize_cli import run_tune
+    shown = sys.stderr.isatty()
+    try:
+        text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out,
+                                    partial(_progress_line, "synthesizing: greedy variant") if shown else None)
+    except SchedError as exc:
+        _fail(exc)
+    finally:
+        if shown:
+            click.echo("\r\033[K", err=True, nl=False)
+    if out is None:
+        click.echo(text, nl=False)
+    click.echo(report, err=True)
+    sys.exit(0 if ok else 1)
 
 
 @main.command("list")
@@ -231,7 +269,7 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
     click.echo(f"wrote {out}")
-    sys.exit(0 if result.ok else 1)
+    sys.exit(exit_code(result.diagnostics))
 
 
 @main.command("export")
@@ -247,7 +285,7 @@ def export_cmd(file, defines, fmt, out):
         result = compile_file(file, defines, None, 0.0)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
-            sys.exit(1)
+            sys.exit(exit_code(result.diagnostics))
         Path(out).write_text(export_csv(result.schedule))
     except SchedError as exc:
         _fail(exc)

@@ -55,12 +55,10 @@ _NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_par
           "blocking_p2p")
 
 
-def cluster_options(command=None, *, model: bool = True):
-    """Add the cluster options to a command; it gets `cluster`: a ClusterRequest or None. The command's
-    own `microbatch_size` (the --profile row option) is the microbatch size b with --cluster, and is
-    passed on as None then. With model=False the command has its own --model (schedc check)."""
-    if command is None:
-        return functools.partial(cluster_options, model=model)
+def cluster_options(command):
+    """Add the cluster options (and --model) to a command; it gets `model_file` and `cluster`: a
+    ClusterRequest or None. The command's own `microbatch_size` (the --profile row option) is the
+    microbatch size b with --cluster, and is passed on as None then."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -71,7 +69,7 @@ def cluster_options(command=None, *, model: bool = True):
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
 
-    for option in reversed(_OPTIONS + ((_MODEL_OPTION,) if model else ())):
+    for option in reversed((*_OPTIONS, _MODEL_OPTION)):
         wrapper = option(wrapper)
     return wrapper
 
@@ -118,7 +116,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
                 lower: bool = True) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
     is elaborated twice: once to learn its stages (and its tasks' declared costs), once with the costs."""
-    from .compiler import Compiled, analyse, collector_paused, compile_schedule, read_source, schedule_stats
+    from .compiler import analyse, collector_paused, compile_schedule, read_source
     from .frontend.elaborate import Options, elaborate
     from .frontend.library import resolve
     from .frontend.parse import parse_source
@@ -136,12 +134,8 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
         schedule = elaborate(decl, source, Options(overrides, {**_task_costs(probe, costs), **costs.costs()}))
         links = link_times(st, schedule.devices)
-        if lower:
-            compiled = compile_schedule(schedule, 0.0, links)
-        else:
-            analysed, timing, diagnostics = analyse(schedule, 0.0, links)
-            compiled = Compiled(analysed, timing, schedule_stats(analysed, timing), None, diagnostics)
-        free = analyse(schedule)[1] if schedule.fill else simulate(schedule)  # no messages: for the bubble
+        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
+        free = analyse(schedule).timing if schedule.fill else simulate(schedule)  # no messages: for the bubble
     result = predict(st, compiled.schedule, compiled.timing, free, costs, batch)
     return OnCluster(_with_prediction(compiled, result, st, request), result, st)
 

@@ -49,7 +49,9 @@ def ideal(cluster: ClusterSpec = A100) -> ClusterSpec:
 
 
 def run(schedule: str, model: ModelSpec, layout: Layout, cluster: ClusterSpec = A100, **params):
-    return compile_for(schedule, {k: str(v) for k, v in params.items()}, Setting(model, cluster, layout))
+    """Checked and simulated on the cluster, not lowered (as `schedc simulate --cluster`)."""
+    return compile_for(schedule, {k: str(v) for k, v in params.items()}, Setting(model, cluster, layout),
+                       lower=False)
 
 
 def test_model_flops_are_the_papers_equation_3():
