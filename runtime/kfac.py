@@ -14,6 +14,9 @@
 #                                              (PipeFisher's partition-aware inversion), part q of Q those
 #                                              with (u // R) ≡ q mod Q
 #   end of the step of a stage's last inversion  inverses all-reduced over the replicas, then published
+#                                              (a replicated stage whose last inversion comes no later
+#                                              than its last curvature inverts the previous refresh's
+#                                              factors: the fill lagged it; none in the first cycle)
 #   precondition(s)                            ∇W ← G⁻¹ ∇W A⁻¹ with the published inverses (the newest,
 #                                              stale across the cycle as in the paper); before SYNC_GRAD,
 #                                              which is fine since it is linear and replicas share inverses
@@ -107,6 +110,8 @@ class Kfac:
         for s, factors in self.stages.items():
             for j, layer in enumerate(factors.layers):
                 layer.register_forward_hook(self._forward_hook(s, j))
+        self.lagged = {s for s, factors in self.stages.items() if len(factors.group) > 1
+                       and self.inverse_step.get(s, -1) <= self.factor_step.get(s, -1)}
         executor.optimizer.register_step_pre_hook(lambda *_: self.end_of_step())
 
     # capture ------------------------------------------------------------------------------------
@@ -158,6 +163,8 @@ class Kfac:
             if u % replicas != factors.replica or (u // replicas) % parts != part:
                 continue
             if factors.factors[j][which] is None:
+                if instr.stage in self.lagged:
+                    continue  # the first cycle: no refresh folded yet
                 raise RuntimeError(f"inversion of stage {instr.stage} before any curvature of it")
             factors.staged[j][which] = damped_inverse(factors.factors[j][which], self.damping)
 
@@ -175,14 +182,24 @@ class Kfac:
         k = self.executor.step_no % self.cycle
         for s in sorted(self.stages):
             factors = self.stages[s]
+            publish, lagged = self.inverse_step.get(s) == k, s in self.lagged
+            if publish and lagged:  # the previous refresh's, before this one folds
+                self._publish(factors)
             if len(factors.group) > 1 and self.factor_step.get(s) == k:
                 self._all_reduce_sums(factors)
                 self._fold(factors)
-            if self.inverse_step.get(s) == k:
-                if len(factors.group) > 1:
-                    self._all_reduce_staged(factors)
-                factors.inverses = [list(pair) for pair in factors.staged]
-                factors.staged = [[None, None] for _ in factors.layers]
+            if publish and not lagged:
+                self._publish(factors)
+
+    def _publish(self, factors: StageFactors) -> None:
+        """The staged inverses (all-reduced over the replicas) become the ones preconditioning uses;
+        nothing while no refresh has been folded (a lagged stage's first cycle)."""
+        if all(pair[0] is None for pair in factors.factors):
+            return
+        if len(factors.group) > 1:
+            self._all_reduce_staged(factors)
+        factors.inverses = [list(pair) for pair in factors.staged]
+        factors.staged = [[None, None] for _ in factors.layers]
 
     def _group(self, factors: StageFactors):
         return self.executor.world.sync_groups[factors.group]

@@ -69,17 +69,20 @@ def _profile_choice(costs: str | None, profile: str | None,
     if microbatch_size is not None and not profile:
         raise click.UsageError("--microbatch-size picks a row of a --profile CSV; give --profile too")
     return (profile, microbatch_size) if profile else None
+with_option = click.option("--with", "addons", multiple=True, metavar="ADDON",
+                           help="Apply an add-on (schedules/addons/ or next to FILE), as `use ADDON` would.")
 latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
                               help="Simulated latency of every message between devices.")
 
 
-def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float):
+def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
+              addons: tuple[str, ...] = ()):
     """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
     the error printed); the diagnostics of one that can are printed, and it is returned."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_file(file, defines, costs, latency, row)
+        result = compile_file(file, defines, costs, latency, row, model, addons)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -101,15 +104,17 @@ def main() -> None:
 @costs_option
 @latency_option
 @cluster_options
+@with_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, out_dir):
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
     from a model on a cluster, and the step's prediction in the plan's stats)."""
     from .plan.write import write_plan
     from .report import summary
     on = _on_cluster(file, defines, cluster)
-    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
+    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
+                                              addons)
     if not result.ok:
         sys.exit(exit_code(result.diagnostics))
     plan, paths = write_plan(result.plan, out_dir)
@@ -124,12 +129,13 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
               help="Model description (TOML) for memory in bytes.")
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
-def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit):
+@with_option
+def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, addons):
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_file(file, defines, costs, 0.0, row)
+        result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
         extra = []
         if model_file or memory_limit:
             from .checks.memory import check_memory_bytes
@@ -153,13 +159,15 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @costs_option
 @latency_option
 @cluster_options
+@with_option
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, as_json):
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
     from .report import device_table, refusal, summary
     on = _on_cluster(file, defines, cluster, lower=False)
-    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
+    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
+                                              addons)
     if not result.ok:
         click.echo(json.dumps({"error": refusal(result)}) if as_json else refusal(result))
     elif as_json:

@@ -15,6 +15,7 @@ from .checks.memory import check_memory
 from .checks.census import Census, census
 from .checks.structure import check_structure
 from .diagnostics import Diagnostic, SchedError, Source, error, has_errors
+from .frontend.compose import compose
 from .frontend.elaborate import Options, elaborate
 from .ir import Schedule
 from .lower import lower
@@ -81,8 +82,8 @@ def _fill_bubbles(u: Unit) -> Unit:
     if not u.schedule.fill or not u.timing.complete or u.failed:
         return u
     from .fill import fill_bubbles
-    schedule, timing = fill_bubbles(u.schedule, u.timing)
-    return replace(u, schedule=schedule, timing=timing, unfilled=u.timing)
+    schedule, timing, notes = fill_bubbles(u.schedule, u.timing)
+    return replace(u, schedule=schedule, timing=timing, unfilled=u.timing, diagnostics=u.diagnostics + tuple(notes))
 
 
 def _check_memory(u: Unit) -> Unit:
@@ -124,7 +125,8 @@ ANALYSIS = PASSES[:PASSES.index(_stats) + 1]  # the passes before lowering (`sim
 
 def build_schedule(source: Source, options: Options | None = None) -> Schedule:
     """Parse and elaborate: text -> AST -> IR with per-device orders."""
-    return elaborate(parse_source(source), source, options)
+    addons = options.addons if options else ()
+    return elaborate(compose(parse_source(source), source, addons), source, options)  # extends, use
 
 
 def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
@@ -170,14 +172,16 @@ def compile_source(source: Source, options: Options | None = None, latency: floa
 
 
 def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = None, latency: float = 0.0,
-                 profile: tuple[str, int | None] | None = None) -> Compiled:
+                 profile: tuple[str, int | None] | None = None, model: str | None = None,
+                 addons: Iterable[str] = ()) -> Compiled:
     """The library's entry point (the command line, the demo, the renderer and the tests call it): read
     FILE (a path or a library name; a .sched or a torch CSV schedule) and compile it. defines: NAME=VALUE
-    params; costs: a measured-costs JSON; profile: (PipeFisher profile CSV, microbatch size) instead.
-    Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
+    params; costs: a measured-costs JSON; profile: (PipeFisher profile CSV, microbatch size) instead;
+    model: a model description (TOML), whose layers per stage give tasks their units; addons: add-ons
+    applied as `use NAME` would (`--with`). Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
     from .frontend.library import resolve
     path = resolve(file)
-    options = _options(parse_defines(defines), costs, profile)
+    options = replace(_options(parse_defines(defines), costs, profile, model), addons=tuple(addons))
     with collector_paused():
         if path.suffix == ".csv":
             from .interop.torch_csv import schedule_from_csv
@@ -211,15 +215,22 @@ def parse_defines(values: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int | None] | None) -> Options:
-    """Options from params and a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch size)."""
+def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int | None] | None,
+             model: str | None = None) -> Options:
+    """Options from params and a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch
+    size, its costs one layer's); a model description gives its layer count."""
+    layers = None
+    if model:
+        from .cluster import load_model_spec
+        layers = load_model_spec(model).layers
     if profile:
         from .interop.profiles import read_profile, read_profile_memory
-        return Options(params, read_profile(*profile), memory=read_profile_memory(*profile))
+        return Options(params, read_profile(*profile), memory=read_profile_memory(*profile), model_layers=layers,
+                       per_layer=True)
     if not costs:
-        return Options(params, {})
+        return Options(params, {}, model_layers=layers)
     from .interop.profiles import load_costs, load_memory
-    return Options(params, load_costs(costs), memory=load_memory(costs))
+    return Options(params, load_costs(costs), memory=load_memory(costs), model_layers=layers)
 
 
 __all__ = ["Compiled", "Options", "PASSES", "ANALYSIS", "Unit", "analyse", "read_source", "build_schedule", "run_passes",

@@ -1,7 +1,7 @@
 """Diagnostics: located errors and warnings, printed compiler-style with the source line and a caret."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -25,12 +25,14 @@ class Source:
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """A 1-based line/column range in a source file."""
+    """A 1-based line/column range in a source file: the one a diagnostic is reported against, unless
+    the span names its own (a declaration a schedule took from another file: `extends`, `use`)."""
 
     line: int
     column: int
     end_line: int = 0
     end_column: int = 0
+    source: Source | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.line}:{self.column}"
@@ -45,6 +47,7 @@ class Diagnostic:
     detail: str = ""  # a block shown after the caret, e.g. a rank x step grid
 
     def format(self, source: Source | None) -> str:
+        source = (self.span.source if self.span else None) or source
         where = source.path if source else "<input>"
         if self.span:
             where += f":{self.span}"

@@ -26,13 +26,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 
-from .diagnostics import SchedError, error
+from .diagnostics import Diagnostic, SchedError, Severity, error
+from .frontend.elaborate import MAX_OPS
+from .frontend.tasks import refine_tasks
 from .ir import OP_KEY, Op, Schedule
 from .ops import BUILTIN
 from .memory import holdings, peaks
 from .timing import Timing
 
-MAX_CYCLE = 16
+WARN_CYCLE = 16  # a longer cycle is warned about: the tasks' work is that stale
+AUTO_CUTS = (1, 2, 4, 8, 16)  # `split auto`: pieces per unit tried
+AUTO_ROUNDS = 1
+AUTO_BUDGET = 60_000  # task pieces filled over choose_cuts' trials (Chimera p=8, m=8: 34,000-47,000)
 EPS = 1e-9
 
 
@@ -95,10 +100,12 @@ class _State:
         return max(ready, self.after[n])
 
 
-def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: frozenset[str]) -> _Tasks:
+def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: frozenset[str],
+           lagged: frozenset[tuple[str, int]] = frozenset()) -> _Tasks:
     """Number the tasks and tabulate their deps. A dep is a task of the cycle (done once placed), an op
     of the schedule (done at its end), or neither (never done). Unplaced ops are task kinds only, so no
-    dep is both an op of the schedule and a task of the cycle."""
+    dep is both an op of the schedule and a task of the cycle. A lagged task's deps outside its group
+    are the previous cycle's: done."""
     count = len(ordered)
     at_end = [op.kind in at_end_kinds for op in ordered]
     # Op.key -> task number (elaboration refuses a task declared twice, so keys are unique)
@@ -110,6 +117,8 @@ def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: 
     needed: list[list[int]] = [[] for _ in range(count)]  # task deps, in dep order
     for n, op in enumerate(ordered):
         deps = schedule.deps.get(op, ())
+        if at_end[n]:  # its previous piece is ready with it and comes first in priority
+            deps = [dep for dep in deps if not _same_instance(dep, op)]
         found = list(map(by_id.get, map(id, deps)))  # task number, None for the rest
         needed[n] = [task for task in found if task is not None]
         if len(needed[n]) < len(deps):
@@ -118,6 +127,12 @@ def _tasks(schedule: Schedule, timing: Timing, ordered: list[Op], at_end_kinds: 
             needed[n] += [number[key] for key in keys if key in number]
             built_in = [dep for dep, key in zip(others, keys) if key not in number]
             tasks.first[n], tasks.waiting[n] = _built_in_ready(timing, op, built_in)
+    if lagged:
+        group = [(op.kind, op.stage) for op in ordered]
+        for n in range(count):
+            if group[n] in lagged:
+                needed[n] = [t for t in needed[n] if group[t] == group[n]]
+                tasks.first[n], tasks.waiting[n] = 0.0, 0
     device = [op.device for op in ordered]
     for n, deps in enumerate(needed):
         deps = _counted(tasks, n, deps, needed, device)
@@ -207,72 +222,223 @@ class _Picker:
         return best
 
 
-def fill_bubbles(schedule: Schedule, timing: Timing, max_cycle: int = MAX_CYCLE) -> tuple[Schedule, Timing]:
+def fill_bubbles(schedule: Schedule, timing: Timing,
+                 max_ops: int = MAX_OPS) -> tuple[Schedule, Timing, list[Diagnostic]]:
     """Place `schedule.unplaced` (the tasks of `fill bubbles with`) into idle gaps; return the schedule
-    with its `cycle` of K step programs and a Timing over the whole cycle (utilization with fills,
-    `timing.extra` with utilization_unfilled, cycle_steps and step_times; `timing.steps` per step)."""
+    with its `cycle` of K step programs, a Timing over the whole cycle (utilization with fills,
+    `timing.extra` with utilization_unfilled, cycle_steps, step_times and the pieces per task;
+    `timing.steps` per step) and a warning when the cycle is long. Tasks with `split auto` are cut as
+    finely as gives the highest utilization (choose_cuts)."""
+    auto = [name for name, _ in schedule.fill if any(spec.auto for spec in schedule.tasks if spec.name == name)]
+    schedule, filled = choose_cuts(schedule, timing, auto, max_ops)
+    return schedule, filled, _cycle_notes(schedule, filled)
+
+
+def choose_cuts(schedule: Schedule, timing: Timing, kinds: list[str],
+                max_ops: int = MAX_OPS) -> tuple[Schedule, Timing]:
+    """Fill with the `split auto` tasks' units cut into j pieces each (refine_tasks, which charges every
+    extra piece `cost piece`), j from AUTO_CUTS, keeping the cut that gives the highest useful
+    utilization (the work of the uncut units over the cycle's capacity: what an extra piece costs is
+    busy time, but not work); on a tie the one whose last step holds least (nearest to a step less),
+    then the first tried. Every kind cut alike first, then each kind in turn (AUTO_ROUNDS times over),
+    the others held at the best so far; each cut filled with and without lagging the groups that may
+    lag (laggable). Deterministic; each combination once, and no more than AUTO_BUDGET task pieces
+    filled in all once one fill succeeded (a big schedule tries fewer cuts)."""
+    may_lag = laggable(schedule)
+    lags = [(frozenset(), False)] + ([(may_lag, True), (may_lag, False)] if may_lag else [])
+    useful = _useful(schedule, timing)
+    cuts, tried, spent = dict.fromkeys(kinds, 1), set(), 0
+    best, best_score, failure = None, None, None
+    for kind, j in [(None, j) for j in AUTO_CUTS] + [(kind, j) for kind in kinds * AUTO_ROUNDS for j in AUTO_CUTS]:
+        trial = dict.fromkeys(kinds, j) if kind is None else {**cuts, kind: j}
+        if tuple(trial.values()) in tried:
+            continue
+        tried.add(tuple(trial.values()))
+        size = sum(trial.get(op.kind, 1) for op in schedule.unplaced) * len(lags)  # pieces to fill
+        if best is not None and spent + size > AUTO_BUDGET:
+            continue
+        spent += size
+        refined = refine_tasks(schedule, trial)
+        for lagged, first in lags:
+            try:
+                result = _fill(refined, timing, max_ops, lagged, first)
+            except _NotLagged:
+                continue
+            except SchedError as exc:
+                failure = failure or exc
+                continue
+            score = (round(useful(result[1]), 9), -round(sum(result[1].steps[-1].busy), 9))
+            if best is None or score > best_score:
+                best, best_score, cuts = result, score, trial
+    if best is None:
+        raise failure
+    best[1].extra["utilization_useful"] = useful(best[1])
+    return best
+
+
+def _useful(schedule: Schedule, timing: Timing):
+    """Useful utilization of a fill of `schedule` cut any way: the uncut work (built-in ops and `at end`
+    tasks every step, the rest once) over devices x the cycle's time."""
+    at_end = {spec.name for spec in schedule.tasks if spec.at_end}
+    every_step = sum(timing.busy) + sum(op.cost for op in schedule.unplaced if op.kind in at_end)
+    once = sum(op.cost for op in schedule.unplaced if op.kind not in at_end)
+    return lambda filled: (filled.extra["cycle_steps"] * every_step + once) / (schedule.devices * filled.makespan)
+
+
+def _cycle_notes(schedule: Schedule, filled: Timing) -> list[Diagnostic]:
+    steps = filled.extra["cycle_steps"]
+    if steps <= WARN_CYCLE:
+        return []
+    return [Diagnostic(Severity.WARNING, f"the filled tasks span a cycle of {steps} steps (more than "
+                       f"{WARN_CYCLE}): their work (K-FAC's curvature) is refreshed once every {steps} steps; "
+                       "bigger bubbles (more microbatches, larger ones) or less work shorten it", schedule.fill_span)]
+
+
+def _fill(schedule: Schedule, timing: Timing, max_ops: int, lagged: frozenset[tuple[str, int]] = frozenset(),
+          lagged_first: bool = False) -> tuple[Schedule, Timing]:
+    """One fill: the `at end` tasks into every step alike (_base_step), then the others step by step
+    into the gaps left, until all are placed. Tasks of the `lagged` (kind, stage) groups run on the
+    previous cycle's results: ready from the start of every step (their deps in the group aside), and
+    placed no later than the last step of their deps (else _NotLagged); `lagged_first` puts them before
+    the others in priority (they are ready at the start of step 0, when the rest waits for its F and
+    B), else they keep their place in the fill list."""
     rank = {name: n for n, (name, _) in enumerate(schedule.fill)}
     at_end_kinds = frozenset(spec.name for spec in schedule.tasks if spec.at_end)
     _check_at_end(schedule, at_end_kinds)
-    ordered = sorted(schedule.unplaced, key=lambda op: rank[op.kind])  # stable: declaration order within
-    state = _State(schedule, timing, _tasks(schedule, timing, ordered, at_end_kinds))
+    # in fill priority (stable: declaration order within a kind)
+    ordered = sorted(schedule.unplaced, key=lambda op: (not lagged_first or (op.kind, op.stage) not in lagged,
+                                                        rank[op.kind]))
+    state = _State(schedule, timing, _tasks(schedule, timing, ordered, at_end_kinds, lagged))
     # task numbers per device, in priority order
     pending = [[n for n, op in enumerate(ordered) if op.device == d and op.kind not in at_end_kinds]
                for d in range(schedule.devices)]
     every_step = [[n for n, op in enumerate(ordered) if op.device == d and op.kind in at_end_kinds]
                   for d in range(schedule.devices)]
-    gaps, last_end = _gaps(schedule, timing)
+    base = _base_step(state, every_step)
+    per_step = schedule.op_count() + sum(map(len, every_step))
     steps: list[_Step] = []
     while not steps or any(pending):
-        if len(steps) == max_cycle:
+        if (len(steps) + 1) * per_step + len(ordered) > max_ops:
             left = sorted({ordered[n].kind for tasks in pending for n in tasks})
-            raise SchedError(error(f"the filled tasks need more than {max_cycle} steps ({', '.join(left)} still "
-                                   "unplaced): split them finer (`split k`), or give them less work",
-                                   schedule.fill_span), schedule.source)
-        steps.append(_fill_step_fixed(state, len(steps), gaps, last_end, pending, every_step))
-    return _result(schedule, timing, steps)
+            raise SchedError(error(f"the filled tasks need a cycle of more than {len(steps)} steps ({', '.join(left)} "
+                                   f"still unplaced), more than the {max_ops:,} ops a plan may hold: give them "
+                                   "less work or the schedule bigger bubbles", schedule.fill_span), schedule.source)
+        steps.append(_fill_step(state, len(steps), base, pending))
+    _check_lagged(state, steps, lagged)
+    return _result(schedule, timing, steps, lagged)
 
 
-def _fill_step_fixed(state: _State, k: int, gaps, last_end: list[float], pending: list[list[int]],
-                     every_step) -> _Step:
-    """Fill step k; when appended work makes the step longer than the makespan, every device's last gap
-    grows to the step's new end, so fill again (a few rounds reach the fixed point). When the rounds run
-    out, the step keeps its last round, but its placements are not recorded as done."""
-    length = state.timing.makespan
-    for _ in range(4):
-        left = [list(tasks) for tasks in pending]
-        state.begin_round()
-        step = _fill_step(state, k, _stretch(gaps, state.timing.makespan, length), last_end, left, every_step)
-        new_length = max([length] + [e for placed in step.placed for _, e, _ in placed])
-        if new_length <= length + EPS:
-            state.commit()
-            break
-        length = new_length
-    pending[:] = left
-    return step
+# -- the previous refresh's work in this cycle's bubbles -------------------------------------------
+
+class _NotLagged(Exception):
+    """A lagged task did not run before its deps' last step: that fill is not a valid plan."""
 
 
-def _stretch(gaps, makespan: float, length: float):
-    """Gaps of a step that lasts `length`: the tail gap (or a new one) reaches its end."""
-    if length <= makespan + EPS:
-        return gaps
+def laggable(schedule: Schedule) -> frozenset[tuple[str, int]]:
+    """The (kind, stage) groups of tasks that may lag: tasks of the cycle that wait on another device's
+    tasks (so, without lagging, for the step boundary), that keep nothing alive and that no task of
+    another group waits on (K-FAC: a replicated stage's inversion)."""
+    at_end = {spec.name for spec in schedule.tasks if spec.at_end}
+    group = {op: (op.kind, op.stage) for op in schedule.unplaced if op.kind not in at_end}
+    crossing, blocked = set(), set()
+    for op, key in group.items():
+        for dep in schedule.deps.get(op, ()):
+            if dep in group and group[dep] != key:
+                blocked.add(group[dep])
+                if dep.device != op.device:
+                    crossing.add(key)
+        if schedule.keeps.get(op):
+            blocked.add(key)
+    return frozenset(sorted(crossing - blocked))
+
+
+def _check_lagged(state: _State, steps: list[_Step], lagged: frozenset[tuple[str, int]]) -> None:
+    """A lagged group runs on the previous cycle's results, so all of it in steps up to the last one
+    holding its deps (whose results of this cycle are exchanged at that step's end)."""
+    if not lagged:
+        return
+    tasks, schedule = state.tasks, state.schedule
+    step_of = {id(op): k for k, step in enumerate(steps) for placed in step.placed for _, _, op in placed}
+    last: dict[tuple[str, int], int] = {}
+    deps_last: dict[tuple[str, int], int] = {}
+    for op in tasks.ops:
+        key = (op.kind, op.stage)
+        if key in lagged:
+            last[key] = max(last.get(key, 0), step_of[id(op)])
+            for dep in schedule.deps.get(op, ()):
+                if (dep.kind, dep.stage) != key and id(dep) in step_of:
+                    deps_last[key] = max(deps_last.get(key, 0), step_of[id(dep)])
+    if any(last[key] > deps_last.get(key, -1) for key in last):
+        raise _NotLagged
+
+
+@dataclass(slots=True)
+class _Base:
+    """What every step of the cycle shares: the `at end` tasks placed, the gaps they leave (to the
+    step's end), each device's tail, and per device the longest gap (a task longer never fits one)."""
+
+    placed: list[list[tuple[float, float, Op]]]
+    gaps: list[list[tuple[float, float]]]
+    tail: list[float]
+    length: float
+    widest: list[float]
+
+
+def _base_step(state: _State, every_step: list[list[int]]) -> _Base:
+    """Place the `at end` tasks (deps: built-in ops only, so the same in every step): in a gap when one
+    fits after their deps, else after the device's last op."""
+    schedule, timing = state.schedule, state.timing
+    gaps, last_end = _gaps(schedule, timing)
+    state.begin_round()
+    step = _Step(0, [[] for _ in range(schedule.devices)], list(last_end))
+    for d in range(schedule.devices):
+        state.picker = picker = _Picker(state, 0, every_step[d])
+        for start, end in gaps[d]:
+            _fill_gap(state, step, d, start, end)
+        state.picker = None
+        _append(state, step, d, [n for n in every_step[d] if n not in picker.taken])
+    length = max([timing.makespan] + [e for placed in step.placed for _, e, _ in placed])
+    free = [_free(gaps[d], step.placed[d], timing.makespan, length) for d in range(schedule.devices)]
+    return _Base(step.placed, free, step.tail, length, [max((e - s for s, e in g), default=0.0) for g in free])
+
+
+def _free(gaps: list[tuple[float, float]], placed: list[tuple[float, float, Op]], makespan: float,
+          length: float) -> list[tuple[float, float]]:
+    """The idle intervals left of `gaps` (up to makespan) once `placed` run, and the step's tail to
+    `length`: in time order."""
+    cuts = sorted((s, e) for s, e, _ in placed)
     out = []
-    for device_gaps in gaps:
-        device_gaps = list(device_gaps)
-        if device_gaps and abs(device_gaps[-1][1] - makespan) <= EPS:
-            device_gaps[-1] = (device_gaps[-1][0], length)
+    for start, end in gaps + ([(makespan, length)] if length > makespan + EPS else []):
+        for s, e in cuts:
+            if e <= start + EPS or s >= end - EPS:
+                continue
+            if s > start + EPS:
+                out.append((start, s))
+            start = max(start, e)
+        if end > start + EPS:
+            out.append((start, end))
+    merged: list[tuple[float, float]] = []
+    for s, e in out:
+        if merged and abs(merged[-1][1] - s) <= EPS:
+            merged[-1] = (merged[-1][0], e)
         else:
-            device_gaps.append((makespan, length))
-        out.append(device_gaps)
-    return out
+            merged.append((s, e))
+    return merged
 
 
 def _check_at_end(schedule: Schedule, at_end_kinds: set[str]) -> None:
+    """An `at end` task depends on built-in ops only (its pieces aside: they follow one another by
+    priority, as they are ready at the same time)."""
     for op in schedule.unplaced:
-        if op.kind in at_end_kinds and any(dep.kind not in BUILTIN for dep in schedule.deps.get(op, ())):
+        if op.kind in at_end_kinds and any(dep.kind not in BUILTIN and not _same_instance(dep, op)
+                                           for dep in schedule.deps.get(op, ())):
             spec = next(s for s in schedule.tasks if s.name == op.kind)
             raise SchedError(error(f"task '{op.kind}' runs at the end of every step and may depend only on "
                                    "F, B, I and W", spec.span), schedule.source)
+
+
+def _same_instance(a: Op, b: Op) -> bool:
+    return (a.kind, a.stage, a.mb, a.pipe) == (b.kind, b.stage, b.mb, b.pipe)
 
 
 def _gaps(schedule: Schedule, timing: Timing) -> tuple[list[list[tuple[float, float]]], list[float]]:
@@ -292,32 +458,59 @@ def _gaps(schedule: Schedule, timing: Timing) -> tuple[list[list[tuple[float, fl
     return out, last_end
 
 
-def _fill_step(state: _State, k: int, gaps, last_end: list[float], pending: list[list[int]],
-               every_step: list[list[int]]) -> _Step:
+def _fill_step(state: _State, k: int, base: _Base, pending: list[list[int]]) -> _Step:
+    """Step k: the `at end` tasks as in every step; then, device by device, gap by gap, the tasks of
+    the cycle that fit. A task longer than every gap of its device is appended after the device's last
+    work once ready; when nothing at all fits, whatever is ready is. Appended work lengthens the step,
+    and the other devices' tails up to its new end are filled too. Placements count as done for later
+    steps (state.commit)."""
     devices = state.schedule.devices
-    at_end_task = state.tasks.at_end
-    step = _Step(k, [[] for _ in range(devices)], list(last_end))
-    at_end = []
+    state.begin_round()
+    step = _Step(k, [list(placed) for placed in base.placed], list(base.tail))
     progress = False
     for d in range(devices):
-        candidates = sorted(pending[d] + every_step[d])  # task numbers are in priority order
-        state.picker = picker = _Picker(state, k, candidates)
-        for start, end in gaps[d]:
-            progress |= _fill_gap(state, step, d, start, end)
-        state.picker = None
-        left = [n for n in candidates if n not in picker.taken]
-        pending[d] = [n for n in left if not at_end_task[n]]
-        at_end.append([n for n in left if at_end_task[n]])
+        progress |= _fill_device(state, step, d, base.gaps[d], pending)
+    for d in range(devices):
+        progress |= _append_ready(state, step, d, pending, [n for n in pending[d]
+                                                           if state.tasks.ops[n].cost > base.widest[d] + EPS])
     if not progress and any(pending):
-        progress = any([_append(state, step, d, pending[d]) for d in range(devices)])
+        progress = any([_append_ready(state, step, d, pending, list(pending[d])) for d in range(devices)])
         if not progress:
             stuck = next(state.tasks.ops[n] for tasks in pending for n in tasks)
             raise SchedError(error(f"task {stuck} can never run: a dependency is neither an op of the "
                                    "schedule nor a task that gets placed", _span(state.schedule, stuck)),
                              state.schedule.source)
-    for d in range(devices):
-        _append(state, step, d, at_end[d])
+    length = max([base.length] + step.tail)
+    if length > base.length + EPS:
+        for d in range(devices):
+            _fill_device(state, step, d, [(step.tail[d], length)], pending)
+    state.commit()
     return step
+
+
+def _fill_device(state: _State, step: _Step, d: int, gaps, pending: list[list[int]]) -> bool:
+    """Fill device d's `gaps` (in time order) from its pending tasks; True if any was placed."""
+    state.picker = picker = _Picker(state, step.index, pending[d])
+    progress = False
+    for start, end in gaps:
+        if end > start + EPS:
+            progress |= _fill_gap(state, step, d, start, end)
+    state.picker = None
+    if picker.taken:
+        pending[d] = [n for n in pending[d] if n not in picker.taken]
+    return progress
+
+
+def _append_ready(state: _State, step: _Step, d: int, pending: list[list[int]], tasks: list[int]) -> bool:
+    """Append what is ready of `tasks` (pending on d) after d's last work; True if any was."""
+    if not tasks:
+        return False
+    left = list(tasks)
+    placed = _append(state, step, d, left)
+    if placed:
+        done = set(tasks) - set(left)
+        pending[d] = [n for n in pending[d] if n not in done]
+    return placed
 
 
 def _fill_gap(state: _State, step: _Step, d: int, start: float, end: float) -> bool:
@@ -371,7 +564,8 @@ def _span(schedule: Schedule, op: Op):
 
 # -- the result: step programs, timings, stats ---------------------------------------------------------
 
-def _result(schedule: Schedule, timing: Timing, steps: list[_Step]) -> tuple[Schedule, Timing]:
+def _result(schedule: Schedule, timing: Timing, steps: list[_Step],
+            lagged: frozenset[tuple[str, int]] = frozenset()) -> tuple[Schedule, Timing]:
     programs, timings = [], []
     for step in steps:
         start = dict(timing.start)
@@ -393,7 +587,8 @@ def _result(schedule: Schedule, timing: Timing, steps: list[_Step]) -> tuple[Sch
     busy = tuple(sum(t.busy[d] for t in timings) for d in range(schedule.devices))
     unfilled = timing.stats()["utilization"]
     extra = {"utilization_unfilled": unfilled, "cycle_steps": len(steps),
-             "step_times": [round(t.makespan, 9) for t in timings], "makespan_unfilled": timing.makespan}
+             "step_times": [round(t.makespan, 9) for t in timings], "makespan_unfilled": timing.makespan,
+             "pieces": dict(schedule.fill), "lagged": [f"{kind}({stage})" for kind, stage in sorted(lagged)]}
     filled = Timing(timings[0].start, timings[0].end, cycle_time, busy, peaks, timing.latency, True,
                     tuple(timings), extra)
     return replace(schedule, cycle=tuple(programs)), filled

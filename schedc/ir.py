@@ -131,6 +131,7 @@ class TaskSpec:
     split: int
     at_end: bool
     span: Span | None = field(default=None, compare=False)
+    auto: bool = False  # `split auto`: fill_bubbles chooses how finely to cut it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

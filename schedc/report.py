@@ -19,8 +19,10 @@ def summary(result: Compiled) -> str:
              f"  makespan {st['makespan']:g}  bubble {st['bubble_fraction']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
+        useful = (f" ({st['utilization_useful']:.4f} without the overhead of cut pieces)"
+                  if st.get("utilization_useful", st["utilization"]) < st["utilization"] - 5e-5 else "")
         lines.append(f"  filled: utilization {st.get('utilization_unfilled', 0):.4f} -> {st['utilization']:.4f}"
-                     f" over a cycle of {st['cycle_steps']} steps")
+                     f"{useful} over a cycle of {st['cycle_steps']} steps")
     return "\n".join(lines)
 
 

@@ -81,7 +81,7 @@ class OpTimes(Mapping):
 class Stats(Mapping):
     """A compiled schedule's statistics, as `schedc simulate --json` prints them and plan.json stores
     them. Read as fields (stats.makespan) or, like the JSON, by key (stats["busy"]); iterating gives the
-    JSON's keys in its order, and the three fill fields only for a filled schedule."""
+    JSON's keys in its order, and the fill fields only for a filled schedule."""
 
     makespan: float
     utilization: float
@@ -95,7 +95,10 @@ class Stats(Mapping):
     cycle_steps: int
     utilization_unfilled: float | None = None   # filled schedules: before fill_bubbles,
     step_times: tuple[float, ...] | None = None  # each step program's length,
-    makespan_unfilled: float | None = None       # and the unfilled makespan
+    makespan_unfilled: float | None = None       # and the unfilled makespan,
+    utilization_useful: float | None = None     # the utilization without the overhead of cut pieces,
+    pieces: dict[str, int] | None = None          # each filled task's pieces per instance,
+    lagged: tuple[str, ...] | None = None         # and the task groups run on the previous cycle's results
 
     @classmethod
     def of(cls, schedule: Schedule, timing: Timing, unfilled: Timing | None = None) -> Stats:
@@ -105,7 +108,9 @@ class Stats(Mapping):
         if unfilled is not None:
             fill = {"utilization_unfilled": unfilled.stats()["utilization"],
                     "step_times": tuple(_round(t.makespan) for t in timing.steps),
-                    "makespan_unfilled": unfilled.makespan}
+                    "makespan_unfilled": unfilled.makespan,
+                    "utilization_useful": timing.extra.get("utilization_useful", timing.stats()["utilization"]),
+                    "pieces": dict(timing.extra.get("pieces", {})), "lagged": tuple(timing.extra.get("lagged", ()))}
         return cls(**{**base, "busy": tuple(base["busy"]), "idle": tuple(base["idle"]),
                       "peak_memory": tuple(base["peak_memory"])}, devices=schedule.devices,
                    ops=schedule.op_count(), cycle_steps=len(schedule.steps), **fill)
@@ -129,4 +134,4 @@ class Stats(Mapping):
         return len(self.to_json())
 
 
-_FILL_FIELDS = ("utilization_unfilled", "step_times", "makespan_unfilled")
+_FILL_FIELDS = ("utilization_unfilled", "step_times", "makespan_unfilled", "utilization_useful", "pieces", "lagged")

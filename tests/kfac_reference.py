@@ -11,6 +11,8 @@ documents it, at the plan's staleness:
   kept is (1 - ρ) old + ρ new (ρ = 1 the first time);
 - inverses (F + √λ I)⁻¹ by Cholesky, published at the end of the cycle's last step holding an
   inversion of the layer's stage, and used from the next step on (stale until the next publication);
+  when the plan lags a replicated stage's inversion (its last step no later than the stage's last
+  curvature step), at that step of the next cycle instead;
 - the update of [W, b] is G⁻¹ ∇[W, b] A⁻¹ once inverses are published (plain gradient before), every
   other parameter (embeddings, LayerNorm) first-order.
 
@@ -27,11 +29,13 @@ from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm
 
 
 def plan_staleness(plan: dict) -> tuple[int, dict[int, int], dict[tuple[str, int], set[int]]]:
-    """The plan's cycle K, per model stage the last step of the cycle holding an inversion of it, and
-    per (curvature kind, stage) the microbatches its tasks name (on any rank)."""
+    """The plan's cycle K, per model stage the step (counted from the start of the cycle whose
+    curvature it inverts) at whose end its inverses are published, and per (curvature kind, stage)
+    the microbatches its tasks name (on any rank)."""
     programs = [rank["steps"] for rank in plan["ranks"]]
     cycle = len(programs[0])
     inversion: dict[int, int] = {}
+    curvature: dict[int, int] = {}
     named: dict[tuple[str, int], set[int]] = {}
     for steps in programs:
         assert len(steps) == cycle, "every rank runs the same number of step programs"
@@ -41,6 +45,9 @@ def plan_staleness(plan: dict) -> tuple[int, dict[int, int], dict[tuple[str, int
                     inversion[instr["stage"]] = max(inversion.get(instr["stage"], 0), k)
                 elif instr["op"] in ("curvature_A", "curvature_B"):
                     named.setdefault((instr["op"], instr["stage"]), set()).add(instr["mb"])
+                    curvature[instr["stage"]] = max(curvature.get(instr["stage"], 0), k)
+    if plan.get("replicas"):  # a lagged stage publishes in the next cycle
+        inversion = {s: k + cycle * (k <= curvature[s]) for s, k in inversion.items()}
     return cycle, inversion, named
 
 

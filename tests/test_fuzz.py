@@ -2,7 +2,9 @@
 only success or a located error; absurd sizes are refused quickly."""
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +23,8 @@ LIBRARY = {path.name: path.read_bytes() for path in SCHEDULES.glob("*.sched")}
 
 
 def run(tmp_path, name: str, data: bytes, *args: str):
-    path = tmp_path / name
+    # a folder of its own: `extends 1f1b` would find an earlier example's mutated 1f1b.sched beside it
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / name
     path.write_bytes(data)
     result = CliRunner().invoke(main, ["check", str(path), *args])
     if result.exception is not None and not isinstance(result.exception, SystemExit):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -52,30 +53,31 @@ def test_factors_inverses_and_preconditioned_gradient_match_dense():
     assert torch.allclose(layer.bias.grad, expected[:, -1], atol=1e-4)
 
 
-def _compile(tmp: Path, name: str, **params) -> Path:
+def _compile(tmp: Path, name: str, addons: tuple[str, ...] = (), **params) -> Path:
     costs = tmp / "costs.json"
     costs.write_text(json.dumps(COSTS))
     out = tmp / name
     args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedules" / f"{name}.sched"), "-o",
             str(out), "--costs", str(costs)] + [f"-D{k}={v}" for k, v in params.items()]
+    args += [f"--with={addon}" for addon in addons]
     subprocess.run(args, check=True, capture_output=True, text=True)
     return out / "plan.json"
 
 
-def _launch(plan: Path, tmp: Path) -> subprocess.Popen:
-    """The plan on 2 ranks under torchrun, SGD with K-FAC, a checkpoint after the last step."""
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+def _launch(plan: Path, tmp: Path, ranks: int = 2, steps: int = STEPS, model: ModelConfig = MODEL) -> subprocess.Popen:
+    """The plan on `ranks` ranks under torchrun, SGD with K-FAC, a checkpoint after the last step."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port",
             str(29500 + os.getpid() % 3000), "-m", "schedc.runtime", str(plan), "--synthetic",
-            "--seed", str(SEED), "--layers", str(MODEL.layers), "--hidden", str(MODEL.hidden),
-            "--heads", str(MODEL.heads), "--seq", str(MODEL.seq), "--vocab", str(MODEL.vocab),
-            "--mb-size", str(MODEL.mb_size), "--steps", str(STEPS), "--optimizer", "sgd", "--lr", str(LR),
+            "--seed", str(SEED), "--layers", str(model.layers), "--hidden", str(model.hidden),
+            "--heads", str(model.heads), "--seq", str(model.seq), "--vocab", str(model.vocab),
+            "--mb-size", str(model.mb_size), "--steps", str(steps), "--optimizer", "sgd", "--lr", str(LR),
             "--tasks", "schedc.runtime.kfac", "--quiet", "--metrics-out", str(tmp / "metrics.jsonl"),
-            "--device", "cpu", "--save", str(tmp / "checkpoints"), "--every", str(STEPS)]
+            "--device", "cpu", "--save", str(tmp / "checkpoints"), "--every", str(steps)]
     return subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
-def _results(run: subprocess.Popen, tmp: Path) -> tuple[list[float], list[dict[int, dict]]]:
+def _results(run: subprocess.Popen, tmp: Path, ranks: int = 2) -> tuple[list[float], list[dict[int, dict]]]:
     """Rank 0's per-step losses and every rank's final stage weights (from the checkpoint)."""
     try:
         _, stderr = run.communicate(timeout=120)
@@ -85,7 +87,7 @@ def _results(run: subprocess.Popen, tmp: Path) -> tuple[list[float], list[dict[i
     losses = [json.loads(line)["loss"] for line in (tmp / "metrics.jsonl").read_text().splitlines()]
     save = tmp / "checkpoints"
     final = save / json.loads((save / "latest.json").read_text())["dir"]
-    stages = [torch.load(final / f"rank{rank}.pt", weights_only=False)["stages"] for rank in (0, 1)]
+    stages = [torch.load(final / f"rank{rank}.pt", weights_only=False)["stages"] for rank in range(ranks)]
     return losses, stages
 
 
@@ -103,35 +105,46 @@ def _distance(pipeline: list[dict[int, dict]], reference: list[dict], start: lis
     return weights, updates
 
 
-@pytest.mark.parametrize("schedule,params", [("pipefisher", {"p": 2, "m": 4}),
-                                             ("pipefisher_1f1b", {"p": 2, "m": 4, "c": 1, "k": 2})],
-                         ids=["chimera", "1f1b"])
-def test_pipefisher_plan_on_2_ranks_updates_like_one_process_kfac(tmp_path, schedule, params):
+@pytest.mark.parametrize("schedule,params,ranks,steps,cycle,lagged", [
+    ("pipefisher", {"p": 2, "m": 4}, 2, STEPS, 2, False),
+    ("pipefisher_1f1b", {"p": 2, "m": 4}, 2, STEPS, 2, False),
+    ("pipefisher", {"p": 4, "m": 4}, 4, 8, 2, True),
+    ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, 2, 8, 3, False)],
+    ids=["chimera", "1f1b", "chimera-lagged", "interleaved-with-kfac"])
+def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, params, ranks, steps, cycle, lagged):
     """The plan's run (Chimera: factors and inverse shares exchanged between the replicas at the end of
     the step; 1F1B: everything local) against K-FAC on the unpartitioned model in this process, with the
     plan's microbatches and staleness: a cycle of 2 steps, curvature from its first step, inverses
-    published at the end of the cycle's last step holding the stage's inversion (here its second, so
-    steps 0-1 are plain SGD, 2-3 use step 0's curvature and 4-5 step 2's). Losses and final weights
-    agree; a reference without staleness or without K-FAC does not."""
-    plan_path = _compile(tmp_path, schedule, **params)
+    published at the end of the cycle's last step holding the stage's inversion (on 2 ranks its second,
+    so steps 0-1 are plain SGD, 2-3 use step 0's curvature and 4-5 step 2's). Chimera on 4 ranks has
+    its inversions lagged by the fill: they run in the cycle after their curvature, in its first
+    step, on the previous refresh's factors (none in the first cycle), so steps 0-2 are plain SGD,
+    3-4 use step 0's curvature and 5-6 step 2's. Interleaved 1F1B gets the same work from the add-on
+    (`--with kfac`), 2 chunks per rank, a cycle of 3. Losses and final weights agree; a reference
+    without staleness or without K-FAC does not."""
+    plan_path = _compile(tmp_path, schedule, ("kfac",) if schedule == "interleaved_1f1b" else (), **params)
     plan = json.loads(plan_path.read_text())
-    cycle, inversion, _ = plan_staleness(plan)
-    assert cycle == 2 and sorted(inversion) == [0, 1]
-    assert STEPS > cycle + max(inversion.values()) + 1  # some steps use the second refresh
+    stages = params["p"] * params.get("v", 1)
+    found, inversion, _ = plan_staleness(plan)
+    assert found == cycle and sorted(inversion) == list(range(stages))
+    assert (min(inversion.values()) >= cycle) == lagged == bool(json.loads(plan_path.read_text())["stats"]["lagged"])
+    assert steps > cycle + max(inversion.values()) + 1  # some steps use the second refresh
+
+    model = replace(MODEL, layers=max(MODEL.layers, stages))  # a layer per stage at least
 
     def reference(steps: int, **variant):
-        return train_reference(plan, MODEL, SEED, steps, LR, DAMPING, EMA, **variant)
+        return train_reference(plan, model, SEED, steps, LR, DAMPING, EMA, **variant)
 
-    launched = _launch(plan_path, tmp_path)
+    launched = _launch(plan_path, tmp_path, ranks, steps, model)
     try:  # the references meanwhile: K-FAC at the plan's staleness, without staleness, plain SGD
         start = reference(0)[1]
-        ref_losses, ref_weights = reference(STEPS)
-        others = {"fresh inverses": reference(STEPS, fresh=True), "no K-FAC": reference(STEPS, kfac=False)}
+        ref_losses, ref_weights = reference(steps)
+        others = {"fresh inverses": reference(steps, fresh=True), "no K-FAC": reference(steps, kfac=False)}
     except BaseException:
         launched.kill()
         raise
-    losses, weights = _results(launched, tmp_path)
-    assert all(len(held) == (2 if schedule == "pipefisher" else 1) for held in weights)
+    losses, weights = _results(launched, tmp_path, ranks)
+    assert all(len(held) == stages * (2 if schedule == "pipefisher" else 1) // ranks for held in weights)
     assert losses == pytest.approx(ref_losses, rel=RTOL)
     assert losses[-1] < losses[0]
     off_weights, off_updates = _distance(weights, ref_weights, start)

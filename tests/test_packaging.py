@@ -22,7 +22,7 @@ def wheel(tmp_path_factory):
 def test_wheel_holds_package_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "schedc/grammars/sched.lark" in names
-    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "chimera"):
+    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "chimera", "addons/kfac"):
         assert f"schedc/schedules/{schedule}.sched" in names
     assert "schedc/runtime/__init__.py" in names and "schedc/runtime/__main__.py" in names
     assert {"schedc/render/templates/report.html.j2", "schedc/render/templates/memory.svg.j2"} <= names
@@ -47,3 +47,6 @@ def test_installed_wheel_compiles_a_library_schedule(wheel, tmp_path):
                              str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "plan.json").exists()
+    composed = subprocess.run([str(python), "-I", "-m", "schedc.cli", "compile", "1f1b", "--with", "kfac", "-o",
+                               str(tmp_path / "kfac")], capture_output=True, text=True, cwd=tmp_path)
+    assert composed.returncode == 0, composed.stderr  # the add-on ships in the wheel

@@ -246,8 +246,21 @@ class Fill(Node):
     items: tuple[FillItem, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Extends(Node):
+    """`extends base`: the base schedule's declarations, then this file's (which override them)."""
+    base: str
+
+
+@dataclass(frozen=True, slots=True)
+class Use(Node):
+    """`use addon [as ns]`: an add-on's declarations, its params named `ns.name`."""
+    addon: str
+    namespace: str
+
+
 Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
-        | SplitBackward | MixedBackward | QueueDecl | Program | Greedy | TaskDecl | Fill)
+        | SplitBackward | MixedBackward | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,3 +268,4 @@ class ScheduleDecl(Node):
     name: str
     doc: str
     decls: tuple[Decl, ...]
+    addon: bool = False  # `addon NAME`: declarations to `use`, not a schedule of its own

@@ -28,6 +28,9 @@ class Options:
     costs: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # kind -> per-stage or flat
     memory: dict[str, tuple[float, ...] | float] = field(default_factory=dict)  # measured `memory K(s)`, units
     max_ops: int = MAX_OPS
+    addons: tuple[str, ...] = ()     # `--with NAME`: add-ons used as by `use NAME` (compose.py)
+    model_layers: int | None = None  # a model description's layers, spread over the stages (`layers`)
+    per_layer: bool = False          # the measured costs are one layer's (a profile row): times layers
 
 
 def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
@@ -63,6 +66,11 @@ def _declares(d: ast.Decl, split: bool) -> tuple | None:
         case ast.Devices() | ast.Limit() | ast.Greedy():
             return (type(d).__name__, _WHAT[type(d)])
     return None
+
+
+def declared_key(d: ast.Decl) -> tuple | None:
+    """What a declaration defines, as composition (compose.py) compares them: _declares' key."""
+    return _declares(d, False)
 
 
 _WHAT = {ast.Param: "param", ast.PipelineDecl: "pipeline", ast.TaskDecl: "task", ast.CostDecl: "the cost",
@@ -268,14 +276,16 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     defaults = dict(DEFAULT_COSTS)
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
     _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
-    costs = _per_stage(cost_decls, defaults, env, stages, source, options.costs)
+    layers = stage_layers(options.model_layers, stages, decl, source)
+    costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers))
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
                                  mixed)
     ops = build_ops(pipelines, costs, split, mixed)
     tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
-        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source)
+        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
+                                                               layers)
         canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
         task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
         keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
@@ -335,7 +345,7 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
     kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
     diags = []
     for d in [*costs, *(d for d in decl.decls if isinstance(d, ast.QueueDecl))]:
-        if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind == "FB"):
+        if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind in ("FB", "piece")):
             continue
         if d.kind == OpKind.B and split:
             why = "this schedule splits its backward: B does not run (give I and W)"
@@ -353,6 +363,26 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
                                    listed.span))
     if diags:
         raise SchedError(diags, source)
+
+
+def stage_layers(model_layers: int | None, stages: int, decl, source: Source) -> tuple[int, ...] | None:
+    """The model's layers over the stages, the first ones one more when they do not divide evenly (as
+    the runtime partitions a model); None without a model."""
+    if model_layers is None:
+        return None
+    if model_layers < stages:
+        raise _fail(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
+                    source, code=2)
+    return tuple(model_layers // stages + (s < model_layers % stages) for s in range(stages))
+
+
+def _per_stage_given(options: Options, layers: tuple[int, ...] | None) -> dict:
+    """Measured costs, per stage: a profile's are one layer's, times the stage's layers (`cost piece`,
+    the fixed part of one call, stays)."""
+    if not (options.per_layer and layers):
+        return options.costs
+    return {kind: value if kind == "piece" or not isinstance(value, (int, float))
+            else tuple(value * n for n in layers) for kind, value in options.costs.items()}
 
 
 def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,

@@ -32,6 +32,10 @@ def _span(meta) -> Span:
     return Span(meta.line, meta.column, meta.end_line, meta.end_column)
 
 
+def _name_or_path(tok: Token) -> str:
+    return _string(tok) if tok.type == "STRING" else str(tok)
+
+
 def _string(tok: Token | None) -> str:
     return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
 
@@ -133,7 +137,17 @@ class ToAst(Transformer):
 
     # declarations
     def header(self, meta, children):
-        return str(children[0]), _string(children[1])
+        return str(children[0]), _string(children[1]), False
+
+    def addon_header(self, meta, children):
+        return str(children[0]), _string(children[1]), True
+
+    def extends(self, meta, children):
+        return ast.Extends(_span(meta), _name_or_path(children[0]))
+
+    def use(self, meta, children):
+        addon = _name_or_path(children[0])
+        return ast.Use(_span(meta), addon, str(children[1]) if children[1] else Path(addon).stem)
 
     def param(self, meta, children):
         name, default, doc = children
@@ -236,8 +250,8 @@ class ToAst(Transformer):
         return ast.Fill(_span(meta), tuple(children))
 
     def start(self, meta, children):
-        (name, doc), *decls = children
-        return ast.ScheduleDecl(_span(meta), name, doc, tuple(decls))
+        (name, doc, addon), *decls = children
+        return ast.ScheduleDecl(_span(meta), name, doc, tuple(decls), addon)
 
 
 _READABLE = {

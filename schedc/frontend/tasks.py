@@ -3,6 +3,14 @@
     task curvature_A(s, i) = 1 after F(s, i)   with 2 stages, microbatches 0..1
     -> ops curvature_A(0,0) curvature_A(0,1) curvature_A(1,0) curvature_A(1,1), each after its F
 
+A task's `split k` says how many units its work comes in (K-FAC: one per layer and factor; `layers`,
+the model layers of stage s, is bound in a task's expressions): its instance is k pieces of cost / k,
+each after the previous. `fill bubbles with t split n` cuts each instance into n pieces instead, and
+`split auto` lets fill_bubbles choose how many pieces each unit becomes (refine_tasks). A piece finer
+than a unit costs more: every piece beyond the units adds `cost piece` (per stage; 0 when undeclared),
+the fixed cost of one more call (kernel launches, a synchronisation), so an instance of cost C in u
+units cut into n >= u pieces costs C + (n - u) * piece in all.
+
 Replicated pipelines (Chimera) hold copies of one model stage. A per-stage task `(s)` that is not
 `at end` is *shared*: it is work on the model stage (K-FAC's inversion of the stage's factors), done once
 per step cycle and split among the replicas — each replica's instance is its share (cost / replicas, a
@@ -11,15 +19,18 @@ part of the stage's layers), and `*` in its dependencies means the microbatches 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from . import ast
 from ..diagnostics import SchedError, Source, error
 from .expr import EvalError, compile_expr, evaluate_int
-from ..ir import Op, Pipeline, TaskSpec
+from ..ir import Dependencies, Op, Pipeline, Schedule, TaskSpec
 from ..ops import BUILTIN, OpKind, builtin_kinds, gradient_kind
 
 MAX_SPLIT = 1024
+AUTO = "auto"  # `split auto` in a fill list: the compiler chooses the pieces
+PIECE = "piece"  # `cost piece = e`: what every piece beyond a task's units adds
 
 
 def _instances(task: ast.TaskDecl, pipe: Pipeline, source: Source) -> list[dict[str, int]]:
@@ -33,18 +44,32 @@ def _instances(task: ast.TaskDecl, pipe: Pipeline, source: Source) -> list[dict[
                            task.span), source)
 
 
-def _split(task: ast.TaskDecl, fill_split: dict[str, ast.Expr | None], env: dict[str, Any], source) -> int:
-    expr = fill_split.get(task.name) or task.split
-    if expr is None:
+def is_auto(expr: ast.Expr | None) -> bool:
+    """`split auto`: the name auto in a split count."""
+    return isinstance(expr, ast.Name) and expr.id == AUTO
+
+
+def _count(expr: ast.Expr | None, scope: dict[str, Any], source: Source) -> int:
+    if expr is None or is_auto(expr):
         return 1
-    k = evaluate_int(expr, env, "split count")
+    k = evaluate_int(expr, scope, "split count")
     if not 1 <= k <= MAX_SPLIT:
         raise SchedError(error(f"split count must be 1..{MAX_SPLIT}, got {k}", expr.span), source)
     return k
 
 
+def _pieces(task: ast.TaskDecl, fill_split: ast.Expr | None, scope: dict[str, Any], replicas: int,
+            source: Source) -> tuple[int, int]:
+    """(units, pieces) of one instance: the task's own `split` spread over the replicas sharing it, and
+    the fill's `split n` if it gives one (else the units; `split auto` refines them later)."""
+    units = -(-_count(task.split, scope, source) // replicas)
+    if fill_split is None or is_auto(fill_split):
+        return units, units
+    return units, _count(fill_split, scope, source)
+
+
 def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipelines: tuple[Pipeline, ...],
-             parts: dict[str, int], split: bool, arities: dict[str, int]) -> list[Op]:
+             parts: dict[tuple[str, int], int], split: bool, arities: dict[str, int]) -> list[Op]:
     """Ops named by a dependency clause, e.g. F(s, i) or curvature_A(s, *); `pipes[0]` is the task's
     pipeline, `*` covers the microbatches of all `pipes` (the replicas of a shared task)."""
     kind = gradient_kind(split) if dep.kind == OpKind.B else dep.kind
@@ -59,7 +84,7 @@ def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipeli
         pairs = [(pipes[0], evaluate_int(dep.args[1], scope, "dependency microbatch"))]
     for k, mb in pairs:
         _check_dep(dep, kind, stage, mb, pipelines[k], arities, split)
-    return [Op(kind, stage, mb, k, part) for k, mb in pairs for part in range(parts.get(kind, 1))]
+    return [Op(kind, stage, mb, k, part) for k, mb in pairs for part in range(parts.get((kind, stage), 1))]
 
 
 def _check_dep(dep: ast.Dep, kind: str, stage: int, mb: int | None, pipe: Pipeline, arities: dict[str, int],
@@ -92,8 +117,9 @@ def replica_groups(replicas: tuple[tuple[int, ...], ...], pipelines: int) -> dic
 
 def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[Pipeline, ...],
                  replicas: tuple[tuple[int, ...], ...], split_backward: bool, costs: dict[str, tuple[float, ...]],
-                 source: Source):
-    """Return (specs, ops, deps, keeps, fill) for the declared tasks; fill lists (name, split) in priority."""
+                 source: Source, layers: tuple[int, ...] | None = None):
+    """Return (specs, ops, deps, keeps, fill) for the declared tasks; fill lists (name, split) in priority.
+    `layers[s]` is the model layers of stage s (1 each when not given), the name `layers` in a task."""
     tasks = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     fills = [item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items]
     names = {t.name for t in tasks}
@@ -102,20 +128,27 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
             raise SchedError(error(f"unknown task '{item.task}' in fill (tasks: {', '.join(sorted(names))})",
                                    item.span), source)
     fill_split = {item.task: item.split for item in fills}
-    parts = {t.name: _split(t, fill_split, env, source) for t in tasks}
     groups = replica_groups(replicas, len(pipelines))
     arities = {t.name: len(t.params) for t in tasks}
+    stages = pipelines[0].stages
+    layers = layers or (1,) * stages
+    piece = costs.get(PIECE, (0.0,) * stages)
+    # (units, pieces) of every (task, stage); a dependency on a task names all of its pieces
+    counts = {(t.name, s): _pieces(t, fill_split.get(t.name), {**env, "s": s, "layers": layers[s]},
+                                   len(groups[0]) if t.params == ("s",) and not t.at_end else 1, source)
+              for t in tasks for s in range(stages)}
+    parts = {key: pieces for key, (_, pieces) in counts.items()}
     specs, ops, deps, keeps = [], [], {}, {}
     for task in tasks:
         if task.name in BUILTIN:
             raise SchedError(error(f"task name '{task.name}' is a built-in op", task.span), source)
-        k_parts = parts[task.name]
-        specs.append(TaskSpec(task.name, task.params, k_parts, task.at_end, task.span))
+        specs.append(TaskSpec(task.name, task.params, max(parts[task.name, s] for s in range(stages)),
+                              task.at_end, task.span, is_auto(fill_split.get(task.name))))
         cost_fn = compile_expr(task.cost) if task.cost is not None else None
         for k, pipe in enumerate(pipelines):
             for inst in _instances(task, pipe, source):
-                scope = {**env, **inst}
                 s = inst.get("s", 0)
+                scope = {**env, **inst, "layers": layers[s]}
                 if task.name in costs:
                     total = costs[task.name][s]
                 elif cost_fn is not None:
@@ -125,6 +158,8 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                 shared = task.params == ("s",) and not task.at_end
                 pipes = groups[k] if shared else (k,)
                 total /= len(pipes)
+                units, k_parts = counts[task.name, s]
+                total += max(0, k_parts - units) * piece[s]
                 after = [op for dep in task.after
                          for op in _resolve(dep, scope, pipes, pipelines, parts, split_backward, arities)]
                 kept = [op for dep in task.keeps
@@ -138,5 +173,52 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                     if kept:
                         keeps[op] = tuple(kept)
                     previous = op
-    fill = tuple((item.task, parts[item.task]) for item in fills)
+    fill = tuple((item.task, max(parts[item.task, s] for s in range(stages))) for item in fills)
     return tuple(specs), ops, deps, keeps, fill
+
+
+def refine_tasks(schedule: Schedule, cuts: dict[str, int]) -> Schedule:
+    """The schedule with every piece of the tasks in `cuts` (kind -> j) cut into j pieces, each after the
+    previous: piece q of an instance in p pieces of cost c becomes pieces q*j .. q*j + j-1 of p*j, each of
+    cost c / j + piece * (j - 1) / j (`cost piece`, see the module docstring), so the instance costs
+    (j - 1) * p pieces more. A task that depended on a cut piece depends on its last part; the chain of
+    an instance keeps the shape expand_tasks gives it (deps..., previous piece).
+
+        inversion(0)[1/2] inversion(0)[2/2], cost 4 each, j = 2, piece 0.5
+        -> inversion(0)[1/4] .. inversion(0)[4/4], cost 2.25 each"""
+    cuts = {kind: j for kind, j in cuts.items() if j > 1}
+    if not cuts:
+        return schedule
+    piece = schedule.costs.get(PIECE, (0.0,) * schedule.stages)
+    pieces: dict[Op, list[Op]] = {}
+    for op in schedule.unplaced:
+        j = cuts.get(op.kind, 1)
+        if j > 1:
+            cost = op.cost / j + piece[op.stage] * (j - 1) / j
+            pieces[op] = [replace(op, part=op.part * j + q, parts=op.parts * j, cost=cost) for q in range(j)]
+
+    def last(dep: Op) -> Op:
+        return pieces[dep][-1] if dep in pieces else dep
+
+    explicit, keeps, unplaced = {}, {}, []
+    for op, deps in schedule.deps.explicit.items():
+        deps = tuple(map(last, deps))
+        if op not in pieces:
+            explicit[op] = deps
+            continue
+        first = [dep for dep in deps if not (dep.kind == op.kind and dep.key[:4] == op.key[:4])]
+        previous = deps[len(first):]
+        for piece_op in pieces[op]:
+            explicit[piece_op] = tuple(first) + previous
+            previous = (piece_op,)
+    for op, kept in schedule.keeps.items():
+        for piece_op in pieces.get(op, (op,)):
+            keeps[piece_op] = kept
+    for op in schedule.unplaced:
+        unplaced += pieces.get(op, [op])
+    old = schedule.deps
+    ops = tuple(new for op in old.ops for new in pieces.get(op, (op,)))
+    deps = Dependencies(schedule.pipelines, old.costs, old.split, explicit, ops)
+    specs = tuple(replace(spec, split=spec.split * cuts.get(spec.name, 1)) for spec in schedule.tasks)
+    fill = tuple((name, split * cuts.get(name, 1)) for name, split in schedule.fill)
+    return replace(schedule, deps=deps, keeps=keeps, unplaced=tuple(unplaced), tasks=specs, fill=fill)

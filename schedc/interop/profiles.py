@@ -81,7 +81,8 @@ def read_profile_memory(path: str, microbatch_size: int | None) -> dict[str, flo
 
 
 def read_profile(path: str, microbatch_size: int | None) -> dict[str, float]:
-    """One row of a PipeFisher profile (times in ms) as costs: F, B, curvature, inversion, precondition."""
+    """One row of a PipeFisher profile (times in ms) as costs: F, B, curvature, inversion, precondition,
+    and `piece`, what cutting a task's unit into one more piece costs (piece_overhead)."""
     row = _profile_row(path, microbatch_size)
     time = {column: _measured(row[column], f"profile column {column}", path)
             for column in ("time_f", "time_b", "time_kron", "time_inv", "time_prec") if column in row}
@@ -92,10 +93,35 @@ def read_profile(path: str, microbatch_size: int | None) -> dict[str, float]:
         costs["inversion"] = time["time_inv"]
     if "time_prec" in time:
         costs["precondition"] = time["time_prec"]
+    if "time_kron" in time:
+        costs["piece"] = piece_overhead(path)
     return costs
 
 
-def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
+LINEAR_FACTORS = 12  # K-FAC calls per profiled layer: 2 factors of its 6 nn.Linear (BERT's query, key,
+# value, attention output and two feed-forward; the modules PipeFisher's profiling gives K-FAC)
+
+
+def piece_overhead(path: str) -> float:
+    """What one more piece of K-FAC work costs, in ms: the fixed part of one call on one factor of one
+    nn.Linear. Curvature's time grows linearly with the micro-batch size b (GEMMs over b x seq rows)
+    plus a constant, the launches and synchronisations of its calls whatever their size: the intercept
+    of a least-squares line through time_kron over the rows with b >= 8 (below, the GPU is not
+    saturated and the time is flat), over the LINEAR_FACTORS calls it makes; >= 0. V100: BERT-Large
+    1.69 ms / 12 = 0.14 ms, BERT-Base 1.01 / 12 = 0.084 ms."""
+    rows = _profile_rows(path)
+    points = [(float(r["bs"]), float(r["time_kron"])) for r in rows if float(r["bs"]) >= 8] or \
+        [(float(r["bs"]), float(r["time_kron"])) for r in rows]
+    if len(points) < 2:
+        return 0.0
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
+    return max(0.0, (mean_y - slope * mean_x) / LINEAR_FACTORS)
+
+
+def _profile_rows(path: str) -> list[dict[str, str]]:
     try:
         rows = list(csv.DictReader(Path(path).read_text().splitlines()))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -103,6 +129,15 @@ def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
     need = {"bs", "time_f", "time_b"}
     if not rows or not need <= set(rows[0]):
         raise _usage(f"profile needs columns {', '.join(sorted(need))}", path)
+    for r in rows:
+        for column in ("bs", "time_kron"):
+            if column in r:
+                _measured(r[column], f"profile column {column}", path)
+    return rows
+
+
+def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
+    rows = _profile_rows(path)
     sizes = [int(_measured(r["bs"], "profile column bs", path)) for r in rows]
     if microbatch_size is None:
         raise _usage(f"--microbatch-size is needed (profile rows: {', '.join(map(str, sizes))})", path)

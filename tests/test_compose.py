@@ -1,0 +1,130 @@
+"""frontend/compose.py: `extends`, `use` and `--with`: one declaration list from several files, add-on
+params namespaced, errors located in the right file; PipeFisher's K-FAC add-on on every library
+schedule."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FIXTURES, SCHEDULES
+from schedc.cli import main
+from schedc.compiler import compile_file, compile_source
+from schedc.diagnostics import SchedError
+from schedc.frontend.elaborate import Options
+from schedc.frontend.parse import read_source
+
+COMPOSE = FIXTURES / "compose"
+BERT_LARGE = Path(__file__).resolve().parent / "data" / "bert-large_time_memory_v100.csv"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def stats(*args: str) -> dict:
+    result = run("simulate", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def flat_pipefisher() -> str:
+    """pipefisher.sched written out without composition: chimera.sched with p = 8 by default, then
+    the add-on's declarations (the `addon` header dropped, its params under their own names)."""
+    chimera = (SCHEDULES / "chimera.sched").read_text().replace('param p = 4 "pipeline devices (even)"',
+                                                                'param p = 8 "pipeline devices (even)"')
+    kfac = (SCHEDULES / "addons" / "kfac.sched").read_text()
+    body = "\n".join(line for line in kfac.splitlines() if not line.startswith("addon "))
+    return chimera.replace("schedule chimera", "schedule pipefisher", 1) + "\n" + body + "\n"
+
+
+def test_pipefisher_is_chimera_with_the_kfac_addon(tmp_path):
+    """The few-line pipefisher.sched compiles to what its written-out text does: same orders, tasks,
+    cycle and stats (the add-on's params differ only in name: kfac.kron vs kron)."""
+    flat = tmp_path / "flat.sched"
+    flat.write_text(flat_pipefisher())
+    options = Options({"m": "8"})
+    composed = compile_source(read_source(SCHEDULES / "pipefisher.sched"), options)
+    written = compile_source(read_source(flat), options)
+    assert composed.ok and written.ok
+    assert composed.schedule.params == {"p": 8, "m": 8, "kfac.save_err": 0.41, "kfac.kron": 0.48}
+    assert [[str(op) for op in order] for step in composed.schedule.steps for order in step] == \
+        [[str(op) for op in order] for step in written.schedule.steps for order in step]
+    assert composed.stats == written.stats
+
+
+@pytest.mark.parametrize("base,params", [("1f1b", ["-D", "p=4"]), ("gpipe", []), ("chimera", []),
+                                         ("interleaved_1f1b", ["-D", "p=4", "-D", "v=2"])])
+def test_kfac_addon_applies_to_any_base(base, params):
+    """`--with kfac` on each library schedule: checks pass, the K-FAC tasks are all placed, and with
+    BERT-Large's V100 profile at micro-batch 32 the bubbles fill to >= 0.90."""
+    row = ["--profile", str(BERT_LARGE), "--microbatch-size", "32"]
+    checked = run("check", base, *params, *row, "--with", "kfac")
+    assert checked.exit_code == 0, checked.output
+    filled = stats(base, *params, *row, "--with", "kfac")
+    assert filled["utilization"] >= 0.90 > filled["utilization_unfilled"]
+    result = compile_file(base, params[1::2], profile=(str(BERT_LARGE), 32), addons=("kfac",))
+    placed = {op.kind for step in result.schedule.steps for order in step for op in order if op.is_task}
+    assert placed == {"curvature_A", "curvature_B", "inversion", "precondition"}
+
+
+def test_kfac_addon_from_a_file_in_one_line(tmp_path):
+    """`use kfac` in a .sched file next to its base (found there before the library)."""
+    (tmp_path / "base.sched").write_text((SCHEDULES / "interleaved_1f1b.sched").read_text())
+    (tmp_path / "mine.sched").write_text('schedule mine "interleaved with K-FAC"\nextends base\nuse kfac\n')
+    assert stats(str(tmp_path / "mine.sched")) == stats("interleaved_1f1b", "--with", "kfac")
+
+
+def test_addon_params_are_namespaced():
+    """knob's params k and m live as knob.k and knob.m: Chimera's loop variable k and its param m are
+    untouched, `-D knob.k=5` sets the add-on's, and a bare `-D k=5` is no param at all."""
+    path = str(COMPOSE / "chimera_knob.sched")
+    result = compile_file(path, ["knob.k=5"])
+    assert result.ok and result.schedule.params == {"p": 4, "m": 8, "knob.k": 5, "knob.m": 0.5}
+    assert {op.cost for op in result.schedule.unplaced} == {2.5}  # shared by Chimera's two replicas
+    assert result.schedule.microbatches == 8
+    refused = run("simulate", path, "-D", "k=5")
+    assert refused.exit_code == 2 and "unknown param 'k'" in refused.output and "knob.k" in refused.output
+
+
+def test_a_declaration_of_the_extending_file_replaces_the_base_one():
+    result = compile_file(str(COMPOSE / "override.sched"))
+    assert result.ok and result.schedule.devices == 6 and result.schedule.memory_limit == (6.0,) * 6
+
+
+@pytest.mark.parametrize("name,where,message", [
+    ("unknown_base.sched", "unknown_base.sched:2:1", "unknown schedule 'nosuch' (the library's: 1f1b, chimera"),
+    ("unknown_addon.sched", "unknown_addon.sched:3:1", "unknown add-on 'nosuch' (the library's: kfac)"),
+    ("cycle_a.sched", "cycle_b.sched:2:1", "a cycle of `extends`: cycle_a -> cycle_b -> cycle_a"),
+    ("clash.sched", "kfac.sched:35:1", "name clash: add-on 'kfac' declares task 'curvature_A', already "
+                                        "declared at clash.sched:3"),
+    ("extends_addon.sched", "extends_addon.sched:2:1", "'kfac' is an add-on: `use kfac`, not `extends`"),
+    ("use_schedule.sched", "use_schedule.sched:3:1", "'chimera' is a schedule, not an add-on"),
+])
+def test_composition_errors_are_located(name, where, message):
+    """Each error points at the line that names the file (or, for a clash, at the add-on's own
+    declaration, in the add-on's file) and exits 1."""
+    result = run("check", str(COMPOSE / name))
+    assert result.exit_code == 1, result.output
+    first = result.output.splitlines()[0]
+    assert where in first and message in first, result.output
+    assert "Traceback" not in result.output
+
+
+def test_with_an_unknown_addon_and_an_addon_alone_are_usage_errors():
+    unknown = run("simulate", "1f1b", "--with", "nosuch")
+    assert unknown.exit_code == 2 and "unknown add-on 'nosuch'" in unknown.output
+    alone = run("simulate", str(SCHEDULES / "addons" / "kfac.sched"))
+    assert alone.exit_code == 2 and "kfac.sched:17:1: error: 'kfac' is an add-on, not a schedule" in alone.output
+
+
+def test_an_error_inside_a_base_is_reported_in_the_base_file(tmp_path):
+    (tmp_path / "base.sched").write_text('schedule base "x"\nparam p = 2\nparam m = 2\n'
+                                         'pipeline main { stages p; device s -> s; microbatches m }\n'
+                                         'on device d { F * m ; B * (m + 1) }\n')
+    (tmp_path / "top.sched").write_text('schedule top "y"\nextends base\n')
+    with pytest.raises(SchedError) as info:
+        compile_file(str(tmp_path / "top.sched"))
+    assert f"{tmp_path / 'base.sched'}:5:" in info.value.render()
