@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
 """
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -255,10 +256,41 @@ def export_cmd(file, defines, fmt, out):
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
             sys.exit(1)
-        Path(out).write_text(export_csv(result.schedule))
+        text = export_csv(result.schedule)
     except SchedError as exc:
         _fail(exc)
+    _write_output(out, text)
     click.echo(f"wrote {out}")
+
+
+def _write_output(out: str, text: str) -> None:
+    """Write an output file as compile and render do: parent directories made, the file replaced at
+    once (a temporary file renamed, removed if the write fails); a device or pipe (/dev/stdout) is
+    written in place, never replaced. A path that cannot be written is a usage error naming why."""
+    target = Path(out)
+    try:
+        if target.is_dir():
+            raise click.UsageError(f"cannot write {out}: it is a directory")
+        if target.exists() and not target.is_file():
+            with open(target, "w") as stream:
+                stream.write(text)
+            return
+        for parent in target.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise click.UsageError(f"cannot write {out}: {parent} is not a directory")
+                break
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        why = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+        raise click.UsageError(f"cannot write {out}: {why}") from None
 
 
 @main.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -54,12 +54,28 @@ class Diagnostic:
             if text:
                 width = max(1, (self.span.end_column - self.span.column)
                             if self.span.end_line == self.span.line else 1)
-                out.append("  " + text.replace("\t", " "))
-                out.append("  " + " " * (self.span.column - 1) + "^" + "~" * (width - 1))
+                shown, column = _window(text.replace("\t", " "), self.span.column)
+                out.append("  " + shown)
+                out.append("  " + " " * (column - 1) + "^" + "~" * (min(width, len(shown) - column + 1) - 1))
         out.extend(f"  note: {note}" for note in self.notes)
         if self.detail:
             out.append(self.detail)
         return "\n".join(out)
+
+
+LINE_WIDTH = 120  # at most this much of a source line is shown (a CSV row may hold 100,000 cells)
+
+
+def _window(text: str, column: int) -> tuple[str, int]:
+    """The part of a long line around `column` (1-based), with '...' where it was cut, and the column
+    of the same character in it."""
+    if len(text) <= LINE_WIDTH:
+        return text, column
+    start = max(0, min(column - 1 - LINE_WIDTH // 3, len(text) - LINE_WIDTH))
+    shown = text[start:start + LINE_WIDTH]
+    head = "..." if start else ""
+    tail = "..." if start + LINE_WIDTH < len(text) else ""
+    return head + shown + tail, column - start + len(head)
 
 
 def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "") -> Diagnostic:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .compiler import read_source
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
+from .elaborate import MAX_OPS
 from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
@@ -26,6 +27,9 @@ SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
 COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d*")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span]  # kind, stage, microbatch, where
+MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
+MAX_RANKS = 65_536      # rows; a row is a rank, and every pass keeps something per rank
+MAX_SHOWN = 20          # bad cells reported one by one; the rest are counted
 
 
 def schedule_from_csv(path, options=None) -> Schedule:
@@ -41,6 +45,8 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     cells = [cell for row in rows for cell in row]
     split = any(kind in ("I", "W") for kind, *_ in cells)
     stages = max(stage for _, stage, _, _ in cells) + 1
+    _check_size(cells, stages, microbatches, len(builtin_kinds(split)), "m" in overrides,
+                getattr(options, "max_ops", None) or MAX_OPS, source)
     placement = infer_placement(rows, stages)
     costs = _costs(getattr(options, "costs", None) or {}, stages, source)
     pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
@@ -56,11 +62,33 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
                     (1.0,) * stages, None, None, split)
 
 
+def _check_size(cells: list[Cell], stages: int, microbatches: int, kinds: int, given_m: bool, max_ops: int,
+                source: Source) -> None:
+    """The schedule a CSV implies (every stage x microbatch x kind, whether or not a cell runs it) must
+    stay within the expansion limit; refused before anything that size is built, at the cell with the
+    largest stage or microbatch (or naming -D m)."""
+    implied = stages * microbatches * kinds
+    if implied <= max_ops:
+        return
+    why = f"{stages:,} stages x {microbatches:,} microbatches x {kinds} kinds = {implied:,} ops, more than {max_ops:,}"
+    if given_m and microbatches * kinds > max_ops // max(1, stages) and microbatches > stages:
+        raise SchedError(error(f"-D m={microbatches}: the schedule would expand to {why}; refusing"), source,
+                         exit_code=2)
+    by_stage = stages >= microbatches
+    kind, stage, mb, span = max(cells, key=(lambda c: c[1]) if by_stage else (lambda c: c[2]))
+    what = f"stage {stage}" if by_stage else f"microbatch {mb}"
+    raise SchedError(error(f"{what} makes the schedule expand to {why}; refusing", span), source, exit_code=2)
+
+
 def parse_csv(source: Source) -> list[list[Cell]]:
-    """Rows of compute cells with their spans; every bad cell is reported (exit code 2)."""
+    """Rows of compute cells with their spans; every bad cell is reported (exit code 2), the first
+    MAX_SHOWN one by one and the rest counted."""
     lines = source.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    if len(lines) > MAX_RANKS:
+        raise SchedError(error(f"{len(lines):,} rows: a torch CSV schedule has one row per rank, at most "
+                               f"{MAX_RANKS:,}", Span(MAX_RANKS + 1, 1, MAX_RANKS + 1, 2)), source, exit_code=2)
     rows, diags = [], []
     for number, line in enumerate(lines, 1):
         row = []
@@ -70,6 +98,10 @@ def parse_csv(source: Source) -> list[list[Cell]]:
     if not diags and not any(rows):
         diags.append(error("no compute cells: expected rows of cells like 0F0,0B0 (one row per rank)",
                            Span(1, 1, 1, 2)))
+    if len(diags) > MAX_SHOWN:
+        rest = len(diags) - MAX_SHOWN
+        diags = diags[:MAX_SHOWN] + [error(f"and {rest:,} more bad cell{'s' * (rest != 1)} like these",
+                                           diags[MAX_SHOWN].span)]
     if diags:
         raise SchedError(diags, source, exit_code=2)
     return rows
@@ -112,7 +144,13 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return []
     match = CELL.fullmatch(stripped)
     if match:
-        return [(match.group(2), int(match.group(1)), int(match.group(3)), span)]
+        stage, mb = match.group(1), match.group(3)
+        if max(len(stage), len(mb)) > MAX_DIGITS:
+            which = "stage" if len(stage) > MAX_DIGITS else "microbatch"
+            diags.append(error(f"bad cell {stripped[:24]!r}{'...' * (len(stripped) > 24)}: the {which} number "
+                               f"has more than {MAX_DIGITS} digits", span))
+            return []
+        return [(match.group(2), int(stage), int(mb), span)]
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
         return [cell for part in overlap.group(1).split(";") for cell in _cell(part, span, diags)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -115,3 +116,10 @@ def test_measured_cost_options_that_do_not_fit_together_are_refused(args, messag
     result = CliRunner().invoke(main, ["compile", "1f1b", *args])
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_full_disk_on_export_is_a_usage_error_and_a_device_is_never_replaced():
+    import stat
+    result = CliRunner().invoke(main, ["export", "1f1b", "-o", "/dev/full"])  # every write: ENOSPC
+    assert result.exit_code == 2 and "no space left" in result.output.lower(), result.output
+    assert stat.S_ISCHR(Path("/dev/full").stat().st_mode) and not Path("/dev/full.tmp").exists()
