@@ -141,10 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
     args = parse_args(argv)
     _bound_shutdown(SHUTDOWN_SECONDS if args.shutdown_timeout is None else args.shutdown_timeout)
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     try:
         run(args)
     except ChildFailedError as exc:
         print(_failure_line(exc.failures), file=sys.stderr, flush=True)
+        return 1
+    except RendezvousError as exc:  # the other nodes (or the one holding the rendezvous store) are gone
+        print(f"error: this node lost the rendezvous with the others ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the job is ended",
+              file=sys.stderr, flush=True)
         return 1
     return 0
 

@@ -457,3 +457,38 @@ def test_launch_command_lines():
     assert "--standalone" in local and local[-4:] == ["schedc.runtime", "plan.json", "--steps", "3"]
     multi = torchrun_command("plan.json", 4, [], ["--nnodes", "2", "--rdzv-endpoint", "h:29500"])
     assert "--standalone" not in multi and "--nnodes" in multi
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _two_agents(plan: Path, options: list[str], run_id: str) -> list[subprocess.Popen]:
+    """Two torchrun agents on this machine as two nodes (--nnodes 2, c10d rendezvous on 127.0.0.1),
+    one process each, as `schedc run PLAN --nproc 1 ... -- <these flags>` starts them on two hosts."""
+    port, agents = _free_port(), []
+    for node in range(2):
+        flags = ["--nnodes", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+        agents.append(subprocess.Popen(torchrun_command(plan, 1, options, flags), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=ENV, cwd=_repo(),
+                                       start_new_session=True))
+    return agents
+
+
+def _losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def test_two_nodes_on_loopback_give_the_single_node_losses(plans, tmp_path):
+    plan = plans("1f1b", p=2, m=4)
+    common = [*SMALL, "--steps", "3", "--quiet", "--timeout", "60"]
+    single, _ = torchrun(plan, 2, *common, "--metrics-out", str(tmp_path / "one.jsonl"))
+    assert single.returncode == 0, single.stderr
+    agents = _two_agents(plan, [*common, "--metrics-out", str(tmp_path / "two.jsonl")], "schedc-two-nodes")
+    outputs = [agent.communicate(timeout=LAUNCH_LIMIT) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    assert _losses(tmp_path / "two.jsonl") == _losses(tmp_path / "one.jsonl")
