@@ -23,13 +23,13 @@ def main() -> None:
     parser.add_argument("-m", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from schedc.cli import compile_input
+    from schedc.compiler import compile_file
     from schedc.render import render
     from schedc.render.timeline import timeline_dot
 
     defines = (f"p={args.p}", f"v={args.v}", f"m={args.m}")
     start = time.perf_counter()
-    compiled = compile_input("interleaved_1f1b", defines, None, 0.0)
+    compiled = compile_file("interleaved_1f1b", defines, None, 0.0)
     compile_s = time.perf_counter() - start
     text_s, total_s, size = [], [], 0
     for _ in range(args.repeat):

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
 from .lifetimes import plan_lifetimes
@@ -166,7 +167,7 @@ class Executor:
             x = self.batch.microbatch(self.world.replica * self.microbatches + mb)[0]
             x = x.to(self.world.device, non_blocking=True)
         else:
-            x = self.take(("F", s - 1, mb)).requires_grad_()
+            x = self.take((*fed_by(instr.op, s), mb)).requires_grad_()
         y = self.stages[s](x)
         if s == self.last:
             targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
@@ -178,7 +179,7 @@ class Executor:
         self.saved[(s, mb)] = Saved(x, y)
 
     def _grad_out(self, s: int, mb: int) -> torch.Tensor | None:
-        return None if s == self.last else self.take(("B", s + 1, mb))
+        return None if s == self.last else self.take((*fed_by(OpKind.B, s), mb))
 
     def backward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
@@ -215,7 +216,7 @@ class Executor:
     # -- communication ---------------------------------------------------------------------------
 
     def send(self, instr: Instr) -> None:
-        kind = "F" if instr.op == Opcode.SEND_F else "B"
+        kind = carries(instr.op)
         tensor = self.tensors.pop((kind, instr.stage, instr.mb), None)
         if tensor is None:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
@@ -227,8 +228,8 @@ class Executor:
             self.sends.popleft()[0].wait()
 
     def recv(self, instr: Instr) -> None:
-        kind = "F" if instr.op == Opcode.RECV_F else "B"
-        shape, dtype = self.shapes[instr.stage if kind == "F" else instr.stage - 1]
+        kind = carries(instr.op)
+        shape, dtype = self.shapes[min(link_ends(instr.op, instr.stage))]  # the earlier stage's output
         buffer = torch.empty(shape, dtype=dtype, device=self.world.device)
         peer = self.world.global_rank(instr.peer)
         group = self.world.channels[(instr.peer, self.world.plan_rank)]

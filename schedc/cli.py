@@ -17,26 +17,14 @@ from .diagnostics import SchedError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _defines(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for value in values:
-        name, sep, text = value.partition("=")
-        if not sep or not name.strip():
-            raise click.BadParameter(f"expected NAME=VALUE, got {value!r}", param_hint="-D")
-        out[name.strip()] = text.strip()
-    return out
-
-
-def _options(defines: tuple[str, ...], costs: str | None, profile: tuple[str, int | None] | None = None):
-    """Options from -D, a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch size)."""
-    from .elaborate import Options
-    if profile:
-        from .profiles import read_profile, read_profile_memory
-        return Options(_defines(defines), read_profile(*profile), memory=read_profile_memory(*profile))
-    if not costs:
-        return Options(_defines(defines), {})
-    from .profiles import load_costs, load_memory
-    return Options(_defines(defines), load_costs(costs), memory=load_memory(costs))
+def _check_defines(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """-D values must read NAME=VALUE (compiler.parse_defines); a bad one is click's usage error."""
+    from .compiler import parse_defines
+    try:
+        parse_defines(values)
+    except SchedError as exc:
+        raise click.BadParameter(exc.diagnostics[0].message, param_hint="-D") from None
+    return values
 
 
 def _report(diagnostics, source) -> None:
@@ -49,7 +37,7 @@ def _fail(exc: SchedError) -> None:
     sys.exit(exc.exit_code)
 
 
-define_option = click.option("-D", "defines", multiple=True, metavar="NAME=VALUE",
+define_option = click.option("-D", "defines", multiple=True, metavar="NAME=VALUE", callback=_check_defines,
                              help="Override a param of the schedule (repeatable).")
 _COST_OPTIONS = (
     click.option("--costs", type=click.Path(dir_okay=False), default=None,
@@ -80,27 +68,13 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
                               help="Simulated latency of every message between devices.")
 
 
-def compile_input(file: str, defines, costs, latency: float, profile: tuple[str, int | None] | None = None):
-    """Read FILE (a .sched, a torch CSV schedule) and compile it; SchedError on user errors."""
-    from .compiler import build_schedule, collector_paused, compile_schedule, read_source
-    from .library import resolve
-    path = resolve(file)
-    options = _options(defines, costs, profile)
-    with collector_paused():
-        if path.suffix == ".csv":
-            from .torch_csv import schedule_from_csv
-            schedule = schedule_from_csv(path, options)
-        else:
-            schedule = build_schedule(read_source(path), options)
-        return compile_schedule(schedule, latency)
-
-
 def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float):
-    """compile_input for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
+    """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
     the error printed); the diagnostics of one that can are printed, and it is returned."""
+    from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, latency, row)
+        result = compile_file(file, defines, costs, latency, row)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -126,26 +100,13 @@ def main() -> None:
 def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams."""
     from .plan import write_plan
+    from .report import summary
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:
         sys.exit(1)
     plan, paths = write_plan(result.plan, out_dir)
-    click.echo(_summary(result))
+    click.echo(summary(result))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
-
-
-def _summary(result) -> str:
-    s, st = result.schedule, result.stats
-    params = " ".join(f"{k}={v}" for k, v in s.params.items())
-    peak = "/".join(f"{m:g}" for m in st["peak_memory"])
-    lines = [f"{s.name} ({params}): {s.devices} devices, {s.stages} stages, {s.microbatches} microbatches, "
-             f"{st['ops']} ops",
-             f"  makespan {st['makespan']:g}  bubble {st['bubble_fraction']:.4f}  "
-             f"utilization {st['utilization']:.4f}  peak activations per device {peak}"]
-    if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
-        lines.append(f"  filled: utilization {st.get('utilization_unfilled', 0):.4f} -> {st['utilization']:.4f}"
-                     f" over a cycle of {st['cycle_steps']} steps")
-    return "\n".join(lines)
 
 
 @main.command("check")
@@ -157,12 +118,13 @@ def _summary(result) -> str:
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
 def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit):
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
+    from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_input(file, defines, costs, 0.0, row)
+        result = compile_file(file, defines, costs, 0.0, row)
         extra = []
         if model_file or memory_limit:
-            from .check_memory import check_memory_bytes
+            from .checks.memory import check_memory_bytes
             extra = check_memory_bytes(result.schedule, result.timing, model_file, memory_limit)
     except SchedError as exc:
         _fail(exc)
@@ -186,30 +148,23 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_json):
     """Simulate FILE under its cost model and print the stats."""
+    from .report import device_table, summary
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:
-        click.echo(_summary(result))
-        click.echo(_device_table(result))
+        click.echo(summary(result))
+        click.echo(device_table(result))
     sys.exit(0 if result.ok else 1)
-
-
-def _device_table(result) -> str:
-    st = result.stats
-    rows = ["  device      busy      idle   peak act"]
-    for d in range(result.schedule.devices):
-        rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {st['peak_memory'][d]:>10g}")
-    return "\n".join(rows)
 
 
 @main.command("list")
 def list_cmd():
     """List the library schedules with their params."""
     from .compiler import read_source
-    from .library import library_files
-    from .parse import parse_source
-    from . import ast
+    from .frontend.library import library_files
+    from .frontend.parse import parse_source
+    from .frontend import ast
     for path in library_files():
         decl = parse_source(read_source(path))
         click.echo(f"{path.stem:<18} {decl.name}: {decl.doc}")
@@ -250,9 +205,10 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
 def export_cmd(file, defines, fmt, out):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
-    from .torch_csv import export_csv
+    from .compiler import compile_file
+    from .interop.torch_csv import export_csv
     try:
-        result = compile_input(file, defines, None, 0.0)
+        result = compile_file(file, defines, None, 0.0)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
             sys.exit(1)

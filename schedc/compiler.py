@@ -2,21 +2,20 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .check_channels import check_channels
-from .check_deadlock import check_deadlock
-from .check_memory import check_memory
-from .check_structure import census, check_structure
+from .checks.channels import check_channels
+from .checks.deadlock import check_deadlock
+from .checks.memory import check_memory
+from .checks.structure import census, check_structure
 from .diagnostics import Diagnostic, SchedError, Source, error, has_errors
-from .elaborate import Options, elaborate
+from .frontend.elaborate import Options, elaborate
 from .ir import Schedule
 from .lower import lower
-from .parse import decode_source, parse_source
+from .frontend.parse import parse_source, read_source
 from .plan import Plan
 from .simulate import Timing, simulate
 
@@ -32,16 +31,6 @@ class Compiled:
     @property
     def ok(self) -> bool:
         return not has_errors(self.diagnostics)
-
-
-def read_source(path: str | Path) -> Source:
-    """Read a schedule file; a missing or unreadable file is a usage error (exit 2)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise SchedError(error(f"cannot read file: {exc.strerror or exc}"), Source(str(path), ""),
-                         exit_code=2) from None
-    return decode_source(data, str(path))
 
 
 def build_schedule(source: Source, options: Options | None = None) -> Schedule:
@@ -91,6 +80,46 @@ def compile_source(source: Source, options: Options | None = None, latency: floa
     return compile_schedule(build_schedule(source, options), latency)
 
 
+def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = None, latency: float = 0.0,
+                 profile: tuple[str, int | None] | None = None) -> Compiled:
+    """The library's entry point (the command line, the demo, the renderer and the tests call it): read
+    FILE (a path or a library name; a .sched or a torch CSV schedule) and compile it. defines: NAME=VALUE
+    params; costs: a measured-costs JSON; profile: (PipeFisher profile CSV, microbatch size) instead.
+    Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
+    from .frontend.library import resolve
+    path = resolve(file)
+    options = _options(parse_defines(defines), costs, profile)
+    with collector_paused():
+        if path.suffix == ".csv":
+            from .interop.torch_csv import schedule_from_csv
+            schedule = schedule_from_csv(path, options)
+        else:
+            schedule = build_schedule(read_source(path), options)
+        return compile_schedule(schedule, latency)
+
+
+def parse_defines(values: Iterable[str]) -> dict[str, str]:
+    """-D NAME=VALUE pairs as a dict (later ones win); a malformed one is a usage error (exit 2)."""
+    out = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise SchedError(error(f"expected NAME=VALUE, got {value!r}"), Source("-D", ""), exit_code=2)
+        out[name.strip()] = text.strip()
+    return out
+
+
+def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int | None] | None) -> Options:
+    """Options from params and a costs JSON, or one row of a PipeFisher profile CSV (path, microbatch size)."""
+    if profile:
+        from .interop.profiles import read_profile, read_profile_memory
+        return Options(params, read_profile(*profile), memory=read_profile_memory(*profile))
+    if not costs:
+        return Options(params, {})
+    from .interop.profiles import load_costs, load_memory
+    return Options(params, load_costs(costs), memory=load_memory(costs))
+
+
 def schedule_stats(schedule: Schedule, timing: Timing) -> dict[str, Any]:
     stats = timing.stats()
     stats.update(devices=schedule.devices, ops=schedule.op_count(), cycle_steps=len(schedule.steps))
@@ -99,4 +128,4 @@ def schedule_stats(schedule: Schedule, timing: Timing) -> dict[str, Any]:
 
 
 __all__ = ["Compiled", "Options", "read_source", "build_schedule", "analyse", "compile_schedule",
-           "collector_paused", "compile_source", "schedule_stats"]
+           "collector_paused", "compile_source", "compile_file", "parse_defines", "schedule_stats"]

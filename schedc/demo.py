@@ -15,17 +15,18 @@ DEFAULT = ("1f1b", ("p=2", "m=4"))
 
 
 def run_demo(out: Path, schedule: str, defines: tuple[str, ...], steps: int, extra: list[str]) -> int:
-    from .cli import _summary, compile_input
+    from .compiler import compile_file
     from .plan import write_plan
+    from .report import summary
     from .render import render_file
     from .runtime.launch import launch
 
     click.echo(f"== compile {schedule} {' '.join(defines)}")
-    result = compile_input(schedule, defines, None, 0.0)
+    result = compile_file(schedule, defines, None, 0.0)
     if not result.ok:
         raise SchedError(result.diagnostics, result.schedule.source)
     plan, _ = write_plan(result.plan, out)
-    click.echo(_summary(result))
+    click.echo(summary(result))
     click.echo("== render")
     for name in ("timeline.svg", "report.html", "simulated.json"):
         render_file(schedule, defines, None, 0.0, str(out / name))

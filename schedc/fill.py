@@ -27,9 +27,10 @@ from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 
 from .diagnostics import SchedError, error
-from .ir import BUILTIN, OP_KEY, Op, Schedule
+from .ir import OP_KEY, Op, Schedule
+from .ops import BUILTIN
 from .memory import holdings, peaks
-from .simulate import Timing
+from .timing import Timing
 
 MAX_CYCLE = 16
 EPS = 1e-9

@@ -7,29 +7,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
-from enum import Enum
 from collections.abc import Iterator, Mapping
 from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
 from .diagnostics import Source, Span
-
-
-class OpKind(str, Enum):
-    F = "F"  # forward
-    B = "B"  # full backward
-    I = "I"  # noqa: E741 - backward for the input gradient (split backward)
-    W = "W"  # backward for the weight gradient (split backward)
-
-
-BUILTIN = frozenset(k.value for k in OpKind)
-DEFAULT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-
-
-def builtin_kinds(split: bool) -> tuple[str, ...]:
-    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B."""
-    return ("F", "I", "W") if split else ("F", "B")
+from .ops import BUILTIN, builtin_deps, label, release_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +29,7 @@ class Op:
     parts: int = field(default=1, compare=False)
 
     def __str__(self) -> str:
-        args = f"{self.stage}" if self.mb is None else f"{self.stage},{self.mb}"
-        suffix = f"[{self.part + 1}/{self.parts}]" if self.parts > 1 else ""
-        return f"{self.kind}({args}){suffix}"
+        return label(self.kind, self.stage, self.mb, part=self.part, parts=self.parts)
 
     @property
     def is_task(self) -> bool:
@@ -85,13 +67,8 @@ class Pipeline:
 
 
 def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int, split: bool) -> tuple[tuple, ...]:
-    """F(s,i) after F(s-1,i); B(s,i) (I with split) after F(s,i) and B(s+1,i) (I(s+1,i)); W after I."""
-    if kind == "F":
-        return (("F", s - 1, mb, k, 0),) if s > 0 else ()
-    if kind == "W":
-        return (("I", s, mb, k, 0),)
-    grad = "I" if split else "B"
-    return (("F", s, mb, k, 0),) + ((grad, s + 1, mb, k, 0),) if s + 1 < stages else (("F", s, mb, k, 0),)
+    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps)."""
+    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split))
 
 
 class Dependencies(Mapping):
@@ -173,7 +150,7 @@ class Schedule:
     @property
     def release(self) -> str:
         """The kind that frees a forward's activation: W with a split backward, else B."""
-        return "W" if self.split_backward else "B"
+        return release_kind(self.split_backward)
 
     @property
     def microbatches(self) -> int:

@@ -19,7 +19,8 @@ from operator import and_, attrgetter, gt, itemgetter, le, ne, truth
 from typing import Any
 
 from .ir import Dependencies, Op, Schedule, consume
-from .plan import Instr, Opcode, Plan
+from .ops import Opcode, feeds, message
+from .plan import Instr, Plan
 from .simulate import Timing, simulate
 
 LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
@@ -40,10 +41,9 @@ class _Links(dict):
     def __missing__(self, key: tuple) -> tuple:
         kind, k, s, device = key
         pipe, found = self.pipelines[k], (None, None, device)
-        if kind == "F" and s + 1 < pipe.stages and pipe.placement[s + 1] != device:
-            found = ("SEND_F", "RECV_F", pipe.placement[s + 1])
-        elif kind in ("B", "I") and s > 0 and pipe.placement[s - 1] != device:
-            found = ("SEND_B", "RECV_B", pipe.placement[s - 1])
+        to, codes = feeds(kind, s), message(kind)
+        if to is not None and 0 <= to < pipe.stages and pipe.placement[to] != device:
+            found = (*codes, pipe.placement[to])
         self[key] = found
         return found
 

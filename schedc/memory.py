@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .grid import label
-from .ir import BUILTIN, Op, Schedule
-from .simulate import Timing
+from .ir import Op, Schedule
+from .ops import BUILTIN, OpKind
+from .timing import Timing
 
 PERSISTENT = math.inf
 
@@ -49,7 +50,7 @@ class Held:
         `state of curvature_A(1) (0.5)`."""
         if self.end == PERSISTENT:
             return f"state of {label(schedule, Op(self.op.kind, self.op.stage, None, self.op.pipe))} ({self.units:g})"
-        what = label(schedule, self.op) if self.op.kind == "F" else f"gradient of {label(schedule, self.op)}"
+        what = label(schedule, self.op) if self.op.kind == OpKind.F else f"gradient of {label(schedule, self.op)}"
         step = f" of step {self.step}" if len(schedule.steps) > 1 else ""
         return what + step + (f" kept by {label(schedule, self.keeper)}" if self.keeper is not None else "")
 
@@ -68,7 +69,7 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
             for op in order:
                 if op.kind not in BUILTIN or op not in timing.start:
                     continue
-                if op.kind == "F":
+                if op.kind == OpKind.F:
                     units = schedule.activation[op.stage]
                     start = offset + timing.start[op]
                     end = offset + timing.end.get(Op(release, op.stage, op.mb, op.pipe), timing.makespan)
@@ -186,3 +187,35 @@ def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,
         if amount > 0 and total > limit + tolerance:
             return held[n], list(alive.values()), total
     return None
+
+
+# Without tasks or other `memory` declarations: the order walk ----------------------------------------
+
+def timed_model(schedule: Schedule) -> bool:
+    """Whether peaks need the timed model (schedc/memory.py): tasks (they keep outputs, hold state) or
+    memory of kinds other than F. Otherwise the order walk of peak_memory is exact and cheaper."""
+    return bool(schedule.tasks or schedule.memory)
+
+
+def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
+    """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
+    act = schedule.activation
+    return {OpKind.F.value: act, schedule.release: tuple(-a for a in act)}
+
+
+def peak_memory(schedule: Schedule) -> tuple[float, ...]:
+    """Peak activation units alive per device, over its program order (a device runs one op at a time).
+    Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
+    schedc/memory.py instead."""
+    deltas = memory_deltas(schedule)
+    peaks = []
+    for order in schedule.orders:
+        alive = peak = 0.0
+        for op in order:
+            delta = deltas.get(op.kind)
+            if delta is not None:
+                alive += delta[op.stage]
+                if alive > peak:
+                    peak = alive
+        peaks.append(peak)
+    return tuple(peaks)

@@ -11,83 +11,16 @@ order in which the events happen, `sequence`, is then a sort by start time.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from heapq import heappop, heappush
 from itertools import chain, repeat
 from math import inf
 from operator import attrgetter, gt, itemgetter
-from typing import Any, Iterator
 
-from .ir import BUILTIN, OP_KEY, Dependencies, Op, Schedule
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Start and end of every placed op, and the derived statistics."""
-
-    start: Mapping[Op, float]
-    end: Mapping[Op, float]
-    makespan: float
-    busy: tuple[float, ...]
-    peak_memory: tuple[float, ...]
-    latency: float
-    complete: bool  # False when the orders deadlock: ops that never ran have no times
-    steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
-    extra: dict[str, Any] = field(default_factory=dict)  # stats a later pass adds (fill_bubbles)
-    sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
-
-    @property
-    def idle(self) -> tuple[float, ...]:
-        return tuple(self.makespan - b for b in self.busy)
-
-    def stats(self) -> dict[str, Any]:
-        devices = len(self.busy)
-        busy = sum(self.busy)
-        span = self.makespan * devices
-        return {
-            "makespan": _round(self.makespan),
-            "utilization": _round(busy / span) if span else 0.0,
-            "bubble_fraction": _round((span - busy) / busy) if busy else 0.0,
-            "busy": [_round(b) for b in self.busy],
-            "idle": [_round(i) for i in self.idle],
-            "peak_memory": [_round(m) for m in self.peak_memory],
-            "latency": self.latency,
-        }
-
-
-def _round(x: float) -> float:
-    return round(x, 9)
-
-
-class OpTimes(Mapping):
-    """Op -> time, from parallel lists. The dict is built on the first lookup: a compile that finds
-    nothing wrong looks no op up, and hashing 10^5 ops (a Python-level __hash__) is most of the cost."""
-
-    __slots__ = ("_ops", "_times", "_table")
-
-    def __init__(self, ops: list[Op], times: list[float]):
-        self._ops, self._times, self._table = ops, times, None
-
-    def table(self) -> dict[Op, float]:
-        if self._table is None:
-            self._table = dict(zip(self._ops, self._times))
-        return self._table
-
-    def __getitem__(self, op: Op) -> float:
-        return self.table()[op]
-
-    def get(self, op: Op, default: Any = None) -> Any:
-        return self.table().get(op, default)
-
-    def __contains__(self, op: object) -> bool:
-        return op in self.table()
-
-    def __iter__(self) -> Iterator[Op]:
-        return iter(self.table())
-
-    def __len__(self) -> int:
-        return len(self.table())
+from .ir import OP_KEY, Dependencies, Op, Schedule
+from .memory import holdings, peak_memory, peaks, timed_model
+from .ops import BUILTIN, builtin_deps
+from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
 def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], list[int]]:
@@ -111,23 +44,38 @@ def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], l
 
 def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
                   deps: Dependencies) -> list[tuple[int, ...]]:
-    """(n - 1, *indices of op n's dependencies) for every op n. Built-in ops follow ir.builtin_dep_keys
-    inlined (tests/test_simulate.py holds the two together): a keys_of call per op, two Python calls and
-    a tuple of tuples, would cost as much as all of _times."""
-    grad, stages = "I" if deps.split else "B", deps.stages
+    """(n - 1, *indices of op n's dependencies) for every op n. A built-in op's dependencies come from
+    ops.builtin_deps, asked once per (kind, stage, pipeline) (_BuiltinDeps); a keys_of call per op, two
+    Python calls and a tuple of tuples, would cost as much as all of _times."""
+    templates = _BuiltinDeps(deps)
     preds = []
     append = preds.append
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
-        if kind == "F":
-            append((p, index["F", s - 1, mb, k, 0]) if s > 0 else (p,))
-        elif kind == "W":
-            append((p, index["I", s, mb, k, 0]))
-        elif kind in BUILTIN:
-            append((p, index["F", s, mb, k, 0], index[grad, s + 1, mb, k, 0]) if s + 1 < stages[k]
-                   else (p, index["F", s, mb, k, 0]))
-        else:
+        found = templates[kind, s, k]
+        if found is None:  # a task: its declared dependencies
             append((p, *[index[key] for key in deps.keys_of(ops[p + 1])]))
+        elif len(found) == 1:
+            ((a, x),) = found
+            append((p, index[a, x, mb, k, 0]))
+        elif len(found) == 2:
+            (a, x), (b, y) = found
+            append((p, index[a, x, mb, k, 0], index[b, y, mb, k, 0]))
+        else:
+            append((p, *[index[a, x, mb, k, 0] for a, x in found]))
     return preds
+
+
+class _BuiltinDeps(dict):
+    """(kind, stage, pipeline) -> ops.builtin_deps of that op, or None for a task; filled on first use."""
+
+    def __init__(self, deps: Dependencies):
+        super().__init__()
+        self.stages, self.split = deps.stages, deps.split
+
+    def __missing__(self, key: tuple) -> tuple | None:
+        kind, s, k = key
+        found = self[key] = builtin_deps(kind, s, self.stages[k], self.split) if kind in BUILTIN else None
+        return found
 
 
 def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
@@ -150,7 +98,6 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
     timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), max(ends, default=0.0),
                     tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
     if complete and timed_model(schedule):  # kept outputs, saved gradients, task state
-        from .memory import holdings, peaks
         timing = replace(timing, peak_memory=peaks(holdings(schedule, [timing])))
     return timing
 
@@ -223,33 +170,3 @@ def _event_order(start: list[float], preds: list[tuple[int, ...]], firsts: list[
         tried = waiting.pop(n, [])
         if not last[n]:
             tried.append(n + 1)
-
-
-def timed_model(schedule: Schedule) -> bool:
-    """Whether peaks need the timed model (schedc/memory.py): tasks (they keep outputs, hold state) or
-    memory of kinds other than F. Otherwise the order walk of peak_memory is exact and cheaper."""
-    return bool(schedule.tasks or schedule.memory)
-
-
-def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
-    """What each kind allocates (+) or frees (-) per stage, in activation units: F holds until B (or W)."""
-    act = schedule.activation
-    return {"F": act, schedule.release: tuple(-a for a in act)}
-
-
-def peak_memory(schedule: Schedule) -> tuple[float, ...]:
-    """Peak activation units alive per device, over its program order (a device runs one op at a time).
-    Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
-    schedc/memory.py instead."""
-    deltas = memory_deltas(schedule)
-    peaks = []
-    for order in schedule.orders:
-        alive = peak = 0.0
-        for op in order:
-            delta = deltas.get(op.kind)
-            if delta is not None:
-                alive += delta[op.stage]
-                if alive > peak:
-                    peak = alive
-        peaks.append(peak)
-    return tuple(peaks)

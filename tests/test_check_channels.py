@@ -7,7 +7,7 @@ import random
 import pytest
 
 from conftest import compile_library
-from schedc.check_channels import _syncs, certify, check_channels, replay
+from schedc.checks.channels import _syncs, certify, check_channels, replay
 from schedc.plan import Instr, Plan
 
 SIZES = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p)]
@@ -126,7 +126,7 @@ def programs(compiled) -> list[tuple[list, list, int]]:
 def library_programs():
     from conftest import FIXTURES
     from schedc.compiler import compile_source, read_source
-    from schedc.elaborate import Options
+    from schedc.frontend.elaborate import Options
     compiled = [compile_library(name, **params) for name, params in LIBRARY_PLANS]
     compiled += [compile_source(read_source(FIXTURES / name), Options({})) for name in FIXTURE_PLANS]
     assert all(c.ok and c.plan is not None for c in compiled)

@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import FIXTURES
-from schedc.check_memory import Model, parse_bytes
+from schedc.checks.memory import Model, parse_bytes
 from schedc.cli import main
 from schedc.diagnostics import SchedError
 

@@ -78,7 +78,7 @@ def test_torch_1f1b_from_the_wild_is_refused_naming_every_fault(tmp_path):
 
 def test_structure_reports_every_fault_of_a_mutated_order():
     import dataclasses
-    from schedc.check_structure import check_structure
+    from schedc.checks.structure import check_structure
     schedule = compile_library("1f1b", p=4, m=4).schedule
     orders = [list(o) for o in schedule.orders]
     orders[0].append(orders[0][0])                          # duplicate F(0,0)
@@ -94,7 +94,7 @@ def test_structure_reports_every_fault_of_a_mutated_order():
 
 @pytest.mark.parametrize("name", ["1f1b", "gpipe", "chimera", "interleaved_1f1b"])
 def test_library_structure_is_clean(name):
-    from schedc.check_structure import check_structure
+    from schedc.checks.structure import check_structure
     assert check_structure(compile_library(name, p=4, m=8).schedule) == []
 
 

@@ -59,7 +59,7 @@ def test_errors_exit_with_the_right_code_and_location(args, code, where):
 def test_help_answers_without_importing_the_compiler():
     code = ("import sys; from schedc.cli import main\n"
             "try: main(['--help'])\nexcept SystemExit: pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('lark', 'torch', 'schedc.elaborate'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('lark', 'torch', 'schedc.frontend.elaborate'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
 

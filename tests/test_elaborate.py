@@ -9,7 +9,7 @@ import reference_orders as ref
 from conftest import FIXTURES, compile_library
 from schedc.compiler import build_schedule, read_source
 from schedc.diagnostics import SchedError, Source
-from schedc.elaborate import Options
+from schedc.frontend.elaborate import Options
 from schedc.ir import OP_FIELDS, Op
 
 

@@ -5,9 +5,9 @@ import pytest
 
 from schedc.compiler import compile_source
 from schedc.diagnostics import SchedError, Source
-from schedc.elaborate import Options
-from schedc.expr import MAX_INT, EvalError, evaluate, evaluate_int
-from schedc.parse import parse_source
+from schedc.frontend.elaborate import Options
+from schedc.frontend.expr import MAX_INT, EvalError, evaluate, evaluate_int
+from schedc.frontend.parse import parse_source
 
 TEMPLATE = """schedule x "x"
 param p = 2

@@ -12,8 +12,8 @@ from reference_orders import chimera
 from schedc.cli import main
 from schedc.compiler import compile_source, read_source
 from schedc.diagnostics import SchedError
-from schedc.elaborate import Options
-from schedc.profiles import read_profile
+from schedc.frontend.elaborate import Options
+from schedc.interop.profiles import read_profile
 
 DATA = Path(__file__).resolve().parent / "data"
 BERT_LARGE = DATA / "bert-large_time_memory_v100.csv"

@@ -6,7 +6,7 @@ import pytest
 import schedc.lower as lower_module
 from conftest import FIXTURES, SCHEDULES, compile_library
 from schedc.compiler import build_schedule, read_source
-from schedc.elaborate import Options
+from schedc.frontend.elaborate import Options
 from schedc.lower import lower
 from schedc.plan import COMM, Opcode
 from schedc.simulate import simulate

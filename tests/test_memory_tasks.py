@@ -11,7 +11,7 @@ from conftest import FIXTURES, SCHEDULES
 from schedc.cli import main
 from schedc.compiler import compile_source, read_source
 from schedc.diagnostics import SchedError
-from schedc.elaborate import Options
+from schedc.frontend.elaborate import Options
 from schedc.memory import holdings
 
 ONE_F_ONE_B = """schedule t "test"
@@ -118,7 +118,7 @@ def test_pipefisher_counts_saved_errors_and_factors():
 
 def test_profile_maps_memory_columns():
     """mem_save_err and mem_kron over mem_act (BERT-Large, V100, micro-batch 32: 144, 168 and 352.06 MB)."""
-    from schedc.profiles import read_profile_memory
+    from schedc.interop.profiles import read_profile_memory
     memory = read_profile_memory(str(Path(__file__).parent / "data" / "bert-large_time_memory_v100.csv"), 32)
     assert memory["B"] == pytest.approx(144 / 352.0625)
     assert memory["curvature_A"] == memory["curvature_B"] == pytest.approx(168 / 352.0625 / 2)

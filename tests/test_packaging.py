@@ -36,7 +36,7 @@ def test_installed_wheel_compiles_a_library_schedule(wheel, tmp_path):
                           capture_output=True, text=True, check=True).stdout.strip()
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)  # a non-editable install of exactly the wheel's files
-    code = ("import schedc.parse, schedc.library as l; print(schedc.parse.__file__); "
+    code = ("import schedc.frontend.parse, schedc.frontend.library as l; print(schedc.frontend.parse.__file__); "
             "print(len(l.library_files()))")
     out = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, check=True,
                          cwd=tmp_path).stdout.split()

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import FIXTURES, SCHEDULES
-from schedc import ast
+from schedc.frontend import ast
 from schedc.diagnostics import SchedError, Source
-from schedc.parse import decode_source, parse_source
+from schedc.frontend.parse import decode_source, parse_source
 
 
 @pytest.mark.parametrize("path", sorted(SCHEDULES.glob("*.sched")), ids=lambda p: p.name)
@@ -69,7 +69,7 @@ def test_comments_semicolons_and_layout_are_free():
 
 
 def test_expressions_follow_usual_precedence():
-    from schedc.expr import evaluate
+    from schedc.frontend.expr import evaluate
     decl = parse_source(Source("t", "schedule x\nparam a = 2 + 3 * 4 ** 2 // 5 - -1 if not 1 > 2 and 3 >= 3 else 0"))
     assert evaluate(decl.decls[0].default, {}) == 2 + 3 * 4 ** 2 // 5 + 1
 

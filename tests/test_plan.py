@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURES, compile_library
 from schedc.compiler import compile_source, read_source
-from schedc.plan import (_JSON_FORMS, _TEXT_FORMS, MEMO, Instr, Opcode, Plan, PlanError, load_plan,
+from schedc.plan.format import (_JSON_FORMS, _TEXT_FORMS, MEMO, Instr, Opcode, Plan, PlanError, load_plan,
                          parse_rank_text, step_json, step_text, write_plan)
 
 small = st.integers(0, 10_000)

@@ -61,7 +61,7 @@ def test_latency_lengthens_the_makespan():
 
 def test_measured_costs_per_stage_change_the_timing():
     from schedc.compiler import compile_source, read_source
-    from schedc.elaborate import Options
+    from schedc.frontend.elaborate import Options
     from conftest import SCHEDULES
     slow_last = Options({"p": "2", "m": "2"}, costs={"F": (1.0, 3.0), "B": (2.0, 6.0)})
     stats = compile_source(read_source(SCHEDULES / "1f1b.sched"), slow_last).stats

@@ -8,7 +8,7 @@ import reference_orders as R
 from conftest import compile_library
 from schedc.cli import main
 from schedc.diagnostics import SchedError, Source
-from schedc.torch_csv import export_csv, schedule_from_csv_text
+from schedc.interop.torch_csv import export_csv, schedule_from_csv_text
 
 SKIP = {"UNSHARD", "RESHARD", "REDUCE_GRAD"}
 EXPORTABLE = [("1f1b", dict(p=4, m=8)), ("gpipe", dict(p=4, m=8)), ("interleaved_1f1b", dict(p=4, v=2, m=8))]
@@ -88,7 +88,7 @@ def test_bad_csv_is_a_located_usage_error(text, where, fragment):
 
 def test_microbatch_count_can_be_given():
     text = "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
-    from schedc.elaborate import Options
+    from schedc.frontend.elaborate import Options
     assert schedule_from_csv_text(Source("x.csv", text), Options({"m": "3"})).microbatches == 3
     with pytest.raises(SchedError) as info:
         schedule_from_csv_text(Source("x.csv", text), Options({"p": "3"}))
@@ -96,7 +96,7 @@ def test_microbatch_count_can_be_given():
 
 
 def _refusal(text: str, *args: str):
-    from schedc.elaborate import Options
+    from schedc.frontend.elaborate import Options
     with pytest.raises(SchedError) as caught:
         schedule_from_csv_text(Source("x.csv", text), Options(dict(a.split("=", 1) for a in args)))
     return caught.value
@@ -127,7 +127,7 @@ def test_bad_cells_are_reported_twenty_then_counted():
 
 
 def test_too_many_ranks_are_refused_at_the_first_row_past_the_limit():
-    from schedc.torch_csv import MAX_RANKS
+    from schedc.interop.torch_csv import MAX_RANKS
     exc = _refusal("0F0,0B0\n" * (MAX_RANKS + 1))
     assert exc.exit_code == 2 and exc.diagnostics[0].span.line == MAX_RANKS + 1
     assert "at most 65,536" in exc.diagnostics[0].message

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from ..compiler import Compiled
 from ..memory import holdings, levels, levels_of
-from ..simulate import memory_deltas, timed_model
+from ..memory import memory_deltas, timed_model
 from .timed import timed_ops
 
 CHART_W, PANEL_H, PANEL_GAP, AXIS_H, LEFT = 760.0, 46.0, 8.0, 22.0, 70.0

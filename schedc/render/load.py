@@ -8,9 +8,10 @@ activation unit for the memory chart.
 """
 from __future__ import annotations
 
-from ..compiler import Compiled, schedule_stats
+from ..compiler import Compiled, compile_file, schedule_stats
 from ..diagnostics import SchedError, Source, error
-from ..ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule
+from ..ir import Dependencies, Op, Pipeline, Schedule
+from ..ops import DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
 
@@ -26,11 +27,10 @@ def load_input(file: str, defines, costs: str | None, latency: float,
             plan = load_plan(file)
         except PlanError as exc:
             raise SchedError(error(str(exc)), Source(file, ""), exit_code=2) from None
-        from ..profiles import load_costs, read_profile
+        from ..interop.profiles import load_costs, read_profile
         measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
         return compiled_from_plan(plan, file, measured, latency)
-    from ..cli import compile_input
-    return compile_input(file, defines, costs, latency, profile)
+    return compile_file(file, defines, costs, latency, profile)
 
 
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:
@@ -49,7 +49,7 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
                       for p in meta.get("pipelines", ()))
     orders = tuple(tuple(_op(i, rank, table) for i in (steps[0] if steps else ()) if _is_compute(i.op))
                    for rank, steps in enumerate(plan.ranks))
-    split = any(op.kind == "I" for order in orders for op in order)
+    split = any(op.kind == OpKind.I for order in orders for op in order)
     deps = Dependencies(pipelines, table, split, {}, tuple(op for order in orders for op in order))
     return Schedule(str(meta.get("schedule", "plan")), str(meta.get("description", "")),
                     Source(path, ""), dict(meta.get("params") or {}), plan.devices, pipelines,

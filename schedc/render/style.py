@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Op, Schedule
+from ..ops import OpKind
 
-KIND_COLOURS = {"F": "#3b6fb6", "B": "#3f9a4a", "I": "#e3872d", "W": "#2f9c95"}
+KIND_COLOURS = {OpKind.F: "#3b6fb6", OpKind.B: "#3f9a4a", OpKind.I: "#e3872d", OpKind.W: "#2f9c95"}
 TASK_COLOURS = ("#d6404e", "#9467bd", "#c9a227", "#e377c2", "#8c564b", "#7f7f7f", "#17becf", "#bcbd22")
-KIND_NAMES = {"F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)"}
+KIND_NAMES = {OpKind.F: "forward", OpKind.B: "backward", OpKind.I: "backward (input grad)",
+              OpKind.W: "backward (weight grad)"}
 
 
 def mix(colour: str, white: float) -> str:

@@ -17,6 +17,7 @@ from math import inf
 
 from ..compiler import Compiled
 from ..ir import Op
+from ..ops import OpKind
 from .measured import MeasuredRun
 from .style import Palette, op_label, palette, text_colour
 from .timed import step_starts, timed_ops
@@ -26,7 +27,7 @@ MAX_WIDTH = 12000.0         # points; beyond it the time unit shrinks (down to M
 UNIT, MIN_UNIT = 16.0, 6.0  # points per forward's duration: wanted, and the least when shrinking
 LABEL_W, NOTE_W, GAP = 64.0, 210.0, 8.0
 IDLE = "#f0f0f0"
-MESSAGE_COLOURS = {"F": "#1d3c6e", "B": "#1f5a27", "I": "#8a4a0c"}
+MESSAGE_COLOURS = {OpKind.F: "#1d3c6e", OpKind.B: "#1f5a27", OpKind.I: "#8a4a0c"}
 COMPUTE_MESSAGES = frozenset(MESSAGE_COLOURS)
 
 
@@ -88,7 +89,7 @@ def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun 
     """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given."""
     schedule, timing = compiled.schedule, compiled.timing
     busiest = max(sum(len(step[d]) for step in schedule.steps) for d in range(schedule.devices))
-    geo = geometry(timing.makespan, schedule.op_count(), min(schedule.costs.get("F", ()), default=1.0), busiest)
+    geo = geometry(timing.makespan, schedule.op_count(), min(schedule.costs.get(OpKind.F, ()), default=1.0), busiest)
     colours = palette(schedule)
     width = timing.makespan * geo.unit
     if measured is not None:

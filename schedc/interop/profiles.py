@@ -7,7 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from .diagnostics import SchedError, Source, error
+from ..diagnostics import SchedError, Source, error
+from ..ops import OpKind
 
 
 def _usage(message: str, path: str) -> SchedError:
@@ -72,7 +73,7 @@ def read_profile_memory(path: str, microbatch_size: int | None) -> dict[str, flo
         return {}
     memory = {}
     if row.get("mem_save_err"):
-        memory["B"] = _measured(row["mem_save_err"], "profile column mem_save_err", path) / act
+        memory[OpKind.B.value] = _measured(row["mem_save_err"], "profile column mem_save_err", path) / act
     if row.get("mem_kron"):
         memory["curvature_A"] = memory["curvature_B"] = _measured(row["mem_kron"], "profile column mem_kron",
                                                                   path) / act / 2
@@ -84,7 +85,7 @@ def read_profile(path: str, microbatch_size: int | None) -> dict[str, float]:
     row = _profile_row(path, microbatch_size)
     time = {column: _measured(row[column], f"profile column {column}", path)
             for column in ("time_f", "time_b", "time_kron", "time_inv", "time_prec") if column in row}
-    costs = {"F": time["time_f"], "B": time["time_b"]}
+    costs = {OpKind.F.value: time["time_f"], OpKind.B.value: time["time_b"]}
     if "time_kron" in time:
         costs["curvature_A"] = costs["curvature_B"] = time["time_kron"] / 2
     if "time_inv" in time:

@@ -16,11 +16,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
-from .grid import elide, label, location
-from .ir import Op, Schedule
-from .memory import PERSISTENT, Held, first_over, holdings, peak_of
-from .simulate import Timing, memory_deltas, timed_model
+from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
+from ..grid import elide, label, location
+from ..ir import Op, Schedule
+from ..ops import OpKind
+from ..memory import PERSISTENT, Held, first_over, holdings, peak_of
+from ..memory import memory_deltas, timed_model
+from ..timing import Timing
 
 TOLERANCE = 1e-9
 OPTIONS = Source("schedc check", "")  # where errors in command-line options are reported
@@ -98,7 +100,7 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
         if delta is None or not 0 <= op.stage < len(delta):
             continue
         units += delta[op.stage]
-        if op.kind == "F":
+        if op.kind == OpKind.F:
             alive[(op.stage, op.mb, op.pipe)] = op
         elif op.kind == release:
             alive.pop((op.stage, op.mb, op.pipe), None)
@@ -198,7 +200,7 @@ def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int
         if not 0 <= op.stage < len(layers):
             continue
         size = schedule.activation[op.stage] * layers[op.stage] * per_layer
-        if op.kind == "F":
+        if op.kind == OpKind.F:
             alive, count = alive + size, count + 1
             if alive > peak:
                 peak, at, peak_count = alive, op, count

@@ -17,10 +17,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from .compiler import read_source
-from .diagnostics import Diagnostic, SchedError, Source, Span, error
-from .elaborate import MAX_OPS
-from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds
+from ..frontend.parse import read_source
+from ..diagnostics import Diagnostic, SchedError, Source, Span, error
+from ..frontend.elaborate import MAX_OPS
+from ..ir import Dependencies, Op, Pipeline, Schedule
+from ..ops import DEFAULT_COSTS, SPLIT, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
@@ -43,7 +44,7 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     overrides = dict(getattr(options, "overrides", None) or {})
     microbatches = _microbatch_count(rows, overrides, source)
     cells = [cell for row in rows for cell in row]
-    split = any(kind in ("I", "W") for kind, *_ in cells)
+    split = any(kind in SPLIT for kind, *_ in cells)
     stages = max(stage for _, stage, _, _ in cells) + 1
     _check_size(cells, stages, microbatches, len(builtin_kinds(split)), "m" in overrides,
                 getattr(options, "max_ops", None) or MAX_OPS, source)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import ast
-from .diagnostics import Span
+from ..diagnostics import Span
 
 Env = dict[str, Any]
 Fn = Callable[[Env], Any]

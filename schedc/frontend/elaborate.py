@@ -11,9 +11,10 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import ast
-from .diagnostics import SchedError, Source, Span, error, has_errors
+from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int
-from .ir import DEFAULT_COSTS, Dependencies, Op, Pipeline, Schedule, builtin_kinds, ops_from_columns
+from ..ir import Dependencies, Op, Pipeline, Schedule, ops_from_columns
+from ..ops import DEFAULT_COSTS, builtin_kinds
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000

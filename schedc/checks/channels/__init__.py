@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, count, groupby, islice, repeat
 from operator import getitem, itemgetter, lt, setitem
 
-from .diagnostics import Diagnostic, error
-from .grid import elide, format_grid
-from .ir import consume
-from .plan import Instr, Plan
+from ...diagnostics import Diagnostic, error
+from ...grid import elide, format_grid
+from ...ir import consume
+from ...ops import COMM, GRADIENT, LINKED, RECVS, SENDS, Opcode, OpKind, carries, fed_by, feeds, link_ends, message
+from ...ops import own_stage, peer_stage
+from ...plan import Instr, Plan
 
-SENDS = frozenset({"SEND_F", "SEND_B"})
-RECVS = frozenset({"RECV_F", "RECV_B"})
-DIRECTION = {"SEND_F": "F", "RECV_F": "F", "SEND_B": "B", "RECV_B": "B"}
+DIRECTION = {op: carries(op) for op in COMM}  # the kind a message is named by, F or B
 OP, PEER = itemgetter(0), itemgetter(4)
 FIELDS = itemgetter(1, 2, 3)     # stage, mb, pipe
 LINK = itemgetter(0, 1, 3, 4)    # op, stage, pipe, peer
 COMPUTE = itemgetter(0, 1, 3)    # op, stage, pipe
 SHOWN = 8  # mismatches listed per pair
 _F, _B, _SEND, _RECV, _SYNC = 1, 2, 3, 4, 5
-_KIND = {"F": _F, "B": _B, "I": _B, "SEND_F": _SEND, "SEND_B": _SEND, "RECV_F": _RECV, "RECV_B": _RECV,
-         "SYNC_GRAD": _SYNC}
+_KIND = {OpKind.F.value: _F, **dict.fromkeys(GRADIENT, _B), **dict.fromkeys(SENDS, _SEND),
+         **dict.fromkeys(RECVS, _RECV), Opcode.SYNC_GRAD.value: _SYNC}
 
 
 def check_channels(plan: Plan) -> list[Diagnostic]:
@@ -83,7 +83,7 @@ def _pairs(streams: list, place: list[list[int]], step: int, steps: int) -> list
                   if not _link_ok(r, link, place, ranks)]
         diags += [error(f"{_where(step, steps)}rank {r}: {op}({stage}) of pipeline {pipe} is not a stage of the plan")
                   for op, stage, pipe in sorted(set(map(COMPUTE, stream)), key=str)
-                  if op in ("F", "B", "I") and not _stage_ok(stage, pipe, place)]
+                  if op in LINKED and not _stage_ok(stage, pipe, place)]
         for peer, group in _by_peer(sends).items():
             sent[(r, peer)] = group
         for peer, group in _by_peer(recvs).items():
@@ -108,8 +108,7 @@ def _link_ok(r: int, link: tuple, place: list[list[int]], ranks: int) -> bool:
     if not isinstance(peer, int) or not 0 <= peer < ranks or peer == r or not 0 <= pipe < len(place):
         return False
     where = place[pipe]
-    other = {"SEND_F": stage + 1, "SEND_B": stage - 1}.get(op, stage) if isinstance(stage, int) else -1
-    mine = (stage if op in SENDS else stage + 1 if op == "RECV_F" else stage - 1) if isinstance(stage, int) else -1
+    other, mine = (peer_stage(op, stage), own_stage(op, stage)) if isinstance(stage, int) else (-1, -1)
     return 0 <= other < len(where) and 0 <= mine < len(where) and where[other] == peer and where[mine] == r
 
 
@@ -126,7 +125,7 @@ def _syncs(streams: list, step: int, steps: int) -> list[Diagnostic]:
     for r, stream in enumerate(streams):
         count: dict[tuple, int] = {}
         for ins in stream:
-            if ins[0] == "SYNC_GRAD":
+            if ins[0] == Opcode.SYNC_GRAD:
                 group = tuple(ins[5] or ())
                 count[group] = count.get(group, 0) + 1
                 issued.setdefault((group, count[group] - 1), []).append((r, ins[1]))
@@ -163,26 +162,15 @@ def _where(step: int, steps: int) -> str:
 
 def _ends(op: str, stage, pipe: int, place: list[list[int]]) -> str:
     where = place[pipe] if 0 <= pipe < len(place) else []
-    pair = ((stage, stage + 1) if op.endswith("F") else (stage - 1, stage)) if isinstance(stage, int) else ()
+    pair = sorted(link_ends(op, stage)) if isinstance(stage, int) else ()
     ranks = [f"stage {s} on rank {where[s]}" for s in pair if 0 <= s < len(where)]
     return " and ".join(ranks) or "no rank (the stage does not exist)"
 
 
 def _message(message: tuple) -> str:
     direction, stage, mb, pipe = message
-    what = "activation" if direction == "F" else "gradient"
+    what = "activation" if direction == OpKind.F.value else "gradient"
     return f"the {what} of stage {stage}, microbatch {mb}" + (f", pipeline {pipe}" if pipe else "")
-
-
-def _text(ins: Instr) -> str:
-    """Compact form for messages and the grid: F(1,2), SEND_F(0,3)>1, RECV_B(2,0)<2, SYNC_GRAD(1)."""
-    op, stage, mb = ins[0], ins[1], ins[2]
-    args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
-    if op in SENDS:
-        return f"{op}{args}>{ins[4]}"
-    if op in RECVS:
-        return f"{op}{args}<{ins[4]}"
-    return op + args
 
 
 # The rendezvous replay -------------------------------------------------------------------------------
@@ -204,12 +192,18 @@ class Replay:
 
 def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
     """reads[r][pipe][s] = (does F(s) read from another rank, does B/I(s)); peer_of[op][pipe][s] = the
-    rank at the other end of a message of stage s."""
-    reads = [[[(0 < s and where[s - 1] != r, s + 1 < len(where) and where[s + 1] != r)
+    rank at the other end of a message of stage s (-1 for none)."""
+    def other_rank(where: list[int], s: int, kind: str) -> int | None:
+        x = fed_by(kind, s)[1]
+        return where[x] if 0 <= x < len(where) else None
+
+    def peer(where: list[int], s: int, op: str) -> int:
+        x = peer_stage(op, s)
+        return where[x] if 0 <= x < len(where) else -1
+
+    reads = [[[tuple(other_rank(where, s, kind) not in (None, r) for kind in (OpKind.F.value, OpKind.B.value))
                for s in range(len(where))] for where in place] for r in range(ranks)]
-    peer_of = {"SEND_F": [[where[s + 1] if s + 1 < len(where) else -1 for s in range(len(where))] for where in place],
-               "SEND_B": [[where[s - 1] if s > 0 else -1 for s in range(len(where))] for where in place],
-               "RECV_F": [list(where) for where in place], "RECV_B": [list(where) for where in place]}
+    peer_of = {op: [[peer(where, s, op) for s in range(len(where))] for where in place] for op in sorted(COMM)}
     return reads, peer_of
 
 
@@ -238,7 +232,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                 elif kind <= _B:
                     pipe = ins[3] or 0
                     if table[pipe][ins[1]][kind - 1]:
-                        got = mine.get(("F", ins[1] - 1, ins[2], pipe) if kind == _F else ("B", ins[1] + 1, ins[2], pipe))
+                        got = mine.get((*fed_by(ins[0], ins[1]), ins[2], pipe))
                         if got is None:
                             break
                         if sent[got[0]] <= got[1]:
@@ -252,9 +246,9 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                         wait_post[channel] = r
                         break
                     pipe = ins[3] or 0
-                    if expected[channel][k] != (ins[0][-1], ins[1], ins[2], pipe) \
+                    if expected[channel][k] != (DIRECTION[ins[0]], ins[1], ins[2], pipe) \
                             or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
-                        state.faults.append(f"rank {r}: {_text(ins)} does not match its receive")
+                        state.faults.append(f"rank {r}: {Instr.short(ins)} does not match its receive")
                     sent[channel] = k + 1
                     if wait_send[channel] >= 0:
                         ready.append(wait_send[channel])
@@ -262,10 +256,10 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                 elif kind == _RECV:
                     channel = ins[4] * ranks + r
                     pipe = ins[3] or 0
-                    message = (ins[0][-1], ins[1], ins[2], pipe)
+                    message = (DIRECTION[ins[0]], ins[1], ins[2], pipe)
                     where = (channel, posted[channel])
                     if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
-                        state.faults.append(f"rank {r}: {_text(ins)} is received twice or from the wrong rank")
+                        state.faults.append(f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank")
                     expected[channel].append(message)
                     posted[channel] += 1
                     if wait_post[channel] >= 0:
@@ -292,9 +286,9 @@ def _why(ins, r: int, n: int, received: dict, sent: list, posted: list, ranks: i
     op, stage, mb, pipe = ins[0], ins[1], ins[2], ins[3] or 0
     if op in SENDS:
         return f"until rank {ins[4]} posts its receive #{sent[r * ranks + ins[4]]} from rank {r}"
-    if op == "SYNC_GRAD":
+    if op == Opcode.SYNC_GRAD:
         return f"until every rank of group {list(ins[5] or ())} reaches it"
-    got = received.get(("F", stage - 1, mb, pipe) if op == "F" else ("B", stage + 1, mb, pipe))
+    got = received.get((*fed_by(op, stage), mb, pipe))
     if got is None:
         return "and uses a tensor from another rank that it has not received"
     return f"until rank {got[0] // ranks} sends it (message #{got[1]})"
@@ -335,9 +329,9 @@ def _replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[
     if not state.blocked:
         return diags
     stuck = sorted(state.blocked)
-    reasons = [f"rank {r} blocks at {_text(streams[r][state.position[r]])} (instruction {state.position[r]}) "
+    reasons = [f"rank {r} blocks at {Instr.short(streams[r][state.position[r]])} (instruction {state.position[r]}) "
                f"{state.blocked[r]}" for r in stuck]
-    grid = format_grid(streams, {(r, state.position[r]): "stuck" for r in stuck}, _text)
+    grid = format_grid(streams, {(r, state.position[r]): "stuck" for r in stuck}, Instr.short)
     return diags + [error(f"{_where(step, steps)}the plan hangs under blocking sends: "
                           + elide(reasons, 6, "ranks", sep="; "), detail=grid,
                           notes=("a SEND waits until its peer posts the matching RECV; a consumer waits for "
@@ -388,9 +382,10 @@ class _Links:
         for p, where in enumerate(place):
             if any(type(x) is not int or not 0 <= x < ranks for x in where):
                 raise ValueError("placement")
-            for s, d, other in ((s, d, s + 1 - 2 * d) for s in range(len(where)) for d in (0, 1)):
+            for s, kind, other in ((s, kind, feeds(kind, s)) for s in range(len(where))
+                                   for kind in (OpKind.F.value, OpKind.B.value)):
                 if 0 <= other < len(where) and where[other] != where[s]:
-                    links.append((p, s, d, other))
+                    links.append((p, s, kind, other))
                     self.sender.append(where[s])
                     self.receiver.append(where[other])
         self.m, self.size, self.flat = m, len(links) * m, len(place) == 1
@@ -413,20 +408,23 @@ class _Links:
 
     def _tables(self, place: list[list[int]], ranks: int, links: list[tuple]) -> list[dict]:
         m, codes = self.m, tuple(range(3 * self.size + 1))
-        cells = [{op: [[None] * len(where) for where in place] for op in ("SEND_F", "SEND_B", "RECV_F", "RECV_B",
-                                                                          "F", "B")} for _ in range(ranks)]
+        consumers = (OpKind.F.value, OpKind.B.value)
+        cells = [{op: [[None] * len(where) for where in place] for op in (*sorted(COMM), *consumers)}
+                 for _ in range(ranks)]
         for p, where in enumerate(place):
             for s, r in enumerate(where):
-                cells[r]["F"][p][s] = cells[r]["B"][p][s] = self.local
-        for i, (p, s, d, other) in enumerate(links):
-            ends = zip(("SEND_F", "RECV_F", "F") if d == 0 else ("SEND_B", "RECV_B", "B"),
+                for kind in consumers:
+                    cells[r][kind][p][s] = self.local
+        for i, (p, s, kind, other) in enumerate(links):
+            ends = zip((*message(kind), kind),
                        (self.sender[i], self.receiver[i], self.receiver[i]), (s, s, other), (_SENT, _POSTED, _USED))
             for op, r, stage, j in ends:
                 cells[r][op][p][stage] = codes[3 * i * m + j:3 * (i + 1) * m + j:3]
         tables = [{op: tuple(pipes[0]) if self.flat else tuple(map(tuple, pipes)) for op, pipes in mine.items()}
                   for mine in cells]
         for table in tables:
-            table["I"] = table["B"]
+            for kind in GRADIENT:
+                table[kind] = table[OpKind.B.value]
         return tables
 
     def codes(self, r: int, ops: tuple, stages: tuple, mbs: tuple, pipes: tuple) -> list:
@@ -474,9 +472,9 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
             _scatter(slots, codes, count(start))
             zeros += codes.count(0)
             peers += peer
-            if "SYNC_GRAD" in ops:
+            if Opcode.SYNC_GRAD in ops:
                 syncs += [(r, start + n, tuple(stream[n][5] or ()), stages[n]) for n, op in enumerate(ops)
-                          if op == "SYNC_GRAD"]
+                          if op == Opcode.SYNC_GRAD]
         ends.append(len(peers))
         peers.append(None)
         owner += repeat(r, len(stream) + 1)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken,
                              VisitError)
 
 from . import ast
-from .diagnostics import SchedError, Source, Span, error
+from ..diagnostics import SchedError, Source, Span, error
 
 GRAMMAR_PACKAGE = "schedc.grammars"
 GRAMMAR_FILE = "sched.lark"
@@ -365,3 +366,13 @@ def _check_depth(tree: Tree, source: Source) -> None:
             raise SchedError(error(f"expression or program nested deeper than {MAX_NESTING} levels",
                                    Span(line, column, line, column + 1)), source, exit_code=2)
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+
+
+def read_source(path: str | Path) -> Source:
+    """Read a schedule file; a missing or unreadable file is a usage error (exit 2)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SchedError(error(f"cannot read file: {exc.strerror or exc}"), Source(str(path), ""),
+                         exit_code=2) from None
+    return decode_source(data, str(path))

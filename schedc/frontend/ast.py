@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .diagnostics import Span
+from ..diagnostics import Span
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import ast
-from .diagnostics import SchedError, Source, error
+from ..diagnostics import SchedError, Source, error
 from .expr import EvalError, compile_expr, evaluate_int
-from .ir import BUILTIN, Op, Pipeline, TaskSpec, builtin_kinds
+from ..ir import Op, Pipeline, TaskSpec
+from ..ops import BUILTIN, OpKind, builtin_kinds, gradient_kind
 
 MAX_SPLIT = 1024
 
@@ -46,7 +47,7 @@ def _resolve(dep: ast.Dep, scope: dict[str, Any], pipes: tuple[int, ...], pipeli
              parts: dict[str, int], split: bool, arities: dict[str, int]) -> list[Op]:
     """Ops named by a dependency clause, e.g. F(s, i) or curvature_A(s, *); `pipes[0]` is the task's
     pipeline, `*` covers the microbatches of all `pipes` (the replicas of a shared task)."""
-    kind = "I" if dep.kind == "B" and split else dep.kind
+    kind = gradient_kind(split) if dep.kind == OpKind.B else dep.kind
     if len(dep.args) > 2:
         raise EvalError(f"{dep.kind}(...) takes a stage and at most a microbatch", dep.span)
     stage = evaluate_int(dep.args[0], scope, "dependency stage")

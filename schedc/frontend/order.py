@@ -14,10 +14,10 @@ from operator import attrgetter
 from typing import Any, Callable
 
 from . import ast
-from .diagnostics import Diagnostic, SchedError, Source, Span, error
+from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
-from .grid import elide
-from .ir import Op, Pipeline, consume
+from ..grid import elide
+from ..ir import Op, Pipeline, consume
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000

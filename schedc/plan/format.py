@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from types import NoneType
 from itertools import chain, compress, count, repeat
 from operator import is_not
@@ -16,30 +15,12 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from ..ops import COMM, Opcode, label
+
 FORMAT = "schedc-plan"
 VERSION = 1
 
 
-class Opcode(str, Enum):
-    """Built-in instruction kinds; anything else in a plan is a user task."""
-
-    F = "F"
-    B = "B"
-    I = "I"  # noqa: E741 - the papers' name for the input-gradient half of B
-    W = "W"
-    SEND_F = "SEND_F"
-    RECV_F = "RECV_F"
-    SEND_B = "SEND_B"
-    RECV_B = "RECV_B"
-    SYNC_GRAD = "SYNC_GRAD"
-    STEP = "STEP"
-
-
-COMPUTE = frozenset({Opcode.F, Opcode.B, Opcode.I, Opcode.W})
-SENDS = frozenset({Opcode.SEND_F, Opcode.SEND_B})
-RECVS = frozenset({Opcode.RECV_F, Opcode.RECV_B})
-COMM = SENDS | RECVS
-NOT_COMPUTE = frozenset(op.value for op in COMM) | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}  # as plain strings
 _KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
 _FIELDS = frozenset({"op", *_KEYS})
 
@@ -109,6 +90,10 @@ class Instr(NamedTuple):
         if self.parts is not None:
             text += f" parts={self.parts}"
         return text
+
+    def short(self) -> str:
+        """The compact form diagnostics and grids show (ops.label): F(1,2), SEND_F(0,3)>1, RECV_B(2,0)<2."""
+        return label(self.op, self.stage, self.mb, self.peer if self.op in COMM else None, parts=None)
 
     @classmethod
     def parse(cls, line: str) -> Instr:

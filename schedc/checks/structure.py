@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from itertools import chain, product
 from operator import attrgetter
 
-from .diagnostics import Diagnostic, Span, error
-from .grid import elide, label, location, ranges
-from .ir import BUILTIN, OP_KEY, Op, Schedule, builtin_kinds
+from ..diagnostics import Diagnostic, Span, error
+from ..grid import elide, label, location, ranges
+from ..ir import OP_KEY, Op, Schedule
+from ..ops import BUILTIN, SPLIT, OpKind, builtin_kinds, follows
 
 HOME = attrgetter("pipe", "stage")
 STAGE = attrgetter("stage")
@@ -140,9 +141,9 @@ def _outside(schedule: Schedule, op: Op) -> str | None:
 
 
 def _outside_builtin(schedule: Schedule, op: Op, pipe) -> str | None:
-    if op.kind == "B" and schedule.split_backward:
+    if op.kind == OpKind.B and schedule.split_backward:
         return "this schedule splits its backward into I and W; B does not run"
-    if op.kind in ("I", "W") and not schedule.split_backward:
+    if op.kind in SPLIT and not schedule.split_backward:
         return "this schedule runs a full backward B; I and W need 'backward split'"
     if op.mb is None:
         return "a built-in op needs a microbatch"
@@ -176,7 +177,7 @@ def _early(schedule: Schedule, seen: dict) -> list[Diagnostic]:
     """A backward (B or I) before its forward, or W before its I, in one device's order."""
     diags = []
     for key, (d, n, op) in seen.items():
-        before = {"B": "F", "I": "F", "W": "I"}.get(key[0])
+        before = follows(key[0])
         if before is None:
             continue
         found = seen.get((before,) + key[1:])
@@ -192,7 +193,7 @@ def _early(schedule: Schedule, seen: dict) -> list[Diagnostic]:
 
 
 def _name(kind: str) -> str:
-    return {"F": "forward", "I": "input backward"}[kind]
+    return {OpKind.F: "forward", OpKind.I: "input backward"}[kind]
 
 
 def _missing(schedule: Schedule, seen: dict, counted: Census) -> list[Diagnostic]:

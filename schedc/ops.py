@@ -1,0 +1,177 @@
+"""The op and instruction kinds, and the one rule of what feeds what.
+
+Every pass, the lowering, the checks and the runtime ask this module; none writes the rule again
+(tests/test_ops.py greps the tree for a second copy).
+
+    F(s, i) feeds F(s+1, i)           its activation, a SEND_F / RECV_F message when s+1 is on another rank
+    B(s, i), I(s, i) feed s-1         the input gradient, SEND_B / RECV_B
+    B(s, i), I(s, i) wait for F(s, i) their own forward; W(s, i) waits for I(s, i) (same stage, no message)
+
+A message is named by the stage that produced it: SEND_F stage=1 goes from stage 1 to stage 2, and
+RECV_F stage=1 is posted by the rank of stage 2.
+
+Kinds are str Enums whose text, hash and equality are the code's own ("F" == OpKind.F, f"{OpKind.F}" is
+"F"), so plain strings read from a plan or built by elaboration compare and look up alike.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class _Code(str, Enum):
+    """A str Enum that formats, hashes and compares as its code (hashing stays in C)."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __hash__ = str.__hash__
+
+
+class OpKind(_Code):
+    """The built-in compute ops of a (stage, microbatch); anything else is a user task."""
+
+    F = "F"  # forward
+    B = "B"  # full backward
+    I = "I"  # noqa: E741 - backward for the input gradient (split backward)
+    W = "W"  # backward for the weight gradient (split backward)
+
+
+class Opcode(_Code):
+    """The built-in instruction kinds of a plan; anything else in a plan is a user task."""
+
+    F = "F"
+    B = "B"
+    I = "I"  # noqa: E741 - the papers' name for the input-gradient half of B
+    W = "W"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    SYNC_GRAD = "SYNC_GRAD"
+    STEP = "STEP"
+
+
+# Groups, as frozensets of plain strings (they test strings read from anywhere, hashed in C).
+BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W
+GRADIENT = frozenset({OpKind.B.value, OpKind.I.value})     # the ops that send an input gradient upstream
+COMPUTE = frozenset(k.value for k in OpKind)               # compute instructions
+SENDS = frozenset({Opcode.SEND_F.value, Opcode.SEND_B.value})
+RECVS = frozenset({Opcode.RECV_F.value, Opcode.RECV_B.value})
+COMM = SENDS | RECVS
+LINKED = frozenset({OpKind.F.value}) | GRADIENT               # the ops whose output goes to another stage
+SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a split backward
+NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
+
+DEFAULT_COSTS = {OpKind.F.value: 1.0, OpKind.B.value: 2.0, OpKind.I.value: 1.0, OpKind.W.value: 1.0}
+
+
+def builtin_kinds(split: bool) -> tuple[str, ...]:
+    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B."""
+    return (OpKind.F.value, OpKind.I.value, OpKind.W.value) if split else (OpKind.F.value, OpKind.B.value)
+
+
+def gradient_kind(split: bool) -> str:
+    """The op whose output is a stage's input gradient: I with a split backward, else B."""
+    return OpKind.I.value if split else OpKind.B.value
+
+
+def release_kind(split: bool) -> str:
+    """The op that frees a forward's activation: W with a split backward, else B."""
+    return OpKind.W.value if split else OpKind.B.value
+
+
+# The link rule --------------------------------------------------------------------------------------
+
+# kind -> (the step from the producing stage to the consuming one, the message's send and receive)
+_LINKS = {OpKind.F.value: (1, Opcode.SEND_F.value, Opcode.RECV_F.value),
+          OpKind.B.value: (-1, Opcode.SEND_B.value, Opcode.RECV_B.value),
+          OpKind.I.value: (-1, Opcode.SEND_B.value, Opcode.RECV_B.value)}
+# a message opcode -> the kind its tensor is named by in a rank's buffers and in a message ("F" or "B")
+_CARRIES = {Opcode.SEND_F.value: OpKind.F.value, Opcode.RECV_F.value: OpKind.F.value,
+            Opcode.SEND_B.value: OpKind.B.value, Opcode.RECV_B.value: OpKind.B.value}
+
+
+def feeds(kind: str, stage: int) -> int | None:
+    """The stage that consumes the output of `kind` at `stage` (stage + 1 for F, stage - 1 for B and
+    I), or None for an op whose output stays on its stage (W, tasks). The stage may be out of range:
+    the last stage's F and the first stage's B feed nothing."""
+    link = _LINKS.get(kind)
+    return None if link is None else stage + link[0]
+
+
+def message(kind: str) -> tuple[str, str] | None:
+    """(send, receive) opcodes of the message that carries the output of `kind` to another rank."""
+    link = _LINKS.get(kind)
+    return None if link is None else link[1:]
+
+
+def carries(opcode: str) -> str:
+    """The kind a message's tensor is named by: F for SEND_F/RECV_F, B for SEND_B/RECV_B (a B and an I
+    both send the input gradient)."""
+    return _CARRIES[opcode]
+
+
+def link_ends(opcode: str, stage: int) -> tuple[int, int]:
+    """(producing stage, consuming stage) of a message named by its producing stage."""
+    return stage, stage + _LINKS[_CARRIES[opcode]][0]
+
+
+def own_stage(opcode: str, stage: int) -> int:
+    """The stage held by the rank that issues a message instruction: the producer for a send, the
+    consumer for a receive."""
+    return link_ends(opcode, stage)[opcode in RECVS]
+
+
+def peer_stage(opcode: str, stage: int) -> int:
+    """The stage at the other end of a message instruction."""
+    return link_ends(opcode, stage)[opcode in SENDS]
+
+
+# a built-in op -> the op of its own (stage, microbatch) that must have run before it
+_AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value}
+
+
+def follows(kind: str) -> str | None:
+    """The op of the same stage and microbatch that must run first: F for B and I, I for W; None for F
+    and tasks."""
+    return _AFTER.get(kind)
+
+
+def fed_by(kind: str, stage: int) -> tuple[str, int] | None:
+    """(kind, stage) of the neighbouring op whose output an op reads, in the tensor's name (F or B):
+    F(s) reads F(s-1)'s activation, B(s) and I(s) the gradient of s+1. None for W and tasks. As
+    with `feeds`, the stage may be out of range (the first F and the last B read no neighbour)."""
+    if kind == OpKind.F.value:
+        return kind, stage - 1
+    if kind in GRADIENT:
+        return OpKind.B.value, stage + 1
+    return None
+
+
+def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple[str, int], ...]:
+    """(kind, stage) of the ops a built-in op waits for, in this order: for B and I their own forward,
+    for W its I; then the neighbour that feeds it, when that stage exists.
+
+        F(2) -> F(1);  B(1) of 3 stages -> F(1), B(2);  I(2) of 3 -> F(2);  W(1) -> I(1)
+    """
+    before = follows(kind)
+    own = () if before is None else ((before, stage),)
+    producer = fed_by(kind, stage)
+    if producer is None or not 0 <= producer[1] < stages:
+        return own
+    name, s = producer
+    return (*own, (gradient_kind(split) if name == OpKind.B.value else name, s))
+
+
+# The text form ---------------------------------------------------------------------------------------
+
+def label(code: str, stage: int | None = None, mb: int | None = None, peer: int | None = None,
+          part: int = 0, parts: int | None = 1) -> str:
+    """The one compact text of an op or instruction, as diagnostics, grids and drawings show it:
+    F(1,2), W(0,3), curvature(1)[2/4] (part 2 of 4), SEND_F(0,3)>1 (to rank 1), RECV_B(2,0)<2 (from
+    rank 2), SYNC_GRAD(1), STEP. A rank's plan text (rank*.txt) is the parseable `Instr.__str__`."""
+    args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
+    if peer is not None and code in SENDS:
+        return f"{code}{args}>{peer}"
+    if peer is not None and code in RECVS:
+        return f"{code}{args}<{peer}"
+    return f"{code}{args}[{part + 1}/{parts}]" if parts is not None and parts > 1 else code + args

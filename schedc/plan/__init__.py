@@ -1,0 +1,12 @@
+"""The plan: the contract between compiler and runtime (docs/plan-format.md).
+
+`schedc.plan.format` holds what a plan is and how it is read (Instr, Plan, load_plan, the text form).
+The runtime imports this package and `schedc.ops`, nothing else of schedc.
+"""
+from ..ops import COMM, COMPUTE, NOT_COMPUTE, RECVS, SENDS, Opcode
+from .format import (FORMAT, MEMO, VERSION, Instr, Plan, PlanError, content_hash, format_rank_text, load_plan,
+                     parse_rank_text, plan_from_json, step_json, step_text, write_plan)
+
+__all__ = ["COMM", "COMPUTE", "NOT_COMPUTE", "RECVS", "SENDS", "Opcode", "FORMAT", "MEMO", "VERSION", "Instr",
+           "Plan", "PlanError", "content_hash", "format_rank_text", "load_plan", "parse_rank_text",
+           "plan_from_json", "step_json", "step_text", "write_plan"]

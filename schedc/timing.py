@@ -1,0 +1,76 @@
+"""Timing: what simulate returns, the start and end of every placed op and the derived statistics."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .ir import Op
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Start and end of every placed op, and the derived statistics."""
+
+    start: Mapping[Op, float]
+    end: Mapping[Op, float]
+    makespan: float
+    busy: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    latency: float
+    complete: bool  # False when the orders deadlock: ops that never ran have no times
+    steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
+    extra: dict[str, Any] = field(default_factory=dict)  # stats a later pass adds (fill_bubbles)
+    sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(self.makespan - b for b in self.busy)
+
+    def stats(self) -> dict[str, Any]:
+        devices = len(self.busy)
+        busy = sum(self.busy)
+        span = self.makespan * devices
+        return {
+            "makespan": _round(self.makespan),
+            "utilization": _round(busy / span) if span else 0.0,
+            "bubble_fraction": _round((span - busy) / busy) if busy else 0.0,
+            "busy": [_round(b) for b in self.busy],
+            "idle": [_round(i) for i in self.idle],
+            "peak_memory": [_round(m) for m in self.peak_memory],
+            "latency": self.latency,
+        }
+
+
+def _round(x: float) -> float:
+    return round(x, 9)
+
+
+class OpTimes(Mapping):
+    """Op -> time, from parallel lists. The dict is built on the first lookup: a compile that finds
+    nothing wrong looks no op up, and hashing 10^5 ops (a Python-level __hash__) is most of the cost."""
+
+    __slots__ = ("_ops", "_times", "_table")
+
+    def __init__(self, ops: list[Op], times: list[float]):
+        self._ops, self._times, self._table = ops, times, None
+
+    def table(self) -> dict[Op, float]:
+        if self._table is None:
+            self._table = dict(zip(self._ops, self._times))
+        return self._table
+
+    def __getitem__(self, op: Op) -> float:
+        return self.table()[op]
+
+    def get(self, op: Op, default: Any = None) -> Any:
+        return self.table().get(op, default)
+
+    def __contains__(self, op: object) -> bool:
+        return op in self.table()
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.table())
+
+    def __len__(self) -> int:
+        return len(self.table())
