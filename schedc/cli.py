@@ -64,8 +64,17 @@ def _profile_choice(costs: str | None, profile: str | None,
     if microbatch_size is not None and not profile:
         raise click.UsageError("--microbatch-size picks a row of a --profile CSV; give --profile too")
     return (profile, microbatch_size) if profile else None
-latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
-                              help="Simulated latency of every message between devices.")
+def _latency(ctx, param, value: float) -> float:
+    """--latency: a finite number of cost units >= 0 (NaN, inf and negative latencies were taken, and a
+    correct plan then blamed or an infinite makespan printed)."""
+    from .frontend.elaborate import MAX_COST
+    if not 0 <= value <= MAX_COST:
+        raise click.BadParameter(f"must be a finite number >= 0 and at most {MAX_COST:g}, got {value}")
+    return value
+
+
+latency_option = click.option("--latency", type=float, default=0.0, show_default=True, callback=_latency,
+                              help="Simulated latency of every message between devices (>= 0).")
 
 
 def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float):

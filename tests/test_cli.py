@@ -123,3 +123,40 @@ def test_a_full_disk_on_export_is_a_usage_error_and_a_device_is_never_replaced()
     result = CliRunner().invoke(main, ["export", "1f1b", "-o", "/dev/full"])  # every write: ENOSPC
     assert result.exit_code == 2 and "no space left" in result.output.lower(), result.output
     assert stat.S_ISCHR(Path("/dev/full").stat().st_mode) and not Path("/dev/full.tmp").exists()
+
+
+@pytest.mark.parametrize("define,message", [
+    ("m=1e309", "-D m=1e309: value must be a finite number"),
+    ("m=nan", "-D m=nan: value must be a finite number"),
+    ("m=99999999999999999999999999999", "-D m=999999999999999999999999...: value is too large"),
+    ("p=1e300", "-D p=1e300: value is too large"),
+    ("p=2.5", "param p is the device count and must be a positive integer, got 2.5"),
+])
+def test_defines_are_range_checked_at_the_param(define, message):
+    result = CliRunner().invoke(main, ["check", "1f1b", "-D", define])
+    first = result.output.splitlines()[0]
+    assert result.exit_code in (1, 2) and message in first and "1f1b.sched:" in first, result.output
+    line = int(first.split("1f1b.sched:")[1].split(":")[0])
+    assert (ROOT / "schedules" / "1f1b.sched").read_text().splitlines()[line - 1].startswith("param")
+
+
+def test_defines_with_integral_float_values_are_integers():
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "m=1e1", "-D", "p=2.0", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["ops"] == 2 * 2 * 10
+
+
+@pytest.mark.parametrize("latency", ["nan", "-1", "inf", "1e308"])
+def test_latency_must_be_finite_and_not_negative(latency):
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "--latency", latency])
+    assert result.exit_code == 2 and "Invalid value for '--latency': must be a finite number >= 0" in result.output
+
+
+def test_costs_too_large_to_sum_are_refused(tmp_path):
+    source = tmp_path / "big.sched"
+    source.write_text((ROOT / "schedules" / "gpipe.sched").read_text() + "\ncost F = 1e308\n")
+    result = CliRunner().invoke(main, ["simulate", str(source)])
+    assert result.exit_code == 1 and f"{source}:" in result.output and "is too large (at most 1e+15" in result.output
+    costs = tmp_path / "costs.json"
+    costs.write_text('{"F": 1e308}')
+    result = CliRunner().invoke(main, ["simulate", "gpipe", "--costs", str(costs)])
+    assert result.exit_code == 2 and "cost of 'F' must be a finite number >= 0, got 1e+308 (at most 1e+15)" in result.output
