@@ -141,3 +141,9 @@ def test_export_makes_the_output_directory_and_refuses_unwritable_paths(tmp_path
     result = CliRunner().invoke(main, ["export", "1f1b", "-o", str(tmp_path / "file" / "x.csv")])
     assert result.exit_code == 2 and f"{tmp_path / 'file'} is not a directory" in result.output
     assert not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_nested_overlap_cells_are_refused_not_recursed_into():
+    exc = _refusal("(" * 20_000 + "0F0" + ")OVERLAP_F_B" * 20_000 + "\n")
+    assert exc.exit_code == 2 and "not another OVERLAP_F_B" in exc.diagnostics[0].message
+    assert (exc.diagnostics[0].span.line, exc.diagnostics[0].span.column) == (1, 1)

@@ -154,7 +154,12 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return [(match.group(2), int(stage), int(mb), span)]
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
-        return [cell for part in overlap.group(1).split(";") for cell in _cell(part, span, diags)]
+        parts = overlap.group(1).split(";")
+        if any("(" in part or ")" in part for part in parts):
+            diags.append(error(f"bad cell {stripped[:24]!r}{'...' * (len(stripped) > 24)}: an OVERLAP_F_B cell "
+                               "holds compute cells (a;b), not another OVERLAP_F_B", span))
+            return []
+        return [cell for part in parts for cell in _cell(part, span, diags)]
     why = ("communication cells belong to torch's compute_comms format; export the compute-only schedule"
            if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
     diags.append(error(f"bad cell {stripped!r}: {why}", span))
