@@ -4,9 +4,10 @@
 The runtime imports this package and `schedc.ops`, nothing else of schedc.
 """
 from ..ops import COMM, COMPUTE, NOT_COMPUTE, RECVS, SENDS, Opcode
-from .format import (FORMAT, MEMO, VERSION, Instr, Plan, PlanError, content_hash, format_rank_text, load_plan,
-                     parse_rank_text, plan_from_json, step_json, step_text, write_plan)
+from .format import (FORMAT, MEMO, VERSION, Instr, Plan, PlanError, content_hash, format_rank_text,
+                     parse_rank_text, step_json, step_text, write_plan)
+from .validate import check_plan_fields, load_plan, plan_from_json  # format's, with the fields checked
 
 __all__ = ["COMM", "COMPUTE", "NOT_COMPUTE", "RECVS", "SENDS", "Opcode", "FORMAT", "MEMO", "VERSION", "Instr",
            "Plan", "PlanError", "content_hash", "format_rank_text", "load_plan", "parse_rank_text",
-           "plan_from_json", "step_json", "step_text", "write_plan"]
+           "plan_from_json", "step_json", "step_text", "write_plan", "check_plan_fields"]
