@@ -5,7 +5,6 @@ Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
 """
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import click
 
 from .diagnostics import SchedError
+from .outputs import output_error, prepare_directory, reason, write_output
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -113,7 +113,13 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:
         sys.exit(1)
-    plan, paths = write_plan(result.plan, out_dir)
+    try:
+        prepare_directory(out_dir)
+        plan, paths = write_plan(result.plan, out_dir)
+    except SchedError as exc:
+        _fail(exc)
+    except OSError as exc:  # write_plan writes each file atomically and removes its temporary
+        _fail(output_error(out_dir, reason(exc)))
     click.echo(summary(result))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
 
@@ -224,38 +230,11 @@ def export_cmd(file, defines, fmt, out):
         text = export_csv(result.schedule)
     except SchedError as exc:
         _fail(exc)
-    _write_output(out, text)
+    try:
+        write_output(out, text)
+    except SchedError as exc:
+        _fail(exc)
     click.echo(f"wrote {out}")
-
-
-def _write_output(out: str, text: str) -> None:
-    """Write an output file as compile and render do: parent directories made, the file replaced at
-    once (a temporary file renamed, removed if the write fails); a device or pipe (/dev/stdout) is
-    written in place, never replaced. A path that cannot be written is a usage error naming why."""
-    target = Path(out)
-    try:
-        if target.is_dir():
-            raise click.UsageError(f"cannot write {out}: it is a directory")
-        if target.exists() and not target.is_file():
-            with open(target, "w") as stream:
-                stream.write(text)
-            return
-        for parent in target.parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise click.UsageError(f"cannot write {out}: {parent} is not a directory")
-                break
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise click.UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        why = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
-        raise click.UsageError(f"cannot write {out}: {why}") from None
 
 
 @main.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

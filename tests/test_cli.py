@@ -160,3 +160,34 @@ def test_costs_too_large_to_sum_are_refused(tmp_path):
     costs.write_text('{"F": 1e308}')
     result = CliRunner().invoke(main, ["simulate", "gpipe", "--costs", str(costs)])
     assert result.exit_code == 2 and "cost of 'F' must be a finite number >= 0, got 1e+308 (at most 1e+15)" in result.output
+
+
+@pytest.mark.parametrize("command", [["compile", "1f1b", "-o", "{out}"], ["render", "1f1b", "-o", "{out}/x.dot"],
+                                     ["export", "1f1b", "-o", "{out}/x.csv"]])
+def test_every_output_path_makes_its_directory_or_says_why_not(tmp_path, command):
+    fresh = [a.replace("{out}", str(tmp_path / "new" / "dir")) for a in command]
+    assert CliRunner().invoke(main, fresh).exit_code == 0
+    (tmp_path / "file").write_text("x")
+    blocked = [a.replace("{out}", str(tmp_path / "file" / "sub")) for a in command]
+    result = CliRunner().invoke(main, blocked)
+    assert result.exit_code == 2 and f"{tmp_path / 'file'} is not a directory" in result.output, result.output
+    assert "Traceback" not in result.output and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_full_disk_on_compile_leaves_no_partial_plan(tmp_path):
+    """A 16 KiB file system (a tmpfs, where this process may mount one; else /dev/full's directory
+    cannot be made, which is refused the same way)."""
+    import subprocess
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)],
+                             capture_output=True).returncode == 0
+    try:
+        out = small / "out" if mounted else Path("/dev/full/out")
+        result = CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=8", "-D", "m=64", "-o", str(out)])
+        assert result.exit_code == 2 and f"cannot write {out}" in result.output, result.output
+        assert not mounted or "no space left on the device" in result.output
+        assert not list(small.rglob("*"))[1:] and not list(small.rglob("*.tmp"))
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(small)], check=True)
