@@ -165,12 +165,18 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_jso
     """Simulate FILE under its cost model and print the stats."""
     from .report import device_table, summary
     result = _compiled(file, defines, costs, profile, microbatch_size, latency)
+    if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
+        errors = sum(d.severity.value == "error" for d in result.diagnostics)
+        if as_json:
+            click.echo(json.dumps({"valid": False, "errors": errors}, indent=1))
+        click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
+                   "schedule that fails its checks", err=True)
+        sys.exit(1)
     if as_json:
         click.echo(json.dumps(result.stats, indent=1))
     else:
         click.echo(summary(result))
         click.echo(device_table(result))
-    sys.exit(0 if result.ok else 1)
 
 
 @main.command("list")

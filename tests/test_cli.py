@@ -191,3 +191,16 @@ def test_a_full_disk_on_compile_leaves_no_partial_plan(tmp_path):
     finally:
         if mounted:
             subprocess.run(["umount", str(small)], check=True)
+
+
+def test_the_stats_of_a_schedule_that_fails_its_checks_are_not_shown(tmp_path):
+    broken = str(FIXTURES / "broken" / "deadlock.sched")
+    table = CliRunner().invoke(main, ["simulate", broken])
+    assert table.exit_code == 1 and "no stats for a schedule that fails its checks" in table.output
+    assert "utilization" not in table.output and "makespan" not in table.output
+    as_json = CliRunner().invoke(main, ["simulate", broken, "--json"])
+    assert as_json.exit_code == 1 and '"valid": false' in as_json.output and "utilization" not in as_json.output
+    for ext in ("dot", "html"):
+        drawn = CliRunner().invoke(main, ["render", broken, "-o", str(tmp_path / f"x.{ext}")])
+        text = (tmp_path / f"x.{ext}").read_text()
+        assert drawn.exit_code == 1 and "fails its checks" in text and "utilization" not in text.split("<h2>Source")[0]
