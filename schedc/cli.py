@@ -28,7 +28,8 @@ def _check_defines(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _report(diagnostics, source) -> None:
-    for diag in diagnostics:
+    from .diagnostics import capped
+    for diag in capped(diagnostics):
         click.echo(diag.format(source), err=True)
 
 

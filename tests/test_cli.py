@@ -204,3 +204,13 @@ def test_the_stats_of_a_schedule_that_fails_its_checks_are_not_shown(tmp_path):
         drawn = CliRunner().invoke(main, ["render", broken, "-o", str(tmp_path / f"x.{ext}")])
         text = (tmp_path / f"x.{ext}").read_text()
         assert drawn.exit_code == 1 and "fails its checks" in text and "utilization" not in text.split("<h2>Source")[0]
+
+
+def test_repeated_diagnostics_are_capped_and_counted(tmp_path):
+    row = tmp_path / "dup.csv"
+    row.write_text(",".join(["0F0"] * 10_000) + "\n")  # one op, 9,999 times too often
+    result = CliRunner().invoke(main, ["check", str(row)])
+    lines = [line for line in result.output.splitlines() if ": error: " in line]
+    assert result.exit_code == 1 and len(lines) == 22, lines[-3:]  # 20 alike, their count, the missing B
+    assert "and 9,979 more like this (F(0,0) runs twice" in lines[20]
+    assert len(result.output) < 20_000 and "10000 errors" in result.output
