@@ -52,6 +52,9 @@ def check_plan_fields(plan: Plan) -> None:
     pipelines = _pipelines(meta.get("pipelines"), stages, microbatches, devices)
     _replicas(meta.get("replicas", []), len(pipelines))
     _costs(meta.get("costs") or {}, stages)
+    params = meta.get("params", {})
+    if not isinstance(params, dict) or not all(type(v) in (int, float) for v in params.values()):
+        raise PlanError(f"params: expected an object of param name to number, got {_shown(params)}")
     cycle = len(plan.ranks[0])
     for rank, steps in enumerate(plan.ranks):
         if not 1 <= len(steps) <= MAX_CYCLE:
