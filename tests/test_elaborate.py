@@ -91,7 +91,7 @@ def test_ops_carry_the_span_of_the_program_item_that_placed_them():
     ("unknown_name.sched", 6, 7, "unknown name 'warmup'"),
     ("failed_require.sched", 4, 1, "requirement failed: m must be a multiple of p"),
     ("bad_task_dep.sched", 5, 33, "F(2, 0) names stage 2, but pipeline 'main' has stages 0..1"),
-    ("runaway_loop.sched", 6, 3, "a loop of 100,000,000 rounds would run the programs past 1,000,256 statements"),
+    ("runaway_loop.sched", 6, 29, "device 0: programs run more than 1,000,256 statements (a runaway loop?)"),
     ("pop_loop.sched", 5, 41, "devices 0, 1: program pops F from an empty queue"),
 ])
 def test_semantic_errors_are_located(fixture, line, column, text):
@@ -231,17 +231,17 @@ def test_queues_sort_like_their_keys_evaluated_op_by_op():
         assert list(order) == [op for op in forwards if op.pipe == 0] + up + backwards
 
 
-@pytest.mark.parametrize("body,column,what", [
-    ("for k in 0 .. 1000000000 { }", 3, "a loop of 1,000,000,000 rounds"),
-    ("() * 1000000000", 3, "a repeated group of 1,000,000,000 rounds"),
-    ("for k in 0 .. 100000 { for j in 0 .. 100000 { } }", 26, "a loop of 100,000 rounds"),
+@pytest.mark.parametrize("body,column", [
+    ("for k in 0 .. 1000000000 { }", 3),
+    ("() * 1000000000", 3),
+    ("for k in 0 .. 100000 { for j in 0 .. 100000 { } }", 26),
 ])
-def test_loops_that_run_nothing_still_count_against_the_budget(body, column, what):
+def test_loops_that_run_nothing_still_count_against_the_budget(body, column):
     from schedc.diagnostics import Source
     text = ('schedule x "x"\nparam p = 2\nparam m = 2\npipeline main { stages p; device s -> s; microbatches m }\n'
             f"on device d {{\n  {body}\n  F * m ; B * m\n}}\n")
     with pytest.raises(SchedError) as caught:
         build_schedule(Source("loop.sched", text))
     first = caught.value.diagnostics[0]
-    assert (first.span.line, first.span.column) == (6, column) and what in first.message, first.message
-    assert "would run the programs past" in first.message
+    assert (first.span.line, first.span.column) == (6, column), first
+    assert "programs run more than 1,000,128 statements (a runaway loop?)" in first.message

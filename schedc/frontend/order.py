@@ -224,18 +224,16 @@ class _ProgramRun:
         env[stmt.name] = evaluate(stmt.value, env)
 
     def _loop(self, stmt: ast.Loop, env: dict) -> None:
-        steps = range(evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end"))
-        self._charge(len(steps), "a loop", stmt.span)
-        for k in steps:
+        for k in range(evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")):
+            self._charge(stmt.span)
             self.run(stmt.body, {**env, stmt.var: k})
 
-    def _charge(self, rounds: int, what: str, span: Span) -> None:
-        """Count a loop's iterations (or a group's repeats) against the budget before running them, so
-        that `for k in 0 .. 1000000000 { }`, whose body runs nothing, is refused at once."""
-        if rounds > self.budget.left:
-            raise EvalError(f"{what} of {rounds:,} rounds would run the programs past {self.budget.total:,} "
-                            "statements (a runaway loop?)", span)
-        self.budget.left -= rounds
+    def _charge(self, span: Span) -> None:
+        """Count one round of a loop (or of a repeated group) against the budget, so that
+        `for k in 0 .. 1000000000 { }`, whose body runs no statement, stops like any runaway loop."""
+        self.budget.left -= 1
+        if self.budget.left < 0:
+            raise EvalError(f"programs run more than {self.budget.total:,} statements (a runaway loop?)", span)
 
     def _when(self, stmt: ast.When, env: dict) -> None:
         self.run(stmt.then if evaluate(stmt.test, env) else stmt.orelse, env)
@@ -247,10 +245,9 @@ class _ProgramRun:
         if count < 0:
             raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
         count -= self._rounds_at_once(stmt.unit, count, env)
-        if isinstance(stmt.unit, ast.Group):
-            self._charge(count, "a repeated group", stmt.span)
         for _ in range(count):
             if isinstance(stmt.unit, ast.Group):
+                self._charge(stmt.span)
                 self.run(stmt.unit.body, env)
             else:
                 self._cursor(stmt.unit, env)
