@@ -46,3 +46,16 @@ def test_installed_wheel_compiles_a_library_schedule(wheel, tmp_path):
                              str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "plan.json").exists()
+
+
+def test_extras_name_what_the_runtime_and_the_benchmarks_import():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert "torch" in extras["runtime"] and "scikit-learn" in extras["benchmarks"]
+    assert "torch" not in " ".join(project["dependencies"])  # the compiler never needs it
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    # torch==2.13.0 (the CPU build) is installed where torch is missing, before the extras that name it
+    assert setup.index("torch==2.13.0") < setup.index('.[runtime,test,benchmarks]')
+    benchmarks = " ".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.py"))
+    assert ("sklearn" in benchmarks) == ("scikit-learn" in extras["benchmarks"])
