@@ -492,3 +492,31 @@ def test_two_nodes_on_loopback_give_the_single_node_losses(plans, tmp_path):
     outputs = [agent.communicate(timeout=LAUNCH_LIMIT) for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], outputs
     assert _losses(tmp_path / "two.jsonl") == _losses(tmp_path / "one.jsonl")
+
+
+def test_a_killed_node_ends_the_other_within_the_timeout(plans, tmp_path):
+    """One agent is killed during training (its worker ends with it); the other node's worker gives up
+    within --timeout, naming the rank it waited for, and its agent ends."""
+    import signal
+    metrics, timeout = tmp_path / "metrics.jsonl", 8
+    agents = _two_agents(plans("1f1b", p=2, m=4), [*SMALL, "--steps", "100000", "--quiet", "--timeout",
+                                                   str(timeout), "--metrics-out", str(metrics)], "schedc-lost")
+    try:
+        begin = time.monotonic()
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.monotonic() - begin < LAUNCH_LIMIT and all(a.poll() is None for a in agents)
+            time.sleep(0.2)
+        os.kill(agents[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = agents[0].communicate(timeout=LAUNCH_LIMIT)
+        ended = time.monotonic() - killed
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+    # the survivor's worker names its lost peer, or its agent the lost rendezvous (when the killed node
+    # held the rendezvous store); either way one line, no traceback
+    assert agents[0].returncode == 1 and "Traceback" not in err, err
+    assert "failed first" in err or "this node lost the rendezvous with the others" in err, err
+    assert ended < timeout + 20, ended  # --timeout, the watchdog's grace, the agent's shutdown
