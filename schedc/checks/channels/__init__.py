@@ -191,8 +191,10 @@ class Replay:
 
 
 def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
-    """reads[r][pipe][s] = (does F(s) read from another rank, does B/I(s)); peer_of[op][pipe][s] = the
-    rank at the other end of a message of stage s (-1 for none)."""
+    """sources[pipe][s] = (the rank F(s) reads its input from, the rank B/I(s) does; None for none), the
+    same for every rank (a rank reads from another when its source is not itself: per rank, this table
+    grew with the square of the device count); peer_of[op][pipe][s] = the rank at the other end of a
+    message of stage s (-1 for none)."""
     def other_rank(where: list[int], s: int, kind: str) -> int | None:
         x = fed_by(kind, s)[1]
         return where[x] if 0 <= x < len(where) else None
@@ -201,21 +203,25 @@ def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
         x = peer_stage(op, s)
         return where[x] if 0 <= x < len(where) else -1
 
-    reads = [[[tuple(other_rank(where, s, kind) not in (None, r) for kind in (OpKind.F.value, OpKind.B.value))
-               for s in range(len(where))] for where in place] for r in range(ranks)]
+    sources = [[tuple(other_rank(where, s, kind) for kind in (OpKind.F.value, OpKind.B.value))
+                for s in range(len(where))] for where in place]
     peer_of = {op: [[peer(where, s, op) for s in range(len(where))] for where in place] for op in sorted(COMM)}
-    return reads, peer_of
+    return sources, peer_of
 
 
 def replay(streams: list, place: list[list[int]]) -> Replay:
     """Run every rank as far as it can, waking a rank when what it waits for happens (linear in the
-    instructions; one tight loop without allocation on the common path: the hot path of `schedc check`)."""
+    instructions; one tight loop without allocation on the common path: the hot path of `schedc check`).
+    Channels (sender * ranks + receiver) are kept only where messages go, so memory is linear in the
+    instructions, not quadratic in the ranks."""
     ranks = len(streams)
-    reads, peer_of = _tables(place, ranks)
+    sources, peer_of = _tables(place, ranks)
     state = Replay([0] * ranks)
-    posted, sent = [0] * (ranks * ranks), [0] * (ranks * ranks)
-    expected: list[list] = [[] for _ in range(ranks * ranks)]   # per channel: messages in receive order
-    wait_post, wait_send = [-1] * (ranks * ranks), [-1] * (ranks * ranks)  # the rank asleep on a channel
+    posted: defaultdict[int, int] = defaultdict(int)      # per channel: receives posted, sends done
+    sent: defaultdict[int, int] = defaultdict(int)
+    expected: defaultdict[int, list] = defaultdict(list)  # per channel: messages in receive order
+    wait_post: dict[int, int] = {}                         # per channel: the rank asleep on it
+    wait_send: dict[int, int] = {}
     received = [{} for _ in range(ranks)]
     used = [0] * ranks
     syncs = _Syncs(ranks)
@@ -223,7 +229,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     try:
         while ready:
             r = ready.pop()
-            stream, n, mine, table = streams[r], state.position[r], received[r], reads[r]
+            stream, n, mine = streams[r], state.position[r], received[r]
             while n < len(stream):
                 ins = stream[n]
                 kind = _KIND.get(ins[0])
@@ -231,7 +237,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                     pass
                 elif kind <= _B:
                     pipe = ins[3] or 0
-                    if table[pipe][ins[1]][kind - 1]:
+                    source = sources[pipe][ins[1]][kind - 1]
+                    if source is not None and source != r:
                         got = mine.get((*fed_by(ins[0], ins[1]), ins[2], pipe))
                         if got is None:
                             break
@@ -250,9 +257,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                             or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                         state.faults.append(f"rank {r}: {Instr.short(ins)} does not match its receive")
                     sent[channel] = k + 1
-                    if wait_send[channel] >= 0:
-                        ready.append(wait_send[channel])
-                        wait_send[channel] = -1
+                    if channel in wait_send:
+                        ready.append(wait_send.pop(channel))
                 elif kind == _RECV:
                     channel = ins[4] * ranks + r
                     pipe = ins[3] or 0
@@ -262,9 +268,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                         state.faults.append(f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank")
                     expected[channel].append(message)
                     posted[channel] += 1
-                    if wait_post[channel] >= 0:
-                        ready.append(wait_post[channel])
-                        wait_post[channel] = -1
+                    if channel in wait_post:
+                        ready.append(wait_post.pop(channel))
                 elif not syncs.meet(state, r, ins, ready):
                     break
                 n += 1
@@ -277,7 +282,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     state.faults += [f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses"
                      for r in range(ranks) if used[r] != len(received[r]) and r not in state.blocked]
     state.faults += [f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
-                     "never sent" for c in range(ranks * ranks) if posted[c] != sent[c] and not state.blocked]
+                     "never sent" for c in sorted(posted) if posted[c] != sent[c] and not state.blocked]
     return state
 
 
@@ -409,8 +414,10 @@ class _Links:
     def _tables(self, place: list[list[int]], ranks: int, links: list[tuple]) -> list[dict]:
         m, codes = self.m, tuple(range(3 * self.size + 1))
         consumers = (OpKind.F.value, OpKind.B.value)
-        cells = [{op: [[None] * len(where) for where in place] for op in (*sorted(COMM), *consumers)}
-                 for _ in range(ranks)]
+        # per rank, op and pipe: stage -> codes, for the stages the rank holds or messages (a dict each:
+        # a list per stage on every rank grew with the square of the device count; a missing stage
+        # fails the lookup, as an index past the end of a tuple did)
+        cells = [{op: [{} for _ in place] for op in (*sorted(COMM), *consumers)} for _ in range(ranks)]
         for p, where in enumerate(place):
             for s, r in enumerate(where):
                 for kind in consumers:
@@ -420,8 +427,7 @@ class _Links:
                        (self.sender[i], self.receiver[i], self.receiver[i]), (s, s, other), (_SENT, _POSTED, _USED))
             for op, r, stage, j in ends:
                 cells[r][op][p][stage] = codes[3 * i * m + j:3 * (i + 1) * m + j:3]
-        tables = [{op: tuple(pipes[0]) if self.flat else tuple(map(tuple, pipes)) for op, pipes in mine.items()}
-                  for mine in cells]
+        tables = [{op: pipes[0] if self.flat else tuple(pipes) for op, pipes in mine.items()} for mine in cells]
         for table in tables:
             for kind in GRADIENT:
                 table[kind] = table[OpKind.B.value]
@@ -430,6 +436,8 @@ class _Links:
     def codes(self, r: int, ops: tuple, stages: tuple, mbs: tuple, pipes: tuple) -> list:
         """The code of each instruction of rank r, from its columns (C-level lookups, level by level)."""
         top = self.top[r]
+        if not {int, type(None)}.issuperset(map(type, stages)):  # a dict takes 1.0 and True for 1: ints only
+            raise TypeError("a stage that is not an int")
         if self.flat:
             return list(map(getitem, map(getitem, map(top.__getitem__, ops), stages), mbs))
         return list(map(getitem, map(getitem, map(getitem, map(top.__getitem__, ops), pipes), stages), mbs))
