@@ -64,6 +64,7 @@ def start(case: Case, directory: Path, memory: int) -> int:
     if pid:
         return pid
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler reports; a case just ends
         os.setsid()
         for fd, name in ((1, ".stdout"), (2, ".stderr")):
             handle = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -125,48 +126,55 @@ def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> 
     return outcome, output
 
 
-def run_all(cases: list[Case], args, workdir: Path, small_plan: bytes):
+def run_all(cases: list[Case], args, workdir: Path, small_plan: bytes, results: list):
+    """Run the cases, appending (index, case, outcome, output, seconds) to `results` as they finish."""
     running: dict[int, tuple[int, Case, Path, float]] = {}
-    results = []
     queue = list(enumerate(cases))
     memory = int(args.memory_gib * 2 ** 30)
     begun = time.monotonic()
-    while queue or running:
-        while queue and len(running) < args.jobs:
-            index, case = queue.pop(0)
-            directory = workdir / f"case-{index:06d}"
-            write_case(case, directory, small_plan)
-            pid = start(case, directory, memory)
-            running[pid] = (index, case, directory, time.monotonic())
-        time.sleep(0.002)
-        for pid, (index, case, directory, started) in list(running.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            elapsed = time.monotonic() - started
-            timed_out = False
-            if not done and elapsed > args.timeout:
+    try:
+        while queue or running:
+            while queue and len(running) < args.jobs:
+                index, case = queue.pop(0)
+                directory = workdir / f"case-{index:06d}"
+                write_case(case, directory, small_plan)
+                pid = start(case, directory, memory)
+                running[pid] = (index, case, directory, time.monotonic())
+            time.sleep(0.002)
+            for pid, (index, case, directory, started) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                elapsed = time.monotonic() - started
+                timed_out = False
+                if not done and elapsed > args.timeout:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    done, status = os.waitpid(pid, 0)
+                    timed_out = True
+                if not done:
+                    continue
                 try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    os.killpg(pid, signal.SIGKILL)  # whatever the case left running (torchrun workers, dot)
+                except (ProcessLookupError, PermissionError):
                     pass
-                done, status = os.waitpid(pid, 0)
-                timed_out = True
-            if not done:
-                continue
+                del running[pid]
+                outcome, output = finish(case, directory, status, timed_out)
+                results.append((index, case, outcome, output, elapsed))
+                if outcome in DEFECTS and args.failures:
+                    keep = Path(args.failures) / f"{outcome}-{case.category}-{index:06d}"
+                    shutil.copytree(directory, keep, dirs_exist_ok=True, ignore=_special_files)
+                    (keep / "argv.json").write_text(json.dumps(case.argv))
+                shutil.rmtree(directory, ignore_errors=True)
+                if args.progress and len(results) % args.progress == 0:
+                    print(f"  {len(results)} cases, {time.monotonic() - begun:.0f} s", file=sys.stderr, flush=True)
+    finally:  # interrupted: end the cases still running (each leads a process group of its own)
+        for pid in running:
             try:
-                os.killpg(pid, signal.SIGKILL)  # whatever the case left running (torchrun workers, dot)
-            except (ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
                 pass
-            del running[pid]
-            outcome, output = finish(case, directory, status, timed_out)
-            results.append((index, case, outcome, output, elapsed))
-            if outcome in DEFECTS and args.failures:
-                keep = Path(args.failures) / f"{outcome}-{case.category}-{index:06d}"
-                shutil.copytree(directory, keep, dirs_exist_ok=True, ignore=_special_files)
-                (keep / "argv.json").write_text(json.dumps(case.argv))
-            shutil.rmtree(directory, ignore_errors=True)
-            if args.progress and len(results) % args.progress == 0:
-                print(f"  {len(results)} cases, {time.monotonic() - begun:.0f} s", file=sys.stderr, flush=True)
-    return sorted(results, key=lambda r: r[0])
 
 
 def _special_files(directory: str, names: list[str]) -> list[str]:
@@ -253,9 +261,13 @@ def main() -> int:
             chosen.append(case)
         print(f"schedc fuzz: seed {args.seed}, {len(chosen)} of {len(generated)} cases, "
               f"timeout {args.timeout:g} s, memory cap {args.memory_gib:g} GiB, {args.jobs} at once", flush=True)
-        begun = time.monotonic()
-        results = run_all(chosen, args, workdir, small)
-        report(results, skipped, time.monotonic() - begun)
+        begun, results = time.monotonic(), []
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: report what finished
+        try:
+            run_all(chosen, args, workdir, small, results)
+        except KeyboardInterrupt:
+            print(f"interrupted: the counts below are of the {len(results)} cases that finished", flush=True)
+        report(sorted(results, key=lambda r: r[0]), skipped, time.monotonic() - begun)
         return 0
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
