@@ -70,31 +70,26 @@ def byte_compile() -> None:
 
 
 def time_passes(p: int, v: int, m: int) -> dict[str, float]:
-    """CPU seconds of each pass in one process (the checks' share of a compile)."""
-    from schedc import check_channels, check_deadlock, check_memory, check_structure, compiler, lower, simulate
+    """CPU seconds of each pass in one process: parse + elaborate, then compiler.PASSES one by one, then
+    writing the plan."""
+    from schedc import compiler
     from schedc.frontend.elaborate import Options
     from schedc.frontend.library import resolve
-    from schedc.plan import write_plan
+    from schedc.plan.write import write_plan
     source = compiler.read_source(resolve("interleaved_1f1b"))
     times: dict[str, float] = {}
-
-    def timed(name, fn, *args):
-        start = time.process_time()
-        result = fn(*args)
-        times[name] = time.process_time() - start
-        return result
-
     with compiler.collector_paused(), tempfile.TemporaryDirectory() as out:
-        schedule = timed("parse + elaborate", compiler.build_schedule, source,
-                         Options({"p": str(p), "v": str(v), "m": str(m)}))
-        counted = timed("census", check_structure.census, schedule)  # shared by the next two checks
-        timed("check_structure", check_structure.check_structure, schedule, counted)
-        timing = timed("simulate", simulate.simulate, schedule)
-        timed("check_deadlock", check_deadlock.check_deadlock, schedule, timing, counted)
-        timed("check_memory", check_memory.check_memory, schedule, timing)
-        plan = timed("lower", lower.lower, schedule, timing.stats(), timing)
-        timed("check_channels", check_channels.check_channels, plan)
-        timed("write plan", write_plan, plan, out)
+        start = time.process_time()
+        schedule = compiler.build_schedule(source, Options({"p": str(p), "v": str(v), "m": str(m)}))
+        times["parse + elaborate"] = time.process_time() - start
+        unit = compiler.Unit(schedule)
+        for run in compiler.PASSES:
+            start = time.process_time()
+            unit = run(unit)
+            times[run.__name__.lstrip("_")] = time.process_time() - start
+        start = time.process_time()
+        write_plan(unit.plan, out)
+        times["write plan"] = time.process_time() - start
     return times
 
 

@@ -1,18 +1,22 @@
-"""The command line: schedc compile | check | simulate | render | run | list | export.
+"""The command line: schedc compile | check | simulate | tune | render | run | list | export | demo | calibrate.
 
-Heavy modules are imported inside the commands so that `schedc --help` answers at once.
-Exit codes: 0 ok, 1 a schedule that fails its checks, 2 usage or syntax errors.
+Click only: each command parses its options and calls the library (compiler.compile_file, render,
+demo, the runtime's launcher); heavy modules are imported inside the commands so that `schedc --help`
+answers at once. Exit codes (diagnostics.exit_code, SchedError.exit_code): 0 ok, 1 a schedule that
+fails its checks, 2 usage or syntax errors.
 """
 from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import click
 
-from .diagnostics import SchedError
+from .diagnostics import SchedError, exit_code
 from .outputs import output_error, prepare_directory, reason, write_output
+from .predict import cluster_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -45,7 +49,8 @@ _COST_OPTIONS = (
                  help="Measured costs: JSON from `schedc run --profile-out` (or written by hand)."),
     click.option("--profile", type=click.Path(dir_okay=False), default=None,
                  help="Measured costs from a PipeFisher profile CSV (bs,time_f,time_b,...); with --microbatch-size."),
-    click.option("--microbatch-size", type=int, default=None, help="The row of the --profile CSV to use."),
+    click.option("--microbatch-size", type=int, default=None,
+                 help="The row of the --profile CSV to use; with --cluster, the microbatch size b."),
 )
 
 
@@ -105,15 +110,18 @@ def main() -> None:
 @define_option
 @costs_option
 @latency_option
+@cluster_options
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir):
-    """Check, simulate and lower FILE to per-rank instruction streams."""
-    from .plan import write_plan
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, out_dir):
+    """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
+    from a model on a cluster, and the step's prediction in the plan's stats)."""
+    from .plan.write import write_plan
     from .report import summary
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency)
+    on = _on_cluster(file, defines, cluster)
+    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:
-        sys.exit(1)
+        sys.exit(exit_code(result.diagnostics))
     try:
         prepare_directory(out_dir)
         plan, paths = write_plan(result.plan, out_dir)
@@ -121,7 +129,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, out_dir
         _fail(exc)
     except OSError as exc:  # write_plan writes each file atomically and removes its temporary
         _fail(output_error(out_dir, reason(exc)))
-    click.echo(summary(result))
+    click.echo(summary(result) + (_cluster_summary(on) if on else ""))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
 
 
@@ -146,11 +154,10 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
         _fail(exc)
     diagnostics = result.diagnostics + extra
     _report(diagnostics, result.schedule.source)
-    from .diagnostics import has_errors
-    if has_errors(diagnostics):
+    if exit_code(diagnostics):
         count = sum(d.severity.value == "error" for d in diagnostics)
         click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
-        sys.exit(1)
+        sys.exit(exit_code(diagnostics))
     click.echo(f"{result.schedule.source.path}: ok ({result.stats['ops']} ops on {result.schedule.devices} "
                f"devices: no deadlock, channels match, memory peak "
                f"{max(result.stats['peak_memory']):g} activations)")
@@ -161,23 +168,82 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @define_option
 @costs_option
 @latency_option
+@cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, as_json):
-    """Simulate FILE under its cost model and print the stats."""
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, as_json):
+    """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
+    in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
     from .report import device_table, summary
-    result = _compiled(file, defines, costs, profile, microbatch_size, latency)
+    on = _on_cluster(file, defines, cluster, lower=False)
+    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
         errors = sum(d.severity.value == "error" for d in result.diagnostics)
         if as_json:
             click.echo(json.dumps({"valid": False, "errors": errors}, indent=1))
         click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
                    "schedule that fails its checks", err=True)
-        sys.exit(1)
+        sys.exit(exit_code(result.diagnostics))
     if as_json:
-        click.echo(json.dumps(result.stats, indent=1))
+        click.echo(json.dumps(dict(result.stats), indent=1))
     else:
-        click.echo(summary(result))
+        click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
+    sys.exit(exit_code(result.diagnostics))
+
+
+def _on_cluster(file: str, defines, cluster, lower: bool = True):
+    """With --cluster, FILE compiled for the cluster (errors end the process, exit 2 or 1); else None."""
+    if cluster is None:
+        return None
+    from .compiler import parse_defines
+    from .predict import compile_on_cluster
+    try:
+        on = compile_on_cluster(file, parse_defines(defines), cluster, lower)
+    except SchedError as exc:
+        _fail(exc)
+    _report(on.compiled.diagnostics, on.compiled.schedule.source)
+    return on
+
+
+def _cluster_summary(on) -> str:
+    from .predict import summary
+    return "\n" + summary(on)
+
+
+def _progress_line(what: str, done: int, total: int) -> None:
+    """Progress on a terminal: `what n/N` rewritten in place on stderr (the caller clears it)."""
+    click.echo(f"\r{what} {done}/{total}", err=True, nl=False)
+
+
+@main.command("tune")
+@click.option("--synthesize", "synth", is_flag=True,
+              help="Find a per-device order within --memory-limit and write it as a .sched file.")
+@define_option
+@click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
+              help="Cost of F, B, or split I and W; one value or one per stage (defaults F=1, B=2; I=W=1).")
+@latency_option
+@click.option("--memory-limit", default=None, help="Activations per device: one value or one per device.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="The .sched file to write (default: print it).")
+def tune_cmd(synth, defines, costs, latency, memory_limit, out):
+    """Synthesize an order under a memory limit (--synthesize; the configuration search is to come)."""
+    if not synth:
+        raise click.UsageError("the configuration search is not available yet: use `schedc tune --synthesize`")
+    from .compiler import parse_defines
+    from .synthesize_cli import run_tune
+    shown = sys.stderr.isatty()
+    try:
+        text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out,
+                                    partial(_progress_line, "synthesizing: greedy variant") if shown else None)
+    except SchedError as exc:
+        _fail(exc)
+    finally:
+        if shown:
+            click.echo("\r\033[K", err=True, nl=False)
+    if out is None:
+        click.echo(text, nl=False)
+    click.echo(report, err=True)
+    sys.exit(0 if ok else 1)
 
 
 @main.command("list")
@@ -206,18 +272,20 @@ def list_cmd():
 @click.option("--comms", is_flag=True, help="Show sends and receives on the timeline.")
 @click.option("--measured", type=click.Path(dir_okay=False), default=None,
               help="A measured Chrome trace to draw above the simulated timeline.")
-def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured):
+@cluster_options
+def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured, model_file,
+               cluster):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
-                             profile=row)
+                             profile=row, cluster=cluster)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
     click.echo(f"wrote {out}")
-    sys.exit(0 if result.ok else 1)
+    sys.exit(exit_code(result.diagnostics))
 
 
 @main.command("export")
@@ -233,7 +301,7 @@ def export_cmd(file, defines, fmt, out):
         result = compile_file(file, defines, None, 0.0)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
-            sys.exit(1)
+            sys.exit(exit_code(result.diagnostics))
         text = export_csv(result.schedule)
     except SchedError as exc:
         _fail(exc)
@@ -242,6 +310,33 @@ def export_cmd(file, defines, fmt, out):
     except SchedError as exc:
         _fail(exc)
     click.echo(f"wrote {out}")
+
+
+@main.command("calibrate")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The cluster TOML to write.")
+@click.option("--ranks", type=int, default=2, show_default=True, help="Local processes for the message timings.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads per process.")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
+              help="Start from this cluster file instead of measuring (with --costs).")
+@click.option("--costs", type=click.Path(dir_okay=False), default=None,
+              help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+              help="The model the profile ran (with --costs).")
+@click.option("--microbatch-size", type=int, default=1, show_default=True, help="The profile's microbatch size.")
+@click.option("--tp", type=int, default=1, show_default=True, help="The profile's tensor-parallel size.")
+@click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
+              help="The profile's recomputation (the runtime recomputes nothing).")
+def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size, tp, recompute):
+    """Write a cluster description of this machine: GEMM rate by size, memory-bound kernel bandwidth and
+    messages between local processes on the runtime's backend (gloo on CPU); with --costs and --model,
+    the compute rates scaled so that the model's F and B match a measured profile."""
+    from .predict import calibrate_file
+    try:
+        click.echo(calibrate_file(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size,
+                                  tp, recompute))
+    except SchedError as exc:
+        _fail(exc)
 
 
 @main.command("demo", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -1,30 +1,37 @@
-"""The compiler driver: source text -> AST -> IR -> checks -> timing -> plan, one pass per line."""
+"""The compiler driver: source text -> AST -> IR (frontend), then PASSES in order, one line each:
+checks, timing, bubble filling, lowering to a plan and the plan's check. `compile_file` is the library's
+entry point; the command line, the demo, the renderer and the tests call it."""
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from .checks.channels import check_channels
 from .checks.deadlock import check_deadlock
 from .checks.memory import check_memory
-from .checks.structure import census, check_structure
+from .checks.census import Census, census
+from .checks.structure import check_structure
 from .diagnostics import Diagnostic, SchedError, Source, error, has_errors
 from .frontend.elaborate import Options, elaborate
 from .ir import Schedule
 from .lower import lower
 from .frontend.parse import parse_source, read_source
 from .plan import Plan
-from .simulate import Timing, simulate
+from .simulate import Links, simulate, step_sequences
+from .timing import Stats, Timing
 
 
 @dataclass(frozen=True)
 class Compiled:
+    """What a compile returns: the (filled) schedule, its timing and stats, the plan (None when a check
+    before lowering failed) and every diagnostic."""
+
     schedule: Schedule
     timing: Timing
-    stats: dict[str, Any]
+    stats: Stats
     plan: Plan | None
     diagnostics: list[Diagnostic] = field(default_factory=list)
 
@@ -33,32 +40,114 @@ class Compiled:
         return not has_errors(self.diagnostics)
 
 
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What the passes hand on to each other. Each pass takes a Unit and returns a new one with its
+    result filled in (dataclasses.replace); nothing is changed in place."""
+
+    schedule: Schedule
+    latency: float = 0.0
+    links: Links | None = None            # per device pair message times, instead of `latency`
+    census: Census | None = None          # placed ops against the expected ones
+    timing: Timing | None = None          # of the schedule as it now is (over the cycle once filled)
+    unfilled: Timing | None = None        # the timing before fill_bubbles, when it ran
+    sequences: tuple = ()                 # per step program: (start, end, op) in start order
+    stats: Stats | None = None
+    plan: Plan | None = None
+    diagnostics: tuple[Diagnostic, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return has_errors(self.diagnostics)
+
+
+def _census(u: Unit) -> Unit:
+    return replace(u, census=census(u.schedule))
+
+
+def _check_structure(u: Unit) -> Unit:
+    return replace(u, diagnostics=u.diagnostics + tuple(check_structure(u.schedule, u.census)))
+
+
+def _simulate(u: Unit) -> Unit:
+    return replace(u, timing=simulate(u.schedule, u.latency, u.links))
+
+
+def _check_deadlock(u: Unit) -> Unit:
+    return replace(u, diagnostics=u.diagnostics + tuple(check_deadlock(u.schedule, u.timing, u.census)))
+
+
+def _fill_bubbles(u: Unit) -> Unit:
+    if not u.schedule.fill or not u.timing.complete or u.failed:
+        return u
+    from .fill import fill_bubbles
+    schedule, timing = fill_bubbles(u.schedule, u.timing)
+    return replace(u, schedule=schedule, timing=timing, unfilled=u.timing)
+
+
+def _check_memory(u: Unit) -> Unit:
+    return replace(u, diagnostics=u.diagnostics + tuple(check_memory(u.schedule, u.timing)))
+
+
+def _stats(u: Unit) -> Unit:
+    return replace(u, stats=Stats.of(u.schedule, u.timing, u.unfilled))
+
+
+def _step_sequences(u: Unit) -> Unit:
+    return u if u.failed else replace(u, sequences=step_sequences(u.schedule, u.timing))
+
+
+def _lower(u: Unit) -> Unit:
+    return u if u.failed else replace(u, plan=lower(u.schedule, u.stats, u.sequences))
+
+
+def _check_channels(u: Unit) -> Unit:
+    return u if u.plan is None else replace(u, diagnostics=u.diagnostics + tuple(check_channels(u.plan)))
+
+
+# The passes after elaboration, in the order they run. A check returns diagnostics and changes nothing;
+# fill_bubbles, the step sequences and lowering are skipped once a check has failed.
+PASSES: tuple[Callable[[Unit], Unit], ...] = (
+    _census,            # the placed ops' identities against the expected ones (for the next checks)
+    _check_structure,   # one F and one B (or I and W) per stage and microbatch, on the stage's device
+    _simulate,          # event-driven timing under the cost model; memory peaks
+    _check_deadlock,    # program order plus dependencies let every op run
+    _fill_bubbles,      # `fill bubbles with`: tasks into idle gaps, a cycle of K step programs
+    _check_memory,      # peak per device within `limit memory`
+    _stats,             # makespan, bubble, utilization, busy/idle, peaks (and the fill's figures)
+    _step_sequences,    # each step program's ops in simulated start order
+    _lower,             # sends, receives, gradient sync and STEP per rank: the plan
+    _check_channels,    # on the plan: messages match per pair, a blocking replay completes
+)
+ANALYSIS = PASSES[:PASSES.index(_stats) + 1]  # the passes before lowering (`simulate` without a plan)
+
+
 def build_schedule(source: Source, options: Options | None = None) -> Schedule:
     """Parse and elaborate: text -> AST -> IR with per-device orders."""
     return elaborate(parse_source(source), source, options)
 
 
-def analyse(schedule: Schedule, latency: float = 0.0) -> tuple[Schedule, Timing, list[Diagnostic]]:
-    """Check and time a schedule; fill its bubbles when it asks for that."""
-    counted = census(schedule)                                   # placed ops against the expected ones
-    diagnostics = check_structure(schedule, counted)             # one F and one B per (stage, mb)
-    timing = simulate(schedule, latency)                         # event-driven timing, memory peaks
-    diagnostics += check_deadlock(schedule, timing, counted)     # program order + deps acyclic
-    if schedule.fill and timing.complete and not has_errors(diagnostics):
-        from .fill import fill_bubbles
-        schedule, timing = fill_bubbles(schedule, timing)        # tasks into idle gaps, a K-step cycle
-    diagnostics += check_memory(schedule, timing)                # peak per device within the limit
-    return schedule, timing, diagnostics
+def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+               passes: Iterable[Callable[[Unit], Unit]] = PASSES) -> Unit:
+    """Run the passes in order over a schedule; returns the last Unit. links: per device pair message
+    times (simulate), instead of one latency."""
+    unit = Unit(schedule, latency, links)
+    for run in passes:
+        unit = run(unit)
+    return unit
 
 
-def compile_schedule(schedule: Schedule, latency: float = 0.0) -> Compiled:
-    schedule, timing, diagnostics = analyse(schedule, latency)
-    stats = schedule_stats(schedule, timing)
-    if has_errors(diagnostics):
-        return Compiled(schedule, timing, stats, None, diagnostics)
-    plan = lower(schedule, stats, timing)                        # sends, receives, grad sync, STEP
-    diagnostics += check_channels(plan)                          # pairwise message order, rendezvous replay
-    return Compiled(schedule, timing, stats, plan, diagnostics)
+def compile_schedule(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
+    """Check, time, fill, lower and check the plan of an elaborated schedule (PASSES)."""
+    u = run_passes(schedule, latency, links)
+    return Compiled(u.schedule, u.timing, u.stats, u.plan, list(u.diagnostics))
+
+
+def analyse(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
+    """The passes up to the stats, without lowering (ANALYSIS): the schedule checked and timed (and
+    filled); the plan is None."""
+    u = run_passes(schedule, latency, links, ANALYSIS)
+    return Compiled(u.schedule, u.timing, u.stats, None, list(u.diagnostics))
 
 
 @contextmanager
@@ -120,12 +209,5 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     return Options(params, load_costs(costs), memory=load_memory(costs))
 
 
-def schedule_stats(schedule: Schedule, timing: Timing) -> dict[str, Any]:
-    stats = timing.stats()
-    stats.update(devices=schedule.devices, ops=schedule.op_count(), cycle_steps=len(schedule.steps))
-    stats.update(timing.extra)
-    return stats
-
-
-__all__ = ["Compiled", "Options", "read_source", "build_schedule", "analyse", "compile_schedule",
-           "collector_paused", "compile_source", "compile_file", "parse_defines", "schedule_stats"]
+__all__ = ["Compiled", "Options", "PASSES", "ANALYSIS", "Unit", "analyse", "read_source", "build_schedule", "run_passes",
+           "compile_schedule", "collector_paused", "compile_source", "compile_file", "parse_defines"]

@@ -131,3 +131,9 @@ class SchedError(Exception):
 
 def has_errors(diagnostics: list[Diagnostic]) -> bool:
     return any(d.severity is Severity.ERROR for d in diagnostics)
+
+
+def exit_code(diagnostics: list[Diagnostic]) -> int:
+    """The command line's exit code for a schedule with these diagnostics: 1 when one is an error, else
+    0 (a SchedError carries its own: 2 for usage and syntax errors, 1 for a wrong schedule)."""
+    return 1 if has_errors(diagnostics) else 0

@@ -7,21 +7,20 @@ in issue order), early enough not to stall the consumer, and so that no two rank
 each other (see lower_step).
 Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank), then STEP.
 
-    device 0: F(0,0) B(0,0)          rank 0: F(0,0) SEND_F(0,0)->1 RECV_B(1,0)<-1 B(0,0) STEP
-    device 1: F(1,0) B(1,0)   ->     rank 1: RECV_F(0,0)<-0 F(1,0) B(1,0) SEND_B(1,0)->0 STEP
+    device 0: F(0,0) B(0,0)          rank 0: F(0,0) SEND_F(0,0)>1 RECV_B(1,0)<1 B(0,0) STEP
+    device 1: F(1,0) B(1,0)   ->     rank 1: RECV_F(0,0)<0 F(1,0) B(1,0) SEND_B(1,0)>0 STEP
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from functools import partial
 from itertools import compress, repeat
 from operator import and_, attrgetter, gt, itemgetter, le, ne, truth
 from typing import Any
 
-from .ir import Dependencies, Op, Schedule, consume
+from .ir import Op, Schedule, consume
 from .ops import Opcode, feeds, message
 from .plan import Instr, Plan
-from .simulate import Timing, simulate
 
 LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
 _START, _END, _OP = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -175,7 +174,7 @@ def _sync_grads(schedule: Schedule) -> dict[int, list[Instr]]:
     return {device: sorted(instrs, key=lambda i: i.stage) for device, instrs in out.items()}
 
 
-def plan_meta(schedule: Schedule, stats: dict[str, Any]) -> dict[str, Any]:
+def plan_meta(schedule: Schedule, stats: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "schedule": schedule.name,
         "description": schedule.description,
@@ -188,23 +187,19 @@ def plan_meta(schedule: Schedule, stats: dict[str, Any]) -> dict[str, Any]:
                        "microbatches": list(p.microbatches)} for p in schedule.pipelines],
         "replicas": [list(g) for g in schedule.replicas],
         "costs": {k: list(v) for k, v in schedule.costs.items()},
-        "stats": stats,
+        "stats": dict(stats),
     }
 
 
-def _sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[Op, ...]:
-    """The start order of one step program of a filled cycle. Only the built-in dependencies count:
-    a task placed in a later step reads inputs saved in an earlier one, and tasks send nothing."""
-    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.split_backward, {}, ())
-    return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence
-
-
-def lower(schedule: Schedule, stats: dict[str, Any], timing: Timing | None = None) -> Plan:
+def lower(schedule: Schedule, stats: Mapping[str, Any],
+          sequences: Sequence[tuple[tuple[float, float, Op], ...]]) -> Plan:
     """Schedule -> Plan: every rank's K step programs with communication, gradient sync and STEP.
-    `timing` (of the unfilled orders) saves simulating them again."""
-    steps = []
-    for step in schedule.steps:
-        known = timing is not None and timing.sequence and step is schedule.orders
-        steps.append(lower_step(schedule, step, timing.sequence if known else _sequence(schedule, step)))
+    sequences: for each step program, its ops as (start, end, op) in start order (simulate.step_sequences);
+    stats: what plan.json records of the simulation.
+
+        1F1B p=2 m=1: orders (F(0,0) B(0,0)), (F(1,0) B(1,0))
+        -> rank 0: F SEND_F RECV_B B STEP; rank 1: RECV_F F B SEND_B STEP (see lower_step)
+    """
+    steps = [lower_step(schedule, step, sequence) for step, sequence in zip(schedule.steps, sequences, strict=True)]
     ranks = tuple(tuple(tuple(steps[k][d]) for k in range(len(steps))) for d in range(schedule.devices))
     return Plan(plan_meta(schedule, stats), ranks)

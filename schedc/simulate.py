@@ -11,6 +11,7 @@ order in which the events happen, `sequence`, is then a sort by start time.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 from heapq import heappop, heappush
 from itertools import chain, repeat
@@ -45,50 +46,69 @@ def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], l
 def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
                   deps: Dependencies) -> list[tuple[int, ...]]:
     """(n - 1, *indices of op n's dependencies) for every op n. A built-in op's dependencies come from
-    ops.builtin_deps, asked once per (kind, stage, pipeline) (_BuiltinDeps); a keys_of call per op, two
-    Python calls and a tuple of tuples, would cost as much as all of _times."""
-    templates = _BuiltinDeps(deps)
+    ops.builtin_deps, asked once per kind, pipeline and stage and kept flat (_builtin_table): a keys_of
+    call per op, two Python calls and a tuple of tuples, would cost as much as all of _times."""
+    table = _builtin_table(deps).get
     preds = []
     append = preds.append
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
-        found = templates[kind, s, k]
-        if found is None:  # a task: its declared dependencies
+        per_pipe = table(kind)
+        if per_pipe is None:  # a task: its declared dependencies
             append((p, *[index[key] for key in deps.keys_of(ops[p + 1])]))
-        elif len(found) == 1:
-            ((a, x),) = found
+            continue
+        found = per_pipe[k][s]
+        if len(found) == 2:
+            a, x = found
             append((p, index[a, x, mb, k, 0]))
-        elif len(found) == 2:
-            (a, x), (b, y) = found
+        elif found:
+            a, x, b, y = found
             append((p, index[a, x, mb, k, 0], index[b, y, mb, k, 0]))
         else:
-            append((p, *[index[a, x, mb, k, 0] for a, x in found]))
+            append((p,))
     return preds
 
 
-class _BuiltinDeps(dict):
-    """(kind, stage, pipeline) -> ops.builtin_deps of that op, or None for a task; filled on first use."""
+def _builtin_table(deps: Dependencies) -> dict[str, list[_Flat]]:
+    """kind -> pipeline -> stage -> ops.builtin_deps of that op, flattened (see _Flat)."""
+    return {kind: [_Flat(kind, stages, deps.split) for stages in deps.stages] for kind in BUILTIN}
 
-    def __init__(self, deps: Dependencies):
+
+class _Flat(dict):
+    """stage -> ops.builtin_deps(kind, stage, stages, split) as one flat tuple: (), (kind, stage) or
+    (kind, stage, kind, stage) (the rule gives at most two). A stage outside the pipeline (in a broken
+    schedule that check_structure reports) is asked on first use."""
+
+    def __init__(self, kind: str, stages: int, split: bool):
         super().__init__()
-        self.stages, self.split = deps.stages, deps.split
+        self.kind, self.stages, self.split = kind, stages, split
+        for s in range(stages):
+            self[s]
 
-    def __missing__(self, key: tuple) -> tuple | None:
-        kind, s, k = key
-        found = self[key] = builtin_deps(kind, s, self.stages[k], self.split) if kind in BUILTIN else None
+    def __missing__(self, s: int) -> tuple:
+        found = tuple(part for dep in builtin_deps(self.kind, s, self.stages, self.split) for part in dep)
+        if len(found) > 4:
+            raise ValueError(f"{self.kind}({s}) has more than two built-in dependencies")
+        self[s] = found
         return found
 
 
-def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
-    """Time every op (linear in ops + edges, then a sort of nearly sorted runs). A dependency that is not
-    placed (check_structure reports it) is ignored here, so a broken schedule still gets times."""
+def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Timing:
+    """Time every op (linear in ops + edges, then a sort of nearly sorted runs). Guarantees: every op
+    that can run has its start (when its device is free and its dependencies have ended, plus the time
+    of the message when one ran on another device) and end; `complete` is False when the orders
+    deadlock; peaks by the memory model. A dependency that is not placed (check_structure reports it) is
+    ignored here, so a broken schedule still gets times. `links[a][b]`, when given, is the time of a
+    message from device a to device b (the link the two sit on, schedc/costmodel.py) and replaces the
+    one `latency` of every message."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
-    start, end = _times(cost, device, preds, firsts, latency)
+    start, end = _times(cost, device, preds, firsts, latency, links)
     complete = None not in end
     ran = range(len(ops)) if complete else [n for n, e in enumerate(end) if e is not None]
     timed_ops, starts, ends = (ops, start, end) if complete else (
         [ops[n] for n in ran], [start[n] for n in ran], [end[n] for n in ran])
-    if latency >= 0 and all(map(gt, ends, starts)):  # see _event_order
+    if latency >= 0 and (links is None or min(map(min, links), default=0.0) >= 0) \
+            and all(map(gt, ends, starts)):  # see _event_order
         sequence = sorted(zip(starts, ends, timed_ops), key=START)  # stable: ties keep index order
     else:
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
@@ -103,28 +123,35 @@ def simulate(schedule: Schedule, latency: float = 0.0) -> Timing:
 
 
 COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
+Links = Sequence[Sequence[float]]  # device x device -> message time
 
 
 def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
-           latency: float) -> tuple[list[float], list[float | None]]:
+           latency: float, links: Links | None = None) -> tuple[list[float], list[float | None]]:
     """Start and end of every op that runs (end None for the others: the orders deadlock). An op is tried
     when its device reaches it and again when the predecessor it waited for ends; once all have ended,
     it starts at the latest arrival (0.0 at the earliest). The order of the tries does not change the
     times, so it is a stack's, and each op's predecessors are read, never its successors written."""
     count = len(cost)
     start, end, device = [0.0] * count, [None] * count + [-inf], device + [-1]  # + the sentinel
+    # into[b][a]: message time from device a to device b, 0 on one device (the sentinel reads the last)
+    into = None if links is None else [[0.0 if a == b else links[a][b] for a in range(len(links))]
+                                       for b in range(len(links))]
     last, waiting = _last_of_device(count, firsts), {}  # waiting: op -> ops whose try stopped at it
     tried = firsts[::-1]
     pop, push = tried.pop, tried.append
     while tried:
         c = pop()
         t = 0.0
+        came = into[device[c]] if into is not None else None
         for m in preds[c]:
             arrive = end[m]
             if arrive is None:
                 waiting.setdefault(m, []).append(c)
                 break
-            if latency and device[m] != device[c]:
+            if came is not None:
+                arrive += came[device[m]]
+            elif latency and device[m] != device[c]:
                 arrive += latency
             if arrive > t:
                 t = arrive
@@ -170,3 +197,17 @@ def _event_order(start: list[float], preds: list[tuple[int, ...]], firsts: list[
         tried = waiting.pop(n, [])
         if not last[n]:
             tried.append(n + 1)
+
+
+def step_sequences(schedule: Schedule, timing: Timing) -> tuple[tuple[tuple[float, float, Op], ...], ...]:
+    """For every step program (schedule.steps), its ops as (start, end, op) in start order: the order
+    lowering writes them in. The unfilled orders keep `timing`'s; each step of a filled cycle is timed
+    again on its own, with only the built-in dependencies: a task placed in a later step reads inputs
+    saved in an earlier one, and tasks send nothing."""
+    return tuple(timing.sequence if timing.sequence and step is schedule.orders else _step_sequence(schedule, step)
+                 for step in schedule.steps)
+
+
+def _step_sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[tuple[float, float, Op], ...]:
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.split_backward, {}, ())
+    return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence

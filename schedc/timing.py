@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .ir import Op
+from .ir import Op, Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,8 @@ class Timing:
     latency: float
     complete: bool  # False when the orders deadlock: ops that never ran have no times
     steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
-    extra: dict[str, Any] = field(default_factory=dict)  # stats a later pass adds (fill_bubbles)
+    extra: dict[str, Any] = field(default_factory=dict)  # written by fill_bubbles, read by no one: Stats.of
+    # takes the fill's figures from the timings before and after it (to be dropped with fill's rewrite)
     sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
 
     @property
@@ -74,3 +75,58 @@ class OpTimes(Mapping):
 
     def __len__(self) -> int:
         return len(self.table())
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(Mapping):
+    """A compiled schedule's statistics, as `schedc simulate --json` prints them and plan.json stores
+    them. Read as fields (stats.makespan) or, like the JSON, by key (stats["busy"]); iterating gives the
+    JSON's keys in its order, and the three fill fields only for a filled schedule."""
+
+    makespan: float
+    utilization: float
+    bubble_fraction: float     # idle over busy time (Narayanan et al.)
+    busy: tuple[float, ...]
+    idle: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    latency: float
+    devices: int
+    ops: int
+    cycle_steps: int
+    utilization_unfilled: float | None = None   # filled schedules: before fill_bubbles,
+    step_times: tuple[float, ...] | None = None  # each step program's length,
+    makespan_unfilled: float | None = None       # and the unfilled makespan
+
+    @classmethod
+    def of(cls, schedule: Schedule, timing: Timing, unfilled: Timing | None = None) -> Stats:
+        """The stats of a schedule timed by `timing`; `unfilled`: its timing before fill_bubbles."""
+        base = timing.stats()
+        fill = {}
+        if unfilled is not None:
+            fill = {"utilization_unfilled": unfilled.stats()["utilization"],
+                    "step_times": tuple(_round(t.makespan) for t in timing.steps),
+                    "makespan_unfilled": unfilled.makespan}
+        return cls(**{**base, "busy": tuple(base["busy"]), "idle": tuple(base["idle"]),
+                      "peak_memory": tuple(base["peak_memory"])}, devices=schedule.devices,
+                   ops=schedule.op_count(), cycle_steps=len(schedule.steps), **fill)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if value is None and name in _FILL_FIELDS:
+                continue
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self.to_json())
+
+
+_FILL_FIELDS = ("utilization_unfilled", "step_times", "makespan_unfilled")

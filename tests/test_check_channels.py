@@ -7,7 +7,10 @@ import random
 import pytest
 
 from conftest import compile_library
-from schedc.checks.channels import _syncs, certify, check_channels, replay
+from schedc.checks.channels import check_channels
+from schedc.checks.channels.certificate import certify
+from schedc.checks.channels.pairs import sync_errors
+from schedc.checks.channels.replay import replay
 from schedc.plan import Instr, Plan
 
 SIZES = [(p, m) for p in (2, 4, 8) for m in (p, 2 * p)]
@@ -142,7 +145,7 @@ def test_certificate_clears_every_library_plan(library_programs):
 def verdicts(streams, place, bound) -> tuple[bool, bool]:
     """(certified, clean): clean means the replay completes without faults and SYNC_GRAD groups agree."""
     try:
-        clean = replay(streams, place).clean and not _syncs(streams, 0, 1)
+        clean = replay(streams, place).clean and not sync_errors(streams, 0, 1)
     except Exception:   # noqa: BLE001 - a mutant the replay cannot even read is not clean
         clean = False
     return certify(streams, place, bound), clean

@@ -71,7 +71,8 @@ def test_huge_defines_are_located_errors(define):
     with pytest.raises(SchedError) as caught:
         compile_source(source, Options({name: value}))
     first = caught.value.render().splitlines()[0]
-    assert caught.value.exit_code == 1 and first.startswith("e.sched:4:") and "too large" in first, first
+    # refused where the number enters: at the param it overrides (e.sched:3), a usage error
+    assert caught.value.exit_code == 2 and first.startswith("e.sched:3:1: error: -D m=") and "too large" in first, first
 
 
 def test_a_fractional_power_in_a_schedule_is_reported_where_it_is_written():

@@ -49,14 +49,14 @@ def _compile(path: str, defines: tuple[str, ...], latency: float):
 
 def _hashes(path: str, defines: tuple[str, ...], latency: float, out) -> dict[str, str]:
     """What the compile of one case produced, hashed: its error, or its diagnostics, stats and files."""
-    from schedc.plan import write_plan
+    from schedc.plan.write import write_plan
     try:
         result = _compile(path, defines, latency)
     except SchedError as exc:
         return {"error": _digest(exc.render())}
     source = result.schedule.source
     found = {"diagnostics": _digest("\n".join(d.format(source) for d in result.diagnostics)),
-             "stats": _digest(json.dumps(result.stats, sort_keys=True))}
+             "stats": _digest(json.dumps(dict(result.stats), sort_keys=True))}
     if result.plan is not None:
         _, written = write_plan(result.plan, out)
         found.update({p.name: _digest(p.read_bytes()) for p in written})

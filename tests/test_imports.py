@@ -124,3 +124,15 @@ def test_the_compiler_never_imports_torch():
     offenders = sorted(module for module, path in modules.items() if not module.startswith("schedc.runtime")
                        and any(name == "torch" or name.startswith("torch.") for name in _imported(module, path)))
     assert offenders == []
+
+
+def test_reading_plans_loads_no_compiler():
+    """What the runtime loads of schedc when it imports the plan format: the plan package and ops."""
+    import subprocess
+    import sys
+    from ast import literal_eval
+    code = ("import sys, schedc.plan, schedc.runtime\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('schedc', 'lark'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert literal_eval(out) == ["schedc", "schedc.ops", "schedc.plan", "schedc.plan.format", "schedc.plan.validate",
+                                 "schedc.runtime"]

@@ -9,7 +9,7 @@ from schedc.compiler import build_schedule, read_source
 from schedc.frontend.elaborate import Options
 from schedc.lower import lower
 from schedc.plan import COMM, Opcode
-from schedc.simulate import simulate
+from schedc.simulate import simulate, step_sequences
 
 
 def _stream(plan, rank):
@@ -100,7 +100,7 @@ def test_posting_receives_one_by_one_writes_the_same_streams(name, params, monke
 def test_negative_measured_cost_keeps_receives_in_the_senders_program_order():
     """With a negative cost a later send can end first; the receives still follow the sender's order."""
     schedule = build_schedule(read_source(SCHEDULES / "1f1b.sched"), Options({"p": "4", "m": "8"}, {"B": -3.0}))
-    plan = lower(schedule, {}, simulate(schedule))
+    plan = lower(schedule, {}, step_sequences(schedule, simulate(schedule)))
     crossed = False
     for a in range(plan.devices):
         program = {(op.kind, op.stage, op.mb): n for n, op in enumerate(schedule.orders[a])}
@@ -116,7 +116,7 @@ def test_deadlocked_order_ends_with_the_receives_never_sent():
     schedule = build_schedule(read_source(FIXTURES / "broken" / "deadlock.sched"))
     timing = simulate(schedule)
     assert not timing.complete
-    plan = lower(schedule, {}, timing)
+    plan = lower(schedule, {}, step_sequences(schedule, timing))
     assert [str(i) for i in _stream(plan, 0)] == [
         "F stage=0 mb=0 pipe=0", "SEND_F stage=0 mb=0 pipe=0 peer=1",
         "RECV_B stage=1 mb=0 pipe=0 peer=1", "RECV_B stage=1 mb=1 pipe=0 peer=1", "STEP"]

@@ -26,6 +26,7 @@ def test_wheel_holds_package_data(wheel):
         assert f"schedc/schedules/{schedule}.sched" in names
     assert "schedc/runtime/__init__.py" in names and "schedc/runtime/__main__.py" in names
     assert {"schedc/render/templates/report.html.j2", "schedc/render/templates/memory.svg.j2"} <= names
+    assert {"schedc/clusters/dgx-a100-80gb.toml", "schedc/clusters/dgx-h100-80gb.toml"} <= names
 
 
 def test_installed_wheel_compiles_a_library_schedule(wheel, tmp_path):

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURES, compile_library
 from schedc.compiler import compile_source, read_source
-from schedc.plan.format import (_JSON_FORMS, _TEXT_FORMS, MEMO, Instr, Opcode, Plan, PlanError, load_plan,
-                         parse_rank_text, step_json, step_text, write_plan)
+from schedc.plan import Instr, Opcode, Plan, PlanError, format_rank_text, load_plan, parse_rank_text
+from schedc.plan.write import _JSON_FORMS, _TEXT_FORMS, MEMO, canonical_pieces, step_json, step_text, write_plan
 
 small = st.integers(0, 10_000)
 instrs = st.builds(Instr, st.sampled_from(["F", "B", "I", "W", "SEND_F", "RECV_B", "STEP", "curvature_A"]),
@@ -90,12 +90,13 @@ def test_written_files_are_the_instruction_forms(tmp_path, compiled):
     """plan.json and the rank files, formatted a column at a time, are the plain dict and str forms
     (tasks in parts, SYNC_GRAD, STEP, several steps)."""
     plan, _ = write_plan(compiled().plan, tmp_path)
-    assert plan.canonical() == json.dumps(plan.content(), sort_keys=True, separators=(",", ":"))
+    assert "".join(canonical_pieces(plan)) == plan.canonical() == json.dumps(plan.content(), sort_keys=True,
+                                                                            separators=(",", ":"))
     for rank, steps in enumerate(plan.ranks):
         lines = [f"# schedc plan {plan.meta['schedule']} rank {rank} (hash {plan.hash[:12]})"]
         for k, step in enumerate(steps):
             lines += [f"# step {k}", *map(str, step)]
-        assert (tmp_path / f"rank{rank}.txt").read_text() == "\n".join(lines) + "\n"
+        assert (tmp_path / f"rank{rank}.txt").read_text() == "\n".join(lines) + "\n" == format_rank_text(plan, rank)
 
 
 def test_plan_json_is_the_canonical_content_after_its_hash(tmp_path):

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from schedc.plan import Instr, load_plan, write_plan
+from schedc.plan import Instr, load_plan
+from schedc.plan.write import write_plan
 from schedc.runtime.__main__ import main as runtime_main
 from schedc.runtime.data import Batch
 from schedc.runtime.launch import launch_from_cli, split_args, torchrun_command

@@ -139,3 +139,24 @@ def test_predecessors_follow_keys_of(name):
     for n, op in enumerate(ops):
         before = () if n in firsts else (n - 1,)
         assert preds[n] == before + tuple(index.get(key, len(ops)) for key in schedule.deps.keys_of(op))
+
+
+@pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
+                                         ("chimera", {"p": 4, "m": 8})])
+def test_links_of_one_time_everywhere_are_the_scalar_latency(name, params):
+    schedule = compile_library(name, **params).schedule
+    links = [[0.0 if a == b else 0.25 for b in range(schedule.devices)] for a in range(schedule.devices)]
+    scalar, paired = simulate(schedule, 0.25), simulate(schedule, links=links)
+    assert paired.makespan == scalar.makespan and dict(paired.start) == dict(scalar.start)
+    assert [op for _, _, op in paired.sequence] == [op for _, _, op in scalar.sequence]
+
+
+def test_a_slow_link_delays_only_what_crosses_it():
+    schedule = compile_library("1f1b", p=3, m=3).schedule
+    links = [[0.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 0.0, 0.0]]  # only device 1 -> device 2 is slow
+    timing = simulate(schedule, links=links)
+    f = {op.mb: timing.start[op] for op in schedule.orders[2] if op.kind == "F"}
+    assert f[0] == 2 + 5  # F(0,0), F(1,0) end at 2; the message to device 2 takes 5
+    plain = simulate(schedule)
+    first_b1 = next(op for op in schedule.orders[1] if op.kind == "B")
+    assert timing.start[first_b1] == plain.start[first_b1] + 5  # waits for F(2,0), not for a slow reply

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .structure import Census, census
 from ..diagnostics import Diagnostic, error
 from ..grid import label, location, schedule_grid
 from ..ir import OP_KEY, Op, Schedule
 from ..timing import Timing
+from .census import Census, census
 
 GRIDS = 3  # diagnostics that carry a grid
 

@@ -112,6 +112,7 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
 # Bytes, for a model description ------------------------------------------------------------------
 
 MODEL_KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "microbatch_size": int, "dtype": str}
+CLUSTER_MODEL_KEYS = {"vocab": int, "ffn": int}  # read by the cost model (schedc/cluster.py), accepted here
 DTYPES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -256,8 +257,8 @@ def _key_span(source: Source, key: str) -> Span | None:
 
 
 def _model(table: dict, source: Source) -> Model:
-    diags = [error(f"unknown key '{key}' (keys: {', '.join(MODEL_KEYS)})", _key_span(source, key))
-             for key in table if key not in MODEL_KEYS]
+    diags = [error(f"unknown key '{key}' (keys: {', '.join([*MODEL_KEYS, *CLUSTER_MODEL_KEYS])})",
+                   _key_span(source, key)) for key in table if key not in MODEL_KEYS and key not in CLUSTER_MODEL_KEYS]
     values = {}
     for key, kind in MODEL_KEYS.items():
         value = table.get(key)

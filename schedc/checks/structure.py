@@ -6,19 +6,18 @@ and one W) on the stage's device, and nothing else runs outside the declared ran
        error: B(3,0) runs before its forward: no device runs F(3,0)
        error: device 3 never runs F(3,0) (stage 3 of pipeline 'main')
 
-A fast path compares the placed ops with the expected ones as plain tuples (hashed in C); only a
-schedule that fails it is walked op by op to name every fault.
+A fast path compares the placed ops with the expected ones (checks/census.py); only a schedule that
+fails it is walked op by op to name every fault.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import chain, product
 from operator import attrgetter
 
 from ..diagnostics import Diagnostic, Span, error
 from ..grid import elide, label, location, ranges
 from ..ir import OP_KEY, Op, Schedule
-from ..ops import BUILTIN, SPLIT, OpKind, builtin_kinds, follows
+from .census import Census, census
+from ..ops import BUILTIN, SPLIT, OpKind, follows
 
 HOME = attrgetter("pipe", "stage")
 STAGE = attrgetter("stage")
@@ -35,38 +34,6 @@ def check_structure(schedule: Schedule, counted: Census | None = None) -> list[D
     if diags or not counted.exact or not _homes_ok(schedule):
         diags += _walk(schedule, counted)
     return diags
-
-
-@dataclass(frozen=True, slots=True)
-class Census:
-    """The placed ops' identities against the expected ones (see Op.key)."""
-
-    placed: frozenset[tuple]
-    count: int                 # placed ops, copies included
-    expected: frozenset[tuple]
-
-    @property
-    def exact(self) -> bool:
-        """Every expected op placed exactly once, nothing else placed."""
-        return self.count == len(self.placed) and self.placed == self.expected
-
-
-def census(schedule: Schedule) -> Census:
-    """Count the placed ops (tuples hashed in C; linear, no per-op Python code)."""
-    ops = list(chain.from_iterable(schedule.orders))
-    return Census(frozenset(map(OP_KEY, ops)), len(ops), frozenset(expected_keys(schedule)))
-
-
-def expected_keys(schedule: Schedule) -> set[tuple]:
-    """The identities of every op the orders must hold: the built-in grid plus the placed tasks."""
-    kinds = builtin_kinds(schedule.split_backward)
-    keys: set[tuple] = set()
-    for k, pipe in enumerate(schedule.pipelines):
-        keys.update(product(kinds, range(pipe.stages), pipe.microbatches, (k,), (0,)))
-    if schedule.tasks:
-        unplaced = set(map(OP_KEY, schedule.unplaced))
-        keys.update(key for key in map(OP_KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)
-    return keys
 
 
 def _homes_ok(schedule: Schedule) -> bool:

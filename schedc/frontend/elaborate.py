@@ -302,9 +302,10 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         raise SchedError(diags, source)
     limit, limit_span = _memory_limit(decl, env, devices)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
-    return Schedule(decl.name, decl.doc, source, env, devices, pipelines, replicas, orders, deps, costs,
-                    activation, limit, limit_span, split, tasks, keeps, fill, unplaced, fill_span=fill_span,
-                    memory=memory)
+    return Schedule(name=decl.name, description=decl.doc, source=source, params=env, devices=devices,
+                    pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
+                    activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
+                    tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory)
 
 
 def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,

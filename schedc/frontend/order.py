@@ -7,7 +7,6 @@ of named ops), and greedy list scheduling under the cost model.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
 from operator import attrgetter
@@ -17,7 +16,7 @@ from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from ..grid import elide
-from ..ir import Op, Pipeline, consume
+from ..ir import Op, Pipeline, set_spans
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -322,20 +321,8 @@ class _ProgramRun:
 
     def placed(self) -> tuple[Op, ...]:
         """The device's order: the ops placed so far, each with the span of the cursor that placed it."""
-        _set_spans(self.order, self.spans)
+        set_spans(self.order, self.spans)
         return tuple(self.order)
-
-
-_SET_SPAN = Op.span.__set__  # the slot's own setter (Op is frozen: its __setattr__ refuses)
-
-
-def _set_spans(ops: list[Op], spans: Iterable[Span | None]) -> None:
-    """Give each placed op, in place, the span of the cursor that popped it (or of `greedy`).
-    Elaboration makes the ops without one (build_ops, tasks) and places each once, so the span is
-    filled in here, in one C-level pass, while elaboration still owns the ops: the IR needs no second
-    copy of 10^5 ops. No one changes them after the Schedule is made. (A task's declaration keeps its
-    own span: TaskSpec.span.)"""
-    consume(map(_SET_SPAN, ops, spans))
 
 
 def _plain_cursors(unit: ast.Cursor | ast.Group) -> tuple[ast.Cursor, ...] | None:
@@ -501,7 +488,7 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
 
 def _greedy_orders(orders: list[list[Op]], span: Span | None) -> tuple[tuple[Op, ...], ...]:
     for order in orders:
-        _set_spans(order, repeat(span))
+        set_spans(order, repeat(span))
     return tuple(map(tuple, orders))
 
 

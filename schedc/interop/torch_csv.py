@@ -58,9 +58,10 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
                  for mb in range(microbatches) for kind in kinds)
     deps = Dependencies((pipe,), costs, split, {}, grid)
     name = re.sub(r"\W", "_", Path(source.path).stem) or "torch_csv"
-    return Schedule(name, f"imported from torch CSV {Path(source.path).name}", source,
-                    {"p": len(rows), "m": microbatches}, len(rows), (pipe,), (), orders, deps, costs,
-                    (1.0,) * stages, None, None, split)
+    return Schedule(name=name, description=f"imported from torch CSV {Path(source.path).name}", source=source,
+                    params={"p": len(rows), "m": microbatches}, devices=len(rows), pipelines=(pipe,), replicas=(),
+                    orders=orders, deps=deps, costs=costs, activation=(1.0,) * stages, memory_limit=None,
+                    memory_limit_span=None, split_backward=split)
 
 
 def _check_size(cells: list[Cell], stages: int, microbatches: int, kinds: int, given_m: bool, max_ops: int,

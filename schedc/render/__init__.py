@@ -21,10 +21,11 @@ EXTENSIONS = (*FORMATS, "dot", "html", "json")
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
                 dag: bool = False, comms: bool = False, measured: str | None = None,
-                profile: tuple[str, int | None] | None = None) -> Compiled:
+                profile: tuple[str, int | None] | None = None, cluster=None) -> Compiled:
     """Compile (or load) FILE and write OUT; returns what was drawn, with the compiler's diagnostics
     (a schedule that fails its checks is drawn anyway, as far as it was simulated). profile: (CSV,
-    microbatch size) of a PipeFisher profile row to take the costs from, instead of `costs`."""
+    microbatch size) of a PipeFisher profile row to take the costs from, instead of `costs`. cluster: a
+    predict.ClusterRequest: costs (seconds) and message times from a model on a cluster."""
     fmt = Path(out).suffix.lower().lstrip(".")
     if fmt not in EXTENSIONS:
         raise _usage(f"cannot tell the format from {out!r}: use one of "
@@ -33,7 +34,12 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
     prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
     from .load import load_input
-    compiled = load_input(file, defines, costs, latency, profile)
+    if cluster is not None:
+        from ..compiler import parse_defines
+        from ..predict import compile_on_cluster
+        compiled = compile_on_cluster(file, parse_defines(defines), cluster).compiled
+    else:
+        compiled = load_input(file, defines, costs, latency, profile)
     data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
     write_output(out, data)
     return compiled

@@ -8,12 +8,13 @@ activation unit for the memory chart.
 """
 from __future__ import annotations
 
-from ..compiler import Compiled, compile_file, schedule_stats
+from ..compiler import Compiled, compile_file
 from ..diagnostics import SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
+from ..timing import Stats
 
 
 def load_input(file: str, defines, costs: str | None, latency: float,
@@ -36,7 +37,7 @@ def load_input(file: str, defines, costs: str | None, latency: float,
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:
     schedule = schedule_from_plan(plan, path, costs)
     timing = simulate(schedule, latency)
-    return Compiled(schedule, timing, schedule_stats(schedule, timing), plan, [])
+    return Compiled(schedule, timing, Stats.of(schedule, timing), plan, [])
 
 
 def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
@@ -51,10 +52,11 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
                    for rank, steps in enumerate(plan.ranks))
     split = any(op.kind == OpKind.I for order in orders for op in order)
     deps = Dependencies(pipelines, table, split, {}, tuple(op for order in orders for op in order))
-    return Schedule(str(meta.get("schedule", "plan")), str(meta.get("description", "")),
-                    Source(path, ""), dict(meta.get("params") or {}), plan.devices, pipelines,
-                    tuple(tuple(g) for g in meta.get("replicas", ())), orders, deps,
-                    table, (1.0,) * stages, None, None, split)
+    return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
+                    source=Source(path, ""), params=dict(meta.get("params") or {}), devices=plan.devices,
+                    pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
+                    orders=orders, deps=deps, costs=table, activation=(1.0,) * stages, memory_limit=None,
+                    memory_limit_span=None, split_backward=split)
 
 
 def _per_stage(value, stages: int) -> tuple[float, ...]:

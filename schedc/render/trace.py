@@ -38,7 +38,7 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
                            "ts": _us(t.start), "dur": _us(t.end - t.start), "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": schedule.name, "params": schedule.params, "simulated": True,
-                          "time_scale": "1 cost unit = 1 ms", "stats": compiled.stats}}
+                          "time_scale": "1 cost unit = 1 ms", "stats": dict(compiled.stats)}}
 
 
 def _us(units: float) -> float:

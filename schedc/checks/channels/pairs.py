@@ -1,0 +1,132 @@
+"""check_channels, pairwise: for every ordered pair of ranks (a, b) the sends of a to b are, one for
+one, the receives b posts from a (kind, stage, microbatch, pipeline); every message goes between the
+ranks of its producing and consuming stages; the j-th SYNC_GRAD of a group is issued by every member,
+for one stage. Used to name the faults of a step program that the replay finds stuck or faulty.
+
+    rank 0 sends F(0,0) F(0,1), rank 1 posts RECV_F(0,1) RECV_F(0,0)
+    -> error: messages from rank 0 to rank 1 do not match: 2 sent, 2 received; first difference at message 0
+"""
+from __future__ import annotations
+
+from itertools import groupby
+from operator import itemgetter
+
+from ...diagnostics import Diagnostic, error
+from ...ops import COMM, LINKED, RECVS, SENDS, Opcode, OpKind, carries, link_ends, own_stage, peer_stage
+
+DIRECTION = {op: carries(op) for op in COMM}  # the kind a message is named by, F or B
+OP, PEER = itemgetter(0), itemgetter(4)
+FIELDS = itemgetter(1, 2, 3)     # stage, mb, pipe
+LINK = itemgetter(0, 1, 3, 4)    # op, stage, pipe, peer
+COMPUTE = itemgetter(0, 1, 3)    # op, stage, pipe
+SHOWN = 8  # mismatches listed per pair
+
+
+def _messages(instrs: list) -> list[tuple]:
+    """(direction, stage, mb, pipe) of each message, as both ends name it."""
+    return list(zip(map(DIRECTION.__getitem__, map(OP, instrs)), *zip(*map(FIELDS, instrs)))) if instrs else []
+
+
+def _by_peer(instrs: list) -> dict[int, list]:
+    return {peer: list(group) for peer, group in groupby(sorted(instrs, key=PEER), key=PEER)}
+
+
+def pair_errors(streams: list, place: list[list[int]], step: int, steps: int) -> list[Diagnostic]:
+    """Every pair's sends against its receives, and every message's ranks against its stages' placement."""
+    ranks, sent, got, diags = len(streams), {}, {}, []
+    for r, stream in enumerate(streams):
+        sends = [ins for ins in stream if ins[0] in SENDS]
+        recvs = [ins for ins in stream if ins[0] in RECVS]
+        links = sorted(set(map(LINK, sends + recvs)), key=str)
+        diags += [_bad_link(r, link, place, ranks, step, steps) for link in links
+                  if not _link_ok(r, link, place, ranks)]
+        diags += [error(f"{where(step, steps)}rank {r}: {op}({stage}) of pipeline {pipe} is not a stage of the plan")
+                  for op, stage, pipe in sorted(set(map(COMPUTE, stream)), key=str)
+                  if op in LINKED and not _stage_ok(stage, pipe, place)]
+        for peer, group in _by_peer(sends).items():
+            sent[(r, peer)] = group
+        for peer, group in _by_peer(recvs).items():
+            got[(peer, r)] = group
+    for pair in sorted(sent.keys() | got.keys(), key=str):
+        ours, theirs = _messages(sent.get(pair, [])), _messages(got.get(pair, []))
+        if ours != theirs:
+            diags.append(_mismatch(*pair, ours, theirs, step, steps))
+    return diags
+
+
+def _stage_ok(stage, pipe, place: list[list[int]]) -> bool:
+    pipe = pipe or 0
+    return isinstance(stage, int) and isinstance(pipe, int) and 0 <= pipe < len(place) and 0 <= stage < len(
+        place[pipe])
+
+
+def _link_ok(r: int, link: tuple, place: list[list[int]], ranks: int) -> bool:
+    """A message goes between the ranks of its producing and consuming stages."""
+    op, stage, pipe, peer = link
+    pipe = pipe or 0
+    if not isinstance(peer, int) or not 0 <= peer < ranks or peer == r or not 0 <= pipe < len(place):
+        return False
+    where = place[pipe]
+    other, mine = (peer_stage(op, stage), own_stage(op, stage)) if isinstance(stage, int) else (-1, -1)
+    return 0 <= other < len(where) and 0 <= mine < len(where) and where[other] == peer and where[mine] == r
+
+
+def _bad_link(r: int, link: tuple, place, ranks: int, step: int, steps: int) -> Diagnostic:
+    op, stage, pipe, peer = link
+    return error(f"{where(step, steps)}rank {r}: {op} of stage {stage} "
+                 f"{'to' if op in SENDS else 'from'} rank {peer}, but the stages it links are on "
+                 f"{_ends(op, stage, pipe or 0, place)}")
+
+
+def sync_errors(streams: list, step: int, steps: int) -> list[Diagnostic]:
+    """The j-th SYNC_GRAD of a group is issued by every member, for one stage."""
+    issued: dict[tuple, list[tuple[int, int]]] = {}
+    for r, stream in enumerate(streams):
+        count: dict[tuple, int] = {}
+        for ins in stream:
+            if ins[0] == Opcode.SYNC_GRAD:
+                group = tuple(ins[5] or ())
+                count[group] = count.get(group, 0) + 1
+                issued.setdefault((group, count[group] - 1), []).append((r, ins[1]))
+    diags = []
+    for (group, j), members in sorted(issued.items()):
+        ranks = sorted(r for r, _ in members)
+        stages = sorted({s for _, s in members}, key=str)
+        if ranks != sorted(group) or len(stages) != 1:
+            diags.append(error(f"{where(step, steps)}SYNC_GRAD #{j} of group {list(group)} is issued by ranks "
+                               f"{ranks} for stages {stages}; every rank of the group must issue it, for one stage"))
+    return diags
+
+
+def _mismatch(a: int, b: int, sent: list, got: list, step: int, steps: int) -> Diagnostic:
+    k = next((k for k, (x, y) in enumerate(zip(sent, got)) if x != y), min(len(sent), len(got)))
+    first = (f"message {k}: rank {a} sends {_message(sent[k]) if k < len(sent) else 'nothing'}, rank {b} "
+             f"expects {_message(got[k]) if k < len(got) else 'nothing'}")
+    notes = tuple(f"message {i}: sent {_short(sent, i)}, received {_short(got, i)}"
+                  for i in range(k, min(k + SHOWN, max(len(sent), len(got)))))
+    return error(f"{where(step, steps)}messages from rank {a} to rank {b} do not match: {len(sent)} sent, "
+                 f"{len(got)} received; first difference at {first}", notes=notes)
+
+
+def _short(messages: list, i: int) -> str:
+    if i >= len(messages):
+        return "-"
+    direction, stage, mb, pipe = messages[i]
+    return f"{direction}({stage},{mb})" + (f".{pipe}" if pipe else "")
+
+
+def where(step: int, steps: int) -> str:
+    return f"step program {step}: " if steps > 1 else ""
+
+
+def _ends(op: str, stage, pipe: int, place: list[list[int]]) -> str:
+    where = place[pipe] if 0 <= pipe < len(place) else []
+    pair = sorted(link_ends(op, stage)) if isinstance(stage, int) else ()
+    ranks = [f"stage {s} on rank {where[s]}" for s in pair if 0 <= s < len(where)]
+    return " and ".join(ranks) or "no rank (the stage does not exist)"
+
+
+def _message(message: tuple) -> str:
+    direction, stage, mb, pipe = message
+    what = "activation" if direction == OpKind.F.value else "gradient"
+    return f"the {what} of stage {stage}, microbatch {mb}" + (f", pipeline {pipe}" if pipe else "")

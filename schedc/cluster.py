@@ -1,0 +1,311 @@
+"""Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel.py).
+
+A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab` and `ffn`):
+
+    layers = 96      hidden = 12288      heads = 96      seq = 2048      vocab = 51200
+
+A cluster file (TOML; the library in clusters/*.toml is found by name, `--cluster dgx-a100-80gb`):
+
+    [gpu]        peak_tflops, memory_gib, hbm_gbps             (datasheet)
+    [node]       gpus                                          (GPUs per node)
+    [intra]      bandwidth_gbps, latency_us                    (NVLink/NVSwitch, per GPU, one direction)
+    [inter]      bandwidth_gbps, latency_us                    (InfiniBand, per GPU, one direction)
+    [efficiency] gemm, gemm_half_dim, hbm, intra, inter        (the named fractions of the datasheet)
+
+Every error names the field and points at it (`file:line:col: error: ...`, exit 2); a missing field
+points at the table it belongs in.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .diagnostics import Diagnostic, SchedError, Source, Span, error
+
+LIBRARY_PACKAGE = "schedc.clusters"
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
+               "float": 4}
+RECOMPUTE = ("full", "selective", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A GPT-style decoder (Megatron's GPT): `layers` blocks of attention with `heads` heads and an
+    MLP of width `ffn`, hidden size `hidden`, over `seq` tokens, a vocabulary of `vocab` (tied
+    embedding and logit layer)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    dtype: str = "bf16"
+    microbatch_size: int | None = None  # the bytes check's key; --microbatch-size wins
+
+    @property
+    def width(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """Per-GPU datasheet figures, the node and its two links, and the calibrated efficiencies."""
+
+    name: str
+    peak_flops: float          # FLOP/s, dense 16-bit tensor core
+    memory_bytes: float
+    hbm_bandwidth: float       # bytes/s
+    gpus_per_node: int
+    intra_bandwidth: float     # bytes/s per GPU, one direction (NVLink through NVSwitch)
+    intra_latency: float       # s
+    inter_bandwidth: float     # bytes/s per GPU, one direction (InfiniBand; one NIC per GPU)
+    inter_latency: float       # s
+    gemm_efficiency: float     # of peak, for large GEMMs
+    gemm_half_dim: float       # a GEMM whose smallest dimension is this runs at half of gemm_efficiency
+    hbm_efficiency: float      # of hbm_bandwidth, for memory-bound kernels
+    intra_efficiency: float    # NCCL bus bandwidth over NVLink, of intra_bandwidth
+    inter_efficiency: float    # NCCL bus bandwidth over InfiniBand, of inter_bandwidth
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the model is laid out: tensor parallel t, data parallel d, microbatch size b, global batch,
+    recomputation, sequence parallelism, gradient all-reduce overlapped with the backward (torch DDP)
+    or after it (Megatron's local DDP), the scatter/gather of pipeline messages over t links, and
+    whether a send holds its sender until the message is through (Megatron-LM's point-to-point calls
+    wait for both ends) or not (schedc's runtime: isend, waited for before the buffer is reused)."""
+
+    tp: int = 1
+    dp: int = 1
+    microbatch_size: int = 1
+    global_batch: int | None = None
+    recompute: str = "full"
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False
+    scatter_gather: bool = True
+    blocking_p2p: bool = False  # sends hold the sender until the message is through (Megatron-LM)
+
+    def microbatches(self) -> int | None:
+        """m = global batch / (b * d) per pipeline, or None without a global batch."""
+        if self.global_batch is None:
+            return None
+        return self.global_batch // (self.microbatch_size * self.dp)
+
+
+# fields: table -> key -> (type, scale to SI, description); None as table: top level
+_CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
+    "gpu": {"peak_tflops": (float, 1e12, "peak dense 16-bit FLOP/s, in teraFLOP/s"),
+            "memory_gib": (float, 2**30, "GPU memory in GiB"),
+            "hbm_gbps": (float, 1e9, "HBM bandwidth in GB/s")},
+    "node": {"gpus": (int, 1, "GPUs per node")},
+    "intra": {"bandwidth_gbps": (float, 1e9, "NVLink bandwidth per GPU and direction, GB/s"),
+              "latency_us": (float, 1e-6, "NVLink message latency, microseconds")},
+    "inter": {"bandwidth_gbps": (float, 1e9, "network bandwidth per GPU and direction, GB/s"),
+              "latency_us": (float, 1e-6, "network message latency, microseconds")},
+    "efficiency": {"gemm": (float, 1, "fraction of peak FLOP/s a large GEMM reaches"),
+                   "gemm_half_dim": (float, 1, "GEMM dimension at which half of that is reached"),
+                   "hbm": (float, 1, "fraction of HBM bandwidth memory-bound kernels reach"),
+                   "intra": (float, 1, "NCCL bus bandwidth over NVLink, fraction of the link"),
+                   "inter": (float, 1, "NCCL bus bandwidth over the network, fraction of the link")},
+}
+_FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
+_MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
+                 "dtype": str, "microbatch_size": int}
+_MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size"}
+
+
+def library_clusters() -> list[Path]:
+    root = resources.files(LIBRARY_PACKAGE)
+    return sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".toml"))
+
+
+def resolve_cluster(name: str) -> Path:
+    """A path as given if it exists, else the library cluster of that name (`dgx-a100-80gb`)."""
+    path = Path(name)
+    if path.exists() or len(path.parts) > 1:
+        return path
+    for candidate in library_clusters():
+        if candidate.stem == path.stem:
+            return candidate
+    known = ", ".join(p.stem for p in library_clusters())
+    raise SchedError(error(f"--cluster: no file or library cluster named {name!r} (library: {known})"),
+                     Source("schedc", ""), exit_code=2)
+
+
+def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
+    """A TOML file's table and its source; unreadable or invalid TOML is a located error (exit 2)."""
+    import tomllib  # only the cost model reads TOML; compiles skip the import
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchedError(error(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}"),
+                         Source(str(path), ""), exit_code=2) from None
+    source = Source(str(path), text)
+    try:
+        return tomllib.loads(text), source
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"line (\d+), column (\d+)", str(exc))
+        lines = text.splitlines() or [""]
+        span = Span(int(found.group(1)), int(found.group(2))) if found else Span(len(lines), len(lines[-1]) + 1)
+        raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source,
+                         exit_code=2) from None
+
+
+def locate(source: Source, key: str, table: str | None = None) -> Span:
+    """Where `key = ...` stands in `[table]` (top level for None); the table's header when the key is
+    not written there (a missing field), else the first line. tomllib gives no positions, so the text
+    is scanned: headers `[name]`, keys `name =`, `"name" =` or dotted `table.name =`."""
+    current, header = None, None
+    for number, line in enumerate(source.text.splitlines(), 1):
+        stripped = line.split("#", 1)[0].strip()
+        heading = re.fullmatch(r"\[\s*([A-Za-z0-9_.\"-]+)\s*\]", stripped)
+        if heading:
+            current = heading.group(1).strip('"')
+            if current == table:
+                header = Span(number, line.index("[") + 1, number, line.index("]") + 2)
+            continue
+        found = re.match(rf"\s*((?:{re.escape(table)}\s*\.\s*)?\"?{re.escape(key)}\"?)\s*=", line) if table else \
+            re.match(rf"\s*(\"?{re.escape(key)}\"?)\s*=", line)
+        if found and (current == table or (table and current is None and "." in found.group(1))):
+            column = found.start(1) + 1
+            return Span(number, column, number, column + len(found.group(1)))
+    return header or Span(1, 1)
+
+
+def load_model_spec(path: str) -> ModelSpec:
+    """Read a model description; every bad or missing field is reported, located (exit 2)."""
+    table, source = read_toml(path, "model description")
+    diags: list[Diagnostic] = [error(f"unknown key '{k}' (keys: {', '.join(_MODEL_FIELDS)})", locate(source, k))
+                               for k in table if k not in _MODEL_FIELDS]
+    values = {}
+    for key, kind in _MODEL_FIELDS.items():
+        value = table.get(key)
+        if value is None:
+            if key not in _MODEL_OPTIONAL:
+                diags.append(error(f"missing key '{key}' (the model needs {', '.join(k for k in _MODEL_FIELDS if k not in _MODEL_OPTIONAL)})",
+                                   Span(1, 1)))
+            continue
+        ok = (isinstance(value, kind) and not isinstance(value, bool)
+              and (value > 0 if kind is int else value in DTYPE_BYTES))
+        if not ok:
+            want = "a positive integer" if kind is int else "one of " + ", ".join(DTYPE_BYTES)
+            diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
+        values[key] = value
+    if not diags and values["hidden"] % values["heads"]:
+        diags.append(error(f"'heads' ({values['heads']}) must divide 'hidden' ({values['hidden']})",
+                           locate(source, "heads")))
+    if diags:
+        raise SchedError(diags, source, exit_code=2)
+    values.setdefault("ffn", 4 * values["hidden"])
+    return ModelSpec(**values)
+
+
+def load_cluster(name: str) -> ClusterSpec:
+    """Read a cluster description (a path or a library name); every bad or missing field is reported,
+    located at the key or, when missing, at its table's header (exit 2)."""
+    path = resolve_cluster(name)
+    table, source = read_toml(path, "cluster description")
+    diags: list[Diagnostic] = []
+    for key, value in table.items():
+        if key not in _CLUSTER_FIELDS and key not in ("name", "description", "source"):
+            diags.append(error(f"unknown table '{key}' (tables: {', '.join(_CLUSTER_FIELDS)})", locate(source, key)))
+        elif key in _CLUSTER_FIELDS and not isinstance(value, dict):
+            diags.append(error(f"'{key}' must be a table: [{key}]", locate(source, key)))
+    got: dict[tuple[str, str], float] = {}
+    for section, fields in _CLUSTER_FIELDS.items():
+        given = table.get(section) if isinstance(table.get(section), dict) else {}
+        for key in given:
+            if key not in fields:
+                diags.append(error(f"unknown key '{section}.{key}' (keys: {', '.join(fields)})",
+                                   locate(source, key, section)))
+        for key, (kind, scale, doc) in fields.items():
+            value = given.get(key)
+            if value is None:
+                diags.append(error(f"missing field '{section}.{key}' ({doc})", locate(source, key, section)))
+                continue
+            number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+            bad = (number is None or not number > 0 or number == float("inf")
+                   or (kind is int and not isinstance(value, int))
+                   or ((section, key) in _FRACTIONS and number > 1))
+            if bad:
+                want = ("a number in (0, 1]" if (section, key) in _FRACTIONS else
+                        "a positive integer" if kind is int else "a positive number")
+                diags.append(error(f"'{section}.{key}' must be {want}, got {value!r} ({doc})",
+                                   locate(source, key, section)))
+                continue
+            got[section, key] = number * scale
+    if diags:
+        raise SchedError(diags, source, exit_code=2)
+    return ClusterSpec(
+        str(table.get("name", path.stem)), got["gpu", "peak_tflops"], got["gpu", "memory_gib"],
+        got["gpu", "hbm_gbps"], int(got["node", "gpus"]), got["intra", "bandwidth_gbps"],
+        got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
+        got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
+        got["efficiency", "intra"], got["efficiency", "inter"])
+
+
+def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
+    """A cluster description's TOML text (load_cluster reads it back to the same spec)."""
+    head = "".join(f"# {line}\n" for line in comment.splitlines())
+    return head + f"""name = "{spec.name}"
+
+[gpu]
+peak_tflops = {spec.peak_flops / 1e12!r}
+memory_gib = {spec.memory_bytes / 2**30!r}
+hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
+
+[node]
+gpus = {spec.gpus_per_node}
+
+[intra]
+bandwidth_gbps = {spec.intra_bandwidth / 1e9!r}
+latency_us = {spec.intra_latency * 1e6!r}
+
+[inter]
+bandwidth_gbps = {spec.inter_bandwidth / 1e9!r}
+latency_us = {spec.inter_latency * 1e6!r}
+
+[efficiency]
+gemm = {spec.gemm_efficiency!r}
+gemm_half_dim = {spec.gemm_half_dim!r}
+hbm = {spec.hbm_efficiency!r}
+intra = {spec.intra_efficiency!r}
+inter = {spec.inter_efficiency!r}
+"""
+
+
+OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
+
+
+def usage(message: str) -> SchedError:
+    return SchedError(error(message), OPTIONS, exit_code=2)
+
+
+def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:
+    """What the layout needs of the model and the batch; the first failure is a usage error (exit 2)
+    naming the field: t divides heads (and hidden, ffn and vocab), b*d divides the global batch."""
+    t = layout.tp
+    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.microbatch_size, "--microbatch-size")):
+        if value < 1:
+            raise usage(f"{name} must be a positive integer, got {value}")
+    source = model_source or source_text(model_path)
+    for key in ("heads", "hidden", "ffn", "vocab"):
+        value = getattr(model, key)
+        if value % t:
+            raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
+                                   f"the {key} {t} ways", locate(source, key)), source, exit_code=2)
+    if layout.global_batch is not None:
+        unit = layout.microbatch_size * layout.dp
+        if layout.global_batch < 1 or layout.global_batch % unit:
+            raise usage(f"--global-batch {layout.global_batch} is not a multiple of --microbatch-size x --dp "
+                        f"= {layout.microbatch_size} x {layout.dp} = {unit}")
+
+
+def source_text(path: str) -> Source:
+    try:
+        return Source(path, Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return Source(path, "")

@@ -1,0 +1,416 @@
+"""The cluster-scale cost model: op costs, message times and memory of a GPT training step from a model,
+a cluster and a (tensor, pipeline, data) parallel layout (schedc/cluster.py). The simulator stays the one
+source of timing: these costs go into the schedule, the schedule's real per-device order is simulated
+with each message timed on the link its two stages sit on, and the end-of-step data-parallel
+all-reduce and optimizer step are added after the simulated makespan.
+
+Per transformer layer and microbatch, on one GPU of a tensor-parallel group of t (b, s, h, a, f, V as
+usual; w bytes per value):
+
+    GEMMs        QKV (bs x 3h/t x h), projection (bs x h x h/t), MLP (bs x f/t x h), (bs x h x f/t):
+                 2·bs·(4h² + 2hf)/t FLOPs forward, twice that backward (input and weight gradients)
+    attention    scores and context, b·a/t GEMMs of s x s x h/a: 4·b·s²·h/t FLOPs forward
+    elementwise  layer norms, bias+dropout+add, bias+GeLU, softmax, attention dropout, transposes:
+                 bytes over HBM; replicated over t without sequence parallelism, split with it
+    t > 1        two all-reduces forward, two backward (with sequence parallelism two all-gathers and
+                 two reduce-scatters each), over NVLink when t fits in a node, else over the network
+
+A GEMM of smallest dimension n runs at peak · gemm · n / (n + gemm_half_dim); memory-bound kernels at
+HBM bandwidth · hbm; a collective at the NCCL bus bandwidth of its link (intra or inter fraction of
+the datasheet figure), two-level when its group spans nodes. Full recomputation repeats the forward
+(with its all-reduces) inside B; selective recomputation repeats the attention core only (Korthikanti
+et al. 2022). The first stage adds the embedding, the last the final layer norm, the logit GEMM and
+the cross entropy. Model FLOPs follow Narayanan et al. (2021) equation 3: 96·B·s·l·h²·(1 + s/(6h) +
+V/(16·l·h)) with full recomputation (72·...·(1 + s/(6h) + V/(12·l·h)) without it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .cluster import ClusterSpec, Layout, ModelSpec
+from .ops import OpKind, feeds
+
+F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # noqa: E741
+R = "recompute"  # the part of B that repeats (some of) the forward first
+
+STATE_BYTES_PER_PARAM = 16   # 16-bit weight and gradient, fp32 master weight, Adam's two fp32 moments
+ADAM_BYTES_PER_PARAM = 32    # HBM traffic of a fused Adam step (read/write master, moments; read grad, write weight)
+CROSS_ENTROPY_BYTES = 16     # HBM traffic per fp32 logit of the vocab-parallel cross entropy, forward
+ELEMENTWISE = 11             # values read+written per b·s·h by layer norms and bias+dropout+add, forward
+TRANSPOSES = 8               # values per b·s·h/t moved by the attention's head transposes, forward
+ATTENTION_ELEMENTWISE = 4.5  # values per b·(a/t)·s² moved by softmax and attention dropout, forward
+GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradient read, the accumulated one read and written
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """An op's time, split into computation, tensor-parallel communication and (with blocking
+    point-to-point messages) the time its sender waits for its message to be through (seconds)."""
+
+    compute: float = 0.0
+    tp: float = 0.0
+    p2p: float = 0.0
+
+    def __add__(self, other: Part) -> Part:
+        return Part(self.compute + other.compute, self.tp + other.tp, self.p2p + other.p2p)
+
+    def __mul__(self, k: float) -> Part:
+        return Part(self.compute * k, self.tp * k, self.p2p * k)
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.p2p
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per stage, the parts of F, B, I and W (B = I + W) of one microbatch."""
+
+    parts: dict[str, tuple[Part, ...]]
+
+    def costs(self) -> dict[str, tuple[float, ...]]:
+        """kind -> per-stage seconds, as a costs table for elaborate.Options (FB: F and B as one op)."""
+        table = {kind: tuple(p.total for p in parts) for kind, parts in self.parts.items()}
+        table["FB"] = tuple(f + b for f, b in zip(table[F], table[B]))
+        return table
+
+
+class Hardware:
+    """Time of a GEMM, a memory-bound kernel, a collective and a message on one cluster."""
+
+    def __init__(self, cluster: ClusterSpec):
+        self.c = cluster
+
+    def gemm(self, m: float, n: float, k: float, count: float = 1) -> float:
+        c = self.c
+        small = min(m, n, k)
+        efficiency = c.gemm_efficiency * small / (small + c.gemm_half_dim)
+        return 2 * m * n * k * count / (c.peak_flops * efficiency)
+
+    def memory(self, nbytes: float) -> float:
+        return nbytes / (self.c.hbm_bandwidth * self.c.hbm_efficiency)
+
+    def _intra(self) -> float:
+        return self.c.intra_bandwidth * self.c.intra_efficiency
+
+    def _inter(self) -> float:
+        return self.c.inter_bandwidth * self.c.inter_efficiency
+
+    def all_reduce(self, nbytes: float, n: int, per_node: int) -> float:
+        """Ring all-reduce of nbytes over n GPUs, per_node of them in each node: within a node over
+        NVLink, across nodes two-level (reduce-scatter in the node, all-reduce of a 1/per_node share
+        over each GPU's network link, all-gather in the node)."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        k = max(1, min(per_node, n))
+        nodes = -(-n // k)
+        time = 2 * (k - 1) / k * nbytes / self._intra() + 2 * (k - 1) * self.c.intra_latency
+        if nodes > 1:
+            time += 2 * (nodes - 1) / nodes * (nbytes / k) / self._inter() + 2 * (nodes - 1) * self.c.inter_latency
+        return time
+
+    def all_gather(self, nbytes: float, n: int, per_node: int) -> float:
+        """All-gather (or reduce-scatter) of nbytes in all: half an all-reduce."""
+        return self.all_reduce(nbytes, n, per_node) / 2
+
+    def message(self, nbytes: float, same_node: bool) -> float:
+        if same_node:
+            return self.c.intra_latency + nbytes / self._intra()
+        return self.c.inter_latency + nbytes / self._inter()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Everything the formulas read: the model, the cluster, the layout."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    layout: Layout
+
+    @property
+    def hw(self) -> Hardware:
+        return Hardware(self.cluster)
+
+    @property
+    def tp_per_node(self) -> int:
+        return min(self.layout.tp, self.cluster.gpus_per_node)
+
+    def tp_all_reduce(self, nbytes: float) -> float:
+        return self.hw.all_reduce(nbytes, self.layout.tp, self.tp_per_node)
+
+
+def layer_parts(st: Setting) -> dict[str, Part]:
+    """One transformer layer, one microbatch: forward F, input-gradient I, weight-gradient W, and the
+    recomputation R that B repeats before its backward (nothing without recomputation)."""
+    m, lay, hw = st.model, st.layout, st.hw
+    b, s, h, a, f, t, w = lay.microbatch_size, m.seq, m.hidden, m.heads, m.ffn, lay.tp, m.width
+    bs = b * s
+    gemms = hw.gemm(bs, 3 * h / t, h) + hw.gemm(bs, h, h / t) + hw.gemm(bs, f / t, h) + hw.gemm(bs, h, f / t)
+    attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
+    replicated = bs * h / (t if lay.sequence_parallel else 1)
+    elementwise = hw.memory(w * (ELEMENTWISE * replicated + 2 * bs * f / t + TRANSPOSES * bs * h / t))
+    attention_elementwise = hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
+    comm = 2 * st.tp_all_reduce(w * bs * h) if t > 1 else 0.0  # 2 AG + 2 RS cost the same with SP
+    accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
+    forward = Part(gemms + attention + elementwise + attention_elementwise, comm)
+    recompute = {"full": forward, "selective": Part(attention + attention_elementwise, 0.0),
+                 "none": Part()}[lay.recompute]
+    return {F: forward,
+            I: Part(gemms + 2 * attention + 2 * (elementwise + attention_elementwise), comm),
+            W: Part(gemms + accumulate, 0.0),
+            R: recompute}
+
+
+def embedding_parts(st: Setting) -> dict[str, Part]:
+    """The first stage's extra: the (vocab-parallel) embedding lookup and its gradient."""
+    m, lay = st.model, st.layout
+    tokens = lay.microbatch_size * m.seq * m.hidden * m.width
+    comm = st.tp_all_reduce(tokens) if lay.tp > 1 else 0.0
+    return {F: Part(st.hw.memory(3 * tokens), comm), I: Part(), W: Part(st.hw.memory(3 * tokens)),
+            R: Part()}
+
+
+def head_parts(st: Setting) -> dict[str, Part]:
+    """The last stage's extra: final layer norm, logit GEMM (bs x V/t x h) and cross entropy."""
+    m, lay, hw = st.model, st.layout, st.hw
+    bs, t, w = lay.microbatch_size * m.seq, lay.tp, m.width
+    logits = hw.gemm(bs, m.vocab / t, m.hidden)
+    norm = hw.memory(4 * w * bs * m.hidden / (t if lay.sequence_parallel else 1))
+    entropy = hw.memory(CROSS_ENTROPY_BYTES * bs * m.vocab / t)
+    small = 3 * st.tp_all_reduce(4 * bs) if t > 1 else 0.0
+    grad_in = st.tp_all_reduce(w * bs * m.hidden) if t > 1 else 0.0
+    return {F: Part(norm + logits + entropy, small),
+            I: Part(logits + 2 * norm + entropy / 2, grad_in), W: Part(logits), R: Part()}
+
+
+def stage_layers(model: ModelSpec, stages: int) -> int:
+    """Layers per stage; the model's layers must divide evenly (callers check)."""
+    return model.layers // stages
+
+
+def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = None) -> StageCosts:
+    """F, B, I, W of every stage: its layers, the embedding on stage 0, the logits on the last; with
+    blocking point-to-point messages (layout.blocking_p2p) and the stages' devices, an op whose output
+    goes to another device also holds its device until the message is through (link_times)."""
+    per = stage_layers(st.model, stages)
+    layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
+    table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
+    for s in range(stages):
+        parts = {k: layer[k] * per for k in layer}
+        for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
+            parts = {k: parts[k] + extra[k] for k in parts}
+        table[F].append(parts[F])
+        table[I].append(parts[I] + parts[R])
+        table[W].append(parts[W])
+        table[B].append(parts[I] + parts[R] + parts[W])
+    if st.layout.blocking_p2p and placement is not None:
+        _add_sends(table, placement, message_times(st, max(placement) + 1))
+    return StageCosts({k: tuple(v) for k, v in table.items()})
+
+
+def _add_sends(table: dict[str, list[Part]], placement: tuple[int, ...], times: list[list[float]]) -> None:
+    """Add the blocking send of every op whose output feeds a stage on another device (schedc.ops)."""
+    for kind in (F, B, I):
+        for s, part in enumerate(table[kind]):
+            to = feeds(kind, s)
+            if to is not None and 0 <= to < len(placement) and placement[to] != placement[s]:
+                table[kind][s] = part + Part(p2p=times[placement[s]][placement[to]])
+
+
+# Parameters and memory ------------------------------------------------------------------------------
+
+def layer_params(model: ModelSpec, t: int) -> float:
+    """Parameters of one layer on one GPU: the split weights over t, biases of the row-parallel GEMMs
+    and the layer norms replicated."""
+    h, f = model.hidden, model.ffn
+    return (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
+
+
+def stage_params(model: ModelSpec, t: int, stages: int, s: int) -> float:
+    """Parameters of stage s on one GPU: its layers, the embedding (stage 0: words split over t,
+    positions), the final layer norm and the tied word embedding's copy (the last stage)."""
+    params = stage_layers(model, stages) * layer_params(model, t)
+    words = model.vocab * model.hidden / t
+    if s == 0:
+        params += words + model.seq * model.hidden
+    if s == stages - 1:
+        params += 2 * model.hidden + (words if stages > 1 else 0.0)
+    return params
+
+
+def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
+    """Activation bytes one layer keeps per microbatch until its backward (Korthikanti et al. 2022,
+    table 2, at 16 bits): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t with
+    sequence parallelism too; selective recomputation drops the 5as/h term; full recomputation keeps
+    only the layer's input, 2sbh (2sbh/t with sequence parallelism)."""
+    s, b, h, a, t = model.seq, layout.microbatch_size, model.hidden, model.heads, layout.tp
+    sbh = s * b * h * model.width / 2
+    attention = 5 * a * s / (h * t)
+    if layout.recompute == "full":
+        return 2 * sbh / (t if layout.sequence_parallel else 1)
+    keep = attention if layout.recompute == "none" else 0.0
+    if layout.sequence_parallel:
+        return sbh * (34 / t + keep)
+    return sbh * (10 + 24 / t + keep)
+
+
+def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
+    """Memory a backward needs on top of what is kept: one layer's full activations rebuilt by
+    recomputation, and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
+    full = replace(layout, recompute="none")
+    extra = layer_activation_bytes(model, full) if layout.recompute != "none" else 0.0
+    if last:
+        extra += 4 * model.seq * layout.microbatch_size * model.vocab / layout.tp
+    return extra
+
+
+# The step --------------------------------------------------------------------------------------------
+
+def rank_of(device: int, st: Setting) -> int:
+    """The first GPU of a pipeline device (Megatron's rank order: tensor innermost, then data, then
+    pipeline)."""
+    return device * st.layout.tp * st.layout.dp
+
+
+def link_times(st: Setting, devices: int) -> list[list[float]]:
+    """links[a][b], what simulate adds to a message from device a to device b: its whole time
+    (message_times), or nothing when sends block (the sending op already holds it, stage_costs)."""
+    if st.layout.blocking_p2p:
+        return [[0.0] * devices for _ in range(devices)]
+    return message_times(st, devices)
+
+
+def message_times(st: Setting, devices: int) -> list[list[float]]:
+    """Time of one pipeline message (b·s·h values; each of t GPUs sends 1/t of it with the scatter/gather
+    optimisation or sequence parallelism, then an all-gather over NVLink restores the whole with
+    scatter/gather) from device a to device b, over NVLink in a node, else the network."""
+    m, lay, hw, g = st.model, st.layout, st.hw, st.cluster.gpus_per_node
+    size = lay.microbatch_size * m.seq * m.hidden * m.width
+    split = lay.tp > 1 and (lay.scatter_gather or lay.sequence_parallel)
+    per_gpu = size / lay.tp if split else size
+    gather = hw.all_gather(size, lay.tp, st.tp_per_node) if split and not lay.sequence_parallel else 0.0
+    node = [rank_of(d, st) // g for d in range(devices)]
+    return [[0.0 if a == b else hw.message(per_gpu, node[a] == node[b] and lay.tp <= g) + gather
+             for b in range(devices)] for a in range(devices)]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What `schedc simulate --cluster` reports (seconds, bytes)."""
+
+    iteration_s: float
+    tflops_per_gpu: float
+    peak_fraction: float
+    memory_bytes: float
+    memory_parts: dict[str, float]
+    breakdown: dict[str, float]
+    gpus: int
+    microbatches: int
+    global_batch: int
+    device_memory: tuple[float, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        gib = 2 ** 30
+        return {"iteration_s": _r(self.iteration_s), "tflops_per_gpu": _r(self.tflops_per_gpu),
+                "peak_fraction": _r(self.peak_fraction), "memory_gib_per_gpu": _r(self.memory_bytes / gib),
+                "memory_breakdown": {k + "_gib": _r(v / gib) for k, v in self.memory_parts.items()},
+                "breakdown": {k: _r(v) for k, v in self.breakdown.items()}, "gpus": self.gpus,
+                "microbatches": self.microbatches, "global_batch": self.global_batch,
+                "memory_gib_per_device": [_r(v / gib) for v in self.device_memory], **self.extra}
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
+    """Model FLOPs of one step (Narayanan et al. 2021, eq. 3, for any ffn): every layer's forward 4
+    times with full recomputation (forward, recomputation, two for the backward), 3 times otherwise;
+    the logit layer 3 times."""
+    s, h, f = model.seq, model.hidden, model.ffn
+    per_layer = 2 * s * (4 * h * h + 2 * h * f) + 4 * s * s * h
+    passes = 4 if layout.recompute == "full" else 3
+    return batch * (passes * model.layers * per_layer + 3 * 2 * s * h * model.vocab)
+
+
+def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:
+    """Per device, (exposed data-parallel communication, optimizer step) after its last op: the gradient
+    all-reduce of its stages over the d (times replicas) GPUs holding the same stage, the embedding's
+    all-reduce between the first and last stage, and Adam over its parameters. With
+    overlap_grad_reduce the all-reduce hides behind the device's last backward."""
+    lay, hw, g, m = st.layout, st.hw, st.cluster.gpus_per_node, st.model
+    stages = schedule.stages
+    holders: dict[int, list[int]] = {}
+    for pipe in schedule.pipelines:
+        for s, d in enumerate(pipe.placement):
+            holders.setdefault(s, []).append(d)
+    per_node = max(1, g // lay.tp) if lay.tp < g else 1
+    out = []
+    for d in range(schedule.devices):
+        mine = sorted({s for s, ds in holders.items() if d in ds})
+        params = sum(stage_params(m, lay.tp, stages, s) for s in mine)
+        comm = 0.0
+        for s in mine:
+            group = lay.dp * len(holders[s])
+            comm += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s), group, min(group, per_node))
+        first, last = holders.get(0, []), holders.get(stages - 1, [])
+        if stages > 1 and (d in first) != (d in last):
+            comm += hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1)
+        if lay.overlap_grad_reduce and schedule.orders[d]:
+            last_op = schedule.orders[d][-1]
+            comm = max(0.0, comm - costs.costs().get(last_op.kind, (0.0,) * stages)[last_op.stage])
+        out.append((comm, hw.memory(ADAM_BYTES_PER_PARAM * params)))
+    return out
+
+
+def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch: int) -> Prediction:
+    """The step's prediction from the schedule simulated with messages (timing) and without (free)."""
+    lay, m = st.layout, st.model
+    tail = tails(st, schedule, costs)
+    worst = max(range(schedule.devices), key=lambda d: (sum(tail[d]), -d))
+    steps = len(schedule.steps)  # a filled cycle of K steps: per step, the cycle's time over K
+    makespan, free = timing.makespan / steps, free_timing.makespan / steps
+    iteration = makespan + sum(tail[worst])
+    held = Part()
+    for step in schedule.steps:
+        for op in step[worst]:
+            held = held + _part(costs, op)
+    held = held * (1 / steps)
+    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp,
+                 "pipeline_comm_s": held.p2p + makespan - free,
+                 "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
+                 "bubble_s": free - held.total}
+    gpus = schedule.devices * lay.tp * lay.dp
+    flops = model_flops(m, lay, batch) / (iteration * gpus)
+    memory, parts = device_memory(st, schedule, timing)
+    top = max(range(len(memory)), key=lambda d: (memory[d], -d))
+    return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
+                      breakdown, gpus, schedule.microbatches, batch, tuple(memory),
+                      {"critical_device": worst, "largest_memory_device": top,
+                       "makespan_without_comm_s": _r(free)})
+
+
+def _part(costs: StageCosts, op) -> Part:
+    """The parts of a built-in op; a task's cost (in seconds, schedc/predict.py) is computation."""
+    parts = costs.parts.get(op.kind)
+    return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part(op.cost)
+
+
+def device_memory(st: Setting, schedule, timing) -> tuple[list[float], list[dict[str, float]]]:
+    """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds,
+    plus the activations alive at its simulated peak (activation units x layers per stage x bytes per
+    layer) and the working memory of one backward."""
+    lay, m = st.layout, st.model
+    stages = schedule.stages
+    per_unit = stage_layers(m, stages) * layer_activation_bytes(m, lay)
+    totals, parts = [], []
+    for d in range(schedule.devices):
+        mine = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
+        state = STATE_BYTES_PER_PARAM * sum(stage_params(m, lay.tp, stages, s) for s in mine)
+        peak = timing.peak_memory[d] if d < len(timing.peak_memory) else 0.0
+        act = peak * per_unit + working_bytes(m, lay, stages - 1 in mine)
+        parts.append({"weights_gradients_optimizer": state, "activations": act})
+        totals.append(state + act)
+    return totals, parts

@@ -1,0 +1,69 @@
+"""calibrate (runtime/calibrate.py and `schedc calibrate`): the GEMM fit, the cluster file it writes, and
+the fit of the compute rates to a measured profile."""
+from __future__ import annotations
+
+import json
+from dataclasses import astuple
+
+import pytest
+from click.testing import CliRunner
+
+from schedc.cli import main
+from schedc.cluster import Layout, ModelSpec, dump_cluster, load_cluster
+from schedc.costmodel import Setting, stage_costs
+from schedc.predict import fit_to_profile
+from schedc.runtime.calibrate import cluster_toml, fit_gemm
+
+MODEL = "layers = 4\nhidden = 256\nheads = 8\nseq = 128\nvocab = 256\ndtype = \"fp32\"\n"
+
+
+def test_the_gemm_fit_recovers_peak_and_half_dimension():
+    rates = {n: 2e11 * n / (n + 48) for n in (64, 128, 256, 512)}
+    peak, half = fit_gemm(rates)
+    assert peak == pytest.approx(2e11) and half == pytest.approx(48)
+
+
+def test_the_written_cluster_file_reads_back(tmp_path):
+    text = cluster_toml("test box", 1.5e11, 20.0, 1.2e10, 16 * 2**30, 2, 5e-5, 2e9, 1e9)
+    path = tmp_path / "box.toml"
+    path.write_text(text)
+    box = load_cluster(str(path))
+    assert box.peak_flops == pytest.approx(1.5e11) and box.gemm_half_dim == pytest.approx(20)
+    assert box.intra_efficiency == pytest.approx(0.5) and box.gpus_per_node == 2
+    again = tmp_path / "again.toml"
+    again.write_text(dump_cluster(box, "round trip"))
+    back = load_cluster(str(again))
+    assert back.name == box.name
+    assert astuple(back)[1:] == pytest.approx(astuple(box)[1:], rel=1e-12)
+
+
+def test_fitting_to_a_profile_scales_compute_to_the_measured_sum():
+    cluster = load_cluster("dgx-a100-80gb")
+    model = ModelSpec(4, 256, 8, 128, 256, 1024, "fp32")
+    layout = Layout(microbatch_size=8, recompute="none")
+    costs = stage_costs(Setting(model, cluster, layout), 2).costs()
+    profile = {"F": [3000 * f for f in costs["F"]], "B": [3000 * b for b in costs["B"]]}  # 3x slower, in ms
+    fitted, factor = fit_to_profile(cluster, model, layout, profile)
+    assert factor == pytest.approx(3.0)
+    refit = stage_costs(Setting(model, fitted, layout), 2).costs()
+    assert sum(refit["F"]) + sum(refit["B"]) == pytest.approx((sum(profile["F"]) + sum(profile["B"])) / 1000, rel=0.02)
+    assert fitted.intra_bandwidth == cluster.intra_bandwidth
+
+
+def test_schedc_calibrate_measures_and_fits(tmp_path):
+    out, fitted = tmp_path / "cpu.toml", tmp_path / "fitted.toml"
+    result = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--quick"])
+    assert result.exit_code == 0, result.output
+    cpu = load_cluster(str(out))
+    assert cpu.peak_flops > 1e9 and cpu.intra_bandwidth > 0 and cpu.gpus_per_node == 2
+    model = tmp_path / "m.toml"
+    model.write_text(MODEL)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"unit": "ms", "F": [50.0, 60.0], "B": [100.0, 120.0]}))
+    result = CliRunner().invoke(main, ["calibrate", "-o", str(fitted), "--cluster", str(out), "--costs", str(profile),
+                                       "--model", str(model), "--microbatch-size", "8"])
+    assert result.exit_code == 0, result.output
+    assert "measured / predicted compute" in result.output
+    assert load_cluster(str(fitted)).intra_latency == pytest.approx(cpu.intra_latency)
+    bad = CliRunner().invoke(main, ["calibrate", "-o", str(fitted), "--costs", str(profile)])
+    assert bad.exit_code == 2 and "--costs and --model go together" in bad.output

@@ -1,0 +1,155 @@
+"""cluster: model and cluster descriptions, the library of clusters, and the located errors of bad input
+(exit 2, naming the field) on the command line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from schedc.cli import main
+from schedc.cluster import Layout, library_clusters, load_cluster, load_model_spec, locate
+from schedc.diagnostics import SchedError, Source
+
+A100 = ROOT / "clusters" / "dgx-a100-80gb.toml"
+MODEL = "layers = 8\nhidden = 1024\nheads = 16\nseq = 512\nvocab = 1024\n"
+
+
+def _model(tmp_path, text: str = MODEL, name: str = "model.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _simulate(*args: str):
+    return CliRunner().invoke(main, ["simulate", *args])
+
+
+def test_the_library_has_an_a100_and_an_h100_node():
+    names = [p.stem for p in library_clusters()]
+    assert {"dgx-a100-80gb", "dgx-h100-80gb"} <= set(names)
+    a100, h100 = load_cluster("dgx-a100-80gb"), load_cluster("dgx-h100-80gb")
+    assert a100.peak_flops == 312e12 and a100.memory_bytes == 80 * 2**30 and a100.gpus_per_node == 8
+    assert a100.hbm_bandwidth == 2039e9 and a100.inter_bandwidth == 25e9 and a100.intra_bandwidth == 300e9
+    assert h100.peak_flops == 989e12 and h100.inter_bandwidth == 50e9
+    assert 0 < a100.gemm_efficiency <= 1 and a100.intra_latency == pytest.approx(5e-6)
+
+
+def test_a_model_takes_the_flat_keys_and_defaults_ffn_to_four_hidden(tmp_path):
+    model = load_model_spec(_model(tmp_path))
+    assert (model.layers, model.hidden, model.heads, model.seq, model.vocab, model.ffn) == (8, 1024, 16, 512, 1024, 4096)
+    assert model.width == 2
+
+
+def test_the_bytes_check_reads_the_same_model_file(tmp_path):
+    path = _model(tmp_path, MODEL + "microbatch_size = 2\n")
+    result = CliRunner().invoke(main, ["check", "1f1b", "--model", path])
+    assert result.exit_code == 0, result.output
+    assert "peak memory per device" in result.output
+
+
+def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
+    source = Source("c.toml", 'name = "x"\n[gpu]\n  peak_tflops = 1 # [node]\n[node]\ngpus = 8\n"peak_tflops" = 2\n')
+    assert str(locate(source, "peak_tflops", "gpu")) == "3:3"
+    assert str(locate(source, "peak_tflops", "node")) == "6:1"
+    assert str(locate(source, "memory_gib", "gpu")) == "2:1"
+    assert str(locate(source, "name")) == "1:1"
+
+
+@pytest.mark.parametrize("edit,message,where", [
+    (lambda t: t.replace("hbm_gbps = 2039", ""), "missing field 'gpu.hbm_gbps'", ":5:1:"),
+    (lambda t: t.replace("gpus = 8", "gpus = 8.5"), "'node.gpus' must be a positive integer", ":11:1:"),
+    (lambda t: t.replace("gemm = 0.85", "gemm = 1.5"), "'efficiency.gemm' must be a number in (0, 1]", ":22:1:"),
+    (lambda t: t.replace("latency_us = 10", "latency_us = -1"), "'inter.latency_us' must be a positive number",
+     ":19:1:"),
+    (lambda t: t.replace("[node]", "[node]\nnics = 8"), "unknown key 'node.nics'", ":11:1:"),
+    (lambda t: t.replace("peak_tflops = 312", "peak_tflops = 312 312"), "not valid TOML", ":6:"),
+])
+def test_a_bad_cluster_file_is_a_located_error_naming_the_field(tmp_path, edit, message, where):
+    path = tmp_path / "bad.toml"
+    path.write_text(edit(A100.read_text()))
+    with pytest.raises(SchedError) as caught:
+        load_cluster(str(path))
+    assert caught.value.exit_code == 2
+    assert message in caught.value.render() and f"bad.toml{where}" in caught.value.render()
+    result = _simulate("1f1b", "--model", _model(tmp_path), "--cluster", str(path))
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_every_bad_cluster_field_is_reported_at_once(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(A100.read_text().replace("hbm_gbps = 2039", "").replace("gpus = 8", "gpus = 0"))
+    result = _simulate("1f1b", "--model", _model(tmp_path), "--cluster", str(path))
+    assert result.exit_code == 2
+    assert "missing field 'gpu.hbm_gbps'" in result.output and "'node.gpus' must be" in result.output
+
+
+def test_an_unknown_cluster_name_lists_the_library(tmp_path):
+    result = _simulate("1f1b", "--model", _model(tmp_path), "--cluster", "dgx-b200")
+    assert result.exit_code == 2 and "dgx-a100-80gb" in result.output
+
+
+def test_layers_that_do_not_divide_over_the_stages_are_located_at_layers(tmp_path):
+    path = _model(tmp_path, MODEL.replace("layers = 8", "layers = 6"))
+    result = _simulate("interleaved_1f1b", "-D", "p=2", "-D", "v=2", "-D", "m=4", "--model", path,
+                       "--cluster", "dgx-a100-80gb")
+    assert result.exit_code == 2, result.output
+    assert f"{path}:1:1: error: 'layers' (6) must be a multiple of the schedule's 4 stages" in result.output
+
+
+def test_t_that_does_not_divide_the_heads_is_located_at_heads(tmp_path):
+    path = _model(tmp_path, MODEL.replace("heads = 16", "heads = 4").replace("hidden = 1024", "hidden = 1032"))
+    result = _simulate("1f1b", "-D", "p=2", "--model", path, "--cluster", "dgx-a100-80gb", "--tp", "8")
+    assert result.exit_code == 2, result.output
+    assert f"{path}:3:1: error: --tp 8 does not divide 'heads' (4)" in result.output
+
+
+def test_heads_must_divide_hidden(tmp_path):
+    path = _model(tmp_path, MODEL.replace("heads = 16", "heads = 24"))
+    result = _simulate("1f1b", "--model", path, "--cluster", "dgx-a100-80gb")
+    assert result.exit_code == 2 and f"{path}:3:1: error: 'heads' (24) must divide 'hidden'" in result.output
+
+
+def test_a_batch_that_b_times_d_does_not_divide_is_refused(tmp_path):
+    result = _simulate("1f1b", "--model", _model(tmp_path), "--cluster", "dgx-a100-80gb", "--dp", "8",
+                       "--microbatch-size", "4", "--global-batch", "100")
+    assert result.exit_code == 2
+    assert "--global-batch 100 is not a multiple of --microbatch-size x --dp = 4 x 8 = 32" in result.output
+
+
+def test_a_bad_model_file_names_every_bad_field(tmp_path):
+    path = _model(tmp_path, "layers = 0\nhidden = 1024\nheads = 16\nseq = 'long'\nwidth = 3\n")
+    result = _simulate("1f1b", "--model", path, "--cluster", "dgx-a100-80gb")
+    assert result.exit_code == 2
+    for expected in (f"{path}:5:1: error: unknown key 'width'", f"{path}:1:1: error: 'layers' must be a positive",
+                     f"{path}:4:1: error: 'seq' must be a positive", "missing key 'vocab'"):
+        assert expected in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tp", "2"], "--tp needs --cluster"),
+    (["--cluster", "dgx-a100-80gb"], "--cluster needs a model description"),
+    (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--costs", "c.json"], "without --costs or --profile"),
+    (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "-D", "m=8", "--global-batch", "32"],
+     "-D m=8 disagrees with --global-batch 32"),
+])
+def test_cluster_options_that_do_not_fit_together_are_refused(tmp_path, args, message):
+    (tmp_path / "m.toml").write_text(MODEL)
+    with CliRunner().isolated_filesystem(temp_dir=tmp_path) as here:
+        (__import__("pathlib").Path(here) / "m.toml").write_text(MODEL)
+        result = _simulate("1f1b", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_m_follows_from_the_global_batch(tmp_path):
+    result = _simulate("1f1b", "-D", "p=2", "--model", _model(tmp_path), "--cluster", "dgx-a100-80gb",
+                       "--dp", "4", "--microbatch-size", "2", "--global-batch", "64", "--json")
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["microbatches"] == 8 and stats["global_batch"] == 64 and stats["gpus"] == 8
+
+
+def test_layout_microbatches():
+    assert Layout(dp=4, microbatch_size=2, global_batch=64).microbatches() == 8
+    assert Layout().microbatches() is None

@@ -1,0 +1,159 @@
+"""Order synthesis under memory (`schedc tune --synthesize`, schedc/synthesize.py): the orders pass the
+compiler's checks, stay within the limit, and are no slower than the zero-bubble repo's heuristic
+scheduler, ZB-H1 (limit p) and ZB-H2 (limit 2p) on the same inputs, all timed by the independent
+timer of tests/zb_heuristic.py."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import zb_heuristic as ref
+from conftest import ROOT
+from schedc.cli import main
+from schedc.synthesize import make_problem, synthesize, to_sched
+from schedc.synthesize_cli import check_text
+
+UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
+CASES = [(p, m, limit, latency) for p in (4, 8) for m in (2 * p, 4 * p) for limit in (p, 2 * p)
+         for latency in (0.0, 0.5, 2.0) if latency == 0 or p * m <= 64]  # with latency: not p=8, m=32 (slow)
+
+
+def _split_problem(p, m, limit, latency):
+    return make_problem(p, m, {"F": (1,), "I": (1,), "W": (1,)}, latency, (limit,))
+
+
+@pytest.mark.parametrize("p,m,limit,latency", CASES, ids=lambda v: str(v))
+def test_synthesized_order_is_checked_fits_and_beats_the_references(p, m, limit, latency):
+    result = synthesize(_split_problem(p, m, limit, latency))
+    compiled = check_text(to_sched(result), "synthesized.sched", latency)
+    assert compiled.ok, [d.message for d in compiled.diagnostics]
+    assert max(compiled.stats["peak_memory"]) <= limit
+    orders = [list(order) for order in result.orders]
+    ours, peak = ref.simulate(orders, UNIT, latency)
+    assert max(peak) <= limit
+    assert ours == pytest.approx(compiled.stats["makespan"]) == pytest.approx(result.makespan)
+    assert ours >= result.problem.lower_bound() - 1e-9
+    heuristic, heuristic_peak = ref.simulate(ref.heuristic(p, m, UNIT, latency, limit), UNIT, latency)
+    assert max(heuristic_peak) <= limit
+    assert ours <= heuristic + 1e-9
+    handmade = ref.zb_h1(p, m) if limit == p else ref.zb_h2(p, m)
+    theirs, their_peak = ref.simulate(handmade, UNIT, latency)
+    assert max(their_peak) <= limit
+    assert ours <= theirs + 1e-9
+
+
+def test_lower_bound_counts_memory():
+    """With latency 2 and p activations an activation of device 0 lives at least 21 (F, 3 hops of F,
+    I back, W: 1 + 3 * 3 + 1 + 3 * 3 + 1), so its 5th forward waits until 21: the 8th starts at 24
+    at the earliest and its W ends at 45 or later, above the work bound 3 * 8 + 3 * 3 = 33."""
+    assert _split_problem(4, 8, 4, 2.0).lower_bound() == 45
+    assert _split_problem(4, 8, 8, 2.0).lower_bound() == 33
+
+
+def test_references_reach_the_lower_bound_without_latency():
+    """The bar is not low: with F = I = W and no latency ZB-H1, ZB-H2 and the heuristic all reach
+    3m + p - 1 (the last device starts after p - 1 forwards and runs 3m of work)."""
+    for p, m in ((4, 8), (8, 32)):
+        assert ref.simulate(ref.zb_h1(p, m), UNIT)[0] == 3 * m + p - 1
+        assert ref.simulate(ref.zb_h2(p, m), UNIT)[0] == 3 * m + p - 1
+        assert ref.simulate(ref.heuristic(p, m, UNIT, 0.0, p), UNIT)[0] == 3 * m + p - 1
+        assert max(ref.simulate(ref.zb_h1(p, m), UNIT)[1]) == p
+        assert max(ref.simulate(ref.zb_h2(p, m), UNIT)[1]) == 2 * p
+
+
+def one_f_one_b(p, m):
+    """Megatron's 1F1B: p-1-d warm-up forwards, then one forward one backward, then the backwards."""
+    orders = []
+    for d in range(p):
+        warm = min(p - 1 - d, m)
+        ops = [("F", d, i) for i in range(warm)]
+        for k in range(m - warm):
+            ops += [("F", d, warm + k), ("B", d, k)]
+        orders.append(ops + [("B", d, k) for k in range(m - warm, m)])
+    return orders
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16)])
+def test_full_backward_within_p_activations_matches_1f1b(p, m):
+    costs = {"F": 1.0, "B": 2.0}
+    result = synthesize(make_problem(p, m, {"F": (1,), "B": (2,)}, 0.0, (p,)))
+    compiled = check_text(to_sched(result), "synthesized.sched")
+    assert compiled.ok
+    ours, peak = ref.simulate([list(o) for o in result.orders], costs)
+    assert max(peak) <= p
+    assert ours <= ref.simulate(one_f_one_b(p, m), costs)[0]
+
+
+def test_per_stage_costs_and_limits():
+    problem = make_problem(4, 8, {"F": (1, 1, 2, 1), "I": (1,), "W": (1, 2, 1, 1)}, 0.25, (4, 5, 3, 2))
+    result = synthesize(problem)
+    compiled = check_text(to_sched(result), "synthesized.sched", 0.25)
+    assert compiled.ok, [d.message for d in compiled.diagnostics]
+    assert all(peak <= limit for peak, limit in zip(compiled.stats["peak_memory"], (4, 5, 3, 2)))
+    assert compiled.stats["makespan"] == pytest.approx(result.makespan)
+    assert result.makespan >= problem.lower_bound()
+
+
+def test_a_fractional_limit_admits_whole_activations(tmp_path):
+    out = tmp_path / "half.sched"
+    result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "I=1", "--cost", "W=1",
+                   "--memory-limit", "2.5", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "peak activations 2 2 2 2 within 2.5;" in result.output
+    assert "limit memory <= 2.5" in out.read_text()
+
+
+def test_written_file_is_the_orders_and_is_deterministic():
+    problem = _split_problem(4, 8, 4, 0.5)
+    first, second = to_sched(synthesize(problem)), to_sched(synthesize(problem))
+    assert first == second
+    compiled = check_text(first, "synthesized.sched", 0.5)
+    orders = [[(op.kind, op.stage, op.mb) for op in order] for order in compiled.schedule.orders]
+    assert orders == [list(order) for order in synthesize(problem).orders]
+
+
+def test_golden_file(regen_golden):
+    """The file `schedc tune --synthesize -D p=4 -D m=8 --cost I=1 --cost W=1 --latency 0.5
+    --memory-limit 4` writes (pytest --regen-golden rewrites it)."""
+    golden = ROOT / "tests" / "golden" / "synthesized_p4_m8_limit4.sched"
+    text = to_sched(synthesize(_split_problem(4, 8, 4, 0.5)))
+    if regen_golden:
+        golden.write_text(text, encoding="utf-8")
+    assert text == golden.read_text(encoding="utf-8")
+
+
+def _tune(*args):
+    return CliRunner().invoke(main, ["tune", *args])
+
+
+def test_cli_writes_a_file_that_check_accepts(tmp_path):
+    out = tmp_path / "zb.sched"
+    result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "I=1", "--cost", "W=1",
+                   "--memory-limit", "8", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "makespan 27 (lower bound 27)" in result.output
+    checked = CliRunner().invoke(main, ["check", str(out)])
+    assert checked.exit_code == 0 and "ok (96 ops on 4 devices" in checked.output
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["-D", "p=4", "-D", "m=8", "--memory-limit", "4"], 2, "configuration search is not available yet"),
+    (["--synthesize", "-D", "m=8", "--memory-limit", "4"], 2, "give -D p=N"),
+    (["--synthesize", "-D", "p=4", "-D", "m=x", "--memory-limit", "4"], 2, "-D m: expected an integer"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "-D", "v=2", "--memory-limit", "4"], 2, "-D v:"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8"], 2, "give --memory-limit"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "B=2", "--cost", "I=1", "--memory-limit", "4"], 2,
+     "not both"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "X=2", "--memory-limit", "4"], 2, "KIND one of"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=1,2", "--memory-limit", "4"], 2, "one per stage"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=0", "--memory-limit", "4"], 2, "finite and > 0"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "four"], 2, "expected a number"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--memory-limit", "4"], 2, "--latency"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "0.5"], 1, "no order fits: device 0"),
+    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--memory-limit", "4"], 2, "more than the 2,000,000"),
+])
+def test_cli_bad_input(args, code, message):
+    result = _tune(*args)
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
