@@ -23,6 +23,8 @@ EXIT_USAGE, EXIT_FAILED = 2, 1
 
 def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _die_with_agent()
     try:
         opts = parse_options(argv)
     except OptionError as exc:
@@ -51,6 +53,20 @@ def _run(opts) -> int:
         return run_reference(plan, opts)
     from .train import run_pipeline
     return run_pipeline(plan, opts)
+
+
+def _die_with_agent() -> None:
+    """Under torchrun, end with the agent that started this process (Linux: PR_SET_PDEATHSIG): an
+    agent killed with its machine's job must not leave its worker training on, alone, with the others."""
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the agent was gone before the call took effect
+            os._exit(EXIT_FAILED)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process group timeout still ends the others
 
 
 def _fail(rank: int, message: str, code: int, only_rank0: bool = False, debug: bool = False) -> int:

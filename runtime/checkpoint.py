@@ -1,11 +1,17 @@
-# Checkpoints: every rank writes DIR/step-N/rank{r}.pt (to a temporary name, then renamed); after a
-# barrier rank 0 points DIR/latest.json at step-N the same way and removes older steps, so a crash at any
-# moment leaves the previous complete checkpoint in place. Batches are a function of (seed, step), so
-# the step count is the data position; RNG and optimizer state are saved with the weights, and so is
-# `executor.task_state`, where user task handlers keep what must survive a restart.
+# Checkpoints: every rank writes DIR/step-N/rank{r}.pt (to a temporary name, then renamed) and tells
+# the others its SHA-256; rank 0 then points DIR/latest.json at step-N, with every rank file's checksum,
+# the same way, and removes older steps, so a crash at any moment leaves the previous complete
+# checkpoint in place. Resuming checks every rank's file against latest.json before any state is
+# loaded: a missing or corrupt file is refused on every rank, naming it. Batches are a function of
+# (seed, step), so the step count is the data position; RNG and optimizer state are saved with the
+# weights, and so is `executor.task_state`, where user task handlers keep what must survive a restart.
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -14,34 +20,105 @@ import torch.distributed as dist
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing or belongs to another run."""
+    """A checkpoint that is missing, corrupt or belongs to another run, or a directory it cannot go to."""
+
+
+def check_writable(directory: str) -> None:
+    """Before step 0: --save DIR can be made and written (a probe file is written and removed)."""
+    root = Path(directory)
+    probe = root / f".schedc-probe-{os.getpid()}"
+    try:
+        if root.exists() and not root.is_dir():
+            raise CheckpointError(f"--save {directory}: not a directory")
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"schedc")
+    except OSError as exc:
+        raise CheckpointError(f"--save {directory}: cannot write checkpoints there ({_why(exc)})") from None
+    finally:
+        _remove(probe)
 
 
 def save(directory: str, steps_done: int, executor, identity: dict) -> None:
     root = Path(directory)
     step_dir = root / f"step-{steps_done:08d}"
-    step_dir.mkdir(parents=True, exist_ok=True)
+    name = f"rank{executor.rank}.pt"
     state = {"steps_done": steps_done, "identity": identity, "rng": torch.get_rng_state(),
              "stages": {s: m.state_dict() for s, m in executor.stages.items()},
              "optimizer": executor.optimizer.state_dict(), "tasks": executor.task_state}
-    _atomic_save(state, step_dir / f"rank{executor.rank}.pt")
-    dist.barrier()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    failure = None
+    try:
+        step_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_bytes(step_dir / name, data)
+    except OSError as exc:
+        failure = f"--save {directory}: cannot write {step_dir.name}/{name} (rank {executor.rank}): {_why(exc)}"
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, (name, hashlib.sha256(data).hexdigest(), failure))  # also the barrier
+    failures = [f for _, _, f in digests if f]
+    if failures:
+        _remove(step_dir / name)
+        raise CheckpointError(failures[0] + (f" (and {len(failures) - 1} more ranks)" if len(failures) > 1 else ""))
     if executor.rank == 0:
-        _atomic_text(root / "latest.json", json.dumps({"dir": step_dir.name, "steps_done": steps_done,
-                                                       **identity}, indent=1))
+        latest = {"dir": step_dir.name, "steps_done": steps_done, **identity,
+                  "files": {n: digest for n, digest, _ in digests}}
+        try:
+            _atomic_bytes(root / "latest.json", (json.dumps(latest, indent=1) + "\n").encode())
+        except OSError as exc:
+            raise CheckpointError(f"--save {directory}: cannot write latest.json: {_why(exc)}") from None
         for old in sorted(root.glob("step-*")):
             if old.name != step_dir.name:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def load(directory: str, executor, identity: dict) -> int:
-    """Restore this rank's state from the latest checkpoint; return the number of steps done."""
+def check_resumable(directory: str, world: int | None = None, ranks=None) -> dict:
+    """latest.json of --resume DIR, with the files of `ranks` (default: all `world`) present and
+    matching their checksums; CheckpointError naming the first that is not."""
     root = Path(directory)
     try:
         latest = json.loads((root / "latest.json").read_text())
+        step, files = latest["dir"], latest.get("files")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"--resume {directory}: no readable checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(files, dict) or not isinstance(step, str):
+        raise CheckpointError(f"--resume {directory}: latest.json lists no checksums (made by an older schedc?)")
+    if world is not None and latest.get("world") not in (None, world):
+        raise CheckpointError(f"--resume {directory}: the checkpoint was made with world {latest.get('world')}, "
+                              f"this run has world {world}")
+    for rank in (range(world) if ranks is None else ranks):
+        name = f"rank{rank}.pt"
+        path = root / step / name
+        if name not in files:
+            raise CheckpointError(f"--resume {directory}: latest.json has no checksum for {step}/{name}")
+        try:
+            digest = _sha256(path)
+        except OSError as exc:
+            raise CheckpointError(f"--resume {directory}: {step}/{name} is missing or unreadable ({_why(exc)})") from None
+        if digest != files[name]:
+            raise CheckpointError(f"--resume {directory}: {step}/{name} is corrupt (its SHA-256 is not the one "
+                                  "latest.json recorded)")
+    return latest
+
+
+def load(directory: str, executor, identity: dict) -> int:
+    """Restore this rank's state from the latest checkpoint; return the number of steps done. Every
+    rank checks its own file, and all learn of any failure, so a missing rank1.pt is named by rank 0."""
+    failure = None
+    try:
+        latest = check_resumable(directory, ranks=[executor.rank])
+    except CheckpointError as exc:
+        failure = str(exc)
+    verdicts = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, failure)
+    failed = next((v for v in verdicts if v), None)
+    if failed:
+        raise CheckpointError(failed)
+    root = Path(directory)
+    try:
         state = torch.load(root / latest["dir"] / f"rank{executor.rank}.pt", weights_only=False)
-    except (OSError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"--resume {directory}: no readable checkpoint ({exc})") from None
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"--resume {directory}: cannot load rank{executor.rank}.pt ({exc})") from None
     for key, value in identity.items():
         if state["identity"].get(key) != value:
             was, now = state["identity"].get(key), value
@@ -57,13 +134,33 @@ def load(directory: str, executor, identity: dict) -> int:
     return state["steps_done"]
 
 
-def _atomic_save(obj, path: Path) -> None:
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    """Write path through a temporary file renamed over it; the temporary is removed if writing fails."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        tmp.replace(path)
+    finally:
+        _remove(tmp)
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _why(exc: OSError) -> str:
+    return "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass

@@ -131,9 +131,12 @@ class Executor:
         self.current = None
 
     def _inject_fault(self, instr: Instr) -> None:
-        """--fault-kill: die at once; --fault-hang: stop making progress, as a stuck rank would."""
+        """--fault-kill: die at once; --fault-stop: be stopped (SIGSTOP); --fault-hang: stop making
+        progress, as a stuck rank would."""
         if self.fault[1] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault[1] == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         self.current, self.started = instr, time.monotonic()
         while True:
             time.sleep(3600)

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
+# After a rank fails, torchrun sends the others SIGTERM and waits this long before SIGKILL (its default,
+# 30 s, is what a stopped process, which takes no SIGTERM, would add to every failure).
+SHUTDOWN_SECONDS = 3
 
 
 def torchrun_command(plan_path: str | Path, nproc: int, options: list[str] = (),
@@ -17,7 +20,10 @@ def torchrun_command(plan_path: str | Path, nproc: int, options: list[str] = (),
     """The full command line: this module (torchrun) + its flags + `-m schedc.runtime plan options`."""
     extra = list(torchrun_args)
     own_rendezvous = any(arg.startswith(RENDEZVOUS_FLAGS) for arg in extra)
-    flags = ([] if own_rendezvous else ["--standalone"]) + ["--nproc-per-node", str(nproc)] + extra
+    flags = ([] if own_rendezvous else ["--standalone"]) + ["--nproc-per-node", str(nproc)]
+    if not any(arg.startswith(("--shutdown-timeout", "--shutdown_timeout")) for arg in extra):
+        flags += ["--shutdown-timeout", str(SHUTDOWN_SECONDS)]
+    flags += extra
     return [sys.executable, "-m", "schedc.runtime.launch", *flags,
             "-m", "schedc.runtime", str(plan_path), *options]
 
@@ -32,16 +38,69 @@ def launch(plan_path: str | Path, nproc: int, options: list[str] = (),
 
 
 def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -> int:
-    """`schedc run PLAN [--nproc P] [runtime options] [-- torchrun args]`: split the arguments at `--`;
-    without --nproc, start the plan's devices x --dp processes."""
+    """`schedc run PLAN [--nproc P] [runtime options] [-- torchrun args]`: split the arguments at `--`,
+    check the plan and every option here, at once, before any process starts; then run the reference in
+    this process (--reference) or start torchrun (without --nproc: the plan's devices x --dp processes)."""
     options, torchrun_args = split_args(args, sys.argv)
-    if nproc is None:
-        nproc = default_nproc(plan_path, options)
-        if nproc is None:
-            print(f"error: {plan_path}: cannot read the plan to count its devices; pass --nproc",
-                  file=sys.stderr)
-            return 2
-    return launch(plan_path, nproc, options, torchrun_args)
+    try:
+        opts, plan = check_launch(plan_path, nproc, options, torchrun_args)
+    except LaunchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if opts.reference:
+        from .__main__ import main as run_here
+        return run_here([str(plan_path), *options])
+    return launch(plan_path, nproc or plan.devices * opts.dp, options, torchrun_args)
+
+
+class LaunchError(ValueError):
+    """A plan or an option refused before torchrun starts."""
+
+
+def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], torchrun_args: list[str]):
+    """The runtime's options parsed and checked as every rank would, the plan loaded and checked against
+    them, --nproc against the plan, --save and --resume against the disk; (options, plan) or LaunchError."""
+    from schedc.plan import PlanError, load_plan
+
+    from .checkpoint import CheckpointError, check_resumable, check_writable
+    from .options import OptionError, parse_options
+    try:
+        opts = parse_options([str(plan_path), *options])
+    except OptionError as exc:
+        raise LaunchError(exc) from None
+    try:
+        plan = load_plan(plan_path)
+    except PlanError as exc:
+        raise LaunchError(exc if str(exc).startswith(str(plan_path)) else f"{plan_path}: {exc}") from None
+    need = plan.devices * opts.dp
+    if opts.reference:
+        if torchrun_args or nproc not in (None, 1):
+            raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
+                              "and torchrun's flags")
+        return opts, plan
+    if nproc is not None and nproc < 1:
+        raise LaunchError(f"--nproc must be >= 1, got {nproc}")
+    standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
+    if standalone and nproc is not None and nproc != need:
+        raise LaunchError(f"the plan is for {plan.devices} devices; with --dp {opts.dp} it needs {need} "
+                          f"processes, not --nproc {nproc} (on several machines, --nproc is per machine: "
+                          "give torchrun's --nnodes after `--`)")
+    try:
+        _check_plan_fits(plan, opts, need)
+        if opts.save:
+            check_writable(opts.save)
+        if opts.resume and standalone:
+            check_resumable(opts.resume, need)
+    except (PlanError, CheckpointError, ValueError) as exc:
+        raise LaunchError(f"{plan_path}: {exc}" if isinstance(exc, PlanError) else exc) from None
+    return opts, plan
+
+
+def _check_plan_fits(plan, opts, world: int) -> None:
+    """What each rank would refuse before its first step (train.check_plan), checked once here."""
+    from .train import check_plan
+    from .world import Env
+    check_plan(plan, opts, Env(0, world, 0))
 
 
 def split_args(args: list[str], argv: list[str]) -> tuple[list[str], list[str]]:
@@ -80,19 +139,45 @@ def main(argv: list[str] | None = None) -> int:
     """torchrun, with a failed worker reported as `error: rank R failed first (...)`."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+    args = parse_args(argv)
+    _bound_shutdown(SHUTDOWN_SECONDS if args.shutdown_timeout is None else args.shutdown_timeout)
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     try:
-        run(parse_args(argv))
+        run(args)
     except ChildFailedError as exc:
         print(_failure_line(exc.failures), file=sys.stderr, flush=True)
+        return 1
+    except RendezvousError as exc:  # the other nodes (or the one holding the rendezvous store) are gone
+        print(f"error: this node lost the rendezvous with the others ({type(exc).__name__}: "
+              f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the job is ended",
+              file=sys.stderr, flush=True)
         return 1
     return 0
 
 
+def _bound_shutdown(seconds: int) -> None:
+    """torchrun's process context ends the other workers after one fails with a fixed grace of 30 s
+    (PContext.close's default, as torch 2.13 calls it from its poll and its agent's _stop_workers, not
+    --shutdown-timeout): cap it at `seconds`, so that a stopped rank, which takes no SIGTERM, is
+    killed seconds after the others gave up on it rather than half a minute."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+    close = PContext.close
+
+    def bounded_close(context, death_sig=None, timeout: int = 30) -> None:
+        close(context, death_sig, min(timeout, seconds))
+    PContext.close = bounded_close
+
+
 def _failure_line(failures: dict) -> str:
-    """Name the rank that failed first; ranks the agent terminated (SIGTERM) after it come last."""
+    """Name the rank that failed first. A rank killed by a signal other than SIGTERM comes first: it
+    died (SIGKILL, a crash), or was stopped or stuck and had to be killed after ignoring the SIGTERM
+    torchrun sends the rest; then ranks that exited with an error (those that gave up waiting for
+    it), by time; ranks torchrun ended with SIGTERM after them come last."""
     def key(item):
         rank, failure = item
-        return (_how(failure) == "killed by SIGTERM", failure.timestamp, rank)
+        how = _how(failure)
+        group = 2 if how == "killed by SIGTERM" else 0 if how.startswith("killed by") else 1
+        return (group, failure.timestamp, rank)
     order = sorted(failures.items(), key=key)
     words = [f"rank {rank} ({_how(failure)})" for rank, failure in order]
     return f"error: rank {order[0][0]} failed first; failed: {', '.join(words)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import tomllib
 from dataclasses import fields
 
@@ -111,16 +112,31 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--fault-kill", metavar="RANK:STEP",
                        help="for testing fault handling only: rank RANK kills itself halfway "
                             "through step STEP")
+    group.add_argument("--fault-stop", metavar="RANK:STEP",
+                       help="for testing fault handling only: rank RANK stops itself (SIGSTOP) halfway "
+                            "through step STEP, as a process frozen by the system would")
     group.add_argument("--fault-hang", metavar="RANK:STEP",
                        help="for testing fault handling only: rank RANK stops making progress "
                             "halfway through step STEP")
 
 
+MAX_THREADS = 1024
+MAX_PARAMETERS = 10 ** 11  # far past what one process can hold; refused before torch tries to allocate it
+
+
+def model_parameters(cfg: ModelConfig) -> float:
+    """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block);
+    a float, so that absurd sizes do not make absurd integers."""
+    hidden = float(cfg.hidden)
+    return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
+
+
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = build_parser().parse_args(argv)
     opts.model_config = model_config(opts)
-    opts.fault = _parse_fault("--fault-kill", opts.fault_kill, "kill") or \
-        _parse_fault("--fault-hang", opts.fault_hang, "hang")
+    opts.fault = (_parse_fault("--fault-kill", opts.fault_kill, "kill")
+                  or _parse_fault("--fault-hang", opts.fault_hang, "hang")
+                  or _parse_fault("--fault-stop", opts.fault_stop, "stop"))
     _check(opts)
     return opts
 
@@ -165,16 +181,26 @@ def _check(opts: argparse.Namespace) -> None:
     for key in MODEL_KEYS:
         if getattr(cfg, key) < 1:
             raise OptionError(f"{key} must be positive, got {getattr(cfg, key)}")
-    if opts.steps < 1 or opts.dp < 1 or opts.every < 0 or opts.timeout <= 0:
-        raise OptionError("--steps and --dp must be >= 1, --every >= 0 and --timeout > 0")
-    if opts.threads is not None and opts.threads < 1:
-        raise OptionError("--threads must be >= 1")
+    if opts.steps < 1 or opts.dp < 1 or opts.every < 0:
+        raise OptionError("--steps and --dp must be >= 1, --every >= 0")
+    if not 0 < opts.timeout < math.inf:  # NaN fails too
+        raise OptionError(f"--timeout must be a finite number of seconds > 0, got {opts.timeout}")
+    if not 0 < opts.lr < math.inf:
+        raise OptionError(f"--lr must be a finite number > 0, got {opts.lr}")
+    if opts.warmup is not None and opts.warmup < 0:
+        raise OptionError(f"--warmup must be >= 0, got {opts.warmup}")
+    if opts.threads is not None and not 1 <= opts.threads <= MAX_THREADS:
+        raise OptionError(f"--threads must be between 1 and {MAX_THREADS}, got {opts.threads}")
+    params = model_parameters(cfg)
+    if params > MAX_PARAMETERS:
+        raise OptionError(f"the model would have about {params:.3g} parameters (layers {cfg.layers}, hidden "
+                          f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
     if opts.data and opts.synthetic:
         raise OptionError("give one of --data and --synthetic")
-    if opts.fault_kill and opts.fault_hang:
-        raise OptionError("give one of --fault-kill and --fault-hang")
+    if sum(bool(f) for f in (opts.fault_kill, opts.fault_hang, opts.fault_stop)) > 1:
+        raise OptionError("give one of --fault-kill, --fault-hang and --fault-stop")
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
     if opts.warmup is None:

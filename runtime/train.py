@@ -39,6 +39,8 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         if key not in plan.meta:
             raise PlanError(f"the plan has no {key!r}")
     check_messages(plan)
+    if opts.save:
+        checkpoint.check_writable(opts.save)
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)

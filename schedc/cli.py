@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from .diagnostics import SchedError, exit_code
+from .outputs import output_error, prepare_directory, reason, write_output
 from .predict import cluster_options
 from .tune import tune_options
 
@@ -32,7 +33,8 @@ def _check_defines(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _report(diagnostics, source) -> None:
-    for diag in diagnostics:
+    from .diagnostics import capped
+    for diag in capped(diagnostics):
         click.echo(diag.format(source), err=True)
 
 
@@ -71,8 +73,17 @@ def _profile_choice(costs: str | None, profile: str | None,
     return (profile, microbatch_size) if profile else None
 with_option = click.option("--with", "addons", multiple=True, metavar="ADDON",
                            help="Apply an add-on (schedules/addons/ or next to FILE), as `use ADDON` would.")
-latency_option = click.option("--latency", type=float, default=0.0, show_default=True,
-                              help="Simulated latency of every message between devices.")
+def _latency(ctx, param, value: float) -> float:
+    """--latency: a finite number of cost units >= 0 (NaN, inf and negative latencies were taken, and a
+    correct plan then blamed or an infinite makespan printed)."""
+    from .frontend.elaborate import MAX_COST
+    if not 0 <= value <= MAX_COST:
+        raise click.BadParameter(f"must be a finite number >= 0 and at most {MAX_COST:g}, got {value}")
+    return value
+
+
+latency_option = click.option("--latency", type=float, default=0.0, show_default=True, callback=_latency,
+                              help="Simulated latency of every message between devices (>= 0).")
 
 
 def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
@@ -117,7 +128,13 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
                                               addons)
     if not result.ok:
         sys.exit(exit_code(result.diagnostics))
-    plan, paths = write_plan(result.plan, out_dir)
+    try:
+        prepare_directory(out_dir)
+        plan, paths = write_plan(result.plan, out_dir)
+    except SchedError as exc:
+        _fail(exc)
+    except OSError as exc:  # write_plan writes each file atomically and removes its temporary
+        _fail(output_error(out_dir, reason(exc)))
     click.echo(summary(result) + (_cluster_summary(on) if on else ""))
     click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
 
@@ -164,13 +181,18 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
-    from .report import device_table, refusal, summary
+    from .report import device_table, summary
     on = _on_cluster(file, defines, cluster, lower=False)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
-    if not result.ok:
-        click.echo(json.dumps({"error": refusal(result)}) if as_json else refusal(result))
-    elif as_json:
+    if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
+        errors = sum(d.severity.value == "error" for d in result.diagnostics)
+        if as_json:
+            click.echo(json.dumps({"valid": False, "errors": errors}, indent=1))
+        click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
+                   "schedule that fails its checks", err=True)
+        sys.exit(exit_code(result.diagnostics))
+    if as_json:
         click.echo(json.dumps(dict(result.stats), indent=1))
     else:
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
@@ -308,7 +330,10 @@ def export_cmd(file, defines, fmt, out):
             _report(result.diagnostics, result.schedule.source)
             sys.exit(exit_code(result.diagnostics))
         text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
-        Path(out).write_text(export_comms_csv(result.plan) if fmt == "torch-comms" else text)
+    except SchedError as exc:
+        _fail(exc)
+    try:
+        write_output(out, export_comms_csv(result.plan) if fmt == "torch-comms" else text)
     except SchedError as exc:
         _fail(exc)
     click.echo(f"wrote {out}")

@@ -1,8 +1,10 @@
 """Diagnostics: located errors and warnings, printed compiler-style with the source line and a caret."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache
 
 
 class Severity(str, Enum):
@@ -19,7 +21,7 @@ class Source:
     text: str
 
     def line(self, number: int) -> str:
-        lines = self.text.splitlines()
+        lines = _lines(self.text)
         return lines[number - 1] if 0 < number <= len(lines) else ""
 
 
@@ -57,16 +59,63 @@ class Diagnostic:
             if text:
                 width = max(1, (self.span.end_column - self.span.column)
                             if self.span.end_line == self.span.line else 1)
-                out.append("  " + text.replace("\t", " "))
-                out.append("  " + " " * (self.span.column - 1) + "^" + "~" * (width - 1))
+                shown, column = _window(text.replace("\t", " "), self.span.column)
+                out.append("  " + shown)
+                out.append("  " + " " * (column - 1) + "^" + "~" * (min(width, len(shown) - column + 1) - 1))
         out.extend(f"  note: {note}" for note in self.notes)
         if self.detail:
             out.append(self.detail)
         return "\n".join(out)
 
 
+LINE_WIDTH = 120  # at most this much of a source line is shown (a CSV row may hold 100,000 cells)
+
+
+def _window(text: str, column: int) -> tuple[str, int]:
+    """The part of a long line around `column` (1-based), with '...' where it was cut, and the column
+    of the same character in it."""
+    if len(text) <= LINE_WIDTH:
+        return text, column
+    start = max(0, min(column - 1 - LINE_WIDTH // 3, len(text) - LINE_WIDTH))
+    shown = text[start:start + LINE_WIDTH]
+    head = "..." if start else ""
+    tail = "..." if start + LINE_WIDTH < len(text) else ""
+    return head + shown + tail, column - start + len(head)
+
+
 def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "") -> Diagnostic:
     return Diagnostic(Severity.ERROR, message, span, notes, detail)
+
+
+@lru_cache(maxsize=8)
+def _lines(text: str) -> tuple[str, ...]:
+    """A source's lines, split once (each of 20,000 diagnostics split the whole file again)."""
+    return tuple(text.splitlines())
+
+
+MAX_ALIKE = 20  # diagnostics of one kind shown one by one; the rest are counted
+_NUMBERS = re.compile(r"\d+")
+
+
+def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagnostic]:
+    """The diagnostics to show: at most `limit` of each kind (the same message but for its numbers, as
+    'F(0,3) runs twice ...' and 'F(0,4) runs twice ...'), then one 'and N more like this' per kind,
+    where its first left-out one was. The order is kept."""
+    seen: dict[tuple, int] = {}
+    shown, extra = [], {}
+    for diag in diagnostics:
+        kind = (diag.severity, _NUMBERS.sub("#", diag.message))
+        seen[kind] = seen.get(kind, 0) + 1
+        if seen[kind] <= limit:
+            shown.append(diag)
+        elif kind not in extra:
+            extra[kind] = len(shown)
+            shown.append(diag)  # replaced below by the count
+    for kind, position in extra.items():
+        rest = seen[kind] - limit
+        first = shown[position]
+        shown[position] = Diagnostic(first.severity, f"and {rest:,} more like this ({first.message})", first.span)
+    return shown
 
 
 class SchedError(Exception):
@@ -80,7 +129,7 @@ class SchedError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        return "\n".join(d.format(self.source) for d in self.diagnostics)
+        return "\n".join(d.format(self.source) for d in capped(self.diagnostics))
 
 
 def has_errors(diagnostics: list[Diagnostic]) -> bool:

@@ -73,9 +73,10 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
         consume(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)))
     else:
         _sweep(order, targets, instrs, sending)
+    syncs = _sync_grads(schedule)
     for d, (stream, unsent) in enumerate(zip(streams, _unsent(step, ops, links, devices))):
         stream += unsent
-        stream += _sync_grads(schedule, d)
+        stream += syncs.get(d, ())
         stream.append(Instr(Opcode.STEP.value))
     return streams
 
@@ -148,26 +149,29 @@ def _sweep(order: list[int], targets: list, instrs: list, sending: list[bool]) -
 def _unsent(step: tuple[tuple[Op, ...], ...], ops: list[Op], links: _Links, devices: int) -> list[list[Instr]]:
     """By rank, the receives of messages never sent, by sender and in its send order: those of the ops a
     deadlock kept from running (a suffix of each device's order). The streams end with them."""
-    unsent: list[list[list[Instr]]] = [[[] for _ in range(devices)] for _ in range(devices)]
+    unsent: list[dict[int, list[Instr]]] = [{} for _ in range(devices)]  # receiver -> sender -> receives
     if len(ops) < sum(map(len, step)):
         ran = set(map(id, ops))
         for d, order in enumerate(step):
             for op in order:
                 _, receive, peer = links[LINK_KEY(op)]
                 if receive and id(op) not in ran:
-                    unsent[peer][d].append(_instr((receive, op.stage, op.mb, op.pipe, d, None, None, None)))
-    return [[instr for sender in row for instr in sender] for row in unsent]
+                    unsent[peer].setdefault(d, []).append(
+                        _instr((receive, op.stage, op.mb, op.pipe, d, None, None, None)))
+    return [[instr for sender in sorted(row) for instr in row[sender]] for row in unsent]
 
 
-def _sync_grads(schedule: Schedule, device: int) -> list[Instr]:
-    """SYNC_GRAD for every replicated stage this device holds, ascending by stage."""
-    out = []
+def _sync_grads(schedule: Schedule) -> dict[int, list[Instr]]:
+    """By device, SYNC_GRAD for every replicated stage it holds, ascending by stage (one pass over the
+    replicas' stages for all devices, not one per device)."""
+    out: dict[int, list[Instr]] = {}
     for group in schedule.replicas:
         for s in range(schedule.pipelines[group[0]].stages):
             ranks = sorted({schedule.pipelines[k].placement[s] for k in group})
-            if device in ranks and len(ranks) > 1:
-                out.append(Instr(Opcode.SYNC_GRAD.value, s, None, group=tuple(ranks)))
-    return sorted(out, key=lambda i: i.stage)
+            if len(ranks) > 1:
+                for device in ranks:
+                    out.setdefault(device, []).append(Instr(Opcode.SYNC_GRAD.value, s, None, group=tuple(ranks)))
+    return {device: sorted(instrs, key=lambda i: i.stage) for device, instrs in out.items()}
 
 
 def plan_meta(schedule: Schedule, stats: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -115,3 +116,101 @@ def test_measured_cost_options_that_do_not_fit_together_are_refused(args, messag
     result = CliRunner().invoke(main, ["compile", "1f1b", *args])
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_full_disk_on_export_is_a_usage_error_and_a_device_is_never_replaced():
+    import stat
+    result = CliRunner().invoke(main, ["export", "1f1b", "-o", "/dev/full"])  # every write: ENOSPC
+    assert result.exit_code == 2 and "no space left" in result.output.lower(), result.output
+    assert stat.S_ISCHR(Path("/dev/full").stat().st_mode) and not Path("/dev/full.tmp").exists()
+
+
+@pytest.mark.parametrize("define,message", [
+    ("m=1e309", "-D m=1e309: value must be a finite number"),
+    ("m=nan", "-D m=nan: value must be a finite number"),
+    ("m=99999999999999999999999999999", "-D m=999999999999999999999999...: value is too large"),
+    ("p=1e300", "-D p=1e300: value is too large"),
+    ("p=2.5", "param p is the device count and must be a positive integer, got 2.5"),
+])
+def test_defines_are_range_checked_at_the_param(define, message):
+    result = CliRunner().invoke(main, ["check", "1f1b", "-D", define])
+    first = result.output.splitlines()[0]
+    assert result.exit_code in (1, 2) and message in first and "1f1b.sched:" in first, result.output
+    line = int(first.split("1f1b.sched:")[1].split(":")[0])
+    assert (ROOT / "schedules" / "1f1b.sched").read_text().splitlines()[line - 1].startswith("param")
+
+
+def test_defines_with_integral_float_values_are_integers():
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "m=1e1", "-D", "p=2.0", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["ops"] == 2 * 2 * 10
+
+
+@pytest.mark.parametrize("latency", ["nan", "-1", "inf", "1e308"])
+def test_latency_must_be_finite_and_not_negative(latency):
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "--latency", latency])
+    assert result.exit_code == 2 and "Invalid value for '--latency': must be a finite number >= 0" in result.output
+
+
+def test_costs_too_large_to_sum_are_refused(tmp_path):
+    source = tmp_path / "big.sched"
+    source.write_text((ROOT / "schedules" / "gpipe.sched").read_text() + "\ncost F = 1e308\n")
+    result = CliRunner().invoke(main, ["simulate", str(source)])
+    assert result.exit_code == 1 and f"{source}:" in result.output and "is too large (at most 1e+15" in result.output
+    costs = tmp_path / "costs.json"
+    costs.write_text('{"F": 1e308}')
+    result = CliRunner().invoke(main, ["simulate", "gpipe", "--costs", str(costs)])
+    assert result.exit_code == 2 and "cost of 'F' must be a finite number >= 0, got 1e+308 (at most 1e+15)" in result.output
+
+
+@pytest.mark.parametrize("command", [["compile", "1f1b", "-o", "{out}"], ["render", "1f1b", "-o", "{out}/x.dot"],
+                                     ["export", "1f1b", "-o", "{out}/x.csv"]])
+def test_every_output_path_makes_its_directory_or_says_why_not(tmp_path, command):
+    fresh = [a.replace("{out}", str(tmp_path / "new" / "dir")) for a in command]
+    assert CliRunner().invoke(main, fresh).exit_code == 0
+    (tmp_path / "file").write_text("x")
+    blocked = [a.replace("{out}", str(tmp_path / "file" / "sub")) for a in command]
+    result = CliRunner().invoke(main, blocked)
+    assert result.exit_code == 2 and f"{tmp_path / 'file'} is not a directory" in result.output, result.output
+    assert "Traceback" not in result.output and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_full_disk_on_compile_leaves_no_partial_plan(tmp_path):
+    """A 16 KiB file system (a tmpfs, where this process may mount one; else /dev/full's directory
+    cannot be made, which is refused the same way)."""
+    import subprocess
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)],
+                             capture_output=True).returncode == 0
+    try:
+        out = small / "out" if mounted else Path("/dev/full/out")
+        result = CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=8", "-D", "m=64", "-o", str(out)])
+        assert result.exit_code == 2 and f"cannot write {out}" in result.output, result.output
+        assert not mounted or "no space left on the device" in result.output
+        assert not list(small.rglob("*"))[1:] and not list(small.rglob("*.tmp"))
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(small)], check=True)
+
+
+def test_the_stats_of_a_schedule_that_fails_its_checks_are_not_shown(tmp_path):
+    broken = str(FIXTURES / "broken" / "deadlock.sched")
+    table = CliRunner().invoke(main, ["simulate", broken])
+    assert table.exit_code == 1 and "no stats for a schedule that fails its checks" in table.output
+    assert "utilization" not in table.output and "makespan" not in table.output
+    as_json = CliRunner().invoke(main, ["simulate", broken, "--json"])
+    assert as_json.exit_code == 1 and '"valid": false' in as_json.output and "utilization" not in as_json.output
+    for ext in ("dot", "html"):
+        drawn = CliRunner().invoke(main, ["render", broken, "-o", str(tmp_path / f"x.{ext}")])
+        text = (tmp_path / f"x.{ext}").read_text()
+        assert drawn.exit_code == 1 and "fails its checks" in text and "utilization" not in text.split("<h2>Source")[0]
+
+
+def test_repeated_diagnostics_are_capped_and_counted(tmp_path):
+    row = tmp_path / "dup.csv"
+    row.write_text(",".join(["0F0"] * 10_000) + "\n")  # one op, 9,999 times too often
+    result = CliRunner().invoke(main, ["check", str(row)])
+    lines = [line for line in result.output.splitlines() if ": error: " in line]
+    assert result.exit_code == 1 and len(lines) == 22, lines[-3:]  # 20 alike, their count, the missing B
+    assert "and 9,979 more like this (F(0,0) runs twice" in lines[20]
+    assert len(result.output) < 20_000 and "10000 errors" in result.output

@@ -229,3 +229,19 @@ def test_queues_sort_like_their_keys_evaluated_op_by_op():
         up = _popped([op for op in forwards if op.pipe == 1], lambda op: (-op.mb, op.stage))
         backwards = _popped([op for op in mine if op.kind == "B"], lambda op: (op.pipe == 0, -(op.mb // 3)))
         assert list(order) == [op for op in forwards if op.pipe == 0] + up + backwards
+
+
+@pytest.mark.parametrize("body,column", [
+    ("for k in 0 .. 1000000000 { }", 3),
+    ("() * 1000000000", 3),
+    ("for k in 0 .. 100000 { for j in 0 .. 100000 { } }", 26),
+])
+def test_loops_that_run_nothing_still_count_against_the_budget(body, column):
+    from schedc.diagnostics import Source
+    text = ('schedule x "x"\nparam p = 2\nparam m = 2\npipeline main { stages p; device s -> s; microbatches m }\n'
+            f"on device d {{\n  {body}\n  F * m ; B * m\n}}\n")
+    with pytest.raises(SchedError) as caught:
+        build_schedule(Source("loop.sched", text))
+    first = caught.value.diagnostics[0]
+    assert (first.span.line, first.span.column) == (6, column), first
+    assert "programs run more than 1,000,128 statements (a runaway loop?)" in first.message

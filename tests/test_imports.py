@@ -115,7 +115,8 @@ def test_the_runtime_imports_only_the_plan_format_and_ops():
 def test_the_plan_format_and_ops_import_nothing_of_the_compiler():
     graph = import_graph()
     assert graph["schedc.ops"] == set()
-    assert graph["schedc.plan"] | graph["schedc.plan.format"] <= {"schedc.ops", "schedc.plan.format"}
+    plan = {"schedc.plan.format", "schedc.plan.validate"}
+    assert graph["schedc.plan"] | graph["schedc.plan.format"] | graph["schedc.plan.validate"] <= {"schedc.ops", *plan}
 
 
 def test_the_compiler_never_imports_torch():
@@ -133,4 +134,5 @@ def test_reading_plans_loads_no_compiler():
     code = ("import sys, schedc.plan, schedc.runtime\n"
             "print(sorted(m for m in sys.modules if m.startswith(('schedc', 'lark'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert literal_eval(out) == ["schedc", "schedc.ops", "schedc.plan", "schedc.plan.format", "schedc.runtime"]
+    assert literal_eval(out) == ["schedc", "schedc.ops", "schedc.plan", "schedc.plan.format", "schedc.plan.validate",
+                                 "schedc.runtime"]

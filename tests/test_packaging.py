@@ -50,3 +50,16 @@ def test_installed_wheel_compiles_a_library_schedule(wheel, tmp_path):
     composed = subprocess.run([str(python), "-I", "-m", "schedc.cli", "compile", "1f1b", "--with", "kfac", "-o",
                                str(tmp_path / "kfac")], capture_output=True, text=True, cwd=tmp_path)
     assert composed.returncode == 0, composed.stderr  # the add-on ships in the wheel
+
+
+def test_extras_name_what_the_runtime_and_the_benchmarks_import():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert "torch" in extras["runtime"] and "scikit-learn" in extras["benchmarks"]
+    assert "torch" not in " ".join(project["dependencies"])  # the compiler never needs it
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    # torch==2.13.0 (the CPU build) is installed where torch is missing, before the extras that name it
+    assert setup.index("torch==2.13.0") < setup.index('.[runtime,test,benchmarks]')
+    benchmarks = " ".join(p.read_text() for p in (ROOT / "benchmarks").glob("*.py"))
+    assert ("sklearn" in benchmarks) == ("scikit-learn" in extras["benchmarks"])

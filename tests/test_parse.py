@@ -87,3 +87,26 @@ def test_the_two_longer_readings_get_a_hint(fixture, line, column, hint):
 
 def test_no_hint_for_an_ordinary_argument_error():
     assert not _error("schedule x\nparam p = min (1 2)").diagnostics[0].notes
+
+
+@pytest.mark.parametrize("expr,message,column", [
+    ("- " * 3000 + "1", "nested deeper than 200 levels", None),
+    (" + ".join(["1"] * 3000), "nested deeper than 200 levels", None),
+    ("not " * 3000 + "1", "nested deeper than 200 levels", None),
+    ("1" + "0" * 5000, "has 5001 digits (at most 18)", 11),     # int() would refuse it past 4300 digits
+    ("1e999", "number 1e999 is too large to be a finite number", 11),
+])
+def test_deep_or_huge_expressions_are_located_syntax_errors(expr, message, column):
+    exc = _error(f'schedule x "x"\nparam p = {expr}\n')
+    first = exc.render().splitlines()[0]
+    assert exc.exit_code == 2 and message in first, first
+    assert exc.diagnostics[0].span.line == 2
+    assert column is None or exc.diagnostics[0].span.column == column
+    assert "recursion" not in first and "rule" not in first
+
+
+def test_deeply_nested_program_is_a_located_error():
+    body = "(" * 150 + "F" + ")" * 150  # under the bracket limit; the groups nest 150 deep, items twice that
+    exc = _error(f'schedule x "x"\non device d {{ {body} }}\n')
+    assert exc.exit_code == 2 and exc.diagnostics[0].span.line == 2
+    assert "nested deeper than 200 levels" in exc.render()

@@ -137,3 +137,64 @@ def test_hand_made_instructions_of_any_type_are_written_in_their_canonical_forms
 def test_field_memos_stay_bounded():
     step_text(tuple(Instr("F", 0, mb, 0) for mb in range(3 * MEMO)))
     assert all(len(memo) <= MEMO for memo in (*_TEXT_FORMS, *_JSON_FORMS))
+
+
+# Edited plans, the hash recomputed as a careless tool would (docs/plan-format.md: SHA-256 of the compact,
+# key-sorted JSON of everything but format, version and hash): refused on loading, naming the field.
+
+def _rehashed(obj: dict) -> dict:
+    body = {k: v for k, v in obj.items() if k not in ("format", "version", "hash")}
+    obj["hash"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return obj
+
+
+def _step(obj, rank=0, k=0):
+    return obj["ranks"][rank]["steps"][k]
+
+
+EDITS = {
+    "stage 99": (lambda o: _step(o)[0].update(stage=99), "ranks[0].steps[0][0].stage: 99 is out of range 0..1"),
+    "no ranks": (lambda o: o.update(ranks=[]), "ranks: the plan has no ranks"),
+    "microbatches 0": (lambda o: o.update(microbatches=0), "microbatches: expected an integer >= 1, got 0"),
+    "placement 0,0": (lambda o: o["pipelines"][0].update(placement=[0, 0]),
+                      "runs stage 1 on rank 1, but pipelines[0].placement puts it on rank 0"),
+    "devices 3": (lambda o: o.update(devices=3), "devices: 3, but the plan has 2 ranks"),
+    "no STEP": (lambda o: _step(o, 1).pop(), "ranks[1].steps[0]: a step program ends with exactly one STEP (found 0)"),
+    "two STEPs": (lambda o: _step(o).insert(0, dict(_step(o)[-1])),
+                  "ranks[0].steps[0]: a step program ends with exactly one STEP (found 2)"),
+    "uneven steps": (lambda o: o["ranks"][1]["steps"].append(list(_step(o, 1))),
+                     "ranks[1].steps: 2 step programs, but rank 0 has 1"),
+    "no steps": (lambda o: [r.update(steps=[]) for r in o["ranks"]], "ranks[0].steps: 0 step programs"),
+    "peer itself": (lambda o: next(i for i in _step(o) if i["op"] == "SEND_F").update(peer=0),
+                    "peer: rank 0 sends or receives to itself"),
+    "rank twice": (lambda o: o["ranks"][1].update(rank=0), "ranks: each entry's rank must be 0..1, once each"),
+    "stages []": (lambda o: o.update(stages=[]), "stages: expected an integer >= 1, got []"),
+    "cost inf": (lambda o: o["costs"].update(F=[1e400, 1.0]), "costs.F: expected a finite number >= 0"),
+    "mb of F": (lambda o: next(i for i in _step(o) if i["op"] == "RECV_B").update(mb=None), "RECV_B needs a mb"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_edited_plans_are_refused_on_loading_naming_the_field(tmp_path, edit):
+    from click.testing import CliRunner
+    from schedc.cli import main
+    from schedc.plan import load_plan as load_checked
+    out = tmp_path / "plan"
+    CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(out)])
+    obj = json.loads((out / "plan.json").read_text())
+    change, message = EDITS[edit]
+    change(obj)
+    (tmp_path / "edited.json").write_text(json.dumps(_rehashed(obj)))
+    with pytest.raises(PlanError) as caught:
+        load_checked(tmp_path / "edited.json")
+    assert message in str(caught.value), str(caught.value)
+    result = CliRunner().invoke(main, ["render", str(tmp_path / "edited.json"), "-o", str(tmp_path / "x.svg")])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "x.svg").exists()
+
+
+def test_a_deeply_nested_plan_is_refused_not_recursed_into(tmp_path):
+    from schedc.plan import load_plan as load_checked
+    (tmp_path / "deep.json").write_text('{"format": "schedc-plan", "version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(PlanError, match="nested too deeply"):
+        load_checked(tmp_path / "deep.json")

@@ -355,3 +355,11 @@ def test_memory_over_time_of_a_filled_cycle_counts_kept_gradients_and_factors(na
     series = memory_over_time(compiled)
     assert [max(level for _, level in steps) for steps in series] == pytest.approx(compiled.stats["peak_memory"])
     assert all(steps[-1][1] > 0 for steps in series)
+
+
+def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
+    from click.testing import CliRunner
+    from schedc.cli import main
+    result = CliRunner().invoke(main, ["render", "pipefisher", "--dag", "-o", str(tmp_path / "x.svg")])
+    assert result.exit_code == 2 and "has 9,560 edges among its 784 ops" in result.output, result.output
+    assert "limit 1,500" in result.output and not (tmp_path / "x.svg").exists()

@@ -20,7 +20,7 @@ from schedc.plan import Instr, load_plan
 from schedc.plan.write import write_plan
 from schedc.runtime.__main__ import main as runtime_main
 from schedc.runtime.data import Batch
-from schedc.runtime.launch import split_args, torchrun_command
+from schedc.runtime.launch import launch_from_cli, split_args, torchrun_command
 from schedc.runtime.lifetimes import plan_lifetimes
 from schedc.runtime.tasks import TaskError, register_task, task_handler
 
@@ -335,7 +335,7 @@ def test_task_registry():
     assert seen == [Instr("curvature_test", 0, 1)]
 
 
-def test_resume_continues_with_identical_losses(plans, tmp_path):
+def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     plan = plans("1f1b", p=2, m=4)
     common = [*SMALL, "--steps", "5", "--quiet"]
     first, _ = torchrun(plan, 2, *common, "--save", str(tmp_path / "ckpt"), "--every", "3",
@@ -349,6 +349,110 @@ def test_resume_continues_with_identical_losses(plans, tmp_path):
     resumed = [json.loads(line) for line in (tmp_path / "resumed.jsonl").read_text().splitlines()]
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r["loss"] for r in resumed] == [r["loss"] for r in full[3:]]
+    latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())
+    assert sorted(latest["files"]) == ["rank0.pt", "rank1.pt"] and not list((tmp_path / "ckpt").rglob("*.tmp"))
+
+    # 64 flipped bytes, then a missing file: refused naming the file, before torchrun (schedc run) ...
+    rank1 = tmp_path / "ckpt" / latest["dir"] / "rank1.pt"
+    data = bytearray(rank1.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2:len(data) // 2 + 64])
+    rank1.write_bytes(bytes(data))
+    assert launch_from_cli(plan, None, [*common, "--resume", str(tmp_path / "ckpt")]) == 2
+    assert f"{latest['dir']}/rank1.pt is corrupt" in capsys.readouterr().err
+    rank1.unlink()
+    # ... and by the ranks themselves when torchrun is started by hand: rank 0 names rank 1's file
+    third, _ = torchrun(plan, 2, *common, "--resume", str(tmp_path / "ckpt"))
+    assert third.returncode != 0 and f"{latest['dir']}/rank1.pt is missing" in third.stderr, third.stderr
+    assert "step" not in third.stdout
+
+
+def test_a_full_disk_on_save_is_named_and_leaves_no_temporary(plans, tmp_path):
+    """--save into a 64 KiB file system (a tmpfs when this process may mount one, else a file-size
+    limit on the ranks): the probe before step 0 fits, the checkpoint does not."""
+    target = tmp_path / "small"
+    target.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(target)],
+                             capture_output=True).returncode == 0
+    limit = None if mounted else _file_size_limit(64 * 1024)
+    try:
+        command = torchrun_command(plans("1f1b", p=2, m=4), 2, [*SMALL, "--steps", "1", "--quiet",
+                                                                "--save", str(target), "--timeout", "30"])
+        run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=LAUNCH_LIMIT,
+                             cwd=_repo(), preexec_fn=limit)
+        assert run.returncode != 0 and f"--save {target}: cannot write step-00000001/rank" in run.stderr, run.stderr
+        assert not mounted or "no space left on the device" in run.stderr
+        assert not list(target.rglob("*.tmp")) and not (target / "latest.json").exists()
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(target)], check=True)
+
+
+def _file_size_limit(size: int):
+    def limit() -> None:
+        import resource
+        import signal as signals
+        signals.signal(signals.SIGXFSZ, signals.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_path, capsys):
+    plan = plans("1f1b", p=2, m=4)
+    assert launch_from_cli(plan, None, [*SMALL, "--reference", "--steps", "1", "--quiet",
+                                        "--save-grads", str(tmp_path)]) == 0
+    assert "torchrun" not in capsys.readouterr().err
+    assert_same(_dump(tmp_path), reference(plan, SMALL))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nproc", "0"], "--nproc must be >= 1, got 0"),
+    (["--nproc", "3"], "it needs 2 processes, not --nproc 3"),
+    (["--steps", "0"], "--steps and --dp must be >= 1"),
+    (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--hidden", "1000000000"], "parameters (layers 4, hidden 1000000000, vocab 256); more than 1e+11"),
+    (["--threads", "0"], "--threads must be between 1 and 1024"),
+    (["--save", "{plan}/x"], "cannot write checkpoints there (Not a directory)"),
+    (["--resume", "{tmp}/none"], "no readable checkpoint"),
+    (["--reference", "--nproc", "2"], "--reference trains the whole model in this one process"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_run_refuses_each_bad_option_before_starting_torchrun(plans, tmp_path, args, message):
+    from click.testing import CliRunner
+    from schedc.cli import main
+    plan = plans("1f1b", p=2, m=4)
+    args = [a.replace("{plan}", str(plan)).replace("{tmp}", str(tmp_path)) for a in args]
+    result = CliRunner().invoke(main, ["run", str(plan), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and "torch.distributed" not in result.output
+
+
+def test_run_refuses_an_edited_plan_before_starting_torchrun(plans, tmp_path, capsys):
+    text = plans("gpipe", p=2, m=4).read_text().replace('"microbatches":4', '"microbatches":3', 1)
+    (tmp_path / "plan.json").write_text(text)
+    assert launch_from_cli(tmp_path / "plan.json", None, SMALL) == 2
+    assert f"error: {tmp_path / 'plan.json'}: plan hash does not match" in capsys.readouterr().err
+
+
+def test_a_stopped_rank_is_ended_within_the_timeout_and_named(plans):
+    """SIGSTOP on rank 1: rank 0 gives up after --timeout; torchrun's SIGTERM cannot reach a stopped
+    process, and it is killed a few seconds later (torchrun's own grace is 30 s), named first."""
+    command = torchrun_command(plans("1f1b", p=2, m=4), 2, [*SMALL, "--steps", "4", "--quiet",
+                                                            "--fault-stop", "1:1", "--timeout", "4"])
+    run = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=LAUNCH_LIMIT, cwd=_repo())
+    assert run.returncode != 0 and "error: rank 1 failed first; failed: rank 1 (killed by SIGKILL)" in run.stderr
+    assert "receive from rank 1 failed" in run.stderr or "waiting for rank 1" in run.stderr
+    term, kill = (_logged_at(run.stderr, words) for words in ("closing signal SIGTERM", "forcefully exiting via 9"))
+    assert 0 <= kill - term <= 10, (term, kill)
+
+
+def _logged_at(log: str, words: str) -> float:
+    """The time of day, in seconds, of torchrun's first log line containing `words`."""
+    import re
+    line = next(line for line in log.splitlines() if words in line)
+    hours, minutes, seconds = re.search(r" (\d+):(\d+):(\d+\.\d+) ", line).groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
 def test_launch_command_lines():
@@ -360,3 +464,66 @@ def test_launch_command_lines():
     assert "--standalone" in local and local[-4:] == ["schedc.runtime", "plan.json", "--steps", "3"]
     multi = torchrun_command("plan.json", 4, [], ["--nnodes", "2", "--rdzv-endpoint", "h:29500"])
     assert "--standalone" not in multi and "--nnodes" in multi
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _two_agents(plan: Path, options: list[str], run_id: str) -> list[subprocess.Popen]:
+    """Two torchrun agents on this machine as two nodes (--nnodes 2, c10d rendezvous on 127.0.0.1),
+    one process each, as `schedc run PLAN --nproc 1 ... -- <these flags>` starts them on two hosts."""
+    port, agents = _free_port(), []
+    for node in range(2):
+        flags = ["--nnodes", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+        agents.append(subprocess.Popen(torchrun_command(plan, 1, options, flags), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=ENV, cwd=_repo(),
+                                       start_new_session=True))
+    return agents
+
+
+def _losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def test_two_nodes_on_loopback_give_the_single_node_losses(plans, tmp_path):
+    plan = plans("1f1b", p=2, m=4)
+    common = [*SMALL, "--steps", "3", "--quiet", "--timeout", "60"]
+    single, _ = torchrun(plan, 2, *common, "--metrics-out", str(tmp_path / "one.jsonl"))
+    assert single.returncode == 0, single.stderr
+    agents = _two_agents(plan, [*common, "--metrics-out", str(tmp_path / "two.jsonl")], "schedc-two-nodes")
+    outputs = [agent.communicate(timeout=LAUNCH_LIMIT) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], outputs
+    assert _losses(tmp_path / "two.jsonl") == _losses(tmp_path / "one.jsonl")
+
+
+def test_a_killed_node_ends_the_other_within_the_timeout(plans, tmp_path):
+    """One agent is killed during training (its worker ends with it); the other node's worker gives up
+    within --timeout, naming the rank it waited for, and its agent ends."""
+    import signal
+    metrics, timeout = tmp_path / "metrics.jsonl", 8
+    agents = _two_agents(plans("1f1b", p=2, m=4), [*SMALL, "--steps", "100000", "--quiet", "--timeout",
+                                                   str(timeout), "--metrics-out", str(metrics)], "schedc-lost")
+    try:
+        begin = time.monotonic()
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.monotonic() - begin < LAUNCH_LIMIT and all(a.poll() is None for a in agents)
+            time.sleep(0.2)
+        os.kill(agents[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = agents[0].communicate(timeout=LAUNCH_LIMIT)
+        ended = time.monotonic() - killed
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+    # the survivor's worker names its lost peer, or its agent the lost rendezvous (when the killed node
+    # held the rendezvous store); either way one line, no traceback
+    assert agents[0].returncode == 1 and "Traceback" not in err, err
+    assert "failed first" in err or "this node lost the rendezvous with the others" in err, err
+    assert ended < timeout + 20, ended  # --timeout, the watchdog's grace, the agent's shutdown

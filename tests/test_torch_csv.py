@@ -93,3 +93,57 @@ def test_microbatch_count_can_be_given():
     with pytest.raises(SchedError) as info:
         schedule_from_csv_text(Source("x.csv", text), Options({"p": "3"}))
     assert info.value.exit_code == 2
+
+
+def _refusal(text: str, *args: str):
+    from schedc.frontend.elaborate import Options
+    with pytest.raises(SchedError) as caught:
+        schedule_from_csv_text(Source("x.csv", text), Options(dict(a.split("=", 1) for a in args)))
+    return caught.value
+
+
+@pytest.mark.parametrize("text,where,message", [
+    ("99999999F0,0F0,0B0\n", (1, 1), "stage 99999999 makes the schedule expand to 100,000,000 stages"),
+    ("0F0,0B0\n0F99999999,0B0\n", (2, 1), "microbatch 99999999 makes the schedule expand to 1 stages x 100,000,000"),
+    ("0F0,0B0,0F" + "9" * 5000 + "\n", (1, 9), "the microbatch number has more than 9 digits"),
+    ("9" * 400 + "B0\n", (1, 1), "the stage number has more than 9 digits"),
+])
+def test_sizes_a_csv_implies_are_bounded_before_anything_is_built(text, where, message):
+    exc = _refusal(text)
+    diag = exc.diagnostics[0]
+    assert exc.exit_code == 2 and (diag.span.line, diag.span.column) == where and message in diag.message
+
+
+def test_a_huge_microbatch_override_is_refused_naming_it():
+    exc = _refusal("0F0,0B0\n", "m=100000000")
+    assert exc.exit_code == 2 and exc.diagnostics[0].message.startswith("-D m=100000000: the schedule would expand")
+
+
+def test_bad_cells_are_reported_twenty_then_counted():
+    exc = _refusal(",".join(["xx"] * 10_000) + "\n")
+    assert len(exc.diagnostics) == 21
+    assert exc.diagnostics[-1].message == "and 9,980 more bad cells like these"
+    assert len(exc.render()) < 10_000  # each shows a window of the 30,000-character line, not all of it
+
+
+def test_too_many_ranks_are_refused_at_the_first_row_past_the_limit():
+    from schedc.interop.torch_csv import MAX_RANKS
+    exc = _refusal("0F0,0B0\n" * (MAX_RANKS + 1))
+    assert exc.exit_code == 2 and exc.diagnostics[0].span.line == MAX_RANKS + 1
+    assert "at most 65,536" in exc.diagnostics[0].message
+
+
+def test_export_makes_the_output_directory_and_refuses_unwritable_paths(tmp_path):
+    out = tmp_path / "missing" / "dir" / "x.csv"
+    result = CliRunner().invoke(main, ["export", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(out)])
+    assert result.exit_code == 0 and out.read_text().startswith("0F0,")
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(main, ["export", "1f1b", "-o", str(tmp_path / "file" / "x.csv")])
+    assert result.exit_code == 2 and f"{tmp_path / 'file'} is not a directory" in result.output
+    assert not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_nested_overlap_cells_are_refused_not_recursed_into():
+    exc = _refusal("(" * 20_000 + "0F0" + ")OVERLAP_F_B" * 20_000 + "\n")
+    assert exc.exit_code == 2 and "not another OVERLAP_F_B" in exc.diagnostics[0].message
+    assert (exc.diagnostics[0].span.line, exc.diagnostics[0].span.column) == (1, 1)

@@ -6,18 +6,20 @@ order strategy (per-device programs over queues, explicit lists, or greedy list 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any
 
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
-from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
+from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import DEFAULT_COSTS, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
 from .order import order_greedy, run_programs
 
 MAX_OPS = 2_000_000
+MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
 
 
 @dataclass
@@ -38,13 +40,22 @@ def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) 
 
 
 def _parse_override(name: str, text: str) -> int | float:
+    """A -D value: an integer, or a finite number (one with an integral value, like 1e3, becomes an
+    integer), within +-MAX_INT; anything else is refused, naming the param."""
     try:
-        return int(text)
+        value: int | float = int(text)
     except ValueError:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise ValueError(f"-D {name}={text}: value must be a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"-D {name}={text}: value must be a finite number") from None
+        if value.is_integer():
+            value = int(value)
+    if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
+        raise ValueError(f"-D {name}={text[:24]}{'...' * (len(text) > 24)}: value is too large (at most {MAX_INT})")
+    return value
 
 
 def _declares(d: ast.Decl, split: bool) -> tuple | None:
@@ -180,6 +191,10 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source) -
             return count
     if isinstance(env.get("p"), int) and env["p"] >= 1:
         return env["p"]
+    if "p" in env:
+        param = next(d for d in decl.decls if isinstance(d, ast.Param) and d.name == "p")
+        raise _fail(f"param p is the device count and must be a positive integer, got {env['p']}", param.span,
+                    source)
     raise _fail("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
 
 
@@ -213,11 +228,16 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
             raise _fail(exc.message, exc.span, source) from None
         if any(v < 0 for v in table[d.kind]):
             raise _fail(f"{d.kind}: cost must not be negative", d.span, source)
+        if any(v > MAX_COST for v in table[d.kind]):
+            raise _fail(f"{d.kind}: {max(table[d.kind]):g} is too large (at most {MAX_COST:g}, so that sums "
+                        "over a schedule stay finite)", d.span, source)
     for kind, value in given.items():
         values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
         if len(values) != stages:
             raise _fail(f"measured costs for {kind} have {len(values)} stages, the schedule has {stages}",
                         None, source, code=2)
+        if any(v > MAX_COST for v in values):
+            raise _fail(f"measured {kind}: {max(values):g} is too large (at most {MAX_COST:g})", None, source, code=2)
         table[kind] = values
     return {k: tuple(v) for k, v in table.items()}
 

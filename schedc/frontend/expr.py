@@ -49,6 +49,31 @@ _FUNCS: dict[str, Callable[..., Any]] = {
 }
 _ARITY = {"abs": 1, "ceil": 1, "floor": 1}
 MAX_POWER = 64
+MAX_INT = 2 ** 63 - 1  # no count, index or size of a schedule comes near; larger ones are refused
+
+
+def _magnitude(value: int) -> str:
+    """A big integer shown by its size: -1000 -> "-1000", 10**40 -> "of 41 digits"."""
+    digits = len(str(abs(value)))
+    return str(value) if digits <= 20 else f"of {digits} digits"
+
+
+def _real(value: Any, span: Span) -> Any:
+    """A computed value as the language has it: a finite real number of bounded size (or a bool or a
+    pipeline, passed through). Python would go on with complex numbers (`(0 - 1) ** 0.5`), infinities
+    and NaN (`1e308 * 10`), and integers of any length; the language refuses them where they arise."""
+    kind = type(value)
+    if kind is int:
+        if -MAX_INT <= value <= MAX_INT:
+            return value
+        raise EvalError(f"integer result {_magnitude(value)} is too large (at most {MAX_INT})", span)
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        raise EvalError("arithmetic overflow: the result is not a finite number", span)
+    if kind is complex:
+        raise EvalError("a negative number to a fractional power has no real value", span)
+    return value
 
 
 def _number(value: Any, span: Span) -> int | float:
@@ -85,7 +110,7 @@ def _compile_unary(node: ast.Unary) -> Fn:
     inner, span = compile_expr(node.operand), node.span
     if node.op == "not":
         return lambda env: not inner(env)
-    return lambda env: -_number(inner(env), span)
+    return lambda env: _real(-_number(inner(env), span), span)
 
 
 def _compile_binary(node: ast.Binary) -> Fn:
@@ -107,7 +132,7 @@ def _compile_binary(node: ast.Binary) -> Fn:
         try:
             if power and abs(b) > MAX_POWER:
                 raise EvalError(f"exponent {b} is too large (at most {MAX_POWER})", span)
-            return fn(a, b)
+            return _real(fn(a, b), span)
         except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
             raise _arith_error(exc, a, b, span) from None
     return apply
@@ -124,7 +149,7 @@ def _name_by_number(name: ast.Name, b: int | float, fn: Callable[[Any, Any], Any
         except KeyError:
             raise EvalError(f"unknown name '{key}'", name_span) from None
         try:
-            return fn(a, b)
+            return _real(fn(a, b), span)
         except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
             raise _arith_error(exc, a, b, span) from None
     return apply
@@ -135,6 +160,8 @@ def _arith_error(exc: Exception, a: Any, b: Any, span: Span) -> Exception:
     overflow; any other TypeError as it was."""
     if isinstance(exc, ZeroDivisionError):
         return EvalError("division by zero", span)
+    if isinstance(exc, OverflowError):
+        return EvalError("arithmetic overflow: the result is not a finite number", span)
     if isinstance(exc, TypeError):
         _number(a, span), _number(b, span)
         return exc
@@ -155,7 +182,7 @@ def _compile_call(node: ast.Call) -> Fn:
     def call(env: Env) -> Any:
         values = [_number(a(env), span) for a in args]
         try:
-            return func(*values) if len(values) > 1 or arity else values[0]
+            return _real(func(*values) if len(values) > 1 or arity else values[0], span)
         except (OverflowError, ValueError) as exc:
             raise EvalError(f"{node.func}(): {exc}", span) from None
     return call
@@ -227,14 +254,18 @@ def evaluate(node: ast.Expr, env: Env) -> Any:
 
 
 def evaluate_int(node: ast.Expr, env: Env, what: str) -> int:
-    """Evaluate to an integer (a float with an integral value is accepted)."""
+    """Evaluate to an integer (a float with an integral value is accepted) within +-MAX_INT, so that
+    whatever it sizes fits a machine integer; a name bound to a huge or non-finite number (-D m=1e308)
+    is refused here, where it would size something."""
     value = evaluate(node, env)
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     if not isinstance(value, int):
         raise EvalError(f"{what} must be an integer, got {value}", node.span)
+    if not -MAX_INT <= value <= MAX_INT:
+        raise EvalError(f"{what} {_magnitude(value)} is too large (at most {MAX_INT})", node.span)
     return value
 
 

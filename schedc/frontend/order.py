@@ -238,7 +238,15 @@ class _ProgramRun:
 
     def _loop(self, stmt: ast.Loop, env: dict) -> None:
         for k in range(evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")):
+            self._charge(stmt.span)
             self.run(stmt.body, {**env, stmt.var: k})
+
+    def _charge(self, span: Span) -> None:
+        """Count one round of a loop (or of a repeated group) against the budget, so that
+        `for k in 0 .. 1000000000 { }`, whose body runs no statement, stops like any runaway loop."""
+        self.budget.left -= 1
+        if self.budget.left < 0:
+            raise EvalError(f"programs run more than {self.budget.total:,} statements (a runaway loop?)", span)
 
     def _when(self, stmt: ast.When, env: dict) -> None:
         self.run(stmt.then if evaluate(stmt.test, env) else stmt.orelse, env)
@@ -254,6 +262,8 @@ class _ProgramRun:
             count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
             unit = self.UNITS[type(stmt.unit)]
             for _ in range(count):
+                if isinstance(stmt.unit, ast.Group):
+                    self._charge(stmt.span)
                 unit(self, stmt.unit, env)
         finally:
             self.lenient -= stmt.optional

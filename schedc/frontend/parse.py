@@ -9,8 +9,9 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken,
+                             VisitError)
 
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error
@@ -19,6 +20,7 @@ GRAMMAR_PACKAGE = "schedc.grammars"
 GRAMMAR_FILE = "sched.lark"
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 MAX_NESTING = 200
+MAX_DIGITS = 18  # an integer literal of more digits is refused (schedules count far below 10^18)
 
 
 @lru_cache(maxsize=1)
@@ -40,14 +42,30 @@ def _string(tok: Token | None) -> str:
     return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
 
 
+class _Refused(Exception):
+    """A construct the grammar admits but the language refuses (an integer literal of 400 digits), raised
+    inside the Transformer with its span and reported by parse_source as a located syntax error."""
+
+    def __init__(self, message: str, span: Span):
+        super().__init__(message)
+        self.message, self.span = message, span
+
+
 @v_args(meta=True)
 class ToAst(Transformer):
     """One method per grammar rule; each returns an AST node with its span."""
 
     # expressions
     def number(self, meta, children):
-        tok = children[0]
-        return ast.Num(_span(meta), int(tok) if tok.type == "INT" else float(tok))
+        tok, span = children[0], _span(meta)
+        if tok.type == "INT":
+            if len(tok.lstrip("0")) > MAX_DIGITS:
+                raise _Refused(f"integer {tok[:12]}... has {len(tok)} digits (at most {MAX_DIGITS})", span)
+            return ast.Num(span, int(tok))
+        value = float(tok)
+        if value == float("inf"):
+            raise _Refused(f"number {tok} is too large to be a finite number", span)
+        return ast.Num(span, value)
 
     def name(self, meta, children):
         return ast.Name(_span(meta), str(children[0]))
@@ -354,11 +372,32 @@ def parse_source(source: Source) -> ast.ScheduleDecl:
     _check_nesting(source)
     try:
         tree = parser().parse(source.text)
-        return ToAst().transform(tree)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, source) from None
-    except (VisitError, RecursionError) as exc:
-        raise SchedError(error(f"cannot build the syntax tree: {exc}"), source, exit_code=2) from None
+    except LarkError as exc:  # not raised by an LALR parse of text; translated all the same, never shown raw
+        raise SchedError(error(f"cannot parse: {type(exc).__name__}", Span(1, 1, 1, 2)), source,
+                         exit_code=2) from None
+    _check_depth(tree, source)
+    try:
+        return ToAst().transform(tree)
+    except VisitError as exc:
+        if isinstance(exc.orig_exc, _Refused):
+            raise SchedError(error(exc.orig_exc.message, exc.orig_exc.span), source, exit_code=2) from None
+        raise
+
+
+def _check_depth(tree: Tree, source: Source) -> None:
+    """Refuse a syntax tree deeper than MAX_NESTING (`- - - ... 1`, `1 + 1 + ... + 1`, `not not ...`
+    nest without brackets), at its deepest node, before the recursive passes over it run out of stack."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            meta = node.meta
+            line, column = getattr(meta, "line", 1), getattr(meta, "column", 1)
+            raise SchedError(error(f"expression or program nested deeper than {MAX_NESTING} levels",
+                                   Span(line, column, line, column + 1)), source, exit_code=2)
+        stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
 def read_source(path: str | Path) -> Source:

@@ -20,11 +20,16 @@ def _measured(value, what: str, path: str) -> float:
     Infinity) and cells that are not numbers are refused, naming the file."""
     try:
         number = math.nan if isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = math.nan
-    if not 0 <= number < math.inf:  # NaN fails both
-        raise _usage(f"{what} must be a finite number >= 0, got {value!r}", path)
+    if not 0 <= number <= MAX_MEASURED:  # NaN fails both
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        limit = f" (at most {MAX_MEASURED:g})" if number > MAX_MEASURED else ""
+        raise _usage(f"{what} must be a finite number >= 0, got {shown}{limit}", path)
     return number
+
+
+MAX_MEASURED = 1e15  # as a declared cost (frontend.elaborate.MAX_COST): sums over a schedule stay finite
 
 
 def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
+from ..frontend.elaborate import MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
 from ..plan import Instr, Plan
@@ -30,6 +31,9 @@ SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
 COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d+")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
+MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
+MAX_RANKS = 65_536      # rows; a row is a rank, and every pass keeps something per rank
+MAX_SHOWN = 20          # bad cells reported one by one; the rest are counted
 
 
 def schedule_from_csv(path, options=None) -> Schedule:
@@ -47,6 +51,8 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     mixed = OpKind.B.value in kinds_seen and bool(kinds_seen & SPLIT)
     split = not mixed and bool(kinds_seen & SPLIT)
     stages = max(cell[1] for cell in cells) + 1
+    _check_size(cells, stages, microbatches, 3 if mixed else len(builtin_kinds(split)), "m" in overrides,
+                getattr(options, "max_ops", None) or MAX_OPS, source)
     placement = infer_placement(rows, stages)
     costs = _costs(getattr(options, "costs", None) or {}, stages, source)
     pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
@@ -66,12 +72,34 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
                     memory_limit_span=None, split_backward=split, split_of=split_of, fused=fused)
 
 
+def _check_size(cells: list[Cell], stages: int, microbatches: int, kinds: int, given_m: bool, max_ops: int,
+                source: Source) -> None:
+    """The schedule a CSV implies (every stage x microbatch x kind, whether or not a cell runs it) must
+    stay within the expansion limit; refused before anything that size is built, at the cell with the
+    largest stage or microbatch (or naming -D m)."""
+    implied = stages * microbatches * kinds
+    if implied <= max_ops:
+        return
+    why = f"{stages:,} stages x {microbatches:,} microbatches x {kinds} kinds = {implied:,} ops, more than {max_ops:,}"
+    if given_m and microbatches * kinds > max_ops // max(1, stages) and microbatches > stages:
+        raise SchedError(error(f"-D m={microbatches}: the schedule would expand to {why}; refusing"), source,
+                         exit_code=2)
+    by_stage = stages >= microbatches
+    kind, stage, mb, span, *_ = max(cells, key=(lambda c: c[1]) if by_stage else (lambda c: c[2]))
+    what = f"stage {stage}" if by_stage else f"microbatch {mb}"
+    raise SchedError(error(f"{what} makes the schedule expand to {why}; refusing", span), source, exit_code=2)
+
+
 def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
     """Rows of compute cells with their spans (and, with `comms`, the SEND_F / RECV_F / SEND_B / RECV_B
-    cells of torch's compute_comms format, kind = the opcode); every bad cell is reported (exit 2)."""
+    cells of torch's compute_comms format, kind = the opcode); every bad cell is reported (exit 2), the
+    first MAX_SHOWN one by one and the rest counted."""
     lines = source.text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    if len(lines) > MAX_RANKS:
+        raise SchedError(error(f"{len(lines):,} rows: a torch CSV schedule has one row per rank, at most "
+                               f"{MAX_RANKS:,}", Span(MAX_RANKS + 1, 1, MAX_RANKS + 1, 2)), source, exit_code=2)
     rows, diags = [], []
     for number, line in enumerate(lines, 1):
         row = []
@@ -83,6 +111,10 @@ def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
     if not diags and not any(rows):
         diags.append(error("no compute cells: expected rows of cells like 0F0,0B0 (one row per rank)",
                            Span(1, 1, 1, 2)))
+    if len(diags) > MAX_SHOWN:
+        rest = len(diags) - MAX_SHOWN
+        diags = diags[:MAX_SHOWN] + [error(f"and {rest:,} more bad cell{'s' * (rest != 1)} like these",
+                                           diags[MAX_SHOWN].span)]
     if diags:
         raise SchedError(diags, source, exit_code=2)
     return rows
@@ -125,11 +157,22 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return []
     match = CELL.fullmatch(stripped)
     if match:
-        return [(match.group(2), int(match.group(1)), int(match.group(3)), span, False)]
+        stage, mb = match.group(1), match.group(3)
+        if max(len(stage), len(mb)) > MAX_DIGITS:
+            which = "stage" if len(stage) > MAX_DIGITS else "microbatch"
+            diags.append(error(f"bad cell {stripped[:24]!r}{'...' * (len(stripped) > 24)}: the {which} number "
+                               f"has more than {MAX_DIGITS} digits", span))
+            return []
+        return [(match.group(2), int(stage), int(mb), span, False)]
     overlap = OVERLAP.fullmatch(stripped)
     if overlap:
+        if "(" in overlap.group(1) or ")" in overlap.group(1):
+            diags.append(error(f"bad cell {stripped[:24]!r}{'...' * (len(stripped) > 24)}: an OVERLAP_F_B cell "
+                               "holds compute cells (a;b), not another OVERLAP_F_B", span))
+            return []
         return _overlap(overlap.group(1), span, diags)
-    why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0"
+    why = ("communication cells belong to torch's compute_comms format"
+           if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
     diags.append(error(f"bad cell {stripped!r}: {why}", span))
     return []
 

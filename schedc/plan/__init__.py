@@ -5,8 +5,10 @@ text form); this package re-exports it with the instruction kinds of schedc.ops.
 this package and schedc.ops, nothing else of schedc. Writing a plan fast is `schedc.plan.write`.
 """
 from ..ops import COMM, COMPUTE, NOT_COMPUTE, RECVS, SENDS, Opcode
-from .format import (FORMAT, VERSION, Instr, Plan, PlanError, content_hash, format_rank_text, load_plan,
-                     parse_rank_text, plan_from_json)
+from .format import (FORMAT, VERSION, Instr, Plan, PlanError, content_hash, format_rank_text,
+                     parse_rank_text)
+from .validate import check_plan_fields, load_plan, plan_from_json  # format's, with the fields checked
 
 __all__ = ["COMM", "COMPUTE", "NOT_COMPUTE", "RECVS", "SENDS", "Opcode", "FORMAT", "VERSION", "Instr", "Plan",
-           "PlanError", "content_hash", "format_rank_text", "load_plan", "parse_rank_text", "plan_from_json"]
+           "PlanError", "content_hash", "format_rank_text", "load_plan", "parse_rank_text", "plan_from_json",
+           "check_plan_fields"]

@@ -182,9 +182,11 @@ def plan_from_json(obj: dict[str, Any], verify: bool = True) -> Plan:
         raise PlanError(f"plan version {obj.get('version')!r} is not supported (expected {VERSION})")
     meta = {k: v for k, v in obj.items() if k not in ("format", "version", "hash", "ranks")}
     try:
-        ranks = tuple(tuple(tuple(map(Instr.from_json, step)) for step in entry["steps"])
-                      for entry in sorted(obj["ranks"], key=lambda e: e["rank"]))
-    except (KeyError, TypeError) as exc:
+        entries = sorted(obj["ranks"], key=lambda e: e["rank"])
+        if [e["rank"] for e in entries] != list(range(len(entries))) or any(type(e["rank"]) is not int for e in entries):
+            raise PlanError(f"ranks: each entry's rank must be 0..{len(entries) - 1}, once each")
+        ranks = tuple(tuple(tuple(map(Instr.from_json, step)) for step in entry["steps"]) for entry in entries)
+    except (KeyError, TypeError, AttributeError) as exc:
         raise PlanError(f"malformed 'ranks' in plan: {exc}") from None
     for steps in ranks:
         for step in steps:
@@ -224,4 +226,6 @@ def load_plan(path: str | Path, verify: bool = True) -> Plan:
         obj = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PlanError(f"{path}: cannot read plan: {exc}") from None
+    except RecursionError:
+        raise PlanError(f"{path}: cannot read plan: arrays or objects nested too deeply") from None
     return plan_from_json(obj, verify)

@@ -67,8 +67,11 @@ def _write_plan_json(plan: Plan, path: Path, forms: list[list[_StepForms]]) -> t
 
 def _write_atomic(path: Path, text: str) -> Path:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..compiler import Compiled
 from ..diagnostics import SchedError, Source, error
+from ..outputs import prepare_directory, write_output
 from .dot import FORMATS, run_dot
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
@@ -31,6 +32,7 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
                      + ", ".join("." + e for e in EXTENSIONS), out)
     if dag and fmt not in (*FORMATS, "dot"):
         raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
+    prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
     from .load import load_input
     if cluster is not None:
         from ..compiler import parse_defines
@@ -39,9 +41,7 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     else:
         compiled = load_input(file, defines, costs, latency, profile)
     data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    write_output(out, data)
     return compiled
 
 

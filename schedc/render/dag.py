@@ -12,6 +12,8 @@ from ..ir import Op, Schedule
 from .style import palette, text_colour
 
 MAX_DAG_OPS = 1024  # dot lays out ~1000 ops in seconds; at 2000 it can take minutes
+MAX_DAG_EDGES = 1500  # and its time grows with the edges: 1,208 take 1.7 s, 2,412 (PipeFisher p=4 m=4) 16 s,
+#                       9,560 (PipeFisher p=8 m=8) minutes and then "lost edge"
 
 
 def dag_dot(schedule: Schedule, target: str = "") -> str:
@@ -22,6 +24,16 @@ def dag_dot(schedule: Schedule, target: str = "") -> str:
                                f"(limit {MAX_DAG_OPS})",
                                notes=("draw a smaller instance (e.g. -D p=4 -D m=8), or drop --dag for the "
                                       "timeline, which scales to large schedules",)),
+                         Source(target, ""), exit_code=2)
+    ops = [op for order in schedule.orders for op in order] + list(schedule.unplaced)
+    placed = set(ops)
+    edges = sum(max(0, len(order) - 1) for order in schedule.orders) + sum(
+        sum(dep in placed for dep in schedule.deps.get(op, ())) for op in ops)
+    if edges > MAX_DAG_EDGES:
+        raise SchedError(error(f"the dependency graph of {schedule.name} has {edges:,} edges among its {count} ops, "
+                               f"too many for Graphviz to lay out in reasonable time (limit {MAX_DAG_EDGES:,})",
+                               notes=("draw a smaller instance (fewer devices, microbatches or task pieces), or "
+                                      "drop --dag for the timeline, which scales to large schedules",)),
                          Source(target, ""), exit_code=2)
     colours = palette(schedule)
     ids: dict[Op, str] = {}

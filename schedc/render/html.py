@@ -101,7 +101,8 @@ def report_html(compiled: Compiled, timeline_svg: str) -> str:
         height=len(panels) * (PANEL_H + PANEL_GAP) + AXIS_H, makespan=timing.makespan,
         ticks=_ticks(timing.makespan))
     return env.get_template("report.html.j2").render(
-        schedule=schedule, stats=compiled.stats, devices=device_rows(compiled), timeline=timeline_svg,
+        schedule=schedule, stats=compiled.stats, devices=[] if not compiled.ok else device_rows(compiled),
+        invalid=not compiled.ok, timeline=timeline_svg,
         memory=chart, diagnostics=[d.format(schedule.source) for d in compiled.diagnostics],
         source=schedule.source.text, params=schedule.params)
 

@@ -116,9 +116,18 @@ def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     title = (f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
              f"makespan {st['makespan']:g}   bubble {st['bubble_fraction']:.4f}   utilization "
              f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
+    if not compiled.ok:
+        errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
+        return _graph(f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
+                      f"INVALID: the schedule fails its checks ({errors} error{'s' * (errors != 1)}); no stats, "
+                      "the timeline as far as it was simulated\\l", geo)
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         title += (f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
                   f"of {st.get('cycle_steps', 1)} steps of {st['makespan']:g} in all\\l")
+    return _graph(title, geo)
+
+
+def _graph(title: str, geo: Geometry) -> list[str]:
     return ["digraph timeline {",
             f'graph [label="{_esc_keep(title)}" labelloc=t labeljust=l fontname="Helvetica" '
             f'fontsize={11 if geo.compact else 12} bgcolor="white" splines=false outputorder=nodesfirst pad=0.15];',

@@ -42,8 +42,9 @@ class _Links:
     """Tables of one step program's messages. A link is a (pipeline, stage, direction) whose two stages sit
     on different ranks; message K = link * m + mb. `top[r][op][pipe][stage][mb]` is the code of an
     instruction on rank r: 3K + _SENT or _POSTED where r holds that end of the link, 3K + _USED for a
-    consumer on r that reads another rank (the replay's `reads` table), 0 for one the replay neither
-    waits on nor for (a local consumer, STEP, SYNC_GRAD, tasks). Tables are tuples: an index past the
+    consumer on r that reads another rank (the replay's `sources` table), 0 for one the replay neither
+    waits on nor for (a local consumer, STEP, SYNC_GRAD, tasks). Stages are looked up in dicts of the rank's own
+    (a missing one fails), microbatches in tuples: an index past the
     end or not an int fails; `_layout` refuses negative ones, which would wrap round to another message.
     With one pipeline the pipe level is left out (`flat`)."""
 
@@ -79,8 +80,10 @@ class _Links:
     def _tables(self, place: list[list[int]], ranks: int, links: list[tuple]) -> list[dict]:
         m, codes = self.m, tuple(range(3 * self.size + 1))
         consumers = (OpKind.F.value, OpKind.B.value)
-        cells = [{op: [[None] * len(where) for where in place] for op in (*sorted(COMM), *consumers)}
-                 for _ in range(ranks)]
+        # per rank, op and pipe: stage -> codes, for the stages the rank holds or messages (a dict each:
+        # a list per stage on every rank grew with the square of the device count; a missing stage
+        # fails the lookup, as an index past the end of a tuple did)
+        cells = [{op: [{} for _ in place] for op in (*sorted(COMM), *consumers)} for _ in range(ranks)]
         for p, where in enumerate(place):
             for s, r in enumerate(where):
                 for kind in consumers:
@@ -90,8 +93,7 @@ class _Links:
                        (self.sender[i], self.receiver[i], self.receiver[i]), (s, s, other), (_SENT, _POSTED, _USED))
             for op, r, stage, j in ends:
                 cells[r][op][p][stage] = codes[3 * i * m + j:3 * (i + 1) * m + j:3]
-        tables = [{op: tuple(pipes[0]) if self.flat else tuple(map(tuple, pipes)) for op, pipes in mine.items()}
-                  for mine in cells]
+        tables = [{op: pipes[0] if self.flat else tuple(pipes) for op, pipes in mine.items()} for mine in cells]
         for table in tables:
             for kind in GRADIENT:
                 table[kind] = table[OpKind.B.value]
@@ -100,6 +102,8 @@ class _Links:
     def codes(self, r: int, ops: tuple, stages: tuple, mbs: tuple, pipes: tuple) -> list:
         """The code of each instruction of rank r, from its columns (C-level lookups, level by level)."""
         top = self.top[r]
+        if not {int, type(None)}.issuperset(map(type, stages)):  # a dict takes 1.0 and True for 1: ints only
+            raise TypeError("a stage that is not an int")
         if self.flat:
             return list(map(getitem, map(getitem, map(top.__getitem__, ops), stages), mbs))
         return list(map(getitem, map(getitem, map(getitem, map(top.__getitem__, ops), pipes), stages), mbs))

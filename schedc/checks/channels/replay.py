@@ -8,6 +8,8 @@ SYNC_GRAD for its whole group); the replay names where each stuck rank waits and
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 from dataclasses import dataclass, field
 
 from ...diagnostics import Diagnostic, error
@@ -37,8 +39,10 @@ class Replay:
 
 
 def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
-    """reads[r][pipe][s] = (does F(s) read from another rank, does B/I(s)); peer_of[op][pipe][s] = the
-    rank at the other end of a message of stage s (-1 for none)."""
+    """sources[pipe][s] = (the rank F(s) reads its input from, the rank B/I(s) does; None for none), the
+    same for every rank (a rank reads from another when its source is not itself: per rank, this table
+    grew with the square of the device count); peer_of[op][pipe][s] = the rank at the other end of a
+    message of stage s (-1 for none)."""
     def other_rank(where: list[int], s: int, kind: str) -> int | None:
         x = fed_by(kind, s)[1]
         return where[x] if 0 <= x < len(where) else None
@@ -47,21 +51,25 @@ def _tables(place: list[list[int]], ranks: int) -> tuple[list, dict]:
         x = peer_stage(op, s)
         return where[x] if 0 <= x < len(where) else -1
 
-    reads = [[[tuple(other_rank(where, s, kind) not in (None, r) for kind in (OpKind.F.value, OpKind.B.value))
-               for s in range(len(where))] for where in place] for r in range(ranks)]
+    sources = [[tuple(other_rank(where, s, kind) for kind in (OpKind.F.value, OpKind.B.value))
+                for s in range(len(where))] for where in place]
     peer_of = {op: [[peer(where, s, op) for s in range(len(where))] for where in place] for op in sorted(COMM)}
-    return reads, peer_of
+    return sources, peer_of
 
 
 def replay(streams: list, place: list[list[int]]) -> Replay:
     """Run every rank as far as it can, waking a rank when what it waits for happens (linear in the
     instructions; one tight loop without allocation on the common path: the hot path of `schedc check`)."""
     ranks = len(streams)
-    reads, peer_of = _tables(place, ranks)
+    sources, peer_of = _tables(place, ranks)
     state = Replay([0] * ranks)
-    posted, sent = [0] * (ranks * ranks), [0] * (ranks * ranks)
-    expected: list[list] = [[] for _ in range(ranks * ranks)]   # per channel: messages in receive order
-    wait_post, wait_send = [-1] * (ranks * ranks), [-1] * (ranks * ranks)  # the rank asleep on a channel
+    # channels (sender * ranks + receiver) only where messages go: memory linear in the instructions,
+    # not quadratic in the ranks
+    posted: defaultdict[int, int] = defaultdict(int)      # per channel: receives posted, sends done
+    sent: defaultdict[int, int] = defaultdict(int)
+    expected: defaultdict[int, list] = defaultdict(list)  # per channel: messages in receive order
+    wait_post: dict[int, int] = {}                         # per channel: the rank asleep on it
+    wait_send: dict[int, int] = {}
     received = [{} for _ in range(ranks)]
     used = [0] * ranks
     syncs = _Syncs(ranks)
@@ -69,7 +77,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     try:
         while ready:
             r = ready.pop()
-            stream, n, mine, table = streams[r], state.position[r], received[r], reads[r]
+            stream, n, mine = streams[r], state.position[r], received[r]
             while n < len(stream):
                 ins = stream[n]
                 kind = _KIND.get(ins[0])
@@ -77,7 +85,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                     pass
                 elif kind <= _B:
                     pipe = ins[3] or 0
-                    if table[pipe][ins[1]][kind - 1]:
+                    source = sources[pipe][ins[1]][kind - 1]
+                    if source is not None and source != r:
                         got = mine.get((*fed_by(ins[0], ins[1]), ins[2], pipe))
                         if got is None:
                             break
@@ -96,9 +105,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                             or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                         state.faults.append(f"rank {r}: {Instr.short(ins)} does not match its receive")
                     sent[channel] = k + 1
-                    if wait_send[channel] >= 0:
-                        ready.append(wait_send[channel])
-                        wait_send[channel] = -1
+                    if channel in wait_send:
+                        ready.append(wait_send.pop(channel))
                 elif kind == _RECV:
                     channel = ins[4] * ranks + r
                     pipe = ins[3] or 0
@@ -108,9 +116,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                         state.faults.append(f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank")
                     expected[channel].append(message)
                     posted[channel] += 1
-                    if wait_post[channel] >= 0:
-                        ready.append(wait_post[channel])
-                        wait_post[channel] = -1
+                    if channel in wait_post:
+                        ready.append(wait_post.pop(channel))
                 elif not syncs.meet(state, r, ins, ready):
                     break
                 n += 1
@@ -123,7 +130,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     state.faults += [f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses"
                      for r in range(ranks) if used[r] != len(received[r]) and r not in state.blocked]
     state.faults += [f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
-                     "never sent" for c in range(ranks * ranks) if posted[c] != sent[c] and not state.blocked]
+                     "never sent" for c in sorted(posted) if posted[c] != sent[c] and not state.blocked]
     return state
 
 

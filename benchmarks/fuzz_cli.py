@@ -1,0 +1,277 @@
+"""Fuzz the whole command line as a hostile user would, and count what breaks schedc's promise: a
+located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answer.
+
+    python benchmarks/fuzz_cli.py --count 10000 [--seed 1] [--jobs 2] [--failures out/fuzz]
+
+The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
+numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
+recomputed) for `render` and `run`, and bad options to every subcommand. Each case runs in its own
+process, forked from this one after schedc is imported (so a case costs its own work, not Python's
+start-up), with a wall-clock limit (--timeout, 20 s) and an address-space cap (--memory-gib, 4 GiB);
+`run` cases start torchrun from there as a user's command would. Cases that start processes of
+their own (`schedc run ...`) are many times slower than the rest: --run-cap bounds how many run
+(the others are reported as skipped).
+
+Printed: outcomes per category (ok, failed = exit 1, usage = exit 2, and the defects: traceback,
+timeout, memory, bad-exit, unlocated, silent, nonfinite, invalid-stats), then one line per distinct
+defect (category, outcome, the first line of its message, how many cases). --failures DIR keeps every
+defective case's files and command line for reproduction.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import fuzz_cases  # noqa: E402
+from fuzz_cases import DEFECTS, OUTCOMES, Case, classify, write_case  # noqa: E402
+
+PLAN_SOURCES = {"1f1b": ["-D", "p=2", "-D", "m=4"], "gpipe": ["-D", "p=2", "-D", "m=2"],
+                "interleaved_1f1b": ["-D", "p=2", "-D", "v=2", "-D", "m=4"], "chimera": ["-D", "p=2", "-D", "m=4"],
+                "pipefisher": ["-D", "p=2", "-D", "m=2"]}
+
+
+def library_plans(workdir: Path) -> dict[str, dict]:
+    """Small plans of the library, compiled once by this process (in a child, as the cases are)."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    plans = {}
+    for name, defines in PLAN_SOURCES.items():
+        out = workdir / f"plan-{name}"
+        result = CliRunner().invoke(main, ["compile", name, *defines, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        plans[name] = json.loads((out / "plan.json").read_text())
+    return plans
+
+
+def start(case: Case, directory: Path, memory: int) -> int:
+    """Fork a child that runs `schedc ARGV` in `directory` (stdout, stderr to files there); its pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler reports; a case just ends
+        os.setsid()
+        for fd, name in ((1, ".stdout"), (2, ".stderr")):
+            handle = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(handle, fd)
+            os.close(handle)
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        os.chdir(directory)
+        argv = case.resolved(str(directory))
+        sys.argv = ["schedc", *argv]
+        from schedc.cli import main
+        try:
+            main(args=argv, prog_name="schedc")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - what the fuzzer is looking for
+            traceback.print_exc()
+            code = 70
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    except BaseException:  # noqa: BLE001
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(71)
+
+
+FLOOD = 1024 * 1024  # more output than this from one case is a defect ("flood")
+KEEP = 128 * 1024  # bytes kept of the head and of the tail of a case's output
+
+
+def _read_capped(path: Path) -> str:
+    """A case's output, its middle left out past 2 x KEEP bytes (a flood of diagnostics is a defect of
+    its own, seen in the line count, not a reason for this process to hold gigabytes)."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        if size <= 2 * KEEP:
+            return handle.read().decode(errors="replace")
+        head = handle.read(KEEP)
+        handle.seek(size - KEEP)
+        tail = handle.read()
+    return (head.decode(errors="replace") + f"\n[... {size - 2 * KEEP} bytes left out ...]\n"
+            + tail.decode(errors="replace"))
+
+
+def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> tuple[str, str]:
+    stdout, stderr = _read_capped(directory / ".stdout"), _read_capped(directory / ".stderr")
+    code = None if status is None else (os.waitstatus_to_exitcode(status))
+    code = None if code is not None and code < 0 else code
+    output = stdout + "\n#stderr#\n" + stderr
+    outcome = classify(case, str(directory), code, output, timed_out)
+    size = (directory / ".stdout").stat().st_size + (directory / ".stderr").stat().st_size
+    if size > FLOOD and outcome not in DEFECTS:
+        outcome = "flood"
+    return outcome, output
+
+
+def run_all(cases: list[Case], args, workdir: Path, small_plan: bytes, results: list):
+    """Run the cases, appending (index, case, outcome, output, seconds) to `results` as they finish."""
+    running: dict[int, tuple[int, Case, Path, float]] = {}
+    queue = list(enumerate(cases))
+    memory = int(args.memory_gib * 2 ** 30)
+    begun = time.monotonic()
+    try:
+        while queue or running:
+            while queue and len(running) < args.jobs:
+                index, case = queue.pop(0)
+                directory = workdir / f"case-{index:06d}"
+                write_case(case, directory, small_plan)
+                pid = start(case, directory, memory)
+                running[pid] = (index, case, directory, time.monotonic())
+            time.sleep(0.002)
+            for pid, (index, case, directory, started) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                elapsed = time.monotonic() - started
+                timed_out = False
+                if not done and elapsed > args.timeout:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    done, status = os.waitpid(pid, 0)
+                    timed_out = True
+                if not done:
+                    continue
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # whatever the case left running (torchrun workers, dot)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                del running[pid]
+                outcome, output = finish(case, directory, status, timed_out)
+                results.append((index, case, outcome, output, elapsed))
+                if outcome in DEFECTS and args.failures:
+                    keep = Path(args.failures) / f"{outcome}-{case.category}-{index:06d}"
+                    shutil.copytree(directory, keep, dirs_exist_ok=True, ignore=_special_files)
+                    (keep / "argv.json").write_text(json.dumps(case.argv))
+                shutil.rmtree(directory, ignore_errors=True)
+                if args.progress and len(results) % args.progress == 0:
+                    print(f"  {len(results)} cases, {time.monotonic() - begun:.0f} s", file=sys.stderr, flush=True)
+    finally:  # interrupted: end the cases still running (each leads a process group of its own)
+        for pid in running:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _special_files(directory: str, names: list[str]) -> list[str]:
+    """Devices and pipes a case made (reading the full device never ends): not copied."""
+    return [n for n in names if not (os.path.isfile(os.path.join(directory, n)) or os.path.isdir(os.path.join(directory, n)))]
+
+
+def headline(output: str) -> str:
+    """The first line that says what went wrong, with the case's directory taken out."""
+    lines = [l for l in output.splitlines() if l.strip() and l != "#stderr#"]
+    for pattern in ("Error:", "Error", "error:", "rror"):
+        for line in reversed(lines) if pattern.endswith("Error") else lines:
+            if pattern in line:
+                return _strip_dir(line)[:150]
+    return _strip_dir(lines[-1])[:150] if lines else "(no output)"
+
+
+def _strip_dir(line: str) -> str:
+    import re
+    return re.sub(r"\S*/case-\d+/?", "", re.sub(r"\d{2,}", "N", line))
+
+
+def report(results, skipped: Counter, seconds: float) -> None:
+    table: dict[str, Counter] = defaultdict(Counter)
+    for _, case, outcome, _, _ in results:
+        table[case.category][outcome] += 1
+    shown = [o for o in OUTCOMES if any(table[c][o] for c in table)] + ["skipped"] * bool(skipped)
+    print(f"{'category':<12}" + "".join(f"{o:>14}" for o in shown) + f"{'cases':>8}")
+    total = Counter()
+    for category in sorted(table):
+        row = table[category] + Counter({"skipped": skipped[category]})
+        total += row
+        print(f"{category:<12}" + "".join(f"{row[o]:>14}" for o in shown) + f"{sum(row.values()):>8}")
+    print(f"{'all':<12}" + "".join(f"{total[o]:>14}" for o in shown) + f"{sum(total.values()):>8}")
+    defects = sum(total[o] for o in DEFECTS)
+    slowest = max((r[4] for r in results), default=0.0)
+    print(f"\n{len(results)} cases run in {seconds:.0f} s ({sum(skipped.values())} skipped), "
+          f"slowest {slowest:.1f} s; defects: {defects}")
+    for defect in DEFECTS:
+        print(f"  {defect}: {total[defect]}")
+    groups: dict[tuple, list] = defaultdict(list)
+    for index, case, outcome, output, elapsed in results:
+        if outcome in DEFECTS:
+            groups[(case.category, outcome, headline(output))].append((index, case, elapsed))
+    if groups:
+        print("\ndistinct defects (category, outcome, message, cases, e.g.):")
+    for (category, outcome, line), found in sorted(groups.items(), key=lambda g: -len(g[1])):
+        example = found[0][1].describe()
+        print(f"  [{category}] {outcome} x{len(found)}: {line}\n      e.g. schedc {example[:160]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=10000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
+    parser.add_argument("--timeout", type=float, default=20.0, help="seconds per case (default 20)")
+    parser.add_argument("--memory-gib", type=float, default=4.0, help="address-space cap per case")
+    parser.add_argument("--run-cap", type=int, default=200, help="at most this many `schedc run` cases")
+    parser.add_argument("--no-slow", action="store_true", help="leave out Graphviz and torchrun cases")
+    parser.add_argument("--only", default=None, help="comma-separated categories to run")
+    parser.add_argument("--failures", default=None, help="keep defective cases here")
+    parser.add_argument("--progress", type=int, default=1000, help="a line every N cases (0: none)")
+    args = parser.parse_args()
+    if args.count < 1 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0:
+        parser.error("--count, --jobs, --timeout and --memory-gib must be positive")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import schedc.cli  # noqa: F401 - imported once, before forking
+    workdir = Path(tempfile.mkdtemp(prefix="schedc-fuzz-"))
+    try:
+        plans = library_plans(workdir)
+        small = (workdir / "plan-1f1b" / "plan.json").read_bytes()
+        generated = fuzz_cases.cases(args.seed, args.count, plans, allow_slow=not args.no_slow)
+        only = set(args.only.split(",")) if args.only else None
+        chosen, skipped, runs = [], Counter(), 0
+        for case in generated:
+            if only and case.category not in only:
+                continue
+            if case.argv[:1] == ["run"]:
+                runs += 1
+                if runs > args.run_cap:
+                    skipped[case.category] += 1
+                    continue
+            chosen.append(case)
+        print(f"schedc fuzz: seed {args.seed}, {len(chosen)} of {len(generated)} cases, "
+              f"timeout {args.timeout:g} s, memory cap {args.memory_gib:g} GiB, {args.jobs} at once", flush=True)
+        begun, results = time.monotonic(), []
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: report what finished
+        try:
+            run_all(chosen, args, workdir, small, results)
+        except KeyboardInterrupt:
+            print(f"interrupted: the counts below are of the {len(results)} cases that finished", flush=True)
+        report(sorted(results, key=lambda r: r[0]), skipped, time.monotonic() - begun)
+        return 0
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""Generated hostile inputs for the whole command line, shared by tests/test_fuzz_cli.py (a few hundred
+cases in process) and benchmarks/fuzz_cli.py (tens of thousands, each in its own process).
+
+A case is a category, an argv for `schedc` and the files it needs. Paths in argv and file contents
+name the case's directory as `{d}`. `classify` turns what a run printed and returned into one outcome:
+ok (exit 0), failed (1), usage (2), or a defect: traceback, timeout, memory, bad-exit (outside {0, 1,
+2} or a signal), unlocated (an error about a .sched or .csv input without line:column), silent (a
+non-zero exit with no error line), nonfinite (exit 0 printing inf or nan), invalid-stats (the stats of a
+schedule that failed its checks printed as if real), flood (over 1 MiB of output; told by the runner).
+
+Every generator is seeded: `cases(seed, n)` gives the same cases on every machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY = {p.stem: p.read_text() for p in sorted((ROOT / "schedules").glob("*.sched"))}
+FIXTURES = {p.name: p.read_text() for p in sorted((ROOT / "tests" / "fixtures").rglob("*.sched"))}
+
+DEFECTS = ("traceback", "timeout", "memory", "bad-exit", "unlocated", "silent", "nonfinite", "invalid-stats",
+           "flood")
+OUTCOMES = ("ok", "failed", "usage") + DEFECTS
+
+
+@dataclass
+class Case:
+    category: str
+    argv: list[str]
+    files: dict[str, bytes] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()      # files (names in `files`) whose errors must be located
+    slow: bool = False                # starts torchrun or Graphviz on something big: benchmark only
+
+    def resolved(self, directory: str) -> list[str]:
+        return [a.replace("{d}", directory) for a in self.argv]
+
+    def describe(self) -> str:
+        return " ".join(self.argv)
+
+
+# Numbers a hostile user types -------------------------------------------------------------------
+
+INT_EXTREMES = ["0", "-1", "1", "2", "3", "7", "64", "65", "1000", "100000", "1000000", "10000000",
+                "1000000000", "2147483648", "9223372036854775808", "99999999999999999999999999999",
+                "1" + "0" * 400]
+FLOAT_EXTREMES = ["0.5", "-0.5", "1.5", "1e308", "1e309", "1e999", "-1e308", "1e-320", "4.9e-324",
+                  "1.0", "2.0", "0.0", "-0.0", "nan", "NaN", "inf", "-inf", "Infinity", "1e3", "3e0"]
+JUNK_NUMBERS = ["", "abc", "0x10", "1_000", "１", "1e", "--1", "+4", " 4 ", "4.", ".5", "True", "None",
+                "p", "m", "2**10", "1/0", "\x00", "4;5", "١"]
+ALL_NUMBERS = INT_EXTREMES + FLOAT_EXTREMES + JUNK_NUMBERS
+
+# Source tokens ---------------------------------------------------------------------------------
+
+TOKEN = re.compile(r'\s+|#[^\n]*|"(?:[^"\\\n]|\\.)*"|\d+\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?'
+                   r'|[A-Za-z_]\w*|\.\.|->|//|\*\*|<=|>=|==|!=|.', re.S)
+KEYWORDS = ["schedule", "param", "require", "devices", "pipeline", "stages", "device", "microbatches",
+            "replicate", "cost", "memory", "limit", "backward", "split", "queue", "by", "on", "let", "for",
+            "in", "if", "else", "greedy", "inflight", "task", "after", "keeps", "at", "end", "fill",
+            "bubbles", "with", "and", "or", "not", "min", "max", "ceil", "floor", "abs", "F", "B", "I",
+            "W", "s", "i", "d", "c", "p", "m", "v", "k", "w", "h", "X", "Y", "up", "down", "main"]
+PUNCT = ["(", ")", "{", "}", ",", ";", ".", "..", "->", "=", "*", "**", "/", "//", "%", "+", "-", "<",
+         "<=", "==", "!=", ">", '"x"', '"', "#", "\n", "\\", "$", "é", "\t", "0.", "1e", "9" * 30]
+
+# Statements and expressions inserted into library files: each a plausible way to break one rule.
+SNIPPETS = [
+    "devices {N}", "param z = {N}", "require {N} > 0 \"z\"", "let q = {N}", "let q = (-{N}) ** 0.5",
+    "let q = (0 - 2) ** 0.5", "let q = {N} ** {N}", "let q = 10 ** 64 * 10 ** 64", "let q = 1 / 0",
+    "let q = 1e308 * 10", "let q = -(1e308 * 10) + 1e308 * 10", "let q = {N} // 0", "let q = {N} % 0",
+    "for k2 in 0 .. {N} {{ }}", "for k2 in 0 .. {N} {{ let z = k2 }}", "for k2 in -{N} .. {N} {{ }}",
+    "for k2 in 0 .. {N} {{ for k3 in 0 .. {N} {{ }} }}", "F * {N}", "B * {N}", "(F B) * {N}",
+    "F * (-{N})", "F * 0.5", "F * (1e308 * 10)", "F(0, {N})", "F({N}, 0)", "F(-1, 0)", "B.up",
+    "cost F = {N}", "cost F = -{N}", "cost F = 1e308 * 10", "cost B(s) = 1 / (s - 1)", "cost F = (0-1) ** 0.5",
+    "memory F = {N}", "memory F = -1", "limit memory <= {N}", "limit memory <= 1e308 * 10",
+    "limit memory <= (0-1) ** 0.5", "queue F by ({N} // i)", "queue F by (i ** {N})", "queue B by ((0-i) ** 0.5)",
+    "greedy inflight <= {N}", "task t(s, i) = {N} after F(s, i)", "task t(s) = 1 after B(s, *) split {N}",
+    "task t(s, i) = -1 after F(s, i)", "fill bubbles with t split {N}", "backward split",
+    "pipeline extra {{ stages {N}; device s -> s; microbatches {N} }}",
+    "pipeline extra {{ stages 2; device s -> s * {N}; microbatches 0 .. {N} }}",
+    "replicate main, main", "on device {N} {{ F }}", "on device d {{ F * {N} }}",
+    "let q = min()", "let q = abs(1, 2)", "let q = ceil(1e308 * 10)", "let q = floor((0-1) ** 0.5)",
+]
+
+
+def _tokens(text: str) -> list[str]:
+    return TOKEN.findall(text)
+
+
+def _extreme(rng: random.Random) -> str:
+    return rng.choice(INT_EXTREMES + FLOAT_EXTREMES[:12])
+
+
+def _deep(rng: random.Random, depth: int) -> str:
+    kind = rng.random()
+    if kind < 0.4:
+        return "(" * depth + "1" + ")" * depth
+    if kind < 0.6:
+        return "-" * depth + "1"
+    if kind < 0.8:
+        return "1" + " + 1" * depth
+    return "not " * depth + "1"
+
+
+def mutate_sched(rng: random.Random, text: str) -> str:
+    """One to four grammar-aware edits: number tokens replaced by extremes, names by other names or
+    keywords, tokens dropped, doubled, swapped or inserted, snippets inserted at statement borders,
+    deep nesting, and torn endings."""
+    toks = _tokens(text)
+    for _ in range(rng.randint(1, 4)):
+        if not toks:
+            toks = [""]
+        k = rng.randrange(len(toks))
+        choice = rng.random()
+        if choice < 0.25:
+            numbers = [j for j, t in enumerate(toks) if t[:1].isdigit()]
+            if numbers:
+                toks[rng.choice(numbers)] = rng.choice(ALL_NUMBERS[:37] + ["(0-1)", "(1/0)", "0.5"])
+        elif choice < 0.35:
+            names = [j for j, t in enumerate(toks) if t[:1].isalpha()]
+            if names:
+                toks[rng.choice(names)] = rng.choice(KEYWORDS)
+        elif choice < 0.43:
+            del toks[k]
+        elif choice < 0.48:
+            toks.insert(k, toks[k])
+        elif choice < 0.53 and k + 2 < len(toks):
+            toks[k], toks[k + 2] = toks[k + 2], toks[k]
+        elif choice < 0.61:
+            toks.insert(k, " " + rng.choice(KEYWORDS + PUNCT) + " ")
+        elif choice < 0.86:
+            snippet = rng.choice(SNIPPETS).replace("{N}", _extreme(rng)).replace("{{", "{").replace("}}", "}")
+            borders = [j for j, t in enumerate(toks) if "\n" in t or t in ("{", ";")] or [len(toks) - 1]
+            toks.insert(rng.choice(borders) + 1, f"\n{snippet}\n")
+        elif choice < 0.93:
+            numbers = [j for j, t in enumerate(toks) if t[:1].isdigit()] or [k]
+            toks[rng.choice(numbers)] = _deep(rng, rng.choice([10, 150, 199, 201, 400, 1000, 5000, 50000]))
+        else:
+            cut = rng.randrange(len("".join(toks)) + 1)
+            return "".join(toks)[:cut]
+    return "".join(toks)
+
+
+# Command lines --------------------------------------------------------------------------------
+
+def _compiler_command(rng: random.Random, target: str, allow_slow: bool) -> tuple[list[str], bool]:
+    """A subcommand that reads a schedule, with plausible options: (argv, slow)."""
+    kind = rng.choices(["check", "simulate", "compile", "render", "export"], [5, 4, 2, 2, 1])[0]
+    if kind == "check":
+        return ["check", target], False
+    if kind == "simulate":
+        extra = rng.choice([[], ["--json"], ["--latency", rng.choice(["0.5", "1", "0"])]])
+        return ["simulate", target, *extra], False
+    if kind == "compile":
+        return ["compile", target, "-o", "{d}/out"], False
+    if kind == "export":
+        return ["export", target, "-o", "{d}/out.csv"], False
+    ext = rng.choice([".dot", ".json", ".dot", ".svg", ".html"] if allow_slow else [".dot", ".json"])
+    dag = ["--dag"] if ext in (".dot", ".svg") and rng.random() < 0.3 else []
+    return ["render", target, "-o", "{d}/out" + ext, *dag], ext in (".svg", ".html")
+
+
+def sched_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    name, text = rng.choice(list(LIBRARY.items()) + list(FIXTURES.items()) * (rng.random() < 0.2))
+    name = Path(name).stem
+    data = mutate_sched(rng, text).encode("utf-8", "surrogatepass")
+    if rng.random() < 0.03:
+        data = data[: rng.randrange(len(data) + 1)] + bytes([rng.choice([0, 0xff, 0xc3, 0x80])]) + data[1:]
+    argv, slow = _compiler_command(rng, "{d}/" + name + ".sched", allow_slow)
+    return Case("sched", argv, {name + ".sched": data}, (name + ".sched",), slow)
+
+
+def _params(text: str) -> list[str]:
+    return re.findall(r"^param (\w+)", text, re.M)
+
+
+def define_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """-D with numeric extremes (and junk) for the params of every library schedule."""
+    name, text = rng.choice(list(LIBRARY.items()))
+    params = _params(text) + ["nope"] * (rng.random() < 0.05)
+    defines = []
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        param = rng.choice(params)
+        value = rng.choice(ALL_NUMBERS)
+        form = rng.random()
+        defines += ["-D", f"{param}={value}" if form < 0.9 else rng.choice([param, f"={value}", f"{param} = {value}"])]
+    argv, slow = _compiler_command(rng, name, allow_slow and rng.random() < 0.2)
+    return Case("define", argv[:2] + defines + argv[2:], {}, (), slow)
+
+
+# torch CSV schedules ---------------------------------------------------------------------------
+
+def _export_rows(p: int, m: int, kind: str) -> list[list[str]]:
+    """Valid torch CSV rows written here by hand (GPipe or 1F1B), the start of most CSV mutations."""
+    rows = []
+    for d in range(p):
+        if kind == "gpipe":
+            rows.append([f"{d}F{i}" for i in range(m)] + [f"{d}B{i}" for i in range(m)])
+            continue
+        w, row, f, b = min(p - 1 - d, m), [], 0, 0
+        row += [f"{d}F{j}" for j in range(w)]
+        f = w
+        while f < m:
+            row += [f"{d}F{f}", f"{d}B{b}"]
+            f, b = f + 1, b + 1
+        row += [f"{d}B{j}" for j in range(b, m)]
+        rows.append(row)
+    return rows
+
+
+CELL_JUNK = ["", " ", "0F", "F0", "0X0", "-1F0", "0F-1", "0f0", "0F0.5", "0F99999999", "99999999F0",
+             "0F" + "9" * 400, "9" * 400 + "B0", "0SEND_F1", "1RECV_B0", "0REDUCE_GRAD", "UNSHARD", "2RESHARD3",
+             "(0F0;0B0)OVERLAP_F_B", "((0F0;0B0)OVERLAP_F_B;0F1)OVERLAP_F_B", "()OVERLAP_F_B", "(0F0",
+             '"0F0"', '"0F0', '"0F0,0B0"', '"a""b"', "0I0", "0W0", "\t0F0", "0F0\r", "é", "\x00", "0F0;0B0"]
+
+
+def csv_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Malformed torch CSVs of every shape: edited valid schedules, junk cells, huge numbers, long rows,
+    many ranks, quoting, overlap nesting, blank lines, bad bytes."""
+    p, m = rng.choice([1, 2, 3, 4]), rng.choice([1, 2, 4, 8])
+    rows = _export_rows(p, m, rng.choice(["gpipe", "1f1b"]))
+    shape = rng.random()
+    if shape < 0.5:
+        for _ in range(rng.randint(1, 5)):
+            r = rng.randrange(len(rows))
+            row = rows[r]
+            edit = rng.random()
+            k = rng.randrange(len(row) + 1)
+            if edit < 0.35:
+                row.insert(k, rng.choice(CELL_JUNK))
+            elif edit < 0.5 and row:
+                del row[min(k, len(row) - 1)]
+            elif edit < 0.65 and row:
+                row.insert(k, rng.choice(row))
+            elif edit < 0.8 and row:
+                cell = row[min(k, len(row) - 1)]
+                row[min(k, len(row) - 1)] = re.sub(r"\d+", lambda _: rng.choice(INT_EXTREMES[:14]), cell, count=1)
+            else:
+                rows.insert(rng.randrange(len(rows) + 1), [])
+    elif shape < 0.62:
+        cell = rng.choice(["0F0", "0F99999999", "1B3", "", "0F0", "(0F0;0F1)OVERLAP_F_B"])
+        rows = [[cell] * rng.choice([1000, 10000, 100000 if allow_slow else 20000])]
+    elif shape < 0.72:
+        count = rng.choice([100, 1000, 5000] if allow_slow else [50, 300])
+        rows = [[f"{r}F0", f"{r}B0"] for r in range(count)]
+    elif shape < 0.8:
+        big = rng.choice(["99999999", "100000", "9999999999999", "1" + "0" * 30])
+        rows = [[f"{big}F0", "0F0", "0B0"], [f"0F{big}", f"0B{big}"], [f"{big}F{big}"]][:rng.randint(1, 3)]
+    elif shape < 0.88:
+        depth = rng.choice([10, 100, 1000, 20000])
+        rows = [["(" * depth + "0F0" + ")OVERLAP_F_B" * depth]]
+    else:
+        rows = [[rng.choice(CELL_JUNK) for _ in range(rng.randint(0, 6))] for _ in range(rng.randint(0, 5))]
+    sep = rng.choice([",", ",", ",", ";", ", ", "\t"])
+    eol = rng.choice(["\n", "\n", "\r\n", "\r"])
+    text = eol.join(sep.join(row) for row in rows) + rng.choice([eol, ""])
+    data = text.encode("utf-8", "surrogatepass")
+    if rng.random() < 0.05:
+        data = rng.choice([b"\xef\xbb\xbf", b"\xff\xfe", b""]) + data + rng.choice([b"\xff", b"\x00", b""])
+    argv, slow = _compiler_command(rng, "{d}/sched.csv", allow_slow and rng.random() < 0.2)
+    if rng.random() < 0.15:
+        argv[2:2] = ["-D", f"m={rng.choice(ALL_NUMBERS)}"]
+    return Case("csv", argv, {"sched.csv": data}, ("sched.csv",), slow)
+
+
+# Plans -----------------------------------------------------------------------------------------
+
+def plan_hash(obj: dict, nest: str = "") -> str:
+    """The content hash of docs/plan-format.md (SHA-256 of the compact, key-sorted JSON of everything
+    but format, version and hash), recomputed as a careless tool would after an edit; `nest` is the
+    text that stands in for _NEST."""
+    body = {k: v for k, v in obj.items() if k not in ("format", "version", "hash")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.replace(json.dumps(_NEST), nest, 1).encode()).hexdigest()
+
+
+PLAN_VALUES = [0, -1, 1, 2, 3, 99, 10 ** 9, 2 ** 64, 1.5, None, "x", "1", [], {}, True, [0, 0], [[[]]],
+               [1] * 5, -(2 ** 63)]
+
+
+def _paths(obj, prefix=()):
+    """Every (path, value) in a JSON tree, skipping the big per-instruction lists' bulk."""
+    yield prefix, obj
+    if len(prefix) > 12:
+        return
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _paths(value, prefix + (key,))
+    elif isinstance(obj, list):
+        picks = range(len(obj)) if len(obj) <= 6 else sorted({0, 1, len(obj) // 2, len(obj) - 1})
+        for index in picks:
+            yield from _paths(obj[index], prefix + (index,))
+
+
+def _set(obj, path, value):
+    for key in path[:-1]:
+        obj = obj[key]
+    if value is _DELETE:
+        del obj[path[-1]]
+    else:
+        obj[path[-1]] = value
+
+
+_DELETE = object()
+_NEST = "\u0000nest\u0000"  # stands for a deep nest of lists, spliced into the text (json.dumps would recurse)
+
+
+def mutate_plan(rng: random.Random, plan: dict) -> bytes:
+    obj, depth = json.loads(json.dumps(plan)), 0
+    for _ in range(rng.randint(1, 3)):
+        try:
+            paths = [p for p, _ in _paths(obj) if p and p[0] not in ("format", "version", "hash")]
+            path = rng.choice(paths)
+            edit = rng.random()
+            parent = obj
+            for key in path[:-1]:
+                parent = parent[key]
+            if edit < 0.55:
+                _set(obj, path, rng.choice(PLAN_VALUES))
+            elif edit < 0.65:
+                _set(obj, path, _DELETE)
+            elif edit < 0.75 and isinstance(parent, list):
+                parent.insert(path[-1], json.loads(json.dumps(parent[path[-1]])))
+            elif edit < 0.82:
+                steps = [s for r in obj.get("ranks", []) if isinstance(r, dict) for s in r.get("steps", [])
+                         if isinstance(s, list)]
+                if steps:
+                    step = rng.choice(steps)
+                    kept = [i for i in step if not (isinstance(i, dict) and i.get("op") == "STEP")]
+                    step[:] = kept if rng.random() < 0.5 else kept + [{"op": "STEP", "stage": None, "mb": None}] * 2
+            elif edit < 0.9:
+                _set(obj, path, _NEST)
+                depth = rng.choice([50, 500, 5000, 100000])
+            else:
+                if isinstance(obj.get("ranks"), list) and obj["ranks"]:
+                    rng.shuffle(obj["ranks"])
+                    if rng.random() < 0.5:
+                        obj["ranks"].pop()
+        except (TypeError, KeyError, IndexError, AttributeError):
+            continue  # an earlier edit changed the shape this one expected
+    nest = "[" * depth + "0" + "]" * depth
+    if rng.random() < 0.85:
+        obj["hash"] = plan_hash(obj, nest)
+    text = json.dumps(obj).replace(json.dumps(_NEST), nest, 1)
+    if rng.random() < 0.05:
+        text = text[: rng.randrange(len(text))]
+    if rng.random() < 0.03:
+        text = text.replace("0", "NaN", 1)
+    return text.encode()
+
+
+def plan_case(rng: random.Random, plans: dict[str, dict], allow_slow: bool = True) -> Case:
+    """An edited plan for render (always) or run (the one-process reference, or a few real launches)."""
+    name = rng.choice(sorted(plans))
+    data = mutate_plan(rng, plans[name])
+    command = rng.random()
+    if command < 0.6 or not allow_slow:
+        ext = rng.choice([".dot", ".json", ".dot", ".svg"] if allow_slow else [".dot", ".json"])
+        argv = ["render", "{d}/plan.json", "-o", "{d}/out" + ext]
+        return Case("plan-render", argv, {"plan.json": data}, (), ext == ".svg")
+    tiny = ["--steps", "1", "--layers", "1", "--hidden", "8", "--heads", "1", "--seq", "8", "--mb-size", "1",
+            "--vocab", "256", "--threads", "1", "--quiet", "--timeout", "15"]
+    if command < 0.93:
+        return Case("plan-run", ["run", "{d}/plan.json", "--reference", *tiny], {"plan.json": data}, (), True)
+    return Case("plan-launch", ["run", "{d}/plan.json", *tiny], {"plan.json": data}, (), True)
+
+
+FULL = b"@full"  # written as a device that is always full (like /dev/full), where the runner may make one
+
+# Bad options -----------------------------------------------------------------------------------
+
+COST_FILES = ['{"F": 1, "B": 2}', '{"F": -1}', '{"F": 1e999}', '{"F": NaN}', '{"F": Infinity}', '{"F": [1]}',
+              '{"F": [1, 2, 3, 4, 5, 6, 7, 8, 9]}', '{"F": "x"}', '{"F": true}', '[1, 2]', '{', '',
+              '{"F": 1e308, "B": 1e308}', '{"memory": {"B": -1}}', '{"memory": {"B": 1e999}}',
+              '{"memory": []}', '{"F": 0, "B": 0}', '{"nope": 1}', '{"F": [1e-320, 1e-320, 1e-320, 1e-320]}',
+              '{"F": 1, "B": 1e308, "memory": {"B": 1e308}}']
+PROFILES = ["bs,time_f,time_b\n1,1,2\n", "bs,time_f,time_b\n1,-1,2\n", "bs,time_f,time_b\n1,nan,2\n",
+            "bs,time_f,time_b\n1e999,1,2\n", "bs\n1\n", "", "bs,time_f,time_b\nx,1,2\n",
+            "bs,time_f,time_b,mem_act,mem_save_err\n1,1,2,0,5\n", "bs,time_f,time_b\n1,1e308,1e308\n",
+            "bs,time_f,time_b\n99999999999999999999999,1,2\n", "bs,time_f,time_b\n1,1,2\n1,3,4\n", "\xff"]
+MODELS = ["layers = 4\nhidden = 64\n", "layers = -1\n", "layers = 1e999\n", "[model\n", "layers = 'x'\n",
+          "hidden = 99999999999999999999\n", "", "layers = 0\nhidden = 0\n", "layers = nan\n"]
+LIMITS = ["80GiB", "1", "0", "-1", "-1GiB", "1e999GiB", "nan", "inf", "abc", "1.5TB", "GiB", "", "9" * 400,
+          "1e308GiB", "0.5B"]
+TRACES = ['{"traceEvents": []}', '[]', '{', '{"traceEvents": [{"ph": "X", "ts": 1e999, "dur": -1, "name": "F"}]}',
+          '{"traceEvents": [{"ph": "X", "ts": 0, "dur": 1, "name": "F", "args": {"stage": 99, "mb": -1}, "pid": 0}]}',
+          '{"traceEvents": [{"ph": "X", "ts": "x"}]}', '{"traceEvents": [{"ph": "X", "ts": NaN, "dur": 1, "name": "F", "pid": 0}]}']
+OUT_PATHS = ["{d}/missing/dir/x", "{d}/file.txt/x", "{d}/full", "/proc/nope/x", "{d}", "", "{d}/a\x01b",
+             "{d}/out"]
+
+
+def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Bad options to every subcommand: latencies, output paths, costs files, profiles, model files,
+    memory limits, measured traces, the runtime's numbers, unknown commands and flags."""
+    name = rng.choice(sorted(LIBRARY))
+    files: dict[str, bytes] = {"file.txt": b"x", "full": FULL}
+    kind = rng.random()
+    if kind < 0.15:
+        argv = [rng.choice(["simulate", "compile", "render"]), name, "--latency", rng.choice(ALL_NUMBERS)]
+        if argv[0] == "render":
+            argv += ["-o", "{d}/x.dot"]
+        elif argv[0] == "compile":
+            argv += ["-o", "{d}/out"]
+    elif kind < 0.35:
+        command = rng.choice(["compile", "render", "export", "render", "export"])
+        out = rng.choice(OUT_PATHS)
+        if command == "render":
+            out += rng.choice([".dot", ".json", ".svg", ".html", ".txt", ""])
+        elif command == "export":
+            out += rng.choice([".csv", ""])
+        argv = [command, rng.choice(["1f1b", "gpipe", "chimera"]), "-o", out]
+    elif kind < 0.5:
+        files["costs.json"] = rng.choice(COST_FILES).encode()
+        argv = [rng.choice(["check", "simulate", "compile"]), rng.choice(["1f1b", "pipefisher", "gpipe"]),
+                "--costs", "{d}/costs.json"]
+        if argv[0] == "compile":
+            argv += ["-o", "{d}/out"]
+    elif kind < 0.6:
+        files["profile.csv"] = rng.choice(PROFILES).encode()
+        argv = [rng.choice(["check", "simulate"]), rng.choice(["pipefisher", "1f1b"]), "--profile",
+                "{d}/profile.csv", "--microbatch-size", rng.choice(["1", "0", "-1", "x", "1" + "0" * 30])]
+    elif kind < 0.7:
+        files["model.toml"] = rng.choice(MODELS).encode()
+        argv = ["check", name, "--model", "{d}/model.toml", "--memory-limit", rng.choice(LIMITS)]
+    elif kind < 0.75:
+        files["trace.json"] = rng.choice(TRACES).encode()
+        argv = ["render", "1f1b", "-D", "p=2", "-D", "m=2", "--measured", "{d}/trace.json", "-o", "{d}/x.dot"]
+    elif kind < 0.93:
+        option = rng.choice(["--nproc", "--steps", "--timeout", "--dp", "--every", "--lr", "--warmup",
+                             "--layers", "--hidden", "--heads", "--seq", "--mb-size", "--vocab", "--threads",
+                             "--save", "--resume", "--fault-kill", "--config", "--bogus", "--seed"])
+        value = (rng.choice(["{d}/missing", "{d}/file.txt", "/proc/x", "{d}/full"])
+                 if option in ("--save", "--resume", "--config") else rng.choice(ALL_NUMBERS))
+        files["plan.json"] = b"@plan"  # replaced by a small valid plan when the case is written
+        argv = ["run", "{d}/plan.json", option, value, "--steps", "1"] if option != "--steps" else \
+            ["run", "{d}/plan.json", option, value]
+    else:
+        argv = rng.choice([["nope"], ["check"], ["check", "--bogus", name], ["export", name, "--format", "x", "-o", "x"],
+                           ["check", "{d}/missing.sched"], ["check", "{d}/file.txt"], ["check", "{d}"],
+                           ["render", name, "-o", "{d}/x.dot", "--microbatch-size", "4"],
+                           ["check", name, "--costs", "{d}/file.txt", "--profile", "{d}/file.txt"],
+                           ["run"], ["run", "{d}/missing.json"], ["run", "{d}/file.txt"], ["list", "x"],
+                           ["check", "/dev/null"], ["check", "/dev/zero.sched"], ["demo", "--steps", "0"]])
+    return Case("options", argv, files, (), False)
+
+
+GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 15), "csv": (csv_case, 20),
+              "plan": (None, 15), "options": (option_case, 10)}
+
+
+def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
+    """The case's files in `directory`: a plan placeholder becomes a small valid plan, FULL a device
+    that refuses every write with ENOSPC (a character device 1:7 when this process may make one,
+    else left out)."""
+    import os
+    import stat
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in case.files.items():
+        if data == FULL:
+            try:
+                os.mknod(directory / name, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+            except OSError:
+                pass
+            continue
+        (directory / name).write_bytes(small_plan if data == b"@plan" else data)
+
+
+def cases(seed: int, count: int, plans: dict[str, dict], allow_slow: bool = True) -> list[Case]:
+    """`count` cases drawn in fixed proportions (see GENERATORS), the same for the same seed."""
+    rng = random.Random(seed)
+    names, weights = zip(*((n, w) for n, (_, w) in GENERATORS.items()))
+    out = []
+    for _ in range(count):
+        kind = rng.choices(names, weights)[0]
+        case = plan_case(rng, plans, allow_slow) if kind == "plan" else GENERATORS[kind][0](rng, allow_slow)
+        out.append(case)
+    return out
+
+
+# Verdicts -------------------------------------------------------------------------------------
+
+_ERROR_LINE = re.compile(r"^(.*?)(:\d+:\d+)?: error: (.*)$", re.M)
+_NONFINITE = re.compile(r"(?<![\w.])(-?inf|nan|Infinity|NaN)(?![\w])", re.I)
+
+
+def classify(case: Case, directory: str, code: int | None, output: str, timed_out: bool) -> str:
+    """One outcome (see OUTCOMES) for a finished case; `code` None when killed by a signal."""
+    if timed_out:
+        return "timeout"
+    if "MemoryError" in output:
+        return "memory"
+    if "Traceback (most recent call last)" in output:
+        return "traceback"
+    if code not in (0, 1, 2):
+        return "bad-exit"
+    if code == 0:
+        stdout_numbers = output.split("\n#stderr#\n", 1)[0]
+        if case.argv[0] in ("simulate", "compile") and _NONFINITE.search(stdout_numbers):
+            return "nonfinite"
+        return "ok"
+    if "error" not in output.lower():
+        return "silent"
+    inputs = {f"{directory}/{name}" for name in case.inputs}
+    for path, where, message in _ERROR_LINE.findall(output):
+        if path.strip() in inputs and not where and not re.search(r"-D|--\w", message):
+            return "unlocated"
+    if code == 1 and case.argv[0] == "simulate" and re.search(r"utilization|\"makespan\"", output):
+        return "invalid-stats"
+    return "failed" if code == 1 else "usage"
