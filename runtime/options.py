@@ -128,8 +128,11 @@ MAX_PARAMETERS = 10 ** 11  # far past what one process can hold; refused before 
 def model_parameters(cfg: ModelConfig) -> float:
     """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block);
     a float, so that absurd sizes do not make absurd integers."""
-    hidden = float(cfg.hidden)
-    return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
+    try:
+        hidden = float(cfg.hidden)
+        return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
+    except OverflowError:  # a size past 1e308
+        return float("inf")
 
 
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:

@@ -163,7 +163,8 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return [cell for part in parts for cell in _cell(part, span, diags)]
     why = ("communication cells belong to torch's compute_comms format; export the compute-only schedule"
            if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
-    diags.append(error(f"bad cell {stripped!r}: {why}", span))
+    shown = stripped if len(stripped) <= 24 else stripped[:24] + "..."  # a cell may hold a whole row
+    diags.append(error(f"bad cell {shown!r}: {why}", span))
     return []
 
 
