@@ -121,14 +121,18 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
 
 
 MAX_THREADS = 1024
+MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PARAMETERS = 10 ** 11  # far past what one process can hold; refused before torch tries to allocate it
 
 
 def model_parameters(cfg: ModelConfig) -> float:
     """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block);
     a float, so that absurd sizes do not make absurd integers."""
-    hidden = float(cfg.hidden)
-    return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
+    try:
+        hidden = float(cfg.hidden)
+        return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
+    except OverflowError:  # a size past 1e308
+        return float("inf")
 
 
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
@@ -155,8 +159,11 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
 def _read_toml(path: str) -> tuple[dict, dict]:
     try:
         with open(path, "rb") as handle:
-            doc = tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+            text = handle.read(MAX_CONFIG_BYTES + 1)  # a device (/dev/zero) never ends
+        if len(text) > MAX_CONFIG_BYTES:
+            raise OptionError(f"--config {path}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
+        doc = tomllib.loads(text.decode())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise OptionError(f"--config {path}: {exc}") from None
     table = {**{k: v for k, v in doc.items() if k != "model"}, **doc.get("model", {})}
     known = {f.name for f in fields(ModelConfig)} - {"extra"}
@@ -197,6 +204,8 @@ def _check(opts: argparse.Namespace) -> None:
                           f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
+    if not (opts.data or opts.synthetic or opts.model) and cfg.vocab < 256:  # before torchrun, not on each rank
+        raise OptionError(f"byte-level text needs --vocab 256 or more (got {cfg.vocab}); or use --synthetic")
     if opts.data and opts.synthetic:
         raise OptionError("give one of --data and --synthetic")
     if sum(bool(f) for f in (opts.fault_kill, opts.fault_hang, opts.fault_stop)) > 1:

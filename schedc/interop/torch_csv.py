@@ -173,7 +173,8 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return _overlap(overlap.group(1), span, diags)
     why = ("communication cells belong to torch's compute_comms format"
            if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
-    diags.append(error(f"bad cell {stripped!r}: {why}", span))
+    shown = stripped if len(stripped) <= 24 else stripped[:24] + "..."  # a cell may hold a whole row
+    diags.append(error(f"bad cell {shown!r}: {why}", span))
     return []
 
 

@@ -53,7 +53,15 @@ def read_events(path: str) -> list[dict]:
 
 
 def load_measured(path: str, schedule: Schedule) -> MeasuredRun:
-    """The last measured step of a trace, with its time scale against the simulation of `schedule`."""
+    """The last measured step of a trace, with its time scale against the simulation of `schedule`;
+    a field of the wrong type (a "ts" of "x") is a usage error naming the file."""
+    try:
+        return _load_measured(path, schedule)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise _usage(f"not a usable measured trace: {type(exc).__name__}: {exc}", path) from None
+
+
+def _load_measured(path: str, schedule: Schedule) -> MeasuredRun:
     events = [e for e in read_events(path)
               if e.get("name") != "wait" and _args(e).get("op", e.get("name")) not in NOT_COMPUTE]
     if not events:
