@@ -18,8 +18,9 @@ its first one have run and their messages arrived, and (without a split backward
 backward, still has the backwards of the stages before it to wait for; then the end-of-step tail of
 the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
 (`--exhaustive` simulates every candidate that fits, as the reference). Schedules whose order depends
-on the costs (greedy), that declare tasks, fill bubbles or memory beyond activations are compiled
-whole for every candidate (predict.compile_for), without the bound.
+on the costs (greedy), that declare tasks, fill bubbles, memory beyond activations or a mixed backward
+(DualPipe's overlapped pairs) are compiled whole for every candidate (predict.compile_for), without
+the bound.
 """
 from __future__ import annotations
 
@@ -165,6 +166,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
     search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
     from .frontend import ast
     from .frontend.library import library_files, resolve
+    from .frontend.compose import compose
     from .frontend.parse import parse_source, read_source
     names = list(names)
     default = not names
@@ -177,7 +179,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
             known = ", ".join(p.stem for p in library_files())
             raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
         source = read_source(path)
-        decl = parse_source(source)
+        decl = compose(parse_source(source), source)  # extends, use: the whole schedule
         params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
         tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
         if default and (tasks or not set(params) <= set(SEARCHED)):
@@ -185,7 +187,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         if "p" not in params or "m" not in params:
             raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
                         f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
-        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
+        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl, ast.MixedBackward)) for d in decl.decls)
         split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
         entries.append(Entry(path.stem if default else name, decl, source, params, split, plain))
     return entries
