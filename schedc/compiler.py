@@ -3,6 +3,8 @@ checks, timing, bubble filling, lowering to a plan and the plan's check. `compil
 entry point; the command line, the demo, the renderer and the tests call it."""
 from __future__ import annotations
 
+import re
+
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -14,7 +16,7 @@ from .checks.deadlock import check_deadlock
 from .checks.memory import check_memory
 from .checks.census import Census, census
 from .checks.structure import check_structure
-from .diagnostics import Diagnostic, SchedError, Source, error, has_errors
+from .diagnostics import Diagnostic, SchedError, Source, Span, error, has_errors
 from .frontend.compose import compose
 from .frontend.elaborate import Options, elaborate
 from .ir import Schedule
@@ -200,8 +202,19 @@ def _with_imported_comms(compiled: Compiled, path) -> Compiled:
     if streams is None or compiled.plan is None:
         return compiled
     plan = Plan(compiled.plan.meta, tuple((stream,) for stream in streams))
+    source = compiled.schedule.source
     return Compiled(compiled.schedule, compiled.timing, compiled.stats, plan,
-                    [d for d in compiled.diagnostics] + check_channels(plan))
+                    [d for d in compiled.diagnostics] + [_at_rank_row(d, source) for d in check_channels(plan)])
+
+
+def _at_rank_row(diagnostic: Diagnostic, source: Source) -> Diagnostic:
+    """A channel fault of an imported compute_comms CSV, located at the row of the rank it names first
+    (a CSV row is a rank), so the error points into the file like every other."""
+    found = re.search(r"\brank (\d+)", diagnostic.message)
+    line = int(found.group(1)) + 1 if found else 1
+    if diagnostic.span is not None or not source.line(line):
+        return diagnostic
+    return replace(diagnostic, span=Span(line, 1, line, len(source.line(line)) + 1))
 
 
 def parse_defines(values: Iterable[str]) -> dict[str, str]:

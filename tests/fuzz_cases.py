@@ -180,7 +180,7 @@ def _params(text: str) -> list[str]:
 def define_case(rng: random.Random, allow_slow: bool = True) -> Case:
     """-D with numeric extremes (and junk) for the params of every library schedule."""
     name, text = rng.choice(list(LIBRARY.items()))
-    params = _params(text) + ["nope"] * (rng.random() < 0.05)
+    params = (_params(text) or ["p", "m"]) + ["nope"] * (rng.random() < 0.05)  # a composed file's come from its base
     defines = []
     for _ in range(rng.choice([1, 1, 2, 3])):
         param = rng.choice(params)
