@@ -360,6 +360,7 @@ def test_memory_over_time_of_a_filled_cycle_counts_kept_gradients_and_factors(na
 def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
     from click.testing import CliRunner
     from schedc.cli import main
-    result = CliRunner().invoke(main, ["render", "pipefisher", "--dag", "-o", str(tmp_path / "x.svg")])
-    assert result.exit_code == 2 and "has 9,560 edges among its 784 ops" in result.output, result.output
+    result = CliRunner().invoke(main, ["render", "pipefisher", "-D", "p=4", "-D", "m=16", "--dag", "-o",
+                                       str(tmp_path / "x.svg")])
+    assert result.exit_code == 2 and "has 2,036 edges among its 552 ops" in result.output, result.output
     assert "limit 1,500" in result.output and not (tmp_path / "x.svg").exists()
