@@ -339,6 +339,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                              if op.kind == OpKind.I)
         chosen = set(map(OP_KEY, chain.from_iterable(orders)))
         grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
+        if task_decls:  # a task after (or keeping) B(s, i) waits for the backward the program chose
+            task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
+            keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
         deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
     declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
     if not fused and declared_fb is not None:
@@ -349,6 +352,13 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
                     split_of=split_of, fused=tuple(fused))
+
+
+def _chosen_backward(found: tuple[Op, ...], split_of: frozenset, canonical: dict) -> tuple[Op, ...]:
+    """With `backward mixed`, a dependency on B(s, i) where the program ran I(s, i) + W(s, i) instead
+    names that I: it computes the same input gradient from the same received one."""
+    return tuple(canonical[(OpKind.I.value, d.stage, d.mb, d.pipe, d.part)]
+                 if d.kind == OpKind.B and (d.pipe, d.stage, d.mb) in split_of else d for d in found)
 
 
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
