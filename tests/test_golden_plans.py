@@ -52,7 +52,9 @@ def _digest(data: str | bytes) -> str:
     """The first 16 hex digits of the sha256 of `data`; the checkout's own path (library files are named
     by it in diagnostics) is taken out first, so the goldens hold in any clone."""
     if isinstance(data, str):
-        data = data.replace(str(Path(__file__).resolve().parent.parent) + "/", "")
+        from importlib.resources import files
+        for root in (Path(__file__).resolve().parent.parent, Path(str(files("schedc.schedules"))).parent):
+            data = data.replace(f"{root}/", "")
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
 
 
