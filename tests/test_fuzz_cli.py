@@ -45,8 +45,9 @@ def _raise_alarm(signum, frame):
     raise _Alarm()
 
 
-def test_fuzzed_command_lines_keep_the_promise(generated, tmp_path):
+def test_fuzzed_command_lines_keep_the_promise(generated, tmp_path, monkeypatch):
     cases, small_plan = generated
+    monkeypatch.chdir(tmp_path)  # relative output paths (an empty one plus a suffix, `.csv`) land here
     assert len(cases) > 300 and {c.category for c in cases} >= {"sched", "define", "csv", "plan-render", "options"}
     failures = []
     previous = signal.signal(signal.SIGPROF, _raise_alarm)
