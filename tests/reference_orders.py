@@ -88,6 +88,7 @@ class _MockStage:
         self.is_last = stage_index == num_stages - 1
         self.stage_index_to_group_rank = {}
         self.has_backward = True
+        self.submod = None  # the split-backward schedules' torch.compile check finds no module
 
 
 def _torch_interleaved_schedule(p: int, v: int, m: int):

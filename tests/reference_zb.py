@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from reference_orders import _MockStage  # the stage attributes torch's constructors read
+
 Op = tuple
 Unit = tuple  # an Op or a pair (forward Op, backward Op)
 Orders = list  # list[list[Unit]]
@@ -71,23 +73,6 @@ def placement_dual(p: int):
 # --------------------------------------------------------------------------------------------
 # torch 2.13's own orders
 # --------------------------------------------------------------------------------------------
-
-class _MockStage:
-    """The attributes of a ``_PipelineStageBase`` that the schedules' constructors read (no process
-    group is needed: each constructor computes the order of every rank).  ``submod`` is None so the
-    torch.compile check of the split-backward schedules has no module to look at."""
-
-    def __init__(self, stage_index: int, num_stages: int, group_rank: int, group_size: int):
-        self.stage_index = stage_index
-        self.num_stages = num_stages
-        self.group_rank = group_rank
-        self.group_size = group_size
-        self.is_first = stage_index == 0
-        self.is_last = stage_index == num_stages - 1
-        self.stage_index_to_group_rank = {}
-        self.has_backward = True
-        self.submod = None
-
 
 def _torch():
     from torch.distributed.pipelining import schedules
