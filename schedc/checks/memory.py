@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
 from ..grid import elide, label, location
@@ -230,35 +229,14 @@ def parse_bytes(text: str) -> float:
 
 def load_model(path: str) -> Model:
     """Read a model description (TOML); errors are located in the file (exit 2)."""
-    import tomllib  # only `check --model` reads TOML; compiles skip the import
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SchedError(error(f"cannot read model description: {getattr(exc, 'strerror', None) or exc}"),
-                         Source(path, ""), exit_code=2) from None
-    source = Source(path, text)
-    try:
-        table = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        found = re.search(r"line (\d+), column (\d+)", str(exc))
-        lines = text.splitlines() or [""]
-        span = (Span(int(found.group(1)), int(found.group(2))) if found
-                else Span(len(lines), len(lines[-1]) + 1))  # "at end of document"
-        raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source, exit_code=2) from None
-    return _model(table, source)
-
-
-def _key_span(source: Source, key: str) -> Span | None:
-    for number, line in enumerate(source.text.splitlines(), 1):
-        if re.match(rf"\s*{re.escape(key)}\s*=", line):
-            column = line.index(key) + 1
-            return Span(number, column, number, column + len(key))
-    return None
+    from ..cluster import read_toml
+    return _model(*read_toml(path, "model description"))
 
 
 def _model(table: dict, source: Source) -> Model:
+    from ..cluster import locate
     diags = [error(f"unknown key '{key}' (keys: {', '.join([*MODEL_KEYS, *CLUSTER_MODEL_KEYS])})",
-                   _key_span(source, key)) for key in table if key not in MODEL_KEYS and key not in CLUSTER_MODEL_KEYS]
+                   locate(source, key)) for key in table if key not in MODEL_KEYS and key not in CLUSTER_MODEL_KEYS]
     values = {}
     for key, kind in MODEL_KEYS.items():
         value = table.get(key)
@@ -270,7 +248,7 @@ def _model(table: dict, source: Source) -> Model:
               and (value > 0 if kind is int else value in DTYPES))
         if not ok:
             want = "a positive integer" if kind is int else "one of " + ", ".join(DTYPES)
-            diags.append(error(f"'{key}' must be {want}, got {value!r}", _key_span(source, key)))
+            diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
         values[key] = value
     if diags:
         raise SchedError(diags, source, exit_code=2)
