@@ -175,18 +175,21 @@ def locate(source: Source, key: str, table: str | None = None) -> Span:
     return header or Span(1, 1)
 
 
-def load_model_spec(path: str) -> ModelSpec:
-    """Read a model description; every bad or missing field is reported, located (exit 2)."""
-    table, source = read_toml(path, "model description")
-    diags: list[Diagnostic] = [error(f"unknown key '{k}' (keys: {', '.join(_MODEL_FIELDS)})", locate(source, k))
-                               for k in table if k not in _MODEL_FIELDS]
+def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
+                also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:
+    """A model table's values and what is wrong with them, each located: unknown keys (those in `also`
+    are read by another consumer and let through), missing required ones, integers that are not
+    positive, dtypes not in DTYPE_BYTES. The one field rule for every model description."""
+    known = [*fields, *also]
+    diags: list[Diagnostic] = [error(f"unknown key '{k}' (keys: {', '.join(known)})", locate(source, k))
+                               for k in table if k not in known]
     values = {}
-    for key, kind in _MODEL_FIELDS.items():
+    for key, kind in fields.items():
         value = table.get(key)
         if value is None:
-            if key not in _MODEL_OPTIONAL:
-                diags.append(error(f"missing key '{key}' (the model needs {', '.join(k for k in _MODEL_FIELDS if k not in _MODEL_OPTIONAL)})",
-                                   Span(1, 1)))
+            if key not in optional:
+                needed = ", ".join(k for k in fields if k not in optional)
+                diags.append(error(f"missing key '{key}' (the model needs {needed})", Span(1, 1)))
             continue
         ok = (isinstance(value, kind) and not isinstance(value, bool)
               and (value > 0 if kind is int else value in DTYPE_BYTES))
@@ -194,6 +197,13 @@ def load_model_spec(path: str) -> ModelSpec:
             want = "a positive integer" if kind is int else "one of " + ", ".join(DTYPE_BYTES)
             diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
         values[key] = value
+    return values, diags
+
+
+def load_model_spec(path: str) -> ModelSpec:
+    """Read a model description; every bad or missing field is reported, located (exit 2)."""
+    table, source = read_toml(path, "model description")
+    values, diags = read_fields(table, source, _MODEL_FIELDS, _MODEL_OPTIONAL)
     if not diags and values["hidden"] % values["heads"]:
         diags.append(error(f"'heads' ({values['heads']}) must divide 'hidden' ({values['hidden']})",
                            locate(source, "heads")))

@@ -19,8 +19,8 @@ from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
-from ..memory import PERSISTENT, Held, first_over, holdings, peak_of
-from ..memory import memory_deltas, timed_model
+from ..cluster import DTYPE_BYTES, read_fields, read_toml
+from ..memory import PERSISTENT, Held, first_over, holdings, memory_deltas, peak_of, timed_model
 from ..timing import Timing
 
 TOLERANCE = 1e-9
@@ -112,7 +112,6 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
 
 MODEL_KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "microbatch_size": int, "dtype": str}
 CLUSTER_MODEL_KEYS = {"vocab": int, "ffn": int}  # read by the cost model (schedc/cluster.py), accepted here
-DTYPES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4, "float": 4}
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -130,7 +129,7 @@ class Model:
 
     @property
     def width(self) -> int:
-        return DTYPES[self.dtype]
+        return DTYPE_BYTES[self.dtype]
 
     def activation_bytes_per_layer(self) -> float:
         s, b, h, a = self.seq, self.microbatch_size, self.hidden, self.heads
@@ -229,27 +228,11 @@ def parse_bytes(text: str) -> float:
 
 def load_model(path: str) -> Model:
     """Read a model description (TOML); errors are located in the file (exit 2)."""
-    from ..cluster import read_toml
     return _model(*read_toml(path, "model description"))
 
 
 def _model(table: dict, source: Source) -> Model:
-    from ..cluster import locate
-    diags = [error(f"unknown key '{key}' (keys: {', '.join([*MODEL_KEYS, *CLUSTER_MODEL_KEYS])})",
-                   locate(source, key)) for key in table if key not in MODEL_KEYS and key not in CLUSTER_MODEL_KEYS]
-    values = {}
-    for key, kind in MODEL_KEYS.items():
-        value = table.get(key)
-        if value is None:
-            if key != "dtype":
-                diags.append(error(f"missing key '{key}'", Span(1, 1)))
-            continue
-        ok = (isinstance(value, kind) and not isinstance(value, bool)
-              and (value > 0 if kind is int else value in DTYPES))
-        if not ok:
-            want = "a positive integer" if kind is int else "one of " + ", ".join(DTYPES)
-            diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
-        values[key] = value
+    values, diags = read_fields(table, source, MODEL_KEYS, {"dtype"}, also=tuple(CLUSTER_MODEL_KEYS))
     if diags:
         raise SchedError(diags, source, exit_code=2)
     return Model(**values)
