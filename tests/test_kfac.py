@@ -18,11 +18,17 @@ from schedc.runtime.kfac import DAMPING, EMA, damped_inverse, layer_input, preco
 from schedc.runtime.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-COSTS = {"unit": "ms", "F": 0.14, "B": 0.16, "curvature_A": 0.01, "curvature_B": 0.01, "inversion": 0.2,
-         "precondition": 0.07}
+# measured-like costs (ms): the K-FAC work is small beside F and B, so a refresh takes a few steps even
+# where the bubbles are nearly gone (ZB-H1, DualPipeV); I + W = B and DualPipeV's F&B = F + B (no
+# overlap gain). With the add-on's own costs (forward units: inversion 8, curvature 1.3 per layer, F 1)
+# the p = 2, m = 4 cycle is 20 steps on ZB-H1 and 12 on DualPipeV: each device has 1 (2) units of
+# bubble per step, 0.9 (1.8) of it taken by precondition every step, for 21 (42) units of refresh.
+COSTS = {"unit": "ms", "F": 0.14, "B": 0.16, "I": 0.08, "W": 0.08, "FB": 0.3, "curvature_A": 0.01,
+         "curvature_B": 0.01, "inversion": 0.2, "precondition": 0.07}
 MODEL = ModelConfig(layers=2, hidden=16, heads=2, seq=8, vocab=32, mb_size=4)
 SEED, STEPS, LR = 0, 6, 0.05
 RTOL = 1e-5
+BACKWARDS = {"zb_h1": {"I", "W"}, "dualpipev": {"B", "I", "W"}}  # the backward ops of a plan, else B only
 
 
 def test_factors_inverses_and_preconditioned_gradient_match_dense():
@@ -109,8 +115,10 @@ def _distance(pipeline: list[dict[int, dict]], reference: list[dict], start: lis
     ("pipefisher", {"p": 2, "m": 4}, 2, STEPS, 2, False),
     ("pipefisher_1f1b", {"p": 2, "m": 4}, 2, STEPS, 2, False),
     ("pipefisher", {"p": 4, "m": 4}, 4, 8, 2, True),
-    ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, 2, 8, 3, False)],
-    ids=["chimera", "1f1b", "chimera-lagged", "interleaved-with-kfac"])
+    ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, 2, 8, 3, False),
+    ("zb_h1", {"p": 2, "m": 4}, 2, STEPS, 2, False),
+    ("dualpipev", {"p": 2, "m": 4}, 2, 9, 4, False)],
+    ids=["chimera", "1f1b", "chimera-lagged", "interleaved-with-kfac", "zb_h1-with-kfac", "dualpipev-with-kfac"])
 def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, params, ranks, steps, cycle, lagged):
     """The plan's run (Chimera: factors and inverse shares exchanged between the replicas at the end of
     the step; 1F1B: everything local) against K-FAC on the unpartitioned model in this process, with the
@@ -119,16 +127,22 @@ def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, param
     so steps 0-1 are plain SGD, 2-3 use step 0's curvature and 4-5 step 2's). Chimera on 4 ranks has
     its inversions lagged by the fill: they run in the cycle after their curvature, in its first
     step, on the previous refresh's factors (none in the first cycle), so steps 0-2 are plain SGD,
-    3-4 use step 0's curvature and 5-6 step 2's. Interleaved 1F1B gets the same work from the add-on
-    (`--with kfac`), 2 chunks per rank, a cycle of 3. Losses and final weights agree; a reference
-    without staleness or without K-FAC does not."""
-    plan_path = _compile(tmp_path, schedule, ("kfac",) if schedule == "interleaved_1f1b" else (), **params)
+    3-4 use step 0's curvature and 5-6 step 2's. Interleaved 1F1B, ZB-H1 and DualPipeV get the same
+    work from the add-on (`--with kfac`): interleaved 2 chunks per rank, a cycle of 3; ZB-H1 a split
+    backward (the output gradients curvature_B reads come from I), a cycle of 2; DualPipeV 2 chunks per
+    rank in a V, full backwards in the steady state (inside overlapped F&B ops) and split ones in
+    warm-up and drain, a cycle of 4 with inversions cut in 2 pieces over 2 steps. Losses and final
+    weights agree; a reference without staleness or without K-FAC does not."""
+    addons = () if schedule.startswith("pipefisher") else ("kfac",)
+    plan_path = _compile(tmp_path, schedule, addons, **params)
     plan = json.loads(plan_path.read_text())
-    stages = params["p"] * params.get("v", 1)
+    stages = plan["stages"]
     found, inversion, _ = plan_staleness(plan)
     assert found == cycle and sorted(inversion) == list(range(stages))
-    assert (min(inversion.values()) >= cycle) == lagged == bool(json.loads(plan_path.read_text())["stats"]["lagged"])
+    assert (min(inversion.values()) >= cycle) == lagged == bool(plan["stats"]["lagged"])
     assert steps > cycle + max(inversion.values()) + 1  # some steps use the second refresh
+    ops = {instr["op"] for rank in plan["ranks"] for step in rank["steps"] for instr in step}
+    assert ops & {"B", "I", "W"} == BACKWARDS.get(schedule, {"B"})
 
     model = replace(MODEL, layers=max(MODEL.layers, stages))  # a layer per stage at least
 
