@@ -55,6 +55,7 @@ class Saved:
     y: torch.Tensor
     grad: torch.Tensor | None = None  # output gradient, from I to W
     groups: list | None = None  # intermediate gradients for W (split backward)
+    head: torch.Tensor | None = None  # stage 0 split: its first piece's output, x a detached copy of it
 
 
 class Executor:
@@ -72,6 +73,11 @@ class Executor:
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
             Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end}
         self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
+        # stage 0 has no input gradient; where its backward is split, I still computes the gradients
+        # inside the stage (tasks between I and W read them, e.g. K-FAC's curvature_B), down to the
+        # output of its first piece (the embedding), which W then carries into that piece's weights
+        self.split_first = any(instr.op == Opcode.I and instr.stage == 0
+                               for program in plan.ranks[world.plan_rank] for instr in program)
         self.tensors: dict[tuple[str, int, int], torch.Tensor | Pending] = {}
         self.saved: dict[tuple[int, int], Saved] = {}  # also read by user tasks
         self.task_state: dict = {}  # free for user task handlers
@@ -163,12 +169,19 @@ class Executor:
 
     def forward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
+        head, start = None, 0
         if s == 0:
             x = self.batch.microbatch(self.world.replica * self.microbatches + mb)[0]
             x = x.to(self.world.device, non_blocking=True)
+            if self.split_first and len(self.stages[s].pieces) > 1:
+                head = self.stages[s].pieces[0](x)
+                if head.is_floating_point() and head.requires_grad:
+                    x, start = head.detach().requires_grad_(), 1
+                else:  # nothing to differentiate at the boundary: W does the whole backward
+                    head = None
         else:
             x = self.take((*fed_by(instr.op, s), mb)).requires_grad_()
-        y = self.stages[s](x)
+        y = self.stages[s](x, start)
         if s == self.last:
             targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
             loss = lm_loss(y, targets.to(self.world.device, non_blocking=True))
@@ -176,7 +189,7 @@ class Executor:
             y = loss * self.scale
         else:
             self.tensors[("F", s, mb)] = y.detach()
-        self.saved[(s, mb)] = Saved(x, y)
+        self.saved[(s, mb)] = Saved(x, y, head=head)
 
     def _grad_out(self, s: int, mb: int) -> torch.Tensor | None:
         return None if s == self.last else self.take((*fed_by(OpKind.B, s), mb))
@@ -187,6 +200,7 @@ class Executor:
         torch.autograd.backward(saved.y, self._grad_out(s, mb))
         if s > 0:
             self.tensors[("B", s, mb)] = saved.x.grad
+        self._into_head(saved)
 
     def backward_input(self, instr: Instr) -> None:
         """The input gradient only; W later computes the weight gradients from the intermediate
@@ -194,14 +208,17 @@ class Executor:
         s, mb = instr.stage, instr.mb
         saved = self.saved[(s, mb)]
         saved.grad = self._grad_out(s, mb)
-        if s == 0:
+        if s == 0 and saved.head is None:
             return  # no input gradient to send: W does the whole backward
         if split_backward is None:
             (grad_x,) = torch.autograd.grad(saved.y, saved.x, saved.grad, retain_graph=True)
         else:
             grads = None if saved.grad is None else [saved.grad]
             (grad_x,), saved.groups = split_backward[0]([saved.y], grads, [saved.x], self._params(s))
-        self.tensors[("B", s, mb)] = grad_x
+        if s > 0:
+            self.tensors[("B", s, mb)] = grad_x
+        else:  # kept for W, which carries it into the first piece
+            saved.x.grad = grad_x
 
     def backward_weight(self, instr: Instr) -> None:
         saved = self.saved[(instr.stage, instr.mb)]
@@ -209,6 +226,12 @@ class Executor:
             split_backward[1](self._params(instr.stage), saved.groups)
         else:
             torch.autograd.backward(saved.y, saved.grad, inputs=self._params(instr.stage))
+        self._into_head(saved)
+
+    def _into_head(self, saved: Saved) -> None:
+        """Stage 0 split at its first piece: the gradient of the piece's output into its weights."""
+        if saved.head is not None:
+            torch.autograd.backward(saved.head, saved.x.grad)
 
     def _params(self, stage: int) -> list[torch.nn.Parameter]:
         return [p for p in self.stages[stage].parameters() if p.requires_grad]

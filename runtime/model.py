@@ -97,8 +97,10 @@ class Stage(nn.Module):
         self.names = [name for name, _ in pieces]
         self.pieces = nn.ModuleList(module for _, module in pieces)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for piece in self.pieces:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The pieces from `start` on (the executor runs stage 0's first piece apart where its backward
+        is split)."""
+        for piece in self.pieces[start:]:
             x = piece(x)
         return x
 

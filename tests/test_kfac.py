@@ -28,7 +28,7 @@ COSTS = {"unit": "ms", "F": 0.14, "B": 0.16, "I": 0.08, "W": 0.08, "FB": 0.3, "c
 MODEL = ModelConfig(layers=2, hidden=16, heads=2, seq=8, vocab=32, mb_size=4)
 SEED, STEPS, LR = 0, 6, 0.05
 RTOL = 1e-5
-BACKWARDS = {"zb_h1": {"I", "W"}, "dualpipev": {"B", "I", "W"}}  # the backward ops of a plan, else B only
+BACKWARDS = {"zb_h1": {"I", "W"}, "dualpipev": {"B", "I", "W"}, "v_half": {"I", "W"}}  # else B only
 
 
 def test_factors_inverses_and_preconditioned_gradient_match_dense():
@@ -111,14 +111,27 @@ def _distance(pipeline: list[dict[int, dict]], reference: list[dict], start: lis
     return weights, updates
 
 
+def _curvature_between_i_and_w(plan: dict) -> set[tuple[int, int]]:
+    """The (stage, microbatch) pairs whose curvature_B runs after their I and before their W."""
+    found = set()
+    for rank in plan["ranks"]:
+        for step in rank["steps"]:
+            at = {(instr["op"], instr["stage"], instr["mb"]): n for n, instr in enumerate(step)}
+            found |= {(s, mb) for (op, s, mb), n in at.items() if op == "curvature_B"
+                      and at.get(("I", s, mb), n) < n < at.get(("W", s, mb), n)}
+    return found
+
+
 @pytest.mark.parametrize("schedule,params,ranks,steps,cycle,lagged", [
     ("pipefisher", {"p": 2, "m": 4}, 2, STEPS, 2, False),
     ("pipefisher_1f1b", {"p": 2, "m": 4}, 2, STEPS, 2, False),
     ("pipefisher", {"p": 4, "m": 4}, 4, 8, 2, True),
     ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, 2, 8, 3, False),
     ("zb_h1", {"p": 2, "m": 4}, 2, STEPS, 2, False),
-    ("dualpipev", {"p": 2, "m": 4}, 2, 9, 4, False)],
-    ids=["chimera", "1f1b", "chimera-lagged", "interleaved-with-kfac", "zb_h1-with-kfac", "dualpipev-with-kfac"])
+    ("dualpipev", {"p": 2, "m": 4}, 2, 9, 4, False),
+    ("v_half", {"p": 2, "m": 4}, 2, 7, 3, False)],
+    ids=["chimera", "1f1b", "chimera-lagged", "interleaved-with-kfac", "zb_h1-with-kfac", "dualpipev-with-kfac",
+         "v_half-with-kfac"])
 def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, params, ranks, steps, cycle, lagged):
     """The plan's run (Chimera: factors and inverse shares exchanged between the replicas at the end of
     the step; 1F1B: everything local) against K-FAC on the unpartitioned model in this process, with the
@@ -131,8 +144,10 @@ def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, param
     work from the add-on (`--with kfac`): interleaved 2 chunks per rank, a cycle of 3; ZB-H1 a split
     backward (the output gradients curvature_B reads come from I), a cycle of 2; DualPipeV 2 chunks per
     rank in a V, full backwards in the steady state (inside overlapped F&B ops) and split ones in
-    warm-up and drain, a cycle of 4 with inversions cut in 2 pieces over 2 steps. Losses and final
-    weights agree; a reference without staleness or without K-FAC does not."""
+    warm-up and drain, a cycle of 4 with inversions cut in 2 pieces over 2 steps; V-Half a split
+    backward whose curvature_B of stage 0 runs between its I and W (stage 0 has no input gradient, yet
+    its I must compute the gradients inside the stage). Losses and final weights agree; a reference
+    without staleness or without K-FAC does not."""
     addons = () if schedule.startswith("pipefisher") else ("kfac",)
     plan_path = _compile(tmp_path, schedule, addons, **params)
     plan = json.loads(plan_path.read_text())
@@ -143,6 +158,8 @@ def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, param
     assert steps > cycle + max(inversion.values()) + 1  # some steps use the second refresh
     ops = {instr["op"] for rank in plan["ranks"] for step in rank["steps"] for instr in step}
     assert ops & {"B", "I", "W"} == BACKWARDS.get(schedule, {"B"})
+    if schedule == "v_half":
+        assert 0 in {s for s, _ in _curvature_between_i_and_w(plan)}
 
     model = replace(MODEL, layers=max(MODEL.layers, stages))  # a layer per stage at least
 
