@@ -5,7 +5,9 @@
 # or a SEND) pops it, so an activation is dropped at its last use. RECV_* puts a pending irecv there,
 # waited for right before the consumer; SEND_* posts an isend, dropped once complete and waited for
 # before STEP at the latest. The saved state of (stage, mb) for backward lives in `saved` from F to
-# its last use (B, W, or a user task, possibly of the next step: see lifetimes.py).
+# its last use (B, W, or a user task, possibly of the next step: see lifetimes.py). OVERLAP_F_B runs
+# its forward and backward as one instruction: in sequence on CPU, on two CUDA streams on a GPU
+# (runtime/overlap.py).
 from __future__ import annotations
 
 import os
@@ -22,8 +24,9 @@ import torch.distributed as dist
 from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
-from .lifetimes import plan_lifetimes
+from .lifetimes import freed_by, plan_lifetimes
 from .model import Stage, lm_loss
+from .overlap import CudaStreams, run_overlapped
 from .tasks import setup_tasks, task_handler
 from .world import World
 
@@ -56,6 +59,7 @@ class Saved:
     grad: torch.Tensor | None = None  # output gradient, from I to W
     groups: list | None = None  # intermediate gradients for W (split backward)
     head: torch.Tensor | None = None  # stage 0 split: its first piece's output, x a detached copy of it
+    stream: Any = None  # the CUDA stream F ran on (its backward's kernels run there too); None on CPU
 
 
 class Executor:
@@ -71,7 +75,8 @@ class Executor:
             Opcode.I: self.backward_input, Opcode.W: self.backward_weight,
             Opcode.SEND_F: self.send, Opcode.SEND_B: self.send,
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
-            Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end}
+            Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end,
+            Opcode.OVERLAP_F_B: self.overlap}
         self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
         # stage 0 has no input gradient; where its backward is split, I still computes the gradients
         # inside the stage (tasks between I and W read them, e.g. K-FAC's curvature_B), down to the
@@ -94,15 +99,18 @@ class Executor:
         self.wait_ns = 0
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
+        self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
         setup_tasks(self)  # task modules attach their state and hooks (runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
 
     def compile(self, programs: tuple[tuple[Instr, ...], ...], ignore_tasks: bool) -> list[list[tuple]]:
-        """Bind each instruction to its handler, with a flag where saved state is dropped after it."""
+        """Bind each instruction to its handler, with the (stage, mb) whose saved state is dropped after
+        it (None for none)."""
         self.lifetimes = plan_lifetimes(list(programs))
         return [[(self.table.get(instr.op) or self._task(instr.op, ignore_tasks), instr,
-                  index in self.lifetimes.frees[k]) for index, instr in enumerate(program)]
+                  freed_by(instr) if index in self.lifetimes.frees[k] else None)
+                 for index, instr in enumerate(program)]
                 for k, program in enumerate(programs)]
 
     def _task(self, name: str, ignore_tasks: bool) -> Callable[[Instr], None]:
@@ -119,7 +127,7 @@ class Executor:
         fault_at = len(program) // 2 if self.fault and self.fault[0] == step else -1
         clock = time.perf_counter_ns
         events = self.events if step < self.record_until else []
-        for index, (handler, instr, frees) in enumerate(program):
+        for index, (handler, instr, freed) in enumerate(program):
             if index == fault_at:
                 self._inject_fault(instr)
             self.current, self.started, self.wait_ns = instr, time.monotonic(), 0
@@ -129,8 +137,8 @@ class Executor:
             except Exception as exc:
                 raise ExecutionError(f"while executing {instr} (rank {self.rank}, step {step}): "
                                      f"{_describe(exc)}") from exc
-            if frees:
-                self.saved.pop((instr.stage, instr.mb), None)
+            if freed is not None:
+                self.saved.pop(freed, None)
             if self.device_timing:
                 torch.cuda.synchronize()
             events.append((step, index, start, clock(), self.wait_ns))
@@ -189,7 +197,7 @@ class Executor:
             y = loss * self.scale
         else:
             self.tensors[("F", s, mb)] = y.detach()
-        self.saved[(s, mb)] = Saved(x, y, head=head)
+        self.saved[(s, mb)] = Saved(x, y, head=head, stream=self.streams.current() if self.streams else None)
 
     def _grad_out(self, s: int, mb: int) -> torch.Tensor | None:
         return None if s == self.last else self.take((*fed_by(OpKind.B, s), mb))
@@ -232,6 +240,27 @@ class Executor:
         """Stage 0 split at its first piece: the gradient of the piece's output into its weights."""
         if saved.head is not None:
             torch.autograd.backward(saved.head, saved.x.grad)
+
+    def overlap(self, instr: Instr) -> None:
+        """OVERLAP_F_B: both halves, timed as this one instruction (run_overlapped: on CUDA on two
+        streams, else in the plan's order)."""
+        try:
+            run_overlapped(self, instr)
+        finally:
+            self.current = instr
+
+    def inputs(self, half: Instr) -> list[torch.Tensor]:
+        """The tensors a compute instruction of this rank reads that an earlier instruction made: its
+        input in flight (received or local) and, for a backward, the saved state of its forward."""
+        found = []
+        producer = fed_by(half.op, half.stage)
+        if producer is not None:
+            value = self.tensors.get((*producer, half.mb))
+            found += [] if value is None else [value.buffer if isinstance(value, Pending) else value]
+        saved = self.saved.get((half.stage, half.mb)) if half.op != OpKind.F else None
+        if saved is not None:
+            found += [t for t in (saved.x, saved.y, saved.grad) if t is not None]
+        return found
 
     def _params(self, stage: int) -> list[torch.nn.Parameter]:
         return [p for p in self.stages[stage].parameters() if p.requires_grad]

@@ -1,7 +1,8 @@
 # Lifetimes of saved activations: where the executor drops the saved state of (stage, mb) that F
 # created. It lives until its last use after the F in the same step program (B, W, or a user task
 # reading it); a user task of the next step program (a bubble-filled cycle, PipeFisher) that reads it
-# before that program's own F(stage, mb) keeps it alive across the step boundary.
+# before that program's own F(stage, mb) keeps it alive across the step boundary. An OVERLAP_F_B is
+# its two halves at its one index.
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ class Lifetimes:
 
 def is_user(instr: Instr) -> bool:
     return instr.mb is not None and (instr.op in USERS or instr.op not in BUILTIN)
+
+
+def freed_by(instr: Instr) -> tuple[int, int] | None:
+    """The (stage, mb) whose saved state is dropped after `instr` when an index of `frees` names it: its
+    own, an OVERLAP_F_B's backward half's (its forward half starts a state, never ends one)."""
+    users = [unit for unit in instr.units() if unit.op != Opcode.F]
+    return (users[0].stage, users[0].mb) if users else None
 
 
 def plan_lifetimes(programs: list[tuple[Instr, ...]]) -> Lifetimes:
@@ -52,7 +60,7 @@ def plan_lifetimes(programs: list[tuple[Instr, ...]]) -> Lifetimes:
 def _late_uses(program: tuple[Instr, ...]) -> dict[Key, int | None]:
     """For every F of the program: the index of the last use after it (None if unused)."""
     last: dict[Key, int | None] = {}
-    for index, instr in enumerate(program):
+    for index, instr in _units(program):
         key = (instr.stage, instr.mb)
         if instr.op == Opcode.F:
             last[key] = None
@@ -65,10 +73,17 @@ def _early_uses(program: tuple[Instr, ...]) -> dict[Key, int]:
     """Last index of a user task reading (stage, mb) before the program's own F(stage, mb)."""
     seen_f: set[Key] = set()
     early: dict[Key, int] = {}
-    for index, instr in enumerate(program):
+    for index, instr in _units(program):
         key = (instr.stage, instr.mb)
         if instr.op == Opcode.F:
             seen_f.add(key)
         elif key not in seen_f and instr.mb is not None and instr.op not in BUILTIN:
             early[key] = index
     return early
+
+
+def _units(program: tuple[Instr, ...]):
+    """(index, instruction) of the program, an OVERLAP_F_B's halves each at its index."""
+    for index, instr in enumerate(program):
+        for unit in instr.units():
+            yield index, unit

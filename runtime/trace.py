@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schedc.ops import OVERLAP, OpKind, label
 from schedc.plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS, Instr, Opcode, Plan
 
 NOT_COMPUTE = NOT_COMPUTE_INSTRS | {"wait"}  # and the runtime's wait events
@@ -17,7 +18,8 @@ NOT_COMPUTE = NOT_COMPUTE_INSTRS | {"wait"}  # and the runtime's wait events
 @dataclass(frozen=True, slots=True)
 class Event:
     """One timed instruction of one rank; times in ns since the common start; `wait` = time blocked on
-    a receive inside it (counted apart, so compute durations exclude it)."""
+    a receive inside it (counted apart, so compute durations exclude it). An OVERLAP_F_B is one event,
+    its halves (op, stage, mb) in `halves`."""
 
     rank: int
     step: int
@@ -27,6 +29,14 @@ class Event:
     start: int
     end: int
     wait: int
+    halves: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """F0.3, SEND_F0.3, STEP; an OVERLAP_F_B by its halves: F0.3 & B7.1."""
+        if self.halves:
+            return label(self.op, halves=tuple(event_name(*half) for half in self.halves))
+        return event_name(self.op, self.stage, self.mb)
 
 
 def event_name(op: str, stage: int | None, mb: int | None) -> str:
@@ -36,7 +46,8 @@ def event_name(op: str, stage: int | None, mb: int | None) -> str:
 
 
 def record(rank: int, step: int, instr: Instr, start: int, end: int, wait: int) -> Event:
-    return Event(rank, step, instr.op, instr.stage, instr.mb, start, end, wait)
+    halves = () if instr.halves is None else tuple((h.op, h.stage, h.mb) for h in instr.halves)
+    return Event(rank, step, instr.op, instr.stage, instr.mb, start, end, wait, halves)
 
 
 def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
@@ -47,9 +58,11 @@ def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
                     "args": {"name": f"rank {rank}"}})
     for e in events:
         args = {"op": e.op, "stage": e.stage, "mb": e.mb, "step": e.step}
+        if e.halves:
+            args["halves"] = [event_name(*half) for half in e.halves]
         if e.wait:
             out.append(_complete("wait", e.rank, e.start, e.start + e.wait, args))
-        out.append(_complete(event_name(e.op, e.stage, e.mb), e.rank, e.start + e.wait, e.end, args))
+        out.append(_complete(e.name, e.rank, e.start + e.wait, e.end, args))
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "otherData": {"schedule": plan.meta.get("schedule"), "hash": plan.hash}}
 
@@ -63,15 +76,23 @@ def is_compute(op: str) -> bool:
     return op not in NOT_COMPUTE
 
 
+def cost_key(e: Event) -> tuple[str, int | None]:
+    """(cost kind, stage) an event's duration measures: its own op and stage, an OVERLAP_F_B's the
+    overlapped cost `FB` at its forward's stage (as `cost FB` is declared and simulated)."""
+    forward = next((half for half in e.halves if half[0] == OpKind.F), None)
+    return (OVERLAP, forward[1]) if forward else (e.op, e.stage)
+
+
 def mean_costs(events: list[Event], stages: int) -> dict[str, list[float | None]]:
     """Mean compute duration (ms, waits excluded) per op kind and stage; a stage never seen running an
     op kind gets that kind's mean over the other stages."""
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * stages)
     counts: dict[str, list[int]] = defaultdict(lambda: [0] * stages)
     for e in events:
-        if is_compute(e.op) and e.stage is not None:
-            sums[e.op][e.stage] += (e.end - e.start - e.wait) / 1e6
-            counts[e.op][e.stage] += 1
+        kind, stage = cost_key(e)
+        if is_compute(e.op) and stage is not None:
+            sums[kind][stage] += (e.end - e.start - e.wait) / 1e6
+            counts[kind][stage] += 1
     means = {}
     for op in _ordered(sums):
         known = [sums[op][s] / n for s, n in enumerate(counts[op]) if n]
@@ -81,7 +102,7 @@ def mean_costs(events: list[Event], stages: int) -> dict[str, list[float | None]
 
 
 def _ordered(keys) -> list[str]:
-    builtin = [op.value for op in (Opcode.F, Opcode.B, Opcode.I, Opcode.W) if op.value in keys]
+    builtin = [op for op in (Opcode.F.value, Opcode.B.value, Opcode.I.value, Opcode.W.value, OVERLAP) if op in keys]
     return builtin + sorted(k for k in keys if k not in builtin)
 
 
@@ -135,14 +156,22 @@ def _simulated_work(plan: Plan) -> float:
     total = 0.0
     for steps in plan.ranks:
         for instr in (i for step in steps for i in step):
-            per_stage = costs.get(instr.op)
-            if not is_compute(instr.op) or instr.stage is None:
+            forward = next((h for h in instr.units() if h.op == OpKind.F), None)
+            if instr.halves is not None and _cost(costs, OVERLAP, forward.stage) is not None:
+                total += _cost(costs, OVERLAP, forward.stage)
                 continue
-            if isinstance(per_stage, list) and instr.stage < len(per_stage):
-                total += per_stage[instr.stage] / (instr.parts or 1)
-            elif isinstance(per_stage, (int, float)):
-                total += per_stage / (instr.parts or 1)
+            for unit in instr.units():
+                if is_compute(unit.op) and unit.stage is not None:
+                    total += (_cost(costs, unit.op, unit.stage) or 0.0) / (unit.parts or 1)
     return total
+
+
+def _cost(costs: dict, kind: str, stage: int) -> float | None:
+    """The plan's cost of `kind` at `stage` (a list per stage or one number), None when it has none."""
+    per_stage = costs.get(kind)
+    if isinstance(per_stage, list) and stage < len(per_stage):
+        return per_stage[stage]
+    return per_stage if isinstance(per_stage, (int, float)) else None
 
 
 def _mean(values: list[float]) -> float:

@@ -25,7 +25,7 @@ def held_stages(plan: Plan, plan_rank: int) -> list[int]:
     """Model stages placed on `plan_rank` by any pipeline, checked against the rank's instructions."""
     held = sorted({s for pipe in plan.meta.get("pipelines", [])
                    for s, r in enumerate(pipe["placement"]) if r == plan_rank})
-    used = {i.stage for step in plan.ranks[plan_rank] for i in step if i.op in COMPUTE}
+    used = {u.stage for step in plan.ranks[plan_rank] for i in step for u in i.units() if u.op in COMPUTE}
     if not used <= set(held):
         raise PlanError(f"rank {plan_rank} computes stages {sorted(used - set(held))}, which the "
                         "plan's pipelines do not place on it")
@@ -76,7 +76,9 @@ def _compare_messages(k: int, pair: tuple[int, int], sent: list, received: list)
                             "in order)")
 
 
-def run_pipeline(plan: Plan, opts) -> int:
+def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
+    """Train on this rank; keep_group: leave the process group joined, for another plan to run in this
+    process (tests run several plans per launch)."""
     env = Env.read()
     check_plan(plan, opts, env)
     pieces, runs = model_runs(opts, plan.meta["stages"])
@@ -89,7 +91,8 @@ def run_pipeline(plan: Plan, opts) -> int:
         del pieces, runs
         return train(plan, opts, world, executor, dataset)
     finally:
-        stop()
+        if not keep_group:
+            stop()
 
 
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:

@@ -71,11 +71,14 @@ def pick_device(choice: str, env: Env) -> torch.device:
 
 
 def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -> World:
-    """Join the process group and create every subgroup (sorted, identical on all ranks): one group
+    """Join the process group (unless this process has joined it already: a process that runs several
+    plans keeps it) and create every subgroup of the plan (sorted, identical on all ranks): one group
     per direction of every channel, one per gradient-sync group, one per data-parallel group."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     wait = timedelta(seconds=timeout)
-    if "MASTER_ADDR" in os.environ:
+    if dist.is_initialized():
+        pass
+    elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend, timeout=wait)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)

@@ -67,12 +67,17 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     streams: list[list[Instr]] = [[] for _ in range(devices)]
     ops = list(map(_OP, sequence))
     targets, instrs, sending = _items(ops, links, streams)
+    if schedule.fused:
+        _overlap(schedule.fused, ops, instrs)
     starts, ends = list(map(_START, sequence)), list(map(_END, sequence))
     order = _order(starts, ends, sending)
     if all(map(le, starts, ends)):  # each send posts just its own receive: append every item (in C)
         consume(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)))
     else:
         _sweep(order, targets, instrs, sending)
+    if schedule.fused:
+        for stream in streams:
+            stream[:] = filter(None, stream)  # the second halves, now inside their OVERLAP_F_B
     syncs = _sync_grads(schedule)
     for d, (stream, unsent) in enumerate(zip(streams, _unsent(step, ops, links, devices))):
         stream += unsent
@@ -81,12 +86,12 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     return streams
 
 
-_instr = partial(tuple.__new__, Instr)  # Instr from all eight fields (skips the Python-level __new__)
+_instr = partial(tuple.__new__, Instr)  # Instr from all nine fields (skips the Python-level __new__)
 
 
 def _instrs(op, stage, mb, pipe, peer) -> list[Instr]:
     """Instrs from columns (iterables) of opcode, stage, microbatch, pipeline and peer."""
-    return list(map(_instr, zip(op, stage, mb, pipe, peer, _NONE, _NONE, _NONE)))
+    return list(map(_instr, zip(op, stage, mb, pipe, peer, _NONE, _NONE, _NONE, _NONE)))
 
 
 def _items(ops: list[Op], links: _Links, streams: list[list[Instr]]) -> tuple[list, list, list[bool]]:
@@ -104,8 +109,22 @@ def _items(ops: list[Op], links: _Links, streams: list[list[Instr]]) -> tuple[li
     parts = list(map(_PARTS, ops))
     if parts.count(1) < len(parts):  # tasks split in parts
         for n in compress(range(len(ops)), map(ne, parts, repeat(1))):
-            instrs[3 * n] = _instr((kind[n], stage[n], mb[n], pipe[n], None, None, ops[n].part, parts[n]))
+            instrs[3 * n] = _instr((kind[n], stage[n], mb[n], pipe[n], None, None, ops[n].part, parts[n], None))
     return targets, instrs, list(map(truth, send))
+
+
+def _overlap(fused: tuple[tuple[Op, Op], ...], ops: list[Op], instrs: list) -> None:
+    """Make each overlapped pair that ran one OVERLAP_F_B instruction, with its halves in the pair's
+    order, in the place of its first half; the second half's compute item becomes None. The pair ran
+    as one op (simulate: the first half waits for the inputs of both and takes the pair's time, the
+    second follows at no cost), so the receives of both halves are posted before it, and the sends of
+    both follow it, the first half's first."""
+    where = {id(op): n for n, op in enumerate(ops)}
+    for first, second in fused:
+        n, k = where.get(id(first)), where.get(id(second))
+        if n is not None and k is not None:
+            instrs[3 * n] = Instr(Opcode.OVERLAP_F_B.value, halves=(instrs[3 * n], instrs[3 * k]))
+            instrs[3 * k] = None
 
 
 def _order(starts: list[float], ends: list[float], sending: list[bool]) -> list[int]:
@@ -157,7 +176,7 @@ def _unsent(step: tuple[tuple[Op, ...], ...], ops: list[Op], links: _Links, devi
                 _, receive, peer = links[LINK_KEY(op)]
                 if receive and id(op) not in ran:
                     unsent[peer].setdefault(d, []).append(
-                        _instr((receive, op.stage, op.mb, op.pipe, d, None, None, None)))
+                        _instr((receive, op.stage, op.mb, op.pipe, d, None, None, None, None)))
     return [[instr for sender in sorted(row) for instr in row[sender]] for row in unsent]
 
 

@@ -48,6 +48,7 @@ class Opcode(_Code):
     RECV_B = "RECV_B"
     SYNC_GRAD = "SYNC_GRAD"
     STEP = "STEP"
+    OVERLAP_F_B = "OVERLAP_F_B"  # a forward and a backward run as one instruction (its two halves)
 
 
 # Groups, as frozensets of plain strings (they test strings read from anywhere, hashed in C).
@@ -170,10 +171,14 @@ def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple
 # The text form ---------------------------------------------------------------------------------------
 
 def label(code: str, stage: int | None = None, mb: int | None = None, peer: int | None = None,
-          part: int = 0, parts: int | None = 1) -> str:
+          part: int = 0, parts: int | None = 1, halves: tuple[str, str] | None = None) -> str:
     """The one compact text of an op or instruction, as diagnostics, grids and drawings show it:
     F(1,2), W(0,3), curvature(1)[2/4] (part 2 of 4), SEND_F(0,3)>1 (to rank 1), RECV_B(2,0)<2 (from
-    rank 2), SYNC_GRAD(1), STEP. A rank's plan text (rank*.txt) is the parseable `Instr.__str__`."""
+    rank 2), SYNC_GRAD(1), STEP; an overlapped op or OVERLAP_F_B instruction by the labels of its
+    halves, in their order: F(0,3) & B(7,1). A rank's plan text (rank*.txt) is the parseable
+    `Instr.__str__`."""
+    if halves is not None:
+        return " & ".join(halves)
     args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
     if peer is not None and code in SENDS:
         return f"{code}{args}>{peer}"

@@ -30,6 +30,30 @@ def test_interleaved_plans_complete_under_rendezvous(p, v, m):
     assert result.ok, "\n".join(d.message for d in result.diagnostics)
 
 
+OVERLAPPED = [(name, p, m) for name in ("dualpipe", "dualpipev") for p in (2, 4, 8) for m in (2 * p, 2 * p + 2)] + \
+    [("dualpipev", p, 2 * p + 1) for p in (3, 5)]
+
+
+@pytest.mark.parametrize("name,p,m", OVERLAPPED, ids=[f"{n}-p{p}-m{m}" for n, p, m in OVERLAPPED])
+def test_plans_with_overlapped_instructions_pass_check(name, p, m):
+    result = compile_library(name, p=p, m=m)
+    assert any(i.op == "OVERLAP_F_B" for steps in result.plan.ranks for i in steps[0])
+    assert result.ok, "\n".join(d.message for d in result.diagnostics)
+
+
+def test_an_overlapped_instruction_waits_for_the_inputs_of_both_halves():
+    """Rank 0's RECV_B for the backward half of an OVERLAP_F_B moved after it: the rank blocks at that
+    half (its forward half's input is there), its peer at the SEND_B whose receive is not posted."""
+    good_plan = compile_library("dualpipev", p=2, m=4).plan
+    stream = list(good_plan.ranks[0][0])
+    n = next(n for n, i in enumerate(stream) if i.op == "OVERLAP_F_B" and i.halves[1].short() == "B(0,0)")
+    assert stream[n - 1].short() == "RECV_B(1,0)<1"
+    stream[n - 1], stream[n] = stream[n], stream[n - 1]
+    (diag,) = check_channels(Plan(good_plan.meta, ((tuple(stream),), good_plan.ranks[1])))
+    assert "rank 0 blocks at B(0,0)" in diag.message and "has not received" in diag.message, diag.message
+    assert "rank 1 blocks at SEND_B(1,0)>0" in diag.message, diag.message
+
+
 def plan(*ranks, stages=2, placement=(0, 1)):
     meta = {"schedule": "hand", "pipelines": [{"name": "main", "stages": stages, "placement": list(placement),
                                                "microbatches": [0, 1]}]}

@@ -8,7 +8,7 @@ from conftest import FIXTURES, SCHEDULES, compile_library
 from schedc.compiler import build_schedule, read_source
 from schedc.frontend.elaborate import Options
 from schedc.lower import lower
-from schedc.plan import COMM, Opcode
+from schedc.plan import COMM, NOT_COMPUTE, Opcode
 from schedc.simulate import simulate, step_sequences
 
 
@@ -88,8 +88,39 @@ def test_every_compute_op_appears_once():
     assert len(compute) == len(set(compute)) == result.schedule.op_count()
 
 
+@pytest.mark.parametrize("name,params", [("dualpipev", {"p": 4, "m": 10}), ("dualpipe", {"p": 4, "m": 8})])
+def test_an_overlapped_pair_is_one_instruction_with_its_sends_after_it(name, params):
+    """Each overlapped pair of the orders is one OVERLAP_F_B, its halves in the pair's order, in the place
+    of its first half in the rank's compute order; the receives of both halves come before it, the sends
+    of both after it, the first half's first."""
+    result = compile_library(name, **params)
+    pairs = {(str(a), str(b)) for a, b in result.schedule.fused}
+    assert pairs
+    for rank, order in enumerate(result.schedule.orders):
+        stream = _stream(result.plan, rank)
+        computes = [unit for i in stream for unit in i.units() if unit.op not in NOT_COMPUTE]
+        assert [u.short() for u in computes] == [str(op) for op in order]
+        for n, instr in enumerate(stream):
+            if instr.op != "OVERLAP_F_B":
+                continue
+            pairs.discard(tuple(half.short() for half in instr.halves))
+            received = {(i.op[5:], i.stage, i.mb) for i in stream[:n] if i.op.startswith("RECV")}
+            sends = [(i.op[5:], i.stage, i.mb) for i in stream[n + 1:] if i.op.startswith("SEND")]
+            wanted = []
+            for half in instr.halves:
+                place = result.schedule.pipelines[half.pipe].placement
+                step = 1 if half.op == "F" else -1  # where its output goes; its input comes from -step
+                if 0 <= half.stage - step < len(place) and place[half.stage - step] != rank:
+                    assert (half.op if half.op == "F" else "B", half.stage - step, half.mb) in received
+                if 0 <= half.stage + step < len(place) and place[half.stage + step] != rank:
+                    wanted.append((half.op if half.op == "F" else "B", half.stage, half.mb))
+            assert [s for s in sends if s in wanted] == wanted
+    assert not pairs  # every pair became one instruction
+
+
 @pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("chimera", {"p": 4, "m": 8}),
-                                         ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8})])
+                                         ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
+                                         ("dualpipev", {"p": 4, "m": 10})])
 def test_posting_receives_one_by_one_writes_the_same_streams(name, params, monkeypatch):
     """The general path (an op with negative time) agrees with the fast one wherever sends end in order."""
     fast = compile_library(name, **params).plan

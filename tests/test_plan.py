@@ -16,10 +16,12 @@ from schedc.plan.write import _JSON_FORMS, _TEXT_FORMS, MEMO, canonical_pieces, 
 small = st.integers(0, 10_000)
 instrs = st.builds(Instr, st.sampled_from(["F", "B", "I", "W", "SEND_F", "RECV_B", "STEP", "curvature_A"]),
                    st.none() | small, st.none() | small, st.none() | small, st.none() | small,
-                   st.none() | st.lists(small, min_size=1, max_size=4).map(tuple))
+                   st.none() | st.lists(small, min_size=1, max_size=4).map(tuple), halves=st.none())
+halves = st.builds(Instr, st.sampled_from(["F", "B", "I"]), small, small, st.none() | small, halves=st.none())
+overlapped = st.builds(lambda first, second: Instr("OVERLAP_F_B", halves=(first, second)), halves, halves)
 
 
-@given(instrs)
+@given(instrs | overlapped)
 def test_instruction_text_round_trips(instr):
     if instr.stage is None and instr.mb is not None:
         instr = instr._replace(mb=None)
@@ -63,7 +65,8 @@ with_parts = st.tuples(instrs, st.none() | small, st.none() | small).map(lambda 
 ops = st.sampled_from([*Opcode, "curvature_A", "tâche", 'a"b'])  # enum members, task names to escape
 
 
-@given(st.lists(instrs | with_parts | st.builds(Instr, ops, small, small, small, st.none() | small), max_size=12))
+@given(st.lists(instrs | with_parts | overlapped | st.builds(Instr, ops, small, small, small, st.none() | small,
+                                                            halves=st.none()), max_size=12))
 def test_step_forms_are_the_instruction_forms(step):
     """The whole-step forms (plain instructions from columns, the others by Instr) are each
     instruction's forms, in order."""
@@ -75,7 +78,8 @@ def test_step_forms_are_the_instruction_forms(step):
 odd = st.sampled_from([True, False, 1.0, 2.0, 0.5])  # equal to ints the forms may hold already
 
 
-@given(st.lists(st.builds(Instr, ops, small | odd, small | odd, small | odd, st.none() | small | odd), max_size=6))
+@given(st.lists(st.builds(Instr, ops, small | odd, small | odd, small | odd, st.none() | small | odd, halves=st.none()),
+                max_size=6))
 def test_step_forms_keep_values_of_other_types(step):
     """A value equal to an int but of another type is still formatted as Instr formats it."""
     step = tuple(Instr("F", n, n, n, n) for n in range(3)) + tuple(step)  # the ints come first
@@ -85,10 +89,11 @@ def test_step_forms_keep_values_of_other_types(step):
 
 @pytest.mark.parametrize("compiled", [lambda: compile_library("pipefisher"),
                                       lambda: compile_library("chimera", p=4, m=8),
+                                      lambda: compile_library("dualpipev", p=2, m=4),
                                       lambda: compile_source(read_source(FIXTURES / "split_backward.sched"))])
 def test_written_files_are_the_instruction_forms(tmp_path, compiled):
     """plan.json and the rank files, formatted a column at a time, are the plain dict and str forms
-    (tasks in parts, SYNC_GRAD, STEP, several steps)."""
+    (tasks in parts, SYNC_GRAD, STEP, several steps, OVERLAP_F_B)."""
     plan, _ = write_plan(compiled().plan, tmp_path)
     assert "".join(canonical_pieces(plan)) == plan.canonical() == json.dumps(plan.content(), sort_keys=True,
                                                                             separators=(",", ":"))
@@ -198,3 +203,34 @@ def test_a_deeply_nested_plan_is_refused_not_recursed_into(tmp_path):
     (tmp_path / "deep.json").write_text('{"format": "schedc-plan", "version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(PlanError, match="nested too deeply"):
         load_checked(tmp_path / "deep.json")
+
+
+def _overlap(obj, rank=0) -> dict:
+    return next(i for i in _step(obj, rank) if i["op"] == "OVERLAP_F_B")
+
+
+OVERLAP_EDITS = {
+    "two forwards": (lambda o: _overlap(o)["halves"][1].update(op="F"), "halves: a forward and a backward (F and B "
+                     "or I), got F and F"),
+    "a stage of its own": (lambda o: _overlap(o).update(stage=0), "OVERLAP_F_B has its two halves and no other field"),
+    "one half": (lambda o: _overlap(o)["halves"].pop(), "halves must be a list of two instructions"),
+    "half elsewhere": (lambda o: _overlap(o)["halves"][0].update(stage=1), "halves[0]: F stage=1 mb=3 pipe=0 runs "
+                       "stage 1 on rank 0, but pipelines[0].placement puts it on rank 1"),
+    "half without mb": (lambda o: _overlap(o)["halves"][1].update(mb=None), "halves[1].mb: B needs a mb"),
+    "halves elsewhere": (lambda o: _step(o)[0].update(halves=[_overlap(o)["halves"][0]] * 2),
+                         "[0].halves: only OVERLAP_F_B has halves"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(OVERLAP_EDITS))
+def test_edited_overlapped_instructions_are_refused_naming_the_field(tmp_path, edit):
+    from schedc.plan import load_plan as load_checked
+    plan, _ = write_plan(compile_library("dualpipev", p=2, m=4).plan, tmp_path)
+    obj = json.loads((tmp_path / "plan.json").read_text())
+    assert load_checked(tmp_path / "plan.json").hash == plan.hash
+    change, message = OVERLAP_EDITS[edit]
+    change(obj)
+    (tmp_path / "edited.json").write_text(json.dumps(_rehashed(obj)))
+    with pytest.raises(PlanError) as caught:
+        load_checked(tmp_path / "edited.json")
+    assert message in str(caught.value), str(caught.value)

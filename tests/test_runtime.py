@@ -30,7 +30,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TOLERANCE = 1e-4
 LAUNCH_LIMIT = 180
 
-# (library schedule, ranks, params): every library schedule of the 2019-2022 set at 2 and 4 ranks
+# (library schedule, ranks, params): every library schedule of the 2019-2022 set at 2 and 4 ranks, one
+# launch each
 EXACTNESS = [
     ("gpipe", 2, {"p": 2, "m": 4}),
     ("gpipe", 4, {"p": 4, "m": 4}),
@@ -40,13 +41,19 @@ EXACTNESS = [
     ("interleaved_1f1b", 4, {"p": 4, "v": 2, "m": 4}),
     ("chimera", 2, {"p": 2, "m": 4}),
     ("chimera", 4, {"p": 4, "m": 4}),
-    # the zero-bubble family and DualPipe: chunk cursors, split and mixed backwards, overlapped F & B
-    # (run in sequence on CPU); one launch each, the other new schedules use no further feature
-    ("zbv", 2, {"p": 2, "m": 4}),
-    ("interleaved_zb", 4, {"p": 4, "v": 2, "m": 4}),
-    ("dualpipev", 4, {"p": 4, "m": 8}),
-    ("dualpipe", 2, {"p": 2, "m": 4}),
 ]
+
+# the zero-bubble family and DualPipe at 2 and 4 ranks: chunk cursors, split and mixed backwards,
+# overlapped F & B (in sequence on CPU); m not a multiple of p, or below 2p, where the schedule allows
+# it. All plans of one rank count run in one launch (tests/launch_plans.py).
+ZERO_BUBBLE = {
+    2: [("zb_h1", {"p": 2, "m": 3}), ("zb_h2", {"p": 2, "m": 5}), ("zbv", {"p": 2, "m": 4}),
+        ("v_half", {"p": 2, "m": 5}), ("v_min", {"p": 2, "m": 3}), ("interleaved_zb", {"p": 2, "v": 2, "m": 4}),
+        ("looped_bfs", {"p": 2, "v": 2, "m": 3}), ("dualpipe", {"p": 2, "m": 4}), ("dualpipev", {"p": 2, "m": 5})],
+    4: [("zb_h1", {"p": 4, "m": 6}), ("zb_h2", {"p": 4, "m": 8}), ("zbv", {"p": 4, "m": 6}),
+        ("v_half", {"p": 4, "m": 8}), ("v_min", {"p": 4, "m": 6}), ("interleaved_zb", {"p": 4, "v": 2, "m": 4}),
+        ("looped_bfs", {"p": 4, "v": 2, "m": 6}), ("dualpipe", {"p": 4, "m": 8}), ("dualpipev", {"p": 4, "m": 8})],
+}
 
 
 @pytest.fixture(scope="session")
@@ -117,6 +124,130 @@ def test_schedule_matches_reference(plans, reference, tmp_path, schedule, ranks,
     run, _ = torchrun(plan, ranks, *MODEL, "--steps", "1", "--save-grads", str(tmp_path))
     assert run.returncode == 0, run.stderr
     assert_same(_dump(tmp_path), reference(plan, MODEL))
+
+
+def launch_plans(jobs: list[tuple[Path, list[str]]], nproc: int, directory: Path):
+    """Run every (plan, options) in one torchrun launch of `nproc` processes (tests/launch_plans.py)."""
+    listing = directory / "jobs.json"
+    listing.write_text(json.dumps([[str(plan), [*options, "--timeout", "30"]] for plan, options in jobs]))
+    command = [sys.executable, "-m", "schedc.runtime.launch", "--standalone", "--nproc-per-node", str(nproc),
+               str(Path(__file__).parent / "launch_plans.py"), str(listing)]
+    return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=LAUNCH_LIMIT, cwd=_repo())
+
+
+@pytest.mark.parametrize("ranks", sorted(ZERO_BUBBLE))
+def test_zero_bubble_and_dualpipe_schedules_match_reference(plans, reference, tmp_path, ranks):
+    """Each plan's loss and first-step gradients equal the one-process reference; and each OVERLAP_F_B
+    is timed as one instruction, its halves in none other (the trace of the DualPipeV run)."""
+    cases = [(name, params, plans(name, **params)) for name, params in ZERO_BUBBLE[ranks]]
+    jobs = [(plan, [*MODEL, "--steps", "1", "--quiet", "--save-grads", str(tmp_path / name)]
+             + (["--trace-out", str(tmp_path / "trace.json")] if name == "dualpipev" else []))
+            for name, _, plan in cases]
+    run = launch_plans(jobs, ranks, tmp_path)
+    assert run.returncode == 0, run.stderr
+    for name, params, plan in cases:
+        try:
+            assert_same(_dump(tmp_path / name), reference(plan, MODEL))
+        except AssertionError as exc:
+            raise AssertionError(f"{name} {params}: {exc}") from None
+    overlapped = sorted(half_names(i) for steps in load_plan(plans("dualpipev", **ZERO_BUBBLE[ranks][-1][1])).ranks
+                        for i in steps[0] if i.op == "OVERLAP_F_B")
+    events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+              if e["ph"] == "X" and e["name"] != "wait"]
+    timed = sorted(tuple(e["args"]["halves"]) for e in events if e["args"]["op"] == "OVERLAP_F_B")
+    assert overlapped and timed == overlapped
+    assert all(e["name"] == " & ".join(e["args"]["halves"]) for e in events if e["args"]["op"] == "OVERLAP_F_B")
+    alone = {e["name"] for e in events if e["args"]["op"] != "OVERLAP_F_B"}
+    assert not alone & {half for pair in overlapped for half in pair}
+
+
+def half_names(instr: Instr) -> tuple[str, str]:
+    """The trace names of an OVERLAP_F_B's halves (F0.3, B7.1), written afresh here."""
+    return tuple(f"{half.op}{half.stage}.{half.mb}" for half in instr.halves)
+
+
+class Recorder:
+    """Stands in for an executor: its method table records each call with the stream it ran on, so the
+    order in which run_overlapped waits, records and launches can be read off without a GPU."""
+
+    def __init__(self, streams, saved=None, inputs=()):
+        self.streams, self.saved = streams, saved or {}
+        self.log = [] if streams is None else streams.log  # one log: stream operations and runs in order
+        self.table = {op: self._record for op in ("F", "B", "I")}
+        self._inputs = list(inputs)
+        self.current = None
+
+    def _record(self, instr):
+        assert self.current is instr
+        self.log.append(("run", str(instr), getattr(self.streams, "now", None)))
+
+    def inputs(self, half):
+        return [f"{name} of {half.op}" for name in self._inputs]
+
+
+class RecordingStreams:
+    """The stream operations of runtime.overlap.CudaStreams, recorded: `main` and `side` are names."""
+
+    main, side = "main", "side"
+
+    def __init__(self):
+        self.log, self.now = [], "main"
+
+    def current(self):
+        return self.now
+
+    def wait(self, waiter, waited):
+        self.log.append(("wait", waiter, waited))
+
+    def using(self, stream):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def on():
+            before, self.now = self.now, stream
+            try:
+                yield
+            finally:
+                self.now = before
+        return on()
+
+    def record(self, tensor, stream):
+        self.log.append(("record", tensor, stream))
+
+
+OVERLAP_F_B = Instr("OVERLAP_F_B", halves=(Instr("F", 0, 3, 0), Instr("B", 3, 1, 0)))
+
+
+def test_overlapped_halves_run_in_the_plans_order_without_cuda():
+    from schedc.runtime.overlap import run_overlapped
+    executor = Recorder(streams=None)
+    run_overlapped(executor, OVERLAP_F_B._replace(halves=OVERLAP_F_B.halves[::-1]))
+    assert executor.log == [("run", "B stage=3 mb=1 pipe=0", None), ("run", "F stage=0 mb=3 pipe=0", None)]
+
+
+@pytest.mark.parametrize("forward_ran_on, forward_on", [(None, "side"), ("main", "side"), ("side", "main")])
+def test_overlapped_halves_go_to_two_streams_between_waits(forward_ran_on, forward_on):
+    """The backward where its forward ran, the forward on the other stream; the side stream waits for
+    main first, main for the side stream last; each half's inputs are recorded on its stream before any
+    half is launched."""
+    from types import SimpleNamespace
+    from schedc.runtime.overlap import run_overlapped
+    streams = RecordingStreams()
+    backward_on = "main" if forward_on == "side" else "side"
+    executor = Recorder(streams, {(3, 1): SimpleNamespace(stream=forward_ran_on)}, inputs=["x"])
+    run_overlapped(executor, OVERLAP_F_B)
+    assert streams.log == [("wait", "side", "main"), ("record", "x of F", forward_on),
+                           ("record", "x of B", backward_on), ("run", "F stage=0 mb=3 pipe=0", forward_on),
+                           ("run", "B stage=3 mb=1 pipe=0", backward_on), ("wait", "main", "side")]
+    assert streams.now == "main"
+
+
+def test_overlapped_halves_of_one_microbatch_run_in_order_on_cuda_too():
+    from schedc.runtime.overlap import run_overlapped
+    streams = RecordingStreams()
+    executor = Recorder(streams)
+    run_overlapped(executor, Instr("OVERLAP_F_B", halves=(Instr("F", 3, 1, 0), Instr("B", 3, 1, 0))))
+    assert streams.log == [("run", "F stage=3 mb=1 pipe=0", "main"), ("run", "B stage=3 mb=1 pipe=0", "main")]
 
 
 def test_data_parallel_matches_reference(plans, reference, tmp_path):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..diagnostics import Diagnostic, error
 from ..grid import label, location, schedule_grid
 from ..ir import OP_KEY, Op, Schedule
+from ..ops import Opcode, label as op_label
 from ..timing import Timing
 from .census import Census, census
 
@@ -141,7 +142,7 @@ def _unit(schedule: Schedule, op: Op) -> str:
     """An op's label, or an overlapped pair's: 'F(4,4) & B(4,4)'."""
     for forward, backward in schedule.fused:
         if forward is op:
-            return f"{label(schedule, forward)} & {label(schedule, backward)}"
+            return op_label(Opcode.OVERLAP_F_B.value, halves=(label(schedule, forward), label(schedule, backward)))
     return label(schedule, op)
 
 

@@ -253,7 +253,7 @@ def export_csv(schedule: Schedule) -> str:
     second = {id(b) for b in fused.values()}
     rows = []
     for order in schedule.orders:
-        cells = [_action(op) if id(op) not in fused else f"({_action(op)};{_action(fused[id(op)])})OVERLAP_F_B"
+        cells = [_action(op) if id(op) not in fused else _overlap_cell(_action(op), _action(fused[id(op)]))
                  for op in order if id(op) not in second]
         rows.append(",".join(cells) + "\n")
     return "".join(rows)
@@ -261,6 +261,11 @@ def export_csv(schedule: Schedule) -> str:
 
 def _action(op: Op) -> str:
     return f"{op.stage}{op.kind}{op.mb}"
+
+
+def _overlap_cell(first: str, second: str) -> str:
+    """torch's cell of an overlapped pair, its halves in their order: (0F7;7B3)OVERLAP_F_B."""
+    return f"({first};{second}){Opcode.OVERLAP_F_B.value}"
 
 
 def _unrepresentable(schedule: Schedule) -> str | None:
@@ -283,17 +288,22 @@ def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...]
     """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
     no message cells), each ending with STEP. torch names a send by the stage that sends and a receive
     by the stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing
-    stage (RECV_F stage=1)."""
+    stage (RECV_F stage=1). An overlapped cell is one OVERLAP_F_B instruction."""
     rows = parse_csv(source, comms=True)
     if not any(cell[0] in COMM for row in rows for cell in row):
         return None
     place = schedule.pipelines[0].placement
     streams = []
     for row in rows:
-        stream = []
-        for kind, stage, mb, _, _ in row:
+        stream, first = [], None
+        for kind, stage, mb, _, overlapped in row:
+            if kind in BUILTIN and overlapped:  # the first half of an OVERLAP_F_B cell; the next is its second
+                first = Instr(kind, stage, mb, 0)
+            elif kind in BUILTIN:
+                second = Instr(kind, stage, mb, 0)
+                stream.append(second if first is None else Instr(Opcode.OVERLAP_F_B.value, halves=(first, second)))
+                first = None
             if kind in BUILTIN:
-                stream.append(Instr(kind, stage, mb, 0))
                 continue
             tensor = carries(kind)
             producer = stage if kind in SENDS else fed_by(tensor, stage)[1]
@@ -306,8 +316,9 @@ def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...]
 
 
 def export_comms_csv(plan: Plan) -> str:
-    """A one-step plan's rank streams as torch's compute_comms CSV: compute cells and SEND_*/RECV_*
-    cells named torch's way (a receive by its receiving stage); SYNC_GRAD and STEP are left out."""
+    """A one-step plan's rank streams as torch's compute_comms CSV: compute cells (an OVERLAP_F_B as
+    torch's overlapped cell) and SEND_*/RECV_* cells named torch's way (a receive by its receiving
+    stage); SYNC_GRAD and STEP are left out."""
     if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
         raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
                          Source(plan.meta.get("source", "plan"), ""), exit_code=1)
@@ -315,7 +326,9 @@ def export_comms_csv(plan: Plan) -> str:
     for (program,) in plan.ranks:
         cells = []
         for ins in program:
-            if ins.op in BUILTIN:
+            if ins.halves is not None:
+                cells.append(_overlap_cell(*(f"{half.stage}{half.op}{half.mb}" for half in ins.halves)))
+            elif ins.op in BUILTIN:
                 cells.append(f"{ins.stage}{ins.op}{ins.mb}")
             elif ins.op in COMM:
                 stage = ins.stage if ins.op in SENDS else feeds(carries(ins.op), ins.stage)

@@ -14,15 +14,16 @@ from pathlib import Path
 from types import NoneType
 from typing import Any, NamedTuple
 
-from ..ops import COMM, label
+from ..ops import COMM, Opcode, label
 
 FORMAT = "schedc-plan"
 VERSION = 1
 
 
 _KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
-_FIELDS = frozenset({"op", *_KEYS})
-
+_FIELDS = frozenset({"op", *_KEYS, "halves"})
+OVERLAP = Opcode.OVERLAP_F_B.value
+_AND = " & "  # between the halves of an overlapped instruction in its text form
 
 
 class PlanError(ValueError):
@@ -41,6 +42,11 @@ class Instr(NamedTuple):
     group: tuple[int, ...] | None = None
     part: int | None = None
     parts: int | None = None
+    halves: tuple[Instr, Instr] | None = None  # OVERLAP_F_B: its forward and backward, in the plan's order
+
+    def units(self) -> tuple[Instr, ...]:
+        """The compute instructions it runs: an OVERLAP_F_B's two halves, any other instruction itself."""
+        return self.halves if self.halves is not None else (self,)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op, "stage": self.stage, "mb": self.mb}
@@ -54,6 +60,8 @@ class Instr(NamedTuple):
             out["part"] = self.part
         if self.parts is not None:
             out["parts"] = self.parts
+        if self.halves is not None:
+            out["halves"] = [half.to_json() for half in self.halves]
         return out
 
     def json_text(self) -> str:
@@ -67,11 +75,19 @@ class Instr(NamedTuple):
         if not obj.keys() <= _FIELDS:
             unknown = obj.keys() - _FIELDS
             raise PlanError(f"instruction {obj!r} has unknown keys {sorted(unknown)}")
-        group = obj.get("group")
+        group, halves = obj.get("group"), obj.get("halves")
+        if halves is not None:
+            if not isinstance(halves, list) or len(halves) != 2 or \
+                    any(not isinstance(h, dict) or "halves" in h for h in halves):
+                raise PlanError(f"instruction {obj!r}: halves must be a list of two instructions, "
+                                "neither overlapped itself")
+            halves = tuple(map(cls.from_json, halves))
         return cls(obj["op"], obj.get("stage"), obj.get("mb"), obj.get("pipe"), obj.get("peer"),
-                   tuple(group) if group is not None else None, obj.get("part"), obj.get("parts"))
+                   tuple(group) if group is not None else None, obj.get("part"), obj.get("parts"), halves)
 
     def __str__(self) -> str:
+        """``SEND_F stage=1 mb=3 pipe=0 peer=2``; an overlapped instruction names its halves after its
+        op: ``OVERLAP_F_B F stage=0 mb=3 pipe=0 & B stage=7 mb=1 pipe=0``."""
         text = self.op
         if self.stage is not None:
             text += f" stage={self.stage} mb={'-' if self.mb is None else self.mb}"
@@ -87,15 +103,27 @@ class Instr(NamedTuple):
             text += f" part={self.part}"
         if self.parts is not None:
             text += f" parts={self.parts}"
+        if self.halves is not None:
+            text += " " + _AND.join(map(str, self.halves))
         return text
 
     def short(self) -> str:
-        """The compact form diagnostics and grids show (ops.label): F(1,2), SEND_F(0,3)>1, RECV_B(2,0)<2."""
-        return label(self.op, self.stage, self.mb, self.peer if self.op in COMM else None, parts=None)
+        """The compact form diagnostics and grids show (ops.label): F(1,2), SEND_F(0,3)>1, RECV_B(2,0)<2,
+        F(0,3) & B(7,1)."""
+        halves = None if self.halves is None else tuple(half.short() for half in self.halves)
+        return label(self.op, self.stage, self.mb, self.peer if self.op in COMM else None, parts=None,
+                     halves=halves)
 
     @classmethod
     def parse(cls, line: str) -> Instr:
-        """Inverse of `str()`: ``SEND_F stage=1 mb=3 pipe=0 peer=2``."""
+        """Inverse of `str()`: ``SEND_F stage=1 mb=3 pipe=0 peer=2``, ``OVERLAP_F_B F stage=0 mb=3
+        pipe=0 & B stage=7 mb=1 pipe=0``."""
+        op, _, rest = line.strip().partition(" ")
+        if op == OVERLAP and _AND in rest:
+            halves = rest.split(_AND)
+            if len(halves) != 2 or any(half.split()[:1] in ([], [OVERLAP]) for half in halves):
+                raise PlanError(f"instruction {line!r}: an {OVERLAP} names two halves, joined by '&'")
+            return cls(op, halves=(cls.parse(halves[0]), cls.parse(halves[1])))
         op, *words = line.split()
         values: dict[str, Any] = {}
         for word in words:
@@ -204,6 +232,9 @@ def _check_types(step: tuple[Instr, ...]) -> None:
     """Every number field of a loaded step an int or null and every group a list of ints (columns
     checked in C; the first bad instruction is named)."""
     columns = dict(zip(Instr._fields, zip(*step))) if step else {}
+    halves = [half for pair in columns.get("halves", ()) if pair is not None for half in pair]
+    if halves:
+        _check_types(tuple(halves))
     fine = all(_INT_OR_NONE.issuperset(map(type, columns[key])) for key in _NUMBERS if key in columns)
     groups = [g for g in columns.get("group", ()) if g is not None]
     if fine and all(type(x) is int for x in chain.from_iterable(groups)):

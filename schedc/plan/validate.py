@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..ops import COMM, COMPUTE, Opcode
+from ..ops import COMM, COMPUTE, GRADIENT, Opcode, OpKind
 from pathlib import Path
 
 from . import format as _format
@@ -130,7 +130,9 @@ def _check_step(step: tuple[Instr, ...], where: str, rank: int, stages: int, mic
 
 
 def _columns_fine(step, stages, microbatches, devices, pipes, rank, pipelines) -> bool:
-    _, stage, mb, pipe, peer, group, part, parts = (list(c) for c in zip(*step))
+    _, stage, mb, pipe, peer, group, part, parts, halves = (list(c) for c in zip(*step))
+    if halves.count(None) < len(halves):
+        return False  # overlapped instructions: checked one by one
     set_stages = [s for s in stage if s is not None]
     set_mbs = [m for m in mb if m is not None]
     set_pipes = [p for p in pipe if p is not None]
@@ -153,6 +155,9 @@ def _columns_fine(step, stages, microbatches, devices, pipes, rank, pipelines) -
 
 def _check_instr(instr: Instr, where: str, rank: int, stages: int, microbatches: int, devices: int,
                  pipelines: list[list[int]]) -> None:
+    if instr.op == Opcode.OVERLAP_F_B or instr.halves is not None:
+        _check_overlap(instr, where, rank, stages, microbatches, devices, pipelines)
+        return
     limits = {"stage": stages, "mb": microbatches, "pipe": len(pipelines), "peer": devices}
     for key, limit in limits.items():
         value = getattr(instr, key)
@@ -175,6 +180,24 @@ def _check_instr(instr: Instr, where: str, rank: int, stages: int, microbatches:
         if instr.part is None or instr.parts is None or not 0 <= instr.part < instr.parts <= MAX_SIZE:
             raise PlanError(f"{where}.part: expected 0 <= part < parts, got part {instr.part!r}, parts "
                             f"{instr.parts!r} ({instr})")
+
+
+def _check_overlap(instr: Instr, where: str, rank: int, stages: int, microbatches: int, devices: int,
+                   pipelines: list[list[int]]) -> None:
+    """OVERLAP_F_B: its two halves and nothing else, a forward and a backward (B or I) of this rank with
+    a microbatch each, each checked as an instruction of its own."""
+    if instr.op != Opcode.OVERLAP_F_B:
+        raise PlanError(f"{where}.halves: only {Opcode.OVERLAP_F_B.value} has halves ({instr})")
+    if instr.halves is None or instr[1:-1] != (None,) * (len(instr) - 2):
+        raise PlanError(f"{where}: {Opcode.OVERLAP_F_B.value} has its two halves and no other field ({instr})")
+    kinds = sorted(half.op for half in instr.halves)
+    if kinds[0] not in GRADIENT or kinds[1] != OpKind.F.value:
+        raise PlanError(f"{where}.halves: a forward and a backward (F and B or I), got {' and '.join(kinds)} "
+                        f"({instr})")
+    for k, half in enumerate(instr.halves):
+        if half.mb is None:
+            raise PlanError(f"{where}.halves[{k}].mb: {half.op} needs a mb ({instr})")
+        _check_instr(half, f"{where}.halves[{k}]", rank, stages, microbatches, devices, pipelines)
 
 
 def _ints(value: Any, low: int, high: int) -> bool:

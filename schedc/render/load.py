@@ -2,7 +2,8 @@
 
 A plan carries no timing, so a plan is re-simulated: each rank's step-0 instruction order, compute
 instructions only, with the plan's costs (or --costs) and the built-in dependencies (F after the
-previous stage's F; B/I after the next stage's B/I and its own F; W after its I). User tasks wait only
+previous stage's F; B/I after the next stage's B/I and its own F; W after its I); an OVERLAP_F_B is
+its halves, overlapped. User tasks wait only
 for their rank's program order (a plan does not record their dependencies), and every stage holds one
 activation unit for the memory chart.
 """
@@ -48,15 +49,26 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
     table.update({k: _per_stage(v, stages) for k, v in costs.items()})
     pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]))
                       for p in meta.get("pipelines", ()))
-    orders = tuple(tuple(_op(i, rank, table) for i in (steps[0] if steps else ()) if _is_compute(i.op))
-                   for rank, steps in enumerate(plan.ranks))
-    split = any(op.kind == OpKind.I for order in orders for op in order)
-    deps = Dependencies(pipelines, table, split, {}, tuple(op for order in orders for op in order))
+    orders, fused = [], []
+    for rank, steps in enumerate(plan.ranks):
+        order = []
+        for instr in (i for i in (steps[0] if steps else ()) if _is_compute(i.op)):
+            order += [_op(unit, rank, table) for unit in instr.units()]
+            if instr.halves is not None:  # an OVERLAP_F_B: its halves, side by side, one overlapped op
+                fused.append((order[-2], order[-1]))
+        orders.append(tuple(order))
+    kinds = {op.kind for order in orders for op in order}
+    split = OpKind.I in kinds
+    split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == OpKind.I) \
+        if split and OpKind.B in kinds else None  # B and I mixed: the stages and microbatches split
+    deps = Dependencies(pipelines, table, split if split_of is None else split_of, {},
+                        tuple(op for order in orders for op in order))
     return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
                     source=Source(path, ""), params=dict(meta.get("params") or {}), devices=plan.devices,
                     pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
-                    orders=orders, deps=deps, costs=table, activation=(1.0,) * stages, memory_limit=None,
-                    memory_limit_span=None, split_backward=split)
+                    orders=tuple(orders), deps=deps, costs=table, activation=(1.0,) * stages, memory_limit=None,
+                    memory_limit_span=None, split_backward=split and split_of is None, split_of=split_of,
+                    fused=tuple(fused))
 
 
 def _per_stage(value, stages: int) -> tuple[float, ...]:

@@ -7,7 +7,9 @@ microbatch, pipeline). Then the streams are replayed rank by rank under rendezvo
   RECV_*     posts the receive and goes on;
   SEND_*     blocks until the peer has posted the matching receive;
   F, B, I    consuming a received tensor block until the matching send has run;
-  SYNC_GRAD  blocks until every rank of its group reaches its matching SYNC_GRAD.
+  SYNC_GRAD  blocks until every rank of its group reaches its matching SYNC_GRAD;
+  OVERLAP_F_B is its two halves in their order (it waits for the inputs of both before it starts, the
+             receives of both are posted before it and the sends of both follow it).
 
 Three checkers, one module each: `certificate` clears a good step program by whole-list passes;
 `replay` runs what the certificate cannot vouch for under the semantics above; `pairs` compares each
@@ -18,6 +20,9 @@ pair's sends and receives and each SYNC_GRAD group, to name the faults of a fail
        blocks at F(1,0) waiting for it: an error naming both, with the rank x instruction grid.
 """
 from __future__ import annotations
+
+from itertools import chain
+from operator import attrgetter, methodcaller
 
 from ...diagnostics import Diagnostic
 from ...plan import Plan
@@ -39,7 +44,7 @@ def check_channels(plan: Plan) -> list[Diagnostic]:
     microbatches = 1 + max((mb for p in plan.meta.get("pipelines", ()) for mb in p.get("microbatches", ())
                             if type(mb) is int), default=-1)
     for step in range(plan.cycle_steps):
-        streams = [plan.ranks[r][step] if step < len(plan.ranks[r]) else () for r in range(plan.devices)]
+        streams = [_units(plan.ranks[r][step]) if step < len(plan.ranks[r]) else () for r in range(plan.devices)]
         if certify(streams, place, microbatches):
             continue
         state = replay(streams, place)
@@ -48,3 +53,13 @@ def check_channels(plan: Plan) -> list[Diagnostic]:
         found = pair_errors(streams, place, step, plan.cycle_steps) + sync_errors(streams, step, plan.cycle_steps)
         diags += found or replay_errors(streams, state, step, plan.cycle_steps)
     return diags
+
+
+_HALVES, _UNITS = attrgetter("halves"), methodcaller("units")
+
+
+def _units(stream: tuple) -> tuple:
+    """The stream with every OVERLAP_F_B replaced by its halves (the grids of the errors show them so)."""
+    if not any(map(_HALVES, stream)):
+        return stream
+    return tuple(chain.from_iterable(map(_UNITS, stream)))
