@@ -16,7 +16,6 @@ from schedc.compiler import compile_source, read_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
 from schedc.interop.torch_csv import export_csv, schedule_from_csv_text
-from schedc.report import idle_inside
 
 TORCH = FIXTURES / "torch"
 ARTIFACT = TORCH / "dualpipev_4rank_10mb.csv"
@@ -50,8 +49,8 @@ for p in (2, 4, 8):
     for m in sizes(p):
         CASES += [("zb_h2", dict(p=p, m=m), lambda p=p, m=m: Z.zb_h2(p, m)),
                   ("zbv", dict(p=p, m=m), lambda p=p, m=m: Z.zbv(p, m)),
-                  ("v_half", dict(p=p, m=m), lambda p=p, m=m: Z.v_half_block(p, m)),
-                  ("v_min", dict(p=p, m=m), lambda p=p, m=m: Z.v_min_block(p, m))]
+                  ("v_half", dict(p=p, m=m), lambda p=p, m=m: Z.v_half(p, m)),
+                  ("v_min", dict(p=p, m=m), lambda p=p, m=m: Z.v_min(p, m))]
         for v in (2, 3):
             CASES.append(("looped_bfs", dict(p=p, v=v, m=m), lambda p=p, v=v, m=m: Z.looped_bfs(p, v, m)))
         if Z.torch_rounds_allow(p, m):
@@ -109,8 +108,8 @@ def test_zero_bubble_rates(p):
     one_f_one_b = idle(compile_zb("1f1b", unit, p=p, m=m))
     assert one_f_one_b == 3 * (p - 1)
     assert idle(compile_zb("zb_h1", unit, p=p, m=m)) * 3 == one_f_one_b
-    assert max(idle_inside(compile_zb("zb_h2", unit, p=p, m=m))) == 0
-    assert max(idle_inside(compile_zb("zbv", unit, p=p, m=m))) == 0
+    assert max(compile_zb("zb_h2", unit, p=p, m=m).stats.idle_inside) == 0
+    assert max(compile_zb("zbv", unit, p=p, m=m).stats.idle_inside) == 0
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
