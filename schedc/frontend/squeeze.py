@@ -25,7 +25,9 @@ pending weight gradient of the highest chunk (chunk 1's before chunk 0's, as the
 """
 from __future__ import annotations
 
-from ..ir import Op
+from itertools import accumulate, repeat
+
+from ..ir import Op, consume
 from ..ops import GRADIENT, OpKind
 
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
@@ -42,6 +44,7 @@ class _Ops:
         index = {op.key: n for n, op in enumerate(self.ops)}
         self.deps = [[index[k] for k in deps.keys_of(op) if k in index] for op in self.ops]
         self.chunk = [chunk[(op.pipe, op.stage)] for op in self.ops]
+        self.change = [(op.kind == _F) - (op.kind == _B) for op in self.ops]  # memory; W's come counted
         lanes: dict[tuple, int] = {}
         self.previous = []
         for n, op in enumerate(self.ops):
@@ -138,19 +141,26 @@ def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
 def _peak(table: _Ops, times: list[int], d: int, weights: list[int] | None) -> int:
     """Device d's peak memory in units over its slots: a forward holds one until its W (counted in
     `weights`, or without them the first free slot after its input gradient) or its B frees it."""
-    at = {times[n]: table.ops[n].kind for n in table.on(d)}
+    mine = table.on(d)
+    slots = [times[n] for n in mine]
+    size = max(slots + (weights or []), default=-1) + 1
+    change = [0] * size  # the level's change in each slot, None where no op runs
     if weights is not None:
-        at.update((t, _W) for t in weights)
+        consume(map(change.__setitem__, slots, [table.change[n] for n in mine]))
+        consume(map(change.__setitem__, weights, repeat(-1)))
+        return max(0, max(accumulate(change), default=0))
+    change = [None] * size
+    consume(map(change.__setitem__, slots, [table.change[n] for n in mine]))
+    backward = {times[n] for n in mine if table.ops[n].kind == _I}
     level = peak = pending = 0
-    for t in range(max(at, default=-1) + 1):
-        kind = at.get(t)
-        if kind is None:
-            if weights is None and pending:
+    for t, step in enumerate(change):
+        if step is None:
+            if pending:
                 level, pending = level - 1, pending - 1
         else:
-            level += (kind == _F) - (kind in (_B, _W))
-            pending += weights is None and kind == _I
-        peak = max(peak, level)
+            level += step
+            pending += t in backward
+            peak = max(peak, level)
     return peak
 
 
