@@ -10,8 +10,8 @@ as soon as it can (unit costs). This is the order V-Half and V-Min run in the pa
 Input: each device's ops in its program's order with their unit slots (`F[0] at t`; an op without
 `at` takes the slot after the previous op's). Rules, each pass over all devices' ops in slot order:
 
-1. the weight gradients are set aside; a free slot runs the oldest pending one (here they are
-   counted, not named: the n-th W waits for the device's n-th input gradient);
+1. the weight gradients are set aside (their own slots are not read); a free slot runs the oldest
+   pending one (here they are counted, not named: the n-th W waits for the n-th input gradient);
 2. warm-up and cool-down ops move: an op before stage 0's first backward, or after the first last
    forward of chunk 0 (of any device) met after it, takes the earliest free slot after its
    dependencies (the ops module's rule) and after the previous op of its kind and chunk where the
@@ -51,11 +51,12 @@ class _Ops:
             lane = (op.device, op.kind, op.pipe, self.chunk[n])
             self.previous.append(lanes.get(lane))
             lanes[lane] = n
+        # where the steady state begins (stage 0's first backward) and the last forward of chunk 0
+        # of each device, the first of which met after it ends the steady state (`lanes` holds each
+        # lane's last op)
         first_stage = [n for n, op in enumerate(self.ops) if op.stage == 0 and op.pipe == 0]
         self.first_backward = next((n for n in first_stage if self.ops[n].kind in GRADIENT), None)
-        # the last forward of chunk 0 on each device (of its lane: `lanes` holds each lane's last op)
         self.last_forwards = {n for (_, kind, _, c), n in lanes.items() if kind == _F and c == 0}
-
         self.by_device: list[list[int]] = [[] for _ in orders]
         for n, op in enumerate(self.ops):
             self.by_device[op.device].append(n)
@@ -99,28 +100,38 @@ def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
 
 
 def _place_op(table, times, weights, d, n, t, taken, bound, with_weights) -> int:
-    after = max([times[k] for k in table.deps[n]] + [times[table.previous[n]] if table.previous[n] is not None
-                                                     else -1])
-    for slot in range(max(after, -1) + 1, t):
-        if slot not in taken:
-            times[n] = slot
-            if _peak(table, times, d, weights[d] if with_weights else None) <= bound:
-                return slot
-    times[n] = t
-    return t
+    """Rule 2 for an op: after its dependencies and its lane's previous op."""
+    before = [times[k] for k in table.deps[n]]
+    if table.previous[n] is not None:
+        before.append(times[table.previous[n]])
+    counted = weights[d] if with_weights else None
+
+    def put(slot: int) -> None:
+        times[n] = slot
+    return _earliest(max(before, default=-1) + 1, t, taken, put, lambda: _peak(table, times, d, counted) <= bound)
 
 
 def _place_weight(table, times, weights, d, k, t, taken, bound, with_weights) -> int:
-    """The k-th weight gradient of device d: after the device's k-th input gradient and its W k-1."""
+    """Rule 2 for the k-th weight gradient of device d: after the device's k-th input gradient and
+    its weight gradient k-1."""
     backwards = sorted(times[n] for n in table.on(d) if table.ops[n].kind == _I)
-    after = max(backwards[k], weights[d][k - 1] if k else -1)
     own = weights[d]
-    for slot in range(after + 1, t):
+
+    def put(slot: int) -> None:
+        own[k] = slot
+    first = max(backwards[k], own[k - 1] if k else -1) + 1
+    return _earliest(first, t, taken, put, lambda: _peak(table, times, d, own) <= bound)
+
+
+def _earliest(first: int, t: int, taken: set[int], put, fits) -> int:
+    """The earliest free slot from `first` on, before `t`, where the op `put` there `fits` the
+    memory bound; else `t` (the op stays)."""
+    for slot in range(first, t):
         if slot not in taken:
-            own[k] = slot
-            if _peak(table, times, d, own) <= bound:
+            put(slot)
+            if fits():
                 return slot
-    own[k] = t
+    put(t)
     return t
 
 
