@@ -17,7 +17,8 @@ def summary(result: Compiled) -> str:
     lines = [f"{s.name} ({params}): {s.devices} devices, {s.stages} stages, {s.microbatches} microbatches, "
              f"{st['ops']} ops",
              f"  makespan {st['makespan']:g}  bubble {st['bubble_fraction']:.4f}  "
-             f"utilization {st['utilization']:.4f}  peak activations per device {peak}"]
+             f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
+             f"  steady-state bubble (idle between a device's first and last op) {max(st['idle_inside'], default=0):g}"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         useful = (f" ({st['utilization_useful']:.4f} without the overhead of cut pieces)"
                   if st.get("utilization_useful", st["utilization"]) < st["utilization"] - 5e-5 else "")
@@ -30,22 +31,11 @@ def device_table(result: Compiled) -> str:
     """Busy, idle and peak activations per device; `inside` is the idle time between the device's first
     and last op (zero bubble's steady-state bubble: the warm-up's and the drain's idle left out)."""
     st = result.stats
-    inside = idle_inside(result)
+    inside = st["idle_inside"]
     rows = ["  device      busy      idle    inside   peak act"]
     for d in range(result.schedule.devices):
         rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {inside[d]:>9g} {st['peak_memory'][d]:>10g}")
     return "\n".join(rows)
-
-
-def idle_inside(result: Compiled) -> list[float]:
-    """Per device, its idle time between the start of its first op and the end of its last one."""
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
-    for start, end, op in result.timing.sequence:
-        first.setdefault(op.device, start)
-        last[op.device] = max(last.get(op.device, end), end)
-    return [round(last[d] - first[d] - result.stats["busy"][d], 9) if d in first else 0.0
-            for d in range(result.schedule.devices)]
 
 
 def refusal(result: Compiled) -> str:

@@ -28,6 +28,21 @@ class Timing:
     def idle(self) -> tuple[float, ...]:
         return tuple(self.makespan - b for b in self.busy)
 
+    @property
+    def idle_inside(self) -> tuple[float, ...]:
+        """Per device, its idle time between the start of its first op and the end of its last one
+        (zero bubble's steady-state bubble: the warm-up's and the drain's idle left out); a filled
+        cycle sums its step programs'."""
+        if self.steps:
+            return tuple(sum(row) for row in zip(*(step.idle_inside for step in self.steps)))
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        timed = self.sequence or ((self.start[op], self.end[op], op) for op in self.start)
+        for start, end, op in timed:
+            first[op.device] = min(first.get(op.device, start), start)
+            last[op.device] = max(last.get(op.device, end), end)
+        return tuple(last[d] - first[d] - b if d in first else 0.0 for d, b in enumerate(self.busy))
+
     def stats(self) -> dict[str, Any]:
         devices = len(self.busy)
         busy = sum(self.busy)
@@ -38,6 +53,7 @@ class Timing:
             "bubble_fraction": _round((span - busy) / busy) if busy else 0.0,
             "busy": [_round(b) for b in self.busy],
             "idle": [_round(i) for i in self.idle],
+            "idle_inside": [_round(i) for i in self.idle_inside],
             "peak_memory": [_round(m) for m in self.peak_memory],
             "latency": self.latency,
         }
@@ -88,6 +104,7 @@ class Stats(Mapping):
     bubble_fraction: float     # idle over busy time (Narayanan et al.)
     busy: tuple[float, ...]
     idle: tuple[float, ...]
+    idle_inside: tuple[float, ...]  # idle between each device's first and last op (steady-state bubble)
     peak_memory: tuple[float, ...]
     latency: float
     devices: int
@@ -112,7 +129,7 @@ class Stats(Mapping):
                     "utilization_useful": timing.extra.get("utilization_useful", timing.stats()["utilization"]),
                     "pieces": dict(timing.extra.get("pieces", {})), "lagged": tuple(timing.extra.get("lagged", ()))}
         return cls(**{**base, "busy": tuple(base["busy"]), "idle": tuple(base["idle"]),
-                      "peak_memory": tuple(base["peak_memory"])}, devices=schedule.devices,
+                      "idle_inside": tuple(base["idle_inside"]), "peak_memory": tuple(base["peak_memory"])}, devices=schedule.devices,
                    ops=schedule.op_count(), cycle_steps=len(schedule.steps), **fill)
 
     def to_json(self) -> dict[str, Any]:

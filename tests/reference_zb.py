@@ -8,9 +8,11 @@ against these.  Two kinds of reference:
   ``zb_h1`` (ScheduleInterleavedZeroBubble with one stage per rank), ``looped_bfs``, ``dualpipev``;
 * constructions written afresh from the published rules: ``zb_h2`` (the hand-made ZB-H2 shape of
   Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, as drawn in the comment of the
-  sail-sg scheduler's manual order), ``v_half`` and ``v_min`` (the repeated building blocks of Qi
-  et al., "Pipeline Parallelism with Controllable Memory", 2024) and ``dualpipe`` (the eight steps
-  of DeepSeek's DualPipe, DeepSeek-V3 technical report and deepseek-ai/DualPipe ``dualpipe.py``).
+  sail-sg scheduler's manual order), ``v_half`` and ``v_min`` (Qi et al., "Pipeline Parallelism
+  with Controllable Memory", 2024: the V-shape building block repeated, then squeezed and
+  reordered as the sail-sg generator does; ``v_half_block`` / ``v_min_block`` without the squeeze)
+  and ``dualpipe`` (the eight steps of DeepSeek's DualPipe, DeepSeek-V3 technical report and
+  deepseek-ai/DualPipe ``dualpipe.py``).
 
 Neutral form.  ``orders[rank]`` is the list of units rank ``rank`` runs in one step.  A unit is
 either an op ``(kind, stage, mb)`` -- ``kind`` in ``F``, ``B`` (full backward), ``I`` (input

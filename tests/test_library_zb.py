@@ -16,7 +16,6 @@ from schedc.compiler import compile_source, read_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
 from schedc.interop.torch_csv import export_csv, schedule_from_csv_text
-from schedc.report import idle_inside
 
 TORCH = FIXTURES / "torch"
 ARTIFACT = TORCH / "dualpipev_4rank_10mb.csv"
@@ -50,8 +49,8 @@ for p in (2, 4, 8):
     for m in sizes(p):
         CASES += [("zb_h2", dict(p=p, m=m), lambda p=p, m=m: Z.zb_h2(p, m)),
                   ("zbv", dict(p=p, m=m), lambda p=p, m=m: Z.zbv(p, m)),
-                  ("v_half", dict(p=p, m=m), lambda p=p, m=m: Z.v_half_block(p, m)),
-                  ("v_min", dict(p=p, m=m), lambda p=p, m=m: Z.v_min_block(p, m))]
+                  ("v_half", dict(p=p, m=m), lambda p=p, m=m: Z.v_half(p, m)),
+                  ("v_min", dict(p=p, m=m), lambda p=p, m=m: Z.v_min(p, m))]
         for v in (2, 3):
             CASES.append(("looped_bfs", dict(p=p, v=v, m=m), lambda p=p, v=v, m=m: Z.looped_bfs(p, v, m)))
         if Z.torch_rounds_allow(p, m):
@@ -109,19 +108,67 @@ def test_zero_bubble_rates(p):
     one_f_one_b = idle(compile_zb("1f1b", unit, p=p, m=m))
     assert one_f_one_b == 3 * (p - 1)
     assert idle(compile_zb("zb_h1", unit, p=p, m=m)) * 3 == one_f_one_b
-    assert max(idle_inside(compile_zb("zb_h2", unit, p=p, m=m))) == 0
-    assert max(idle_inside(compile_zb("zbv", unit, p=p, m=m))) == 0
+    assert max(compile_zb("zb_h2", unit, p=p, m=m).stats.idle_inside) == 0
+    assert max(compile_zb("zbv", unit, p=p, m=m).stats.idle_inside) == 0
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
 def test_peak_activation_memory(p):
-    import math
     m = 3 * p
     assert max(compile_zb("zb_h1", p=p, m=m).stats["peak_memory"]) == p
     assert max(compile_zb("zbv", p=p, m=m).stats["peak_memory"]) == 2 * p  # chunk activations: p microbatches
-    assert max(compile_zb("v_half", p=p, m=m).stats["peak_memory"]) <= 2 * math.ceil((p + 2) / 2)
-    assert max(compile_zb("v_min", p=p, m=m).stats["peak_memory"]) <= 2 * math.ceil((p + 4) / 3)
     assert max(compile_zb("dualpipev", p=p, m=2 * p + 2).stats["peak_memory"]) == 2 * p + 1
+
+
+# V-Half and V-Min (Qi et al., "Pipeline Parallelism with Controllable Memory"): with F = I = W = 1 per
+# chunk a microbatch costs 6 on every device; 1F1B of the same model (a stage is two chunks: F = 2,
+# B = 4) idles 6(p - 1). The sail-sg generator's orders (reference_zb.v_half / v_min) idle, between
+# a device's first and last op and for m >= 2p, 3p - 7 (V-Half, p even) and 4p - 5 (V-Min, p not a
+# multiple of 3): 1F1B's half less 4 and two thirds less 1 (its README: B/2 and 2B/3). Their peaks
+# are the playground table's (p + 2) // 2 and (p + 4) // 3 microbatches, two chunk activations each.
+
+@pytest.mark.parametrize("p", [4, 8, 16])
+@pytest.mark.parametrize("m_of", [lambda p: 2 * p, lambda p: 3 * p + 1], ids=["m2p", "m3p1"])
+def test_v_half_and_v_min_bubbles_are_a_half_and_two_thirds_of_1f1b(p, m_of):
+    m = m_of(p)
+    one_f_one_b = compile_zb("1f1b", dict(F=2, B=4), p=p, m=m).stats
+    assert max(one_f_one_b.idle_inside) == max(one_f_one_b.idle) == 6 * (p - 1)
+    half, vmin = compile_zb("v_half", p=p, m=m).stats, compile_zb("v_min", p=p, m=m).stats
+    assert max(half.idle_inside) == max(half.idle) == 3 * p - 7 == 6 * (p - 1) // 2 - 4
+    assert max(vmin.idle_inside) == max(vmin.idle) == 4 * p - 5 == 6 * (p - 1) * 2 // 3 - 1
+    reference = dict(F=1, B=2, I=1, W=1)
+    assert max(idle_of(Z.v_half(p, m), reference)) == 3 * p - 7
+    assert max(idle_of(Z.v_min(p, m), reference)) == 4 * p - 5
+
+
+@pytest.mark.parametrize("p", [4, 8, 16])
+def test_v_half_and_v_min_peak_memory(p):
+    m = 3 * p
+    assert max(compile_zb("1f1b", p=p, m=m).stats["peak_memory"]) == p
+    assert max(compile_zb("v_half", p=p, m=m).stats["peak_memory"]) == 2 * ((p + 2) // 2)
+    assert max(compile_zb("v_min", p=p, m=m).stats["peak_memory"]) == 2 * ((p + 4) // 3)
+    # the reference generator's own memory function on its building block gives the same peaks
+    for kind, peak in (("half", 2 * ((p + 2) // 2)), ("min", 2 * ((p + 4) // 3))):
+        blocks = [[[t + 6 * i for i in range(m)] for t in b] for b in Z.v_block(kind, p)]
+        assert max(Z._peak(Z._fill_weights(rank, split=False)) for rank in blocks) == peak
+
+
+def idle_of(orders, cost) -> list[float]:
+    """Per rank, the idle time between its first and last op in the reference's own simulator."""
+    from test_reference_zb import simulate
+    return [row[-1][1] - row[0][0] - sum(e - s for s, e, _ in row) for row in simulate(orders, 2 * len(orders), cost)]
+
+
+@pytest.mark.parametrize("name,block", [("v_half", Z.v_half_block), ("v_min", Z.v_min_block)])
+@pytest.mark.parametrize("p,m", [(2, 3), (4, 9), (8, 16)])
+def test_without_squeeze_the_v_schedules_are_their_building_blocks(name, block, p, m):
+    text = (SCHEDULES / f"{name}.sched").read_text()
+    assert "\nsqueeze\n" in text
+    plain = compile_source(Source(f"{name}.sched", text.replace("\nsqueeze\n", "\n")),
+                           Options({"p": str(p), "m": str(m)}))
+    assert neutral(plain.schedule) == block(p, m)
+    squeezed = compile_zb(name, p=p, m=m)
+    assert max(squeezed.stats.idle_inside) <= max(plain.stats.idle_inside)
 
 
 def test_overlap_cost_defaults_to_the_sum_of_its_halves():
@@ -186,6 +233,8 @@ HEAD = "schedule t \"t\"\nparam p = 2\nparam m = 2\npipeline main { stages 2; de
     ("backward mixed\n", "F F ; B & F ; B", "6:21", "a forward and a backward"),
     ("", "F[2] F B B", "5:15", "this device holds chunks 0"),
     ("backward split\nbackward mixed\n", "F F B B", "6:1", "exclude each other"),
+    ("", "F at 2 F at 1 B B", "5:27", "slot 1 is not after the slot of the device's previous op (F(0,0) in slot 2)"),
+    ("", "F at (0 - 1) F B B", "5:21", "slot -1 is negative"),
 ])
 def test_language_errors_are_located(extra, program, where, fragment):
     text = HEAD + extra + f"on device d {{ {program} }}\n"
@@ -194,6 +243,26 @@ def test_language_errors_are_located(extra, program, where, fragment):
     rendered = info.value.render()
     assert f"t.sched:{where}: error:" in rendered, rendered
     assert fragment in rendered, rendered
+
+
+def test_squeeze_needs_programs_of_built_in_ops():
+    greedy = HEAD.replace("pipeline", "squeeze\npipeline") + "greedy\n"
+    with pytest.raises(SchedError) as info:
+        compile_text(greedy)
+    assert "t.sched:4:1: error: 'squeeze' compacts the slots of per-device programs" in info.value.render()
+    with pytest.raises(SchedError) as info:
+        compile_text(HEAD + "backward mixed\nsqueeze\non device d { F ; F & B ; B }\n")
+    assert "t.sched:6:1: error: 'squeeze' moves built-in ops in unit slots" in info.value.render()
+
+
+def test_slots_keep_the_program_order_and_a_squeeze_keeps_a_block_without_free_slots_to_fill():
+    program = ("on device d {\n  F at d F at (3 + d) F at (6 + d)\n"
+               "  I at (9 - d) W I at (12 - d) W I at (15 - d) W\n}\n")
+    head = HEAD.replace("param m = 2", "param m = 3") + "backward split\n"
+    for text in (head + program, head + "squeeze\n" + program):
+        orders = [" ".join(map(str, order)) for order in compile_text(text).schedule.orders]
+        assert orders == [f"F({s},0) F({s},1) F({s},2) I({s},0) W({s},0) I({s},1) W({s},1) I({s},2) W({s},2)"
+                          for s in (0, 1)]
 
 
 def test_optional_pops_and_choices():

@@ -226,12 +226,23 @@ def test_zero_bubble_readme_rates(p):
     assert bubble(Z.zb_h1(p, m), p, UNIT) * 3 == one_f_one_b  # ZB-H1: (p-1)/3m
     assert steady_bubble(Z.zb_h2(p, m), p, UNIT) == 0
     assert steady_bubble(Z.zbv(p, m), 2 * p, UNIT) == 0
-    # V-Half and V-Min, against 1F1B of the same model (a stage is two chunks: F = I = W = 2);
-    # their rates are leading order in p: the squeezed blocks beat them by a constant
+    # V-Half and V-Min, against 1F1B of the same model (a stage is two chunks: F = I = W = 2), which
+    # idles 6(p-1): the sail-sg generator's squeezed orders idle 3p-7 and 4p-5 for p even and not a
+    # multiple of 3 (odd p: 3p-4; 3 | p: 4p-7), a half and two thirds of it less a constant (B/2 and
+    # 2B/3 in its README), the same from time 0 and from each rank's first op
     v_1f1b = 2 * one_f_one_b
-    half, vmin = bubble(Z.v_half(p, m), 2 * p, UNIT), bubble(Z.v_min(p, m), 2 * p, UNIT)
-    assert 2 * half <= v_1f1b and v_1f1b - 2 * half <= 8
-    assert 3 * vmin <= 2 * v_1f1b and 2 * v_1f1b - 3 * vmin <= 9
+    half, vmin = Z.v_half(p, m), Z.v_min(p, m)
+    assert bubble(half, 2 * p, UNIT) == steady_bubble(half, 2 * p, UNIT) == (3 * p - 7 if p > 2 else 1)
+    assert bubble(vmin, 2 * p, UNIT) == steady_bubble(vmin, 2 * p, UNIT) == 4 * p - 5
+    if p > 2:
+        assert 3 * p - 7 == v_1f1b // 2 - 4 and 4 * p - 5 == v_1f1b * 2 // 3 - 1
+
+
+@pytest.mark.parametrize("p", [3, 5, 6, 9])
+def test_v_half_and_v_min_bubbles_for_odd_p_and_multiples_of_3(p):
+    m = 3 * p
+    assert steady_bubble(Z.v_half(p, m), 2 * p, UNIT) == (3 * p - 7 if p % 2 == 0 else 3 * p - 4)
+    assert steady_bubble(Z.v_min(p, m), 2 * p, UNIT) == (4 * p - 7 if p % 3 == 0 else 4 * p - 5)
 
 
 @pytest.mark.parametrize("p", [4, 8, 16])
@@ -260,8 +271,9 @@ def test_peak_activation_memory(p):
     assert peak_activations(Z.zb_h1(p, m), p, UNIT) == p
     # V shapes count chunk activations: a microbatch's worth on a device is two chunks
     assert peak_activations(Z.zbv(p, m), 2 * p, UNIT) == 2 * p
-    assert peak_activations(Z.v_half(p, m), 2 * p, UNIT) == 2 * math.ceil((p + 2) / 2)
-    assert peak_activations(Z.v_min(p, m), 2 * p, UNIT) <= 2 * math.ceil((p + 4) / 3)
+    # the playground table of sail-sg's Controllable Memory: (p+2)//2 and (p+4)//3 microbatches
+    assert peak_activations(Z.v_half(p, m), 2 * p, UNIT) == 2 * ((p + 2) // 2)
+    assert peak_activations(Z.v_min(p, m), 2 * p, UNIT) == 2 * ((p + 4) // 3)
     assert peak_activations(Z.v_half_block(p, m), 2 * p, UNIT) <= 2 * math.ceil((p + 2) / 2)
     assert peak_activations(Z.v_min_block(p, m), 2 * p, UNIT) <= 2 * math.ceil((p + 4) / 3)
     # DualPipe / DualPipeV: PP + 1 stage activations, PP the stage count

@@ -160,3 +160,43 @@ def test_a_slow_link_delays_only_what_crosses_it():
     plain = simulate(schedule)
     first_b1 = next(op for op in schedule.orders[1] if op.kind == "B")
     assert timing.start[first_b1] == plain.start[first_b1] + 5  # waits for F(2,0), not for a slow reply
+
+
+# the steady-state bubble: idle between a device's first and last op ----------------------------------
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 16)])
+def test_1f1b_idles_inside_its_span_only_on_the_devices_that_start_early(p, m):
+    # device d starts at d*F and ends (p-1-d)*B before the makespan: (p-1-d)(F+B) idle in between
+    stats = compile_library("1f1b", p=p, m=m).stats
+    assert stats.idle_inside == tuple(3.0 * (p - 1 - d) for d in range(p))
+    assert stats["idle"] == [3.0 * (p - 1)] * p
+
+
+@pytest.mark.parametrize("name", ["zb_h2", "zbv"])
+@pytest.mark.parametrize("p", [2, 4, 8, 16])
+def test_zero_bubble_h2_and_v_have_no_steady_state_bubble(name, p):
+    # Qi et al.'s README: ZB-H2 and ZB-V have zero bubble in the steady state with F = I = W
+    stats = compile_library(name, p=p, m=3 * p).stats
+    assert stats.idle_inside == (0.0,) * p
+    assert max(stats.idle) > 0  # warm-up and drain still idle
+
+
+def test_the_steady_state_bubble_is_a_stat_printed_and_in_json():
+    from click.testing import CliRunner
+    from schedc.cli import main
+    import json
+    as_json = json.loads(CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=4", "-D", "m=8", "--json"]).output)
+    assert as_json["idle_inside"] == [9.0, 6.0, 3.0, 0.0]
+    assert list(as_json).index("idle_inside") == list(as_json).index("idle") + 1
+    text = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=4", "-D", "m=8"]).output
+    assert "steady-state bubble (idle between a device's first and last op) 9" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0"], ["3"])]
+    assert rows == [["0", "24", "9", "9", "4"], ["3", "24", "9", "0", "1"]]  # device busy idle inside peak
+
+
+def test_a_filled_cycle_sums_the_steady_state_idle_of_its_steps():
+    result = compile_library("pipefisher", p=8, m=8)
+    steps = result.timing.steps
+    assert len(steps) == result.stats.cycle_steps == 3
+    assert result.stats.idle_inside == pytest.approx([sum(s.idle_inside[d] for s in steps) for d in range(8)])
+    assert all(0 <= inside <= idle for inside, idle in zip(result.stats.idle_inside, result.stats.idle))

@@ -107,6 +107,7 @@ class Item(Node):
     repeat: Expr | None
     when: Expr | None
     optional: bool = False  # `F?`: a pop from an empty queue places nothing
+    slot: Expr | None = None  # `F at t`: the unit slot of the item's first op (see frontend/squeeze.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,11 @@ class MixedBackward(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class Squeeze(Node):
+    """`squeeze`: the programs' ops, in their unit slots, compacted (frontend/squeeze.py)."""
+
+
+@dataclass(frozen=True, slots=True)
 class QueueDecl(Node):
     kind: str
     pipe: str | None
@@ -260,7 +266,7 @@ class Use(Node):
 
 
 Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
-        | SplitBackward | MixedBackward | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
+        | SplitBackward | MixedBackward | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
 
 
 @dataclass(frozen=True, slots=True)

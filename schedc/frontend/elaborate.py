@@ -16,7 +16,7 @@ from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import DEFAULT_COSTS, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
-from .order import order_greedy, run_programs
+from .order import chunk_index, order_greedy, run_programs
 
 MAX_OPS = 2_000_000
 MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
@@ -322,10 +322,15 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if mixed and not programs:
         raise _fail("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
                     next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
+    squeeze = next((d for d in decl.decls if isinstance(d, ast.Squeeze)), None)
+    if squeeze and not programs:
+        raise _fail("'squeeze' compacts the slots of per-device programs: give 'on device' programs",
+                    squeeze.span, source)
     fused: list = []
+    slots: list = []
     if programs:
         orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source,
-                                     mixed, fused)
+                                     mixed, fused, slots)
     else:
         orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
                                      env_pipes, source)
@@ -343,6 +348,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
             task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
             keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
         deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
+    if squeeze:
+        orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, task_decls, source)
     declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
     if not fused and declared_fb is not None:
         span = declared_fb
@@ -352,6 +359,15 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
                     split_of=split_of, fused=tuple(fused))
+
+
+def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, task_decls, source: Source):
+    """The programs' orders squeezed (frontend/squeeze.py): built-in ops only, none overlapped."""
+    if fused or task_decls:
+        raise _fail("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops or tasks",
+                    squeeze.span, source)
+    from .squeeze import squeeze_orders
+    return squeeze_orders(orders, slots, deps, chunk_index(pipelines))
 
 
 def _chosen_backward(found: tuple[Op, ...], split_of: frozenset, canonical: dict) -> tuple[Op, ...]:

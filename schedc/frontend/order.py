@@ -208,6 +208,8 @@ class _ProgramRun:
         self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
         self.order: list[Op] = []    # the ops placed so far, as the queues hold them (see placed())
         self.spans: list[Span] = []  # and the span of the cursor that placed each
+        self.slots: list[int] = []   # and its unit slot (`F at t`; else the slot after the previous op's)
+        self.next_slot = 0
         self.taken: set[int] = set()  # id() of the ops placed so far (and, mixed, of the unchosen halves)
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
@@ -257,6 +259,8 @@ class _ProgramRun:
         count = evaluate_int(stmt.repeat, env, "repeat count") if stmt.repeat is not None else 1
         if count < 0:
             raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
+        if stmt.slot is not None:
+            self._at(evaluate_int(stmt.slot, env, "slot"), stmt.slot.span)
         self.lenient += stmt.optional
         try:
             count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
@@ -267,6 +271,14 @@ class _ProgramRun:
                 unit(self, stmt.unit, env)
         finally:
             self.lenient -= stmt.optional
+
+    def _at(self, slot: int, span: Span) -> None:
+        """`at slot`: the item's first op runs in that unit slot, after the device's previous op's."""
+        if slot < self.next_slot:
+            raise EvalError(f"slot {slot} is not after the slot of the device's previous op "
+                            f"({self.order[-1]} in slot {self.next_slot - 1})" if self.order else
+                            f"slot {slot} is negative", span)
+        self.next_slot = slot
 
     def _group(self, group: ast.Group, env: dict) -> None:
         self.run(group.body, env)
@@ -318,6 +330,8 @@ class _ProgramRun:
         self.taken.update(map(id, placed))
         self.order += placed
         self.spans += [c.span for c in cursors] * count
+        self.slots += range(self.next_slot, self.next_slot + len(placed))
+        self.next_slot += len(placed)
         return count
 
     def _pipe(self, cursor: ast.Cursor, env: dict) -> str | None:
@@ -396,6 +410,8 @@ class _ProgramRun:
         self.taken.add(id(op))
         self.order.append(op)
         self.spans.append(span)
+        self.slots.append(self.next_slot)
+        self.next_slot += 1
 
     def placed(self) -> tuple[Op, ...]:
         """The device's order: the ops placed so far, each with the span of the cursor that placed it."""
@@ -516,11 +532,12 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
 
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
-                 source: Source, mixed: bool = False, fused: list | None = None,
+                 source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
                  ) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
     """Run each device's program; report empty pops and ops left over, naming device, op and line.
     With `mixed` (a mixed backward), the programs choose B or I per backward and the halves not chosen
-    are dropped from the orders. Overlapped pairs the programs place are appended to `fused`."""
+    are dropped from the orders. Overlapped pairs the programs place are appended to `fused`, each
+    device's list of the unit slots of its ops (`F at t`) to `slots`."""
     names = {p.name for p in pipelines}
     for q in queue_decls:
         if q.pipe is not None and q.pipe not in names:
@@ -558,6 +575,8 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             continue
         if fused is not None:
             fused += run.fused
+        if slots is not None:
+            slots.append(run.slots)
         complete = len(run.taken) == len(per_device[dev])  # ops are taken once each
         left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
                                     and not (mixed and op.kind in SPLIT and _undecided(op, run))]

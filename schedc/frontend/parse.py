@@ -129,13 +129,13 @@ class ToAst(Transformer):
         return ast.Group(_span(meta), tuple(children))
 
     def item(self, meta, children):
-        unit, optional, repeat, when = children
-        return ast.Item(_span(meta), unit, repeat, when, bool(optional))
+        unit, optional, repeat, slot, when = children
+        return ast.Item(_span(meta), unit, repeat, when, bool(optional), slot)
 
     def repeat(self, meta, children):
         return children[0]
 
-    condition = repeat_split = repeat
+    condition = repeat_split = slot = repeat
 
     def let(self, meta, children):
         return ast.Let(_span(meta), str(children[0]), children[1])
@@ -214,6 +214,9 @@ class ToAst(Transformer):
 
     def mixed_backward(self, meta, children):
         return ast.MixedBackward(_span(meta))
+
+    def squeeze(self, meta, children):
+        return ast.Squeeze(_span(meta))
 
     def key(self, meta, children):
         return tuple(children)
