@@ -309,7 +309,9 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
                                    f"the {key} {t} ways", locate(source, key)), source, exit_code=2)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
-        if layout.global_batch < 1 or layout.global_batch % unit:
+        if layout.global_batch < 1:
+            raise usage(f"--global-batch must be a positive integer, got {layout.global_batch}")
+        if layout.global_batch % unit:
             raise usage(f"--global-batch {layout.global_batch} is not a multiple of --microbatch-size x --dp "
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
 

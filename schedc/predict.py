@@ -87,7 +87,10 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
         raise click.UsageError("--cluster needs a model description: --model model.toml")
     if costs or profile:
         raise click.UsageError("--cluster derives the costs: give it without --costs or --profile")
-    layout = Layout(tp=values["tp"] or 1, dp=values["dp"] or 1, microbatch_size=microbatch_size or 1,
+    def given(value: int | None) -> int:  # 0 is refused by Layout as a negative is, never taken as 1
+        return 1 if value is None else value
+
+    layout = Layout(tp=given(values["tp"]), dp=given(values["dp"]), microbatch_size=given(microbatch_size),
                     global_batch=values["global_batch"], recompute=values["recompute"] or "full",
                     sequence_parallel=values["sequence_parallel"], overlap_grad_reduce=values["overlap_grad_reduce"],
                     blocking_p2p=values["blocking_p2p"])

@@ -118,6 +118,19 @@ def test_a_batch_that_b_times_d_does_not_divide_is_refused(tmp_path):
     assert "--global-batch 100 is not a multiple of --microbatch-size x --dp = 4 x 8 = 32" in result.output
 
 
+@pytest.mark.parametrize("command", ["simulate", "compile"])
+@pytest.mark.parametrize("option,value", [("--tp", "0"), ("--dp", "0"), ("--microbatch-size", "0"), ("--tp", "-1"),
+                                          ("--dp", "-3"), ("--microbatch-size", "-2"), ("--global-batch", "0"),
+                                          ("--global-batch", "-64")])
+def test_zero_or_negative_sizes_are_refused_never_taken_as_one(tmp_path, command, option, value):
+    out = ["-o", str(tmp_path / "out")] if command == "compile" else []
+    result = CliRunner().invoke(main, [command, "1f1b", "-D", "p=2", "--model", _model(tmp_path), "--cluster",
+                                       "dgx-a100-80gb", option, value, *out])
+    assert result.exit_code == 2, result.output
+    assert f"schedc: error: {option} must be a positive integer, got {value}" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_bad_model_file_names_every_bad_field(tmp_path):
     path = _model(tmp_path, "layers = 0\nhidden = 1024\nheads = 16\nseq = 'long'\nwidth = 3\n")
     result = _simulate("1f1b", "--model", path, "--cluster", "dgx-a100-80gb")
