@@ -160,6 +160,20 @@ fill bubbles with b, a split 100
     assert ":8:1: error:" in text and "more than the 200 ops a plan may hold" in text
 
 
+@pytest.mark.parametrize("tasks,known", [("", "no tasks are declared"),
+                                         ("task t(s) = 3 after B(s, *)\n", "tasks: t")])
+@pytest.mark.parametrize("name", ["zz", "F"])
+def test_a_name_in_a_fill_list_that_is_no_task_is_a_located_error(tmp_path, tasks, known, name):
+    """With tasks declared or none, `fill bubbles with NAME` names a declared task: the same error,
+    at the name, exit 1 (a fill list of a schedule without tasks was not read, so a typo in it passed)."""
+    path = tmp_path / "s.sched"
+    path.write_text(ONE_F_ONE_B + tasks + f"fill bubbles with {name}\n")
+    result = CliRunner().invoke(main, ["check", str(path)])
+    line = 6 + bool(tasks)
+    assert result.exit_code == 1, result.output
+    assert f"{path}:{line}:19: error: unknown task '{name}' in fill ({known})" in result.output
+
+
 def test_kept_activations_count_against_memory(tmp_path):
     plain = compile_text(tmp_path, ONE_F_ONE_B + "task a(s, i) = 40 after F(s, i)\nfill bubbles with a\n")
     keeping = compile_text(tmp_path, ONE_F_ONE_B + "task a(s, i) = 40 after F(s, i) keeps F(s, i)\n"

@@ -296,6 +296,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     defaults = dict(DEFAULT_COSTS)
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
     _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
+    _check_fill(decl, {t.name for t in task_decls}, source)
     layers = stage_layers(options.model_layers, stages, decl, source)
     costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers))
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
@@ -409,6 +410,15 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
                                    listed.span))
     if diags:
         raise SchedError(diags, source)
+
+
+def _check_fill(decl: ast.ScheduleDecl, tasks: set[str], source: Source) -> None:
+    """Every name in `fill bubbles with` is a declared task, whether the schedule declares tasks or not
+    (a fill list of a schedule without tasks was not read, so a typo in it passed)."""
+    for item in (item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items):
+        if item.task not in tasks:
+            known = f"tasks: {', '.join(sorted(tasks))}" if tasks else "no tasks are declared"
+            raise _fail(f"unknown task '{item.task}' in fill ({known})", item.span, source)
 
 
 def stage_layers(model_layers: int | None, stages: int, decl, source: Source) -> tuple[int, ...] | None:

@@ -122,11 +122,6 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
     `layers[s]` is the model layers of stage s (1 each when not given), the name `layers` in a task."""
     tasks = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     fills = [item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items]
-    names = {t.name for t in tasks}
-    for item in fills:
-        if item.task not in names:
-            raise SchedError(error(f"unknown task '{item.task}' in fill (tasks: {', '.join(sorted(names))})",
-                                   item.span), source)
     fill_split = {item.task: item.split for item in fills}
     groups = replica_groups(replicas, len(pipelines))
     arities = {t.name: len(t.params) for t in tasks}
