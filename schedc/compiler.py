@@ -237,13 +237,14 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
         from .cluster import load_model_spec
         layers = load_model_spec(model).layers
     if profile:
-        from .interop.profiles import read_profile, read_profile_memory
+        from .interop.profiles import profile_origin, read_profile, read_profile_memory
         return Options(params, read_profile(*profile), memory=read_profile_memory(*profile), model_layers=layers,
-                       per_layer=True)
+                       per_layer=True, measured=profile_origin(profile[0]))
     if not costs:
         return Options(params, {}, model_layers=layers)
-    from .interop.profiles import load_costs, load_memory
-    return Options(params, load_costs(costs), memory=load_memory(costs), model_layers=layers)
+    from .interop.profiles import costs_origin, load_costs, load_memory
+    return Options(params, load_costs(costs), memory=load_memory(costs), model_layers=layers,
+                   measured=costs_origin(costs))
 
 
 __all__ = ["Compiled", "Options", "PASSES", "ANALYSIS", "Unit", "analyse", "read_source", "build_schedule", "run_passes",

@@ -69,6 +69,18 @@ MIXED_KINDS = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value)  
 # of which a program runs F and either B or I and W per (stage, microbatch)
 
 
+def absent_kind(kind: str, kinds, split: bool) -> str:
+    """Why `kind`, named by a cost (declared or measured) or a queue, is none of a schedule's `kinds`
+    (split: its backward is split into I and W): one wording for every front end."""
+    if kind == OpKind.B and split:
+        return "this schedule splits its backward: B does not run (give I and W)"
+    if kind in SPLIT:
+        return "I and W run only with a split backward ('backward split' or 'backward mixed')"
+    if kind == OVERLAP:
+        return "no program overlaps a forward and a backward (F & B)"
+    return f"unknown kind '{kind}' (kinds: {', '.join(sorted(kinds))})"
+
+
 def builtin_kinds(split: bool) -> tuple[str, ...]:
     """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B."""
     return (OpKind.F.value, OpKind.I.value, OpKind.W.value) if split else (OpKind.F.value, OpKind.B.value)

@@ -87,6 +87,61 @@ def test_measured_costs_must_be_finite_and_not_negative(tmp_path, costs, where):
     assert "Traceback" not in result.output
 
 
+BERT_LARGE = ROOT / "tests" / "data" / "bert-large_time_memory_v100.csv"
+
+
+def test_a_profile_without_the_split_halves_is_refused_for_a_split_schedule():
+    """A profile row gives F and B only: ZB-H1 runs I and W, which were taken as 1 unit next to F and B
+    in ms (makespan 130 against 1F1B's 293); now an error at the profile's header, saying how to give them."""
+    result = CliRunner().invoke(main, ["simulate", "zb_h1", "--profile", str(BERT_LARGE), "--microbatch-size", "32"])
+    assert result.exit_code == 2, result.output
+    assert (f"{BERT_LARGE}:1:1: error: no measured cost for I and W, which the schedule runs (its backward is "
+            'split into I and W): a profile row gives F (time_f), B (time_b)') in result.output
+    assert 'give "I" and "W" in a costs JSON with --costs instead' in result.output
+    assert run("simulate", "1f1b", "--profile", str(BERT_LARGE), "--microbatch-size", "32").exit_code == 0
+
+
+@pytest.mark.parametrize("schedule,costs,errors", [
+    # 1F1B given the halves of a split backward and no B: each stray kind at its key, the missing B at the '{'
+    ("1f1b", '{"F": [15.9, 10.1],\n "I": [12, 9],\n "W": [12, 10]}',
+     [":2:2: error: measured cost of 'I': I and W run only with a split backward",
+      ":3:2: error: measured cost of 'W': I and W run only with a split backward",
+      ':1:1: error: no measured cost for B, which the schedule runs: add "B" to this file']),
+    ("1f1b", '{"F": 1, "B": 2, "Q": 3}', [":1:18: error: measured cost of 'Q': unknown kind 'Q' (kinds: B, F)"]),
+    ("1f1b", '{"F": 1, "B": 2, "FB": 3}', [":1:18: error: measured cost of 'FB': no program overlaps a forward"]),
+    ("zb_h1", '  {"F": 1, "B": 2, "I": 1}', [":1:12: error: measured cost of 'B': this schedule splits its backward",
+                                         ':1:3: error: no measured cost for W, which the schedule runs (its backward '
+                                         'is split into I and W): add "W" to this file']),
+    ("dualpipev", '{"F": 1, "B": 2}', [':1:1: error: no measured cost for I and W, which the schedule runs']),
+    ("1f1b", '{"F": 1, "B": 2}\n', [':1:1: error: no measured cost for curvature_A, curvature_B, inversion and '
+                                   'precondition, which the schedule runs']),
+    (str(FIXTURES / "torch" / "dualpipev_4rank_10mb.csv"), '{"F": 1, "B": 2, "I": 1}',
+     [':1:1: error: no measured cost for W, which the schedule runs']),
+])
+def test_measured_costs_give_every_kind_the_schedule_runs_and_no_other(tmp_path, schedule, costs, errors):
+    """Measured costs are never mixed with the unit defaults (1F1B with F, I, W in ms ran B as 2 units;
+    a "Q" was ignored): a missing kind, a kind the schedule does not run and an unknown one are errors
+    located in the costs file, exit 2. The kinds: F and B, or I and W, a mixed backward's chosen
+    ones, the tasks of an add-on (--with kfac in the sixth case), those a torch CSV names."""
+    path = tmp_path / "costs.json"
+    path.write_text(costs)
+    params = ["-D", "p=2"] if schedule in ("1f1b", "zb_h1") else []
+    addons = ["--with", "kfac"] if costs.endswith("\n") else []
+    result = CliRunner().invoke(main, ["simulate", schedule, *params, *addons, "--costs", str(path)])
+    assert result.exit_code == 2, result.output
+    for expected in errors:
+        assert f"{path}{expected}" in result.output
+    assert result.output.count("error:") == len(errors) and "Traceback" not in result.output
+
+
+def test_measured_costs_of_every_kind_time_the_schedule(tmp_path):
+    """F = 3 and B = 5 ms on 1F1B, p = 2, m = 8: the makespan is (m + p - 1)(F + B) = 9 * 8 = 72."""
+    path = tmp_path / "costs.json"
+    path.write_text('{"unit": "ms", "F": 3, "B": 5}')
+    stats = json.loads(run("simulate", "1f1b", "-D", "p=2", "-D", "m=8", "--costs", str(path), "--json").output)
+    assert stats["makespan"] == 72
+
+
 def test_a_profile_cell_that_is_not_a_number_is_refused(tmp_path):
     path = tmp_path / "profile.csv"
     path.write_text("bs,time_f,time_b\n1,1.5,oops\n")

@@ -15,7 +15,7 @@ from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import DEFAULT_COSTS, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
+from ..ops import DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
 from .order import chunk_index, order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -33,6 +33,8 @@ class Options:
     addons: tuple[str, ...] = ()     # `--with NAME`: add-ons used as by `use NAME` (compose.py)
     model_layers: int | None = None  # a model description's layers, spread over the stages (`layers`)
     per_layer: bool = False          # the measured costs are one layer's (a profile row): times layers
+    measured: Any = None             # where measured costs came from (interop.profiles.Measured): their
+    # kinds are checked against the schedule's, none left to the unit defaults
 
 
 def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
@@ -297,6 +299,10 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
     _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
     _check_fill(decl, {t.name for t in task_decls}, source)
+    task_names = [t.name for t in task_decls]
+    if options.measured is not None:  # with `backward mixed`, the backwards the programs chose: below
+        _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
+                        split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
     costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers))
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
@@ -349,6 +355,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
             task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
             keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
         deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
+    if options.measured is not None:
+        chosen = _chosen_backwards(pipelines, split_of) + task_names if mixed else []
+        _check_measured(options, chosen, task_names, split, mixed, bool(fused))
     if squeeze:
         orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, task_decls, source)
     declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
@@ -394,12 +403,7 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
     for d in [*costs, *(d for d in decl.decls if isinstance(d, ast.QueueDecl))]:
         if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind in ("FB", "piece")):
             continue
-        if d.kind == OpKind.B and split:
-            why = "this schedule splits its backward: B does not run (give I and W)"
-        elif d.kind in SPLIT:
-            why = "I and W run only with 'backward split' or 'backward mixed'"
-        else:
-            why = f"unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})"
+        why = absent_kind(d.kind, kinds, split)
         what = "cost" if isinstance(d, ast.CostDecl) else "queue"
         diags.append(error(f"{what} of {d.kind}: {why}", d.span))
     keys = [e for d in decl.decls if isinstance(d, (ast.QueueDecl, ast.Greedy)) for e in (d.key or ())]
@@ -410,6 +414,22 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
                                    listed.span))
     if diags:
         raise SchedError(diags, source)
+
+
+def _check_measured(options: Options, needs, tasks: list[str], split: bool, mixed: bool,
+                    fused: bool | None = None) -> None:
+    """Measured costs give every kind in `needs` and name only kinds the schedule runs (its built-in
+    kinds and tasks, and FB unless `fused` says no program overlaps F & B); interop.profiles."""
+    from ..interop.profiles import check_measured_kinds
+    runs = [*(MIXED_KINDS if mixed else builtin_kinds(split)), *tasks] + [OVERLAP] * (fused is not False)
+    check_measured_kinds(options.measured, options.costs, runs, needs, split or mixed)
+
+
+def _chosen_backwards(pipelines: tuple[Pipeline, ...], split_of: frozenset) -> list[str]:
+    """The backward kinds the programs of a `backward mixed` schedule chose: B where a (stage,
+    microbatch) is not split, I and W where one is."""
+    backwards = sum(len(p.microbatches) * p.stages for p in pipelines)
+    return [OpKind.B.value] * (len(split_of) < backwards) + [OpKind.I.value, OpKind.W.value] * bool(split_of)
 
 
 def _check_fill(decl: ast.ScheduleDecl, tasks: set[str], source: Source) -> None:

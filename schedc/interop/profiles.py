@@ -1,14 +1,21 @@
 """Measured costs: the runtime's costs.json and PipeFisher's profile CSVs, as per-stage cost tables, and
-the profile's memory columns as `memory K(s)` in activation units (a costs file's "memory" object)."""
+the profile's memory columns as `memory K(s)` in activation units (a costs file's "memory" object).
+
+Measured costs are never mixed with the unit defaults (F=1, B=2, I=W=1) or a schedule's declared
+costs: they must give every kind the schedule runs (F, then B or I and W, its tasks), and a costs
+file names no other kind (check_measured_kinds; a profile row's K-FAC columns are used only by a
+schedule with those tasks)."""
 from __future__ import annotations
 
 import csv
 import json
 import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..diagnostics import SchedError, Source, error
-from ..ops import OpKind
+from ..diagnostics import SchedError, Source, Span, error
+from ..ops import OVERLAP, OpKind, absent_kind
 
 
 def _usage(message: str, path: str) -> SchedError:
@@ -149,3 +156,88 @@ def _profile_row(path: str, microbatch_size: int | None) -> dict[str, str]:
     if microbatch_size not in sizes:
         raise _usage(f"no row for microbatch size {microbatch_size} (rows: {', '.join(map(str, sizes))})", path)
     return rows[sizes.index(microbatch_size)]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """Where measured costs come from, for the errors about their kinds: the span of each kind a costs
+    file gives, the span a missing kind is reported at (the file's object, a profile's header), and how
+    a missing kind is given."""
+
+    spans: dict[str, Span]
+    at: Span
+    how: str
+    profile: bool = False  # a profile row: its optional K-FAC columns may name tasks a schedule lacks
+
+
+MEASURE = "`schedc run PLAN --profile-out costs.json` measures every kind a plan runs"
+_SILENT = ("piece", "unit", "source", "schedule", "memory")  # keys that name no op kind
+
+
+def costs_origin(path: str) -> Measured:
+    """The spans of a costs JSON's top-level keys (the file already read by load_costs)."""
+    source = Source(str(path), Path(path).read_text())
+    start, spans = _json_keys(source.text)
+    at = _span_at(source, start, 1)
+    return Measured({key: _span_at(source, offset, len(key) + 2) for key, offset in spans.items()}, at,
+                    "add {keys} to this file (a number, or a list of one per stage, in the file's unit); " + MEASURE)
+
+
+def profile_origin(path: str) -> Measured:
+    """A profile CSV's header line, where a kind its columns cannot give is reported."""
+    source = Source(str(path), Path(path).read_text())
+    return Measured({}, Span(1, 1, 1, 1, source),
+                    "a profile row gives F (time_f), B (time_b) and the K-FAC tasks (time_kron, time_inv, "
+                    "time_prec) only: give {keys} in a costs JSON with --costs instead; " + MEASURE, profile=True)
+
+
+def check_measured_kinds(measured: Measured, given: Iterable[str], runs: Collection[str], needs: Iterable[str],
+                         split: bool) -> None:
+    """Measured costs (`given`, their kinds) name only kinds the schedule runs (`runs`; a profile's are
+    not refused, its columns are fixed) and give every kind its ops need (`needs`): a missing one is an
+    error, never the unit default next to milliseconds. Raises SchedError (exit 2), located in the file."""
+    given = list(given)
+    listed = [kind for kind in runs if kind != OVERLAP]  # FB is no kind of its own: F & B's cost
+    errors = [] if measured.profile else [
+        error(f"measured cost of '{kind}': {absent_kind(kind, listed, split)}", measured.spans.get(kind, measured.at))
+        for kind in given if kind not in runs and kind not in _SILENT]
+    missing = [kind for kind in needs if kind not in given]
+    if missing:
+        names = " and ".join(", ".join(missing).rsplit(", ", 1))
+        keys = " and ".join(", ".join(f'"{kind}"' for kind in missing).rsplit(", ", 1))
+        errors.append(error(f"no measured cost for {names}, which the schedule runs{_why(missing, split)}: "
+                            + measured.how.format(keys=keys), measured.at,
+                            notes=("measured costs are not mixed with the unit defaults (F=1, B=2, I=W=1) or "
+                                   "declared costs",)))
+    if errors:
+        raise SchedError(errors, None, exit_code=2)
+
+
+def _why(missing: list[str], split: bool) -> str:
+    if split and any(kind in (OpKind.I, OpKind.W) for kind in missing):
+        return " (its backward is split into I and W)"
+    return ""
+
+
+def _json_keys(text: str) -> tuple[int, dict[str, int]]:
+    """The offset of a JSON object's '{' and of each of its top-level keys (text already parsed as one)."""
+    decoder = json.JSONDecoder()
+    at = len(text) - len(text.lstrip())
+    keys, offset = {}, at + 1
+    while True:
+        offset += len(text[offset:]) - len(text[offset:].lstrip())
+        if text[offset:offset + 1] != '"':
+            return at, keys
+        key, end = json.decoder.scanstring(text, offset + 1)
+        keys.setdefault(key, offset)
+        end = text.index(":", end) + 1
+        end += len(text[end:]) - len(text[end:].lstrip())
+        _, end = decoder.raw_decode(text, end)
+        end += len(text[end:]) - len(text[end:].lstrip())
+        offset = end + 1 if text[end:end + 1] == "," else len(text)
+
+
+def _span_at(source: Source, offset: int, width: int) -> Span:
+    line = source.text.count("\n", 0, offset) + 1
+    column = offset - (source.text.rfind("\n", 0, offset) + 1) + 1
+    return Span(line, column, line, column + width, source)

@@ -23,7 +23,7 @@ from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from ..frontend.elaborate import MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
+from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
 from ..plan import Instr, Plan
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
@@ -54,6 +54,11 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     _check_size(cells, stages, microbatches, 3 if mixed else len(builtin_kinds(split)), "m" in overrides,
                 getattr(options, "max_ops", None) or MAX_OPS, source)
     placement = infer_placement(rows, stages)
+    if getattr(options, "measured", None) is not None:  # measured costs give the kinds the CSV runs, no other
+        from .profiles import check_measured_kinds
+        fused_cells = any(cell[4] for cell in cells)
+        kinds = [kind for kind in MIXED_KINDS if kind in kinds_seen]
+        check_measured_kinds(options.measured, options.costs, kinds + [OVERLAP] * fused_cells, kinds, split or mixed)
     costs = _costs(getattr(options, "costs", None) or {}, stages, source)
     pipe = Pipeline("main", stages, placement, tuple(range(microbatches)), Span(1, 1, 1, 2))
     orders = tuple(tuple(Op(kind, s, mb, 0, 0, r, costs[kind][s], where) for kind, s, mb, where, _ in row)
