@@ -51,7 +51,8 @@ _COST_OPTIONS = (
     click.option("--profile", type=click.Path(dir_okay=False), default=None,
                  help="Measured costs from a PipeFisher profile CSV (bs,time_f,time_b,...); with --microbatch-size."),
     click.option("--microbatch-size", type=int, default=None,
-                 help="The row of the --profile CSV to use; with --cluster, the microbatch size b."),
+                 help="The row of the --profile CSV to use; with --cluster (or check --model), the microbatch "
+                      "size b."),
 )
 
 
@@ -144,19 +145,22 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
 @define_option
 @costs_option
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-              help="Model description (TOML) for memory in bytes.")
-@click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
+              help="Model description (TOML: layers, hidden, heads, seq, vocab; the file of --cluster) for "
+                   "memory in bytes as simulate --cluster counts them (t=1, no recomputation); the "
+                   "microbatch size from --microbatch-size or the file's microbatch_size.")
+@click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB (with --model).")
 @with_option
 def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, addons):
     """Prove FILE free of deadlock, with matching channels and within its memory bound."""
     from .compiler import compile_file
-    row = _profile_choice(costs, profile, microbatch_size)
+    # with --model and no --profile, --microbatch-size is the microbatch size of the bytes check
+    row = _profile_choice(costs, profile, None if model_file and not profile else microbatch_size)
     try:
         result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
         extra = []
         if model_file or memory_limit:
             from .checks.memory import check_memory_bytes
-            extra = check_memory_bytes(result.schedule, result.timing, model_file, memory_limit)
+            extra = check_memory_bytes(result.schedule, result.timing, model_file, memory_limit, microbatch_size)
     except SchedError as exc:
         _fail(exc)
     diagnostics = result.diagnostics + extra

@@ -316,6 +316,18 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
 
 
+def check_stages(model: ModelSpec, schedule, model_path: str) -> None:
+    """The model's layers divide over the schedule's stages (every stage the same layers, as the cost
+    model's per-stage costs and bytes assume); a usage error at `layers` (exit 2)."""
+    stages = schedule.stages
+    if model.layers % stages:
+        source = source_text(model_path)
+        params = ", ".join(f"{k}={v}" for k, v in schedule.params.items())
+        raise SchedError(error(f"'layers' ({model.layers}) must be a multiple of the schedule's {stages} "
+                               f"stages ({schedule.name}: {params})", locate(source, "layers")), source,
+                         exit_code=2)
+
+
 def source_text(path: str) -> Source:
     try:
         return Source(path, Path(path).read_text(encoding="utf-8"))

@@ -401,17 +401,22 @@ def _part(costs: StageCosts, op) -> Part:
 
 
 def device_memory(st: Setting, schedule, timing) -> tuple[list[float], list[dict[str, float]]]:
+    """Per device, bytes at its peak (device_bytes) under the setting's model and layout."""
+    return device_bytes(st.model, st.layout, schedule, timing.peak_memory)
+
+
+def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks) -> tuple[list[float], list[dict[str, float]]]:
     """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds,
-    plus the activations alive at its simulated peak (activation units x layers per stage x bytes per
-    layer) and the working memory of one backward."""
-    lay, m = st.layout, st.model
+    plus the activations alive at its simulated peak (`peaks`, activation units per device: x layers
+    per stage x bytes per layer) and the working memory of one backward. The one rule for memory in
+    bytes: `simulate --cluster` and `check --model` both ask it."""
     stages = schedule.stages
     per_unit = stage_layers(m, stages) * layer_activation_bytes(m, lay)
     totals, parts = [], []
     for d in range(schedule.devices):
         mine = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
         state = STATE_BYTES_PER_PARAM * sum(stage_params(m, lay.tp, stages, s) for s in mine)
-        peak = timing.peak_memory[d] if d < len(timing.peak_memory) else 0.0
+        peak = peaks[d] if d < len(peaks) else 0.0
         act = peak * per_unit + working_bytes(m, lay, stages - 1 in mine)
         parts.append({"weights_gradients_optimizer": state, "activations": act})
         totals.append(state + act)

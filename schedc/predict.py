@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from .cluster import RECOMPUTE, Layout, check_layout, load_cluster, load_model_spec, locate, usage, source_text
+from .cluster import RECOMPUTE, Layout, check_layout, check_stages, load_cluster, load_model_spec, usage
 from .costmodel import Prediction, Setting, link_times, predict, stage_costs
-from .diagnostics import SchedError, error
+from .diagnostics import error
 from .ops import OpKind
 
 
@@ -172,13 +172,7 @@ def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, 
 def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     """The model's layers divide over the schedule's stages; the batch the schedule runs is the global
     batch asked for. Returns the global batch (sequences per step)."""
-    stages = schedule.stages
-    if model.layers % stages:
-        source = source_text(model_path)
-        params = ", ".join(f"{k}={v}" for k, v in schedule.params.items())
-        raise SchedError(error(f"'layers' ({model.layers}) must be a multiple of the schedule's {stages} "
-                               f"stages ({schedule.name}: {params})", locate(source, "layers")), source,
-                         exit_code=2)
+    check_stages(model, schedule, model_path)
     per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
     batch = per_replica * layout.microbatch_size * layout.dp
     if layout.global_batch is not None and batch != layout.global_batch:

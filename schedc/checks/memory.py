@@ -4,11 +4,12 @@ or in bytes for a model description (`schedc check --model model.toml --memory-l
     limit memory <= 2   with 1F1B, p=4:  device 0 holds F(0,0) F(0,1) F(0,2) when it starts F(0,2)
     -> error: device 0: 3 activation units alive at time 2, over the limit 2: F(0,0), F(0,1), F(0,2)
 
-Bytes: a transformer layer's activations take s*b*h*(34 + 5*a*s/h) bytes at 16 bits without
-recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models"); its 12h^2 + 13h parameters take 16 bytes each with Adam (2 weights + 2 grads + 12 fp32
-master and moments; 4 + 4 + 8 at 32 bits). Layers are split evenly over the stages (the first stages
-take the remainder); a device counts the weights of every model stage it holds once.
+Bytes are the cluster cost model's (schedc/costmodel.py, device_bytes), one rule for `check --model`
+and `simulate --cluster`: weights, gradients and optimizer state of the stages a device holds (the
+embedding on the first, the logits' copy on the last; 16 bytes a parameter with Adam), and the
+activation units at its simulated peak times the stage's layers times a layer's bytes without
+recomputation (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) at 16 bits), plus the last stage's
+logits. The model's layers must divide over the stages, as with --cluster.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
-from ..cluster import DTYPE_BYTES, read_fields, read_toml
 from ..memory import PERSISTENT, Held, first_over, holdings, memory_deltas, peak_of, timed_model
 from ..timing import Timing
 
@@ -110,70 +110,50 @@ def _crossing(schedule: Schedule, d: int, limit: float) -> tuple[Op, list[Op], f
 
 # Bytes, for a model description ------------------------------------------------------------------
 
-MODEL_KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "microbatch_size": int, "dtype": str}
-CLUSTER_MODEL_KEYS = {"vocab": int, "ffn": int}  # read by the cost model (schedc/cluster.py), accepted here
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-@dataclass(frozen=True, slots=True)
-class Model:
-    """A GPT-style decoder: layers, hidden size h, heads a, sequence length s, microbatch size b."""
-
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    microbatch_size: int
-    dtype: str = "bf16"
-
-    @property
-    def width(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    def activation_bytes_per_layer(self) -> float:
-        s, b, h, a = self.seq, self.microbatch_size, self.hidden, self.heads
-        return s * b * h * (34 + 5 * a * s / h) * self.width / 2
-
-    def state_bytes_per_layer(self) -> float:
-        params = 12 * self.hidden ** 2 + 13 * self.hidden
-        return params * (2 * self.width + (12 if self.width == 2 else 8))
-
-    def stage_layers(self, stages: int) -> list[int]:
-        return [self.layers // stages + (1 if s < self.layers % stages else 0) for s in range(stages)]
-
-
 def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | None,
-                       memory_limit: str | None) -> list[Diagnostic]:
+                       memory_limit: str | None, microbatch_size: int | None = None) -> list[Diagnostic]:
     """Guarantees, when it returns no error: on every device, the weights, gradients and optimizer state
-    of the stages it holds plus the activations alive at its peak fit in `memory_limit` bytes. Without
-    a limit, a note reports each device's peak. Unreadable options raise SchedError (exit 2)."""
+    of the stages it holds plus the activations alive at its peak fit in `memory_limit` bytes. The bytes
+    are the cost model's (costmodel.device_bytes: the embedding and logits included) for the layout
+    t = 1, no recomputation, microbatch size b from `microbatch_size` (--microbatch-size) or the model
+    file's `microbatch_size`. Without a limit, a note reports each device's peak. Unreadable options
+    raise SchedError (exit 2)."""
     if model_file is None:
         raise SchedError(error("--memory-limit needs a model description: --model model.toml"), OPTIONS,
                          exit_code=2)
-    model = load_model(model_file)
+    from ..cluster import Layout, check_layout, check_stages, load_model_spec  # only with --model
+    from ..costmodel import device_bytes
+    model = load_model_spec(model_file)
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
-    layers = model.stage_layers(schedule.stages)
-    if min(layers) == 0:
-        return [error(f"the model has {model.layers} layers, fewer than the schedule's {schedule.stages} stages")]
+    b = microbatch_size if microbatch_size is not None else model.microbatch_size
+    if b is None:
+        raise SchedError(error("the bytes check needs the microbatch size: give --microbatch-size B (or "
+                               "`microbatch_size = B` in the model file)"), OPTIONS, exit_code=2)
+    layout = Layout(microbatch_size=b, recompute="none")
+    check_layout(model, layout, model_file)
+    check_stages(model, schedule, model_file)
+    totals, parts = device_bytes(model, layout, schedule, timing.peak_memory)
     diags = []
-    peaks = []
     timed = holdings(schedule, list(timing.steps) or [timing]) if timing.complete and timed_model(schedule) else None
-    for d in range(schedule.devices):
-        state, stages = _state_bytes(schedule, model, layers, d)
-        act, op, alive = (_activation_peak(schedule, model, layers, d) if timed is None
-                          else _timed_peak(timed[d], model, layers))
-        peaks.append(state + act)
-        if limit is not None and state + act > limit:
-            when = timing.start.get(op) if op is not None else None
-            diags.append(error(
-                f"device {d}: {_gib(state + act)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
-                f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
-                f"{_gib(act)} of {alive} {'holdings' if timed else 'microbatch-stages'} alive"
-                + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else ""),
-                op.span if op is not None else None))
+    for d, (total, part) in enumerate(zip(totals, parts)):
+        if limit is None or total <= limit:
+            continue
+        state, act = part["weights_gradients_optimizer"], part["activations"]
+        op, alive = _peak_op(schedule, d) if timed is None else _timed_peak_op(timed[d])
+        when = timing.start.get(op) if op is not None else None
+        stages = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
+        diags.append(error(
+            f"device {d}: {_gib(total)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
+            f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
+            f"{_gib(act)} of {alive} {'holdings' if timed else 'microbatch-stages'} alive"
+            + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else ""),
+            op.span if op is not None else None))
     if not diags:
-        shown = ", ".join(f"device {d} {_gib(p)}" for d, p in enumerate(peaks))
+        shown = ", ".join(f"device {d} {_gib(p)}" for d, p in enumerate(totals))
         diags.append(Diagnostic(Severity.NOTE, f"peak memory per device: {shown}"
                                 + (f" (limit {_gib(limit)})" if limit is not None else "")))
     return diags
@@ -183,37 +163,29 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:.2f} GiB"
 
 
-def _state_bytes(schedule: Schedule, model: Model, layers: list[int], d: int) -> tuple[float, list[int]]:
-    stages = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
-    return sum(layers[s] for s in stages) * model.state_bytes_per_layer(), stages
-
-
-def _activation_peak(schedule: Schedule, model: Model, layers: list[int], d: int) -> tuple[float, Op | None, int]:
-    """Peak activation bytes over device d's order, the op reaching it and how many activations are alive."""
-    per_layer = model.activation_bytes_per_layer()
+def _peak_op(schedule: Schedule, d: int) -> tuple[Op | None, int]:
+    """The op of device d's order at which its activation units peak, and how many are alive then."""
     releases = schedule.releases
     alive = peak = 0.0
     count = peak_count = 0
     at = None
     for op in schedule.orders[d]:
-        if not 0 <= op.stage < len(layers):
+        if not 0 <= op.stage < len(schedule.activation):
             continue
-        size = schedule.activation[op.stage] * layers[op.stage] * per_layer
+        size = schedule.activation[op.stage]
         if op.kind == OpKind.F:
             alive, count = alive + size, count + 1
             if alive > peak:
                 peak, at, peak_count = alive, op, count
         elif op.kind in releases:
             alive, count = alive - size, count - 1
-    return peak, at, peak_count
+    return at, peak_count
 
 
-def _timed_peak(held: list[Held], model: Model, layers: list[int]) -> tuple[float, Op | None, int]:
-    """Peak bytes of what device d holds (activations, kept gradients, task state, each in activation
-    units of its stage), the op reaching it and how many holdings are alive then."""
-    per_layer = model.activation_bytes_per_layer()
-    peak, at, count = peak_of(held, lambda h: h.units * layers[h.op.stage] * per_layer)
-    return peak, at.op if at is not None else None, count
+def _timed_peak_op(held: list[Held]) -> tuple[Op | None, int]:
+    """The op whose holding brings device d to its peak in the timed model, and how many are alive."""
+    _, at, count = peak_of(held)
+    return (at.op if at is not None else None), count
 
 
 def parse_bytes(text: str) -> float:
@@ -224,15 +196,3 @@ def parse_bytes(text: str) -> float:
         raise SchedError(error(f"--memory-limit: cannot read {text!r} (write e.g. 80GiB, 512MB or 1e10)"),
                          OPTIONS, exit_code=2)
     return float(match.group(1)) * UNITS[unit]
-
-
-def load_model(path: str) -> Model:
-    """Read a model description (TOML); errors are located in the file (exit 2)."""
-    return _model(*read_toml(path, "model description"))
-
-
-def _model(table: dict, source: Source) -> Model:
-    values, diags = read_fields(table, source, MODEL_KEYS, {"dtype"}, also=tuple(CLUSTER_MODEL_KEYS))
-    if diags:
-        raise SchedError(diags, source, exit_code=2)
-    return Model(**values)
