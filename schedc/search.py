@@ -56,6 +56,7 @@ class Request:
     recompute: tuple[str, ...] = RECOMPUTE
     tp: tuple[int, ...] | None = None        # restrict t (and p) to these values
     pp: tuple[int, ...] | None = None
+    microbatch: tuple[int, ...] | None = None  # restrict b to these values
     top: int = 10
     per: str | None = None                   # one of GROUPS: the top K of each group, exactly
     exhaustive: bool = False
@@ -230,6 +231,8 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                 else [None]
             for v in ([None] if not entry.chunked else chunks):
                 for b in divisors(per_replica):
+                    if request.microbatch is not None and b not in request.microbatch:
+                        continue
                     for recompute in request.recompute:
                         out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
     return out
