@@ -56,13 +56,13 @@ class Request:
     recompute: tuple[str, ...] = RECOMPUTE
     tp: tuple[int, ...] | None = None        # restrict t (and p) to these values
     pp: tuple[int, ...] | None = None
-    microbatch: tuple[int, ...] | None = None  # restrict b to these values
     top: int = 10
     per: str | None = None                   # one of GROUPS: the top K of each group, exactly
     exhaustive: bool = False
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = False
     blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
+    microbatch: tuple[int, ...] | None = None  # restrict b to these values
 
 
 @dataclass(frozen=True, slots=True, order=True)
