@@ -11,6 +11,8 @@ A cluster file (TOML; the library in clusters/*.toml is found by name, `--cluste
     [intra]      bandwidth_gbps, latency_us                    (NVLink/NVSwitch, per GPU, one direction)
     [inter]      bandwidth_gbps, latency_us                    (InfiniBand, per GPU, one direction)
     [efficiency] gemm, gemm_half_dim, hbm, intra, inter        (the named fractions of the datasheet)
+    [memory]     reserved_gib, fragmentation                   (optional: what the GPU's memory loses
+                                                                beside the tensors; 0 when left out)
 
 Every error names the field and points at it (`file:line:col: error: ...`, exit 2); a missing field
 points at the table it belongs in.
@@ -68,6 +70,14 @@ class ClusterSpec:
     hbm_efficiency: float      # of hbm_bandwidth, for memory-bound kernels
     intra_efficiency: float    # NCCL bus bandwidth over NVLink, of intra_bandwidth
     inter_efficiency: float    # NCCL bus bandwidth over InfiniBand, of inter_bandwidth
+    memory_reserved: float = 0.0   # bytes per GPU no tensor gets: CUDA context, NCCL and cuBLAS buffers
+    fragmentation: float = 0.0     # of the allocator's reserved bytes, held but not allocated to tensors
+
+    def reserved_bytes(self, allocated: float) -> float:
+        """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
+        which a share `fragmentation` is lost (allocated / (1 - fragmentation)), plus what the process
+        holds outside it (memory_reserved)."""
+        return allocated / (1.0 - self.fragmentation) + self.memory_reserved
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,10 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
                    "inter": (float, 1, "NCCL bus bandwidth over the network, fraction of the link")},
 }
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
+# the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
+_MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
+    "reserved_gib": (2**30, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
+    "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
 _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
                  "dtype": str, "microbatch_size": int}
 _MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size"}
@@ -220,9 +234,10 @@ def load_cluster(name: str) -> ClusterSpec:
     table, source = read_toml(path, "cluster description")
     diags: list[Diagnostic] = []
     for key, value in table.items():
-        if key not in _CLUSTER_FIELDS and key not in ("name", "description", "source"):
-            diags.append(error(f"unknown table '{key}' (tables: {', '.join(_CLUSTER_FIELDS)})", locate(source, key)))
-        elif key in _CLUSTER_FIELDS and not isinstance(value, dict):
+        tables = (*_CLUSTER_FIELDS, "memory")
+        if key not in tables and key not in ("name", "description", "source"):
+            diags.append(error(f"unknown table '{key}' (tables: {', '.join(tables)})", locate(source, key)))
+        elif key in tables and not isinstance(value, dict):
             diags.append(error(f"'{key}' must be a table: [{key}]", locate(source, key)))
     got: dict[tuple[str, str], float] = {}
     for section, fields in _CLUSTER_FIELDS.items():
@@ -247,6 +262,7 @@ def load_cluster(name: str) -> ClusterSpec:
                                    locate(source, key, section)))
                 continue
             got[section, key] = number * scale
+    memory = _memory_fields(table, source, diags)
     if diags:
         raise SchedError(diags, source, exit_code=2)
     return ClusterSpec(
@@ -254,7 +270,33 @@ def load_cluster(name: str) -> ClusterSpec:
         got["gpu", "hbm_gbps"], int(got["node", "gpus"]), got["intra", "bandwidth_gbps"],
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
-        got["efficiency", "intra"], got["efficiency", "inter"])
+        got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"])
+
+
+def _memory_fields(table: dict, source: Source, diags: list[Diagnostic]) -> dict[str, float]:
+    """The optional [memory] table in SI units: no table, no allowance (0); a table names both keys,
+    each a number >= 0 (fragmentation below 1)."""
+    given = table.get("memory")
+    if not isinstance(given, dict):
+        return {key: 0.0 for key in _MEMORY_FIELDS}
+    for key in given:
+        if key not in _MEMORY_FIELDS:
+            diags.append(error(f"unknown key 'memory.{key}' (keys: {', '.join(_MEMORY_FIELDS)})",
+                               locate(source, key, "memory")))
+    out = {}
+    for key, (scale, doc, upper) in _MEMORY_FIELDS.items():
+        value = given.get(key)
+        if value is None:
+            diags.append(error(f"missing field 'memory.{key}' ({doc})", locate(source, key, "memory")))
+            continue
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if number is None or not 0 <= number < (upper if upper is not None else float("inf")):
+            want = f"a number in [0, {upper:g})" if upper is not None else "a number >= 0"
+            diags.append(error(f"'memory.{key}' must be {want}, got {value!r} ({doc})",
+                               locate(source, key, "memory")))
+            continue
+        out[key] = number * scale
+    return out
 
 
 def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
@@ -284,6 +326,10 @@ gemm_half_dim = {spec.gemm_half_dim!r}
 hbm = {spec.hbm_efficiency!r}
 intra = {spec.intra_efficiency!r}
 inter = {spec.inter_efficiency!r}
+
+[memory]
+reserved_gib = {spec.memory_reserved / 2**30!r}
+fragmentation = {spec.fragmentation!r}
 """
 
 

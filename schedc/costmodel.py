@@ -35,6 +35,10 @@ F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # n
 R = "recompute"  # the part of B that repeats (some of) the forward first
 
 STATE_BYTES_PER_PARAM = 16   # 16-bit weight and gradient, fp32 master weight, Adam's two fp32 moments
+DDP_BUCKET_BYTES_PER_PARAM = 2   # torch DDP's buckets: a second copy of the 16-bit gradients (its default,
+                                 # gradient_as_bucket_view=False; PyTorch's DistributedDataParallel docs)
+STEP_GRADIENT_BYTES_PER_PARAM = 4  # the fp32 gradients the optimizer step makes from the 16-bit ones
+                                   # (Megatron-LM's mixed-precision optimizer), when no activation is alive
 ADAM_BYTES_PER_PARAM = 32    # HBM traffic of a fused Adam step (read/write master, moments; read grad, write weight)
 CROSS_ENTROPY_BYTES = 16     # HBM traffic per fp32 logit of the vocab-parallel cross entropy, forward
 ELEMENTWISE = 11             # values read+written per b·s·h by layer norms and bias+dropout+add, forward
@@ -401,23 +405,33 @@ def _part(costs: StageCosts, op) -> Part:
 
 
 def device_memory(st: Setting, schedule, timing) -> tuple[list[float], list[dict[str, float]]]:
-    """Per device, bytes at its peak (device_bytes) under the setting's model and layout."""
-    return device_bytes(st.model, st.layout, schedule, timing.peak_memory)
+    """Per device, bytes at its peak (device_bytes) under the setting's model, layout and cluster."""
+    return device_bytes(st.model, st.layout, schedule, timing.peak_memory, st.cluster)
 
 
-def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks) -> tuple[list[float], list[dict[str, float]]]:
-    """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds,
-    plus the activations alive at its simulated peak (`peaks`, activation units per device: x layers
-    per stage x bytes per layer) and the working memory of one backward. The one rule for memory in
-    bytes: `simulate --cluster` and `check --model` both ask it."""
+def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpec | None = None
+                 ) -> tuple[list[float], list[dict[str, float]]]:
+    """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds
+    (with torch DDP, overlap_grad_reduce, its gradient buckets too), plus the larger of the backward's
+    peak (the activations alive at the simulated peak, `peaks` in activation units per device: x layers
+    per stage x bytes per layer, and the working memory of one backward) and the optimizer step's (the
+    fp32 gradients it makes, after the last backward has freed every activation); then, on a cluster,
+    what the allocator's fragmentation and the process outside it take (ClusterSpec.reserved_bytes).
+    The one rule for memory in bytes: `simulate --cluster` and `check --model` (no cluster: the
+    tensors only) both ask it."""
     stages = schedule.stages
     per_unit = stage_layers(m, stages) * layer_activation_bytes(m, lay)
+    per_param = STATE_BYTES_PER_PARAM + (DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce else 0)
     totals, parts = [], []
     for d in range(schedule.devices):
         mine = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
-        state = STATE_BYTES_PER_PARAM * sum(stage_params(m, lay.tp, stages, s) for s in mine)
+        params = sum(stage_params(m, lay.tp, stages, s) for s in mine)
         peak = peaks[d] if d < len(peaks) else 0.0
         act = peak * per_unit + working_bytes(m, lay, stages - 1 in mine)
-        parts.append({"weights_gradients_optimizer": state, "activations": act})
-        totals.append(state + act)
+        step = STEP_GRADIENT_BYTES_PER_PARAM * params
+        allocated = per_param * params + max(act, step)
+        total = cluster.reserved_bytes(allocated) if cluster is not None else allocated
+        parts.append({"weights_gradients_optimizer": per_param * params, "activations": act,
+                      "optimizer_step": max(0.0, step - act), "allocator_and_context": total - allocated})
+        totals.append(total)
     return totals, parts

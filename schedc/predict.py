@@ -201,7 +201,7 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
             f"device {d}: predicted {result.memory_bytes / 2**30:.2f} GiB per GPU exceeds the GPU's "
             f"{limit / 2**30:.0f} GiB (weights, gradients and optimizer state "
             f"{parts['weights_gradients_optimizer'] / 2**30:.2f} GiB, activations "
-            f"{parts['activations'] / 2**30:.2f} GiB)"))
+            f"{parts['activations'] / 2**30:.2f} GiB, {_more(parts, ' GiB')})"))
     return replace(compiled, stats=stats, plan=plan, diagnostics=diagnostics)
 
 
@@ -216,9 +216,16 @@ def summary(on: OnCluster) -> str:
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {p.tflops_per_gpu:.1f}  "
              f"peak_fraction {p.peak_fraction:.3f}",
              f"  memory_gib_per_gpu {p.memory_bytes / 2**30:.2f} (weights+gradients+optimizer "
-             f"{parts['weights_gradients_optimizer'] / 2**30:.2f}, activations {parts['activations'] / 2**30:.2f})",
+             f"{parts['weights_gradients_optimizer'] / 2**30:.2f}, activations {parts['activations'] / 2**30:.2f}, "
+             f"{_more(parts)})",
              "  breakdown (s): " + "  ".join(f"{k[:-2].replace('_', ' ')} {v:.4f}" for k, v in b.items())]
     return "\n".join(lines)
+
+
+def _more(parts: dict[str, float], unit: str = "") -> str:
+    """The memory parts beyond the backward's peak tensors, in words (GiB)."""
+    return (f"optimizer step beyond the activations {parts['optimizer_step'] / 2**30:.2f}{unit}, "
+            f"allocator and CUDA context {parts['allocator_and_context'] / 2**30:.2f}{unit}")
 
 
 def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):

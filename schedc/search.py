@@ -17,10 +17,11 @@ The bound: every device runs all its ops one at a time, none before the forwards
 its first one have run and their messages arrived, and (without a split backward) its last op, a
 backward, still has the backwards of the stages before it to wait for; then the end-of-step tail of
 the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
-(`--exhaustive` simulates every candidate that fits, as the reference). Schedules whose order depends
-on the costs (greedy), that declare tasks, fill bubbles, memory beyond activations or a mixed backward
-(DualPipe's overlapped pairs) are compiled whole for every candidate (predict.compile_for), without
-the bound.
+(`--exhaustive` simulates every candidate that fits, as the reference). A mixed backward (DualPipe's
+overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
+bound, which assumes every op is timed alone. Schedules whose order depends on the costs (greedy), that
+declare tasks, fill bubbles or memory beyond activations are compiled whole for every candidate
+(predict.compile_for), without the bound.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class Request:
     sequence_parallel: bool = False
     overlap_grad_reduce: bool = False
     blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
+    microbatch: tuple[int, ...] | None = None  # restrict b to these values
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -155,6 +157,7 @@ class Entry:
     params: tuple[str, ...]
     split: bool
     plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
+    mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
 
     @property
     def chunked(self) -> bool:
@@ -187,9 +190,10 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         if "p" not in params or "m" not in params:
             raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
                         f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
-        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl, ast.MixedBackward)) for d in decl.decls)
+        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
         split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
-        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain))
+        mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
+        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed))
     return entries
 
 
@@ -230,6 +234,8 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                 else [None]
             for v in ([None] if not entry.chunked else chunks):
                 for b in divisors(per_replica):
+                    if request.microbatch is not None and b not in request.microbatch:
+                        continue
                     for recompute in request.recompute:
                         out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
     return out
@@ -347,6 +353,7 @@ class Structure:
     preds: list = field(default_factory=list)
     firsts: list = field(default_factory=list)
     device: list = field(default_factory=list)
+    pairs: list = field(default_factory=list)     # overlapped pairs: (index, forward's stage), simulate.fuse_pairs
     peaks: tuple[float, ...] = ()
     error: str | None = None
 
@@ -453,7 +460,7 @@ class Searcher:
         from .checks.structure import check_structure
         from .compiler import collector_paused
         from .diagnostics import has_errors
-        from .simulate import DEVICE, predecessors
+        from .simulate import DEVICE, fuse_pairs, predecessors
         if structure.ops or structure.error is not None:
             return structure
         with collector_paused():
@@ -462,19 +469,22 @@ class Searcher:
                 structure.error = found[0].message
                 return structure
             structure.ops, structure.preds, structure.firsts = predecessors(structure.schedule)
+            structure.pairs = fuse_pairs(structure.schedule, structure.ops, structure.preds)
             structure.device = list(map(DEVICE, structure.ops))
         return structure
 
     def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order),
         None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
-        from .simulate import _times
+        from .ops import OVERLAP
+        from .simulate import _times, fuse_costs
         table = costs.costs()
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
         cost = [table[op.kind][op.stage] for op in structure.ops]
+        fuse_costs(structure.pairs, cost, table.get(OVERLAP))
         _, ends = _times(cost, structure.device, structure.preds, structure.firsts, 0.0, links)
         self.counts["simulated"] += 1
         result = None if None in ends else max(ends, default=0.0)
@@ -559,7 +569,7 @@ class Searcher:
                 continue
             entry = self.entries[c.schedule]
             bound = 0.0
-            if not (entry.plain or r.exhaustive):
+            if not (entry.plain or entry.mixed or r.exhaustive):
                 costs = self.stage_costs(st, c, shape)
                 links = self.link_times(st, c, shape.devices)
                 bound = makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape, costs)

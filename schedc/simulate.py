@@ -135,10 +135,18 @@ def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost:
     """Make each overlapped pair (its first half at n, the other at n + 1) one op: the first half waits
     for the second's dependencies too and carries the pair's cost (`cost FB` of the forward's stage, by
     default the sum), the second follows at no cost. Returns the indices n."""
+    pairs = fuse_pairs(schedule, ops, preds)
+    fuse_costs(pairs, cost, schedule.costs.get(OVERLAP))
+    return [n for n, _ in pairs]
+
+
+def fuse_pairs(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]]) -> list[tuple[int, int]]:
+    """The dependency half of _fuse: each overlapped pair's first half (at n) also waits for the second
+    half's predecessors, the second (at n + 1) waits for the first alone. Returns (n, the stage of the
+    pair's forward) per pair, for fuse_costs."""
     if not schedule.fused:
         return []
     where = {id(op): n for n, op in enumerate(ops)}
-    table = schedule.costs.get(OVERLAP)
     pairs = []
     for f, b in schedule.fused:
         n = where[id(f)]
@@ -146,10 +154,15 @@ def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost:
             raise ValueError(f"overlapped {f} and {b} are not placed side by side")
         preds[n] = preds[n] + tuple(m for m in preds[n + 1] if m != n)
         preds[n + 1] = (n,)
-        forward = f if f.kind == OpKind.F else b
-        cost[n], cost[n + 1] = (table[forward.stage] if table else cost[n] + cost[n + 1]), 0.0
-        pairs.append(n)
+        pairs.append((n, (f if f.kind == OpKind.F else b).stage))
     return pairs
+
+
+def fuse_costs(pairs: list[tuple[int, int]], cost: list[float], overlap=None) -> None:
+    """The cost half of _fuse: the pair's first half costs `overlap` of its forward's stage (the cost
+    kind FB), or both halves' sum without one; the second half costs nothing."""
+    for n, stage in pairs:
+        cost[n], cost[n + 1] = (overlap[stage] if overlap else cost[n] + cost[n + 1]), 0.0
 
 
 def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],

@@ -16,6 +16,10 @@ documents it, at the plan's staleness:
 - the update of [W, b] is G⁻¹ ∇[W, b] A⁻¹ once inverses are published (plain gradient before), every
   other parameter (embeddings, LayerNorm) first-order.
 
+How the plan computes a backward (B, or I + W apart, or B inside an overlapped F&B op) does not enter:
+the factors are of the step's own inputs and output gradients, whichever op produced them; only the
+plan's cycle, its named microbatches and where it places inversions do (plan_staleness).
+
 `fresh=True` uses each step's own factors at once (no staleness) and `kfac=False` is plain SGD: the
 tests use them to show that the comparison tells them apart.
 """

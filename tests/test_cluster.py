@@ -36,6 +36,19 @@ def test_the_library_has_an_a100_and_an_h100_node():
     assert 0 < a100.gemm_efficiency <= 1 and a100.intra_latency == pytest.approx(5e-6)
 
 
+def test_the_memory_allowance_is_optional_and_grows_what_the_tensors_need(tmp_path):
+    """[memory]: the allocator's pool is allocated / (1 - fragmentation), plus reserved_gib outside it;
+    a cluster file without the table has no allowance."""
+    a100 = load_cluster("dgx-a100-80gb")
+    assert a100.memory_reserved == 2**30 and a100.fragmentation == 0.15
+    assert a100.reserved_bytes(17 * 2**30) == pytest.approx(20 * 2**30 + 2**30)
+    text = A100.read_text()
+    path = tmp_path / "bare.toml"
+    path.write_text(text[:text.index("[memory]")])
+    bare = load_cluster(str(path))
+    assert (bare.memory_reserved, bare.fragmentation) == (0.0, 0.0) and bare.reserved_bytes(5.0) == 5.0
+
+
 def test_a_model_takes_the_flat_keys_and_defaults_ffn_to_four_hidden(tmp_path):
     model = load_model_spec(_model(tmp_path))
     assert (model.layers, model.hidden, model.heads, model.seq, model.vocab, model.ffn) == (8, 1024, 16, 512, 1024, 4096)
@@ -65,6 +78,11 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
      ":19:1:"),
     (lambda t: t.replace("[node]", "[node]\nnics = 8"), "unknown key 'node.nics'", ":11:1:"),
     (lambda t: t.replace("peak_tflops = 312", "peak_tflops = 312 312"), "not valid TOML", ":6:"),
+    (lambda t: t.replace("fragmentation = 0.15", "fragmentation = 1"), "'memory.fragmentation' must be a number in "
+     "[0, 1)", ":31:1:"),
+    (lambda t: t.replace("reserved_gib = 1.0", "reserved_gib = -1"), "'memory.reserved_gib' must be a number >= 0",
+     ":29:1:"),
+    (lambda t: t.replace("fragmentation = 0.15", ""), "missing field 'memory.fragmentation'", ":28:1:"),
 ])
 def test_a_bad_cluster_file_is_a_located_error_naming_the_field(tmp_path, edit, message, where):
     path = tmp_path / "bad.toml"

@@ -246,6 +246,27 @@ def test_blocking_sends_hold_the_sender_for_the_message():
     assert sum(held.prediction.breakdown.values()) == pytest.approx(held.prediction.iteration_s)
 
 
+def test_memory_is_the_larger_of_the_backwards_and_the_steps_peak_plus_the_allowance():
+    """Per GPU: 16 bytes per parameter (18 with torch DDP's gradient buckets), plus the larger of the
+    activations and the optimizer step's fp32 gradients (4 per parameter), through the allocator's
+    fragmentation, plus the reserved GiB."""
+    model = gpt(8, 4096, 32)
+    for overlap, recompute, bucket in ((False, "full", 0), (True, "full", 2), (True, "none", 2)):
+        layout = Layout(tp=2, dp=2, microbatch_size=1, global_batch=8, recompute=recompute,
+                        overlap_grad_reduce=overlap)
+        pred = run("1f1b", model, layout, p=1).prediction
+        params = stage_params(model, 2, 1, 0)
+        parts = pred.memory_parts
+        assert parts["weights_gradients_optimizer"] == pytest.approx((16 + bucket) * params)
+        assert parts["optimizer_step"] == pytest.approx(max(0.0, 4 * params - parts["activations"]))
+        allocated = (16 + bucket) * params + max(parts["activations"], 4 * params)
+        assert pred.memory_bytes == pytest.approx(allocated / (1 - A100.fragmentation) + A100.memory_reserved)
+        assert pred.memory_bytes == pytest.approx(sum(parts.values()))
+    # full recomputation keeps little: the step's fp32 gradients are the peak; without it the activations
+    assert run("1f1b", model, replace(layout, recompute="full"), p=1).prediction.memory_parts["optimizer_step"] > 0
+    assert pred.memory_parts["optimizer_step"] == 0
+
+
 def test_memory_over_the_gpu_is_an_error():
     layout = Layout(tp=1, microbatch_size=8, global_batch=64, recompute="none")
     on = run("1f1b", gpt(32, 8192, 64), layout, p=2)
@@ -261,7 +282,8 @@ def test_simulate_prints_the_prediction_and_compile_writes_it_into_the_plan(tmp_
     stats = json.loads(result.output)
     for key in ("iteration_s", "tflops_per_gpu", "peak_fraction", "memory_gib_per_gpu"):
         assert stats[key] > 0
-    assert set(stats["memory_breakdown"]) == {"weights_gradients_optimizer_gib", "activations_gib"}
+    assert set(stats["memory_breakdown"]) == {"weights_gradients_optimizer_gib", "activations_gib",
+                                              "optimizer_step_gib", "allocator_and_context_gib"}
     assert set(stats["breakdown"]) == {"compute_s", "tensor_parallel_comm_s", "pipeline_comm_s",
                                        "data_parallel_comm_s", "optimizer_s", "bubble_s"}
     table = CliRunner().invoke(main, ["simulate", *args])

@@ -64,6 +64,38 @@ def test_the_shortcut_prediction_is_compile_fors(model, blocking):
     assert compared >= 20
 
 
+@pytest.mark.parametrize("blocking", [False, True])
+def test_dualpipes_overlapped_pairs_take_the_shortcut_and_match_compile_for(model, blocking):
+    """DualPipe and DualPipeV (a mixed backward, F & B pairs): one order per (schedule, p, m), timed
+    per cost vector with each pair fused as simulate fuses it, field for field compile_for's."""
+    searcher = Searcher(request(model, batch=64, memory_limit=1e15, blocking_p2p=blocking,
+                                schedules=("dualpipe", "dualpipev")))
+    assert not any(entry.plain for entry in searcher.entries.values())
+    space = candidates(searcher.model, list(searcher.entries.values()), searcher.request)
+    compared = 0
+    for c in space:
+        if c.p not in (2, 4) or c.b > 2:
+            continue
+        fast = searcher.evaluate(c, free=True)
+        try:
+            plain = compile_for(c.schedule, c.params(), searcher.setting(c), lower=False).prediction
+        except Exception:  # noqa: BLE001 - the schedule refuses the params: so must the shortcut
+            assert isinstance(fast, Refusal)
+            continue
+        assert not isinstance(fast, Refusal), (c, fast)
+        assert fast.iteration_s == plain.iteration_s and fast.breakdown == plain.breakdown
+        assert fast.device_memory == plain.device_memory
+        compared += 1
+    assert compared >= 20 and searcher.counts["structures"] < compared
+
+
+def test_a_search_with_dualpipe_ranks_as_the_exhaustive_one(model):
+    kw = {"schedules": ("1f1b", "zb_h1", "dualpipe", "dualpipev"), "batch": 64, "blocking_p2p": True}
+    cached, reference = search(request(model, **kw)), search(request(model, exhaustive=True, **kw))
+    assert key(cached.ranked) == key(reference.ranked)
+    assert cached.counts["simulated"] < reference.counts["simulated"]
+
+
 @pytest.mark.parametrize("kw", [{}, {"gpus": 8, "batch": 64, "memory_limit": 3 * 2**30},
                                 {"per": "schedule", "top": 3}, {"per": "t", "top": 2},
                                 {"overlap_grad_reduce": True, "recompute": ("full",)},
