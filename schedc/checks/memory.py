@@ -8,8 +8,9 @@ Bytes are the cluster cost model's (schedc/costmodel.py, device_bytes), one rule
 and `simulate --cluster`: weights, gradients and optimizer state of the stages a device holds (the
 embedding on the first, the logits' copy on the last; 16 bytes a parameter with Adam), and the
 activation units at its simulated peak times the stage's layers times a layer's bytes without
-recomputation (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) at 16 bits), plus the last stage's
-logits. The model's layers must divide over the stages, as with --cluster.
+recomputation (Korthikanti et al. 2022: s*b*h*(34 + 5*a*s/h) at 16 bits) with the last stage's
+logits, or the optimizer step's fp32 gradients if larger. No cluster: the tensors only, without the
+allocator's share `simulate --cluster` adds. The model's layers must divide over the stages.
 """
 from __future__ import annotations
 
@@ -150,7 +151,9 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
             f"device {d}: {_gib(total)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
             f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
             f"{_gib(act)} of {alive} {'holdings' if timed else 'microbatch-stages'} alive"
-            + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else ""),
+            + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else "")
+            + (f", the optimizer step's fp32 gradients {_gib(part['optimizer_step'])} beyond them"
+               if part["optimizer_step"] > 0 else ""),
             op.span if op is not None else None))
     if not diags:
         shown = ", ".join(f"device {d} {_gib(p)}" for d, p in enumerate(totals))
