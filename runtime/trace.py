@@ -142,7 +142,7 @@ def simulated(plan: Plan, measured_work_ms: float) -> dict[str, Any]:
     scale = measured_work_ms / sim_work if sim_work else None
     makespan = stats.get("makespan")
     per_step = makespan / cycle if isinstance(makespan, (int, float)) else None
-    out = {"makespan": per_step, "bubble": stats.get("bubble_fraction"),
+    out = {"makespan": per_step, "bubble": stats.get("bubble", stats.get("bubble_fraction")),
            "utilization": stats.get("utilization"), "work_units": sim_work,
            "ms_per_unit": round(scale, 6) if scale else None}
     if scale and per_step is not None:

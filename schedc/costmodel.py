@@ -30,6 +30,7 @@ from typing import Any
 
 from .cluster import ClusterSpec, Layout, ModelSpec
 from .ops import OpKind, feeds
+from .timing import bubble
 
 F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # noqa: E741
 R = "recompute"  # the part of B that repeats (some of) the forward first
@@ -395,7 +396,7 @@ def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch
     return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
                       {"critical_device": worst, "largest_memory_device": top,
-                       "makespan_without_comm_s": _r(free)})
+                       "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9)})
 
 
 def _part(costs: StageCosts, op) -> Part:

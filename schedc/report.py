@@ -16,7 +16,7 @@ def summary(result: Compiled) -> str:
     peak = "/".join(f"{m:g}" for m in st["peak_memory"])
     lines = [f"{s.name} ({params}): {s.devices} devices, {s.stages} stages, {s.microbatches} microbatches, "
              f"{st['ops']} ops",
-             f"  makespan {st['makespan']:g}  bubble {st['bubble_fraction']:.4f}  "
+             f"  makespan {st['makespan']:g}  bubble {st['bubble']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
              f"  steady-state bubble (idle between a device's first and last op) {max(st['idle_inside'], default=0):g}"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:

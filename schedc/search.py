@@ -96,6 +96,15 @@ class Candidate:
         return None if per is None else getattr(self, per)
 
 
+def op_costs(structure, table) -> list[float]:
+    """The cost of each of a structure's ops, its overlapped pairs fused as simulate fuses them."""
+    from .ops import OVERLAP
+    from .simulate import fuse_costs
+    cost = [table[op.kind][op.stage] for op in structure.ops]
+    fuse_costs(structure.pairs, cost, table.get(OVERLAP))
+    return cost
+
+
 @dataclass(frozen=True)
 class Ranked:
     """A simulated candidate and its prediction (the bubble from the message-free simulation)."""
@@ -109,9 +118,10 @@ class Ranked:
 
     @property
     def bubble(self) -> float:
-        """Idle share of the iteration in the message-free simulation (float noise below 0 shows as 0)."""
-        share = self.prediction.breakdown["bubble_s"] / self.prediction.iteration_s
-        return 0.0 if -1e-9 < share < 0 else share
+        """The bubble of the simulated step, idle over busy time (timing.bubble): what `schedc simulate`
+        prints for the same configuration (float noise below 0 shows as 0)."""
+        value = self.prediction.extra["bubble"]
+        return 0.0 if -1e-9 < value < 0 else value
 
     def to_json(self) -> dict[str, Any]:
         c, p = self.candidate, self.prediction
@@ -476,15 +486,13 @@ class Searcher:
     def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order),
         None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
-        from .ops import OVERLAP
-        from .simulate import _times, fuse_costs
+        from .simulate import _times
         table = costs.costs()
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
-        cost = [table[op.kind][op.stage] for op in structure.ops]
-        fuse_costs(structure.pairs, cost, table.get(OVERLAP))
+        cost = op_costs(structure, table)
         _, ends = _times(cost, structure.device, structure.preds, structure.firsts, 0.0, links)
         self.counts["simulated"] += 1
         result = None if None in ends else max(ends, default=0.0)
@@ -523,7 +531,10 @@ class Searcher:
         free_span = makespan
         if free:
             free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
-        timed = Timing({}, {}, makespan, (), structure.peaks, 0.0, True)
+        busy = [0.0] * schedule.devices  # per device, what simulate's Timing.busy is: for the bubble
+        for device, cost in zip(structure.device, op_costs(structure, costs.costs())):
+            busy[device] += cost
+        timed = Timing({}, {}, makespan, tuple(busy), structure.peaks, 0.0, True)
         free_timed = Timing({}, {}, free_span, (), structure.peaks, 0.0, True)
         return predict(st, schedule, timed, free_timed, costs, self.request.global_batch)
 

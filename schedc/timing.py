@@ -50,13 +50,22 @@ class Timing:
         return {
             "makespan": _round(self.makespan),
             "utilization": _round(busy / span) if span else 0.0,
-            "bubble_fraction": _round((span - busy) / busy) if busy else 0.0,
+            "bubble": _round(bubble(self.makespan, self.busy)),
             "busy": [_round(b) for b in self.busy],
             "idle": [_round(i) for i in self.idle],
             "idle_inside": [_round(i) for i in self.idle_inside],
             "peak_memory": [_round(m) for m in self.peak_memory],
             "latency": self.latency,
         }
+
+
+def bubble(makespan: float, busy) -> float:
+    """The bubble, as DESIGN.md and Narayanan et al. (2021) define it: the devices' idle time over their
+    busy (ideal) time, (p - 1)/m for 1F1B with F=1, B=2. A ratio, not a fraction of the step: above 1
+    when a device idles longer than it works (1F1B with p=1000, m=8: 124.875); 1 - utilization is the
+    idle share of makespan x devices. 0 with no work. simulate, compile, render and tune all show this."""
+    total = sum(busy)
+    return (makespan * len(busy) - total) / total if total else 0.0
 
 
 def _round(x: float) -> float:
@@ -101,7 +110,7 @@ class Stats(Mapping):
 
     makespan: float
     utilization: float
-    bubble_fraction: float     # idle over busy time (Narayanan et al.)
+    bubble: float              # idle over busy time (Narayanan et al.: (p-1)/m), not a fraction: bubble()
     busy: tuple[float, ...]
     idle: tuple[float, ...]
     idle_inside: tuple[float, ...]  # idle between each device's first and last op (steady-state bubble)

@@ -157,7 +157,7 @@ def report(outcome: Outcome, pruned_lines: int = 12) -> str:
         v = "-" if c.v is None else str(c.v)
         lines.append(f"{n:>3}  {c.schedule:<18} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
-                     f" {item.bubble:>7.3f}")
+                     f" {item.bubble:>7.4f}")
     counts = outcome.counts
     lines.append(f"ranked by iteration time; {counts['candidates']} candidates: simulations {counts['simulated']} "
                  f"of {counts['structures']} orders, {counts['bounded']} bounded out before simulating, "

@@ -29,7 +29,7 @@ def test_simulate_json_prints_the_stats_object():
     result = run("simulate", "interleaved_1f1b", "-D", "p=4", "-D", "v=2", "-D", "m=8", "--json")
     assert result.exit_code == 0
     stats = json.loads(result.output)
-    assert stats["bubble_fraction"] == pytest.approx(3 / 16)
+    assert stats["bubble"] == pytest.approx(3 / 16)
     assert {"makespan", "utilization", "busy", "idle", "peak_memory"} <= set(stats)
 
 

@@ -164,7 +164,7 @@ def test_with_free_communication_the_bubble_is_the_formula(name, params, formula
     stages = params["p"] * params.get("v", 1)
     model = gpt(2 * stages, 1024, 16, seq=512, vocab=1)
     on = run(name, model, Layout(tp=1, microbatch_size=1), ideal(), **params)
-    assert on.compiled.stats["bubble_fraction"] == pytest.approx(float(formula), rel=1e-4)
+    assert on.compiled.stats["bubble"] == pytest.approx(float(formula), rel=1e-4)
     assert on.prediction.breakdown["pipeline_comm_s"] == 0.0
 
 
@@ -175,7 +175,7 @@ def test_on_a100_the_end_stages_lengthen_the_bubble(name, params, formula):
     the formula, and closer to it when each stage holds more layers (the extra weighs less)."""
     stages = params["p"] * params.get("v", 1)
     bubble = {per: run(name, gpt(per * stages, 8192, 64), Layout(tp=1, microbatch_size=1),
-                       _free_communication(A100), **params).compiled.stats["bubble_fraction"] for per in (2, 8)}
+                       _free_communication(A100), **params).compiled.stats["bubble"] for per in (2, 8)}
     assert float(formula) < bubble[8] < bubble[2]
 
 

@@ -46,7 +46,7 @@ def test_plan_json_has_the_documented_keys(tmp_path):
                 "pipelines", "replicas", "costs", "stats", "ranks"):
         assert key in obj
     assert obj["params"] == {"p": 4, "m": 8}
-    assert set(obj["stats"]) >= {"makespan", "utilization", "bubble_fraction", "busy", "idle", "peak_memory"}
+    assert set(obj["stats"]) >= {"makespan", "utilization", "bubble", "busy", "idle", "peak_memory"}
     assert [r["rank"] for r in obj["ranks"]] == [0, 1, 2, 3]
     assert all(set(i) >= {"op", "stage", "mb"} for r in obj["ranks"] for step in r["steps"] for i in step)
 

@@ -17,7 +17,7 @@ SIZES = [(p, m) for p in (2, 3, 4, 8) for m in (p, 2 * p, 3 * p)]
 @pytest.mark.parametrize("p,m", SIZES)
 def test_bubble_is_p_minus_1_over_m(name, p, m):
     stats = compile_library(name, p=p, m=m).stats
-    assert Fraction(stats["bubble_fraction"]).limit_denominator(10_000) == Fraction(p - 1, m)
+    assert Fraction(stats["bubble"]).limit_denominator(10_000) == Fraction(p - 1, m)
     assert stats["makespan"] == 3 * (m + p - 1)
 
 
@@ -25,7 +25,7 @@ def test_bubble_is_p_minus_1_over_m(name, p, m):
 @pytest.mark.parametrize("p,m", [(p, m) for p in (2, 4, 8) for m in (p, 2 * p)])
 def test_interleaved_bubble_is_p_minus_1_over_v_m(p, v, m):
     stats = compile_library("interleaved_1f1b", p=p, v=v, m=m).stats
-    assert Fraction(stats["bubble_fraction"]).limit_denominator(10_000) == Fraction(p - 1, v * m)
+    assert Fraction(stats["bubble"]).limit_denominator(10_000) == Fraction(p - 1, v * m)
 
 
 def test_stats_are_consistent():
@@ -34,7 +34,17 @@ def test_stats_are_consistent():
     devices = result.schedule.devices
     assert sum(stats["busy"]) + sum(stats["idle"]) == pytest.approx(devices * stats["makespan"])
     assert stats["utilization"] == pytest.approx(sum(stats["busy"]) / (devices * stats["makespan"]))
-    assert stats["bubble_fraction"] == pytest.approx(sum(stats["idle"]) / sum(stats["busy"]))
+    assert stats["bubble"] == pytest.approx(sum(stats["idle"]) / sum(stats["busy"]))
+
+
+def test_the_bubble_is_idle_over_busy_and_no_fraction_is_above_one():
+    """One bubble (DESIGN.md, Narayanan et al.): idle over busy time, (p - 1)/m, a ratio that exceeds 1
+    when the devices idle longer than they work (1F1B, p = 4, m = 1: 3, as the formula says); what is
+    called a fraction (utilization, and 1 - utilization the idle share) stays within [0, 1]."""
+    stats = compile_library("1f1b", p=4, m=1).stats
+    assert stats["bubble"] == 3.0 and "bubble_fraction" not in stats
+    assert 0 <= stats["utilization"] <= 1
+    assert stats["bubble"] == pytest.approx((1 - stats["utilization"]) / stats["utilization"])
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe():

@@ -186,6 +186,28 @@ def run_cli(*args):
     return CliRunner().invoke(main, ["tune", *args])
 
 
+def test_the_bubble_is_one_number_in_simulate_its_json_and_the_tune_row():
+    """ZB-V, p = 2, d = 4, b = 2 of GPT 1.7B on an A100 node with blocking sends: simulate's text, its
+    JSON and tune's row (and JSON) give the same bubble, idle over busy time of the simulated step (the
+    tune row said 0.013, bubble_s over the iteration, where simulate said 0.0604)."""
+    model = str(__import__("conftest").ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    layout = ["--model", model, "--cluster", CLUSTER, "--global-batch", "64", "--recompute", "none", "--blocking-p2p"]
+    simulated = CliRunner().invoke(main, ["simulate", "zbv", "-D", "p=2", "--dp", "4", "--microbatch-size", "2",
+                                          *layout, "--json"])
+    assert simulated.exit_code == 0, simulated.output
+    bubble = json.loads(simulated.output)["bubble"]
+    text = CliRunner().invoke(main, ["simulate", "zbv", "-D", "p=2", "--dp", "4", "--microbatch-size", "2", *layout])
+    assert f"  bubble {bubble:.4f}  " in text.output
+    tuned = run_cli(*layout, "--gpus", "8", "--schedules", "zbv", "--tp", "1", "--pp", "2", "--top", "5")
+    assert tuned.exit_code == 0, tuned.output
+    row = next(line.split() for line in tuned.output.splitlines() if line.split()[1:2] == ["zbv"]
+               and line.split()[6] == "2")
+    assert row[-1] == f"{bubble:.4f}"
+    listed = json.loads(run_cli(*layout, "--gpus", "8", "--schedules", "zbv", "--tp", "1", "--pp", "2",
+                                "--json").output)
+    assert next(r["bubble"] for r in listed if r["b"] == 2) == round(bubble, 4)
+
+
 def test_the_command_prints_the_table_and_the_winners_command_lines(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
                      "--schedules", "1f1b,interleaved_1f1b", "--top", "3")

@@ -114,7 +114,7 @@ def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     params = " ".join(f"{k}={v}" for k, v in s.params.items())
     peak = "/".join(f"{m:g}" for m in st["peak_memory"])
     title = (f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
-             f"makespan {st['makespan']:g}   bubble {st['bubble_fraction']:.4f}   utilization "
+             f"makespan {st['makespan']:g}   bubble {st['bubble']:.4f}   utilization "
              f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
     if not compiled.ok:
         errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
