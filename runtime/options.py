@@ -44,11 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--config", metavar="TOML",
                        help="model sizes from a TOML file: keys layers, hidden, heads, seq, vocab, "
-                            "mb_size at top level or in a [model] table; other keys reach a user "
-                            "model as ModelConfig.extra")
+                            "mb_size (or microbatch_size, as in schedc's model files) at top level or in "
+                            "a [model] table; other keys reach a user model as ModelConfig.extra. The "
+                            "model description `schedc check/simulate --model` reads goes here")
     group.add_argument("--model", metavar="PKG.MOD:FN",
-                       help="user model: FN(ModelConfig) returns a list of (name, nn.Module) pieces, "
-                            "the first taking token ids, the last returning logits (default: GPT)")
+                       help="user model code (not a TOML: that is --config): FN(ModelConfig) returns a "
+                            "list of (name, nn.Module) pieces, the first taking token ids, the last "
+                            "returning logits (default: GPT)")
     group.add_argument("--layers", type=int, help="transformer blocks (default 4)")
     group.add_argument("--hidden", type=int, help="hidden size (default 64)")
     group.add_argument("--heads", type=int, help="attention heads (default 4)")
@@ -166,6 +168,10 @@ def _read_toml(path: str) -> tuple[dict, dict]:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise OptionError(f"--config {path}: {exc}") from None
     table = {**{k: v for k, v in doc.items() if k != "model"}, **doc.get("model", {})}
+    if "microbatch_size" in table:  # schedc's model files (check --model) name mb_size so
+        size = table.pop("microbatch_size")
+        if table.setdefault("mb_size", size) != size:
+            raise OptionError(f"--config {path}: mb_size {table['mb_size']!r} and microbatch_size {size!r} differ")
     known = {f.name for f in fields(ModelConfig)} - {"extra"}
     values = {k: v for k, v in table.items() if k in known}
     for key, value in values.items():

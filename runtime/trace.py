@@ -106,8 +106,11 @@ def _ordered(keys) -> list[str]:
     return builtin + sorted(k for k in keys if k not in builtin)
 
 
-def profile(events: list[Event], stages: int) -> dict[str, Any]:
-    return {"unit": "ms", **mean_costs(events, stages)}
+def profile(events: list[Event], stages: int, microbatch_size: int | None = None) -> dict[str, Any]:
+    """costs.json: ms per op kind and stage, and the microbatch size (sequences) they were measured at,
+    which `schedc calibrate --costs` fits at (it refuses another --microbatch-size)."""
+    size = {} if microbatch_size is None else {"microbatch_size": microbatch_size}
+    return {"unit": "ms", **size, **mean_costs(events, stages)}
 
 
 def report(events: list[Event], plan: Plan, ranks: int) -> dict[str, Any]:

@@ -188,6 +188,7 @@ def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list)
     if opts.report_out:
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:
-        trace.write_json(opts.profile_out, trace.profile(measured or events, plan.meta["stages"]))
+        trace.write_json(opts.profile_out, trace.profile(measured or events, plan.meta["stages"],
+                                                                  opts.model_config.mb_size))
     if not opts.quiet:
         print(trace.format_report(rep), flush=True)

@@ -353,8 +353,11 @@ def export_cmd(file, defines, fmt, out):
 @click.option("--costs", type=click.Path(dir_okay=False), default=None,
               help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-              help="The model the profile ran (with --costs).")
-@click.option("--microbatch-size", type=int, default=1, show_default=True, help="The profile's microbatch size.")
+              help="The model description (TOML, as for simulate --cluster; the runtime's --config) the "
+                   "profile ran (with --costs).")
+@click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
+              help="The profile's microbatch size (the runtime's --mb-size); default: the one the profile "
+                   "records, which a different value contradicts.")
 @click.option("--tp", type=int, default=1, show_default=True, help="The profile's tensor-parallel size.")
 @click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
               help="The profile's recomputation (the runtime recomputes nothing).")

@@ -50,7 +50,9 @@ _OPTIONS = (
                       "calls do (default: it does not, as in schedc's runtime), with --cluster."),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-                             help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster.")
+                             help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster; "
+                                  "the same file check --model and the runtime's --config read (the "
+                                  "runtime's --model is model code, PKG.MOD:FN).")
 _NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_parallel", "overlap_grad_reduce",
           "blocking_p2p")
 
@@ -247,9 +249,25 @@ def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):
                    hbm_bandwidth=cluster.hbm_bandwidth / factor), factor
 
 
+def _profile_microbatch_size(costs: str, given: int | None) -> int:
+    """The microbatch size to fit a profile at: the one it records, which --microbatch-size may repeat
+    but not contradict (a fit at 1 of a profile run at the runtime's default 4 was 4x off, silently)."""
+    from .interop.profiles import measured_microbatch_size
+    recorded = measured_microbatch_size(costs)
+    if recorded is not None and given is not None and given != recorded:
+        raise usage(f"--microbatch-size {given} disagrees with the profile {costs}, measured at microbatch size "
+                    f"{recorded} (the runtime's --mb-size): leave it out, or profile again at {given}")
+    if recorded is None and given is None:
+        raise usage(f"the profile {costs} does not record its microbatch size: give --microbatch-size (the "
+                    "runtime's --mb-size of the run that measured it; its default is 4)")
+    return recorded if recorded is not None else given
+
+
 def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name: str | None, costs: str | None,
-                   model_file: str | None, microbatch_size: int, tp: int, recompute: str) -> str:
-    """`schedc calibrate`: measure (or read --cluster), then fit to a profile if one is given; write OUT."""
+                   model_file: str | None, microbatch_size: int | None, tp: int, recompute: str) -> str:
+    """`schedc calibrate`: measure (or read --cluster), then fit to a profile if one is given; write OUT.
+    The fit is at the microbatch size the profile records (the runtime's --mb-size); a different
+    --microbatch-size is refused, and one is needed for a profile that does not record it."""
     from pathlib import Path
     from .cluster import dump_cluster
     if (costs is None) != (model_file is None):
@@ -266,6 +284,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         cluster_name = out
     if costs is not None:
         from .interop.profiles import load_costs
+        microbatch_size = _profile_microbatch_size(costs, microbatch_size)
         model, cluster = load_model_spec(model_file), load_cluster(cluster_name)
         layout = Layout(tp=tp, microbatch_size=microbatch_size, recompute=recompute)
         check_layout(model, layout, model_file)

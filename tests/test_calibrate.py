@@ -67,3 +67,41 @@ def test_schedc_calibrate_measures_and_fits(tmp_path):
     assert load_cluster(str(fitted)).intra_latency == pytest.approx(cpu.intra_latency)
     bad = CliRunner().invoke(main, ["calibrate", "-o", str(fitted), "--costs", str(profile)])
     assert bad.exit_code == 2 and "--costs and --model go together" in bad.output
+
+
+def test_a_fit_is_at_the_microbatch_size_the_profile_was_measured_at(tmp_path):
+    """The runtime's --profile-out records its --mb-size (default 4); calibrate fits at it, refuses a
+    --microbatch-size that contradicts it, and asks for one when a profile does not say (calibrate's
+    default was 1 against the runtime's 4: a fit without the option was silently 4x off)."""
+    from schedc.runtime import trace
+    assert trace.profile([], 2, 4) == {"unit": "ms", "microbatch_size": 4}
+    model = tmp_path / "m.toml"
+    model.write_text(MODEL)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"unit": "ms", "microbatch_size": 4, "F": [50.0, 60.0], "B": [100.0, 120.0]}))
+    args = ["calibrate", "-o", str(tmp_path / "fitted.toml"), "--cluster", "dgx-a100-80gb", "--costs", str(profile),
+            "--model", str(model)]
+    fitted = CliRunner().invoke(main, args)
+    assert fitted.exit_code == 0, fitted.output
+    cluster = load_cluster("dgx-a100-80gb")
+    spec = ModelSpec(4, 256, 8, 128, 256, 1024, "fp32")
+    _, at_four = fit_to_profile(cluster, spec, Layout(microbatch_size=4, recompute="none"),
+                                {"F": [50.0, 60.0], "B": [100.0, 120.0]})
+    assert f"measured / predicted compute {at_four:.4g}" in fitted.output
+    assert CliRunner().invoke(main, args + ["--microbatch-size", "4"]).exit_code == 0
+    wrong = CliRunner().invoke(main, args + ["--microbatch-size", "1"])
+    assert wrong.exit_code == 2
+    assert f"--microbatch-size 1 disagrees with the profile {profile}, measured at microbatch size 4" in wrong.output
+    profile.write_text(json.dumps({"unit": "ms", "F": [50.0, 60.0], "B": [100.0, 120.0]}))
+    unsaid = CliRunner().invoke(main, args)
+    assert unsaid.exit_code == 2 and "does not record its microbatch size: give --microbatch-size" in unsaid.output
+
+
+def test_the_runtime_reads_a_schedc_model_file_microbatch_size_as_mb_size(tmp_path):
+    from schedc.runtime.options import OptionError, build_parser, model_config
+    path = tmp_path / "m.toml"
+    path.write_text(MODEL.replace('dtype = "fp32"\n', "") + "microbatch_size = 2\n")
+    assert model_config(build_parser().parse_args(["plan.json", "--config", str(path)])).mb_size == 2
+    path.write_text(MODEL.replace('dtype = "fp32"\n', "") + "microbatch_size = 2\nmb_size = 3\n")
+    with pytest.raises(OptionError, match="mb_size 3 and microbatch_size 2 differ"):
+        model_config(build_parser().parse_args(["plan.json", "--config", str(path)]))

@@ -37,6 +37,19 @@ def _measured(value, what: str, path: str) -> float:
 
 
 MAX_MEASURED = 1e15  # as a declared cost (frontend.elaborate.MAX_COST): sums over a schedule stay finite
+_SILENT = ("unit", "microbatch_size", "source", "schedule", "memory")  # keys that name no op kind
+
+
+def measured_microbatch_size(path: str) -> int | None:
+    """The microbatch size a costs file was measured at (the runtime's --profile-out records it as
+    "microbatch_size"), or None when it does not say."""
+    try:
+        value = json.loads(Path(path).read_text()).get("microbatch_size")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise _usage(f"cannot read costs: {exc}", path) from None
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise _usage(f'"microbatch_size" must be a positive integer, got {value!r}', path)
+    return value
 
 
 def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
@@ -51,7 +64,7 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
         raise _usage("costs must be a JSON object of op kind to cost", path)
     out = {}
     for kind, value in data.items():
-        if kind in ("unit", "source", "schedule", "memory"):
+        if kind in _SILENT:
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[kind] = _measured(value, f"cost of {kind!r}", path)
@@ -171,7 +184,6 @@ class Measured:
 
 
 MEASURE = "`schedc run PLAN --profile-out costs.json` measures every kind a plan runs"
-_SILENT = ("piece", "unit", "source", "schedule", "memory")  # keys that name no op kind
 
 
 def costs_origin(path: str) -> Measured:
@@ -200,7 +212,7 @@ def check_measured_kinds(measured: Measured, given: Iterable[str], runs: Collect
     listed = [kind for kind in runs if kind != OVERLAP]  # FB is no kind of its own: F & B's cost
     errors = [] if measured.profile else [
         error(f"measured cost of '{kind}': {absent_kind(kind, listed, split)}", measured.spans.get(kind, measured.at))
-        for kind in given if kind not in runs and kind not in _SILENT]
+        for kind in given if kind not in runs and kind != "piece"]
     missing = [kind for kind in needs if kind not in given]
     if missing:
         names = " and ".join(", ".join(missing).rsplit(", ", 1))
