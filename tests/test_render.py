@@ -364,3 +364,21 @@ def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
                                        str(tmp_path / "x.svg")])
     assert result.exit_code == 2 and "has 2,036 edges among its 552 ops" in result.output, result.output
     assert "limit 1,500" in result.output and not (tmp_path / "x.svg").exists()
+
+
+def test_measured_costs_for_a_plan_give_every_kind_it_runs(tmp_path):
+    """A plan re-simulated under measured costs: a costs file for ZB-H1's plan that gives B, not I and
+    W, is refused at its keys (the plan's own unit costs are not mixed with milliseconds), exit 2."""
+    from schedc.cli import main
+    out = tmp_path / "zb"
+    assert CliRunner().invoke(main, ["compile", "zb_h1", "-D", "p=2", "-D", "m=4", "-o", str(out)]).exit_code == 0
+    costs = tmp_path / "costs.json"
+    costs.write_text('{"F": 1, "B": 2}')
+    result = CliRunner().invoke(main, ["render", str(out / "plan.json"), "--costs", str(costs), "-o",
+                                       str(tmp_path / "x.svg")])
+    assert result.exit_code == 2, result.output
+    assert f"{costs}:1:10: error: measured cost of 'B': this schedule splits its backward" in result.output
+    assert f"{costs}:1:1: error: no measured cost for I and W" in result.output and not (tmp_path / "x.svg").exists()
+    costs.write_text('{"F": 1, "I": 1, "W": 1}')
+    assert CliRunner().invoke(main, ["render", str(out / "plan.json"), "--costs", str(costs), "-o",
+                                     str(tmp_path / "x.svg")]).exit_code == 0

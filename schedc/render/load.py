@@ -31,8 +31,23 @@ def load_input(file: str, defines, costs: str | None, latency: float,
             raise SchedError(error(str(exc)), Source(file, ""), exit_code=2) from None
         from ..interop.profiles import load_costs, read_profile
         measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
+        if measured:
+            _check_measured(plan, measured, profile[0] if profile else None, costs)
         return compiled_from_plan(plan, file, measured, latency)
     return compile_file(file, defines, costs, latency, profile)
+
+
+def _check_measured(plan: Plan, measured: dict, profile: str | None, costs: str | None) -> None:
+    """Measured costs give every compute kind the plan runs and (a costs file) no other: a plan's own
+    costs are in its units, never mixed with milliseconds (interop.profiles.check_measured_kinds)."""
+    from ..interop.profiles import check_measured_kinds, costs_origin, profile_origin
+    from ..ops import OVERLAP
+    kinds = {unit.op for steps in plan.ranks for step in steps[:1] for instr in step if _is_compute(instr.op)
+             for unit in instr.units()}
+    overlapped = any(instr.halves is not None for steps in plan.ranks for step in steps[:1] for instr in step)
+    order = [k for k in (OpKind.F, OpKind.B, OpKind.I, OpKind.W) if k in kinds] + sorted(kinds - set(OpKind))
+    check_measured_kinds(profile_origin(profile) if profile else costs_origin(costs), measured,
+                         order + [OVERLAP] * overlapped, order, OpKind.I in kinds)
 
 
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:
