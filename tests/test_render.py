@@ -369,7 +369,6 @@ def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
 def test_measured_costs_for_a_plan_give_every_kind_it_runs(tmp_path):
     """A plan re-simulated under measured costs: a costs file for ZB-H1's plan that gives B, not I and
     W, is refused at its keys (the plan's own unit costs are not mixed with milliseconds), exit 2."""
-    from schedc.cli import main
     out = tmp_path / "zb"
     assert CliRunner().invoke(main, ["compile", "zb_h1", "-D", "p=2", "-D", "m=4", "-o", str(out)]).exit_code == 0
     costs = tmp_path / "costs.json"
