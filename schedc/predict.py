@@ -116,8 +116,9 @@ def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterReq
 def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
                 lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
-    is loaded as compile_file loads it (composed: `extends`, `use`, `--with`), then elaborated twice:
-    once to learn its stages (and its declared F), once with the costs."""
+    is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
+    stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
+    its declared F), once with the costs."""
     from .compiler import analyse, collector_paused, compile_schedule, load_declaration, read_source
     from .frontend.elaborate import Options, elaborate
     from .frontend.library import resolve
@@ -130,10 +131,11 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     with collector_paused():
         decl = load_declaration(source, addons)
         overrides = _microbatches(decl, dict(overrides), layout)
-        probe = elaborate(decl, source, Options(overrides))
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
-        schedule = elaborate(decl, source, Options(overrides, costs.costs(), task_scale=_forward_scale(probe, costs)))
+        schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,
+                                                   task_scale=_forward_scale(probe, costs)))
         links = link_times(st, schedule.devices)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
         free = analyse(schedule).timing if schedule.fill else simulate(schedule)  # no messages: for the bubble

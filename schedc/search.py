@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -510,7 +511,8 @@ class Searcher:
             return Refusal(structure.error)
         makespan = self.makespan(c, structure, costs, self.link_times(st, c, schedule.devices))
         if makespan is None:
-            return Refusal(f"the order deadlocks (schedc check {c.schedule} {_defines(c)} shows where)", fault=True)
+            return Refusal(f"the order deadlocks (schedc check {shlex.quote(c.schedule)} {_defines(c)} shows where)",
+                           fault=True)
         free_span = makespan
         if free:
             free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
