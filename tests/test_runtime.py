@@ -154,9 +154,10 @@ def test_zero_bubble_and_dualpipe_schedules_match_reference(plans, reference, tm
                         for i in steps[0] if i.op == "OVERLAP_F_B")
     events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
               if e["ph"] == "X" and e["name"] != "wait"]
-    timed = sorted(tuple(e["args"]["halves"]) for e in events if e["args"]["op"] == "OVERLAP_F_B")
+    timed = sorted(tuple(f"{h['op']}{h['stage']}.{h['mb']}" for h in e["args"]["halves"]) for e in events
+                   if e["args"]["op"] == "OVERLAP_F_B")
     assert overlapped and timed == overlapped
-    assert all(e["name"] == " & ".join(e["args"]["halves"]) for e in events if e["args"]["op"] == "OVERLAP_F_B")
+    assert {e["name"] for e in events if e["args"]["op"] == "OVERLAP_F_B"} == {" & ".join(p) for p in overlapped}
     alone = {e["name"] for e in events if e["args"]["op"] != "OVERLAP_F_B"}
     assert not alone & {half for pair in overlapped for half in pair}
 
