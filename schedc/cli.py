@@ -124,7 +124,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     from a model on a cluster, and the step's prediction in the plan's stats)."""
     from .plan.write import write_plan
     from .report import summary
-    on = _on_cluster(file, defines, cluster)
+    on = _on_cluster(file, defines, cluster, addons=addons)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
     if not result.ok:
@@ -186,7 +186,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
     from .report import device_table, summary
-    on = _on_cluster(file, defines, cluster, lower=False)
+    on = _on_cluster(file, defines, cluster, lower=False, addons=addons)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
@@ -204,14 +204,15 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     sys.exit(exit_code(result.diagnostics))
 
 
-def _on_cluster(file: str, defines, cluster, lower: bool = True):
-    """With --cluster, FILE compiled for the cluster (errors end the process, exit 2 or 1); else None."""
+def _on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = ()):
+    """With --cluster, FILE (and its --with add-ons) compiled for the cluster (errors end the process,
+    exit 2 or 1); else None."""
     if cluster is None:
         return None
     from .compiler import parse_defines
     from .predict import compile_on_cluster
     try:
-        on = compile_on_cluster(file, parse_defines(defines), cluster, lower)
+        on = compile_on_cluster(file, parse_defines(defines), cluster, lower, addons)
     except SchedError as exc:
         _fail(exc)
     _report(on.compiled.diagnostics, on.compiled.schedule.source)
@@ -278,18 +279,26 @@ def _synthesize(defines, costs, latency, memory_limit, out) -> None:
 
 @main.command("list")
 def list_cmd():
-    """List the library schedules with their params."""
-    from .compiler import read_source
-    from .frontend.library import library_files
+    """List the library schedules with their params (a composed one's all: its base's and its add-ons'),
+    then the library's add-ons (`--with NAME`), whose params are named NAME.param."""
+    from .compiler import load_declaration, read_source
+    from .frontend.library import library_addons, library_files
     from .frontend.parse import parse_source
-    from .frontend import ast
     for path in library_files():
+        decl = load_declaration(read_source(path))
+        _list_entry(path.stem, decl, "")
+    for path in library_addons():
         decl = parse_source(read_source(path))
-        click.echo(f"{path.stem:<18} {decl.name}: {decl.doc}")
-        for d in decl.decls:
-            if isinstance(d, ast.Param):
-                value = d.default.value if isinstance(d.default, ast.Num) else "(expr)"
-                click.echo(f"{'':<20}-D {d.name}={value:<6} {d.doc}")
+        _list_entry(f"{path.stem} (add-on)", decl, f"{decl.name}.")
+
+
+def _list_entry(name: str, decl, prefix: str) -> None:
+    from .frontend import ast
+    click.echo(f"{name:<18} {decl.name}: {decl.doc}")
+    for d in decl.decls:
+        if isinstance(d, ast.Param):
+            value = d.default.value if isinstance(d.default, ast.Num) else "(expr)"
+            click.echo(f"{'':<20}-D {prefix + d.name + '=' + str(value):<18} {d.doc}")
 
 
 @main.command("render")
@@ -303,14 +312,15 @@ def list_cmd():
 @click.option("--measured", type=click.Path(dir_okay=False), default=None,
               help="A measured Chrome trace to draw above the simulated timeline.")
 @cluster_options
+@with_option
 def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured, model_file,
-               cluster):
+               cluster, addons):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
-                             profile=row, cluster=cluster)
+                             profile=row, cluster=cluster, addons=addons)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -324,12 +334,13 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 @click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms"]), default="torch-csv",
               show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
-def export_cmd(file, defines, fmt, out):
+@with_option
+def export_cmd(file, defines, fmt, out, addons):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
     from .compiler import compile_file
     from .interop.torch_csv import export_comms_csv, export_csv
     try:
-        result = compile_file(file, defines, None, 0.0)
+        result = compile_file(file, defines, None, 0.0, addons=addons)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
             sys.exit(exit_code(result.diagnostics))
