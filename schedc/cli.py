@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from .diagnostics import SchedError, exit_code
-from .outputs import output_error, prepare_directory, reason, write_output
+from .outputs import STDOUT, is_stdout, output_error, prepare_directory, reason, write_output
 from .predict import cluster_options
 from .tune import tune_options
 
@@ -123,6 +123,9 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     from a model on a cluster, and the step's prediction in the plan's stats)."""
     from .plan.write import write_plan
     from .report import summary
+    if out_dir == STDOUT:
+        raise click.BadParameter("compile writes a directory (plan.json and rank*.txt), not the standard output",
+                                 param_hint="-o")
     on = _on_cluster(file, defines, cluster)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
@@ -233,7 +236,7 @@ def _progress_line(what: str, done: int, total: int) -> None:
                    "B=2; I=W=1).")
 @latency_option
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
-              help="With --synthesize: the .sched file to write (default: print it).")
+              help="With --synthesize: the .sched file to write (default or -: print it).")
 @tune_options
 @click.option("--json", "as_json", is_flag=True, help="Print the ranked list as JSON, best first.")
 def tune_cmd(synth, defines, costs, latency, out, options, as_json):
@@ -319,7 +322,8 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 @define_option
 @click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms"]), default="torch-csv",
               show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="The CSV to write; - prints it.")
 def export_cmd(file, defines, fmt, out):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
     from .compiler import compile_file
@@ -336,7 +340,8 @@ def export_cmd(file, defines, fmt, out):
         write_output(out, export_comms_csv(result.plan) if fmt == "torch-comms" else text)
     except SchedError as exc:
         _fail(exc)
-    click.echo(f"wrote {out}")
+    if not is_stdout(out):
+        click.echo(f"wrote {out}")
 
 
 @main.command("calibrate")

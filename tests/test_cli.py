@@ -25,6 +25,18 @@ def test_compile_writes_plan_and_rank_streams(tmp_path):
                                                            "rank3.txt"]
 
 
+def test_compile_over_a_larger_plan_removes_only_its_own_stale_rank_streams(tmp_path):
+    assert run("compile", "1f1b", "-D", "p=4", "-o", str(tmp_path)).exit_code == 0
+    (tmp_path / "rank9.txt").write_text("# my notes, not a plan\n")
+    (tmp_path / "rank3.txt.bak").write_bytes((tmp_path / "rank3.txt").read_bytes())
+    result = run("compile", "1f1b", "-D", "p=2", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "rank0.txt", "rank1.txt", "rank3.txt.bak",
+                                                           "rank9.txt"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plan["ranks"]) == 2 and plan["hash"][:12] in (tmp_path / "rank1.txt").read_text().splitlines()[0]
+
+
 def test_simulate_json_prints_the_stats_object():
     result = run("simulate", "interleaved_1f1b", "-D", "p=4", "-D", "v=2", "-D", "m=8", "--json")
     assert result.exit_code == 0

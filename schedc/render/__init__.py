@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..compiler import Compiled
 from ..diagnostics import SchedError, Source, error
-from ..outputs import prepare_directory, write_output
+from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
@@ -27,6 +27,9 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     microbatch size) of a PipeFisher profile row to take the costs from, instead of `costs`. cluster: a
     predict.ClusterRequest: costs (seconds) and message times from a model on a cluster."""
     fmt = Path(out).suffix.lower().lstrip(".")
+    if out == STDOUT:
+        raise _usage("render picks its format by OUT's extension: give -o a file such as x.svg or x.json, not -",
+                     out)
     if fmt not in EXTENSIONS:
         raise _usage(f"cannot tell the format from {out!r}: use one of "
                      + ", ".join("." + e for e in EXTENSIONS), out)
