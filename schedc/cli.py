@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from .diagnostics import SchedError, exit_code
+from .diagnostics import SchedError, exit_code, plural
 from .outputs import STDOUT, is_stdout, output_error, prepare_directory, reason, write_output
 from .predict import cluster_options
 from .tune import tune_options
@@ -139,7 +139,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     except OSError as exc:  # write_plan writes each file atomically and removes its temporary
         _fail(output_error(out_dir, reason(exc)))
     click.echo(summary(result) + (_cluster_summary(on) if on else ""))
-    click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
+    click.echo(f"wrote {paths[0]} and {plural(len(paths) - 1, 'rank stream')} (hash {plan.hash[:12]})")
 
 
 @main.command("check")
@@ -168,9 +168,9 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
         count = sum(d.severity.value == "error" for d in diagnostics)
         click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
         sys.exit(exit_code(diagnostics))
-    click.echo(f"{result.schedule.source.path}: ok ({result.stats['ops']} ops on {result.schedule.devices} "
-               f"devices: no deadlock, channels match, memory peak "
-               f"{max(result.stats['peak_memory']):g} activations)")
+    click.echo(f"{result.schedule.source.path}: ok ({plural(result.stats['ops'], 'op')} on "
+               f"{plural(result.schedule.devices, 'device')}: no deadlock, channels match, memory peak "
+               f"{max(result.stats['peak_memory']):g} activation{'s' * (max(result.stats['peak_memory']) != 1)})")
 
 
 @main.command("simulate")

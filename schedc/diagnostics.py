@@ -87,6 +87,10 @@ def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), d
     return Diagnostic(Severity.ERROR, message, span, notes, detail)
 
 
+def warning(message: str, span: Span | None = None) -> Diagnostic:
+    return Diagnostic(Severity.WARNING, message, span)
+
+
 @lru_cache(maxsize=8)
 def _lines(text: str) -> tuple[str, ...]:
     """A source's lines, split once (each of 20,000 diagnostics split the whole file again)."""
@@ -95,6 +99,18 @@ def _lines(text: str) -> tuple[str, ...]:
 
 MAX_ALIKE = 20  # diagnostics of one kind shown one by one; the rest are counted
 _NUMBERS = re.compile(r"\d+")
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`1 device`, `2 devices` (`nouns`: the plural where it is not noun + s)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def listed(items: list[str], sep: str = ", ", limit: int = MAX_ALIKE) -> str:
+    """Items joined by sep, at most `limit` of them, then `... and N more` (a line per device of 1,000
+    devices is not read)."""
+    shown = sep.join(items[:limit])
+    return shown + (f" ... and {len(items) - limit:,} more" if len(items) > limit else "")
 
 
 def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagnostic]:

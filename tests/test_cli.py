@@ -226,3 +226,27 @@ def test_repeated_diagnostics_are_capped_and_counted(tmp_path):
     assert result.exit_code == 1 and len(lines) == 22, lines[-3:]  # 20 alike, their count, the missing B
     assert "and 9,979 more like this (F(0,0) runs twice" in lines[20]
     assert len(result.output) < 20_000 and "10000 errors" in result.output
+
+
+def test_simulate_caps_per_device_lines_and_table_for_many_devices():
+    result = run("simulate", "1f1b", "-D", "p=300")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) < 200, max(lines, key=len)
+    assert "peak activations per device " + "/".join(["8"] * 20) + " ... and 280 more (at most 8)" in result.output
+    assert "  ... and 280 more devices (--json lists every device)" in lines
+    assert len(lines) < 30
+    assert len(json.loads(run("simulate", "1f1b", "-D", "p=300", "--json").output)["busy"]) == 300
+
+
+def test_counts_of_one_are_singular_and_stats_are_never_minus_zero():
+    result = run("simulate", "1f1b", "-D", "p=1", "-D", "m=1")
+    assert "(p=1 m=1): 1 device, 1 stage, 1 microbatch, 2 ops" in result.output
+    checked = run("check", "1f1b", "-D", "p=1", "-D", "m=1")
+    assert "ok (2 ops on 1 device: no deadlock, channels match, memory peak 1 activation)" in checked.output
+    filled = run("simulate", "pipefisher", "-D", "p=2", "-D", "m=16")
+    assert "bubble 0.0000" in filled.output and "-0" not in filled.output
+    stats = json.loads(run("simulate", "pipefisher", "-D", "p=2", "-D", "m=16", "--json").output)
+    assert str(stats["bubble_fraction"]) == "0.0" and stats["utilization_useful"] == 1.0  # not 1.0000000000000002
+    floats = [v for v in stats.values() if isinstance(v, float)]
+    assert all(round(v, 9) == v for v in floats)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
+from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
@@ -168,12 +168,13 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
             when = timing.start.get(op) if op is not None else None
             diags.append(error(
                 f"device {d}: {_gib(state + act)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
-                f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
+                f"and optimizer state {_gib(state)} ({'stage' if len(stages) == 1 else 'stages'} "
+                f"{listed(list(map(str, stages)))}) and activations "
                 f"{_gib(act)} of {alive} {'holdings' if timed else 'microbatch-stages'} alive"
                 + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else ""),
                 op.span if op is not None else None))
     if not diags:
-        shown = ", ".join(f"device {d} {_gib(p)}" for d, p in enumerate(peaks))
+        shown = listed([f"device {d} {_gib(p)}" for d, p in enumerate(peaks)])
         diags.append(Diagnostic(Severity.NOTE, f"peak memory per device: {shown}"
                                 + (f" (limit {_gib(limit)})" if limit is not None else "")))
     return diags

@@ -9,12 +9,17 @@ Every renderer is a deterministic function from the compiled schedule to text; o
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..compiler import Compiled
-from ..diagnostics import SchedError, Source, error
+from ..diagnostics import SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
+
+if TYPE_CHECKING:
+    from .measured import MeasuredRun
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
 
@@ -43,18 +48,20 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         compiled = compile_on_cluster(file, parse_defines(defines), cluster).compiled
     else:
         compiled = load_input(file, defines, costs, latency, profile)
-    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
+    run = None
+    if measured is not None:
+        from .measured import load_measured
+        run = load_measured(measured, compiled.schedule, compiled.plan.hash if compiled.plan else "")
+        compiled = replace(compiled, diagnostics=[*compiled.diagnostics, *map(warning, run.warnings)])
+    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=run)
     write_output(out, data)
     return compiled
 
 
 def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
-           measured: str | None = None) -> bytes:
-    """The bytes of OUT in format `fmt` for a compiled schedule."""
-    run = None
-    if measured is not None:
-        from .measured import load_measured
-        run = load_measured(measured, compiled.schedule)
+           measured: MeasuredRun | None = None) -> bytes:
+    """The bytes of OUT in format `fmt` for a compiled schedule (a measured run drawn above it)."""
+    run = measured
     if fmt == "json":
         import json
         from .trace import chrome_trace
