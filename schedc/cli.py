@@ -126,6 +126,9 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     if out_dir == STDOUT:
         raise click.BadParameter("compile writes a directory (plan.json and rank*.txt), not the standard output",
                                  param_hint="-o")
+    if _is_plan(file):
+        raise click.UsageError(f"{file} is already a compiled plan: check, simulate, render and run read it; "
+                               "compile the .sched file it came from")
     on = _on_cluster(file, defines, cluster)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
@@ -151,9 +154,14 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB.")
 @with_option
 def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, addons):
-    """Prove FILE free of deadlock, with matching channels and within its memory bound."""
+    """Prove FILE free of deadlock, with matching channels and within its memory bound (FILE may be
+    a plan.json: its fields and its channels are checked)."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
+    if _is_plan(file):
+        _plan_only(file, defines=defines, costs=costs, profile=profile, model=model_file,
+                   memory_limit=memory_limit, addons=addons)
+        return _check_plan(file)
     try:
         result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
         extra = []
@@ -183,11 +191,16 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
-    in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
+    in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown).
+    FILE may be a plan.json: its ranks' orders are re-simulated (under --costs if given)."""
     from .report import device_table, summary
-    on = _on_cluster(file, defines, cluster, lower=False)
-    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
-                                              addons)
+    if _is_plan(file):
+        _plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
+        on, result = None, _replayed(file, costs, profile, microbatch_size, latency)
+    else:
+        on = _on_cluster(file, defines, cluster, lower=False)
+        result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency,
+                                                  model_file, addons)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
         errors = sum(d.severity.value == "error" for d in result.diagnostics)
         if as_json:
@@ -200,7 +213,51 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     else:
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
+        if _is_plan(file):
+            click.echo("  (re-simulated from the plan's per-rank orders, as render draws it: a task waits only "
+                       "for its rank's order)")
     sys.exit(exit_code(result.diagnostics))
+
+
+def _is_plan(file: str) -> bool:
+    return file.endswith(".json")
+
+
+def _plan_only(file: str, **given) -> None:
+    """Options that change how a schedule is compiled have no meaning for a compiled plan: refused."""
+    names = {"defines": "-D", "costs": "--costs", "profile": "--profile", "model": "--model", "cluster": "--cluster",
+             "memory_limit": "--memory-limit", "addons": "--with"}
+    used = [names[k] for k, v in given.items() if v]
+    if used:
+        raise click.UsageError(f"{file} is a compiled plan: {', '.join(used)} change{'s' * (len(used) == 1)} how a "
+                               "schedule is compiled; give the .sched file instead")
+
+
+def _replayed(file: str, costs, profile, microbatch_size, latency: float):
+    """A plan.json re-simulated from its ranks' step-0 orders, as render draws it."""
+    from .render.load import load_input
+    try:
+        return load_input(file, (), costs, latency, _profile_choice(costs, profile, microbatch_size))
+    except SchedError as exc:
+        _fail(exc)
+
+
+def _check_plan(file: str) -> None:
+    """`schedc check plan.json`: the plan's fields (as the runtime reads them) and its channels."""
+    from .checks.channels import check_channels
+    from .diagnostics import Source, error
+    from .plan import PlanError, load_plan
+    try:
+        plan = load_plan(file)
+    except PlanError as exc:
+        _fail(SchedError(error(str(exc)), Source(file, ""), exit_code=2))
+    diagnostics = check_channels(plan)
+    _report(diagnostics, Source(file, ""))
+    if exit_code(diagnostics):
+        sys.exit(exit_code(diagnostics))
+    click.echo(f"{file}: ok (plan of {plan.meta.get('schedule')}, {plural(plan.devices, 'rank')}, "
+               f"{plural(sum(len(step) for steps in plan.ranks for step in steps), 'instruction')}: fields valid, "
+               "channels match)")
 
 
 def _on_cluster(file: str, defines, cluster, lower: bool = True):

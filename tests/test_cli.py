@@ -250,3 +250,31 @@ def test_counts_of_one_are_singular_and_stats_are_never_minus_zero():
     assert str(stats["bubble_fraction"]) == "0.0" and stats["utilization_useful"] == 1.0  # not 1.0000000000000002
     floats = [v for v in stats.values() if isinstance(v, float)]
     assert all(round(v, 9) == v for v in floats)
+
+
+def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tmp_path):
+    assert run("compile", "1f1b", "-D", "p=2", "-D", "m=4", "-o", str(tmp_path)).exit_code == 0
+    plan = str(tmp_path / "plan.json")
+    checked = run("check", plan)
+    assert checked.exit_code == 0
+    assert f"{plan}: ok (plan of one_f_one_b, 2 ranks, 34 instructions: fields valid, channels match)" in checked.output
+    simulated = run("simulate", plan, "--json")
+    assert simulated.exit_code == 0
+    assert json.loads(simulated.output) == json.loads(run("simulate", "1f1b", "-D", "p=2", "-D", "m=4", "--json").output)
+    assert "re-simulated from the plan's per-rank orders" in run("simulate", plan).output
+    edited = json.loads(Path(plan).read_text())
+    edited["ranks"][0]["steps"][0] = [i for i in edited["ranks"][0]["steps"][0] if i["op"] != "SEND_F"]
+    broken = tmp_path / "broken.json"
+    from schedc.plan.validate import plan_from_json
+    loaded = plan_from_json(edited, verify=False)
+    from schedc.plan.write import write_plan
+    write_plan(loaded, tmp_path / "b")
+    channels = CliRunner().invoke(main, ["check", str(tmp_path / "b" / "plan.json")])
+    assert channels.exit_code == 1 and "messages from rank 0 to rank 1 do not match: 0 sent, 4 received" in channels.output
+    for args, message in ((["check", plan, "-D", "p=3"], f"{plan} is a compiled plan: -D changes how a schedule"),
+                          (["simulate", plan, "--with", "kfac"], "--with changes how a schedule is compiled"),
+                          (["compile", plan], f"{plan} is already a compiled plan"),
+                          (["export", plan, "-o", str(broken)], f"{plan} is JSON (a compiled plan?), not a schedule")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+        assert "unexpected '{'" not in result.output and "Traceback" not in result.output
