@@ -87,15 +87,15 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
 
 
 def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
-              addons: tuple[str, ...] = ()):
+              addons: tuple[str, ...] = (), fail=_fail):
     """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
-    the error printed); the diagnostics of one that can are printed, and it is returned."""
+    the error printed by `fail`); the diagnostics of one that can are printed, and it is returned."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = compile_file(file, defines, costs, latency, row, model, addons)
     except SchedError as exc:
-        _fail(exc)
+        fail(exc)
     _report(result.diagnostics, result.schedule.source)
     return result
 
@@ -194,17 +194,18 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown).
     FILE may be a plan.json: its ranks' orders are re-simulated (under --costs if given)."""
     from .report import device_table, summary
+    fail = _fail_json if as_json else _fail
     if _is_plan(file):
         _plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
-        on, result = None, _replayed(file, costs, profile, microbatch_size, latency)
+        on, result = None, _replayed(file, costs, profile, microbatch_size, latency, fail)
     else:
-        on = _on_cluster(file, defines, cluster, lower=False)
+        on = _on_cluster(file, defines, cluster, lower=False, fail=fail)
         result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency,
-                                                  model_file, addons)
+                                                  model_file, addons, fail)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
         errors = sum(d.severity.value == "error" for d in result.diagnostics)
         if as_json:
-            click.echo(json.dumps({"valid": False, "errors": errors}, indent=1))
+            click.echo(json.dumps(_refusal_json(result.diagnostics, result.schedule.source), indent=1))
         click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
                    "schedule that fails its checks", err=True)
         sys.exit(exit_code(result.diagnostics))
@@ -217,6 +218,20 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
             click.echo("  (re-simulated from the plan's per-rank orders, as render draws it: a task waits only "
                        "for its rank's order)")
     sys.exit(exit_code(result.diagnostics))
+
+
+def _refusal_json(diagnostics, source) -> dict:
+    """`simulate --json` for a schedule without stats: valid false, the error count and the diagnostics
+    (capped as the text is) with their places."""
+    from .diagnostics import capped
+    return {"valid": False, "errors": sum(d.severity.value == "error" for d in diagnostics),
+            "diagnostics": [d.to_json(source) for d in capped(diagnostics)]}
+
+
+def _fail_json(exc: SchedError) -> None:
+    """_fail, with the refusal as JSON on stdout too (a syntax or usage error: exit 2)."""
+    click.echo(json.dumps(_refusal_json(exc.diagnostics, exc.source), indent=1))
+    _fail(exc)
 
 
 def _is_plan(file: str) -> bool:
@@ -233,13 +248,13 @@ def _plan_only(file: str, **given) -> None:
                                "schedule is compiled; give the .sched file instead")
 
 
-def _replayed(file: str, costs, profile, microbatch_size, latency: float):
+def _replayed(file: str, costs, profile, microbatch_size, latency: float, fail=_fail):
     """A plan.json re-simulated from its ranks' step-0 orders, as render draws it."""
     from .render.load import load_input
     try:
         return load_input(file, (), costs, latency, _profile_choice(costs, profile, microbatch_size))
     except SchedError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _check_plan(file: str) -> None:
@@ -260,7 +275,7 @@ def _check_plan(file: str) -> None:
                "channels match)")
 
 
-def _on_cluster(file: str, defines, cluster, lower: bool = True):
+def _on_cluster(file: str, defines, cluster, lower: bool = True, fail=_fail):
     """With --cluster, FILE compiled for the cluster (errors end the process, exit 2 or 1); else None."""
     if cluster is None:
         return None
@@ -269,7 +284,7 @@ def _on_cluster(file: str, defines, cluster, lower: bool = True):
     try:
         on = compile_on_cluster(file, parse_defines(defines), cluster, lower)
     except SchedError as exc:
-        _fail(exc)
+        fail(exc)
     _report(on.compiled.diagnostics, on.compiled.schedule.source)
     return on
 

@@ -48,6 +48,14 @@ class Diagnostic:
     notes: tuple[str, ...] = ()
     detail: str = ""  # a block shown after the caret, e.g. a rank x step grid
 
+    def to_json(self, source: Source | None) -> dict:
+        """The diagnostic as `simulate --json` prints it: severity, message, file, line and column
+        (null where it has no place), notes."""
+        source = (self.span.source if self.span else None) or source
+        return {"severity": self.severity.value, "message": self.message,
+                "file": source.path if source else None, "line": self.span.line if self.span else None,
+                "column": self.span.column if self.span else None, "notes": list(self.notes)}
+
     def format(self, source: Source | None) -> str:
         source = (self.span.source if self.span else None) or source
         where = source.path if source else "<input>"

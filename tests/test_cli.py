@@ -278,3 +278,18 @@ def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tm
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and message in result.output, (args, result.output)
         assert "unexpected '{'" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fixture,code,message,line", [
+    ("syntax_error.sched", 2, "unexpected 'on'", 4),
+    ("broken/deadlock.sched", 1, "deadlock: device 0 waits at B(0,0)", 11),
+])
+def test_simulate_json_refusals_carry_the_located_diagnostics(fixture, code, message, line):
+    path = str(FIXTURES / fixture)
+    result = CliRunner().invoke(main, ["simulate", path, "--json"])
+    assert result.exit_code == code
+    refusal = json.loads(result.stdout)
+    assert refusal["valid"] is False and refusal["errors"] == 1
+    first = refusal["diagnostics"][0]
+    assert (first["severity"], first["file"], first["line"]) == ("error", path, line) and message in first["message"]
+    assert f"{path}:{line}:" in result.stderr  # the text form as well, on stderr
