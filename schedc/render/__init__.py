@@ -3,7 +3,7 @@
     .svg .png .pdf   timeline (or, with --dag, the dependency graph) through Graphviz
     .dot             the DOT text of the same, without running Graphviz
     .html            a self-contained report: timeline, per-device stats, memory over time, source
-    .json            a Chrome trace (chrome://tracing, Perfetto): 1 cost unit = 1 ms
+    .json            a Chrome trace (chrome://tracing, Perfetto): 1 cost unit = 1 ms (seconds under --cluster)
 
 Every renderer is a deterministic function from the compiled schedule to text; only `dot` runs outside.
 """
