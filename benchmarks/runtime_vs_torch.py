@@ -7,7 +7,8 @@
 # copies of the same GPT stages, and times the two on alternating steps (ABBA order), so that both see
 # the same machine load. Each step is the schedule, the optimizer step and a loss all-reduce. It prints
 # the median step times, the median of the per-step ratios schedc / torch (adjacent steps, so load drift
-# cancels), and schedc's measured makespan and bubble next to the plan's simulated ones.
+# cancels) with their quartiles (the spread), and schedc's measured makespan and bubble next to the
+# plan's simulated ones.
 # The last line is `ratio X`: the geometric mean over schedules of those ratios.
 #
 #   python benchmarks/runtime_vs_torch.py --quick      # about a minute on 2 CPU cores, under 4
@@ -96,16 +97,19 @@ def compare(args: argparse.Namespace) -> None:
         for name in names:
             result = measure(name, args, Path(tmp))
             ours, theirs = result["schedc"][args.warmup:], result["torch"][args.warmup:]
-            ratios.append(statistics.median(a / b for a, b in zip(ours, theirs)))  # paired by step
-            print(line(name, statistics.median(ours), statistics.median(theirs), ratios[-1], result["report"]),
+            per_step = [a / b for a, b in zip(ours, theirs)]  # paired by step
+            ratios.append(statistics.median(per_step))
+            print(line(name, statistics.median(ours), statistics.median(theirs), per_step, result["report"]),
                   flush=True)
     print(f"ratio {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
 
 
-def line(name: str, ours: float, theirs: float, ratio: float, report: dict) -> str:
+def line(name: str, ours: float, theirs: float, per_step: list[float], report: dict) -> str:
     sim = report.get("simulated", {})
     simulated = f"{sim['makespan_ms']:.1f}" if sim.get("makespan_ms") is not None else "-"
-    return (f"{name:12s} schedc {ours * 1e3:7.1f} ms  torch {theirs * 1e3:7.1f} ms  ratio {ratio:5.3f}  |  "
+    low, _, high = statistics.quantiles(per_step, n=4) if len(per_step) > 1 else per_step * 3
+    return (f"{name:14s} schedc {ours * 1e3:7.1f} ms  torch {theirs * 1e3:7.1f} ms  ratio "
+            f"{statistics.median(per_step):5.3f} (quartiles {low:.3f}-{high:.3f})  |  "
             f"makespan measured {report.get('makespan_ms', 0):.1f} ms, simulated {simulated} ms; "
             f"bubble measured {report.get('bubble')}, simulated {sim.get('bubble')}")
 

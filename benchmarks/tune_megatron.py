@@ -9,6 +9,7 @@ parallelism: the best throughput falls as p grows), both read off the search (--
     python benchmarks/tune_megatron.py                # the table and the figures
     python benchmarks/tune_megatron.py --speed 3      # also: the 1T row, `schedc tune` whole process,
                                                       # 3 runs, and once with --exhaustive; top 5 compared
+    python benchmarks/tune_megatron.py --dualpipe 3   # the 39.1B row over dualpipe, dualpipev: the same
     python benchmarks/tune_megatron.py --rows 9,10    # some rows only (1-based)
 
 The schedules searched are the library's 1f1b and interleaved_1f1b, plus zb_h1 where the library has it.
@@ -164,12 +165,14 @@ def figures() -> bool:
     return ok
 
 
-def speed(runs: int) -> None:
-    """The 1T row: `schedc tune` whole process, `runs` times, then once with --exhaustive."""
-    name, t, p, gpus, batch, *_ = ROWS[-1]
+def speed(runs: int, row: int = -1, names: tuple[str, ...] | None = None) -> None:
+    """One row (the 1T row unless told): `schedc tune` whole process, `runs` times, then once with
+    --exhaustive; the two top 5 compared."""
+    names = names or schedules()
+    name, t, p, gpus, batch, *_ = ROWS[row]
     exe = Path(sys.executable).with_name("schedc")
     command = [str(exe) if exe.exists() else "schedc", "tune", "--model", model_file(name), "--cluster", CLUSTER,
-               "--gpus", str(gpus), "--global-batch", str(batch), "--schedules", ",".join(schedules()),
+               "--gpus", str(gpus), "--global-batch", str(batch), "--schedules", ",".join(names),
                "--top", "5", "--json"] + (["--blocking-p2p"] if BLOCKING else [])
 
     def timed(cmd):
@@ -181,14 +184,16 @@ def speed(runs: int) -> None:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return json.loads(out), wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
+    load = os.getloadavg()[0]
     walls, cpus = [], []
     for _ in range(runs):
         top, wall, cpu = timed(command)
         walls.append(wall)
         cpus.append(cpu)
-    print(f"1T row ({gpus} GPUs, B={batch}) over {', '.join(schedules())}: schedc tune whole process, {runs} runs: "
+    print(f"{name} ({gpus} GPUs, B={batch}) over {', '.join(names)}: schedc tune whole process, {runs} runs: "
           f"wall s min {min(walls):.2f} median {statistics.median(walls):.2f} max {max(walls):.2f}; CPU s min "
-          f"{min(cpus):.2f} median {statistics.median(cpus):.2f} max {max(cpus):.2f}")
+          f"{min(cpus):.2f} median {statistics.median(cpus):.2f} max {max(cpus):.2f} (load average {load:.1f} "
+          f"before, {os.getloadavg()[0]:.1f} after)")
     reference, wall, cpu = timed(command + ["--exhaustive"])
     print(f"the same with --exhaustive: wall s {wall:.2f}, CPU s {cpu:.2f}")
     keys = ("schedule", "t", "p", "d", "v", "b", "recompute", "iteration_s")
@@ -202,6 +207,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=None, help="rows of Table 1 to run, 1-based, comma-separated")
     parser.add_argument("--speed", type=int, default=0, metavar="RUNS", help="also time the 1T row's search")
+    parser.add_argument("--dualpipe", type=int, default=0, metavar="RUNS",
+                        help="also time the 39.1B row's search over dualpipe and dualpipev (a mixed backward)")
     parser.add_argument("--no-table", action="store_true", help="skip the table")
     parser.add_argument("--no-figures", action="store_true", help="skip Fig. 13 and 14")
     parser.add_argument("--schedules", default=None, help="schedules to search, comma-separated (default: "
@@ -217,6 +224,8 @@ def main() -> None:
         figures()
     if args.speed:
         speed(args.speed)
+    if args.dualpipe:
+        speed(args.dualpipe, 4, ("dualpipe", "dualpipev"))
 
 
 if __name__ == "__main__":

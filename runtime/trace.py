@@ -51,7 +51,8 @@ def record(rank: int, step: int, instr: Instr, start: int, end: int, wait: int) 
 
 
 def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
-    """traceEvents: one process per rank, complete ("X") events in µs, a "wait" event for blocking."""
+    """traceEvents: one process per rank, complete ("X") events in µs, a "wait" event for blocking; an
+    OVERLAP_F_B's event names its halves in args.halves ({op, stage, mb} each)."""
     out: list[dict[str, Any]] = []
     for rank in sorted({e.rank for e in events}):
         out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
@@ -59,7 +60,7 @@ def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
     for e in events:
         args = {"op": e.op, "stage": e.stage, "mb": e.mb, "step": e.step}
         if e.halves:
-            args["halves"] = [event_name(*half) for half in e.halves]
+            args["halves"] = [{"op": op, "stage": stage, "mb": mb} for op, stage, mb in e.halves]
         if e.wait:
             out.append(_complete("wait", e.rank, e.start, e.start + e.wait, args))
         out.append(_complete(e.name, e.rank, e.start + e.wait, e.end, args))

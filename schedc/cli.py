@@ -129,7 +129,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     if _is_plan(file):
         raise click.UsageError(f"{file} is already a compiled plan: check, simulate, render and run read it; "
                                "compile the .sched file it came from")
-    on = _on_cluster(file, defines, cluster)
+    on = _on_cluster(file, defines, cluster, addons=addons)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
     if not result.ok:
@@ -199,7 +199,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
         _plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
         on, result = None, _replayed(file, costs, profile, microbatch_size, latency, fail)
     else:
-        on = _on_cluster(file, defines, cluster, lower=False, fail=fail)
+        on = _on_cluster(file, defines, cluster, lower=False, addons=addons, fail=fail)
         result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency,
                                                   model_file, addons, fail)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
@@ -275,14 +275,15 @@ def _check_plan(file: str) -> None:
                "channels match)")
 
 
-def _on_cluster(file: str, defines, cluster, lower: bool = True, fail=_fail):
-    """With --cluster, FILE compiled for the cluster (errors end the process, exit 2 or 1); else None."""
+def _on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = (), fail=_fail):
+    """With --cluster, FILE (and its --with add-ons) compiled for the cluster (errors end the process,
+    exit 2 or 1, the error printed by `fail`); else None."""
     if cluster is None:
         return None
     from .compiler import parse_defines
     from .predict import compile_on_cluster
     try:
-        on = compile_on_cluster(file, parse_defines(defines), cluster, lower)
+        on = compile_on_cluster(file, parse_defines(defines), cluster, lower, addons)
     except SchedError as exc:
         fail(exc)
     _report(on.compiled.diagnostics, on.compiled.schedule.source)
@@ -349,18 +350,26 @@ def _synthesize(defines, costs, latency, memory_limit, out) -> None:
 
 @main.command("list")
 def list_cmd():
-    """List the library schedules with their params."""
-    from .compiler import read_source
-    from .frontend.library import library_files
+    """List the library schedules with their params (a composed one's all: its base's and its add-ons'),
+    then the library's add-ons (`--with NAME`), whose params are named NAME.param."""
+    from .compiler import load_declaration, read_source
+    from .frontend.library import library_addons, library_files
     from .frontend.parse import parse_source
-    from .frontend import ast
     for path in library_files():
+        decl = load_declaration(read_source(path))
+        _list_entry(path.stem, decl, "")
+    for path in library_addons():
         decl = parse_source(read_source(path))
-        click.echo(f"{path.stem:<18} {decl.name}: {decl.doc}")
-        for d in decl.decls:
-            if isinstance(d, ast.Param):
-                value = d.default.value if isinstance(d.default, ast.Num) else "(expr)"
-                click.echo(f"{'':<20}-D {d.name}={value:<6} {d.doc}")
+        _list_entry(f"{path.stem} (add-on)", decl, f"{decl.name}.")
+
+
+def _list_entry(name: str, decl, prefix: str) -> None:
+    from .frontend import ast
+    click.echo(f"{name:<18} {decl.name}: {decl.doc}")
+    for d in decl.decls:
+        if isinstance(d, ast.Param):
+            value = d.default.value if isinstance(d.default, ast.Num) else "(expr)"
+            click.echo(f"{'':<20}-D {prefix + d.name + '=' + str(value):<18} {d.doc}")
 
 
 @main.command("render")
@@ -374,14 +383,15 @@ def list_cmd():
 @click.option("--measured", type=click.Path(dir_okay=False), default=None,
               help="A measured Chrome trace to draw above the simulated timeline.")
 @cluster_options
+@with_option
 def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag, comms, measured, model_file,
-               cluster):
+               cluster, addons):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from .render import render_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
-                             profile=row, cluster=cluster)
+                             profile=row, cluster=cluster, addons=addons)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)
@@ -396,12 +406,13 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
               show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
               help="The CSV to write; - prints it.")
-def export_cmd(file, defines, fmt, out):
+@with_option
+def export_cmd(file, defines, fmt, out, addons):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
     from .compiler import compile_file
     from .interop.torch_csv import export_comms_csv, export_csv
     try:
-        result = compile_file(file, defines, None, 0.0)
+        result = compile_file(file, defines, None, 0.0, addons=addons)
         if not result.ok:
             _report(result.diagnostics, result.schedule.source)
             sys.exit(exit_code(result.diagnostics))

@@ -9,6 +9,7 @@ import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from .checks.channels import check_channels
@@ -17,6 +18,7 @@ from .checks.memory import check_memory
 from .checks.census import Census, census
 from .checks.structure import check_structure
 from .diagnostics import Diagnostic, SchedError, Source, Span, error, has_errors
+from .frontend.ast import ScheduleDecl
 from .frontend.compose import compose
 from .frontend.elaborate import Options, elaborate
 from .ir import Schedule
@@ -125,10 +127,17 @@ PASSES: tuple[Callable[[Unit], Unit], ...] = (
 ANALYSIS = PASSES[:PASSES.index(_stats) + 1]  # the passes before lowering (`simulate` without a plan)
 
 
+def load_declaration(source: Source, addons: Iterable[str] = ()) -> ScheduleDecl:
+    """Parse and compose: text -> one declaration with its `extends`, `use` and the command line's
+    `--with` add-ons resolved. Every path that elaborates a .sched file starts here (compile_file,
+    --cluster's predict.compile_for, tune's search), so a composed schedule is the same schedule on
+    each of them."""
+    return compose(parse_source(source), source, tuple(addons))
+
+
 def build_schedule(source: Source, options: Options | None = None) -> Schedule:
-    """Parse and elaborate: text -> AST -> IR with per-device orders."""
-    addons = options.addons if options else ()
-    return elaborate(compose(parse_source(source), source, addons), source, options)  # extends, use
+    """Parse, compose and elaborate: text -> AST -> IR with per-device orders."""
+    return elaborate(load_declaration(source, options.addons if options else ()), source, options)
 
 
 def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
@@ -190,12 +199,21 @@ def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = Non
     options = replace(_options(parse_defines(defines), costs, profile, model), addons=tuple(addons))
     with collector_paused():
         if path.suffix == ".csv":
+            refuse_addons(file, options.addons)
             from .interop.torch_csv import schedule_from_csv
             schedule = schedule_from_csv(path, options)
             return _with_imported_comms(compile_schedule(schedule, latency), path)
         else:
             schedule = build_schedule(read_source(path), options)
         return compile_schedule(schedule, latency)
+
+
+def refuse_addons(file: str, addons: tuple[str, ...]) -> None:
+    """A torch CSV schedule is a finished per-rank order, not a declaration an add-on can join: `--with`
+    on one is a usage error (exit 2), not silently dropped."""
+    if addons:
+        raise SchedError(error(f"--with {addons[0]}: add-ons apply to .sched schedules; {Path(file).name} is a "
+                               "torch CSV order (write a .sched with `use` instead)"), Source(file, ""), exit_code=2)
 
 
 def _with_imported_comms(compiled: Compiled, path) -> Compiled:
@@ -250,5 +268,5 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     return Options(params, load_costs(costs), memory=load_memory(costs), model_layers=layers)
 
 
-__all__ = ["Compiled", "Options", "PASSES", "ANALYSIS", "Unit", "analyse", "read_source", "build_schedule", "run_passes",
+__all__ = ["Compiled", "Options", "PASSES", "ANALYSIS", "Unit", "analyse", "read_source", "load_declaration", "build_schedule", "run_passes",
            "compile_schedule", "collector_paused", "compile_source", "compile_file", "parse_defines"]

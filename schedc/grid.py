@@ -27,10 +27,11 @@ def label(schedule: Schedule, op: Op) -> str:
 
 
 def location(source: Source, span: Span | None) -> str:
-    """`1f1b.sched:12`, the short form used inside messages (the full path leads the diagnostic)."""
+    """`1f1b.sched:12`, the short form used inside messages (the full path leads the diagnostic); a
+    span taken from another file (`extends`, `use`) names that file."""
     if span is None:
         return Path(source.path).name
-    return f"{Path(source.path).name}:{span.line}"
+    return f"{Path((span.source or source).path).name}:{span.line}"
 
 
 def elide(items: Sequence, limit: int, noun: str = "in all", text=str, sep: str = ", ") -> str:

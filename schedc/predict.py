@@ -104,22 +104,24 @@ class OnCluster:
 
 
 def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest,
-                       lower: bool = True) -> OnCluster:
-    """Compile FILE with the costs of request's model on its cluster; SchedError on user errors.
-    Without `lower` the schedule is checked and timed but not lowered (no plan: `simulate`)."""
+                       lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
+    """Compile FILE (with the `--with` add-ons) with the costs of request's model on its cluster;
+    SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
+    plan: `simulate`)."""
     model, cluster = load_model_spec(request.model), load_cluster(request.cluster)
     check_layout(model, request.layout, request.model)
-    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower)
+    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons)
 
 
 def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
-                lower: bool = True) -> OnCluster:
+                lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
-    is elaborated twice: once to learn its stages (and its tasks' declared costs), once with the costs."""
-    from .compiler import analyse, collector_paused, compile_schedule, read_source
+    is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
+    stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
+    its declared F), once with the costs."""
+    from .compiler import analyse, collector_paused, compile_schedule, load_declaration, read_source
     from .frontend.elaborate import Options, elaborate
     from .frontend.library import resolve
-    from .frontend.parse import parse_source
     from .simulate import simulate
     path = resolve(file)
     if path.suffix == ".csv":
@@ -127,12 +129,13 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     source = read_source(path)
     layout = st.layout
     with collector_paused():
-        decl = parse_source(source)
+        decl = load_declaration(source, addons)
         overrides = _microbatches(decl, dict(overrides), layout)
-        probe = elaborate(decl, source, Options(overrides))
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
-        schedule = elaborate(decl, source, Options(overrides, {**_task_costs(probe, costs), **costs.costs()}))
+        schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,
+                                                   task_scale=_forward_scale(probe, costs)))
         links = link_times(st, schedule.devices)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
         free = analyse(schedule).timing if schedule.fill else simulate(schedule)  # no messages: for the bubble
@@ -140,13 +143,13 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     return OnCluster(_with_prediction(compiled, result, st, request), result, st)
 
 
-def _task_costs(probe, costs) -> dict[str, tuple[float, ...]]:
-    """A task's declared cost counts forwards of its stage (the library's costs are in units of F = 1):
-    in seconds, its declared cost times the stage's F over the declared F."""
+def _forward_scale(probe, costs) -> tuple[float, ...]:
+    """Seconds per declared cost unit, per stage: a task's declared cost (and `cost piece`) counts
+    forwards of its stage (the library's costs are in units of F = 1), so it is scaled by the stage's F
+    in seconds over its declared F."""
     forward = costs.costs()[OpKind.F.value]
     declared_f = probe.costs.get(OpKind.F.value, (1.0,) * probe.stages)
-    return {spec.name: tuple(c * f / (df or 1.0) for c, f, df in zip(probe.costs[spec.name], forward, declared_f))
-            for spec in probe.tasks if spec.name in probe.costs}
+    return tuple(f / (df or 1.0) for f, df in zip(forward, declared_f))
 
 
 def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:

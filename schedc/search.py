@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -130,6 +131,7 @@ class Refusal:
     message: str
     memory: float | None = None
     layers: bool = False   # the schedule's stages do not divide the layers: outside the space
+    fault: bool = False    # the order itself cannot run (it deadlocks): at every size, in any memory
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
     search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
     from .frontend import ast
     from .frontend.library import library_files, resolve
-    from .frontend.compose import compose
-    from .frontend.parse import parse_source, read_source
+    from .compiler import load_declaration, read_source
     names = list(names)
     default = not names
     if default:
@@ -182,7 +183,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
             known = ", ".join(p.stem for p in library_files())
             raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
         source = read_source(path)
-        decl = compose(parse_source(source), source)  # extends, use: the whole schedule
+        decl = load_declaration(source)  # as every compile loads it: extends and use resolved
         params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
         tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
         if default and (tasks or not set(params) <= set(SEARCHED)):
@@ -336,6 +337,7 @@ class Family:
     bound: tuple[float, float] | None = None      # least bound of a pruned candidate, the threshold then
     bounded: int = 0
     refused: str | None = None                    # a requirement or compile error of the schedule
+    fault: str | None = None                      # its order deadlocks: said before any memory figure
     layers: str | None = None                     # its stages do not divide the layers (outside the space)
 
     def note_bound(self, bound: float, threshold: float) -> None:
@@ -375,7 +377,7 @@ class Searcher:
         self.states: dict[tuple, tuple[float, int]] = {}
         self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
-                       "over_memory": 0, "refused": 0, "layers": 0}
+                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0}
 
     # pieces, cached -----------------------------------------------------------------------------
 
@@ -519,7 +521,8 @@ class Searcher:
             return Refusal(structure.error)
         makespan = self.makespan(c, structure, costs, self.link_times(st, c, schedule.devices))
         if makespan is None:
-            return Refusal("the order deadlocks")
+            return Refusal(f"the order deadlocks (schedc check {shlex.quote(c.schedule)} {_defines(c)} shows where)",
+                           fault=True)
         free_span = makespan
         if free:
             free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
@@ -535,11 +538,13 @@ class Searcher:
         except SchedError as exc:
             return Refusal(exc.diagnostics[0].message)
         pred = on.prediction
-        if pred.memory_bytes > self.limit:
-            return self.over(pred.memory_bytes, pred.extra["largest_memory_device"])
         errors = [d for d in on.compiled.diagnostics if d.severity.value == "error"]
         if pred.memory_bytes > self.cluster.memory_bytes:
             errors = errors[:-1]  # compile_for's own 'exceeds the GPU's memory', the last one
+        if not on.compiled.timing.complete:  # a deadlock: its memory figure is of a partial run
+            return Refusal(errors[0].message if errors else "the order deadlocks", fault=True)
+        if pred.memory_bytes > self.limit:
+            return self.over(pred.memory_bytes, pred.extra["largest_memory_device"])
         return Refusal(errors[0].message) if errors else pred
 
     def over(self, nbytes: float, device: int, what: str = "") -> Refusal:
@@ -614,6 +619,11 @@ class Searcher:
             self.counts["layers"] += 1
             fam.layers = refusal.message
             return
+        if refusal.fault:
+            fam.fault = fam.fault or refusal.message
+            self.counts["refused"] += 1
+            self.counts["deadlocked"] += 1
+            return
         if refusal.memory is None:
             fam.refused = fam.refused or refusal.message
             self.counts["refused"] += 1
@@ -626,7 +636,8 @@ class Searcher:
 
     def _family_lines(self, families: dict[tuple, Family]) -> list[str]:
         """One line per (schedule, t, p) with nothing simulated: bounded ones first (closest first),
-        then those over memory (least over first), then refusals."""
+        then those whose order deadlocks (whatever memory the other sizes needed), those over memory
+        (least over first), then refusals."""
         lines = []
         node = self.cluster.gpus_per_node
         which = f"the {_nth(self.request.top)} best" if self.request.per is None else "its group's K-th best"
@@ -638,6 +649,8 @@ class Searcher:
                 bound, threshold = fam.bound
                 lines.append((0, bound, head + f"at best {bound:.4g} s per iteration, slower than {which} "
                                               f"({threshold:.4g} s): {fam.bounded} not simulated"))
+            elif fam.fault is not None:
+                lines.append((1, 0.0, head + fam.fault))
             elif fam.over is not None:
                 lines.append((1, fam.over[0], head + fam.over[1]))
             elif fam.refused is not None:
@@ -664,6 +677,10 @@ class _Kept:
 
     def __lt__(self, other: _Kept) -> bool:
         return self.key > other.key
+
+
+def _defines(c: Candidate) -> str:
+    return " ".join(f"-D {k}={v}" for k, v in c.params().items())
 
 
 def _nth(k: int) -> str:

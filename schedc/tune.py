@@ -141,7 +141,8 @@ def nothing_fits(outcome: Outcome) -> SchedError:
     limit = outcome.request.memory_limit
     notes = outcome.pruned[:8] + ((f"... and {len(outcome.pruned) - 8} more families",) if len(outcome.pruned) > 8 else ())
     what = f"{limit / GIB:g} GiB" if limit is not None else "the GPU's memory"
-    head = f"no configuration fits in {what} per GPU" if outcome.counts["over_memory"] else "no configuration runs"
+    head = (f"no configuration fits in {what} per GPU"  # a deadlocking order runs in no memory
+            if outcome.counts["over_memory"] and not outcome.counts["deadlocked"] else "no configuration runs")
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
                       Source("schedc tune", ""), exit_code=1)
 

@@ -52,6 +52,49 @@ def test_list_shows_the_library_with_params():
     assert "-D v=2" in result.output
 
 
+def test_list_shows_the_params_of_composed_schedules_and_addons():
+    """pipefisher extends chimera and uses kfac: its params are chimera's p (8 here) and m, and the
+    add-on's under its namespace, as the README's table says; the add-on is listed by itself too."""
+    lines = run("list").output.splitlines()
+
+    def params(name: str) -> list[str]:
+        start = next(n for n, line in enumerate(lines) if line.split()[0] == name)
+        block = []
+        for line in lines[start + 1:]:
+            if not line.startswith(" "):
+                break
+            block.append(line.split()[1])
+        return block
+
+    assert params("pipefisher") == ["p=8", "m=8", "kfac.save_err=0.41", "kfac.kron=0.48"]
+    assert params("pipefisher_1f1b") == ["p=4", "m=8", "kfac.save_err=0.41", "kfac.kron=0.48"]
+    assert params("kfac") == ["kfac.save_err=0.41", "kfac.kron=0.48"]
+    assert any(line.startswith("kfac (add-on)") for line in lines)
+
+
+def test_render_and_export_take_with(tmp_path):
+    """--with on render draws the add-on's tasks (a Chrome trace names them) and on export the same
+    schedule is exported, or refused for the tasks torch's CSV cannot hold (exit 1, located)."""
+    trace = tmp_path / "t.json"
+    drawn = run("render", "1f1b", "--with", "kfac", "-o", str(trace))
+    assert drawn.exit_code == 0, drawn.output
+    names = {event["args"]["op"] for event in json.loads(trace.read_text())["traceEvents"] if event["ph"] == "X"}
+    assert {"curvature_A", "curvature_B", "inversion", "precondition"} <= names
+    exported = run("export", "1f1b", "--with", "kfac", "-o", str(tmp_path / "x.csv"))
+    assert exported.exit_code == 1 and "also runs the tasks curvature_A" in exported.output
+    assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("command", ["check", "simulate", "render", "export"])
+def test_with_on_a_torch_csv_is_a_usage_error(tmp_path, command):
+    csv = str(FIXTURES / "torch" / "dualpipev_4rank_10mb.csv")
+    out = ["-o", str(tmp_path / ("x.svg" if command == "render" else "x.csv"))] if command in ("render", "export") else []
+    result = run(command, csv, "--with", "kfac", *out)
+    assert result.exit_code == 2, result.output
+    assert "error: --with kfac: add-ons apply to .sched schedules; dualpipev_4rank_10mb.csv is a torch CSV " \
+           "order" in result.output
+
+
 @pytest.mark.parametrize("args,code,where", [
     (["compile", str(FIXTURES / "syntax_error.sched")], 2, "syntax_error.sched:4:1: error:"),
     (["compile", str(FIXTURES / "pop_empty.sched")], 1, "pop_empty.sched:7:3: error:"),

@@ -171,3 +171,23 @@ def test_m_follows_from_the_global_batch(tmp_path):
 def test_layout_microbatches():
     assert Layout(dp=4, microbatch_size=2, global_batch=64).microbatches() == 8
     assert Layout().microbatches() is None
+
+
+def test_a_task_costs_its_declared_cost_in_forwards_of_its_stage(tmp_path):
+    """task_in_forwards.sched declares `task t(s) = 5`: under --cluster each instance costs five of its
+    stage's forwards in seconds (not 5 s), and the K-FAC add-on's `cost piece = 0.08` is 0.08 forwards."""
+    from conftest import FIXTURES
+    from schedc.predict import ClusterRequest, compile_on_cluster
+    request = ClusterRequest(_model(tmp_path), "dgx-a100-80gb", Layout())
+    on = compile_on_cluster(str(FIXTURES / "compose" / "task_in_forwards.sched"), {}, request, lower=False)
+    schedule = on.compiled.schedule
+    forward = schedule.costs["F"]
+    tasks = [op for step in schedule.steps for order in step for op in order if op.kind == "t"]
+    assert len(tasks) == 2 and 0 < forward[0] < 0.1
+    for op in tasks:
+        assert op.cost == pytest.approx(5 * forward[op.stage], rel=1e-12)
+    bare = compile_on_cluster("1f1b", {"p": "2", "m": "4"}, request, lower=False)
+    assert on.prediction.iteration_s < bare.prediction.iteration_s + 10 * max(forward)
+    kfac = compile_on_cluster("1f1b", {"p": "2"}, request, lower=False, addons=("kfac",)).compiled.schedule
+    assert kfac.costs["piece"] == pytest.approx(tuple(0.08 * f for f in kfac.costs["F"]), rel=1e-12)
+

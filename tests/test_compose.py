@@ -104,6 +104,9 @@ def test_a_declaration_of_the_extending_file_replaces_the_base_one():
                                         "declared at clash.sched:3"),
     ("extends_addon.sched", "extends_addon.sched:2:1", "'kfac' is an add-on: `use kfac`, not `extends`"),
     ("use_schedule.sched", "use_schedule.sched:3:1", "'chimera' is a schedule, not an add-on"),
+    ("self_extends.sched", "self_extends.sched:2:1", "a cycle of `extends`: self_extends -> self_extends"),
+    ("uses_twice.sched", "uses_twice.sched:4:1", "add-on 'kfac' is applied twice: `use kfac` at uses_twice.sched:4 "
+                                                 "after `use kfac` at uses_twice.sched:3"),
 ])
 def test_composition_errors_are_located(name, where, message):
     """Each error points at the line that names the file (or, for a clash, at the add-on's own
@@ -130,3 +133,90 @@ def test_an_error_inside_a_base_is_reported_in_the_base_file(tmp_path):
     with pytest.raises(SchedError) as info:
         compile_file(str(tmp_path / "top.sched"))
     assert f"{tmp_path / 'base.sched'}:5:" in info.value.render()
+
+
+KFAC_TASKS = {"curvature_A", "curvature_B", "inversion", "precondition"}
+SMALL_MODEL = "layers = 8\nhidden = 1024\nheads = 16\nseq = 512\nvocab = 8192\n"
+
+
+def placed_kinds(schedule) -> set[str]:
+    return {op.kind for step in schedule.steps for order in step for op in order}
+
+
+@pytest.mark.parametrize("file,defines,addons,tasks", [
+    ("1f1b", ["p=2"], ("kfac",), KFAC_TASKS),
+    (str(COMPOSE / "uses_kfac.sched"), [], (), KFAC_TASKS),
+    ("pipefisher_1f1b", ["p=2"], (), KFAC_TASKS),
+    ("pipefisher", ["p=2", "m=4"], (), KFAC_TASKS),
+    (str(COMPOSE / "chain" / "sub" / "top.sched"), ["p=2"], (), set()),
+])
+def test_a_composed_schedule_is_the_same_schedule_with_cluster_costs(tmp_path, file, defines, addons, tasks):
+    """`use`, `--with` and `extends` are resolved on the --cluster path as compile_file resolves them:
+    the same params (the base's and the add-on's, namespaced), the same tasks placed, the same
+    microbatches; only the costs are the model's on the cluster."""
+    from schedc.cluster import Layout
+    from schedc.compiler import parse_defines
+    from schedc.predict import ClusterRequest, compile_on_cluster
+    model = tmp_path / "small.toml"
+    model.write_text(SMALL_MODEL)
+    plain = compile_file(file, defines, addons=addons)
+    on = compile_on_cluster(file, parse_defines(defines), ClusterRequest(str(model), "dgx-a100-80gb", Layout()),
+                            lower=False, addons=addons)
+    assert plain.ok and on.compiled.ok, on.compiled.diagnostics
+    assert on.compiled.schedule.params == plain.schedule.params
+    assert on.compiled.schedule.microbatches == plain.schedule.microbatches
+    assert placed_kinds(on.compiled.schedule) == placed_kinds(plain.schedule) == {"F", "B"} | tasks
+
+
+def test_cluster_command_lines_take_use_with_and_extends(tmp_path):
+    """simulate --cluster of `--with kfac` reports the fill (a cycle of K steps) that plain 1F1B has
+    not, `use kfac` in a file fills as `--with kfac` does, and the extends chain takes its base's p
+    from -D (before: `unknown param 'p'`)."""
+    model = tmp_path / "small.toml"
+    model.write_text(SMALL_MODEL)
+    cluster = ["--model", str(model), "--cluster", "dgx-a100-80gb"]
+    bare, kfac = stats("1f1b", "-D", "p=2", *cluster), stats("1f1b", "-D", "p=2", "--with", "kfac", *cluster)
+    assert bare["cycle_steps"] == 1 and "utilization_unfilled" not in bare
+    assert "utilization_unfilled" in kfac and kfac["iteration_s"] > bare["iteration_s"]
+    assert stats(str(COMPOSE / "uses_kfac.sched"), *cluster)["utilization_unfilled"] == \
+        pytest.approx(stats("1f1b", "-D", "p=2", "-D", "m=4", "--with", "kfac", *cluster)["utilization_unfilled"])
+    chain = stats(str(COMPOSE / "chain" / "sub" / "top.sched"), "-D", "p=2", *cluster)
+    assert chain["ops"] == 2 * 6 * 2  # p = 2 stages, mid.sched's m = 6, F and B
+
+
+def test_the_same_addon_twice_from_the_command_line_is_one_usage_error():
+    """`--with kfac --with kfac` and `pipefisher --with kfac` (which says `use kfac` already) are one
+    error naming both applications, exit 2, not a name clash per task pointing at itself."""
+    twice = run("simulate", "1f1b", "--with", "kfac", "--with", "kfac")
+    assert twice.exit_code == 2, twice.output
+    assert twice.output.count("error:") == 1 and "name clash" not in twice.output
+    assert "--with: error: add-on 'kfac' is applied twice: --with kfac after --with kfac" in twice.output
+    again = run("simulate", "pipefisher", "--with", "kfac")
+    assert again.exit_code == 2 and again.output.count("error:") == 1, again.output
+    assert "add-on 'kfac' is applied twice: --with kfac after `use kfac` at pipefisher.sched:6" in again.output
+
+
+def test_an_addon_named_as_the_schedule_says_it_needs_a_base():
+    result = run("check", "kfac")
+    assert result.exit_code == 2, result.output
+    assert "kfac.sched:17:1: error: 'kfac' is an add-on, not a schedule: `use kfac` in one, or " \
+           "`schedc compile BASE --with kfac`" in result.output
+    assert "cannot read file" not in result.output
+
+
+def test_a_negative_addon_memory_param_names_the_memory():
+    result = run("simulate", "1f1b", "--with", "kfac", "-D", "kfac.kron=-1")
+    assert result.exit_code == 1, result.output
+    assert "kfac.sched:27:1: error: memory of curvature_A must not be negative, got -0.5" in result.output
+    assert "kfac.kron=-1" in result.output and "cost must not be negative" not in result.output
+
+
+def test_a_note_about_an_addon_task_is_located_in_the_addon():
+    """limit_kfac.sched (3 lines) extends pipefisher_1f1b and exceeds its limit: the notes naming the
+    tasks that keep outputs alive point at kfac.sched's lines 35 and 36, not at the 3-line file."""
+    result = run("check", str(COMPOSE / "limit_kfac.sched"))
+    assert result.exit_code == 1, result.output
+    assert "note: the limit is declared at limit_kfac.sched:3" in result.output
+    assert "note: task 'curvature_A' keeps outputs alive: declared at kfac.sched:35" in result.output
+    assert "note: task 'curvature_B' keeps outputs alive: declared at kfac.sched:36" in result.output
+    assert "limit_kfac.sched:35" not in result.output

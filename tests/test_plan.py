@@ -212,6 +212,7 @@ def _overlap(obj, rank=0) -> dict:
 OVERLAP_EDITS = {
     "two forwards": (lambda o: _overlap(o)["halves"][1].update(op="F"), "halves: a forward and a backward (F and B "
                      "or I), got F and F"),
+    "forward and W": (lambda o: _overlap(o)["halves"][1].update(op="W"), "got F and W"),
     "a stage of its own": (lambda o: _overlap(o).update(stage=0), "OVERLAP_F_B has its two halves and no other field"),
     "one half": (lambda o: _overlap(o)["halves"].pop(), "halves must be a list of two instructions"),
     "half elsewhere": (lambda o: _overlap(o)["halves"][0].update(stage=1), "halves[0]: F stage=1 mb=3 pipe=0 runs "

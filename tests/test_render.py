@@ -297,20 +297,23 @@ def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
     assert b"1 unit = 2.5 ms" in svg
 
 
-def test_the_runtimes_trace_is_read_as_measured(tmp_path):
+@pytest.mark.parametrize("name,params", [("1f1b", {"p": 2, "m": 2}), ("dualpipev", {"p": 2, "m": 4})])
+def test_the_runtimes_trace_is_read_as_measured(tmp_path, name, params):
+    """Every compute op of the last step is drawn, an OVERLAP_F_B's two halves each in its one event."""
     from schedc.runtime import trace as runtime_trace
-    compiled = compile_library("1f1b", p=2, m=2)
+    compiled = compile_library(name, **params)
     events, clock = [], [0, 0]
     for step in (0, 1):  # two steps: the last one is drawn
         for rank, steps in enumerate(compiled.plan.ranks):
             for instr in steps[0]:
-                length = 3_000_000 if instr.op in ("F", "B") else 100_000  # ns
+                length = 3_000_000 if instr.op in ("F", "B", "I", "W", "OVERLAP_F_B") else 100_000  # ns
                 events.append(runtime_trace.record(rank, step, instr, clock[rank], clock[rank] + length, 50_000))
                 clock[rank] += length
     trace = tmp_path / "trace.json"
     runtime_trace.write_json(trace, runtime_trace.chrome_trace(events, compiled.plan))
     out = tmp_path / "cmp.svg"
-    assert run("render", "1f1b", "-D", "p=2", "-D", "m=2", "--measured", str(trace), "-o", str(out)).exit_code == 0
+    defines = [arg for k, v in params.items() for arg in ("-D", f"{k}={v}")]
+    assert run("render", name, *defines, "--measured", str(trace), "-o", str(out)).exit_code == 0
     svg = out.read_bytes()
     assert len(svg_shapes(svg, "measured")) == compiled.schedule.op_count() and b"(step 1)" in svg
 

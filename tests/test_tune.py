@@ -229,3 +229,41 @@ def test_bad_input_is_a_message_and_an_exit_code(model, args, code, message):
     assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output and not isinstance(result.exception, (TypeError, ValueError, KeyError))
+
+
+@pytest.mark.parametrize("schedule", ["extends", "pipefisher_1f1b", "pipefisher"])
+def test_composed_schedules_rank_and_their_winner_commands_run(model, schedule):
+    """An `extends` chain (top.sched extends mid.sched, which extends ../base.sched) and the library's
+    PipeFisher schedules (`extends` + `use kfac`) are searched whole, and the simulate line printed for
+    the winner runs as pasted, predicting the ranked iteration time."""
+    from conftest import FIXTURES
+    name = str(FIXTURES / "compose" / "chain" / "sub" / "top.sched") if schedule == "extends" else schedule
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "2", "--global-batch", "8", "--tp", "1",
+                     "--pp", "2", "--recompute", "full", "--top", "1", "--schedules", name)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[2].split()[:3] == ["1", name, "1"]
+    simulate = next(line.strip() for line in lines if line.strip().startswith("schedc simulate"))
+    again = CliRunner().invoke(main, shlex.split(simulate)[1:] + ["--json"])
+    assert again.exit_code == 0, again.output
+    assert f"{json.loads(again.output)['iteration_s']:.4f}" == lines[2].split()[10]
+
+
+@pytest.mark.parametrize("fixture", ["deadlock_sized.sched", "deadlock_task.sched"])
+def test_a_deadlocking_order_is_reported_as_a_deadlock_not_as_memory(model, fixture):
+    """An order that deadlocks at every size, under a limit (3.3 GiB, the allocator's allowance
+    included) that its largest size alone is over: the family's line says it deadlocks, not that it
+    does not fit, for the order alone and, compiled whole, with a task filled into its bubbles (whose
+    memory figure, of a partial run, is not looked at)."""
+    from conftest import FIXTURES
+    path = str(FIXTURES / "broken" / fixture)
+    outcome = search(request(model, gpus=2, batch=8, schedules=(path,), pp=(2,), recompute=("none",), top=1,
+                             memory_limit=3.3 * 2**30))
+    assert not outcome.ranked and outcome.counts["deadlocked"] >= 2
+    if fixture == "deadlock_sized.sched":
+        assert outcome.counts["over_memory"] == 1
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "2", "--global-batch", "8", "--pp", "2",
+                     "--recompute", "none", "--schedules", path, "--memory-limit", "3.3GiB")
+    assert result.exit_code == 1, result.output
+    assert "error: no configuration runs" in result.output and "does not fit" not in result.output
+    assert f"{path} t=1 p=2: " in result.output and "deadlock" in result.output

@@ -32,10 +32,9 @@ from typing import Any, Callable
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error
 from .elaborate import declared_key
-from .library import LIBRARY_PACKAGE, library_files
+from .library import ADDONS, LIBRARY_PACKAGE, library_addons, library_files
 from .parse import parse_source, read_source
 
-ADDONS = "addons"
 MAX_DEPTH = 16  # `extends` chains deeper than this are refused (a cycle is caught before)
 
 
@@ -48,23 +47,40 @@ def compose(decl: ast.ScheduleDecl, source: Source, addons: tuple[str, ...] = ()
     if not addons and not any(isinstance(d, (ast.Extends, ast.Use)) for d in decl.decls):
         return decl
     extra = tuple(ast.Use(None, name, Path(name).stem) for name in addons)
-    return _resolve(replace(decl, decls=decl.decls + extra), source, (_key(source),), source)
+    return _resolve(replace(decl, decls=decl.decls + extra), source, (_key(source),), source)[0]
 
 
-def _resolve(decl: ast.ScheduleDecl, source: Source, chain: tuple[str, ...], top: Source) -> ast.ScheduleDecl:
+def _resolve(decl: ast.ScheduleDecl, source: Source, chain: tuple[str, ...],
+             top: Source) -> tuple[ast.ScheduleDecl, dict[str, str]]:
+    """The declaration resolved, and the add-ons applied to it (their file -> where: `pipefisher.sched:3`)."""
     own = [d for d in decl.decls if not isinstance(d, (ast.Extends, ast.Use))]
     bases = [d for d in decl.decls if isinstance(d, ast.Extends)]
     if len(bases) > 1:
         raise _error(f"a schedule extends one base (the first at line {bases[0].span.line})", bases[1].span, top)
-    decls = own
+    decls, applied = own, {}
     if bases:
-        decls = _override(_base(bases[0], source, chain, top).decls, own)
+        base, applied = _base(bases[0], source, chain, top)
+        decls = _override(base.decls, own)
     for use in (d for d in decl.decls if isinstance(d, ast.Use)):
-        decls = _add(decls, _addon(use, source, top), use, top)
-    return replace(decl, decls=tuple(decls))
+        found = _find(use.addon, source, "add-on", use.span, top)
+        where = f"`use {use.addon}` at {Path(source.path).name}:{use.span.line}" if use.span else f"--with {use.addon}"
+        if _key(found) in applied:
+            raise _twice(use, where, applied[_key(found)], top)
+        applied[_key(found)] = where
+        decls = _add(decls, _addon(use, found, top), use, top)
+    return replace(decl, decls=tuple(decls)), applied
 
 
-def _base(ext: ast.Extends, source: Source, chain: tuple[str, ...], top: Source) -> ast.ScheduleDecl:
+def _twice(use: ast.Use, where: str, first: str, top: Source) -> SchedError:
+    """An add-on applied a second time (its tasks would clash with themselves): one error, at the second."""
+    message = f"add-on '{use.addon}' is applied twice: {where} after {first} (an add-on's work is added once)"
+    if use.span is None:
+        return SchedError(error(message), Source("--with", ""), exit_code=2)
+    return _error(message, use.span, top)
+
+
+def _base(ext: ast.Extends, source: Source, chain: tuple[str, ...],
+          top: Source) -> tuple[ast.ScheduleDecl, dict[str, str]]:
     found = _find(ext.base, source, "schedule", ext.span, top)
     if _key(found) in chain or len(chain) > MAX_DEPTH:
         names = " -> ".join(Path(k).stem for k in (*chain, _key(found)))
@@ -75,8 +91,7 @@ def _base(ext: ast.Extends, source: Source, chain: tuple[str, ...], top: Source)
     return _resolve(base, found, (*chain, _key(found)), top)
 
 
-def _addon(use: ast.Use, source: Source, top: Source) -> list[ast.Decl]:
-    found = _find(use.addon, source, "add-on", use.span, top)
+def _addon(use: ast.Use, found: Source, top: Source) -> list[ast.Decl]:
     addon = _located(parse_source(found), found)
     if not addon.addon:
         raise _error(f"'{use.addon}' is a schedule, not an add-on (one begins `addon NAME`): `extends "
@@ -125,16 +140,19 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
     library = Path(str(resources.files(LIBRARY_PACKAGE).joinpath(ADDONS)))
     schedules = [here / f"{name}.sched", *[p for p in library_files() if p.stem == name]]
     addons = [here / ADDONS / f"{name}.sched", here / f"{name}.sched", library / f"{name}.sched"]
-    if name.endswith(".sched") or "/" in name:
+    quoted = name.endswith(".sched") or "/" in name
+    if quoted:  # a path: the file itself is a cycle (_base says so), not a reason to look elsewhere
         candidates = [here / name]
     else:  # the other kind last, so that naming one for the other gets its own message
         candidates = schedules + addons if kind == "schedule" else addons + schedules
-    for path in candidates:
-        if path.is_file() and _key(Source(str(path), "")) != _key(source):
+    found = [path for path in candidates if path.is_file()]
+    # an unquoted name finds another file than the one naming it (my 1f1b.sched may extend the library's)
+    for path in found:
+        if quoted or _key(Source(str(path), "")) != _key(source):
             return read_source(path)
-    known = (", ".join(p.stem for p in library_files()) if kind == "schedule"
-             else ", ".join(sorted(p.stem for p in Path(str(resources.files(LIBRARY_PACKAGE).joinpath(ADDONS)))
-                                   .glob("*.sched"))))
+    if found:  # only the naming file itself has that name
+        return read_source(found[0])
+    known = ", ".join(p.stem for p in (library_files() if kind == "schedule" else library_addons()))
     message = f"unknown {kind} '{name}' (the library's: {known})"
     if span is None:  # --with NAME
         raise SchedError(error(message), Source("--with", ""), exit_code=2)

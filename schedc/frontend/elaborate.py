@@ -33,6 +33,8 @@ class Options:
     addons: tuple[str, ...] = ()     # `--with NAME`: add-ons used as by `use NAME` (compose.py)
     model_layers: int | None = None  # a model description's layers, spread over the stages (`layers`)
     per_layer: bool = False          # the measured costs are one layer's (a profile row): times layers
+    task_scale: tuple[float, ...] | None = None  # per stage, what one declared unit of a task's cost (and
+    #                                  `cost piece`) is worth: --cluster's seconds per forward of the stage
 
 
 def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
@@ -216,9 +218,19 @@ def _replicas(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...], source: S
     return tuple(groups)
 
 
+def _scaled_tasks(costs: dict[str, tuple[float, ...]], tasks: set[str],
+                  scale: tuple[float, ...] | None) -> dict[str, tuple[float, ...]]:
+    """The declared costs of tasks and `cost piece` times the per-stage scale (Options.task_scale)."""
+    if scale is None:
+        return costs
+    return {kind: tuple(c * f for c, f in zip(value, scale)) if kind in tasks or kind == "piece" else value
+            for kind, value in costs.items()}
+
+
 def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: Source,
-               given: dict[str, Any]) -> dict[str, tuple[float, ...]]:
-    """Evaluate `cost K = e` / `cost K(s) = e` (or `memory ...`) per stage; measured costs win."""
+               given: dict[str, Any], what: str = "cost") -> dict[str, tuple[float, ...]]:
+    """Evaluate `cost K = e` / `cost K(s) = e` (or `memory ...`, what="memory") per stage; measured
+    values win."""
     table = {k: [float(v)] * stages for k, v in kind_default.items()}
     for d in decls:
         try:
@@ -227,7 +239,9 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
         except EvalError as exc:
             raise _fail(exc.message, exc.span, source) from None
         if any(v < 0 for v in table[d.kind]):
-            raise _fail(f"{d.kind}: cost must not be negative", d.span, source)
+            shown = ", ".join(f"{k}={v}" for k, v in env.items())
+            raise _fail(f"{what} of {d.kind} must not be negative, got {min(table[d.kind]):g}", d.span, source,
+                        notes=(f"with {shown}",))
         if any(v > MAX_COST for v in table[d.kind]):
             raise _fail(f"{d.kind}: {max(table[d.kind]):g} is too large (at most {MAX_COST:g}, so that sums "
                         "over a schedule stay finite)", d.span, source)
@@ -298,6 +312,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
     layers = stage_layers(options.model_layers, stages, decl, source)
     costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers))
+    costs = _scaled_tasks(costs, {t.name for t in task_decls}, options.task_scale)
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
                                  mixed)
     ops = build_ops(pipelines, costs, split, mixed)
@@ -305,7 +320,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
         tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
-                                                               layers)
+                                                               layers, options.task_scale)
         canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
         task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
         keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
@@ -443,7 +458,8 @@ def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source
         if d.kind not in kinds and not (split and d.kind == "B"):
             raise _fail(f"memory of unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})", d.span, source)
     given = {k: v for k, v in given.items() if k in kinds or (split and k == "B")}
-    table = _per_stage(decls, {"F": 1.0}, env, stages, source, given) if decls or given else {"F": (1.0,) * stages}
+    table = (_per_stage(decls, {"F": 1.0}, env, stages, source, given, "memory") if decls or given
+             else {"F": (1.0,) * stages})
     if split and "B" in table:
         table["I"] = table.pop("B")  # B's saved gradient is I's when backward is split, as in `keeps B(s, i)`
     activation = table.pop("F")

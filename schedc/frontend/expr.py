@@ -249,8 +249,20 @@ def fold_constants(node: ast.Expr, constants: Env) -> ast.Expr:
     return node
 
 
+_COMPILED: dict[int, tuple[ast.Expr, Fn]] = {}  # id(node) -> (node, its function); see evaluate
+_COMPILED_MAX = 4096
+
+
 def evaluate(node: ast.Expr, env: Env) -> Any:
-    return compile_expr(node)(env)
+    """The node's value in `env`. Programs evaluate the same nodes once per loop iteration, so each
+    node's function is compiled once and kept (by identity, the node held so its id is not reused;
+    the table is emptied when full, so a long search over many files stays bounded)."""
+    entry = _COMPILED.get(id(node))
+    if entry is None or entry[0] is not node:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        entry = _COMPILED[id(node)] = (node, compile_expr(node))
+    return entry[1](env)
 
 
 def evaluate_int(node: ast.Expr, env: Env, what: str) -> int:

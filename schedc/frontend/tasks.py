@@ -117,9 +117,11 @@ def replica_groups(replicas: tuple[tuple[int, ...], ...], pipelines: int) -> dic
 
 def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[Pipeline, ...],
                  replicas: tuple[tuple[int, ...], ...], split_backward: bool, costs: dict[str, tuple[float, ...]],
-                 source: Source, layers: tuple[int, ...] | None = None):
+                 source: Source, layers: tuple[int, ...] | None = None, scale: tuple[float, ...] | None = None):
     """Return (specs, ops, deps, keeps, fill) for the declared tasks; fill lists (name, split) in priority.
-    `layers[s]` is the model layers of stage s (1 each when not given), the name `layers` in a task."""
+    `layers[s]` is the model layers of stage s (1 each when not given), the name `layers` in a task.
+    `scale[s]`: what a unit of a task's own cost (`task t(s) = 5`) is worth on stage s (a `cost t`
+    declaration comes in `costs` already scaled)."""
     tasks = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     fills = [item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items]
     names = {t.name for t in tasks}
@@ -151,10 +153,8 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                 scope = {**env, **inst, "layers": layers[s]}
                 if task.name in costs:
                     total = costs[task.name][s]
-                elif cost_fn is not None:
-                    total = float(cost_fn(scope))
                 else:
-                    total = 1.0
+                    total = (float(cost_fn(scope)) if cost_fn is not None else 1.0) * (scale[s] if scale else 1.0)
                 shared = task.params == ("s",) and not task.at_end
                 pipes = groups[k] if shared else (k,)
                 total /= len(pipes)

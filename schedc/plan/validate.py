@@ -182,16 +182,20 @@ def _check_instr(instr: Instr, where: str, rank: int, stages: int, microbatches:
                             f"{instr.parts!r} ({instr})")
 
 
+_OVERLAP_UNSET = ("stage", "mb", "pipe", "peer", "group", "part", "parts")  # an OVERLAP_F_B's own fields
+
+
 def _check_overlap(instr: Instr, where: str, rank: int, stages: int, microbatches: int, devices: int,
                    pipelines: list[list[int]]) -> None:
     """OVERLAP_F_B: its two halves and nothing else, a forward and a backward (B or I) of this rank with
     a microbatch each, each checked as an instruction of its own."""
     if instr.op != Opcode.OVERLAP_F_B:
         raise PlanError(f"{where}.halves: only {Opcode.OVERLAP_F_B.value} has halves ({instr})")
-    if instr.halves is None or instr[1:-1] != (None,) * (len(instr) - 2):
+    others = [key for key in _OVERLAP_UNSET if getattr(instr, key) is not None]
+    if instr.halves is None or others:
         raise PlanError(f"{where}: {Opcode.OVERLAP_F_B.value} has its two halves and no other field ({instr})")
-    kinds = sorted(half.op for half in instr.halves)
-    if kinds[0] not in GRADIENT or kinds[1] != OpKind.F.value:
+    kinds = [half.op for half in instr.halves]
+    if kinds.count(OpKind.F.value) != 1 or not GRADIENT.intersection(kinds):
         raise PlanError(f"{where}.halves: a forward and a backward (F and B or I), got {' and '.join(kinds)} "
                         f"({instr})")
     for k, half in enumerate(instr.halves):

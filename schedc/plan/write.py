@@ -133,8 +133,8 @@ _JSON_FORMS = (_Forms(',{{"mb":{}'.format), _Forms(lambda op: ',"op":' + _op_jso
 class _StepForms:
     """One step program as columns, to format its instructions a column at a time in C. Nearly every
     instruction is plain: an op or a message with int stage, mb and pipe and no group or parts. Those
-    are formatted by table lookups; the few others (SYNC_GRAD, STEP, task parts) then by Instr's
-    methods, which define both forms, in their place."""
+    are formatted by table lookups; the few others (SYNC_GRAD, STEP, task parts, OVERLAP_F_B) then
+    by Instr's methods, which define both forms, in their place."""
 
     __slots__ = ("step", "columns", "others")
 
@@ -155,7 +155,7 @@ class _StepForms:
                 or not {str}.issuperset(map(type, ops))):
             return None
         found = [k % len(stages) for k in unset]  # position in the three columns -> instruction
-        for column in rest:  # group, part, parts: set on few instructions if any
+        for column in rest:  # group, part, parts, halves: set on few instructions if any
             if column.count(None) < len(column):
                 found += compress(count(), map(is_not, column, repeat(None)))
         return sorted(set(found))

@@ -26,11 +26,12 @@ EXTENSIONS = (*FORMATS, "dot", "html", "json")
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
                 dag: bool = False, comms: bool = False, measured: str | None = None,
-                profile: tuple[str, int | None] | None = None, cluster=None) -> Compiled:
+                profile: tuple[str, int | None] | None = None, cluster=None, addons: tuple[str, ...] = ()) -> Compiled:
     """Compile (or load) FILE and write OUT; returns what was drawn, with the compiler's diagnostics
     (a schedule that fails its checks is drawn anyway, as far as it was simulated). profile: (CSV,
     microbatch size) of a PipeFisher profile row to take the costs from, instead of `costs`. cluster: a
-    predict.ClusterRequest: costs (seconds) and message times from a model on a cluster."""
+    predict.ClusterRequest: costs (seconds) and message times from a model on a cluster. addons: the
+    `--with` add-ons, as compile_file takes them."""
     fmt = Path(out).suffix.lower().lstrip(".")
     if out == STDOUT:
         raise _usage("render picks its format by OUT's extension: give -o a file such as x.svg or x.json, not -",
@@ -45,9 +46,9 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     if cluster is not None:
         from ..compiler import parse_defines
         from ..predict import compile_on_cluster
-        compiled = compile_on_cluster(file, parse_defines(defines), cluster).compiled
+        compiled = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons).compiled
     else:
-        compiled = load_input(file, defines, costs, latency, profile)
+        compiled = load_input(file, defines, costs, latency, profile, addons)
     run = None
     if measured is not None:
         from .measured import load_measured

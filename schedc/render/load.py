@@ -19,11 +19,13 @@ from ..timing import Stats
 
 
 def load_input(file: str, defines, costs: str | None, latency: float,
-               profile: tuple[str, int | None] | None = None) -> Compiled:
-    """Compile FILE, or read and re-simulate it when it is a plan.json (under measured costs if given)."""
+               profile: tuple[str, int | None] | None = None, addons: tuple[str, ...] = ()) -> Compiled:
+    """Compile FILE (with the `--with` add-ons), or read and re-simulate it when it is a plan.json
+    (under measured costs if given)."""
     if file.endswith(".json"):
-        if defines:
-            raise SchedError(error("-D cannot change a compiled plan; render the .sched instead"),
+        if defines or addons:
+            flag = "-D" if defines else "--with"
+            raise SchedError(error(f"{flag} cannot change a compiled plan; render the .sched instead"),
                              Source(file, ""), exit_code=2)
         try:
             plan = load_plan(file)
@@ -32,7 +34,7 @@ def load_input(file: str, defines, costs: str | None, latency: float,
         from ..interop.profiles import load_costs, read_profile
         measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
         return compiled_from_plan(plan, file, measured, latency)
-    return compile_file(file, defines, costs, latency, profile)
+    return compile_file(file, defines, costs, latency, profile, addons=addons)
 
 
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:

@@ -2,7 +2,8 @@
 drawing next to the simulation.
 
 One step is drawn: the last one in the trace (warm). Its compute events (not sends, receives, gradient
-sync, STEP, nor the runtime's "wait" events, time blocked on a receive) are kept per rank, in ms from the step's first event. `ms_per_unit` is the
+sync, STEP, nor the runtime's "wait" events, time blocked on a receive) are kept per rank, in ms from the step's first event;
+an OVERLAP_F_B's event is drawn as its halves, each over half its time, as the simulation draws it. `ms_per_unit` is the
 measured compute time per rank over the simulated one, so that perfectly predicted costs line up.
 
 A trace of another shape than the schedule (other ranks, stages or microbatches) is refused, naming
@@ -152,10 +153,13 @@ def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> Measure
     for e in events:
         a = _args(e)
         start = float(e["ts"]) / 1e3 - t0
-        pipe = a.get("pipe", pipe_of.get(a.get("mb"), 0))
-        op = MeasuredOp(str(a.get("op", e.get("name"))), a.get("stage"), a.get("mb"), int(pipe or 0),
-                        start, start + float(e.get("dur", 0)) / 1e3)
-        by_rank.setdefault(int(e.get("pid", 0)), []).append(op)
+        end = start + float(e.get("dur", 0)) / 1e3
+        halves = a.get("halves") if isinstance(a.get("halves"), list) else [a]
+        for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves side by side in its one box
+            pipe = half.get("pipe", pipe_of.get(half.get("mb"), 0))
+            op = MeasuredOp(str(half.get("op", e.get("name"))), half.get("stage"), half.get("mb"), int(pipe or 0),
+                            start + (end - start) * k / len(halves), start + (end - start) * (k + 1) / len(halves))
+            by_rank.setdefault(int(e.get("pid", 0)), []).append(op)
     ranks = tuple(sorted(by_rank))
     ops = tuple(tuple(sorted(by_rank[r], key=lambda o: (o.start, o.end))) for r in ranks)
     makespan = max(o.end for row in ops for o in row)
