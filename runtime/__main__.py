@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 
-from schedc.plan import PlanError, load_plan
+if __name__ == "__main__":  # Ctrl-C while torch loads ends the process quietly, not in an import's traceback
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+from schedc.plan import PlanError, load_plan  # noqa: E402 (after the handler)
 
 from .checkpoint import CheckpointError
 from .data import DataError
@@ -16,6 +20,9 @@ from .model import ModelError
 from .options import OptionError, parse_options
 from .tasks import TaskError
 from .world import WorldError
+
+if __name__ == "__main__":  # loaded: Ctrl-C is a KeyboardInterrupt again, which main ends with exit 130
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 USER_ERRORS = (PlanError, ModelError, DataError, OptionError, TaskError, WorldError, CheckpointError)
 EXIT_USAGE, EXIT_FAILED = 2, 1

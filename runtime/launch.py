@@ -5,8 +5,10 @@
 # failed rank as one line instead of torchrun's traceback.
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
@@ -30,11 +32,40 @@ def torchrun_command(plan_path: str | Path, nproc: int, options: list[str] = (),
 
 def launch(plan_path: str | Path, nproc: int, options: list[str] = (),
            torchrun_args: list[str] = ()) -> int:
-    """Run the plan on `nproc` local processes (per node); return the exit status (0 = all ranks ok)."""
+    """Run the plan on `nproc` local processes (per node); return the exit status (0 = all ranks ok;
+    128 + the signal when this process was told to stop: see `supervise`)."""
+    return supervise(subprocess.Popen(torchrun_command(plan_path, nproc, options, torchrun_args)))
+
+
+FORWARD_AFTER = 1.0  # seconds a stopped launcher waits for torchrun to see the signal itself (a group's)
+
+
+def supervise(child: subprocess.Popen) -> int:
+    """Wait for the launcher; SIGTERM or SIGINT to this process ends it and its ranks. A signal sent to
+    the whole process group (Ctrl-C, `timeout`) reaches torchrun too, which ends its ranks; one sent to
+    this process alone is passed on after FORWARD_AFTER seconds; a launcher still there SHUTDOWN_SECONDS
+    + 10 s later is killed (its ranks die with it). Returns 128 + the signal, or torchrun's status."""
+    received: list[int] = []
+    handlers = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    since = forwarded = None
     try:
-        return subprocess.call(torchrun_command(plan_path, nproc, options, torchrun_args))
-    except KeyboardInterrupt:
-        return 130
+        while True:
+            try:
+                status = child.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                since = since or (now if received else None)
+                if since and forwarded is None and now - since > FORWARD_AFTER:
+                    child.send_signal(received[0])
+                    forwarded = now
+                if forwarded and now - forwarded > SHUTDOWN_SECONDS + 10:
+                    child.kill()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return 128 + received[0] if received else status
 
 
 def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -> int:
@@ -47,6 +78,9 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    warning = size_warning(opts)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if opts.reference:
         from .__main__ import main as run_here
         return run_here([str(plan_path), *options])
@@ -80,6 +114,7 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         return opts, plan
     if nproc is not None and nproc < 1:
         raise LaunchError(f"--nproc must be >= 1, got {nproc}")
+    _check_fault(opts, need)
     standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
     if standalone and nproc is not None and nproc != need:
         raise LaunchError(f"the plan is for {plan.devices} devices; with --dp {opts.dp} it needs {need} "
@@ -94,6 +129,44 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     except (PlanError, CheckpointError, ValueError) as exc:
         raise LaunchError(f"{plan_path}: {exc}" if isinstance(exc, PlanError) else exc) from None
     return opts, plan
+
+
+def _check_fault(opts, world: int) -> None:
+    """A --fault-* that would never fire (a rank past the world, a step past --steps) is refused: the
+    run would end well and seem to show that the fault was survived."""
+    if not opts.fault:
+        return
+    rank, step, kind = opts.fault
+    option = f"--fault-{kind} {rank}:{step}"
+    if rank >= world:
+        raise LaunchError(f"{option}: the run has {'rank 0' if world == 1 else f'ranks 0 to {world - 1}'} "
+                          f"(the plan's devices x --dp {opts.dp})")
+    if step >= opts.steps:
+        raise LaunchError(f"{option}: the run's steps are 0 to {opts.steps - 1} (--steps {opts.steps})")
+
+
+CPU_PARAMETERS = 10 ** 8  # a default GPT past this trains at minutes per step or more on CPU ranks
+
+
+def size_warning(opts) -> str | None:
+    """A warning for a default GPT too large to train on CPU in reasonable time (a cost-model TOML of a
+    GPU cluster's model given to --config, say): its parameter count and where the sizes came from."""
+    from .options import model_parameters
+    if opts.model or opts.device == "cuda":
+        return None
+    cfg = opts.model_config
+    params = model_parameters(cfg)
+    if params <= CPU_PARAMETERS:
+        return None
+    if opts.device == "auto":
+        import torch
+        if torch.cuda.is_available():
+            return None
+    source = f" from --config {opts.config}" if opts.config else ""
+    return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
+            f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
+            f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of benchmarks/models "
+            "describes costs for `schedc simulate --model`, not a model to train here)")
 
 
 def _check_plan_fits(plan, opts, world: int) -> None:
@@ -136,14 +209,30 @@ def default_nproc(plan_path: str | Path, options: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """torchrun, with a failed worker reported as `error: rank R failed first (...)`."""
+    """torchrun, with a failed worker reported as `error: rank R failed first (...)` and a stop (SIGTERM,
+    SIGINT) as one line, never a traceback."""
+    try:
+        return _torchrun(argv)
+    except KeyboardInterrupt:  # before torchrun's own handler is in place (torch still loading)
+        print("error: stopped by SIGINT", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+
+
+def _torchrun(argv: list[str] | None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
     args = parse_args(argv)
     _bound_shutdown(SHUTDOWN_SECONDS if args.shutdown_timeout is None else args.shutdown_timeout)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     try:
         run(args)
+    except (SignalException, KeyboardInterrupt) as exc:  # torchrun has ended the ranks: one line, no traceback
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not raise inside this handler
+        sigval = getattr(exc, "sigval", signal.SIGINT)
+        print(f"error: stopped by {signal.Signals(sigval).name}; the ranks were ended", file=sys.stderr, flush=True)
+        return 128 + int(sigval)
     except ChildFailedError as exc:
         print(_failure_line(exc.failures), file=sys.stderr, flush=True)
         return 1

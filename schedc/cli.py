@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from .diagnostics import SchedError, exit_code
-from .outputs import output_error, prepare_directory, reason, write_output
+from .diagnostics import SchedError, exit_code, plural
+from .outputs import STDOUT, is_stdout, output_error, prepare_directory, reason, write_output
 from .predict import cluster_options
 from .tune import tune_options
 
@@ -88,15 +88,15 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
 
 
 def _compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
-              addons: tuple[str, ...] = ()):
+              addons: tuple[str, ...] = (), fail=_fail):
     """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
-    the error printed); the diagnostics of one that can are printed, and it is returned."""
+    the error printed by `fail`); the diagnostics of one that can are printed, and it is returned."""
     from .compiler import compile_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
         result = compile_file(file, defines, costs, latency, row, model, addons)
     except SchedError as exc:
-        _fail(exc)
+        fail(exc)
     _report(result.diagnostics, result.schedule.source)
     return result
 
@@ -124,6 +124,12 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     from a model on a cluster, and the step's prediction in the plan's stats)."""
     from .plan.write import write_plan
     from .report import summary
+    if out_dir == STDOUT:
+        raise click.BadParameter("compile writes a directory (plan.json and rank*.txt), not the standard output",
+                                 param_hint="-o")
+    if _is_plan(file):
+        raise click.UsageError(f"{file} is already a compiled plan: check, simulate, render and run read it; "
+                               "compile the .sched file it came from")
     on = _on_cluster(file, defines, cluster, addons=addons)
     result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
@@ -137,7 +143,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     except OSError as exc:  # write_plan writes each file atomically and removes its temporary
         _fail(output_error(out_dir, reason(exc)))
     click.echo(summary(result) + (_cluster_summary(on) if on else ""))
-    click.echo(f"wrote {paths[0]} and {len(paths) - 1} rank streams (hash {plan.hash[:12]})")
+    click.echo(f"wrote {paths[0]} and {plural(len(paths) - 1, 'rank stream')} (hash {plan.hash[:12]})")
 
 
 @main.command("check")
@@ -151,10 +157,15 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB (with --model).")
 @with_option
 def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, addons):
-    """Prove FILE free of deadlock, with matching channels and within its memory bound."""
+    """Prove FILE free of deadlock, with matching channels and within its memory bound (FILE may be
+    a plan.json: its fields and its channels are checked)."""
     from .compiler import compile_file
     # with --model and no --profile, --microbatch-size is the microbatch size of the bytes check
     row = _profile_choice(costs, profile, None if model_file and not profile else microbatch_size)
+    if _is_plan(file):
+        _plan_only(file, defines=defines, costs=costs, profile=profile, model=model_file,
+                   memory_limit=memory_limit, addons=addons)
+        return _check_plan(file)
     try:
         result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
         extra = []
@@ -169,9 +180,9 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
         count = sum(d.severity.value == "error" for d in diagnostics)
         click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
         sys.exit(exit_code(diagnostics))
-    click.echo(f"{result.schedule.source.path}: ok ({result.stats['ops']} ops on {result.schedule.devices} "
-               f"devices: no deadlock, channels match, memory peak "
-               f"{max(result.stats['peak_memory']):g} activations)")
+    click.echo(f"{result.schedule.source.path}: ok ({plural(result.stats['ops'], 'op')} on "
+               f"{plural(result.schedule.devices, 'device')}: no deadlock, channels match, memory peak "
+               f"{max(result.stats['peak_memory']):g} activation{'s' * (max(result.stats['peak_memory']) != 1)})")
 
 
 @main.command("simulate")
@@ -184,15 +195,21 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
-    in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown)."""
+    in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown).
+    FILE may be a plan.json: its ranks' orders are re-simulated (under --costs if given)."""
     from .report import device_table, summary
-    on = _on_cluster(file, defines, cluster, lower=False, addons=addons)
-    result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
-                                              addons)
+    fail = _fail_json if as_json else _fail
+    if _is_plan(file):
+        _plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
+        on, result = None, _replayed(file, costs, profile, microbatch_size, latency, fail)
+    else:
+        on = _on_cluster(file, defines, cluster, lower=False, addons=addons, fail=fail)
+        result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency,
+                                                  model_file, addons, fail)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
         errors = sum(d.severity.value == "error" for d in result.diagnostics)
         if as_json:
-            click.echo(json.dumps({"valid": False, "errors": errors}, indent=1))
+            click.echo(json.dumps(_refusal_json(result.diagnostics, result.schedule.source), indent=1))
         click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
                    "schedule that fails its checks", err=True)
         sys.exit(exit_code(result.diagnostics))
@@ -201,12 +218,70 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     else:
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
+        if _is_plan(file):
+            click.echo("  (re-simulated from the plan's per-rank orders, as render draws it: a task waits only "
+                       "for its rank's order)")
     sys.exit(exit_code(result.diagnostics))
 
 
-def _on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = ()):
+def _refusal_json(diagnostics, source) -> dict:
+    """`simulate --json` for a schedule without stats: valid false, the error count and the diagnostics
+    (capped as the text is) with their places."""
+    from .diagnostics import capped
+    return {"valid": False, "errors": sum(d.severity.value == "error" for d in diagnostics),
+            "diagnostics": [d.to_json(source) for d in capped(diagnostics)]}
+
+
+def _fail_json(exc: SchedError) -> None:
+    """_fail, with the refusal as JSON on stdout too (a syntax or usage error: exit 2)."""
+    click.echo(json.dumps(_refusal_json(exc.diagnostics, exc.source), indent=1))
+    _fail(exc)
+
+
+def _is_plan(file: str) -> bool:
+    return file.endswith(".json")
+
+
+def _plan_only(file: str, **given) -> None:
+    """Options that change how a schedule is compiled have no meaning for a compiled plan: refused."""
+    names = {"defines": "-D", "costs": "--costs", "profile": "--profile", "model": "--model", "cluster": "--cluster",
+             "memory_limit": "--memory-limit", "addons": "--with"}
+    used = [names[k] for k, v in given.items() if v]
+    if used:
+        raise click.UsageError(f"{file} is a compiled plan: {', '.join(used)} change{'s' * (len(used) == 1)} how a "
+                               "schedule is compiled; give the .sched file instead")
+
+
+def _replayed(file: str, costs, profile, microbatch_size, latency: float, fail=_fail):
+    """A plan.json re-simulated from its ranks' step-0 orders, as render draws it."""
+    from .render.load import load_input
+    try:
+        return load_input(file, (), costs, latency, _profile_choice(costs, profile, microbatch_size))
+    except SchedError as exc:
+        fail(exc)
+
+
+def _check_plan(file: str) -> None:
+    """`schedc check plan.json`: the plan's fields (as the runtime reads them) and its channels."""
+    from .checks.channels import check_channels
+    from .diagnostics import Source, error
+    from .plan import PlanError, load_plan
+    try:
+        plan = load_plan(file)
+    except PlanError as exc:
+        _fail(SchedError(error(str(exc)), Source(file, ""), exit_code=2))
+    diagnostics = check_channels(plan)
+    _report(diagnostics, Source(file, ""))
+    if exit_code(diagnostics):
+        sys.exit(exit_code(diagnostics))
+    click.echo(f"{file}: ok (plan of {plan.meta.get('schedule')}, {plural(plan.devices, 'rank')}, "
+               f"{plural(sum(len(step) for steps in plan.ranks for step in steps), 'instruction')}: fields valid, "
+               "channels match)")
+
+
+def _on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = (), fail=_fail):
     """With --cluster, FILE (and its --with add-ons) compiled for the cluster (errors end the process,
-    exit 2 or 1); else None."""
+    exit 2 or 1, the error printed by `fail`); else None."""
     if cluster is None:
         return None
     from .compiler import parse_defines
@@ -214,7 +289,7 @@ def _on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[s
     try:
         on = compile_on_cluster(file, parse_defines(defines), cluster, lower, addons)
     except SchedError as exc:
-        _fail(exc)
+        fail(exc)
     _report(on.compiled.diagnostics, on.compiled.schedule.source)
     return on
 
@@ -238,7 +313,7 @@ def _progress_line(what: str, done: int, total: int) -> None:
                    "B=2; I=W=1).")
 @latency_option
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
-              help="With --synthesize: the .sched file to write (default: print it).")
+              help="With --synthesize: the .sched file to write (default or -: print it).")
 @tune_options
 @click.option("--json", "as_json", is_flag=True, help="Print the ranked list as JSON, best first.")
 def tune_cmd(synth, defines, costs, latency, out, options, as_json):
@@ -333,7 +408,8 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 @define_option
 @click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms"]), default="torch-csv",
               show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="The CSV to write; - prints it.")
 @with_option
 def export_cmd(file, defines, fmt, out, addons):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
@@ -351,7 +427,8 @@ def export_cmd(file, defines, fmt, out, addons):
         write_output(out, export_comms_csv(result.plan) if fmt == "torch-comms" else text)
     except SchedError as exc:
         _fail(exc)
-    click.echo(f"wrote {out}")
+    if not is_stdout(out):
+        click.echo(f"wrote {out}")
 
 
 @main.command("calibrate")

@@ -192,6 +192,10 @@ def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = Non
     applied as `use NAME` would (`--with`). Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
     from .frontend.library import resolve
     path = resolve(file)
+    if path.suffix == ".json":  # not parsed as a .sched: "unexpected '{'" said nothing useful
+        raise SchedError(error(f"{file} is JSON (a compiled plan?), not a schedule: check, simulate, render and run "
+                               "read a plan.json; give this command the .sched (or torch CSV) file"),
+                         Source(str(path), ""), exit_code=2)
     options = replace(_options(parse_defines(defines), costs, profile, model), addons=tuple(addons))
     with collector_paused():
         if path.suffix == ".csv":

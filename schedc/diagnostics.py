@@ -48,6 +48,14 @@ class Diagnostic:
     notes: tuple[str, ...] = ()
     detail: str = ""  # a block shown after the caret, e.g. a rank x step grid
 
+    def to_json(self, source: Source | None) -> dict:
+        """The diagnostic as `simulate --json` prints it: severity, message, file, line and column
+        (null where it has no place), notes."""
+        source = (self.span.source if self.span else None) or source
+        return {"severity": self.severity.value, "message": self.message,
+                "file": source.path if source else None, "line": self.span.line if self.span else None,
+                "column": self.span.column if self.span else None, "notes": list(self.notes)}
+
     def format(self, source: Source | None) -> str:
         source = (self.span.source if self.span else None) or source
         where = source.path if source else "<input>"
@@ -87,6 +95,10 @@ def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), d
     return Diagnostic(Severity.ERROR, message, span, notes, detail)
 
 
+def warning(message: str, span: Span | None = None) -> Diagnostic:
+    return Diagnostic(Severity.WARNING, message, span)
+
+
 @lru_cache(maxsize=8)
 def _lines(text: str) -> tuple[str, ...]:
     """A source's lines, split once (each of 20,000 diagnostics split the whole file again)."""
@@ -95,6 +107,18 @@ def _lines(text: str) -> tuple[str, ...]:
 
 MAX_ALIKE = 20  # diagnostics of one kind shown one by one; the rest are counted
 _NUMBERS = re.compile(r"\d+")
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`1 device`, `2 devices` (`nouns`: the plural where it is not noun + s)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
+def listed(items: list[str], sep: str = ", ", limit: int = MAX_ALIKE) -> str:
+    """Items joined by sep, at most `limit` of them, then `... and N more` (a line per device of 1,000
+    devices is not read)."""
+    shown = sep.join(items[:limit])
+    return shown + (f" ... and {len(items) - limit:,} more" if len(items) > limit else "")
 
 
 def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagnostic]:

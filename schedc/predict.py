@@ -273,14 +273,16 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
     --microbatch-size is refused, and one is needed for a profile that does not record it."""
     from pathlib import Path
     from .cluster import dump_cluster
+    from .outputs import STDOUT, write_output
     if (costs is None) != (model_file is None):
         raise usage("--costs and --model go together: the profile and the model it ran")
+    if out == STDOUT:
+        raise usage("calibrate writes a cluster file (which --cluster then reads): give -o a path, not -")
     report = []
     if cluster_name is None:
         from .runtime.calibrate import calibrate  # torch, only here
         text, raw = calibrate(ranks, threads, quick)
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
+        write_output(out, text)
         report.append("GEMM GFLOP/s by size " + ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in raw["gemm_flops"].items()))
         report.append("memory-bound GB/s " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in raw["memory_bytes_per_s"].items()))
         report.append("messages s " + ", ".join(f"{k} {v:.3g}" for k, v in raw["comm_s"].items()))
@@ -293,8 +295,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         check_layout(model, layout, model_file)
         fitted, factor = fit_to_profile(cluster, model, layout, load_costs(costs))
         fitted = replace(fitted, name=f"{cluster.name}, compute fitted to {Path(costs).name}")
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(dump_cluster(fitted, f"{fitted.name}: measured F + B / predicted = {factor:.4g}; "
+        write_output(out, dump_cluster(fitted, f"{fitted.name}: measured F + B / predicted = {factor:.4g}; "
                                                   f"peak FLOP/s and memory bandwidth divided by it"))
         report.append(f"profile {costs}: measured / predicted compute {factor:.4g}; rates scaled by {1 / factor:.4g}")
     report.append(f"wrote {out}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .diagnostics import Severity
+from .diagnostics import MAX_ALIKE, Severity, listed, plural
 
 if TYPE_CHECKING:
     from .compiler import Compiled
@@ -13,9 +13,10 @@ def summary(result: Compiled) -> str:
     """The compile summary: sizes, makespan, bubble, utilization, peaks (and the fill, if any)."""
     s, st = result.schedule, result.stats
     params = " ".join(f"{k}={v}" for k, v in s.params.items())
-    peak = "/".join(f"{m:g}" for m in st["peak_memory"])
-    lines = [f"{s.name} ({params}): {s.devices} devices, {s.stages} stages, {s.microbatches} microbatches, "
-             f"{st['ops']} ops",
+    peak = listed([f"{m:g}" for m in st["peak_memory"]], "/") + (
+        f" (at most {max(st['peak_memory']):g})" if s.devices > MAX_ALIKE else "")
+    lines = [f"{s.name} ({params}): {plural(s.devices, 'device')}, {plural(s.stages, 'stage')}, "
+             f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}",
              f"  makespan {st['makespan']:g}  bubble {st['bubble']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
              f"  steady-state bubble (idle between a device's first and last op) {max(st['idle_inside'], default=0):g}"]
@@ -23,7 +24,7 @@ def summary(result: Compiled) -> str:
         useful = (f" ({st['utilization_useful']:.4f} without the overhead of cut pieces)"
                   if st.get("utilization_useful", st["utilization"]) < st["utilization"] - 5e-5 else "")
         lines.append(f"  filled: utilization {st.get('utilization_unfilled', 0):.4f} -> {st['utilization']:.4f}"
-                     f"{useful} over a cycle of {st['cycle_steps']} steps")
+                     f"{useful} over a cycle of {plural(st['cycle_steps'], 'step')}")
     return "\n".join(lines)
 
 
@@ -33,8 +34,11 @@ def device_table(result: Compiled) -> str:
     st = result.stats
     inside = st["idle_inside"]
     rows = ["  device      busy      idle    inside   peak act"]
-    for d in range(result.schedule.devices):
+    devices = result.schedule.devices
+    for d in range(min(devices, MAX_ALIKE)):
         rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {inside[d]:>9g} {st['peak_memory'][d]:>10g}")
+    if devices > MAX_ALIKE:
+        rows.append(f"  ... and {devices - MAX_ALIKE:,} more devices (--json lists every device)")
     return "\n".join(rows)
 
 

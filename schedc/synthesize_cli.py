@@ -68,11 +68,8 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, me
     text = to_sched(result)
     compiled = check_text(text, path, problem.latency)
     if out is not None:
-        try:
-            with open(out, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        except OSError as exc:
-            raise option_error(f"cannot write {out}: {exc.strerror or exc}") from None
+        from .outputs import write_output
+        write_output(out, text)  # through a symlink, atomically; `-` prints it
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
     stats = compiled.stats
     lines.append(f"{path}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "

@@ -69,7 +69,9 @@ def bubble(makespan: float, busy) -> float:
 
 
 def _round(x: float) -> float:
-    return round(x, 9)
+    """A stat as printed and stored: 9 decimal places (float noise such as 1.0000000000000002 dropped),
+    and never -0 (a difference that rounds to zero is 0)."""
+    return round(x, 9) + 0.0
 
 
 class OpTimes(Mapping):
@@ -134,8 +136,8 @@ class Stats(Mapping):
         if unfilled is not None:
             fill = {"utilization_unfilled": unfilled.stats()["utilization"],
                     "step_times": tuple(_round(t.makespan) for t in timing.steps),
-                    "makespan_unfilled": unfilled.makespan,
-                    "utilization_useful": timing.extra.get("utilization_useful", timing.stats()["utilization"]),
+                    "makespan_unfilled": _round(unfilled.makespan),
+                    "utilization_useful": _round(timing.extra.get("utilization_useful", base["utilization"])),
                     "pieces": dict(timing.extra.get("pieces", {})), "lagged": tuple(timing.extra.get("lagged", ()))}
         return cls(**{**base, "busy": tuple(base["busy"]), "idle": tuple(base["idle"]),
                       "idle_inside": tuple(base["idle_inside"]), "peak_memory": tuple(base["peak_memory"])}, devices=schedule.devices,

@@ -79,7 +79,7 @@ def test_check_counts_the_bytes_simulate_on_a_cluster_does(layout, tmp_path):
     big = check("1f1b", "--model", ROOT / "benchmarks" / "models" / "gpt-39.1b.toml", "--microbatch-size", "1",
                 "--memory-limit", "80GiB")
     assert big.exit_code == 1 and "device 0: 236.02 GiB at its peak exceeds the limit 80.00 GiB: weights, " \
-        "gradients and optimizer state 150.52 GiB (stages 0) and activations 85.50 GiB" in big.output
+        "gradients and optimizer state 150.52 GiB (stage 0) and activations 85.50 GiB" in big.output
 
 
 def test_the_bytes_check_needs_a_microbatch_size_and_layers_that_divide(tmp_path):

@@ -25,6 +25,18 @@ def test_compile_writes_plan_and_rank_streams(tmp_path):
                                                            "rank3.txt"]
 
 
+def test_compile_over_a_larger_plan_removes_only_its_own_stale_rank_streams(tmp_path):
+    assert run("compile", "1f1b", "-D", "p=4", "-o", str(tmp_path)).exit_code == 0
+    (tmp_path / "rank9.txt").write_text("# my notes, not a plan\n")
+    (tmp_path / "rank3.txt.bak").write_bytes((tmp_path / "rank3.txt").read_bytes())
+    result = run("compile", "1f1b", "-D", "p=2", "-o", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "rank0.txt", "rank1.txt", "rank3.txt.bak",
+                                                           "rank9.txt"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plan["ranks"]) == 2 and plan["hash"][:12] in (tmp_path / "rank1.txt").read_text().splitlines()[0]
+
+
 def test_simulate_json_prints_the_stats_object():
     result = run("simulate", "interleaved_1f1b", "-D", "p=4", "-D", "v=2", "-D", "m=8", "--json")
     assert result.exit_code == 0
@@ -312,3 +324,70 @@ def test_repeated_diagnostics_are_capped_and_counted(tmp_path):
     assert result.exit_code == 1 and len(lines) == 22, lines[-3:]  # 20 alike, their count, the missing B
     assert "and 9,979 more like this (F(0,0) runs twice" in lines[20]
     assert len(result.output) < 20_000 and "10000 errors" in result.output
+
+
+def test_simulate_caps_per_device_lines_and_table_for_many_devices():
+    result = run("simulate", "1f1b", "-D", "p=300")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) < 200, max(lines, key=len)
+    assert "peak activations per device " + "/".join(["8"] * 20) + " ... and 280 more (at most 8)" in result.output
+    assert "  ... and 280 more devices (--json lists every device)" in lines
+    assert len(lines) < 30
+    assert len(json.loads(run("simulate", "1f1b", "-D", "p=300", "--json").output)["busy"]) == 300
+
+
+def test_counts_of_one_are_singular_and_stats_are_never_minus_zero():
+    result = run("simulate", "1f1b", "-D", "p=1", "-D", "m=1")
+    assert "(p=1 m=1): 1 device, 1 stage, 1 microbatch, 2 ops" in result.output
+    checked = run("check", "1f1b", "-D", "p=1", "-D", "m=1")
+    assert "ok (2 ops on 1 device: no deadlock, channels match, memory peak 1 activation)" in checked.output
+    filled = run("simulate", "pipefisher", "-D", "p=2", "-D", "m=16")
+    assert "bubble 0.0000" in filled.output and "-0" not in filled.output
+    stats = json.loads(run("simulate", "pipefisher", "-D", "p=2", "-D", "m=16", "--json").output)
+    assert str(stats["bubble"]) == "0.0" and stats["utilization_useful"] == 1.0  # not 1.0000000000000002
+    floats = [v for v in stats.values() if isinstance(v, float)]
+    assert all(round(v, 9) == v for v in floats)
+
+
+def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tmp_path):
+    assert run("compile", "1f1b", "-D", "p=2", "-D", "m=4", "-o", str(tmp_path)).exit_code == 0
+    plan = str(tmp_path / "plan.json")
+    checked = run("check", plan)
+    assert checked.exit_code == 0
+    assert f"{plan}: ok (plan of one_f_one_b, 2 ranks, 34 instructions: fields valid, channels match)" in checked.output
+    simulated = run("simulate", plan, "--json")
+    assert simulated.exit_code == 0
+    assert json.loads(simulated.output) == json.loads(run("simulate", "1f1b", "-D", "p=2", "-D", "m=4", "--json").output)
+    assert "re-simulated from the plan's per-rank orders" in run("simulate", plan).output
+    edited = json.loads(Path(plan).read_text())
+    edited["ranks"][0]["steps"][0] = [i for i in edited["ranks"][0]["steps"][0] if i["op"] != "SEND_F"]
+    broken = tmp_path / "broken.json"
+    from schedc.plan.validate import plan_from_json
+    loaded = plan_from_json(edited, verify=False)
+    from schedc.plan.write import write_plan
+    write_plan(loaded, tmp_path / "b")
+    channels = CliRunner().invoke(main, ["check", str(tmp_path / "b" / "plan.json")])
+    assert channels.exit_code == 1 and "messages from rank 0 to rank 1 do not match: 0 sent, 4 received" in channels.output
+    for args, message in ((["check", plan, "-D", "p=3"], f"{plan} is a compiled plan: -D changes how a schedule"),
+                          (["simulate", plan, "--with", "kfac"], "--with changes how a schedule is compiled"),
+                          (["compile", plan], f"{plan} is already a compiled plan"),
+                          (["export", plan, "-o", str(broken)], f"{plan} is JSON (a compiled plan?), not a schedule")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+        assert "unexpected '{'" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("fixture,code,message,line", [
+    ("syntax_error.sched", 2, "unexpected 'on'", 4),
+    ("broken/deadlock.sched", 1, "deadlock: device 0 waits at B(0,0)", 11),
+])
+def test_simulate_json_refusals_carry_the_located_diagnostics(fixture, code, message, line):
+    path = str(FIXTURES / fixture)
+    result = CliRunner().invoke(main, ["simulate", path, "--json"])
+    assert result.exit_code == code
+    refusal = json.loads(result.stdout)
+    assert refusal["valid"] is False and refusal["errors"] == 1
+    first = refusal["diagnostics"][0]
+    assert (first["severity"], first["file"], first["line"]) == ("error", path, line) and message in first["message"]
+    assert f"{path}:{line}:" in result.stderr  # the text form as well, on stderr

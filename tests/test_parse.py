@@ -85,6 +85,16 @@ def test_the_two_longer_readings_get_a_hint(fixture, line, column, hint):
     assert any(hint in note for note in diag.notes)
 
 
+def test_a_repeat_count_that_is_an_expression_gets_a_hint():
+    exc = _error((FIXTURES / "repeat_count_expression.sched").read_text())
+    diag = exc.diagnostics[0]
+    assert (diag.span.line, diag.span.column) == (5, 21) and diag.message.startswith("unexpected '-'")
+    assert diag.notes == ("a repeat count is one atom (a name, a number or a parenthesized expression): "
+                          "write * (m - 1), not * m - 1",)
+    assert exc.exit_code == 2
+    assert not _error("schedule x\non device d { F * 2 ; - }").diagnostics[0].notes  # not after a count
+
+
 def test_no_hint_for_an_ordinary_argument_error():
     assert not _error("schedule x\nparam p = min (1 2)").diagnostics[0].notes
 

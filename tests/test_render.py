@@ -6,11 +6,13 @@ Golden files: tests/golden/*.dot; rewrite them with `pytest tests/test_render.py
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
 import xml.etree.ElementTree as ET
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -384,3 +386,72 @@ def test_measured_costs_for_a_plan_give_every_kind_it_runs(tmp_path):
     costs.write_text('{"F": 1, "I": 1, "W": 1}')
     assert CliRunner().invoke(main, ["render", str(out / "plan.json"), "--costs", str(costs), "-o",
                                      str(tmp_path / "x.svg")]).exit_code == 0
+
+
+def test_a_schedule_that_fails_its_checks_is_drawn_without_per_device_stats(tmp_path):
+    """A deadlock's 'idle' is negative and its makespan no schedule's: the rows carry no busy, idle or
+    peak, and the Chrome trace marks it invalid and carries no stats."""
+    broken = str(FIXTURES / "broken" / "deadlock.sched")
+    result = CliRunner().invoke(main, ["render", broken, "-o", str(tmp_path / "dl.dot")])
+    assert result.exit_code == 1 and "deadlock" in result.output
+    dot = (tmp_path / "dl.dot").read_text()
+    assert "INVALID: the schedule fails its checks" in dot
+    assert not re.search(r'label="[^"]*(busy|idle|peak act)', dot)
+    assert re.search(r'label="busy 6 +idle 3', timeline_dot(compile_library("1f1b", p=2, m=2)))
+    assert CliRunner().invoke(main, ["render", broken, "-o", str(tmp_path / "dl.json")]).exit_code == 1
+    other = json.loads((tmp_path / "dl.json").read_text())["otherData"]
+    assert other["valid"] is False and other["stats"] is None
+    good = json.loads(render(compile_library("1f1b", p=2, m=2), "json", "x.json"))["otherData"]
+    assert good["valid"] is True and good["stats"]["makespan"] == 9
+
+
+def test_under_a_cluster_the_trace_and_the_axis_are_in_seconds(tmp_path):
+    """Costs from --cluster are seconds: the trace's µs are 10^6 per second (not 10^3, which drew a
+    1.04 s step as 1.04 ms) and the timeline's axis says so."""
+    from conftest import ROOT
+    cluster = ["--model", str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml"), "--cluster", "dgx-a100-80gb"]
+    assert run("render", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "c.json")).exit_code == 0
+    trace = json.loads((tmp_path / "c.json").read_text())
+    end = max(e["ts"] + e["dur"] for e in trace["traceEvents"] if e["ph"] == "X")
+    stats = trace["otherData"]["stats"]
+    assert 0.5 < stats["makespan"] < 5 and end == pytest.approx(stats["makespan"] * 1e6)
+    assert trace["otherData"]["time_scale"] == "costs in seconds (--cluster)"
+    assert run("render", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "c.dot")).exit_code == 0
+    assert "time (s)" in (tmp_path / "c.dot").read_text()
+    assert "time (cost units)" in timeline_dot(compile_library("1f1b", p=2, m=2))
+
+
+def test_a_measured_trace_of_another_shape_is_refused_naming_both(tmp_path):
+    trace = tmp_path / "p2.json"
+    assert run("render", "1f1b", "-D", "p=2", "-D", "m=4", "-o", str(trace)).exit_code == 0
+    for args, seen in ((["-D", "p=4"], "4 devices, 4 stages and 8 microbatches"),
+                       (["-D", "p=2", "-D", "m=8"], "2 devices, 2 stages and 8 microbatches")):
+        result = CliRunner().invoke(main, ["render", "1f1b", *args, "--measured", str(trace),
+                                           "-o", str(tmp_path / "mm.svg")])
+        assert result.exit_code == 2, result.output
+        assert (f"{trace}: error: the measured trace does not fit one_f_one_b" in result.output
+                and "it has 2 ranks, stages 0-1 and microbatches 0-3, the schedule " + seen in result.output
+                and "(measured on schedule 'one_f_one_b')" in result.output), result.output
+        assert not (tmp_path / "mm.svg").exists() and "Traceback" not in result.output
+
+
+def test_a_measured_trace_of_another_schedule_or_plan_of_the_same_shape_is_drawn_with_a_warning(tmp_path):
+    from schedc.runtime import trace as runtime_trace
+    trace = tmp_path / "p2.json"
+    assert run("render", "1f1b", "-D", "p=2", "-D", "m=4", "-o", str(trace)).exit_code == 0
+    other = CliRunner().invoke(main, ["render", "gpipe", "-D", "p=2", "-D", "m=4", "--measured", str(trace),
+                                      "-o", str(tmp_path / "g.svg")])
+    assert other.exit_code == 0 and (tmp_path / "g.svg").exists()
+    assert f"warning: the measured trace {trace} is of schedule 'one_f_one_b', drawn above 'gpipe'" in other.output
+    assert run("compile", "1f1b", "-D", "p=2", "-D", "m=4", "-o", str(tmp_path / "plan")).exit_code == 0
+    compiled = compile_library("1f1b", p=2, m=4)
+    events = [runtime_trace.record(rank, 0, instr, 10 * k, 10 * k + 5, 0)
+              for rank, steps in enumerate(compiled.plan.ranks) for k, instr in enumerate(steps[0])]
+    runtime_trace.write_json(trace, runtime_trace.chrome_trace(events, replace(compiled.plan, hash="ab" * 32)))
+    plan = str(tmp_path / "plan" / "plan.json")
+    stale = CliRunner().invoke(main, ["render", plan, "--measured", str(trace), "-o", str(tmp_path / "p.svg")])
+    assert stale.exit_code == 0 and f"the measured trace {trace} is of plan abababababab, drawn above plan" in stale.output
+    own = json.loads(Path(plan).read_text())["hash"]
+    runtime_trace.write_json(trace, runtime_trace.chrome_trace(events, replace(compiled.plan, hash=own)))
+    same = CliRunner().invoke(main, ["render", plan, "--measured", str(trace), "-o", str(tmp_path / "p.svg")])
+    assert same.exit_code == 0 and "warning" not in same.output, same.output

@@ -533,6 +533,9 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--resume", "{tmp}/none"], "no readable checkpoint"),
     (["--reference", "--nproc", "2"], "--reference trains the whole model in this one process"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--fault-kill", "9:1"], "--fault-kill 9:1: the run has ranks 0 to 1 (the plan's devices x --dp 1)"),
+    (["--fault-stop", "4:0", "--dp", "2"], "--fault-stop 4:0: the run has ranks 0 to 3 (the plan's devices x --dp 2)"),
+    (["--fault-hang", "1:10", "--steps", "3"], "--fault-hang 1:10: the run's steps are 0 to 2 (--steps 3)"),
 ])
 def test_run_refuses_each_bad_option_before_starting_torchrun(plans, tmp_path, args, message):
     from click.testing import CliRunner
@@ -542,6 +545,66 @@ def test_run_refuses_each_bad_option_before_starting_torchrun(plans, tmp_path, a
     result = CliRunner().invoke(main, ["run", str(plan), *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output and "torch.distributed" not in result.output
+
+
+def test_a_model_too_large_for_cpu_ranks_is_warned_of_with_its_parameter_count(plans):
+    from schedc.runtime.launch import size_warning
+    from schedc.runtime.options import parse_options
+    plan = str(plans("1f1b", p=2, m=4))
+    config = str(_repo() / "benchmarks" / "models" / "gpt-1.7b.toml")
+    warning = size_warning(parse_options([plan, "--config", config, "--device", "cpu"]))
+    assert warning.startswith("warning: the model has about 1.77e+09 parameters (layers 24, hidden 2304, "
+                              f"vocab 51200, seq 2048 from --config {config}): on CPU ranks a step may take")
+    assert size_warning(parse_options([plan, *SMALL, "--device", "cpu"])) is None
+    assert size_warning(parse_options([plan, "--config", config, "--device", "cuda"])) is None
+
+
+def test_a_stopped_run_ends_its_ranks_without_a_traceback(plans):
+    """SIGTERM to `schedc run` alone (not its process group, which torchrun would see itself): it is
+    passed on, torchrun ends the ranks, and one line says so; the ranks are gone within seconds."""
+    import signal
+    command = [sys.executable, "-m", "schedc.cli", "run", str(plans("1f1b", p=2, m=4)), *SMALL, "--steps",
+               "100000", "--quiet", "--threads", "1"]
+    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=ENV, cwd=_repo())
+    try:
+        ranks = _wait_for_descendants(run.pid, 4, limit=120)[2:]  # schedc, torchrun's agent, two ranks
+        time.sleep(2)  # into training
+        run.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert "error: stopped by SIGTERM; the ranks were ended" in err and "Traceback" not in err, err
+    assert not [pid for pid in ranks if _running(pid)] and time.monotonic() - stopped < 30
+
+
+def _wait_for_descendants(root: int, count: int, limit: float) -> list[int]:
+    """The process tree under root, breadth first, once it has `count` processes."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(parent, []).append(int(entry))
+        tree = [root]
+        for pid in tree:
+            tree += sorted(children.get(pid, []))
+        if len(tree) >= count:
+            return tree
+        time.sleep(0.2)
+    raise AssertionError(f"the run did not start {count} processes within {limit} s")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_run_refuses_an_edited_plan_before_starting_torchrun(plans, tmp_path, capsys):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error
+from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
@@ -149,14 +149,15 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
         stages = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
         diags.append(error(
             f"device {d}: {_gib(total)} at its peak exceeds the limit {_gib(limit)}: weights, gradients "
-            f"and optimizer state {_gib(state)} (stages {', '.join(map(str, stages))}) and activations "
+            f"and optimizer state {_gib(state)} ({'stage' if len(stages) == 1 else 'stages'} "
+            f"{listed(list(map(str, stages)))}) and activations "
             f"{_gib(act)} of {alive} {'holdings' if timed else 'microbatch-stages'} alive"
             + (f" at time {when:g} when {label(schedule, op)} runs" if when is not None else "")
             + (f", the optimizer step's fp32 gradients {_gib(part['optimizer_step'])} beyond them"
                if part["optimizer_step"] > 0 else ""),
             op.span if op is not None else None))
     if not diags:
-        shown = ", ".join(f"device {d} {_gib(p)}" for d, p in enumerate(totals))
+        shown = listed([f"device {d} {_gib(p)}" for d, p in enumerate(totals)])
         diags.append(Diagnostic(Severity.NOTE, f"peak memory per device: {shown}"
                                 + (f" (limit {_gib(limit)})" if limit is not None else "")))
     return diags

@@ -329,7 +329,17 @@ def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) 
     if exc.token.type == "LBRACE" and _ITEM_THEN_IF.search(before):
         return ("an 'if' right after an item is read as that item's condition (B if k > 0); "
                 "put ';' before an if-statement that follows an item: B ; if k > 0 { F }",)
+    count = _REPEAT_COUNT.search(before)
+    if count and str(exc.token) in _OPERATORS:
+        rest = _REST_OF_COUNT.match(source.text, exc.pos_in_stream).group(0).strip()
+        return (f"a repeat count is one atom (a name, a number or a parenthesized expression): "
+                f"write * ({count.group(1)} {rest}), not * {count.group(1)} {rest}",)
     return ()
+
+
+_REPEAT_COUNT = re.compile(r"[\w)\]]\s*\*\s*([A-Za-z_]\w*|\d+(?:\.\d+)?)\s*$")  # `F * m` just before
+_OPERATORS = {"+", "-", "*", "/", "//", "%", "**"}
+_REST_OF_COUNT = re.compile(r"[^;{}\n]*?(?=\s+if\b|\s+at\b|[;{}\n]|$)")
 
 
 def _unmatched_paren(text: str) -> int | None:

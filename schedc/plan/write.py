@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import chain, compress, count, repeat
@@ -20,6 +21,7 @@ from types import NoneType
 from typing import Any
 
 from ..ops import Opcode
+from ..outputs import open_output, write_output
 from .format import _INT_OR_NONE, FORMAT, VERSION, Instr, Plan
 
 _OP_JSON = {op.value: json.dumps(op.value) for op in Opcode}  # op -> its JSON string; tasks join when seen
@@ -27,15 +29,35 @@ _OP_JSON = {op.value: json.dumps(op.value) for op in Opcode}  # op -> its JSON s
 
 def write_plan(plan: Plan, directory: str | Path) -> tuple[Plan, list[Path]]:
     """Write plan.json and rank{r}.txt into directory (each file atomically); return the hashed plan
-    and the paths written."""
+    and the paths written. The rank streams of an earlier, larger plan written there (rank{r}.txt for
+    r past this plan's ranks, with the header this module writes) are removed; nothing else is."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     forms = list(map(_step_forms, plan.ranks))  # the columns of each step, for both files
     plan, path = _write_plan_json(plan, out / "plan.json", forms)
     written = [path]
     for rank in range(plan.devices):
-        written.append(_write_atomic(out / f"rank{rank}.txt", _rank_text(plan, rank, forms[rank])))
+        written.append(write_output(out / f"rank{rank}.txt", _rank_text(plan, rank, forms[rank])))
+    for stale in stale_rank_files(out, plan.devices):
+        stale.unlink()
     return plan, written
+
+
+_RANK_FILE = re.compile(r"rank(0|[1-9][0-9]*)\.txt")
+_RANK_HEAD = b"# schedc plan "
+
+
+def stale_rank_files(directory: Path, ranks: int) -> list[Path]:
+    """The rank{r}.txt files in directory with r >= ranks that this module wrote (their first bytes
+    are a rank stream's header), in rank order; a file of any other name or content is never listed."""
+    found = []
+    for path in directory.iterdir():
+        match = _RANK_FILE.fullmatch(path.name)
+        if match and int(match[1]) >= ranks and path.is_file() and not path.is_symlink():
+            with open(path, "rb") as stream:
+                if stream.read(len(_RANK_HEAD)) == _RANK_HEAD:
+                    found.append((int(match[1]), path))
+    return [path for _, path in sorted(found)]
 
 
 def _step_forms(steps: tuple[tuple[Instr, ...], ...]) -> list[_StepForms]:
@@ -47,32 +69,17 @@ def _write_plan_json(plan: Plan, path: Path, forms: list[list[_StepForms]]) -> t
     file names first (a 64-digit placeholder until the content has been hashed)."""
     digest, placeholder = hashlib.sha256(), "0" * 64
     head = _file_head(placeholder).encode()
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as stream:
-            stream.write(head)
-            for k, piece in enumerate(canonical_pieces(plan, forms)):
-                data = piece.encode()
-                digest.update(data)
-                stream.write(data[1:] if k == 0 else data)  # the content's "{" is the head's
-            stream.write(b"\n")
-            plan = replace(plan, hash=digest.hexdigest())
-            stream.seek(head.index(placeholder.encode()))
-            stream.write(plan.hash.encode())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open_output(path) as stream:
+        stream.write(head)
+        for k, piece in enumerate(canonical_pieces(plan, forms)):
+            data = piece.encode()
+            digest.update(data)
+            stream.write(data[1:] if k == 0 else data)  # the content's "{" is the head's
+        stream.write(b"\n")
+        plan = replace(plan, hash=digest.hexdigest())
+        stream.seek(head.index(placeholder.encode()))
+        stream.write(plan.hash.encode())
     return plan, path
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def _rank_text(plan: Plan, rank: int, forms: list[_StepForms] | None = None) -> str:

@@ -3,18 +3,23 @@
     .svg .png .pdf   timeline (or, with --dag, the dependency graph) through Graphviz
     .dot             the DOT text of the same, without running Graphviz
     .html            a self-contained report: timeline, per-device stats, memory over time, source
-    .json            a Chrome trace (chrome://tracing, Perfetto): 1 cost unit = 1 ms
+    .json            a Chrome trace (chrome://tracing, Perfetto): 1 cost unit = 1 ms (seconds under --cluster)
 
 Every renderer is a deterministic function from the compiled schedule to text; only `dot` runs outside.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..compiler import Compiled
-from ..diagnostics import SchedError, Source, error
-from ..outputs import prepare_directory, write_output
+from ..diagnostics import SchedError, Source, error, warning
+from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
+
+if TYPE_CHECKING:
+    from .measured import MeasuredRun
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
 
@@ -28,6 +33,9 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     predict.ClusterRequest: costs (seconds) and message times from a model on a cluster. addons: the
     `--with` add-ons, as compile_file takes them."""
     fmt = Path(out).suffix.lower().lstrip(".")
+    if out == STDOUT:
+        raise _usage("render picks its format by OUT's extension: give -o a file such as x.svg or x.json, not -",
+                     out)
     if fmt not in EXTENSIONS:
         raise _usage(f"cannot tell the format from {out!r}: use one of "
                      + ", ".join("." + e for e in EXTENSIONS), out)
@@ -41,18 +49,20 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         compiled = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons).compiled
     else:
         compiled = load_input(file, defines, costs, latency, profile, addons)
-    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=measured)
+    run = None
+    if measured is not None:
+        from .measured import load_measured
+        run = load_measured(measured, compiled.schedule, compiled.plan.hash if compiled.plan else "")
+        compiled = replace(compiled, diagnostics=[*compiled.diagnostics, *map(warning, run.warnings)])
+    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=run)
     write_output(out, data)
     return compiled
 
 
 def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
-           measured: str | None = None) -> bytes:
-    """The bytes of OUT in format `fmt` for a compiled schedule."""
-    run = None
-    if measured is not None:
-        from .measured import load_measured
-        run = load_measured(measured, compiled.schedule)
+           measured: MeasuredRun | None = None) -> bytes:
+    """The bytes of OUT in format `fmt` for a compiled schedule (a measured run drawn above it)."""
+    run = measured
     if fmt == "json":
         import json
         from .trace import chrome_trace

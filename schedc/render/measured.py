@@ -5,14 +5,19 @@ One step is drawn: the last one in the trace (warm). Its compute events (not sen
 sync, STEP, nor the runtime's "wait" events, time blocked on a receive) are kept per rank, in ms from the step's first event;
 an OVERLAP_F_B's event is drawn as its halves, each over half its time, as the simulation draws it. `ms_per_unit` is the
 measured compute time per rank over the simulated one, so that perfectly predicted costs line up.
+
+A trace of another shape than the schedule (other ranks, stages or microbatches) is refused, naming
+both; one of the same shape measured on another schedule (by name) or plan (by hash) is drawn with
+a warning.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..diagnostics import SchedError, Source, error
+from ..diagnostics import SchedError, Source, error, listed, plural
 from ..ir import Schedule
 from ..plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS
 
@@ -36,13 +41,15 @@ class MeasuredRun:
     ops: tuple[tuple[MeasuredOp, ...], ...]   # ops[n] = compute ops of ranks[n], by start time
     makespan_ms: float
     ms_per_unit: float
+    warnings: tuple[str, ...] = ()  # what differs between the trace and the schedule it is drawn with
 
 
 def _usage(message: str, path: str) -> SchedError:
     return SchedError(error(message), Source(str(path), ""), exit_code=2)
 
 
-def read_events(path: str) -> list[dict]:
+def read_events(path: str) -> tuple[list[dict], dict]:
+    """The complete ("X") events of a Chrome trace and its otherData (schedule name, plan hash)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -50,20 +57,91 @@ def read_events(path: str) -> list[dict]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise _usage("not a Chrome trace (expected {\"traceEvents\": [...]})", path)
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    other = data.get("otherData") if isinstance(data, dict) else None
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"], other if isinstance(other, dict) else {}
 
 
-def load_measured(path: str, schedule: Schedule) -> MeasuredRun:
-    """The last measured step of a trace, with its time scale against the simulation of `schedule`;
-    a field of the wrong type (a "ts" of "x") is a usage error naming the file."""
+def load_measured(path: str, schedule: Schedule, plan_hash: str = "") -> MeasuredRun:
+    """The last measured step of a trace, with its time scale against the simulation of `schedule`
+    (whose plan, if read from plan.json, has `plan_hash`); a field of the wrong type (a "ts" of "x")
+    or a trace of another shape is a usage error naming the file."""
     try:
-        return _load_measured(path, schedule)
+        events, other = read_events(path)
+        run = _load_measured(path, schedule, events)
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise _usage(f"not a usable measured trace: {type(exc).__name__}: {exc}", path) from None
+    return _matched(run, schedule, events, other, plan_hash, path)
 
 
-def _load_measured(path: str, schedule: Schedule) -> MeasuredRun:
-    events = [e for e in read_events(path)
+def _matched(run: MeasuredRun, schedule: Schedule, events: list[dict], other: dict, plan_hash: str,
+             path: str) -> MeasuredRun:
+    """The run, refused if its ranks, stages or microbatches are not the schedule's (world ranks may be
+    a multiple of the devices: data parallelism), with warnings if its schedule or plan is another."""
+    stages, mbs = _coverage([e for e in events if int(_args(e).get("step") or 0) == run.step])
+    ranks_fit = run.ranks == tuple(range(len(run.ranks))) and len(run.ranks) % max(schedule.devices, 1) == 0
+    if not ranks_fit or (stages, mbs) != (set(range(schedule.stages)), set(range(schedule.microbatches))):
+        params = " ".join(f"{k}={v}" for k, v in schedule.params.items())
+        raise _usage(f"the measured trace does not fit {schedule.name} ({params}): it has "
+                     f"{plural(len(run.ranks), 'rank')}, "
+                     f"{_span('stage', stages)} and {_span('microbatch', mbs, 'microbatches')}, the schedule "
+                     f"{plural(schedule.devices, 'device')}, {plural(schedule.stages, 'stage')} and "
+                     f"{plural(schedule.microbatches, 'microbatch', 'microbatches')}{_origin(other)}; render the "
+                     "schedule the trace was measured on", path)
+    warnings = []
+    name, measured_hash = other.get("schedule"), other.get("hash")
+    if isinstance(name, str) and name != schedule.name:
+        warnings.append(f"the measured trace {path} is of schedule '{name}', drawn above '{schedule.name}'")
+    elif isinstance(measured_hash, str) and plan_hash and measured_hash != plan_hash:
+        warnings.append(f"the measured trace {path} is of plan {measured_hash[:12]}, drawn above plan "
+                        f"{plan_hash[:12]} (another compile of '{schedule.name}')")
+    return replace(run, warnings=tuple(warnings))
+
+
+_HALF = re.compile(r"(\d+)\.(\d+)$")  # an overlapped event's half, `F0.3`: stage 0, microbatch 3
+
+
+def _coverage(events: list[dict]) -> tuple[set[int], set[int]]:
+    """The stages and microbatches the compute events of one step name (overlapped halves included)."""
+    stages, mbs = set(), set()
+    for e in events:
+        a = _args(e)
+        if e.get("name") == "wait" or a.get("op", e.get("name")) in NOT_COMPUTE:
+            continue
+        pairs = [(a.get("stage"), a.get("mb"))]
+        halves = a.get("halves")
+        if isinstance(halves, list):
+            pairs += [tuple(map(int, m.groups())) for h in halves if isinstance(h, str) and (m := _HALF.search(h))]
+        for stage, mb in pairs:
+            if isinstance(stage, int) and not isinstance(stage, bool):
+                stages.add(stage)
+            if isinstance(mb, int) and not isinstance(mb, bool):
+                mbs.add(mb)
+    return stages, mbs
+
+
+def _span(noun: str, values: set[int], nouns: str | None = None) -> str:
+    """`stages 0-3`, `stage 0`, `stages 0-1, 5`, `no stages`."""
+    if not values:
+        return f"no {nouns or noun + 's'}"
+    ordered, runs = sorted(values), []
+    for v in ordered:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = listed([f"{a}" if a == b else f"{a}-{b}" for a, b in runs])
+    return f"{noun if len(values) == 1 else nouns or noun + 's'} {text}"
+
+
+def _origin(other: dict) -> str:
+    name, measured_hash = other.get("schedule"), other.get("hash")
+    parts = ([f"schedule '{name}'"] if isinstance(name, str) else []) + (
+        [f"plan {measured_hash[:12]}"] if isinstance(measured_hash, str) else [])
+    return f" (measured on {', '.join(parts)})" if parts else ""
+
+
+def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> MeasuredRun:
+    events = [e for e in events
               if e.get("name") != "wait" and _args(e).get("op", e.get("name")) not in NOT_COMPUTE]
     if not events:
         raise _usage("the measured trace has no compute events", path)

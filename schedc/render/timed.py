@@ -20,6 +20,12 @@ class TimedOp:
     step: int
 
 
+def in_seconds(compiled: Compiled) -> bool:
+    """Whether the costs are seconds (--cluster: a model on a cluster, whose prediction the stats
+    carry) rather than cost units (forwards, or the milliseconds of a measured profile)."""
+    return "iteration_s" in compiled.stats
+
+
 def timed_ops(compiled: Compiled) -> list[list[TimedOp]]:
     """Per device, its ops in program order (step by step) with absolute start and end; ops that were
     never timed (a deadlocked schedule) are left out."""

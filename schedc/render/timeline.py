@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from math import inf
 
 from ..compiler import Compiled
+from ..diagnostics import listed, plural
 from ..ir import Op
 from ..ops import OpKind
 from .measured import MeasuredRun
 from .style import Palette, op_label, palette, text_colour
-from .timed import step_starts, timed_ops
+from .timed import in_seconds, step_starts, timed_ops
 
 COMPACT_OPS = 2000          # more ops than this: compact rows
 MAX_WIDTH = 12000.0         # points; beyond it the time unit shrinks (down to MIN_UNIT)
@@ -103,7 +104,7 @@ def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun 
     ids = _simulated_rows(canvas, compiled, colours, width)
     if comms:
         _messages(canvas, compiled, ids)
-    _axis(canvas, width, timing.makespan)
+    _axis(canvas, width, timing.makespan, "time (s)" if in_seconds(compiled) else "time (cost units)")
     _legend(canvas, colours, width, comms)
     canvas.lines.append("}")
     return "\n".join(canvas.lines) + "\n"
@@ -112,18 +113,19 @@ def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun 
 def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     s, st = compiled.schedule, compiled.stats
     params = " ".join(f"{k}={v}" for k, v in s.params.items())
-    peak = "/".join(f"{m:g}" for m in st["peak_memory"])
-    title = (f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
+    peak = listed([f"{m:g}" for m in st["peak_memory"]], "/")
+    sizes = f"{plural(s.devices, 'device')}, {plural(st['ops'], 'op')}"
+    title = (f"{s.name} ({params}): {sizes}\\l"
              f"makespan {st['makespan']:g}   bubble {st['bubble']:.4f}   utilization "
              f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
     if not compiled.ok:
         errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
-        return _graph(f"{s.name} ({params}): {s.devices} devices, {st['ops']} ops\\l"
+        return _graph(f"{s.name} ({params}): {sizes}\\l"
                       f"INVALID: the schedule fails its checks ({errors} error{'s' * (errors != 1)}); no stats, "
                       "the timeline as far as it was simulated\\l", geo)
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         title += (f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
-                  f"of {st.get('cycle_steps', 1)} steps of {st['makespan']:g} in all\\l")
+                  f"of {plural(st.get('cycle_steps', 1), 'step')} of {st['makespan']:g} in all\\l")
     return _graph(title, geo)
 
 
@@ -147,8 +149,7 @@ def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width
     stats, geo = compiled.stats, canvas.geo
     ids: dict[tuple[int, Op], str] = {}
     rows = timed_ops(compiled)
-    ys = [canvas.lane(f"d{d}", f"device {d}", f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   "
-                      f"peak act. {stats['peak_memory'][d]:g}", width) for d in range(len(rows))]
+    ys = [canvas.lane(f"d{d}", f"device {d}", _row_note(compiled, d), width) for d in range(len(rows))]
     for k, x in enumerate(step_starts(compiled), 1):
         top, bottom = ys[0] - geo.row / 2, ys[-1] + geo.row / 2
         canvas.box(f"step{k}", x * geo.unit - 0.4, x * geo.unit + 0.4, (top + bottom) / 2, bottom - top,
@@ -169,6 +170,15 @@ def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width
                      + (f' tooltip="{op} on device {d}{step}: {t.start:g} to {t.end:g}"' if not geo.compact else ""))
             canvas.box(name, x0, x1, ys[d], geo.box, attrs)
     return ids
+
+
+def _row_note(compiled: Compiled, d: int) -> str:
+    """Device d's busy, idle and peak beside its row; none for a schedule that fails its checks (a
+    deadlocked one's 'idle' is negative: its figures are not a schedule's)."""
+    if not compiled.ok:
+        return ""
+    stats = compiled.stats
+    return f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   peak act. {stats['peak_memory'][d]:g}"
 
 
 def _overlapped(schedule) -> dict[Op, int]:
@@ -204,7 +214,7 @@ def _messages(canvas: _Canvas, compiled: Compiled, ids: dict) -> None:
                 canvas.lines.append(f'{source}:e -> {name}:w [color="{MESSAGE_COLOURS[dep.kind]}"];')
 
 
-def _axis(canvas: _Canvas, width: float, makespan: float) -> None:
+def _axis(canvas: _Canvas, width: float, makespan: float, label: str) -> None:
     geo = canvas.geo
     y = canvas.y + 3
     canvas.box("axis", 0, width, y, 0.6, 'fillcolor="#555555" penwidth=0')
@@ -215,7 +225,7 @@ def _axis(canvas: _Canvas, width: float, makespan: float) -> None:
         canvas.box(f"tick{k}", x - 0.3, x + 0.3, y + 2, 4, 'fillcolor="#555555" penwidth=0')
         canvas.text(f"tick{k}_label", x - 20, y + 10, 40, f"{k * step:g}", geo.font + 1, "")
         k += 1
-    canvas.text("axis_label", width + GAP, y + 10, NOTE_W, "time (cost units)", geo.font + 1, "\\l")
+    canvas.text("axis_label", width + GAP, y + 10, NOTE_W, label, geo.font + 1, "\\l")
     canvas.y = y + 20
 
 

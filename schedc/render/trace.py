@@ -1,16 +1,19 @@
 """The simulated schedule as a Chrome trace (chrome://tracing, Perfetto), shaped like the runtime's
 measured traces (runtime/trace.py): one process per rank named "rank r", complete ("X") events named
 `F1.3` (kind, stage, microbatch), args op/stage/mb/pipe/step. Time scale: 1 cost unit = 1 ms (1000 µs),
-which is exact when the costs come from a measured profile (`--costs`, in ms).
+which is exact when the costs come from a measured profile (`--costs`, in ms); under --cluster the
+costs are seconds and drawn as such (1 s = 10^6 µs). The stats ride along in otherData only for a
+schedule that passes its checks (`valid`).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..compiler import Compiled
-from .timed import timed_ops
+from .timed import in_seconds, timed_ops
 
 US_PER_UNIT = 1000.0
+US_PER_SECOND = 1e6
 
 
 def event_name(kind: str, stage: int | None, mb: int | None) -> str:
@@ -24,6 +27,7 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
     """traceEvents: process metadata per rank, then every timed op in program order per rank (a filled
     plan's cycle step after step, `args.step` = the step of the cycle)."""
     schedule = compiled.schedule
+    scale = US_PER_SECOND if in_seconds(compiled) else US_PER_UNIT
     events: list[dict[str, Any]] = []
     for rank in range(schedule.devices):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
@@ -35,11 +39,13 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
             if op.parts > 1:
                 args.update(part=op.part, parts=op.parts)
             events.append({"name": event_name(op.kind, op.stage, op.mb), "ph": "X", "pid": rank, "tid": 0,
-                           "ts": _us(t.start), "dur": _us(t.end - t.start), "args": args})
+                           "ts": _us(t.start, scale), "dur": _us(t.end - t.start, scale), "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": schedule.name, "params": schedule.params, "simulated": True,
-                          "time_scale": "1 cost unit = 1 ms", "stats": dict(compiled.stats)}}
+                          "time_scale": "costs in seconds (--cluster)" if scale == US_PER_SECOND
+                          else "1 cost unit = 1 ms", "valid": compiled.ok,
+                          "stats": dict(compiled.stats) if compiled.ok else None}}
 
 
-def _us(units: float) -> float:
-    return round(units * US_PER_UNIT, 3)
+def _us(units: float, scale: float) -> float:
+    return round(units * scale, 3)
