@@ -255,6 +255,15 @@ def test_squeeze_needs_programs_of_built_in_ops():
     assert "t.sched:6:1: error: 'squeeze' moves built-in ops in unit slots" in info.value.render()
 
 
+def test_squeeze_takes_tasks_the_fill_places():
+    """An add-on's tasks are not in the programs (the fill places them after the squeeze): V-Half with
+    the K-FAC add-on compiles, passes its checks, and fills the squeezed order."""
+    result = CliRunner().invoke(main, ["check", "v_half", "-D", "p=4", "-D", "m=8", "--with", "kfac"])
+    assert result.exit_code == 0 and "v_half.sched: ok (" in result.output, result.output
+    simulated = CliRunner().invoke(main, ["simulate", "v_half", "-D", "p=4", "-D", "m=8", "--with", "kfac"])
+    assert simulated.exit_code == 0 and "filled" in simulated.output, simulated.output
+
+
 def test_slots_keep_the_program_order_and_a_squeeze_keeps_a_block_without_free_slots_to_fill():
     program = ("on device d {\n  F at d F at (3 + d) F at (6 + d)\n"
                "  I at (9 - d) W I at (12 - d) W I at (15 - d) W\n}\n")

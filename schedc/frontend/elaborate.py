@@ -15,7 +15,7 @@ from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
+from ..ops import BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
 from .order import chunk_index, order_greedy, run_programs
 
 MAX_OPS = 2_000_000
@@ -374,7 +374,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         chosen = _chosen_backwards(pipelines, split_of) + task_names if mixed else []
         _check_measured(options, chosen, task_names, split, mixed, bool(fused))
     if squeeze:
-        orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, task_decls, source)
+        orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, source)
     declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
     if not fused and declared_fb is not None:
         span = declared_fb
@@ -386,11 +386,13 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     split_of=split_of, fused=tuple(fused))
 
 
-def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, task_decls, source: Source):
-    """The programs' orders squeezed (frontend/squeeze.py): built-in ops only, none overlapped."""
-    if fused or task_decls:
-        raise _fail("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops or tasks",
-                    squeeze.span, source)
+def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, source: Source):
+    """The programs' orders squeezed (frontend/squeeze.py): built-in ops only, none overlapped. Tasks
+    the fill places later (an add-on's) are not in the orders and are welcome; a task the programs
+    place themselves is refused."""
+    if fused or any(op.kind not in BUILTIN for order in orders for op in order):
+        raise _fail("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops, and no tasks "
+                    "in the programs (fill them into the bubbles instead)", squeeze.span, source)
     from .squeeze import squeeze_orders
     return squeeze_orders(orders, slots, deps, chunk_index(pipelines))
 
