@@ -99,10 +99,9 @@ class Candidate:
 
 def op_costs(structure, table) -> list[float]:
     """The cost of each of a structure's ops, its overlapped pairs fused as simulate fuses them."""
-    from .ops import OVERLAP
     from .simulate import fuse_costs
     cost = [table[op.kind][op.stage] for op in structure.ops]
-    fuse_costs(structure.pairs, cost, table.get(OVERLAP))
+    fuse_costs(structure.pairs, cost, table)
     return cost
 
 

@@ -133,10 +133,10 @@ Links = Sequence[Sequence[float]]  # device x device -> message time
 
 def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost: list[float]) -> list[int]:
     """Make each overlapped pair (its first half at n, the other at n + 1) one op: the first half waits
-    for the second's dependencies too and carries the pair's cost (`cost FB` of the forward's stage, by
-    default the sum), the second follows at no cost. Returns the indices n."""
+    for the second's dependencies too and carries the pair's cost (fuse_costs), the second follows at
+    no cost. Returns the indices n."""
     pairs = fuse_pairs(schedule, ops, preds)
-    fuse_costs(pairs, cost, schedule.costs.get(OVERLAP))
+    fuse_costs(pairs, cost, schedule.costs)
     return [n for n, _ in pairs]
 
 
@@ -158,11 +158,21 @@ def fuse_pairs(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]]) 
     return pairs
 
 
-def fuse_costs(pairs: list[tuple[int, int]], cost: list[float], overlap=None) -> None:
-    """The cost half of _fuse: the pair's first half costs `overlap` of its forward's stage (the cost
-    kind FB), or both halves' sum without one; the second half costs nothing."""
+def fuse_costs(pairs: list[tuple[int, int]], cost: list[float], table) -> None:
+    """The cost half of _fuse: a pair costs its halves' own costs (each at its own stage) less what
+    overlapping saves, F + B - FB at the forward's stage (`cost FB`; nothing saved without one). Both
+    halves on one stage: FB exactly. On two stages (DualPipe's chunks, a cost model's end stages with
+    their embedding and logits) each half keeps its own stage's cost, rather than the forward stage's
+    F + B standing for both. The second half then costs nothing."""
+    overlap = table.get(OVERLAP)
+    forward, backward = table.get(OpKind.F.value), table.get(OpKind.B.value)
     for n, stage in pairs:
-        cost[n], cost[n + 1] = (overlap[stage] if overlap else cost[n] + cost[n + 1]), 0.0
+        both = cost[n] + cost[n + 1]
+        if overlap and forward and backward:
+            both -= forward[stage] + backward[stage] - overlap[stage]
+        elif overlap:  # no B to measure the saving against: the declared pair cost as it is
+            both = overlap[stage]
+        cost[n], cost[n + 1] = both, 0.0
 
 
 def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],

@@ -78,6 +78,25 @@ def test_measured_costs_per_stage_change_the_timing():
     assert stats["busy"] == [6.0, 18.0]
 
 
+def test_an_overlapped_pair_on_two_stages_costs_each_half_at_its_own_stage():
+    """DualPipeV p=2: device 0 holds stages 0 and 3, and overlaps F of one with B of the other. With
+    stage 3 three times as slow and FB = F + B (nothing saved), device 0's busy time is each op at its
+    own stage's cost, 4 x (1 + 2) + 4 x (3 + 6), however the pairs fall; with FB half a unit below
+    F + B, each of its pairs saves half a unit."""
+    from schedc.compiler import compile_source, read_source
+    from schedc.frontend.elaborate import Options
+    from conftest import SCHEDULES
+    per_stage = {"F": (1.0, 1.0, 1.0, 3.0), "B": (2.0, 2.0, 2.0, 6.0), "I": (1.0, 1.0, 1.0, 3.0),
+                 "W": (1.0, 1.0, 1.0, 3.0)}
+    for saved in (0.0, 0.5):
+        costs = {**per_stage, "FB": tuple(f + b - saved for f, b in zip(per_stage["F"], per_stage["B"]))}
+        compiled = compile_source(read_source(SCHEDULES / "dualpipev.sched"),
+                                  Options({"p": "2", "m": "4"}, costs=costs))
+        pairs = [sum(f.device == d for f, _ in compiled.schedule.fused) for d in range(2)]
+        assert pairs[0] > 0 and any(f.stage != b.stage for f, b in compiled.schedule.fused)
+        assert compiled.stats["busy"] == [48.0 - saved * pairs[0], 24.0 - saved * pairs[1]]
+
+
 def reference_sequence(schedule, latency):
     """The plain event loop simulate must agree with: a heap of ready ops by (start, index); an op is
     ready when its device's previous op and its placed dependencies have ended."""
