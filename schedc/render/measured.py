@@ -109,8 +109,11 @@ def _coverage(events: list[dict]) -> tuple[set[int], set[int]]:
             continue
         pairs = [(a.get("stage"), a.get("mb"))]
         halves = a.get("halves")
-        if isinstance(halves, list):
-            pairs += [tuple(map(int, m.groups())) for h in halves if isinstance(h, str) and (m := _HALF.search(h))]
+        for half in halves if isinstance(halves, list) else ():  # {op, stage, mb}, or older traces' "F0.3"
+            if isinstance(half, dict):
+                pairs.append((half.get("stage"), half.get("mb")))
+            elif isinstance(half, str) and (m := _HALF.search(half)):
+                pairs.append(tuple(map(int, m.groups())))
         for stage, mb in pairs:
             if isinstance(stage, int) and not isinstance(stage, bool):
                 stages.add(stage)
