@@ -2,6 +2,7 @@
 located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answer.
 
     python benchmarks/fuzz_cli.py --count 10000 [--seed 1] [--jobs 2] [--failures out/fuzz]
+    python benchmarks/fuzz_cli.py --first 2500 --count 2500   # cases 2,500-4,999 of the same seed
 
 The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
 numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
@@ -126,10 +127,11 @@ def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> 
     return outcome, output
 
 
-def run_all(cases: list[Case], args, workdir: Path, small_plan: bytes, results: list):
-    """Run the cases, appending (index, case, outcome, output, seconds) to `results` as they finish."""
+def run_all(cases: list[tuple[int, Case]], args, workdir: Path, small_plan: bytes, results: list):
+    """Run the (index, case) pairs, appending (index, case, outcome, output, seconds) to `results` as
+    they finish."""
     running: dict[int, tuple[int, Case, Path, float]] = {}
-    queue = list(enumerate(cases))
+    queue = list(cases)
     memory = int(args.memory_gib * 2 ** 30)
     begun = time.monotonic()
     try:
@@ -229,6 +231,7 @@ def report(results, skipped: Counter, seconds: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=10000)
+    parser.add_argument("--first", type=int, default=0, help="skip this many cases of the seed (run in chunks)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds per case (default 20)")
@@ -239,7 +242,7 @@ def main() -> int:
     parser.add_argument("--failures", default=None, help="keep defective cases here")
     parser.add_argument("--progress", type=int, default=1000, help="a line every N cases (0: none)")
     args = parser.parse_args()
-    if args.count < 1 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0:
+    if args.count < 1 or args.first < 0 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0:
         parser.error("--count, --jobs, --timeout and --memory-gib must be positive")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import schedc.cli  # noqa: F401 - imported once, before forking
@@ -247,10 +250,10 @@ def main() -> int:
     try:
         plans = library_plans(workdir)
         small = (workdir / "plan-1f1b" / "plan.json").read_bytes()
-        generated = fuzz_cases.cases(args.seed, args.count, plans, allow_slow=not args.no_slow)
+        generated = fuzz_cases.cases(args.seed, args.first + args.count, plans, allow_slow=not args.no_slow)
         only = set(args.only.split(",")) if args.only else None
         chosen, skipped, runs = [], Counter(), 0
-        for case in generated:
+        for index, case in enumerate(generated[args.first:], args.first):
             if only and case.category not in only:
                 continue
             if case.argv[:1] == ["run"]:
@@ -258,8 +261,8 @@ def main() -> int:
                 if runs > args.run_cap:
                     skipped[case.category] += 1
                     continue
-            chosen.append(case)
-        print(f"schedc fuzz: seed {args.seed}, {len(chosen)} of {len(generated)} cases, "
+            chosen.append((index, case))
+        print(f"schedc fuzz: seed {args.seed}, {len(chosen)} of cases {args.first:,}-{len(generated) - 1:,}, "
               f"timeout {args.timeout:g} s, memory cap {args.memory_gib:g} GiB, {args.jobs} at once", flush=True)
         begun, results = time.monotonic(), []
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: report what finished

@@ -47,6 +47,9 @@ class Diagnostic:
     span: Span | None = None
     notes: tuple[str, ...] = ()
     detail: str = ""  # a block shown after the caret, e.g. a rank x step grid
+    # a check of a lowered plan names the instruction at fault: (rank, step program, index in it; None
+    # when the fault is the rank's as a whole), so a front end that made the plan can locate it
+    at: tuple[int, int, int | None] | None = None
 
     def format(self, source: Source | None) -> str:
         source = (self.span.source if self.span else None) or source
@@ -83,8 +86,9 @@ def _window(text: str, column: int) -> tuple[str, int]:
     return head + shown + tail, column - start + len(head)
 
 
-def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "") -> Diagnostic:
-    return Diagnostic(Severity.ERROR, message, span, notes, detail)
+def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "",
+          at: tuple[int, int, int | None] | None = None) -> Diagnostic:
+    return Diagnostic(Severity.ERROR, message, span, notes, detail, at)
 
 
 @lru_cache(maxsize=8)
@@ -114,7 +118,8 @@ def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagno
     for kind, position in extra.items():
         rest = seen[kind] - limit
         first = shown[position]
-        shown[position] = Diagnostic(first.severity, f"and {rest:,} more like this ({first.message})", first.span)
+        shown[position] = Diagnostic(first.severity, f"and {rest:,} more like this ({first.message})", first.span,
+                                     at=first.at)
     return shown
 
 

@@ -279,11 +279,13 @@ def _unrepresentable(schedule: Schedule) -> str | None:
 
 # torch's compute_comms format: the rank streams with their messages ---------------------------------
 
-def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...], ...] | None:
+def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[tuple[Instr, ...], ...],
+                                                                  tuple[tuple[Span, ...], ...]] | None:
     """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
-    no message cells), each ending with STEP. torch names a send by the stage that sends and a receive
-    by the stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing
-    stage (RECV_F stage=1)."""
+    no message cells), each ending with STEP, and the cell each instruction came from (spans[r][n] for
+    streams[r][n]; STEP has none). torch names a send by the stage that sends and a receive by the
+    stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing stage
+    (RECV_F stage=1)."""
     rows = parse_csv(source, comms=True)
     if not any(cell[0] in COMM for row in rows for cell in row):
         return None
@@ -302,7 +304,7 @@ def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...]
             stream.append(Instr(kind, producer, mb, 0, peer))
         stream.append(Instr(Opcode.STEP.value))
         streams.append(tuple(stream))
-    return tuple(streams)
+    return tuple(streams), tuple(tuple(cell[3] for cell in row) for row in rows)
 
 
 def export_comms_csv(plan: Plan) -> str:
