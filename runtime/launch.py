@@ -57,6 +57,11 @@ class LaunchError(ValueError):
     """A plan or an option refused before torchrun starts."""
 
 
+# Processes started on this machine, at most: each rank is a Python process holding torch (about 250 MB
+# before any model), so 256 of them already need some 64 GB.
+MAX_LOCAL_PROCESSES = 256
+
+
 def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], torchrun_args: list[str]):
     """The runtime's options parsed and checked as every rank would, the plan loaded and checked against
     them, --nproc against the plan, --save and --resume against the disk; (options, plan) or LaunchError."""
@@ -77,10 +82,16 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         if torchrun_args or nproc not in (None, 1):
             raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
                               "and torchrun's flags")
+        _check_memory(plan, opts)
         return opts, plan
     if nproc is not None and nproc < 1:
         raise LaunchError(f"--nproc must be >= 1, got {nproc}")
     standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
+    local = nproc if nproc is not None else need
+    if local > MAX_LOCAL_PROCESSES:
+        raise LaunchError(f"{local:,} processes on this machine (the plan's {plan.devices} devices x --dp "
+                          f"{opts.dp}{'' if nproc is None else ', --nproc'}): at most {MAX_LOCAL_PROCESSES} are started")
+    _check_memory(plan, opts)
     if standalone and nproc is not None and nproc != need:
         raise LaunchError(f"the plan is for {plan.devices} devices; with --dp {opts.dp} it needs {need} "
                           f"processes, not --nproc {nproc} (on several machines, --nproc is per machine: "
@@ -94,6 +105,27 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     except (PlanError, CheckpointError, ValueError) as exc:
         raise LaunchError(f"{plan_path}: {exc}" if isinstance(exc, PlanError) else exc) from None
     return opts, plan
+
+
+def _check_memory(plan, opts) -> None:
+    """The default GPT's step (model.gpt_bytes, times --dp replicas) against this machine's memory: a
+    run that cannot fit is refused before any process starts, not killed by the system after minutes."""
+    if opts.model:
+        return  # a user model's size is its own
+    import os
+    from .model import gpt_bytes
+    microbatches = plan.meta["microbatches"]  # an integer >= 1: the plan was checked on loading
+    need = gpt_bytes(opts.model_config, microbatches) * (1 if opts.reference else opts.dp)
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if need > have:
+        cfg = opts.model_config
+        raise LaunchError(f"one step would need about {need / 2 ** 30:,.3g} GiB (layers {cfg.layers}, hidden {cfg.hidden}, "
+                          f"heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, {microbatches} microbatches"
+                          f"{'' if opts.reference else f', --dp {opts.dp}'}), more than this machine's "
+                          f"{have / 2 ** 30:.3g} GiB")
 
 
 def _check_plan_fits(plan, opts, world: int) -> None:

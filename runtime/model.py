@@ -81,10 +81,32 @@ class Head(nn.Module):
         return self.lm(self.norm(x))
 
 
+def gpt_problem(cfg: ModelConfig) -> str | None:
+    """Why the default GPT cannot be built with these sizes (None when it can): checked by build_gpt, and
+    by `schedc run` before torchrun starts."""
+    if cfg.hidden % cfg.heads:
+        return f"hidden size {cfg.hidden} is not a multiple of heads {cfg.heads}"
+    return None
+
+
+def gpt_bytes(cfg: ModelConfig, microbatches: int) -> float:
+    """About the memory one step of the default GPT takes over all its ranks: weights, gradients and
+    AdamW's two moments (4 x 4 bytes a parameter), and every microbatch's saved activations (a block
+    keeps about 16 hidden-wide values a token and its attention scores, heads x seq a token). A float:
+    absurd sizes give inf, not absurd integers."""
+    from .options import model_parameters
+    try:
+        tokens = float(microbatches) * cfg.mb_size * cfg.seq
+        return 16 * model_parameters(cfg) + 4 * cfg.layers * tokens * (16.0 * cfg.hidden + 2.0 * cfg.heads * cfg.seq)
+    except OverflowError:
+        return float("inf")
+
+
 def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
     """The default model: embeddings, `layers` blocks, final norm + LM head."""
-    if cfg.hidden % cfg.heads:
-        raise ModelError(f"hidden size {cfg.hidden} is not a multiple of heads {cfg.heads}")
+    problem = gpt_problem(cfg)
+    if problem:
+        raise ModelError(problem)
     blocks = [(f"blocks.{i}", Block(cfg)) for i in range(cfg.layers)]
     return [("embed", Embed(cfg)), *blocks, ("head", Head(cfg))]
 

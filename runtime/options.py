@@ -7,7 +7,7 @@ import math
 import tomllib
 from dataclasses import fields
 
-from .model import ModelConfig
+from .model import ModelConfig, gpt_problem
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -202,6 +202,8 @@ def _check(opts: argparse.Namespace) -> None:
     if params > MAX_PARAMETERS:
         raise OptionError(f"the model would have about {params:.3g} parameters (layers {cfg.layers}, hidden "
                           f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
+    if not opts.model and gpt_problem(cfg):
+        raise OptionError(gpt_problem(cfg))
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
     if not (opts.data or opts.synthetic or opts.model) and cfg.vocab < 256:  # before torchrun, not on each rank

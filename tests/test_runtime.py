@@ -416,6 +416,11 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--save", "{plan}/x"], "cannot write checkpoints there (Not a directory)"),
     (["--resume", "{tmp}/none"], "no readable checkpoint"),
     (["--reference", "--nproc", "2"], "--reference trains the whole model in this one process"),
+    (["--dp", "2147483648"], "4,294,967,296 processes on this machine (the plan's 2 devices x --dp 2147483648)"),
+    (["--dp", "129"], "258 processes on this machine (the plan's 2 devices x --dp 129): at most 256 are started"),
+    (["--heads", "3"], "hidden size 64 is not a multiple of heads 3"),
+    (["--seq", "100000"], "seq 100000, mb-size 4, 4 microbatches, --dp 1), more than this machine's"),
+    (["--reference", "--hidden", "30000"], "(layers 4, hidden 30000, heads 4, seq 64, mb-size 4, 4 microbatches), more"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_run_refuses_each_bad_option_before_starting_torchrun(plans, tmp_path, args, message):

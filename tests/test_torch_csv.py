@@ -130,7 +130,7 @@ def test_too_many_ranks_are_refused_at_the_first_row_past_the_limit():
     from schedc.interop.torch_csv import MAX_RANKS
     exc = _refusal("0F0,0B0\n" * (MAX_RANKS + 1))
     assert exc.exit_code == 2 and exc.diagnostics[0].span.line == MAX_RANKS + 1
-    assert "at most 65,536" in exc.diagnostics[0].message
+    assert f"at most {MAX_RANKS:,}" in exc.diagnostics[0].message
 
 
 def test_export_makes_the_output_directory_and_refuses_unwritable_paths(tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
-from ..frontend.elaborate import MAX_OPS
+from ..frontend.elaborate import MAX_DEVICES, MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
 from ..plan import Instr, Plan
@@ -32,7 +32,7 @@ COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d+")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
-MAX_RANKS = 65_536      # rows; a row is a rank, and every pass keeps something per rank
+MAX_RANKS = MAX_DEVICES  # rows; a row is a rank, and every pass keeps something per rank
 MAX_SHOWN = 20          # bad cells reported one by one; the rest are counted
 
 
