@@ -108,12 +108,16 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
 
 
 def _check_memory(plan, opts) -> None:
-    """The default GPT's step (model.gpt_bytes, times --dp replicas) against this machine's memory: a
-    run that cannot fit is refused before any process starts, not killed by the system after minutes."""
+    """The default GPT split over the plan's stages (each needs a layer) and its step (model.gpt_bytes,
+    times --dp replicas) against this machine's memory: a run that cannot fit is refused before any
+    process starts, not on every rank after torchrun, or killed by the system after minutes."""
     if opts.model:
         return  # a user model's size is its own
     import os
-    from .model import gpt_bytes
+    from .model import gpt_bytes, partition_problem
+    problem = None if opts.reference else partition_problem(opts.model_config.layers, plan.meta["stages"])
+    if problem:
+        raise LaunchError(problem)
     microbatches = plan.meta["microbatches"]  # an integer >= 1: the plan was checked on loading
     need = gpt_bytes(opts.model_config, microbatches) * (1 if opts.reference else opts.dp)
     try:

@@ -366,10 +366,11 @@ def plan_case(rng: random.Random, plans: dict[str, dict], allow_slow: bool = Tru
     return Case("plan-launch", ["run", "{d}/plan.json", *TINY_RUN], {"plan.json": data}, (), True)
 
 
-# What a `run` case trains: one step of a tiny model. The fuzzer looks for plans and options the command
-# line fails to check, not for how long a legitimate model trains: the option under test comes after
-# these (the last one given wins), and a valid --steps count is held to RUN_STEPS.
-TINY_RUN = ["--steps", "1", "--layers", "1", "--hidden", "8", "--heads", "1", "--seq", "8", "--mb-size", "1",
+# What a `run` case trains: one step of a tiny model (4 layers: at least one per stage of every plan it
+# runs). The fuzzer looks for plans and options the command line fails to check, not for how long a
+# legitimate model trains: the option under test comes after these (the last one given wins), and a
+# valid --steps count is held to RUN_STEPS.
+TINY_RUN = ["--steps", "1", "--layers", "4", "--hidden", "8", "--heads", "1", "--seq", "8", "--mb-size", "1",
             "--vocab", "256", "--threads", "1", "--quiet", "--timeout", "15"]
 RUN_STEPS = 2
 
