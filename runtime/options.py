@@ -123,6 +123,7 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
 MAX_THREADS = 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PARAMETERS = 10 ** 11  # far past what one process can hold; refused before torch tries to allocate it
+MAX_LAYERS = 4096  # the deepest models have a few hundred blocks; building 100,000 modules ran for minutes
 
 
 def model_parameters(cfg: ModelConfig) -> float:
@@ -188,6 +189,8 @@ def _check(opts: argparse.Namespace) -> None:
     for key in MODEL_KEYS:
         if getattr(cfg, key) < 1:
             raise OptionError(f"{key} must be positive, got {getattr(cfg, key)}")
+    if cfg.layers > MAX_LAYERS:
+        raise OptionError(f"layers must be at most {MAX_LAYERS:,}, got {cfg.layers:,}")
     if opts.steps < 1 or opts.dp < 1 or opts.every < 0:
         raise OptionError("--steps and --dp must be >= 1, --every >= 0")
     if not 0 < opts.timeout < math.inf:  # NaN fails too

@@ -420,6 +420,7 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--dp", "129"], "258 processes on this machine (the plan's 2 devices x --dp 129): at most 256 are started"),
     (["--heads", "3"], "hidden size 64 is not a multiple of heads 3"),
     (["--layers", "1"], "the plan has 2 model stages but the model has 1 layers to split"),
+    (["--layers", "100000"], "layers must be at most 4,096, got 100,000"),
     (["--seq", "100000"], "seq 100000, mb-size 4, 4 microbatches, --dp 1, 2 processes), more than this machine's"),
     (["--reference", "--hidden", "30000"], "(layers 4, hidden 30000, heads 4, seq 64, mb-size 4, 4 microbatches, 1 "
                                            "process), more"),
