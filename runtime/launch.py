@@ -115,7 +115,8 @@ def _check_memory(plan, opts, processes: int) -> None:
     torchrun, or killed by the system after minutes."""
     if opts.model:  # a user model's size is its own
         return _check_fits(processes * PROCESS_BYTES, f"{processes} processes")
-    from .model import gpt_bytes, partition_problem
+    from .model import partition_problem
+    from .options import gpt_bytes
     problem = None if opts.reference else partition_problem(opts.model_config.layers, plan.meta["stages"])
     if problem:
         raise LaunchError(problem)
