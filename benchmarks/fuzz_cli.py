@@ -2,15 +2,19 @@
 located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answer.
 
     python benchmarks/fuzz_cli.py --count 10000 [--seed 1] [--jobs 2] [--failures out/fuzz]
+    python benchmarks/fuzz_cli.py --first 2500 --count 2500   # cases 2,500-4,999 of the same seed
+    python benchmarks/fuzz_cli.py --cases 325,1888             # these cases of the seed again
 
 The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
 numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
 recomputed) for `render` and `run`, and bad options to every subcommand. Each case runs in its own
 process, forked from this one after schedc is imported (so a case costs its own work, not Python's
-start-up), with a wall-clock limit (--timeout, 20 s) and an address-space cap (--memory-gib, 4 GiB);
-`run` cases start torchrun from there as a user's command would. Cases that start processes of
-their own (`schedc run ...`) are many times slower than the rest: --run-cap bounds how many run
-(the others are reported as skipped).
+start-up), with a limit of 20 s of CPU time (--timeout: the case and every process it starts, summed;
+each of them is also stopped by the kernel past it) and an address-space cap (--memory-gib, 4 GiB);
+CPU time, not wall-clock time, because the machine is shared (at a load of 10, 7 s of CPU took 26 s),
+and a wall-clock guard (--wall-timeout, 180 s) for a case that waits without computing. `run` cases
+start torchrun from there as a user's command would; they train one step of a tiny model
+(fuzz_cases.TINY_RUN). --run-cap bounds how many run (the others are reported as skipped).
 
 Printed: outcomes per category (ok, failed = exit 1, usage = exit 2, and the defects: traceback,
 timeout, memory, bad-exit, unlocated, silent, nonfinite, invalid-stats), then one line per distinct
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -56,7 +61,7 @@ def library_plans(workdir: Path) -> dict[str, dict]:
     return plans
 
 
-def start(case: Case, directory: Path, memory: int) -> int:
+def start(case: Case, directory: Path, memory: int, cpu_limit: float) -> int:
     """Fork a child that runs `schedc ARGV` in `directory` (stdout, stderr to files there); its pid."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -71,6 +76,8 @@ def start(case: Case, directory: Path, memory: int) -> int:
             os.dup2(handle, fd)
             os.close(handle)
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        cpu = int(math.ceil(cpu_limit))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))  # SIGXCPU, then SIGKILL
         os.chdir(directory)
         argv = case.resolved(str(directory))
         sys.argv = ["schedc", *argv]
@@ -115,6 +122,7 @@ def _read_capped(path: Path) -> str:
 
 
 def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> tuple[str, str]:
+    """The case's outcome and output; `timed_out` when it used up its CPU time or the wall-clock guard."""
     stdout, stderr = _read_capped(directory / ".stdout"), _read_capped(directory / ".stderr")
     code = None if status is None else (os.waitstatus_to_exitcode(status))
     code = None if code is not None and code < 0 else code
@@ -126,10 +134,11 @@ def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> 
     return outcome, output
 
 
-def run_all(cases: list[Case], args, workdir: Path, small_plan: bytes, results: list):
-    """Run the cases, appending (index, case, outcome, output, seconds) to `results` as they finish."""
+def run_all(cases: list[tuple[int, Case]], args, workdir: Path, small_plan: bytes, results: list):
+    """Run the (index, case) pairs, appending (index, case, outcome, output, seconds) to `results` as
+    they finish."""
     running: dict[int, tuple[int, Case, Path, float]] = {}
-    queue = list(enumerate(cases))
+    queue = list(cases)
     memory = int(args.memory_gib * 2 ** 30)
     begun = time.monotonic()
     try:
@@ -138,29 +147,32 @@ def run_all(cases: list[Case], args, workdir: Path, small_plan: bytes, results: 
                 index, case = queue.pop(0)
                 directory = workdir / f"case-{index:06d}"
                 write_case(case, directory, small_plan)
-                pid = start(case, directory, memory)
+                pid = start(case, directory, memory, args.timeout)
                 running[pid] = (index, case, directory, time.monotonic())
             time.sleep(0.002)
             for pid, (index, case, directory, started) in list(running.items()):
-                done, status = os.waitpid(pid, os.WNOHANG)
+                done, status, usage = os.wait4(pid, os.WNOHANG)
                 elapsed = time.monotonic() - started
                 timed_out = False
-                if not done and elapsed > args.timeout:
+                if not done and elapsed > args.wall_timeout:
                     try:
                         os.killpg(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                    done, status = os.waitpid(pid, 0)
+                    done, status, usage = os.wait4(pid, 0)
                     timed_out = True
                 if not done:
                     continue
+                cpu = usage.ru_utime + usage.ru_stime  # with every process it started and waited for
+                timed_out = timed_out or cpu >= args.timeout or (
+                    os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU)
                 try:
                     os.killpg(pid, signal.SIGKILL)  # whatever the case left running (torchrun workers, dot)
                 except (ProcessLookupError, PermissionError):
                     pass
                 del running[pid]
                 outcome, output = finish(case, directory, status, timed_out)
-                results.append((index, case, outcome, output, elapsed))
+                results.append((index, case, outcome, output, elapsed, cpu))
                 if outcome in DEFECTS and args.failures:
                     keep = Path(args.failures) / f"{outcome}-{case.category}-{index:06d}"
                     shutil.copytree(directory, keep, dirs_exist_ok=True, ignore=_special_files)
@@ -199,7 +211,7 @@ def _strip_dir(line: str) -> str:
 
 def report(results, skipped: Counter, seconds: float) -> None:
     table: dict[str, Counter] = defaultdict(Counter)
-    for _, case, outcome, _, _ in results:
+    for _, case, outcome, *_ in results:
         table[case.category][outcome] += 1
     shown = [o for o in OUTCOMES if any(table[c][o] for c in table)] + ["skipped"] * bool(skipped)
     print(f"{'category':<12}" + "".join(f"{o:>14}" for o in shown) + f"{'cases':>8}")
@@ -211,12 +223,13 @@ def report(results, skipped: Counter, seconds: float) -> None:
     print(f"{'all':<12}" + "".join(f"{total[o]:>14}" for o in shown) + f"{sum(total.values()):>8}")
     defects = sum(total[o] for o in DEFECTS)
     slowest = max((r[4] for r in results), default=0.0)
+    most_cpu = max((r[5] for r in results), default=0.0)
     print(f"\n{len(results)} cases run in {seconds:.0f} s ({sum(skipped.values())} skipped), "
-          f"slowest {slowest:.1f} s; defects: {defects}")
+          f"most CPU {most_cpu:.1f} s, slowest {slowest:.1f} s wall; defects: {defects}")
     for defect in DEFECTS:
         print(f"  {defect}: {total[defect]}")
     groups: dict[tuple, list] = defaultdict(list)
-    for index, case, outcome, output, elapsed in results:
+    for index, case, outcome, output, elapsed, _ in results:
         if outcome in DEFECTS:
             groups[(case.category, outcome, headline(output))].append((index, case, elapsed))
     if groups:
@@ -229,17 +242,22 @@ def report(results, skipped: Counter, seconds: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=10000)
+    parser.add_argument("--first", type=int, default=0, help="skip this many cases of the seed (run in chunks)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
-    parser.add_argument("--timeout", type=float, default=20.0, help="seconds per case (default 20)")
+    parser.add_argument("--timeout", type=float, default=20.0, help="CPU seconds per case (default 20)")
+    parser.add_argument("--wall-timeout", type=float, default=180.0,
+                        help="wall-clock seconds per case, for one that waits without computing (default 180)")
     parser.add_argument("--memory-gib", type=float, default=4.0, help="address-space cap per case")
     parser.add_argument("--run-cap", type=int, default=200, help="at most this many `schedc run` cases")
     parser.add_argument("--no-slow", action="store_true", help="leave out Graphviz and torchrun cases")
     parser.add_argument("--only", default=None, help="comma-separated categories to run")
+    parser.add_argument("--cases", default=None, help="comma-separated case numbers to run (e.g. defects found)")
     parser.add_argument("--failures", default=None, help="keep defective cases here")
     parser.add_argument("--progress", type=int, default=1000, help="a line every N cases (0: none)")
     args = parser.parse_args()
-    if args.count < 1 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0:
+    if args.count < 1 or args.first < 0 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0 \
+            or not args.wall_timeout > 0:
         parser.error("--count, --jobs, --timeout and --memory-gib must be positive")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import schedc.cli  # noqa: F401 - imported once, before forking
@@ -247,20 +265,23 @@ def main() -> int:
     try:
         plans = library_plans(workdir)
         small = (workdir / "plan-1f1b" / "plan.json").read_bytes()
-        generated = fuzz_cases.cases(args.seed, args.count, plans, allow_slow=not args.no_slow)
+        picked = sorted({int(n) for n in args.cases.split(",")}) if args.cases else None
+        if picked:
+            args.first, args.count = 0, picked[-1] + 1
+        generated = fuzz_cases.cases(args.seed, args.first + args.count, plans, allow_slow=not args.no_slow)
         only = set(args.only.split(",")) if args.only else None
         chosen, skipped, runs = [], Counter(), 0
-        for case in generated:
-            if only and case.category not in only:
+        for index, case in enumerate(generated[args.first:], args.first):
+            if (only and case.category not in only) or (picked and index not in picked):
                 continue
             if case.argv[:1] == ["run"]:
                 runs += 1
                 if runs > args.run_cap:
                     skipped[case.category] += 1
                     continue
-            chosen.append(case)
-        print(f"schedc fuzz: seed {args.seed}, {len(chosen)} of {len(generated)} cases, "
-              f"timeout {args.timeout:g} s, memory cap {args.memory_gib:g} GiB, {args.jobs} at once", flush=True)
+            chosen.append((index, case))
+        print(f"schedc fuzz: seed {args.seed}, {len(chosen)} of cases {args.first:,}-{len(generated) - 1:,}, "
+              f"timeout {args.timeout:g} s CPU ({args.wall_timeout:g} s wall), memory cap {args.memory_gib:g} GiB, {args.jobs} at once", flush=True)
         begun, results = time.monotonic(), []
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # kill PID: report what finished
         try:

@@ -91,6 +91,12 @@ class LaunchError(ValueError):
     """A plan or an option refused before torchrun starts."""
 
 
+# Processes started on this machine, at most: each rank is a Python process holding torch (about 250 MB
+# before any model), so 256 of them already need some 64 GB.
+MAX_LOCAL_PROCESSES = 256
+PROCESS_BYTES = 250 * 2 ** 20  # what one rank holds before its model (218 MiB measured with torch 2.13, CPU)
+
+
 def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], torchrun_args: list[str]):
     """The runtime's options parsed and checked as every rank would, the plan loaded and checked against
     them, --nproc against the plan, --save and --resume against the disk; (options, plan) or LaunchError."""
@@ -111,11 +117,17 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         if torchrun_args or nproc not in (None, 1):
             raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
                               "and torchrun's flags")
+        _check_memory(plan, opts, 1)
         return opts, plan
     if nproc is not None and nproc < 1:
         raise LaunchError(f"--nproc must be >= 1, got {nproc}")
     _check_fault(opts, need)
     standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
+    local = nproc if nproc is not None else need
+    if local > MAX_LOCAL_PROCESSES:
+        raise LaunchError(f"{local:,} processes on this machine (the plan's {plan.devices} devices x --dp "
+                          f"{opts.dp}{'' if nproc is None else ', --nproc'}): at most {MAX_LOCAL_PROCESSES} are started")
+    _check_memory(plan, opts, local)
     if standalone and nproc is not None and nproc != need:
         raise LaunchError(f"the plan is for {plan.devices} devices; with --dp {opts.dp} it needs {need} "
                           f"processes, not --nproc {nproc} (on several machines, --nproc is per machine: "
@@ -167,6 +179,39 @@ def size_warning(opts) -> str | None:
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
             f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of benchmarks/models "
             "describes costs for `schedc simulate --model`, not a model to train here)")
+
+
+def _check_memory(plan, opts, processes: int) -> None:
+    """The default GPT split over the plan's stages (each needs a layer) and its step (model.gpt_bytes,
+    times --dp replicas) with the processes started here (PROCESS_BYTES each) against this machine's
+    memory: a run that cannot fit is refused before any process starts, not on every rank after
+    torchrun, or killed by the system after minutes."""
+    if opts.model:  # a user model's size is its own
+        return _check_fits(processes * PROCESS_BYTES, f"{processes} processes")
+    from .model import partition_problem
+    from .options import gpt_bytes
+    problem = None if opts.reference else partition_problem(opts.model_config.layers, plan.meta["stages"])
+    if problem:
+        raise LaunchError(problem)
+    microbatches = plan.meta["microbatches"]  # an integer >= 1: the plan was checked on loading
+    need = gpt_bytes(opts.model_config, microbatches) * (1 if opts.reference else opts.dp)
+    cfg = opts.model_config
+    _check_fits(need + processes * PROCESS_BYTES,
+                f"layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, "
+                f"{microbatches} microbatches{'' if opts.reference else f', --dp {opts.dp}'}, {processes} "
+                f"process{'es' * (processes != 1)}")
+
+
+def _check_fits(need: float, what: str) -> None:
+    """LaunchError when `need` bytes are more than this machine's memory."""
+    import os
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if need > have:
+        raise LaunchError(f"one step would need about {need / 2 ** 30:,.3g} GiB ({what}), more than this "
+                          f"machine's {have / 2 ** 30:.3g} GiB")
 
 
 def _check_plan_fits(plan, opts, world: int) -> None:

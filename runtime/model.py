@@ -81,10 +81,19 @@ class Head(nn.Module):
         return self.lm(self.norm(x))
 
 
+def gpt_problem(cfg: ModelConfig) -> str | None:
+    """Why the default GPT cannot be built with these sizes (None when it can): checked by build_gpt, and
+    by `schedc run` before torchrun starts."""
+    if cfg.hidden % cfg.heads:
+        return f"hidden size {cfg.hidden} is not a multiple of heads {cfg.heads}"
+    return None
+
+
 def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
     """The default model: embeddings, `layers` blocks, final norm + LM head."""
-    if cfg.hidden % cfg.heads:
-        raise ModelError(f"hidden size {cfg.hidden} is not a multiple of heads {cfg.heads}")
+    problem = gpt_problem(cfg)
+    if problem:
+        raise ModelError(problem)
     blocks = [(f"blocks.{i}", Block(cfg)) for i in range(cfg.layers)]
     return [("embed", Embed(cfg)), *blocks, ("head", Head(cfg))]
 
@@ -124,6 +133,15 @@ def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[s
     return pieces
 
 
+def partition_problem(layers: int, stages: int) -> str | None:
+    """Why a model of `layers` middle pieces cannot be split over `stages` stages (None when it can):
+    checked by partition and, for the default GPT, by `schedc run` before torchrun starts."""
+    if stages > 1 and layers < stages:
+        return (f"the plan has {stages} model stages but the model has {layers} layers to split; every stage "
+                f"needs at least one (use --layers {stages} or more)")
+    return None
+
+
 def partition(pieces: list, stages: int) -> list[list]:
     """Split pieces into `stages` runs: the first piece on stage 0, the last on the last stage, the ones
     in between as evenly as possible (earlier stages take the remainder).
@@ -134,9 +152,9 @@ def partition(pieces: list, stages: int) -> list[list]:
     middle = pieces[1:-1]
     if stages == 1:
         return [list(pieces)]
-    if len(middle) < stages:
-        raise ModelError(f"the plan has {stages} model stages but the model has {len(middle)} layers "
-                         f"to split; every stage needs at least one (use --layers {stages} or more)")
+    problem = partition_problem(len(middle), stages)
+    if problem:
+        raise ModelError(problem)
     size, extra = divmod(len(middle), stages)
     runs, start = [], 0
     for s in range(stages):

@@ -7,7 +7,7 @@ import math
 import tomllib
 from dataclasses import fields
 
-from .model import ModelConfig
+from .model import ModelConfig, gpt_problem
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -125,6 +125,7 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
 MAX_THREADS = 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PARAMETERS = 10 ** 11  # far past what one process can hold; refused before torch tries to allocate it
+MAX_LAYERS = 4096  # the deepest models have a few hundred blocks; building 100,000 modules ran for minutes
 
 
 def model_parameters(cfg: ModelConfig) -> float:
@@ -134,6 +135,18 @@ def model_parameters(cfg: ModelConfig) -> float:
         hidden = float(cfg.hidden)
         return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
     except OverflowError:  # a size past 1e308
+        return float("inf")
+
+
+def gpt_bytes(cfg: ModelConfig, microbatches: int) -> float:
+    """About the memory one step of the default GPT takes over all its ranks: weights, gradients and
+    AdamW's two moments (4 x 4 bytes a parameter), and every microbatch's saved activations (a block
+    keeps about 16 hidden-wide values a token and its attention scores, heads x seq a token). A float:
+    absurd sizes give inf, not absurd integers."""
+    try:
+        tokens = float(microbatches) * cfg.mb_size * cfg.seq
+        return 16 * model_parameters(cfg) + 4 * cfg.layers * tokens * (16.0 * cfg.hidden + 2.0 * cfg.heads * cfg.seq)
+    except OverflowError:
         return float("inf")
 
 
@@ -194,6 +207,8 @@ def _check(opts: argparse.Namespace) -> None:
     for key in MODEL_KEYS:
         if getattr(cfg, key) < 1:
             raise OptionError(f"{key} must be positive, got {getattr(cfg, key)}")
+    if cfg.layers > MAX_LAYERS:
+        raise OptionError(f"layers must be at most {MAX_LAYERS:,}, got {cfg.layers:,}")
     if opts.steps < 1 or opts.dp < 1 or opts.every < 0:
         raise OptionError("--steps and --dp must be >= 1, --every >= 0")
     if not 0 < opts.timeout < math.inf:  # NaN fails too
@@ -208,6 +223,8 @@ def _check(opts: argparse.Namespace) -> None:
     if params > MAX_PARAMETERS:
         raise OptionError(f"the model would have about {params:.3g} parameters (layers {cfg.layers}, hidden "
                           f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
+    if not opts.model and gpt_problem(cfg):
+        raise OptionError(gpt_problem(cfg))
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
     if not (opts.data or opts.synthetic or opts.model) and cfg.vocab < 256:  # before torchrun, not on each rank

@@ -3,7 +3,6 @@ checks, timing, bubble filling, lowering to a plan and the plan's check. `compil
 entry point; the command line, the demo, the renderer and the tests call it."""
 from __future__ import annotations
 
-import re
 
 import gc
 from collections.abc import Iterable, Iterator
@@ -220,22 +219,26 @@ def _with_imported_comms(compiled: Compiled, path) -> Compiled:
     """A torch compute_comms CSV brings its own messages: its streams replace the lowered plan, and the
     channel check runs on them (torch does not check a hand-ordered compute_comms schedule)."""
     from .interop.torch_csv import comms_streams
-    streams = comms_streams(read_source(path), compiled.schedule)
-    if streams is None or compiled.plan is None:
+    imported = comms_streams(read_source(path), compiled.schedule)
+    if imported is None or compiled.plan is None:
         return compiled
+    streams, spans = imported
     plan = Plan(compiled.plan.meta, tuple((stream,) for stream in streams))
     source = compiled.schedule.source
     return Compiled(compiled.schedule, compiled.timing, compiled.stats, plan,
-                    [d for d in compiled.diagnostics] + [_at_rank_row(d, source) for d in check_channels(plan)])
+                    [d for d in compiled.diagnostics] + [_at_cell(d, spans, source) for d in check_channels(plan)])
 
 
-def _at_rank_row(diagnostic: Diagnostic, source: Source) -> Diagnostic:
-    """A channel fault of an imported compute_comms CSV, located at the row of the rank it names first
-    (a CSV row is a rank), so the error points into the file like every other."""
-    found = re.search(r"\brank (\d+)", diagnostic.message)
-    line = int(found.group(1)) + 1 if found else 1
-    if diagnostic.span is not None or not source.line(line):
+def _at_cell(diagnostic: Diagnostic, spans: tuple[tuple[Span, ...], ...], source: Source) -> Diagnostic:
+    """A channel fault of an imported compute_comms CSV, located at the cell of the instruction it is
+    about (Diagnostic.at: spans[rank][index]); a fault of a rank as a whole at its row (a CSV row is a
+    rank), one of no rank at the first row; so the error points into the file like every other."""
+    if diagnostic.span is not None:
         return diagnostic
+    rank, _, index = diagnostic.at or (0, 0, None)
+    if 0 <= rank < len(spans) and index is not None and index < len(spans[rank]):
+        return replace(diagnostic, span=spans[rank][index])
+    line = rank + 1 if source.line(rank + 1) else 1
     return replace(diagnostic, span=Span(line, 1, line, len(source.line(line)) + 1))
 
 

@@ -47,6 +47,9 @@ class Diagnostic:
     span: Span | None = None
     notes: tuple[str, ...] = ()
     detail: str = ""  # a block shown after the caret, e.g. a rank x step grid
+    # a check of a lowered plan names the instruction at fault: (rank, step program, index in it; None
+    # when the fault is the rank's as a whole), so a front end that made the plan can locate it
+    at: tuple[int, int, int | None] | None = None
 
     def to_json(self, source: Source | None) -> dict:
         """The diagnostic as `simulate --json` prints it: severity, message, file, line and column
@@ -91,8 +94,9 @@ def _window(text: str, column: int) -> tuple[str, int]:
     return head + shown + tail, column - start + len(head)
 
 
-def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "") -> Diagnostic:
-    return Diagnostic(Severity.ERROR, message, span, notes, detail)
+def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "",
+          at: tuple[int, int, int | None] | None = None) -> Diagnostic:
+    return Diagnostic(Severity.ERROR, message, span, notes, detail, at)
 
 
 def warning(message: str, span: Span | None = None) -> Diagnostic:
@@ -138,7 +142,8 @@ def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagno
     for kind, position in extra.items():
         rest = seen[kind] - limit
         first = shown[position]
-        shown[position] = Diagnostic(first.severity, f"and {rest:,} more like this ({first.message})", first.span)
+        shown[position] = Diagnostic(first.severity, f"and {rest:,} more like this ({first.message})", first.span,
+                                     at=first.at)
     return shown
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .diagnostics import SchedError, Source, error
+from .frontend.elaborate import MAX_OPS  # the language's bound on a schedule's ops (docs/language.md)
 from .ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
@@ -43,7 +44,6 @@ MOVE_BACK = 4             # how far the local search moves a critical op earlier
 GREEDY_BUDGET = 1_000_000  # ops the variants of step 2 place, at most, in all (p=16, m=64: ~160 variants)
 SEARCH_BUDGET = 1_500_000  # ops the local search times, at most, over all its starts (p=8, m=32: ~1,950 orders)
 STARTS = 3                 # best greedy orders the local search starts from
-MAX_OPS = 2_000_000        # the language's bound on a schedule's ops (docs/language.md)
 OPTIONS = Source("schedc tune", "")  # where errors in the inputs are reported
 
 

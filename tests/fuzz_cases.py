@@ -361,11 +361,26 @@ def plan_case(rng: random.Random, plans: dict[str, dict], allow_slow: bool = Tru
         ext = rng.choice([".dot", ".json", ".dot", ".svg"] if allow_slow else [".dot", ".json"])
         argv = ["render", "{d}/plan.json", "-o", "{d}/out" + ext]
         return Case("plan-render", argv, {"plan.json": data}, (), ext == ".svg")
-    tiny = ["--steps", "1", "--layers", "1", "--hidden", "8", "--heads", "1", "--seq", "8", "--mb-size", "1",
-            "--vocab", "256", "--threads", "1", "--quiet", "--timeout", "15"]
     if command < 0.93:
-        return Case("plan-run", ["run", "{d}/plan.json", "--reference", *tiny], {"plan.json": data}, (), True)
-    return Case("plan-launch", ["run", "{d}/plan.json", *tiny], {"plan.json": data}, (), True)
+        return Case("plan-run", ["run", "{d}/plan.json", "--reference", *TINY_RUN], {"plan.json": data}, (), True)
+    return Case("plan-launch", ["run", "{d}/plan.json", *TINY_RUN], {"plan.json": data}, (), True)
+
+
+# What a `run` case trains: one step of a tiny model (4 layers: at least one per stage of every plan it
+# runs). The fuzzer looks for plans and options the command line fails to check, not for how long a
+# legitimate model trains: the option under test comes after these (the last one given wins), and a
+# valid --steps count is held to RUN_STEPS.
+TINY_RUN = ["--steps", "1", "--layers", "4", "--hidden", "8", "--heads", "1", "--seq", "8", "--mb-size", "1",
+            "--vocab", "256", "--threads", "1", "--quiet", "--timeout", "15"]
+RUN_STEPS = 2
+
+
+def _run_steps(value: str) -> str:
+    """A --steps value as typed, unless it is a valid count above RUN_STEPS (then RUN_STEPS)."""
+    try:
+        return str(RUN_STEPS) if int(value) > RUN_STEPS else value
+    except ValueError:
+        return value
 
 
 FULL = b"@full"  # written as a device that is always full (like /dev/full), where the runner may make one
@@ -435,8 +450,7 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
         value = (rng.choice(["{d}/missing", "{d}/file.txt", "/proc/x", "{d}/full"])
                  if option in ("--save", "--resume", "--config") else rng.choice(ALL_NUMBERS))
         files["plan.json"] = b"@plan"  # replaced by a small valid plan when the case is written
-        argv = ["run", "{d}/plan.json", option, value, "--steps", "1"] if option != "--steps" else \
-            ["run", "{d}/plan.json", option, value]
+        argv = ["run", "{d}/plan.json", *TINY_RUN, option, _run_steps(value) if option == "--steps" else value]
     else:
         argv = rng.choice([["nope"], ["check"], ["check", "--bogus", name], ["export", name, "--format", "x", "-o", "x"],
                            ["check", "{d}/missing.sched"], ["check", "{d}/file.txt"], ["check", "{d}"],

@@ -240,7 +240,7 @@ def test_a_full_disk_on_export_is_a_usage_error_and_a_device_is_never_replaced()
     ("m=nan", "-D m=nan: value must be a finite number"),
     ("m=99999999999999999999999999999", "-D m=999999999999999999999999...: value is too large"),
     ("p=1e300", "-D p=1e300: value is too large"),
-    ("p=2.5", "param p is the device count and must be a positive integer, got 2.5"),
+    ("p=2.5", "param p is the device count and must be an integer 1..16,384, got 2.5"),
 ])
 def test_defines_are_range_checked_at_the_param(define, message):
     result = CliRunner().invoke(main, ["check", "1f1b", "-D", define])

@@ -245,3 +245,34 @@ def test_loops_that_run_nothing_still_count_against_the_budget(body, column):
     first = caught.value.diagnostics[0]
     assert (first.span.line, first.span.column) == (6, column), first
     assert "programs run more than 1,000,128 statements (a runaway loop?)" in first.message
+
+
+@pytest.mark.parametrize("name,params,message", [
+    # a split backward has three ops per stage and microbatch: 8 x 20,834 x 3 passes the limit, x 2 would not
+    ("zbv", dict(m=20834), "zbv.sched:11:1: error: schedule would expand to more than 500,000 ops (8 stages x 20,834 "
+                           "microbatches x 3 op kinds); refusing"),
+    ("1f1b", dict(p=8, m=31251), "1f1b.sched:9:1: error: schedule would expand to more than 500,000 ops (8 stages x "
+                                 "31,251 microbatches x 2 op kinds); refusing"),
+    ("gpipe", dict(p=16385, m=1), "gpipe.sched:4:1: error: param p is the device count and must be an integer "
+                                  "1..16,384, got 16385"),
+])
+def test_the_expansion_limit_counts_every_op_kind_and_bounds_the_devices(name, params, message):
+    with pytest.raises(SchedError) as caught:
+        compile_library(name, **params)
+    assert message in caught.value.render() and caught.value.exit_code == 1
+
+
+def test_tasks_count_against_the_expansion_limit_before_they_are_made():
+    """A task of 1,024 pieces per stage and microbatch on 1F1B at p=4, m=100 (800 built-in ops) would make
+    409,600 ops, and one after F(s, *) 100 dependency entries each: refused at the task's declaration."""
+    text = (read_source(__import__("conftest").SCHEDULES / "1f1b.sched").text
+            + "task t(s, i) = 1 after F(s, *) split 1024\n")
+    with pytest.raises(SchedError) as caught:
+        build_schedule(Source("t.sched", text), Options({"m": "100"}, max_ops=200_000))
+    rendered = caught.value.render()
+    assert "t.sched:17:1: error: task 't' would expand the schedule past 200,000 ops and dependency entries (its ops," \
+        in rendered, rendered
+    with pytest.raises(SchedError) as caught:
+        build_schedule(Source("t.sched", text.replace("split 1024", "split 1")), Options({"m": "100"}, max_ops=10_000))
+    assert "error: task 't' would expand the schedule past 10,000 ops and dependency entries (its dependencies," \
+        in caught.value.render()

@@ -335,6 +335,23 @@ def test_dag_of_a_large_schedule_is_refused_with_a_hint(tmp_path):
     assert "too many to draw" in result.output and "-D p=4" in result.output
 
 
+@pytest.mark.parametrize("ext", [".svg", ".html", ".png"])
+def test_a_timeline_past_the_graphviz_limit_is_refused_before_graphviz_runs(tmp_path, monkeypatch, ext):
+    """At the limit (200,000 ops) an SVG is 44 MB and takes 10-12 s of CPU; here the limit is lowered to 100
+    and 1F1B p=4, m=16 has 128 ops. The .json trace and the .dot text are still written."""
+    import schedc.render
+    monkeypatch.setattr(schedc.render, "MAX_TIMELINE_OPS", 100)
+    monkeypatch.setattr(shutil, "which", lambda name: pytest.fail("Graphviz started"))
+    out = tmp_path / ("t" + ext)
+    result = CliRunner().invoke(main, ["render", "1f1b", "-D", "p=4", "-D", "m=16", "-o", str(out)])
+    assert result.exit_code == 2 and not out.exists(), result.output
+    assert f"{out}: error: the timeline of one_f_one_b has 128 ops, too many to draw as {ext} (limit 100)" \
+        in result.output and "-o OUT.json" in result.output
+    for ok in ("t.json", "t.dot"):
+        result = CliRunner().invoke(main, ["render", "1f1b", "-D", "p=4", "-D", "m=16", "-o", str(tmp_path / ok)])
+        assert result.exit_code == 0 and (tmp_path / ok).exists(), result.output
+
+
 def test_unknown_extension_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, ["render", "1f1b", "-o", str(tmp_path / "x.txt")])
     assert result.exit_code == 2 and ".svg" in result.output and "Traceback" not in result.output
@@ -455,3 +472,21 @@ def test_a_measured_trace_of_another_schedule_or_plan_of_the_same_shape_is_drawn
     runtime_trace.write_json(trace, runtime_trace.chrome_trace(events, replace(compiled.plan, hash=own)))
     same = CliRunner().invoke(main, ["render", plan, "--measured", str(trace), "-o", str(tmp_path / "p.svg")])
     assert same.exit_code == 0 and "warning" not in same.output, same.output
+
+
+@pytest.mark.parametrize("name,params", [("interleaved_1f1b", dict(p=2, v=3, m=4)), ("chimera", dict(p=4, m=4)),
+                                         ("1f1b", dict(p=2, m=2))])
+def test_the_legend_gives_each_shade_the_colour_of_its_first_stage(name, params):
+    """The plain form: for each shade, the first (pipeline, stage) in sorted order drawn in it, found by
+    scanning every one (the palette finds them in one pass: a CSV of 100,000 stages on one rank took
+    minutes in this scan)."""
+    from schedc.render.style import palette
+    colours = palette(compile_library(name, **params).schedule)
+    expected = []
+    for kind in colours.kinds:
+        shades = sorted(set(colours.variant.values())) if len(colours.variant_names) > 1 else [0]
+        for shade in shades:
+            first = next((ps for ps, v in sorted(colours.variant.items()) if v == shade), (0, 0))
+            expected.append(colours.fill(kind, *first))
+    assert [fill for fill, _ in colours.legend()] == expected
+    assert len(set(expected)) == len(expected) > 1

@@ -532,6 +532,14 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--save", "{plan}/x"], "cannot write checkpoints there (Not a directory)"),
     (["--resume", "{tmp}/none"], "no readable checkpoint"),
     (["--reference", "--nproc", "2"], "--reference trains the whole model in this one process"),
+    (["--dp", "2147483648"], "4,294,967,296 processes on this machine (the plan's 2 devices x --dp 2147483648)"),
+    (["--dp", "129"], "258 processes on this machine (the plan's 2 devices x --dp 129): at most 256 are started"),
+    (["--heads", "3"], "hidden size 64 is not a multiple of heads 3"),
+    (["--layers", "1"], "the plan has 2 model stages but the model has 1 layers to split"),
+    (["--layers", "100000"], "layers must be at most 4,096, got 100,000"),
+    (["--seq", "100000"], "seq 100000, mb-size 4, 4 microbatches, --dp 1, 2 processes), more than this machine's"),
+    (["--reference", "--hidden", "30000"], "(layers 4, hidden 30000, heads 4, seq 64, mb-size 4, 4 microbatches, 1 "
+                                           "process), more"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--fault-kill", "9:1"], "--fault-kill 9:1: the run has ranks 0 to 1 (the plan's devices x --dp 1)"),
     (["--fault-stop", "4:0", "--dp", "2"], "--fault-stop 4:0: the run has ranks 0 to 3 (the plan's devices x --dp 2)"),
@@ -605,6 +613,17 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_run_counts_each_process_it_would_start_against_the_memory(plans, tmp_path, monkeypatch):
+    """Each rank holds torch before any model (launch.PROCESS_BYTES, 218 MiB measured); here a process
+    is made to take 1 TiB, so that two of them pass any machine's memory."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    import schedc.runtime.launch as launch
+    monkeypatch.setattr(launch, "PROCESS_BYTES", 2 ** 40)
+    result = CliRunner().invoke(main, ["run", str(plans("1f1b", p=2, m=4)), *SMALL, "--steps", "1"])
+    assert result.exit_code == 2 and "--dp 1, 2 processes), more than this machine's" in result.output, result.output
 
 
 def test_run_refuses_an_edited_plan_before_starting_torchrun(plans, tmp_path, capsys):

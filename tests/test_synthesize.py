@@ -150,7 +150,7 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "four"], 2, "expected a number"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--memory-limit", "4"], 2, "--latency"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "0.5"], 1, "no order fits: device 0"),
-    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--memory-limit", "4"], 2, "more than the 2,000,000"),
+    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--memory-limit", "4"], 2, "more than the 500,000"),
 ])
 def test_cli_bad_input(args, code, message):
     result = _tune(*args)

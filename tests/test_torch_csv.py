@@ -130,7 +130,7 @@ def test_too_many_ranks_are_refused_at_the_first_row_past_the_limit():
     from schedc.interop.torch_csv import MAX_RANKS
     exc = _refusal("0F0,0B0\n" * (MAX_RANKS + 1))
     assert exc.exit_code == 2 and exc.diagnostics[0].span.line == MAX_RANKS + 1
-    assert "at most 65,536" in exc.diagnostics[0].message
+    assert f"at most {MAX_RANKS:,}" in exc.diagnostics[0].message
 
 
 def test_export_makes_the_output_directory_and_refuses_unwritable_paths(tmp_path):
@@ -147,3 +147,34 @@ def test_nested_overlap_cells_are_refused_not_recursed_into():
     exc = _refusal("(" * 20_000 + "0F0" + ")OVERLAP_F_B" * 20_000 + "\n")
     assert exc.exit_code == 2 and "not another OVERLAP_F_B" in exc.diagnostics[0].message
     assert (exc.diagnostics[0].span.line, exc.diagnostics[0].span.column) == (1, 1)
+
+
+# torch's compute_comms format: a channel fault is located at the cell of the instruction it is about.
+# 1F1B on 2 ranks, 2 microbatches, written by hand (torch names a receive by its receiving stage).
+COMMS_GOOD = ("0F0,0SEND_F0,0RECV_B0,0F1,0SEND_F1,0B0,0RECV_B1,0B1\n"
+              "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1\n")
+COMMS_FAULTS = {
+    # rank 1's second receive names microbatch 0: the pair's messages differ at that receive
+    "wrong receive": (COMMS_GOOD.replace("1RECV_F1", "1RECV_F0"), "2:27",
+                      "messages from rank 0 to rank 1 do not match: 2 sent, 2 received; first difference at message 1"),
+    # rank 1 uses F(0,0)'s activation before receiving it: rank 0 blocks at its first send
+    "use before receive": (COMMS_GOOD.replace("1RECV_F0,1F0", "1F0,1RECV_F0"), "1:5",
+                           "the plan hangs under blocking sends: rank 0 blocks at SEND_F(0,0)>1"),
+    # a send from the last stage: its consumer stage 2 does not exist
+    "send past the last stage": (COMMS_GOOD.replace("1B1,1SEND_B1", "1B1,1SEND_F1,1SEND_B1"), "2:44",
+                                 "rank 1: SEND_F of stage 1 to rank -1"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(COMMS_FAULTS))
+def test_channel_faults_of_a_compute_comms_csv_point_at_the_cell(tmp_path, fault):
+    good = tmp_path / "good.csv"
+    good.write_text(COMMS_GOOD)
+    result = CliRunner().invoke(main, ["check", str(good)])
+    assert result.exit_code == 0 and "channels match" in result.output, result.output
+    text, where, message = COMMS_FAULTS[fault]
+    bad = tmp_path / "bad.csv"
+    bad.write_text(text)
+    result = CliRunner().invoke(main, ["check", str(bad)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"{bad}:{where}: error: {message}" in result.output, result.output

@@ -18,7 +18,13 @@ from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
 from .order import chunk_index, order_greedy, run_programs
 
-MAX_OPS = 2_000_000
+# The expansion limit: the most ops a schedule may expand to, every front end and task included. At
+# the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
+# inside the 20 s every command is held to (benchmarks/limits.py, benchmarks/fuzz_cli.py).
+MAX_OPS = 500_000
+# The most devices (ranks) a schedule may have: every pass keeps something per device, and a plan is a
+# stream file per rank (at 100,000 devices `check` alone took 20 s of CPU).
+MAX_DEVICES = 16_384
 MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
 
 
@@ -152,6 +158,9 @@ def _ints(start: ast.Expr | None, stop: ast.Expr, env: dict[str, Any]) -> range:
 
 def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
                     max_ops: int) -> tuple[Pipeline, ...]:
+    """The declared pipelines; refused before expansion when their ops (stages x microbatches x the op
+    kinds each stage and microbatch gets: F B, F I W, or all four with a mixed backward) pass max_ops."""
+    kinds = _grid_kinds(decl)
     pipelines, owner, total = [], {}, 0
     for pd in (d for d in decl.decls if isinstance(d, ast.PipelineDecl)):
         if pd.stages is None or pd.mb_stop is None:
@@ -161,10 +170,10 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
         if stages < 1 or len(mbs) < 1:
             raise _fail(f"pipeline '{pd.name}' has {stages} stages and {len(mbs)} microbatches; "
                         "both must be at least 1", pd.span, source)
-        total += stages * len(mbs) * 2
+        total += stages * len(mbs) * kinds
         if total > max_ops:
             raise _fail(f"schedule would expand to more than {max_ops:,} ops "
-                        f"({stages:,} stages x {len(mbs):,} microbatches); refusing", pd.span, source)
+                        f"({stages:,} stages x {len(mbs):,} microbatches x {kinds} op kinds); refusing", pd.span, source)
         placement = []
         for s in range(stages):
             device = evaluate_int(pd.placement, {**env, pd.stage_var: s}, "device") if pd.placement else s
@@ -190,15 +199,15 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source) -
     for d in decl.decls:
         if isinstance(d, ast.Devices):
             count = evaluate_int(d.count, env, "device count")
-            if count < 1:
-                raise _fail(f"device count must be at least 1, got {count}", d.span, source)
+            if not 1 <= count <= MAX_DEVICES:
+                raise _fail(f"device count must be 1..{MAX_DEVICES:,}, got {count:,}", d.span, source)
             return count
-    if isinstance(env.get("p"), int) and env["p"] >= 1:
+    if isinstance(env.get("p"), int) and 1 <= env["p"] <= MAX_DEVICES:
         return env["p"]
     if "p" in env:
         param = next(d for d in decl.decls if isinstance(d, ast.Param) and d.name == "p")
-        raise _fail(f"param p is the device count and must be a positive integer, got {env['p']}", param.span,
-                    source)
+        raise _fail(f"param p is the device count and must be an integer 1..{MAX_DEVICES:,}, got {env['p']}",
+                    param.span, source)
     raise _fail("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
 
 
@@ -327,7 +336,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if task_decls:
         from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
         tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
-                                                               layers, options.task_scale)
+                                                               layers, options.task_scale,
+                                                               (options.max_ops, options.max_ops - len(ops)))
         canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
         task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
         keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
@@ -402,6 +412,13 @@ def _chosen_backward(found: tuple[Op, ...], split_of: frozenset, canonical: dict
     names that I: it computes the same input gradient from the same received one."""
     return tuple(canonical[(OpKind.I.value, d.stage, d.mb, d.pipe, d.part)]
                  if d.kind == OpKind.B and (d.pipe, d.stage, d.mb) in split_of else d for d in found)
+
+
+def _grid_kinds(decl: ast.ScheduleDecl) -> int:
+    """Ops per stage and microbatch: 2 (F B), 3 with a split backward (F I W), 4 with a mixed one."""
+    if any(isinstance(d, ast.MixedBackward) for d in decl.decls):
+        return len(MIXED_KINDS)
+    return len(builtin_kinds(any(isinstance(d, ast.SplitBackward) for d in decl.decls)))
 
 
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:

@@ -117,11 +117,15 @@ def replica_groups(replicas: tuple[tuple[int, ...], ...], pipelines: int) -> dic
 
 def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[Pipeline, ...],
                  replicas: tuple[tuple[int, ...], ...], split_backward: bool, costs: dict[str, tuple[float, ...]],
-                 source: Source, layers: tuple[int, ...] | None = None, scale: tuple[float, ...] | None = None):
+                 source: Source, layers: tuple[int, ...] | None = None, scale: tuple[float, ...] | None = None,
+                 budget: tuple[int, int] | None = None):
     """Return (specs, ops, deps, keeps, fill) for the declared tasks; fill lists (name, split) in priority.
     `layers[s]` is the model layers of stage s (1 each when not given), the name `layers` in a task.
     `scale[s]`: what a unit of a task's own cost (`task t(s) = 5`) is worth on stage s (a `cost t`
-    declaration comes in `costs` already scaled)."""
+    declaration comes in `costs` already scaled). `budget`: (the expansion limit, what the built-in ops
+    leave of it) for the task ops and their dependency entries (an op after F(s, *) has one per
+    microbatch); a task that would pass it is refused at its declaration, its ops counted before any is
+    made."""
     tasks = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     fills = [item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items]
     fill_split = {item.task: item.split for item in fills}
@@ -135,6 +139,9 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                                    len(groups[0]) if t.params == ("s",) and not t.at_end else 1, source)
               for t in tasks for s in range(stages)}
     parts = {key: pieces for key, (_, pieces) in counts.items()}
+    left = _Budget(*(budget or (None, None)))
+    for task in tasks:
+        left.take(_op_count(task, pipelines, parts), task, "ops", source)
     specs, ops, deps, keeps = [], [], {}, {}
     for task in tasks:
         if task.name in BUILTIN:
@@ -159,6 +166,7 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                          for op in _resolve(dep, scope, pipes, pipelines, parts, split_backward, arities)]
                 kept = [op for dep in task.keeps
                         for op in _resolve(dep, scope, (k,), pipelines, parts, split_backward, arities)]
+                left.take(k_parts * (len(after) + len(kept)), task, "dependencies", source)
                 previous = None
                 for part in range(k_parts):
                     op = Op(task.name, s, inst.get("i"), k, part, pipe.placement[s], total / k_parts, task.span,
@@ -170,6 +178,35 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                     previous = op
     fill = tuple((item.task, max(parts[item.task, s] for s in range(stages))) for item in fills)
     return tuple(specs), ops, deps, keeps, fill
+
+
+def _op_count(task: ast.TaskDecl, pipelines: tuple[Pipeline, ...], parts: dict[tuple[str, int], int]) -> int:
+    """How many ops (pieces) a task expands to over every pipeline (0 for a parameter list _instances refuses)."""
+    per_stage = [parts[task.name, s] for s in range(pipelines[0].stages)]
+    if task.params == ():
+        return per_stage[0] * len(pipelines)
+    if task.params == ("s",):
+        return sum(per_stage) * len(pipelines)
+    if task.params == ("s", "i"):
+        return sum(per_stage) * sum(len(pipe.microbatches) for pipe in pipelines)
+    return 0
+
+
+class _Budget:
+    """What the expansion limit leaves for tasks (None: no limit), taken as their ops and dependency
+    entries are counted."""
+
+    def __init__(self, limit: int | None, left: int | None):
+        self.limit, self.left = limit, left
+
+    def take(self, count: int, task: ast.TaskDecl, what: str, source: Source) -> None:
+        if self.left is None:
+            return
+        self.left -= count
+        if self.left < 0:
+            raise SchedError(error(f"task '{task.name}' would expand the schedule past {self.limit:,} ops and "
+                                   f"dependency entries (its {what}, counted with the built-in ops and the "
+                                   "tasks before it); refusing", task.span), source)
 
 
 def refine_tasks(schedule: Schedule, cuts: dict[str, int]) -> Schedule:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
-from ..frontend.elaborate import MAX_OPS
+from ..frontend.elaborate import MAX_DEVICES, MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
 from ..plan import Instr, Plan
@@ -32,7 +32,7 @@ COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d+")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
-MAX_RANKS = 65_536      # rows; a row is a rank, and every pass keeps something per rank
+MAX_RANKS = MAX_DEVICES  # rows; a row is a rank, and every pass keeps something per rank
 MAX_SHOWN = 20          # bad cells reported one by one; the rest are counted
 
 
@@ -289,11 +289,13 @@ def _unrepresentable(schedule: Schedule) -> str | None:
 
 # torch's compute_comms format: the rank streams with their messages ---------------------------------
 
-def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...], ...] | None:
+def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[tuple[Instr, ...], ...],
+                                                                  tuple[tuple[Span, ...], ...]] | None:
     """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
-    no message cells), each ending with STEP. torch names a send by the stage that sends and a receive
-    by the stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing
-    stage (RECV_F stage=1). An overlapped cell is one OVERLAP_F_B instruction."""
+    no message cells), each ending with STEP, and the cell each instruction came from (spans[r][n] for
+    streams[r][n]; STEP has none). torch names a send by the stage that sends and a receive by the
+    stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing stage
+    (RECV_F stage=1). An overlapped cell is one OVERLAP_F_B instruction."""
     rows = parse_csv(source, comms=True)
     if not any(cell[0] in COMM for row in rows for cell in row):
         return None
@@ -317,7 +319,7 @@ def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[Instr, ...]
             stream.append(Instr(kind, producer, mb, 0, peer))
         stream.append(Instr(Opcode.STEP.value))
         streams.append(tuple(stream))
-    return tuple(streams)
+    return tuple(streams), tuple(tuple(cell[3] for cell in row) for row in rows)
 
 
 def export_comms_csv(plan: Plan) -> str:

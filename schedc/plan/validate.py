@@ -146,11 +146,11 @@ def _columns_fine(step, stages, microbatches, devices, pipes, rank, pipelines) -
         return False  # task pieces: checked one by one
     if not all(0 <= x < devices for g in group if g is not None for x in g):
         return False
+    if not (all(i.stage is not None and i.mb is not None and i.peer is not None for i in step if i.op in COMM)
+            and all(i.stage is not None for i in step if i.op in COMPUTE)):
+        return False  # a missing field, named by _check_instr (before the placement is looked up by it)
     placed = {(p or 0, s) for i, p, s in zip(step, pipe, stage) if i.op in COMPUTE}
-    if any(pipelines[p][s] != rank for p, s in placed):
-        return False
-    return all(i.stage is not None and i.mb is not None and i.peer is not None for i in step if i.op in COMM) and \
-        all(i.stage is not None for i in step if i.op in COMPUTE)
+    return all(pipelines[p][s] == rank for p, s in placed)
 
 
 def _check_instr(instr: Instr, where: str, rank: int, stages: int, microbatches: int, devices: int,

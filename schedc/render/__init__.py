@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from .measured import MeasuredRun
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
+# Timelines drawn through Graphviz (.svg .png .pdf, and the .html report's): at 200,000 ops the SVG is
+# 44 MB and the command takes 10-12 s of CPU; past this, .json (a Chrome trace) or .dot text only.
+MAX_TIMELINE_OPS = 200_000
 
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
@@ -71,6 +74,8 @@ def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: boo
         from .dag import dag_dot
         text = dag_dot(compiled.schedule, out)
         return text.encode() if fmt == "dot" else run_dot(text, fmt, out)
+    if fmt != "dot":
+        _drawable(compiled, fmt, out)
     from .timeline import timeline_dot
     text = timeline_dot(compiled, comms=comms, measured=run)
     if fmt == "dot":
@@ -85,6 +90,16 @@ def timeline_svg(svg: bytes) -> str:
     """Graphviz's SVG without its XML prologue, ready to inline in HTML."""
     text = svg.decode()
     return text[text.index("<svg"):]
+
+
+def _drawable(compiled: Compiled, fmt: str, out: str) -> None:
+    """A timeline Graphviz is to draw has at most MAX_TIMELINE_OPS ops."""
+    count = compiled.schedule.op_count() + len(compiled.schedule.unplaced)
+    if count > MAX_TIMELINE_OPS:
+        raise SchedError(error(f"the timeline of {compiled.schedule.name} has {count:,} ops, too many to draw as "
+                               f".{fmt} (limit {MAX_TIMELINE_OPS:,})",
+                               notes=("write a Chrome trace (-o OUT.json, for Perfetto) or the DOT text (.dot), "
+                                      "or draw a smaller instance",)), Source(out, ""), exit_code=2)
 
 
 def _usage(message: str, out: str) -> SchedError:

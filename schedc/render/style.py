@@ -51,19 +51,25 @@ class Palette:
 
     def legend(self) -> list[tuple[str, str]]:
         """(fill, text) per entry: every kind, in every shade for the built-in kinds."""
-        out = []
+        out, first = [], self._first_of_shade()
         for kind in self.kinds:
             name = f"{kind} {KIND_NAMES[kind]}" if kind in KIND_NAMES else kind
             if kind in KIND_COLOURS and len(self.variant_names) > 1:
-                shades = sorted({v for v in self.variant.values()})
-                out.extend((self.fill_of_shade(kind, v), f"{kind} {self.variant_names[v]}") for v in shades)
+                out.extend((self.fill(kind, *first[v]), f"{kind} {self.variant_names[v]}") for v in sorted(first))
             else:
-                out.append((self.fill_of_shade(kind, 0), name))
+                out.append((self.fill(kind, *first.get(0, (0, 0))), name))
         return out
 
     def fill_of_shade(self, kind: str, shade: int) -> str:
-        pipe_stage = next((ps for ps, v in sorted(self.variant.items()) if v == shade), (0, 0))
-        return self.fill(kind, *pipe_stage)
+        return self.fill(kind, *self._first_of_shade().get(shade, (0, 0)))
+
+    def _first_of_shade(self) -> dict[int, tuple[int, int]]:
+        """shade index -> the first (pipe, stage) drawn in it, found in one pass (a legend of 100,000
+        chunks asked for each shade's by a scan of all of them: minutes)."""
+        first: dict[int, tuple[int, int]] = {}
+        for pipe_stage, shade in sorted(self.variant.items()):
+            first.setdefault(shade, pipe_stage)
+        return first
 
 
 def palette(schedule: Schedule) -> Palette:

@@ -38,9 +38,10 @@ def pair_errors(streams: list, place: list[list[int]], step: int, steps: int) ->
         sends = [ins for ins in stream if ins[0] in SENDS]
         recvs = [ins for ins in stream if ins[0] in RECVS]
         links = sorted(set(map(LINK, sends + recvs)), key=str)
-        diags += [_bad_link(r, link, place, ranks, step, steps) for link in links
-                  if not _link_ok(r, link, place, ranks)]
-        diags += [error(f"{where(step, steps)}rank {r}: {op}({stage}) of pipeline {pipe} is not a stage of the plan")
+        diags += [_bad_link(r, link, place, ranks, step, steps, _first(stream, lambda ins: LINK(ins) == link))
+                  for link in links if not _link_ok(r, link, place, ranks)]
+        diags += [error(f"{where(step, steps)}rank {r}: {op}({stage}) of pipeline {pipe} is not a stage of the plan",
+                        at=(r, step, _first(stream, lambda ins: COMPUTE(ins) == (op, stage, pipe))))
                   for op, stage, pipe in sorted(set(map(COMPUTE, stream)), key=str)
                   if op in LINKED and not _stage_ok(stage, pipe, place)]
         for peer, group in _by_peer(sends).items():
@@ -50,8 +51,19 @@ def pair_errors(streams: list, place: list[list[int]], step: int, steps: int) ->
     for pair in sorted(sent.keys() | got.keys(), key=str):
         ours, theirs = _messages(sent.get(pair, [])), _messages(got.get(pair, []))
         if ours != theirs:
-            diags.append(_mismatch(*pair, ours, theirs, step, steps))
+            diags.append(_mismatch(*pair, ours, theirs, step, steps, streams))
     return diags
+
+
+def _first(stream, test, nth: int = 0) -> int | None:
+    """The index of the nth instruction of `stream` that passes `test` (None when there are fewer): where
+    a diagnostic points (Diagnostic.at), found once a fault is known."""
+    for n, ins in enumerate(stream):
+        if test(ins):
+            if not nth:
+                return n
+            nth -= 1
+    return None
 
 
 def _stage_ok(stage, pipe, place: list[list[int]]) -> bool:
@@ -71,11 +83,11 @@ def _link_ok(r: int, link: tuple, place: list[list[int]], ranks: int) -> bool:
     return 0 <= other < len(where) and 0 <= mine < len(where) and where[other] == peer and where[mine] == r
 
 
-def _bad_link(r: int, link: tuple, place, ranks: int, step: int, steps: int) -> Diagnostic:
+def _bad_link(r: int, link: tuple, place, ranks: int, step: int, steps: int, index: int | None) -> Diagnostic:
     op, stage, pipe, peer = link
     return error(f"{where(step, steps)}rank {r}: {op} of stage {stage} "
                  f"{'to' if op in SENDS else 'from'} rank {peer}, but the stages it links are on "
-                 f"{_ends(op, stage, pipe or 0, place)}")
+                 f"{_ends(op, stage, pipe or 0, place)}", at=(r, step, index))
 
 
 def sync_errors(streams: list, step: int, steps: int) -> list[Diagnostic]:
@@ -98,14 +110,17 @@ def sync_errors(streams: list, step: int, steps: int) -> list[Diagnostic]:
     return diags
 
 
-def _mismatch(a: int, b: int, sent: list, got: list, step: int, steps: int) -> Diagnostic:
+def _mismatch(a: int, b: int, sent: list, got: list, step: int, steps: int, streams: list) -> Diagnostic:
+    """Located at the receive that differs (rank b expects it), or at the send when b posts none."""
     k = next((k for k, (x, y) in enumerate(zip(sent, got)) if x != y), min(len(sent), len(got)))
+    at = ((b, step, _first(streams[b], lambda ins: ins[0] in RECVS and ins[4] == a, k)) if k < len(got) else
+          (a, step, _first(streams[a], lambda ins: ins[0] in SENDS and ins[4] == b, k)))
     first = (f"message {k}: rank {a} sends {_message(sent[k]) if k < len(sent) else 'nothing'}, rank {b} "
              f"expects {_message(got[k]) if k < len(got) else 'nothing'}")
     notes = tuple(f"message {i}: sent {_short(sent, i)}, received {_short(got, i)}"
                   for i in range(k, min(k + SHOWN, max(len(sent), len(got)))))
     return error(f"{where(step, steps)}messages from rank {a} to rank {b} do not match: {len(sent)} sent, "
-                 f"{len(got)} received; first difference at {first}", notes=notes)
+                 f"{len(got)} received; first difference at {first}", notes=notes, at=at)
 
 
 def _short(messages: list, i: int) -> str:

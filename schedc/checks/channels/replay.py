@@ -27,11 +27,12 @@ _KIND = {OpKind.F.value: _F, **dict.fromkeys(GRADIENT, _B), **dict.fromkeys(SEND
 class Replay:
     """Where the replay of one step program stopped: each rank's position, why a stuck rank waits, and
     faults seen on the way (a message that differs from its receive, a tensor received twice or never
-    used, a message to the wrong rank, a malformed instruction)."""
+    used, a message to the wrong rank, a malformed instruction), each with the (rank, instruction index)
+    it is about: the index None for a fault of the rank as a whole, the pair None when not known."""
 
     position: list[int]
     blocked: dict[int, str] = field(default_factory=dict)
-    faults: list[str] = field(default_factory=list)
+    faults: list[tuple[str, tuple[int, int | None] | None]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -103,7 +104,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                     pipe = ins[3] or 0
                     if expected[channel][k] != (DIRECTION[ins[0]], ins[1], ins[2], pipe) \
                             or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
-                        state.faults.append(f"rank {r}: {Instr.short(ins)} does not match its receive")
+                        state.faults.append((f"rank {r}: {Instr.short(ins)} does not match its receive", (r, n)))
                     sent[channel] = k + 1
                     if channel in wait_send:
                         ready.append(wait_send.pop(channel))
@@ -113,24 +114,25 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
                     message = (DIRECTION[ins[0]], ins[1], ins[2], pipe)
                     where = (channel, posted[channel])
                     if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
-                        state.faults.append(f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank")
+                        state.faults.append((f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank",
+                                             (r, n)))
                     expected[channel].append(message)
                     posted[channel] += 1
                     if channel in wait_post:
                         ready.append(wait_post.pop(channel))
-                elif not syncs.meet(state, r, ins, ready):
+                elif not syncs.meet(state, r, n, ins, ready):
                     break
                 n += 1
             state.position[r] = n
     except (IndexError, KeyError, TypeError) as exc:
-        state.faults.append(f"malformed instruction ({type(exc).__name__}: {exc})")
+        state.faults.append((f"malformed instruction ({type(exc).__name__}: {exc})", None))
         return state
     state.blocked = {r: _why(streams[r][n], r, n, received[r], sent, posted, ranks) for r, n in
                      enumerate(state.position) if n < len(streams[r])}
-    state.faults += [f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses"
+    state.faults += [(f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses", (r, None))
                      for r in range(ranks) if used[r] != len(received[r]) and r not in state.blocked]
-    state.faults += [f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
-                     "never sent" for c in sorted(posted) if posted[c] != sent[c] and not state.blocked]
+    state.faults += [(f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
+                      "never sent", (c % ranks, None)) for c in sorted(posted) if posted[c] != sent[c] and not state.blocked]
     return state
 
 
@@ -156,14 +158,14 @@ class _Syncs:
         self.waiting: dict[tuple, list[int]] = {}
         self.stage: dict[tuple, object] = {}       # collective -> the stage its first member named
 
-    def meet(self, state: Replay, r: int, ins, ready: list) -> bool:
+    def meet(self, state: Replay, r: int, n: int, ins, ready: list) -> bool:
         """True once every rank of the group has reached its matching SYNC_GRAD. A rank outside the group,
         or a stage other than the first member's, is a fault."""
         group = tuple(ins[5] or ())
         key = (group, self.seen[r].get(group, 0))
         if r not in group or self.stage.setdefault(key, ins[1]) != ins[1]:
-            state.faults.append(f"rank {r}: SYNC_GRAD #{key[1]} of group {list(group)} for stage {ins[1]}: every "
-                                "rank of the group must issue it, for one stage")
+            state.faults.append((f"rank {r}: SYNC_GRAD #{key[1]} of group {list(group)} for stage {ins[1]}: every "
+                                 "rank of the group must issue it, for one stage", (r, n)))
         members = self.arrived.setdefault(key, set())
         members.add(r)
         if len(members) < len(group):
@@ -178,7 +180,8 @@ class _Syncs:
 
 
 def replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[Diagnostic]:
-    diags = [error(f"{where(step, steps)}{fault}") for fault in state.faults]
+    diags = [error(f"{where(step, steps)}{fault}", at=(about[0], step, about[1]) if about else None)
+             for fault, about in state.faults]
     if not state.blocked:
         return diags
     stuck = sorted(state.blocked)
@@ -186,6 +189,6 @@ def replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[D
                f"{state.blocked[r]}" for r in stuck]
     grid = format_grid(streams, {(r, state.position[r]): "stuck" for r in stuck}, Instr.short)
     return diags + [error(f"{where(step, steps)}the plan hangs under blocking sends: "
-                          + elide(reasons, 6, "ranks", sep="; "), detail=grid,
+                          + elide(reasons, 6, "ranks", sep="; "), detail=grid, at=(stuck[0], step, state.position[stuck[0]]),
                           notes=("a SEND waits until its peer posts the matching RECV; a consumer waits for "
                                  "the SEND",))]
