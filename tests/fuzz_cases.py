@@ -12,6 +12,7 @@ Every generator is seeded: `cases(seed, n)` gives the same cases on every machin
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -319,7 +320,7 @@ def mutate_plan(rng: random.Random, plan: dict) -> bytes:
             for key in path[:-1]:
                 parent = parent[key]
             if edit < 0.55:
-                _set(obj, path, rng.choice(PLAN_VALUES))
+                _set(obj, path, copy.deepcopy(rng.choice(PLAN_VALUES)))  # a shared [] set twice could nest in itself
             elif edit < 0.65:
                 _set(obj, path, _DELETE)
             elif edit < 0.75 and isinstance(parent, list):
