@@ -75,6 +75,7 @@ def test_import_skips_non_compute_cells_and_reads_overlap():
 
 @pytest.mark.parametrize("text,where,fragment", [
     ("", "1:1", "no compute cells"),
+    ("1RECV_B0\n", "1:1", "no compute cells: only message cells"),  # found by the fuzzer (a traceback)
     ("0F0,0SEND_F\n", "1:5", "bad cell '0SEND_F'"),  # compute_comms cells are read (test_library_zb.py)
     ('0F0,"0B0\n', "1:5", "unterminated"),
     ("0F0, 0Q0\n", "1:6", "bad cell '0Q0'"),

@@ -47,6 +47,10 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     overrides = dict(getattr(options, "overrides", None) or {})
     microbatches = _microbatch_count(rows, overrides, source)
     cells = [cell for row in rows for cell in row]
+    if not cells:  # message cells only (compute_comms without its compute)
+        raise SchedError(error("no compute cells: only message cells (SEND_F, RECV_B, ...); a compute_comms "
+                               "CSV holds the ranks' F, B, I and W cells too, like 0F0,0SEND_F0", Span(1, 1)),
+                         source, exit_code=2)
     kinds_seen = {kind for kind, *_ in cells}
     mixed = OpKind.B.value in kinds_seen and bool(kinds_seen & SPLIT)
     split = not mixed and bool(kinds_seen & SPLIT)
