@@ -62,6 +62,7 @@ LINKED = frozenset({OpKind.F.value}) | GRADIENT               # the ops whose ou
 SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a split backward
 NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
+MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
 DEFAULT_COSTS = {OpKind.F.value: 1.0, OpKind.B.value: 2.0, OpKind.I.value: 1.0, OpKind.W.value: 1.0}
 RELEASES = frozenset({OpKind.B.value, OpKind.W.value})  # what frees a forward's activation (one per backward)
 OVERLAP = "FB"  # the cost kind of an overlapped forward + backward (`F & B`), by default their sum

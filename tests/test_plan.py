@@ -175,6 +175,7 @@ EDITS = {
     "rank twice": (lambda o: o["ranks"][1].update(rank=0), "ranks: each entry's rank must be 0..1, once each"),
     "stages []": (lambda o: o.update(stages=[]), "stages: expected an integer >= 1, got []"),
     "cost inf": (lambda o: o["costs"].update(F=[1e400, 1.0]), "costs.F: expected a finite number >= 0"),
+    "cost 2**64": (lambda o: o["costs"].update(F=[2 ** 64, 1.0]), "costs.F: expected a finite number >= 0 and at most 1e+15"),
     "mb of F": (lambda o: next(i for i in _step(o) if i["op"] == "RECV_B").update(mb=None), "RECV_B needs a mb"),
     "stage of F": (lambda o: next(i for i in _step(o) if i["op"] == "F").update(stage=None),
                    "ranks[0].steps[0][0].stage: F needs a stage"),

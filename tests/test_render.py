@@ -490,3 +490,11 @@ def test_the_legend_gives_each_shade_the_colour_of_its_first_stage(name, params)
             expected.append(colours.fill(kind, *first))
     assert [fill for fill, _ in colours.legend()] == expected
     assert len(set(expected)) == len(expected) > 1
+
+
+@pytest.mark.parametrize("unit", [1e-13, 1e-6, 0.4, 25.0, 40.0, 3.3e7])
+def test_the_axis_ticks_are_40_to_200_points_apart_at_any_scale(unit):
+    """A forward of 1e15 units (an edited plan) made the axis count ticks from a step of at most 5e6:
+    10^8 of them, a render that never ended (found by the fuzzer)."""
+    from schedc.render.timeline import _tick_step
+    assert 40 <= _tick_step(unit) * unit < 200

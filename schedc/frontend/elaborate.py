@@ -15,7 +15,7 @@ from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
+from ..ops import BUILTIN, DEFAULT_COSTS, MAX_COST, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
 from .order import chunk_index, order_greedy, run_programs
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
@@ -25,7 +25,6 @@ MAX_OPS = 500_000
 # The most devices (ranks) a schedule may have: every pass keeps something per device, and a plan is a
 # stream file per rank (at 100,000 devices `check` alone took 20 s of CPU).
 MAX_DEVICES = 16_384
-MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
 
 
 @dataclass

@@ -13,7 +13,7 @@ Large schedules switch to a compact geometry (shorter rows, a smaller unit, labe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import inf
+from math import floor, inf, log10
 
 from ..compiler import Compiled
 from ..diagnostics import listed, plural
@@ -231,13 +231,15 @@ def _axis(canvas: _Canvas, width: float, makespan: float, label: str) -> None:
 
 def _tick_step(unit: float, spacing: float = 40.0) -> float:
     """The axis' tick step in cost units: the least 1, 2 or 5 times a power of ten at least `spacing`
-    points apart (costs may be in seconds, forwards or microseconds)."""
-    for exponent in range(-6, 7):
+    points apart (costs may be in seconds, forwards, microseconds or, in an edited plan, 1e15 a
+    forward: the power is found from the scale, so the axis has at most width / spacing ticks)."""
+    exponent = floor(log10(spacing / unit)) if unit > 0 else 0
+    for power in (exponent, exponent + 1):
         for base in (1, 2, 5):
-            step = float(f"{base}e{exponent}")
+            step = float(f"{base}e{power}")
             if step * unit >= spacing:
                 return step
-    return 1e7
+    return float(f"1e{exponent + 2}")
 
 
 def _legend(canvas: _Canvas, colours: Palette, width: float, comms: bool) -> None:
