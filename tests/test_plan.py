@@ -182,20 +182,26 @@ EDITS = {
 }
 
 
-@pytest.mark.parametrize("edit", sorted(EDITS))
-def test_edited_plans_are_refused_on_loading_naming_the_field(tmp_path, edit):
-    from click.testing import CliRunner
-    from schedc.cli import main
+def _refused_when_edited(tmp_path, obj: dict, change, message: str) -> str:
+    """Edit the plan object, rehash it as a careless tool would, and check loading refuses it naming
+    `message`; returns the message. The edited file is tmp_path/edited.json."""
     from schedc.plan import load_plan as load_checked
-    out = tmp_path / "plan"
-    CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(out)])
-    obj = json.loads((out / "plan.json").read_text())
-    change, message = EDITS[edit]
     change(obj)
     (tmp_path / "edited.json").write_text(json.dumps(_rehashed(obj)))
     with pytest.raises(PlanError) as caught:
         load_checked(tmp_path / "edited.json")
     assert message in str(caught.value), str(caught.value)
+    return message
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_edited_plans_are_refused_on_loading_naming_the_field(tmp_path, edit):
+    from click.testing import CliRunner
+    from schedc.cli import main
+    out = tmp_path / "plan"
+    CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(out)])
+    obj = json.loads((out / "plan.json").read_text())
+    message = _refused_when_edited(tmp_path, obj, *EDITS[edit])
     result = CliRunner().invoke(main, ["render", str(tmp_path / "edited.json"), "-o", str(tmp_path / "x.svg")])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
     assert not (tmp_path / "x.svg").exists()
@@ -232,9 +238,4 @@ def test_edited_overlapped_instructions_are_refused_naming_the_field(tmp_path, e
     plan, _ = write_plan(compile_library("dualpipev", p=2, m=4).plan, tmp_path)
     obj = json.loads((tmp_path / "plan.json").read_text())
     assert load_checked(tmp_path / "plan.json").hash == plan.hash
-    change, message = OVERLAP_EDITS[edit]
-    change(obj)
-    (tmp_path / "edited.json").write_text(json.dumps(_rehashed(obj)))
-    with pytest.raises(PlanError) as caught:
-        load_checked(tmp_path / "edited.json")
-    assert message in str(caught.value), str(caught.value)
+    _refused_when_edited(tmp_path, obj, *OVERLAP_EDITS[edit])
