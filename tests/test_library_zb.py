@@ -331,38 +331,38 @@ def test_check_runs_the_channel_check_on_torchs_compute_comms(tmp_path, name, p,
     assert "messages from rank 0 to rank 1 do not match" in result.output
 
 
-def test_compute_comms_export_loads_and_runs_in_torchs_simulator(tmp_path):
+def _exported_to_torch(tmp_path, name: str):
+    """`schedc export NAME -D p=2 -D m=4 --format torch-comms`, the file checked by `schedc check`
+    (its channels match) and loaded by torch's runtime over mock V-shape stages; returns the runtime."""
     from torch.distributed.pipelining import schedules
-    out = tmp_path / "zbv.csv"
-    result = CliRunner().invoke(main, ["export", "zbv", "-D", "p=2", "-D", "m=4", "--format", "torch-comms",
+    out = tmp_path / f"{name}.csv"
+    result = CliRunner().invoke(main, ["export", name, "-D", "p=2", "-D", "m=4", "--format", "torch-comms",
                                        "-o", str(out)])
     assert result.exit_code == 0, result.output
+    back = CliRunner().invoke(main, ["check", str(out)])
+    assert back.exit_code == 0 and "channels match" in back.output
     runtime = schedules._PipelineScheduleRuntime([Z._MockStage(0, 4, 0, 2), Z._MockStage(3, 4, 0, 2)], 4)
     runtime._load_csv(str(out), format="compute_comms")
+    return runtime
+
+
+def test_compute_comms_export_loads_and_runs_in_torchs_simulator(tmp_path):
+    from torch.distributed.pipelining import schedules
+    runtime = _exported_to_torch(tmp_path, "zbv")
     lowered = {r: [a for a in acts if a is not None] for r, acts in runtime.pipeline_order_with_comms.items()}
     simulated = schedules._simulate_comms_compute(lowered, lambda s: runtime.stage_index_to_group_rank[s], 4)
     assert sum(a is not None and a.is_compute_op for row in simulated.values() for a in row) == 48
-    back = CliRunner().invoke(main, ["check", str(out)])
-    assert back.exit_code == 0 and "channels match" in back.output
 
 
 def test_compute_comms_export_keeps_overlapped_instructions_as_torchs_units(tmp_path):
     """A plan's OVERLAP_F_B instructions are exported as torch's overlapped cells: torch reads them back
     as OVERLAP_F_B actions with the same halves, and `schedc check` of the file passes its channels."""
-    from torch.distributed.pipelining import schedules
-    out = tmp_path / "dualpipev.csv"
-    result = CliRunner().invoke(main, ["export", "dualpipev", "-D", "p=2", "-D", "m=4", "--format", "torch-comms",
-                                       "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    runtime = schedules._PipelineScheduleRuntime([Z._MockStage(0, 4, 0, 2), Z._MockStage(3, 4, 0, 2)], 4)
-    runtime._load_csv(str(out), format="compute_comms")
+    runtime = _exported_to_torch(tmp_path, "dualpipev")
     theirs = [[str(a) for a in acts if a is not None and a.sub_actions] for _, acts in
               sorted(runtime.pipeline_order_with_comms.items())]
     ours = [[f"({h[0].stage}F{h[0].mb};{h[1].stage}B{h[1].mb})OVERLAP_F_B" for h in
              (i.halves for i in steps[0] if i.op == "OVERLAP_F_B")] for steps in compile_zb("dualpipev", p=2, m=4).plan.ranks]
     assert theirs == ours and sum(map(len, ours)) == 6
-    back = CliRunner().invoke(main, ["check", str(out)])
-    assert back.exit_code == 0 and "channels match" in back.output
 
 
 def test_a_backward_runs_whole_or_split_not_both(tmp_path):
