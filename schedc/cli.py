@@ -304,26 +304,46 @@ def _progress_line(what: str, done: int, total: int) -> None:
     click.echo(f"\r{what} {done}/{total}", err=True, nl=False)
 
 
+_SYNTHESIZE_ONLY = (("-D", "defines"), ("--cost", "costs"), ("--costs", "costs_file"),
+                    ("--activation-limit", "activation_limit"), ("-o", "out"), ("--latency", "latency"))
+
+
 @main.command("tune")
 @click.option("--synthesize", "synth", is_flag=True,
-              help="Find a per-device order within --memory-limit and write it as a .sched file.")
-@define_option
+              help="Find a per-device order within --activation-limit and write it as a .sched file.")
+@click.option("-D", "defines", multiple=True, metavar="NAME=VALUE", callback=_check_defines,
+              help="With --synthesize: -D p=N (devices) and -D m=N (microbatches).")
 @click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
               help="With --synthesize: cost of F, B, or split I and W; one value or one per stage (defaults F=1, "
-                   "B=2; I=W=1).")
+                   "B=2; I=W=1); over --costs.")
+@click.option("--costs", "costs_file", type=click.Path(dir_okay=False), default=None,
+              help="With --synthesize: measured costs of F, B (or I and W) per stage, JSON from "
+                   "`schedc run --profile-out`, as for simulate.")
+@click.option("--activation-limit", "activation_limit", default=None, metavar="N[,...]",
+              help="With --synthesize: activations a device may hold, one value or one per device.")
 @latency_option
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
               help="With --synthesize: the .sched file to write (default or -: print it).")
 @tune_options
-@click.option("--json", "as_json", is_flag=True, help="Print the ranked list as JSON, best first.")
-def tune_cmd(synth, defines, costs, latency, out, options, as_json):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the ranked list as JSON, best first (with --synthesize: the order's summary).")
+def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, options, as_json):
     """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
     ranked by the predicted iteration time of each schedule's simulated order; or, with --synthesize,
-    find a per-device order for given costs under a memory limit."""
+    find a per-device order for given costs under an activation-memory limit."""
+    values = {"defines": defines, "costs": costs, "costs_file": costs_file, "activation_limit": activation_limit,
+              "out": out, "latency": latency}
     if synth:
-        return _synthesize(defines, costs, latency, options["memory_limit"], out)
-    given = [name for name, value in (("-D", defines), ("--cost", costs), ("-o", out), ("--latency", latency))
-             if value]
+        ctx = click.get_current_context()
+        search_only = [f"--{name.replace('_', '-')}" for name in options
+                       if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if search_only:
+            hint = (" (with --synthesize the limit is --activation-limit N, activations per device)"
+                    if "--memory-limit" in search_only else "")
+            raise click.UsageError(f"{', '.join(search_only)}: option{'s' * (len(search_only) > 1)} of the "
+                                   f"configuration search, not of --synthesize{hint}")
+        return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json)
+    given = [flag for flag, name in _SYNTHESIZE_ONLY if values[name]]
     if given:
         raise click.UsageError(f"{', '.join(given)} go{'es' * (len(given) == 1)} with --synthesize")
     from .tune import run_command
@@ -333,23 +353,29 @@ def tune_cmd(synth, defines, costs, latency, out, options, as_json):
         _fail(exc)
 
 
-def _synthesize(defines, costs, latency, memory_limit, out) -> None:
-    """`schedc tune --synthesize`: the order, written or printed, and its report."""
+def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json) -> None:
+    """`schedc tune --synthesize`: the order, written or printed, and its report (--json: the summary
+    on stdout, with the text in it when there is no -o)."""
     from .compiler import parse_defines
     from .synthesize_cli import run_tune
-    shown = sys.stderr.isatty()
+    shown = sys.stderr.isatty() and not as_json
     try:
-        text, report, ok = run_tune(parse_defines(defines), costs, latency, memory_limit, out,
-                                    partial(_progress_line, "synthesizing: greedy variant") if shown else None)
+        made = run_tune(parse_defines(defines), costs, latency, activation_limit, out,
+                        partial(_progress_line, "synthesizing: greedy variant") if shown else None, costs_file)
     except SchedError as exc:
+        if as_json:
+            _fail_json(exc)
         _fail(exc)
     finally:
         if shown:
             click.echo("\r\033[K", err=True, nl=False)
-    if out is None:
-        click.echo(text, nl=False)
-    click.echo(report, err=True)
-    sys.exit(0 if ok else 1)
+    if as_json:
+        click.echo(json.dumps({**made.summary, **({"sched": made.text} if out is None else {})}, indent=1))
+    else:
+        if out is None:
+            click.echo(made.text, nl=False)
+        click.echo(made.report, err=True)
+    sys.exit(0 if made.ok else 1)
 
 
 @main.command("list")

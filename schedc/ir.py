@@ -166,6 +166,12 @@ class Schedule:
     # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
 
     @property
+    def title(self) -> str:
+        """The schedule's name with its params, as headers print it: `1f1b (p=4 m=8)`, or the name alone."""
+        params = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.name} ({params})" if params else self.name
+
+    @property
     def mixed_backward(self) -> bool:
         return self.split_of is not None
 

@@ -12,10 +12,9 @@ if TYPE_CHECKING:
 def summary(result: Compiled) -> str:
     """The compile summary: sizes, makespan, bubble, utilization, peaks (and the fill, if any)."""
     s, st = result.schedule, result.stats
-    params = " ".join(f"{k}={v}" for k, v in s.params.items())
     peak = listed([f"{m:g}" for m in st["peak_memory"]], "/") + (
         f" (at most {max(st['peak_memory']):g})" if s.devices > MAX_ALIKE else "")
-    lines = [f"{s.name} ({params}): {plural(s.devices, 'device')}, {plural(s.stages, 'stage')}, "
+    lines = [f"{s.title}: {plural(s.devices, 'device')}, {plural(s.stages, 'stage')}, "
              f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}",
              f"  makespan {st['makespan']:g}  bubble {st['bubble']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",

@@ -657,8 +657,9 @@ class Searcher:
             head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if t > node else "")
             if fam.bound is not None:
                 bound, threshold = fam.bound
-                lines.append((0, bound, head + f"at best {bound:.4g} s per iteration, slower than {which} "
-                                              f"({threshold:.4g} s): {fam.bounded} not simulated"))
+                a, b = _distinct(bound, threshold)
+                lines.append((0, bound, head + f"at best {a} s per iteration, slower than {which} "
+                                              f"({b} s): {fam.bounded} not simulated"))
             elif fam.fault is not None:
                 lines.append((1, 0.0, head + fam.fault))
             elif fam.over is not None:
@@ -691,6 +692,14 @@ class _Kept:
 
 def _defines(c: Candidate) -> str:
     return " ".join(f"-D {k}={v}" for k, v in c.params().items())
+
+
+def _distinct(a: float, b: float) -> tuple[str, str]:
+    """a and b to 4 significant digits, or to as many more as tell them apart (at most 12)."""
+    digits = 4
+    while digits < 12 and f"{a:.{digits}g}" == f"{b:.{digits}g}":
+        digits += 1
+    return f"{a:.{digits}g}", f"{b:.{digits}g}"
 
 
 def _nth(k: int) -> str:

@@ -137,9 +137,9 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
             raise option_error(f"cost {name} must be finite and > 0")
     if not math.isfinite(latency) or latency < 0:
         raise option_error(f"--latency must be finite and >= 0 (got {latency:g})")
-    limits = _per_stage("memory limit", limit, p, "device")
+    limits = _per_stage("--activation-limit", limit, p, "device")
     if any(not math.isfinite(x) for x in limits):
-        raise option_error("--memory-limit must be finite")
+        raise option_error("--activation-limit must be finite")
     return Problem(p, m, table, split, float(latency), limits)
 
 
@@ -480,14 +480,21 @@ def count(n: int, what: str) -> str:
     return f"{n} {what}{'s' * (n != 1)}"
 
 
-def _per_stage_expr(row: tuple[float, ...]) -> str:
-    """One value, or `a if s == 0 else (b if s == 1 else c)` for per-stage values."""
-    if len(set(row)) == 1:
-        return number(row[0])
-    expr = number(row[-1])
-    for s in range(len(row) - 2, -1, -1):
-        expr = f"{number(row[s])} if s == {s} else ({expr})"
+def _per_stage_expr(row: tuple[float, ...], var: str = "s") -> str:
+    """One value, or a chain over the runs of equal values: `1 if s < 2 else 2` for 1, 1, 2, 2."""
+    runs: list[tuple[int, float]] = []  # (first index, value) of each run
+    for i, x in enumerate(row):
+        if not runs or runs[-1][1] != x:
+            runs.append((i, x))
+    expr = number(runs[-1][1])
+    for (_, x), (end, _) in zip(reversed(runs[:-1]), reversed(runs[1:])):
+        expr = f"{number(x)} if {var} < {end} else {expr}"
     return expr
+
+
+def _listed_row(row: tuple[float, ...]) -> str:
+    """The command line's form of per-stage values: `1` or `1,1,2,2`."""
+    return number(row[0]) if len(set(row)) == 1 else ",".join(map(number, row))
 
 
 def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> str:
@@ -495,15 +502,15 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
     saying what was asked and found (the latency is a command-line option, noted in the comment)."""
     pr = result.problem
     names = KIND_NAMES if pr.split else FULL_NAMES
-    costs = ", ".join(f"{n}={_per_stage_expr(row)}" for n, row in zip(names, pr.costs))
-    limit = _per_stage_expr(pr.limit).replace("s ==", "d ==")
+    costs = ", ".join(f"{n}={_listed_row(row)}" for n, row in zip(names, pr.costs))
+    limit = _per_stage_expr(pr.limit, "d")
     lines = [
         f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {number(pr.latency)},",
-        f"# memory limit {limit} activations per device. Makespan {number(result.makespan)} "
+        f"# activation limit {_listed_row(pr.limit)} per device. Makespan {number(result.makespan)} "
         f"(lower bound {number(pr.lower_bound())}), peak activations {' '.join(map(str, result.peak))};",
         f"# found by {result.found_by}, {count(result.timed, 'order')} timed.",
         f"# Simulate with the same latency: schedc simulate FILE --latency {number(pr.latency)}",
-        f'schedule {name} "order synthesized under a memory limit of {limit} activations per device"',
+        f'schedule {name} "order synthesized under a limit of {_listed_row(pr.limit)} activations per device"',
         f"devices {pr.p}",
         f"pipeline main {{ stages {pr.p}; device s -> s; microbatches {pr.m} }}",
     ]

@@ -1,15 +1,20 @@
 """synthesize_cli: the synthesize side of `schedc tune --synthesize` — command-line options to a
 Problem, the orders to a checked .sched text and a report (schedc/synthesize.py does the work).
 
-    -D p=4 -D m=8 --cost I=1 --cost W=1 --latency 0.5 --memory-limit 4 -o zb.sched
+    -D p=4 -D m=8 --cost I=1 --cost W=1 --latency 0.5 --activation-limit 4 -o zb.sched
     -> zb.sched: makespan 33 (lower bound 28.5), peak activations 4 4 4 4 within 4; greedy variant ...
+
+The costs come from `--cost KIND=VALUE` and, under them, a measured costs file (`--costs FILE`, the
+JSON `schedc run --profile-out` writes, as `simulate --costs` reads it).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .diagnostics import Source
-from .ops import OpKind
+from .ops import OpKind, builtin_kinds
 from .synthesize import Problem, count, listed, make_problem, option_error, synthesize, to_sched
 
 COST_KINDS = tuple(kind.value for kind in OpKind)
@@ -23,9 +28,25 @@ def _numbers(name: str, text: str) -> tuple[float, ...]:
     return values
 
 
+def _measured(path: str) -> dict[str, tuple[float, ...]]:
+    """The op kinds' costs of a measured costs file (--costs FILE); a task's cost is refused: a
+    synthesized order runs F, B, I and W only."""
+    from .interop.profiles import load_costs
+    table = {}
+    for kind, value in load_costs(path).items():
+        if kind not in COST_KINDS:
+            raise option_error(f"--costs {path}: {kind!r} is not an op kind; tune --synthesize orders "
+                               f"{', '.join(COST_KINDS)} only")
+        table[kind] = value if isinstance(value, tuple) else (value,)
+    if OpKind.B.value in table and (OpKind.I.value in table or OpKind.W.value in table):
+        del table[OpKind.B.value]  # a profile of a split backward also times the whole B: order I and W
+    return table
+
+
 def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latency: float,
-                         memory_limit: str | None) -> Problem:
-    """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2`, `--memory-limit 4` -> a Problem (errors: exit 2)."""
+                         activation_limit: str | None, costs_file: str | None = None) -> Problem:
+    """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2` (over `--costs FILE`), `--activation-limit 4`
+    -> a Problem (errors: exit 2)."""
     unknown = sorted(set(defines) - {"p", "m"})
     if unknown:
         raise option_error(f"-D {unknown[0]}: tune --synthesize takes only p (devices) and m (microbatches)")
@@ -38,17 +59,24 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
         except ValueError:
             raise option_error(f"-D {name}: expected an integer, got {defines[name]!r}") from None
     table: dict[str, tuple[float, ...]] = {}
+    given: set[str] = set()
     for item in costs:
         kind, sep, text = item.partition("=")
         kind = kind.strip()
         if not sep or kind not in COST_KINDS:
             raise option_error(f"--cost {item!r}: expected KIND=VALUE with KIND one of {', '.join(COST_KINDS)}")
-        if kind in table:
+        if kind in given:
             raise option_error(f"--cost {kind} given twice")
+        given.add(kind)
         table[kind] = _numbers(f"--cost {kind}", text)
-    if memory_limit is None:
-        raise option_error("give --memory-limit N (activations per device; one value or one per device)")
-    return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--memory-limit", memory_limit))
+    if costs_file is not None:
+        measured = _measured(costs_file)
+        split = bool({OpKind.I.value, OpKind.W.value} & (given or set(measured)))
+        drop = {OpKind.B.value} if split else {OpKind.I.value, OpKind.W.value}
+        table = {k: v for k, v in {**measured, **table}.items() if k not in drop or k in given}
+    if activation_limit is None:
+        raise option_error("give --activation-limit N (activations per device; one value or one per device)")
+    return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--activation-limit", activation_limit))
 
 
 def check_text(text: str, path: str, latency: float = 0.0):
@@ -58,25 +86,44 @@ def check_text(text: str, path: str, latency: float = 0.0):
     return compile_source(Source(path, text), latency=latency)
 
 
-def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, memory_limit: str | None,
-             out: str | None, progress: Callable[[int, int], None] | None = None) -> tuple[str, str, bool]:
-    """`schedc tune --synthesize`: (the .sched text, a report for the terminal, whether the compiler
-    accepts it). The text is compiled before it is written; a refused one is written too, for study."""
-    problem = problem_from_options(defines, costs, latency, memory_limit)
+@dataclass(frozen=True)
+class Synthesized:
+    """What `tune --synthesize` made: the .sched text, the report for the terminal, whether the
+    compiler accepts it, and the same as JSON (--json)."""
+
+    text: str
+    report: str
+    ok: bool
+    summary: dict[str, Any]
+
+
+def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, activation_limit: str | None,
+             out: str | None, progress: Callable[[int, int], None] | None = None,
+             costs_file: str | None = None) -> Synthesized:
+    """`schedc tune --synthesize`: the order as checked .sched text and its report. The text is compiled
+    before it is written; a refused one is written too, for study."""
+    problem = problem_from_options(defines, costs, latency, activation_limit, costs_file)
     result = synthesize(problem, progress)
-    path = out or "synthesized.sched"
+    shown = out if out not in (None, "-") else "the order"
     text = to_sched(result)
-    compiled = check_text(text, path, problem.latency)
+    compiled = check_text(text, out if out not in (None, "-") else "<synthesized>", problem.latency)
     if out is not None:
         from .outputs import write_output
         write_output(out, text)  # through a symlink, atomically; `-` prints it
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
     stats = compiled.stats
-    lines.append(f"{path}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
+    lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
                  f"{' '.join(f'{x:g}' for x in stats['peak_memory'])} within {listed(problem.limit)}; "
                  f"{result.found_by}; {count(result.timed, 'order')} timed"
                  + ("" if compiled.ok else "; the compiler refuses it"))
-    return text, "\n".join(lines), compiled.ok
+    summary = {"valid": compiled.ok, "out": out, "p": problem.p, "m": problem.m,
+               "costs": dict(zip(builtin_kinds(problem.split), map(list, problem.costs))),
+               "latency": problem.latency, "activation_limit": list(problem.limit),
+               "makespan": stats["makespan"], "lower_bound": problem.lower_bound(),
+               "peak_activations": list(stats["peak_memory"]), "found_by": result.found_by,
+               "orders_timed": result.timed, "errors": [d.format(compiled.schedule.source)
+                                                        for d in compiled.diagnostics]}
+    return Synthesized(text, "\n".join(lines), compiled.ok, summary)
 
 
-__all__ = ["problem_from_options", "check_text", "run_tune"]
+__all__ = ["problem_from_options", "check_text", "run_tune", "Synthesized"]

@@ -160,8 +160,8 @@ def report(outcome: Outcome, pruned_lines: int = 12) -> str:
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f}")
     counts = outcome.counts
-    lines.append(f"ranked by iteration time; {counts['candidates']} candidates: simulations {counts['simulated']} "
-                 f"of {counts['structures']} orders, {counts['bounded']} bounded out before simulating, "
+    lines.append(f"ranked by iteration time; {counts['candidates']} candidates: {counts['simulated']} simulated "
+                 f"({counts['structures']} distinct orders compiled), {counts['bounded']} bounded out before simulating, "
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not divide the layers; "
                  f"{outcome.seconds:.2f} s")

@@ -49,3 +49,8 @@ def test_a_schedule_is_built_with_keywords_only():
     with pytest.raises(TypeError):
         Schedule(*(getattr(schedule, f.name) for f in fields(Schedule)))
     assert Schedule(**{f.name: getattr(schedule, f.name) for f in fields(Schedule)}) == schedule
+
+
+def test_a_schedule_title_names_its_params_or_only_the_schedule():
+    assert compile_library("1f1b", p=2, m=4).schedule.title == "one_f_one_b (p=2 m=4)"
+    assert replace(compile_library("1f1b", p=2, m=4).schedule, params={}).title == "one_f_one_b"

@@ -4,6 +4,8 @@ scheduler, ZB-H1 (limit p) and ZB-H2 (limit 2p) on the same inputs, all timed by
 timer of tests/zb_heuristic.py."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,7 +13,7 @@ import zb_heuristic as ref
 from conftest import ROOT
 from schedc.cli import main
 from schedc.synthesize import make_problem, synthesize, to_sched
-from schedc.synthesize_cli import check_text
+from schedc.synthesize_cli import check_text, problem_from_options
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
 CASES = [(p, m, limit, latency) for p in (4, 8) for m in (2 * p, 4 * p) for limit in (p, 2 * p)
@@ -97,7 +99,7 @@ def test_per_stage_costs_and_limits():
 def test_a_fractional_limit_admits_whole_activations(tmp_path):
     out = tmp_path / "half.sched"
     result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "I=1", "--cost", "W=1",
-                   "--memory-limit", "2.5", "-o", str(out))
+                   "--activation-limit", "2.5", "-o", str(out))
     assert result.exit_code == 0, result.output
     assert "peak activations 2 2 2 2 within 2.5;" in result.output
     assert "limit memory <= 2.5" in out.read_text()
@@ -114,7 +116,7 @@ def test_written_file_is_the_orders_and_is_deterministic():
 
 def test_golden_file(regen_golden):
     """The file `schedc tune --synthesize -D p=4 -D m=8 --cost I=1 --cost W=1 --latency 0.5
-    --memory-limit 4` writes (pytest --regen-golden rewrites it)."""
+    --activation-limit 4` writes (pytest --regen-golden rewrites it)."""
     golden = ROOT / "tests" / "golden" / "synthesized_p4_m8_limit4.sched"
     text = to_sched(synthesize(_split_problem(4, 8, 4, 0.5)))
     if regen_golden:
@@ -129,7 +131,7 @@ def _tune(*args):
 def test_cli_writes_a_file_that_check_accepts(tmp_path):
     out = tmp_path / "zb.sched"
     result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "I=1", "--cost", "W=1",
-                   "--memory-limit", "8", "-o", str(out))
+                   "--activation-limit", "8", "-o", str(out))
     assert result.exit_code == 0, result.output
     assert "makespan 27 (lower bound 27)" in result.output
     checked = CliRunner().invoke(main, ["check", str(out)])
@@ -137,23 +139,67 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
 
 
 @pytest.mark.parametrize("args,code,message", [
-    (["-D", "p=4", "-D", "m=8", "--memory-limit", "4"], 2, "-D goes with --synthesize"),
-    (["--synthesize", "-D", "m=8", "--memory-limit", "4"], 2, "give -D p=N"),
-    (["--synthesize", "-D", "p=4", "-D", "m=x", "--memory-limit", "4"], 2, "-D m: expected an integer"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "-D", "v=2", "--memory-limit", "4"], 2, "-D v:"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8"], 2, "give --memory-limit"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "B=2", "--cost", "I=1", "--memory-limit", "4"], 2,
+    (["-D", "p=4", "-D", "m=8", "--activation-limit", "4"], 2, "-D, --activation-limit go with --synthesize"),
+    (["--synthesize", "-D", "m=8", "--activation-limit", "4"], 2, "give -D p=N"),
+    (["--synthesize", "-D", "p=4", "-D", "m=x", "--activation-limit", "4"], 2, "-D m: expected an integer"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "-D", "v=2", "--activation-limit", "4"], 2, "-D v:"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8"], 2, "give --activation-limit"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "B=2", "--cost", "I=1", "--activation-limit", "4"], 2,
      "not both"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "X=2", "--memory-limit", "4"], 2, "KIND one of"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=1,2", "--memory-limit", "4"], 2, "one per stage"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=0", "--memory-limit", "4"], 2, "finite and > 0"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "four"], 2, "expected a number"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--memory-limit", "4"], 2, "--latency"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "0.5"], 1, "no order fits: device 0"),
-    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--memory-limit", "4"], 2, "more than the 500,000"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "X=2", "--activation-limit", "4"], 2, "KIND one of"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=1,2", "--activation-limit", "4"], 2, "one per stage"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=0", "--activation-limit", "4"], 2, "finite and > 0"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "four"], 2, "expected a number"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--activation-limit", "4"], 2, "--latency"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "0.5"], 1, "no order fits: device 0"),
+    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--activation-limit", "4"], 2, "more than the 500,000"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "4"], 2,
+     "--memory-limit: option of the configuration search, not of --synthesize (with --synthesize the limit is "
+     "--activation-limit N"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--model", "m.toml", "--top", "10",
+      "--schedules", "zzz"], 2, "--model, --schedules, --top: options of the configuration search"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--costs", "missing.json"], 2,
+     "cannot read costs"),
 ])
 def test_cli_bad_input(args, code, message):
     result = _tune(*args)
     assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_measured_costs_file_gives_the_per_stage_costs(tmp_path):
+    """--costs FILE (as `schedc run --profile-out` writes it) supplies F, I and W per stage; a --cost
+    given too wins for its kind; the whole B a split profile also times is not ordered; a task's cost
+    is refused."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"unit": "ms", "microbatch_size": 2, "F": [1.0, 2.0], "B": [2.5, 3.5],
+                                 "I": [1.0, 1.5], "W": [1.5, 2.0]}))
+    problem = problem_from_options({"p": "2", "m": "4"}, ("W=1",), 0.0, "2", str(costs))
+    assert problem.split
+    assert problem.costs == ((1.0, 2.0), (1.0, 1.5), (1.0, 1.0))
+    whole = problem_from_options({"p": "2", "m": "4"}, ("B=2",), 0.0, "2", str(costs))
+    assert not whole.split and whole.costs == ((1.0, 2.0), (2.0, 2.0))
+    costs.write_text(json.dumps({"F": 1.0, "B": 2.0, "curvature": 3.0}))
+    result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
+    assert result.exit_code == 2 and "'curvature' is not an op kind" in result.output
+
+
+def test_json_summary_and_the_written_costs(tmp_path):
+    """--json prints the order's summary (the text in it without -o); per-stage costs are written as the
+    command line gave them in the header and as a chain over runs of equal values in the file, which
+    the compiler reads back as the same costs."""
+    result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=1,1,2,2", "--cost", "I=1",
+                   "--cost", "W=1", "--activation-limit", "4,4,3,2", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["valid"] and summary["peak_activations"] == [4, 4, 3, 2]
+    assert summary["costs"]["F"] == [1, 1, 2, 2] and summary["activation_limit"] == [4, 4, 3, 2]
+    text = summary["sched"]
+    assert "p=4, m=8, F=1,1,2,2, I=1, W=1" in text and "activation limit 4,4,3,2 per device" in text
+    assert "cost F(s) = 1 if s < 2 else 2\n" in text
+    assert "limit memory <= 4 if d < 2 else 3 if d < 3 else 2\n" in text
+    compiled = check_text(text, "synthesized.sched")
+    forwards = {op.stage: op.cost for order in compiled.schedule.orders for op in order if op.kind == "F"}
+    assert [forwards[s] for s in range(4)] == [1, 1, 2, 2]
+    assert compiled.stats["makespan"] == summary["makespan"]

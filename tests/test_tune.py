@@ -4,6 +4,8 @@ of the same candidate, and the same search with --exhaustive. References for the
 bubble formulas of the papers, written here."""
 from __future__ import annotations
 
+import re
+
 import json
 import random
 import shlex
@@ -173,6 +175,14 @@ def test_pruned_families_say_why(model):
     assert "t=16 crosses nodes (8 GPUs per node)" in text
     assert "slower than the 3rd best" in text
     assert "requirement failed: p must be even" in text  # chimera with p = 1
+    bounds = re.findall(r"at best ([0-9.e+]+) s per iteration, slower than the 3rd best \(([0-9.e+]+) s\)", text)
+    assert bounds and all(float(a) > float(b) for a, b in bounds)  # printed apart, never "1.421 ... (1.421 s)"
+
+
+def test_a_bound_and_its_threshold_are_printed_apart():
+    from schedc.search import _distinct
+    assert _distinct(1.4213, 1.4209) == ("1.4213", "1.4209")
+    assert _distinct(2.5, 1.25) == ("2.5", "1.25")
 
 
 def run_cli(*args):

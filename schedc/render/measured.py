@@ -80,8 +80,7 @@ def _matched(run: MeasuredRun, schedule: Schedule, events: list[dict], other: di
     stages, mbs = _coverage([e for e in events if int(_args(e).get("step") or 0) == run.step])
     ranks_fit = run.ranks == tuple(range(len(run.ranks))) and len(run.ranks) % max(schedule.devices, 1) == 0
     if not ranks_fit or (stages, mbs) != (set(range(schedule.stages)), set(range(schedule.microbatches))):
-        params = " ".join(f"{k}={v}" for k, v in schedule.params.items())
-        raise _usage(f"the measured trace does not fit {schedule.name} ({params}): it has "
+        raise _usage(f"the measured trace does not fit {schedule.title}: it has "
                      f"{plural(len(run.ranks), 'rank')}, "
                      f"{_span('stage', stages)} and {_span('microbatch', mbs, 'microbatches')}, the schedule "
                      f"{plural(schedule.devices, 'device')}, {plural(schedule.stages, 'stage')} and "

@@ -112,15 +112,14 @@ def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun 
 
 def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     s, st = compiled.schedule, compiled.stats
-    params = " ".join(f"{k}={v}" for k, v in s.params.items())
     peak = listed([f"{m:g}" for m in st["peak_memory"]], "/")
     sizes = f"{plural(s.devices, 'device')}, {plural(st['ops'], 'op')}"
-    title = (f"{s.name} ({params}): {sizes}\\l"
+    title = (f"{s.title}: {sizes}\\l"
              f"makespan {st['makespan']:g}   bubble {st['bubble']:.4f}   utilization "
              f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
     if not compiled.ok:
         errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
-        return _graph(f"{s.name} ({params}): {sizes}\\l"
+        return _graph(f"{s.title}: {sizes}\\l"
                       f"INVALID: the schedule fails its checks ({errors} error{'s' * (errors != 1)}); no stats, "
                       "the timeline as far as it was simulated\\l", geo)
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
