@@ -491,7 +491,7 @@ def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, m
 @click.option("--schedule", default="1f1b", show_default=True, help="Library schedule or .sched file.")
 @define_option
 @click.option("-o", "--out", "out", type=click.Path(file_okay=False), default="out/demo", show_default=True)
-@click.option("--steps", type=int, default=3, show_default=True, help="Training steps to run.")
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="Training steps to run.")
 @click.pass_context
 def demo_cmd(ctx, schedule, defines, out, steps):
     """Compile, simulate, render and run a library schedule on CPU ranks (default: 1F1B, p=2, m=4).

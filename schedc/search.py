@@ -210,7 +210,9 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
 # The space ---------------------------------------------------------------------------------------
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of n, ascending (trial division up to its square root)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def layouts(model, request: Request) -> list[tuple[int, int, int]]:
@@ -369,10 +371,18 @@ class Structure:
     error: str | None = None
 
 
+MAX_GPUS = 2**20            # a million GPUs: past every cluster built; bounds the space's divisors
+MAX_GLOBAL_BATCH = 2**24    # sequences per step
+
+
 class Searcher:
     """The search over one request; its caches live as long as it does."""
 
     def __init__(self, request: Request, progress: Callable[[int], None] | None = None):
+        for name, value, most in (("--gpus", request.gpus, MAX_GPUS),
+                                  ("--global-batch", request.global_batch, MAX_GLOBAL_BATCH)):
+            if value > most:
+                raise usage(f"{name} {value:,} is more than the {most:,} the search takes")
         self.request = request
         self.model = load_model_spec(request.model)
         self.cluster = load_cluster(request.cluster)

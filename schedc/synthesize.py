@@ -218,7 +218,7 @@ def _variants(problem: Problem) -> list[tuple[tuple[int, ...], str, bool]]:
     limit and slopes 0, 1, 2, each clipped to [1, limit], without repeats, in a fixed order; `alternate`
     ranks the forward first right after a backward (1F1B's rhythm) instead of always second."""
     p = problem.p
-    limits = [int(x) for x in problem.limit]
+    limits = [min(int(x), problem.m) for x in problem.limit]  # a device never holds more than m forwards
     seen, out = set(), []
     for top in range(max(limits), 0, -1):
         for slope in (1, 2, 0):

@@ -462,8 +462,81 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
     return Case("options", argv, files, (), False)
 
 
+GPT = (ROOT / "benchmarks" / "models" / "gpt-1.7b.toml").read_text()
+CLUSTER_TOML = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+SIZES = ["1", "2", "4", "8", "16", "32", "64", "3", "6", "12", "8", "16", "0"]  # mostly searchable
+
+
+def _mangled_toml(rng: random.Random, text: str) -> str:
+    """A model or cluster TOML with one value replaced by a hostile number or one line cut."""
+    lines = text.splitlines()
+    numbered = [i for i, line in enumerate(lines) if re.match(r"^\w+\s*=\s*[0-9.]", line)]
+    i = rng.choice(numbered)
+    if rng.random() < 0.8:
+        key = lines[i].split("=")[0]
+        lines[i] = f"{key}= {rng.choice(ALL_NUMBERS + LIMITS)}"
+    else:
+        del lines[i]
+    return "\n".join(lines) + "\n"
+
+
+def tune_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """`schedc tune`: the configuration search with hostile sizes, limits, lists, model and cluster
+    files and schedules (a mutated one among them), and --synthesize with hostile -D, costs, limits and
+    latencies; each mode given the other's options now and then."""
+    files: dict[str, bytes] = {"file.txt": b"x", "full": FULL}
+    number = (lambda: rng.choice(SIZES)) if rng.random() < 0.8 else (lambda: rng.choice(ALL_NUMBERS))
+    if rng.random() < 0.65:
+        model = "{d}/model.toml"
+        cluster = rng.choice(["dgx-a100-80gb", "dgx-h100-80gb", "{d}/cluster.toml", "{d}/cluster.toml", "nope"])
+        files["model.toml"] = (_mangled_toml(rng, GPT) if rng.random() < 0.25 else GPT).encode()
+        files["cluster.toml"] = (_mangled_toml(rng, CLUSTER_TOML) if rng.random() < 0.5 else CLUSTER_TOML).encode()
+        argv = ["tune", "--model", model, "--cluster", cluster, "--gpus", number(), "--global-batch", number()]
+        name = rng.choice(sorted(LIBRARY))
+        if rng.random() < 0.5:
+            files["mine.sched"] = (mutate_sched(rng, LIBRARY[name]) if rng.random() < 0.5 else LIBRARY[name]).encode()
+            argv += ["--schedules", rng.choice(["{d}/mine.sched", f"{name},{{d}}/mine.sched", "{d}/mine.sched",
+                                                 f"{{d}}/mine.sched,{name}", "{d}/missing.sched", "{d}/file.txt",
+                                                 "nope", ",", f"{name},{name}"])]
+        else:
+            argv += ["--schedules", rng.choice(["1f1b", "1f1b,zb_h1", "interleaved_1f1b", "gpipe,dualpipev", name])]
+        for option, values in (("--memory-limit", LIMITS), ("--tp", ["1", "2,4", "0", "x", "", "1,,2", "64"]),
+                               ("--pp", ["1", "2", "0", "-2", "3,5", "99999999999"]),
+                               ("--recompute", ["full", "none,full", "some", ""]),
+                               ("--top", ["1", "0", "5", "1000000000"]),
+                               ("--per", ["t", "p", "v", "b", "schedule", "recompute", "x"])):
+            if rng.random() < 0.12:
+                argv += [option, rng.choice(values)]
+        argv += [flag for flag in ("--json", "--exhaustive", "--sequence-parallel", "--overlap-grad-reduce",
+                                   "--blocking-p2p") if rng.random() < 0.15]
+        if rng.random() < 0.05:
+            argv += rng.choice([["-D", "p=2"], ["--activation-limit", "4"], ["--cost", "F=1"], ["-o", "{d}/x"]])
+    else:
+        argv = ["tune", "--synthesize", "-D", f"p={number()}", "-D", f"m={number()}"]
+        if rng.random() < 0.1:
+            argv = [a for a in argv if not a.startswith("m=")][:-1]
+        for _ in range(rng.choice([0, 1, 2, 3])):
+            kind = rng.choice(["F", "B", "I", "W", "X", "", "F"])
+            argv += ["--cost", f"{kind}={','.join(rng.choice(ALL_NUMBERS[:30]) for _ in range(rng.choice([1, 2, 4])))}"]
+        if rng.random() < 0.2:
+            files["costs.json"] = rng.choice(COST_FILES + ['{"F": [1, 2], "I": [1, 1], "W": [2, 1], "B": [3, 3]}',
+                                                           '{"F": 1, "curvature": 2}']).encode()
+            argv += ["--costs", "{d}/costs.json"]
+        if rng.random() < 0.9:
+            argv += ["--activation-limit", rng.choice(["1", "2", "4", "8", "2.5", "4,3", "0.5"] + ALL_NUMBERS)]
+        if rng.random() < 0.3:
+            argv += ["--latency", rng.choice(["0.5", "1", "0"] + FLOAT_EXTREMES)]
+        if rng.random() < 0.4:
+            argv += ["-o", rng.choice(OUT_PATHS + ["{d}/zb.sched", "-"])]
+        if rng.random() < 0.2:
+            argv.append("--json")
+        if rng.random() < 0.05:
+            argv += rng.choice([["--model", "{d}/file.txt"], ["--memory-limit", "4"], ["--top", "3"]])
+    return Case("tune", argv, files, tuple(k for k in ("mine.sched",) if k in files), False)
+
+
 GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 15), "csv": (csv_case, 20),
-              "plan": (None, 15), "options": (option_case, 10)}
+              "plan": (None, 15), "options": (option_case, 10), "tune": (tune_case, 6)}
 
 
 def write_case(case: Case, directory: Path, small_plan: bytes) -> None:

@@ -26,3 +26,11 @@ def test_demo_runs_end_to_end(tmp_path):
     trace = json.loads((out / "measured.json").read_text())
     ranks = {event["pid"] for event in trace["traceEvents"] if event.get("ph") == "X"}
     assert ranks == {0, 1}
+
+
+def test_demo_refuses_zero_steps_before_it_compiles(tmp_path):
+    from click.testing import CliRunner
+    from schedc.cli import main
+    result = CliRunner().invoke(main, ["demo", "--steps", "0", "-o", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "'--steps': 0 is not in the range x>=1" in result.output
+    assert not (tmp_path / "demo").exists()
