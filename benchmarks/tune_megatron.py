@@ -2,7 +2,9 @@
 GPUs and global batch fixed, 80 GB A100s), the search's best prediction against the prediction for the
 paper's own configuration (t, p, b, v, full recomputation, its DDP, blocking sends as in
 megatron_table1.py), and where the paper's choice
-ranks in its family (1F1B or interleaved: the exact top 5 of each schedule, --per schedule); then the
+ranks in its family (1F1B or interleaved: the exact top 5 of each schedule, --per schedule), both as a
+whole configuration (t, p, v, b: v and b from Megatron-LM's sc21 scripts) and as a layout (t, p, what
+Table 1 itself gives; each layout at its best v and b); then the
 paper's Fig. 13 (162.2B on 64 GPUs: the best t is 8) and Fig. 14 (5.9B on 64 GPUs, no tensor
 parallelism: the best throughput falls as p grows), both read off the search (--per t, --per p).
 
@@ -70,12 +72,25 @@ def table_row(row) -> dict:
                     "family": [r for r in outcome.ranked if r.candidate.schedule == schedule],
                     "seconds": time.perf_counter() - start}
         out["paper"], out["predicted"] = paper, searcher.evaluate(paper, free=True)
-    if out["full"]["rank"] is None:  # its exact rank, up to 50, from its family's top 50
-        request = Request(model_file(name), CLUSTER, gpus, batch, (schedule,), recompute=("full",), top=50,
+    family = out["full"]["family"]
+    out["full"]["layout_rank"] = layout_rank([r.candidate for r in family], paper)
+    if out["full"]["rank"] is None:  # its exact rank and its layout's, up to 100, from its family's top 100
+        request = Request(model_file(name), CLUSTER, gpus, batch, (schedule,), recompute=("full",), top=100,
                           overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
         ranked = [r.candidate for r in Searcher(request).run().ranked]
         out["full"]["exact_rank"] = ranked.index(out["paper"]) + 1 if out["paper"] in ranked else None
+        out["full"]["layout_rank"] = layout_rank(ranked, paper)
     return out
+
+
+def layout_rank(ranked: list[Candidate], paper: Candidate) -> int | None:
+    """Where the paper's layout, (t, p) as Table 1 gives it, ranks among the family's layouts, each
+    at its best v and b (the ranked list is best first): None if it is not in the list."""
+    layouts: list[tuple[int, int]] = []
+    for c in ranked:
+        if (c.t, c.p) not in layouts:
+            layouts.append((c.t, c.p))
+    return layouts.index((paper.t, paper.p)) + 1 if (paper.t, paper.p) in layouts else None
 
 
 def table(rows) -> bool:
@@ -84,16 +99,19 @@ def table(rows) -> bool:
           "there (the exact top 5 of each schedule); speed-up = the paper's iteration time / the best's")
     print(f"{'model':<11} {'GPUs':>5} {'B':>5} | {'paper':<16} {'t':>2} {'p':>3} {'v':>2} {'b':>3} {'TF/s':>6} "
           f"{'iter s':>8} | {'best':<16} {'t':>2} {'p':>3} {'v':>2} {'b':>3} {'recomp':<9} {'TF/s':>6} {'iter s':>8} "
-          f"{'speed-up':>8} | {'best, full recomputation':<27} {'speed-up':>8} {'rank':>4} | search s")
+          f"{'speed-up':>8} | {'best, full recomputation':<27} {'speed-up':>8} {'rank':>4} {'(t,p)':>5} | search s")
     ok = True
     why = []
+    layouts_ok = 0
     for row in rows:
         r = table_row(row)
         c, pred = r["paper"], r["predicted"]
         best, full = r["all"]["best"], r["full"]["best"]
         w, f = best.candidate, full.candidate
         rank = r["full"]["rank"]
-        shown = rank or (f"{r['full']['exact_rank']}" if r["full"].get("exact_rank") else ">50")
+        shown = rank or (f"{r['full']['exact_rank']}" if r["full"].get("exact_rank") else ">100")
+        layout = r["full"]["layout_rank"] or ">"
+        layouts_ok += layout != ">" and layout <= 5
         good = best.iteration_s <= pred.iteration_s * (1 + 1e-12) and rank is not None
         ok &= good
         if rank is None:
@@ -103,9 +121,11 @@ def table(rows) -> bool:
               f"{w.p:>3} {w.v or 1:>2} {w.b:>3} {w.recompute:<9} {best.prediction.tflops_per_gpu:>6.1f} "
               f"{best.iteration_s:>8.3f} {pred.iteration_s / best.iteration_s:>8.3f} | "
               f"{f'{f.schedule} t{f.t} p{f.p} v{f.v or 1} b{f.b}':<27}"
-              f" {pred.iteration_s / full.iteration_s:>8.3f} {shown:>4} | "
+              f" {pred.iteration_s / full.iteration_s:>8.3f} {shown:>4} {layout:>5} | "
               f"{r['all']['seconds']:.1f} + {r['full']['seconds']:.1f}" + ("" if good else "  <-- FAILS"))
-    print(f"table: best >= paper on every row, and the paper's choice in its family's top 5: {ok}")
+    print(f"table: best >= paper on every row, and the paper's choice in its family's top 5: {ok}; the paper's "
+          f"layout (t, p: Table 1's own columns; each layout at its best v and b) in its family's top 5 on "
+          f"{layouts_ok} of {len(rows)} rows")
     if why:
         print("where the paper's choice is outside its family's top 5, and why (full recomputation; parts of the "
               "iteration in seconds, paper minus best):")
