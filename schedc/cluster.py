@@ -189,6 +189,10 @@ def locate(source: Source, key: str, table: str | None = None) -> Span:
     return header or Span(1, 1)
 
 
+MAX_SIZE = 2**40     # a model's sizes (layers, hidden, heads, ...): past any model, exact as floats
+MAX_FIGURE = 1e15    # a cluster's figures, in their units (TFLOP/s, GiB, GB/s, microseconds, ...)
+
+
 def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
                 also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:
     """A model table's values and what is wrong with them, each located: unknown keys (those in `also`
@@ -206,9 +210,9 @@ def read_fields(table: dict, source: Source, fields: dict[str, type], optional: 
                 diags.append(error(f"missing key '{key}' (the model needs {needed})", Span(1, 1)))
             continue
         ok = (isinstance(value, kind) and not isinstance(value, bool)
-              and (value > 0 if kind is int else value in DTYPE_BYTES))
+              and (0 < value <= MAX_SIZE if kind is int else value in DTYPE_BYTES))
         if not ok:
-            want = "a positive integer" if kind is int else "one of " + ", ".join(DTYPE_BYTES)
+            want = f"a positive integer up to {MAX_SIZE:,}" if kind is int else "one of " + ", ".join(DTYPE_BYTES)
             diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
         values[key] = value
     return values, diags
@@ -252,12 +256,12 @@ def load_cluster(name: str) -> ClusterSpec:
                 diags.append(error(f"missing field '{section}.{key}' ({doc})", locate(source, key, section)))
                 continue
             number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-            bad = (number is None or not number > 0 or number == float("inf")
+            bad = (number is None or not 0 < number <= MAX_FIGURE
                    or (kind is int and not isinstance(value, int))
                    or ((section, key) in _FRACTIONS and number > 1))
             if bad:
                 want = ("a number in (0, 1]" if (section, key) in _FRACTIONS else
-                        "a positive integer" if kind is int else "a positive number")
+                        f"a positive integer up to {MAX_FIGURE:g}" if kind is int else f"a positive number up to {MAX_FIGURE:g}")
                 diags.append(error(f"'{section}.{key}' must be {want}, got {value!r} ({doc})",
                                    locate(source, key, section)))
                 continue
@@ -290,8 +294,8 @@ def _memory_fields(table: dict, source: Source, diags: list[Diagnostic]) -> dict
             diags.append(error(f"missing field 'memory.{key}' ({doc})", locate(source, key, "memory")))
             continue
         number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-        if number is None or not 0 <= number < (upper if upper is not None else float("inf")):
-            want = f"a number in [0, {upper:g})" if upper is not None else "a number >= 0"
+        if number is None or not 0 <= number < (upper if upper is not None else MAX_FIGURE):
+            want = f"a number in [0, {upper if upper is not None else MAX_FIGURE:g})"
             diags.append(error(f"'memory.{key}' must be {want}, got {value!r} ({doc})",
                                locate(source, key, "memory")))
             continue

@@ -80,9 +80,11 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
     (lambda t: t.replace("peak_tflops = 312", "peak_tflops = 312 312"), "not valid TOML", ":6:"),
     (lambda t: t.replace("fragmentation = 0.15", "fragmentation = 1"), "'memory.fragmentation' must be a number in "
      "[0, 1)", ":31:1:"),
-    (lambda t: t.replace("reserved_gib = 1.0", "reserved_gib = -1"), "'memory.reserved_gib' must be a number >= 0",
+    (lambda t: t.replace("reserved_gib = 1.0", "reserved_gib = -1"), "'memory.reserved_gib' must be a number in [0, 1e+15)",
      ":29:1:"),
     (lambda t: t.replace("fragmentation = 0.15", ""), "missing field 'memory.fragmentation'", ":28:1:"),
+    (lambda t: t.replace("latency_us = 10", "latency_us = 1" + "0" * 400), "'inter.latency_us' must be a positive "
+     "number up to 1e+15", ":19:1:"),  # an integer too large for a float raised OverflowError
 ])
 def test_a_bad_cluster_file_is_a_located_error_naming_the_field(tmp_path, edit, message, where):
     path = tmp_path / "bad.toml"
@@ -156,6 +158,15 @@ def test_a_bad_model_file_names_every_bad_field(tmp_path):
     for expected in (f"{path}:5:1: error: unknown key 'width'", f"{path}:1:1: error: 'layers' must be a positive",
                      f"{path}:4:1: error: 'seq' must be a positive", "missing key 'vocab'"):
         assert expected in result.output
+
+
+def test_a_model_size_past_the_bound_is_a_located_error(tmp_path):
+    """A size of 10^400 (the fuzzer's) made a float overflow in the search: sizes are held to MAX_SIZE."""
+    path = _model(tmp_path, "layers = 24\nhidden = 2304\nheads = 24\nseq = 1" + "0" * 400 + "\nvocab = 51200\n")
+    result = CliRunner().invoke(main, ["tune", "--model", path, "--cluster", "dgx-a100-80gb", "--gpus", "4",
+                                       "--global-batch", "16", "--schedules", "1f1b"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{path}:4:1: error: 'seq' must be a positive integer up to 1,099,511,627,776" in result.output
 
 
 @pytest.mark.parametrize("args,message", [
