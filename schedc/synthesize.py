@@ -164,7 +164,8 @@ def synthesize(problem: Problem, progress: Callable[[int, int], None] | None = N
     starts = _greedy_starts(problem, timer, bound, progress)
     (makespan, _), n, variant, orders, searched = _search(timer, starts, bound)
     caps, guard, alternate = variant
-    shown = f"{caps[0]} on every device" if len(set(caps)) == 1 else str(list(caps))
+    shown = (f"{caps[0]} on every device" if len(set(caps)) == 1 else str(list(caps)) if len(caps) <= 8
+             else f"[{caps[0]}, {caps[1]}, ..., {caps[-1]}] on devices 0 to {len(caps) - 1}")
     found = (f"greedy variant {n} (warm-up caps {shown}" + (f", {guard} W" if problem.split else "")
              + (", alternating)" if alternate else ")"))
     named = tuple(tuple((problem.name(k), s, i) for k, s, i in order) for order in orders)
