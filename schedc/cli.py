@@ -350,6 +350,8 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
     try:
         click.echo(run_command(options, as_json))
     except SchedError as exc:
+        if as_json:
+            _fail_json(exc)  # {"valid": false, "diagnostics": [...]} on stdout, the error on stderr
         _fail(exc)
 
 

@@ -145,7 +145,8 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Outcome:
-    """The search's answer: the ranked candidates (best first; per group with --per), one line per
+    """The search's answer: the ranked candidates (best first; with --per, the K best of each group,
+    best first all together), one line per
     family (schedule, t, p) none of whose candidates was simulated, and the counts."""
 
     request: Request
@@ -229,6 +230,12 @@ def layouts(model, request: Request) -> list[tuple[int, int, int]]:
             d = n // (t * p)
             if batch % d == 0 and (request.pp is None or p in request.pp):
                 out.append((t, p, d))
+    if not out and request.tp is not None:
+        for t in request.tp:
+            bad = [key for key in ("heads", "hidden", "ffn", "vocab") if getattr(model, key) % t]
+            if bad:
+                raise usage(f"--tp {t} does not divide the model's {bad[0]} ({getattr(model, bad[0]):,})"
+                            + (f"; no other --tp value leaves a layout of {n} GPUs" if len(request.tp) > 1 else ""))
     if not out:
         restricted = " (restricted by --tp/--pp)" if request.tp is not None or request.pp is not None else ""
         raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
@@ -392,11 +399,12 @@ class Searcher:
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.structures: dict[tuple, Structure] = {}
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
+        self.whole: dict[Candidate, Prediction | Refusal] = {}  # the compiled-whole candidates' answers
         self.costs: dict[tuple, Any] = {}
         self.states: dict[tuple, tuple[float, int]] = {}
         self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
-                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0}
+                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0}
 
     # pieces, cached -----------------------------------------------------------------------------
 
@@ -551,8 +559,15 @@ class Searcher:
         return predict(st, schedule, timed, free_timed, costs, self.request.global_batch)
 
     def _evaluate_plain(self, c: Candidate) -> Prediction | Refusal:
-        """The whole compile of predict.compile_for (no shortcut): its prediction or its first error."""
+        """The whole compile of predict.compile_for (no shortcut): its prediction or its first error,
+        once per candidate."""
+        if c not in self.whole:
+            self.whole[c] = self._compile_whole(c)
+        return self.whole[c]
+
+    def _compile_whole(self, c: Candidate) -> Prediction | Refusal:
         from .predict import compile_for
+        self.counts["compiled_whole"] += 1
         try:
             on = compile_for(c.schedule, c.params(), self.setting(c), lower=False)
         except SchedError as exc:
@@ -626,10 +641,8 @@ class Searcher:
                 heapq.heappush(heap, kept)
             elif kept.key < heap[0].key:
                 heapq.heapreplace(heap, kept)
-        ranked = []
-        for group in sorted(best, key=_group_key):
-            for kept in sorted(best[group], key=lambda k: k.key):
-                ranked.append(Ranked(kept.key[1], self.evaluate(kept.key[1], free=True)))
+        kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
+        ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True)) for kept in kept_all]  # best first
         pruned = tuple(self._family_lines(families))
         return Outcome(r, tuple(ranked), pruned, dict(self.counts), self._space(space),
                        time.perf_counter() - start)
@@ -684,8 +697,9 @@ class Searcher:
         def values(name):
             found = sorted({getattr(c, name) for c in space if getattr(c, name) is not None})
             return "{" + ", ".join(map(str, found)) + "}"
+        v = f"v in {values('v')}, " if any(c.v is not None for c in space) else ""
         return (f"{len(space)} candidates over {', '.join(self.entries)}: t in {values('t')}, p in {values('p')}, "
-                f"v in {values('v')}, b in {values('b')}, recompute {', '.join(self.request.recompute)}")
+                f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}")
 
 
 class _Kept:
@@ -714,10 +728,6 @@ def _distinct(a: float, b: float) -> tuple[str, str]:
 
 def _nth(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
-def _group_key(group: Any) -> tuple:
-    return (group is None, str(type(group)), group if group is not None else 0)
 
 
 def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:

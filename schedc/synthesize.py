@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .diagnostics import SchedError, Source, error
-from .frontend.elaborate import MAX_OPS  # the language's bound on a schedule's ops (docs/language.md)
-from .ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds
+from .frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
+from .ops import DEFAULT_COSTS, MAX_COST, OpKind, builtin_deps, builtin_kinds
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
 KIND_NAMES = builtin_kinds(True)    # the names of F, X, W with a split backward
@@ -125,6 +125,8 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     each with one value or one per stage; `limit` has one value or one per device."""
     if p < 1 or m < 1:
         raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
+    if p > MAX_DEVICES:
+        raise option_error(f"p={p:,} devices, more than the {MAX_DEVICES:,} a schedule may have")
     if 3 * p * m > MAX_OPS:
         raise option_error(f"p={p}, m={m} would make {3 * p * m:,} ops, more than the {MAX_OPS:,} a schedule may have")
     split = OpKind.I.value in costs or OpKind.W.value in costs
@@ -135,6 +137,9 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     for name, row in zip(names, table):
         if any(not math.isfinite(c) or c <= 0 for c in row):
             raise option_error(f"cost {name} must be finite and > 0")
+        if max(row) > MAX_COST:
+            raise option_error(f"cost {name}: {max(row):g} is too large (at most {MAX_COST:g}, so that sums over a "
+                               f"schedule stay finite)")
     if not math.isfinite(latency) or latency < 0:
         raise option_error(f"--latency must be finite and >= 0 (got {latency:g})")
     limits = _per_stage("--activation-limit", limit, p, "device")

@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from .cluster import RECOMPUTE, usage
-from .diagnostics import SchedError
-from .search import GIB, GROUPS, Outcome, Request, Searcher, candidates, search
+from .diagnostics import SchedError, plural
+from .search import GIB, GROUPS, Outcome, Request, Searcher, candidates
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -22,12 +22,12 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
         values = ()
     if not values or min(values) < 1:
         raise usage(f"{name}: expected positive integers separated by commas, got {text!r}")
-    return values
+    return tuple(dict.fromkeys(values))  # each once, in the order given
 
 
 def _names(text: str | None, name: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -37,7 +37,7 @@ def _names(text: str | None, name: str, allowed: tuple[str, ...] | None = None) 
     bad = [x for x in values if allowed is not None and x not in allowed]
     if bad:
         raise usage(f"{name}: unknown value {bad[0]!r} (choose from {', '.join(allowed)})")
-    return values
+    return tuple(dict.fromkeys(values))  # each once, in the order given
 
 
 _OPTIONS = (
@@ -103,6 +103,9 @@ def request_from(o: dict[str, Any]) -> Request:
             limit = parse_bytes(o["memory_limit"])
         except SchedError:
             raise usage(f"--memory-limit: cannot read {o['memory_limit']!r} (write e.g. 80GiB, 512MB or 1e10 bytes)") from None
+        if limit < 2**20:
+            raise usage(f"--memory-limit {o['memory_limit']}: {limit:g} bytes per GPU, less than 1 MiB; give a unit "
+                        f"(e.g. 80GiB)")
     return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
                    _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
                    _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
@@ -115,10 +118,14 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     import json
     import sys
     request = request_from(options)
+    searcher = Searcher(request)
+    if searcher.limit > searcher.cluster.memory_bytes:
+        raise usage(f"--memory-limit {searcher.limit / GIB:g} GiB is more than the {searcher.cluster.memory_bytes / GIB:g} "
+                    f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
+                    f"check the GPU's memory); describe a larger GPU in a cluster file instead")
     if as_json or not sys.stderr.isatty():
-        outcome = search(request)
+        outcome = searcher.run()
     else:
-        searcher = Searcher(request)
         total = len(candidates(searcher.model, list(searcher.entries.values()), request))
         with click.progressbar(length=total, label="tune", file=sys.stderr, show_pos=True) as bar:
             searcher.progress = bar.update
@@ -140,8 +147,8 @@ def nothing_fits(outcome: Outcome) -> SchedError:
     from .diagnostics import Source, error
     limit = outcome.request.memory_limit
     notes = outcome.pruned[:8] + ((f"... and {len(outcome.pruned) - 8} more families",) if len(outcome.pruned) > 8 else ())
-    what = f"{limit / GIB:g} GiB" if limit is not None else "the GPU's memory"
-    head = (f"no configuration fits in {what} per GPU"  # a deadlocking order runs in no memory
+    what = f"{limit / GIB:g} GiB per GPU" if limit is not None else "the GPU's memory"
+    head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
             if outcome.counts["over_memory"] and not outcome.counts["deadlocked"] else "no configuration runs")
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
                       Source("schedc tune", ""), exit_code=1)
@@ -150,18 +157,21 @@ def nothing_fits(outcome: Outcome) -> SchedError:
 def report(outcome: Outcome, pruned_lines: int = 12) -> str:
     """The ranked table, the pruned families, the counts, and the winner's command lines."""
     r = outcome.request
-    head = (f"{'#':>3}  {'schedule':<18} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
+    w = max([18] + [len(item.candidate.schedule) for item in outcome.ranked])
+    head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
             f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7}")
-    lines = [f"schedc tune: {r.gpus} GPUs, global batch {r.global_batch}, {outcome.space}", head]
+    lines = [f"schedc tune: {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}", head]
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
-        lines.append(f"{n:>3}  {c.schedule:<18} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
+        lines.append(f"{n:>3}  {c.schedule:<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f}")
     counts = outcome.counts
-    lines.append(f"ranked by iteration time; {counts['candidates']} candidates: {counts['simulated']} simulated "
-                 f"({counts['structures']} distinct orders compiled), {counts['bounded']} bounded out before simulating, "
+    whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill or a greedy order)" if counts["compiled_whole"] else ""
+    grouped = f", the {r.top} best of each {r.per}" if r.per else ""
+    lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: {counts['simulated']} simulated "
+                 f"({counts['structures']} distinct orders compiled){whole}, {counts['bounded']} bounded out before simulating, "
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not divide the layers; "
                  f"{outcome.seconds:.2f} s")

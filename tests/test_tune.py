@@ -4,15 +4,15 @@ of the same candidate, and the same search with --exhaustive. References for the
 bubble formulas of the papers, written here."""
 from __future__ import annotations
 
-import re
-
 import json
 import random
+import re
 import shlex
 
 import pytest
 from click.testing import CliRunner
 
+from conftest import ROOT
 from schedc.cli import main
 from schedc.predict import compile_for
 from schedc.search import (Candidate, Refusal, Request, Searcher, Shape, candidates, makespan_bound, search,
@@ -292,3 +292,61 @@ def test_a_deadlocking_order_is_reported_as_a_deadlock_not_as_memory(model, fixt
     assert result.exit_code == 1, result.output
     assert "error: no configuration runs" in result.output and "does not fit" not in result.output
     assert f"{path} t=1 p=2: " in result.output and "deadlock" in result.output
+
+
+def test_per_group_rows_are_ranked_best_first_and_the_winner_is_the_best(model):
+    """With --per the K best of each group are kept, but listed best first all together: the first
+    row (the winner whose commands are printed, the first JSON entry) is the fastest of them."""
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
+                     "--schedules", "1f1b,interleaved_1f1b", "--top", "1", "--per", "t", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    times = [row["iteration_s"] for row in rows]
+    assert len({row["t"] for row in rows}) == len(rows) > 2 and times == sorted(times)
+    text = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
+                   "--schedules", "1f1b,interleaved_1f1b", "--top", "1", "--per", "t").output
+    best = rows[0]
+    assert f"ranked by iteration time, the 1 best of each t;" in text
+    assert f"--tp {best['t']} --dp {best['d']} --microbatch-size {best['b']}" in text.split("the winner:")[1]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--memory-limit", "80"], "--memory-limit 80: 80 bytes per GPU, less than 1 MiB; give a unit"),
+    (["--memory-limit", "1e3GiB"], "--memory-limit 1000 GiB is more than the 80 GiB of the cluster's GPUs"),
+    (["--pp", "2,,4"], "--pp: expected positive integers separated by commas, got '2,,4'"),
+    (["--tp", "3"], "--tp 3 does not divide the model's heads (16)"),
+])
+def test_search_options_a_user_gets_wrong_are_usage_errors(model, args, message):
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "24", "--global-batch", "48",
+                     "--schedules", "1f1b", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_repeated_list_values_are_searched_once_and_json_refusals_are_json(model, tmp_path):
+    once = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
+                   "--schedules", "1f1b", "--recompute", "full", "--tp", "1,2", "--json")
+    twice = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
+                    "--schedules", "1f1b", "--recompute", "full,full", "--tp", "1,1,2", "--json")
+    assert once.exit_code == twice.exit_code == 0
+    rows = json.loads(twice.output)
+    assert len(rows) == len({(r["t"], r["p"], r["b"]) for r in rows})
+    assert json.loads(once.output) == rows
+    refused = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
+                      "--schedules", "1f1b", "--memory-limit", "1MiB", "--json")
+    assert refused.exit_code == 1
+    answer, _ = json.JSONDecoder().raw_decode(refused.output)  # the JSON, then the error on stderr
+    assert answer["valid"] is False and "no configuration fits in 0.000976562 GiB per GPU" in \
+        answer["diagnostics"][0]["message"]
+
+
+def test_a_schedule_compiled_whole_is_counted_so(model):
+    """A greedy order depends on the costs: compiled whole for every candidate, and the count says so
+    (it said `simulations 0 of 0 orders`)."""
+    greedy = str(ROOT / "tests" / "fixtures" / "greedy.sched")
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
+                     "--schedules", greedy, "--recompute", "full", "--tp", "1")
+    assert result.exit_code == 0, result.output
+    counted = re.search(r"(\d+) candidates: 0 simulated \(0 distinct orders compiled\), (\d+) compiled whole "
+                        r"\(tasks, a fill or a greedy order\)", result.output)
+    assert counted and 0 < int(counted.group(2)) <= int(counted.group(1))
+    assert result.output.splitlines()[1].index(" t ") > len(greedy)  # the column fits the path
