@@ -201,6 +201,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     fail = _fail_json if as_json else _fail
     if _is_plan(file):
         _plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
+        latency = _plan_latency(file, latency)
         on, result = None, _replayed(file, costs, profile, microbatch_size, latency, fail)
     else:
         on = _on_cluster(file, defines, cluster, lower=False, addons=addons, fail=fail)
@@ -219,9 +220,22 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
         if _is_plan(file):
-            click.echo("  (re-simulated from the plan's per-rank orders, as render draws it: a task waits only "
-                       "for its rank's order)")
+            click.echo(f"  (re-simulated from the plan's per-rank orders at latency {latency:g}, as render draws "
+                       "it: a task waits only for its rank's order; the per-link message times of a --cluster "
+                       "compile are not in a plan)")
     sys.exit(exit_code(result.diagnostics))
+
+
+def _plan_latency(file: str, latency: float) -> float:
+    """--latency if given, else the latency the plan was compiled with (its stats record it)."""
+    if click.get_current_context().get_parameter_source("latency") is not click.core.ParameterSource.DEFAULT:
+        return latency
+    try:
+        recorded = json.loads(Path(file).read_text()).get("stats", {}).get("latency")
+    except (OSError, ValueError, AttributeError):
+        return latency  # the plan's own reading reports what is wrong with it
+    ok = isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and 0 <= recorded < float("inf")
+    return float(recorded) if ok else latency
 
 
 def _refusal_json(diagnostics, source) -> dict:

@@ -359,7 +359,13 @@ def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tm
     simulated = run("simulate", plan, "--json")
     assert simulated.exit_code == 0
     assert json.loads(simulated.output) == json.loads(run("simulate", "1f1b", "-D", "p=2", "-D", "m=4", "--json").output)
-    assert "re-simulated from the plan's per-rank orders" in run("simulate", plan).output
+    assert "re-simulated from the plan's per-rank orders at latency 0" in run("simulate", plan).output
+    slow = tmp_path / "slow"
+    assert run("compile", "1f1b", "-D", "p=2", "-D", "m=4", "--latency", "0.5", "-o", str(slow)).exit_code == 0
+    compiled = json.loads((slow / "plan.json").read_text())["stats"]["makespan"]
+    replayed = json.loads(run("simulate", str(slow / "plan.json"), "--json").output)  # at the plan's latency
+    assert replayed["makespan"] == compiled > json.loads(run("simulate", str(slow / "plan.json"), "--latency", "0",
+                                                             "--json").output)["makespan"]
     edited = json.loads(Path(plan).read_text())
     edited["ranks"][0]["steps"][0] = [i for i in edited["ranks"][0]["steps"][0] if i["op"] != "SEND_F"]
     broken = tmp_path / "broken.json"
