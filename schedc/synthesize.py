@@ -344,31 +344,44 @@ class _Timer:
         self.pr = problem
         self.deps = problem.deps()
         self.count = 0
+        readers: list[set[int]] = [set() for _ in range(problem.p)]  # devices whose ops wait for stage t's
+        for by_stage in self.deps:
+            for s, inputs in enumerate(by_stage):
+                for _, t, _ in inputs:
+                    readers[t].add(s)
+        self.readers = [sorted(r) for r in readers]
 
     def times(self, orders) -> dict[tuple, tuple[float, float]] | None:
-        """(start, end) of every op, or None when the orders deadlock."""
+        """(start, end) of every op, or None when the orders deadlock. A device is revisited only when
+        a device it waits for has placed an op (device s runs stage s), so a chain costs its length,
+        not its length times p; the times do not depend on the visiting order."""
         pr, p = self.pr, self.pr.p
         self.count += 1
         span: dict[tuple, tuple[float, float]] = {}
         pos, free = [0] * p, [0.0] * p
         left = sum(map(len, orders))
-        while left:
-            moved = False
-            for d in range(p):
-                order = orders[d]
-                while pos[d] < len(order):
-                    op = order[pos[d]]
-                    start = self._start(op, span, free[d])
-                    if start is None:
-                        break
-                    span[op] = (start, start + pr.costs[op[0]][d])
-                    free[d] = span[op][1]
-                    pos[d] += 1
-                    left -= 1
-                    moved = True
-            if not moved:
-                return None
-        return span
+        queued = [True] * p
+        todo = list(range(p - 1, -1, -1))  # a stack of devices to visit
+        while todo:
+            d = todo.pop()
+            queued[d] = False
+            order, placed = orders[d], False
+            while pos[d] < len(order):
+                op = order[pos[d]]
+                start = self._start(op, span, free[d])
+                if start is None:
+                    break
+                span[op] = (start, start + pr.costs[op[0]][d])
+                free[d] = span[op][1]
+                pos[d] += 1
+                left -= 1
+                placed = True
+            if placed:
+                for r in self.readers[d]:
+                    if r != d and not queued[r]:
+                        queued[r] = True
+                        todo.append(r)
+        return span if left == 0 else None
 
     def _start(self, op, span, free: float) -> float | None:
         kind, s, i = op
