@@ -112,8 +112,11 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
         write_output(out, text)  # through a symlink, atomically; `-` prints it
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
     stats = compiled.stats
+    peaks = [f"{x:g}" for x in stats["peak_memory"]]
+    if len(peaks) > 16:  # a line per device count would flood the terminal
+        peaks = peaks[:8] + ["..."] + peaks[-2:] + [f"(at most {max(stats['peak_memory']):g})"]
     lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
-                 f"{' '.join(f'{x:g}' for x in stats['peak_memory'])} within {listed(problem.limit)}; "
+                 f"{' '.join(peaks)} within {listed(problem.limit)}; "
                  f"{result.found_by}; {count(result.timed, 'order')} timed"
                  + ("" if compiled.ok else "; the compiler refuses it"))
     summary = {"valid": compiled.ok, "out": out, "p": problem.p, "m": problem.m,

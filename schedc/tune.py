@@ -67,11 +67,13 @@ _OPTIONS = (
                  help="The data-parallel all-reduce overlaps the last backward (torch DDP)."),
     click.option("--blocking-p2p", is_flag=True,
                  help="A send holds its sender until the message is through (Megatron-LM's point-to-point calls)."),
+    click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
+                 help="Pruned families to list, with why (all: every one)."),
 )
 
 
 _NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "top",
-          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p")
+          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "pruned")
 
 
 def tune_options(command):
@@ -118,15 +120,23 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     import json
     import sys
     request = request_from(options)
+    shown = _pruned_lines(options["pruned"])
     searcher = Searcher(request)
     if searcher.limit > searcher.cluster.memory_bytes:
         raise usage(f"--memory-limit {searcher.limit / GIB:g} GiB is more than the {searcher.cluster.memory_bytes / GIB:g} "
                     f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
                     f"check the GPU's memory); describe a larger GPU in a cluster file instead")
+    space = candidates(searcher.model, list(searcher.entries.values()), request)
+    whole = [e.name for e in searcher.entries.values() if e.plain]
+    if whole and not as_json:
+        n = sum(c.schedule in whole for c in space)
+        click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
+                   f"each of {plural(n, 'candidate')} (tasks, a fill or a greedy order: no cache, no bound), "
+                   f"seconds each where a fill is searched", err=True)
     if as_json or not sys.stderr.isatty():
         outcome = searcher.run()
     else:
-        total = len(candidates(searcher.model, list(searcher.entries.values()), request))
+        total = len(space)
         with click.progressbar(length=total, label="tune", file=sys.stderr, show_pos=True) as bar:
             searcher.progress = bar.update
             outcome = searcher.run()
@@ -134,7 +144,20 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
         raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else nothing_fits(outcome)
     if as_json:
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
-    return report(outcome)
+    return report(outcome, shown)
+
+
+def _pruned_lines(text: str) -> int | None:
+    """--pruned N or all (None: every line)."""
+    if text.strip() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise usage(f"--pruned: expected a count or all, got {text!r}")
+    return n
 
 
 def no_layout(outcome: Outcome) -> SchedError:
@@ -154,7 +177,7 @@ def nothing_fits(outcome: Outcome) -> SchedError:
                       Source("schedc tune", ""), exit_code=1)
 
 
-def report(outcome: Outcome, pruned_lines: int = 12) -> str:
+def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     """The ranked table, the pruned families, the counts, and the winner's command lines."""
     r = outcome.request
     w = max([18] + [len(item.candidate.schedule) for item in outcome.ranked])
@@ -178,8 +201,8 @@ def report(outcome: Outcome, pruned_lines: int = 12) -> str:
     if outcome.pruned:
         lines.append(f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):")
         lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
-        if len(outcome.pruned) > pruned_lines:
-            lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more")
+        if pruned_lines is not None and len(outcome.pruned) > pruned_lines:
+            lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more (--pruned all lists them)")
     lines.append("the winner:")
     lines += [f"  {command}" for command in winner_commands(outcome)]
     return "\n".join(lines)

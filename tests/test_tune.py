@@ -349,4 +349,16 @@ def test_a_schedule_compiled_whole_is_counted_so(model):
     counted = re.search(r"(\d+) candidates: 0 simulated \(0 distinct orders compiled\), (\d+) compiled whole "
                         r"\(tasks, a fill or a greedy order\)", result.output)
     assert counted and 0 < int(counted.group(2)) <= int(counted.group(1))
+    assert f"note: {greedy} is compiled whole for each of {counted.group(2)} candidates" in result.output
     assert result.output.splitlines()[1].index(" t ") > len(greedy)  # the column fits the path
+
+
+def test_pruned_families_are_listed_all_on_request(model):
+    args = ("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32", "--schedules", "1f1b",
+            "--top", "1")
+    some, every = run_cli(*args, "--pruned", "2"), run_cli(*args, "--pruned", "all")
+    total = int(re.search(r"pruned families \((\d+);", every.output).group(1))
+    listed = lambda out: [line for line in out.splitlines() if line.startswith("  1f1b t=")]
+    assert total > 2 and len(listed(every.output)) == total and listed(some.output) == listed(every.output)[:2]
+    assert f"... and {total - 2} more (--pruned all lists them)" in some.output
+    assert run_cli(*args, "--pruned", "-1").exit_code == 2
