@@ -498,3 +498,14 @@ def test_the_axis_ticks_are_40_to_200_points_apart_at_any_scale(unit):
     10^8 of them, a render that never ended (found by the fuzzer)."""
     from schedc.render.timeline import _tick_step
     assert 40 <= _tick_step(unit) * unit < 200
+
+
+def test_html_report_gives_the_steady_state_bubble_per_device(tmp_path):
+    """1F1B with F = 1, B = 2: device d idles (p - 1 - d)(F + B) between its first and last op (the
+    warm-up and cool-down wait of the closed form), the report's `inside` column and its headline."""
+    out = tmp_path / "report.html"
+    render_file("1f1b", ("p=4", "m=8"), None, 0.0, str(out))
+    html = out.read_text()
+    rows = re.findall(r"<tr><td>(\d+)</td><td>\d+</td><td>[\d.]+</td><td>[\d.]+</td><td>([\d.]+)</td>", html)
+    assert [(int(d), float(inside)) for d, inside in rows] == [(d, (4 - 1 - d) * 3.0) for d in range(4)]
+    assert "steady-state bubble <b>9</b>" in html

@@ -87,6 +87,7 @@ def memory_panels(compiled: Compiled) -> tuple[list[Panel], float]:
 def device_rows(compiled: Compiled) -> list[dict]:
     st, makespan = compiled.stats, compiled.timing.makespan
     return [{"device": d, "ops": len(order), "busy": st["busy"][d], "idle": st["idle"][d],
+             "inside": st["idle_inside"][d],
              "utilization": st["busy"][d] / makespan if makespan else 0.0, "peak": st["peak_memory"][d]}
             for d, order in enumerate(compiled.schedule.orders)]
 
