@@ -335,7 +335,8 @@ _SYNTHESIZE_ONLY = (("-D", "defines"), ("--cost", "costs"), ("--costs", "costs_f
                    "`schedc run --profile-out`, as for simulate.")
 @click.option("--activation-limit", "activation_limit", default=None, metavar="N[,...]",
               help="With --synthesize: activations a device may hold, one value or one per device.")
-@latency_option
+@click.option("--latency", type=float, default=0.0, show_default=True, callback=_latency,
+              help="With --synthesize: latency of every message between devices (>= 0).")
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
               help="With --synthesize: the .sched file to write (default or -: print it).")
 @tune_options
@@ -374,6 +375,8 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
     on stdout, with the text in it when there is no -o)."""
     from .compiler import parse_defines
     from .synthesize_cli import run_tune
+    if as_json and out == "-":
+        out = None  # the text goes into the JSON, as without -o
     shown = sys.stderr.isatty() and not as_json
     try:
         made = run_tune(parse_defines(defines), costs, latency, activation_limit, out,

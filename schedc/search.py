@@ -230,6 +230,11 @@ def layouts(model, request: Request) -> list[tuple[int, int, int]]:
             d = n // (t * p)
             if batch % d == 0 and (request.pp is None or p in request.pp):
                 out.append((t, p, d))
+    if not out and request.pp is not None:
+        for p in request.pp:
+            if not any(n % (t * p) == 0 and batch % (n // (t * p)) == 0 for t in divisors(n)):
+                raise usage(f"--pp {p}: no t x {p} x d = {n} GPUs with d dividing the global batch {batch}"
+                            + (f"; no other --pp value leaves a layout" if len(request.pp) > 1 else ""))
     if not out and request.tp is not None:
         for t in request.tp:
             bad = [key for key in ("heads", "hidden", "ffn", "vocab") if getattr(model, key) % t]
@@ -680,9 +685,9 @@ class Searcher:
             head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if t > node else "")
             if fam.bound is not None:
                 bound, threshold = fam.bound
-                a, b = _distinct(bound, threshold)
-                lines.append((0, bound, head + f"at best {a} s per iteration, slower than {which} "
-                                              f"({b} s): {fam.bounded} not simulated"))
+                a, b = distinct_figures(bound, threshold)
+                lines.append((0, bound, head + f"at best {a} s per iteration (a lower bound; memory not checked), "
+                                              f"slower than {which} ({b} s): {fam.bounded} not simulated"))
             elif fam.fault is not None:
                 lines.append((1, 0.0, head + fam.fault))
             elif fam.over is not None:
@@ -718,7 +723,7 @@ def _defines(c: Candidate) -> str:
     return " ".join(f"-D {k}={v}" for k, v in c.params().items())
 
 
-def _distinct(a: float, b: float) -> tuple[str, str]:
+def distinct_figures(a: float, b: float) -> tuple[str, str]:
     """a and b to 4 significant digits, or to as many more as tell them apart (at most 12)."""
     digits = 4
     while digits < 12 and f"{a:.{digits}g}" == f"{b:.{digits}g}":

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .diagnostics import SchedError, Source, error
 from .frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
@@ -85,26 +86,33 @@ class Problem:
           backwards back up, its W, and the messages between), and with L = limit slots the k-th
           forward of d cannot start before the (k-L)-th one's activation is freed: t_k >= t_(k-L) + life,
           t_k >= t_(k-1) + F; the last one still has its own `life` to live."""
-        return max(max(self._work_bound(d), self._memory_bound(d)) for d in range(self.p))
+        return _lower_bound(self)
 
-    def _before(self, d: int) -> float:
-        return sum(self.costs[F][:d]) + d * self.latency
 
-    def _work_bound(self, d: int) -> float:
-        return self._before(d) + sum(self.costs[k][d] for k in range(self.kinds)) * self.m
-
-    def _memory_bound(self, d: int) -> float:
-        below = range(d, self.p)
-        hops = 2 * (self.p - 1 - d) * self.latency
-        life = sum(self.costs[F][s] + self.costs[X][s] for s in below) + hops + (self.costs[W][d] if self.split else 0)
-        slots = max(1, int(self.limit[d]))
+@lru_cache(maxsize=16)
+def _lower_bound(pr: Problem) -> float:
+    """Problem.lower_bound, in O(p m): prefix sums of the forwards above each device, suffix sums of
+    the round trip below it."""
+    p, lat = pr.p, pr.latency
+    before = [0.0] * p  # the forwards above d and their messages
+    for d in range(1, p):
+        before[d] = before[d - 1] + pr.costs[F][d - 1] + lat
+    trip = [0.0] * (p + 1)  # F + X of the stages from d down, and back
+    for d in range(p - 1, -1, -1):
+        trip[d] = trip[d + 1] + pr.costs[F][d] + pr.costs[X][d]
+    best = 0.0
+    for d in range(p):
+        work = before[d] + sum(pr.costs[k][d] for k in range(pr.kinds)) * pr.m
+        life = trip[d] + 2 * (p - 1 - d) * lat + (pr.costs[W][d] if pr.split else 0)
+        slots = max(1, int(min(pr.limit[d], pr.m)))
         starts: list[float] = []
-        for k in range(self.m):
-            t = self._before(d) if k == 0 else starts[-1] + self.costs[F][d]
+        for k in range(pr.m):
+            t = before[d] if k == 0 else starts[-1] + pr.costs[F][d]
             if k >= slots:
                 t = max(t, starts[k - slots] + life)
             starts.append(t)
-        return starts[-1] + life
+        best = max(best, work, starts[-1] + life)
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,6 +519,13 @@ def _per_stage_expr(row: tuple[float, ...], var: str = "s") -> str:
     return expr
 
 
+def _peaks(peaks: tuple[int, ...]) -> str:
+    """Per device, or past 16 devices the first and last few and the largest."""
+    if len(peaks) <= 16:
+        return " ".join(map(str, peaks))
+    return " ".join(map(str, peaks[:8])) + " ... " + " ".join(map(str, peaks[-2:])) + f" (at most {max(peaks)})"
+
+
 def _listed_row(row: tuple[float, ...]) -> str:
     """The command line's form of per-stage values: `1` or `1,1,2,2`."""
     return number(row[0]) if len(set(row)) == 1 else ",".join(map(number, row))
@@ -526,7 +541,7 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
     lines = [
         f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {number(pr.latency)},",
         f"# activation limit {_listed_row(pr.limit)} per device. Makespan {number(result.makespan)} "
-        f"(lower bound {number(pr.lower_bound())}), peak activations {' '.join(map(str, result.peak))};",
+        f"(lower bound {number(pr.lower_bound())}), peak activations {_peaks(result.peak)};",
         f"# found by {result.found_by}, {count(result.timed, 'order')} timed.",
         f"# Simulate with the same latency: schedc simulate FILE --latency {number(pr.latency)}",
         f'schedule {name} "order synthesized under a limit of {_listed_row(pr.limit)} activations per device"',

@@ -28,19 +28,25 @@ def _numbers(name: str, text: str) -> tuple[float, ...]:
     return values
 
 
-def _measured(path: str) -> dict[str, tuple[float, ...]]:
-    """The op kinds' costs of a measured costs file (--costs FILE); a task's cost is refused: a
-    synthesized order runs F, B, I and W only."""
+def _measured(path: str) -> tuple[dict[str, tuple[float, ...]], list[str]]:
+    """The op kinds' costs of a measured costs file (--costs FILE), and the other kinds it times (a
+    K-FAC run's tasks), which a synthesized order does not run: left out, and said so."""
     from .interop.profiles import load_costs
-    table = {}
+    table, other = {}, []
     for kind, value in load_costs(path).items():
         if kind not in COST_KINDS:
-            raise option_error(f"--costs {path}: {kind!r} is not an op kind; tune --synthesize orders "
-                               f"{', '.join(COST_KINDS)} only")
+            other.append(kind)
+            continue
         table[kind] = value if isinstance(value, tuple) else (value,)
     if OpKind.B.value in table and (OpKind.I.value in table or OpKind.W.value in table):
         del table[OpKind.B.value]  # a profile of a split backward also times the whole B: order I and W
-    return table
+    return table, other
+
+
+def _per_stage(where: str, values: tuple[float, ...], p: int) -> tuple[float, ...]:
+    if len(values) not in (1, p):
+        raise option_error(f"{where}: {len(values)} values; give one, or one per stage ({p})")
+    return values
 
 
 def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latency: float,
@@ -68,12 +74,18 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
         if kind in given:
             raise option_error(f"--cost {kind} given twice")
         given.add(kind)
-        table[kind] = _numbers(f"--cost {kind}", text)
+        table[kind] = _per_stage(f"--cost {kind}", _numbers(f"--cost {kind}", text), sizes["p"])
     if costs_file is not None:
-        measured = _measured(costs_file)
+        measured, _ = _measured(costs_file)
+        measured = {k: _per_stage(f"--costs {costs_file}, {k}", v, sizes["p"]) for k, v in measured.items()}
         split = bool({OpKind.I.value, OpKind.W.value} & (given or set(measured)))
         drop = {OpKind.B.value} if split else {OpKind.I.value, OpKind.W.value}
         table = {k: v for k, v in {**measured, **table}.items() if k not in drop or k in given}
+        missing = [k for k in builtin_kinds(split) if k not in table]
+        if missing:
+            raise option_error(f"--costs {costs_file}: no measured cost for {missing[0]}, which the order runs "
+                               f"(measured costs are not mixed with the unit defaults; give it with --cost "
+                               f"{missing[0]}=...)")
     if activation_limit is None:
         raise option_error("give --activation-limit N (activations per device; one value or one per device)")
     return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--activation-limit", activation_limit))
@@ -111,6 +123,10 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
         from .outputs import write_output
         write_output(out, text)  # through a symlink, atomically; `-` prints it
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
+    left_out = _measured(costs_file)[1] if costs_file is not None else []
+    if left_out:
+        lines.insert(0, f"schedc tune: note: --costs {costs_file}: {', '.join(left_out)} left out (not op kinds: "
+                        f"a synthesized order runs {', '.join(COST_KINDS)})")
     stats = compiled.stats
     peaks = [f"{x:g}" for x in stats["peak_memory"]]
     if len(peaks) > 16:  # a line per device count would flood the terminal
@@ -124,7 +140,8 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
                "latency": problem.latency, "activation_limit": list(problem.limit),
                "makespan": stats["makespan"], "lower_bound": problem.lower_bound(),
                "peak_activations": list(stats["peak_memory"]), "found_by": result.found_by,
-               "orders_timed": result.timed, "errors": [d.format(compiled.schedule.source)
+               "orders_timed": result.timed, "costs_left_out": left_out,
+               "errors": [d.format(compiled.schedule.source)
                                                         for d in compiled.diagnostics]}
     return Synthesized(text, "\n".join(lines), compiled.ok, summary)
 

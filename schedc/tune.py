@@ -13,7 +13,7 @@ import click
 
 from .cluster import RECOMPUTE, usage
 from .diagnostics import SchedError, plural
-from .search import GIB, GROUPS, Outcome, Request, Searcher, candidates
+from .search import GIB, GROUPS, Outcome, Request, Searcher, candidates, distinct_figures
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -31,8 +31,8 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def _names(text: str | None, name: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    values = tuple(x.strip() for x in (text or "").split(",") if x.strip())
-    if text is not None and not values:
+    values = tuple(x.strip() for x in text.split(",")) if text is not None else ()
+    if text is not None and (not values or not all(values)):
         raise usage(f"{name}: expected a list separated by commas, got {text!r}")
     bad = [x for x in values if allowed is not None and x not in allowed]
     if bad:
@@ -48,8 +48,7 @@ _OPTIONS = (
     click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
     click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step B."),
     click.option("--memory-limit", "memory_limit", default=None,
-                 help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory); with --synthesize, "
-                      "activations per device: one value or one per device."),
+                 help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory)."),
     click.option("--schedules", default=None, metavar="A,B,...",
                  help="Schedules to search (library names or files; default: every library schedule the "
                       "search can set: params p, m and optionally v, no tasks)."),
@@ -57,6 +56,8 @@ _OPTIONS = (
                  help="Recomputation choices to search (default all three)."),
     click.option("--tp", "tp", default=None, metavar="T,...", help="Only these tensor-parallel sizes."),
     click.option("--pp", "pp", default=None, metavar="P,...", help="Only these pipeline sizes."),
+    click.option("--microbatch-size", "microbatch", default=None, metavar="B,...",
+                 help="Only these microbatch sizes (sequences)."),
     click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to rank."),
     click.option("--per", type=click.Choice(GROUPS), default=None,
                  help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
@@ -72,7 +73,7 @@ _OPTIONS = (
 )
 
 
-_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "top",
+_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
           "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "pruned")
 
 
@@ -111,7 +112,7 @@ def request_from(o: dict[str, Any]) -> Request:
     return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
                    _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
                    _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
-                   o["overlap_grad_reduce"], o["blocking_p2p"])
+                   o["overlap_grad_reduce"], o["blocking_p2p"], _ints(o["microbatch"], "--microbatch-size"))
 
 
 def run_command(options: dict[str, Any], as_json: bool) -> str:
@@ -123,7 +124,8 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     shown = _pruned_lines(options["pruned"])
     searcher = Searcher(request)
     if searcher.limit > searcher.cluster.memory_bytes:
-        raise usage(f"--memory-limit {searcher.limit / GIB:g} GiB is more than the {searcher.cluster.memory_bytes / GIB:g} "
+        asked, has = distinct_figures(searcher.limit / GIB, searcher.cluster.memory_bytes / GIB)
+        raise usage(f"--memory-limit {asked} GiB is more than the {has} "
                     f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
                     f"check the GPU's memory); describe a larger GPU in a cluster file instead")
     space = candidates(searcher.model, list(searcher.entries.values()), request)
@@ -133,6 +135,8 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
         click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
                    f"each of {plural(n, 'candidate')} (tasks, a fill or a greedy order: no cache, no bound), "
                    f"seconds each where a fill is searched", err=True)
+    if not as_json and not sys.stderr.isatty():
+        click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
     if as_json or not sys.stderr.isatty():
         outcome = searcher.run()
     else:
@@ -193,12 +197,16 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     counts = outcome.counts
     whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill or a greedy order)" if counts["compiled_whole"] else ""
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
-    lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: {counts['simulated']} simulated "
-                 f"({counts['structures']} distinct orders compiled){whole}, {counts['bounded']} bounded out before simulating, "
+    lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: "
+                 f"{plural(counts['structures'], 'distinct order')} compiled, timed in "
+                 f"{plural(counts['simulated'], 'simulation')} (one per cost vector, with and without messages)"
+                 f"{whole}, {counts['bounded']} bounded out before simulating, "
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not divide the layers; "
                  f"{outcome.seconds:.2f} s")
-    if outcome.pruned:
+    if outcome.pruned and pruned_lines == 0:
+        lines.append(f"{plural(len(outcome.pruned), 'pruned family', 'pruned families')} (--pruned all lists them)")
+    elif outcome.pruned:
         lines.append(f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):")
         lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
         if pruned_lines is not None and len(outcome.pruned) > pruned_lines:

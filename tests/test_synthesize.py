@@ -180,9 +180,18 @@ def test_measured_costs_file_gives_the_per_stage_costs(tmp_path):
     assert problem.costs == ((1.0, 2.0), (1.0, 1.5), (1.0, 1.0))
     whole = problem_from_options({"p": "2", "m": "4"}, ("B=2",), 0.0, "2", str(costs))
     assert not whole.split and whole.costs == ((1.0, 2.0), (2.0, 2.0))
-    costs.write_text(json.dumps({"F": 1.0, "B": 2.0, "curvature": 3.0}))
+    costs.write_text(json.dumps({"F": 1.0, "B": 2.0, "curvature_A": 3.0}))  # a K-FAC run's profile
     result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
-    assert result.exit_code == 2 and "'curvature' is not an op kind" in result.output
+    assert result.exit_code == 0 and f"--costs {costs}: curvature_A left out (not op kinds" in result.output
+    costs.write_text(json.dumps({"unit": "ms", "F": [0.446, 0.542], "I": [0.301, 0.322]}))  # no W
+    result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
+    assert result.exit_code == 2 and f"--costs {costs}: no measured cost for W, which the order runs" in result.output
+    given = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs),
+                  "--cost", "W=0.3")
+    assert given.exit_code == 0, given.output
+    costs.write_text(json.dumps({"F": [1, 2, 3], "B": [2, 4, 6]}))
+    result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
+    assert result.exit_code == 2 and f"--costs {costs}, F: 3 values; give one, or one per stage (2)" in result.output
 
 
 def test_json_summary_and_the_written_costs(tmp_path):
@@ -196,6 +205,9 @@ def test_json_summary_and_the_written_costs(tmp_path):
     assert summary["valid"] and summary["peak_activations"] == [4, 4, 3, 2]
     assert summary["costs"]["F"] == [1, 1, 2, 2] and summary["activation_limit"] == [4, 4, 3, 2]
     text = summary["sched"]
+    dash = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=1,1,2,2", "--cost", "I=1", "--cost", "W=1",
+                 "--activation-limit", "4,4,3,2", "--json", "-o", "-")
+    assert json.loads(dash.stdout)["sched"] == text  # -o - with --json: the text in the JSON, stdout parses
     assert "p=4, m=8, F=1,1,2,2, I=1, W=1" in text and "activation limit 4,4,3,2 per device" in text
     assert "cost F(s) = 1 if s < 2 else 2\n" in text
     assert "limit memory <= 4 if d < 2 else 3 if d < 3 else 2\n" in text

@@ -175,14 +175,15 @@ def test_pruned_families_say_why(model):
     assert "t=16 crosses nodes (8 GPUs per node)" in text
     assert "slower than the 3rd best" in text
     assert "requirement failed: p must be even" in text  # chimera with p = 1
-    bounds = re.findall(r"at best ([0-9.e+]+) s per iteration, slower than the 3rd best \(([0-9.e+]+) s\)", text)
+    bounds = re.findall(r"at best ([0-9.e+]+) s per iteration \(a lower bound; memory not checked\), slower than "
+                        r"the 3rd best \(([0-9.e+]+) s\)", text)
     assert bounds and all(float(a) > float(b) for a, b in bounds)  # printed apart, never "1.421 ... (1.421 s)"
 
 
 def test_a_bound_and_its_threshold_are_printed_apart():
-    from schedc.search import _distinct
-    assert _distinct(1.4213, 1.4209) == ("1.4213", "1.4209")
-    assert _distinct(2.5, 1.25) == ("2.5", "1.25")
+    from schedc.search import distinct_figures
+    assert distinct_figures(1.4213, 1.4209) == ("1.4213", "1.4209")
+    assert distinct_figures(2.5, 1.25) == ("2.5", "1.25")
 
 
 def run_cli(*args):
@@ -215,7 +216,8 @@ def test_the_command_prints_the_table_and_the_winners_command_lines(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
                      "--schedules", "1f1b,interleaved_1f1b", "--top", "3")
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+    assert re.match(r"schedc tune: searching \d+ candidates \.\.\.\n", result.stderr)  # off a terminal: no bar
+    lines = result.stdout.splitlines()
     assert lines[1].split()[:3] == ["#", "schedule", "t"] and "TFLOP/s/GPU" in lines[1] and "bubble" in lines[1]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "3"]
     simulate = next(line.strip() for line in lines if line.strip().startswith("schedc simulate"))
@@ -318,6 +320,9 @@ def test_per_group_rows_are_ranked_best_first_and_the_winner_is_the_best(model):
     (["--memory-limit", "1e3GiB"], "--memory-limit 1000 GiB is more than the 80 GiB of the cluster's GPUs"),
     (["--pp", "2,,4"], "--pp: expected positive integers separated by commas, got '2,,4'"),
     (["--tp", "3"], "--tp 3 does not divide the model's heads (16)"),
+    (["--pp", "5"], "--pp 5: no t x 5 x d = 24 GPUs with d dividing the global batch 48"),
+    (["--schedules", "1f1b,,zb_h1"], "--schedules: expected a list separated by commas, got '1f1b,,zb_h1'"),
+    (["--microbatch-size", "0"], "--microbatch-size: expected positive integers"),
 ])
 def test_search_options_a_user_gets_wrong_are_usage_errors(model, args, message):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "24", "--global-batch", "48",
@@ -349,11 +354,12 @@ def test_a_schedule_compiled_whole_is_counted_so(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
                      "--schedules", greedy, "--recompute", "full", "--tp", "1")
     assert result.exit_code == 0, result.output
-    counted = re.search(r"(\d+) candidates: 0 simulated \(0 distinct orders compiled\), (\d+) compiled whole "
-                        r"\(tasks, a fill or a greedy order\)", result.output)
+    counted = re.search(r"(\d+) candidates: 0 distinct orders compiled, timed in 0 simulations \(one per cost "
+                        r"vector, with and without messages\), (\d+) compiled whole \(tasks, a fill or a greedy order\)",
+                        result.output)
     assert counted and 0 < int(counted.group(2)) <= int(counted.group(1))
     assert f"note: {greedy} is compiled whole for each of {counted.group(2)} candidates" in result.output
-    assert result.output.splitlines()[1].index(" t ") > len(greedy)  # the column fits the path
+    assert result.stdout.splitlines()[1].index(" t ") > len(greedy)  # the column fits the path
 
 
 def test_pruned_families_are_listed_all_on_request(model):
@@ -365,3 +371,12 @@ def test_pruned_families_are_listed_all_on_request(model):
     assert total > 2 and len(listed(every.output)) == total and listed(some.output) == listed(every.output)[:2]
     assert f"... and {total - 2} more (--pruned all lists them)" in some.output
     assert run_cli(*args, "--pruned", "-1").exit_code == 2
+
+
+def test_the_microbatch_size_can_be_fixed_and_pruned_zero_is_one_line(model):
+    args = ("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32", "--schedules", "1f1b")
+    rows = json.loads(run_cli(*args, "--microbatch-size", "1,2", "--json").stdout)
+    assert rows and {row["b"] for row in rows} <= {1, 2}
+    text = run_cli(*args, "--top", "1", "--pruned", "0").stdout
+    assert re.search(r"^\d+ pruned famil(y|ies) \(--pruned all lists them\)$", text, re.M)
+    assert "... and" not in text
