@@ -210,6 +210,9 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
     return replace(compiled, stats=stats, plan=plan, diagnostics=diagnostics)
 
 
+_LABELS = {"data_parallel_comm_s": "gradient all-reduce"}  # over d, and the tied embedding's between the end stages
+
+
 def summary(on: OnCluster) -> str:
     """The prediction as a few lines under the schedule's summary."""
     p, lay = on.prediction, on.setting.layout
@@ -223,7 +226,7 @@ def summary(on: OnCluster) -> str:
              f"  memory_gib_per_gpu {p.memory_bytes / 2**30:.2f} (weights+gradients+optimizer "
              f"{parts['weights_gradients_optimizer'] / 2**30:.2f}, activations {parts['activations'] / 2**30:.2f}, "
              f"{_more(parts)})",
-             "  breakdown (s): " + "  ".join(f"{k[:-2].replace('_', ' ')} {v:.4f}" for k, v in b.items())]
+             "  breakdown (s): " + "  ".join(f"{_LABELS.get(k, k[:-2].replace('_', ' '))} {v:.4f}" for k, v in b.items())]
     return "\n".join(lines)
 
 
