@@ -119,11 +119,12 @@ def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterReq
 
 
 def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
-                lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
+                lower: bool = True, addons: tuple[str, ...] = (), free: bool = True) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
     is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
     stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
-    its declared F), once with the costs."""
+    its declared F), once with the costs. Without `free` the message-free simulation is left out: the
+    iteration time is the same, the breakdown's bubble and pipeline share are not computed."""
     from .compiler import analyse, collector_paused, compile_schedule, load_declaration, read_source
     from .frontend.elaborate import Options, elaborate
     from .frontend.library import resolve
@@ -143,8 +144,11 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
                                                    task_scale=_forward_scale(probe, costs)))
         links = link_times(st, schedule.devices)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
-        free = analyse(schedule).timing if schedule.fill else simulate(schedule)  # no messages: for the bubble
-    result = predict(st, compiled.schedule, compiled.timing, free, costs, batch)
+        if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
+            without = analyse(schedule).timing if schedule.fill else simulate(schedule)
+        else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
+            without = compiled.timing
+    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
     return OnCluster(_with_prediction(compiled, result, st, request), result, st)
 
 

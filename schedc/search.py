@@ -404,7 +404,7 @@ class Searcher:
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.structures: dict[tuple, Structure] = {}
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
-        self.whole: dict[Candidate, Prediction | Refusal] = {}  # the compiled-whole candidates' answers
+        self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
         self.costs: dict[tuple, Any] = {}
         self.states: dict[tuple, tuple[float, int]] = {}
         self.links: dict[tuple, Any] = {}
@@ -532,7 +532,7 @@ class Searcher:
         if isinstance(shape, Refusal):
             return shape
         if self.entries[c.schedule].plain:
-            return self._evaluate_plain(c)
+            return self._evaluate_plain(c, free)
         from .timing import Timing
         st = self.setting(c)
         structure = self.structure(c)
@@ -563,18 +563,20 @@ class Searcher:
         free_timed = Timing({}, {}, free_span, (), structure.peaks, 0.0, True)
         return predict(st, schedule, timed, free_timed, costs, self.request.global_batch)
 
-    def _evaluate_plain(self, c: Candidate) -> Prediction | Refusal:
+    def _evaluate_plain(self, c: Candidate, free: bool) -> Prediction | Refusal:
         """The whole compile of predict.compile_for (no shortcut): its prediction or its first error,
-        once per candidate."""
-        if c not in self.whole:
-            self.whole[c] = self._compile_whole(c)
-        return self.whole[c]
+        once per candidate, and once more with the message-free simulation for those ranked (free)."""
+        if (c, True) in self.whole:
+            return self.whole[c, True]
+        if (c, free) not in self.whole:
+            self.counts["compiled_whole"] += (c, False) not in self.whole  # candidates, not compiles
+            self.whole[c, free] = self._compile_whole(c, free)
+        return self.whole[c, free]
 
-    def _compile_whole(self, c: Candidate) -> Prediction | Refusal:
+    def _compile_whole(self, c: Candidate, free: bool) -> Prediction | Refusal:
         from .predict import compile_for
-        self.counts["compiled_whole"] += 1
         try:
-            on = compile_for(c.schedule, c.params(), self.setting(c), lower=False)
+            on = compile_for(c.schedule, c.params(), self.setting(c), lower=False, free=free)
         except SchedError as exc:
             return Refusal(exc.diagnostics[0].message)
         pred = on.prediction
