@@ -318,8 +318,7 @@ def _progress_line(what: str, done: int, total: int) -> None:
     click.echo(f"\r{what} {done}/{total}", err=True, nl=False)
 
 
-_SYNTHESIZE_ONLY = (("-D", "defines"), ("--cost", "costs"), ("--costs", "costs_file"),
-                    ("--activation-limit", "activation_limit"), ("-o", "out"), ("--latency", "latency"))
+_SYNTHESIZE_ONLY = ("defines", "costs", "costs_file", "activation_limit", "out", "latency")
 
 
 @main.command("tune")
@@ -346,28 +345,28 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
     """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
     ranked by the predicted iteration time of each schedule's simulated order; or, with --synthesize,
     find a per-device order for given costs under an activation-memory limit."""
-    values = {"defines": defines, "costs": costs, "costs_file": costs_file, "activation_limit": activation_limit,
-              "out": out, "latency": latency}
+    from .cluster import usage
+    ctx = click.get_current_context()
+    flags = {param.name: param.opts[0] for param in ctx.command.params}  # --microbatch-size, not its dest
+    given = lambda names: [flags[name] for name in names  # noqa: E731
+                           if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    fail = _fail_json if as_json else _fail
     if synth:
-        ctx = click.get_current_context()
-        search_only = [f"--{name.replace('_', '-')}" for name in options
-                       if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        search_only = given(options)
         if search_only:
             hint = (" (with --synthesize the limit is --activation-limit N, activations per device)"
                     if "--memory-limit" in search_only else "")
-            raise click.UsageError(f"{', '.join(search_only)}: option{'s' * (len(search_only) > 1)} of the "
-                                   f"configuration search, not of --synthesize{hint}")
+            fail(usage(f"{', '.join(search_only)}: option{'s' * (len(search_only) > 1)} of the "
+                       f"configuration search, not of --synthesize{hint}"))
         return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json)
-    given = [flag for flag, name in _SYNTHESIZE_ONLY if values[name]]
-    if given:
-        raise click.UsageError(f"{', '.join(given)} go{'es' * (len(given) == 1)} with --synthesize")
+    synthesis_only = given(_SYNTHESIZE_ONLY)
+    if synthesis_only:
+        fail(usage(f"{', '.join(synthesis_only)} go{'es' * (len(synthesis_only) == 1)} with --synthesize"))
     from .tune import run_command
     try:
         click.echo(run_command(options, as_json))
     except SchedError as exc:
-        if as_json:
-            _fail_json(exc)  # {"valid": false, "diagnostics": [...]} on stdout, the error on stderr
-        _fail(exc)
+        fail(exc)  # under --json: {"valid": false, "diagnostics": [...]} on stdout, the error on stderr
 
 
 def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json) -> None:

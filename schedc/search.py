@@ -216,36 +216,42 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
+_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
+
+
+def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
+    """The one layout rule: (t, p, d) with t p d = n, t dividing the model's sizes, d the batch; t and p
+    among tp and pp when given."""
+    return [(t, p, n // (t * p)) for t in divisors(n) if not any(getattr(model, k) % t for k in _SIZES)
+            and (tp is None or t in tp) for p in divisors(n // t)
+            if batch % (n // (t * p)) == 0 and (pp is None or p in pp)]
+
+
 def layouts(model, request: Request) -> list[tuple[int, int, int]]:
     """(t, p, d) with t p d = N: t divides the heads (and hidden, ffn, vocab), d the global batch.
-    None -> a usage error saying why (exit 2)."""
-    n, batch = request.gpus, request.global_batch
-    out = []
-    for t in divisors(n):
-        if any(getattr(model, key) % t for key in ("heads", "hidden", "ffn", "vocab")):
-            continue
-        if request.tp is not None and t not in request.tp:
-            continue
-        for p in divisors(n // t):
-            d = n // (t * p)
-            if batch % d == 0 and (request.pp is None or p in request.pp):
-                out.append((t, p, d))
-    if not out and request.pp is not None:
-        for p in request.pp:
-            if not any(n % (t * p) == 0 and batch % (n // (t * p)) == 0 for t in divisors(n)):
-                raise usage(f"--pp {p}: no t x {p} x d = {n} GPUs with d dividing the global batch {batch}"
-                            + (f"; no other --pp value leaves a layout" if len(request.pp) > 1 else ""))
-    if not out and request.tp is not None:
-        for t in request.tp:
-            bad = [key for key in ("heads", "hidden", "ffn", "vocab") if getattr(model, key) % t]
-            if bad:
-                raise usage(f"--tp {t} does not divide the model's {bad[0]} ({getattr(model, bad[0]):,})"
-                            + (f"; no other --tp value leaves a layout of {n} GPUs" if len(request.tp) > 1 else ""))
-    if not out:
-        restricted = " (restricted by --tp/--pp)" if request.tp is not None or request.pp is not None else ""
-        raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
-                    f"(and hidden, ffn, vocab) and d dividing the global batch {batch}{restricted}")
-    return out
+    None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
+    without the other restriction, else the two together."""
+    n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
+    out = _all_layouts(model, n, batch, tp, pp)
+    if out:
+        return out
+    reasons = []
+    for t in tp or ():
+        bad = [k for k in _SIZES if getattr(model, k) % t]
+        if bad:
+            reasons.append(f"--tp {t} does not divide the model's {bad[0]} ({getattr(model, bad[0]):,})")
+        elif not _all_layouts(model, n, batch, (t,)):
+            reasons.append(f"--tp {t}: no {t} x p x d = {n} GPUs with d dividing the global batch {batch}")
+    for p in pp or ():
+        if not _all_layouts(model, n, batch, None, (p,)):
+            reasons.append(f"--pp {p}: no t x {p} x d = {n} GPUs with d dividing the global batch {batch}")
+    if tp is not None and pp is not None and len(reasons) < len(tp) + len(pp):
+        reasons.append(f"--tp {','.join(map(str, tp))} with --pp {','.join(map(str, pp))}: no t x p x d = {n} "
+                       f"GPUs among them with d dividing the global batch {batch}")
+    if reasons:
+        raise usage(f"no layout of {n} GPUs: " + "; ".join(reasons))
+    raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
+                f"(and hidden, ffn, vocab) and d dividing the global batch {batch}")
 
 
 def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]:
@@ -262,6 +268,10 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                         continue
                     for recompute in request.recompute:
                         out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
+    if not out and request.microbatch is not None:
+        shares = sorted({request.global_batch // d for _, _, d in layouts(model, request)})
+        raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
+                    f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
     return out
 
 

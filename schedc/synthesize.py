@@ -128,9 +128,10 @@ class Synthesis:
 
 
 def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: float,
-                 limit: tuple[float, ...]) -> Problem:
+                 limit: tuple[float, ...], where: dict[str, str] | None = None) -> Problem:
     """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
-    each with one value or one per stage; `limit` has one value or one per device."""
+    each with one value or one per stage; `limit` has one value or one per device. `where` names
+    where a kind's costs came from, for the messages (`--cost F`, `--costs FILE, F`)."""
     if p < 1 or m < 1:
         raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     if p > MAX_DEVICES:
@@ -141,12 +142,15 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     if split and OpKind.B.value in costs:
         raise option_error("give the backward as B, or split as I and W, not both")
     names = builtin_kinds(split)
-    table = tuple(_per_stage(name, costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
+    said = {name: (where or {}).get(name, f"cost {name}") for name in names}
+    table = tuple(_per_stage(said[name], costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
     for name, row in zip(names, table):
-        if any(not math.isfinite(c) or c <= 0 for c in row):
-            raise option_error(f"cost {name} must be finite and > 0")
+        bad = [s for s, c in enumerate(row) if not math.isfinite(c) or c <= 0]
+        if bad:
+            at = f" (stage {bad[0]}: {row[bad[0]]:g})" if len(set(row)) > 1 else f" (got {row[0]:g})"
+            raise option_error(f"{said[name]} must be finite and > 0{at}")
         if max(row) > MAX_COST:
-            raise option_error(f"cost {name}: {max(row):g} is too large (at most {MAX_COST:g}, so that sums over a "
+            raise option_error(f"{said[name]}: {max(row):g} is too large (at most {MAX_COST:g}, so that sums over a "
                                f"schedule stay finite)")
     if not math.isfinite(latency) or latency < 0:
         raise option_error(f"--latency must be finite and >= 0 (got {latency:g})")
@@ -160,7 +164,7 @@ def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple
     if len(values) == 1:
         return tuple(float(values[0]) for _ in range(p))
     if len(values) != p:
-        raise option_error(f"{name}: give one value or one per {what} ({p}), not {len(values)}")
+        raise option_error(f"{name}: {len(values)} values; give one, or one per {what} ({p})")
     return tuple(float(v) for v in values)
 
 
@@ -519,11 +523,12 @@ def _per_stage_expr(row: tuple[float, ...], var: str = "s") -> str:
     return expr
 
 
-def _peaks(peaks: tuple[int, ...]) -> str:
-    """Per device, or past 16 devices the first and last few and the largest."""
-    if len(peaks) <= 16:
-        return " ".join(map(str, peaks))
-    return " ".join(map(str, peaks[:8])) + " ... " + " ".join(map(str, peaks[-2:])) + f" (at most {max(peaks)})"
+def peaks_text(peaks) -> str:
+    """Activation peaks per device, or past 16 devices the first and last few and the largest."""
+    shown = [number(x) for x in peaks]
+    if len(shown) <= 16:
+        return " ".join(shown)
+    return " ".join(shown[:8]) + " ... " + " ".join(shown[-2:]) + f" (at most {number(max(peaks))})"
 
 
 def _listed_row(row: tuple[float, ...]) -> str:
@@ -541,7 +546,7 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
     lines = [
         f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {number(pr.latency)},",
         f"# activation limit {_listed_row(pr.limit)} per device. Makespan {number(result.makespan)} "
-        f"(lower bound {number(pr.lower_bound())}), peak activations {_peaks(result.peak)};",
+        f"(lower bound {number(pr.lower_bound())}), peak activations {peaks_text(result.peak)};",
         f"# found by {result.found_by}, {count(result.timed, 'order')} timed.",
         f"# Simulate with the same latency: schedc simulate FILE --latency {number(pr.latency)}",
         f'schedule {name} "order synthesized under a limit of {_listed_row(pr.limit)} activations per device"',

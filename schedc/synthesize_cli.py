@@ -15,7 +15,7 @@ from typing import Any
 
 from .diagnostics import Source
 from .ops import OpKind, builtin_kinds
-from .synthesize import Problem, count, listed, make_problem, option_error, synthesize, to_sched
+from .synthesize import Problem, count, listed, make_problem, option_error, peaks_text, synthesize, to_sched
 
 COST_KINDS = tuple(kind.value for kind in OpKind)
 
@@ -43,16 +43,11 @@ def _measured(path: str) -> tuple[dict[str, tuple[float, ...]], list[str]]:
     return table, other
 
 
-def _per_stage(where: str, values: tuple[float, ...], p: int) -> tuple[float, ...]:
-    if len(values) not in (1, p):
-        raise option_error(f"{where}: {len(values)} values; give one, or one per stage ({p})")
-    return values
-
-
 def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latency: float,
-                         activation_limit: str | None, costs_file: str | None = None) -> Problem:
-    """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2` (over `--costs FILE`), `--activation-limit 4`
-    -> a Problem (errors: exit 2)."""
+                         activation_limit: str | None, costs_file: str | None = None,
+                         measured: dict[str, tuple[float, ...]] | None = None) -> Problem:
+    """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2` (over `--costs FILE`, read here unless its op
+    kinds' costs are given as `measured`), `--activation-limit 4` -> a Problem (errors: exit 2)."""
     unknown = sorted(set(defines) - {"p", "m"})
     if unknown:
         raise option_error(f"-D {unknown[0]}: tune --synthesize takes only p (devices) and m (microbatches)")
@@ -65,22 +60,26 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
         except ValueError:
             raise option_error(f"-D {name}: expected an integer, got {defines[name]!r}") from None
     table: dict[str, tuple[float, ...]] = {}
-    given: set[str] = set()
+    where: dict[str, str] = {}
     for item in costs:
         kind, sep, text = item.partition("=")
         kind = kind.strip()
         if not sep or kind not in COST_KINDS:
             raise option_error(f"--cost {item!r}: expected KIND=VALUE with KIND one of {', '.join(COST_KINDS)}")
-        if kind in given:
+        if kind in where:
             raise option_error(f"--cost {kind} given twice")
-        given.add(kind)
-        table[kind] = _per_stage(f"--cost {kind}", _numbers(f"--cost {kind}", text), sizes["p"])
+        where[kind] = f"--cost {kind}"
+        table[kind] = _numbers(f"--cost {kind}", text)
     if costs_file is not None:
-        measured, _ = _measured(costs_file)
-        measured = {k: _per_stage(f"--costs {costs_file}, {k}", v, sizes["p"]) for k, v in measured.items()}
-        split = bool({OpKind.I.value, OpKind.W.value} & (given or set(measured)))
+        if measured is None:
+            measured = _measured(costs_file)[0]
+        backward = set(where) & {OpKind.B.value, OpKind.I.value, OpKind.W.value}  # a --cost of F says nothing of it
+        split = bool(backward & {OpKind.I.value, OpKind.W.value}) if backward else \
+            bool({OpKind.I.value, OpKind.W.value} & set(measured))
         drop = {OpKind.B.value} if split else {OpKind.I.value, OpKind.W.value}
-        table = {k: v for k, v in {**measured, **table}.items() if k not in drop or k in given}
+        for kind, row in measured.items():
+            if kind not in where and kind not in drop:
+                table[kind], where[kind] = row, f"--costs {costs_file}, {kind}"
         missing = [k for k in builtin_kinds(split) if k not in table]
         if missing:
             raise option_error(f"--costs {costs_file}: no measured cost for {missing[0]}, which the order runs "
@@ -88,7 +87,7 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
                                f"{missing[0]}=...)")
     if activation_limit is None:
         raise option_error("give --activation-limit N (activations per device; one value or one per device)")
-    return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--activation-limit", activation_limit))
+    return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--activation-limit", activation_limit), where)
 
 
 def check_text(text: str, path: str, latency: float = 0.0):
@@ -114,7 +113,8 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
              costs_file: str | None = None) -> Synthesized:
     """`schedc tune --synthesize`: the order as checked .sched text and its report. The text is compiled
     before it is written; a refused one is written too, for study."""
-    problem = problem_from_options(defines, costs, latency, activation_limit, costs_file)
+    measured, left_out = _measured(costs_file) if costs_file is not None else ({}, [])
+    problem = problem_from_options(defines, costs, latency, activation_limit, costs_file, measured)
     result = synthesize(problem, progress)
     shown = out if out not in (None, "-") else "the order"
     text = to_sched(result)
@@ -123,16 +123,12 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
         from .outputs import write_output
         write_output(out, text)  # through a symlink, atomically; `-` prints it
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
-    left_out = _measured(costs_file)[1] if costs_file is not None else []
     if left_out:
         lines.insert(0, f"schedc tune: note: --costs {costs_file}: {', '.join(left_out)} left out (not op kinds: "
                         f"a synthesized order runs {', '.join(COST_KINDS)})")
     stats = compiled.stats
-    peaks = [f"{x:g}" for x in stats["peak_memory"]]
-    if len(peaks) > 16:  # a line per device count would flood the terminal
-        peaks = peaks[:8] + ["..."] + peaks[-2:] + [f"(at most {max(stats['peak_memory']):g})"]
     lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
-                 f"{' '.join(peaks)} within {listed(problem.limit)}; "
+                 f"{peaks_text(stats['peak_memory'])} within {listed(problem.limit)}; "
                  f"{result.found_by}; {count(result.timed, 'order')} timed"
                  + ("" if compiled.ok else "; the compiler refuses it"))
     summary = {"valid": compiled.ok, "out": out, "p": problem.p, "m": problem.m,

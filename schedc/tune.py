@@ -133,7 +133,7 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
         click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
-                   f"each of {plural(n, 'candidate')} (tasks, a fill or a greedy order: no cache, no bound), "
+                   f"each of up to {plural(n, 'candidate')} (tasks, a fill or a greedy order: no cache, no bound), "
                    f"seconds each where a fill is searched", err=True)
     if not as_json and not sys.stderr.isatty():
         click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
@@ -145,7 +145,8 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
             searcher.progress = bar.update
             outcome = searcher.run()
     if not outcome.ranked:
-        raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else nothing_fits(outcome)
+        raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
+            nothing_fits(outcome, shown)
     if as_json:
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
     return report(outcome, shown)
@@ -170,10 +171,11 @@ def no_layout(outcome: Outcome) -> SchedError:
                  f"(t x p x d = {r.gpus}, d dividing the global batch {r.global_batch}; {outcome.space})")
 
 
-def nothing_fits(outcome: Outcome) -> SchedError:
+def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     from .diagnostics import Source, error
     limit = outcome.request.memory_limit
-    notes = outcome.pruned[:8] + ((f"... and {len(outcome.pruned) - 8} more families",) if len(outcome.pruned) > 8 else ())
+    more = len(outcome.pruned) - shown if shown is not None else 0
+    notes = outcome.pruned[:shown] + ((f"... and {more} more families (--pruned all lists them)",) if more > 0 else ())
     what = f"{limit / GIB:g} GiB per GPU" if limit is not None else "the GPU's memory"
     head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
             if outcome.counts["over_memory"] and not outcome.counts["deadlocked"] else "no configuration runs")

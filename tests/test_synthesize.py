@@ -189,6 +189,12 @@ def test_measured_costs_file_gives_the_per_stage_costs(tmp_path):
     given = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs),
                   "--cost", "W=0.3")
     assert given.exit_code == 0, given.output
+    costs.write_text(json.dumps({"F": [1, 1], "I": [1.5, 1.5], "W": [1.5, 1.5]}))  # a --cost of F: still split
+    split = problem_from_options({"p": "2", "m": "2"}, ("F=2",), 0.0, "2", str(costs))
+    assert split.split and split.costs == ((2.0, 2.0), (1.5, 1.5), (1.5, 1.5))
+    costs.write_text(json.dumps({"F": [1, 0], "B": 2}))
+    result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
+    assert result.exit_code == 2 and f"--costs {costs}, F must be finite and > 0 (stage 1: 0)" in result.output
     costs.write_text(json.dumps({"F": [1, 2, 3], "B": [2, 4, 6]}))
     result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
     assert result.exit_code == 2 and f"--costs {costs}, F: 3 values; give one, or one per stage (2)" in result.output
