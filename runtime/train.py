@@ -2,6 +2,7 @@
 # rank's stages, then run step programs under the watchdog, logging, dumping, checkpointing and tracing.
 from __future__ import annotations
 
+import os
 import time
 
 import torch.distributed as dist
@@ -121,7 +122,7 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
         executor.record_until = first + opts.warmup + MEASURED_STEPS
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
     dist.barrier()
-    origin = time.perf_counter_ns()
+    origin = _shared_origin(time.perf_counter_ns())
     with Watchdog(executor, opts.timeout):
         for step in range(first, opts.steps):
             begin = time.perf_counter()
@@ -130,6 +131,17 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
             _after_step(opts, world, executor, step, first, loss, time.perf_counter() - begin, tokens)
     _finish(plan, opts, world, executor, origin, first)
     return 0
+
+
+def _shared_origin(local: int) -> int:
+    """The trace's time zero: the earliest reading, after the barrier, among the ranks of this host.
+    perf_counter is the host's monotonic clock, shared by its processes, so one origin puts their
+    events on one time base (each rank's own origin set them apart by however late it left the
+    barrier: consumers seemed to start before their producers ended). Other hosts keep theirs."""
+    host = os.environ.get("GROUP_RANK", "0")
+    readings: list = [None] * dist.get_world_size()
+    dist.all_gather_object(readings, (host, local))
+    return min(t for h, t in readings if h == host)
 
 
 def _mean_loss(executor: Executor) -> float:

@@ -220,9 +220,13 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
         click.echo(summary(result) + (_cluster_summary(on) if on else ""))
         click.echo(device_table(result))
         if _is_plan(file):
-            click.echo(f"  (re-simulated from the plan's per-rank orders at latency {latency:g}, as render draws "
-                       "it: a task waits only for its rank's order; the per-link message times of a --cluster "
-                       "compile are not in a plan)")
+            cycle = len(result.plan.ranks[0]) if result.plan is not None and result.plan.ranks else 1
+            step = (f"step 0 of its cycle of {cycle} steps, " if cycle > 1 else "")
+            tasks = any(op.is_task for order in result.schedule.orders for op in order)
+            click.echo(f"  (re-simulated from the plan's per-rank orders, {step}at latency {latency:g}, as render "
+                       "draws it: a task waits only for its rank's order"
+                       + ("; its tasks' memory is not in a plan, so the peaks count activations only" if tasks else "")
+                       + "; the per-link message times of a --cluster compile are not in a plan)")
     sys.exit(exit_code(result.diagnostics))
 
 

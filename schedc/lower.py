@@ -205,9 +205,21 @@ def plan_meta(schedule: Schedule, stats: Mapping[str, Any]) -> dict[str, Any]:
         "pipelines": [{"name": p.name, "stages": p.stages, "placement": list(p.placement),
                        "microbatches": list(p.microbatches)} for p in schedule.pipelines],
         "replicas": [list(g) for g in schedule.replicas],
-        "costs": {k: list(v) for k, v in schedule.costs.items()},
+        "costs": {**{k: list(v) for k, v in schedule.costs.items()}, **_task_costs(schedule)},
         "stats": dict(stats),
     }
+
+
+def _task_costs(schedule: Schedule) -> dict[str, list[float]]:
+    """Per task kind, the cost of one of its pieces on each stage (0 where it has none), as placed: a
+    plan's re-simulation (simulate or render of plan.json) charges them from this table."""
+    costs: dict[str, list[float]] = {}
+    for program in schedule.steps:
+        for order in program:
+            for op in order:
+                if op.is_task:
+                    costs.setdefault(op.kind, [0.0] * schedule.stages)[op.stage] = op.cost
+    return dict(sorted(costs.items()))
 
 
 def lower(schedule: Schedule, stats: Mapping[str, Any],

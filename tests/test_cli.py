@@ -359,7 +359,7 @@ def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tm
     simulated = run("simulate", plan, "--json")
     assert simulated.exit_code == 0
     assert json.loads(simulated.output) == json.loads(run("simulate", "1f1b", "-D", "p=2", "-D", "m=4", "--json").output)
-    assert "re-simulated from the plan's per-rank orders at latency 0" in run("simulate", plan).output
+    assert "re-simulated from the plan's per-rank orders, at latency 0" in run("simulate", plan).output
     slow = tmp_path / "slow"
     assert run("compile", "1f1b", "-D", "p=2", "-D", "m=4", "--latency", "0.5", "-o", str(slow)).exit_code == 0
     compiled = json.loads((slow / "plan.json").read_text())["stats"]["makespan"]
@@ -397,3 +397,15 @@ def test_simulate_json_refusals_carry_the_located_diagnostics(fixture, code, mes
     first = refusal["diagnostics"][0]
     assert (first["severity"], first["file"], first["line"]) == ("error", path, line) and message in first["message"]
     assert f"{path}:{line}:" in result.stderr  # the text form as well, on stderr
+
+
+def test_a_filled_plan_re_simulates_its_first_step_with_the_tasks_costs(tmp_path):
+    """A PipeFisher plan carries its tasks' costs: re-simulating plan.json gives the compile's first
+    step time (each piece was charged 1 unit before), and says the tasks' memory is not in a plan."""
+    assert run("compile", "pipefisher", "-o", str(tmp_path)).exit_code == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert {"curvature_A", "curvature_B", "inversion", "precondition"} <= set(plan["costs"])
+    replayed = json.loads(run("simulate", str(tmp_path / "plan.json"), "--json").output)
+    assert replayed["makespan"] == pytest.approx(plan["stats"]["step_times"][0])
+    text = run("simulate", str(tmp_path / "plan.json")).output
+    assert "step 0 of its cycle of 3 steps" in text and "tasks' memory is not in a plan" in text

@@ -360,6 +360,13 @@ def test_trace_report_and_profile(plans, tmp_path):
     assert {e["pid"] for e in complete} == {0, 1}
     assert {"F0.0", "B1.3", "SEND_F0.0", "STEP"} <= {e["name"] for e in complete}
     assert all(e["dur"] >= 0 and {"stage", "mb", "op"} <= set(e["args"]) for e in complete)
+    # one time base for both ranks: stage 1's F of a microbatch starts after stage 0's ends, and stage
+    # 0's B after stage 1's (each rank's own origin had consumers start before their producers ended)
+    span = {(e["name"], e["args"].get("step")): (e["ts"], e["ts"] + e["dur"]) for e in complete}
+    for step in {e["args"].get("step") for e in complete}:
+        for mb in range(4):
+            assert span[f"F1.{mb}", step][0] >= span[f"F0.{mb}", step][1]
+            assert span[f"B0.{mb}", step][0] >= span[f"B1.{mb}", step][1]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 2 and report["makespan_ms"] > 0 and report["simulated"]["makespan"]
     costs = json.loads((tmp_path / "costs.json").read_text())
