@@ -352,8 +352,10 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
     from .cluster import usage
     ctx = click.get_current_context()
     flags = {param.name: param.opts[0] for param in ctx.command.params}  # --microbatch-size, not its dest
-    given = lambda names: [flags[name] for name in names  # noqa: E731
-                           if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+
+    def given(names) -> list[str]:
+        return [flags[name] for name in names if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+
     fail = _fail_json if as_json else _fail
     if synth:
         search_only = given(options)
