@@ -418,6 +418,17 @@ def read_source(path: str | Path) -> Source:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise SchedError(error(f"cannot read file: {exc.strerror or exc}"), Source(str(path), ""),
-                         exit_code=2) from None
+        raise SchedError(error(f"cannot read file: {exc.strerror or exc}" + _library_hint(Path(path))),
+                         Source(str(path), ""), exit_code=2) from None
     return decode_source(data, str(path))
+
+
+def _library_hint(path: Path) -> str:
+    """For a bare name that is no file: the library names nearest to it (`1f1bb`: did you mean 1f1b?)."""
+    if path.exists() or len(path.parts) > 1 or path.suffix not in ("", ".sched"):
+        return ""
+    from difflib import get_close_matches
+    from .library import library_addons, library_files
+    near = get_close_matches(path.stem, [p.stem for p in (*library_files(), *library_addons())], n=3)
+    return ("; and no library schedule is named so" + (f" (did you mean {', '.join(near)}?)" if near else "")
+            + "; `schedc list` shows them")
