@@ -30,6 +30,7 @@ class Event:
     end: int
     wait: int
     halves: tuple[tuple[str, int, int], ...] = ()
+    pipe: int | None = None
 
     @property
     def name(self) -> str:
@@ -47,7 +48,7 @@ def event_name(op: str, stage: int | None, mb: int | None) -> str:
 
 def record(rank: int, step: int, instr: Instr, start: int, end: int, wait: int) -> Event:
     halves = () if instr.halves is None else tuple((h.op, h.stage, h.mb) for h in instr.halves)
-    return Event(rank, step, instr.op, instr.stage, instr.mb, start, end, wait, halves)
+    return Event(rank, step, instr.op, instr.stage, instr.mb, start, end, wait, halves, instr.pipe)
 
 
 def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
         out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
                     "args": {"name": f"rank {rank}"}})
     for e in events:
-        args = {"op": e.op, "stage": e.stage, "mb": e.mb, "step": e.step}
+        args = {"op": e.op, "stage": e.stage, "mb": e.mb, "pipe": e.pipe, "step": e.step}
         if e.halves:
             args["halves"] = [{"op": op, "stage": stage, "mb": mb} for op, stage, mb in e.halves]
         if e.wait:

@@ -18,7 +18,7 @@ def summary(result: Compiled) -> str:
              f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}",
              f"  makespan {st['makespan']:g}  bubble {st['bubble']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
-             f"  steady-state bubble (idle between a device's first and last op) {max(st['idle_inside'], default=0):g}"]
+             f"  steady-state bubble (idle between a device's first and last op), at most {max(st['idle_inside'], default=0):g}"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         useful = (f" ({st['utilization_useful']:.4f} without the overhead of cut pieces)"
                   if st.get("utilization_useful", st["utilization"]) < st["utilization"] - 5e-5 else "")

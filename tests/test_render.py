@@ -386,6 +386,9 @@ def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
                                        str(tmp_path / "x.svg")])
     assert result.exit_code == 2 and "has 2,036 edges among its 552 ops" in result.output, result.output
     assert "limit 1,500" in result.output and not (tmp_path / "x.svg").exists()
+    text = CliRunner().invoke(main, ["render", "pipefisher", "-D", "p=4", "-D", "m=16", "--dag", "-o",
+                                     str(tmp_path / "x.dot")])  # no layout: the DOT text is written
+    assert text.exit_code == 0 and (tmp_path / "x.dot").read_text().startswith("digraph dependencies {")
 
 
 def test_measured_costs_for_a_plan_give_every_kind_it_runs(tmp_path):
@@ -508,4 +511,15 @@ def test_html_report_gives_the_steady_state_bubble_per_device(tmp_path):
     html = out.read_text()
     rows = re.findall(r"<tr><td>(\d+)</td><td>\d+</td><td>[\d.]+</td><td>[\d.]+</td><td>([\d.]+)</td>", html)
     assert [(int(d), float(inside)) for d, inside in rows] == [(d, (4 - 1 - d) * 3.0) for d in range(4)]
-    assert "steady-state bubble <b>9</b>" in html
+    assert "steady-state bubble, at most <b>9</b>" in html
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--comms", "-o", "{d}/t.json"], "--comms draws on the timeline; a Chrome trace (.json) has no place for it"),
+    (["--comms", "--dag", "-o", "{d}/g.dot"], "--comms draws on the timeline; the dependency graph has no place"),
+])
+def test_an_option_the_output_cannot_show_is_refused(tmp_path, args, message):
+    """--comms (and --measured) would be silently dropped from a Chrome trace or the dependency graph."""
+    result = CliRunner().invoke(main, ["render", "1f1b", *[a.replace("{d}", str(tmp_path)) for a in args]])
+    assert result.exit_code == 2 and message in result.output
+    assert not list(tmp_path.iterdir())

@@ -359,7 +359,8 @@ def test_trace_report_and_profile(plans, tmp_path):
     complete = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in complete} == {0, 1}
     assert {"F0.0", "B1.3", "SEND_F0.0", "STEP"} <= {e["name"] for e in complete}
-    assert all(e["dur"] >= 0 and {"stage", "mb", "op"} <= set(e["args"]) for e in complete)
+    assert all(e["dur"] >= 0 and {"stage", "mb", "op", "pipe", "step"} <= set(e["args"]) for e in complete)
+    assert {e["args"]["pipe"] for e in complete if e["args"]["op"] == "F"} == {0}  # the render trace's fields
     # one time base for both ranks: stage 1's F of a microbatch starts after stage 0's ends, and stage
     # 0's B after stage 1's (each rank's own origin had consumers start before their producers ended)
     span = {(e["name"], e["args"].get("step")): (e["ts"], e["ts"] + e["dur"]) for e in complete}

@@ -44,6 +44,11 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
                      + ", ".join("." + e for e in EXTENSIONS), out)
     if dag and fmt not in (*FORMATS, "dot"):
         raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
+    ignored = [flag for flag, given in (("--comms", comms), ("--measured", measured is not None)) if given]
+    if ignored and (dag or fmt == "json"):
+        what = "the dependency graph" if dag else "a Chrome trace (.json)"
+        raise _usage(f"{' and '.join(ignored)} draw{'s' * (len(ignored) == 1)} on the timeline; {what} has no place "
+                     f"for {'it' if len(ignored) == 1 else 'them'}", out)
     prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
     from .load import load_input
     if cluster is not None:
@@ -72,7 +77,7 @@ def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: boo
         return (json.dumps(chrome_trace(compiled), separators=(",", ":")) + "\n").encode()
     if dag:
         from .dag import dag_dot
-        text = dag_dot(compiled.schedule, out)
+        text = dag_dot(compiled.schedule, out, layout=fmt != "dot")
         return text.encode() if fmt == "dot" else run_dot(text, fmt, out)
     if fmt != "dot":
         _drawable(compiled, fmt, out)

@@ -16,8 +16,9 @@ MAX_DAG_EDGES = 1500  # and its time grows with the edges: 1,208 take 1.7 s, 2,4
 #                       9,560 (PipeFisher p=8 m=8) minutes and then "lost edge"
 
 
-def dag_dot(schedule: Schedule, target: str = "") -> str:
-    """DOT text (for plain `dot`) of the ops and their dependencies; SchedError beyond MAX_DAG_OPS."""
+def dag_dot(schedule: Schedule, target: str = "", layout: bool = True) -> str:
+    """DOT text (for plain `dot`) of the ops and their dependencies; SchedError beyond MAX_DAG_OPS, and
+    beyond MAX_DAG_EDGES when Graphviz is to lay it out (`layout`; not for a .dot file)."""
     count = schedule.op_count() + len(schedule.unplaced)
     if count > MAX_DAG_OPS:
         raise SchedError(error(f"the dependency graph of {schedule.name} has {count} ops, too many to draw "
@@ -29,7 +30,7 @@ def dag_dot(schedule: Schedule, target: str = "") -> str:
     placed = set(ops)
     edges = sum(max(0, len(order) - 1) for order in schedule.orders) + sum(
         sum(dep in placed for dep in schedule.deps.get(op, ())) for op in ops)
-    if edges > MAX_DAG_EDGES:
+    if layout and edges > MAX_DAG_EDGES:
         raise SchedError(error(f"the dependency graph of {schedule.name} has {edges:,} edges among its {count} ops, "
                                f"too many for Graphviz to lay out in reasonable time (limit {MAX_DAG_EDGES:,})",
                                notes=("draw a smaller instance (fewer devices, microbatches or task pieces), or "
