@@ -523,3 +523,18 @@ def test_an_option_the_output_cannot_show_is_refused(tmp_path, args, message):
     result = CliRunner().invoke(main, ["render", "1f1b", *[a.replace("{d}", str(tmp_path)) for a in args]])
     assert result.exit_code == 2 and message in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_html_report_of_a_cluster_render_carries_the_prediction(tmp_path):
+    """--cluster: the report gives the layout, the iteration time, TFLOP/s, GiB and the breakdown that
+    simulate prints, and its memory chart's time is in seconds."""
+    model = str(Path(__file__).resolve().parent.parent / "benchmarks" / "models" / "gpt-1.7b.toml")
+    args = ["1f1b", "-D", "p=2", "--model", model, "--cluster", "dgx-a100-80gb", "--dp", "4", "--global-batch", "64"]
+    out = tmp_path / "cl.html"
+    assert CliRunner().invoke(main, ["render", *args, "-o", str(out)]).exit_code == 0
+    predicted = json.loads(CliRunner().invoke(main, ["simulate", *args, "--json"]).output)
+    html = out.read_text()
+    assert "<h2>Prediction</h2>" in html and "t=1, p=2, d=4" in html and "time in seconds" in html
+    assert f"iteration <b>{predicted['iteration_s']:.4f} s</b>" in html
+    assert f"memory <b>{predicted['memory_gib_per_gpu']:.2f} GiB</b>" in html
+    assert all(f"<td>{v:.4f}</td>" in html for v in predicted["breakdown"].values())

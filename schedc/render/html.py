@@ -105,7 +105,15 @@ def report_html(compiled: Compiled, timeline_svg: str) -> str:
         schedule=schedule, stats=compiled.stats, devices=[] if not compiled.ok else device_rows(compiled),
         invalid=not compiled.ok, timeline=timeline_svg,
         memory=chart, diagnostics=[d.format(schedule.source) for d in compiled.diagnostics],
-        source=schedule.source.text, params=schedule.params)
+        source=schedule.source.text, params=schedule.params,
+        cluster=_cluster(compiled))
+
+
+def _cluster(compiled: Compiled) -> dict | None:
+    """The layout of a --cluster compile, when its stats carry the prediction (a re-simulated plan's do not)."""
+    if compiled.plan is None or "iteration_s" not in compiled.stats:
+        return None
+    return compiled.plan.meta.get("cluster")
 
 
 def _ticks(makespan: float, count: int = 8) -> list[tuple[float, str]]:
