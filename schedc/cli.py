@@ -98,6 +98,9 @@ def _compiled(file: str, defines, costs, profile, microbatch_size, latency: floa
     except SchedError as exc:
         fail(exc)
     _report(result.diagnostics, result.schedule.source)
+    if model is not None and not result.schedule.tasks:
+        click.echo(f"schedc: note: --model without --cluster only gives a schedule's tasks the model's layers; "
+                   f"{result.schedule.name} has none (add --cluster for a prediction)", err=True)
     return result
 
 

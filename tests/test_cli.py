@@ -410,3 +410,14 @@ def test_a_filled_plan_re_simulates_its_first_step_with_the_tasks_costs(tmp_path
     assert replayed["makespan"] == pytest.approx(plan["stats"]["step_times"][0])
     text = run("simulate", str(tmp_path / "plan.json")).output
     assert "step 0 of its cycle of 3 steps" in text and "tasks' memory is not in a plan" in text
+
+
+def test_model_without_cluster_says_what_it_does():
+    """--model without --cluster gives only tasks the model's layers: for a schedule without tasks
+    it changes nothing, and says so (it was accepted silently where --tp needs --cluster)."""
+    model = str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    plain, with_model = run("simulate", "1f1b", "--json"), run("simulate", "1f1b", "--model", model, "--json")
+    assert json.loads(with_model.stdout) == json.loads(plain.stdout)
+    assert "--model without --cluster only gives a schedule's tasks the model's layers; one_f_one_b has none" \
+        in with_model.stderr
+    assert "--model without --cluster" not in run("simulate", "pipefisher", "--model", model).stderr
