@@ -129,17 +129,20 @@ def test_compile_never_imports_torch(tmp_path):
 
 
 @pytest.mark.parametrize("costs,where", [
-    ('{"F": 1, "B": -2}', "cost of 'B' must be a finite number >= 0, got -2"),
-    ('{"F": NaN, "B": 2}', "cost of 'F' must be a finite number >= 0, got nan"),
-    ('{"F": [1, Infinity, 1, 1], "B": 2}', "cost of 'F' at stage 1 must be a finite number >= 0, got inf"),
-    ('{"F": 1, "B": 2, "memory": {"B": -1}}', "memory of 'B' must be a finite number >= 0, got -1"),
+    ('{"F": 1, "B": -2}', ":1:10: error: cost of 'B' must be a finite number >= 0, got -2"),
+    ('{"F": NaN, "B": 2}', ":1:2: error: cost of 'F' must be a finite number >= 0, got nan"),
+    ('{"F": [1, Infinity, 1, 1], "B": 2}', ":1:2: error: cost of 'F' at stage 1 must be a finite number >= 0, got inf"),
+    ('{"F": 1, "B": "x"}', ":1:10: error: cost of 'B' must be a number or a list of numbers per stage"),
+    ('{"F": 1,\n', ":2:1: error: cannot read costs: Expecting property name enclosed in double quotes"),
+    ('{"F": 1, "B": 2, "memory": {"B": -1}}', ": error: memory of 'B' must be a finite number >= 0, got -1"),
 ])
 def test_measured_costs_must_be_finite_and_not_negative(tmp_path, costs, where):
+    """Each is located at its key (or where the JSON parser stopped), but for the memory object's."""
     path = tmp_path / "costs.json"
     path.write_text(costs)
     result = CliRunner().invoke(main, ["simulate", "1f1b", "--costs", str(path)])
     assert result.exit_code == 2
-    assert f"{path}: error: {where}" in result.output
+    assert f"{path}{where}" in result.output
     assert "Traceback" not in result.output
 
 

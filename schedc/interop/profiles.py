@@ -57,21 +57,33 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
     if str(path).endswith(".csv"):
         raise _usage("a profile CSV is read with --profile FILE --microbatch-size B, not --costs", path)
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
         raise _usage(f"cannot read costs: {exc}", path) from None
+    source = Source(str(path), text)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:  # located where the parser stopped
+        raise SchedError(error(f"cannot read costs: {exc.msg}", Span(exc.lineno, exc.colno, exc.lineno,
+                                                                      exc.colno + 1, source)), source,
+                         exit_code=2) from None
     if not isinstance(data, dict):
         raise _usage("costs must be a JSON object of op kind to cost", path)
+    keys = _json_keys(text)[1]
     out = {}
     for kind, value in data.items():
         if kind in _SILENT:
             continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[kind] = _measured(value, f"cost of {kind!r}", path)
-        elif isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
-            out[kind] = tuple(_measured(v, f"cost of {kind!r} at stage {s}", path) for s, v in enumerate(value))
-        else:
-            raise _usage(f"cost of {kind!r} must be a number or a list of numbers per stage", path)
+        try:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[kind] = _measured(value, f"cost of {kind!r}", path)
+            elif isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
+                out[kind] = tuple(_measured(v, f"cost of {kind!r} at stage {s}", path) for s, v in enumerate(value))
+            else:
+                raise _usage(f"cost of {kind!r} must be a number or a list of numbers per stage", path)
+        except SchedError as exc:  # at the key
+            at = _span_at(source, keys[kind], len(kind) + 2) if kind in keys else None
+            raise SchedError(error(exc.diagnostics[0].message, at), source, exit_code=2) from None
     return out
 
 
