@@ -15,7 +15,8 @@ def summary(result: Compiled) -> str:
     peak = listed([f"{m:g}" for m in st["peak_memory"]], "/") + (
         f" (at most {max(st['peak_memory']):g})" if s.devices > MAX_ALIKE else "")
     lines = [f"{s.title}: {plural(s.devices, 'device')}, {plural(s.stages, 'stage')}, "
-             f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}",
+             f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}"
+             + (" a step, with the filled tasks' pieces besides" if "utilization_unfilled" in st else ""),
              f"  makespan {st['makespan']:g}  bubble {st['bubble']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
              f"  steady-state bubble (idle between a device's first and last op), at most {max(st['idle_inside'], default=0):g}"]
