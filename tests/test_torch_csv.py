@@ -67,6 +67,15 @@ def test_export_refuses_replicated_stages(tmp_path):
     assert not (tmp_path / "c.csv").exists()
 
 
+def test_export_refuses_tasks_at_their_declaration(tmp_path):
+    """K-FAC's tasks (--with kfac): the refusal points at the first task's line in the add-on, not at
+    the base schedule's pipeline."""
+    result = CliRunner().invoke(main, ["export", "1f1b", "--with", "kfac", "-o", str(tmp_path / "k.csv")])
+    assert result.exit_code == 1 and not (tmp_path / "k.csv").exists()
+    assert "addons/kfac.sched:" in result.output and "runs the tasks curvature_A" in result.output
+    assert "  task curvature_A(s, i)" in result.output
+
+
 def test_import_skips_non_compute_cells_and_reads_overlap():
     text = "0F0,,0F1,(0B0;0F2)OVERLAP_F_B,0B1,0B2,0REDUCE_GRAD\n1F0,1B0,1F1,1B1,1F2,1B2\n"
     schedule = schedule_from_csv_text(Source("x.csv", text))

@@ -256,8 +256,10 @@ def export_csv(schedule: Schedule) -> str:
     stages (Chimera), and ops other than F, B, I, W."""
     refusal = _unrepresentable(schedule)
     if refusal:
-        raise SchedError(error(refusal, schedule.pipelines[-1].span if schedule.pipelines else None),
-                         schedule.source, exit_code=1)
+        tasks = [spec.span for spec in schedule.tasks if spec.span is not None]
+        at = tasks[0] if tasks and refusal.startswith(_TASKS) else (
+            schedule.pipelines[-1].span if schedule.pipelines else None)  # the first task's declaration
+        raise SchedError(error(refusal, at), schedule.source, exit_code=1)
     fused = {id(f): b for f, b in schedule.fused}
     second = {id(b) for b in fused.values()}
     rows = []
@@ -277,6 +279,9 @@ def _overlap_cell(first: str, second: str) -> str:
     return f"({first};{second}){Opcode.OVERLAP_F_B.value}"
 
 
+_TASKS = "torch's CSV schedule holds only F, B, I and W; this schedule also runs the tasks"
+
+
 def _unrepresentable(schedule: Schedule) -> str | None:
     if len(schedule.pipelines) > 1 or schedule.replicas:
         names = ", ".join(f"'{p.name}'" for p in schedule.pipelines)
@@ -286,8 +291,7 @@ def _unrepresentable(schedule: Schedule) -> str | None:
     tasks = sorted({op.kind for step in schedule.steps for order in step for op in order if op.is_task}
                    | {op.kind for op in schedule.unplaced})
     if tasks:
-        return (f"torch's CSV schedule holds only F, B, I and W; this schedule also runs the tasks "
-                f"{', '.join(tasks)}")
+        return f"{_TASKS} {', '.join(tasks)}"
     return None
 
 
