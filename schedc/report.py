@@ -35,11 +35,20 @@ def device_table(result: Compiled) -> str:
     inside = st["idle_inside"]
     rows = ["  device      busy      idle    inside   peak act"]
     devices = result.schedule.devices
-    for d in range(min(devices, MAX_ALIKE)):
-        rows.append(f"  {d:>6} {st['busy'][d]:>9g} {st['idle'][d]:>9g} {inside[d]:>9g} {st['peak_memory'][d]:>10g}")
+    shown = range(min(devices, MAX_ALIKE))
+    columns = [_aligned([column[d] for d in shown]) for column in (st["busy"], st["idle"], inside, st["peak_memory"])]
+    for d in shown:
+        busy, idle, ins, peak = (column[d] for column in columns)
+        rows.append(f"  {d:>6} {busy:>9} {idle:>9} {ins:>9} {peak:>10}")
     if devices > MAX_ALIKE:
         rows.append(f"  ... and {devices - MAX_ALIKE:,} more devices (--json lists every device)")
     return "\n".join(rows)
+
+
+def _aligned(values: list[float]) -> list[str]:
+    """A column's numbers to the same decimals: as many as its most precise value needs (%g), at most 4."""
+    decimals = max((len(f"{v:g}".partition(".")[2]) for v in values if "e" not in f"{v:g}"), default=0)
+    return [f"{v:.{min(decimals, 4)}f}" for v in values]
 
 
 def refusal(result: Compiled) -> str:
