@@ -56,9 +56,7 @@ def task_handler(name: str, ignore_missing: bool) -> TaskHandler:
         return handler
     if ignore_missing:
         return ignore_task
-    from .kfac import KFAC_TASKS  # here, not at the top: kfac registers its handlers through this module
-    library = (" (the library's kfac add-on: its handlers are in the module schedc.runtime.kfac, "
-               "--tasks schedc.runtime.kfac)" if name in KFAC_TASKS else "")
-    raise TaskError(f"the plan uses task {name!r}, which has no handler here{library}; register one with "
+    raise TaskError(f"the plan uses task {name!r}, which has no handler here; the library's kfac add-on's "
+                    "handlers come with --tasks schedc.runtime.kfac; for others, register one with "
                     "schedc.runtime.tasks.register_task in a module given by --tasks, or pass "
                     "--ignore-tasks to run tasks as no-ops")
