@@ -743,3 +743,16 @@ def test_a_task_without_its_handler_names_the_library_module(monkeypatch):
     with pytest.raises(TaskError, match=r"task 'curvature_A', which has no handler here; the library's kfac "
                                         r"add-on's handlers come with --tasks schedc.runtime.kfac"):
         task_handler("curvature_A", ignore_missing=False)
+
+
+def test_the_trace_origin_is_the_earliest_reading_of_the_ranks_of_a_host(monkeypatch):
+    """_shared_origin: every rank of a host takes the same time zero, the earliest of their readings
+    after the barrier (their own readings set them apart); another host's readings are not mixed in."""
+    from schedc.runtime import train
+    readings = [("0", 1_000), ("0", 900), ("1", 50), ("0", 1_200)]
+    monkeypatch.setattr(train.dist, "get_world_size", lambda: len(readings))
+    monkeypatch.setattr(train.dist, "all_gather_object", lambda out, _: out.__setitem__(slice(None), readings))
+    monkeypatch.setenv("GROUP_RANK", "0")
+    assert train._shared_origin(1_000) == 900
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert train._shared_origin(50) == 50
