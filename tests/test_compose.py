@@ -229,3 +229,15 @@ def test_a_note_about_an_addon_task_is_located_in_the_addon():
     assert "note: task 'curvature_A' keeps outputs alive: declared at kfac.sched:35" in result.output
     assert "note: task 'curvature_B' keeps outputs alive: declared at kfac.sched:36" in result.output
     assert "limit_kfac.sched:35" not in result.output
+
+
+def test_a_base_requirement_failed_by_a_derived_param_names_where_it_was_set(tmp_path):
+    """`extends chimera` with `param p = 3`: the failed require is the base's, and a note names the
+    derived file's line that set p (the hypothesis fuzz found the derived file unnamed)."""
+    derived = tmp_path / "odd.sched"
+    derived.write_text('schedule odd "Chimera at an odd p"\nextends chimera\nparam p = 3\n')
+    result = CliRunner().invoke(main, ["check", str(derived)])
+    assert result.exit_code == 1 and "requirement failed: p must be even" in result.output
+    assert f"note: p is set at {derived}:3:1" in result.output
+    given = CliRunner().invoke(main, ["check", "chimera", "-D", "p=3"])
+    assert "note: p was given with -D p=3" in given.output

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
-from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
+from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, free_names, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import BUILTIN, DEFAULT_COSTS, MAX_COST, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
 from .order import chunk_index, order_greedy, run_programs
@@ -118,6 +118,22 @@ def check_declared_once(decl: ast.ScheduleDecl, source: Source) -> None:
         raise SchedError(diags, source)
 
 
+def _set_elsewhere(params, overrides, req, source) -> list[str]:
+    """Notes for a failed requirement: where the params it reads were set when that is another file
+    (an `extends` base's require, the derived schedule's `param p = ...`), or that -D set them."""
+    home = (req.span.source if req.span is not None and req.span.source is not None else source).path
+    read = free_names(req.test)
+    notes = []
+    for param in (p for p in params if p.name in read):
+        if param.name in overrides:
+            notes.append(f"{param.name} was given with -D {param.name}={overrides[param.name]}")
+            continue
+        where = param.span.source if param.span is not None and param.span.source is not None else source
+        if where.path != home and param.span is not None:
+            notes.append(f"{param.name} is set at {where.path}:{param.span}")
+    return notes
+
+
 def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> dict[str, Any]:
     """Evaluate params in order, applying -D overrides; check the requires."""
     params = [d for d in decl.decls if isinstance(d, ast.Param)]
@@ -143,7 +159,8 @@ def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
             raise _fail(exc.message, exc.span, source) from None
         if not ok:
             shown = ", ".join(f"{k}={v}" for k, v in env.items())
-            failures.append(error(f"requirement failed: {req.message}", req.span, notes=(f"with {shown}",)))
+            failures.append(error(f"requirement failed: {req.message}", req.span,
+                                  notes=(f"with {shown}", *_set_elsewhere(params, overrides, req, source))))
     if failures:
         raise SchedError(failures, source)
     return env
