@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 
 if __name__ == "__main__":  # Ctrl-C while torch loads ends the process quietly, not in an import's traceback
@@ -76,11 +77,19 @@ def _die_with_agent() -> None:
         pass  # not Linux: the process group timeout still ends the others
 
 
+QUIET_RANK_DELAY_S = 3.0  # a silent rank's head start for rank 0's message
+
+
 def _fail(rank: int, message: str, code: int, only_rank0: bool = False, debug: bool = False) -> int:
+    """Print the error (an error every rank finds alike: rank 0 only) and return the exit code. A rank
+    that stays silent waits a little first: torchrun ends the others as soon as one exits, and a
+    silent rank exiting first had rank 0 killed before it printed (the message was lost)."""
     if debug:
         traceback.print_exc()
     if rank == 0 or not only_rank0:
         print(message, file=sys.stderr, flush=True)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        time.sleep(QUIET_RANK_DELAY_S)
     return code
 
 
