@@ -605,10 +605,12 @@ class Searcher:
 
     # the walk -----------------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self, space: list[Candidate] | None = None) -> Outcome:
+        """The walk over `space` (the request's candidates, computed here unless the caller has them)."""
         start = time.perf_counter()
         r = self.request
-        space = candidates(self.model, list(self.entries.values()), r)
+        if space is None:
+            space = candidates(self.model, list(self.entries.values()), r)
         self.counts["candidates"] = len(space)
         families: dict[tuple, Family] = {}
         bounded = []  # (bound, candidate)

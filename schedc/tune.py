@@ -138,12 +138,11 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     if not as_json and not sys.stderr.isatty():
         click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
     if as_json or not sys.stderr.isatty():
-        outcome = searcher.run()
+        outcome = searcher.run(space)
     else:
-        total = len(space)
-        with click.progressbar(length=total, label="tune", file=sys.stderr, show_pos=True) as bar:
+        with click.progressbar(length=len(space), label="tune", file=sys.stderr, show_pos=True) as bar:
             searcher.progress = bar.update
-            outcome = searcher.run()
+            outcome = searcher.run(space)
     if not outcome.ranked:
         raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
             nothing_fits(outcome, shown)
