@@ -1,12 +1,13 @@
 """`schedc tune` against the Megatron-LM paper (Narayanan et al. 2021): for every row of Table 1 (model,
 GPUs and global batch fixed, 80 GB A100s), the search's best prediction against the prediction for the
 paper's own configuration (t, p, b, v, full recomputation, its DDP, blocking sends as in
-megatron_table1.py), and where the paper's choice
-ranks in its family (1F1B or interleaved: the exact top 5 of each schedule, --per schedule), both as a
-whole configuration (t, p, v, b: v and b from Megatron-LM's sc21 scripts) and as a layout (t, p, what
-Table 1 itself gives; each layout at its best v and b); then the
-paper's Fig. 13 (162.2B on 64 GPUs: the best t is 8) and Fig. 14 (5.9B on 64 GPUs, no tensor
-parallelism: the best throughput falls as p grows), both read off the search (--per t, --per p).
+megatron_table1.py), and where the paper's choice ranks in its family (1F1B or interleaved: the exact
+top 5 of each schedule, --per schedule) among what Megatron-LM could then run (megatron_ranked), both
+as a whole configuration (t, p, v, b: v and b from Megatron-LM's sc21 scripts) and as a layout (t, p,
+what Table 1 itself gives; each layout at its best v and b); then the paper's Fig. 13 (162.2B on 64
+GPUs: the best t is 8), Fig. 14 (5.9B on 64 GPUs, no tensor parallelism: the best throughput falls as
+p grows) and Fig. 15 (5.9B on 64 GPUs, no pipeline: throughput falls as t grows), read off the search
+(--per t, --per p).
 
     python benchmarks/tune_megatron.py                # the table and the figures
     python benchmarks/tune_megatron.py --speed 3      # also: the 1T row, `schedc tune` whole process,
@@ -34,6 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
 from schedc.frontend.library import library_files  # noqa: E402
+from schedc.diagnostics import SchedError  # noqa: E402
 from schedc.search import Candidate, Request, Searcher  # noqa: E402
 
 FAMILIES = ("1f1b", "interleaved_1f1b")
@@ -54,32 +56,59 @@ def model_file(name: str) -> str:
 
 
 def table_row(row) -> dict:
-    """Two searches of the row: every recomputation choice (the best), and full recomputation only, the
-    paper's setting (where the paper's configuration ranks in its family)."""
+    """Two searches of the row: every recomputation choice (the best: what `schedc tune` answers, with the
+    row's DDP), and full recomputation only, the paper's setting, over what the paper's system could run
+    (where the paper's configuration ranks in its family; see megatron_ranked)."""
     name, t, p, gpus, batch, b, per_virtual, ddp, measured = row
     model, schedule, params, layout, v = row_args(name, t, p, gpus, batch, b, per_virtual, ddp)
     out = {"row": name, "batch": batch}
-    for key, recompute in (("all", ("full", "selective", "none")), ("full", ("full",))):
-        request = Request(model_file(name), CLUSTER, gpus, batch, schedules(), recompute=recompute, top=5,
-                          per="schedule", overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
-        searcher = Searcher(request)
-        start = time.perf_counter()
-        outcome = searcher.run()
-        paper = Candidate(schedule, t, p, layout.dp, v if v > 1 else None, b, batch // (b * layout.dp), "full")
-        family = [r.candidate for r in outcome.ranked if r.candidate.schedule == schedule]
-        out[key] = {"best": min(outcome.ranked, key=lambda r: (r.iteration_s, r.candidate)),
-                    "rank": family.index(paper) + 1 if paper in family else None,
-                    "family": [r for r in outcome.ranked if r.candidate.schedule == schedule],
-                    "seconds": time.perf_counter() - start}
-        out["paper"], out["predicted"] = paper, searcher.evaluate(paper, free=True)
-    family = out["full"]["family"]
-    out["full"]["layout_rank"] = layout_rank([r.candidate for r in family], paper)
+    paper = Candidate(schedule, t, p, layout.dp, v if v > 1 else None, b, batch // (b * layout.dp), "full")
+    request = Request(model_file(name), CLUSTER, gpus, batch, schedules(), top=5, per="schedule",
+                      overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
+    start = time.perf_counter()
+    searcher = Searcher(request)
+    outcome = searcher.run()
+    out["all"] = {"best": min(outcome.ranked, key=lambda r: (r.iteration_s, r.candidate)),
+                  "seconds": time.perf_counter() - start}
+    out["paper"], out["predicted"] = paper, searcher.evaluate(paper, free=True)
+    start = time.perf_counter()
+    ranked = megatron_ranked(name, gpus, batch, schedules(), top=5, per="schedule")
+    family = [r for r in ranked if r.candidate.schedule == schedule]
+    rank = [r.candidate for r in family]
+    out["full"] = {"best": ranked[0], "family": family, "rank": rank.index(paper) + 1 if paper in rank else None,
+                   "layout_rank": layout_rank(rank, paper), "seconds": time.perf_counter() - start}
     if out["full"]["rank"] is None:  # its exact rank and its layout's, up to 100, from its family's top 100
-        request = Request(model_file(name), CLUSTER, gpus, batch, (schedule,), recompute=("full",), top=100,
-                          overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
-        ranked = [r.candidate for r in Searcher(request).run().ranked]
-        out["full"]["exact_rank"] = ranked.index(out["paper"]) + 1 if out["paper"] in ranked else None
+        ranked = [r.candidate for r in megatron_ranked(name, gpus, batch, (schedule,), top=100)]
+        out["full"]["exact_rank"] = ranked.index(paper) + 1 if paper in ranked else None
         out["full"]["layout_rank"] = layout_rank(ranked, paper)
+    return out
+
+
+def megatron_ranked(name: str, gpus: int, batch: int, names: tuple[str, ...], top: int, per: str | None = None):
+    """The search with full recomputation over the configurations Megatron-LM could run when the paper
+    was measured, best first (the exact top `top`, of each schedule with per="schedule"): its torch DDP,
+    which overlaps the gradient all-reduce with the backward, only without pipelining (its training.py of
+    August 2021: `if len(model) > 1 or mpu.get_pipeline_model_parallel_world_size() > 1: assert
+    args.DDP_impl == 'local'`), its local DDP, which does not overlap, with p > 1. Every row's own
+    configuration keeps its DDP under this rule: torch at p = 1 (rows 1-4), local beyond."""
+    merged = []
+    for pp, overlap in (((1,), True), (tuple(range(2, gpus + 1)), False)):
+        request = Request(model_file(name), CLUSTER, gpus, batch, names, recompute=("full",), top=top, per=per,
+                          pp=pp, overlap_grad_reduce=overlap, blocking_p2p=BLOCKING)
+        try:
+            merged += Searcher(request).run().ranked
+        except SchedError:  # nothing with this p: no layout, or none fits
+            continue
+    merged.sort(key=lambda r: (r.iteration_s, r.candidate))
+    if per is None:
+        return merged[:top]
+    kept: dict[str, int] = {}
+    out = []
+    for r in merged:
+        group = getattr(r.candidate, per)
+        if kept.get(group, 0) < top:
+            kept[group] = kept.get(group, 0) + 1
+            out.append(r)
     return out
 
 
@@ -182,6 +211,26 @@ def figures() -> bool:
             + f" -> falls as p grows: {falls}")
         if "microbatch" in kw:
             ok = best_t == 8 and falls
+    ok &= figure15()
+    return ok
+
+
+def figure15() -> bool:
+    """Fig. 15 (5.9B on 64 GPUs, no pipeline, tensor against data parallelism, batch 32, 128 and 512) in
+    the paper's setting (sc21/run_figure_15.sh: b = 1, full recomputation, local DDP): the paper finds
+    throughput falling as t grows, the tensor-parallel all-reduces of every microbatch dominating "with
+    larger batch sizes", where the data-parallel all-reduce is infrequent. Checked at 128 and 512; the
+    32 row is printed as found."""
+    ok = True
+    for batch in (32, 128, 512):
+        fig15 = best_per("gpt-5.9b", 64, batch, "t", ("1f1b",), pp=(1,), microbatch=(1,), recompute=("full",))
+        rates = [fig15[t].prediction.tflops_per_gpu for t in sorted(fig15)]
+        falls = all(a > b for a, b in zip(rates, rates[1:]))
+        print(f"Fig. 15, 5.9B on 64 GPUs, batch {batch}, p=1, b=1, full recomputation, best per t (TF/s): "
+              + ", ".join(f"t={t}: {rate:.1f}" for t, rate in zip(sorted(fig15), rates))
+              + f" -> falls as t grows: {falls}")
+        if batch > 32:
+            ok &= falls
     return ok
 
 
