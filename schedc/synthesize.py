@@ -24,6 +24,7 @@ How, in three steps, all deterministic (ties go to the lower device, microbatch 
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -254,15 +255,27 @@ def _list_schedule(problem: Problem, warm: tuple[int, ...], guard: str,
     forever. A device's next decision changes only when it or a neighbour places an op."""
     state = _ListState(problem, warm, guard, alternate)
     p = problem.p
-    decisions = [state.decide(d) for d in range(p)]
+    heap: list[tuple[tuple[float, int, int], int]] = []  # (decision, its version): the least is next
+    version = [0] * p
+
+    def decide(d: int) -> None:
+        version[d] += 1  # the device's earlier decision, still in the heap, is out of date
+        decision = state.decide(d)
+        if decision is not None:
+            heapq.heappush(heap, (decision, version[d]))
+
+    for d in range(p):
+        decide(d)
     for _ in range(problem.kinds * p * problem.m):
-        pick = min((c for c in decisions if c is not None), default=None)
-        if pick is None:
+        while heap and heap[0][1] != version[heap[0][0][1]]:
+            heapq.heappop(heap)
+        if not heap:
             return None
+        pick = heapq.heappop(heap)[0]
         state.run(*pick)
         d = pick[1]
         for near in range(max(0, d - 1), min(p, d + 2)):  # the device and its neighbours
-            decisions[near] = state.decide(near)
+            decide(near)
     return state.orders
 
 

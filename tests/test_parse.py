@@ -6,7 +6,7 @@ import pytest
 from conftest import FIXTURES, SCHEDULES
 from schedc.frontend import ast
 from schedc.diagnostics import SchedError, Source
-from schedc.frontend.parse import decode_source, parse_source
+from schedc.frontend.parse import ToAst, decode_source, parse_source
 
 
 @pytest.mark.parametrize("path", sorted(SCHEDULES.glob("*.sched")), ids=lambda p: p.name)
@@ -120,3 +120,43 @@ def test_deeply_nested_program_is_a_located_error():
     exc = _error(f'schedule x "x"\non device d {{ {body} }}\n')
     assert exc.exit_code == 2 and exc.diagnostics[0].span.line == 2
     assert "nested deeper than 200 levels" in exc.render()
+
+
+def _general_parser():
+    """The grammar without its one-token rule for runs of literal ops: every op through the general rule."""
+    from importlib import resources
+
+    from lark import Lark
+
+    from schedc.frontend.parse import GRAMMAR_FILE, GRAMMAR_PACKAGE
+    text = resources.files(GRAMMAR_PACKAGE).joinpath(GRAMMAR_FILE).read_text()
+    general = text.replace(" | literal_run", "")
+    lines = [line for line in general.splitlines() if "OP_RUN" not in line]
+    assert general != text and len(lines) == len(text.splitlines()) - 2  # the rule and its terminal
+    return Lark("\n".join(lines), parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+@pytest.mark.parametrize("name", ["explicit_spacing.sched", "explicit.sched"])
+def test_literal_ops_parse_as_the_general_rule_does(name):
+    text = (FIXTURES / name).read_text()
+    fast = parse_source(Source(name, text))
+    general = ToAst().transform(_general_parser().parse(text))
+    assert fast == general  # nodes and spans alike
+    ops = [item.unit for d in fast.decls if isinstance(d, ast.Program) for item in d.body]
+    assert len(ops) == (11 if name == "explicit_spacing.sched" else 8)  # a group is one item
+
+
+@pytest.mark.parametrize("body", [
+    "F(0, 1) * 2 B(0, 1)", "F(0, 0)? F(0, 1)", "F(0, 0) F(0, 1) at 3", "F(0, 1) if 1 > 0 B(0, 1)",
+    "F(0, 1) if k > 0 ; B(0, 1)", "(F(0, 1) | B(0, 1)) F(0, 2)", "F(0, 0) F(0, 1) & B(0, 0) W(0, 0)",
+    "F(0, 0) (B(0, 0))", "F(0,0)F(0,1) atx(0, 1)", "F(0, 0) iff(1, 2)", "for k in 0 .. 2 { F(0, 0) F(0, 1) }",
+])
+def test_an_op_with_something_after_it_leaves_the_run(body):
+    text = f'schedule x "x"\non device 0 {{ {body} }}\n'
+    assert parse_source(Source("t.sched", text)) == ToAst().transform(_general_parser().parse(text))
+
+
+def test_literal_op_with_a_huge_microbatch_is_located():
+    exc = _error('schedule x "x"\non device 0 { F(0, 1' + "0" * 30 + ") }\n")
+    assert "has 31 digits (at most 18)" in exc.render().splitlines()[0]
+    assert (exc.diagnostics[0].span.line, exc.diagnostics[0].span.column) == (2, 20)  # the number's own column

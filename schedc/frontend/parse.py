@@ -4,7 +4,9 @@ Lark's exceptions are translated here into located diagnostics; nothing from Lar
 """
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -42,6 +44,33 @@ def _string(tok: Token | None) -> str:
     return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
 
 
+_OP_LITERAL = re.compile(r"([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)", re.ASCII)
+
+
+def _integer(text: str, span: Span) -> ast.Num:
+    if len(text.lstrip("0")) > MAX_DIGITS:
+        raise _Refused(f"integer {text[:12]}... has {len(text)} digits (at most {MAX_DIGITS})", span)
+    return ast.Num(span, int(text))
+
+
+def _positions(tok: Token) -> Callable[[int], tuple[int, int]]:
+    """(line, column) of an offset into the token's text, from the token's own position."""
+    newlines = [k for k, char in enumerate(tok) if char == "\n"]
+
+    def at(offset: int) -> tuple[int, int]:
+        before = bisect.bisect_left(newlines, offset)
+        return tok.line + before, (offset - newlines[before - 1] if before else tok.column + offset)
+    return at
+
+
+class _Run(list):
+    """The items of a literal run, spliced into the block or group that holds it."""
+
+
+def _flat(children: list) -> tuple:
+    return tuple(x for child in children for x in (child if isinstance(child, _Run) else (child,)))
+
+
 class _Refused(Exception):
     """A construct the grammar admits but the language refuses (an integer literal of 400 digits), raised
     inside the Transformer with its span and reported by parse_source as a located syntax error."""
@@ -59,9 +88,7 @@ class ToAst(Transformer):
     def number(self, meta, children):
         tok, span = children[0], _span(meta)
         if tok.type == "INT":
-            if len(tok.lstrip("0")) > MAX_DIGITS:
-                raise _Refused(f"integer {tok[:12]}... has {len(tok)} digits (at most {MAX_DIGITS})", span)
-            return ast.Num(span, int(tok))
+            return _integer(tok, span)
         value = float(tok)
         if value == float("inf"):
             raise _Refused(f"number {tok} is too large to be a finite number", span)
@@ -126,7 +153,18 @@ class ToAst(Transformer):
         return tuple(children)
 
     def group(self, meta, children):
-        return ast.Group(_span(meta), tuple(children))
+        return ast.Group(_span(meta), _flat(children))
+
+    def literal_run(self, meta, children):
+        """`F(0, 3) B.up(2, 5) ...` lexed as one token: the items the general rule builds, spans alike."""
+        tok = children[0]
+        at = _positions(tok)
+        out = []
+        for match in _OP_LITERAL.finditer(tok):
+            span = Span(*at(match.start()), *at(match.end()))
+            args = tuple(_integer(match[k], Span(*at(match.start(k)), *at(match.end(k)))) for k in (3, 4))
+            out.append(ast.Item(span, ast.Cursor(span, match[1], match[2], args, None), None, None))
+        return _Run(out)
 
     def item(self, meta, children):
         unit, optional, repeat, slot, when = children
@@ -141,7 +179,7 @@ class ToAst(Transformer):
         return ast.Let(_span(meta), str(children[0]), children[1])
 
     def block(self, meta, children):
-        return tuple(children)
+        return _flat(children)
 
     def loop(self, meta, children):
         var, start, stop, body = children
