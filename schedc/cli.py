@@ -8,6 +8,8 @@ fails its checks, 2 usage or syntax errors.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -104,7 +106,21 @@ def _compiled(file: str, defines, costs, profile, microbatch_size, latency: floa
     return result
 
 
-@click.group(context_settings=CONTEXT)
+class _Commands(click.Group):
+    """The command group. A reader that stops early (`schedc simulate X | head -1`) ends the command
+    quietly with 128 + SIGPIPE, as a shell tool the signal kills does, not with a failed check's 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            out = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+            return out
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(128 + signal.SIGPIPE)
+
+
+@click.group(cls=_Commands, context_settings=CONTEXT)
 @click.version_option(package_name="schedc")
 def main() -> None:
     """schedc: declare, check, simulate, draw and run pipeline-parallel training schedules.

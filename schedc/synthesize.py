@@ -137,12 +137,13 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
         raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     if p > MAX_DEVICES:
         raise option_error(f"p={p:,} devices, more than the {MAX_DEVICES:,} a schedule may have")
-    if 3 * p * m > MAX_OPS:
-        raise option_error(f"p={p}, m={m} would make {3 * p * m:,} ops, more than the {MAX_OPS:,} a schedule may have")
     split = OpKind.I.value in costs or OpKind.W.value in costs
     if split and OpKind.B.value in costs:
         raise option_error("give the backward as B, or split as I and W, not both")
     names = builtin_kinds(split)
+    if len(names) * p * m > MAX_OPS:
+        raise option_error(f"p={p}, m={m} would make {len(names) * p * m:,} ops ({p:,} stages x {m:,} microbatches x "
+                           f"{len(names)} op kinds), more than the {MAX_OPS:,} a schedule may have")
     said = {name: (where or {}).get(name, f"cost {name}") for name in names}
     table = tuple(_per_stage(said[name], costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
     for name, row in zip(names, table):

@@ -50,6 +50,12 @@ def test_non_utf8_bytes_are_located():
     assert caught.value.diagnostics[0].span.line == 2
 
 
+def test_a_byte_order_mark_is_dropped_and_columns_count_without_it():
+    text = decode_source(b"\xef\xbb\xbfschedule x\nparam p = $\n", "bom.sched").text
+    assert text.startswith("schedule x")
+    assert (_error(text).diagnostics[0].span.line, _error(text).diagnostics[0].span.column) == (2, 11)
+
+
 def test_deep_nesting_is_refused_without_recursion_error():
     exc = _error("schedule x\nparam p = " + "(" * 5000 + "1" + ")" * 5000)
     assert "nesting" in exc.render()

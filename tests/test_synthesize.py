@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import zb_heuristic as ref
 from conftest import ROOT
 from schedc.cli import main
+from schedc.diagnostics import SchedError
 from schedc.synthesize import make_problem, synthesize, to_sched
 from schedc.synthesize_cli import check_text, problem_from_options
 
@@ -221,3 +222,12 @@ def test_json_summary_and_the_written_costs(tmp_path):
     forwards = {op.stage: op.cost for order in compiled.schedule.orders for op in order if op.kind == "F"}
     assert [forwards[s] for s in range(4)] == [1, 1, 2, 2]
     assert compiled.stats["makespan"] == summary["makespan"]
+
+
+def test_the_op_limit_counts_the_kinds_the_order_runs():
+    """F and B: 2 p m ops (p=2, m=100,000 is 400,000, within the 500,000 limit, as `check 1f1b` finds);
+    F, I and W: 3 p m."""
+    assert make_problem(2, 100_000, {"F": (1.0,), "B": (2.0,)}, 0.0, (2.0,)).m == 100_000
+    with pytest.raises(SchedError) as caught:
+        make_problem(2, 100_000, {"F": (1.0,), "I": (1.0,), "W": (1.0,)}, 0.0, (2.0,))
+    assert "600,000 ops (2 stages x 100,000 microbatches x 3 op kinds)" in caught.value.render()

@@ -96,6 +96,14 @@ def test_bad_csv_is_a_located_usage_error(text, where, fragment):
     assert f"x.csv:{where}: error:" in info.value.render() and fragment in info.value.render()
 
 
+def test_a_csv_a_spreadsheet_wrote_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf0F0,0B0\n1F0,1B0\n")
+    result = CliRunner().invoke(main, ["check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "ok (4 ops on 2 devices" in result.output
+
+
 def test_microbatch_count_can_be_given():
     text = "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
     from schedc.frontend.elaborate import Options

@@ -5,6 +5,7 @@ Lark's exceptions are translated here into located diagnostics; nothing from Lar
 from __future__ import annotations
 
 import bisect
+import codecs
 import re
 from collections.abc import Callable
 from functools import lru_cache
@@ -390,7 +391,9 @@ def _unmatched_paren(text: str) -> int | None:
 
 
 def decode_source(data: bytes, path: str) -> Source:
-    """Decode a file's bytes, refusing non-UTF-8 and oversized input with a located error."""
+    """Decode a file's bytes, refusing non-UTF-8 and oversized input with a located error. A leading
+    byte-order mark (spreadsheet tools write one into a CSV) is dropped: columns count as an editor shows them."""
+    data = data.removeprefix(codecs.BOM_UTF8)
     if len(data) > MAX_SOURCE_BYTES:
         raise SchedError(error(f"file is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"),
                          Source(path, ""), exit_code=2)
