@@ -30,6 +30,9 @@ CORPUS = [
     ("out_of_range.csv", 1, [("1:9", "microbatch 2 is outside the microbatches 0..1")]),
     ("two_ranks.csv", 1, [("1:17", "stage 1 of pipeline 'main' is on device 1, but device 0 runs it too")]),
     ("bad_cell.csv", 2, [("2:9", "bad cell '1X0'"), ("2:17", "bad cell 'zz'")]),
+    ("overlap_own_microbatch.sched", 1, [("8:20", "F(1,0) & B(1,0) on device 1: a backward cannot overlap a "
+                                                  "forward of its own microbatch")]),
+    ("overlap_own_microbatch.csv", 1, [("2:1", "F(1,0) & B(1,0) on device 1: a backward cannot overlap")]),
 ]
 
 

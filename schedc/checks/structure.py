@@ -28,10 +28,11 @@ def check_structure(schedule: Schedule, counted: Census | None = None) -> list[D
     """Guarantees, when it returns no error: each device's order holds exactly the expected ops, each
     once: F and B (or F, I and W with a split backward) of every stage and microbatch of every pipeline,
     and every placed task; every op runs on the device its stage is placed on; no model stage sits twice
-    on one device across replicated pipelines. Otherwise every fault is reported, located at the op.
+    on one device across replicated pipelines; no overlapped pair is of one microbatch. Otherwise every
+    fault is reported, located at the op.
     counted: the schedule's census, when the caller has it (a compile counts once for two checks)."""
     counted = counted or census(schedule)
-    diags = _check_shape(schedule) + _check_replicas(schedule)
+    diags = _check_shape(schedule) + _check_replicas(schedule) + _check_fused(schedule)
     if diags or not counted.exact or not _homes_ok(schedule):
         diags += _walk(schedule, counted)
     return diags
@@ -53,6 +54,15 @@ def _check_shape(schedule: Schedule) -> list[Diagnostic]:
     if len(schedule.orders) != schedule.devices:
         return [error(f"the schedule has {schedule.devices} devices but {len(schedule.orders)} device orders")]
     return []
+
+
+def _check_fused(schedule: Schedule) -> list[Diagnostic]:
+    """An overlapped pair (F & B, F & I) runs its halves together, so they must not depend on each other:
+    a backward waits for every forward of its own microbatch (through the last stage's)."""
+    return [error(f"{label(schedule, f)} & {label(schedule, b)} on device {f.device}: a backward cannot overlap a "
+                  "forward of its own microbatch (it waits for every forward of it); overlap it with another "
+                  "microbatch's forward, or place the two one after the other", b.span or f.span)
+            for f, b in schedule.fused if (f.pipe, f.mb) == (b.pipe, b.mb)]
 
 
 def _check_replicas(schedule: Schedule) -> list[Diagnostic]:
