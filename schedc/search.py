@@ -438,13 +438,20 @@ class Searcher:
             entry = self.entries[c.schedule]
             try:
                 _, devices, pipelines = shape_of(entry.decl, entry.source, c.params())
-            except SchedError as exc:
-                self.shapes[key] = Refusal(exc.diagnostics[0].message)
+            except SchedError as exc:  # outside the space if its stages would not divide the layers either
+                from .frontend.elaborate import stage_count
+                self.shapes[key] = self._layers(stage_count(entry.decl, entry.source, c.params())) or Refusal(
+                    exc.diagnostics[0].message)
             else:
-                stages = pipelines[0].stages
-                self.shapes[key] = Shape(devices, pipelines) if self.model.layers % stages == 0 else Refusal(
-                    f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
+                self.shapes[key] = self._layers(pipelines[0].stages) or Shape(devices, pipelines)
         return self.shapes[key]
+
+    def _layers(self, stages: int | None) -> Refusal | None:
+        """The refusal of stages that do not divide the model's layers (outside the space, whatever the
+        schedule's requires say), or None."""
+        if stages and self.model.layers % stages:
+            return Refusal(f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
+        return None
 
     def stage_costs(self, st: Setting, c: Candidate, shape: Shape):
         """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's

@@ -246,6 +246,9 @@ def test_json_is_a_list_best_first(model):
     (["--gpus", "16", "--global-batch", "32", "--memory-limit", "0.01GiB"], 1, "no configuration fits in 0.01 GiB"),
     (["--gpus", "3", "--global-batch", "4", "--schedules", "1f1b"], 2,
      "no layout of 3 GPUs whose pipeline stages divide the model's layers"),
+    (["--gpus", "3", "--global-batch", "4", "--schedules", "chimera"], 2,  # its require (p even) fails first
+     "no layout of 3 GPUs whose pipeline stages divide the model's layers"),
+    (["--gpus", "3", "--global-batch", "4"], 2, "no layout of 3 GPUs whose pipeline stages divide the model's layers"),
     (["--gpus", "16", "--global-batch", "3", "--tp", "1", "--pp", "2"], 2, "no layout of 16 GPUs: --tp 1 with --pp 2: no t x p x d = 16 GPUs among them with d dividing the global batch 3"),
     (["--gpus", "16", "--global-batch", "32", "--memory-limit", "lots"], 2, "--memory-limit: cannot read 'lots'"),
     (["--gpus", "16", "--global-batch", "32", "--recompute", "some"], 2, "--recompute: unknown value 'some'"),

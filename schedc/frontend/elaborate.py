@@ -134,8 +134,9 @@ def _set_elsewhere(params, overrides, req, source) -> list[str]:
     return notes
 
 
-def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> dict[str, Any]:
-    """Evaluate params in order, applying -D overrides; check the requires."""
+def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str],
+                requires: bool = True) -> dict[str, Any]:
+    """Evaluate params in order, applying -D overrides; check the requires (unless told not to)."""
     params = [d for d in decl.decls if isinstance(d, ast.Param)]
     known = {p.name for p in params}
     unknown = sorted(set(overrides) - known)
@@ -152,7 +153,7 @@ def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
         except EvalError as exc:
             raise _fail(exc.message, exc.span, source) from None
     failures = []
-    for req in (d for d in decl.decls if isinstance(d, ast.Require)):
+    for req in (d for d in decl.decls if isinstance(d, ast.Require) and requires):
         try:
             ok = evaluate(req.test, env)
         except EvalError as exc:
@@ -322,6 +323,17 @@ def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) 
         return env, devices, build_pipelines(decl, env, devices, source, MAX_OPS)
     except EvalError as exc:
         raise _fail(exc.message, exc.span, source) from None
+
+
+def stage_count(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> int | None:
+    """The first pipeline's stage count under these params, its requires not checked; None if it cannot
+    be evaluated (`schedc tune` asks whether a refused candidate's stages divide the layers at all)."""
+    try:
+        env = bind_params(decl, source, overrides, requires=False)
+        first = next(d for d in decl.decls if isinstance(d, ast.PipelineDecl) and d.stages is not None)
+        return evaluate_int(first.stages, env, "stage count")
+    except (SchedError, EvalError, StopIteration):
+        return None
 
 
 def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Schedule:
