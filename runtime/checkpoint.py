@@ -101,6 +101,15 @@ def check_resumable(directory: str, world: int | None = None, ranks=None) -> dic
     return latest
 
 
+def check_steps_left(directory: str, steps_done: int, steps: int) -> None:
+    """--steps counts the run's steps from the first, not those after the checkpoint: one at or below
+    the steps done would run nothing."""
+    if steps_done >= steps:
+        raise CheckpointError(f"--resume {directory}: the checkpoint has {steps_done} steps done, and --steps "
+                              f"{steps} counts the run's steps from the first: nothing is left to run (give "
+                              f"--steps {steps_done + 1} or more to go on)")
+
+
 def load(directory: str, executor, identity: dict) -> int:
     """Restore this rank's state from the latest checkpoint; return the number of steps done. Every
     rank checks its own file, and all learn of any failure, so a missing rank1.pt is named by rank 0."""

@@ -115,6 +115,8 @@ def identity(plan: Plan, opts, world: World) -> dict:
 
 def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     first = checkpoint.load(opts.resume, executor, identity(plan, opts, world)) if opts.resume else 0
+    if opts.resume:
+        checkpoint.check_steps_left(opts.resume, first, opts.steps)
     opts.first_step = first
     if opts.save_grads:
         executor.before_update = _grad_dumper(opts.save_grads, first, world)

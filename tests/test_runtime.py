@@ -476,6 +476,10 @@ def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())
     assert sorted(latest["files"]) == ["rank0.pt", "rank1.pt"] and not list((tmp_path / "ckpt").rglob("*.tmp"))
 
+    # --steps at the checkpoint's 3 steps done would run nothing: refused before torchrun, saying why
+    assert launch_from_cli(plan, None, [*SMALL, "--steps", "3", "--quiet", "--resume", str(tmp_path / "ckpt")]) == 2
+    assert "the checkpoint has 3 steps done, and --steps 3 counts the run's steps from the first: nothing is " \
+           "left to run (give --steps 4 or more to go on)" in capsys.readouterr().err
     # 64 flipped bytes, then a missing file: refused naming the file, before torchrun (schedc run) ...
     rank1 = tmp_path / "ckpt" / latest["dir"] / "rank1.pt"
     data = bytearray(rank1.read_bytes())
