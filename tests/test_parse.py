@@ -82,6 +82,7 @@ def test_expressions_follow_usual_precedence():
 
 @pytest.mark.parametrize("fixture,line,column,hint", [
     ("group_after_op.sched", 4, 20, "put ';' before a group that follows an op: F ; (F B)"),
+    ("overlap_after_op.sched", 5, 20, "a '(' right after an op is read as its arguments"),
     ("if_after_item.sched", 5, 11, "put ';' before an if-statement that follows an item"),
 ])
 def test_the_two_longer_readings_get_a_hint(fixture, line, column, hint):

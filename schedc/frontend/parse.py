@@ -359,7 +359,7 @@ def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) 
     if not isinstance(exc, UnexpectedToken) or exc.token.type == "$END":
         return ()
     before = source.text[: exc.pos_in_stream]
-    if terminals and terminals <= {"RPAR", "COMMA"}:
+    if {"RPAR", "COMMA"} <= terminals:  # inside an argument list: `F (F & B)`, `F (F B)`
         opening = _unmatched_paren(before)
         cursor = _CURSOR_THEN_PAREN.search(before[: opening + 1]) if opening is not None else None
         if cursor and cursor.group(1) not in _NOT_CURSORS:
