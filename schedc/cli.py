@@ -242,10 +242,12 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
             cycle = len(result.plan.ranks[0]) if result.plan is not None and result.plan.ranks else 1
             step = (f"step 0 of its cycle of {cycle} steps, " if cycle > 1 else "")
             tasks = any(op.is_task for order in result.schedule.orders for op in order)
-            click.echo(f"  (re-simulated from the plan's per-rank orders, {step}at latency {latency:g}, as render "
-                       "draws it: a task waits only for its rank's order"
+            messages = ("with the message times the plan records" if "links" in result.plan.meta
+                        else f"at latency {latency:g}")
+            click.echo(f"  (re-simulated from the plan's per-rank orders, {step}{messages}, as render draws it: "
+                       "a task waits only for its rank's order"
                        + ("; its tasks' memory is not in a plan, so the peaks count activations only" if tasks else "")
-                       + "; the per-link message times of a --cluster compile are not in a plan)")
+                       + ")")
     sys.exit(exit_code(result.diagnostics))
 
 

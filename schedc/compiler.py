@@ -102,7 +102,7 @@ def _step_sequences(u: Unit) -> Unit:
 
 
 def _lower(u: Unit) -> Unit:
-    return u if u.failed else replace(u, plan=lower(u.schedule, u.stats, u.sequences))
+    return u if u.failed else replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links))
 
 
 def _check_channels(u: Unit) -> Unit:

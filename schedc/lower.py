@@ -193,7 +193,18 @@ def _sync_grads(schedule: Schedule) -> dict[int, list[Instr]]:
     return {device: sorted(instrs, key=lambda i: i.stage) for device, instrs in out.items()}
 
 
-def plan_meta(schedule: Schedule, stats: Mapping[str, Any]) -> dict[str, Any]:
+def plan_meta(schedule: Schedule, stats: Mapping[str, Any],
+              links: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
+    """What plan.json records beside the streams. With the per device pair message times a `--cluster`
+    compile simulated with, "links" lists [from, to, seconds] for the pairs its pipelines send over,
+    and a per-stage activation size other than 1 is "activation": a re-simulation of the plan (simulate
+    or render of plan.json) then gives the compile's figures."""
+    extra: dict[str, Any] = {}
+    if links is not None:
+        pairs = {(a, b) for pipe in schedule.pipelines for a, b in zip(pipe.placement, pipe.placement[1:]) if a != b}
+        extra["links"] = [[a, b, links[a][b]] for a, b in sorted(pairs | {(b, a) for a, b in pairs})]
+    if any(size != 1.0 for size in schedule.activation):
+        extra["activation"] = list(schedule.activation)
     return {
         "schedule": schedule.name,
         "description": schedule.description,
@@ -207,6 +218,7 @@ def plan_meta(schedule: Schedule, stats: Mapping[str, Any]) -> dict[str, Any]:
         "replicas": [list(g) for g in schedule.replicas],
         "costs": {**{k: list(v) for k, v in schedule.costs.items()}, **_task_costs(schedule)},
         "stats": dict(stats),
+        **extra,
     }
 
 
@@ -223,14 +235,15 @@ def _task_costs(schedule: Schedule) -> dict[str, list[float]]:
 
 
 def lower(schedule: Schedule, stats: Mapping[str, Any],
-          sequences: Sequence[tuple[tuple[float, float, Op], ...]]) -> Plan:
+          sequences: Sequence[tuple[tuple[float, float, Op], ...]],
+          links: Sequence[Sequence[float]] | None = None) -> Plan:
     """Schedule -> Plan: every rank's K step programs with communication, gradient sync and STEP.
     sequences: for each step program, its ops as (start, end, op) in start order (simulate.step_sequences);
-    stats: what plan.json records of the simulation.
+    stats: what plan.json records of the simulation; links: the message times it ran with (plan_meta).
 
         1F1B p=2 m=1: orders (F(0,0) B(0,0)), (F(1,0) B(1,0))
         -> rank 0: F SEND_F RECV_B B STEP; rank 1: RECV_F F B SEND_B STEP (see lower_step)
     """
     steps = [lower_step(schedule, step, sequence) for step, sequence in zip(schedule.steps, sequences, strict=True)]
     ranks = tuple(tuple(tuple(steps[k][d]) for k in range(len(steps))) for d in range(schedule.devices))
-    return Plan(plan_meta(schedule, stats), ranks)
+    return Plan(plan_meta(schedule, stats, links), ranks)

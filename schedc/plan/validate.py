@@ -52,6 +52,11 @@ def check_plan_fields(plan: Plan) -> None:
     pipelines = _pipelines(meta.get("pipelines"), stages, microbatches, devices)
     _replicas(meta.get("replicas", []), len(pipelines))
     _costs(meta.get("costs") or {}, stages)
+    _links(meta.get("links", []), devices)
+    if "activation" in meta and not (isinstance(meta["activation"], list) and len(meta["activation"]) == stages
+                                     and all(_finite(v) and v >= 0 for v in meta["activation"])):
+        raise PlanError(f"activation: expected {stages} finite sizes >= 0, one per stage, got "
+                        f"{_shown(meta['activation'])}")
     params = meta.get("params", {})
     if not isinstance(params, dict) or not all(type(v) in (int, float) for v in params.values()):
         raise PlanError(f"params: expected an object of param name to number, got {_shown(params)}")
@@ -96,6 +101,15 @@ def _pipelines(value: Any, stages: int, microbatches: int, devices: int) -> list
         owned |= set(mbs)
         placements.append(placement)
     return placements
+
+
+def _links(value: Any, devices: int) -> None:
+    """[from, to, seconds] per device pair: two ranks of the plan, and a finite time >= 0."""
+    if not isinstance(value, list) or not all(
+            isinstance(e, list) and len(e) == 3 and _ints(e[:2], 0, devices - 1) and e[0] != e[1]
+            and _finite(e[2]) and e[2] >= 0 for e in value):
+        raise PlanError(f"links: expected [from rank, to rank, seconds >= 0] entries between the ranks "
+                        f"0..{devices - 1}, got {_shown(value)}")
 
 
 def _replicas(value: Any, count: int) -> None:

@@ -53,9 +53,22 @@ def _check_measured(plan: Plan, measured: dict, profile: str | None, costs: str 
 
 
 def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:
+    """The plan's step-0 orders simulated at `latency`, or with the message times it records (a
+    `--cluster` compile's "links")."""
     schedule = schedule_from_plan(plan, path, costs)
-    timing = simulate(schedule, latency)
+    timing = simulate(schedule, latency, plan_links(plan))
     return Compiled(schedule, timing, Stats.of(schedule, timing), plan, [])
+
+
+def plan_links(plan: Plan) -> list[list[float]] | None:
+    """The per device pair message times a plan records, as simulate takes them (0 between pairs that
+    exchange nothing); None for a plan without them."""
+    if "links" not in plan.meta:
+        return None
+    links = [[0.0] * plan.devices for _ in range(plan.devices)]
+    for a, b, seconds in plan.meta["links"]:
+        links[a][b] = float(seconds)
+    return links
 
 
 def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
@@ -83,7 +96,8 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
     return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
                     source=Source(path, ""), params=dict(meta.get("params") or {}), devices=plan.devices,
                     pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
-                    orders=tuple(orders), deps=deps, costs=table, activation=(1.0,) * stages, memory_limit=None,
+                    orders=tuple(orders), deps=deps, costs=table,
+                    activation=_per_stage(meta.get("activation", 1.0), stages), memory_limit=None,
                     memory_limit_span=None, split_backward=split and split_of is None, split_of=split_of,
                     fused=tuple(fused))
 
