@@ -87,16 +87,18 @@ def table_row(row) -> dict:
 def megatron_ranked(name: str, gpus: int, batch: int, names: tuple[str, ...], top: int, per: str | None = None):
     """The search with full recomputation over the configurations Megatron-LM could run when the paper
     was measured, best first (the exact top `top`, of each schedule with per="schedule"): its torch DDP,
-    which overlaps the gradient all-reduce with the backward, only without pipelining (its training.py of
-    August 2021: `if len(model) > 1 or mpu.get_pipeline_model_parallel_world_size() > 1: assert
-    args.DDP_impl == 'local'`), its local DDP, which does not overlap, with p > 1. Every row's own
+    which overlaps the gradient all-reduce with the backward, only without pipelining or chunks (its
+    training.py of August 2021: `if len(model) > 1 or mpu.get_pipeline_model_parallel_world_size() > 1:
+    assert args.DDP_impl == 'local'`), its local DDP, which does not overlap, with p > 1 or v > 1. Every row's own
     configuration keeps its DDP under this rule: torch at p = 1 (rows 1-4), local beyond."""
     merged = []
-    for pp, overlap in (((1,), True), (tuple(range(2, gpus + 1)), False)):
+    pipelined = tuple(range(2, gpus + 1))
+    for pp, overlap, chunked in (((1,), True, False), ((1,), False, True), (pipelined, False, None)):
         request = Request(model_file(name), CLUSTER, gpus, batch, names, recompute=("full",), top=top, per=per,
                           pp=pp, overlap_grad_reduce=overlap, blocking_p2p=BLOCKING)
-        try:
-            merged += Searcher(request).run().ranked
+        try:  # a schedule's candidates are all chunked (v set) or none: each its exact top from one search
+            merged += [r for r in Searcher(request).run().ranked
+                       if chunked is None or (r.candidate.v is not None) == chunked]
         except SchedError:  # nothing with this p: no layout, or none fits
             continue
     merged.sort(key=lambda r: (r.iteration_s, r.candidate))

@@ -220,8 +220,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     fail = _fail_json if as_json else _fail
     if _is_plan(file):
         _plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
-        latency = _plan_latency(file, latency)
-        on, result = None, _replayed(file, costs, profile, microbatch_size, latency, fail)
+        on, result = None, _replayed(file, costs, profile, microbatch_size, _given("latency", latency), fail)
     else:
         on = _on_cluster(file, defines, cluster, lower=False, addons=addons, fail=fail)
         result = on.compiled if on else _compiled(file, defines, costs, profile, microbatch_size, latency,
@@ -243,7 +242,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
             step = (f"step 0 of its cycle of {cycle} steps, " if cycle > 1 else "")
             tasks = any(op.is_task for order in result.schedule.orders for op in order)
             messages = ("with the message times the plan records" if "links" in result.plan.meta
-                        else f"at latency {latency:g}")
+                        else f"at latency {result.timing.latency:g}")
             click.echo(f"  (re-simulated from the plan's per-rank orders, {step}{messages}, as render draws it: "
                        "a task waits only for its rank's order"
                        + ("; its tasks' memory is not in a plan, so the peaks count activations only" if tasks else "")
@@ -251,16 +250,10 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     sys.exit(exit_code(result.diagnostics))
 
 
-def _plan_latency(file: str, latency: float) -> float:
-    """--latency if given, else the latency the plan was compiled with (its stats record it)."""
-    if click.get_current_context().get_parameter_source("latency") is not click.core.ParameterSource.DEFAULT:
-        return latency
-    try:
-        recorded = json.loads(Path(file).read_text()).get("stats", {}).get("latency")
-    except (OSError, ValueError, AttributeError):
-        return latency  # the plan's own reading reports what is wrong with it
-    ok = isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and 0 <= recorded < float("inf")
-    return float(recorded) if ok else latency
+def _given(name: str, value):
+    """An option's value if the user gave it, else None (a plan's re-simulation then uses its own)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return None if source is click.core.ParameterSource.DEFAULT else value
 
 
 def _refusal_json(diagnostics, source) -> dict:
@@ -291,7 +284,7 @@ def _plan_only(file: str, **given) -> None:
                                "schedule is compiled; give the .sched file instead")
 
 
-def _replayed(file: str, costs, profile, microbatch_size, latency: float, fail=_fail):
+def _replayed(file: str, costs, profile, microbatch_size, latency: float | None, fail=_fail):
     """A plan.json re-simulated from its ranks' step-0 orders, as render draws it."""
     from .render.load import load_input
     try:
@@ -465,8 +458,8 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
     from .render import render_file
     row = _profile_choice(costs, profile, microbatch_size)
     try:
-        result = render_file(file, defines, costs, latency, out, dag=dag, comms=comms, measured=measured,
-                             profile=row, cluster=cluster, addons=addons)
+        result = render_file(file, defines, costs, _given("latency", latency), out, dag=dag, comms=comms,
+                             measured=measured, profile=row, cluster=cluster, addons=addons)
     except SchedError as exc:
         _fail(exc)
     _report(result.diagnostics, result.schedule.source)

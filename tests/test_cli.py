@@ -370,6 +370,9 @@ def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tm
     replayed = json.loads(run("simulate", str(slow / "plan.json"), "--json").output)  # at the plan's latency
     assert replayed["makespan"] == compiled > json.loads(run("simulate", str(slow / "plan.json"), "--latency", "0",
                                                              "--json").output)["makespan"]
+    drawn = tmp_path / "slow.json"  # render draws it at the plan's latency too, not at 0
+    assert run("render", str(slow / "plan.json"), "-o", str(drawn)).exit_code == 0
+    assert json.loads(drawn.read_text())["otherData"]["stats"]["makespan"] == compiled
     edited = json.loads(Path(plan).read_text())
     edited["ranks"][0]["steps"][0] = [i for i in edited["ranks"][0]["steps"][0] if i["op"] != "SEND_F"]
     broken = tmp_path / "broken.json"
@@ -435,3 +438,15 @@ def test_a_reader_that_stops_early_ends_the_command_with_sigpipe_not_a_failed_ch
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(tmp_path):
+    model = str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    assert run("compile", "1f1b", "-D", "p=2", "--model", model, "--cluster", "dgx-a100-80gb", "--tp", "1", "--dp", "1",
+               "--microbatch-size", "1", "--global-batch", "4", "-o", str(tmp_path)).exit_code == 0
+    plan = str(tmp_path / "plan.json")
+    assert "with the message times the plan records" in run("simulate", plan).output
+    for command in (["simulate", plan, "--latency", "0.5"], ["render", plan, "--latency", "0.5", "-o", str(tmp_path / "x.svg")]):
+        result = run(*command)
+        assert result.exit_code == 2 and "--latency 0.5: the plan records the message time of each pair of ranks" \
+            in result.output, result.output

@@ -304,3 +304,14 @@ def test_model_layers_give_units_and_scale_a_profile(tmp_path):
     model.write_text("layers = 4\nhidden = 1024\nheads = 16\nseq = 128\nvocab = 30522\n")
     refused = CliRunner().invoke(main, ["simulate", "pipefisher", *row, "--model", str(model)])
     assert refused.exit_code == 2 and "the model has 4 layers, fewer than the schedule's 8 stages" in refused.output
+
+
+def test_a_profile_and_a_costs_file_with_a_byte_order_mark_read_as_without(tmp_path):
+    """Spreadsheet tools write a byte-order mark: the profile's columns and the costs' keys are found."""
+    from schedc.interop.profiles import load_costs
+    marked = tmp_path / "profile.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + BERT_LARGE.read_bytes())
+    assert read_profile(str(marked), 32) == read_profile(str(BERT_LARGE), 32)
+    costs = tmp_path / "costs.json"
+    costs.write_bytes(b'\xef\xbb\xbf{"F": 1.5, "B": 3}')
+    assert load_costs(str(costs)) == {"F": 1.5, "B": 3.0}

@@ -104,6 +104,12 @@ def test_a_repeat_count_that_is_an_expression_gets_a_hint():
 
 def test_no_hint_for_an_ordinary_argument_error():
     assert not _error("schedule x\nparam p = min (1 2)").diagnostics[0].notes
+    assert not _error("schedule x\non device 0 { F (0 1) }").diagnostics[0].notes  # a missing comma
+
+
+def test_the_run_token_is_not_named_in_what_was_expected():
+    message = _error('schedule x "x"\non device 0 { F(0, 0) ) }').render().splitlines()[0]
+    assert message.endswith("expected one of '(', ';', 'for', 'if', 'let', '}', a name") and "op_run" not in message
 
 
 @pytest.mark.parametrize("expr,message,column", [
@@ -167,3 +173,69 @@ def test_literal_op_with_a_huge_microbatch_is_located():
     exc = _error('schedule x "x"\non device 0 { F(0, 1' + "0" * 30 + ") }\n")
     assert "has 31 digits (at most 18)" in exc.render().splitlines()[0]
     assert (exc.diagnostics[0].span.line, exc.diagnostics[0].span.column) == (2, 20)  # the number's own column
+
+
+
+def test_the_run_token_leaves_out_every_keyword_of_the_grammar():
+    """NOT_KEYWORD lists the grammar's keywords: `if(0, 1)` or `at(0, 1)` after an op is not an op."""
+    import re
+    from importlib import resources
+
+    from schedc.frontend.parse import GRAMMAR_FILE, GRAMMAR_PACKAGE
+    text = resources.files(GRAMMAR_PACKAGE).joinpath(GRAMMAR_FILE).read_text()
+    listed = re.search(r"^NOT_KEYWORD: /\(\?!\(\?:([a-z|]+)\)", text, re.M).group(1).split("|")
+    assert listed == sorted(set(re.findall(r'"([a-z]+)"', text)))
+
+
+def _program_bodies():
+    """Program bodies of literal ops mixed with every construct that may follow or hold one: spaces of
+    every kind the grammar knows, comments, keywords as names, suffixes, overlaps, choices, groups,
+    loops and ifs."""
+    from hypothesis import strategies as st
+    space = st.sampled_from([" ", "  ", "\n", "\t", "", "\r\n", " # c\n", "#x\n", "\f"])
+    name = st.sampled_from(["F", "B", "W", "I", "atx", "iff", "on", "t_1", "at_", "at", "if", "for", "let",
+                            "else", "max", "in"])
+
+    @st.composite
+    def literal(draw):
+        op = draw(name) + draw(st.sampled_from(["", "", ".up", ".at", ".x1"])) + draw(st.sampled_from(["", "", "[1]"]))
+        args = f"({draw(space)}{draw(st.sampled_from(['0', '1', '12', '007']))}{draw(space)},{draw(space)}" \
+               f"{draw(st.sampled_from(['0', '3']))}{draw(space)})"
+        if draw(st.integers(0, 6)) == 0:
+            args = draw(st.sampled_from(["", "(0)", "(k, 1)", "(0, 1, 2)", "(0+1, 2)"]))
+        return op + draw(st.sampled_from(["", "", " "])) + args
+
+    suffix = st.sampled_from(["", "", "", "?", "* 2", "*k", "at 3", "at(1)", "if k > 0", "? at 2", "* 2 if k"])
+
+    def item(inner):
+        return st.one_of(
+            st.tuples(literal(), space, suffix).map("".join),
+            st.tuples(literal(), space, literal()).map(lambda t: t[0] + t[1] + "&" + t[1] + t[2]),
+            st.lists(literal(), min_size=2, max_size=3).map(lambda ops: "(" + " | ".join(ops) + ")"),
+            st.tuples(inner, suffix).map(lambda t: "(" + t[0] + ")" + t[1]),
+            inner.map(lambda body: "for k in 0 .. 2 {" + body + "}"),
+            st.tuples(inner, inner).map(lambda t: "if k > 0 {" + t[0] + "} else {" + t[1] + "}"),
+            st.sampled_from(["let k = 1", ";", "F", "B.up"]))
+    return st.recursive(st.just(""), lambda inner: st.lists(st.tuples(item(inner), space), max_size=6).map(
+        lambda items: "".join(unit + (gap or " ") for unit, gap in items)), max_leaves=12)
+
+
+def test_literal_runs_parse_as_the_general_rule_on_generated_programs():
+    """The one-token run against the grammar without it, on generated program bodies: the same AST and
+    spans, or both refuse."""
+    from hypothesis import HealthCheck, given, settings
+    general = _general_parser()
+
+    def read(text, parse):
+        try:
+            return parse(text)
+        except Exception:  # noqa: BLE001 (either parser's refusal, compared as such)
+            return "refused"
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_program_bodies())
+    def same(body):
+        text = f'schedule x "x"\non device 0 {{ {body} }}\n'
+        fast = read(text, lambda t: parse_source(Source("t.sched", t)))
+        assert fast == read(text, lambda t: ToAst().transform(general.parse(t))), body
+    same()

@@ -330,9 +330,9 @@ def stage_count(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
     be evaluated (`schedc tune` asks whether a refused candidate's stages divide the layers at all)."""
     try:
         env = bind_params(decl, source, overrides, requires=False)
-        first = next(d for d in decl.decls if isinstance(d, ast.PipelineDecl) and d.stages is not None)
-        return evaluate_int(first.stages, env, "stage count")
-    except (SchedError, EvalError, StopIteration):
+        first = next((d for d in decl.decls if isinstance(d, ast.PipelineDecl)), None)  # as build_pipelines
+        return None if first is None or first.stages is None else evaluate_int(first.stages, env, "stage count")
+    except (SchedError, EvalError):
         return None
 
 

@@ -45,7 +45,9 @@ def _string(tok: Token | None) -> str:
     return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
 
 
-_OP_LITERAL = re.compile(r"([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\(\s*([0-9]+)\s*,\s*([0-9]+)\s*\)", re.ASCII)
+_SPACE = "[ \t\f\r\n]*"  # the grammar's whitespace (WS), no other
+_OP_LITERAL = re.compile(rf"{_SPACE}([A-Za-z_][A-Za-z_0-9]*)(?:\.([A-Za-z_][A-Za-z_0-9]*))?\({_SPACE}([0-9]+){_SPACE},"
+                         rf"{_SPACE}([0-9]+){_SPACE}\)")
 
 
 def _integer(text: str, span: Span) -> ast.Num:
@@ -160,9 +162,13 @@ class ToAst(Transformer):
         """`F(0, 3) B.up(2, 5) ...` lexed as one token: the items the general rule builds, spans alike."""
         tok = children[0]
         at = _positions(tok)
-        out = []
-        for match in _OP_LITERAL.finditer(tok):
-            span = Span(*at(match.start()), *at(match.end()))
+        out, position = [], 0
+        while position < len(tok):  # OP_RUN matched the whole token: every op is read, none skipped
+            match = _OP_LITERAL.match(tok, position)
+            if match is None:  # the grammar's OP_RUN and _OP_LITERAL disagree: refused, never skipped
+                raise _Refused("cannot read this op list", Span(*at(position), *at(len(tok))))
+            position = match.end()
+            span = Span(*at(match.start(1)), *at(match.end()))
             args = tuple(_integer(match[k], Span(*at(match.start(k)), *at(match.end(k)))) for k in (3, 4))
             out.append(ast.Item(span, ast.Cursor(span, match[1], match[2], args, None), None, None))
         return _Run(out)
@@ -340,7 +346,7 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
     else:
         message = f"unexpected {exc.token.type and repr(str(exc.token)) or 'token'}"
     terminals = set(getattr(exc, "expected", None) or ())
-    expected = sorted({_readable(t) for t in terminals})
+    expected = sorted({_readable(t) for t in terminals - {"OP_RUN"}})  # a run of ops starts with a name
     if expected:
         message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]))
     notes = _ambiguity_hints(exc, source, terminals)
@@ -359,7 +365,8 @@ def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) 
     if not isinstance(exc, UnexpectedToken) or exc.token.type == "$END":
         return ()
     before = source.text[: exc.pos_in_stream]
-    if {"RPAR", "COMMA"} <= terminals:  # inside an argument list: `F (F & B)`, `F (F B)`
+    inside_args = {"RPAR", "COMMA"} <= terminals  # `F (F B)`: only these; `F (F & B)`: an op's '&' among more
+    if inside_args and (terminals <= {"RPAR", "COMMA"} or str(exc.token) in ("&", "|")):
         opening = _unmatched_paren(before)
         cursor = _CURSOR_THEN_PAREN.search(before[: opening + 1]) if opening is not None else None
         if cursor and cursor.group(1) not in _NOT_CURSORS:

@@ -18,6 +18,11 @@ from ..diagnostics import SchedError, Source, Span, error
 from ..ops import OVERLAP, OpKind, absent_kind
 
 
+def read_text(path: str | Path) -> str:
+    """A profile or costs file's text, a leading byte-order mark dropped (spreadsheets write one)."""
+    return Path(path).read_text(encoding="utf-8-sig")
+
+
 def _usage(message: str, path: str) -> SchedError:
     return SchedError(error(message), Source(str(path), ""), exit_code=2)
 
@@ -44,7 +49,7 @@ def measured_microbatch_size(path: str) -> int | None:
     """The microbatch size a costs file was measured at (the runtime's --profile-out records it as
     "microbatch_size"), or None when it does not say."""
     try:
-        value = json.loads(Path(path).read_text()).get("microbatch_size")
+        value = json.loads(read_text(path)).get("microbatch_size")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise _usage(f"cannot read costs: {exc}", path) from None
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -57,7 +62,7 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
     if str(path).endswith(".csv"):
         raise _usage("a profile CSV is read with --profile FILE --microbatch-size B, not --costs", path)
     try:
-        text = Path(path).read_text()
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise _usage(f"cannot read costs: {exc}", path) from None
     source = Source(str(path), text)
@@ -92,7 +97,7 @@ def load_memory(path: str) -> dict[str, tuple[float, ...] | float]:
     if str(path).endswith(".csv"):
         return {}
     try:
-        data = json.loads(Path(path).read_text()).get("memory", {})
+        data = json.loads(read_text(path)).get("memory", {})
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise _usage(f"cannot read costs: {exc}", path) from None
     if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
@@ -160,7 +165,7 @@ def piece_overhead(path: str) -> float:
 
 def _profile_rows(path: str) -> list[dict[str, str]]:
     try:
-        rows = list(csv.DictReader(Path(path).read_text().splitlines()))
+        rows = list(csv.DictReader(read_text(path).splitlines()))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise _usage(f"cannot read profile: {exc}", path) from None
     need = {"bs", "time_f", "time_b"}
@@ -200,7 +205,7 @@ MEASURE = "`schedc run PLAN --profile-out costs.json` measures every kind a plan
 
 def costs_origin(path: str) -> Measured:
     """The spans of a costs JSON's top-level keys (the file already read by load_costs)."""
-    source = Source(str(path), Path(path).read_text())
+    source = Source(str(path), read_text(path))
     start, spans = _json_keys(source.text)
     at = _span_at(source, start, 1)
     return Measured({key: _span_at(source, offset, len(key) + 2) for key, offset in spans.items()}, at,
@@ -209,7 +214,7 @@ def costs_origin(path: str) -> Measured:
 
 def profile_origin(path: str) -> Measured:
     """A profile CSV's header line, where a kind its columns cannot give is reported."""
-    source = Source(str(path), Path(path).read_text())
+    source = Source(str(path), read_text(path))
     return Measured({}, Span(1, 1, 1, 1, source),
                     "a profile row gives F (time_f), B (time_b) and the K-FAC tasks (time_kron, time_inv, "
                     "time_prec) only: give {keys} in a costs JSON with --costs instead; " + MEASURE, profile=True)

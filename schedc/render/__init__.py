@@ -27,7 +27,7 @@ EXTENSIONS = (*FORMATS, "dot", "html", "json")
 MAX_TIMELINE_OPS = 200_000
 
 
-def render_file(file: str, defines=(), costs: str | None = None, latency: float = 0.0, out: str = "out.svg",
+def render_file(file: str, defines=(), costs: str | None = None, latency: float | None = None, out: str = "out.svg",
                 dag: bool = False, comms: bool = False, measured: str | None = None,
                 profile: tuple[str, int | None] | None = None, cluster=None, addons: tuple[str, ...] = ()) -> Compiled:
     """Compile (or load) FILE and write OUT; returns what was drawn, with the compiler's diagnostics

@@ -18,10 +18,10 @@ from ..simulate import simulate
 from ..timing import Stats
 
 
-def load_input(file: str, defines, costs: str | None, latency: float,
+def load_input(file: str, defines, costs: str | None, latency: float | None,
                profile: tuple[str, int | None] | None = None, addons: tuple[str, ...] = ()) -> Compiled:
-    """Compile FILE (with the `--with` add-ons), or read and re-simulate it when it is a plan.json
-    (under measured costs if given)."""
+    """Compile FILE (with the `--with` add-ons) at `latency` (None: 0), or read and re-simulate it when
+    it is a plan.json (under measured costs if given; None: at the plan's own latency or message times)."""
     if file.endswith(".json"):
         if defines or addons:
             flag = "-D" if defines else "--with"
@@ -36,7 +36,7 @@ def load_input(file: str, defines, costs: str | None, latency: float,
         if measured:
             _check_measured(plan, measured, profile[0] if profile else None, costs)
         return compiled_from_plan(plan, file, measured, latency)
-    return compile_file(file, defines, costs, latency, profile, addons=addons)
+    return compile_file(file, defines, costs, latency or 0.0, profile, addons=addons)
 
 
 def _check_measured(plan: Plan, measured: dict, profile: str | None, costs: str | None) -> None:
@@ -52,12 +52,25 @@ def _check_measured(plan: Plan, measured: dict, profile: str | None, costs: str 
                          order + [OVERLAP] * overlapped, order, OpKind.I in kinds)
 
 
-def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float = 0.0) -> Compiled:
-    """The plan's step-0 orders simulated at `latency`, or with the message times it records (a
-    `--cluster` compile's "links")."""
+def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float | None = None) -> Compiled:
+    """The plan's step-0 orders simulated as it was compiled: with the message times it records (a
+    `--cluster` compile's "links"), else at the latency its stats record; `latency`, if given, instead
+    (refused for a plan with message times, which a single latency would not replace)."""
+    links = plan_links(plan)
+    if links is not None and latency is not None:
+        raise SchedError(error(f"--latency {latency:g}: the plan records the message time of each pair of ranks "
+                               "(a --cluster compile), which its re-simulation uses; compile the schedule again "
+                               "to change them"), Source(path, ""), exit_code=2)
     schedule = schedule_from_plan(plan, path, costs)
-    timing = simulate(schedule, latency, plan_links(plan))
+    timing = simulate(schedule, _recorded_latency(plan) if latency is None else latency, links)
     return Compiled(schedule, timing, Stats.of(schedule, timing), plan, [])
+
+
+def _recorded_latency(plan: Plan) -> float:
+    """The latency the plan was compiled with (its stats record it), 0 where it records none."""
+    recorded = (plan.meta.get("stats") or {}).get("latency") if isinstance(plan.meta.get("stats"), dict) else None
+    ok = isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and 0 <= recorded < float("inf")
+    return float(recorded) if ok else 0.0
 
 
 def plan_links(plan: Plan) -> list[list[float]] | None:
