@@ -130,6 +130,8 @@ _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab"
                  "dtype": str, "microbatch_size": int}
 _MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size"}
 
+MAX_GPUS = 2**20  # a million GPUs: past every cluster built; bounds tune's divisors and a prediction's t x p x d
+
 
 def library_clusters() -> list[Path]:
     root = resources.files(LIBRARY_PACKAGE)

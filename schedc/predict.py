@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .cluster import RECOMPUTE, Layout, check_layout, check_stages, load_cluster, load_model_spec, usage
+from .cluster import MAX_GPUS, RECOMPUTE, Layout, check_layout, check_stages, load_cluster, load_model_spec, usage
 from .costmodel import Prediction, Setting, link_times, predict, stage_costs
 from .diagnostics import error
 from .ops import OpKind
@@ -66,7 +66,7 @@ def cluster_options(command):
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _NAMES}
         kwargs["cluster"] = request_from(values, kwargs.get("model_file"), kwargs.get("microbatch_size"),
-                                         kwargs.get("costs"), kwargs.get("profile"))
+                                         kwargs.get("costs"), kwargs.get("profile"), _latency_given())
         if kwargs["cluster"] is not None:
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
@@ -76,10 +76,17 @@ def cluster_options(command):
     return wrapper
 
 
+def _latency_given() -> bool:
+    context = click.get_current_context(silent=True)
+    return context is not None and "latency" in context.params and \
+        context.get_parameter_source("latency") is not click.core.ParameterSource.DEFAULT
+
+
 def request_from(values: dict[str, Any], model_file: str | None, microbatch_size: int | None,
-                 costs: str | None, profile: str | None) -> ClusterRequest | None:
+                 costs: str | None, profile: str | None, latency: bool = False) -> ClusterRequest | None:
     """The request the options make, or None without --cluster; a usage error (exit 2) for layout
-    options without --cluster, --cluster without --model, or with measured costs."""
+    options without --cluster, --cluster without --model, or with measured costs or a --latency
+    (`latency`: whether one was given)."""
     if values["cluster_name"] is None:
         given = [f"--{n.replace('_', '-')}" for n in _NAMES[1:] if values[n] not in (None, False)]
         if given:
@@ -89,6 +96,9 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
         raise click.UsageError("--cluster needs a model description: --model model.toml")
     if costs or profile:
         raise click.UsageError("--cluster derives the costs: give it without --costs or --profile")
+    if latency:
+        raise click.UsageError("--cluster derives each message's time from the cluster's links: give it "
+                               "without --latency")
     def given(value: int | None) -> int:  # 0 is refused by Layout as a negative is, never taken as 1
         return 1 if value is None else value
 
@@ -182,6 +192,10 @@ def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     """The model's layers divide over the schedule's stages; the batch the schedule runs is the global
     batch asked for. Returns the global batch (sequences per step)."""
     check_stages(model, schedule, model_path)
+    gpus = layout.tp * schedule.devices * layout.dp
+    if gpus > MAX_GPUS:
+        raise usage(f"t x p x d = {layout.tp} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
+                    f"{MAX_GPUS:,} a prediction takes (as tune's --gpus)")
     per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
     batch = per_replica * layout.microbatch_size * layout.dp
     if layout.global_batch is not None and batch != layout.global_batch:

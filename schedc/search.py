@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .cluster import RECOMPUTE, Layout, load_cluster, load_model_spec, usage
+from .cluster import MAX_GPUS, RECOMPUTE, Layout, load_cluster, load_model_spec, usage
 from .costmodel import (Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs,
                         tails)
 from .diagnostics import SchedError
@@ -393,7 +393,6 @@ class Structure:
     error: str | None = None
 
 
-MAX_GPUS = 2**20            # a million GPUs: past every cluster built; bounds the space's divisors
 MAX_GLOBAL_BATCH = 2**24    # sequences per step
 
 

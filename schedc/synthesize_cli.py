@@ -77,6 +77,10 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
         split = bool(backward & {OpKind.I.value, OpKind.W.value}) if backward else \
             bool({OpKind.I.value, OpKind.W.value} & set(measured))
         drop = {OpKind.B.value} if split else {OpKind.I.value, OpKind.W.value}
+        dropped = sorted(drop & set(measured), key=COST_KINDS.index)
+        if dropped and not split:  # the file's measured split backward would be thrown away unsaid
+            raise option_error(f"--cost B with --costs {costs_file}, which times the backward split as "
+                               f"{' and '.join(dropped)}: give --cost I and --cost W instead, or a costs file of F and B")
         for kind, row in measured.items():
             if kind not in where and kind not in drop:
                 table[kind], where[kind] = row, f"--costs {costs_file}, {kind}"

@@ -135,6 +135,9 @@ def test_compile_never_imports_torch(tmp_path):
     ('{"F": 1, "B": "x"}', ":1:10: error: cost of 'B' must be a number or a list of numbers per stage"),
     ('{"F": 1,\n', ":2:1: error: cannot read costs: Expecting property name enclosed in double quotes"),
     ('{"F": 1, "B": 2, "memory": {"B": -1}}', ": error: memory of 'B' must be a finite number >= 0, got -1"),
+    ('{"F": [1, 2, 3], "B": 2}', ":1:2: error: measured costs for F have 3 stages (one value per stage), the "
+                                 "schedule has 4"),
+    ('{"F": 1, "B": 2, "F": 3}', ":1:18: error: 'F' is given twice; give each kind once"),
 ])
 def test_measured_costs_must_be_finite_and_not_negative(tmp_path, costs, where):
     """Each is located at its key (or where the JSON parser stopped), but for the memory object's."""

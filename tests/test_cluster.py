@@ -175,6 +175,10 @@ def test_a_model_size_past_the_bound_is_a_located_error(tmp_path):
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--costs", "c.json"], "without --costs or --profile"),
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "-D", "m=8", "--global-batch", "32"],
      "-D m=8 disagrees with --global-batch 32"),
+    (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--latency", "1"],  # was taken and dropped
+     "--cluster derives each message's time from the cluster's links: give it without --latency"),
+    (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--dp", "99999999999"],
+     "t x p x d = 1 x 4 x 99,999,999,999 = 399,999,999,996 GPUs, more than the 1,048,576 a prediction takes"),
 ])
 def test_cluster_options_that_do_not_fit_together_are_refused(tmp_path, args, message):
     (tmp_path / "m.toml").write_text(MODEL)

@@ -439,6 +439,33 @@ def test_under_a_cluster_the_trace_and_the_axis_are_in_seconds(tmp_path):
     assert run("render", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "c.dot")).exit_code == 0
     assert "time (s)" in (tmp_path / "c.dot").read_text()
     assert "time (cost units)" in timeline_dot(compile_library("1f1b", p=2, m=2))
+    # the plan compiled so says its unit: its trace and axis are in seconds too
+    assert run("compile", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "plan")).exit_code == 0
+    plan = str(tmp_path / "plan" / "plan.json")
+    assert run("render", plan, "-o", str(tmp_path / "p.json")).exit_code == 0
+    assert json.loads((tmp_path / "p.json").read_text())["otherData"]["time_scale"] == "costs in seconds (--cluster)"
+    assert run("render", plan, "-o", str(tmp_path / "p.dot")).exit_code == 0
+    assert "time (s)" in (tmp_path / "p.dot").read_text()
+
+
+def test_back_to_back_ops_of_a_trace_touch_and_never_overlap(tmp_path):
+    """ts and dur rounded apart made an op's end land 1 ns past the next one's start (302 of 1,280
+    PipeFisher events with profiled costs); dur is the rounded end minus the rounded start."""
+    from conftest import ROOT
+    profile = ROOT / "tests" / "data" / "bert-large_time_memory_v100.csv"
+    assert run("render", "pipefisher", "-D", "p=4", "-D", "m=4", "--profile", str(profile), "--microbatch-size", "32",
+               "-o", str(tmp_path / "pf.json")).exit_code == 0
+    tracks: dict = {}
+    for e in json.loads((tmp_path / "pf.json").read_text())["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)))
+    touching = 0
+    for events in tracks.values():
+        events.sort()
+        for (_, end), (start, _) in zip(events, events[1:]):
+            assert end <= start
+            touching += end == start
+    assert touching > 0  # the case that overlapped
 
 
 def test_a_measured_trace_of_another_shape_is_refused_naming_both(tmp_path):

@@ -171,16 +171,18 @@ def test_cli_bad_input(args, code, message):
 
 def test_measured_costs_file_gives_the_per_stage_costs(tmp_path):
     """--costs FILE (as `schedc run --profile-out` writes it) supplies F, I and W per stage; a --cost
-    given too wins for its kind; the whole B a split profile also times is not ordered; a task's cost
-    is refused."""
+    given too wins for its kind, but a --cost B does not throw its split away; the whole B a split
+    profile also times is not ordered; a task's cost is refused."""
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"unit": "ms", "microbatch_size": 2, "F": [1.0, 2.0], "B": [2.5, 3.5],
                                  "I": [1.0, 1.5], "W": [1.5, 2.0]}))
     problem = problem_from_options({"p": "2", "m": "4"}, ("W=1",), 0.0, "2", str(costs))
     assert problem.split
     assert problem.costs == ((1.0, 2.0), (1.0, 1.5), (1.0, 1.0))
-    whole = problem_from_options({"p": "2", "m": "4"}, ("B=2",), 0.0, "2", str(costs))
-    assert not whole.split and whole.costs == ((1.0, 2.0), (2.0, 2.0))
+    with pytest.raises(SchedError) as whole:  # the measured I and W would be thrown away unsaid
+        problem_from_options({"p": "2", "m": "4"}, ("B=2",), 0.0, "2", str(costs))
+    assert f"--cost B with --costs {costs}, which times the backward split as I and W: give --cost I and " \
+           "--cost W instead" in whole.value.render()
     costs.write_text(json.dumps({"F": 1.0, "B": 2.0, "curvature_A": 3.0}))  # a K-FAC run's profile
     result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
     assert result.exit_code == 0 and f"--costs {costs}: curvature_A left out (not op kinds" in result.output

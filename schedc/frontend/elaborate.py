@@ -256,9 +256,9 @@ def _scaled_tasks(costs: dict[str, tuple[float, ...]], tasks: set[str],
 
 
 def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: Source,
-               given: dict[str, Any], what: str = "cost") -> dict[str, tuple[float, ...]]:
+               given: dict[str, Any], what: str = "cost", origin=None) -> dict[str, tuple[float, ...]]:
     """Evaluate `cost K = e` / `cost K(s) = e` (or `memory ...`, what="memory") per stage; measured
-    values win."""
+    values win (an error in one is located at its key in the costs file, `origin`, when known)."""
     table = {k: [float(v)] * stages for k, v in kind_default.items()}
     for d in decls:
         try:
@@ -275,11 +275,12 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
                         "over a schedule stay finite)", d.span, source)
     for kind, value in given.items():
         values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
+        at = origin.spans.get(kind) if origin is not None else None  # the kind's key in a costs file
         if len(values) != stages:
-            raise _fail(f"measured costs for {kind} have {len(values)} stages, the schedule has {stages}",
-                        None, source, code=2)
+            raise _fail(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
+                        f"has {stages}", at, source, code=2)
         if any(v > MAX_COST for v in values):
-            raise _fail(f"measured {kind}: {max(values):g} is too large (at most {MAX_COST:g})", None, source, code=2)
+            raise _fail(f"measured {kind}: {max(values):g} is too large (at most {MAX_COST:g})", at, source, code=2)
         table[kind] = values
     return {k: tuple(v) for k, v in table.items()}
 
@@ -355,7 +356,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
-    costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers))
+    costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
+                       origin=options.measured)
     costs = _scaled_tasks(costs, {t.name for t in task_decls}, options.task_scale)
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
                                  mixed)

@@ -74,6 +74,12 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
                          exit_code=2) from None
     if not isinstance(data, dict):
         raise _usage("costs must be a JSON object of op kind to cost", path)
+    seen: set[str] = set()
+    for key, offset in _json_key_offsets(text)[1]:  # JSON keeps the last of a repeated key, unsaid
+        if key in seen:
+            raise SchedError(error(f"{key!r} is given twice; give each kind once",
+                                   _span_at(source, offset, len(key) + 2)), source, exit_code=2)
+        seen.add(key)
     keys = _json_keys(text)[1]
     out = {}
     for kind, value in data.items():
@@ -249,16 +255,26 @@ def _why(missing: list[str], split: bool) -> str:
 
 
 def _json_keys(text: str) -> tuple[int, dict[str, int]]:
-    """The offset of a JSON object's '{' and of each of its top-level keys (text already parsed as one)."""
+    """The offset of a JSON object's '{' and of each of its top-level keys (the first, if repeated)."""
+    at, pairs = _json_key_offsets(text)
+    keys: dict[str, int] = {}
+    for key, offset in pairs:
+        keys.setdefault(key, offset)
+    return at, keys
+
+
+def _json_key_offsets(text: str) -> tuple[int, list[tuple[str, int]]]:
+    """The offset of a JSON object's '{' and each top-level key with its offset, in order, repeats
+    too (text already parsed as one object)."""
     decoder = json.JSONDecoder()
     at = len(text) - len(text.lstrip())
-    keys, offset = {}, at + 1
+    keys, offset = [], at + 1
     while True:
         offset += len(text[offset:]) - len(text[offset:].lstrip())
         if text[offset:offset + 1] != '"':
             return at, keys
         key, end = json.decoder.scanstring(text, offset + 1)
-        keys.setdefault(key, offset)
+        keys.append((key, offset))
         end = text.index(":", end) + 1
         end += len(text[end:]) - len(text[end:].lstrip())
         _, end = decoder.raw_decode(text, end)

@@ -22,8 +22,10 @@ class TimedOp:
 
 def in_seconds(compiled: Compiled) -> bool:
     """Whether the costs are seconds (--cluster: a model on a cluster, whose prediction the stats
-    carry) rather than cost units (forwards, or the milliseconds of a measured profile)."""
-    return "iteration_s" in compiled.stats
+    carry, or a plan compiled so, which says so) rather than cost units (forwards, or the milliseconds
+    of a measured profile)."""
+    cluster = compiled.plan.meta.get("cluster") if compiled.plan is not None else None
+    return "iteration_s" in compiled.stats or (isinstance(cluster, dict) and cluster.get("unit") == "s")
 
 
 def timed_ops(compiled: Compiled) -> list[list[TimedOp]]:

@@ -39,12 +39,17 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
             if op.parts > 1:
                 args.update(part=op.part, parts=op.parts)
             events.append({"name": event_name(op.kind, op.stage, op.mb), "ph": "X", "pid": rank, "tid": 0,
-                           "ts": _us(t.start, scale), "dur": _us(t.end - t.start, scale), "args": args})
+                           "ts": _us(t.start, scale), "dur": _duration(t.start, t.end, scale), "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"schedule": schedule.name, "params": schedule.params, "simulated": True,
                           "time_scale": "costs in seconds (--cluster)" if scale == US_PER_SECOND
                           else "1 cost unit = 1 ms", "valid": compiled.ok,
                           "stats": dict(compiled.stats) if compiled.ok else None}}
+
+
+def _duration(start: float, end: float, scale: float) -> float:
+    """The rounded end minus the rounded start: back-to-back ops touch, neither overlaps the next."""
+    return round(_us(end, scale) - _us(start, scale), 3)
 
 
 def _us(units: float, scale: float) -> float:
