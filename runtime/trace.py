@@ -150,6 +150,9 @@ def simulated(plan: Plan, measured_work_ms: float) -> dict[str, Any]:
     out = {"makespan": per_step, "bubble": stats.get("bubble", stats.get("bubble_fraction")),
            "utilization": stats.get("utilization"), "work_units": sim_work,
            "ms_per_unit": round(scale, 6) if scale else None}
+    cluster = plan.meta.get("cluster")
+    if isinstance(cluster, dict) and cluster.get("unit") == "s":  # a --cluster plan: its costs are seconds
+        out["unit"], out["compiled_for"] = "s", f"{Path(str(cluster.get('model'))).name} on {cluster.get('cluster')}"
     if scale and per_step is not None:
         out["makespan_ms"] = round(per_step * scale, 3)
     return out
@@ -190,9 +193,14 @@ def format_report(rep: dict[str, Any]) -> str:
     lines = [f"measured over {rep['steps']} steps on {rep['ranks']} ranks: makespan "
              f"{rep['makespan_ms']:.2f} ms, bubble {rep['bubble']}, utilization {rep['utilization']}"]
     if sim.get("makespan_ms") is not None:
-        lines.append(f"simulated: makespan {sim['makespan']} units = {sim['makespan_ms']:.2f} ms at "
-                     f"{sim['ms_per_unit']:.4f} ms/unit, bubble {sim['bubble']}, "
+        unit = sim.get("unit", "units")
+        lines.append(f"simulated: makespan {sim['makespan']} {unit} = {sim['makespan_ms']:.2f} ms at "
+                     f"{sim['ms_per_unit']:.4f} ms/{unit.rstrip('s') or 's'}, bubble {sim['bubble']}, "
                      f"utilization {sim['utilization']}")
+    if sim.get("compiled_for"):
+        lines.append(f"note: the plan's costs are the prediction for {sim['compiled_for']}; this run trains "
+                     "its own model (--model, --config), so its times are scaled to the prediction's, not "
+                     "measured against it")
     for op, per_stage in rep["mean_ms"].items():
         cells = " ".join(f"{v:.3f}" for v in per_stage)
         lines.append(f"mean {op} ms by stage: {cells}")

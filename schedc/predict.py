@@ -150,6 +150,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
+        _check_costs(costs, layout)
         schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,
                                                    task_scale=_forward_scale(probe, costs)))
         links = link_times(st, schedule.devices)
@@ -160,6 +161,16 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
             without = compiled.timing
     result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
     return OnCluster(_with_prediction(compiled, result, st, request), result, st)
+
+
+def _check_costs(costs, layout: Layout) -> None:
+    """The derived op times stay within what a schedule's sums keep finite (MAX_COST); past it the
+    layout's sizes are what the user made too large, not a measured cost."""
+    from .ops import MAX_COST
+    for kind, row in costs.costs().items():  # F first
+        if max(row, default=0.0) > MAX_COST:
+            raise usage(f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "
+                        f"{max(row):.3g} s, past the {MAX_COST:g} s a cost may be")
 
 
 def _forward_scale(probe, costs) -> tuple[float, ...]:

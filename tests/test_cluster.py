@@ -177,6 +177,8 @@ def test_a_model_size_past_the_bound_is_a_located_error(tmp_path):
      "-D m=8 disagrees with --global-batch 32"),
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--latency", "1"],  # was taken and dropped
      "--cluster derives each message's time from the cluster's links: give it without --latency"),
+    (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--microbatch-size", "99999999999999999999"],
+     "--microbatch-size 99,999,999,999,999,999,999 with this model: one F would take"),  # not a "measured F"
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--dp", "99999999999"],
      "t x p x d = 1 x 4 x 99,999,999,999 = 399,999,999,996 GPUs, more than the 1,048,576 a prediction takes"),
 ])

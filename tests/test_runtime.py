@@ -760,3 +760,21 @@ def test_the_trace_origin_is_the_earliest_reading_of_the_ranks_of_a_host(monkeyp
     assert train._shared_origin(1_000) == 900
     monkeypatch.setenv("GROUP_RANK", "1")
     assert train._shared_origin(50) == 50
+
+
+def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
+    """A plan compiled with --cluster holds a prediction in seconds for its model: the report says
+    seconds, not units, and that the run trained its own model."""
+    from schedc.cluster import Layout, load_cluster, load_model_spec
+    from schedc.costmodel import Setting
+    from schedc.predict import compile_for
+    from schedc.runtime import trace as runtime_trace
+    model = load_model_spec(str(_repo() / "benchmarks" / "models" / "gpt-1.7b.toml"))
+    st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=4))
+    plan = compile_for("1f1b", {"p": "2"}, st).compiled.plan
+    plan = replace(plan, meta={**plan.meta, "cluster": {**plan.meta["cluster"], "model": "models/gpt-1.7b.toml"}})
+    events = [runtime_trace.record(rank, 0, instr, 3_000_000 * k, 3_000_000 * (k + 1), 0)
+              for rank, steps in enumerate(plan.ranks) for k, instr in enumerate(steps[0])]
+    text = runtime_trace.format_report(runtime_trace.report(events, plan, 2))
+    assert f"simulated: makespan {plan.meta['stats']['makespan']} s = " in text and " ms/s, " in text
+    assert "note: the plan's costs are the prediction for gpt-1.7b.toml on DGX A100 80GB" in text

@@ -85,11 +85,12 @@ def memory_panels(compiled: Compiled) -> tuple[list[Panel], float]:
 
 
 def device_rows(compiled: Compiled) -> list[dict]:
-    st, makespan = compiled.stats, compiled.timing.makespan
-    return [{"device": d, "ops": len(order), "busy": st["busy"][d], "idle": st["idle"][d],
-             "inside": st["idle_inside"][d],
+    """Per device: its ops, busy and idle time over the same span, the whole cycle of a filled schedule."""
+    st, makespan, steps = compiled.stats, compiled.timing.makespan, compiled.schedule.steps
+    return [{"device": d, "ops": sum(len(program[d]) for program in steps), "busy": st["busy"][d],
+             "idle": st["idle"][d], "inside": st["idle_inside"][d],
              "utilization": st["busy"][d] / makespan if makespan else 0.0, "peak": st["peak_memory"][d]}
-            for d, order in enumerate(compiled.schedule.orders)]
+            for d in range(compiled.schedule.devices)]
 
 
 def report_html(compiled: Compiled, timeline_svg: str) -> str:
@@ -103,6 +104,7 @@ def report_html(compiled: Compiled, timeline_svg: str) -> str:
         ticks=_ticks(timing.makespan))
     return env.get_template("report.html.j2").render(
         schedule=schedule, stats=compiled.stats, devices=[] if not compiled.ok else device_rows(compiled),
+        cycle=len(schedule.steps),
         invalid=not compiled.ok, timeline=timeline_svg,
         memory=chart, diagnostics=[d.format(schedule.source) for d in compiled.diagnostics],
         source=schedule.source.text, params=schedule.params,
