@@ -358,8 +358,8 @@ def test_a_schedule_compiled_whole_is_counted_so(model):
                      "--schedules", greedy, "--recompute", "full", "--tp", "1")
     assert result.exit_code == 0, result.output
     counted = re.search(r"(\d+) candidates: 0 distinct orders compiled, timed in 0 simulations \(one per cost "
-                        r"vector, with and without messages\), (\d+) compiled whole \(tasks, a fill or a greedy order\)",
-                        result.output)
+                        r"vector and message times; the ranked are timed once more without messages, for their "
+                        r"bubble\), (\d+) compiled whole \(tasks, a fill or a greedy order\)", result.output)
     assert counted and 0 < int(counted.group(2)) <= int(counted.group(1))
     noted = re.search(rf"note: {re.escape(greedy)} is compiled whole for each of up to (\d+) candidates", result.output)
     assert noted and int(noted.group(1)) >= int(counted.group(2))
