@@ -141,6 +141,7 @@ class Refusal:
     memory: float | None = None
     layers: bool = False   # the schedule's stages do not divide the layers: outside the space
     fault: bool = False    # the order itself cannot run (it deadlocks): at every size, in any memory
+    bound: bool = False    # memory is a lower bound (the state alone), not the candidate's figure
 
 
 @dataclass(frozen=True)
@@ -605,9 +606,9 @@ class Searcher:
             return self.over(pred.memory_bytes, pred.extra["largest_memory_device"])
         return Refusal(errors[0].message) if errors else pred
 
-    def over(self, nbytes: float, device: int, what: str = "") -> Refusal:
+    def over(self, nbytes: float, device: int, what: str = "", bound: bool = False) -> Refusal:
         return Refusal(f"does not fit: {nbytes / GIB:.4g} GiB > {self.limit / GIB:.4g} GiB at device {device}{what}",
-                       nbytes)
+                       nbytes, bound=bound)
 
     # the walk -----------------------------------------------------------------------------------
 
@@ -630,7 +631,7 @@ class Searcher:
             state, device = self.state_bound(st, c, shape)
             if state > self.limit:
                 self._refuse(fam, c, self.over(state, device, " (weights, gradients, optimizer state and "
-                                                              "working memory alone)"))
+                                                              "working memory alone)", bound=True))
                 continue
             entry = self.entries[c.schedule]
             bound = 0.0
@@ -687,10 +688,11 @@ class Searcher:
             self.counts["refused"] += 1
             return
         self.counts["over_memory"] += 1
-        if fam.over is None or refusal.memory < fam.over[0]:
+        key = (refusal.bound, refusal.memory)  # a candidate's own figure before any lower bound
+        if fam.over is None or key < fam.over[0]:
             v = f", v={c.v}" if c.v is not None else ""
-            fam.over = (refusal.memory, f"{refusal.message}; the least of the family, at b={c.b}{v}, "
-                                        f"recompute {c.recompute}")
+            least = "the least lower bound of the family" if refusal.bound else "the least of the family"
+            fam.over = (key, f"{refusal.message}; {least}, at b={c.b}{v}, recompute {c.recompute}")
 
     def _family_lines(self, families: dict[tuple, Family]) -> list[str]:
         """One line per (schedule, t, p) with nothing simulated: bounded ones first (closest first),
@@ -711,7 +713,7 @@ class Searcher:
             elif fam.fault is not None:
                 lines.append((1, 0.0, head + fam.fault))
             elif fam.over is not None:
-                lines.append((1, fam.over[0], head + fam.over[1]))
+                lines.append((1, fam.over[0][1], head + fam.over[1]))  # least over first
             elif fam.refused is not None:
                 lines.append((2, 0.0, head + fam.refused))
             elif fam.layers is not None and self.counts["layers"] == self.counts["candidates"] - self.counts["refused"]:

@@ -176,8 +176,11 @@ def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     more = len(outcome.pruned) - shown if shown is not None else 0
     notes = outcome.pruned[:shown] + ((f"... and {more} more families (--pruned all lists them)",) if more > 0 else ())
     what = f"{limit / GIB:g} GiB per GPU" if limit is not None else "the GPU's memory"
+    counts = outcome.counts
     head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
-            if outcome.counts["over_memory"] and not outcome.counts["deadlocked"] else "no configuration runs")
+            if counts["over_memory"] and not counts["deadlocked"] else "no configuration runs")
+    if counts["over_memory"] and counts["refused"]:  # not all for memory: the rest their schedule refused
+        head += f" ({counts['over_memory']} over it, {counts['refused']} refused by their schedule)"
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
                       Source("schedc tune", ""), exit_code=1)
 
