@@ -8,13 +8,13 @@ fails its checks, 2 usage or syntax errors.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from functools import partial
 from pathlib import Path
 
 import click
+from click.utils import PacifyFlushWrapper
 
 from .diagnostics import SchedError, exit_code, plural
 from .outputs import STDOUT, is_stdout, output_error, prepare_directory, reason, write_output
@@ -107,17 +107,22 @@ def _compiled(file: str, defines, costs, profile, microbatch_size, latency: floa
 
 
 class _Commands(click.Group):
-    """The command group. A reader that stops early (`schedc simulate X | head -1`) ends the command
-    quietly with 128 + SIGPIPE, as a shell tool the signal kills does, not with a failed check's 1."""
+    """The command group. A reader that stops early (`schedc simulate X | head -1`, `schedc --help |
+    head -1`) ends the command quietly with 128 + SIGPIPE, as a shell tool the signal kills does, not
+    with a failed check's 1 (click's own exit on a closed pipe, after it wraps the streams)."""
 
     def invoke(self, ctx: click.Context):
+        out = super().invoke(ctx)
+        sys.stdout.flush()  # a closed pipe shows here, inside click, not at the interpreter's exit
+        return out
+
+    def main(self, *args, **kwargs):
         try:
-            out = super().invoke(ctx)
-            sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
-            return out
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            ctx.exit(128 + signal.SIGPIPE)
+            return super().main(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code == 1 and isinstance(sys.stdout, PacifyFlushWrapper):  # click met EPIPE
+                sys.exit(128 + signal.SIGPIPE)
+            raise
 
 
 @click.group(cls=_Commands, context_settings=CONTEXT)

@@ -432,11 +432,12 @@ def test_model_without_cluster_says_what_it_does():
     assert "--model without --cluster" not in run("simulate", "pipefisher", "--model", model).stderr
 
 
-def test_a_reader_that_stops_early_ends_the_command_with_sigpipe_not_a_failed_check():
-    """`schedc simulate X | head -1`: 128 + SIGPIPE (141), as a shell tool the signal kills, and no
-    traceback; exit 1 is a schedule that fails its checks."""
-    proc = subprocess.Popen([sys.executable, "-m", "schedc.cli", "simulate", "interleaved_1f1b", "-D", "p=32",
-                             "-D", "m=64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+@pytest.mark.parametrize("args", [["simulate", "interleaved_1f1b", "-D", "p=32", "-D", "m=64"], ["--help"]])
+def test_a_reader_that_stops_early_ends_the_command_with_sigpipe_not_a_failed_check(args):
+    """`schedc simulate X | head -1`, `schedc --help | head -1`: 128 + SIGPIPE (141), as a shell tool
+    the signal kills, and no traceback; exit 1 is a schedule that fails its checks."""
+    proc = subprocess.Popen([sys.executable, "-m", "schedc.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
