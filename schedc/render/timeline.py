@@ -248,8 +248,10 @@ def _legend(canvas: _Canvas, colours: Palette, width: float, comms: bool) -> Non
     if comms:
         row += "<TD>arrows: messages between devices</TD>"
     label = f'<<TABLE BORDER="0" CELLSPACING="3" CELLPADDING="1"><TR>{row}</TR></TABLE>>'
-    canvas.node("legend", width / 2, canvas.y + 10,
-                f'shape=plaintext style="" fixedsize=false fontsize={canvas.geo.font + 1:g} label={label}')
+    font = canvas.geo.font + 1  # a wide timeline's legend starts at its left edge, in a window's first view
+    wide = sum(14 + 10 + 0.6 * font * len(text) for _, text in cells) + (0.6 * font * 36 if comms else 0)
+    canvas.node("legend", min(width, wide) / 2, canvas.y + 10,
+                f'shape=plaintext style="" fixedsize=false fontsize={font:g} label={label}')
 
 
 def _esc(text: str) -> str:
