@@ -461,9 +461,15 @@ def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool
 
 def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool, mixed: bool, tasks: set[str],
                  source: Source) -> None:
-    """Every kind a `cost` or `queue` names runs in the schedule: a misspelt kind would be ignored."""
+    """Every kind a `cost`, `queue` or program cursor names runs in the schedule: a misspelt kind would
+    be ignored (a cost, a queue, an optional pop `Q?` or a choice's `(Wx | B)`)."""
     kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
     diags = []
+    seen: set[str] = set()
+    for cursor in (c for d in decl.decls if isinstance(d, ast.Program) for c in _cursors(d.body)):
+        if cursor.kind not in kinds and cursor.kind not in seen:  # once per kind, at its first cursor
+            seen.add(cursor.kind)
+            diags.append(error(f"program pops {cursor.kind}: {absent_kind(cursor.kind, kinds, split)}", cursor.span))
     for d in [*costs, *(d for d in decl.decls if isinstance(d, ast.QueueDecl))]:
         if d.kind in kinds or (isinstance(d, ast.CostDecl) and d.kind in ("FB", "piece")):
             continue
@@ -478,6 +484,21 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
                                    listed.span))
     if diags:
         raise SchedError(diags, source)
+
+
+def _cursors(body: tuple[ast.Stmt, ...]):
+    """Every cursor of a program body, in source order: in items, groups, overlaps, choices, loops, ifs."""
+    stack = list(reversed(body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Cursor):
+            yield node
+            continue
+        children = ((node.unit,) if isinstance(node, ast.Item) else (node.forward, node.backward)
+                    if isinstance(node, ast.Overlap) else node.options if isinstance(node, ast.Choice)
+                    else node.body if isinstance(node, (ast.Group, ast.Loop))
+                    else (*node.then, *node.orelse) if isinstance(node, ast.When) else ())
+        stack.extend(reversed(children))
 
 
 def _check_measured(options: Options, needs, tasks: list[str], split: bool, mixed: bool,

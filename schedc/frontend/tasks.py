@@ -26,7 +26,7 @@ from . import ast
 from ..diagnostics import SchedError, Source, error
 from .expr import EvalError, compile_expr, evaluate_int
 from ..ir import Dependencies, Op, Pipeline, Schedule, TaskSpec
-from ..ops import BUILTIN, OpKind, builtin_kinds, gradient_kind
+from ..ops import BUILTIN, MAX_COST, OpKind, builtin_kinds, gradient_kind
 
 MAX_SPLIT = 1024
 AUTO = "auto"  # `split auto` in a fill list: the compiler chooses the pieces
@@ -156,7 +156,8 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                 if task.name in costs:
                     total = costs[task.name][s]
                 else:
-                    total = (float(cost_fn(scope)) if cost_fn is not None else 1.0) * (scale[s] if scale else 1.0)
+                    total = (_own_cost(task, cost_fn, scope, source) if cost_fn is not None else 1.0) * (
+                        scale[s] if scale else 1.0)
                 shared = task.params == ("s",) and not task.at_end
                 pipes = groups[k] if shared else (k,)
                 total /= len(pipes)
@@ -254,3 +255,13 @@ def refine_tasks(schedule: Schedule, cuts: dict[str, int]) -> Schedule:
     specs = tuple(replace(spec, split=spec.split * cuts.get(spec.name, 1)) for spec in schedule.tasks)
     fill = tuple((name, split * cuts.get(name, 1)) for name, split in schedule.fill)
     return replace(schedule, deps=deps, keeps=keeps, unplaced=tuple(unplaced), tasks=specs, fill=fill)
+
+
+def _own_cost(task: ast.TaskDecl, cost_fn, scope: dict, source: Source) -> float:
+    """`task t(s) = e`: e at this instance, a finite cost >= 0 (as `cost t = e` must be), refused at e."""
+    value = float(cost_fn(scope))
+    if not 0 <= value <= MAX_COST:
+        shown = ", ".join(f"{k}={v}" for k, v in scope.items() if k in ("s", "i") or k in task.params)
+        raise SchedError(error(f"cost of task {task.name} must be a finite number >= 0 and at most {MAX_COST:g}, "
+                               f"got {value:g}" + (f" (at {shown})" if shown else ""), task.cost.span), source)
+    return value
