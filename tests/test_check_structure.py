@@ -36,7 +36,7 @@ CORPUS = [
     ("negative_task_cost.sched", 1, [("5:13", "cost of task t must be a finite number >= 0 and at most 1e+15, "
                                               "got -100 (at s=0)")]),  # it simulated to utilization -10.4
     ("unknown_kind_in_choice.sched", 1, [("5:34", "program pops Bx: unknown kind 'Bx' (kinds: B, F)"),
-                                         ("5:47", "program pops Q: unknown kind 'Q' (kinds: B, F)")]),  # were "ok"
+                                         ("5:48", "program pops Q: unknown kind 'Q' (kinds: B, F)")]),  # were "ok"
 ]
 
 
