@@ -83,6 +83,8 @@ def test_expressions_follow_usual_precedence():
 @pytest.mark.parametrize("fixture,line,column,hint", [
     ("group_after_op.sched", 4, 20, "put ';' before a group that follows an op: F ; (F B)"),
     ("overlap_after_op.sched", 5, 20, "a '(' right after an op is read as its arguments"),
+    ("choice_after_op.sched", 10, 5, "a '(' right after an op is read as its arguments"),  # after B[0]
+    ("let_then_if.sched", 6, 12, "an 'if' right after a let's value is read as part of it"),
     ("if_after_item.sched", 5, 11, "put ';' before an if-statement that follows an item"),
 ])
 def test_the_two_longer_readings_get_a_hint(fixture, line, column, hint):
@@ -239,3 +241,8 @@ def test_literal_runs_parse_as_the_general_rule_on_generated_programs():
         fast = read(text, lambda t: parse_source(Source("t.sched", t)))
         assert fast == read(text, lambda t: ToAst().transform(general.parse(t))), body
     same()
+
+
+def test_a_cut_list_of_what_was_expected_says_how_many_it_leaves_out():
+    message = _error('schedule x "x"\nfrobnicate 3\n').render().splitlines()[0]
+    assert message.endswith("'greedy', 'limit' and 10 more")  # memory, on, param, pipeline, ... were unsaid

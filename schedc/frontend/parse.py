@@ -348,12 +348,13 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
     terminals = set(getattr(exc, "expected", None) or ())
     expected = sorted({_readable(t) for t in terminals - {"OP_RUN"}})  # a run of ops starts with a name
     if expected:
-        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]))
+        more = f" and {len(expected) - 8} more" if len(expected) > 8 else ""  # not a cut that looks complete
+        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]) + more)
     notes = _ambiguity_hints(exc, source, terminals)
     return SchedError(error(message, Span(line, column, line, column + 1), notes=notes), source, exit_code=2)
 
 
-_CURSOR_THEN_PAREN = re.compile(r"([A-Za-z_][A-Za-z_0-9.]*)\s+\($")
+_CURSOR_THEN_PAREN = re.compile(r"([A-Za-z_][A-Za-z_0-9.]*)(?:\[[^\[\]()]*\])?\s+\($")  # F (, B[0] (
 _NOT_CURSORS = {"min", "max", "ceil", "floor", "abs", "require", "param", "devices", "stages", "microbatches",
                 "limit", "memory", "cost", "inflight", "by", "if", "else", "and", "or", "not", "in", "split",
                 "after", "keeps", "let"}
@@ -365,14 +366,19 @@ def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) 
     if not isinstance(exc, UnexpectedToken) or exc.token.type == "$END":
         return ()
     before = source.text[: exc.pos_in_stream]
-    inside_args = {"RPAR", "COMMA"} <= terminals  # `F (F B)`: only these; `F (F & B)`: an op's '&' among more
-    if inside_args and (terminals <= {"RPAR", "COMMA"} or str(exc.token) in ("&", "|")):
+    inside_args = {"RPAR", "COMMA"} <= terminals  # `F (F B)`: only these; `F (F & B)`, `(B[1] | B[0])`: more
+    if inside_args and (terminals <= {"RPAR", "COMMA"} or str(exc.token) in ("&", "|", "?", "[")):  # a program's
         opening = _unmatched_paren(before)
         cursor = _CURSOR_THEN_PAREN.search(before[: opening + 1]) if opening is not None else None
         if cursor and cursor.group(1) not in _NOT_CURSORS:
             return ("a '(' right after an op is read as its arguments, as in F(0, 1); "
                     "put ';' before a group that follows an op: F ; (F B)",)
-    if exc.token.type == "LBRACE" and _ITEM_THEN_IF.search(before):
+    found = _ITEM_THEN_IF.search(before) if exc.token.type == "LBRACE" else None
+    if found:
+        statement = before[max(before.rfind(c, 0, found.start()) for c in ";{}") + 1:found.start()].split()
+        if statement[:1] == ["let"]:  # `let x = e if c else d`: the if continues the let's value
+            return ("an 'if' right after a let's value is read as part of it (let x = a if c else b); "
+                    "put ';' before an if-statement that follows a let: let x = 1 ; if k > 0 { F }",)
         return ("an 'if' right after an item is read as that item's condition (B if k > 0); "
                 "put ';' before an if-statement that follows an item: B ; if k > 0 { F }",)
     count = _REPEAT_COUNT.search(before)
