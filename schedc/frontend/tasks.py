@@ -177,8 +177,37 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                     if kept:
                         keeps[op] = tuple(kept)
                     previous = op
+    _check_acyclic(deps, {t.name: t for t in tasks}, source)
     fill = tuple((item.task, max(parts[item.task, s] for s in range(stages))) for item in fills)
     return tuple(specs), ops, deps, keeps, fill
+
+
+def _check_acyclic(deps: dict[Op, tuple[Op, ...]], decls: dict[str, ast.TaskDecl], source: Source) -> None:
+    """Task dependencies form no cycle (built-in ops depend on no task, so only tasks can close one):
+    a cycle is refused at the first task in it, naming the ops around it (`a(0) -> b(0) -> a(0)`)."""
+    state: dict[Op, int] = {}  # 1: on the current path, 2: done
+    for root in deps:
+        if root in state:
+            continue
+        path, stack = [], [(root, iter(deps.get(root, ())))]
+        state[root] = 1
+        path.append(root)
+        while stack:
+            node, preds = stack[-1]
+            nxt = next(preds, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                shown = " -> ".join(map(str, reversed(cycle)))  # each op before the one that waits for it
+                raise SchedError(error(f"task dependencies form a cycle: {shown} (each runs after the one before "
+                                       "it), so none can run", decls[nxt.kind].span), source)
+            elif nxt not in state and nxt in deps:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, iter(deps[nxt])))
 
 
 def _op_count(task: ast.TaskDecl, pipelines: tuple[Pipeline, ...], parts: dict[tuple[str, int], int]) -> int:
