@@ -99,6 +99,11 @@ def _addon(use: ast.Use, found: Source, top: Source) -> list[ast.Decl]:
     nested = next((d for d in addon.decls if isinstance(d, (ast.Extends, ast.Use))), None)
     if nested is not None:
         raise _error("an add-on cannot extend or use another", nested.span, top)
+    shaped = next((d for d in addon.decls if isinstance(d, (ast.PipelineDecl, ast.Program))), None)
+    if shaped is not None:  # it would clash with, or silently join, the using schedule's own
+        what = "a pipeline" if isinstance(shaped, ast.PipelineDecl) else "a program"
+        raise _error(f"an add-on cannot declare {what}: it adds tasks, costs, memory and fills to the schedule "
+                     "that uses it, whose pipelines and programs these are", shaped.span, top)
     params = {d.name for d in addon.decls if isinstance(d, ast.Param)}
     return [_rewrite(d, _namespaced(params, use.namespace)) for d in addon.decls]
 
