@@ -37,6 +37,7 @@ CORPUS = [
                                               "got -100 (at s=0)")]),  # it simulated to utilization -10.4
     ("unknown_kind_in_choice.sched", 1, [("5:34", "program pops Bx: unknown kind 'Bx' (kinds: B, F)"),
                                          ("5:48", "program pops Q: unknown kind 'Q' (kinds: B, F)")]),  # were "ok"
+    ("queue_without_programs.sched", 1, [("5:1", "'queue' orders the pops of per-device programs")]),  # ignored
     ("task_cycle.sched", 1, [("5:1", "task dependencies form a cycle: a(0) -> b(0) -> a(0)")]),  # was "a
     # dependency is neither an op of the schedule nor a task that gets placed"
 ]

@@ -384,6 +384,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if mixed and not programs:
         raise _fail("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
                     next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
+    if queues and not programs:  # it would be ignored, its key not even checked
+        raise _fail("'queue' orders the pops of per-device programs: give 'on device' programs, or order a "
+                    "greedy schedule with 'greedy by (...)'", queues[0].span, source)
     squeeze = next((d for d in decl.decls if isinstance(d, ast.Squeeze)), None)
     if squeeze and not programs:
         raise _fail("'squeeze' compacts the slots of per-device programs: give 'on device' programs",
