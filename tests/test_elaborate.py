@@ -276,3 +276,13 @@ def test_tasks_count_against_the_expansion_limit_before_they_are_made():
         build_schedule(Source("t.sched", text.replace("split 1024", "split 1")), Options({"m": "100"}, max_ops=10_000))
     assert "error: task 't' would expand the schedule past 10,000 ops and dependency entries (its dependencies," \
         in caught.value.render()
+
+
+@pytest.mark.parametrize("op", ["F(0)", "F(0, 1, 2)"])
+def test_a_built_in_op_named_with_other_than_two_numbers_says_what_it_takes(op):
+    """F(0) read as 'not an op of this device'; a task of one stage param may be t(0), F may not."""
+    text = ('schedule x "x"\nparam p = 2\nparam m = 2\npipeline main { stages p; device s -> s; microbatches m }\n'
+            f"on device d {{ {op} }}\n")
+    with pytest.raises(SchedError) as caught:
+        build_schedule(Source("t.sched", text))
+    assert "F(...) takes a stage and a microbatch" in caught.value.render()

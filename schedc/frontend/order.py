@@ -389,7 +389,7 @@ class _ProgramRun:
 
     def _named(self, cursor: ast.Cursor, pipe: str | None, env: dict) -> None:
         args = [evaluate_int(a, env, "op argument") for a in cursor.args]
-        if len(args) not in (1, 2):
+        if len(args) not in (1, 2) or (len(args) == 1 and cursor.kind in OpKind.__members__):  # a task's may be t(s)
             raise EvalError(f"{cursor.kind}(...) takes a stage and a microbatch", cursor.span)
         stage, mb = args[0], (args[1] if len(args) == 2 else None)
         candidates = [Op(cursor.kind, stage, mb, k) for k in range(len(self.pipelines))

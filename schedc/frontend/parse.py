@@ -462,7 +462,8 @@ def _check_depth(tree: Tree, source: Source) -> None:
         if depth > MAX_NESTING:
             meta = node.meta
             line, column = getattr(meta, "line", 1), getattr(meta, "column", 1)
-            raise SchedError(error(f"expression or program nested deeper than {MAX_NESTING} levels",
+            raise SchedError(error(f"expression or program nested deeper than {MAX_NESTING} levels (each operator "
+                                   "of a chain like 1 + 1 + ... + 1 nests one level)",
                                    Span(line, column, line, column + 1)), source, exit_code=2)
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
