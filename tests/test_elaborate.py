@@ -286,3 +286,16 @@ def test_a_built_in_op_named_with_other_than_two_numbers_says_what_it_takes(op):
     with pytest.raises(SchedError) as caught:
         build_schedule(Source("t.sched", text))
     assert "F(...) takes a stage and a microbatch" in caught.value.render()
+
+
+@pytest.mark.parametrize("op,why", [
+    ("F(0, 5)", "microbatch 5 is not one of pipeline 'main' (0..1)"),
+    ("F(1, 0)", "(it runs on device 1)"),
+    ("F(7, 0)", "stage 7 is outside 0..1"),
+])
+def test_a_named_op_of_no_such_or_another_device_says_which(op, why):
+    text = ('schedule x "x"\nparam p = 2\nparam m = 2\npipeline main { stages p; device s -> s; microbatches m }\n'
+            f"on device 0 {{ {op} }}\non device 1 {{ F B F B }}\n")
+    with pytest.raises(SchedError) as caught:
+        build_schedule(Source("t.sched", text))
+    assert f"is not an op of this device{'' if why.startswith('(') else ':'} {why}" in caught.value.render()

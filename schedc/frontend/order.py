@@ -20,7 +20,7 @@ from typing import Any, Callable
 from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
-from ..grid import elide
+from ..grid import elide, ranges
 from ..ir import Op, Pipeline, set_spans
 from ..ops import GRADIENT, SPLIT, OpKind
 
@@ -399,12 +399,24 @@ class _ProgramRun:
         found = [self._mine[c] for c in candidates if c in self._mine]
         label = f"{cursor.kind}({stage}{'' if mb is None else f',{mb}'})"
         if not found:
-            raise EvalError(f"{label} is not an op of this device", cursor.span)
+            raise EvalError(f"{label} is not an op of this device{self._elsewhere(stage, mb, pipe)}", cursor.span)
         if id(found[0]) in self.taken:
             raise EvalError(f"{label} is placed twice", cursor.span)
         if self.mixed and found[0].kind in BACKWARDS:
             self.mixed.name(found[0], self.taken)
         self._take(found[0], cursor.span)
+
+    def _elsewhere(self, stage: int, mb: int | None, pipe: str | None) -> str:
+        """Why a named op is none of this device's: its stage or microbatch is outside every pipeline's,
+        or it runs on another device ('' when none of these says it)."""
+        pipes = [p for p in self.pipelines if pipe is None or p.name == pipe]
+        if pipes and all(not 0 <= stage < p.stages for p in pipes):
+            return f": stage {stage} is outside 0..{pipes[0].stages - 1}"
+        if mb is not None and pipes and all(mb not in p.microbatches for p in pipes):
+            return f": microbatch {mb} is not one of pipeline '{pipes[0].name}' ({ranges(list(pipes[0].microbatches))})"
+        homes = sorted({p.placement[stage] for p in pipes if 0 <= stage < p.stages and
+                        (mb is None or mb in p.microbatches)} - {self.device})
+        return f" (it runs on device {homes[0]})" if len(homes) == 1 else ""
 
     def _take(self, op: Op, span: Span) -> None:
         self.taken.add(id(op))
