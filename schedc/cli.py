@@ -18,7 +18,7 @@ from click.utils import PacifyFlushWrapper
 
 from .diagnostics import SchedError, exit_code, plural
 from .outputs import STDOUT, is_stdout, output_error, prepare_directory, reason, write_output
-from .predict import cluster_options
+from .predict import cluster_options, option_given
 from .tune import tune_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -257,8 +257,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
 
 def _given(name: str, value):
     """An option's value if the user gave it, else None (a plan's re-simulation then uses its own)."""
-    source = click.get_current_context().get_parameter_source(name)
-    return None if source is click.core.ParameterSource.DEFAULT else value
+    return value if option_given(name) else None
 
 
 def _refusal_json(diagnostics, source) -> dict:
@@ -373,7 +372,7 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
     flags = {param.name: param.opts[0] for param in ctx.command.params}  # --microbatch-size, not its dest
 
     def given(names) -> list[str]:
-        return [flags[name] for name in names if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        return [flags[name] for name in names if option_given(name)]
 
     fail = _fail_json if as_json else _fail
     if synth:

@@ -66,7 +66,7 @@ def cluster_options(command):
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _NAMES}
         kwargs["cluster"] = request_from(values, kwargs.get("model_file"), kwargs.get("microbatch_size"),
-                                         kwargs.get("costs"), kwargs.get("profile"), _latency_given())
+                                         kwargs.get("costs"), kwargs.get("profile"), option_given("latency"))
         if kwargs["cluster"] is not None:
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
@@ -76,10 +76,11 @@ def cluster_options(command):
     return wrapper
 
 
-def _latency_given() -> bool:
+def option_given(name: str) -> bool:
+    """Whether the running command's option `name` was given by the user, not left at its default."""
     context = click.get_current_context(silent=True)
-    return context is not None and "latency" in context.params and \
-        context.get_parameter_source("latency") is not click.core.ParameterSource.DEFAULT
+    return context is not None and name in context.params and \
+        context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
 
 
 def request_from(values: dict[str, Any], model_file: str | None, microbatch_size: int | None,
