@@ -193,9 +193,9 @@ def format_report(rep: dict[str, Any]) -> str:
     lines = [f"measured over {rep['steps']} steps on {rep['ranks']} ranks: makespan "
              f"{rep['makespan_ms']:.2f} ms, bubble {rep['bubble']}, utilization {rep['utilization']}"]
     if sim.get("makespan_ms") is not None:
-        unit = sim.get("unit", "units")
+        unit, per = ("s", "s") if sim.get("unit") == "s" else ("units", "unit")
         lines.append(f"simulated: makespan {sim['makespan']} {unit} = {sim['makespan_ms']:.2f} ms at "
-                     f"{sim['ms_per_unit']:.4f} ms/{unit.rstrip('s') or 's'}, bubble {sim['bubble']}, "
+                     f"{sim['ms_per_unit']:.4f} ms/{per}, bubble {sim['bubble']}, "
                      f"utilization {sim['utilization']}")
     if sim.get("compiled_for"):
         lines.append(f"note: the plan's costs are the prediction for {sim['compiled_for']}; this run trains "

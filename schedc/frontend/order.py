@@ -22,7 +22,7 @@ from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
 from ..grid import elide, ranges
 from ..ir import Op, Pipeline, set_spans
-from ..ops import GRADIENT, SPLIT, OpKind
+from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -389,7 +389,7 @@ class _ProgramRun:
 
     def _named(self, cursor: ast.Cursor, pipe: str | None, env: dict) -> None:
         args = [evaluate_int(a, env, "op argument") for a in cursor.args]
-        if len(args) not in (1, 2) or (len(args) == 1 and cursor.kind in OpKind.__members__):  # a task's may be t(s)
+        if len(args) not in (1, 2) or (len(args) == 1 and cursor.kind in BUILTIN):  # a task's may be t(s)
             raise EvalError(f"{cursor.kind}(...) takes a stage and a microbatch", cursor.span)
         stage, mb = args[0], (args[1] if len(args) == 2 else None)
         candidates = [Op(cursor.kind, stage, mb, k) for k in range(len(self.pipelines))
