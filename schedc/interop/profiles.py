@@ -74,13 +74,12 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
                          exit_code=2) from None
     if not isinstance(data, dict):
         raise _usage("costs must be a JSON object of op kind to cost", path)
-    seen: set[str] = set()
+    keys: dict[str, int] = {}  # each top-level key's offset, for the errors at it
     for key, offset in _json_key_offsets(text)[1]:  # JSON keeps the last of a repeated key, unsaid
-        if key in seen:
+        if key in keys:
             raise SchedError(error(f"{key!r} is given twice; give each kind once",
                                    _span_at(source, offset, len(key) + 2)), source, exit_code=2)
-        seen.add(key)
-    keys = _json_keys(text)[1]
+        keys[key] = offset
     out = {}
     for kind, value in data.items():
         if kind in _SILENT:
