@@ -79,9 +79,9 @@ with_option = click.option("--with", "addons", multiple=True, metavar="ADDON",
 def _latency(ctx, param, value: float) -> float:
     """--latency: a finite number of cost units >= 0 (NaN, inf and negative latencies were taken, and a
     correct plan then blamed or an infinite makespan printed)."""
-    from .frontend.elaborate import MAX_COST
-    if not 0 <= value <= MAX_COST:
-        raise click.BadParameter(f"must be a finite number >= 0 and at most {MAX_COST:g}, got {value}")
+    from .ops import cost_range, in_cost_range
+    if not in_cost_range(value):
+        raise click.BadParameter(f"must be {cost_range()}, got {value}")
     return value
 
 

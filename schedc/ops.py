@@ -63,6 +63,20 @@ SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a spl
 NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
 
 MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
+
+
+def in_cost_range(value: float, positive: bool = False) -> bool:
+    """The one range rule for a cost, latency or memory effect, declared or measured: a finite number
+    >= 0 (> 0 where `positive`) and at most MAX_COST, so that sums over a schedule stay finite. NaN
+    fails it."""
+    return (value > 0 if positive else value >= 0) and value <= MAX_COST
+
+
+def cost_range(positive: bool = False) -> str:
+    """in_cost_range in words, for every message that refuses a value by it."""
+    return f"a finite number {'>' if positive else '>='} 0 and at most {MAX_COST:g}"
+
+
 DEFAULT_COSTS = {OpKind.F.value: 1.0, OpKind.B.value: 2.0, OpKind.I.value: 1.0, OpKind.W.value: 1.0}
 RELEASES = frozenset({OpKind.B.value, OpKind.W.value})  # what frees a forward's activation (one per backward)
 OVERLAP = "FB"  # the cost kind of an overlapped forward + backward (`F & B`), by default their sum

@@ -146,7 +146,9 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     if not outcome.ranked:
         raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
             nothing_fits(outcome, shown)
-    if as_json:
+    if as_json:  # the list on stdout; why families were pruned, as in the table, on stderr
+        for n, line in enumerate(_pruned_report(outcome, shown)):
+            click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
     return report(outcome, shown)
 
@@ -185,6 +187,19 @@ def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
                       Source("schedc tune", ""), exit_code=1)
 
 
+def _pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
+    """The pruned families, at most `pruned_lines` of them (None: all), with a heading."""
+    if outcome.pruned and pruned_lines == 0:
+        return [f"{plural(len(outcome.pruned), 'pruned family', 'pruned families')} (--pruned all lists them)"]
+    if not outcome.pruned:
+        return []
+    lines = [f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):"]
+    lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
+    if pruned_lines is not None and len(outcome.pruned) > pruned_lines:
+        lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more (--pruned all lists them)")
+    return lines
+
+
 def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     """The ranked table, the pruned families, the counts, and the winner's command lines."""
     r = outcome.request
@@ -209,13 +224,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not divide the layers; "
                  f"{outcome.seconds:.2f} s")
-    if outcome.pruned and pruned_lines == 0:
-        lines.append(f"{plural(len(outcome.pruned), 'pruned family', 'pruned families')} (--pruned all lists them)")
-    elif outcome.pruned:
-        lines.append(f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):")
-        lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
-        if pruned_lines is not None and len(outcome.pruned) > pruned_lines:
-            lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more (--pruned all lists them)")
+    lines += _pruned_report(outcome, pruned_lines)
     lines.append("the winner:")
     lines += [f"  {command}" for command in winner_commands(outcome)]
     return "\n".join(lines)

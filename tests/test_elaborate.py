@@ -6,7 +6,7 @@ from operator import attrgetter
 import pytest
 
 import reference_orders as ref
-from conftest import FIXTURES, compile_library
+from conftest import FIXTURES, SCHEDULES, compile_library
 from schedc.compiler import build_schedule, read_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
@@ -299,3 +299,30 @@ def test_a_named_op_of_no_such_or_another_device_says_which(op, why):
     with pytest.raises(SchedError) as caught:
         build_schedule(Source("t.sched", text))
     assert f"is not an op of this device{'' if why.startswith('(') else ':'} {why}" in caught.value.render()
+
+
+@pytest.mark.parametrize("costs,got", [({"B": -3.0}, "-3"), ({"F": [1.0, float("nan"), 1.0, 1.0]}, "nan"),
+                                       ({"W": 2e15}, "2e+15")])
+def test_measured_costs_obey_the_declared_costs_range(costs, got):
+    """Measured costs given through the API (not only a costs file) meet the one range rule of every
+    cost (ops.in_cost_range): a negative one made a later send end first."""
+    name = "zb_h1" if "W" in costs else "1f1b"
+    with pytest.raises(SchedError) as caught:
+        build_schedule(read_source(SCHEDULES / f"{name}.sched"), Options({"p": "4", "m": "8"}, costs))
+    kind = next(iter(costs))
+    assert f"error: measured cost of {kind} must be a finite number >= 0 and at most 1e+15, got {got}" in str(
+        caught.value)
+
+
+def test_a_param_with_an_integral_value_is_that_integer_however_written(tmp_path):
+    """`param p = 4.0` in a file is the device count 4, as -D p=4.0 and -D p=4e0 are; 4.5 is refused."""
+    text = (SCHEDULES / "1f1b.sched").read_text()
+    path = tmp_path / "float_p.sched"
+    path.write_text(text.replace("param p = 4 ", "param p = 4.0 "))
+    declared = build_schedule(read_source(path))
+    given = build_schedule(read_source(SCHEDULES / "1f1b.sched"), Options({"p": "4e0"}))
+    assert declared.params["p"] == given.params["p"] == 4 and type(declared.params["p"]) is int
+    assert declared.orders == given.orders
+    path.write_text(text.replace("param p = 4 ", "param p = 4.5 "))
+    with pytest.raises(SchedError, match="param p is the device count and must be an integer 1..16,384, got 4.5"):
+        build_schedule(read_source(path))

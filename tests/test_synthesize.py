@@ -149,7 +149,8 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
      "not both"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "X=2", "--activation-limit", "4"], 2, "KIND one of"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=1,2", "--activation-limit", "4"], 2, "one per stage"),
-    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=0", "--activation-limit", "4"], 2, "finite and > 0"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "F=0", "--activation-limit", "4"], 2,
+     "--cost F must be a finite number > 0 and at most 1e+15 (got 0)"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "four"], 2, "expected a number"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--activation-limit", "4"], 2, "--latency"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "0.5"], 1, "no order fits: device 0"),
@@ -197,7 +198,7 @@ def test_measured_costs_file_gives_the_per_stage_costs(tmp_path):
     assert split.split and split.costs == ((2.0, 2.0), (1.5, 1.5), (1.5, 1.5))
     costs.write_text(json.dumps({"F": [1, 0], "B": 2}))
     result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
-    assert result.exit_code == 2 and f"--costs {costs}, F must be finite and > 0 (stage 1: 0)" in result.output
+    assert result.exit_code == 2 and f"--costs {costs}, F must be a finite number > 0 and at most 1e+15 (stage 1: 0)" in result.output
     costs.write_text(json.dumps({"F": [1, 2, 3], "B": [2, 4, 6]}))
     result = _tune("--synthesize", "-D", "p=2", "-D", "m=4", "--activation-limit", "2", "--costs", str(costs))
     assert result.exit_code == 2 and f"--costs {costs}, F: 3 values; give one, or one per stage (2)" in result.output

@@ -208,7 +208,7 @@ def test_the_bubble_is_one_number_in_simulate_its_json_and_the_tune_row():
                and line.split()[6] == "2")
     assert row[-1] == f"{bubble:.4f}"
     listed = json.loads(run_cli(*layout, "--gpus", "8", "--schedules", "zbv", "--tp", "1", "--pp", "2",
-                                "--json").output)
+                                "--json").stdout)
     assert next(r["bubble"] for r in listed if r["b"] == 2) == round(bubble, 4)
 
 
@@ -232,12 +232,16 @@ def test_json_is_a_list_best_first(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--json",
                      "--top", "4", "--schedules", "1f1b,gpipe")
     assert result.exit_code == 0, result.output
-    entries = json.loads(result.output)
+    entries = json.loads(result.stdout)  # stdout only: why families were pruned goes to stderr
     assert len(entries) == 4
     for entry in entries:
         assert {"schedule", "t", "p", "d", "v", "b", "recompute", "tflops_per_gpu", "iteration_s",
                 "memory_gib_per_gpu"} <= set(entry)
     assert [e["iteration_s"] for e in entries] == sorted(e["iteration_s"] for e in entries)
+    table = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--top", "4",
+                    "--schedules", "1f1b,gpipe")
+    pruned = table.stdout.split("pruned families")[1].split("the winner:")[0]
+    assert result.stderr == f"schedc tune: pruned families{pruned}" and pruned.count("\n  ") >= 1
 
 
 @pytest.mark.parametrize("args,code,message", [
@@ -308,7 +312,7 @@ def test_per_group_rows_are_ranked_best_first_and_the_winner_is_the_best(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
                      "--schedules", "1f1b,interleaved_1f1b", "--top", "1", "--per", "t", "--json")
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     times = [row["iteration_s"] for row in rows]
     assert len({row["t"] for row in rows}) == len(rows) > 2 and times == sorted(times)
     text = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
@@ -339,9 +343,9 @@ def test_repeated_list_values_are_searched_once_and_json_refusals_are_json(model
     twice = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
                     "--schedules", "1f1b", "--recompute", "full,full", "--tp", "1,1,2", "--json")
     assert once.exit_code == twice.exit_code == 0
-    rows = json.loads(twice.output)
+    rows = json.loads(twice.stdout)
     assert len(rows) == len({(r["t"], r["p"], r["b"]) for r in rows})
-    assert json.loads(once.output) == rows
+    assert json.loads(once.stdout) == rows
     refused = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
                       "--schedules", "1f1b", "--memory-limit", "1MiB", "--json")
     assert refused.exit_code == 1

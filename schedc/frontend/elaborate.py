@@ -15,7 +15,8 @@ from . import ast
 from ..diagnostics import SchedError, Source, Span, error, has_errors
 from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, free_names, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import BUILTIN, DEFAULT_COSTS, MAX_COST, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds
+from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds,
+                   cost_range, in_cost_range)
 from .order import chunk_index, order_greedy, run_programs
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
@@ -48,6 +49,14 @@ def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) 
     return SchedError(error(message, span, **kw), source, exit_code=code)
 
 
+def _integral(value: Any) -> Any:
+    """A param's value, given with -D or declared: a finite number with an integral value (4.0, 1e3)
+    is that integer, whichever way it was written (so `param p = 4.0` is a device count as -D p=4.0 is)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _parse_override(name: str, text: str) -> int | float:
     """A -D value: an integer, or a finite number (one with an integral value, like 1e3, becomes an
     integer), within +-MAX_INT; anything else is refused, naming the param."""
@@ -60,8 +69,7 @@ def _parse_override(name: str, text: str) -> int | float:
             raise ValueError(f"-D {name}={text}: value must be a number") from None
         if not math.isfinite(value):
             raise ValueError(f"-D {name}={text}: value must be a finite number") from None
-        if value.is_integer():
-            value = int(value)
+        value = _integral(value)
     if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
         raise ValueError(f"-D {name}={text[:24]}{'...' * (len(text) > 24)}: value is too large (at most {MAX_INT})")
     return value
@@ -147,7 +155,7 @@ def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
     for param in params:
         try:
             env[param.name] = (_parse_override(param.name, overrides[param.name]) if param.name in overrides
-                               else evaluate(param.default, env))
+                               else _integral(evaluate(param.default, env)))
         except ValueError as exc:
             raise _fail(str(exc), param.span, source, code=2) from None
         except EvalError as exc:
@@ -219,8 +227,9 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source) -
             if not 1 <= count <= MAX_DEVICES:
                 raise _fail(f"device count must be 1..{MAX_DEVICES:,}, got {count:,}", d.span, source)
             return count
-    if isinstance(env.get("p"), int) and 1 <= env["p"] <= MAX_DEVICES:
-        return env["p"]
+    p = env.get("p")
+    if isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= MAX_DEVICES:
+        return p
     if "p" in env:
         param = next(d for d in decl.decls if isinstance(d, ast.Param) and d.name == "p")
         raise _fail(f"param p is the device count and must be an integer 1..{MAX_DEVICES:,}, got {env['p']}",
@@ -266,21 +275,20 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
                              for s in range(stages)]
         except EvalError as exc:
             raise _fail(exc.message, exc.span, source) from None
-        if any(v < 0 for v in table[d.kind]):
+        bad = next((v for v in table[d.kind] if not in_cost_range(v)), None)
+        if bad is not None:
             shown = ", ".join(f"{k}={v}" for k, v in env.items())
-            raise _fail(f"{what} of {d.kind} must not be negative, got {min(table[d.kind]):g}", d.span, source,
-                        notes=(f"with {shown}",))
-        if any(v > MAX_COST for v in table[d.kind]):
-            raise _fail(f"{d.kind}: {max(table[d.kind]):g} is too large (at most {MAX_COST:g}, so that sums "
-                        "over a schedule stay finite)", d.span, source)
+            raise _fail(f"{what} of {d.kind} must be {cost_range()}, got {bad:g}", d.span, source,
+                        notes=(f"with {shown}",) if shown else ())
     for kind, value in given.items():
         values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
         at = origin.spans.get(kind) if origin is not None else None  # the kind's key in a costs file
         if len(values) != stages:
             raise _fail(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
                         f"has {stages}", at, source, code=2)
-        if any(v > MAX_COST for v in values):
-            raise _fail(f"measured {kind}: {max(values):g} is too large (at most {MAX_COST:g})", at, source, code=2)
+        bad = next((v for v in values if not in_cost_range(v)), None)
+        if bad is not None:
+            raise _fail(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, code=2)
         table[kind] = values
     return {k: tuple(v) for k, v in table.items()}
 

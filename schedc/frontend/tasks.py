@@ -26,7 +26,7 @@ from . import ast
 from ..diagnostics import SchedError, Source, error
 from .expr import EvalError, compile_expr, evaluate_int
 from ..ir import Dependencies, Op, Pipeline, Schedule, TaskSpec
-from ..ops import BUILTIN, MAX_COST, OpKind, builtin_kinds, gradient_kind
+from ..ops import BUILTIN, OpKind, builtin_kinds, cost_range, gradient_kind, in_cost_range
 
 MAX_SPLIT = 1024
 AUTO = "auto"  # `split auto` in a fill list: the compiler chooses the pieces
@@ -289,8 +289,8 @@ def refine_tasks(schedule: Schedule, cuts: dict[str, int]) -> Schedule:
 def _own_cost(task: ast.TaskDecl, cost_fn, scope: dict, source: Source) -> float:
     """`task t(s) = e`: e at this instance, a finite cost >= 0 (as `cost t = e` must be), refused at e."""
     value = float(cost_fn(scope))
-    if not 0 <= value <= MAX_COST:
+    if not in_cost_range(value):
         shown = ", ".join(f"{k}={v}" for k, v in scope.items() if k in ("s", "i") or k in task.params)
-        raise SchedError(error(f"cost of task {task.name} must be a finite number >= 0 and at most {MAX_COST:g}, "
-                               f"got {value:g}" + (f" (at {shown})" if shown else ""), task.cost.span), source)
+        raise SchedError(error(f"cost of task {task.name} must be {cost_range()}, got {value:g}"
+                               + (f" (at {shown})" if shown else ""), task.cost.span), source)
     return value

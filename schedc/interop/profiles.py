@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..diagnostics import SchedError, Source, Span, error
-from ..ops import OVERLAP, OpKind, absent_kind
+from ..ops import OVERLAP, OpKind, absent_kind, cost_range, in_cost_range
 
 
 def read_text(path: str | Path) -> str:
@@ -34,14 +34,12 @@ def _measured(value, what: str, path: str) -> float:
         number = math.nan if isinstance(value, bool) else float(value)
     except (TypeError, ValueError, OverflowError):
         number = math.nan
-    if not 0 <= number <= MAX_MEASURED:  # NaN fails both
+    if not in_cost_range(number):
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-        limit = f" (at most {MAX_MEASURED:g})" if number > MAX_MEASURED else ""
-        raise _usage(f"{what} must be a finite number >= 0, got {shown}{limit}", path)
+        raise _usage(f"{what} must be {cost_range()}, got {shown}", path)
     return number
 
 
-MAX_MEASURED = 1e15  # as a declared cost (frontend.elaborate.MAX_COST): sums over a schedule stay finite
 _SILENT = ("unit", "microbatch_size", "source", "schedule", "memory")  # keys that name no op kind
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..ops import COMM, COMPUTE, GRADIENT, MAX_COST, Opcode, OpKind
+from ..ops import COMM, COMPUTE, GRADIENT, Opcode, OpKind, cost_range, in_cost_range
 from pathlib import Path
 
 from . import format as _format
@@ -122,9 +122,9 @@ def _costs(value: Any, stages: int) -> None:
         raise PlanError(f"costs: expected an object of op kind to cost, got {_shown(value)}")
     for kind, cost in value.items():
         values = cost if isinstance(cost, list) else [cost]
-        if (isinstance(cost, list) and len(cost) != stages) or not all(_finite(v) and v <= MAX_COST for v in values):
-            raise PlanError(f"costs.{kind}: expected a finite number >= 0 and at most {MAX_COST:g} (as a "
-                            f"declared cost), or one per stage ({stages}), got {_shown(cost)}")
+        if (isinstance(cost, list) and len(cost) != stages) or not all(type(v) in (int, float) and in_cost_range(v) for v in values):
+            raise PlanError(f"costs.{kind}: expected {cost_range()} (as a declared cost), or one per stage "
+                            f"({stages}), got {_shown(cost)}")
 
 
 def _check_step(step: tuple[Instr, ...], where: str, rank: int, stages: int, microbatches: int, devices: int,
