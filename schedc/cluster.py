@@ -84,9 +84,12 @@ class ClusterSpec:
 class Layout:
     """How the model is laid out: tensor parallel t, data parallel d, microbatch size b, global batch,
     recomputation, sequence parallelism, gradient all-reduce overlapped with the backward (torch DDP)
-    or after it (Megatron's local DDP), the scatter/gather of pipeline messages over t links, and
+    or after it (Megatron's local DDP), the scatter/gather of pipeline messages over t links,
     whether a send holds its sender until the message is through (Megatron-LM's point-to-point calls
-    wait for both ends) or not (schedc's runtime: isend, waited for before the buffer is reused)."""
+    wait for both ends) or not (schedc's runtime: isend, waited for before the buffer is reused), and
+    the distributed optimizer (Megatron-LM's --use-distributed-optimizer, ZeRO stage 1): the fp32
+    master weights, Adam's moments and the step's fp32 gradients sharded over the GPUs holding a stage,
+    the gradients reduce-scattered and the weights all-gathered instead of all-reduced."""
 
     tp: int = 1
     dp: int = 1
@@ -97,6 +100,7 @@ class Layout:
     overlap_grad_reduce: bool = False
     scatter_gather: bool = True
     blocking_p2p: bool = False  # sends hold the sender until the message is through (Megatron-LM)
+    distributed_optimizer: bool = False  # optimizer state sharded over data parallelism (ZeRO stage 1)
 
     def microbatches(self) -> int | None:
         """m = global batch / (b * d) per pipeline, or None without a global batch."""

@@ -36,6 +36,9 @@ F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # n
 R = "recompute"  # the part of B that repeats (some of) the forward first
 
 STATE_BYTES_PER_PARAM = 16   # 16-bit weight and gradient, fp32 master weight, Adam's two fp32 moments
+REPLICATED_BYTES_PER_PARAM = 4  # of which the 16-bit weight and gradient stay on every data-parallel GPU
+                                # with the distributed optimizer: 4 + 16/d at the step with the fp32
+                                # gradients below, against 20 (Megatron-LM's README, "Distributed Optimizer")
 DDP_BUCKET_BYTES_PER_PARAM = 2   # torch DDP's buckets: a second copy of the 16-bit gradients (its default,
                                  # gradient_as_bucket_view=False; PyTorch's DistributedDataParallel docs)
 STEP_GRADIENT_BYTES_PER_PARAM = 4  # the fp32 gradients the optimizer step makes from the 16-bit ones
@@ -349,17 +352,14 @@ def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]
     overlap_grad_reduce the all-reduce hides behind the device's last backward."""
     lay, hw, g, m = st.layout, st.hw, st.cluster.gpus_per_node, st.model
     stages = schedule.stages
-    holders: dict[int, list[int]] = {}
-    for pipe in schedule.pipelines:
-        for s, d in enumerate(pipe.placement):
-            holders.setdefault(s, []).append(d)
+    holders = stage_holders(schedule)
     per_node = max(1, g // lay.tp) if lay.tp < g else 1
     out = []
     for d in range(schedule.devices):
         mine = sorted({s for s, ds in holders.items() if d in ds})
-        params = sum(stage_params(m, lay.tp, stages, s) for s in mine)
+        stepped = sum(stage_params(m, lay.tp, stages, s) / shards(lay, holders, s) for s in mine)
         comm = 0.0
-        for s in mine:
+        for s in mine:  # with the distributed optimizer a reduce-scatter and an all-gather: the same time
             group = lay.dp * len(holders[s])
             comm += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s), group, min(group, per_node))
         first, last = holders.get(0, []), holders.get(stages - 1, [])
@@ -367,9 +367,26 @@ def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]
             comm += hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1)
         if lay.overlap_grad_reduce and schedule.orders[d]:
             last_op = schedule.orders[d][-1]
-            comm = max(0.0, comm - costs.costs().get(last_op.kind, (0.0,) * stages)[last_op.stage])
-        out.append((comm, hw.memory(ADAM_BYTES_PER_PARAM * params)))
+            hidden = costs.costs().get(last_op.kind, (0.0,) * stages)[last_op.stage]
+            gather = comm / 2 if lay.distributed_optimizer else 0.0  # the weights' all-gather follows the step
+            comm = max(0.0, comm - gather - hidden) + gather
+        out.append((comm, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
     return out
+
+
+def stage_holders(schedule) -> dict[int, list[int]]:
+    """Per stage, the devices holding it (one per pipeline: two with Chimera's replicas)."""
+    holders: dict[int, list[int]] = {}
+    for pipe in schedule.pipelines:
+        for s, d in enumerate(pipe.placement):
+            holders.setdefault(s, []).append(d)
+    return holders
+
+
+def shards(lay: Layout, holders: dict[int, list[int]], s: int) -> int:
+    """Over how many GPUs stage s's optimizer state is split: the d (times replicas) holding the
+    stage with the distributed optimizer, else none (1)."""
+    return lay.dp * len(holders[s]) if lay.distributed_optimizer else 1
 
 
 def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch: int) -> Prediction:
@@ -413,7 +430,8 @@ def device_memory(st: Setting, schedule, timing) -> tuple[list[float], list[dict
 def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpec | None = None
                  ) -> tuple[list[float], list[dict[str, float]]]:
     """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds
-    (with torch DDP, overlap_grad_reduce, its gradient buckets too), plus the larger of the backward's
+    (with torch DDP, overlap_grad_reduce, its gradient buckets too; with the distributed optimizer the
+    fp32 state and the step's gradients split over shards()), plus the larger of the backward's
     peak (the activations alive at the simulated peak, `peaks` in activation units per device: x layers
     per stage x bytes per layer, and the working memory of one backward) and the optimizer step's (the
     fp32 gradients it makes, after the last backward has freed every activation); then, on a cluster,
@@ -422,17 +440,23 @@ def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpe
     tensors only) both ask it."""
     stages = schedule.stages
     per_unit = stage_layers(m, stages) * layer_activation_bytes(m, lay)
-    per_param = STATE_BYTES_PER_PARAM + (DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce else 0)
+    holders = stage_holders(schedule)
+    # torch DDP's buckets: the distributed optimizer's reduce-scatter works on views of its gradient buffer
+    buckets = DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce and not lay.distributed_optimizer else 0
     totals, parts = [], []
     for d in range(schedule.devices):
-        mine = sorted({s for pipe in schedule.pipelines for s, dev in enumerate(pipe.placement) if dev == d})
-        params = sum(stage_params(m, lay.tp, stages, s) for s in mine)
+        mine = sorted({s for s, ds in holders.items() if d in ds})
+        state = step = 0.0
+        for s in mine:
+            params, k = stage_params(m, lay.tp, stages, s), shards(lay, holders, s)
+            state += params * (REPLICATED_BYTES_PER_PARAM + buckets
+                               + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k)
+            step += STEP_GRADIENT_BYTES_PER_PARAM * params / k
         peak = peaks[d] if d < len(peaks) else 0.0
         act = peak * per_unit + working_bytes(m, lay, stages - 1 in mine)
-        step = STEP_GRADIENT_BYTES_PER_PARAM * params
-        allocated = per_param * params + max(act, step)
+        allocated = state + max(act, step)
         total = cluster.reserved_bytes(allocated) if cluster is not None else allocated
-        parts.append({"weights_gradients_optimizer": per_param * params, "activations": act,
+        parts.append({"weights_gradients_optimizer": state, "activations": act,
                       "optimizer_step": max(0.0, step - act), "allocator_and_context": total - allocated})
         totals.append(total)
     return totals, parts

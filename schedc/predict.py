@@ -48,13 +48,16 @@ _OPTIONS = (
     click.option("--blocking-p2p", is_flag=True, default=False,
                  help="A send holds its sender until the message is through, as Megatron-LM's point-to-point "
                       "calls do (default: it does not, as in schedc's runtime), with --cluster."),
+    click.option("--distributed-optimizer", is_flag=True, default=False,
+                 help="Shard the optimizer state over data parallelism (Megatron-LM's --use-distributed-optimizer, "
+                      "ZeRO stage 1), with --cluster."),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster; "
                                   "the same file check --model and the runtime's --config read (the "
                                   "runtime's --model is model code, PKG.MOD:FN).")
 _NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_parallel", "overlap_grad_reduce",
-          "blocking_p2p")
+          "blocking_p2p", "distributed_optimizer")
 
 
 def cluster_options(command):
@@ -106,7 +109,7 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     layout = Layout(tp=given(values["tp"]), dp=given(values["dp"]), microbatch_size=given(microbatch_size),
                     global_batch=values["global_batch"], recompute=values["recompute"] or "full",
                     sequence_parallel=values["sequence_parallel"], overlap_grad_reduce=values["overlap_grad_reduce"],
-                    blocking_p2p=values["blocking_p2p"])
+                    blocking_p2p=values["blocking_p2p"], distributed_optimizer=values["distributed_optimizer"])
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
 
@@ -226,7 +229,8 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
             "model": request.model if request else None, "cluster": st.cluster.name, "tp": lay.tp, "dp": lay.dp,
             "microbatch_size": lay.microbatch_size, "global_batch": result.global_batch,
             "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
-            "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p, "unit": "s"}})
+            "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p,
+            "distributed_optimizer": lay.distributed_optimizer, "unit": "s"}})
     diagnostics = list(compiled.diagnostics)
     limit = st.cluster.memory_bytes
     if result.memory_bytes > limit:
@@ -250,7 +254,8 @@ def summary(on: OnCluster) -> str:
     parts = p.memory_parts
     lines = [f"  on {on.setting.cluster.name}: {p.gpus} GPUs (t={lay.tp}, p={on.compiled.schedule.devices}, "
              f"d={lay.dp}), b={lay.microbatch_size}, global batch {p.global_batch}, recompute {lay.recompute}"
-             + (", sequence parallel" if lay.sequence_parallel else ""),
+             + (", sequence parallel" if lay.sequence_parallel else "")
+             + (", distributed optimizer" if lay.distributed_optimizer else ""),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {p.tflops_per_gpu:.1f}  "
              f"peak_fraction {p.peak_fraction:.3f}",
              f"  memory_gib_per_gpu {p.memory_bytes / 2**30:.2f} (weights+gradients+optimizer "

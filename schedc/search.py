@@ -65,6 +65,7 @@ class Request:
     overlap_grad_reduce: bool = False
     blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
     microbatch: tuple[int, ...] | None = None  # restrict b to these values
+    distributed_optimizer: bool = False      # optimizer state sharded over data parallelism (ZeRO stage 1)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -343,11 +344,13 @@ def _left(kind: str, pipe, table, links) -> list[float]:
 
 def tail_bound(st: Setting, shape: Shape, costs) -> float:
     """The end-of-step tail predict adds (the largest device's): with the all-reduce overlapped, its
-    exposed part can be 0, so only the optimizer counts."""
+    exposed part can be 0, so only the optimizer counts (and, with the distributed optimizer, the
+    weights' all-gather after it, half of the all-reduce's time)."""
     lay = st.layout
     plain = replace(st, layout=replace(lay, overlap_grad_reduce=False))
     per = tails(plain, shape, costs)
-    return max((opt if lay.overlap_grad_reduce else comm + opt) for comm, opt in per)
+    kept = 0.5 if lay.distributed_optimizer else 0.0
+    return max((kept * comm + opt if lay.overlap_grad_reduce else comm + opt) for comm, opt in per)
 
 
 def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
@@ -428,7 +431,7 @@ class Searcher:
         return Setting(self.model, self.cluster, Layout(
             tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
             sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce,
-            blocking_p2p=r.blocking_p2p))
+            blocking_p2p=r.blocking_p2p, distributed_optimizer=r.distributed_optimizer))
 
     def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""

@@ -68,13 +68,16 @@ _OPTIONS = (
                  help="The data-parallel all-reduce overlaps the last backward (torch DDP)."),
     click.option("--blocking-p2p", is_flag=True,
                  help="A send holds its sender until the message is through (Megatron-LM's point-to-point calls)."),
+    click.option("--distributed-optimizer", is_flag=True,
+                 help="Shard the optimizer state over data parallelism (ZeRO stage 1) for every candidate."),
     click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
                  help="Pruned families to list, with why (all: every one)."),
 )
 
 
 _NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
-          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "pruned")
+          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "distributed_optimizer",
+          "pruned")
 
 
 def tune_options(command):
@@ -112,7 +115,8 @@ def request_from(o: dict[str, Any]) -> Request:
     return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
                    _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
                    _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
-                   o["overlap_grad_reduce"], o["blocking_p2p"], _ints(o["microbatch"], "--microbatch-size"))
+                   o["overlap_grad_reduce"], o["blocking_p2p"], _ints(o["microbatch"], "--microbatch-size"),
+                   o["distributed_optimizer"])
 
 
 def run_command(options: dict[str, Any], as_json: bool) -> str:
@@ -238,7 +242,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     flags = "".join((" --sequence-parallel" if r.sequence_parallel else "",
                      " --overlap-grad-reduce" if r.overlap_grad_reduce else "",
-                     " --blocking-p2p" if r.blocking_p2p else ""))
+                     " --blocking-p2p" if r.blocking_p2p else "",
+                     " --distributed-optimizer" if r.distributed_optimizer else ""))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")

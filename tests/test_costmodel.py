@@ -267,6 +267,42 @@ def test_memory_is_the_larger_of_the_backwards_and_the_steps_peak_plus_the_allow
     assert pred.memory_parts["optimizer_step"] == 0
 
 
+@pytest.mark.parametrize("d", [1, 4, 16])
+def test_the_distributed_optimizer_keeps_megatrons_bytes_per_parameter(d):
+    """Megatron-LM's README ("Distributed Optimizer", fp16 weights and gradients): 20 bytes per
+    parameter at the step without it, 4 + 16/d with it: the state kept (16, or 4 + 12/d) and the step's
+    fp32 gradients (4, or 4/d), the peak where (short sequences) the activations are smaller. The
+    gradient exchange takes the all-reduce's time; Adam runs over 1/d of the parameters."""
+    model = gpt(8, 4096, 32, seq=16)
+    layout = Layout(tp=2, dp=d, microbatch_size=1, global_batch=8 * d, recompute="full")
+    params = stage_params(model, 2, 1, 0)
+    plain = run("1f1b", model, layout, p=1).prediction
+    sharded = run("1f1b", model, replace(layout, distributed_optimizer=True), p=1).prediction
+    for pred, kept, step in ((plain, 16, 4), (sharded, 4 + 12 / d, 4 / d)):
+        parts = pred.memory_parts
+        assert parts["activations"] < step * params
+        assert parts["weights_gradients_optimizer"] == pytest.approx(kept * params)
+        at_step = parts["weights_gradients_optimizer"] + parts["activations"] + parts["optimizer_step"]
+        assert at_step == pytest.approx((20 if pred is plain else 4 + 16 / d) * params)
+    assert sharded.breakdown["data_parallel_comm_s"] == pytest.approx(plain.breakdown["data_parallel_comm_s"])
+    assert sharded.breakdown["optimizer_s"] == pytest.approx(plain.breakdown["optimizer_s"] / d)
+
+
+def test_with_the_distributed_optimizer_only_the_reduce_scatter_hides_behind_the_backward():
+    """Overlapped (--overlap-grad-reduce), the gradients' reduce-scatter, half the all-reduce's time,
+    hides behind the last backward; the weights' all-gather comes after the step, exposed. No torch
+    DDP bucket copy is kept."""
+    model = gpt(8, 4096, 32)
+    layout = Layout(tp=1, dp=64, microbatch_size=1, global_batch=64, recompute="full")
+    full = run("1f1b", model, replace(layout, distributed_optimizer=True), p=1).prediction
+    both = run("1f1b", model, replace(layout, distributed_optimizer=True, overlap_grad_reduce=True), p=1).prediction
+    exchange = full.breakdown["data_parallel_comm_s"]
+    assert exchange > 0 and both.breakdown["data_parallel_comm_s"] >= exchange / 2
+    assert both.breakdown["data_parallel_comm_s"] < exchange
+    assert both.memory_parts["weights_gradients_optimizer"] == pytest.approx(
+        full.memory_parts["weights_gradients_optimizer"])
+
+
 def test_memory_over_the_gpu_is_an_error():
     layout = Layout(tp=1, microbatch_size=8, global_batch=64, recompute="none")
     on = run("1f1b", gpt(32, 8192, 64), layout, p=2)

@@ -94,7 +94,9 @@ def test_a_search_with_dualpipe_ranks_as_the_exhaustive_one(model):
 @pytest.mark.parametrize("kw", [{}, {"gpus": 8, "batch": 64, "memory_limit": 3 * 2**30},
                                 {"per": "schedule", "top": 3}, {"per": "t", "top": 2},
                                 {"overlap_grad_reduce": True, "recompute": ("full",)},
-                                {"blocking_p2p": True, "gpus": 8, "batch": 64}])
+                                {"blocking_p2p": True, "gpus": 8, "batch": 64},
+                                {"distributed_optimizer": True, "overlap_grad_reduce": True, "gpus": 8, "batch": 64,
+                                 "memory_limit": 3 * 2**30}])
 def test_the_bounded_search_ranks_as_the_exhaustive_one(model, kw):
     pruned = search(request(model, **kw))
     reference = search(request(model, exhaustive=True, **kw))
@@ -388,3 +390,23 @@ def test_the_microbatch_size_can_be_fixed_and_pruned_zero_is_one_line(model):
     text = run_cli(*args, "--top", "1", "--pruned", "0").stdout
     assert re.search(r"^\d+ pruned famil(y|ies) \(--pruned all lists them\)$", text, re.M)
     assert "... and" not in text
+
+
+def test_the_distributed_optimizer_fits_what_does_not_and_its_winner_simulates_alike(model):
+    """At 3 GiB per GPU pure data parallelism (t = p = 1, d = 8) fits only with the optimizer state
+    sharded over the 8 (--distributed-optimizer); the winner's command carries the flag and
+    `simulate` of it gives the row's iteration time."""
+    args = ["--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64", "--memory-limit", "3GiB",
+            "--schedules", "1f1b,zb_h1", "--top", "3"]
+    plain = json.loads(run_cli(*args, "--json").stdout)
+    sharded = json.loads(run_cli(*args, "--distributed-optimizer", "--json").stdout)
+    assert all((row["t"], row["p"]) != (1, 1) for row in plain)
+    assert (sharded[0]["t"], sharded[0]["p"], sharded[0]["d"]) == (1, 1, 8)
+    text = run_cli(*args, "--distributed-optimizer").stdout
+    simulate = text.split("the winner:")[1].splitlines()[1].strip()
+    assert simulate.startswith("schedc simulate") and simulate.endswith("--distributed-optimizer")
+    again = CliRunner().invoke(main, shlex.split(simulate)[1:] + ["--json"])
+    assert again.exit_code == 0, again.output
+    stats = json.loads(again.stdout)
+    assert stats["iteration_s"] == pytest.approx(sharded[0]["iteration_s"], rel=1e-6)
+    assert stats["memory_gib_per_gpu"] <= 3
