@@ -37,6 +37,7 @@ from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
 from schedc.frontend.library import library_files  # noqa: E402
 from schedc.diagnostics import SchedError  # noqa: E402
 from schedc.search import Candidate, Request, Searcher  # noqa: E402
+from schedc.tune import breakdown_difference  # noqa: E402
 
 FAMILIES = ("1f1b", "interleaved_1f1b")
 
@@ -165,18 +166,13 @@ def table(rows) -> bool:
     return ok
 
 
-PARTS = (("compute_s", "compute"), ("tensor_parallel_comm_s", "tensor-parallel comm"),
-         ("bubble_s", "bubble"), ("pipeline_comm_s", "pipeline comm"), ("data_parallel_comm_s", "data-parallel comm"),
-         ("optimizer_s", "optimizer"))
-
-
 def explain(r: dict) -> str:
     """Why the paper's configuration is outside its family's top 5: how far behind the 5th it is, and
     the breakdown of its iteration against the family's best, part by part (seconds, paper - best)."""
     c, pred, family = r["paper"], r["predicted"], r["full"]["family"]
     fifth, first = family[-1], family[0]
     gap = pred.iteration_s / fifth.iteration_s - 1
-    diff = ", ".join(f"{name} {pred.breakdown[key] - first.prediction.breakdown[key]:+.2f}" for key, name in PARTS)
+    diff = breakdown_difference(pred, first.prediction)
     f = first.candidate
     return (f"  {r['row']}: the paper's t={c.t} p={c.p} v={c.v or 1} b={c.b} is {100 * gap:.1f} % slower than its "
             f"family's 5th ({fifth.candidate.describe()}); against the family's best ({f.describe()}, "

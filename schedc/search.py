@@ -626,23 +626,11 @@ class Searcher:
         bounded = []  # (bound, candidate)
         for c in space:
             fam = families.setdefault((c.schedule, c.t, c.p), Family())
-            shape = self.shape(c)
-            if isinstance(shape, Refusal):
-                self._refuse(fam, c, shape)
-                continue
-            st = self.setting(c)
-            state, device = self.state_bound(st, c, shape)
-            if state > self.limit:
-                self._refuse(fam, c, self.over(state, device, " (weights, gradients, optimizer state and "
-                                                              "working memory alone)", bound=True))
-                continue
-            entry = self.entries[c.schedule]
-            bound = 0.0
-            if not (entry.plain or entry.mixed or r.exhaustive):
-                costs = self.stage_costs(st, c, shape)
-                links = self.link_times(st, c, shape.devices)
-                bound = makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape, costs)
-            bounded.append((bound, c))
+            bound = self.bound(c)
+            if isinstance(bound, Refusal):
+                self._refuse(fam, c, bound)
+            else:
+                bounded.append((bound, c))
         self.progress(len(space) - len(bounded))
         bounded.sort()
         best: dict[Any, list[_Kept]] = {}   # group -> heap, worst on top: the K best so far
@@ -673,8 +661,46 @@ class Searcher:
         kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
         ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True)) for kept in kept_all]  # best first
         pruned = tuple(self._family_lines(families))
-        return Outcome(r, tuple(ranked), pruned, dict(self.counts), self._space(space),
+        return Outcome(r, tuple(ranked), pruned, dict(self.counts), self.describe_space(space),
                        time.perf_counter() - start)
+
+    def bound(self, c: Candidate) -> float | Refusal:
+        """A lower bound of the candidate's iteration time (0 where none is taken: a schedule compiled
+        whole, a mixed backward, --exhaustive), or why it is refused before any simulation (its
+        schedule's or the layers', or its weights and optimizer state alone over the limit)."""
+        shape = self.shape(c)
+        if isinstance(shape, Refusal):
+            return shape
+        st = self.setting(c)
+        state, device = self.state_bound(st, c, shape)
+        if state > self.limit:
+            return self.over(state, device, " (weights, gradients, optimizer state and working memory alone)",
+                             bound=True)
+        entry = self.entries[c.schedule]
+        if entry.plain or entry.mixed or self.request.exhaustive:
+            return 0.0
+        costs = self.stage_costs(st, c, shape)
+        links = self.link_times(st, c, shape.devices)
+        return makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape, costs)
+
+    def rank(self, target: Candidate, space: list[Candidate]) -> tuple[int, int]:
+        """Where a candidate that runs ranks in `space` by (iteration time, candidate), as the walk
+        ranks: (overall, among its schedule's), exactly, every candidate whose bound is below its time
+        simulated."""
+        result = self.evaluate(target)
+        assert not isinstance(result, Refusal), result
+        key = (result.iteration_s, target)
+        overall = family = 1
+        for c in space:
+            bound = self.bound(c) if c != target else math.inf
+            if isinstance(bound, Refusal) or bound > key[0] * (1 + SLACK):
+                continue
+            other = self.evaluate(c)
+            self.progress(1)
+            if not isinstance(other, Refusal) and (other.iteration_s, c) < key:
+                overall += 1
+                family += c.schedule == target.schedule
+        return overall, family
 
     def _refuse(self, fam: Family, c: Candidate, refusal: Refusal) -> None:
         if refusal.layers:
@@ -723,7 +749,7 @@ class Searcher:
                 lines.append((3, 0.0, head + fam.layers))  # shown only when nothing else ran
         return [text for _, _, text in sorted(lines)]
 
-    def _space(self, space: list[Candidate]) -> str:
+    def describe_space(self, space: list[Candidate]) -> str:
         def values(name):
             found = sorted({getattr(c, name) for c in space if getattr(c, name) is not None})
             return "{" + ", ".join(map(str, found)) + "}"

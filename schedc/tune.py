@@ -72,12 +72,15 @@ _OPTIONS = (
                  help="Shard the optimizer state over data parallelism (ZeRO stage 1) for every candidate."),
     click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
                  help="Pruned families to list, with why (all: every one)."),
+    click.option("--why", "why", default=None, metavar="'[SCHEDULE] t=T p=P [v=V b=B recompute=R]'",
+                 help="Where this configuration (at its best over what is not given) ranks, exactly, and "
+                      "part by part why it loses to the winner."),
 )
 
 
 _NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
           "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "distributed_optimizer",
-          "pruned")
+          "pruned", "why")
 
 
 def tune_options(command):
@@ -127,12 +130,15 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     request = request_from(options)
     shown = _pruned_lines(options["pruned"])
     searcher = Searcher(request)
+    wanted = parse_why(options["why"]) if options["why"] is not None else None
     if searcher.limit > searcher.cluster.memory_bytes:
         asked, has = distinct_figures(searcher.limit / GIB, searcher.cluster.memory_bytes / GIB)
         raise usage(f"--memory-limit {asked} GiB is more than the {has} "
                     f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
                     f"check the GPU's memory); describe a larger GPU in a cluster file instead")
     space = candidates(searcher.model, list(searcher.entries.values()), request)
+    if wanted is not None and not matching(space, wanted):
+        raise usage(f"--why {options['why']!r}: no candidate of this search is that ({searcher.describe_space(space)})")
     whole = [e.name for e in searcher.entries.values() if e.plain]
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
@@ -150,11 +156,97 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     if not outcome.ranked:
         raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
             nothing_fits(outcome, shown)
-    if as_json:  # the list on stdout; why families were pruned, as in the table, on stderr
+    why = why_lines(searcher, outcome, space, options["why"], wanted, bar=not as_json and sys.stderr.isatty()) \
+        if wanted is not None else []
+    if as_json:  # the list on stdout; why families were pruned, as in the table, and --why on stderr
         for n, line in enumerate(_pruned_report(outcome, shown)):
             click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
+        for n, line in enumerate(why):
+            click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
-    return report(outcome, shown)
+    return "\n".join([report(outcome, shown), *why])
+
+
+_WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
+PARTS = (("compute_s", "compute"), ("tensor_parallel_comm_s", "tensor-parallel comm"), ("bubble_s", "bubble"),
+         ("pipeline_comm_s", "pipeline comm"), ("data_parallel_comm_s", "data-parallel comm"),
+         ("optimizer_s", "optimizer"))  # the breakdown's parts, as --why compares them
+
+
+def parse_why(text: str) -> dict[str, Any]:
+    """--why '[SCHEDULE] t=8 p=1 ...': the schedule (the one word without '='), and t, p, d, v, b,
+    recompute as given; a usage error (exit 2) for anything else."""
+    wanted: dict[str, Any] = {}
+    for word in text.replace(",", " ").split():
+        key, eq, value = word.partition("=")
+        if not eq:
+            if "schedule" in wanted:
+                raise usage(f"--why {text!r}: two schedules ({wanted['schedule']!r}, {word!r}); give one")
+            wanted["schedule"] = word
+            continue
+        kind = _WHY_KEYS.get(key)
+        if kind is None or key in wanted:
+            why = f"{key}= is given twice" if key in wanted else f"unknown key {key!r}"
+            raise usage(f"--why {text!r}: {why} (give a schedule and any of {', '.join(_WHY_KEYS)}, as t=8)")
+        try:
+            wanted[key] = kind(value)
+        except ValueError:
+            raise usage(f"--why {text!r}: {key} must be an integer, got {value!r}") from None
+        if key == "recompute" and value not in RECOMPUTE:
+            raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE)}, got {value!r}")
+    if not wanted:
+        raise usage("--why: give a configuration, as --why '1f1b t=8 p=1'")
+    return wanted
+
+
+def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, wanted: dict[str, Any],
+              bar: bool = False) -> list[str]:
+    """Where the best candidate matching `wanted` ranks among `space`, exactly, and its breakdown
+    against the winner's, part by part; or why none of them runs. A usage error when the search has no
+    such candidate."""
+    from .search import Refusal
+    chosen = matching(space, wanted)
+    if not chosen:
+        raise usage(f"--why {text!r}: no candidate of this search is that ({outcome.space})")
+    results = [(searcher.evaluate(c), c) for c in chosen]
+    running = sorted((r.iteration_s, c) for r, c in results if not isinstance(r, Refusal))
+    head = f"why {text.strip()} ({plural(len(chosen), 'candidate')} of the search)"
+    if not running:
+        refusal, c = min(((r, c) for r, c in results), key=lambda rc: (rc[0].memory is None, rc[0].memory or 0, rc[1]))
+        return [f"{head}: none runs; the nearest, {c.describe()}: {refusal.message}"]
+    best = running[0][1]
+    if bar:
+        with click.progressbar(length=len(space), label="why", file=click.get_text_stream("stderr")) as progress:
+            searcher.progress = progress.update
+            overall, family = searcher.rank(best, space)
+    else:
+        overall, family = searcher.rank(best, space)
+    mine, winner = searcher.evaluate(best, free=True), outcome.ranked[0]
+    lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {mine.tflops_per_gpu:.1f} TFLOP/s "
+             f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
+             f"  ranks {_ordinal(overall)} of the search, {_ordinal(family)} among {best.schedule}"]
+    if best == winner.candidate:
+        return lines + ["  it is the winner"]
+    lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
+                  f"({winner.candidate.describe()}, {winner.iteration_s:.4f} s)")
+    lines.append(f"  against the winner (s): {breakdown_difference(mine, winner.prediction)} (memory GiB "
+                 f"{mine.memory_bytes / GIB:.1f} against {winner.prediction.memory_bytes / GIB:.1f})")
+    return lines
+
+
+def matching(space: list, wanted: dict[str, Any]) -> list:
+    """The candidates of `space` that are what --why gives."""
+    return [c for c in space if all(getattr(c, k) == v for k, v in wanted.items())]
+
+
+def breakdown_difference(mine, other) -> str:
+    """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
+    return ", ".join(f"{name} {mine.breakdown[key] - other.breakdown[key]:+.2f}" for key, name in PARTS)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"
 
 
 def _pruned_lines(text: str) -> int | None:

@@ -17,6 +17,7 @@ from schedc.cli import main
 from schedc.predict import compile_for
 from schedc.search import (Candidate, Refusal, Request, Searcher, Shape, candidates, makespan_bound, search,
                          tail_bound)
+from schedc.tune import _ordinal, why_lines
 
 SMALL = """layers = 8
 hidden = 1024
@@ -410,3 +411,47 @@ def test_the_distributed_optimizer_fits_what_does_not_and_its_winner_simulates_a
     stats = json.loads(again.stdout)
     assert stats["iteration_s"] == pytest.approx(sharded[0]["iteration_s"], rel=1e-6)
     assert stats["memory_gib_per_gpu"] <= 3
+
+
+def test_why_ranks_exactly_as_the_exhaustive_search_does(model):
+    """--why's rank of a configuration, the bounded walk's (every candidate whose bound is below its
+    time simulated), is its index in the exhaustive search's whole ranking, overall and among its
+    schedule's; its best over what is not given is the best of the matching candidates."""
+    kw = {"schedules": ("1f1b", "interleaved_1f1b", "zb_h1"), "gpus": 8, "batch": 64}
+    reference = search(request(model, exhaustive=True, top=10**6, **kw)).ranked
+    order = [r.candidate for r in reference]
+    for wanted in ({"schedule": "1f1b", "t": 2, "p": 2}, {"t": 1, "p": 4, "b": 2}, {"schedule": "zb_h1", "t": 4},
+                   {"schedule": order[0].schedule, "t": order[0].t, "p": order[0].p, "b": order[0].b,
+                    "recompute": order[0].recompute}):
+        searcher = Searcher(request(model, **kw))
+        space = candidates(searcher.model, list(searcher.entries.values()), searcher.request)
+        outcome = searcher.run(space)
+        lines = why_lines(searcher, outcome, space, "x", wanted)
+        best = next(c for c in order if all(getattr(c, k) == v for k, v in wanted.items()))
+        family = [c for c in order if c.schedule == best.schedule]
+        assert f"its best, {best.describe()}:" in lines[0]
+        assert lines[1].startswith(f"  ranks {_ordinal(order.index(best) + 1)} of the search, "
+                                   f"{_ordinal(family.index(best) + 1)} among {best.schedule}")
+        assert (best == order[0]) == (lines[-1] == "  it is the winner")
+
+
+@pytest.mark.parametrize("why,message", [
+    ("1f1b t=3", "--why '1f1b t=3': no candidate of this search is that"),
+    ("1f1b zb_h1", "two schedules ('1f1b', 'zb_h1'); give one"),
+    ("t=2 q=1", "unknown key 'q'"),
+    ("t=x", "t must be an integer, got 'x'"),
+    ("recompute=some", "recompute is one of full, selective, none, got 'some'"),
+    ("t=2 t=4", "t= is given twice"),
+])
+def test_why_refuses_what_is_no_configuration(model, why, message):
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
+                     "--schedules", "1f1b,zb_h1", "--why", why)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_why_of_a_configuration_that_does_not_fit_says_why(model):
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
+                     "--memory-limit", "3GiB", "--schedules", "1f1b", "--why", "t=1 p=1")
+    assert result.exit_code == 0, result.output
+    assert "why t=1 p=1 (" in result.output and ": none runs; the nearest, 1f1b t=1 p=1 d=8" in result.output
+    assert "does not fit:" in result.output.split("why t=1 p=1")[1]
