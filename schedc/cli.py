@@ -292,27 +292,38 @@ def _replayed(file: str, costs, profile, microbatch_size, latency: float | None,
     """A plan.json re-simulated from its ranks' step-0 orders, as render draws it."""
     from .render.load import load_input
     try:
-        return load_input(file, (), costs, latency, _profile_choice(costs, profile, microbatch_size))
+        result = load_input(file, (), costs, latency, _profile_choice(costs, profile, microbatch_size))
     except SchedError as exc:
         fail(exc)
+    _report(result.diagnostics, result.schedule.source)  # its orders' checks, as a compile's are printed
+    return result
 
 
 def _check_plan(file: str) -> None:
-    """`schedc check plan.json`: the plan's fields (as the runtime reads them) and its channels."""
-    from .checks.channels import check_channels
-    from .diagnostics import Source, error
-    from .plan import PlanError, load_plan
-    try:
-        plan = load_plan(file)
-    except PlanError as exc:
-        _fail(SchedError(error(str(exc)), Source(file, ""), exit_code=2))
-    diagnostics = check_channels(plan)
+    """`schedc check plan.json`: the plan's fields (as the runtime reads them), its orders (as a .sched
+    file's: every op once, on its rank, completing) and its channels."""
+    from .diagnostics import Source
+    plan, diagnostics = plan_diagnostics(file)
     _report(diagnostics, Source(file, ""))
     if exit_code(diagnostics):
         sys.exit(exit_code(diagnostics))
     click.echo(f"{file}: ok (plan of {plan.meta.get('schedule')}, {plural(plan.devices, 'rank')}, "
                f"{plural(sum(len(step) for steps in plan.ranks for step in steps), 'instruction')}: fields valid, "
-               "channels match)")
+               "orders complete, channels match)")
+
+
+def plan_diagnostics(file: str):
+    """A plan.json loaded (a field error ends the process, exit 2) and checked: its step programs'
+    orders (render.load.check_plan_orders), then its channels; (plan, diagnostics)."""
+    from .checks.channels import check_channels
+    from .diagnostics import Source, error
+    from .plan import PlanError, load_plan
+    from .render.load import check_plan_orders
+    try:
+        plan = load_plan(file)
+    except PlanError as exc:
+        _fail(SchedError(error(exc.without_path(file)), Source(file, ""), exit_code=2))
+    return plan, check_plan_orders(plan, file) + check_channels(plan)
 
 
 def _on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = (), fail=_fail):
@@ -558,7 +569,16 @@ def run_cmd(ctx, plan, nproc):
 
     Example: schedc run out/plan.json --nproc 4 --steps 3 --trace-out trace.json
     """
+    from .diagnostics import Source, has_errors
     from .runtime.launch import launch_from_cli
+    if plan.endswith((".sched", ".csv")):
+        raise click.UsageError(f"{plan} is a schedule, not a compiled plan: compile it first (schedc compile "
+                               f"{plan} -o DIR), then run DIR/plan.json")
+    if _is_plan(plan) and Path(plan).is_file():  # else the launcher says what the file is
+        _, diagnostics = plan_diagnostics(plan)
+        if has_errors(diagnostics):  # refused before a process starts, as `schedc check` refuses it
+            _report(diagnostics, Source(plan, ""))
+            sys.exit(exit_code(diagnostics))
     sys.exit(launch_from_cli(plan, nproc, list(ctx.args)))
 
 

@@ -363,7 +363,7 @@ def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tm
     plan = str(tmp_path / "plan.json")
     checked = run("check", plan)
     assert checked.exit_code == 0
-    assert f"{plan}: ok (plan of one_f_one_b, 2 ranks, 34 instructions: fields valid, channels match)" in checked.output
+    assert f"{plan}: ok (plan of one_f_one_b, 2 ranks, 34 instructions: fields valid, orders complete, channels match)" in checked.output
     simulated = run("simulate", plan, "--json")
     assert simulated.exit_code == 0
     assert json.loads(simulated.output) == json.loads(run("simulate", "1f1b", "-D", "p=2", "-D", "m=4", "--json").output)

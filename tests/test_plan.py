@@ -269,3 +269,53 @@ def test_a_plans_activation_sizes_give_the_compiles_peaks():
     assert compiled.plan.meta["activation"] == [0.5, 0.5, 0.5]
     assert compiled_from_plan(compiled.plan, "plan.json", {}).stats["peak_memory"] == compiled.stats["peak_memory"] \
         == [1.5, 1.0, 0.5]
+
+
+# Edited plans whose fields are valid but whose orders cannot run: the checks a .sched file's orders get.
+ORDER_EDITS = {
+    "I before its F": (lambda o: _swap(_step(o, 3), ("F", 3, 0), ("I", 3, 0)),
+                       ["error: deadlock: device 3 waits at I(3,0) for F(3,0), which device 3 runs later"]),
+    "F twice": (lambda o: _find(_step(o), ("F", 0, 0)).update(mb=1),
+                ["error: F(0,1) runs twice", "error: device 0 never runs F(0,0)"]),
+    "W missing": (lambda o: _step(o).remove(_find(_step(o), ("W", 0, 7))), ["error: device 0 never runs W(0,7)"]),
+}
+
+
+def _find(step: list, key: tuple) -> dict:
+    return next(i for i in step if (i["op"], i["stage"], i["mb"]) == key)
+
+
+def _swap(step: list, a: tuple, b: tuple) -> None:
+    i, j = step.index(_find(step, a)), step.index(_find(step, b))
+    step[i], step[j] = step[j], step[i]
+
+
+@pytest.mark.parametrize("edit", ORDER_EDITS)
+def test_a_plan_whose_orders_cannot_run_is_refused_by_check_simulate_and_run(tmp_path, edit):
+    """Rehashed, these load; `check` runs the per-step structure and deadlock checks, `simulate`
+    prints no stats of the partial run (it printed utilization 6 and idle -20), and `run` refuses
+    before starting a process."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    out = tmp_path / "plan"
+    assert CliRunner().invoke(main, ["compile", "zb_h1", "-o", str(out)]).exit_code == 0
+    obj = json.loads((out / "plan.json").read_text())
+    change, messages = ORDER_EDITS[edit]
+    change(obj)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(_rehashed(obj)))
+    load_plan(path)  # its fields are valid
+    for command in (["check", str(path)], ["simulate", str(path)], ["run", str(path), "--steps", "1"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 1, (command, result.output)
+        for message in messages:
+            assert f"{path}: {message}" in result.output, (command, result.output)
+        assert "makespan" not in result.output and "torchrun" not in result.output and "ok (" not in result.output
+
+
+def test_every_library_plan_passes_the_order_checks_in_every_step_program():
+    from schedc.render.load import check_plan_orders
+    for name, params in (("1f1b", {}), ("zbv", {}), ("dualpipev", {}), ("chimera", {}), ("pipefisher", {}),
+                         ("pipefisher_1f1b", {}), ("interleaved_zb", {})):
+        plan = compile_library(name, **params).plan
+        assert check_plan_orders(plan, "plan.json") == [], name

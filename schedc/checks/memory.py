@@ -52,7 +52,7 @@ def _over(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float)
     when = timing.start.get(op)
     at = f" at time {when:g}" if when is not None else ""
     shown = elide([label(schedule, a) for a in alive], 12)
-    return error(f"device {d}: {units:g} activation units alive{at} when {label(schedule, op)} runs, over the "
+    return error(f"device {d}: {units:g} activation unit{'' if units == 1 else 's'} alive{at} when {label(schedule, op)} runs, over the "
                  f"limit {limit:g} (peak {peak:g}); alive: {shown}", op.span or schedule.memory_limit_span,
                  notes=(limit_note,))
 

@@ -220,7 +220,9 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
     return tuple(pipelines)
 
 
-def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source) -> int:
+def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source, overrides: dict[str, str]) -> int:
+    """`devices e`, else the param p: 1..MAX_DEVICES; a p given with -D that is none is a usage error
+    (exit 2), as any -D value that is not one is."""
     for d in decl.decls:
         if isinstance(d, ast.Devices):
             count = evaluate_int(d.count, env, "device count")
@@ -232,8 +234,10 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source) -
         return p
     if "p" in env:
         param = next(d for d in decl.decls if isinstance(d, ast.Param) and d.name == "p")
+        given = "p" in overrides
         raise _fail(f"param p is the device count and must be an integer 1..{MAX_DEVICES:,}, got {env['p']}",
-                    param.span, source)
+                    param.span, source, code=2 if given else 1,
+                    notes=(f"p was given with -D p={overrides['p']}",) if given else ())
     raise _fail("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
 
 
@@ -328,7 +332,7 @@ def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) 
     ops or running its order: what `schedc tune` asks of every candidate before simulating any."""
     try:
         env = bind_params(decl, source, overrides)
-        devices = _device_count(decl, env, source)
+        devices = _device_count(decl, env, source, overrides)
         return env, devices, build_pipelines(decl, env, devices, source, MAX_OPS)
     except EvalError as exc:
         raise _fail(exc.message, exc.span, source) from None
@@ -348,7 +352,7 @@ def stage_count(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
 def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Schedule:
     check_declared_once(decl, source)
     env = bind_params(decl, source, options.overrides)
-    devices = _device_count(decl, env, source)
+    devices = _device_count(decl, env, source, options.overrides)
     pipelines = build_pipelines(decl, env, devices, source, options.max_ops)
     replicas = _replicas(decl, pipelines, source)
     stages = pipelines[0].stages
@@ -409,7 +413,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                                      env_pipes, source)
     if has_errors(diags):
         raise SchedError(diags, source)
-    limit, limit_span = _memory_limit(decl, env, devices)
+    limit, limit_span = _memory_limit(decl, env, devices, source)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     split_of = None
     if mixed:
@@ -577,11 +581,19 @@ def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source
     return activation, {k: v for k, v in table.items() if any(v)}
 
 
-def _memory_limit(decl, env, devices):
+def _memory_limit(decl, env, devices, source: Source):
+    """`limit memory <= e`: per device (d bound), activation units, a number >= 0 (a negative limit no
+    op could meet was reported at every device's first forward instead of here)."""
     for d in decl.decls:
         if isinstance(d, ast.Limit):
             fn = compile_expr(d.value)
-            return tuple(float(fn({**env, "d": dev})) for dev in range(devices)), d.span
+            limits = tuple(float(fn({**env, "d": dev})) for dev in range(devices))
+            bad = next((v for v in limits if not v >= 0), None)  # NaN too; inf: no limit
+            if bad is not None:
+                shown = ", ".join(f"{k}={v}" for k, v in env.items())
+                raise _fail(f"limit memory must be a number >= 0, got {bad:g}", d.span, source,
+                            notes=(f"with {shown}",) if shown else ())
+            return limits, d.span
     return None, None
 
 

@@ -29,6 +29,10 @@ _AND = " & "  # between the halves of an overlapped instruction in its text form
 class PlanError(ValueError):
     """A plan file that cannot be read or does not fit its use."""
 
+    def without_path(self, path: str | Path) -> str:
+        """The message without the file's path that leads it, for a caller that names the file itself."""
+        return str(self).removeprefix(f"{path}: ")
+
 
 class Instr(NamedTuple):
     """One instruction of a rank's step program (see docs/plan-format.md). A NamedTuple: plans hold

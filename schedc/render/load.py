@@ -9,10 +9,12 @@ activation unit for the memory chart.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..compiler import Compiled, compile_file
 from ..diagnostics import SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import DEFAULT_COSTS, OpKind
+from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from ..simulate import simulate
 from ..timing import Stats
@@ -30,7 +32,7 @@ def load_input(file: str, defines, costs: str | None, latency: float | None,
         try:
             plan = load_plan(file)
         except PlanError as exc:
-            raise SchedError(error(str(exc)), Source(file, ""), exit_code=2) from None
+            raise SchedError(error(exc.without_path(file)), Source(file, ""), exit_code=2) from None
         from ..interop.profiles import load_costs, read_profile
         measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
         if measured:
@@ -63,7 +65,35 @@ def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float | None
                                "to change them"), Source(path, ""), exit_code=2)
     schedule = schedule_from_plan(plan, path, costs)
     timing = simulate(schedule, _recorded_latency(plan) if latency is None else latency, links)
-    return Compiled(schedule, timing, Stats.of(schedule, timing), plan, [])
+    return Compiled(schedule, timing, Stats.of(schedule, timing), plan, check_orders(schedule, timing))
+
+
+def check_plan_orders(plan: Plan, path: str) -> list:
+    """The checks a .sched file's orders get, on each step program of a plan (a plan.json may have been
+    edited, its hash recomputed): every built-in op of every stage and microbatch once, on its stage's
+    rank (check_structure), and the orders complete under the built-in dependencies (check_deadlock);
+    each error noted with its step program where the plan has several."""
+    diagnostics = []
+    steps = max((len(s) for s in plan.ranks), default=1)
+    for k in range(steps):
+        schedule = schedule_from_plan(plan, path, {}, k)
+        found = check_orders(schedule, simulate(schedule, 0.0))
+        if steps > 1:
+            found = [replace(d, notes=(*d.notes, f"in step program {k} of the plan's {steps}")) for d in found]
+        diagnostics += found
+    return diagnostics
+
+
+def check_orders(schedule: Schedule, timing) -> list:
+    """check_structure over the built-in ops (a plan does not declare its tasks, which fill_bubbles
+    placed), then, if that passes, check_deadlock over all of them."""
+    from ..checks.deadlock import check_deadlock
+    from ..checks.structure import check_structure
+    from ..diagnostics import has_errors
+    builtin = replace(schedule, orders=tuple(tuple(op for op in order if op.kind in BUILTIN)
+                                             for order in schedule.orders))
+    found = check_structure(builtin)
+    return found if has_errors(found) else found + check_deadlock(schedule, timing)
 
 
 def _recorded_latency(plan: Plan) -> float:
@@ -84,7 +114,9 @@ def plan_links(plan: Plan) -> list[list[float]] | None:
     return links
 
 
-def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
+def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Schedule:
+    """The plan's step program `step` of every rank as a Schedule (its compute instructions in order,
+    the built-in dependencies, the plan's costs or `costs`)."""
     meta = plan.meta
     stages = int(meta.get("stages", 1))
     table = {k: (v,) * stages for k, v in DEFAULT_COSTS.items()}
@@ -95,7 +127,7 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict) -> Schedule:
     orders, fused = [], []
     for rank, steps in enumerate(plan.ranks):
         order = []
-        for instr in (i for i in (steps[0] if steps else ()) if _is_compute(i.op)):
+        for instr in (i for i in (steps[step] if step < len(steps) else ()) if _is_compute(i.op)):
             order += [_op(unit, rank, table) for unit in instr.units()]
             if instr.halves is not None:  # an OVERLAP_F_B: its halves, side by side, one overlapped op
                 fused.append((order[-2], order[-1]))
