@@ -81,6 +81,10 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
         if dropped and not split:  # the file's measured split backward would be thrown away unsaid
             raise option_error(f"--cost B with --costs {costs_file}, which times the backward split as "
                                f"{' and '.join(dropped)}: give --cost I and --cost W instead, or a costs file of F and B")
+        if dropped:  # and its measured whole backward
+            given = " and ".join(f"--cost {k}" for k in sorted(backward, key=COST_KINDS.index))
+            raise option_error(f"{given} with --costs {costs_file}, which times the backward whole as B: give "
+                               f"--cost B instead, or a costs file of F, I and W")
         for kind, row in measured.items():
             if kind not in where and kind not in drop:
                 table[kind], where[kind] = row, f"--costs {costs_file}, {kind}"

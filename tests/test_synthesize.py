@@ -13,7 +13,7 @@ import zb_heuristic as ref
 from conftest import ROOT
 from schedc.cli import main
 from schedc.diagnostics import SchedError
-from schedc.synthesize import make_problem, synthesize, to_sched
+from schedc.synthesize import make_problem, number, synthesize, to_sched
 from schedc.synthesize_cli import check_text, problem_from_options
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
@@ -234,3 +234,32 @@ def test_the_op_limit_counts_the_kinds_the_order_runs():
     with pytest.raises(SchedError) as caught:
         make_problem(2, 100_000, {"F": (1.0,), "I": (1.0,), "W": (1.0,)}, 0.0, (2.0,))
     assert "600,000 ops (2 stages x 100,000 microbatches x 3 op kinds)" in caught.value.render()
+
+
+def test_a_whole_measured_backward_is_not_dropped_for_given_halves(tmp_path):
+    """A costs file that times B (not I and W) with --cost I and --cost W: the measured B would be
+    thrown away unsaid and milliseconds mixed with the given units, so it is refused, as the mirror
+    case (--cost B over a split file) is."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"F": [2.011054, 1.44], "B": [3.0, 3.0]}))
+    with pytest.raises(SchedError) as caught:
+        problem_from_options({"p": "2", "m": "4"}, ("I=1", "W=1"), 0.0, "2", str(costs))
+    assert f"--cost I and --cost W with --costs {costs}, which times the backward whole as B: give --cost B " \
+           "instead" in caught.value.render()
+    with pytest.raises(SchedError) as caught:
+        problem_from_options({"p": "2", "m": "4"}, ("W=1",), 0.0, "2", str(costs))
+    assert f"--cost W with --costs {costs}, which times the backward whole as B" in caught.value.render()
+
+
+def test_the_written_costs_are_exact_so_the_file_times_what_was_searched(tmp_path):
+    """Costs are written in their shortest exact form (2.011054 was written 2.01105): the file's
+    makespan is the search's, never below the search's lower bound."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"F": [2.011054, 1.440811, 1.440811, 1.440811], "B": [3.0000004] * 4}))
+    result = _tune("--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--costs", str(costs),
+                   "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert "cost F(s) = 2.011054 if s < 1 else 1.440811" in summary["sched"] and "cost B = 3.0000004" in summary["sched"]
+    assert summary["makespan"] >= summary["lower_bound"]
+    assert number(1.0) == "1" and number(0.5) == "0.5" and number(1e6) == "1e+06" and number(0.1 + 0.2) == repr(0.1 + 0.2)
