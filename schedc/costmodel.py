@@ -345,11 +345,31 @@ def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
     return batch * (passes * model.layers * per_layer + 3 * 2 * s * h * model.vocab)
 
 
-def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:
-    """Per device, (exposed data-parallel communication, optimizer step) after its last op: the gradient
-    all-reduce of its stages over the d (times replicas) GPUs holding the same stage, the embedding's
-    all-reduce between the first and last stage, and Adam over its parameters. With
-    overlap_grad_reduce the all-reduce hides behind the device's last backward."""
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A device's end of step, after its last op (seconds): the data-parallel gradient exchange of its
+    stages (an all-reduce; with the distributed optimizer a reduce-scatter and an all-gather, the same
+    time), the tied embedding's all-reduce between the end stages, and the optimizer step."""
+
+    exchange: float
+    embedding: float
+    optimizer: float
+
+    def exposed(self, lay: Layout, hidden: float | None) -> float:
+        """The communication left after the last op. Overlapped (overlap_grad_reduce), it hides behind
+        the last op's `hidden` seconds, but for the weights' all-gather with the distributed optimizer,
+        which follows the step; hidden=None: the least it can be, whatever hides it."""
+        total = self.exchange + self.embedding
+        if not lay.overlap_grad_reduce:
+            return total
+        kept = self.exchange / 2 if lay.distributed_optimizer else 0.0
+        return kept if hidden is None else max(kept, total - hidden)
+
+
+def step_tails(st: Setting, schedule) -> list[Tail]:
+    """Per device, its Tail: the exchange over the d (times replicas) GPUs holding each of its stages,
+    the embedding's all-reduce on a device holding one end stage but not the other, and Adam over its
+    parameters (with the distributed optimizer its shard of them)."""
     lay, hw, g, m = st.layout, st.hw, st.cluster.gpus_per_node, st.model
     stages = schedule.stages
     holders = stage_holders(schedule)
@@ -358,19 +378,25 @@ def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]
     for d in range(schedule.devices):
         mine = sorted({s for s, ds in holders.items() if d in ds})
         stepped = sum(stage_params(m, lay.tp, stages, s) / shards(lay, holders, s) for s in mine)
-        comm = 0.0
-        for s in mine:  # with the distributed optimizer a reduce-scatter and an all-gather: the same time
+        exchange = 0.0
+        for s in mine:
             group = lay.dp * len(holders[s])
-            comm += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s), group, min(group, per_node))
+            exchange += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s), group, min(group, per_node))
         first, last = holders.get(0, []), holders.get(stages - 1, [])
-        if stages > 1 and (d in first) != (d in last):
-            comm += hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1)
-        if lay.overlap_grad_reduce and schedule.orders[d]:
-            last_op = schedule.orders[d][-1]
-            hidden = costs.costs().get(last_op.kind, (0.0,) * stages)[last_op.stage]
-            gather = comm / 2 if lay.distributed_optimizer else 0.0  # the weights' all-gather follows the step
-            comm = max(0.0, comm - gather - hidden) + gather
-        out.append((comm, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
+        embedding = hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1) \
+            if stages > 1 and (d in first) != (d in last) else 0.0
+        out.append(Tail(exchange, embedding, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
+    return out
+
+
+def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:
+    """Per device, (exposed data-parallel communication, optimizer step) after its last op (Tail), the
+    last op's time what an overlapped exchange hides behind."""
+    table, out = costs.costs(), []
+    for d, tail in enumerate(step_tails(st, schedule)):
+        last = schedule.orders[d][-1] if schedule.orders[d] else None
+        hidden = table.get(last.kind, (0.0,) * schedule.stages)[last.stage] if last is not None else 0.0
+        out.append((tail.exposed(st.layout, hidden), tail.optimizer))
     return out
 
 
@@ -385,7 +411,7 @@ def stage_holders(schedule) -> dict[int, list[int]]:
 
 def shards(lay: Layout, holders: dict[int, list[int]], s: int) -> int:
     """Over how many GPUs stage s's optimizer state is split: the d (times replicas) holding the
-    stage with the distributed optimizer, else none (1)."""
+    stage with the distributed optimizer, else 1 (not sharded)."""
     return lay.dp * len(holders[s]) if lay.distributed_optimizer else 1
 
 

@@ -11,7 +11,7 @@ m = B / (b * d) microbatches per pipeline unless -D m=... says it (then B may be
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import click
@@ -170,11 +170,12 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
 def _check_costs(costs, layout: Layout) -> None:
     """The derived op times stay within what a schedule's sums keep finite (MAX_COST); past it the
     layout's sizes are what the user made too large, not a measured cost."""
-    from .ops import MAX_COST
+    from .ops import cost_range, in_cost_range
     for kind, row in costs.costs().items():  # F first
-        if max(row, default=0.0) > MAX_COST:
+        bad = next((v for v in row if not in_cost_range(v)), None)
+        if bad is not None:
             raise usage(f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "
-                        f"{max(row):.3g} s, past the {MAX_COST:g} s a cost may be")
+                        f"{bad:.3g} s, where a cost must be {cost_range()}")
 
 
 def _forward_scale(probe, costs) -> tuple[float, ...]:
@@ -245,6 +246,13 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
 
 
 _LABELS = {"data_parallel_comm_s": "gradient all-reduce"}  # over d, and the tied embedding's between the end stages
+LAYOUT_FLAGS = (("sequence_parallel", "sequence parallel"), ("overlap_grad_reduce", "overlapped gradient reduce"),
+                ("blocking_p2p", "blocking sends"), ("distributed_optimizer", "distributed optimizer"))  # as shown
+
+
+def layout_flags(layout: dict[str, Any]) -> list[str]:
+    """The layout's switches that are on, in words (a plan's "cluster" metadata or a Layout's fields)."""
+    return [text for name, text in LAYOUT_FLAGS if layout.get(name)]
 
 
 def summary(on: OnCluster) -> str:
@@ -254,15 +262,21 @@ def summary(on: OnCluster) -> str:
     parts = p.memory_parts
     lines = [f"  on {on.setting.cluster.name}: {p.gpus} GPUs (t={lay.tp}, p={on.compiled.schedule.devices}, "
              f"d={lay.dp}), b={lay.microbatch_size}, global batch {p.global_batch}, recompute {lay.recompute}"
-             + (", sequence parallel" if lay.sequence_parallel else "")
-             + (", distributed optimizer" if lay.distributed_optimizer else ""),
+             + "".join(f", {text}" for text in layout_flags(asdict(lay))),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {p.tflops_per_gpu:.1f}  "
              f"peak_fraction {p.peak_fraction:.3f}",
              f"  memory_gib_per_gpu {p.memory_bytes / 2**30:.2f} (weights+gradients+optimizer "
              f"{parts['weights_gradients_optimizer'] / 2**30:.2f}, activations {parts['activations'] / 2**30:.2f}, "
              f"{_more(parts)})",
-             "  breakdown (s): " + "  ".join(f"{_LABELS.get(k, k[:-2].replace('_', ' '))} {v:.4f}" for k, v in b.items())]
+             "  breakdown (s): " + "  ".join(f"{_label(k, lay)} {v:.4f}" for k, v in b.items())]
     return "\n".join(lines)
+
+
+def _label(key: str, lay: Layout) -> str:
+    """A breakdown part in words: the data-parallel exchange as what it is under the layout."""
+    if key == "data_parallel_comm_s" and lay.distributed_optimizer:
+        return "gradient reduce-scatter + all-gather"
+    return _LABELS.get(key, key[:-2].replace("_", " "))
 
 
 def _more(parts: dict[str, float], unit: str = "") -> str:

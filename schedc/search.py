@@ -35,7 +35,7 @@ from typing import Any
 
 from .cluster import MAX_GPUS, RECOMPUTE, Layout, load_cluster, load_model_spec, usage
 from .costmodel import (Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs,
-                        tails)
+                        step_tails)
 from .diagnostics import SchedError
 from .ops import OpKind, builtin_kinds, fed_by, feeds
 
@@ -281,7 +281,7 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
 
 @dataclass(frozen=True)
 class Shape:
-    """What a schedule is made of without its order: devices and pipelines (for tails and bounds)."""
+    """What a schedule is made of without its order: devices and pipelines (for step_tails and bounds)."""
 
     devices: int
     pipelines: tuple
@@ -342,15 +342,10 @@ def _left(kind: str, pipe, table, links) -> list[float]:
     return left
 
 
-def tail_bound(st: Setting, shape: Shape, costs) -> float:
-    """The end-of-step tail predict adds (the largest device's): with the all-reduce overlapped, its
-    exposed part can be 0, so only the optimizer counts (and, with the distributed optimizer, the
-    weights' all-gather after it, half of the all-reduce's time)."""
-    lay = st.layout
-    plain = replace(st, layout=replace(lay, overlap_grad_reduce=False))
-    per = tails(plain, shape, costs)
-    kept = 0.5 if lay.distributed_optimizer else 0.0
-    return max((kept * comm + opt if lay.overlap_grad_reduce else comm + opt) for comm, opt in per)
+def tail_bound(st: Setting, shape: Shape) -> float:
+    """The end-of-step tail predict adds (the largest device's), at least: its communication as little
+    as whatever the last op hides lets it be (Tail.exposed), plus the optimizer."""
+    return max(tail.exposed(st.layout, None) + tail.optimizer for tail in step_tails(st, shape))
 
 
 def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
@@ -468,8 +463,10 @@ class Searcher:
         return self.costs[key]
 
     def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
-        """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m."""
-        key = (tuple(p.placement for p in shape.pipelines), c.t, c.b, c.recompute)
+        """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
+        for d with the distributed optimizer (the shards)."""
+        key = (tuple(p.placement for p in shape.pipelines), c.t, c.b, c.recompute) + \
+            ((c.d,) if self.request.distributed_optimizer else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape)
         return self.states[key]
@@ -681,7 +678,7 @@ class Searcher:
             return 0.0
         costs = self.stage_costs(st, c, shape)
         links = self.link_times(st, c, shape.devices)
-        return makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape, costs)
+        return makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape)
 
     def rank(self, target: Candidate, space: list[Candidate]) -> tuple[int, int]:
         """Where a candidate that runs ranks in `space` by (iteration time, candidate), as the walk
@@ -692,11 +689,11 @@ class Searcher:
         key = (result.iteration_s, target)
         overall = family = 1
         for c in space:
+            self.progress(1)
             bound = self.bound(c) if c != target else math.inf
             if isinstance(bound, Refusal) or bound > key[0] * (1 + SLACK):
                 continue
             other = self.evaluate(c)
-            self.progress(1)
             if not isinstance(other, Refusal) and (other.iteration_s, c) < key:
                 overall += 1
                 family += c.schedule == target.schedule

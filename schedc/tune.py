@@ -1,6 +1,7 @@
 """`schedc tune --model M --cluster C --gpus N --global-batch B`: the command line of the configuration
 search (schedc/search.py) and what it prints: the ranked table, the pruned families, the winner's
-command lines, or a JSON list best first.
+command lines and, with --why, where a given configuration ranks and why; or a JSON list best first
+on stdout, the pruned families and --why on stderr.
 
     schedc tune --model gpt.toml --cluster dgx-a100-80gb --gpus 3072 --global-batch 3072 \\
         --schedules 1f1b,interleaved_1f1b --top 5 [--memory-limit 80GiB] [--json] [--exhaustive]
@@ -13,7 +14,7 @@ import click
 
 from .cluster import RECOMPUTE, usage
 from .diagnostics import SchedError, plural
-from .search import GIB, GROUPS, Outcome, Request, Searcher, candidates, distinct_figures
+from .search import GIB, GROUPS, Outcome, Refusal, Request, Searcher, candidates, distinct_figures
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -115,11 +116,14 @@ def request_from(o: dict[str, Any]) -> Request:
         if limit < 2**20:
             raise usage(f"--memory-limit {o['memory_limit']}: {limit:g} bytes per GPU, less than 1 MiB; give a unit "
                         f"(e.g. 80GiB)")
-    return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"], _names(o["schedules"], "--schedules"), limit,
-                   _names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE, _ints(o["tp"], "--tp"),
-                   _ints(o["pp"], "--pp"), o["top"], o["per"], o["exhaustive"], o["sequence_parallel"],
-                   o["overlap_grad_reduce"], o["blocking_p2p"], _ints(o["microbatch"], "--microbatch-size"),
-                   o["distributed_optimizer"])
+    return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"],
+                   schedules=_names(o["schedules"], "--schedules"), memory_limit=limit,
+                   recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
+                   tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
+                   exhaustive=o["exhaustive"], sequence_parallel=o["sequence_parallel"],
+                   overlap_grad_reduce=o["overlap_grad_reduce"], blocking_p2p=o["blocking_p2p"],
+                   microbatch=_ints(o["microbatch"], "--microbatch-size"),
+                   distributed_optimizer=o["distributed_optimizer"])
 
 
 def run_command(options: dict[str, Any], as_json: bool) -> str:
@@ -137,7 +141,8 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
                     f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
                     f"check the GPU's memory); describe a larger GPU in a cluster file instead")
     space = candidates(searcher.model, list(searcher.entries.values()), request)
-    if wanted is not None and not matching(space, wanted):
+    chosen = matching(space, wanted) if wanted is not None else []
+    if wanted is not None and not chosen:
         raise usage(f"--why {options['why']!r}: no candidate of this search is that ({searcher.describe_space(space)})")
     whole = [e.name for e in searcher.entries.values() if e.plain]
     if whole and not as_json:
@@ -156,13 +161,12 @@ def run_command(options: dict[str, Any], as_json: bool) -> str:
     if not outcome.ranked:
         raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
             nothing_fits(outcome, shown)
-    why = why_lines(searcher, outcome, space, options["why"], wanted, bar=not as_json and sys.stderr.isatty()) \
-        if wanted is not None else []
+    why = why_lines(searcher, outcome, space, options["why"], chosen, bar=not as_json and sys.stderr.isatty()) \
+        if chosen else []
     if as_json:  # the list on stdout; why families were pruned, as in the table, and --why on stderr
-        for n, line in enumerate(_pruned_report(outcome, shown)):
-            click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
-        for n, line in enumerate(why):
-            click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
+        for lines in (_pruned_report(outcome, shown), why):
+            for n, line in enumerate(lines):
+                click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
     return "\n".join([report(outcome, shown), *why])
 
@@ -188,10 +192,9 @@ def parse_why(text: str) -> dict[str, Any]:
         if kind is None or key in wanted:
             why = f"{key}= is given twice" if key in wanted else f"unknown key {key!r}"
             raise usage(f"--why {text!r}: {why} (give a schedule and any of {', '.join(_WHY_KEYS)}, as t=8)")
-        try:
-            wanted[key] = kind(value)
-        except ValueError:
-            raise usage(f"--why {text!r}: {key} must be an integer, got {value!r}") from None
+        if kind is int and not (value.isascii() and value.isdigit()):
+            raise usage(f"--why {text!r}: {key} must be an integer, got {value!r}")
+        wanted[key] = kind(value)
         if key == "recompute" and value not in RECOMPUTE:
             raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE)}, got {value!r}")
     if not wanted:
@@ -199,15 +202,10 @@ def parse_why(text: str) -> dict[str, Any]:
     return wanted
 
 
-def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, wanted: dict[str, Any],
+def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chosen: list,
               bar: bool = False) -> list[str]:
-    """Where the best candidate matching `wanted` ranks among `space`, exactly, and its breakdown
-    against the winner's, part by part; or why none of them runs. A usage error when the search has no
-    such candidate."""
-    from .search import Refusal
-    chosen = matching(space, wanted)
-    if not chosen:
-        raise usage(f"--why {text!r}: no candidate of this search is that ({outcome.space})")
+    """Where the best of `chosen` (the candidates --why's `text` matches, matching()) ranks among
+    `space`, exactly, and its breakdown against the winner's, part by part; or why none of them runs."""
     results = [(searcher.evaluate(c), c) for c in chosen]
     running = sorted((r.iteration_s, c) for r, c in results if not isinstance(r, Refusal))
     head = f"why {text.strip()} ({plural(len(chosen), 'candidate')} of the search)"
@@ -241,7 +239,7 @@ def matching(space: list, wanted: dict[str, Any]) -> list:
 
 def breakdown_difference(mine, other) -> str:
     """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
-    return ", ".join(f"{name} {mine.breakdown[key] - other.breakdown[key]:+.2f}" for key, name in PARTS)
+    return ", ".join(f"{name} {mine.breakdown[key] - other.breakdown[key]:+.4f}" for key, name in PARTS)
 
 
 def _ordinal(n: int) -> str:

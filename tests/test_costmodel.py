@@ -289,18 +289,36 @@ def test_the_distributed_optimizer_keeps_megatrons_bytes_per_parameter(d):
 
 
 def test_with_the_distributed_optimizer_only_the_reduce_scatter_hides_behind_the_backward():
-    """Overlapped (--overlap-grad-reduce), the gradients' reduce-scatter, half the all-reduce's time,
-    hides behind the last backward; the weights' all-gather comes after the step, exposed. No torch
-    DDP bucket copy is kept."""
+    """Overlapped (--overlap-grad-reduce), the gradients' reduce-scatter, half the exchange, and the
+    tied embedding's all-reduce hide behind the last backward; the weights' all-gather, the other half,
+    follows the step, exposed. No torch DDP bucket copy is kept."""
+    from schedc.costmodel import Tail
+    tail = Tail(exchange=1.0, embedding=0.2, optimizer=0.0)
+    plain, overlap = Layout(), Layout(overlap_grad_reduce=True)
+    sharded, both = Layout(distributed_optimizer=True), Layout(overlap_grad_reduce=True, distributed_optimizer=True)
+    assert tail.exposed(plain, 5.0) == tail.exposed(sharded, 5.0) == pytest.approx(1.2)
+    assert tail.exposed(overlap, 0.3) == pytest.approx(0.9) and tail.exposed(overlap, 5.0) == 0.0
+    assert tail.exposed(both, 0.3) == pytest.approx(0.9) and tail.exposed(both, 1.0) == pytest.approx(0.5)
+    assert tail.exposed(both, None) == 0.5 and tail.exposed(overlap, None) == 0.0
     model = gpt(8, 4096, 32)
     layout = Layout(tp=1, dp=64, microbatch_size=1, global_batch=64, recompute="full")
     full = run("1f1b", model, replace(layout, distributed_optimizer=True), p=1).prediction
-    both = run("1f1b", model, replace(layout, distributed_optimizer=True, overlap_grad_reduce=True), p=1).prediction
-    exchange = full.breakdown["data_parallel_comm_s"]
-    assert exchange > 0 and both.breakdown["data_parallel_comm_s"] >= exchange / 2
-    assert both.breakdown["data_parallel_comm_s"] < exchange
-    assert both.memory_parts["weights_gradients_optimizer"] == pytest.approx(
+    hidden = run("1f1b", model, replace(layout, distributed_optimizer=True, overlap_grad_reduce=True), p=1).prediction
+    exchange = full.breakdown["data_parallel_comm_s"]  # p = 1: no embedding all-reduce; the backward is longer
+    assert exchange > 0 and hidden.breakdown["data_parallel_comm_s"] == pytest.approx(exchange / 2)
+    assert hidden.memory_parts["weights_gradients_optimizer"] == pytest.approx(
         full.memory_parts["weights_gradients_optimizer"])
+
+
+def test_chimeras_replicas_shard_the_optimizer_state_over_twice_d():
+    """Chimera's two pipelines hold every stage twice: its gradients are summed over 2d GPUs, and the
+    distributed optimizer splits a stage's state over those 2d."""
+    from schedc.costmodel import stage_params
+    model = gpt(8, 4096, 32, seq=16)
+    layout = Layout(tp=1, dp=2, microbatch_size=1, global_batch=16, recompute="full", distributed_optimizer=True)
+    pred = run("chimera", model, layout, p=2).prediction
+    held = stage_params(model, 1, 2, 0) + stage_params(model, 1, 2, 1)  # device 0: stage 0 and, reversed, stage 1
+    assert pred.memory_parts["weights_gradients_optimizer"] == pytest.approx((4 + 12 / 4) * held)
 
 
 def test_memory_over_the_gpu_is_an_error():
@@ -332,3 +350,18 @@ def test_simulate_prints_the_prediction_and_compile_writes_it_into_the_plan(tmp_
     assert plan.meta["cluster"]["tp"] == 8 and plan.meta["costs"]["F"][0] < 1.0  # seconds
     drawn = CliRunner().invoke(main, ["render", *args, "--comms", "-o", str(tmp_path / "step.dot")])
     assert drawn.exit_code == 0, drawn.output
+
+
+def test_the_layouts_switches_show_in_the_summary_and_the_report(tmp_path):
+    """`simulate --cluster` names the switches that are on and the exchange the distributed optimizer
+    makes; the HTML report of the same compile shows them too (it showed t, p, d, b only)."""
+    args = ["1f1b", "-D", "p=2", "--model", str(MODELS / "gpt-1.7b.toml"), "--cluster", "dgx-a100-80gb", "--tp", "2",
+            "--dp", "2", "--global-batch", "16", "--distributed-optimizer", "--blocking-p2p"]
+    text = CliRunner().invoke(main, ["simulate", *args]).output
+    assert "global batch 16, recompute full, blocking sends, distributed optimizer\n" in text
+    assert "gradient reduce-scatter + all-gather " in text and "gradient all-reduce" not in text
+    report = tmp_path / "r.html"
+    assert CliRunner().invoke(main, ["render", *args, "-o", str(report)]).exit_code == 0
+    html = report.read_text()
+    assert "<span>blocking sends</span><span>distributed optimizer</span>" in html
+    assert "sequence parallel" not in html

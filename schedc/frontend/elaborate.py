@@ -50,9 +50,10 @@ def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) 
 
 
 def _integral(value: Any) -> Any:
-    """A param's value, given with -D or declared: a finite number with an integral value (4.0, 1e3)
-    is that integer, whichever way it was written (so `param p = 4.0` is a device count as -D p=4.0 is)."""
-    if isinstance(value, float) and value.is_integer():
+    """A declared param's value: a number with an integral value within +-MAX_INT (4.0, 1e3) is that
+    integer, as it is given with -D (_parse_override), so `param p = 4.0` is a device count as -D p=4.0
+    is; a larger one (1e300) stays a float (a cost may be one), refused where it would size something."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
         return int(value)
     return value
 
@@ -69,7 +70,7 @@ def _parse_override(name: str, text: str) -> int | float:
             raise ValueError(f"-D {name}={text}: value must be a number") from None
         if not math.isfinite(value):
             raise ValueError(f"-D {name}={text}: value must be a finite number") from None
-        value = _integral(value)
+        value = int(value) if value.is_integer() else value  # 1e3 is 1000; 1e300 an integer too large, below
     if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
         raise ValueError(f"-D {name}={text[:24]}{'...' * (len(text) > 24)}: value is too large (at most {MAX_INT})")
     return value
@@ -160,6 +161,7 @@ def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
             raise _fail(str(exc), param.span, source, code=2) from None
         except EvalError as exc:
             raise _fail(exc.message, exc.span, source) from None
+
     failures = []
     for req in (d for d in decl.decls if isinstance(d, ast.Require) and requires):
         try:

@@ -108,7 +108,14 @@ def report_html(compiled: Compiled, timeline_svg: str) -> str:
         invalid=not compiled.ok, timeline=timeline_svg,
         memory=chart, diagnostics=[d.format(schedule.source) for d in compiled.diagnostics],
         source=schedule.source.text, params=schedule.params,
-        cluster=_cluster(compiled))
+        cluster=_cluster(compiled), cluster_flags=_cluster_flags(compiled))
+
+
+def _cluster_flags(compiled: Compiled) -> list[str]:
+    """The --cluster compile's layout switches that are on, in words, as `simulate --cluster` prints them."""
+    from ..predict import layout_flags
+    cluster = _cluster(compiled)
+    return layout_flags(cluster) if cluster else []
 
 
 def _cluster(compiled: Compiled) -> dict | None:
