@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ if __name__ == "__main__":  # loaded: Ctrl-C is a KeyboardInterrupt again, which
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 USER_ERRORS = (PlanError, ModelError, DataError, OptionError, TaskError, WorldError, CheckpointError)
+PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|Socket closed")
 EXIT_USAGE, EXIT_FAILED = 2, 1
 
 
@@ -47,8 +49,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # a backend error outside an instruction (barrier, gather, ...)
         text = str(exc).strip().splitlines()
-        return _fail(rank, f"error: rank {rank}: {type(exc).__name__}: {text[0] if text else ''} "
+        first = text[0] if text else ""
+        if PEER_LOST.search(first):  # gloo's words for a peer that exited or crashed
+            return _fail(rank, f"error: rank {rank}: lost its connection to another rank, which probably failed "
+                         f"or was stopped first ({_sentence(first[first.find(']') + 1:])})", EXIT_FAILED,
+                         debug=opts.debug)
+        return _fail(rank, f"error: rank {rank}: {type(exc).__name__}: {first} "
                      "(--debug shows the traceback)", EXIT_FAILED, debug=opts.debug)
+
+
+def _sentence(text: str) -> str:
+    """The first sentence of a library's message."""
+    return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0].rstrip(".")
 
 
 def _run(opts) -> int:

@@ -86,7 +86,7 @@ class Executor:
         self.tensors: dict[tuple[str, int, int], torch.Tensor | Pending] = {}
         self.saved: dict[tuple[int, int], Saved] = {}  # also read by user tasks
         self.task_state: dict = {}  # free for user task handlers
-        self.sends: deque[tuple[Any, torch.Tensor]] = deque()  # isends in flight, oldest first
+        self.sends: deque[tuple[Any, torch.Tensor, int]] = deque()  # isends in flight (work, buffer, peer), oldest first
         self.loss_sum = torch.zeros((), device=world.device)
         self.events: list[tuple[int, int, int, int, int]] = []
         self.batch = None
@@ -275,9 +275,16 @@ class Executor:
                                  "was not computed on this rank before")
         tensor = tensor.contiguous()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
-        self.sends.append((dist.isend(tensor, self.world.global_rank(instr.peer), group=group), tensor))
+        peer = self.world.global_rank(instr.peer)
+        self.sends.append((dist.isend(tensor, peer, group=group), tensor, peer))
         while self.sends and self.sends[0][0].is_completed():  # drop what has gone already
-            self.sends.popleft()[0].wait()
+            self._wait_sent(*self.sends.popleft())
+
+    def _wait_sent(self, work: Any, _buffer: torch.Tensor, peer: int) -> None:
+        try:
+            work.wait()
+        except Exception as exc:
+            raise ExecutionError(f"send to rank {peer} failed, rank {peer} is probably lost: {_describe(exc)}") from exc
 
     def recv(self, instr: Instr) -> None:
         kind = carries(instr.op)
@@ -302,8 +309,8 @@ class Executor:
 
     def step_end(self, instr: Instr) -> None:
         """Wait for sends, all-reduce over data parallelism, optimizer step, zero the gradients."""
-        for work, _ in self.sends:
-            work.wait()
+        for sent in self.sends:
+            self._wait_sent(*sent)
         self.sends.clear()
         self._check_drained()
         if self.world.dp_group is not None:

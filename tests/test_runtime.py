@@ -778,3 +778,24 @@ def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
     text = runtime_trace.format_report(runtime_trace.report(events, plan, 2))
     assert f"simulated: makespan {plan.meta['stats']['makespan']} s = " in text and " ms/s, " in text
     assert "note: the plan's costs are the prediction for gpt-1.7b.toml on DGX A100 80GB" in text
+
+
+@pytest.mark.parametrize("raised,said", [
+    (RuntimeError("[/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:48861. This is typically "
+                  "caused by a remote worker crashing."),
+     "error: rank 0: lost its connection to another rank, which probably failed or was stopped first "
+     "(Connection closed by peer [127.0.0.1]:48861)"),
+    (RuntimeError("[x.cc:1] something else broke. More."),
+     "error: rank 0: RuntimeError: [x.cc:1] something else broke. More. (--debug shows the traceback)"),
+])
+def test_a_rank_that_lost_a_peer_says_so_instead_of_glooes_words(plans, monkeypatch, capsys, raised, said):
+    """A backend error outside an instruction: a lost peer (gloo's 'Connection closed by peer') is named
+    as the consequence it is, so the rank that failed first stands out; any other keeps its words."""
+    import schedc.runtime.__main__ as entry
+
+    def fail(opts):
+        raise raised
+    monkeypatch.setattr(entry, "_run", fail)
+    monkeypatch.setattr(entry, "QUIET_RANK_DELAY_S", 0.0)
+    assert runtime_main([str(plans("1f1b", p=2, m=4))]) == 1
+    assert said in capsys.readouterr().err
