@@ -13,10 +13,10 @@ closed formula.
                             the K-th best found so far:    a simulation once per (schedule, p, v, m,
                             pruned, never simulated         cost vector, links)
 
-The bound: every device runs all its ops one at a time, none before the forwards of the stages before
-its first one have run and their messages arrived, and (without a split backward) its last op, a
-backward, still has the backwards of the stages before it to wait for; then the end-of-step tail of
-the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
+The bound (schedc/bounds.py): every device runs all its ops one at a time, none before the forwards
+of the stages before its first one have run and their messages arrived, and (without a split
+backward) its last op, a backward, still has the backwards of the stages before it to wait for; then
+the end-of-step tail of the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
 (`--exhaustive` simulates every candidate that fits, as the reference). A mixed backward (DualPipe's
 overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
 bound, which assumes every op is timed alone. Schedules whose order depends on the costs (greedy), that
@@ -33,11 +33,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .bounds import Shape, makespan_bound, state_bound, tail_bound
 from .cluster import MAX_GPUS, RECOMPUTE, Layout, load_cluster, load_model_spec, usage
-from .costmodel import (Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs,
-                        step_tails)
+from .costmodel import Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs
 from .diagnostics import SchedError
-from .ops import OpKind, builtin_kinds, fed_by, feeds
 
 GIB = 2 ** 30
 SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
@@ -275,87 +274,6 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
                     f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
     return out
-
-
-# Bounds -------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Shape:
-    """What a schedule is made of without its order: devices and pipelines (for step_tails and bounds)."""
-
-    devices: int
-    pipelines: tuple
-    orders: tuple = ()
-
-    @property
-    def stages(self) -> int:
-        return self.pipelines[0].stages
-
-
-def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool) -> float:
-    """No simulated makespan is below this: some device runs all its ops one at a time (busy), not
-    before a forward of its first stage could arrive (the forwards that feed it and their messages),
-    and its last op (a backward, without a split backward) leaves the backwards it feeds still to run."""
-    kinds = builtin_kinds(split)
-    busy = [0.0] * shape.devices
-    front = [math.inf] * shape.devices
-    back = [math.inf] * shape.devices
-    for pipe in shape.pipelines:
-        ahead = _reach(OpKind.F.value, pipe, table, links)
-        behind = [0.0] * pipe.stages if split else _left(OpKind.B.value, pipe, table, links)
-        for s, dev in enumerate(pipe.placement):
-            busy[dev] += len(pipe.microbatches) * sum(table[kind][s] for kind in kinds)
-            front[dev] = min(front[dev], ahead[s])
-            back[dev] = min(back[dev], behind[s])
-    return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
-
-
-def _chain(kind: str, pipe) -> list[int]:
-    """The stages in the order `kind`'s output flows through them (ops.feeds), from the stage whose
-    op reads no neighbour (ops.fed_by): 0, 1, ... for F; the last stage down to 0 for B."""
-    n = pipe.stages
-    stage = next(s for s in range(n) if not 0 <= fed_by(kind, s)[1] < n)
-    order = [stage]
-    while (to := feeds(kind, stage)) is not None and 0 <= to < n:
-        order.append(to)
-        stage = to
-    return order
-
-
-def _reach(kind: str, pipe, table, links) -> list[float]:
-    """Per stage, the least time from the start of the chain until its op of `kind` can start: the ops
-    before it in the chain and their messages."""
-    reach = [0.0] * pipe.stages
-    order, place = _chain(kind, pipe), pipe.placement
-    for here, to in zip(order, order[1:]):
-        reach[to] = reach[here] + table[kind][here] + links[place[here]][place[to]]
-    return reach
-
-
-def _left(kind: str, pipe, table, links) -> list[float]:
-    """Per stage, the least time from the end of its op of `kind` until the chain's end: the messages
-    and ops after it in the chain."""
-    left = [0.0] * pipe.stages
-    order, place = _chain(kind, pipe), pipe.placement
-    for here, to in reversed(list(zip(order, order[1:]))):
-        left[here] = links[place[here]][place[to]] + table[kind][to] + left[to]
-    return left
-
-
-def tail_bound(st: Setting, shape: Shape) -> float:
-    """The end-of-step tail predict adds (the largest device's), at least: its communication as little
-    as whatever the last op hides lets it be (Tail.exposed), plus the optimizer."""
-    return max(tail.exposed(st.layout, None) + tail.optimizer for tail in step_tails(st, shape))
-
-
-def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
-    """The largest device's bytes before any activation: weights, gradients, optimizer state and one
-    backward's working memory (device_memory with no activation alive), and that device."""
-    from .timing import Timing
-    empty = Timing({}, {}, 0.0, (), (0.0,) * shape.devices, 0.0, True)
-    memory, _ = device_memory(st, shape, empty)
-    top = max(range(len(memory)), key=lambda k: (memory[k], -k))
-    return memory[top], top
 
 
 # The search ---------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from conftest import ROOT
 from schedc.cli import main
 from schedc.predict import compile_for
-from schedc.search import (Candidate, Refusal, Request, Searcher, Shape, candidates, makespan_bound, search,
-                         tail_bound)
+from schedc.bounds import Shape, makespan_bound, tail_bound
+from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
 from schedc.tune import _ordinal, matching, why_lines
 
 SMALL = """layers = 8

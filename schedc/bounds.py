@@ -1,0 +1,93 @@
+"""Lower bounds of a candidate before it is simulated (schedc/search.py prunes by them): its makespan,
+its end-of-step tail and its memory before any activation, from its pipelines alone (a Shape: no
+order is compiled). None exceeds what simulating the candidate gives, so pruning keeps the top K exact.
+
+    1F1B p=4 m=8, F=1 B=2, no messages: device 3 cannot start before F(0..2) ran (3), runs 8 x 3
+    units of ops, and its last op, B(3,7), leaves B(2..0) to run (6): makespan_bound 33, 1F1B's makespan
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .costmodel import Setting, device_memory, step_tails
+from .ops import OpKind, builtin_kinds, fed_by, feeds
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a schedule is made of without its order: devices and pipelines (for step_tails and bounds)."""
+
+    devices: int
+    pipelines: tuple
+    orders: tuple = ()
+
+    @property
+    def stages(self) -> int:
+        return self.pipelines[0].stages
+
+
+def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool) -> float:
+    """No simulated makespan is below this: some device runs all its ops one at a time (busy), not
+    before a forward of its first stage could arrive (the forwards that feed it and their messages),
+    and its last op (a backward, without a split backward) leaves the backwards it feeds still to run."""
+    kinds = builtin_kinds(split)
+    busy = [0.0] * shape.devices
+    front = [math.inf] * shape.devices
+    back = [math.inf] * shape.devices
+    for pipe in shape.pipelines:
+        ahead = _reach(OpKind.F.value, pipe, table, links)
+        behind = [0.0] * pipe.stages if split else _left(OpKind.B.value, pipe, table, links)
+        for s, dev in enumerate(pipe.placement):
+            busy[dev] += len(pipe.microbatches) * sum(table[kind][s] for kind in kinds)
+            front[dev] = min(front[dev], ahead[s])
+            back[dev] = min(back[dev], behind[s])
+    return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
+
+
+def _chain(kind: str, pipe) -> list[int]:
+    """The stages in the order `kind`'s output flows through them (ops.feeds), from the stage whose
+    op reads no neighbour (ops.fed_by): 0, 1, ... for F; the last stage down to 0 for B."""
+    n = pipe.stages
+    stage = next(s for s in range(n) if not 0 <= fed_by(kind, s)[1] < n)
+    order = [stage]
+    while (to := feeds(kind, stage)) is not None and 0 <= to < n:
+        order.append(to)
+        stage = to
+    return order
+
+
+def _reach(kind: str, pipe, table, links) -> list[float]:
+    """Per stage, the least time from the start of the chain until its op of `kind` can start: the ops
+    before it in the chain and their messages."""
+    reach = [0.0] * pipe.stages
+    order, place = _chain(kind, pipe), pipe.placement
+    for here, to in zip(order, order[1:]):
+        reach[to] = reach[here] + table[kind][here] + links[place[here]][place[to]]
+    return reach
+
+
+def _left(kind: str, pipe, table, links) -> list[float]:
+    """Per stage, the least time from the end of its op of `kind` until the chain's end: the messages
+    and ops after it in the chain."""
+    left = [0.0] * pipe.stages
+    order, place = _chain(kind, pipe), pipe.placement
+    for here, to in reversed(list(zip(order, order[1:]))):
+        left[here] = links[place[here]][place[to]] + table[kind][to] + left[to]
+    return left
+
+
+def tail_bound(st: Setting, shape: Shape) -> float:
+    """The end-of-step tail predict adds (the largest device's), at least: its communication as little
+    as whatever the last op hides lets it be (Tail.exposed), plus the optimizer."""
+    return max(tail.exposed(st.layout, None) + tail.optimizer for tail in step_tails(st, shape))
+
+
+def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
+    """The largest device's bytes before any activation: weights, gradients, optimizer state and one
+    backward's working memory (device_memory with no activation alive), and that device."""
+    from .timing import Timing
+    empty = Timing({}, {}, 0.0, (), (0.0,) * shape.devices, 0.0, True)
+    memory, _ = device_memory(st, shape, empty)
+    top = max(range(len(memory)), key=lambda k: (memory[k], -k))
+    return memory[top], top
