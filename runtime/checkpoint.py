@@ -101,6 +101,17 @@ def check_resumable(directory: str, world: int | None = None, ranks=None) -> dic
     return latest
 
 
+def check_same_optimizer(directory: str, latest: dict, opts) -> None:
+    """A checkpoint's optimizer state is whole or a rank's shard (--distributed-optimizer): it resumes only
+    a run that keeps it the same way."""
+    sharded = bool(opts.distributed_optimizer and opts.dp > 1)
+    if bool(latest.get("distributed_optimizer", False)) != sharded:
+        made = "with" if latest.get("distributed_optimizer") else "without"
+        raise CheckpointError(f"--resume {directory}: the checkpoint was made {made} --distributed-optimizer "
+                              f"(each rank's optimizer state {'a shard' if made == 'with' else 'whole'}); give "
+                              f"the same to resume it")
+
+
 def check_steps_left(directory: str, steps_done: int, steps: int) -> None:
     """--steps counts the run's steps from the first, not those after the checkpoint: one at or below
     the steps done would run nothing."""
@@ -137,6 +148,8 @@ def load(directory: str, executor, identity: dict) -> int:
                                   f"this run has {key} {now}")
     for stage, module in executor.stages.items():
         module.load_state_dict(state["stages"][stage])
+    if executor.shards is not None:  # the distributed optimizer's shards: from the weights just loaded
+        executor.shards.refresh()
     executor.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
     executor.task_state.update(state.get("tasks", {}))

@@ -92,6 +92,7 @@ class Executor:
         self.batch = None
         self.step_no = 0
         self.before_update: Callable[[Executor], None] | None = None
+        self.shards = None  # the distributed optimizer's (sharding.Shards): the weights all-gathered after a step
         self.fault: tuple[int, str] | None = None  # (step, "kill" | "hang"), for fault tests
         self.current: Instr | None = None
         self.started = 0.0
@@ -320,6 +321,8 @@ class Executor:
         if self.before_update is not None:
             self.before_update(self)
         self.optimizer.step()
+        if self.shards is not None:
+            self.shards.gather()
         for stage in self.stages.values():
             stage.flat_grad.zero_()
 
@@ -336,12 +339,14 @@ class Executor:
         return loss
 
 
-def attach_flat_grads(stage: Stage) -> None:
+def attach_flat_grads(stage: Stage, multiple: int = 1) -> None:
     """Give a stage one flat gradient buffer with every parameter's .grad a view into it, so gradient
-    sync is one all-reduce and accumulation writes in place."""
+    sync is one all-reduce and accumulation writes in place; its length a multiple of `multiple`
+    (zeros after the gradients: the distributed optimizer's equal shards)."""
     params = [p for p in stage.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
-    flat = torch.zeros(sum(p.numel() for p in params), dtype=_grad_dtype(params), device=device)
+    total = sum(p.numel() for p in params)
+    flat = torch.zeros(-(-total // multiple) * multiple, dtype=_grad_dtype(params), device=device)
     offset = 0
     for p in params:
         p.grad = flat[offset:offset + p.numel()].view_as(p)

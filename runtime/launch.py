@@ -102,7 +102,7 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     them, --nproc against the plan, --save and --resume against the disk; (options, plan) or LaunchError."""
     from schedc.plan import PlanError, load_plan
 
-    from .checkpoint import CheckpointError, check_resumable, check_steps_left, check_writable
+    from .checkpoint import CheckpointError, check_resumable, check_same_optimizer, check_steps_left, check_writable
     from .options import OptionError, parse_options
     try:
         opts = parse_options([str(plan_path), *options])
@@ -137,7 +137,9 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         if opts.save:
             check_writable(opts.save)
         if opts.resume and standalone:
-            check_steps_left(opts.resume, check_resumable(opts.resume, need).get("steps_done", 0), opts.steps)
+            latest = check_resumable(opts.resume, need)
+            check_steps_left(opts.resume, latest.get("steps_done", 0), opts.steps)
+            check_same_optimizer(opts.resume, latest, opts)
     except (PlanError, CheckpointError, ValueError) as exc:
         raise LaunchError(f"{plan_path}: {exc}" if isinstance(exc, PlanError) else exc) from None
     return opts, plan

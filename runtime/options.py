@@ -72,6 +72,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
     group.add_argument("--dp", type=int, default=1,
                        help="data-parallel replicas of the whole pipeline (world = devices x dp)")
+    group.add_argument("--distributed-optimizer", action="store_true",
+                       help="with --dp > 1, each data-parallel rank keeps and steps the optimizer state of "
+                            "1/dp of the weights, then all-gathers them (ZeRO stage 1)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
     group.add_argument("--threads", type=int, metavar="N",

@@ -98,10 +98,19 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
 
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
     stages = {s: Stage(runs[s]).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    sharded = opts.distributed_optimizer and world.dp > 1
     for stage in stages.values():
-        attach_flat_grads(stage)
-    params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
+        attach_flat_grads(stage, world.dp if sharded else 1)
+    shards = None
+    if sharded:  # each data-parallel rank steps 1/dp of the weights
+        from .sharding import Shards
+        ranks = [d * world.devices + world.plan_rank for d in range(world.dp)]
+        shards = Shards(stages, world.dp, world.replica, world.dp_group, ranks)
+        params = shards.parameters()
+    else:
+        params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
+    executor.shards = shards
     executor.device_timing = world.device.type == "cuda" and bool(
         opts.trace_out or opts.report_out or opts.profile_out)
     if opts.fault and opts.fault[0] == world.rank:
@@ -110,7 +119,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
 
 
 def identity(plan: Plan, opts, world: World) -> dict:
-    return {"plan": plan.hash, "world": world.size, "dp": opts.dp, "seed": opts.seed}
+    return {"plan": plan.hash, "world": world.size, "dp": opts.dp, "seed": opts.seed,
+            "distributed_optimizer": bool(opts.distributed_optimizer and opts.dp > 1)}
 
 
 def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:

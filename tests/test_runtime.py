@@ -799,3 +799,31 @@ def test_a_rank_that_lost_a_peer_says_so_instead_of_glooes_words(plans, monkeypa
     monkeypatch.setattr(entry, "QUIET_RANK_DELAY_S", 0.0)
     assert runtime_main([str(plans("1f1b", p=2, m=4))]) == 1
     assert said in capsys.readouterr().err
+
+
+def test_the_distributed_optimizer_trains_as_the_whole_one_and_resumes(plans, tmp_path, capsys):
+    """--dp 2 --distributed-optimizer: each data-parallel rank keeps the optimizer state of half the
+    weights and steps only those, then all-gathers them; the losses of four steps are those of the
+    whole optimizer's run (AdamW is element by element), through a checkpoint after two; the
+    checkpoint's state is a half; resuming it without the flag is refused before torchrun."""
+    plan = plans("1f1b", p=2, m=4)
+    common = [*SMALL, "--quiet", "--dp", "2"]
+    out = {name: tmp_path / f"{name}.jsonl" for name in ("whole", "first", "rest")}
+    run = launch_plans([(plan, [*common, "--steps", "4", "--metrics-out", str(out["whole"])]),
+                        (plan, [*common, "--steps", "2", "--distributed-optimizer", "--metrics-out", str(out["first"]),
+                                "--save", str(tmp_path / "ckpt")]),
+                        (plan, [*common, "--steps", "4", "--distributed-optimizer", "--metrics-out", str(out["rest"]),
+                                "--resume", str(tmp_path / "ckpt")])], 4, tmp_path)
+    assert run.returncode == 0, run.stderr
+    losses = {k: [json.loads(line)["loss"] for line in v.read_text().splitlines()] for k, v in out.items()}
+    assert len(losses["whole"]) == 4 and losses["whole"][3] < losses["whole"][0]
+    for got, want in zip(losses["first"] + losses["rest"], losses["whole"]):
+        assert abs(got - want) <= 1e-6 * abs(want), (losses, "sharded against whole")
+    latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())
+    state = torch.load(tmp_path / "ckpt" / latest["dir"] / "rank0.pt", weights_only=False)
+    weights = sum(t.numel() for module in state["stages"].values() for t in module.values())
+    kept = [t.numel() for entry in state["optimizer"]["state"].values() for t in entry.values() if t.dim() > 0]
+    assert kept and all(n == -(-weights // 2) for n in kept), (kept, weights)  # exp_avg, exp_avg_sq: half each
+    assert launch_from_cli(plan, None, [*common, "--steps", "4", "--resume", str(tmp_path / "ckpt")]) == 2
+    assert "the checkpoint was made with --distributed-optimizer (each rank's optimizer state a shard); give " \
+           "the same to resume it" in capsys.readouterr().err
