@@ -72,6 +72,7 @@ class ClusterSpec:
     inter_efficiency: float    # NCCL bus bandwidth over InfiniBand, of inter_bandwidth
     memory_reserved: float = 0.0   # bytes per GPU no tensor gets: CUDA context, NCCL and cuBLAS buffers
     fragmentation: float = 0.0     # of the allocator's reserved bytes, held but not allocated to tensors
+    dtype: str = "bf16"            # what peak_flops is the peak of ([gpu] dtype; a CPU fit's is fp32)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -197,6 +198,7 @@ def locate(source: Source, key: str, table: str | None = None) -> Span:
 
 MAX_SIZE = 2**40     # a model's sizes (layers, hidden, heads, ...): past any model, exact as floats
 MAX_FIGURE = 1e15    # a cluster's figures, in their units (TFLOP/s, GiB, GB/s, microseconds, ...)
+MIN_FIGURE = 1e-6    # and at least this: 1 MFLOP/s, 1 kB/s, a picosecond (1e-320 made every time infinite)
 
 
 def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
@@ -237,6 +239,20 @@ def load_model_spec(path: str) -> ModelSpec:
     return ModelSpec(**values)
 
 
+def load_cluster_model(path: str, cluster: ClusterSpec) -> ModelSpec:
+    """A model description for a prediction on `cluster` (simulate/compile/render --cluster, tune): of
+    the width the cluster's peak is for (its [gpu] dtype, bf16 unless a calibration fitted fp32); an
+    fp32 model on a bf16 peak is refused at its dtype (exit 2), not predicted at 16-bit speed with
+    32-bit messages."""
+    spec = load_model_spec(path)
+    if spec.width != DTYPE_BYTES[cluster.dtype]:
+        table, source = read_toml(path, "model description")
+        raise SchedError(error(f"dtype '{spec.dtype}', but {cluster.name}'s peak_tflops is its {cluster.dtype} "
+                               f"peak: give the model dtype {cluster.dtype}, or a cluster file whose [gpu] dtype is "
+                               f"{spec.dtype}", locate(source, "dtype")), source, exit_code=2)
+    return spec
+
+
 def load_cluster(name: str) -> ClusterSpec:
     """Read a cluster description (a path or a library name); every bad or missing field is reported,
     located at the key or, when missing, at its table's header (exit 2)."""
@@ -250,8 +266,11 @@ def load_cluster(name: str) -> ClusterSpec:
         elif key in tables and not isinstance(value, dict):
             diags.append(error(f"'{key}' must be a table: [{key}]", locate(source, key)))
     got: dict[tuple[str, str], float] = {}
+    gpu_dtype = _gpu_dtype(table, source, diags)
     for section, fields in _CLUSTER_FIELDS.items():
         given = table.get(section) if isinstance(table.get(section), dict) else {}
+        if section == "gpu":
+            given = {k: v for k, v in given.items() if k != "dtype"}
         for key in given:
             if key not in fields:
                 diags.append(error(f"unknown key '{section}.{key}' (keys: {', '.join(fields)})",
@@ -262,17 +281,24 @@ def load_cluster(name: str) -> ClusterSpec:
                 diags.append(error(f"missing field '{section}.{key}' ({doc})", locate(source, key, section)))
                 continue
             number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-            bad = (number is None or not 0 < number <= MAX_FIGURE
+            bad = (number is None or not MIN_FIGURE <= number <= MAX_FIGURE
                    or (kind is int and not isinstance(value, int))
                    or ((section, key) in _FRACTIONS and number > 1))
             if bad:
-                want = ("a number in (0, 1]" if (section, key) in _FRACTIONS else
-                        f"a positive integer up to {MAX_FIGURE:g}" if kind is int else f"a positive number up to {MAX_FIGURE:g}")
+                want = (f"a number in [{MIN_FIGURE:g}, 1]" if (section, key) in _FRACTIONS else
+                        f"a positive integer up to {MAX_FIGURE:g}" if kind is int else
+                        f"a number from {MIN_FIGURE:g} to {MAX_FIGURE:g}")
                 diags.append(error(f"'{section}.{key}' must be {want}, got {value!r} ({doc})",
                                    locate(source, key, section)))
                 continue
             got[section, key] = number * scale
     memory = _memory_fields(table, source, diags)
+    if ("gpu", "memory_gib") in got and memory.get("reserved_gib", 0.0) >= got["gpu", "memory_gib"]:
+        diags.append(error(f"'memory.reserved_gib' ({memory['reserved_gib'] / 2**30:g}) must be less than the GPU's "
+                           f"memory ({got['gpu', 'memory_gib'] / 2**30:g} GiB): nothing would be left for the "
+                           "tensors", locate(source, "reserved_gib", "memory")))
+    if "name" in table and not isinstance(table["name"], str):
+        diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     if diags:
         raise SchedError(diags, source, exit_code=2)
     return ClusterSpec(
@@ -280,7 +306,19 @@ def load_cluster(name: str) -> ClusterSpec:
         got["gpu", "hbm_gbps"], int(got["node", "gpus"]), got["intra", "bandwidth_gbps"],
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
-        got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"])
+        got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
+        gpu_dtype)
+
+
+def _gpu_dtype(table: dict, source: Source, diags: list[Diagnostic]) -> str:
+    """[gpu] dtype: what peak_tflops is the peak of (optional; bf16)."""
+    gpu = table.get("gpu") if isinstance(table.get("gpu"), dict) else {}
+    value = gpu.get("dtype", "bf16")
+    if value not in DTYPE_BYTES:
+        diags.append(error(f"'gpu.dtype' must be one of {', '.join(DTYPE_BYTES)}, got {value!r} (the dtype "
+                           "peak_tflops is for)", locate(source, "dtype", "gpu")))
+        return "bf16"
+    return value
 
 
 def _memory_fields(table: dict, source: Source, diags: list[Diagnostic]) -> dict[str, float]:
@@ -314,7 +352,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
     head = "".join(f"# {line}\n" for line in comment.splitlines())
     return head + f"""name = "{spec.name}"
 
-[gpu]
+[gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
 peak_tflops = {spec.peak_flops / 1e12!r}
 memory_gib = {spec.memory_bytes / 2**30!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}

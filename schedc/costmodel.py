@@ -25,11 +25,12 @@ V/(16·l·h)) with full recomputation (72·...·(1 + s/(6h) + V/(12·l·h)) with
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cluster import ClusterSpec, Layout, ModelSpec
-from .ops import OpKind, feeds
+from .ops import OpKind, cost_range, feeds, in_cost_range
 from .timing import bubble
 
 F, B, I, W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value  # noqa: E741
@@ -142,7 +143,15 @@ class Setting:
 
     @property
     def tp_per_node(self) -> int:
-        return min(self.layout.tp, self.cluster.gpus_per_node)
+        """The fewest GPUs of a tensor-parallel group in one node (tensor innermost in the rank
+        order): t when t divides the node, else gcd(t, node), the groups that straddle two nodes (t = 4
+        on 6-GPU nodes: 2 and 2) setting the pace."""
+        return math.gcd(self.layout.tp, self.cluster.gpus_per_node)
+
+    @property
+    def tp_in_node(self) -> bool:
+        """Whether every tensor-parallel group sits in one node (t divides the node's GPUs)."""
+        return tp_in_node(self.layout.tp, self.cluster.gpus_per_node)
 
     def tp_all_reduce(self, nbytes: float) -> float:
         return self.hw.all_reduce(nbytes, self.layout.tp, self.tp_per_node)
@@ -277,6 +286,24 @@ def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
 
 # The step --------------------------------------------------------------------------------------------
 
+def costs_problem(costs, layout: Layout) -> str | None:
+    """Why the derived op times cannot be a schedule's costs (in_cost_range: finite, at most what a
+    schedule's sums keep finite), or None; past the range it is the layout's sizes (or the cluster's
+    figures) that made them so, not a measured cost."""
+    for kind, row in costs.costs().items():  # F first
+        bad = next((v for v in row if not in_cost_range(v)), None)
+        if bad is not None:
+            return (f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "
+                    f"{bad:.3g} s, where a cost must be {cost_range()}")
+    return None
+
+
+def tp_in_node(t: int, gpus_per_node: int) -> bool:
+    """A tensor-parallel group of t GPUs (consecutive ranks) sits in one node for every group only when
+    t divides the node's GPUs; else some groups cross nodes (t = 4 on 6-GPU nodes, t = 16 on 8)."""
+    return gpus_per_node % t == 0
+
+
 def rank_of(device: int, st: Setting) -> int:
     """The first GPU of a pipeline device (Megatron's rank order: tensor innermost, then data, then
     pipeline)."""
@@ -301,7 +328,7 @@ def message_times(st: Setting, devices: int) -> list[list[float]]:
     per_gpu = size / lay.tp if split else size
     gather = hw.all_gather(size, lay.tp, st.tp_per_node) if split and not lay.sequence_parallel else 0.0
     node = [rank_of(d, st) // g for d in range(devices)]
-    return [[0.0 if a == b else hw.message(per_gpu, node[a] == node[b] and lay.tp <= g) + gather
+    return [[0.0 if a == b else hw.message(per_gpu, node[a] == node[b] and st.tp_in_node) + gather
              for b in range(devices)] for a in range(devices)]
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import click
 
-from .cluster import MAX_GPUS, RECOMPUTE, Layout, check_layout, check_stages, load_cluster, load_model_spec, usage
-from .costmodel import Prediction, Setting, link_times, predict, stage_costs
+from .cluster import (MAX_GPUS, RECOMPUTE, Layout, check_layout, check_stages, load_cluster, load_cluster_model,
+                      load_model_spec, usage)
+from .costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
 from .diagnostics import error
 from .ops import OpKind
 
@@ -127,7 +128,8 @@ def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterReq
     """Compile FILE (with the `--with` add-ons) with the costs of request's model on its cluster;
     SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
     plan: `simulate`)."""
-    model, cluster = load_model_spec(request.model), load_cluster(request.cluster)
+    cluster = load_cluster(request.cluster)
+    model = load_cluster_model(request.model, cluster)
     check_layout(model, request.layout, request.model)
     return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons)
 
@@ -154,7 +156,9 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
-        _check_costs(costs, layout)
+        problem = costs_problem(costs, layout)
+        if problem:
+            raise usage(problem)
         schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,
                                                    task_scale=_forward_scale(probe, costs)))
         links = link_times(st, schedule.devices)
@@ -165,17 +169,6 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
             without = compiled.timing
     result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
     return OnCluster(_with_prediction(compiled, result, st, request), result, st)
-
-
-def _check_costs(costs, layout: Layout) -> None:
-    """The derived op times stay within what a schedule's sums keep finite (MAX_COST); past it the
-    layout's sizes are what the user made too large, not a measured cost."""
-    from .ops import cost_range, in_cost_range
-    for kind, row in costs.costs().items():  # F first
-        bad = next((v for v in row if not in_cost_range(v)), None)
-        if bad is not None:
-            raise usage(f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "
-                        f"{bad:.3g} s, where a cost must be {cost_range()}")
 
 
 def _forward_scale(probe, costs) -> tuple[float, ...]:
@@ -300,8 +293,8 @@ def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):
     costs = stage_costs(Setting(model, cluster, layout), stages).costs()
     predicted = sum(costs[OpKind.F.value]) + sum(costs[OpKind.B.value])
     factor = (sum(forward) + sum(backward)) / 1000.0 / predicted  # the profile is in ms
-    return replace(cluster, peak_flops=cluster.peak_flops / factor,
-                   hbm_bandwidth=cluster.hbm_bandwidth / factor), factor
+    return replace(cluster, peak_flops=cluster.peak_flops / factor, hbm_bandwidth=cluster.hbm_bandwidth / factor,
+                   dtype=model.dtype), factor  # its peak is now the model's dtype's, as measured
 
 
 def _profile_microbatch_size(costs: str, given: int | None) -> int:

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
-from .cluster import MAX_GPUS, RECOMPUTE, Layout, load_cluster, load_model_spec, usage
-from .costmodel import Prediction, Setting, device_memory, link_times, message_times, predict, stage_costs
-from .diagnostics import SchedError
+from .cluster import MAX_GPUS, RECOMPUTE, Layout, load_cluster, load_cluster_model, usage
+from .costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
+                        stage_costs, tp_in_node)
+from .diagnostics import SchedError, plural
 
 GIB = 2 ** 30
 SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
@@ -187,12 +188,15 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
     default = not names
     if default:
         names = [path.stem for path in library_files()]
-    entries = []
+    entries, seen = [], {}
     for name in names:
         path = resolve(name)
         if not path.exists() or path.suffix != ".sched":
             known = ", ".join(p.stem for p in library_files())
             raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
+        if path.resolve() in seen:  # one schedule named twice (`1f1b` and its path) is searched once
+            continue
+        seen[path.resolve()] = name
         source = read_source(path)
         decl = load_declaration(source)  # as every compile loads it: extends and use resolved
         params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
@@ -322,8 +326,8 @@ class Searcher:
             if value > most:
                 raise usage(f"{name} {value:,} is more than the {most:,} the search takes")
         self.request = request
-        self.model = load_model_spec(request.model)
         self.cluster = load_cluster(request.cluster)
+        self.model = load_cluster_model(request.model, self.cluster)
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
         self.progress = progress or (lambda n: None)
@@ -592,9 +596,12 @@ class Searcher:
             return self.over(state, device, " (weights, gradients, optimizer state and working memory alone)",
                              bound=True)
         entry = self.entries[c.schedule]
+        costs = self.stage_costs(st, c, shape)
+        problem = costs_problem(costs, st.layout)  # as simulate --cluster refuses it (a 1e-320 GB/s HBM)
+        if problem is not None:
+            return Refusal(problem)
         if entry.plain or entry.mixed or self.request.exhaustive:
             return 0.0
-        costs = self.stage_costs(st, c, shape)
         links = self.link_times(st, c, shape.devices)
         return makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape)
 
@@ -639,29 +646,38 @@ class Searcher:
             fam.over = (key, f"{refusal.message}; {least}, at b={c.b}{v}, recompute {c.recompute}")
 
     def _family_lines(self, families: dict[tuple, Family]) -> list[str]:
-        """One line per (schedule, t, p) with nothing simulated: bounded ones first (closest first),
-        then those whose order deadlocks (whatever memory the other sizes needed), those over memory
-        (least over first), then refusals."""
+        """One line per (schedule, t, p) with nothing simulated: those whose order deadlocks first
+        (whatever else was bounded or over memory: a fault of the schedule, not of its sizes), then the
+        bounded ones (closest first), those over memory (least over first), then refusals."""
         lines = []
         node = self.cluster.gpus_per_node
         which = f"the {_nth(self.request.top)} best" if self.request.per is None else "its group's K-th best"
+        faults = {}  # (schedule, p) -> (t, fault): an order is the same at every t, so is its deadlock
+        for (name, t, p), fam in families.items():
+            if fam.fault is not None:
+                faults.setdefault((name, p), (t, fam.fault))
         for (name, t, p), fam in families.items():
             if fam.simulated:
                 continue
-            head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if t > node else "")
-            if fam.bound is not None:
+            crosses = not tp_in_node(t, node)
+            head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if crosses else "")
+            if fam.fault is not None:
+                lines.append((0, 0.0, head + fam.fault))
+            elif fam.bound is not None and (name, p) in faults:
+                seen, fault = faults[name, p]
+                lines.append((0, 0.0, head + f"{fault}, seen at t={seen} (the same order; {fam.bounded} "
+                                             "bounded out here)"))
+            elif fam.bound is not None:
                 bound, threshold = fam.bound
                 a, b = distinct_figures(bound, threshold)
-                lines.append((0, bound, head + f"at best {a} s per iteration (a lower bound; memory not checked), "
+                lines.append((1, bound, head + f"at best {a} s per iteration (a lower bound; memory not checked), "
                                               f"slower than {which} ({b} s): {fam.bounded} not simulated"))
-            elif fam.fault is not None:
-                lines.append((1, 0.0, head + fam.fault))
             elif fam.over is not None:
-                lines.append((1, fam.over[0][1], head + fam.over[1]))  # least over first
+                lines.append((2, fam.over[0][1], head + fam.over[1]))  # least over first
             elif fam.refused is not None:
-                lines.append((2, 0.0, head + fam.refused))
+                lines.append((3, 0.0, head + fam.refused))
             elif fam.layers is not None and self.counts["layers"] == self.counts["candidates"] - self.counts["refused"]:
-                lines.append((3, 0.0, head + fam.layers))  # shown only when nothing else ran
+                lines.append((4, 0.0, head + fam.layers))  # shown only when nothing else ran
         return [text for _, _, text in sorted(lines)]
 
     def describe_space(self, space: list[Candidate]) -> str:
@@ -669,7 +685,7 @@ class Searcher:
             found = sorted({getattr(c, name) for c in space if getattr(c, name) is not None})
             return "{" + ", ".join(map(str, found)) + "}"
         v = f"v in {values('v')}, " if any(c.v is not None for c in space) else ""
-        return (f"{len(space)} candidates over {', '.join(self.entries)}: t in {values('t')}, p in {values('p')}, "
+        return (f"{plural(len(space), 'candidate')} over {', '.join(self.entries)}: t in {values('t')}, p in {values('p')}, "
                 f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}")
 
 

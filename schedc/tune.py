@@ -192,8 +192,8 @@ def parse_why(text: str) -> dict[str, Any]:
         if kind is None or key in wanted:
             why = f"{key}= is given twice" if key in wanted else f"unknown key {key!r}"
             raise usage(f"--why {text!r}: {why} (give a schedule and any of {', '.join(_WHY_KEYS)}, as t=8)")
-        if kind is int and not (value.isascii() and value.isdigit()):
-            raise usage(f"--why {text!r}: {key} must be an integer, got {value!r}")
+        if kind is int and not (value.isascii() and value.isdigit() and int(value) > 0):
+            raise usage(f"--why {text!r}: {key} must be a positive integer, got {value!r}")
         wanted[key] = kind(value)
         if key == "recompute" and value not in RECOMPUTE:
             raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE)}, got {value!r}")
@@ -210,7 +210,9 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
     running = sorted((r.iteration_s, c) for r, c in results if not isinstance(r, Refusal))
     head = f"why {text.strip()} ({plural(len(chosen), 'candidate')} of the search)"
     if not running:
-        refusal, c = min(((r, c) for r, c in results), key=lambda rc: (rc[0].memory is None, rc[0].memory or 0, rc[1]))
+        # the schedule's own fault first (a deadlock at every size), then the least over memory
+        refusal, c = min(((r, c) for r, c in results),
+                         key=lambda rc: (not rc[0].fault, rc[0].memory is None, rc[0].memory or 0, rc[1]))
         return [f"{head}: none runs; the nearest, {c.describe()}: {refusal.message}"]
     best = running[0][1]
     if bar:
@@ -239,7 +241,8 @@ def matching(space: list, wanted: dict[str, Any]) -> list:
 
 def breakdown_difference(mine, other) -> str:
     """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
-    return ", ".join(f"{name} {mine.breakdown[key] - other.breakdown[key]:+.4f}" for key, name in PARTS)
+    return ", ".join(f"{name} {round(mine.breakdown[key] - other.breakdown[key], 4) + 0.0:+.4f}"  # no -0.0000
+                     for key, name in PARTS)
 
 
 def _ordinal(n: int) -> str:
@@ -276,7 +279,7 @@ def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
             if counts["over_memory"] and not counts["deadlocked"] else "no configuration runs")
     if counts["over_memory"] and counts["refused"]:  # not all for memory: the rest their schedule refused
-        head += f" ({counts['over_memory']} over it, {counts['refused']} refused by their schedule)"
+        head += f" ({counts['over_memory']} over the memory, {counts['refused']} refused by their schedule)"
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
                       Source("schedc tune", ""), exit_code=1)
 

@@ -73,8 +73,8 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
 @pytest.mark.parametrize("edit,message,where", [
     (lambda t: t.replace("hbm_gbps = 2039", ""), "missing field 'gpu.hbm_gbps'", ":5:1:"),
     (lambda t: t.replace("gpus = 8", "gpus = 8.5"), "'node.gpus' must be a positive integer", ":11:1:"),
-    (lambda t: t.replace("gemm = 0.85", "gemm = 1.5"), "'efficiency.gemm' must be a number in (0, 1]", ":22:1:"),
-    (lambda t: t.replace("latency_us = 10", "latency_us = -1"), "'inter.latency_us' must be a positive number",
+    (lambda t: t.replace("gemm = 0.85", "gemm = 1.5"), "'efficiency.gemm' must be a number in [1e-06, 1]", ":22:1:"),
+    (lambda t: t.replace("latency_us = 10", "latency_us = -1"), "'inter.latency_us' must be a number from 1e-06 to 1e+15",
      ":19:1:"),
     (lambda t: t.replace("[node]", "[node]\nnics = 8"), "unknown key 'node.nics'", ":11:1:"),
     (lambda t: t.replace("peak_tflops = 312", "peak_tflops = 312 312"), "not valid TOML", ":6:"),
@@ -83,8 +83,8 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
     (lambda t: t.replace("reserved_gib = 1.0", "reserved_gib = -1"), "'memory.reserved_gib' must be a number in [0, 1e+15)",
      ":29:1:"),
     (lambda t: t.replace("fragmentation = 0.15", ""), "missing field 'memory.fragmentation'", ":28:1:"),
-    (lambda t: t.replace("latency_us = 10", "latency_us = 1" + "0" * 400), "'inter.latency_us' must be a positive "
-     "number up to 1e+15", ":19:1:"),  # an integer too large for a float raised OverflowError
+    (lambda t: t.replace("latency_us = 10", "latency_us = 1" + "0" * 400), "'inter.latency_us' must be a number "
+     "from 1e-06 to 1e+15", ":19:1:"),  # an integer too large for a float raised OverflowError
 ])
 def test_a_bad_cluster_file_is_a_located_error_naming_the_field(tmp_path, edit, message, where):
     path = tmp_path / "bad.toml"
@@ -221,3 +221,41 @@ def test_a_task_costs_its_declared_cost_in_forwards_of_its_stage(tmp_path):
     kfac = compile_on_cluster("1f1b", {"p": "2"}, request, lower=False, addons=("kfac",)).compiled.schedule
     assert kfac.costs["piece"] == pytest.approx(tuple(0.08 * f for f in kfac.costs["F"]), rel=1e-12)
 
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("hbm_gbps = 2039 ", "hbm_gbps = 1e-320 "), "'gpu.hbm_gbps' must be a number from 1e-06 to 1e+15, got 1e-320"),
+    (("peak_tflops = 312 ", "peak_tflops = 5e-324 "), "'gpu.peak_tflops' must be a number from 1e-06 to 1e+15"),
+    (("gemm = 0.85 ", "gemm = 1e-300 "), "'efficiency.gemm' must be a number in [1e-06, 1]"),
+    (("reserved_gib = 1.0 ", "reserved_gib = 100 "),
+     "'memory.reserved_gib' (100) must be less than the GPU's memory (80 GiB)"),
+    (('name = "DGX A100 80GB, HDR InfiniBand"', "name = 5"), "'name' must be a string, got 5"),
+])
+def test_cluster_figures_that_would_make_every_time_infinite_are_refused(tmp_path, edit, message):
+    """A figure of 1e-320 GB/s passed the positivity check and the search then ranked infinite
+    iterations (and wrote NaN into its JSON): refused at its key, exit 2."""
+    text = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+    assert edit[0] in text
+    path = tmp_path / "c.toml"
+    path.write_text(text.replace(edit[0], edit[1]))
+    with pytest.raises(SchedError) as caught:
+        load_cluster(str(path))
+    assert caught.value.exit_code == 2 and message in caught.value.render(), caught.value.render()
+
+
+def test_a_cluster_prediction_refuses_a_model_of_another_dtype_than_the_peak(tmp_path):
+    """dtype fp32 on the A100 file, whose peak is its bf16 one, was predicted at that peak with 32-bit
+    messages (110 TFLOP/s per GPU; the A100's fp32 peak is 19.5): refused at the key for --cluster and
+    tune. A cluster file whose [gpu] dtype is fp32 (a CPU calibration's) takes it."""
+    path = tmp_path / "m.toml"
+    path.write_text((ROOT / "benchmarks" / "models" / "gpt-1.7b.toml").read_text() + 'dtype = "fp32"\n')
+    for args in (["simulate", "1f1b", "-D", "p=1", "--model", str(path), "--cluster", "dgx-a100-80gb"],
+                 ["tune", "--model", str(path), "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and f"{path}:7:1: error: dtype 'fp32', but DGX A100 80GB, HDR InfiniBand's " \
+            "peak_tflops is its bf16 peak" in result.output, result.output
+    fp32 = tmp_path / "fp32.toml"
+    fp32.write_text((ROOT / "clusters" / "dgx-a100-80gb.toml").read_text().replace("[gpu]", '[gpu]\ndtype = "fp32"'))
+    assert load_cluster(str(fp32)).dtype == "fp32"
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=1", "--model", str(path), "--cluster", str(fp32)])
+    assert result.exit_code == 0, result.output

@@ -442,8 +442,8 @@ def test_why_ranks_exactly_as_the_exhaustive_search_does(model):
     ("1f1b t=3", "--why '1f1b t=3': no candidate of this search is that"),
     ("1f1b zb_h1", "two schedules ('1f1b', 'zb_h1'); give one"),
     ("t=2 q=1", "unknown key 'q'"),
-    ("t=x", "t must be an integer, got 'x'"),
-    ("t=1_0", "t must be an integer, got '1_0'"),
+    ("t=x", "t must be a positive integer, got 'x'"),
+    ("t=1_0", "t must be a positive integer, got '1_0'"),
     ("recompute=some", "recompute is one of full, selective, none, got 'some'"),
     ("t=2 t=4", "t= is given twice"),
 ])
@@ -459,3 +459,44 @@ def test_why_of_a_configuration_that_does_not_fit_says_why(model):
     assert result.exit_code == 0, result.output
     assert "why t=1 p=1 (" in result.output and ": none runs; the nearest, 1f1b t=1 p=1 d=8" in result.output
     assert "does not fit:" in result.output.split("why t=1 p=1")[1]
+
+
+def test_a_deadlocking_family_says_so_when_another_schedule_runs(model):
+    """Searched next to 1f1b, which runs, a schedule whose order deadlocks at every size: its families
+    say it deadlocks (they said 'at best ... slower than the 2nd best', a bound, as if it were merely
+    slower), and --why names the deadlock, not a size over memory, as the nearest reason."""
+    from conftest import FIXTURES
+    path = str(FIXTURES / "broken" / "deadlock_sized.sched")
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--schedules",
+                     f"1f1b,{path}", "--pp", "2", "--top", "3", "--pruned", "all", "--why", f"{path} t=1 p=2")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip().startswith(f"{path} t=") and " p=2: " in line]
+    assert lines and all("the order deadlocks" in line for line in lines), lines  # p = 2: where its order deadlocks
+    assert "none runs; the nearest, " in result.output and "the order deadlocks" in result.output.split("why ")[1]
+
+
+def test_one_schedule_named_twice_is_searched_once(model):
+    result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--schedules",
+                     "1f1b,schedules/1f1b.sched", "--top", "3", "--json")
+    rows = json.loads(result.stdout)
+    assert len(rows) == 3 and {r["schedule"] for r in rows} == {"1f1b"}
+    assert len({(r["t"], r["p"], r["b"], r["recompute"]) for r in rows}) == 3
+
+
+def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_path):
+    """On 6-GPU nodes t = 4 puts ranks 4..7 across two nodes (tensor innermost): its all-reduces are
+    two-level, over the network, and the pruned families say it crosses nodes; t = 2 divides the node
+    and costs as on 8-GPU nodes."""
+    six = tmp_path / "six.toml"
+    six.write_text((ROOT / "clusters" / "dgx-a100-80gb.toml").read_text().replace("gpus = 8", "gpus = 6"))
+    model = str(ROOT / "benchmarks" / "models" / "gpt-18.4b.toml")
+
+    def tp_comm(cluster, t):
+        args = ["simulate", "1f1b", "-D", "p=4", "--model", model, "--cluster", cluster, "--tp", str(t), "--dp",
+                str(12 // t), "--global-batch", "96", "--json"]
+        return json.loads(CliRunner().invoke(main, args).stdout)["breakdown"]["tensor_parallel_comm_s"]
+    assert tp_comm(str(six), 4) > 1.5 * tp_comm("dgx-a100-80gb", 4)
+    assert tp_comm(str(six), 2) == pytest.approx(tp_comm("dgx-a100-80gb", 2))
+    result = run_cli("--model", model, "--cluster", str(six), "--gpus", "48", "--global-batch", "96", "--schedules",
+                     "1f1b", "--tp", "4", "--pp", "1", "--top", "1", "--pruned", "all", "--memory-limit", "20GiB")
+    assert "t=4 crosses nodes (6 GPUs per node)" in result.output, result.output
