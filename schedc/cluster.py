@@ -187,6 +187,8 @@ def locate(source: Source, key: str, table: str | None = None) -> Span:
             current = heading.group(1).strip('"')
             if current == table:
                 header = Span(number, line.index("[") + 1, number, line.index("]") + 2)
+            if table is None and current == key:  # a top-level name that is a table: its header
+                return Span(number, line.index("[") + 1, number, line.index("]") + 2)
             continue
         found = re.match(rf"\s*((?:{re.escape(table)}\s*\.\s*)?\"?{re.escape(key)}\"?)\s*=", line) if table else \
             re.match(rf"\s*(\"?{re.escape(key)}\"?)\s*=", line)
@@ -262,7 +264,8 @@ def load_cluster(name: str) -> ClusterSpec:
     for key, value in table.items():
         tables = (*_CLUSTER_FIELDS, "memory")
         if key not in tables and key not in ("name", "description", "source"):
-            diags.append(error(f"unknown table '{key}' (tables: {', '.join(tables)})", locate(source, key)))
+            what = "table" if isinstance(value, dict) else "key"
+            diags.append(error(f"unknown {what} '{key}' (tables: {', '.join(tables)})", locate(source, key)))
         elif key in tables and not isinstance(value, dict):
             diags.append(error(f"'{key}' must be a table: [{key}]", locate(source, key)))
     got: dict[tuple[str, str], float] = {}

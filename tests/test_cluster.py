@@ -259,3 +259,18 @@ def test_a_cluster_prediction_refuses_a_model_of_another_dtype_than_the_peak(tmp
     assert load_cluster(str(fp32)).dtype == "fp32"
     result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=1", "--model", str(path), "--cluster", str(fp32)])
     assert result.exit_code == 0, result.output
+
+
+def test_an_unknown_table_is_located_at_its_header(tmp_path):
+    """A misspelt [memory] table was reported at 1:1 on a blank line; a top-level key is called a key."""
+    text = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+    line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("[memory]"))) + 1
+    path = tmp_path / "c.toml"
+    path.write_text(text.replace("[memory]", "[memroy]"))
+    with pytest.raises(SchedError) as caught:
+        load_cluster(str(path))
+    assert f"c.toml:{line}:1: error: unknown table 'memroy'" in caught.value.render()
+    path.write_text("extra = 1\n" + text)
+    with pytest.raises(SchedError) as caught:
+        load_cluster(str(path))
+    assert "c.toml:1:1: error: unknown key 'extra'" in caught.value.render()
