@@ -98,6 +98,7 @@ class Executor:
         self.started = 0.0
         self.waiting_on: int | None = None
         self.wait_ns = 0
+        self.waited_until = 0  # when the instruction's last blocking receive was through (perf_counter_ns)
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
@@ -142,7 +143,10 @@ class Executor:
                 self.saved.pop(freed, None)
             if self.device_timing:
                 torch.cuda.synchronize()
-            events.append((step, index, start, clock(), self.wait_ns))
+            # a wait ends where the compute begins: work before the receive (a descheduled rank's) is
+            # not drawn after it, so a consumer never seems to start before its producer ended
+            begun = self.waited_until - self.wait_ns if self.wait_ns else start
+            events.append((step, index, max(start, begun), clock(), self.wait_ns))
         self.current = None
 
     def _inject_fault(self, instr: Instr) -> None:
@@ -171,7 +175,8 @@ class Executor:
             except Exception as exc:
                 raise ExecutionError(f"receive from rank {value.peer} failed, rank {value.peer} is "
                                      f"probably lost: {_describe(exc)}") from exc
-            self.wait_ns += time.perf_counter_ns() - begin
+            self.waited_until = time.perf_counter_ns()
+            self.wait_ns += self.waited_until - begin
             self.waiting_on = None
             return value.buffer
         return value
