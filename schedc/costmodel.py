@@ -286,11 +286,11 @@ def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
 
 # The step --------------------------------------------------------------------------------------------
 
-def costs_problem(costs, layout: Layout) -> str | None:
-    """Why the derived op times cannot be a schedule's costs (in_cost_range: finite, at most what a
-    schedule's sums keep finite), or None; past the range it is the layout's sizes (or the cluster's
-    figures) that made them so, not a measured cost."""
-    for kind, row in costs.costs().items():  # F first
+def costs_problem(table: dict[str, tuple[float, ...]], layout: Layout) -> str | None:
+    """Why the derived op times (StageCosts.costs()) cannot be a schedule's costs (in_cost_range: finite,
+    at most what a schedule's sums keep finite), or None; past the range it is the layout's sizes (or
+    the cluster's figures) that made them so, not a measured cost."""
+    for kind, row in table.items():  # F first
         bad = next((v for v in row if not in_cost_range(v)), None)
         if bad is not None:
             return (f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "

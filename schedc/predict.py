@@ -156,7 +156,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
-        problem = costs_problem(costs, layout)
+        problem = costs_problem(costs.costs(), layout)
         if problem:
             raise usage(problem)
         schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,

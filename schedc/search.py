@@ -596,14 +596,14 @@ class Searcher:
             return self.over(state, device, " (weights, gradients, optimizer state and working memory alone)",
                              bound=True)
         entry = self.entries[c.schedule]
-        costs = self.stage_costs(st, c, shape)
-        problem = costs_problem(costs, st.layout)  # as simulate --cluster refuses it (a 1e-320 GB/s HBM)
+        table = self.stage_costs(st, c, shape).costs()
+        problem = costs_problem(table, st.layout)  # as simulate --cluster refuses it (a 1e-320 GB/s HBM)
         if problem is not None:
             return Refusal(problem)
         if entry.plain or entry.mixed or self.request.exhaustive:
             return 0.0
         links = self.link_times(st, c, shape.devices)
-        return makespan_bound(shape, costs.costs(), links, entry.split) + tail_bound(st, shape)
+        return makespan_bound(shape, table, links, entry.split) + tail_bound(st, shape)
 
     def rank(self, target: Candidate, space: list[Candidate]) -> tuple[int, int]:
         """Where a candidate that runs ranks in `space` by (iteration time, candidate), as the walk
