@@ -349,14 +349,23 @@ def attach_flat_grads(stage: Stage, multiple: int = 1) -> None:
     sync is one all-reduce and accumulation writes in place; its length a multiple of `multiple`
     (zeros after the gradients: the distributed optimizer's equal shards)."""
     params = [p for p in stage.parameters() if p.requires_grad]
+    flat, views = flat_views(params, multiple, _grad_dtype(params))
+    for p, view in zip(params, views):
+        p.grad = view
+    stage.flat_grad = flat
+
+
+def flat_views(params: list, multiple: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One zeroed flat buffer for `params`, its length a multiple of `multiple`, and a view into it
+    shaped as each parameter, in order (the gradients' buffer; the distributed optimizer's weights)."""
     device = params[0].device if params else torch.device("cpu")
     total = sum(p.numel() for p in params)
-    flat = torch.zeros(-(-total // multiple) * multiple, dtype=_grad_dtype(params), device=device)
-    offset = 0
+    flat = torch.zeros(-(-total // multiple) * multiple, dtype=dtype, device=device)
+    views, offset = [], 0
     for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        views.append(flat[offset:offset + p.numel()].view_as(p))
         offset += p.numel()
-    stage.flat_grad = flat
+    return flat, views
 
 
 def _grad_dtype(params: list) -> torch.dtype:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .executor import ExecutionError, flat_views
+
 
 class Shards:
     """A rank's stages' weights as flat buffers (each parameter a view into its stage's) and this
@@ -40,7 +42,6 @@ class Shards:
     @torch.no_grad()
     def gather(self) -> None:
         """Every replica's weights from the updated shards (after the optimizer's step)."""
-        from .executor import ExecutionError
         for flat, shard, _ in self.parts:
             try:
                 dist.all_gather(list(flat.chunk(self.dp)), shard.detach(), group=self.group)
@@ -59,13 +60,8 @@ def flatten_weights(stage, multiple: int) -> torch.Tensor:
     """One flat buffer of the stage's trainable weights, its length a multiple of `multiple` (zeros
     after them), each parameter's data a view into it; the buffer."""
     params = [p for p in stage.parameters() if p.requires_grad]
-    device = params[0].device if params else torch.device("cpu")
-    dtype = params[0].dtype if params else torch.float32
-    total = sum(p.numel() for p in params)
-    flat = torch.zeros(-(-total // multiple) * multiple, dtype=dtype, device=device)
-    offset = 0
-    for p in params:
-        flat[offset:offset + p.numel()].copy_(p.data.reshape(-1))
-        p.data = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
+    flat, views = flat_views(params, multiple, params[0].dtype if params else torch.float32)
+    for p, view in zip(params, views):
+        view.copy_(p.data)
+        p.data = view
     return flat
