@@ -333,10 +333,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     r = outcome.request
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
-    flags = "".join((" --sequence-parallel" if r.sequence_parallel else "",
-                     " --overlap-grad-reduce" if r.overlap_grad_reduce else "",
-                     " --blocking-p2p" if r.blocking_p2p else "",
-                     " --distributed-optimizer" if r.distributed_optimizer else ""))
+    from .predict import LAYOUT_FLAGS  # the layout's switches, each the option of its name
+    flags = "".join(f" --{name.replace('_', '-')}" for name, _ in LAYOUT_FLAGS if getattr(r, name))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")
