@@ -493,7 +493,8 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
 def export_cmd(file, defines, fmt, out, addons):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
     from .compiler import compile_file
-    from .interop.torch_csv import export_comms_csv, export_csv
+    from .interop.torch_comms import export_comms_csv
+    from .interop.torch_csv import export_csv
     try:
         result = compile_file(file, defines, None, 0.0, addons=addons)
         if not result.ok:

@@ -216,17 +216,19 @@ def refuse_addons(file: str, addons: tuple[str, ...]) -> None:
 
 
 def _with_imported_comms(compiled: Compiled, path) -> Compiled:
-    """A torch compute_comms CSV brings its own messages: its streams replace the lowered plan, and the
-    channel check runs on them (torch does not check a hand-ordered compute_comms schedule)."""
-    from .interop.torch_csv import comms_streams
-    imported = comms_streams(read_source(path), compiled.schedule)
+    """A torch compute_comms CSV brings its own messages and actions: its streams replace the lowered
+    plan, the channel check runs on them and torch's UNSHARD/RESHARD/REDUCE_GRAD cells are checked
+    (torch checks neither in a hand-ordered compute_comms schedule)."""
+    from .interop.torch_comms import check_torch_actions, comms_streams
+    source = read_source(path)
+    imported = comms_streams(source, compiled.schedule)
     if imported is None or compiled.plan is None:
         return compiled
     streams, spans = imported
     plan = Plan(compiled.plan.meta, tuple((stream,) for stream in streams))
-    source = compiled.schedule.source
+    channels = [_at_cell(d, spans, compiled.schedule.source) for d in check_channels(plan)]
     return Compiled(compiled.schedule, compiled.timing, compiled.stats, plan,
-                    [d for d in compiled.diagnostics] + [_at_cell(d, spans, source) for d in check_channels(plan)])
+                    [*compiled.diagnostics, *channels, *check_torch_actions(source, compiled.schedule)])
 
 
 def _at_cell(diagnostic: Diagnostic, spans: tuple[tuple[Span, ...], ...], source: Source) -> Diagnostic:

@@ -9,8 +9,8 @@ runs it split, the others whole (a mixed backward, as torch's DualPipeV).
     2F0,2F1,2B0,2B1        ->   Schedule(orders=((F(2,0), F(2,1), B(2,0), B(2,1)), ...), ...)
 
 Import keeps the CSV order exactly and infers the sizes: stages = the largest stage + 1, microbatches
-= the count most stages agree on (so one stray `3F8` is reported as out of range, not taken as a
-ninth microbatch), stage s on the rank that runs most of its ops. Every op carries its cell's
+= the count of distinct forwards most stages agree on (so one stray `3F8` is reported as out of
+range at its cell, not taken as a ninth microbatch), stage s on the rank that runs most of its ops. Every op carries its cell's
 line:column, so checks point into the CSV. Export refuses what torch cannot represent.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, 
 from ..plan import Instr, Plan
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
-SKIPPED = re.compile(r"\d*(REDUCE_GRAD|UNSHARD|RESHARD)\d*")
-COMMS = re.compile(r"\d+(SEND_F|RECV_F|SEND_B|RECV_B)\d+")
+ACTIONS = re.compile(r"(\d+)(REDUCE_GRAD|UNSHARD|RESHARD)")  # torch's FSDP and gradient-reduction cells
+COMMS = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)")
 OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
@@ -114,8 +114,8 @@ def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
         row = []
         for column, text in split_line(line.rstrip("\r"), number, diags):
             span = Span(number, column, number, column + max(1, len(text)))
-            message = COMMS.fullmatch(text.strip()) if comms else None
-            row.extend(_comm_cell(text.strip(), span) if message else _cell(text, span, diags))
+            message = (COMMS.fullmatch(text.strip()) or ACTIONS.fullmatch(text.strip())) if comms else None
+            row.extend(_comm_cell(message, _stripped(text, span)) if message else _cell(text, span, diags))
         rows.append(row)
     if not diags and not any(rows):
         diags.append(error("no compute cells: expected rows of cells like 0F0,0B0 (one row per rank)",
@@ -157,12 +157,18 @@ def split_line(line: str, number: int, diags: list[Diagnostic]) -> list[tuple[in
     return out
 
 
+def _stripped(text: str, span: Span) -> Span:
+    """The span of a cell's text without its surrounding spaces."""
+    offset = len(text) - len(text.lstrip())
+    if not offset:
+        return span
+    return Span(span.line, span.column + offset, span.line, span.column + offset + len(text.strip()))
+
+
 def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
     stripped = text.strip()
-    offset = len(text) - len(text.lstrip())
-    if offset:
-        span = Span(span.line, span.column + offset, span.line, span.column + offset + len(stripped))
-    if not stripped or SKIPPED.fullmatch(stripped):
+    span = _stripped(text, span)
+    if not stripped or ACTIONS.fullmatch(stripped):
         return []
     match = CELL.fullmatch(stripped)
     if match:
@@ -180,16 +186,21 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
                                "holds compute cells (a;b), not another OVERLAP_F_B", span))
             return []
         return _overlap(overlap.group(1), span, diags)
-    why = ("communication cells belong to torch's compute_comms format"
-           if COMMS.fullmatch(stripped) else "expected <stage><F|B|I|W><microbatch>, e.g. 2F0")
+    if COMMS.fullmatch(stripped):
+        why = "communication cells belong to torch's compute_comms format"
+    elif any(word in stripped for word in ("UNSHARD", "RESHARD", "REDUCE_GRAD")):
+        why = "torch's UNSHARD, RESHARD and REDUCE_GRAD cells are <stage><action>, e.g. 0UNSHARD"
+    else:
+        why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0"
     shown = stripped if len(stripped) <= 24 else stripped[:24] + "..."  # a cell may hold a whole row
     diags.append(error(f"bad cell {shown!r}: {why}", span))
     return []
 
 
-def _comm_cell(text: str, span: Span) -> list[Cell]:
-    stage, opcode, mb = re.fullmatch(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)", text).groups()
-    return [(opcode, int(stage), int(mb), span, False)]
+def _comm_cell(match: re.Match, span: Span) -> list[Cell]:
+    """A message cell (2SEND_F0) or one of torch's actions (0UNSHARD: its microbatch -1)."""
+    stage, opcode, mb = (match.groups() + ("",))[:3]
+    return [(opcode, int(stage), int(mb) if mb else -1, span, False)]
 
 
 def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
@@ -204,7 +215,8 @@ def _overlap(inner: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
 
 
 def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source: Source) -> int:
-    """-D m=N if given; else the count (largest microbatch + 1) that most stages agree on."""
+    """-D m=N if given; else the count of distinct forwards that most stages agree on (so a shifted or
+    stray microbatch, 0F0,0F1,0F3, is out of range at its cell rather than taken as a fourth)."""
     unknown = sorted(set(overrides) - {"m"})
     if unknown:
         raise SchedError(error(f"unknown param '{unknown[0]}' given with -D (a torch CSV takes only m, the "
@@ -218,11 +230,12 @@ def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source:
             raise SchedError(error(f"-D m={overrides['m']}: the microbatch count must be a positive integer"),
                              source, exit_code=2)
         return value
-    top: dict[int, int] = {}
+    forwards: dict[int, set[int]] = {}
     for row in rows:
-        for _, stage, mb, *_ in row:
-            top[stage] = max(top.get(stage, -1), mb)
-    votes = Counter(mb + 1 for mb in top.values())
+        for kind, stage, mb, *_ in row:
+            if kind == OpKind.F:
+                forwards.setdefault(stage, set()).add(mb)
+    votes = Counter(len(mbs) for mbs in forwards.values())
     return max(votes.items(), key=lambda item: (item[1], -item[0]))[0] if votes else 1
 
 
@@ -293,60 +306,3 @@ def _unrepresentable(schedule: Schedule) -> str | None:
     if tasks:
         return f"{_TASKS} {', '.join(tasks)}"
     return None
-
-
-# torch's compute_comms format: the rank streams with their messages ---------------------------------
-
-def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[tuple[Instr, ...], ...],
-                                                                  tuple[tuple[Span, ...], ...]] | None:
-    """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
-    no message cells), each ending with STEP, and the cell each instruction came from (spans[r][n] for
-    streams[r][n]; STEP has none). torch names a send by the stage that sends and a receive by the
-    stage that receives (`2RECV_F0` is received by stage 2); a plan names both by the producing stage
-    (RECV_F stage=1). An overlapped cell is one OVERLAP_F_B instruction."""
-    rows = parse_csv(source, comms=True)
-    if not any(cell[0] in COMM for row in rows for cell in row):
-        return None
-    place = schedule.pipelines[0].placement
-    streams = []
-    for row in rows:
-        stream, first = [], None
-        for kind, stage, mb, _, overlapped in row:
-            if kind in BUILTIN and overlapped:  # the first half of an OVERLAP_F_B cell; the next is its second
-                first = Instr(kind, stage, mb, 0)
-            elif kind in BUILTIN:
-                second = Instr(kind, stage, mb, 0)
-                stream.append(second if first is None else Instr(Opcode.OVERLAP_F_B.value, halves=(first, second)))
-                first = None
-            if kind in BUILTIN:
-                continue
-            tensor = carries(kind)
-            producer = stage if kind in SENDS else fed_by(tensor, stage)[1]
-            peer_stage = feeds(tensor, stage) if kind in SENDS else producer
-            peer = place[peer_stage] if 0 <= peer_stage < len(place) else -1
-            stream.append(Instr(kind, producer, mb, 0, peer))
-        stream.append(Instr(Opcode.STEP.value))
-        streams.append(tuple(stream))
-    return tuple(streams), tuple(tuple(cell[3] for cell in row) for row in rows)
-
-
-def export_comms_csv(plan: Plan) -> str:
-    """A one-step plan's rank streams as torch's compute_comms CSV: compute cells (an OVERLAP_F_B as
-    torch's overlapped cell) and SEND_*/RECV_* cells named torch's way (a receive by its receiving
-    stage); SYNC_GRAD and STEP are left out."""
-    if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
-        raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
-                         Source(plan.meta.get("source", "plan"), ""), exit_code=1)
-    rows = []
-    for (program,) in plan.ranks:
-        cells = []
-        for ins in program:
-            if ins.halves is not None:
-                cells.append(_overlap_cell(*(f"{half.stage}{half.op}{half.mb}" for half in ins.halves)))
-            elif ins.op in BUILTIN:
-                cells.append(f"{ins.stage}{ins.op}{ins.mb}")
-            elif ins.op in COMM:
-                stage = ins.stage if ins.op in SENDS else feeds(carries(ins.op), ins.stage)
-                cells.append(f"{stage}{ins.op}{ins.mb}")
-        rows.append(",".join(cells) + "\n")
-    return "".join(rows)
