@@ -179,8 +179,11 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
                    "memory in bytes as simulate --cluster counts them (t=1, no recomputation); the "
                    "microbatch size from --microbatch-size or the file's microbatch_size.")
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB (with --model).")
+@click.option("--placement", type=click.Choice(["loop", "v", "single"]), default=None,
+              help="Refuse stages off this placement (a torch CSV: at each cell): single, stage s on rank s; loop, "
+                   "s on rank s % p; v, rank r holds r and 2p-1-r (what torchtitan builds for the schedule it names).")
 @with_option
-def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, addons):
+def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, placement, addons):
     """Prove FILE free of deadlock, with matching channels and within its memory bound (FILE may be
     a plan.json: its fields and its channels are checked)."""
     from .compiler import compile_file
@@ -188,7 +191,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
     row = _profile_choice(costs, profile, None if model_file and not profile else microbatch_size)
     if _is_plan(file):
         _plan_only(file, defines=defines, costs=costs, profile=profile, model=model_file,
-                   memory_limit=memory_limit, addons=addons)
+                   memory_limit=memory_limit, addons=addons, placement=placement)
         return _check_plan(file)
     try:
         result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
@@ -196,6 +199,9 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
         if model_file or memory_limit:
             from .checks.memory import check_memory_bytes
             extra = check_memory_bytes(result.schedule, result.timing, model_file, memory_limit, microbatch_size)
+        if placement:
+            from .interop.torch_placement import check_placement
+            extra += check_placement(result.schedule, placement)
     except SchedError as exc:
         _fail(exc)
     diagnostics = result.diagnostics + extra
@@ -281,7 +287,7 @@ def _is_plan(file: str) -> bool:
 def _plan_only(file: str, **given) -> None:
     """Options that change how a schedule is compiled have no meaning for a compiled plan: refused."""
     names = {"defines": "-D", "costs": "--costs", "profile": "--profile", "model": "--model", "cluster": "--cluster",
-             "memory_limit": "--memory-limit", "addons": "--with"}
+             "memory_limit": "--memory-limit", "addons": "--with", "placement": "--placement"}
     used = [names[k] for k, v in given.items() if v]
     if used:
         raise click.UsageError(f"{file} is a compiled plan: {', '.join(used)} change{'s' * (len(used) == 1)} how a "
@@ -503,12 +509,20 @@ def export_cmd(file, defines, fmt, out, addons):
         text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
     except SchedError as exc:
         _fail(exc)
+    from .interop.torch_placement import describe, sidecar, sidecar_path
+    comms = fmt == "torch-comms"
     try:
-        write_output(out, export_comms_csv(result.plan) if fmt == "torch-comms" else text)
+        write_output(out, export_comms_csv(result.plan) if comms else text)
+        if not is_stdout(out):
+            stated = sidecar(result.schedule, out, "compute_comms" if comms else "compute_only")
+            write_output(str(sidecar_path(out)), json.dumps(stated, indent=1) + "\n")
     except SchedError as exc:
         _fail(exc)
-    if not is_stdout(out):
-        click.echo(f"wrote {out}")
+    line = describe(result.schedule.pipelines[0].placement, result.schedule.devices)
+    if is_stdout(out):
+        click.echo(line, err=True)
+    else:
+        click.echo(f"wrote {out} and {sidecar_path(out)}\n{line}")
 
 
 @main.command("calibrate")
