@@ -299,3 +299,42 @@ def test_check_refuses_what_torchs_validator_lets_through(tmp_path, text, where,
     result = _checked(tmp_path, text)
     assert result.exit_code in (1, 2), result.output
     assert f"x.csv:{where}: error: {fragment}" in result.output
+
+
+def test_the_one_line_schedule_object_holds_the_compiled_order():
+    """schedc.torch.schedule builds torch's _PipelineScheduleRuntime with the compute_comms export's
+    cells; stage_indices says which stages a rank builds; stages that contradict the placement are
+    refused naming the ones it needs."""
+    import schedc.torch as st
+    assert st.stage_indices("zbv", rank=0, p=2) == (0, 3)
+    stages = [R._MockStage(s, 4, 0, 2) for s in (0, 3)]
+    runtime = st.schedule("zbv", stages, 4)
+    assert [[str(a) for a in runtime.pipeline_order_with_comms[r]] for r in range(2)] == st.orders("zbv", 2, 4)
+    assert runtime.stage_index_to_group_rank == {0: 0, 1: 1, 2: 1, 3: 0}
+    with pytest.raises(st.ScheduleError, match=r"puts stages \(0, 3\) on rank 0, but this rank's PipelineStages are \(0, 2\)"):
+        st.schedule("zbv", [R._MockStage(s, 4, 0, 2) for s in (0, 2)], 4)
+    with pytest.raises(st.ScheduleError, match="DualPipeV needs at least 2p microbatches"):
+        st.schedule("dualpipev", stages, 2)
+    with pytest.raises(st.ScheduleError, match="cannot represent"):
+        st.schedule("chimera", [R._MockStage(0, 2, 0, 2)], 4)
+
+
+def test_export_writes_the_placement_beside_the_csv_and_check_holds_a_csv_to_it(tmp_path):
+    import json
+    out = tmp_path / "v.csv"
+    result = CliRunner().invoke(main, ["export", "zbv", "-D", "p=2", "-D", "m=4", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert 'pipeline_parallel_schedule = "ZBVZeroBubble"' in result.output
+    stated = json.loads((tmp_path / "v.placement.json").read_text())
+    assert stated["placement"] == "v" and stated["rank_stages"] == [[0, 3], [1, 2]]
+    assert stated["torchtitan"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    assert CliRunner().invoke(main, ["check", str(out), "--placement", "v"]).exit_code == 0
+    bad = CliRunner().invoke(main, ["check", str(out), "--placement", "loop"])
+    assert bad.exit_code == 1
+    assert "v.csv:1:13: error: 3F0 runs stage 3 on rank 0 (12 cells of it there, the first here), but the loop" in bad.output
+    loop = tmp_path / "i.csv"
+    assert CliRunner().invoke(main, ["export", "interleaved_1f1b", "-D", "p=2", "-D", "m=4", "-o", str(loop)]).exit_code == 0
+    assert json.loads((tmp_path / "i.placement.json").read_text())["placement"] == "loop"
+    assert CliRunner().invoke(main, ["check", str(loop), "--placement", "loop"]).exit_code == 0
+    single = CliRunner().invoke(main, ["check", str(loop), "--placement", "single"])
+    assert single.exit_code == 1 and "the single placement needs p = 2 stages" in single.output
