@@ -1,0 +1,36 @@
+"""torch's own runtime runs schedc's exports exactly: one torchrun launch (2 ranks, gloo, p = 2) runs
+every exportable library schedule through torch's _PipelineScheduleRuntime from `schedc export` CSVs
+(both formats, scale_grads True and False, FSDP2 for four of them), through schedc.torch.schedule,
+and torch's own class where torch ships one, against one process's gradients."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from schedc.cli import main
+from test_torch_csv import TORCH_EXPORTABLE
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_torchs_runtime_gives_one_process_gradients_for_every_export(tmp_path):
+    for name in TORCH_EXPORTABLE:
+        for fmt, flag in (("compute_only", "torch-csv"), ("compute_comms", "torch-comms")):
+            result = CliRunner().invoke(main, ["export", name, "-D", "p=2", "-D", "m=4", "--format", flag,
+                                               "-o", str(tmp_path / f"{name}__{fmt}.csv")])
+            assert result.exit_code == 0, result.output
+    out = tmp_path / "errors.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(HERE / "torch_runtime_worker.py"), str(tmp_path), str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)})
+    assert run.returncode == 0, run.stderr[-4000:]
+    errors = json.loads(out.read_text())
+    assert len(errors) == 11 * 4 + 4 * 4 + 11 * 2 + 7
+    bad = {case: e for case, e in errors.items() if not e <= 1e-5}
+    assert bad == {}
