@@ -518,10 +518,8 @@ def export_cmd(file, defines, fmt, out, addons):
             write_output(str(sidecar_path(out)), json.dumps(stated, indent=1) + "\n")
     except SchedError as exc:
         _fail(exc)
-    line = describe(result.schedule.pipelines[0].placement, result.schedule.devices)
-    if is_stdout(out):
-        click.echo(line, err=True)
-    else:
+    if not is_stdout(out):  # `-o -` prints the CSV alone, for a pipe
+        line = describe(result.schedule.pipelines[0].placement, result.schedule.devices)
         click.echo(f"wrote {out} and {sidecar_path(out)}\n{line}")
 
 
