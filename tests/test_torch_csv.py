@@ -338,3 +338,15 @@ def test_export_writes_the_placement_beside_the_csv_and_check_holds_a_csv_to_it(
     assert CliRunner().invoke(main, ["check", str(loop), "--placement", "loop"]).exit_code == 0
     single = CliRunner().invoke(main, ["check", str(loop), "--placement", "single"])
     assert single.exit_code == 1 and "the single placement needs p = 2 stages" in single.output
+
+
+def test_a_measured_overlap_cost_is_taken_for_a_csv_with_overlapped_cells(tmp_path):
+    """The cell regex named OVERLAP shadowed ops.OVERLAP (the cost kind FB), so a costs file timing the
+    overlapped pair of an imported DualPipeV CSV was refused ('no program overlaps a forward and a
+    backward')."""
+    csv, costs = tmp_path / "d.csv", tmp_path / "c.json"
+    assert CliRunner().invoke(main, ["export", "dualpipev", "-D", "p=2", "-D", "m=4", "-o", str(csv)]).exit_code == 0
+    costs.write_text('{"F": 1, "B": 2, "I": 1, "W": 1, "FB": 2.5}')
+    result = CliRunner().invoke(main, ["simulate", str(csv), "--costs", str(costs)])
+    assert result.exit_code == 0, result.output
+    assert "makespan 24 " in result.output

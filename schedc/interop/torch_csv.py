@@ -10,8 +10,9 @@ runs it split, the others whole (a mixed backward, as torch's DualPipeV).
 
 Import keeps the CSV order exactly and infers the sizes: stages = the largest stage + 1, microbatches
 = the count of distinct forwards most stages agree on (so one stray `3F8` is reported as out of
-range at its cell, not taken as a ninth microbatch), stage s on the rank that runs most of its ops. Every op carries its cell's
-line:column, so checks point into the CSV. Export refuses what torch cannot represent.
+range at its cell, not taken as a ninth microbatch), stage s on the rank that runs most of its ops.
+Every op carries its cell's line:column, so checks point into the CSV. Export refuses what torch
+cannot represent.
 """
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ from ..frontend.parse import read_source
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from ..frontend.elaborate import MAX_DEVICES, MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import BUILTIN, COMM, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, SENDS, SPLIT, Opcode, OpKind, builtin_kinds, carries, fed_by, feeds
-from ..plan import Instr, Plan
+from ..ops import BUILTIN, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, SPLIT, Opcode, OpKind, builtin_kinds
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
-ACTIONS = re.compile(r"(\d+)(REDUCE_GRAD|UNSHARD|RESHARD)")  # torch's FSDP and gradient-reduction cells
+UNSHARD, RESHARD, REDUCE_GRAD = "UNSHARD", "RESHARD", "REDUCE_GRAD"  # torch's FSDP and gradient-reduction cells
+ACTION_KINDS = frozenset({UNSHARD, RESHARD, REDUCE_GRAD})
+ACTIONS = re.compile(rf"(\d+)({'|'.join(sorted(ACTION_KINDS))})")
 COMMS = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)")
-OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
+OVERLAP_CELL = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
 MAX_RANKS = MAX_DEVICES  # rows; a row is a rank, and every pass keeps something per rank
@@ -179,7 +181,7 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
                                f"has more than {MAX_DIGITS} digits", span))
             return []
         return [(match.group(2), int(stage), int(mb), span, False)]
-    overlap = OVERLAP.fullmatch(stripped)
+    overlap = OVERLAP_CELL.fullmatch(stripped)
     if overlap:
         if "(" in overlap.group(1) or ")" in overlap.group(1):
             diags.append(error(f"bad cell {stripped[:24]!r}{'...' * (len(stripped) > 24)}: an OVERLAP_F_B cell "
@@ -188,7 +190,7 @@ def _cell(text: str, span: Span, diags: list[Diagnostic]) -> list[Cell]:
         return _overlap(overlap.group(1), span, diags)
     if COMMS.fullmatch(stripped):
         why = "communication cells belong to torch's compute_comms format"
-    elif any(word in stripped for word in ("UNSHARD", "RESHARD", "REDUCE_GRAD")):
+    elif any(word in stripped for word in ACTION_KINDS):
         why = "torch's UNSHARD, RESHARD and REDUCE_GRAD cells are <stage><action>, e.g. 0UNSHARD"
     else:
         why = "expected <stage><F|B|I|W><microbatch>, e.g. 2F0"
