@@ -219,16 +219,15 @@ def _with_imported_comms(compiled: Compiled, path) -> Compiled:
     """A torch compute_comms CSV brings its own messages and actions: its streams replace the lowered
     plan, the channel check runs on them and torch's UNSHARD/RESHARD/REDUCE_GRAD cells are checked
     (torch checks neither in a hand-ordered compute_comms schedule)."""
-    from .interop.torch_comms import check_torch_actions, comms_streams
-    source = read_source(path)
-    imported = comms_streams(source, compiled.schedule)
-    if imported is None or compiled.plan is None:
+    from .interop.torch_comms import check_torch_actions, comms_rows, comms_streams
+    rows = comms_rows(read_source(path))
+    if rows is None or compiled.plan is None:
         return compiled
-    streams, spans = imported
+    streams, spans = comms_streams(rows, compiled.schedule)
     plan = Plan(compiled.plan.meta, tuple((stream,) for stream in streams))
     channels = [_at_cell(d, spans, compiled.schedule.source) for d in check_channels(plan)]
     return Compiled(compiled.schedule, compiled.timing, compiled.stats, plan,
-                    [*compiled.diagnostics, *channels, *check_torch_actions(source, compiled.schedule)])
+                    [*compiled.diagnostics, *channels, *check_torch_actions(rows, compiled.schedule)])
 
 
 def _at_cell(diagnostic: Diagnostic, spans: tuple[tuple[Span, ...], ...], source: Source) -> Diagnostic:

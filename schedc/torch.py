@@ -18,6 +18,7 @@ from .compiler import compile_file
 from .diagnostics import SchedError
 from .interop.torch_comms import export_comms_csv
 from .interop.torch_csv import export_csv
+from .interop.torch_placement import rank_stages
 
 
 class ScheduleError(ValueError):
@@ -40,12 +41,15 @@ def _compiled(file: str, p: int, n_microbatches: int, params: dict):
 def stage_indices(file: str, rank: int, p: int, n_microbatches: int | None = None, **params) -> tuple[int, ...]:
     """The stage indices rank `rank` of a `p`-rank pipeline holds under FILE's placement (ascending)."""
     result = _compiled(file, p, n_microbatches or 2 * p, params)
-    return tuple(s for s, r in enumerate(result.schedule.pipelines[0].placement) if r == rank)
+    return rank_stages(result.schedule.pipelines[0].placement, p)[rank]
 
 
 def orders(file: str, p: int, n_microbatches: int, format: str = "compute_comms", **params) -> list[list[str]]:
     """Each rank's cells of FILE's order in torch's format ('compute_comms' or 'compute_only')."""
-    result = _compiled(file, p, n_microbatches, params)
+    return _cells(_compiled(file, p, n_microbatches, params), format)
+
+
+def _cells(result, format: str) -> list[list[str]]:
     text = export_comms_csv(result.plan) if format == "compute_comms" else export_csv(result.schedule)
     return [row.split(",") for row in text.splitlines()]
 
@@ -66,14 +70,13 @@ def schedule(file: str, stages, n_microbatches: int, loss_fn=None, *, p: int | N
     if stages[0].group_size != p or stages[0].num_stages != len(placement):
         raise ScheduleError(f"{result.schedule.name} with p={p} has {len(placement)} stages on {p} ranks; the "
                             f"PipelineStages say num_stages={stages[0].num_stages} on {stages[0].group_size} ranks")
-    want = tuple(s for s, r in enumerate(placement) if r == rank)
+    want = rank_stages(placement, p)[rank]
     have = tuple(sorted(stage.stage_index for stage in stages))
     if have != want:
         raise ScheduleError(f"{result.schedule.name} with p={p} puts stages {want} on rank {rank}, but this rank's "
                             f"PipelineStages are {have}: build them from schedc.torch.stage_indices("
                             f"{file!r}, rank={rank}, p={p})")
-    text = export_comms_csv(result.plan) if format == "compute_comms" else export_csv(result.schedule)
-    actions = {r: [_Action.from_str(cell) for cell in row.split(",")] for r, row in enumerate(text.splitlines())}
+    actions = {r: [_Action.from_str(cell) for cell in row] for r, row in enumerate(_cells(result, format))}
     runtime = _PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
     runtime._prepare_schedule_with_comms(actions, format=format)
     return runtime

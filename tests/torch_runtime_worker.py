@@ -42,14 +42,15 @@ def reference(stages: int, scale: bool) -> dict[str, torch.Tensor]:
     return {name: p.grad for run in runs for name, p in run.global_parameters()}
 
 
-def held_stages(held: tuple[int, ...], count: int, fsdp: bool):
+def held_stages(held: tuple[int, ...], count: int, mesh):
+    """Fresh copies of this rank's stages (seed 0), each wrapped with fully_shard over `mesh` if given."""
     runs = partition(build_pieces(build_gpt, CFG, seed=0), count)
     modules = []
     for s in held:
         module = Stage(runs[s])
-        if fsdp:
+        if mesh is not None:
             from torch.distributed.fsdp import fully_shard
-            fully_shard(module, mesh=MESH)
+            fully_shard(module, mesh=mesh)
         modules.append(module)
     return modules, [PipelineStage(mod, s, count, torch.device("cpu")) for mod, s in zip(modules, held)]
 
@@ -64,8 +65,8 @@ def error(modules, want: dict) -> float:
     return worst
 
 
-def run_case(build, held, count, scale, fsdp=False) -> float:
-    modules, stages = held_stages(held, count, fsdp)
+def run_case(build, held, count, scale, mesh=None) -> float:
+    modules, stages = held_stages(held, count, mesh)
     pipe = build(stages, scale)
     tokens, targets = batch()
     args = (tokens,) if 0 in held else ()
@@ -74,11 +75,10 @@ def run_case(build, held, count, scale, fsdp=False) -> float:
 
 
 def main() -> None:
-    global MESH
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
     from torch.distributed.device_mesh import init_device_mesh
-    MESH = init_device_mesh("cpu", (p, 1), mesh_dim_names=("pp", "dp"))["dp"]
+    dp_mesh = init_device_mesh("cpu", (p, 1), mesh_dim_names=("pp", "dp"))["dp"]
     import schedc.torch as st
     folder = Path(sys.argv[1])
     results = {}
@@ -94,7 +94,8 @@ def main() -> None:
                     pipe = schedules._PipelineScheduleRuntime(stages, M, loss_fn=lm_loss, scale_grads=scale)
                     pipe._load_csv(str(csv), format=fmt)
                     return pipe
-                results[f"{name}/{fmt}/scale={scale}/fsdp={fsdp}"] = run_case(build, held, count, scale, fsdp)
+                results[f"{name}/{fmt}/scale={scale}/fsdp={fsdp}"] = run_case(build, held, count, scale,
+                                                                                  dp_mesh if fsdp else None)
         if fmt == "compute_comms":
             for scale in (True, False):
                 results[f"{name}/schedc.torch/scale={scale}"] = run_case(

@@ -26,10 +26,8 @@ from ..diagnostics import Diagnostic, SchedError, Source, Span, error, warning
 from ..ir import Schedule
 from ..ops import BUILTIN, COMM, SENDS, Opcode, OpKind, carries, fed_by, feeds
 from ..plan import Instr, Plan
-from .torch_csv import MAX_SHOWN, Cell, parse_csv
+from .torch_csv import ACTION_KINDS, MAX_SHOWN, REDUCE_GRAD, RESHARD, UNSHARD, Cell, _overlap_cell, parse_csv
 
-UNSHARD, RESHARD, REDUCE_GRAD = "UNSHARD", "RESHARD", "REDUCE_GRAD"
-ACTION_KINDS = frozenset({UNSHARD, RESHARD, REDUCE_GRAD})
 FSDP_PREFETCH = 3  # stages kept unsharded ahead: torch's _add_unshard_reshard(max_active_stages=3)
 REDUCING = frozenset({OpKind.B.value, OpKind.W.value})  # the backward ops torch counts to the last one
 
@@ -95,39 +93,43 @@ def export_comms_csv(plan: Plan) -> str:
     microbatches = len(plan.meta["pipelines"][0]["microbatches"])
     rows = []
     for (program,) in plan.ranks:
-        cells, computes = [], []
+        computes = [ins for ins in program if ins.op in BUILTIN or ins.halves is not None]
+        actions = iter(torch_actions([tuple((half.stage, half.op) for half in ins.units()) for ins in computes],
+                                     microbatches))
+        cells = []
         for ins in program:
             if ins.op in BUILTIN or ins.halves is not None:
-                computes.append(len(cells))
-                cells.append(ins)
+                before, after = next(actions)
+                cells += [*before, _compute_cell(ins), *after]
             elif ins.op in COMM:
                 stage = ins.stage if ins.op in SENDS else feeds(carries(ins.op), ins.stage)
                 cells.append(f"{stage}{ins.op}{ins.mb}")
-        units = [tuple((half.stage, half.op) for half in cells[k].units()) for k in computes]
-        for k, (before, after) in zip(computes, torch_actions(units, microbatches)):
-            cells[k] = before + [_compute_cell(cells[k])] + after
-        rows.append(",".join(cell for item in cells for cell in ([item] if isinstance(item, str) else item)) + "\n")
+        rows.append(",".join(cells) + "\n")
     return "".join(rows)
 
 
 def _compute_cell(ins: Instr) -> str:
     halves = [f"{half.stage}{half.op}{half.mb}" for half in ins.units()]
-    return halves[0] if len(halves) == 1 else f"({';'.join(halves)}){Opcode.OVERLAP_F_B.value}"
+    return halves[0] if len(halves) == 1 else _overlap_cell(*halves)
 
 
 # Import ---------------------------------------------------------------------------------------------
 
-def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[tuple[Instr, ...], ...],
-                                                                  tuple[tuple[Span, ...], ...]] | None:
-    """The CSV's own instruction streams when it is in torch's compute_comms format (None when it has
-    neither message cells nor torch's actions), each ending with STEP, and the cell each instruction
+def comms_rows(source: Source) -> list[list[Cell]] | None:
+    """The CSV's rows with its message and action cells when it is in torch's compute_comms format
+    (it has either), else None."""
+    rows = parse_csv(source, comms=True)
+    return rows if any(cell[0] in COMM or cell[0] in ACTION_KINDS for row in rows for cell in row) else None
+
+
+def comms_streams(rows: list[list[Cell]], schedule: Schedule) -> tuple[tuple[tuple[Instr, ...], ...],
+                                                                       tuple[tuple[Span, ...], ...]]:
+    """A compute_comms CSV's own instruction streams (rows from comms_rows), each ending with STEP,
+    and the cell each instruction
     came from (spans[r][n] for streams[r][n]; STEP has none). torch names a send by the stage that
     sends and a receive by the stage that receives (`2RECV_F0` is received by stage 2); a plan names
     both by the producing stage (RECV_F stage=1). An overlapped cell is one OVERLAP_F_B instruction;
     torch's actions are no instructions of a plan (check_torch_actions checks them)."""
-    rows = parse_csv(source, comms=True)
-    if not any(cell[0] in COMM or cell[0] in ACTION_KINDS for row in rows for cell in row):
-        return None
     place = schedule.pipelines[0].placement
     streams, spans = [], []
     for row in rows:
@@ -155,7 +157,7 @@ def comms_streams(source: Source, schedule: Schedule) -> tuple[tuple[tuple[Instr
     return tuple(streams), tuple(spans)
 
 
-def check_torch_actions(source: Source, schedule: Schedule) -> list[Diagnostic]:
+def check_torch_actions(rows: list[list[Cell]], schedule: Schedule) -> list[Diagnostic]:
     """What torch's runtime asserts or silently gets wrong about a compute_comms CSV's actions, each at
     its cell: a stage's gradients never reduced (no REDUCE_GRAD after its last backward: m times too
     large under scale_grads=True), reduced twice or before its last backward, an action on a stage the
@@ -163,9 +165,6 @@ def check_torch_actions(source: Source, schedule: Schedule) -> list[Diagnostic]:
     an UNSHARD twice, a RESHARD without an UNSHARD, a stage left unsharded at the end of the step. A CSV
     with none of torch's actions gets one warning (it runs only without FSDP, and its gradients are
     never scaled or reduced)."""
-    rows = parse_csv(source, comms=True)
-    if not any(cell[0] in COMM or cell[0] in ACTION_KINDS for row in rows for cell in row):
-        return []
     m = schedule.microbatches
     place = schedule.pipelines[0].placement
     diags: list[Diagnostic] = []

@@ -38,6 +38,11 @@ def stage_ranks(style: str, ranks: int, stages: int) -> tuple[int, ...] | str:
     return tuple(s if s < ranks else 2 * ranks - 1 - s for s in range(stages))
 
 
+def rank_stages(placement: tuple[int, ...], ranks: int) -> list[tuple[int, ...]]:
+    """The stages each rank holds, ascending: rank_stages((0, 1, 1, 0), 2) == [(0, 3), (1, 2)]."""
+    return [tuple(s for s, r in enumerate(placement) if r == rank) for rank in range(ranks)]
+
+
 def style_of(placement: tuple[int, ...], ranks: int) -> str | None:
     """The placement's name, or None for one torchtitan cannot build (any other map)."""
     for style in STYLES:
@@ -54,7 +59,7 @@ def sidecar(schedule: Schedule, csv_path: str, fmt: str) -> dict:
     style = style_of(placement, ranks)
     out = {"format": fmt, "schedule": schedule.name, "params": dict(schedule.params), "ranks": ranks,
            "stages": len(placement), "microbatches": schedule.microbatches, "placement": style,
-           "rank_stages": [[s for s, r in enumerate(placement) if r == rank] for rank in range(ranks)]}
+           "rank_stages": [list(held) for held in rank_stages(placement, ranks)]}
     if style is None:
         out["torchtitan"] = None
         return out
