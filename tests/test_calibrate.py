@@ -34,7 +34,11 @@ def test_the_written_cluster_file_reads_back(tmp_path):
     again.write_text(dump_cluster(box, "round trip"))
     back = load_cluster(str(again))
     assert back.name == box.name
-    assert astuple(back)[1:] == pytest.approx(astuple(box)[1:], rel=1e-12)
+    numbers = [n for n, value in enumerate(astuple(box)) if isinstance(value, (int, float))]
+    assert len(numbers) > 5 and [astuple(back)[n] for n in numbers] == pytest.approx(
+        [astuple(box)[n] for n in numbers], rel=1e-12)  # pytest 9.2's approx refuses a str in a sequence
+    assert [v for n, v in enumerate(astuple(back)) if n not in numbers] == \
+        [v for n, v in enumerate(astuple(box)) if n not in numbers]
 
 
 def test_fitting_to_a_profile_scales_compute_to_the_measured_sum():
