@@ -16,9 +16,9 @@ fi
 PY=${PYTHON:-python3}
 # torch==2.13.0 is a local CPU build here; plain `torch` would pull a multi-GB CUDA build.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q torch==2.13.0
-$PY -m pip install -q numpy scikit-learn setuptools wheel
+$PY -m pip install -q -c constraints.txt numpy scikit-learn setuptools wheel
 # torch is met by now (the runtime extra names it unpinned), so this pulls no other build of it
-$PY -m pip install -q -e ".[runtime,test,benchmarks]"
+$PY -m pip install -q -c constraints.txt -e ".[runtime,test,benchmarks]"
 # An editable install leaves the package uncompiled, and with PYTHONDONTWRITEBYTECODE set every start of
 # `schedc` would compile it again (~0.15 s of CPU); byte-compile it once, as a regular install does.
 $PY -m compileall -q schedc runtime >/dev/null
