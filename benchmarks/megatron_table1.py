@@ -1,6 +1,6 @@
 """Megatron-LM's Table 1 (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM"): predicted teraFLOP/s per GPU against the measured ones, all ten rows, one
-set of cluster constants (clusters/dgx-a100-80gb.toml).
+set of cluster constants (schedc/clusters/dgx-a100-80gb.toml).
 
 t, p, GPUs, batch and the measured figure come from the paper's table; the microbatch size, the
 interleaving (--num-layers-per-virtual-pipeline-stage) and the data-parallel implementation (torch DDP,
@@ -26,7 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from schedc.cluster import Layout, load_cluster, load_model_spec  # noqa: E402
+from schedc.cluster import load_cluster, load_model_spec  # noqa: E402
+from schedc.layout import Layout  # noqa: E402
 from schedc.costmodel import Setting  # noqa: E402
 from schedc.predict import compile_for  # noqa: E402
 

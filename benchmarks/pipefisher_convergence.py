@@ -1,7 +1,7 @@
 """PipeFisher vs a first-order baseline on scikit-learn's digits, both through schedc's runtime.
 
 A small MLP (64 -> hidden -> ... -> 10) is split over a 2-device pipeline. PipeFisher: the plan of
-schedules/pipefisher_1f1b.sched (K-FAC curvature, inversion and preconditioning in the bubbles) with
+schedc/schedules/pipefisher_1f1b.sched (K-FAC curvature, inversion and preconditioning in the bubbles) with
 SGD on the preconditioned gradients. Baseline: the plain 1F1B plan with AdamW. Each gets the best
 learning rate of a small grid (the same number of candidates), per seed and target. Over 3 seeds
 (model initialisation and data order) and 3 target training losses (mean of the last 3 steps'
@@ -98,7 +98,7 @@ def digits(cfg, seed: int) -> Digits:
 # -- the driver -----------------------------------------------------------------------------------
 
 def compile_plan(schedule: str | Path, out: Path, extra: list[str] = (), **params) -> Path:
-    args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedules" / schedule), "-o", str(out),
+    args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedc" / "schedules" / schedule), "-o", str(out),
             *extra]
     for k, v in params.items():
         args += ["-D", f"{k}={v}"]
@@ -132,8 +132,8 @@ def unfilled_source() -> str:
     same K-FAC tasks, popped by each device's program after the step's F and B, so no task runs in a
     bubble. A device runs stage d: m curvature_A and m curvature_B pieces, the inversion's 2 pieces
     and its one precondition."""
-    base = (ROOT / "schedules" / "1f1b.sched").read_text()
-    kfac = (ROOT / "schedules" / "addons" / "kfac.sched").read_text()
+    base = (ROOT / "schedc" / "schedules" / "1f1b.sched").read_text()
+    kfac = (ROOT / "schedc" / "schedules" / "addons" / "kfac.sched").read_text()
     tasks = [line for line in kfac.splitlines() if not line.startswith(("addon ", "fill bubbles with"))]
     text = base + "\n".join(tasks) + "\n"
     old = "  B * w\n}"

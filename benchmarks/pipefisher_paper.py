@@ -1,6 +1,6 @@
 """PipeFisher's headline, simulated: K-FAC in the bubbles of Chimera (8 stages, 8 microbatches) with the
 V100 profiles of BERT-Base and BERT-Large that PipeFisher measured (tests/data/*_time_memory_v100.csv),
-at every micro-batch size in the files, with schedules/pipefisher.sched's defaults.
+at every micro-batch size in the files, with schedc/schedules/pipefisher.sched's defaults.
 
 For each row: utilization without fills -> with fills (busy time over devices x the cycle's time,
 the per-piece overhead of `split auto` cuts counted as busy), the useful utilization (that overhead
@@ -34,7 +34,7 @@ def sizes(path: Path) -> list[int]:
 def simulate(path: Path, size: int) -> dict:
     options = Options({"p": "8", "m": "8"}, read_profile(str(path), size),
                       memory=read_profile_memory(str(path), size))
-    result = compile_source(read_source(ROOT / "schedules" / "pipefisher.sched"), options)
+    result = compile_source(read_source(ROOT / "schedc" / "schedules" / "pipefisher.sched"), options)
     return {**result.stats, "ok": result.ok}
 
 

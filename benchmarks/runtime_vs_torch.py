@@ -68,7 +68,7 @@ def compile_plan(name: str, args: argparse.Namespace, out: Path) -> Path:
     schedule, _, chunks, v_shape = SCHEDULES[name]
     defines = ["-D", f"p={RANKS}", "-D", f"m={args.microbatches}"] + (
         ["-D", f"v={chunks}"] if chunks > 1 and not v_shape else [])
-    subprocess.run([sys.executable, "-m", "schedc.cli", "compile", str(REPO / "schedules" / f"{schedule}.sched"),
+    subprocess.run([sys.executable, "-m", "schedc.cli", "compile", str(REPO / "schedc" / "schedules" / f"{schedule}.sched"),
                     *defines, "-o", str(out)], check=True, capture_output=True, cwd=REPO)
     return out / "plan.json"
 

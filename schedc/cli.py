@@ -75,7 +75,7 @@ def _profile_choice(costs: str | None, profile: str | None,
         raise click.UsageError("--microbatch-size picks a row of a --profile CSV; give --profile too")
     return (profile, microbatch_size) if profile else None
 with_option = click.option("--with", "addons", multiple=True, metavar="ADDON",
-                           help="Apply an add-on (schedules/addons/ or next to FILE), as `use ADDON` would.")
+                           help="Apply an add-on (schedc/schedules/addons/ or next to FILE), as `use ADDON` would.")
 def _latency(ctx, param, value: float) -> float:
     """--latency: a finite number of cost units >= 0 (NaN, inf and negative latencies were taken, and a
     correct plan then blamed or an infinite makespan printed)."""

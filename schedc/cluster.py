@@ -4,7 +4,7 @@ A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab` and
 
     layers = 96      hidden = 12288      heads = 96      seq = 2048      vocab = 51200
 
-A cluster file (TOML; the library in clusters/*.toml is found by name, `--cluster dgx-a100-80gb`):
+A cluster file (TOML; the library in schedc/clusters/*.toml is found by name, `--cluster dgx-a100-80gb`):
 
     [gpu]        peak_tflops, memory_gib, hbm_gbps             (datasheet)
     [node]       gpus                                          (GPUs per node)
@@ -25,11 +25,11 @@ from importlib import resources
 from pathlib import Path
 
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
+from .layout import RECOMPUTE, Layout
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
                "float": 4}
-RECOMPUTE = ("full", "selective", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,35 +79,6 @@ class ClusterSpec:
         which a share `fragmentation` is lost (allocated / (1 - fragmentation)), plus what the process
         holds outside it (memory_reserved)."""
         return allocated / (1.0 - self.fragmentation) + self.memory_reserved
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """How the model is laid out: tensor parallel t, data parallel d, microbatch size b, global batch,
-    recomputation, sequence parallelism, gradient all-reduce overlapped with the backward (torch DDP)
-    or after it (Megatron's local DDP), the scatter/gather of pipeline messages over t links,
-    whether a send holds its sender until the message is through (Megatron-LM's point-to-point calls
-    wait for both ends) or not (schedc's runtime: isend, waited for before the buffer is reused), and
-    the distributed optimizer (Megatron-LM's --use-distributed-optimizer, ZeRO stage 1): the fp32
-    master weights, Adam's moments and the step's fp32 gradients sharded over the GPUs holding a stage,
-    the gradients reduce-scattered and the weights all-gathered instead of all-reduced."""
-
-    tp: int = 1
-    dp: int = 1
-    microbatch_size: int = 1
-    global_batch: int | None = None
-    recompute: str = "full"
-    sequence_parallel: bool = False
-    overlap_grad_reduce: bool = False
-    scatter_gather: bool = True
-    blocking_p2p: bool = False  # sends hold the sender until the message is through (Megatron-LM)
-    distributed_optimizer: bool = False  # optimizer state sharded over data parallelism (ZeRO stage 1)
-
-    def microbatches(self) -> int | None:
-        """m = global batch / (b * d) per pipeline, or None without a global batch."""
-        if self.global_batch is None:
-            return None
-        return self.global_batch // (self.microbatch_size * self.dp)
 
 
 # fields: table -> key -> (type, scale to SI, description); None as table: top level

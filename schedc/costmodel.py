@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .cluster import ClusterSpec, Layout, ModelSpec
+from .cluster import ClusterSpec, ModelSpec
+from .layout import Layout, rank_at
 from .ops import OpKind, cost_range, feeds, in_cost_range
 from .timing import bubble
 
@@ -305,9 +306,8 @@ def tp_in_node(t: int, gpus_per_node: int) -> bool:
 
 
 def rank_of(device: int, st: Setting) -> int:
-    """The first GPU of a pipeline device (Megatron's rank order: tensor innermost, then data, then
-    pipeline)."""
-    return device * st.layout.tp * st.layout.dp
+    """The first GPU of a pipeline device (schedc.layout's rank order, Megatron's)."""
+    return rank_at(device, 0, 0, st.layout.tp, st.layout.dp)
 
 
 def link_times(st: Setting, devices: int) -> list[list[float]]:

@@ -16,7 +16,8 @@ from typing import Any
 
 import click
 
-from .cluster import (MAX_GPUS, RECOMPUTE, Layout, check_layout, check_stages, load_cluster, load_cluster_model,
+from .layout import RECOMPUTE, Layout
+from .cluster import (MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model,
                       load_model_spec, usage)
 from .costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
 from .diagnostics import error

@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from .cluster import RECOMPUTE, usage
+from .cluster import usage
+from .layout import RECOMPUTE
 from .diagnostics import SchedError, plural
 from .search import GIB, GROUPS, Outcome, Refusal, Request, Searcher, candidates, distinct_figures
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEDULES = ROOT / "schedules"
+SCHEDULES = ROOT / "schedc" / "schedules"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_orders and friends
 
@@ -23,7 +23,7 @@ def regen_golden(request) -> bool:
 
 
 def compile_library(name: str, **params):
-    """Compile schedules/<name>.sched with params; returns schedc.compiler.Compiled."""
+    """Compile schedc/schedules/<name>.sched with params; returns schedc.compiler.Compiled."""
     from schedc.compiler import compile_source, read_source
     from schedc.frontend.elaborate import Options
     options = Options({k: str(v) for k, v in params.items()})

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARY = {p.stem: p.read_text() for p in sorted((ROOT / "schedules").glob("*.sched"))}
+LIBRARY = {p.stem: p.read_text() for p in sorted((ROOT / "schedc" / "schedules").glob("*.sched"))}
 FIXTURES = {p.name: p.read_text() for p in sorted((ROOT / "tests" / "fixtures").rglob("*.sched"))}
 
 DEFECTS = ("traceback", "timeout", "memory", "bad-exit", "unlocated", "silent", "nonfinite", "invalid-stats",
@@ -463,7 +463,7 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
 
 
 GPT = (ROOT / "benchmarks" / "models" / "gpt-1.7b.toml").read_text()
-CLUSTER_TOML = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+CLUSTER_TOML = (ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text()
 SIZES = ["1", "2", "4", "8", "16", "32", "64", "3", "6", "12", "8", "16", "0"]  # mostly searchable
 
 

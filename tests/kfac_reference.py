@@ -1,4 +1,4 @@
-"""K-FAC in one process, written apart from runtime/kfac.py, as the reference a PipeFisher plan's run
+"""K-FAC in one process, written apart from schedc/runtime/kfac.py, as the reference a PipeFisher plan's run
 must reproduce.
 
 The unpartitioned model is trained on the whole global batch of every step (the runtime's model, data

@@ -1,4 +1,4 @@
-"""calibrate (runtime/calibrate.py and `schedc calibrate`): the GEMM fit, the cluster file it writes, and
+"""calibrate (schedc/runtime/calibrate.py and `schedc calibrate`): the GEMM fit, the cluster file it writes, and
 the fit of the compute rates to a measured profile."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from schedc.cli import main
-from schedc.cluster import Layout, ModelSpec, dump_cluster, load_cluster
+from schedc.cluster import ModelSpec, dump_cluster, load_cluster
+from schedc.layout import Layout
 from schedc.costmodel import Setting, stage_costs
 from schedc.predict import fit_to_profile
 from schedc.runtime.calibrate import cluster_toml, fit_gemm

@@ -65,7 +65,7 @@ def test_check_counts_the_bytes_simulate_on_a_cluster_does(layout, tmp_path):
     against 236.02 on the cluster, its embedding left out of check's count; the A100's allowance (the
     allocator's fragmentation and the CUDA context) comes on top on the cluster only."""
     model = ROOT / "benchmarks" / "models" / "gpt-1.7b.toml"
-    text = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+    text = (ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text()
     cluster = tmp_path / "no-allowance.toml"  # without [memory]: no allocator share, the tensors only
     cluster.write_text(text[:text.index("[memory]")])
     simulated = CliRunner().invoke(main, ["simulate", "1f1b", *layout, "--model", str(model), "--cluster",

@@ -254,7 +254,7 @@ def test_defines_are_range_checked_at_the_param(define, message):
     first = result.output.splitlines()[0]
     assert result.exit_code in (1, 2) and message in first and "1f1b.sched:" in first, result.output
     line = int(first.split("1f1b.sched:")[1].split(":")[0])
-    assert (ROOT / "schedules" / "1f1b.sched").read_text().splitlines()[line - 1].startswith("param")
+    assert (ROOT / "schedc" / "schedules" / "1f1b.sched").read_text().splitlines()[line - 1].startswith("param")
 
 
 def test_defines_with_integral_float_values_are_integers():
@@ -270,7 +270,7 @@ def test_latency_must_be_finite_and_not_negative(latency):
 
 def test_costs_too_large_to_sum_are_refused(tmp_path):
     source = tmp_path / "big.sched"
-    source.write_text((ROOT / "schedules" / "gpipe.sched").read_text() + "\ncost F = 1e308\n")
+    source.write_text((ROOT / "schedc" / "schedules" / "gpipe.sched").read_text() + "\ncost F = 1e308\n")
     result = CliRunner().invoke(main, ["simulate", str(source)])
     assert result.exit_code == 1 and f"{source}:" in result.output and ("16:1: error: cost of F must be a finite number >= 0 and at most 1e+15, got 1e+308"
                                                               in result.output)

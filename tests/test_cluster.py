@@ -9,10 +9,11 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.cluster import Layout, library_clusters, load_cluster, load_model_spec, locate
+from schedc.layout import Layout
+from schedc.cluster import library_clusters, load_cluster, load_model_spec, locate
 from schedc.diagnostics import SchedError, Source
 
-A100 = ROOT / "clusters" / "dgx-a100-80gb.toml"
+A100 = ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml"
 MODEL = "layers = 8\nhidden = 1024\nheads = 16\nseq = 512\nvocab = 1024\n"
 
 
@@ -234,7 +235,7 @@ def test_a_task_costs_its_declared_cost_in_forwards_of_its_stage(tmp_path):
 def test_cluster_figures_that_would_make_every_time_infinite_are_refused(tmp_path, edit, message):
     """A figure of 1e-320 GB/s passed the positivity check and the search then ranked infinite
     iterations (and wrote NaN into its JSON): refused at its key, exit 2."""
-    text = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+    text = (ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text()
     assert edit[0] in text
     path = tmp_path / "c.toml"
     path.write_text(text.replace(edit[0], edit[1]))
@@ -255,7 +256,7 @@ def test_a_cluster_prediction_refuses_a_model_of_another_dtype_than_the_peak(tmp
         assert result.exit_code == 2 and f"{path}:7:1: error: dtype 'fp32', but DGX A100 80GB, HDR InfiniBand's " \
             "peak_tflops is its bf16 peak" in result.output, result.output
     fp32 = tmp_path / "fp32.toml"
-    fp32.write_text((ROOT / "clusters" / "dgx-a100-80gb.toml").read_text().replace("[gpu]", '[gpu]\ndtype = "fp32"'))
+    fp32.write_text((ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text().replace("[gpu]", '[gpu]\ndtype = "fp32"'))
     assert load_cluster(str(fp32)).dtype == "fp32"
     result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=1", "--model", str(path), "--cluster", str(fp32)])
     assert result.exit_code == 0, result.output
@@ -263,7 +264,7 @@ def test_a_cluster_prediction_refuses_a_model_of_another_dtype_than_the_peak(tmp
 
 def test_an_unknown_table_is_located_at_its_header(tmp_path):
     """A misspelt [memory] table was reported at 1:1 on a blank line; a top-level key is called a key."""
-    text = (ROOT / "clusters" / "dgx-a100-80gb.toml").read_text()
+    text = (ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text()
     line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("[memory]"))) + 1
     path = tmp_path / "c.toml"
     path.write_text(text.replace("[memory]", "[memroy]"))

@@ -165,7 +165,7 @@ def test_a_composed_schedule_is_the_same_schedule_with_cluster_costs(tmp_path, f
     """`use`, `--with` and `extends` are resolved on the --cluster path as compile_file resolves them:
     the same params (the base's and the add-on's, namespaced), the same tasks placed, the same
     microbatches; only the costs are the model's on the cluster."""
-    from schedc.cluster import Layout
+    from schedc.layout import Layout
     from schedc.compiler import parse_defines
     from schedc.predict import ClusterRequest, compile_on_cluster
     model = tmp_path / "small.toml"

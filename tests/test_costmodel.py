@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.cluster import ClusterSpec, Layout, ModelSpec, load_cluster
+from schedc.cluster import ClusterSpec, ModelSpec, load_cluster
+from schedc.layout import Layout
 from schedc.costmodel import (Hardware, Setting, layer_activation_bytes, layer_parts, link_times, model_flops,
                               stage_costs, stage_params)
 from schedc.plan import load_plan

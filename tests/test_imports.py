@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-PACKAGES = {"schedc": ROOT / "schedc", "schedc.runtime": ROOT / "runtime"}
+PACKAGES = {"schedc": ROOT / "schedc"}  # the runtime, grammar, library and clusters lie inside
 RUNTIME_MAY_IMPORT = ("schedc.plan", "schedc.ops")
 
 

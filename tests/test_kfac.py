@@ -1,4 +1,4 @@
-"""runtime/kfac.py: K-FAC numerics against dense computations, and PipeFisher plans under torchrun
+"""schedc/runtime/kfac.py: K-FAC numerics against dense computations, and PipeFisher plans under torchrun
 against K-FAC computed in one process (tests/kfac_reference.py)."""
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _compile(tmp: Path, name: str, addons: tuple[str, ...] = (), **params) -> Pa
     runs = BACKWARDS.get(name, {"B"}) | ({"FB"} if name == "dualpipev" else set())
     costs.write_text(json.dumps({k: v for k, v in COSTS.items() if k not in ("B", "I", "W", "FB") or k in runs}))
     out = tmp / name
-    args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedules" / f"{name}.sched"), "-o",
+    args = [sys.executable, "-m", "schedc.cli", "compile", str(ROOT / "schedc" / "schedules" / f"{name}.sched"), "-o",
             str(out), "--costs", str(costs)] + [f"-D{k}={v}" for k, v in params.items()]
     args += [f"--with={addon}" for addon in addons]
     subprocess.run(args, check=True, capture_output=True, text=True)

@@ -59,7 +59,7 @@ def plans(tmp_path_factory):
             out = root / "_".join([schedule, *(f"{k}{v}" for k, v in key[1])])
             defines = [arg for k, v in key[1] for arg in ("-D", f"{k}={v}")]
             run = subprocess.run([sys.executable, "-m", "schedc.cli", "compile",
-                                  f"schedules/{schedule}.sched", *defines, "-o", str(out)],
+                                  f"schedc/schedules/{schedule}.sched", *defines, "-o", str(out)],
                                  capture_output=True, text=True, cwd=_repo())
             assert run.returncode == 0, run.stdout + run.stderr
             cache[key] = out / "plan.json"
@@ -372,7 +372,7 @@ def test_trace_report_and_profile(plans, tmp_path):
     assert report["steps"] == 2 and report["makespan_ms"] > 0 and report["simulated"]["makespan"]
     costs = json.loads((tmp_path / "costs.json").read_text())
     assert costs["unit"] == "ms" and len(costs["F"]) == 2 and all(v > 0 for v in costs["B"])
-    again = subprocess.run([sys.executable, "-m", "schedc.cli", "compile", "schedules/1f1b.sched",
+    again = subprocess.run([sys.executable, "-m", "schedc.cli", "compile", "schedc/schedules/1f1b.sched",
                             "-D", "p=2", "-D", "m=4", "--costs", str(tmp_path / "costs.json"),
                             "-o", str(tmp_path / "timed")], capture_output=True, text=True, cwd=_repo())
     assert again.returncode == 0, again.stdout + again.stderr
@@ -765,7 +765,8 @@ def test_the_trace_origin_is_the_earliest_reading_of_the_ranks_of_a_host(monkeyp
 def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
     """A plan compiled with --cluster holds a prediction in seconds for its model: the report says
     seconds, not units, and that the run trained its own model."""
-    from schedc.cluster import Layout, load_cluster, load_model_spec
+    from schedc.cluster import load_cluster, load_model_spec
+    from schedc.layout import Layout
     from schedc.costmodel import Setting
     from schedc.predict import compile_for
     from schedc.runtime import trace as runtime_trace

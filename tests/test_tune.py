@@ -477,7 +477,7 @@ def test_a_deadlocking_family_says_so_when_another_schedule_runs(model):
 
 def test_one_schedule_named_twice_is_searched_once(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--schedules",
-                     "1f1b,schedules/1f1b.sched", "--top", "3", "--json")
+                     "1f1b,schedc/schedules/1f1b.sched", "--top", "3", "--json")
     rows = json.loads(result.stdout)
     assert len(rows) == 3 and {r["schedule"] for r in rows} == {"1f1b"}
     assert len({(r["t"], r["p"], r["b"], r["recompute"]) for r in rows}) == 3
@@ -488,7 +488,7 @@ def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_
     two-level, over the network, and the pruned families say it crosses nodes; t = 2 divides the node
     and costs as on 8-GPU nodes."""
     six = tmp_path / "six.toml"
-    six.write_text((ROOT / "clusters" / "dgx-a100-80gb.toml").read_text().replace("gpus = 8", "gpus = 6"))
+    six.write_text((ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text().replace("gpus = 8", "gpus = 6"))
     model = str(ROOT / "benchmarks" / "models" / "gpt-18.4b.toml")
 
     def tp_comm(cluster, t):

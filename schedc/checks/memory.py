@@ -126,7 +126,8 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     if model_file is None:
         raise SchedError(error("--memory-limit needs a model description: --model model.toml"), OPTIONS,
                          exit_code=2)
-    from ..cluster import Layout, check_layout, check_stages, load_model_spec  # only with --model
+    from ..cluster import check_layout, check_stages, load_model_spec
+    from ..layout import Layout  # only with --model
     from ..costmodel import device_bytes
     model = load_model_spec(model_file)
     limit = parse_bytes(memory_limit) if memory_limit is not None else None

@@ -17,7 +17,7 @@ ScheduleDecl before elaboration, as Lark's `%import` brings another grammar's ru
   declares (tasks, costs and memory of a kind, settings) must not be declared by the schedule already:
   a clash is an error at the add-on's declaration, naming the other. Fill lists are joined.
 - Names are found next to the file that names them (`BASE.sched`, `addons/ADDON.sched`), then in the
-  library (schedules/, schedules/addons/); a quoted name is a path relative to that file.
+  library (schedc/schedules/, schedc/schedules/addons/); a quoted name is a path relative to that file.
 
 Declarations taken from another file keep spans into it, so diagnostics point at the right file.
 Unknown names, clashes and cycles of `extends` are errors located at the naming line (exit 1).

@@ -1,4 +1,4 @@
-"""The schedule library shipped with schedc (schedules/*.sched), found by file name or schedule name."""
+"""The schedule library shipped with schedc (schedc/schedules/*.sched), found by file name or schedule name."""
 from __future__ import annotations
 
 from importlib import resources

@@ -1,4 +1,4 @@
-"""Parsing: load the grammar (grammars/sched.lark) once, parse text, build the AST with spans.
+"""Parsing: load the grammar (schedc/grammars/sched.lark) once, parse text, build the AST with spans.
 
 Lark's exceptions are translated here into located diagnostics; nothing from Lark reaches the user.
 """
@@ -362,7 +362,7 @@ _ITEM_THEN_IF = re.compile(r"\bif\b[^;{}()]*$")
 
 
 def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) -> tuple[str, ...]:
-    """Explain the two places where the grammar reads the longer way (see grammars/sched.lark)."""
+    """Explain the two places where the grammar reads the longer way (see schedc/grammars/sched.lark)."""
     if not isinstance(exc, UnexpectedToken) or exc.token.type == "$END":
         return ()
     before = source.text[: exc.pos_in_stream]

@@ -1,5 +1,5 @@
 """The simulated schedule as a Chrome trace (chrome://tracing, Perfetto), shaped like the runtime's
-measured traces (runtime/trace.py): one process per rank named "rank r", complete ("X") events named
+measured traces (schedc/runtime/trace.py): one process per rank named "rank r", complete ("X") events named
 `F1.3` (kind, stage, microbatch), args op/stage/mb/pipe/step. Time scale: 1 cost unit = 1 ms (1000 µs),
 which is exact when the costs come from a measured profile (`--costs`, in ms); under --cluster the
 costs are seconds and drawn as such (1 s = 10^6 µs). The stats ride along in otherData only for a

@@ -7,7 +7,7 @@
 # before STEP at the latest. The saved state of (stage, mb) for backward lives in `saved` from F to
 # its last use (B, W, or a user task, possibly of the next step: see lifetimes.py). OVERLAP_F_B runs
 # its forward and backward as one instruction: in sequence on CPU, on two CUDA streams on a GPU
-# (runtime/overlap.py).
+# (schedc/runtime/overlap.py).
 from __future__ import annotations
 
 import os
@@ -102,7 +102,7 @@ class Executor:
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
-        setup_tasks(self)  # task modules attach their state and hooks (runtime/tasks.py)
+        setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 # K-FAC (Martens & Grosse 2015) as PipeFisher runs it: handlers for the plan's tasks curvature_A,
-# curvature_B, inversion and precondition (schedules/pipefisher*.sched). Load with `--tasks
+# curvature_B, inversion and precondition (schedc/schedules/pipefisher*.sched). Load with `--tasks
 # schedc.runtime.kfac`.
 #
 # For every nn.Linear of a stage (layer j, in `named_modules` order), with a = [input, 1] (bias) and g

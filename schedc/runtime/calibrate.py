@@ -135,7 +135,7 @@ def measure_comm(world: int, repeats: int = 10, threads: int = 1) -> dict[str, f
 
 def cluster_toml(name: str, peak: float, half: float, memory_bw: float, ram: float, ranks: int,
                  latency: float, bandwidth: float, bus: float, notes: str = "") -> str:
-    """The cluster description of the measurements (units of clusters/*.toml)."""
+    """The cluster description of the measurements (units of schedc/clusters/*.toml)."""
     efficiency = min(1.0, max(bus / bandwidth, 1e-3))
     return f"""# Measured by `schedc calibrate` on {name}{notes}: one "GPU" is one process, all in one node.
 name = "{name}"

@@ -1,1 +1,0 @@
-"""The library of cluster descriptions (clusters/*.toml), shipped as package data."""

@@ -1,0 +1,1 @@
+"""The library of cluster descriptions (schedc/clusters/*.toml), shipped as package data."""

@@ -1,0 +1,66 @@
+"""The layout of a run: how t x p x d GPUs hold the model, as one frozen value read by the cost model,
+`tune` and the runtime, and the one rank order they share.
+
+Ranks follow Megatron-LM's order: tensor innermost (a tensor group is t consecutive ranks, so it sits in
+one node whenever t divides the node's GPUs), then data, then pipeline:
+
+    rank = (pipeline * d + data) * t + tensor
+
+This module imports nothing of schedc, so the runtime (which may take only the plan format, the ops
+and this) reads the same value and the same order as the cost model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RECOMPUTE = ("full", "selective", "none")  # as the options list them: Megatron-LM's Table 1 first
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How the model is laid out: tensor parallel t, data parallel d, microbatch size b, global batch,
+    recomputation, sequence parallelism, gradient all-reduce overlapped with the backward (torch DDP)
+    or after it (Megatron's local DDP), the scatter/gather of pipeline messages over t links,
+    whether a send holds its sender until the message is through (Megatron-LM's point-to-point calls
+    wait for both ends) or not (schedc's runtime: isend, waited for before the buffer is reused), and
+    the distributed optimizer (Megatron-LM's --use-distributed-optimizer, ZeRO stage 1): the fp32
+    master weights, Adam's moments and the step's fp32 gradients sharded over the GPUs holding a stage,
+    the gradients reduce-scattered and the weights all-gathered instead of all-reduced."""
+
+    tp: int = 1
+    dp: int = 1
+    microbatch_size: int = 1
+    global_batch: int | None = None
+    recompute: str = "full"
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False
+    scatter_gather: bool = True
+    blocking_p2p: bool = False  # sends hold the sender until the message is through (Megatron-LM)
+    distributed_optimizer: bool = False  # optimizer state sharded over data parallelism (ZeRO stage 1)
+
+    def microbatches(self) -> int | None:
+        """m = global batch / (b * d) per pipeline, or None without a global batch."""
+        if self.global_batch is None:
+            return None
+        return self.global_batch // (self.microbatch_size * self.dp)
+
+
+@dataclass(frozen=True, slots=True)
+class Coordinates:
+    """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank."""
+
+    pipeline: int
+    data: int
+    tensor: int
+
+
+def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int) -> int:
+    """The global rank of a (pipeline, data, tensor) coordinate: tensor innermost, then data."""
+    return (pipeline * dp + data) * tp + tensor
+
+
+def coordinates(rank: int, tp: int, dp: int) -> Coordinates:
+    """The (pipeline, data, tensor) coordinate of a global rank; the inverse of rank_at."""
+    group, tensor = divmod(rank, tp)
+    pipeline, data = divmod(group, dp)
+    return Coordinates(pipeline, data, tensor)
