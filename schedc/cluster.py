@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from .diagnostics import Diagnostic, SchedError, Source, Span, error
-from .layout import RECOMPUTE, Layout
+from .layout import Layout
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,

@@ -64,3 +64,12 @@ def coordinates(rank: int, tp: int, dp: int) -> Coordinates:
     group, tensor = divmod(rank, tp)
     pipeline, data = divmod(group, dp)
     return Coordinates(pipeline, data, tensor)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    """The command line's cluster options: files and the layout (microbatch size from --microbatch-size)."""
+
+    model: str
+    cluster: str
+    layout: Layout

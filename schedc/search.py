@@ -30,7 +30,7 @@ import math
 import shlex
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
@@ -184,7 +184,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
     search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
     from .frontend import ast
     from .frontend.library import library_files, resolve
-    from .compiler import load_declaration, read_source
+    from .driver import load_declaration, read_source
     names = list(names)
     default = not names
     if default:
@@ -415,7 +415,7 @@ class Searcher:
 
     def _structure(self, c: Candidate) -> Structure:
         """The order and its activation peaks; its checks and predecessors wait for prepare()."""
-        from .compiler import collector_paused
+        from .driver import collector_paused
         from .frontend.elaborate import Options, elaborate
         from .memory import peak_memory
         entry = self.entries[c.schedule]
@@ -432,7 +432,7 @@ class Searcher:
         and index its ops' predecessors for simulate's timing; once per order that fits in memory."""
         from .checks.census import census
         from .checks.structure import check_structure
-        from .compiler import collector_paused
+        from .driver import collector_paused
         from .diagnostics import has_errors
         from .simulate import DEVICE, fuse_pairs, predecessors
         if structure.ops or structure.error is not None:
@@ -514,7 +514,7 @@ class Searcher:
         return self.whole[c, free]
 
     def _compile_whole(self, c: Candidate, free: bool) -> Prediction | Refusal:
-        from .predict import compile_for
+        from .driver.cluster import compile_for
         try:
             on = compile_for(c.schedule, c.params(), self.setting(c), lower=False, free=free)
         except SchedError as exc:

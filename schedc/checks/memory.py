@@ -15,9 +15,8 @@ allocator's share `simulate --cluster` adds. The model's layers must divide over
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error, listed
+from ..diagnostics import Diagnostic, SchedError, Severity, Source, error, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind

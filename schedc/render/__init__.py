@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compiler import Compiled
+from ..compiled import Compiled
 from ..diagnostics import SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
@@ -50,10 +50,10 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         raise _usage(f"{' and '.join(ignored)} draw{'s' * (len(ignored) == 1)} on the timeline; {what} has no place "
                      f"for {'it' if len(ignored) == 1 else 'them'}", out)
     prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
-    from .load import load_input
+    from ..driver import load_input
     if cluster is not None:
-        from ..compiler import parse_defines
-        from ..predict import compile_on_cluster
+        from ..driver import parse_defines
+        from ..driver.cluster import compile_on_cluster
         compiled = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons).compiled
     else:
         compiled = load_input(file, defines, costs, latency, profile, addons)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..compiler import Compiled
+from ..compiled import Compiled
 from ..memory import holdings, levels, levels_of
 from ..memory import memory_deltas, timed_model
 from .timed import timed_ops
