@@ -442,13 +442,14 @@ def shards(lay: Layout, holders: dict[int, list[int]], s: int) -> int:
     return lay.dp * len(holders[s]) if lay.distributed_optimizer else 1
 
 
-def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch: int) -> Prediction:
-    """The step's prediction from the schedule simulated with messages (timing) and without (free)."""
+def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCosts, batch: int) -> Prediction:
+    """The step's prediction from the schedule simulated with messages (timing: a Timing or a
+    timing.Span) and the makespan without them (free_makespan)."""
     lay, m = st.layout, st.model
     tail = tails(st, schedule, costs)
     worst = max(range(schedule.devices), key=lambda d: (sum(tail[d]), -d))
     steps = len(schedule.steps)  # a filled cycle of K steps: per step, the cycle's time over K
-    makespan, free = timing.makespan / steps, free_timing.makespan / steps
+    makespan, free = timing.makespan / steps, free_makespan / steps
     iteration = makespan + sum(tail[worst])
     held = Part()
     for step in schedule.steps:
@@ -461,7 +462,7 @@ def predict(st: Setting, schedule, timing, free_timing, costs: StageCosts, batch
                  "bubble_s": free - held.total}
     gpus = schedule.devices * lay.tp * lay.dp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
-    memory, parts = device_memory(st, schedule, timing)
+    memory, parts = device_memory(st, schedule, timing.peak_memory)
     top = max(range(len(memory)), key=lambda d: (memory[d], -d))
     return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
@@ -475,9 +476,10 @@ def _part(costs: StageCosts, op) -> Part:
     return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part(op.cost)
 
 
-def device_memory(st: Setting, schedule, timing) -> tuple[list[float], list[dict[str, float]]]:
-    """Per device, bytes at its peak (device_bytes) under the setting's model, layout and cluster."""
-    return device_bytes(st.model, st.layout, schedule, timing.peak_memory, st.cluster)
+def device_memory(st: Setting, schedule, peaks) -> tuple[list[float], list[dict[str, float]]]:
+    """Per device, bytes at its peak (device_bytes) under the setting's model, layout and cluster;
+    peaks: the activation peaks in units (Timing.peak_memory)."""
+    return device_bytes(st.model, st.layout, schedule, peaks, st.cluster)
 
 
 def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpec | None = None

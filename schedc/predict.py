@@ -3,25 +3,16 @@ cluster's compute rates to a measured profile. The compile for a cluster is the 
 (schedc/driver/cluster.py)."""
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
-from .layout import Layout
+from .layout import Layout, switches_on
 from .cluster import (check_layout, load_cluster, load_model_spec, usage)
 from .costmodel import Setting, stage_costs
 from .ops import OpKind
 
 
 _LABELS = {"data_parallel_comm_s": "gradient all-reduce"}  # over d, and the tied embedding's between the end stages
-LAYOUT_FLAGS = (("sequence_parallel", "sequence parallel"), ("overlap_grad_reduce", "overlapped gradient reduce"),
-                ("blocking_p2p", "blocking sends"), ("distributed_optimizer", "distributed optimizer"))  # as shown
-
-
-def layout_flags(layout: dict[str, Any]) -> list[str]:
-    """The layout's switches that are on, in words (a plan's "cluster" metadata or a Layout's fields)."""
-    return [text for name, text in LAYOUT_FLAGS if layout.get(name)]
-
-
 def summary(on) -> str:  # a driver.cluster.OnCluster
     """The prediction as a few lines under the schedule's summary."""
     p, lay = on.prediction, on.setting.layout
@@ -29,7 +20,7 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
     parts = p.memory_parts
     lines = [f"  on {on.setting.cluster.name}: {p.gpus} GPUs (t={lay.tp}, p={on.compiled.schedule.devices}, "
              f"d={lay.dp}), b={lay.microbatch_size}, global batch {p.global_batch}, recompute {lay.recompute}"
-             + "".join(f", {text}" for text in layout_flags(asdict(lay))),
+             + "".join(f", {text}" for text in switches_on(lay)),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {p.tflops_per_gpu:.1f}  "
              f"peak_fraction {p.peak_fraction:.3f}",
              f"  memory_gib_per_gpu {p.memory_bytes / 2**30:.2f} (weights+gradients+optimizer "

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .cluster import usage
-from .layout import RECOMPUTE
-from .diagnostics import SchedError, plural
+from .layout import RECOMPUTE, SWITCH_NAMES, flag
+from .diagnostics import SCHEDULE, SchedError, plural
 from .search import GIB, Outcome, Refusal, Request, Searcher
 
 
@@ -63,10 +63,8 @@ def request_from(o: dict[str, Any]) -> Request:
                    schedules=_names(o["schedules"], "--schedules"), memory_limit=limit,
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
-                   exhaustive=o["exhaustive"], sequence_parallel=o["sequence_parallel"],
-                   overlap_grad_reduce=o["overlap_grad_reduce"], blocking_p2p=o["blocking_p2p"],
-                   microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   distributed_optimizer=o["distributed_optimizer"])
+                   exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
+                   **{name: o[name] for name in SWITCH_NAMES})
 
 
 _WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
@@ -180,7 +178,7 @@ def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     if counts["over_memory"] and counts["refused"]:  # not all for memory: the rest their schedule refused
         head += f" ({counts['over_memory']} over the memory, {counts['refused']} refused by their schedule)"
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
-                      Source("schedc tune", ""), exit_code=1)
+                      Source("schedc tune", ""), kind=SCHEDULE)
 
 
 def pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
@@ -232,8 +230,7 @@ def winner_commands(outcome: Outcome) -> list[str]:
     r = outcome.request
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
-    from .predict import LAYOUT_FLAGS  # the layout's switches, each the option of its name
-    flags = "".join(f" --{name.replace('_', '-')}" for name, _ in LAYOUT_FLAGS if getattr(r, name))
+    flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")

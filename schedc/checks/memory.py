@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ..diagnostics import Diagnostic, SchedError, Severity, Source, error, listed
+from ..diagnostics import USAGE, Diagnostic, SchedError, Severity, Source, error, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
@@ -124,7 +124,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     raise SchedError (exit 2)."""
     if model_file is None:
         raise SchedError(error("--memory-limit needs a model description: --model model.toml"), OPTIONS,
-                         exit_code=2)
+                         kind=USAGE)
     from ..cluster import check_layout, check_stages, load_model_spec
     from ..layout import Layout  # only with --model
     from ..costmodel import device_bytes
@@ -133,7 +133,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     b = microbatch_size if microbatch_size is not None else model.microbatch_size
     if b is None:
         raise SchedError(error("the bytes check needs the microbatch size: give --microbatch-size B (or "
-                               "`microbatch_size = B` in the model file)"), OPTIONS, exit_code=2)
+                               "`microbatch_size = B` in the model file)"), OPTIONS, kind=USAGE)
     layout = Layout(microbatch_size=b, recompute="none")
     check_layout(model, layout, model_file)
     check_stages(model, schedule, model_file)
@@ -198,5 +198,5 @@ def parse_bytes(text: str) -> float:
     unit = match.group(2).lower() if match else None
     if not match or unit not in UNITS or float(match.group(1)) <= 0:
         raise SchedError(error(f"--memory-limit: cannot read {text!r} (write e.g. 80GiB, 512MB or 1e10)"),
-                         OPTIONS, exit_code=2)
+                         OPTIONS, kind=USAGE)
     return float(match.group(1)) * UNITS[unit]

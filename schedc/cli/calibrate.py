@@ -1,4 +1,4 @@
-"""TODO"""
+"""`schedc calibrate`: a cluster description of this machine, or one fitted to a profile."""
 from __future__ import annotations
 
 

@@ -1,14 +1,13 @@
-"""TODO"""
+"""`schedc check`: a schedule's or a plan's proofs (deadlock freedom, channels, memory), nothing written."""
 from __future__ import annotations
 
-import sys
 
 import click
 
 from ..diagnostics import SchedError, exit_code, plural
 from .group import main
 from .options import define_option, costs_option, profile_choice, with_option
-from .common import fail, report, is_plan, plan_only, check_plan
+from .common import fail, report, is_plan, plan_only, check_plan, finish
 
 
 
@@ -52,7 +51,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
     if exit_code(diagnostics):
         count = sum(d.severity.value == "error" for d in diagnostics)
         click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
-        sys.exit(exit_code(diagnostics))
+        finish(diagnostics)
     click.echo(f"{result.schedule.source.path}: ok ({plural(result.stats['ops'], 'op')} on "
                f"{plural(result.schedule.devices, 'device')}: no deadlock, channels match, memory peak "
                f"{max(result.stats['peak_memory']):g} activation{'s' * (max(result.stats['peak_memory']) != 1)})")

@@ -1,12 +1,14 @@
-"""TODO"""
+"""What the commands share: printing diagnostics, ending a command with its exit code (finish, fail), compiling
+or re-simulating FILE for a command, the plan.json checks, progress on a terminal."""
 from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 import click
 
-from ..diagnostics import SchedError, exit_code, plural
+from ..diagnostics import USAGE, SchedError, exit_code, plural
 from .options import profile_choice, option_given
 
 
@@ -18,7 +20,13 @@ def report(diagnostics, source) -> None:
         click.echo(diag.format(source), err=True)
 
 
-def fail(exc: SchedError) -> None:
+def finish(diagnostics) -> NoReturn:
+    """End the command with its diagnostics' exit code (diagnostics.exit_code): the one place a
+    command's own exit status is decided, as fail's is by the error's kind."""
+    sys.exit(exit_code(diagnostics))
+
+
+def fail(exc: SchedError) -> NoReturn:
     click.echo(exc.render(), err=True)
     sys.exit(exc.exit_code)
 
@@ -91,7 +99,7 @@ def check_plan(file: str) -> None:
     plan, diagnostics = plan_diagnostics(file)
     report(diagnostics, Source(file, ""))
     if exit_code(diagnostics):
-        sys.exit(exit_code(diagnostics))
+        finish(diagnostics)
     click.echo(f"{file}: ok (plan of {plan.meta.get('schedule')}, {plural(plan.devices, 'rank')}, "
                f"{plural(sum(len(step) for steps in plan.ranks for step in steps), 'instruction')}: fields valid, "
                "orders complete, channels match)")
@@ -107,7 +115,7 @@ def plan_diagnostics(file: str):
     try:
         plan = load_plan(file)
     except PlanError as exc:
-        fail(SchedError(error(exc.without_path(file)), Source(file, ""), exit_code=2))
+        fail(SchedError(error(exc.without_path(file)), Source(file, ""), kind=USAGE))
     return plan, check_plan_orders(plan, file) + check_channels(plan)
 
 

@@ -1,15 +1,14 @@
-"""TODO"""
+"""`schedc compile`: check, simulate and lower a schedule to a plan."""
 from __future__ import annotations
 
-import sys
 
 import click
 
-from ..diagnostics import SchedError, exit_code, plural
+from ..diagnostics import SchedError, plural
 from ..outputs import STDOUT, output_error, prepare_directory, reason
 from .group import main
 from .options import define_option, costs_option, with_option, latency_option, cluster_options
-from .common import fail, compiled, is_plan, on_cluster, cluster_summary
+from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish
 
 
 
@@ -38,7 +37,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     result = on.compiled if on else compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)
     if not result.ok:
-        sys.exit(exit_code(result.diagnostics))
+        finish(result.diagnostics)
     try:
         prepare_directory(out_dir)
         plan, paths = write_plan(result.plan, out_dir)

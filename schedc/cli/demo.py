@@ -1,4 +1,4 @@
-"""TODO"""
+"""`schedc demo`: compile, simulate, render and run a library schedule on CPU ranks."""
 from __future__ import annotations
 
 import sys

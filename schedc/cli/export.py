@@ -1,16 +1,15 @@
-"""TODO"""
+"""`schedc export`: torch.distributed.pipelining's CSV formats."""
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from ..diagnostics import SchedError, exit_code
+from ..diagnostics import SchedError
 from ..outputs import is_stdout, write_output
 from .group import main
 from .options import define_option, with_option
-from .common import fail, report
+from .common import fail, report, finish
 
 
 
@@ -32,7 +31,7 @@ def export_cmd(file, defines, fmt, out, addons):
         result = compile_file(file, defines, None, 0.0, addons=addons)
         if not result.ok:
             report(result.diagnostics, result.schedule.source)
-            sys.exit(exit_code(result.diagnostics))
+            finish(result.diagnostics)
         text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
     except SchedError as exc:
         fail(exc)

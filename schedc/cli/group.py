@@ -1,4 +1,4 @@
-"""TODO"""
+"""The `schedc` command group, which ends quietly on a closed pipe."""
 from __future__ import annotations
 
 import signal

@@ -1,4 +1,4 @@
-"""TODO"""
+"""`schedc list`: the library schedules and add-ons with their params."""
 from __future__ import annotations
 
 

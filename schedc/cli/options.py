@@ -1,4 +1,6 @@
-"""TODO"""
+"""The options more than one command takes, each declared once: -D, the measured costs, --latency, --with,
+--cluster and its layout (the layout's switches in one table, LAYOUT_SWITCHES, for simulate/compile/render and tune
+alike), and tune's search."""
 from __future__ import annotations
 
 
@@ -8,7 +10,7 @@ import functools
 from typing import Any
 
 from ..diagnostics import SchedError
-from ..layout import RECOMPUTE, ClusterRequest, Layout
+from ..layout import RECOMPUTE, SWITCH_NAMES, SWITCHES, ClusterRequest, Layout, flag
 from ..search import GROUPS
 
 
@@ -89,23 +91,14 @@ _CLUSTER_OPTIONS = (
                  help="Global batch B in sequences (with --cluster): m = B / (b d) unless -D m= is given."),
     click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
                  help="Activation recomputation (with --cluster; default full, as in Megatron-LM's Table 1)."),
-    click.option("--sequence-parallel", is_flag=True, default=False,
-                 help="Sequence parallelism (with --cluster): reduce-scatter/all-gather, activations split t ways."),
-    click.option("--overlap-grad-reduce", is_flag=True, default=False,
-                 help="The data-parallel all-reduce overlaps the last backward (torch DDP), with --cluster."),
-    click.option("--blocking-p2p", is_flag=True, default=False,
-                 help="A send holds its sender until the message is through, as Megatron-LM's point-to-point "
-                      "calls do (default: it does not, as in schedc's runtime), with --cluster."),
-    click.option("--distributed-optimizer", is_flag=True, default=False,
-                 help="Shard the optimizer state over data parallelism (Megatron-LM's --use-distributed-optimizer, "
-                      "ZeRO stage 1), with --cluster."),
+    *(click.option(flag(name), is_flag=True, default=False, help=f"{text}, with --cluster.")
+      for name, _, text in SWITCHES),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster; "
                                   "the same file check --model and the runtime's --config read (the "
                                   "runtime's --model is model code, PKG.MOD:FN).")
-_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", "sequence_parallel", "overlap_grad_reduce",
-          "blocking_p2p", "distributed_optimizer")
+_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES)
 
 
 def cluster_options(command):
@@ -140,7 +133,7 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     options without --cluster, --cluster without --model, or with measured costs or a --latency
     (`latency`: whether one was given)."""
     if values["cluster_name"] is None:
-        given = [f"--{n.replace('_', '-')}" for n in _CLUSTER_NAMES[1:] if values[n] not in (None, False)]
+        given = [flag(n) for n in _CLUSTER_NAMES[1:] if values[n] not in (None, False)]
         if given:
             raise click.UsageError(f"{', '.join(given)} need{'s' * (len(given) == 1)} --cluster")
         return None
@@ -156,8 +149,7 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
 
     layout = Layout(tp=given(values["tp"]), dp=given(values["dp"]), microbatch_size=given(microbatch_size),
                     global_batch=values["global_batch"], recompute=values["recompute"] or "full",
-                    sequence_parallel=values["sequence_parallel"], overlap_grad_reduce=values["overlap_grad_reduce"],
-                    blocking_p2p=values["blocking_p2p"], distributed_optimizer=values["distributed_optimizer"])
+                    **{name: values[name] for name in SWITCH_NAMES})
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
 
@@ -188,13 +180,7 @@ _TUNE_OPTIONS = (
                  help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
     click.option("--exhaustive", is_flag=True,
                  help="Simulate every candidate that fits (no bound, no cache): the reference."),
-    click.option("--sequence-parallel", is_flag=True, help="Sequence parallelism for every candidate."),
-    click.option("--overlap-grad-reduce", is_flag=True,
-                 help="The data-parallel all-reduce overlaps the last backward (torch DDP)."),
-    click.option("--blocking-p2p", is_flag=True,
-                 help="A send holds its sender until the message is through (Megatron-LM's point-to-point calls)."),
-    click.option("--distributed-optimizer", is_flag=True,
-                 help="Shard the optimizer state over data parallelism (ZeRO stage 1) for every candidate."),
+    *(click.option(flag(name), is_flag=True, help=f"{text}, for every candidate.") for name, _, text in SWITCHES),
     click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
                  help="Pruned families to list, with why (all: every one)."),
     click.option("--why", "why", default=None, metavar="'[SCHEDULE] t=T p=P [v=V b=B recompute=R]'",
@@ -204,8 +190,7 @@ _TUNE_OPTIONS = (
 
 
 _TUNE_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
-          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "distributed_optimizer",
-          "pruned", "why")
+          "per", "exhaustive", *SWITCH_NAMES, "pruned", "why")
 
 
 def tune_options(command):

@@ -1,14 +1,13 @@
-"""TODO"""
+"""`schedc render`: timeline, dependency DAG, HTML report or Chrome trace."""
 from __future__ import annotations
 
-import sys
 
 import click
 
-from ..diagnostics import SchedError, exit_code
+from ..diagnostics import SchedError
 from .group import main
 from .options import define_option, costs_option, profile_choice, with_option, latency_option, cluster_options
-from .common import fail, report, given_value
+from .common import fail, report, given_value, finish
 
 
 
@@ -37,4 +36,4 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
         fail(exc)
     report(result.diagnostics, result.schedule.source)
     click.echo(f"wrote {out}")
-    sys.exit(exit_code(result.diagnostics))
+    finish(result.diagnostics)

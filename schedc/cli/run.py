@@ -1,4 +1,4 @@
-"""TODO"""
+"""`schedc run`: a plan under torchrun, its options checked before any process starts."""
 from __future__ import annotations
 
 import sys
@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..diagnostics import exit_code
 from .group import main
-from .common import report, is_plan, plan_diagnostics
+from .common import report, is_plan, plan_diagnostics, finish
 
 
 
@@ -31,5 +30,5 @@ def run_cmd(ctx, plan, nproc):
         _, diagnostics = plan_diagnostics(plan)
         if has_errors(diagnostics):  # refused before a process starts, as `schedc check` refuses it
             report(diagnostics, Source(plan, ""))
-            sys.exit(exit_code(diagnostics))
+            finish(diagnostics)
     sys.exit(launch_from_cli(plan, nproc, list(ctx.args)))

@@ -1,15 +1,13 @@
-"""TODO"""
+"""`schedc simulate`: the stats of a schedule, a plan re-simulated, or a prediction on a cluster."""
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
-from ..diagnostics import exit_code
 from .group import main
 from .options import define_option, costs_option, with_option, latency_option, cluster_options
-from .common import fail, fail_json, compiled, given_value, refusal_json, is_plan, plan_only, replayed, on_cluster, cluster_summary
+from .common import fail, fail_json, compiled, given_value, refusal_json, is_plan, plan_only, replayed, on_cluster, cluster_summary, finish
 
 
 
@@ -41,7 +39,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
             click.echo(json.dumps(refusal_json(result.diagnostics, result.schedule.source), indent=1))
         click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
                    "schedule that fails its checks", err=True)
-        sys.exit(exit_code(result.diagnostics))
+        finish(result.diagnostics)
     if as_json:
         click.echo(json.dumps(dict(result.stats), indent=1))
     else:
@@ -57,4 +55,4 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
                        "a task waits only for its rank's order"
                        + ("; its tasks' memory is not in a plan, so the peaks count activations only" if tasks else "")
                        + ")")
-    sys.exit(exit_code(result.diagnostics))
+    finish(result.diagnostics)

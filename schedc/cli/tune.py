@@ -1,4 +1,4 @@
-"""TODO"""
+"""`schedc tune`: the configuration search and its report (with progress bars), or --synthesize."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import click
 from typing import Any
 
 from ..cluster import usage
-from ..diagnostics import SchedError, plural
+from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError, plural
 from .group import main
 from .options import check_defines, check_latency, option_given, tune_options
 from .common import fail, fail_json, progress_line
@@ -94,7 +94,7 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
         if out is None:
             click.echo(made.text, nl=False)
         click.echo(made.report, err=True)
-    sys.exit(0 if made.ok else 1)
+    sys.exit(0 if made.ok else EXIT_CODES[SCHEDULE])
 
 
 def run_search(options: dict[str, Any], as_json: bool) -> str:

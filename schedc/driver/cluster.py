@@ -15,7 +15,7 @@ from typing import Any
 
 from ..cluster import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model, usage
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
-from ..diagnostics import error
+from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
 from ..predict import memory_more
@@ -28,6 +28,7 @@ class OnCluster:
     compiled: Any
     prediction: Prediction
     setting: Setting
+    over_memory: Diagnostic | None = None  # the error of a prediction beyond the GPU's memory, if any
 
 
 def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest,
@@ -73,11 +74,12 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         links = link_times(st, schedule.devices)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
-            without = analyse(schedule).timing if schedule.fill else simulate(schedule)
+            without = (analyse(schedule).timing if schedule.fill else simulate(schedule)).makespan
         else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
-            without = compiled.timing
+            without = compiled.timing.makespan
     result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
-    return OnCluster(_with_prediction(compiled, result, st, request), result, st)
+    over = _over_memory(result, st)
+    return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
 
 
 def _forward_scale(probe, costs) -> tuple[float, ...]:
@@ -122,8 +124,9 @@ def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     return batch
 
 
-def _with_prediction(compiled, result: Prediction, st: Setting, request: ClusterRequest):
-    """The compile with the prediction in its stats (and plan), and an error when it does not fit."""
+def _with_prediction(compiled, result: Prediction, st: Setting, request: ClusterRequest,
+                     over: Diagnostic | None):
+    """The compile with the prediction in its stats (and plan), and `over` when it does not fit."""
     stats = {**compiled.stats, **result.to_json()}
     plan = compiled.plan
     if plan is not None:
@@ -134,16 +137,18 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
             "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
             "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p,
             "distributed_optimizer": lay.distributed_optimizer, "unit": "s"}})
-    diagnostics = list(compiled.diagnostics)
-    limit = st.cluster.memory_bytes
-    if result.memory_bytes > limit:
-        d = result.extra["largest_memory_device"]
-        parts = result.memory_parts
-        diagnostics.append(error(
-            f"device {d}: predicted {result.memory_bytes / 2**30:.2f} GiB per GPU exceeds the GPU's "
-            f"{limit / 2**30:.0f} GiB (weights, gradients and optimizer state "
-            f"{parts['weights_gradients_optimizer'] / 2**30:.2f} GiB, activations "
-            f"{parts['activations'] / 2**30:.2f} GiB, {memory_more(parts, ' GiB')})"))
+    diagnostics = [*compiled.diagnostics, *([over] if over is not None else [])]
     return replace(compiled, stats=stats, plan=plan, diagnostics=diagnostics)
 
 
+def _over_memory(result: Prediction, st: Setting) -> Diagnostic | None:
+    """The error of a prediction beyond the GPU's memory, with its parts; None when it fits."""
+    limit = st.cluster.memory_bytes
+    if result.memory_bytes <= limit:
+        return None
+    d = result.extra["largest_memory_device"]
+    parts = result.memory_parts
+    return error(f"device {d}: predicted {result.memory_bytes / 2**30:.2f} GiB per GPU exceeds the GPU's "
+                 f"{limit / 2**30:.0f} GiB (weights, gradients and optimizer state "
+                 f"{parts['weights_gradients_optimizer'] / 2**30:.2f} GiB, activations "
+                 f"{parts['activations'] / 2**30:.2f} GiB, {memory_more(parts, ' GiB')})")

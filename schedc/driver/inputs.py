@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..compiled import Compiled
-from ..diagnostics import Diagnostic, SchedError, Source, Span, error
+from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error
 from ..frontend.ast import ScheduleDecl
 from ..frontend.compose import compose
 from ..frontend.elaborate import Options, elaborate
@@ -57,7 +57,7 @@ def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = Non
     if kind_of(path) == PLAN:  # not parsed as a .sched: "unexpected '{'" said nothing useful
         raise SchedError(error(f"{file} is JSON (a compiled plan?), not a schedule: check, simulate, render and run "
                                "read a plan.json; give this command the .sched (or torch CSV) file"),
-                         Source(str(path), ""), exit_code=2)
+                         Source(str(path), ""), kind=USAGE)
     options = replace(_options(parse_defines(defines), costs, profile, model), addons=tuple(addons))
     with collector_paused():
         if kind_of(path) == TORCH_CSV:
@@ -75,7 +75,7 @@ def refuse_addons(file: str, addons: tuple[str, ...]) -> None:
     on one is a usage error (exit 2), not silently dropped."""
     if addons:
         raise SchedError(error(f"--with {addons[0]}: add-ons apply to .sched schedules; {Path(file).name} is a "
-                               "torch CSV order (write a .sched with `use` instead)"), Source(file, ""), exit_code=2)
+                               "torch CSV order (write a .sched with `use` instead)"), Source(file, ""), kind=USAGE)
 
 
 def _with_imported_comms(compiled: Compiled, path) -> Compiled:
@@ -113,7 +113,7 @@ def parse_defines(values: Iterable[str]) -> dict[str, str]:
     for value in values:
         name, sep, text = value.partition("=")
         if not sep or not name.strip():
-            raise SchedError(error(f"expected NAME=VALUE, got {value!r}"), Source("-D", ""), exit_code=2)
+            raise SchedError(error(f"expected NAME=VALUE, got {value!r}"), Source("-D", ""), kind=USAGE)
         out[name.strip()] = text.strip()
     return out
 
@@ -145,11 +145,11 @@ def load_input(file: str, defines, costs: str | None, latency: float | None,
         if defines or addons:
             flag = "-D" if defines else "--with"
             raise SchedError(error(f"{flag} cannot change a compiled plan; render the .sched instead"),
-                             Source(file, ""), exit_code=2)
+                             Source(file, ""), kind=USAGE)
         try:
             plan = load_plan(file)
         except PlanError as exc:
-            raise SchedError(error(exc.without_path(file)), Source(file, ""), exit_code=2) from None
+            raise SchedError(error(exc.without_path(file)), Source(file, ""), kind=USAGE) from None
         from ..interop.profiles import load_costs, read_profile
         from .replay import check_measured, compiled_from_plan
         measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..compiled import Compiled
-from ..diagnostics import SchedError, Source, error
+from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan
@@ -39,7 +39,7 @@ def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float | None
     if links is not None and latency is not None:
         raise SchedError(error(f"--latency {latency:g}: the plan records the message time of each pair of ranks "
                                "(a --cluster compile), which its re-simulation uses; compile the schedule again "
-                               "to change them"), Source(path, ""), exit_code=2)
+                               "to change them"), Source(path, ""), kind=USAGE)
     schedule = schedule_from_plan(plan, path, costs)
     u = replayed(schedule, _recorded_latency(plan) if latency is None else latency, links)
     return Compiled(u.schedule, u.timing, u.stats, plan, list(u.diagnostics))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compiled import Compiled
-from ..diagnostics import SchedError, Source, error, warning
+from ..diagnostics import USAGE, SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
 
@@ -104,8 +104,8 @@ def _drawable(compiled: Compiled, fmt: str, out: str) -> None:
         raise SchedError(error(f"the timeline of {compiled.schedule.name} has {count:,} ops, too many to draw as "
                                f".{fmt} (limit {MAX_TIMELINE_OPS:,})",
                                notes=("write a Chrome trace (-o OUT.json, for Perfetto) or the DOT text (.dot), "
-                                      "or draw a smaller instance",)), Source(out, ""), exit_code=2)
+                                      "or draw a smaller instance",)), Source(out, ""), kind=USAGE)
 
 
 def _usage(message: str, out: str) -> SchedError:
-    return SchedError(error(message), Source(out, ""), exit_code=2)
+    return SchedError(error(message), Source(out, ""), kind=USAGE)
