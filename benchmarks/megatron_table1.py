@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from schedc.cluster import load_cluster, load_model_spec  # noqa: E402
+from schedc.costmodel.specs import load_cluster, load_model_spec  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
 from schedc.costmodel import Setting  # noqa: E402
 from schedc.driver.cluster import compile_for  # noqa: E402

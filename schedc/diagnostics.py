@@ -180,3 +180,11 @@ def exit_code(diagnostics: list[Diagnostic]) -> int:
     """The command line's exit code for a schedule with these diagnostics: a wrong schedule's when one
     is an error, else 0 (a SchedError carries its own kind)."""
     return EXIT_CODES[SCHEDULE] if has_errors(diagnostics) else 0
+
+
+OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
+
+
+def usage(message: str) -> SchedError:
+    """A usage error (exit 2) about the command line's options."""
+    return SchedError(error(message), OPTIONS, kind=USAGE)

@@ -7,7 +7,8 @@ from dataclasses import replace
 from typing import Any
 
 from .layout import Layout, switches_on
-from .cluster import (check_layout, load_cluster, load_model_spec, usage)
+from .costmodel.specs import check_layout, load_cluster, load_model_spec
+from .diagnostics import usage
 from .costmodel import Setting, stage_costs
 from .ops import OpKind
 
@@ -81,7 +82,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
     The fit is at the microbatch size the profile records (the runtime's --mb-size); a different
     --microbatch-size is refused, and one is needed for a profile that does not record it."""
     from pathlib import Path
-    from .cluster import dump_cluster
+    from .costmodel.specs import dump_cluster
     from .outputs import STDOUT, write_output
     if (costs is None) != (model_file is None):
         raise usage("--costs and --model go together: the profile and the model it ran")

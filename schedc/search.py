@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
-from .cluster import MAX_GPUS, load_cluster, load_cluster_model, usage
+from .costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
+from .diagnostics import usage
 from .layout import RECOMPUTE, SWITCH_NAMES, Layout
 from .costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
                         stage_costs, tp_in_node)

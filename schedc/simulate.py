@@ -100,7 +100,7 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
     of the message when one ran on another device) and end; `complete` is False when the orders
     deadlock; peaks by the memory model. A dependency that is not placed (check_structure reports it) is
     ignored here, so a broken schedule still gets times. `links[a][b]`, when given, is the time of a
-    message from device a to device b (the link the two sit on, schedc/costmodel.py) and replaces the
+    message from device a to device b (the link the two sit on, schedc/costmodel/) and replaces the
     one `latency` of every message."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))

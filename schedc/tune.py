@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .cluster import usage
+from .diagnostics import usage
 from .layout import RECOMPUTE, SWITCH_NAMES, flag
 from .diagnostics import SCHEDULE, SchedError, plural
 from .search import GIB, Outcome, Refusal, Request, Searcher

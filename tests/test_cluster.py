@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from conftest import ROOT
 from schedc.cli import main
 from schedc.layout import Layout
-from schedc.cluster import library_clusters, load_cluster, load_model_spec, locate
+from schedc.costmodel.specs import library_clusters, load_cluster, load_model_spec, locate
 from schedc.diagnostics import SchedError, Source
 
 A100 = ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml"

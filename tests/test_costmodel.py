@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.cluster import ClusterSpec, ModelSpec, load_cluster
+from schedc.costmodel.specs import ClusterSpec, ModelSpec, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import (Hardware, Setting, layer_activation_bytes, layer_parts, link_times, model_flops,
                               stage_costs, stage_params)

@@ -250,7 +250,7 @@ def test_a_cluster_plan_re_simulates_to_the_compiles_figures(name, params):
     """A --cluster compile records the message times it simulated with (links, for the device pairs its
     pipelines send over): simulate or render of the plan gives the compile's makespan, bubble and idle
     times, where without them the messages were left out (22.9112 s against 22.9352 s)."""
-    from schedc.cluster import load_cluster, load_model_spec
+    from schedc.costmodel.specs import load_cluster, load_model_spec
     from schedc.layout import Layout
     from schedc.costmodel import Setting
     from schedc.driver.cluster import compile_for

@@ -765,7 +765,7 @@ def test_the_trace_origin_is_the_earliest_reading_of_the_ranks_of_a_host(monkeyp
 def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
     """A plan compiled with --cluster holds a prediction in seconds for its model: the report says
     seconds, not units, and that the run trained its own model."""
-    from schedc.cluster import load_cluster, load_model_spec
+    from schedc.costmodel.specs import load_cluster, load_model_spec
     from schedc.layout import Layout
     from schedc.costmodel import Setting
     from schedc.driver.cluster import compile_for

@@ -4,7 +4,7 @@ or in bytes for a model description (`schedc check --model model.toml --memory-l
     limit memory <= 2   with 1F1B, p=4:  device 0 holds F(0,0) F(0,1) F(0,2) when it starts F(0,2)
     -> error: device 0: 3 activation units alive at time 2, over the limit 2: F(0,0), F(0,1), F(0,2)
 
-Bytes are the cluster cost model's (schedc/costmodel.py, device_bytes), one rule for `check --model`
+Bytes are the cluster cost model's (schedc/costmodel/bytes.py, device_bytes), one rule for `check --model`
 and `simulate --cluster`: weights, gradients and optimizer state of the stages a device holds (the
 embedding on the first, the logits' copy on the last; 16 bytes a parameter with Adam), and the
 activation units at its simulated peak times the stage's layers times a layer's bytes without
@@ -125,7 +125,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     if model_file is None:
         raise SchedError(error("--memory-limit needs a model description: --model model.toml"), OPTIONS,
                          kind=USAGE)
-    from ..cluster import check_layout, check_stages, load_model_spec
+    from ..costmodel.specs import check_layout, check_stages, load_model_spec
     from ..layout import Layout  # only with --model
     from ..costmodel import device_bytes
     model = load_model_spec(model_file)

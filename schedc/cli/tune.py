@@ -9,7 +9,7 @@ import click
 
 from typing import Any
 
-from ..cluster import usage
+from ..diagnostics import usage
 from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError, plural
 from .group import main
 from .options import check_defines, check_latency, option_given, tune_options
@@ -45,7 +45,7 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
     """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
     ranked by the predicted iteration time of each schedule's simulated order; or, with --synthesize,
     find a per-device order for given costs under an activation-memory limit."""
-    from ..cluster import usage
+    from ..diagnostics import usage
     ctx = click.get_current_context()
     flags = {param.name: param.opts[0] for param in ctx.command.params}  # --microbatch-size, not its dest
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..cluster import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model, usage
+from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model
+from ..diagnostics import usage
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout

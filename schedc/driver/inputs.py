@@ -124,7 +124,7 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     size, its costs one layer's); a model description gives its layer count."""
     layers = None
     if model:
-        from ..cluster import load_model_spec
+        from ..costmodel.specs import load_model_spec
         layers = load_model_spec(model).layers
     if profile:
         from ..interop.profiles import profile_origin, read_profile, read_profile_memory

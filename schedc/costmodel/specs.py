@@ -1,4 +1,4 @@
-"""Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel.py).
+"""Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel/).
 
 A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab` and `ffn`):
 
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error
-from .layout import Layout
+from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
+from ..layout import Layout
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
@@ -353,13 +353,6 @@ inter = {spec.inter_efficiency!r}
 reserved_gib = {spec.memory_reserved / 2**30!r}
 fragmentation = {spec.fragmentation!r}
 """
-
-
-OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
-
-
-def usage(message: str) -> SchedError:
-    return SchedError(error(message), OPTIONS, kind=USAGE)
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:
