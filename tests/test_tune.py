@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from conftest import ROOT
 from schedc.cli import main
 from schedc.driver.cluster import compile_for
-from schedc.bounds import Shape, makespan_bound, tail_bound
+from schedc.search.bounds import Shape, makespan_bound, tail_bound
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
-from schedc.tune import _ordinal, matching, why_lines
+from schedc.search.report import _ordinal, matching, why_lines
 
 SMALL = """layers = 8
 hidden = 1024

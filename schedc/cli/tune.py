@@ -74,7 +74,7 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
     """`schedc tune --synthesize`: the order, written or printed, and its report (--json: the summary
     on stdout, with the text in it when there is no -o)."""
     from ..driver import parse_defines
-    from ..synthesize_cli import run_tune
+    from ..search.synthesis_options import run_tune
     if as_json and out == "-":
         out = None  # the text goes into the JSON, as without -o
     shown = sys.stderr.isatty() and not as_json
@@ -101,7 +101,7 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     """`schedc tune` without --synthesize: search (a progress bar on stderr unless --json), then the
     table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
     from ..search import GIB, Searcher, candidates, distinct_figures
-    from ..tune import (matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
+    from ..search.report import (matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
                         request_from, why_lines)
     request = request_from(options)
     shown = pruned_lines(options["pruned"])

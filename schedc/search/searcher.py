@@ -29,80 +29,27 @@ import heapq
 import math
 import shlex
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
-from .costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
-from .diagnostics import usage
-from .layout import RECOMPUTE, SWITCH_NAMES, Layout
-from .costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
+from ..costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
+from ..diagnostics import usage
+from ..layout import SWITCH_NAMES, Layout
+from ..costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
                         stage_costs, tp_in_node)
-from .diagnostics import SchedError, plural
+from ..diagnostics import SchedError, plural
+from .space import GIB, Candidate, Request, candidates, distinct_figures, library_entries
 
-GIB = 2 ** 30
-SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
-GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
 SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
+MAX_GLOBAL_BATCH = 2**24    # sequences per step
 
-
-@dataclass(frozen=True)
-class Request:
-    """What `schedc tune` was asked: files, sizes, limit and the space's restrictions."""
-
-    model: str
-    cluster: str
-    gpus: int
-    global_batch: int
-    schedules: tuple[str, ...] = ()          # () -> the library's schedules the search can set
-    memory_limit: float | None = None        # bytes per GPU; None -> the cluster's GPU memory
-    recompute: tuple[str, ...] = RECOMPUTE
-    tp: tuple[int, ...] | None = None        # restrict t (and p) to these values
-    pp: tuple[int, ...] | None = None
-    top: int = 10
-    per: str | None = None                   # one of GROUPS: the top K of each group, exactly
-    exhaustive: bool = False
-    sequence_parallel: bool = False
-    overlap_grad_reduce: bool = False
-    blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
-    microbatch: tuple[int, ...] | None = None  # restrict b to these values
-    distributed_optimizer: bool = False      # optimizer state sharded over data parallelism (ZeRO stage 1)
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Candidate:
-    """One point of the space; m = B / (b d) microbatches per pipeline."""
-
-    schedule: str
-    t: int
-    p: int
-    d: int
-    v: int | None
-    b: int
-    m: int
-    recompute: str
-
-    def params(self) -> dict[str, str]:
-        out = {"p": str(self.p), "m": str(self.m)}
-        if self.v is not None:
-            out["v"] = str(self.v)
-        return out
-
-    def structure_key(self) -> tuple:
-        return (self.schedule, self.p, self.v, self.m)
-
-    def describe(self) -> str:
-        v = f" v={self.v}" if self.v is not None else ""
-        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v} b={self.b} recompute {self.recompute}"
-
-    def group(self, per: str | None) -> Any:
-        return None if per is None else getattr(self, per)
 
 
 def op_costs(structure, table) -> list[float]:
     """The cost of each of a structure's ops, its overlapped pairs fused as simulate fuses them."""
-    from .simulate import fuse_costs
+    from ..simulate import fuse_costs
     cost = [table[op.kind][op.stage] for op in structure.ops]
     fuse_costs(structure.pairs, cost, table)
     return cost
@@ -161,129 +108,6 @@ class Outcome:
     seconds: float
 
 
-# The schedules -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Entry:
-    """A schedule the search may set: its parsed declaration and what decides how it is evaluated."""
-
-    name: str     # as given: a library name or a path
-    decl: Any
-    source: Any
-    params: tuple[str, ...]
-    split: bool
-    plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
-    mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
-
-    @property
-    def chunked(self) -> bool:
-        return "v" in self.params
-
-
-def library_entries(names: Iterable[str]) -> list[Entry]:
-    """The schedules named (library names or files); () -> every library schedule whose params the
-    search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
-    from .frontend import ast
-    from .frontend.library import library_files, resolve
-    from .driver import load_declaration, read_source
-    names = list(names)
-    default = not names
-    if default:
-        names = [path.stem for path in library_files()]
-    entries, seen = [], {}
-    for name in names:
-        path = resolve(name)
-        if not path.exists() or path.suffix != ".sched":
-            known = ", ".join(p.stem for p in library_files())
-            raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
-        if path.resolve() in seen:  # one schedule named twice (`1f1b` and its path) is searched once
-            continue
-        seen[path.resolve()] = name
-        source = read_source(path)
-        decl = load_declaration(source)  # as every compile loads it: extends and use resolved
-        params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
-        tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
-        if default and (tasks or not set(params) <= set(SEARCHED)):
-            continue
-        if "p" not in params or "m" not in params:
-            raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
-                        f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
-        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
-        split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
-        mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
-        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed))
-    return entries
-
-
-# The space ---------------------------------------------------------------------------------------
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending (trial division up to its square root)."""
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return small + [n // k for k in reversed(small) if k * k != n]
-
-
-_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
-
-
-def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
-    """The one layout rule: (t, p, d) with t p d = n, t dividing the model's sizes, d the batch; t and p
-    among tp and pp when given."""
-    return [(t, p, n // (t * p)) for t in divisors(n) if not any(getattr(model, k) % t for k in _SIZES)
-            and (tp is None or t in tp) for p in divisors(n // t)
-            if batch % (n // (t * p)) == 0 and (pp is None or p in pp)]
-
-
-def layouts(model, request: Request) -> list[tuple[int, int, int]]:
-    """(t, p, d) with t p d = N: t divides the heads (and hidden, ffn, vocab), d the global batch.
-    None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
-    without the other restriction, else the two together."""
-    n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
-    out = _all_layouts(model, n, batch, tp, pp)
-    if out:
-        return out
-    reasons = []
-    for t in tp or ():
-        bad = [k for k in _SIZES if getattr(model, k) % t]
-        if bad:
-            reasons.append(f"--tp {t} does not divide the model's {bad[0]} ({getattr(model, bad[0]):,})")
-        elif not _all_layouts(model, n, batch, (t,)):
-            reasons.append(f"--tp {t}: no {t} x p x d = {n} GPUs with d dividing the global batch {batch}")
-    for p in pp or ():
-        if not _all_layouts(model, n, batch, None, (p,)):
-            reasons.append(f"--pp {p}: no t x {p} x d = {n} GPUs with d dividing the global batch {batch}")
-    if tp is not None and pp is not None and len(reasons) < len(tp) + len(pp):
-        reasons.append(f"--tp {','.join(map(str, tp))} with --pp {','.join(map(str, pp))}: no t x p x d = {n} "
-                       f"GPUs among them with d dividing the global batch {batch}")
-    if reasons:
-        raise usage(f"no layout of {n} GPUs: " + "; ".join(reasons))
-    raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
-                f"(and hidden, ffn, vocab) and d dividing the global batch {batch}")
-
-
-def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]:
-    """Every point of the space, in a fixed order (the stages' fit to the layers is checked later)."""
-    out = []
-    for t, p, d in layouts(model, request):
-        per_replica = request.global_batch // d
-        for entry in entries:
-            chunks = [v for v in divisors(model.layers // p) if v >= 2] if entry.chunked and model.layers % p == 0 \
-                else [None]
-            for v in ([None] if not entry.chunked else chunks):
-                for b in divisors(per_replica):
-                    if request.microbatch is not None and b not in request.microbatch:
-                        continue
-                    for recompute in request.recompute:
-                        out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
-    if not out and request.microbatch is not None:
-        shares = sorted({request.global_batch // d for _, _, d in layouts(model, request)})
-        raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
-                    f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
-    return out
-
-
-# The search ---------------------------------------------------------------------------------------
-
 @dataclass
 class Family:
     """What happened to the candidates of one (schedule, t, p): for the lines of pruned families."""
@@ -314,9 +138,6 @@ class Structure:
     pairs: list = field(default_factory=list)     # overlapped pairs: (index, forward's stage), simulate.fuse_pairs
     peaks: tuple[float, ...] = ()
     error: str | None = None
-
-
-MAX_GLOBAL_BATCH = 2**24    # sequences per step
 
 
 class Searcher:
@@ -355,12 +176,12 @@ class Searcher:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
         key = c.structure_key()
         if key not in self.shapes:
-            from .frontend.elaborate import shape_of
+            from ..frontend.elaborate import shape_of
             entry = self.entries[c.schedule]
             try:
                 _, devices, pipelines = shape_of(entry.decl, entry.source, c.params())
             except SchedError as exc:  # outside the space if its stages would not divide the layers either
-                from .frontend.elaborate import stage_count
+                from ..frontend.elaborate import stage_count
                 self.shapes[key] = self._layers(stage_count(entry.decl, entry.source, c.params())) or Refusal(
                     exc.diagnostics[0].message)
             else:
@@ -415,9 +236,9 @@ class Searcher:
 
     def _structure(self, c: Candidate) -> Structure:
         """The order and its activation peaks; its checks and predecessors wait for prepare()."""
-        from .driver import collector_paused
-        from .frontend.elaborate import Options, elaborate
-        from .memory import peak_memory
+        from ..driver import collector_paused
+        from ..frontend.elaborate import Options, elaborate
+        from ..memory import peak_memory
         entry = self.entries[c.schedule]
         with collector_paused():
             try:
@@ -431,9 +252,9 @@ class Searcher:
         """Run the driver's untimed passes on the order (its structure checks: one F and one B of every
         stage and microbatch, on its device; and any pass added to PASSES), then index its ops'
         predecessors for simulate's timing; once per order that fits in memory."""
-        from .diagnostics import has_errors
-        from .driver import collector_paused, run_passes, untimed
-        from .simulate import DEVICE, fuse_pairs, predecessors
+        from ..diagnostics import has_errors
+        from ..driver import collector_paused, run_passes, untimed
+        from ..simulate import DEVICE, fuse_pairs, predecessors
         if structure.ops or structure.error is not None:
             return structure
         with collector_paused():
@@ -449,7 +270,7 @@ class Searcher:
     def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order),
         None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
-        from .simulate import order_makespan
+        from ..simulate import order_makespan
         table = costs.costs()
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
@@ -471,8 +292,8 @@ class Searcher:
             return shape
         if self.entries[c.schedule].plain:
             return self._evaluate_plain(c, free)
-        from .simulate import busy_times
-        from .timing import Span
+        from ..simulate import busy_times
+        from ..timing import Span
         st = self.setting(c)
         structure = self.structure(c)
         if structure.error is not None:
@@ -510,7 +331,7 @@ class Searcher:
         return self.whole[c, free]
 
     def _compile_whole(self, c: Candidate, free: bool) -> Prediction | Refusal:
-        from .driver.cluster import compile_for
+        from ..driver.cluster import compile_for
         try:
             on = compile_for(c.schedule, c.params(), self.setting(c), lower=False, free=free)
         except SchedError as exc:
@@ -696,22 +517,14 @@ class _Kept:
         return self.key > other.key
 
 
+def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:
+    """The ranked configurations for a request (SchedError on bad input: exit 2, or 1 when nothing fits)."""
+    return Searcher(request, progress).run()
+
+
 def _defines(c: Candidate) -> str:
     return " ".join(f"-D {k}={v}" for k, v in c.params().items())
 
 
-def distinct_figures(a: float, b: float) -> tuple[str, str]:
-    """a and b to 4 significant digits, or to as many more as tell them apart (at most 12)."""
-    digits = 4
-    while digits < 12 and f"{a:.{digits}g}" == f"{b:.{digits}g}":
-        digits += 1
-    return f"{a:.{digits}g}", f"{b:.{digits}g}"
-
-
 def _nth(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
-def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:
-    """The ranked configurations for a request (SchedError on bad input: exit 2, or 1 when nothing fits)."""
-    return Searcher(request, progress).run()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .costmodel import Setting, device_memory, step_tails
-from .ops import OpKind, builtin_kinds, fed_by, feeds
+from ..costmodel import Setting, device_memory, step_tails
+from ..ops import OpKind, builtin_kinds, fed_by, feeds
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .diagnostics import SCHEDULE, USAGE, SchedError, Source, error
-from .frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
-from .ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range
+from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error
+from ..frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
+from ..ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
 KIND_NAMES = builtin_kinds(True)    # the names of F, X, W with a split backward

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .diagnostics import usage
-from .layout import RECOMPUTE, SWITCH_NAMES, flag
-from .diagnostics import SCHEDULE, SchedError, plural
-from .search import GIB, Outcome, Refusal, Request, Searcher
+from ..diagnostics import usage
+from ..layout import RECOMPUTE, SWITCH_NAMES, flag
+from ..diagnostics import SCHEDULE, SchedError, plural
+from .searcher import GIB, Outcome, Refusal, Request, Searcher
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def request_from(o: dict[str, Any]) -> Request:
     """The Request of the command line's options; bad values are usage errors (exit 2). --model,
     --cluster, --gpus and --global-batch are checked here, not by click, so that the same command can
     take other modes (--synthesize) without them."""
-    from .checks.memory import parse_bytes
+    from ..checks.memory import parse_bytes
     missing = [f"--{k.replace('_', '-')}" for k in ("model", "cluster", "gpus", "global_batch") if o[k] is None]
     if missing:
         raise usage(f"the configuration search needs {', '.join(missing)}")
@@ -167,7 +167,7 @@ def no_layout(outcome: Outcome) -> SchedError:
 
 
 def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
-    from .diagnostics import Source, error
+    from ..diagnostics import Source, error
     limit = outcome.request.memory_limit
     more = len(outcome.pruned) - shown if shown is not None else 0
     notes = outcome.pruned[:shown] + ((f"... and {more} more families (--pruned all lists them)",) if more > 0 else ())
