@@ -8,7 +8,7 @@ from typing import NoReturn
 
 import click
 
-from ..diagnostics import USAGE, SchedError, exit_code, plural
+from ..diagnostics import SchedError, exit_code, plural
 from .options import profile_choice, option_given
 
 
@@ -106,17 +106,14 @@ def check_plan(file: str) -> None:
 
 
 def plan_diagnostics(file: str):
-    """A plan.json loaded (a field error ends the process, exit 2) and checked: its step programs'
-    orders (render.load.check_plan_orders), then its channels; (plan, diagnostics)."""
-    from ..checks.channels import check_channels
-    from ..diagnostics import Source, error
-    from ..plan import PlanError, load_plan
-    from ..driver.replay import check_plan_orders
+    """A plan.json loaded (a field error ends the process, exit 2) and checked (driver.replay.check_plan);
+    (plan, diagnostics)."""
+    from ..driver.replay import check_plan, read_plan
     try:
-        plan = load_plan(file)
-    except PlanError as exc:
-        fail(SchedError(error(exc.without_path(file)), Source(file, ""), kind=USAGE))
-    return plan, check_plan_orders(plan, file) + check_channels(plan)
+        plan = read_plan(file)
+    except SchedError as exc:
+        fail(exc)
+    return plan, check_plan(plan, file)
 
 
 def on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = (), fail=fail):

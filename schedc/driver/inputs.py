@@ -14,7 +14,7 @@ from ..frontend.compose import compose
 from ..frontend.elaborate import Options, elaborate
 from ..frontend.parse import parse_source, read_source
 from ..ir import Schedule
-from ..plan import Plan, PlanError, load_plan
+from ..plan import Plan
 from .passes import collector_paused, compile_schedule
 
 SCHEDULE, TORCH_CSV, PLAN = "schedule", "torch CSV", "plan"
@@ -146,12 +146,9 @@ def load_input(file: str, defines, costs: str | None, latency: float | None,
             flag = "-D" if defines else "--with"
             raise SchedError(error(f"{flag} cannot change a compiled plan; render the .sched instead"),
                              Source(file, ""), kind=USAGE)
-        try:
-            plan = load_plan(file)
-        except PlanError as exc:
-            raise SchedError(error(exc.without_path(file)), Source(file, ""), kind=USAGE) from None
         from ..interop.profiles import load_costs, read_profile
-        from .replay import check_measured, compiled_from_plan
+        from .replay import check_measured, compiled_from_plan, read_plan
+        plan = read_plan(file)
         measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
         if measured:
             check_measured(plan, measured, profile[0] if profile else None, costs)

@@ -14,7 +14,7 @@ from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
-from ..plan import NOT_COMPUTE, Plan
+from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
 from .passes import replay, run_passes
 
 
@@ -43,6 +43,22 @@ def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float | None
     schedule = schedule_from_plan(plan, path, costs)
     u = replayed(schedule, _recorded_latency(plan) if latency is None else latency, links)
     return Compiled(u.schedule, u.timing, u.stats, plan, list(u.diagnostics))
+
+
+def read_plan(path: str) -> Plan:
+    """A plan.json as the runtime reads it; a field error is a usage error (exit 2) naming the field."""
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        raise SchedError(error(exc.without_path(path)), Source(path, ""), kind=USAGE) from None
+
+
+def check_plan(plan: Plan, path: str) -> list:
+    """`schedc check plan.json` and `schedc run`'s check: the plan's step programs' orders
+    (check_plan_orders), then its channels (a message sent for every one received, a blocking replay
+    completes)."""
+    from ..checks.channels import check_channels
+    return check_plan_orders(plan, path) + check_channels(plan)
 
 
 def check_plan_orders(plan: Plan, path: str) -> list:
