@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 
+from .text import MAX_SHOWN
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -109,23 +111,10 @@ def _lines(text: str) -> tuple[str, ...]:
     return tuple(text.splitlines())
 
 
-MAX_ALIKE = 20  # diagnostics of one kind shown one by one; the rest are counted
 _NUMBERS = re.compile(r"\d+")
 
 
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """`1 device`, `2 devices` (`nouns`: the plural where it is not noun + s)."""
-    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
-
-
-def listed(items: list[str], sep: str = ", ", limit: int = MAX_ALIKE) -> str:
-    """Items joined by sep, at most `limit` of them, then `... and N more` (a line per device of 1,000
-    devices is not read)."""
-    shown = sep.join(items[:limit])
-    return shown + (f" ... and {len(items) - limit:,} more" if len(items) > limit else "")
-
-
-def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagnostic]:
+def capped(diagnostics: list[Diagnostic], limit: int = MAX_SHOWN) -> list[Diagnostic]:
     """The diagnostics to show: at most `limit` of each kind (the same message but for its numbers, as
     'F(0,3) runs twice ...' and 'F(0,4) runs twice ...'), then one 'and N more like this' per kind,
     where its first left-out one was. The order is kept."""

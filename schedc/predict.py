@@ -11,6 +11,7 @@ from .costmodel.specs import check_layout, load_cluster, load_model_spec
 from .diagnostics import usage
 from .costmodel import Setting, stage_costs
 from .ops import OpKind
+from .text import gib
 
 
 _LABELS = {"data_parallel_comm_s": "gradient all-reduce"}  # over d, and the tied embedding's between the end stages
@@ -24,8 +25,8 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
              + "".join(f", {text}" for text in switches_on(lay)),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {p.tflops_per_gpu:.1f}  "
              f"peak_fraction {p.peak_fraction:.3f}",
-             f"  memory_gib_per_gpu {p.memory_bytes / 2**30:.2f} (weights+gradients+optimizer "
-             f"{parts['weights_gradients_optimizer'] / 2**30:.2f}, activations {parts['activations'] / 2**30:.2f}, "
+             f"  memory_gib_per_gpu {gib(p.memory_bytes)} (weights+gradients+optimizer "
+             f"{gib(parts['weights_gradients_optimizer'])}, activations {gib(parts['activations'])}, "
              f"{memory_more(parts)})",
              "  breakdown (s): " + "  ".join(f"{_label(k, lay)} {v:.4f}" for k, v in b.items())]
     return "\n".join(lines)
@@ -40,8 +41,8 @@ def _label(key: str, lay: Layout) -> str:
 
 def memory_more(parts: dict[str, float], unit: str = "") -> str:
     """The memory parts beyond the backward's peak tensors, in words (GiB)."""
-    return (f"optimizer step beyond the activations {parts['optimizer_step'] / 2**30:.2f}{unit}, "
-            f"allocator and CUDA context {parts['allocator_and_context'] / 2**30:.2f}{unit}")
+    return (f"optimizer step beyond the activations {gib(parts['optimizer_step'])}{unit}, "
+            f"allocator and CUDA context {gib(parts['allocator_and_context'])}{unit}")
 
 
 def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):

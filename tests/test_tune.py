@@ -17,7 +17,8 @@ from schedc.cli import main
 from schedc.driver.cluster import compile_for
 from schedc.search.bounds import Shape, makespan_bound, tail_bound
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
-from schedc.search.report import _ordinal, matching, why_lines
+from schedc.search.report import matching, why_lines
+from schedc.text import ordinal
 
 SMALL = """layers = 8
 hidden = 1024
@@ -433,8 +434,8 @@ def test_why_ranks_exactly_as_the_exhaustive_search_does(model):
         best = next(c for c in order if all(getattr(c, k) == v for k, v in wanted.items()))
         family = [c for c in order if c.schedule == best.schedule]
         assert f"its best, {best.describe()}:" in lines[0]
-        assert lines[1].startswith(f"  ranks {_ordinal(order.index(best) + 1)} of the search, "
-                                   f"{_ordinal(family.index(best) + 1)} among {best.schedule}")
+        assert lines[1].startswith(f"  ranks {ordinal(order.index(best) + 1)} of the search, "
+                                   f"{ordinal(family.index(best) + 1)} among {best.schedule}")
         assert (best == order[0]) == (lines[-1] == "  it is the winner")
 
 

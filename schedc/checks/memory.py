@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 
-from ..diagnostics import USAGE, Diagnostic, SchedError, Severity, Source, error, listed
+from ..diagnostics import USAGE, Diagnostic, SchedError, Severity, Source, error
+from ..text import gib, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
@@ -164,7 +165,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
 
 
 def _gib(value: float) -> str:
-    return f"{value / 2**30:.2f} GiB"
+    return f"{gib(value)} GiB"
 
 
 def _peak_op(schedule: Schedule, d: int) -> tuple[Op | None, int]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..diagnostics import SchedError, exit_code, plural
+from ..diagnostics import SchedError, exit_code
+from ..text import plural
 from .group import main
 from .options import define_option, costs_option, profile_choice, with_option
 from .common import fail, report, is_plan, plan_only, check_plan, finish
@@ -50,7 +51,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory
     report(diagnostics, result.schedule.source)
     if exit_code(diagnostics):
         count = sum(d.severity.value == "error" for d in diagnostics)
-        click.echo(f"{result.schedule.source.path}: {count} error{'s' * (count != 1)}", err=True)
+        click.echo(f"{result.schedule.source.path}: {plural(count, 'error')}", err=True)
         finish(diagnostics)
     click.echo(f"{result.schedule.source.path}: ok ({plural(result.stats['ops'], 'op')} on "
                f"{plural(result.schedule.devices, 'device')}: no deadlock, channels match, memory peak "

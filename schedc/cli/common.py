@@ -8,7 +8,8 @@ from typing import NoReturn
 
 import click
 
-from ..diagnostics import SchedError, exit_code, plural
+from ..diagnostics import SchedError, exit_code
+from ..text import agree, plural
 from .options import profile_choice, option_given
 
 
@@ -77,7 +78,7 @@ def plan_only(file: str, **given) -> None:
              "memory_limit": "--memory-limit", "addons": "--with", "placement": "--placement"}
     used = [names[k] for k, v in given.items() if v]
     if used:
-        raise click.UsageError(f"{file} is a compiled plan: {', '.join(used)} change{'s' * (len(used) == 1)} how a "
+        raise click.UsageError(f"{file} is a compiled plan: {', '.join(used)} {agree(len(used), 'changes', 'change')} how a "
                                "schedule is compiled; give the .sched file instead")
 
 

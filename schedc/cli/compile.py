@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..diagnostics import SchedError, plural
+from ..diagnostics import SchedError
+from ..text import plural
 from ..outputs import STDOUT, output_error, prepare_directory, reason
 from .group import main
 from .options import define_option, costs_option, with_option, latency_option, cluster_options

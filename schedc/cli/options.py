@@ -12,6 +12,7 @@ from typing import Any
 from ..diagnostics import SchedError
 from ..layout import RECOMPUTE, SWITCH_NAMES, SWITCHES, ClusterRequest, Layout, flag
 from ..search import GROUPS
+from ..text import agree
 
 
 
@@ -135,7 +136,7 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     if values["cluster_name"] is None:
         given = [flag(n) for n in _CLUSTER_NAMES[1:] if values[n] not in (None, False)]
         if given:
-            raise click.UsageError(f"{', '.join(given)} need{'s' * (len(given) == 1)} --cluster")
+            raise click.UsageError(f"{', '.join(given)} {agree(len(given), 'needs', 'need')} --cluster")
         return None
     if model_file is None:
         raise click.UsageError("--cluster needs a model description: --model model.toml")

@@ -8,6 +8,7 @@ import click
 from .group import main
 from .options import define_option, costs_option, with_option, latency_option, cluster_options
 from .common import fail, fail_json, compiled, given_value, refusal_json, is_plan, plan_only, replayed, on_cluster, cluster_summary, finish
+from ..text import plural
 
 
 
@@ -37,7 +38,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
         errors = sum(d.severity.value == "error" for d in result.diagnostics)
         if as_json:
             click.echo(json.dumps(refusal_json(result.diagnostics, result.schedule.source), indent=1))
-        click.echo(f"{result.schedule.source.path}: {errors} error{'s' * (errors != 1)}; no stats for a "
+        click.echo(f"{result.schedule.source.path}: {plural(errors, 'error')}; no stats for a "
                    "schedule that fails its checks", err=True)
         finish(result.diagnostics)
     if as_json:

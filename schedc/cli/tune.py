@@ -10,7 +10,8 @@ import click
 from typing import Any
 
 from ..diagnostics import usage
-from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError, plural
+from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError
+from ..text import agree, plural
 from .group import main
 from .options import check_defines, check_latency, option_given, tune_options
 from .common import fail, fail_json, progress_line
@@ -58,12 +59,12 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
         if search_only:
             hint = (" (with --synthesize the limit is --activation-limit N, activations per device)"
                     if "--memory-limit" in search_only else "")
-            failing(usage(f"{', '.join(search_only)}: option{'s' * (len(search_only) > 1)} of the "
+            failing(usage(f"{', '.join(search_only)}: {agree(len(search_only), 'option', 'options')} of the "
                           f"configuration search, not of --synthesize{hint}"))
         return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json)
     synthesis_only = given(_SYNTHESIZE_ONLY)
     if synthesis_only:
-        failing(usage(f"{', '.join(synthesis_only)} go{'es' * (len(synthesis_only) == 1)} with --synthesize"))
+        failing(usage(f"{', '.join(synthesis_only)} {agree(len(synthesis_only), 'goes', 'go')} with --synthesize"))
     try:
         click.echo(run_search(options, as_json))
     except SchedError as exc:
@@ -100,7 +101,8 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
 def run_search(options: dict[str, Any], as_json: bool) -> str:
     """`schedc tune` without --synthesize: search (a progress bar on stderr unless --json), then the
     table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
-    from ..search import GIB, Searcher, candidates, distinct_figures
+    from ..search import Searcher, candidates, distinct_figures
+    from ..text import GIB
     from ..search.report import (matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
                         request_from, why_lines)
     request = request_from(options)

@@ -11,6 +11,7 @@ from ..timing import bubble
 from .bytes import device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts
+from ..text import GIB
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Prediction:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        gib = 2 ** 30
+        gib = GIB
         return {"iteration_s": _r(self.iteration_s), "tflops_per_gpu": _r(self.tflops_per_gpu),
                 "peak_fraction": _r(self.peak_fraction), "memory_gib_per_gpu": _r(self.memory_bytes / gib),
                 "memory_breakdown": {k + "_gib": _r(v / gib) for k, v in self.memory_parts.items()},

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
 from ..layout import Layout
+from ..text import GIB
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
@@ -84,7 +85,7 @@ class ClusterSpec:
 # fields: table -> key -> (type, scale to SI, description); None as table: top level
 _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
     "gpu": {"peak_tflops": (float, 1e12, "peak dense 16-bit FLOP/s, in teraFLOP/s"),
-            "memory_gib": (float, 2**30, "GPU memory in GiB"),
+            "memory_gib": (float, GIB, "GPU memory in GiB"),
             "hbm_gbps": (float, 1e9, "HBM bandwidth in GB/s")},
     "node": {"gpus": (int, 1, "GPUs per node")},
     "intra": {"bandwidth_gbps": (float, 1e9, "NVLink bandwidth per GPU and direction, GB/s"),
@@ -100,7 +101,7 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
 # the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
-    "reserved_gib": (2**30, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
+    "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
     "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
 _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
                  "dtype": str, "microbatch_size": int}
@@ -268,8 +269,8 @@ def load_cluster(name: str) -> ClusterSpec:
             got[section, key] = number * scale
     memory = _memory_fields(table, source, diags)
     if ("gpu", "memory_gib") in got and memory.get("reserved_gib", 0.0) >= got["gpu", "memory_gib"]:
-        diags.append(error(f"'memory.reserved_gib' ({memory['reserved_gib'] / 2**30:g}) must be less than the GPU's "
-                           f"memory ({got['gpu', 'memory_gib'] / 2**30:g} GiB): nothing would be left for the "
+        diags.append(error(f"'memory.reserved_gib' ({memory['reserved_gib'] / GIB:g}) must be less than the GPU's "
+                           f"memory ({got['gpu', 'memory_gib'] / GIB:g} GiB): nothing would be left for the "
                            "tensors", locate(source, "reserved_gib", "memory")))
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
@@ -328,7 +329,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
 
 [gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
 peak_tflops = {spec.peak_flops / 1e12!r}
-memory_gib = {spec.memory_bytes / 2**30!r}
+memory_gib = {spec.memory_bytes / GIB!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
 
 [node]
@@ -350,7 +351,7 @@ intra = {spec.intra_efficiency!r}
 inter = {spec.inter_efficiency!r}
 
 [memory]
-reserved_gib = {spec.memory_reserved / 2**30!r}
+reserved_gib = {spec.memory_reserved / GIB!r}
 fragmentation = {spec.fragmentation!r}
 """
 

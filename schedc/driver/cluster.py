@@ -20,6 +20,7 @@ from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
 from ..predict import memory_more
+from ..text import gib
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def _over_memory(result: Prediction, st: Setting) -> Diagnostic | None:
         return None
     d = result.extra["largest_memory_device"]
     parts = result.memory_parts
-    return error(f"device {d}: predicted {result.memory_bytes / 2**30:.2f} GiB per GPU exceeds the GPU's "
-                 f"{limit / 2**30:.0f} GiB (weights, gradients and optimizer state "
-                 f"{parts['weights_gradients_optimizer'] / 2**30:.2f} GiB, activations "
-                 f"{parts['activations'] / 2**30:.2f} GiB, {memory_more(parts, ' GiB')})")
+    return error(f"device {d}: predicted {gib(result.memory_bytes)} GiB per GPU exceeds the GPU's "
+                 f"{gib(limit, 0)} GiB (weights, gradients and optimizer state "
+                 f"{gib(parts['weights_gradients_optimizer'])} GiB, activations "
+                 f"{gib(parts['activations'])} GiB, {memory_more(parts, ' GiB')})")

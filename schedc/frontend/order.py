@@ -23,6 +23,7 @@ from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold
 from ..grid import elide, ranges
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
+from ..text import plural
 
 # the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
 PROGRAM_STEPS_BASE = 1_000_000
@@ -593,7 +594,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
         left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
                                     and not (mixed and op.kind in SPLIT and _undecided(op, run))]
         if left:
-            diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
+            diags.append(error(f"device {dev}: program leaves {plural(len(left), 'op')} "
                                f"unscheduled: {elide(left, 6)}", program.span))
         orders.append(run.placed())
     return tuple(orders), merge_device_diagnostics(diags)

@@ -18,6 +18,7 @@ from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, Une
 
 from . import ast
 from ..diagnostics import USAGE, SchedError, Source, Span, error
+from ..text import listed
 
 GRAMMAR_PACKAGE = "schedc.grammars"
 GRAMMAR_FILE = "sched.lark"
@@ -348,8 +349,7 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
     terminals = set(getattr(exc, "expected", None) or ())
     expected = sorted({_readable(t) for t in terminals - {"OP_RUN"}})  # a run of ops starts with a name
     if expected:
-        more = f" and {len(expected) - 8} more" if len(expected) > 8 else ""  # not a cut that looks complete
-        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]) + more)
+        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + listed(expected))
     notes = _ambiguity_hints(exc, source, terminals)
     return SchedError(error(message, Span(line, column, line, column + 1), notes=notes), source, kind=USAGE)
 

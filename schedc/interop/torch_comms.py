@@ -27,6 +27,7 @@ from ..ir import Schedule
 from ..ops import BUILTIN, COMM, SENDS, Opcode, OpKind, carries, fed_by, feeds
 from ..plan import Instr, Plan
 from .torch_csv import ACTION_KINDS, MAX_SHOWN, REDUCE_GRAD, RESHARD, UNSHARD, Cell, _overlap_cell, parse_csv
+from ..text import agree
 
 FSDP_PREFETCH = 3  # stages kept unsharded ahead: torch's _add_unshard_reshard(max_active_stages=3)
 REDUCING = frozenset({OpKind.B.value, OpKind.W.value})  # the backward ops torch counts to the last one
@@ -232,7 +233,7 @@ def _check_row(rank: int, row: list[Cell], m: int, place: tuple[int, ...], uses_
     if uses_fsdp and unsharded and row:
         end = row[-1][3]
         names = ", ".join(map(str, sorted(unsharded)))
-        diags.append(error(f"rank {rank} ends the step with stage{'s' * (len(unsharded) > 1)} {names} unsharded: "
+        diags.append(error(f"rank {rank} ends the step with {agree(len(unsharded), 'stage', 'stages')} {names} unsharded: "
                            f"a RESHARD must follow (torch's next step would unshard {'them' if len(unsharded) > 1 else 'it'} "
                            "twice)", end))
     return diags

@@ -25,6 +25,7 @@ from ..diagnostics import SCHEDULE, USAGE, Diagnostic, SchedError, Source, Span,
 from ..frontend.elaborate import MAX_DEVICES, MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, SPLIT, Opcode, OpKind, builtin_kinds
+from ..text import MAX_SHOWN, plural
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 UNSHARD, RESHARD, REDUCE_GRAD = "UNSHARD", "RESHARD", "REDUCE_GRAD"  # torch's FSDP and gradient-reduction cells
@@ -35,7 +36,6 @@ OVERLAP_CELL = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
 MAX_RANKS = MAX_DEVICES  # rows; a row is a rank, and every pass keeps something per rank
-MAX_SHOWN = 20          # bad cells reported one by one; the rest are counted
 
 
 def schedule_from_csv(path, options=None) -> Schedule:
@@ -124,7 +124,7 @@ def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
                            Span(1, 1, 1, 2)))
     if len(diags) > MAX_SHOWN:
         rest = len(diags) - MAX_SHOWN
-        diags = diags[:MAX_SHOWN] + [error(f"and {rest:,} more bad cell{'s' * (rest != 1)} like these",
+        diags = diags[:MAX_SHOWN] + [error(f"and {plural(rest, 'more bad cell')} like these",
                                            diags[MAX_SHOWN].span)]
     if diags:
         raise SchedError(diags, source, kind=USAGE)

@@ -17,6 +17,7 @@ from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
+from ..text import agree
 
 if TYPE_CHECKING:
     from .measured import MeasuredRun
@@ -47,7 +48,7 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     ignored = [flag for flag, given in (("--comms", comms), ("--measured", measured is not None)) if given]
     if ignored and (dag or fmt == "json"):
         what = "the dependency graph" if dag else "a Chrome trace (.json)"
-        raise _usage(f"{' and '.join(ignored)} draw{'s' * (len(ignored) == 1)} on the timeline; {what} has no place "
+        raise _usage(f"{' and '.join(ignored)} {agree(len(ignored), 'draws', 'draw')} on the timeline; {what} has no place "
                      f"for {'it' if len(ignored) == 1 else 'them'}", out)
     prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
     from ..driver import load_input

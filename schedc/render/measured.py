@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..diagnostics import USAGE, SchedError, Source, error, listed, plural
+from ..diagnostics import USAGE, SchedError, Source, error
+from ..text import listed, plural
 from ..ir import Schedule
 from ..plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from math import floor, inf, log10
 
 from ..compiled import Compiled
-from ..diagnostics import listed, plural
+from ..text import listed, plural
 from ..ir import Op
 from ..ops import OpKind
 from .measured import MeasuredRun
@@ -120,7 +120,7 @@ def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     if not compiled.ok:
         errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
         return _graph(f"{s.title}: {sizes}\\l"
-                      f"INVALID: the schedule fails its checks ({errors} error{'s' * (errors != 1)}); no stats, "
+                      f"INVALID: the schedule fails its checks ({plural(errors, 'error')}); no stats, "
                       "the timeline as far as it was simulated\\l", geo)
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         title += (f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "

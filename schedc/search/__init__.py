@@ -4,7 +4,7 @@ and the synthesis of a per-device order under a memory limit (synthesis, synthes
 from __future__ import annotations
 
 from .searcher import Outcome, Ranked, Refusal, Searcher, search
-from .space import GIB, GROUPS, Candidate, Request, candidates, distinct_figures, layouts
+from .space import GROUPS, Candidate, Request, candidates, distinct_figures, layouts
 
-__all__ = ["GIB", "GROUPS", "Candidate", "Outcome", "Ranked", "Refusal", "Request", "Searcher", "candidates",
+__all__ = ["GROUPS", "Candidate", "Outcome", "Ranked", "Refusal", "Request", "Searcher", "candidates",
            "distinct_figures", "layouts", "search"]

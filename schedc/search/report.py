@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 from ..diagnostics import usage
 from ..layout import RECOMPUTE, SWITCH_NAMES, flag
-from ..diagnostics import SCHEDULE, SchedError, plural
-from .searcher import GIB, Outcome, Refusal, Request, Searcher
+from ..diagnostics import SCHEDULE, SchedError
+from ..text import GIB, more, ordinal, plural
+from .searcher import Outcome, Refusal, Request, Searcher
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
     mine, winner = searcher.evaluate(best, free=True), outcome.ranked[0]
     lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {mine.tflops_per_gpu:.1f} TFLOP/s "
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
-             f"  ranks {_ordinal(overall)} of the search, {_ordinal(family)} among {best.schedule}"]
+             f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
         return lines + ["  it is the winner"]
     lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
@@ -140,11 +141,6 @@ def breakdown_difference(mine, other) -> str:
     """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
     return ", ".join(f"{name} {round(mine.breakdown[key] - other.breakdown[key], 4) + 0.0:+.4f}"  # no -0.0000
                      for key, name in PARTS)
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n:,}{suffix}"
 
 
 def pruned_lines(text: str) -> int | None:
@@ -169,8 +165,8 @@ def no_layout(outcome: Outcome) -> SchedError:
 def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     from ..diagnostics import Source, error
     limit = outcome.request.memory_limit
-    more = len(outcome.pruned) - shown if shown is not None else 0
-    notes = outcome.pruned[:shown] + ((f"... and {more} more families (--pruned all lists them)",) if more > 0 else ())
+    rest = len(outcome.pruned) - shown if shown is not None else 0
+    notes = outcome.pruned[:shown] + ((f"{more(rest, 'families')} (--pruned all lists them)",) if rest > 0 else ())
     what = f"{limit / GIB:g} GiB per GPU" if limit is not None else "the GPU's memory"
     counts = outcome.counts
     head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
@@ -190,7 +186,7 @@ def pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
     lines = [f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):"]
     lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
     if pruned_lines is not None and len(outcome.pruned) > pruned_lines:
-        lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more (--pruned all lists them)")
+        lines.append(f"  {more(len(outcome.pruned) - pruned_lines)} (--pruned all lists them)")
     return lines
 
 

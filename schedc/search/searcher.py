@@ -39,8 +39,9 @@ from ..diagnostics import usage
 from ..layout import SWITCH_NAMES, Layout
 from ..costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
                         stage_costs, tp_in_node)
-from ..diagnostics import SchedError, plural
-from .space import GIB, Candidate, Request, candidates, distinct_figures, library_entries
+from ..diagnostics import SchedError
+from ..text import GIB, ordinal, plural
+from .space import Candidate, Request, candidates, distinct_figures, library_entries
 
 SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
 MAX_GLOBAL_BATCH = 2**24    # sequences per step
@@ -467,7 +468,7 @@ class Searcher:
         bounded ones (closest first), those over memory (least over first), then refusals."""
         lines = []
         node = self.cluster.gpus_per_node
-        which = f"the {_nth(self.request.top)} best" if self.request.per is None else "its group's K-th best"
+        which = f"the {ordinal(self.request.top)} best" if self.request.per is None else "its group's K-th best"
         faults = {}  # (schedule, p) -> (t, fault): an order is the same at every t, so is its deadlock
         for (name, t, p), fam in families.items():
             if fam.fault is not None:
@@ -526,5 +527,3 @@ def _defines(c: Candidate) -> str:
     return " ".join(f"-D {k}={v}" for k, v in c.params().items())
 
 
-def _nth(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"

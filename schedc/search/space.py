@@ -11,7 +11,6 @@ from ..diagnostics import usage
 from ..layout import RECOMPUTE
 
 
-GIB = 2 ** 30
 
 
 SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults

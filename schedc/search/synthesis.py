@@ -33,6 +33,7 @@ from functools import lru_cache
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error
 from ..frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
 from ..ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range
+from ..text import plural
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
 KIND_NAMES = builtin_kinds(True)    # the names of F, X, W with a split backward
@@ -523,7 +524,7 @@ def listed(row: tuple[float, ...]) -> str:
 
 
 def count(n: int, what: str) -> str:
-    return f"{n} {what}{'s' * (n != 1)}"
+    return plural(n, what)
 
 
 def _per_stage_expr(row: tuple[float, ...], var: str = "s") -> str:
