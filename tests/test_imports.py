@@ -71,8 +71,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if root in index:
             continue
         work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter[0]; counter[0] += 1
-        stack.append(root); on_stack.add(root)
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
         while work:
             node, children = work[-1]
             child = next(children, None)
@@ -83,14 +85,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if low[node] == index[node]:
                     component = []
                     while True:
-                        member = stack.pop(); on_stack.discard(member); component.append(member)
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
                         if member == node:
                             break
                     if len(component) > 1:
                         found.append(sorted(component))
             elif child not in index:
-                index[child] = low[child] = counter[0]; counter[0] += 1
-                stack.append(child); on_stack.add(child)
+                index[child] = low[child] = counter[0]
+                counter[0] += 1
+                stack.append(child)
+                on_stack.add(child)
                 work.append((child, iter(sorted(graph[child]))))
             elif child in on_stack:
                 low[node] = min(low[node], index[child])

@@ -382,7 +382,8 @@ def test_pruned_families_are_listed_all_on_request(model):
             "--top", "1")
     some, every = run_cli(*args, "--pruned", "2"), run_cli(*args, "--pruned", "all")
     total = int(re.search(r"pruned families \((\d+);", every.output).group(1))
-    listed = lambda out: [line for line in out.splitlines() if line.startswith("  1f1b t=")]
+    def listed(out):
+        return [line for line in out.splitlines() if line.startswith("  1f1b t=")]
     assert total > 2 and len(listed(every.output)) == total and listed(some.output) == listed(every.output)[:2]
     assert f"... and {total - 2} more (--pruned all lists them)" in some.output
     assert run_cli(*args, "--pruned", "-1").exit_code == 2
