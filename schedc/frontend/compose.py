@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from . import ast
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, Span, error
-from .elaborate import declared_key
+from .params import declared_key
 from .library import ADDONS, LIBRARY_PACKAGE, library_addons, library_files
 from .parse import parse_source, read_source
 
