@@ -3,7 +3,8 @@ lower bound that prunes; searcher: the walk, its caches and its predictions; rep
 and the synthesis of a per-device order under a memory limit (synthesis, synthesis_options)."""
 from __future__ import annotations
 
-from .searcher import Outcome, Ranked, Refusal, Searcher, search
+from .results import Outcome, Ranked, Refusal
+from .searcher import Searcher, search
 from .space import GROUPS, Candidate, Request, candidates, distinct_figures, layouts
 
 __all__ = ["GROUPS", "Candidate", "Outcome", "Ranked", "Refusal", "Request", "Searcher", "candidates",

@@ -14,7 +14,9 @@ from ..diagnostics import usage
 from ..layout import RECOMPUTE, SWITCH_NAMES, flag
 from ..diagnostics import SCHEDULE, SchedError
 from ..text import GIB, more, ordinal, plural
-from .searcher import Outcome, Refusal, Request, Searcher
+from .results import Outcome, Refusal
+from .searcher import Searcher
+from .space import Request
 
 
 # The command line ---------------------------------------------------------------------------------

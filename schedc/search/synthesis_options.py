@@ -15,7 +15,9 @@ from typing import Any
 
 from ..diagnostics import Source
 from ..ops import OpKind, builtin_kinds
-from .synthesis import Problem, count, listed, make_problem, option_error, peaks_text, synthesize, to_sched
+from .problem import Problem, make_problem, option_error
+from .synthesis import synthesize
+from .synthesis_text import count, listed, peaks_text, to_sched
 
 COST_KINDS = tuple(kind.value for kind in OpKind)
 
