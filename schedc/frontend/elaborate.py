@@ -234,41 +234,19 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
-    costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
-                       origin=options.measured)
-    costs = _scaled_tasks(costs, {t.name for t in task_decls}, options.task_scale)
+    costs = _scaled_tasks(_per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
+                                     origin=options.measured), set(task_names), options.task_scale)
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
                                  mixed)
     ops = build_ops(pipelines, costs, split, mixed)
-    tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
-    if task_decls:
-        from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
-        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
-                                                               layers, options.task_scale,
-                                                               (options.max_ops, options.max_ops - len(ops)))
-        canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
-        task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
-        keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
+    tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
+                                                                   source, layers, options, ops, task_decls)
     deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops))
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]
     unplaced = tuple(op for op in task_ops if op.kind in filled)
     env_pipes = {**env, **{p.name: PipeRef(p.name) for p in pipelines}}
-    programs = [d for d in decl.decls if isinstance(d, ast.Program)]
-    greedy = [d for d in decl.decls if isinstance(d, ast.Greedy)]
-    queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
-    if programs and greedy:
-        raise fail_at("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
-    if mixed and not programs:
-        raise fail_at("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
-                    next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
-    if queues and not programs:  # it would be ignored, its key not even checked
-        raise fail_at("'queue' orders the pops of per-device programs: give 'on device' programs, or order a "
-                    "greedy schedule with 'greedy by (...)'", queues[0].span, source)
-    squeeze = next((d for d in decl.decls if isinstance(d, ast.Squeeze)), None)
-    if squeeze and not programs:
-        raise fail_at("'squeeze' compacts the slots of per-device programs: give 'on device' programs",
-                    squeeze.span, source)
+    programs, greedy, queues, squeeze = _order_decls(decl, mixed, source)
     fused: list = []
     slots: list = []
     if programs:
@@ -283,28 +261,77 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     split_of = None
     if mixed:
-        split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order
-                             if op.kind == OpKind.I)
-        chosen = set(map(OP_KEY, chain.from_iterable(orders)))
-        grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
-        if task_decls:  # a task after (or keeping) B(s, i) waits for the backward the program chose
-            task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
-            keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
-        deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
+        split_of, deps, keeps = _mixed_dependencies(orders, ops, task_ops, task_deps, keeps, canonical, pipelines,
+                                                    costs)
     if options.measured is not None:
         chosen = _chosen_backwards(pipelines, split_of) + task_names if mixed else []
         _check_measured(options, chosen, task_names, split, mixed, bool(fused))
     if squeeze:
         orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, source)
-    declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
-    if not fused and declared_fb is not None:
-        span = declared_fb
-        raise fail_at("cost of FB, but no program overlaps a forward and a backward (F & B)", span, source)
+    _check_overlap_cost(cost_decls, fused, source)
     return Schedule(name=decl.name, description=decl.doc, source=source, params=env, devices=devices,
                     pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
                     split_of=split_of, fused=tuple(fused))
+
+
+def _expanded(decl: ast.ScheduleDecl, env: dict, pipelines, replicas, split: bool, costs, source: Source, layers,
+              options: Options, ops: list[Op], task_decls: list):
+    """The declared tasks expanded into ops, their dependencies and keeps given the canonical ops
+    (device and cost); (tasks, task ops, deps, keeps, fill, the canonical op of each key)."""
+    if not task_decls:
+        return (), [], {}, {}, (), {}
+    from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
+    tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
+                                                           layers, options.task_scale,
+                                                           (options.max_ops, options.max_ops - len(ops)))
+    canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
+    task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
+    keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
+    return tasks, task_ops, task_deps, keeps, fill, canonical
+
+
+def _order_decls(decl: ast.ScheduleDecl, mixed: bool, source: Source):
+    """How the schedule is ordered: its programs, `greedy`, queues and `squeeze`, refused where they do
+    not go together; (programs, greedy, queues, squeeze)."""
+    programs = [d for d in decl.decls if isinstance(d, ast.Program)]
+    greedy = [d for d in decl.decls if isinstance(d, ast.Greedy)]
+    queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
+    if programs and greedy:
+        raise fail_at("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
+    if mixed and not programs:
+        raise fail_at("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
+                      next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
+    if queues and not programs:  # it would be ignored, its key not even checked
+        raise fail_at("'queue' orders the pops of per-device programs: give 'on device' programs, or order a "
+                      "greedy schedule with 'greedy by (...)'", queues[0].span, source)
+    squeeze = next((d for d in decl.decls if isinstance(d, ast.Squeeze)), None)
+    if squeeze and not programs:
+        raise fail_at("'squeeze' compacts the slots of per-device programs: give 'on device' programs",
+                      squeeze.span, source)
+    return programs, greedy, queues, squeeze
+
+
+def _mixed_dependencies(orders, ops: list[Op], task_ops: list[Op], task_deps: dict, keeps: dict, canonical: dict,
+                        pipelines, costs):
+    """With `backward mixed`: which (pipe, stage, mb) the programs split into I and W, the dependencies
+    of the ops they placed, and the keeps; a task after (or keeping) B(s, i) waits for the backward the
+    program chose. (split_of, deps, keeps)."""
+    split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == OpKind.I)
+    chosen = set(map(OP_KEY, chain.from_iterable(orders)))
+    grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
+    if task_ops:
+        task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
+        keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
+    return split_of, Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops)), keeps
+
+
+def _check_overlap_cost(cost_decls: list, fused: list, source: Source) -> None:
+    """A `cost FB` needs a program that overlaps a forward and a backward (F & B)."""
+    declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
+    if not fused and declared_fb is not None:
+        raise fail_at("cost of FB, but no program overlaps a forward and a backward (F & B)", declared_fb, source)
 
 
 def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, source: Source):
