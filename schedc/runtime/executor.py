@@ -107,6 +107,7 @@ class Executor:
         self.loss_fn = lm_loss  # the last stage's; vocab_parallel_loss where its logits are split
         self.tp = TensorGroup()  # this rank's tensor-parallel group (--tp)
         self.messages = Messages(self.tp)  # how boundary tensors cross between stages under --tp
+        self.sent_bytes = 0  # pipeline message bytes this rank has sent (--save-grads writes the first step's)
         setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -285,6 +286,7 @@ class Executor:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
                                  "was not computed on this rank before")
         tensor = self.messages.outgoing(tensor)
+        self.sent_bytes += tensor.numel() * tensor.element_size()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
         peer = self.world.global_rank(instr.peer)
         self.sends.append((dist.isend(tensor, peer, group=group), tensor, peer))

@@ -114,8 +114,9 @@ class ParallelBlock(nn.Module):
     def __init__(self, full: Block, tp: TensorGroup):
         super().__init__()
         self.heads = full.heads // tp.size
-        self.ln1, self.ln2 = full.ln1, full.ln2
+        self.ln1 = full.ln1  # in the full block's order, so the parameters are listed alike
         self.qkv, self.proj = ColumnParallelLinear(full.qkv, tp, blocks=3), RowParallelLinear(full.proj, tp)
+        self.ln2 = full.ln2
         self.fc, self.out = ColumnParallelLinear(full.fc, tp), RowParallelLinear(full.out, tp)
         declare(self, {}, tp)
 

@@ -99,8 +99,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
 
 def _output_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--save-grads", metavar="DIR",
-                       help="write DIR/grads.pt (first step's gradients by parameter name, after "
-                            "sync, before the optimizer) and DIR/loss.json")
+                       help="write DIR/grads.pt (first step's gradients by the unpartitioned model's "
+                            "parameter names, after sync, before the optimizer), DIR/loss.json and "
+                            "DIR/sent.json (the pipeline message bytes each rank sent in that step)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
                             "--*-out measurements synchronizes after each instruction)")

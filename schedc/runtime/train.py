@@ -11,7 +11,7 @@ from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
-                    tokens_per_step, write_grads, write_loss)
+                    tokens_per_step, write_grads, write_loss, write_sent)
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
 from .model import Stage, boundary_shapes, parallel_run
@@ -188,9 +188,10 @@ def _grad_dumper(directory: str, first: int, world: World):
                                           for name, grad in gathered_gradients(stage, executor.tp).items()}
         mine = {} if world.tensor else mine
         parts = [None] * world.size if world.rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:
-            write_grads(directory, {k: v for part in parts for k, v in part.items()})
+            write_grads(directory, {k: v for part, _ in parts for k, v in part.items()})
+            write_sent(directory, [sent for _, sent in parts])
     return dump
 
 
