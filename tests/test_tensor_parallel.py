@@ -167,7 +167,9 @@ def test_a_world_without_room_for_the_tensor_ranks_is_refused_by_the_ranks(plans
 
 # -- under torchrun, against the one-process reference ---------------------------------------------------
 
-SCHEDULES = {"1f1b": {"p": 2, "m": 4}, "zb_h1": {"p": 2, "m": 3}, "interleaved_1f1b": {"p": 2, "v": 2, "m": 4}}
+SCHEDULES = {"1f1b": ("1f1b", {"p": 2, "m": 4}), "zb_h1": ("zb_h1", {"p": 2, "m": 3}),
+             "interleaved_1f1b": ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}),
+             "one_stage": ("1f1b", {"p": 1, "m": 4})}
 
 
 @pytest.fixture(scope="session")
@@ -206,12 +208,13 @@ def worst_error(got: tuple, want: tuple) -> float:
 
 
 def run_cases(plans, reference3, tmp_path, nproc: int, dp: int, cases: dict[str, tuple]):  # noqa: F811
-    """Run every case (name: schedule, options) in one launch of `nproc` ranks; each must equal the
+    """Run every case (name: SCHEDULES key, options) in one launch of `nproc` ranks; each must equal the
     reference within TOLERANCE. Returns the bytes each rank sent, by case."""
     jobs = []
     for name, (schedule, options) in cases.items():
         out = tmp_path / name
-        jobs.append((plans(schedule, **SCHEDULES[schedule]),
+        library, params = SCHEDULES[schedule]
+        jobs.append((plans(library, **params),
                      [*options, "--dp", str(dp), "--steps", str(STEPS), "--quiet", "--save-grads", str(out),
                       "--metrics-out", str(out / "metrics.jsonl")]))
     run = launch_plans(jobs, nproc, tmp_path)
@@ -219,6 +222,7 @@ def run_cases(plans, reference3, tmp_path, nproc: int, dp: int, cases: dict[str,
     for (name, (schedule, options)), (plan, _) in zip(cases.items(), jobs):
         error = worst_error(_result(tmp_path / name), reference3(plan, _model_options(options), dp))
         assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
+        print(f"{name}: largest relative error {error:.2e}, bytes sent {_sent(tmp_path / name)}")
     return {name: _sent(tmp_path / name) for name in cases}
 
 
@@ -253,7 +257,7 @@ def test_tensor_parallel_runs_match_the_reference(plans, reference3, tmp_path): 
              "interleaved_sp": ("interleaved_1f1b", [*tp, "--sequence-parallel", "--no-scatter-gather"]),
              "user": ("1f1b", user)}
     sent = run_cases(plans, reference3, tmp_path, 4, 1, cases)
-    m = SCHEDULES["1f1b"]["m"]  # stage 0's ranks send m activations, stage 1's m gradients
+    m = SCHEDULES["1f1b"][1]["m"]  # stage 0's ranks send m activations, stage 1's m gradients
     assert sent["1f1b"] == sent["1f1b_sp"] == [m * MESSAGE_BYTES // 2] * 4
     assert sent["1f1b_whole"] == [m * MESSAGE_BYTES] * 4
 
@@ -263,7 +267,15 @@ def test_data_parallel_ranks_in_the_layout_order_match_the_reference(plans, refe
     cases = {"1f1b_zero": ("1f1b", [*MODEL, "--distributed-optimizer"]), "zb_h1": ("zb_h1", MODEL),
              "interleaved_zero": ("interleaved_1f1b", [*MODEL, "--distributed-optimizer"])}
     sent = run_cases(plans, reference3, tmp_path, 4, 2, cases)
-    assert sent["1f1b_zero"] == [SCHEDULES["1f1b"]["m"] * MESSAGE_BYTES] * 4
+    assert sent["1f1b_zero"] == [SCHEDULES["1f1b"][1]["m"] * MESSAGE_BYTES] * 4
+
+
+def test_tensor_and_data_parallel_together_match_the_reference(plans, reference3, tmp_path):  # noqa: F811
+    """t = 2, d = 2 on one stage (four ranks: the tensor groups, each tensor rank's data-parallel group
+    and the distributed optimizer over it, without pipeline messages; p = 2 as well is the slow test)."""
+    tp = [*MODEL, "--tp", "2", "--distributed-optimizer"]
+    run_cases(plans, reference3, tmp_path, 4, 2, {"zero": ("one_stage", tp),
+                                                   "zero_sp": ("one_stage", [*tp, "--sequence-parallel"])})
 
 
 @pytest.mark.slow
@@ -273,7 +285,7 @@ def test_tensor_data_and_pipeline_parallel_on_eight_ranks(plans, reference3, tmp
     cases = {"1f1b_sp": ("1f1b", [*tp, "--sequence-parallel"]), "zb_h1": ("zb_h1", tp),
              "interleaved_whole": ("interleaved_1f1b", [*tp, "--no-scatter-gather"])}
     sent = run_cases(plans, reference3, tmp_path, 8, 2, cases)
-    assert sent["1f1b_sp"] == [SCHEDULES["1f1b"]["m"] * MESSAGE_BYTES // 2] * 8
+    assert sent["1f1b_sp"] == [SCHEDULES["1f1b"][1]["m"] * MESSAGE_BYTES // 2] * 8
 
 
 # -- a user model that gives its pieces' parallel forms ----------------------------------------------
