@@ -278,6 +278,26 @@ def test_tensor_and_data_parallel_together_match_the_reference(plans, reference3
                                                    "zero_sp": ("one_stage", [*tp, "--sequence-parallel"])})
 
 
+def test_a_tensor_parallel_run_resumes_from_its_checkpoint_with_the_references_losses(
+        plans, reference3, tmp_path):  # noqa: F811
+    """Two steps of t = 2 with sequence parallelism saved (each rank its shards), then resumed for the
+    third in the same launch: the reference's third loss; a checkpoint of t = 2 is refused with t = 1."""
+    plan = plans("1f1b", p=2, m=4)
+    common = [*MODEL, "--tp", "2", "--sequence-parallel", "--quiet"]
+    jobs = [(plan, [*common, "--steps", "2", "--save", str(tmp_path / "ckpt")]),
+            (plan, [*common, "--steps", str(STEPS), "--resume", str(tmp_path / "ckpt"),
+                    "--metrics-out", str(tmp_path / "resumed.jsonl")])]
+    run = launch_plans(jobs, 4, tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (loss,) = [json.loads(line)["loss"] for line in (tmp_path / "resumed.jsonl").read_text().splitlines()]
+    want = reference3(plan, MODEL)[0][2]
+    assert abs(loss - want) <= TOLERANCE * abs(want)
+    from click.testing import CliRunner
+    from schedc.cli import main
+    result = CliRunner().invoke(main, ["run", str(plan), *MODEL, "--steps", "4", "--resume", str(tmp_path / "ckpt")])
+    assert result.exit_code == 2 and "made with world 4, this run has world 2" in result.output, result.output
+
+
 @pytest.mark.slow
 def test_tensor_data_and_pipeline_parallel_on_eight_ranks(plans, reference3, tmp_path):  # noqa: F811
     """t = 2, p = 2, d = 2: eight ranks, the distributed optimizer over each tensor rank's replicas."""
