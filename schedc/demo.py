@@ -15,7 +15,7 @@ DEFAULT = ("1f1b", ("p=2", "m=4"))
 
 
 def run_demo(out: Path, schedule: str, defines: tuple[str, ...], steps: int, extra: list[str]) -> int:
-    from .compiler import compile_file
+    from .driver import compile_file
     from .plan.write import write_plan
     from .report import summary
     from .render import render_file

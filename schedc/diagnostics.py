@@ -147,15 +147,26 @@ def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagno
     return shown
 
 
+# What a SchedError is about, and the command line's exit code for it (decided here, nowhere else): a
+# usage or syntax error (the options, a file that cannot be read as what it claims to be), or a schedule
+# that reads but is wrong.
+USAGE, SCHEDULE = "usage", "schedule"
+EXIT_CODES = {SCHEDULE: 1, USAGE: 2}
+
+
 class SchedError(Exception):
-    """A user error carrying diagnostics. `exit_code` 2 for syntax/usage, 1 for a wrong schedule."""
+    """The compiler's one user error, carrying diagnostics; `kind` USAGE or SCHEDULE (EXIT_CODES)."""
 
     def __init__(self, diagnostics: list[Diagnostic] | Diagnostic, source: Source | None = None,
-                 exit_code: int = 1):
+                 kind: str = SCHEDULE):
         self.diagnostics = [diagnostics] if isinstance(diagnostics, Diagnostic) else list(diagnostics)
         self.source = source
-        self.exit_code = exit_code
+        self.kind = kind
         super().__init__(self.render())
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.kind]
 
     def render(self) -> str:
         return "\n".join(d.format(self.source) for d in capped(self.diagnostics))
@@ -166,6 +177,14 @@ def has_errors(diagnostics: list[Diagnostic]) -> bool:
 
 
 def exit_code(diagnostics: list[Diagnostic]) -> int:
-    """The command line's exit code for a schedule with these diagnostics: 1 when one is an error, else
-    0 (a SchedError carries its own: 2 for usage and syntax errors, 1 for a wrong schedule)."""
-    return 1 if has_errors(diagnostics) else 0
+    """The command line's exit code for a schedule with these diagnostics: a wrong schedule's when one
+    is an error, else 0 (a SchedError carries its own kind)."""
+    return EXIT_CODES[SCHEDULE] if has_errors(diagnostics) else 0
+
+
+OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
+
+
+def usage(message: str) -> SchedError:
+    """A usage error (exit 2) about the command line's options."""
+    return SchedError(error(message), OPTIONS, kind=USAGE)

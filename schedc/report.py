@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 from .diagnostics import MAX_ALIKE, Severity, listed, plural
 
 if TYPE_CHECKING:
-    from .compiler import Compiled
+    from .compiled import Compiled
 
 
 def summary(result: Compiled) -> str:

@@ -30,12 +30,13 @@ import math
 import shlex
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
-from .cluster import MAX_GPUS, load_cluster, load_cluster_model, usage
-from .layout import RECOMPUTE, Layout
+from .costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
+from .diagnostics import usage
+from .layout import RECOMPUTE, SWITCH_NAMES, Layout
 from .costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
                         stage_costs, tp_in_node)
 from .diagnostics import SchedError, plural
@@ -184,7 +185,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
     search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
     from .frontend import ast
     from .frontend.library import library_files, resolve
-    from .compiler import load_declaration, read_source
+    from .driver import load_declaration, read_source
     names = list(names)
     default = not names
     if default:
@@ -348,8 +349,7 @@ class Searcher:
         r = self.request
         return Setting(self.model, self.cluster, Layout(
             tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-            sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce,
-            blocking_p2p=r.blocking_p2p, distributed_optimizer=r.distributed_optimizer))
+            **{name: getattr(r, name) for name in SWITCH_NAMES}))
 
     def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
@@ -415,7 +415,7 @@ class Searcher:
 
     def _structure(self, c: Candidate) -> Structure:
         """The order and its activation peaks; its checks and predecessors wait for prepare()."""
-        from .compiler import collector_paused
+        from .driver import collector_paused
         from .frontend.elaborate import Options, elaborate
         from .memory import peak_memory
         entry = self.entries[c.schedule]
@@ -428,19 +428,18 @@ class Searcher:
 
     @staticmethod
     def prepare(structure: Structure) -> Structure:
-        """Check the order's structure (one F and one B of every stage and microbatch, on its device)
-        and index its ops' predecessors for simulate's timing; once per order that fits in memory."""
-        from .checks.census import census
-        from .checks.structure import check_structure
-        from .compiler import collector_paused
+        """Run the driver's untimed passes on the order (its structure checks: one F and one B of every
+        stage and microbatch, on its device; and any pass added to PASSES), then index its ops'
+        predecessors for simulate's timing; once per order that fits in memory."""
         from .diagnostics import has_errors
+        from .driver import collector_paused, run_passes, untimed
         from .simulate import DEVICE, fuse_pairs, predecessors
         if structure.ops or structure.error is not None:
             return structure
         with collector_paused():
-            found = check_structure(structure.schedule, census(structure.schedule))
+            found = run_passes(structure.schedule, passes=untimed()).diagnostics
             if has_errors(found):
-                structure.error = found[0].message
+                structure.error = next(d for d in found if d.severity.value == "error").message
                 return structure
             structure.ops, structure.preds, structure.firsts = predecessors(structure.schedule)
             structure.pairs = fuse_pairs(structure.schedule, structure.ops, structure.preds)
@@ -450,16 +449,15 @@ class Searcher:
     def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order),
         None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
-        from .simulate import _times
+        from .simulate import order_makespan
         table = costs.costs()
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
         cost = op_costs(structure, table)
-        _, ends = _times(cost, structure.device, structure.preds, structure.firsts, 0.0, links)
+        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, links)
         self.counts["simulated"] += 1
-        result = None if None in ends else max(ends, default=0.0)
         self.simulated[key] = result
         return result
 
@@ -473,7 +471,8 @@ class Searcher:
             return shape
         if self.entries[c.schedule].plain:
             return self._evaluate_plain(c, free)
-        from .timing import Timing
+        from .simulate import busy_times
+        from .timing import Span
         st = self.setting(c)
         structure = self.structure(c)
         if structure.error is not None:
@@ -483,7 +482,7 @@ class Searcher:
         if limit is not None and any(peak > lim + 1e-9 for peak, lim in zip(structure.peaks, limit)):
             return Refusal("exceeds the schedule's own memory limit (in activations)")
         costs = self.stage_costs(st, c, shape)
-        memory, _ = device_memory(st, schedule, Timing({}, {}, 0.0, (), structure.peaks, 0.0, True))
+        memory, _ = device_memory(st, schedule, structure.peaks)
         top = max(range(len(memory)), key=lambda k: (memory[k], -k))
         if memory[top] > self.limit:
             return self.over(memory[top], top)
@@ -496,12 +495,9 @@ class Searcher:
         free_span = makespan
         if free:
             free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
-        busy = [0.0] * schedule.devices  # per device, what simulate's Timing.busy is: for the bubble
-        for device, cost in zip(structure.device, op_costs(structure, costs.costs())):
-            busy[device] += cost
-        timed = Timing({}, {}, makespan, tuple(busy), structure.peaks, 0.0, True)
-        free_timed = Timing({}, {}, free_span, (), structure.peaks, 0.0, True)
-        return predict(st, schedule, timed, free_timed, costs, self.request.global_batch)
+        busy = busy_times(op_costs(structure, costs.costs()), structure.device, schedule.devices)
+        return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span, costs,
+                       self.request.global_batch)
 
     def _evaluate_plain(self, c: Candidate, free: bool) -> Prediction | Refusal:
         """The whole compile of predict.compile_for (no shortcut): its prediction or its first error,
@@ -514,15 +510,13 @@ class Searcher:
         return self.whole[c, free]
 
     def _compile_whole(self, c: Candidate, free: bool) -> Prediction | Refusal:
-        from .predict import compile_for
+        from .driver.cluster import compile_for
         try:
             on = compile_for(c.schedule, c.params(), self.setting(c), lower=False, free=free)
         except SchedError as exc:
             return Refusal(exc.diagnostics[0].message)
         pred = on.prediction
-        errors = [d for d in on.compiled.diagnostics if d.severity.value == "error"]
-        if pred.memory_bytes > self.cluster.memory_bytes:
-            errors = errors[:-1]  # compile_for's own 'exceeds the GPU's memory', the last one
+        errors = [d for d in on.compiled.diagnostics if d.severity.value == "error" and d is not on.over_memory]
         if not on.compiled.timing.complete:  # a deadlock: its memory figure is of a partial run
             return Refusal(errors[0].message if errors else "the order deadlocks", fault=True)
         if pred.memory_bytes > self.limit:

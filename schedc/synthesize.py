@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .diagnostics import SchedError, Source, error
+from .diagnostics import SCHEDULE, USAGE, SchedError, Source, error
 from .frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
 from .ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range
 
@@ -49,8 +49,8 @@ STARTS = 3                 # best greedy orders the local search starts from
 OPTIONS = Source("schedc tune", "")  # where errors in the inputs are reported
 
 
-def option_error(message: str, exit_code: int = 2) -> SchedError:
-    return SchedError(error(message), OPTIONS, exit_code=exit_code)
+def option_error(message: str, kind: str = USAGE) -> SchedError:
+    return SchedError(error(message), OPTIONS, kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +174,7 @@ def synthesize(problem: Problem, progress: Callable[[int, int], None] | None = N
     small = [d for d, x in enumerate(problem.limit) if x < 1]
     if small:
         raise option_error(f"no order fits: device {small[0]} has a memory limit of "
-                            f"{problem.limit[small[0]]:g} activation units, and a forward holds 1", exit_code=1)
+                            f"{problem.limit[small[0]]:g} activation units, and a forward holds 1", kind=SCHEDULE)
     timer = _Timer(problem)
     bound = problem.lower_bound()
     starts = _greedy_starts(problem, timer, bound, progress)

@@ -101,7 +101,7 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
 def check_text(text: str, path: str, latency: float = 0.0):
     """Compile the written schedule as any schedule is compiled (with the latency it was made for);
     the Compiled result: its diagnostics, and the compiler's own makespan and memory peaks."""
-    from .compiler import compile_source
+    from .driver import compile_source
     return compile_source(Source(path, text), latency=latency)
 
 

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.cluster import ClusterSpec, ModelSpec, load_cluster
+from schedc.costmodel.specs import ClusterSpec, ModelSpec, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import (Hardware, Setting, layer_activation_bytes, layer_parts, link_times, model_flops,
                               stage_costs, stage_params)
 from schedc.plan import load_plan
-from schedc.predict import compile_for
+from schedc.driver.cluster import compile_for
 
 A100 = load_cluster("dgx-a100-80gb")
 MODELS = ROOT / "benchmarks" / "models"

@@ -272,7 +272,7 @@ def test_html_report_in_headless_chromium(tmp_path):
 
 def test_plan_input_draws_the_same_timeline(tmp_path):
     assert run("compile", "interleaved_1f1b", "-o", str(tmp_path)).exit_code == 0
-    from schedc.render.load import load_input
+    from schedc.driver import load_input
     from_plan = timeline_dot(load_input(str(tmp_path / "plan.json"), (), None, 0.0))
     from_source = timeline_dot(compile_library("interleaved_1f1b"))
     body = lambda text: [line for line in text.splitlines() if not line.startswith("graph [label=")]

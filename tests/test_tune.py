@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.predict import compile_for
+from schedc.driver.cluster import compile_for
 from schedc.bounds import Shape, makespan_bound, tail_bound
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
 from schedc.tune import _ordinal, matching, why_lines
@@ -324,7 +324,7 @@ def test_per_group_rows_are_ranked_best_first_and_the_winner_is_the_best(model):
     text = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
                    "--schedules", "1f1b,interleaved_1f1b", "--top", "1", "--per", "t").output
     best = rows[0]
-    assert f"ranked by iteration time, the 1 best of each t;" in text
+    assert "ranked by iteration time, the 1 best of each t;" in text
     assert f"--tp {best['t']} --dp {best['d']} --microbatch-size {best['b']}" in text.split("the winner:")[1]
 
 

@@ -12,7 +12,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import ast
-from ..diagnostics import SchedError, Source, Span, error, has_errors
+from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, Span, error, has_errors
 from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, free_names, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds,
@@ -45,8 +45,8 @@ class Options:
     #                                  `cost piece`) is worth: --cluster's seconds per forward of the stage
 
 
-def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
-    return SchedError(error(message, span, **kw), source, exit_code=code)
+def _fail(message: str, span: Span | None, source: Source, kind: str = SCHEDULE, **kw) -> SchedError:
+    return SchedError(error(message, span, **kw), source, kind)
 
 
 def _integral(value: Any) -> Any:
@@ -151,14 +151,14 @@ def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise _fail(f"unknown param '{unknown[0]}' given with -D (params: {', '.join(sorted(known)) or 'none'})",
-                    None, source, code=2)
+                    None, source, kind=USAGE)
     env: dict[str, Any] = {}
     for param in params:
         try:
             env[param.name] = (_parse_override(param.name, overrides[param.name]) if param.name in overrides
                                else _integral(evaluate(param.default, env)))
         except ValueError as exc:
-            raise _fail(str(exc), param.span, source, code=2) from None
+            raise _fail(str(exc), param.span, source, kind=USAGE) from None
         except EvalError as exc:
             raise _fail(exc.message, exc.span, source) from None
 
@@ -238,7 +238,7 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source, o
         param = next(d for d in decl.decls if isinstance(d, ast.Param) and d.name == "p")
         given = "p" in overrides
         raise _fail(f"param p is the device count and must be an integer 1..{MAX_DEVICES:,}, got {env['p']}",
-                    param.span, source, code=2 if given else 1,
+                    param.span, source, kind=USAGE if given else SCHEDULE,
                     notes=(f"p was given with -D p={overrides['p']}",) if given else ())
     raise _fail("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
 
@@ -291,10 +291,10 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
         at = origin.spans.get(kind) if origin is not None else None  # the kind's key in a costs file
         if len(values) != stages:
             raise _fail(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
-                        f"has {stages}", at, source, code=2)
+                        f"has {stages}", at, source, kind=USAGE)
         bad = next((v for v in values if not in_cost_range(v)), None)
         if bad is not None:
-            raise _fail(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, code=2)
+            raise _fail(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, kind=USAGE)
         table[kind] = values
     return {k: tuple(v) for k, v in table.items()}
 
@@ -550,7 +550,7 @@ def stage_layers(model_layers: int | None, stages: int, decl, source: Source) ->
         return None
     if model_layers < stages:
         raise _fail(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
-                    source, code=2)
+                    source, kind=USAGE)
     return tuple(model_layers // stages + (s < model_layers % stages) for s in range(stages))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 
-from ..diagnostics import Diagnostic, SchedError, Source, Span, error, warning
+from ..diagnostics import SCHEDULE, Diagnostic, SchedError, Source, Span, error, warning
 from ..ir import Schedule
 from ..ops import BUILTIN, COMM, SENDS, Opcode, OpKind, carries, fed_by, feeds
 from ..plan import Instr, Plan
@@ -89,7 +89,7 @@ def export_comms_csv(plan: Plan) -> str:
     placed by torch_actions; SYNC_GRAD and STEP are left out."""
     if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
         raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
-                         Source(plan.meta.get("source", "plan"), ""), exit_code=1)
+                         Source(plan.meta.get("source", "plan"), ""), kind=SCHEDULE)
     microbatches = len(plan.meta["pipelines"][0]["microbatches"])
     rows = []
     for (program,) in plan.ranks:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import floor, inf, log10
 
-from ..compiler import Compiled
+from ..compiled import Compiled
 from ..diagnostics import listed, plural
 from ..ir import Op
 from ..ops import OpKind
@@ -145,7 +145,7 @@ def _section(canvas: _Canvas, title: str, name: str) -> None:
 
 def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width: float) -> dict:
     """The devices' rows; returns the node name of every drawn op, keyed by (step, op)."""
-    stats, geo = compiled.stats, canvas.geo
+    geo = canvas.geo
     ids: dict[tuple[int, Op], str] = {}
     rows = timed_ops(compiled)
     ys = [canvas.lane(f"d{d}", f"device {d}", _row_note(compiled, d), width) for d in range(len(rows))]
