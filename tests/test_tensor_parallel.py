@@ -114,6 +114,12 @@ def test_a_piece_without_a_parallel_form_is_replicated_and_refused_under_sequenc
         parallel_run(run, TensorGroup(2, 0, None, True))
 
 
+def test_a_piece_whose_weights_t_does_not_divide_is_refused_naming_it():
+    with pytest.raises(ModelError, match=r"--tp 8: the model's piece 'mlp0' cannot be cut: a weight of shape "
+                                         r"\(60, 15\) has 60 along dim 0, not a multiple of 8"):
+        parallel_run([("mlp0", UserMLP(15))], TensorGroup(8, 0))
+
+
 def test_messages_cut_boundary_tensors_into_slices_for_the_same_tensor_rank():
     shape, x = torch.Size([2, 4, 6]), torch.arange(48.0).view(2, 4, 6)
     scattered = Messages(TensorGroup(2, 1), scatter=True)
@@ -123,6 +129,8 @@ def test_messages_cut_boundary_tensors_into_slices_for_the_same_tensor_rank():
     shard = Messages(TensorGroup(2, 1, None, True))  # already [b, s/t, h]: sent as it is
     assert shard.wire_shape(shape) == torch.Size([2, 2, 6]) and torch.equal(shard.outgoing(x[:, 2:]), x[:, 2:])
     assert Messages(TensorGroup()).wire_shape(shape) == shape
+    odd = torch.Size([1, 3, 5])  # a user model's boundary that t does not divide goes whole
+    assert Messages(TensorGroup(2, 0)).wire_shape(odd) == odd
 
 
 @pytest.mark.parametrize("tp,dp", [(1, 1), (1, 2), (2, 1), (2, 2)])

@@ -161,7 +161,10 @@ def parallel_run(run: list[tuple[str, nn.Module]], tp: TensorGroup) -> list[tupl
         make = getattr(piece, "tensor_parallel", None)
         if make is None and tp.sequence_parallel:
             raise ModelError(f"--sequence-parallel: the model's piece {name!r} has no tensor_parallel(tp) form")
-        cut.append((name, piece if make is None else make(tp)))
+        try:
+            cut.append((name, piece if make is None else make(tp)))
+        except ValueError as exc:  # a weight that t does not divide (tensor_parallel.cut)
+            raise ModelError(f"--tp {tp.size}: the model's piece {name!r} cannot be cut: {exc}") from None
     return cut
 
 

@@ -157,6 +157,10 @@ def cut(full: torch.Tensor, split: Split, tp: TensorGroup) -> torch.Tensor:
     >>> cut(torch.arange(6), Split(0, blocks=3), TensorGroup(2, 1)).tolist()
     [1, 3, 5]
     """
+    size = full.shape[split.dim]
+    if size % (split.blocks * tp.size):
+        raise ValueError(f"a weight of shape {tuple(full.shape)} has {size} along dim {split.dim}, not a multiple "
+                         f"of {split.blocks * tp.size} ({split.blocks} block{'s' * (split.blocks > 1)} x --tp {tp.size})")
     blocks = full.chunk(split.blocks, dim=split.dim)
     return torch.cat([block.chunk(tp.size, dim=split.dim)[tp.rank] for block in blocks], dim=split.dim)
 
@@ -296,22 +300,23 @@ class Messages:
             dims = list(shape)
             dims[SEQUENCE_DIM] //= self.tp.size
             return torch.Size(dims)
-        return torch.Size([shape.numel() // self.tp.size]) if self.scattered else shape
+        return torch.Size([shape.numel() // self.tp.size]) if self.scattered(shape) else shape
 
-    @property
-    def scattered(self) -> bool:
-        """Whether a message is cut into 1/t slices and all-gathered by its receiver."""
-        return self.scatter and self.tp.size > 1 and not self.tp.sequence_parallel
+    def scattered(self, shape: torch.Size) -> bool:
+        """Whether a message of this shape is cut into 1/t slices and all-gathered by its receiver (a
+        user model's boundary tensor that t does not divide goes whole)."""
+        return (self.scatter and self.tp.size > 1 and not self.tp.sequence_parallel
+                and shape.numel() % self.tp.size == 0)
 
     def outgoing(self, tensor: torch.Tensor) -> torch.Tensor:
         """The part of a boundary tensor this rank sends."""
-        if self.scattered:
+        if self.scattered(tensor.shape):
             return tensor.reshape(-1).chunk(self.tp.size)[self.tp.rank].contiguous()
         return tensor.contiguous()
 
     def arrived(self, buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """The boundary tensor from a received buffer: all-gathered over the tensor group when scattered."""
-        return all_gather(buffer, self.tp, 0).view(shape) if self.scattered else buffer
+        return all_gather(buffer, self.tp, 0).view(shape) if self.scattered(shape) else buffer
 
 
 def global_splits(stage) -> list[tuple[str, nn.Parameter, Split | str | None]]:
