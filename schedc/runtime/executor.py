@@ -28,6 +28,7 @@ from .lifetimes import freed_by, plan_lifetimes
 from .model import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
 from .tasks import setup_tasks, task_handler
+from .tensor_parallel import Messages, TensorGroup, sync_partial_gradients
 from .world import World
 
 try:  # input-gradient / weight-gradient halves of backward, as torch's zero-bubble schedules split it
@@ -48,6 +49,7 @@ class Pending:
     work: Any
     buffer: torch.Tensor
     peer: int
+    shape: torch.Size | None = None  # the boundary tensor's, where the buffer holds a 1/t slice of it
 
 
 @dataclass(slots=True)
@@ -102,6 +104,10 @@ class Executor:
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
+        self.loss_fn = lm_loss  # the last stage's; vocab_parallel_loss where its logits are split
+        self.tp = TensorGroup()  # this rank's tensor-parallel group (--tp)
+        self.messages = Messages(self.tp)  # how boundary tensors cross between stages under --tp
+        self.sent_bytes = 0  # pipeline message bytes this rank has sent (--save-grads writes the first step's)
         setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -178,7 +184,7 @@ class Executor:
             self.waited_until = time.perf_counter_ns()
             self.wait_ns += self.waited_until - begin
             self.waiting_on = None
-            return value.buffer
+            return value.buffer if value.shape is None else self.messages.arrived(value.buffer, value.shape)
         return value
 
     def forward(self, instr: Instr) -> None:
@@ -198,7 +204,7 @@ class Executor:
         y = self.stages[s](x, start)
         if s == self.last:
             targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
-            loss = lm_loss(y, targets.to(self.world.device, non_blocking=True))
+            loss = self.loss_fn(y, targets.to(self.world.device, non_blocking=True))
             self.loss_sum += loss.detach()
             y = loss * self.scale
         else:
@@ -279,7 +285,8 @@ class Executor:
         if tensor is None:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
                                  "was not computed on this rank before")
-        tensor = tensor.contiguous()
+        tensor = self.messages.outgoing(tensor)
+        self.sent_bytes += tensor.numel() * tensor.element_size()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
         peer = self.world.global_rank(instr.peer)
         self.sends.append((dist.isend(tensor, peer, group=group), tensor, peer))
@@ -295,11 +302,11 @@ class Executor:
     def recv(self, instr: Instr) -> None:
         kind = carries(instr.op)
         shape, dtype = self.shapes[min(link_ends(instr.op, instr.stage))]  # the earlier stage's output
-        buffer = torch.empty(shape, dtype=dtype, device=self.world.device)
+        buffer = torch.empty(self.messages.wire_shape(shape), dtype=dtype, device=self.world.device)
         peer = self.world.global_rank(instr.peer)
         group = self.world.channels[(instr.peer, self.world.plan_rank)]
         self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer, group=group),
-                                                              buffer, peer)
+                                                              buffer, peer, shape)
 
     def sync_grad(self, instr: Instr) -> None:
         group = tuple(sorted(instr.group))
@@ -319,8 +326,9 @@ class Executor:
             self._wait_sent(*sent)
         self.sends.clear()
         self._check_drained()
+        sync_partial_gradients(self.stages.values(), self.tp)  # sequence-parallel layer norms' parts
         if self.world.dp_group is not None:
-            ranks = [d * self.world.devices + self.world.plan_rank for d in range(self.world.dp)]
+            ranks = self.world.dp_ranks()
             for stage in self.stages.values():
                 self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
         if self.before_update is not None:
