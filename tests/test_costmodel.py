@@ -366,3 +366,127 @@ def test_the_layouts_switches_show_in_the_summary_and_the_report(tmp_path):
     html = report.read_text()
     assert "<span>blocking sends</span><span>distributed optimizer</span>" in html
     assert "sequence parallel" not in html
+
+
+# The zero-bubble family: split-backward costs, overlapped pairs, the V placement and a deferred W's bytes
+# (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2 and table 1)
+
+@pytest.mark.parametrize("t", [1, 2])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_split_backward_is_the_flop_counts_of_i_and_w_and_b_is_their_sum(t, recompute):
+    """Per layer on an ideal GPU (the paper's table 1, over t): F 24bsh² + 4bs²h; I the data-gradient
+    GEMMs and attention's backward, 24bsh² + 8bs²h, plus what recomputation repeats (all of F, or the
+    attention core's 4bs²h); W the weight-gradient GEMMs, 24bsh²; B = I + W on every stage."""
+    layers, b, s, h, a = 6, 2, 1024, 2048, 16
+    model = ModelSpec(layers, h, a, s, 51200, 4 * h)
+    costs = stage_costs(Setting(model, ideal(), Layout(tp=t, microbatch_size=b, recompute=recompute)), 3).costs()
+    gemms, core = 24 * b * s * h * h / t, 4 * b * s * s * h / t
+    repeat = {"none": 0.0, "selective": core, "full": gemms + core}[recompute]
+    per_stage = layers // 3 / A100.peak_flops  # the middle stage: no embedding, no logits
+    assert costs["F"][1] == pytest.approx((gemms + core) * per_stage, rel=1e-9)
+    assert costs["I"][1] == pytest.approx((gemms + 2 * core + repeat) * per_stage, rel=1e-9)
+    assert costs["W"][1] == pytest.approx(gemms * per_stage, rel=1e-9)
+    for stage in range(3):
+        assert costs["B"][stage] == pytest.approx(costs["I"][stage] + costs["W"][stage], rel=1e-12)
+    # the ratio follows the shapes: W's share of B falls as the sequence grows against the hidden size
+    longer = ModelSpec(layers, h, a, 4 * s, 51200, 4 * h)
+    long_costs = stage_costs(Setting(longer, ideal(), Layout(tp=t, microbatch_size=b, recompute=recompute)), 3).costs()
+    assert long_costs["W"][1] / long_costs["B"][1] < costs["W"][1] / costs["B"][1]
+
+
+def test_an_overlapped_pair_computes_at_the_sum_and_hides_its_communication():
+    from schedc.costmodel.hardware import Part
+    from schedc.costmodel.stages import overlapped_pair
+    assert overlapped_pair(Part(3, tp=1), Part(6, tp=2)) == Part(9, tp=0)
+    assert overlapped_pair(Part(1, tp=4), Part(2)) == Part(3, tp=2)
+    assert overlapped_pair(Part(1, p2p=1), Part(2, p2p=3)) == Part(3, tp=2)
+    st = Setting(gpt(8, 4096, 32), A100, Layout(tp=8, microbatch_size=1, recompute="none"))
+    costs = stage_costs(st, 2)
+    table = costs.costs()
+    for s in range(2):
+        f, b = costs.parts["F"][s], costs.parts["B"][s]
+        assert f.tp > 0 and table["FB"][s] == pytest.approx(f.compute + b.compute)
+        assert table["FB"][s] < table["F"][s] + table["B"][s]
+
+
+def test_the_v_placement_holds_both_end_stages_on_device_0():
+    """ZB-V on p devices: stage d and stage 2p-1-d on device d. Device 0 runs the embedding and the
+    logits, holds both end stages' parameters and exchanges no tied embedding; the middle of the V
+    (stages p-1 and p, one device) sends nothing, so a blocking send holds no device there."""
+    from schedc.costmodel import step_tails
+    from schedc.costmodel.bytes import stage_params
+    from schedc.frontend.library import resolve
+    model = gpt(16, 2048, 16, seq=1024)
+    layout = Layout(microbatch_size=1, recompute="none", blocking_p2p=True)
+    st = Setting(model, A100, layout)
+    on = run("zbv", model, layout, p=4, m=8)
+    schedule = on.compiled.schedule
+    assert schedule.pipelines[0].placement == (0, 1, 2, 3, 3, 2, 1, 0)
+    free = stage_costs(st, 8).costs()
+    held = stage_costs(st, 8, schedule.pipelines[0].placement).costs()
+    assert held["F"][3] == pytest.approx(free["F"][3])      # F of stage 3 feeds stage 4 on device 3
+    assert held["F"][2] > free["F"][2] and held["I"][4] == pytest.approx(free["I"][4])
+    assert held["F"][0] > held["F"][1] and held["F"][7] > held["F"][6]  # embedding, logits on device 0
+    tails = step_tails(st, schedule)
+    assert tails[0].embedding == 0.0 and all(t.embedding == 0.0 for t in tails)
+    one_f_one_b = run("1f1b", model, layout, p=4, m=8).compiled.schedule
+    assert step_tails(st, one_f_one_b)[0].embedding > 0
+    weights = on.prediction.memory_parts["weights_gradients_optimizer"]
+    assert weights == pytest.approx(16 * (stage_params(model, 1, 8, 0) + stage_params(model, 1, 8, 7)))
+    assert resolve("zbv")
+
+
+def test_a_deferred_w_holds_its_gemms_inputs_and_output_gradients():
+    """32·s·b·h bytes per layer at 16 bits with f = 4h (the paper's M_W), whatever the recomputation;
+    over t the split terms, with sequence parallelism all of it."""
+    from schedc.costmodel.bytes import deferred_weight_bytes
+    s, b, h = 1024, 3, 2048
+    model = ModelSpec(4, h, 16, s, 51200, 4 * h)
+    for recompute in ("none", "selective", "full"):
+        assert deferred_weight_bytes(model, Layout(microbatch_size=b, recompute=recompute)) == 32 * s * b * h
+    assert deferred_weight_bytes(model, Layout(tp=4, microbatch_size=b)) == 2 * s * b * h * (4 + 12 / 4)
+    assert deferred_weight_bytes(model, Layout(tp=4, microbatch_size=b, sequence_parallel=True)) == 32 * s * b * h / 4
+
+
+def _walk_peak(order, kept: float, deferred: float) -> float:
+    """The largest activation bytes alive along one device's program, F to I at `kept`, I to W at
+    `deferred` (B frees F's): an independent count over the ops."""
+    alive = peak = 0.0
+    for op in order:
+        alive += {"F": kept, "B": -kept, "I": deferred - kept, "W": -deferred}[op.kind]
+        peak = max(peak, alive)
+    return peak
+
+
+@pytest.mark.parametrize("name,params", [("zb_h1", {"p": 4, "m": 8}), ("zb_h2", {"p": 4, "m": 8}),
+                                         ("zbv", {"p": 4, "m": 8}), ("v_half", {"p": 4, "m": 8}),
+                                         ("1f1b", {"p": 4, "m": 8}), ("interleaved_zb", {"p": 4, "v": 2, "m": 8})])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_activation_bytes_peak_along_the_schedules_own_order(name, params, recompute):
+    from schedc.costmodel.bytes import activation_peaks, deferred_weight_bytes
+    model = gpt(16, 2048, 16, seq=1024)
+    layout = Layout(microbatch_size=2, recompute=recompute)
+    schedule = run(name, model, layout, **params).compiled.schedule
+    per_stage = model.layers // schedule.stages
+    kept = per_stage * layer_activation_bytes(model, layout)
+    deferred = per_stage * deferred_weight_bytes(model, layout)
+    got = activation_peaks(model, layout, schedule, ())
+    assert got == pytest.approx(tuple(_walk_peak(order, kept, deferred) for order in schedule.orders), rel=1e-12)
+
+
+def test_zero_bubbles_memory_follows_its_warm_up():
+    """Device 0's activations: 1F1B and ZB-H1 hold p microbatches (ZB-H1 a deferred W's bytes more
+    while its W waits), ZB-H2 (its hand-made shape, m = 2p) 2p - 1 and a W; the V shapes on 2p half stages: ZB-V about 1F1B's, V-Half
+    about half, V-Min about a third (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory")."""
+    model = gpt(16, 2048, 16, seq=1024)
+    layout = Layout(microbatch_size=2, recompute="none")
+    from schedc.costmodel.bytes import activation_peaks
+    peaks = {name: max(activation_peaks(model, layout, run(name, model, layout, p=4, m=m).compiled.schedule, ()))
+             for name, m in (("1f1b", 16), ("zb_h1", 16), ("zb_h2", 8), ("zbv", 16), ("v_half", 16), ("v_min", 16))}
+    one = peaks["1f1b"]
+    assert one <= peaks["zb_h1"] < 1.25 * one
+    assert 1.6 * one < peaks["zb_h2"] < 2.1 * one
+    assert 0.8 * one < peaks["zbv"] < 1.2 * one
+    p = 4  # V-Half (p + 2)/2 microbatches' worth, V-Min (p + 4)/3, of 1F1B's p (their paper's bounds)
+    assert 0.4 * one < peaks["v_half"] <= (p + 2) / (2 * p) * one * (1 + 1e-12)
+    assert 0.25 * one < peaks["v_min"] <= (p + 4) / (3 * p) * one * (1 + 1e-12)

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 from .specs import ClusterSpec, ModelSpec
 from ..layout import Layout
+from ..memory import peak_memory, timed_model
+from ..ops import OpKind
 from .hardware import stage_layers, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM, STEP_GRADIENT_BYTES_PER_PARAM, Setting
 
 
@@ -16,10 +18,10 @@ def layer_params(model: ModelSpec, t: int) -> float:
     return (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
 
 
-def stage_params(model: ModelSpec, t: int, stages: int, s: int) -> float:
-    """Parameters of stage s on one GPU: its layers, the embedding (stage 0: words split over t,
-    positions), the final layer norm and the tied word embedding's copy (the last stage)."""
-    params = stage_layers(model, stages) * layer_params(model, t)
+def stage_params(model: ModelSpec, t: int, stages: int, s: int, layout: Layout | None = None) -> float:
+    """Parameters of stage s on one GPU: its layers (the layout's split), the embedding (stage 0: words
+    split over t, positions), the final layer norm and the tied word embedding's copy (the last stage)."""
+    params = stage_layers(model, stages, layout)[s] * layer_params(model, t)
     words = model.vocab * model.hidden / t
     if s == 0:
         params += words + model.seq * model.hidden
@@ -42,6 +44,46 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     if layout.sequence_parallel:
         return sbh * (34 / t + keep)
     return sbh * (10 + 24 / t + keep)
+
+
+def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
+    """Bytes one layer holds for a deferred W, from the end of its I until W (Qi et al. 2024, section
+    2: W needs the inputs of the weight GEMMs and their output gradients): the inputs of QKV and the
+    MLP's first GEMM (s·b·h each, replicated over t but with sequence parallelism), of the projection
+    (s·b·h/t) and of the MLP's second GEMM (s·b·f/t); the output gradients of QKV (3s·b·h/t), of the
+    MLP's first GEMM (s·b·f/t), of the projection and the MLP's second GEMM (s·b·h each, replicated).
+    At 16 bits, f = 4h, t = 1: 32·s·b·h, the paper's M_W, whatever the recomputation (I has rebuilt
+    what W reads)."""
+    s, b, h, f, t, w = model.seq, layout.microbatch_size, model.hidden, model.ffn, layout.tp, model.width
+    replicated = t if layout.sequence_parallel else 1
+    inputs = 2 * h / replicated + h / t + f / t
+    gradients = 3 * h / t + f / t + 2 * h / replicated
+    return w * s * b * (inputs + gradients)
+
+
+def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, tuple[float, ...]]:
+    """What each op kind allocates (+) or frees (-) on its device, in bytes per stage (its layers x one
+    layer's): F its activations; B frees them; with a split (or mixed) backward I frees them but for
+    what W reads (deferred_weight_bytes, which I may exceed F's with full recomputation: it allocates
+    then), and W frees that."""
+    split = stage_layers(model, schedule.stages, layout)
+    kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
+    deltas = {OpKind.F.value: tuple(n * kept for n in split), OpKind.B.value: tuple(-n * kept for n in split)}
+    if schedule.split_backward or schedule.mixed_backward:
+        deltas[OpKind.I.value] = tuple(n * (deferred - kept) for n in split)
+        deltas[OpKind.W.value] = tuple(-n * deferred for n in split)
+    return deltas
+
+
+def activation_peaks(model: ModelSpec, layout: Layout, schedule, peaks) -> tuple[float, ...]:
+    """Per device, the bytes of activations alive at its peak over its own program order (memory.
+    peak_memory with activation_deltas): two chunks of a V each at their stage's bytes, a deferred W at
+    what it reads. A schedule with tasks or other memory declarations (the timed memory model) takes
+    `peaks`, its activation units, times the bytes of its largest stage."""
+    if not timed_model(schedule):
+        return peak_memory(schedule, activation_deltas(model, layout, schedule))
+    per_unit = max(stage_layers(model, schedule.stages, layout)) * layer_activation_bytes(model, layout)
+    return tuple((peaks[d] if d < len(peaks) else 0.0) * per_unit for d in range(schedule.devices))
 
 
 def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
@@ -80,14 +122,15 @@ def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpe
     """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds
     (with torch DDP, overlap_grad_reduce, its gradient buckets too; with the distributed optimizer the
     fp32 state and the step's gradients split over shards()), plus the larger of the backward's
-    peak (the activations alive at the simulated peak, `peaks` in activation units per device: x layers
-    per stage x bytes per layer, and the working memory of one backward) and the optimizer step's (the
+    peak (the activations alive at the peak of its own order, activation_peaks; `peaks`, the activation
+    units per device, for a schedule the timed memory model times; and the working memory of one
+    backward) and the optimizer step's (the
     fp32 gradients it makes, after the last backward has freed every activation); then, on a cluster,
     what the allocator's fragmentation and the process outside it take (ClusterSpec.reserved_bytes).
     The one rule for memory in bytes: `simulate --cluster` and `check --model` (no cluster: the
     tensors only) both ask it."""
     stages = schedule.stages
-    per_unit = stage_layers(m, stages) * layer_activation_bytes(m, lay)
+    alive = activation_peaks(m, lay, schedule, peaks)
     holders = stage_holders(schedule)
     # torch DDP's buckets: the distributed optimizer's reduce-scatter works on views of its gradient buffer
     buckets = DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce and not lay.distributed_optimizer else 0
@@ -96,12 +139,11 @@ def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpe
         mine = sorted({s for s, ds in holders.items() if d in ds})
         state = step = 0.0
         for s in mine:
-            params, k = stage_params(m, lay.tp, stages, s), shards(lay, holders, s)
+            params, k = stage_params(m, lay.tp, stages, s, lay), shards(lay, holders, s)
             state += params * (REPLICATED_BYTES_PER_PARAM + buckets
                                + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k)
             step += STEP_GRADIENT_BYTES_PER_PARAM * params / k
-        peak = peaks[d] if d < len(peaks) else 0.0
-        act = peak * per_unit + working_bytes(m, lay, stages - 1 in mine)
+        act = alive[d] + working_bytes(m, lay, stages - 1 in mine)
         allocated = state + max(act, step)
         total = cluster.reserved_bytes(allocated) if cluster is not None else allocated
         parts.append({"weights_gradients_optimizer": state, "activations": act,

@@ -86,11 +86,11 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
     out = []
     for d in range(schedule.devices):
         mine = sorted({s for s, ds in holders.items() if d in ds})
-        stepped = sum(stage_params(m, lay.tp, stages, s) / shards(lay, holders, s) for s in mine)
+        stepped = sum(stage_params(m, lay.tp, stages, s, lay) / shards(lay, holders, s) for s in mine)
         exchange = 0.0
         for s in mine:
             group = lay.dp * len(holders[s])
-            exchange += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s), group, min(group, per_node))
+            exchange += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s, lay), group, min(group, per_node))
         first, last = holders.get(0, []), holders.get(stages - 1, [])
         embedding = hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1) \
             if stages > 1 and (d in first) != (d in last) else 0.0

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
-from ..layout import Layout
+from ..layout import Layout, SplitError
 from ..text import GIB
 
 LIBRARY_PACKAGE = "schedc.clusters"
@@ -378,10 +378,18 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
 
 
-def check_stages(model: ModelSpec, schedule, model_path: str) -> None:
-    """The model's layers divide over the schedule's stages (every stage the same layers, as the cost
-    model's per-stage costs and bytes assume); a usage error at `layers` (exit 2)."""
+def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | None = None) -> None:
+    """The model's layers divide over the schedule's stages (every stage the same layers), or the
+    layout splits them (Layout.layer_split: --stage-layers, or the embedding and the loss counted as
+    layers); a usage error at `layers` (exit 2)."""
     stages = schedule.stages
+    if layout is not None and (layout.stage_layers or layout.account_for_embedding or layout.account_for_loss):
+        try:
+            layout.layer_split(model.layers, stages)
+        except SplitError as exc:
+            source = source_text(model_path)
+            raise SchedError(error(str(exc), locate(source, "layers")), source, kind=USAGE) from None
+        return
     if model.layers % stages:
         source = source_text(model_path)
         params = ", ".join(f"{k}={v}" for k, v in schedule.params.items())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..layout import Layout
-from ..ops import cost_range, feeds, in_cost_range
+from ..ops import OVERLAP, cost_range, feeds, in_cost_range
 from .bytes import layer_params
 from .hardware import stage_layers, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
@@ -18,10 +18,24 @@ class StageCosts:
     parts: dict[str, tuple[Part, ...]]
 
     def costs(self) -> dict[str, tuple[float, ...]]:
-        """kind -> per-stage seconds, as a costs table for elaborate.Options (FB: F and B as one op)."""
+        """kind -> per-stage seconds, as a costs table for elaborate.Options (FB: F and B as one op,
+        overlapped_pair)."""
         table = {kind: tuple(p.total for p in parts) for kind, parts in self.parts.items()}
-        table["FB"] = tuple(f + b for f, b in zip(table[F], table[B]))
+        table[OVERLAP] = tuple(overlapped_pair(f, b).total for f, b in zip(self.parts[F], self.parts[B]))
         return table
+
+
+def overlapped_pair(forward: Part, backward: Part) -> Part:
+    """A forward and a backward run as one overlapped op (DualPipe's F & B, DeepSeek-V3 section 3.2.1):
+    their computation at the sum, each one's communication (tensor-parallel collectives, blocking sends)
+    hidden behind the other's computation; only what outlasts it is exposed.
+
+        F = Part(3, tp=1), B = Part(6, tp=2)  ->  FB = Part(9, tp=0): both collectives hidden
+        F = Part(1, tp=4), B = Part(2, tp=0)  ->  FB = Part(3, tp=2): F's 4 behind B's 2, 2 left
+    """
+    exposed = (max(0.0, forward.tp + forward.p2p - backward.compute)
+               + max(0.0, backward.tp + backward.p2p - forward.compute))
+    return Part(forward.compute + backward.compute, exposed)
 
 
 def layer_parts(st: Setting) -> dict[str, Part]:
@@ -70,15 +84,16 @@ def head_parts(st: Setting) -> dict[str, Part]:
 
 def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = None,
                 times: list[list[float]] | None = None) -> StageCosts:
-    """F, B, I, W of every stage: its layers, the embedding on stage 0, the logits on the last; with
+    """F, B, I, W of every stage: its layers (the layout's split), the embedding on stage 0, the logits on
+    the last, wherever the placement puts them (a V puts both on device 0); with
     blocking point-to-point messages (layout.blocking_p2p) and the stages' devices, an op whose output
     goes to another device also holds its device until the message is through (link_times). times:
     message_times(st, devices) when the caller has them already (schedc tune)."""
-    per = stage_layers(st.model, stages)
+    split = stage_layers(st.model, stages, st.layout)
     layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
     table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
     for s in range(stages):
-        parts = {k: layer[k] * per for k in layer}
+        parts = {k: layer[k] * split[s] for k in layer}
         for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
             parts = {k: parts[k] + extra[k] for k in parts}
         table[F].append(parts[F])

@@ -113,7 +113,7 @@ def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, 
 def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     """The model's layers divide over the schedule's stages; the batch the schedule runs is the global
     batch asked for. Returns the global batch (sequences per step)."""
-    check_stages(model, schedule, model_path)
+    check_stages(model, schedule, model_path, layout)
     gpus = layout.tp * schedule.devices * layout.dp
     if gpus > MAX_GPUS:
         raise usage(f"t x p x d = {layout.tp} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
