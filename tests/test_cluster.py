@@ -37,6 +37,22 @@ def test_the_library_has_an_a100_and_an_h100_node():
     assert 0 < a100.gemm_efficiency <= 1 and a100.intra_latency == pytest.approx(5e-6)
 
 
+def test_the_zero_bubble_papers_machine_is_dgx_a100s_gpu_and_node_on_roce_and_h800_is_h100s_compute():
+    """a100-80gb-roce differs from dgx-a100-80gb only between nodes (the one constant set: the same
+    GPU, NVLink, efficiencies and memory allowance); dgx-h800-80gb is H100's compute with NVLink at
+    400 GB/s per GPU, 200 each way."""
+    a100, roce = load_cluster("dgx-a100-80gb"), load_cluster("a100-80gb-roce")
+    h100, h800 = load_cluster("dgx-h100-80gb"), load_cluster("dgx-h800-80gb")
+    same = ("peak_flops", "memory_bytes", "hbm_bandwidth", "gpus_per_node", "intra_bandwidth", "intra_latency",
+            "gemm_efficiency", "gemm_half_dim", "hbm_efficiency", "intra_efficiency", "inter_efficiency",
+            "memory_reserved", "fragmentation", "dtype")
+    assert all(getattr(roce, k) == getattr(a100, k) for k in same)
+    assert roce.inter_latency > a100.inter_latency
+    assert (h800.peak_flops, h800.hbm_bandwidth, h800.memory_bytes) == (h100.peak_flops, h100.hbm_bandwidth,
+                                                                        h100.memory_bytes)
+    assert h800.intra_bandwidth == 200e9 < h100.intra_bandwidth and h800.inter_bandwidth == 50e9
+
+
 def test_the_memory_allowance_is_optional_and_grows_what_the_tensors_need(tmp_path):
     """[memory]: the allocator's pool is allocated / (1 - fragmentation), plus reserved_gib outside it;
     a cluster file without the table has no allowance."""
