@@ -1,0 +1,134 @@
+"""The zero bubble paper's measurements (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, table 4
+and figure 5): predicted samples per GPU per second and peak memory of 1F1B, ZB-1p and ZB-2p next to the
+measured ones, with the errors, on the paper's machine (schedc/clusters/a100-80gb-roce.toml, the
+dgx-a100-80gb constants that Megatron-LM's Table 1 is predicted with: one constant set).
+
+The rows: 8 GPUs, pure pipeline parallelism (p = 8, t = d = 1), sequence 1,024, no recomputation, fp16,
+the model's layers plus the embedding and the output layer split evenly over the stages (22 + 2 = 3 x 8:
+stages of 2, 3, ..., 3, 2 layers; the repository's --allow-padding-num-layers), m = 24, 32 and 64
+microbatches. ZB-1p is the library's zb_h1 (ZB-H1: the automatic ZB-1p's memory limit of p); ZB-2p is
+ZB-H2's shape under its limit of 2p (benchmarks/schedules/zb_2p.sched), as the repository's scheduler
+finds at these sizes. The newer schedules (interleaved zero bubble, ZB-V, V-Half, V-Min, DualPipe and
+DualPipeV) are predicted on the same rows, each with its activations against 1F1B's; they run on 2p
+half stages (the V's and interleaving's chunks) or on two copies of the model (DualPipe).
+
+Measured memory is read as GiB (torch's allocator counters, which the paper's "GB" reports); the
+prediction is the most loaded GPU's, with the allocator's fragmentation and the CUDA context.
+
+    python benchmarks/zb_paper.py        # the table, then the errors' summary
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from schedc.costmodel import Setting  # noqa: E402
+from schedc.costmodel.bytes import activation_peaks  # noqa: E402
+from schedc.costmodel.specs import load_cluster, load_cluster_model  # noqa: E402
+from schedc.driver.cluster import compile_for  # noqa: E402
+from schedc.layout import Layout  # noqa: E402
+from schedc.text import GIB  # noqa: E402
+
+CLUSTER = "a100-80gb-roce"
+P = 8
+MICROBATCHES = (24, 32, 64)
+ZB_2P = str(HERE / "schedules" / "zb_2p.sched")
+# name in the paper -> (schedule, extra params)
+MEASURED_SCHEDULES = {"1F1B": ("1f1b", {}), "ZB-1p": ("zb_h1", {}), "ZB-2p": (ZB_2P, {})}
+NEWER = {"interleaved_zb": ("interleaved_zb", {"v": 2}), "zbv": ("zbv", {}), "v_half": ("v_half", {}),
+         "v_min": ("v_min", {}), "dualpipe": ("dualpipe", {}), "dualpipev": ("dualpipev", {})}
+# model file, microbatch size, per schedule: samples/GPU/s at m = 24, 32, 64 and peak memory (GB)
+ROWS = [
+    ("zb-1.5b", 6, {"1F1B": ((11.8, 12.5, 13.6), 30), "ZB-1p": ((12.9, 13.4, 14.2), 32),
+                    "ZB-2p": ((14.5, 14.8, 14.9), 59)}),
+    ("zb-6.2b", 3, {"1F1B": ((3.50, 3.70, 4.03), 39), "ZB-1p": ((3.88, 4.00, 4.20), 42),
+                    "ZB-2p": ((4.32, 4.35, 4.39), 70)}),
+]
+TARGETS = {"throughput": 0.10, "gain": 0.03, "memory": 0.15}
+
+
+def layout(b: int, m: int) -> Layout:
+    """The paper's runs: p = 8 only, no recomputation, blocking sends as Megatron-LM's, the embedding and
+    the output layer counted as a layer each in the split."""
+    return Layout(microbatch_size=b, global_batch=b * m, recompute="none", blocking_p2p=True,
+                  account_for_embedding=True, account_for_loss=True)
+
+
+def predict(schedule: str, params: dict, model, cluster, b: int, m: int):
+    """(samples per GPU per second, peak GiB of the most loaded GPU, its activations' GiB, the prediction)."""
+    st = Setting(model, cluster, layout(b, m))
+    on = compile_for(schedule, {"p": str(P), **{k: str(v) for k, v in params.items()}}, st, lower=False)
+    pred = on.prediction
+    samples = pred.global_batch / (pred.iteration_s * pred.gpus)
+    activations = max(activation_peaks(model, st.layout, on.compiled.schedule, ()))
+    return samples, pred.memory_bytes / GIB, activations / GIB, pred
+
+
+def measured_table(cluster) -> dict[str, list[float]]:
+    """Print the measured schedules' rows; return the errors by kind."""
+    errors: dict[str, list[float]] = {"throughput": [], "gain": [], "memory": []}
+    print(f"{'model':<8} {'schedule':<8} {'m':>3}  {'samples/GPU/s':>13} {'measured':>8} {'error':>7}  "
+          f"{'gain':>6} {'measured':>8} {'diff':>6}  {'memory GiB':>10} {'measured':>8} {'error':>7}  bubble")
+    for name, b, measured in ROWS:
+        model = load_cluster_model(str(HERE / "models" / f"{name}.toml"), cluster)
+        base: dict[int, float] = {}
+        for label, (schedule, params) in MEASURED_SCHEDULES.items():
+            speeds, memory = measured[label]
+            for m, speed in zip(MICROBATCHES, speeds):
+                samples, gib, _, pred = predict(schedule, params, model, cluster, b, m)
+                error = samples / speed - 1
+                errors["throughput"].append(abs(error))
+                base.setdefault(m, samples)
+                gain = samples / base[m] - 1
+                measured_gain = speed / measured["1F1B"][0][MICROBATCHES.index(m)] - 1
+                gain_text = ""
+                if label != "1F1B":
+                    errors["gain"].append(abs(gain - measured_gain))
+                    gain_text = f"{100 * gain:>+5.1f}% {100 * measured_gain:>+7.1f}% {100 * (gain - measured_gain):>+5.1f}"
+                memory_text = ""
+                if m == MICROBATCHES[0]:
+                    memory_error = gib / memory - 1
+                    errors["memory"].append(abs(memory_error))
+                    memory_text = f"{gib:>10.1f} {memory:>8} {100 * memory_error:>+6.1f}%"
+                print(f"{name:<8} {label:<8} {m:>3}  {samples:>13.2f} {speed:>8.2f} {100 * error:>+6.1f}%  "
+                      f"{gain_text:<22}  {memory_text:<27}  {pred.extra['bubble']:.3f}")
+    return errors
+
+
+def newer_table(cluster) -> None:
+    """The newer schedules on the same rows: predicted only, activations against 1F1B's."""
+    print(f"\n{'model':<8} {'schedule':<15} {'m':>3}  {'samples/GPU/s':>13} {'vs 1F1B':>8}  {'memory GiB':>10}  "
+          f"{'activations GiB':>15} {'vs 1F1B':>8}")
+    for name, b, _ in ROWS:
+        model = load_cluster_model(str(HERE / "models" / f"{name}.toml"), cluster)
+        for m in MICROBATCHES:
+            base, _, base_act, _ = predict("1f1b", {}, model, cluster, b, m)
+            for label, (schedule, params) in NEWER.items():
+                samples, gib, act, _ = predict(schedule, params, model, cluster, b, m)
+                print(f"{name:<8} {label:<15} {m:>3}  {samples:>13.2f} {samples / base:>8.3f}  {gib:>10.1f}  "
+                      f"{act:>15.1f} {act / base_act:>8.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cluster", default=CLUSTER, help="cluster name or file (default %(default)s)")
+    parser.add_argument("--no-newer", action="store_true", help="only the paper's measured schedules")
+    args = parser.parse_args()
+    cluster = load_cluster(args.cluster)
+    errors = measured_table(cluster)
+    if not args.no_newer:
+        newer_table(cluster)
+    print()
+    for kind, values in errors.items():
+        within = sum(v <= TARGETS[kind] for v in values)
+        unit = "points" if kind == "gain" else "%"
+        print(f"{kind}: mean {100 * sum(values) / len(values):.1f} {unit}, max {100 * max(values):.1f} {unit}; "
+              f"{within} of {len(values)} within {100 * TARGETS[kind]:.0f} {unit}")
+
+
+if __name__ == "__main__":
+    main()
