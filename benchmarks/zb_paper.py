@@ -6,11 +6,13 @@ dgx-a100-80gb constants that Megatron-LM's Table 1 is predicted with: one consta
 The rows: 8 GPUs, pure pipeline parallelism (p = 8, t = d = 1), sequence 1,024, no recomputation, fp16,
 the model's layers plus the embedding and the output layer split evenly over the stages (22 + 2 = 3 x 8:
 stages of 2, 3, ..., 3, 2 layers; the repository's --allow-padding-num-layers), m = 24, 32 and 64
-microbatches. ZB-1p is the library's zb_h1 (ZB-H1: the automatic ZB-1p's memory limit of p); ZB-2p is
-ZB-H2's shape under its limit of 2p (benchmarks/schedules/zb_2p.sched), as the repository's scheduler
-finds at these sizes. The newer schedules (interleaved zero bubble, ZB-V, V-Half, V-Min, DualPipe and
-DualPipeV) are predicted on the same rows, each with its activations against 1F1B's; they run on 2p
-half stages (the V's and interleaving's chunks) or on two copies of the model (DualPipe).
+microbatches. ZB-1p and ZB-2p are automatic, as the paper's are: the order `schedc tune --synthesize`
+finds for the cost model's own F, I and W of each stage under a limit of p and 2p microbatches'
+activations (the paper's scheduler does the same with profiled times). The hand-made shapes (zb_h1;
+ZB-H2's shape under its 2p limit, benchmarks/schedules/zb_2p.sched) and the newer schedules
+(interleaved zero bubble, ZB-V, V-Half, V-Min, DualPipe and DualPipeV) are predicted on the same rows,
+each with its activations against 1F1B's; the newer ones run on 2p half stages (the V's and
+interleaving's chunks) or on two copies of the model (DualPipe).
 
 Measured memory is read as GiB (torch's allocator counters, which the paper's "GB" reports); the
 prediction is the most loaded GPU's, with the allocator's fragmentation and the CUDA context.
@@ -21,16 +23,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from schedc.costmodel import Setting  # noqa: E402
+from schedc.costmodel import Setting, stage_costs  # noqa: E402
 from schedc.costmodel.bytes import activation_peaks  # noqa: E402
 from schedc.costmodel.specs import load_cluster, load_cluster_model  # noqa: E402
 from schedc.driver.cluster import compile_for  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
+from schedc.search.problem import make_problem  # noqa: E402
+from schedc.search.synthesis import synthesize  # noqa: E402
+from schedc.search.synthesis_text import to_sched  # noqa: E402
 from schedc.text import GIB  # noqa: E402
 
 CLUSTER = "a100-80gb-roce"
@@ -38,8 +44,9 @@ P = 8
 MICROBATCHES = (24, 32, 64)
 ZB_2P = str(HERE / "schedules" / "zb_2p.sched")
 # name in the paper -> (schedule, extra params)
-MEASURED_SCHEDULES = {"1F1B": ("1f1b", {}), "ZB-1p": ("zb_h1", {}), "ZB-2p": (ZB_2P, {})}
-NEWER = {"interleaved_zb": ("interleaved_zb", {"v": 2}), "zbv": ("zbv", {}), "v_half": ("v_half", {}),
+AUTOMATIC = "automatic"  # synthesized for the row's costs (automatic()); its param: the limit in units of p
+MEASURED_SCHEDULES = {"1F1B": ("1f1b", {}), "ZB-1p": (AUTOMATIC, {"limit": 1}), "ZB-2p": (AUTOMATIC, {"limit": 2})}
+NEWER = {"zb_h1": ("zb_h1", {}), "zb_h2 (2p)": (ZB_2P, {}), "interleaved_zb": ("interleaved_zb", {"v": 2}), "zbv": ("zbv", {}), "v_half": ("v_half", {}),
          "v_min": ("v_min", {}), "dualpipe": ("dualpipe", {}), "dualpipev": ("dualpipev", {})}
 # model file, microbatch size, per schedule: samples/GPU/s at m = 24, 32, 64 and peak memory (GB)
 ROWS = [
@@ -58,10 +65,24 @@ def layout(b: int, m: int) -> Layout:
                   account_for_embedding=True, account_for_loss=True)
 
 
+def automatic(st: Setting, m: int, limit: int, folder: Path) -> str:
+    """ZB-1p (limit 1) or ZB-2p (limit 2): the order synthesized for the stages' F, I and W in seconds
+    (blocking sends included) under limit x p activations per device, written as a .sched file."""
+    costs = stage_costs(st, P, tuple(range(P))).costs()
+    result = synthesize(make_problem(P, m, {k: costs[k] for k in ("F", "I", "W")}, 0.0, (limit * P,)))
+    path = folder / f"zb_{limit}p_m{m}_{id(st)}.sched"
+    path.write_text(to_sched(result, f"zb_{limit}p"), encoding="utf-8")
+    return str(path)
+
+
 def predict(schedule: str, params: dict, model, cluster, b: int, m: int):
     """(samples per GPU per second, peak GiB of the most loaded GPU, its activations' GiB, the prediction)."""
     st = Setting(model, cluster, layout(b, m))
-    on = compile_for(schedule, {"p": str(P), **{k: str(v) for k, v in params.items()}}, st, lower=False)
+    if schedule == AUTOMATIC:
+        with tempfile.TemporaryDirectory() as folder:  # a synthesized order has its sizes written in
+            on = compile_for(automatic(st, m, params["limit"], Path(folder)), {}, st, lower=False)
+    else:
+        on = compile_for(schedule, {k: str(v) for k, v in {"p": P, **params}.items()}, st, lower=False)
     pred = on.prediction
     samples = pred.global_batch / (pred.iteration_s * pred.gpus)
     activations = max(activation_peaks(model, st.layout, on.compiled.schedule, ()))
