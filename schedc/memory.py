@@ -203,13 +203,11 @@ def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:
     return {OpKind.F.value: act, **{kind: tuple(-a for a in act) for kind in schedule.releases}}
 
 
-def peak_memory(schedule: Schedule, deltas: dict[str, Sequence[float]] | None = None) -> tuple[float, ...]:
+def peak_memory(schedule: Schedule) -> tuple[float, ...]:
     """Peak activation units alive per device, over its program order (a device runs one op at a time).
     Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
-    schedc/memory.py instead. `deltas`: what each kind allocates (+) or frees (-) per stage, in any unit
-    (the cost model's bytes, with I freeing part of F's activation and W the rest); memory_deltas'
-    units when left out."""
-    deltas = memory_deltas(schedule) if deltas is None else deltas
+    schedc/memory.py instead."""
+    deltas = memory_deltas(schedule)
     peaks = []
     for order in schedule.orders:
         alive = peak = 0.0

@@ -502,3 +502,29 @@ def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_
     result = run_cli("--model", model, "--cluster", str(six), "--gpus", "48", "--global-batch", "96", "--schedules",
                      "1f1b", "--tp", "4", "--pp", "1", "--top", "1", "--pruned", "all", "--memory-limit", "20GiB")
     assert "t=4 crosses nodes (6 GPUs per node)" in result.output, result.output
+
+
+def test_why_explains_zb_h2_against_interleaved_part_by_part(model):
+    """tune over ZB-H2 and interleaved 1F1B: --why of the one that loses names, against the winner, the
+    bubble and the communication (seconds) and the memory part by part, the deferred weight gradients
+    ZB-H2 holds from I to W named apart (interleaved 1F1B holds none)."""
+    kw = {"schedules": ("zb_h2", "interleaved_1f1b"), "gpus": 8, "batch": 64, "recompute": ("none",), "pp": (4,)}
+    searcher = Searcher(request(model, **kw))
+    space = candidates(searcher.model, list(searcher.entries.values()), searcher.request)
+    outcome = searcher.run(space)
+    winner = outcome.ranked[0].candidate
+    loser = "interleaved_1f1b" if winner.schedule == "zb_h2" else "zb_h2"
+    lines = why_lines(searcher, outcome, space, loser, matching(space, {"schedule": loser}))
+    against, memory = lines[-2], lines[-1]
+    for part in ("bubble", "pipeline comm", "tensor-parallel comm", "data-parallel comm"):
+        assert f"{part} " in against
+    assert memory.startswith("  memory against the winner (GiB): weights, gradients and optimizer ")
+    zb = next(r.prediction for r in outcome.ranked if r.candidate.schedule == "zb_h2")
+    interleaved = next(r.prediction for r in outcome.ranked if r.candidate.schedule == "interleaved_1f1b")
+    assert zb.extra["deferred_w_gib"] > 0 and interleaved.extra["deferred_w_gib"] == 0
+    assert "(deferred W " in memory and "activations " in memory
+    result = CliRunner().invoke(main, ["tune", "--model", model, "--cluster", CLUSTER, "--gpus", "8",
+                                       "--global-batch", "64", "--schedules", "zb_h2,interleaved_1f1b",
+                                       "--recompute", "none", "--pp", "4", "--why", loser])
+    assert result.exit_code == 0, result.output
+    assert "memory against the winner (GiB)" in result.output and "deferred W" in result.output

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from .specs import ClusterSpec, ModelSpec
 from ..layout import Layout
-from ..memory import peak_memory, timed_model
+from ..memory import timed_model
 from ..ops import OpKind
 from .hardware import stage_layers, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM, STEP_GRADIENT_BYTES_PER_PARAM, Setting
 
@@ -61,27 +61,49 @@ def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
     return w * s * b * (inputs + gradients)
 
 
-def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, tuple[float, ...]]:
-    """What each op kind allocates (+) or frees (-) on its device, in bytes per stage (its layers x one
-    layer's): F its activations; B frees them; with a split (or mixed) backward I frees them but for
-    what W reads (deferred_weight_bytes, which I may exceed F's with full recomputation: it allocates
-    then), and W frees that."""
+def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, tuple[tuple[float, float], ...]]:
+    """What each op kind allocates (+) or frees (-) on its device, per stage (its layers x one layer's),
+    as (forward activations, deferred W's) bytes: F allocates its activations and B frees them; with a
+    split (or mixed) backward I frees them and allocates what W reads (deferred_weight_bytes: more than
+    F kept under full recomputation), which W frees."""
     split = stage_layers(model, schedule.stages, layout)
     kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
-    deltas = {OpKind.F.value: tuple(n * kept for n in split), OpKind.B.value: tuple(-n * kept for n in split)}
+    deltas = {OpKind.F.value: tuple((n * kept, 0.0) for n in split),
+              OpKind.B.value: tuple((-n * kept, 0.0) for n in split)}
     if schedule.split_backward or schedule.mixed_backward:
-        deltas[OpKind.I.value] = tuple(n * (deferred - kept) for n in split)
-        deltas[OpKind.W.value] = tuple(-n * deferred for n in split)
+        deltas[OpKind.I.value] = tuple((-n * kept, n * deferred) for n in split)
+        deltas[OpKind.W.value] = tuple((0.0, -n * deferred) for n in split)
     return deltas
 
 
+def activation_peak_parts(model: ModelSpec, layout: Layout, schedule) -> list[tuple[float, float]]:
+    """Per device, (activation bytes at its peak, of which deferred W's) along its own program order (a
+    device runs one op at a time, as memory.peak_memory walks it): two chunks of a V each at their
+    stage's bytes, a deferred W at what it reads."""
+    deltas = activation_deltas(model, layout, schedule)
+    out = []
+    for order in schedule.orders:
+        forward = deferred = 0.0
+        peak = (0.0, 0.0)
+        for op in order:
+            delta = deltas.get(op.kind)
+            if delta is not None and 0 <= op.stage < len(delta):
+                forward, deferred = forward + delta[op.stage][0], deferred + delta[op.stage][1]
+                if forward + deferred > peak[0]:
+                    peak = (forward + deferred, deferred)
+        out.append(peak)
+    return out
+
+
 def activation_peaks(model: ModelSpec, layout: Layout, schedule, peaks) -> tuple[float, ...]:
-    """Per device, the bytes of activations alive at its peak over its own program order (memory.
-    peak_memory with activation_deltas): two chunks of a V each at their stage's bytes, a deferred W at
-    what it reads. A schedule with tasks or other memory declarations (the timed memory model) takes
-    `peaks`, its activation units, times the bytes of its largest stage."""
+    """Per device, the bytes of activations alive at its peak (activation_peak_parts). A schedule with
+    tasks or other memory declarations (the timed memory model) takes `peaks`, its activation units,
+    times the bytes of its largest stage; a schedule's shape without its order (the search's bounds)
+    holds none."""
+    if not schedule.orders:
+        return (0.0,) * schedule.devices
     if not timed_model(schedule):
-        return peak_memory(schedule, activation_deltas(model, layout, schedule))
+        return tuple(peak for peak, _ in activation_peak_parts(model, layout, schedule))
     per_unit = max(stage_layers(model, schedule.stages, layout)) * layer_activation_bytes(model, layout)
     return tuple((peaks[d] if d < len(peaks) else 0.0) * per_unit for d in range(schedule.devices))
 

@@ -8,7 +8,8 @@ from typing import Any
 from .specs import ModelSpec
 from ..layout import Layout
 from ..timing import bubble
-from .bytes import device_memory, shards, stage_holders, stage_params
+from ..memory import timed_model
+from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts
 from ..text import GIB
@@ -134,7 +135,16 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
     return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
                       {"critical_device": worst, "largest_memory_device": top,
+                       "deferred_w_gib": _r(deferred_w_bytes(st, schedule, top) / GIB),
                        "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9)})
+
+
+def deferred_w_bytes(st: Setting, schedule, device: int) -> float:
+    """Of a device's activations at its peak, the bytes deferred weight gradients hold (from their I to
+    their W); 0 without a split backward, or under the timed memory model (which counts units)."""
+    if not (schedule.split_backward or schedule.mixed_backward) or timed_model(schedule):
+        return 0.0
+    return activation_peak_parts(st.model, st.layout, schedule)[device][1]
 
 
 def _part(costs: StageCosts, op) -> Part:

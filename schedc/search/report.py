@@ -131,7 +131,24 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
                   f"({winner.candidate.describe()}, {winner.iteration_s:.4f} s)")
     lines.append(f"  against the winner (s): {breakdown_difference(mine, winner.prediction)} (memory GiB "
                  f"{mine.memory_bytes / GIB:.1f} against {winner.prediction.memory_bytes / GIB:.1f})")
+    lines.append(f"  memory against the winner (GiB): {memory_difference(mine, winner.prediction)}")
     return lines
+
+
+MEMORY_PARTS = (("weights_gradients_optimizer", "weights, gradients and optimizer"), ("activations", "activations"),
+                ("optimizer_step", "optimizer step"), ("allocator_and_context", "allocator and context"))
+
+
+def memory_difference(mine, other) -> str:
+    """Two predictions' memory on their largest device, part by part in GiB (mine minus other's), the
+    activations' deferred weight gradients (held from I to W) named apart."""
+    def deferred(p) -> float:
+        return p.extra.get("deferred_w_gib", 0.0)
+    parts = [f"{name} {round((mine.memory_parts[key] - other.memory_parts[key]) / GIB, 2) + 0.0:+.2f}"
+             for key, name in MEMORY_PARTS]
+    parts[1] += (f" (deferred W {deferred(mine):.2f} against {deferred(other):.2f})"
+                 if deferred(mine) or deferred(other) else "")
+    return ", ".join(parts)
 
 
 def matching(space: list, wanted: dict[str, Any]) -> list:
