@@ -14,8 +14,10 @@ ZB-H2's shape under its 2p limit, benchmarks/schedules/zb_2p.sched) and the newe
 each with its activations against 1F1B's; the newer ones run on 2p half stages (the V's and
 interleaving's chunks) or on two copies of the model (DualPipe).
 
-Measured memory is read as GiB (torch's allocator counters, which the paper's "GB" reports); the
-prediction is the most loaded GPU's, with the allocator's fragmentation and the CUDA context.
+Measured memory is read as GiB (Megatron-LM's report_memory prints torch's allocator counters in MiB;
+which counter the paper's "GB" is, allocated or reserved, it does not say). The prediction is the most
+loaded GPU's, with the cluster's allowance for the allocator's fragmentation and the CUDA context (the
+error the targets count), and its tensors alone beside it (what max_memory_allocated would count).
 
     python benchmarks/zb_paper.py        # the table, then the errors' summary
 """
@@ -93,7 +95,8 @@ def measured_table(cluster) -> dict[str, list[float]]:
     """Print the measured schedules' rows; return the errors by kind."""
     errors: dict[str, list[float]] = {"throughput": [], "gain": [], "memory": []}
     print(f"{'model':<8} {'schedule':<8} {'m':>3}  {'samples/GPU/s':>13} {'measured':>8} {'error':>7}  "
-          f"{'gain':>6} {'measured':>8} {'diff':>6}  {'memory GiB':>10} {'measured':>8} {'error':>7}  bubble")
+          f"{'gain':>6} {'measured':>8} {'diff':>6}  {'memory GiB':>10} {'measured':>8} {'error':>7}  "
+          f"{'tensors':>7} {'error':>7}  bubble")
     for name, b, measured in ROWS:
         model = load_cluster_model(str(HERE / "models" / f"{name}.toml"), cluster)
         base: dict[int, float] = {}
@@ -114,9 +117,11 @@ def measured_table(cluster) -> dict[str, list[float]]:
                 if m == MICROBATCHES[0]:
                     memory_error = gib / memory - 1
                     errors["memory"].append(abs(memory_error))
-                    memory_text = f"{gib:>10.1f} {memory:>8} {100 * memory_error:>+6.1f}%"
+                    tensors = (pred.memory_bytes - pred.memory_parts["allocator_and_context"]) / GIB
+                    memory_text = (f"{gib:>10.1f} {memory:>8} {100 * memory_error:>+6.1f}%  {tensors:>7.1f} "
+                                   f"{100 * (tensors / memory - 1):>+6.1f}%")
                 print(f"{name:<8} {label:<8} {m:>3}  {samples:>13.2f} {speed:>8.2f} {100 * error:>+6.1f}%  "
-                      f"{gain_text:<22}  {memory_text:<27}  {pred.extra['bubble']:.3f}")
+                      f"{gain_text:<22}  {memory_text:<44}  {pred.extra['bubble']:.3f}")
     return errors
 
 

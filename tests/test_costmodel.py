@@ -490,3 +490,32 @@ def test_zero_bubbles_memory_follows_its_warm_up():
     p = 4  # V-Half (p + 2)/2 microbatches' worth, V-Min (p + 4)/3, of 1F1B's p (their paper's bounds)
     assert 0.4 * one < peaks["v_half"] <= (p + 2) / (2 * p) * one * (1 + 1e-12)
     assert 0.25 * one < peaks["v_min"] <= (p + 4) / (3 * p) * one * (1 + 1e-12)
+
+
+def _zb_paper():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("zb_paper", ROOT / "benchmarks" / "zb_paper.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("row", [0, 1])
+def test_the_zero_bubble_papers_rows_are_predicted_within_its_targets(row):
+    """Qi et al. (2024), the 1.5B and 6.2B rows at m = 24 on the paper's machine with Megatron Table 1's
+    constants: 1F1B and the automatic ZB-2p (synthesized under 2p; ZB-1p's local search is left to
+    the benchmark) within 10 % of the measured samples per GPU per second, ZB-2p's memory within 15 %,
+    and ZB-2p faster than 1F1B by a gain within 6 points of the measured one (the benchmark prints
+    each cell; its largest gain difference is 5.5 points)."""
+    zb = _zb_paper()
+    cluster = load_cluster(zb.CLUSTER)
+    name, b, measured = zb.ROWS[row]
+    from schedc.costmodel.specs import load_cluster_model
+    model = load_cluster_model(str(MODELS / f"{name}.toml"), cluster)
+    one, _, _, _ = zb.predict("1f1b", {}, model, cluster, b, 24)
+    two, gib, _, _ = zb.predict(zb.AUTOMATIC, {"limit": 2}, model, cluster, b, 24)
+    (base, *_), _ = measured["1F1B"]
+    (fast, *_), memory = measured["ZB-2p"]
+    assert one == pytest.approx(base, rel=0.10) and two == pytest.approx(fast, rel=0.10)
+    assert gib == pytest.approx(memory, rel=0.15)
+    assert abs((two / one - 1) - (fast / base - 1)) < 0.06
