@@ -1,4 +1,4 @@
-"""Order synthesis under memory (`schedc tune --synthesize`, schedc/synthesize.py): the orders pass the
+"""Order synthesis under memory (`schedc tune --synthesize`, schedc/search/synthesis.py): the orders pass the
 compiler's checks, stay within the limit, and are no slower than the zero-bubble repo's heuristic
 scheduler, ZB-H1 (limit p) and ZB-H2 (limit 2p) on the same inputs, all timed by the independent
 timer of tests/zb_heuristic.py."""

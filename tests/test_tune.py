@@ -1,5 +1,5 @@
-"""schedc/tune.py: the configuration search. Its shortcuts (one elaboration per order, simulate's timing
-over a cached predecessor index, the bound, the cache) are held to the plain form: predict.compile_for
+"""schedc/search: the configuration search. Its shortcuts (one elaboration per order, simulate's timing
+over a cached predecessor index, the bound, the cache) are held to the plain form: driver.cluster.compile_for
 of the same candidate, and the same search with --exhaustive. References for the bound come from the
 bubble formulas of the papers, written here."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def key(ranked):
 @pytest.mark.parametrize("blocking", [False, True])
 def test_the_shortcut_prediction_is_compile_fors(model, blocking):
     """Every field of the prediction, for a sample of the space across the four schedules, equals
-    predict.compile_for's (whole elaboration with the costs, analyse, simulate with links and without),
+    driver.cluster.compile_for's (whole elaboration with the costs, analyse, simulate with links and without),
     with sends that let the sender go on and with blocking ones."""
     searcher = Searcher(request(model, memory_limit=1e15, blocking_p2p=blocking))
     space = candidates(searcher.model, list(searcher.entries.values()), searcher.request)
@@ -57,7 +57,7 @@ def test_the_shortcut_prediction_is_compile_fors(model, blocking):
 
 def compared_with_compile_for(searcher, sample) -> int:
     """How many candidates of `sample` the searcher's shortcut predicts field for field as
-    predict.compile_for does; a candidate the schedule refuses must be refused by both."""
+    driver.cluster.compile_for does; a candidate the schedule refuses must be refused by both."""
     compared = 0
     for c in sample:
         fast = searcher.evaluate(c, free=True)

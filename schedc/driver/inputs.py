@@ -30,7 +30,7 @@ def kind_of(file: str | Path) -> str:
 def load_declaration(source: Source, addons: Iterable[str] = ()) -> ScheduleDecl:
     """Parse and compose: text -> one declaration with its `extends`, `use` and the command line's
     `--with` add-ons resolved. Every path that elaborates a .sched file starts here (compile_file,
-    --cluster's predict.compile_for, tune's search), so a composed schedule is the same schedule on
+    --cluster's driver.cluster.compile_for, tune's search), so a composed schedule is the same schedule on
     each of them."""
     return compose(parse_source(source), source, tuple(addons))
 

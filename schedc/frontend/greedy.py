@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ..diagnostics import Diagnostic, Source, Span, error
 from ..ir import Op, Pipeline, set_spans
+from ..ops import RELEASES
 from . import ast
 from .expr import PipeRef, compile_expr
 from .queues import KIND_RANK, bind_names, chunk_index, key_functions
@@ -81,7 +82,7 @@ def _greedy_orders(orders: list[list[Op]], span: Span | None) -> tuple[tuple[Op,
 
 def _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency) -> None:
     op = ops[n]
-    if op.kind in ("B", "W"):
+    if op.kind in RELEASES:  # the activation its forward saved is freed
         alive[op.device] -= 1
     for m in succ[n]:
         missing[m] -= 1

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schedc.ops import RELEASES
 from schedc.plan import Instr, Opcode
 
 BUILTIN = frozenset(op.value for op in Opcode)
-USERS = frozenset({Opcode.B.value, Opcode.W.value})
+USERS = RELEASES  # the built-in ops that use (and last) a forward's saved state: the release rule of schedc.ops
 
 Key = tuple[int, int]
 

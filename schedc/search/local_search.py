@@ -66,7 +66,7 @@ class Timer:
         return start
 
     def peaks(self, orders) -> tuple[int, ...]:
-        release = self.pr.kinds - 1
+        release = self.pr.release
         out = []
         for order in orders:
             alive = peak = 0
@@ -117,7 +117,7 @@ def _moved(order: list[tuple], n: int, back: int) -> list[tuple]:
 
 
 def _memory_ok(timer: Timer, orders, d: int) -> bool:
-    release = timer.pr.kinds - 1
+    release = timer.pr.release
     alive = 0
     for kind, _, _ in orders[d]:
         alive += 1 if kind == F else -1 if kind == release else 0

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
-from ..ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range
+from ..ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range, release_kind
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
 
@@ -78,6 +78,11 @@ class Problem:
 
     def name(self, kind: int) -> str:
         return (KIND_NAMES if self.split else FULL_NAMES)[kind]
+
+    @property
+    def release(self) -> int:
+        """The kind that frees a forward's activation, as schedc.ops says (release_kind)."""
+        return builtin_kinds(self.split).index(release_kind(self.split))
 
     def lower_bound(self) -> float:
         """No order beats this, the larger of two bounds per device d:

@@ -1,5 +1,5 @@
 """The configuration search of `schedc tune --model M --cluster C --gpus N --global-batch B` (the command
-line and its report are schedc/tune.py). It tries
+line and its report are schedc/cli/tune.py and schedc/search/report.py). It tries
 tensor-parallel t (dividing the heads; within a node first), pipeline p (the schedule's stages must
 divide the layers), d = N / (t p), chunks v (schedules with a param v), microbatch size b (dividing
 B / d), recomputation and the schedules listed, and ranks them by the predicted iteration time of
@@ -13,7 +13,7 @@ closed formula.
                             the K-th best found so far:    a simulation once per (schedule, p, v, m,
                             pruned, never simulated         cost vector, links)
 
-The bound (schedc/bounds.py): every device runs all its ops one at a time, none before the forwards
+The bound (schedc/search/bounds.py): every device runs all its ops one at a time, none before the forwards
 of the stages before its first one have run and their messages arrived, and (without a split
 backward) its last op, a backward, still has the backwards of the stages before it to wait for; then
 the end-of-step tail of the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
@@ -21,7 +21,7 @@ the end-of-step tail of the predict model. It never exceeds the simulated iterat
 overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
 bound, which assumes every op is timed alone. Schedules whose order depends on the costs (greedy), that
 declare tasks, fill bubbles or memory beyond activations are compiled whole for every candidate
-(predict.compile_for), without the bound.
+(driver.cluster.compile_for), without the bound.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class Searcher:
 
     def stage_costs(self, st: Setting, c: Candidate, shape: Shape):
         """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's
-        placement (as predict.compile_for gives them), which depends on d through the ranks' nodes."""
+        placement (as driver.cluster.compile_for gives them), which depends on d through the ranks' nodes."""
         placement = shape.pipelines[0].placement
         blocking = self.request.blocking_p2p
         key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if blocking else ())
@@ -228,7 +228,7 @@ class Searcher:
                        self.request.global_batch)
 
     def _evaluate_plain(self, c: Candidate, free: bool) -> Prediction | Refusal:
-        """The whole compile of predict.compile_for (no shortcut): its prediction or its first error,
+        """The whole compile of driver.cluster.compile_for (no shortcut): its prediction or its first error,
         once per candidate, and once more with the message-free simulation for those ranked (free)."""
         if (c, True) in self.whole:
             return self.whole[c, True]

@@ -1,5 +1,5 @@
-"""synthesize_cli: the synthesize side of `schedc tune --synthesize` — command-line options to a
-Problem, the orders to a checked .sched text and a report (schedc/synthesize.py does the work).
+"""synthesis_options: the synthesize side of `schedc tune --synthesize` — command-line options to a
+Problem, the orders to a checked .sched text and a report (schedc/search/synthesis.py does the work).
 
     -D p=4 -D m=8 --cost I=1 --cost W=1 --latency 0.5 --activation-limit 4 -o zb.sched
     -> zb.sched: makespan 33 (lower bound 28.5), peak activations 4 4 4 4 within 4; greedy variant ...
