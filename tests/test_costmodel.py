@@ -519,3 +519,35 @@ def test_the_zero_bubble_papers_rows_are_predicted_within_its_targets(row):
     assert one == pytest.approx(base, rel=0.10) and two == pytest.approx(fast, rel=0.10)
     assert gib == pytest.approx(memory, rel=0.15)
     assert abs((two / one - 1) - (fast / base - 1)) < 0.06
+
+
+def test_flash_attention_holds_no_scores_and_recomputes_them_in_its_backward(tmp_path):
+    """The model's `attention = "flash"`: Korthikanti's 5as/h term is gone from the activations (one
+    fp32 log-sum-exp per head and token instead), the softmax and dropout over s x s move nothing
+    through HBM, and I's attention products are 2.5 forwards' (the scores recomputed), so on an ideal
+    GPU I = 24bsh² + 10bs²h; selective recomputation repeats nothing. `standard` is the default."""
+    from schedc.costmodel.specs import load_model_spec
+    layers, b, s, h, a = 3, 2, 2048, 2048, 16
+    standard = ModelSpec(layers, h, a, s, 51200, 4 * h)
+    flash = replace(standard, attention="flash")
+    layout = Layout(microbatch_size=b, recompute="none")
+    sbh = s * b * h
+    assert layer_activation_bytes(standard, layout) == pytest.approx(sbh * (34 + 5 * a * s / h))
+    assert layer_activation_bytes(flash, layout) == pytest.approx(sbh * 34 + 4 * b * a * s)
+    gemms, core = 24 * b * s * h * h, 4 * b * s * s * h
+    ideal_flash = stage_costs(Setting(flash, ideal(), layout), 3).costs()
+    assert ideal_flash["F"][1] == pytest.approx((gemms + core) / A100.peak_flops, rel=1e-9)
+    assert ideal_flash["I"][1] == pytest.approx((gemms + 2.5 * core) / A100.peak_flops, rel=1e-9)
+    selective = stage_costs(Setting(flash, ideal(), replace(layout, recompute="selective")), 3).costs()
+    assert selective["I"][1] == pytest.approx(ideal_flash["I"][1], rel=1e-12)
+    on_a100 = {name: stage_costs(Setting(model, A100, layout), 3).costs() for name, model in
+               (("standard", standard), ("flash", flash))}
+    assert on_a100["flash"]["F"][1] < on_a100["standard"]["F"][1]
+    path = tmp_path / "m.toml"
+    path.write_text('layers = 4\nhidden = 256\nheads = 4\nseq = 128\nvocab = 1000\nattention = "flash"\n')
+    assert load_model_spec(str(path)).flash and not load_model_spec(str(MODELS / "gpt-1.7b.toml")).flash
+    path.write_text('layers = 4\nhidden = 256\nheads = 4\nseq = 128\nvocab = 1000\nattention = "fused"\n')
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--model", str(path), "--cluster",
+                                       "dgx-a100-80gb", "--microbatch-size", "1", "--global-batch", "4"])
+    assert result.exit_code == 2
+    assert "'attention' must be one of standard, flash, got 'fused'" in result.output and ":6:" in result.output

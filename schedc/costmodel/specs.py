@@ -1,6 +1,7 @@
 """Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel/).
 
-A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab` and `ffn`):
+A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab`, `ffn` and `attention`,
+the kernel: "standard", Megatron-LM 2021's and the default, or "flash"):
 
     layers = 96      hidden = 12288      heads = 96      seq = 2048      vocab = 51200
 
@@ -47,6 +48,12 @@ class ModelSpec:
     ffn: int
     dtype: str = "bf16"
     microbatch_size: int | None = None  # the bytes check's key; --microbatch-size wins
+    attention: str = "standard"  # the attention kernel: "standard" materialises the s x s scores in
+    # HBM (Megatron-LM 2021), "flash" keeps them on chip and recomputes them in the backward
+
+    @property
+    def flash(self) -> bool:
+        return self.attention == "flash"
 
     @property
     def width(self) -> int:
@@ -104,8 +111,10 @@ _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
     "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
 _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-                 "dtype": str, "microbatch_size": int}
-_MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size"}
+                 "dtype": str, "microbatch_size": int, "attention": str}
+_MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size", "attention"}
+ATTENTION_KERNELS = ("standard", "flash")
+_CHOICES = {"dtype": tuple(DTYPE_BYTES), "attention": ATTENTION_KERNELS}  # a str field's values
 
 MAX_GPUS = 2**20  # a million GPUs: past every cluster built; bounds tune's divisors and a prediction's t x p x d
 
@@ -179,7 +188,8 @@ def read_fields(table: dict, source: Source, fields: dict[str, type], optional: 
                 also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:
     """A model table's values and what is wrong with them, each located: unknown keys (those in `also`
     are read by another consumer and let through), missing required ones, integers that are not
-    positive, dtypes not in DTYPE_BYTES. The one field rule for every model description."""
+    positive, dtypes not in DTYPE_BYTES, attention kernels not in ATTENTION_KERNELS. The one field rule
+    for every model description."""
     known = [*fields, *also]
     diags: list[Diagnostic] = [error(f"unknown key '{k}' (keys: {', '.join(known)})", locate(source, k))
                                for k in table if k not in known]
@@ -192,9 +202,10 @@ def read_fields(table: dict, source: Source, fields: dict[str, type], optional: 
                 diags.append(error(f"missing key '{key}' (the model needs {needed})", Span(1, 1)))
             continue
         ok = (isinstance(value, kind) and not isinstance(value, bool)
-              and (0 < value <= MAX_SIZE if kind is int else value in DTYPE_BYTES))
+              and (0 < value <= MAX_SIZE if kind is int else value in _CHOICES.get(key, DTYPE_BYTES)))
         if not ok:
-            want = f"a positive integer up to {MAX_SIZE:,}" if kind is int else "one of " + ", ".join(DTYPE_BYTES)
+            want = (f"a positive integer up to {MAX_SIZE:,}" if kind is int
+                    else "one of " + ", ".join(_CHOICES.get(key, DTYPE_BYTES)))
             diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
         values[key] = value
     return values, diags

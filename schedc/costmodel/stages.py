@@ -40,7 +40,10 @@ def overlapped_pair(forward: Part, backward: Part) -> Part:
 
 def layer_parts(st: Setting) -> dict[str, Part]:
     """One transformer layer, one microbatch: forward F, input-gradient I, weight-gradient W, and the
-    recomputation R that B repeats before its backward (nothing without recomputation)."""
+    recomputation R that B repeats before its backward (nothing without recomputation). With a flash
+    attention kernel (the model's `attention`) the s x s softmax and dropout move nothing through HBM
+    and the backward's attention products are five, not four (the scores recomputed: 2.5 forwards'),
+    which leaves selective recomputation nothing to repeat."""
     m, lay, hw = st.model, st.layout, st.hw
     b, s, h, a, f, t, w = lay.microbatch_size, m.seq, m.hidden, m.heads, m.ffn, lay.tp, m.width
     bs = b * s
@@ -48,14 +51,16 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
     replicated = bs * h / (t if lay.sequence_parallel else 1)
     elementwise = hw.memory(w * (ELEMENTWISE * replicated + 2 * bs * f / t + TRANSPOSES * bs * h / t))
-    attention_elementwise = hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
+    # flash attention: softmax and dropout on chip (no s x s traffic); its backward recomputes the scores
+    attention_elementwise = 0.0 if m.flash else hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
+    attention_backward = (2.5 if m.flash else 2) * attention
     comm = 2 * st.tp_all_reduce(w * bs * h) if t > 1 else 0.0  # 2 AG + 2 RS cost the same with SP
     accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm)
-    recompute = {"full": forward, "selective": Part(attention + attention_elementwise, 0.0),
-                 "none": Part()}[lay.recompute]
+    core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
+    recompute = {"full": forward, "selective": core, "none": Part()}[lay.recompute]
     return {F: forward,
-            I: Part(gemms + 2 * attention + 2 * (elementwise + attention_elementwise), comm),
+            I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm),
             W: Part(gemms + accumulate, 0.0),
             R: recompute}
 
