@@ -551,3 +551,28 @@ def test_flash_attention_holds_no_scores_and_recomputes_them_in_its_backward(tmp
                                        "dgx-a100-80gb", "--microbatch-size", "1", "--global-batch", "4"])
     assert result.exit_code == 2
     assert "'attention' must be one of standard, flash, got 'fused'" in result.output and ":6:" in result.output
+
+
+def test_uneven_stages_from_the_command_line():
+    """--account-for-embedding --account-for-loss: 22 layers on 8 stages as 2, 3, ..., 3, 2 (the zero
+    bubble paper's models), each stage's costs and parameters by its own layers; without a split the
+    22 layers are refused; --stage-layers gives every stage's count, checked against the model."""
+    from schedc.costmodel.bytes import stage_params
+    base = ["simulate", "1f1b", "-D", "p=8", "--model", str(MODELS / "zb-1.5b.toml"), "--cluster",
+            "a100-80gb-roce", "--microbatch-size", "6", "--global-batch", "48", "--recompute", "none"]
+    runner = CliRunner()
+    refused = runner.invoke(main, base)
+    assert refused.exit_code == 2 and "'layers' (22) must be a multiple of the schedule's 8 stages" in refused.output
+    split = runner.invoke(main, [*base, "--account-for-embedding", "--account-for-loss", "--json"])
+    assert split.exit_code == 0, split.output
+    explicit = runner.invoke(main, [*base, "--stage-layers", "2,3,3,3,3,3,3,2", "--json"])
+    assert json.loads(explicit.stdout) == json.loads(split.stdout)
+    wrong = runner.invoke(main, [*base, "--stage-layers", "3,3,3,3,3,3,3,3"])
+    assert wrong.exit_code == 2 and "sums to 24 layers; the model has 22" in wrong.output
+    model = ModelSpec(22, 2304, 24, 1024, 32000, 4 * 2304)
+    layout = Layout(account_for_embedding=True, account_for_loss=True)
+    st = Setting(model, ideal(), layout)
+    costs = stage_costs(st, 8).costs()
+    assert costs["W"][1] == pytest.approx(costs["W"][6]) and costs["W"][1] == pytest.approx(1.5 * costs["W"][0], rel=0.05)
+    assert stage_params(model, 1, 8, 3, layout) == pytest.approx(3 / 2 * (stage_params(model, 1, 8, 0, layout)
+                                                                          - 32000 * 2304 - 1024 * 2304))

@@ -94,12 +94,20 @@ _CLUSTER_OPTIONS = (
                  help="Activation recomputation (with --cluster; default full, as in Megatron-LM's Table 1)."),
     *(click.option(flag(name), is_flag=True, default=False, help=f"{text}, with --cluster.")
       for name, _, text in SWITCHES),
+    click.option("--stage-layers", "stage_layers", default=None, metavar="N,N,...",
+                 help="Transformer layers of each stage (with --cluster; default: an even split)."),
+    click.option("--account-for-embedding", "account_for_embedding", is_flag=True, default=False,
+                 help="Count the embedding as a layer of the first stage in the even split (with --cluster)."),
+    click.option("--account-for-loss", "account_for_loss", is_flag=True, default=False,
+                 help="Count the output layer and loss as a layer of the last stage in the even split "
+                      "(with --cluster)."),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster; "
                                   "the same file check --model and the runtime's --config read (the "
                                   "runtime's --model is model code, PKG.MOD:FN).")
-_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES)
+_SPLIT_NAMES = ("stage_layers", "account_for_embedding", "account_for_loss")
+_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *_SPLIT_NAMES)
 
 
 def cluster_options(command):
@@ -150,8 +158,20 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
 
     layout = Layout(tp=given(values["tp"]), dp=given(values["dp"]), microbatch_size=given(microbatch_size),
                     global_batch=values["global_batch"], recompute=values["recompute"] or "full",
+                    stage_layers=stage_layers(values["stage_layers"]),
+                    account_for_embedding=values["account_for_embedding"], account_for_loss=values["account_for_loss"],
                     **{name: values[name] for name in SWITCH_NAMES})
     return ClusterRequest(model_file, values["cluster_name"], layout)
+
+
+def stage_layers(text: str | None) -> tuple[int, ...] | None:
+    """--stage-layers 2,3,3,2 -> (2, 3, 3, 2); a usage error (exit 2) for anything but counts."""
+    if text is None:
+        return None
+    words = [w.strip() for w in text.split(",")]
+    if not all(w.isascii() and w.isdigit() for w in words):
+        raise click.UsageError(f"--stage-layers {text!r}: give one layer count per stage, as 2,3,3,2")
+    return tuple(int(w) for w in words)
 
 
 
