@@ -61,12 +61,13 @@ def write_loss(directory: str, loss: float) -> None:
     tmp.replace(out / "loss.json")
 
 
-def log_step(opts, step: int, loss: float, seconds: float, tokens: int) -> None:
-    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step)."""
+def log_step(opts, step: int, loss: float, seconds: float, tokens: int, extra: dict | None = None) -> None:
+    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step), with
+    `extra` fields (the pipelined run's peak saved bytes)."""
     if not opts.quiet:
         print(step_line(step, loss, seconds, tokens), flush=True)
     if opts.metrics_out:
-        record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds, **(extra or {})}
         with open(opts.metrics_out, "a" if step > opts.first_step else "w") as handle:
             handle.write(json.dumps(record) + "\n")
 

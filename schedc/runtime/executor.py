@@ -25,6 +25,7 @@ from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
 from .lifetimes import freed_by, plan_lifetimes
+from .memory import SavedBytes
 from .model import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
 from .tasks import setup_tasks, task_handler
@@ -102,6 +103,7 @@ class Executor:
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
+        self.meter: SavedBytes | None = None  # measures saved activations when set (runtime/memory.py)
         setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -129,6 +131,8 @@ class Executor:
         fault_at = len(program) // 2 if self.fault and self.fault[0] == step else -1
         clock = time.perf_counter_ns
         events = self.events if step < self.record_until else []
+        if self.meter is not None:
+            self.meter.new_step(batch)
         for index, (handler, instr, freed) in enumerate(program):
             if index == fault_at:
                 self._inject_fault(instr)
@@ -141,6 +145,8 @@ class Executor:
                                      f"{_describe(exc)}") from exc
             if freed is not None:
                 self.saved.pop(freed, None)
+                if self.meter is not None:
+                    self.meter.release(freed)
             if self.device_timing:
                 torch.cuda.synchronize()
             # a wait ends where the compute begins: work before the receive (a descheduled rank's) is
@@ -182,6 +188,13 @@ class Executor:
         return value
 
     def forward(self, instr: Instr) -> None:
+        """F, under the saved-bytes meter when there is one."""
+        if self.meter is None:
+            return self._forward(instr)
+        with self.meter.recording((instr.stage, instr.mb)):
+            self._forward(instr)
+
+    def _forward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
         head, start = None, 0
         if s == 0:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .plugins import load_function
+from .recompute import recomputed
 
 
 class ModelError(ValueError):
@@ -46,8 +47,16 @@ class Embed(nn.Module):
         return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
 
 
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of [b, heads, t, d] queries, keys and values: the score product, softmax and
+    value product (what selective recomputation repeats)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention and an MLP, each with a residual."""
+
+    recompute_core = False  # --recompute selective: the attention core is a recomputed region
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -63,7 +72,7 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = recomputed(self.recompute_core, attention_core, q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +108,10 @@ def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
 
 
 class Stage(nn.Module):
-    """Consecutive pieces run in order; parameters keep the unpartitioned model's names."""
+    """Consecutive pieces run in order; parameters keep the unpartitioned model's names. The pieces at
+    `recomputed_pieces` (--recompute full: the layers) run as recomputed regions (runtime/recompute.py)."""
+
+    recomputed_pieces: frozenset[int] = frozenset()
 
     def __init__(self, pieces: list[tuple[str, nn.Module]]):
         super().__init__()
@@ -109,8 +121,8 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The pieces from `start` on (the executor runs stage 0's first piece apart where its backward
         is split)."""
-        for piece in self.pieces[start:]:
-            x = piece(x)
+        for index in range(start, len(self.pieces)):
+            x = recomputed(index in self.recomputed_pieces, self.pieces[index], x)
         return x
 
     def global_parameters(self) -> list[tuple[str, nn.Parameter]]:

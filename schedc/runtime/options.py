@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import fields
 
 from .model import ModelConfig, gpt_problem
+from .recompute import MODES as RECOMPUTE_MODES
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -75,6 +76,10 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--distributed-optimizer", action="store_true",
                        help="with --dp > 1, each data-parallel rank keeps and steps the optimizer state of "
                             "1/dp of the weights, then all-gathers them (ZeRO stage 1)")
+    group.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
+                       help="activation recomputation: full recomputes each layer in its backward, selective "
+                            "only the attention core (score product, softmax, value product), none keeps "
+                            "everything (default none)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
     group.add_argument("--threads", type=int, metavar="N",

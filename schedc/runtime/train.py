@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+import torch
 import torch.distributed as dist
 
 from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
@@ -14,7 +15,9 @@ from .build import (global_microbatches, make_dataset, make_optimizer, model_run
                     tokens_per_step, write_grads, write_loss)
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
-from .model import Stage, boundary_shapes
+from .memory import SavedBytes
+from .model import ModelError, Stage, boundary_shapes
+from .recompute import apply_recompute, has_core
 from .tasks import load_task_modules, task_handler
 from .watchdog import Watchdog
 from .world import Env, World, check_size, pick_device, start, stop
@@ -98,6 +101,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
 
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
     stages = {s: Stage(runs[s]).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    _recompute(stages, runs, opts.recompute)
     sharded = opts.distributed_optimizer and world.dp > 1
     for stage in stages.values():
         attach_flat_grads(stage, world.dp if sharded else 1)
@@ -115,7 +119,19 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         opts.trace_out or opts.report_out or opts.profile_out)
     if opts.fault and opts.fault[0] == world.rank:
         executor.fault = opts.fault[1:]
+    if opts.report_out or opts.metrics_out:
+        executor.meter = SavedBytes.of(stages)
     return executor
+
+
+def _recompute(stages: dict[int, Stage], runs: list[list], mode: str) -> None:
+    """--recompute on this rank's stages: their layers, all pieces but the model's first and last."""
+    if mode == "selective" and not has_core(list(p for run in runs for p in run)):
+        raise ModelError("--recompute selective recomputes the attention core of each layer, and no module of "
+                         "this model names one (a `recompute_core` attribute, as the GPT's Block has); use "
+                         "--recompute full")
+    for s, stage in stages.items():
+        apply_recompute(stage, mode, s == 0, s == len(runs) - 1)
 
 
 def identity(plan: Plan, opts, world: World) -> dict:
@@ -163,14 +179,22 @@ def _mean_loss(executor: Executor) -> float:
 
 
 def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
+    extra = _step_memory(executor) if opts.metrics_out else None
     if world.rank == 0:
-        log_step(opts, step, loss, seconds, tokens)
+        log_step(opts, step, loss, seconds, tokens, extra)
     if step == first and opts.save_grads and world.rank == 0:
         write_loss(opts.save_grads, loss)
     due = (step + 1) % opts.every == 0 if opts.every else step + 1 == opts.steps
     if opts.save and due:
         executor.current = None
         checkpoint.save(opts.save, step + 1, executor, identity(executor.plan, opts, world))
+
+
+def _step_memory(executor: Executor) -> dict:
+    """The step's peak of live saved activation bytes, the largest over the ranks (collective)."""
+    peak = torch.tensor([float(executor.meter.step_peak_bytes)], device=executor.world.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return {"peak_saved_bytes": int(peak.item())}
 
 
 def _grad_dumper(directory: str, first: int, world: World):
@@ -196,19 +220,23 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     mine = [trace.record(world.rank, step, programs[step % len(programs)][index],
                          start - origin, end - origin, wait)
             for step, index, start, end, wait in executor.events]
+    summary = executor.meter.summary() if executor.meter is not None else None
     parts = [None] * world.size if world.rank == 0 else None
-    dist.gather_object(mine, parts, dst=0)
+    dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
         return
-    events = [e for part in parts for e in part]
+    events = [e for part, _ in parts for e in part]
     measured = [e for e in events if e.step >= first + opts.warmup]
-    _write_outputs(plan, opts, world, events, measured)
+    memory = trace.memory_report([summary for _, summary in parts]) if summary is not None else None
+    _write_outputs(plan, opts, world, events, measured, memory)
 
 
-def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list) -> None:
+def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list, memory: dict | None = None) -> None:
     if opts.trace_out:
         trace.write_json(opts.trace_out, trace.chrome_trace(events, plan))
     rep = trace.report(measured, plan, world.size)
+    if memory is not None:
+        rep["memory"] = memory
     if opts.report_out:
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:
