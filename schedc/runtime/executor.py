@@ -15,6 +15,7 @@ import re
 import signal
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
+from .build import clip_coefficient
 from .lifetimes import freed_by, plan_lifetimes
 from .memory import SavedBytes
 from .model import Stage, lm_loss
@@ -104,6 +106,11 @@ class Executor:
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
         self.meter: SavedBytes | None = None  # measures saved activations when set (runtime/memory.py)
+        self.loss_fn: Callable = lm_loss  # --loss
+        self.autocast: Callable = nullcontext  # --dtype bf16: the forward's autocast
+        self.clip_grad: float | None = None  # --clip-grad: the global norm the gradients are brought to
+        self.clip_stages: list[int] = []  # the stages whose gradients this rank counts in the norm (once each)
+        self.set_lr: Callable[[int], None] | None = None  # --lr-warmup-steps, --lr-decay-steps
         setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -189,10 +196,11 @@ class Executor:
 
     def forward(self, instr: Instr) -> None:
         """F, under the saved-bytes meter when there is one."""
-        if self.meter is None:
-            return self._forward(instr)
-        with self.meter.recording((instr.stage, instr.mb)):
-            self._forward(instr)
+        with self.autocast():
+            if self.meter is None:
+                return self._forward(instr)
+            with self.meter.recording((instr.stage, instr.mb)):
+                self._forward(instr)
 
     def _forward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
@@ -211,7 +219,7 @@ class Executor:
         y = self.stages[s](x, start)
         if s == self.last:
             targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
-            loss = lm_loss(y, targets.to(self.world.device, non_blocking=True))
+            loss = self.loss_fn(y, targets.to(self.world.device, non_blocking=True))
             self.loss_sum += loss.detach()
             y = loss * self.scale
         else:
@@ -336,13 +344,28 @@ class Executor:
             ranks = [d * self.world.devices + self.world.plan_rank for d in range(self.world.dp)]
             for stage in self.stages.values():
                 self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
+        if self.clip_grad is not None:
+            self._clip()
         if self.before_update is not None:
             self.before_update(self)
+        if self.set_lr is not None:
+            self.set_lr(self.step_no)
         self.optimizer.step()
         if self.shards is not None:
             self.shards.gather()
         for stage in self.stages.values():
             stage.flat_grad.zero_()
+
+    def _clip(self) -> None:
+        """--clip-grad: the global norm over every stage once (its replicas and data-parallel copies hold
+        the same synced gradients), summed over all ranks; every gradient scaled by clip_coefficient."""
+        square = torch.zeros((), dtype=torch.float32, device=self.world.device)
+        for s in self.clip_stages:
+            square += self.stages[s].flat_grad.float().square().sum()
+        self._all_reduce(square, None, list(range(self.world.size)))
+        factor = clip_coefficient(square, self.clip_grad)
+        for stage in self.stages.values():
+            stage.flat_grad.mul_(factor.to(stage.flat_grad.dtype))
 
     def _check_drained(self) -> None:
         carried = self.lifetimes.carried[self.step_no % len(self.programs)]

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from schedc.layout import SplitError, split_layers
+
 from .plugins import load_function
 from .recompute import recomputed
 
@@ -145,43 +147,52 @@ def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[s
     return pieces
 
 
-def partition_problem(layers: int, stages: int) -> str | None:
+def partition_problem(layers: int, stages: int, explicit: tuple[int, ...] | None = None,
+                      embedding: bool = False, loss: bool = False) -> str | None:
     """Why a model of `layers` middle pieces cannot be split over `stages` stages (None when it can):
     checked by partition and, for the default GPT, by `schedc run` before torchrun starts."""
-    if stages > 1 and layers < stages:
-        return (f"the plan has {stages} model stages but the model has {layers} layers to split; every stage "
-                f"needs at least one (use --layers {stages} or more)")
+    try:
+        split_layers(layers, stages, explicit, embedding, loss)
+    except SplitError as exc:
+        return str(exc)
     return None
 
 
-def partition(pieces: list, stages: int) -> list[list]:
+def partition(pieces: list, stages: int, explicit: tuple[int, ...] | None = None, embedding: bool = False,
+              loss: bool = False) -> list[list]:
     """Split pieces into `stages` runs: the first piece on stage 0, the last on the last stage, the ones
-    in between as evenly as possible (earlier stages take the remainder).
+    in between by schedc.layout.split_layers (as evenly as possible, earlier stages taking the
+    remainder; or `explicit` counts; the end pieces counted as layers with `embedding` / `loss`).
 
     >>> partition(['e', 'b0', 'b1', 'b2', 'h'], 2)
     [['e', 'b0', 'b1'], ['b2', 'h']]
+    >>> partition(['e', 'b0', 'b1', 'b2', 'h'], 2, embedding=True)
+    [['e', 'b0'], ['b1', 'b2', 'h']]
     """
     middle = pieces[1:-1]
+    try:
+        counts = split_layers(len(middle), stages, explicit, embedding, loss)
+    except SplitError as exc:
+        raise ModelError(str(exc)) from None
     if stages == 1:
         return [list(pieces)]
-    problem = partition_problem(len(middle), stages)
-    if problem:
-        raise ModelError(problem)
-    size, extra = divmod(len(middle), stages)
     runs, start = [], 0
-    for s in range(stages):
-        end = start + size + (s < extra)
-        runs.append(list(middle[start:end]))
-        start = end
+    for count in counts:
+        runs.append(list(middle[start:start + count]))
+        start += count
     runs[0].insert(0, pieces[0])
     runs[-1].append(pieces[-1])
     return runs
 
 
-def boundary_shapes(pieces: list[tuple[str, nn.Module]], runs: list[list], cfg: ModelConfig
-                    ) -> list[tuple[torch.Size, torch.dtype]]:
+def boundary_shapes(pieces: list[tuple[str, nn.Module]], runs: list[list], cfg: ModelConfig,
+                    bf16: bool = False) -> list[tuple[torch.Size, torch.dtype]]:
     """Shape and dtype of each stage's output for one microbatch: found on the meta device, or by a
-    real forward on CPU where a piece cannot run on meta."""
+    real forward on CPU where a piece cannot run on meta, or (bf16) under bf16 autocast on CPU, where
+    the dtypes are autocast's."""
+    if bf16:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _trace_shapes(runs, cfg, "cpu")
     try:
         return _trace_shapes(runs, cfg, "meta")
     except (NotImplementedError, RuntimeError):

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
-from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
-                    tokens_per_step, write_grads, write_loss)
+from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
+                    log_step, set_learning_rate, tokens_per_step, write_grads, write_loss)
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
 from .memory import SavedBytes
@@ -86,7 +86,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     env = Env.read()
     check_plan(plan, opts, env)
     pieces, runs = model_runs(opts, plan.meta["stages"])
-    shapes = boundary_shapes(pieces, runs, opts.model_config)
+    shapes = boundary_shapes(pieces, runs, opts.model_config, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
     world = start(plan, opts.dp, env, device, opts.timeout)
@@ -121,7 +121,20 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         executor.fault = opts.fault[1:]
     if opts.report_out or opts.metrics_out:
         executor.meter = SavedBytes.of(stages)
+    _training(executor, plan, opts, world)
     return executor
+
+
+def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
+    """--loss, --dtype, --clip-grad and the learning-rate schedule, as the reference applies them."""
+    executor.loss_fn = load_loss(opts)
+    executor.autocast = lambda: autocast(opts, world.device)
+    executor.set_lr = lambda step: set_learning_rate(executor.optimizer, opts, step)
+    if opts.clip_grad is not None:
+        executor.clip_grad = opts.clip_grad
+        first = {s: min(pipe["placement"][s] for pipe in plan.meta["pipelines"]) for s in executor.stages}
+        executor.clip_stages = [s for s in sorted(executor.stages)
+                                if world.replica == 0 and first[s] == world.plan_rank]
 
 
 def _recompute(stages: dict[int, Stage], runs: list[list], mode: str) -> None:
