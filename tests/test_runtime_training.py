@@ -21,7 +21,7 @@ from test_runtime import _dump, launch_plans, plans  # noqa: F401 (fixtures)
 FIVE = ["--layers", "5", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
 SIX = ["--layers", "6", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
 TOLERANCE = 1e-5
-BF16_TOLERANCE = 2e-2  # bf16 rounding of per-microbatch against whole-batch GEMMs (measured: see the test)
+BF16_TOLERANCE = 1e-2  # bf16 rounding of per-microbatch against whole-batch GEMMs (measured: 2.6e-3)
 
 
 def smoothed_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -95,7 +95,8 @@ def test_training_options_give_the_reference_with_the_same_options(plans, tmp_pa
     counts: the split the runtime made), clipping (a norm far below the gradients', so it scales them)
     over two pipeline ranks, over Chimera's replicas, over two data-parallel ranks, the warm-up and
     cosine schedule over six steps, a user loss: rel <= 1e-5 against the reference with the same options;
-    bf16 against the bf16 reference within BF16_TOLERANCE (measured: about 1e-3 on the gradients)."""
+    bf16 against the bf16 reference within BF16_TOLERANCE (measured: 2.6e-3 on the gradients, 1e-7 on
+    the loss; fp32 cases 3.4e-7 at most)."""
     jobs = []
     for name, (schedule, params, model, options, dp) in CASES.items():
         steps = [] if "--steps" in options else ["--steps", "1"]
@@ -131,7 +132,7 @@ def _assert_options_mattered(plans, tmp: Path) -> None:
     assert math.sqrt(sum(g.square().sum().item() for g in clipped.values())) == pytest.approx(0.05, rel=1e-4)
     assert math.sqrt(sum(g.square().sum().item() for g in plain[1].values())) > 1.0
     assert _losses(tmp / "ref_lr_schedule" / "metrics.jsonl")[1:] != pytest.approx(plain_losses[1:], rel=1e-4)
-    assert _dump(tmp / "ref_user_loss")[0] != pytest.approx(plain[0][0], rel=1e-3)
+    assert _dump(tmp / "ref_user_loss")[0] != pytest.approx(plain[0], rel=1e-4)
 
 
 @pytest.mark.parametrize("args,message", [
