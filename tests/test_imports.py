@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGES = {"schedc": ROOT / "schedc"}  # the runtime, grammar, library and clusters lie inside
-RUNTIME_MAY_IMPORT = ("schedc.plan", "schedc.ops")
+RUNTIME_MAY_IMPORT = ("schedc.plan", "schedc.ops", "schedc.layout")  # layout: the Layout value, rank order, layer split
 
 
 def _modules() -> dict[str, Path]:
