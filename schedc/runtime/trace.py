@@ -217,6 +217,14 @@ def format_report(rep: dict[str, Any]) -> str:
     for op, per_stage in rep["mean_ms"].items():
         cells = " ".join(f"{v:.3f}" for v in per_stage)
         lines.append(f"mean {op} ms by stage: {cells}")
+    if rep.get("memory"):
+        stages = rep["memory"]["stages"].values()
+        peak = max(r["peak_saved_bytes"] for r in rep["memory"]["ranks"])
+        lines.append("saved for backward, bytes per microbatch by stage: "
+                     + " ".join(str(v["saved_bytes_per_microbatch"]) for v in stages)
+                     + "; most microbatches in flight by stage: "
+                     + " ".join(str(v["peak_microbatches_in_flight"]) for v in stages)
+                     + f"; peak on a rank {peak / 2 ** 20:.2f} MiB")
     return "\n".join(lines)
 
 
