@@ -196,7 +196,7 @@ def _special_files(directory: str, names: list[str]) -> list[str]:
 
 def headline(output: str) -> str:
     """The first line that says what went wrong, with the case's directory taken out."""
-    lines = [l for l in output.splitlines() if l.strip() and l != "#stderr#"]
+    lines = [x for x in output.splitlines() if x.strip() and x != "#stderr#"]
     for pattern in ("Error:", "Error", "error:", "rror"):
         for line in reversed(lines) if pattern.endswith("Error") else lines:
             if pattern in line:

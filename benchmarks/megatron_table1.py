@@ -26,10 +26,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from schedc.cluster import load_cluster, load_model_spec  # noqa: E402
+from schedc.costmodel.specs import load_cluster, load_model_spec  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
 from schedc.costmodel import Setting  # noqa: E402
-from schedc.predict import compile_for  # noqa: E402
+from schedc.driver.cluster import compile_for  # noqa: E402
 
 # model file, t, p, GPUs, global batch, microbatch size, layers per virtual stage (0: none), DDP, TF/s
 ROWS = [

@@ -62,7 +62,7 @@ def run(plan: Path, ranks: int, flags: list[str], report: Path) -> dict:
 
 def cost_model_ratio(size: dict) -> list[float]:
     """Per stage, the cost model's B with full recomputation over B without, for this GPT in fp32."""
-    from schedc.cluster import ModelSpec, load_cluster
+    from schedc.costmodel.specs import ModelSpec, load_cluster
     from schedc.costmodel import Setting, stage_costs
     from schedc.layout import Layout
     model = ModelSpec(LAYERS, size["hidden"], size["heads"], size["seq"], VOCAB, 4 * size["hidden"], "fp32")

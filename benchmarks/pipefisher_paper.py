@@ -18,7 +18,7 @@ import csv
 import sys
 from pathlib import Path
 
-from schedc.compiler import compile_source, read_source
+from schedc.driver import compile_source, read_source
 from schedc.diagnostics import SchedError
 from schedc.frontend.elaborate import Options
 from schedc.interop.profiles import read_profile, read_profile_memory

@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("-m", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from schedc.compiler import compile_file
+    from schedc.driver import compile_file
     from schedc.render import render
     from schedc.render.timeline import timeline_dot
 

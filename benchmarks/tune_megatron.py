@@ -37,7 +37,7 @@ from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
 from schedc.frontend.library import library_files  # noqa: E402
 from schedc.diagnostics import SchedError  # noqa: E402
 from schedc.search import Candidate, Request, Searcher  # noqa: E402
-from schedc.tune import breakdown_difference  # noqa: E402
+from schedc.search.report import breakdown_difference  # noqa: E402
 
 FAMILIES = ("1f1b", "interleaved_1f1b")
 

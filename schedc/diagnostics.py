@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 
+from .text import MAX_SHOWN
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -109,23 +111,10 @@ def _lines(text: str) -> tuple[str, ...]:
     return tuple(text.splitlines())
 
 
-MAX_ALIKE = 20  # diagnostics of one kind shown one by one; the rest are counted
 _NUMBERS = re.compile(r"\d+")
 
 
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """`1 device`, `2 devices` (`nouns`: the plural where it is not noun + s)."""
-    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
-
-
-def listed(items: list[str], sep: str = ", ", limit: int = MAX_ALIKE) -> str:
-    """Items joined by sep, at most `limit` of them, then `... and N more` (a line per device of 1,000
-    devices is not read)."""
-    shown = sep.join(items[:limit])
-    return shown + (f" ... and {len(items) - limit:,} more" if len(items) > limit else "")
-
-
-def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagnostic]:
+def capped(diagnostics: list[Diagnostic], limit: int = MAX_SHOWN) -> list[Diagnostic]:
     """The diagnostics to show: at most `limit` of each kind (the same message but for its numbers, as
     'F(0,3) runs twice ...' and 'F(0,4) runs twice ...'), then one 'and N more like this' per kind,
     where its first left-out one was. The order is kept."""
@@ -147,15 +136,26 @@ def capped(diagnostics: list[Diagnostic], limit: int = MAX_ALIKE) -> list[Diagno
     return shown
 
 
+# What a SchedError is about, and the command line's exit code for it (decided here, nowhere else): a
+# usage or syntax error (the options, a file that cannot be read as what it claims to be), or a schedule
+# that reads but is wrong.
+USAGE, SCHEDULE = "usage", "schedule"
+EXIT_CODES = {SCHEDULE: 1, USAGE: 2}
+
+
 class SchedError(Exception):
-    """A user error carrying diagnostics. `exit_code` 2 for syntax/usage, 1 for a wrong schedule."""
+    """The compiler's one user error, carrying diagnostics; `kind` USAGE or SCHEDULE (EXIT_CODES)."""
 
     def __init__(self, diagnostics: list[Diagnostic] | Diagnostic, source: Source | None = None,
-                 exit_code: int = 1):
+                 kind: str = SCHEDULE):
         self.diagnostics = [diagnostics] if isinstance(diagnostics, Diagnostic) else list(diagnostics)
         self.source = source
-        self.exit_code = exit_code
+        self.kind = kind
         super().__init__(self.render())
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.kind]
 
     def render(self) -> str:
         return "\n".join(d.format(self.source) for d in capped(self.diagnostics))
@@ -166,6 +166,14 @@ def has_errors(diagnostics: list[Diagnostic]) -> bool:
 
 
 def exit_code(diagnostics: list[Diagnostic]) -> int:
-    """The command line's exit code for a schedule with these diagnostics: 1 when one is an error, else
-    0 (a SchedError carries its own: 2 for usage and syntax errors, 1 for a wrong schedule)."""
-    return 1 if has_errors(diagnostics) else 0
+    """The command line's exit code for a schedule with these diagnostics: a wrong schedule's when one
+    is an error, else 0 (a SchedError carries its own kind)."""
+    return EXIT_CODES[SCHEDULE] if has_errors(diagnostics) else 0
+
+
+OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
+
+
+def usage(message: str) -> SchedError:
+    """A usage error (exit 2) about the command line's options."""
+    return SchedError(error(message), OPTIONS, kind=USAGE)

@@ -45,6 +45,34 @@ class Layout:
         return self.global_batch // (self.microbatch_size * self.dp)
 
 
+# The layout's on/off switches, each once: its field, in words, and what it does. The command line's flag is
+# the field's name (--sequence-parallel), the same on simulate/compile/render --cluster and on tune;
+# predictions and tune's winner name them from here.
+SWITCHES: tuple[tuple[str, str, str], ...] = (
+    ("sequence_parallel", "sequence parallel",
+     "Sequence parallelism: reduce-scatter/all-gather, activations split t ways"),
+    ("overlap_grad_reduce", "overlapped gradient reduce",
+     "The data-parallel all-reduce overlaps the last backward (torch DDP)"),
+    ("blocking_p2p", "blocking sends",
+     "A send holds its sender until the message is through, as Megatron-LM's point-to-point calls do (default: "
+     "it does not, as in schedc's runtime)"),
+    ("distributed_optimizer", "distributed optimizer",
+     "Shard the optimizer state over data parallelism (Megatron-LM's --use-distributed-optimizer, ZeRO stage 1)"),
+)
+SWITCH_NAMES = tuple(name for name, _, _ in SWITCHES)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a layout field: sequence_parallel -> --sequence-parallel."""
+    return "--" + name.replace("_", "-")
+
+
+def switches_on(layout) -> list[str]:
+    """The switches that are on, in words (a Layout, or a plan's "cluster" metadata as a dict)."""
+    get = layout.get if isinstance(layout, dict) else lambda name: getattr(layout, name)
+    return [words for name, words, _ in SWITCHES if get(name)]
+
+
 @dataclass(frozen=True, slots=True)
 class Coordinates:
     """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank."""
@@ -64,6 +92,15 @@ def coordinates(rank: int, tp: int, dp: int) -> Coordinates:
     group, tensor = divmod(rank, tp)
     pipeline, data = divmod(group, dp)
     return Coordinates(pipeline, data, tensor)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterRequest:
+    """The command line's cluster options: files and the layout (microbatch size from --microbatch-size)."""
+
+    model: str
+    cluster: str
+    layout: Layout
 
 
 class SplitError(ValueError):

@@ -24,14 +24,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from .diagnostics import SchedError, Source, error
+from .diagnostics import USAGE, SchedError, Source, error
 
 STDOUT = "-"
 _MAX_LINKS = 40  # as the kernel's own limit on a chain of symlinks
 
 
 def output_error(path: str | Path, why: str) -> SchedError:
-    return SchedError(error(f"cannot write {path}: {why}"), Source(str(path), ""), exit_code=2)
+    return SchedError(error(f"cannot write {path}: {why}"), Source(str(path), ""), kind=USAGE)
 
 
 def reason(exc: OSError) -> str:

@@ -3,17 +3,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .diagnostics import MAX_ALIKE, Severity, listed, plural
+from .diagnostics import Severity
+from .text import MAX_SHOWN, listed, more, plural
 
 if TYPE_CHECKING:
-    from .compiler import Compiled
+    from .compiled import Compiled
 
 
 def summary(result: Compiled) -> str:
     """The compile summary: sizes, makespan, bubble, utilization, peaks (and the fill, if any)."""
     s, st = result.schedule, result.stats
     peak = listed([f"{m:g}" for m in st["peak_memory"]], "/") + (
-        f" (at most {max(st['peak_memory']):g})" if s.devices > MAX_ALIKE else "")
+        f" (at most {max(st['peak_memory']):g})" if s.devices > MAX_SHOWN else "")
     lines = [f"{s.title}: {plural(s.devices, 'device')}, {plural(s.stages, 'stage')}, "
              f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}"
              + (" a step, with the filled tasks' pieces besides" if "utilization_unfilled" in st else ""),
@@ -35,13 +36,13 @@ def device_table(result: Compiled) -> str:
     inside = st["idle_inside"]
     rows = ["  device      busy      idle    inside   peak act"]
     devices = result.schedule.devices
-    shown = range(min(devices, MAX_ALIKE))
+    shown = range(min(devices, MAX_SHOWN))
     columns = [_aligned([column[d] for d in shown]) for column in (st["busy"], st["idle"], inside, st["peak_memory"])]
     for d in shown:
         busy, idle, ins, peak = (column[d] for column in columns)
         rows.append(f"  {d:>6} {busy:>9} {idle:>9} {ins:>9} {peak:>10}")
-    if devices > MAX_ALIKE:
-        rows.append(f"  ... and {devices - MAX_ALIKE:,} more devices (--json lists every device)")
+    if devices > MAX_SHOWN:
+        rows.append(f"  {more(devices - MAX_SHOWN, 'devices')} (--json lists every device)")
     return "\n".join(rows)
 
 
@@ -56,5 +57,5 @@ def refusal(result: Compiled) -> str:
     schedule's (a deadlocked one never finishes), so no makespan or utilization is shown."""
     s = result.schedule
     errors = sum(d.severity is Severity.ERROR for d in result.diagnostics)
-    return (f"{s.name}: fails its checks ({errors} error{'s' * (errors != 1)} below); "
+    return (f"{s.name}: fails its checks ({plural(errors, 'error')} below); "
             "no stats for a schedule that cannot run")

@@ -28,7 +28,7 @@ def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], l
     """Index the placed ops (device by device, each in program order) and give each op's predecessors by
     index: the op before it on its device (none for a device's first op), then its data dependencies in
     Dependencies.keys_of order. A dependency that is not placed reads as len(ops), a sentinel that
-    _times counts as ended before time 0. Also the index of every device's first op."""
+    times counts as ended before time 0. Also the index of every device's first op."""
     ops = list(chain.from_iterable(schedule.orders))
     keys = list(map(OP_KEY, ops))
     # key -> index; a key not placed gets the sentinel (and is stored: the dict is thrown away after)
@@ -47,7 +47,7 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
                   deps: Dependencies) -> list[tuple[int, ...]]:
     """(n - 1, *indices of op n's dependencies) for every op n. A built-in op's dependencies come from
     ops.builtin_deps, asked once per kind, pipeline and stage and kept flat (_builtin_table): a keys_of
-    call per op, two Python calls and a tuple of tuples, would cost as much as all of _times."""
+    call per op, two Python calls and a tuple of tuples, would cost as much as all of times."""
     table = _builtin_table(deps).get
     preds = []
     append = preds.append
@@ -100,12 +100,12 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
     of the message when one ran on another device) and end; `complete` is False when the orders
     deadlock; peaks by the memory model. A dependency that is not placed (check_structure reports it) is
     ignored here, so a broken schedule still gets times. `links[a][b]`, when given, is the time of a
-    message from device a to device b (the link the two sit on, schedc/costmodel.py) and replaces the
+    message from device a to device b (the link the two sit on, schedc/costmodel/) and replaces the
     one `latency` of every message."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
     pairs = _fuse(schedule, ops, preds, cost)
-    start, end = _times(cost, device, preds, firsts, latency, links)
+    start, end = times(cost, device, preds, firsts, latency, links)
     for n in pairs:  # the backward half of an overlapped op runs with its forward half
         start[n + 1] = start[n]
     complete = None not in end
@@ -117,11 +117,8 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
         sequence = sorted(zip(starts, ends, timed_ops), key=START)  # stable: ties keep index order
     else:
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
-    busy = [0.0] * schedule.devices
-    for d, c in zip(device, cost):
-        busy[d] += c
     timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), max(ends, default=0.0),
-                    tuple(busy), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+                    busy_times(cost, device, schedule.devices), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
     if complete and timed_model(schedule):  # kept outputs, saved gradients, task state
         timing = replace(timing, peak_memory=peaks(holdings(schedule, [timing])))
     return timing
@@ -175,8 +172,24 @@ def fuse_costs(pairs: list[tuple[int, int]], cost: list[float], table) -> None:
         cost[n], cost[n + 1] = both, 0.0
 
 
-def _times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
-           latency: float, links: Links | None = None) -> tuple[list[float], list[float | None]]:
+def busy_times(cost: list[float], device: list[int], devices: int) -> tuple[float, ...]:
+    """Per device, the sum of its ops' costs (Timing.busy; the bubble's denominator)."""
+    busy = [0.0] * devices
+    for d, c in zip(device, cost):
+        busy[d] += c
+    return tuple(busy)
+
+
+def order_makespan(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
+                   links: Links | None = None) -> float | None:
+    """simulate's timing of an order already indexed (predecessors(), fuse_pairs()) under one cost
+    vector, for a caller that times one order under many (tune): its makespan, None when it deadlocks."""
+    _, end = times(cost, device, preds, firsts, 0.0, links)
+    return None if None in end else max(end, default=0.0)
+
+
+def times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
+          latency: float, links: Links | None = None) -> tuple[list[float], list[float | None]]:
     """Start and end of every op that runs (end None for the others: the orders deadlock). An op is tried
     when its device reaches it and again when the predecessor it waited for ends; once all have ended,
     it starts at the latest arrival (0.0 at the earliest). The order of the tries does not change the

@@ -9,6 +9,16 @@ from .ir import Op, Schedule
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """What the cost model predicts a step from: the makespan, each device's busy time and activation
+    peaks. A Timing has them too; the search's walk times an order without building one."""
+
+    makespan: float
+    busy: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Timing:
     """Start and end of every placed op, and the derived statistics."""
 

@@ -14,7 +14,7 @@ imports it.
 """
 from __future__ import annotations
 
-from .compiler import compile_file
+from .driver import compile_file
 from .diagnostics import SchedError
 from .interop.torch_comms import export_comms_csv
 from .interop.torch_csv import export_csv

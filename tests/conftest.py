@@ -23,8 +23,8 @@ def regen_golden(request) -> bool:
 
 
 def compile_library(name: str, **params):
-    """Compile schedc/schedules/<name>.sched with params; returns schedc.compiler.Compiled."""
-    from schedc.compiler import compile_source, read_source
+    """Compile schedc/schedules/<name>.sched with params; returns schedc.compiled.Compiled."""
+    from schedc.driver import compile_source, read_source
     from schedc.frontend.elaborate import Options
     options = Options({k: str(v) for k, v in params.items()})
     return compile_source(read_source(SCHEDULES / f"{name}.sched"), options)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import csv
 import io
-from collections import defaultdict
 
 Op = tuple
 Orders = list  # list[list[Op]]

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from schedc.cli import main
-from schedc.cluster import ModelSpec, dump_cluster, load_cluster
+from schedc.costmodel.specs import ModelSpec, dump_cluster, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import Setting, stage_costs
 from schedc.predict import fit_to_profile

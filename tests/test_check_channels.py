@@ -152,7 +152,7 @@ def programs(compiled) -> list[tuple[list, list, int]]:
 @pytest.fixture(scope="module")
 def library_programs():
     from conftest import FIXTURES
-    from schedc.compiler import compile_source, read_source
+    from schedc.driver import compile_source, read_source
     from schedc.frontend.elaborate import Options
     compiled = [compile_library(name, **params) for name, params in LIBRARY_PLANS]
     compiled += [compile_source(read_source(FIXTURES / name), Options({})) for name in FIXTURE_PLANS]
@@ -262,7 +262,7 @@ def test_memory_stays_linear_in_the_device_count():
     of ranks x ranks (p=2,000: 260 MB in lower; p=5,000: 2.4 GB in all); now the whole compile
     allocates a few MB per thousand devices."""
     import tracemalloc
-    from schedc.compiler import compile_file
+    from schedc.driver import compile_file
     tracemalloc.start()
     try:
         result = compile_file("gpipe", ["p=2000", "m=1"])

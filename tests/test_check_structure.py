@@ -54,7 +54,7 @@ def test_broken_corpus_is_refused_with_locations(name, code, expected):
     result = run_check(BROKEN / name)
     assert result.exit_code == code, result.output
     for where, fragment in expected:
-        line = next((l for l in result.output.splitlines() if f"{name}:{where}: error:" in l), None)
+        line = next((x for x in result.output.splitlines() if f"{name}:{where}: error:" in x), None)
         assert line is not None and fragment in line, (where, fragment, result.output)
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from conftest import ROOT
 from schedc.cli import main
 from schedc.layout import Layout
-from schedc.cluster import library_clusters, load_cluster, load_model_spec, locate
+from schedc.costmodel.specs import library_clusters, load_cluster, load_model_spec, locate
 from schedc.diagnostics import SchedError, Source
 
 A100 = ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml"
@@ -208,7 +208,8 @@ def test_a_task_costs_its_declared_cost_in_forwards_of_its_stage(tmp_path):
     """task_in_forwards.sched declares `task t(s) = 5`: under --cluster each instance costs five of its
     stage's forwards in seconds (not 5 s), and the K-FAC add-on's `cost piece = 0.08` is 0.08 forwards."""
     from conftest import FIXTURES
-    from schedc.predict import ClusterRequest, compile_on_cluster
+    from schedc.driver.cluster import compile_on_cluster
+    from schedc.layout import ClusterRequest
     request = ClusterRequest(_model(tmp_path), "dgx-a100-80gb", Layout())
     on = compile_on_cluster(str(FIXTURES / "compose" / "task_in_forwards.sched"), {}, request, lower=False)
     schedule = on.compiled.schedule

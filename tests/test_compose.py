@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from conftest import FIXTURES, SCHEDULES
 from schedc.cli import main
-from schedc.compiler import compile_file, compile_source
+from schedc.driver import compile_file, compile_source
 from schedc.diagnostics import SchedError
 from schedc.frontend.elaborate import Options
 from schedc.frontend.parse import read_source
@@ -166,8 +166,9 @@ def test_a_composed_schedule_is_the_same_schedule_with_cluster_costs(tmp_path, f
     the same params (the base's and the add-on's, namespaced), the same tasks placed, the same
     microbatches; only the costs are the model's on the cluster."""
     from schedc.layout import Layout
-    from schedc.compiler import parse_defines
-    from schedc.predict import ClusterRequest, compile_on_cluster
+    from schedc.driver import parse_defines
+    from schedc.driver.cluster import compile_on_cluster
+    from schedc.layout import ClusterRequest
     model = tmp_path / "small.toml"
     model.write_text(SMALL_MODEL)
     plain = compile_file(file, defines, addons=addons)

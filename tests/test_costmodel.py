@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.cluster import ClusterSpec, ModelSpec, load_cluster
+from schedc.costmodel.specs import ClusterSpec, ModelSpec, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import (Hardware, Setting, layer_activation_bytes, layer_parts, link_times, model_flops,
                               stage_costs, stage_params)
 from schedc.plan import load_plan
-from schedc.predict import compile_for
+from schedc.driver.cluster import compile_for
 
 A100 = load_cluster("dgx-a100-80gb")
 MODELS = ROOT / "benchmarks" / "models"
@@ -56,18 +56,18 @@ def run(schedule: str, model: ModelSpec, layout: Layout, cluster: ClusterSpec = 
 
 
 def test_model_flops_are_the_papers_equation_3():
-    for h, a, l, t, p, n, batch, *_ in TABLE_1:
-        model, s, v = gpt(l, h, a), 2048, 51200
-        eq3 = 96 * batch * s * l * h**2 * (1 + s / (6 * h) + v / (16 * l * h))
+    for h, a, layers, t, p, n, batch, *_ in TABLE_1:
+        model, s, v = gpt(layers, h, a), 2048, 51200
+        eq3 = 96 * batch * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
         assert model_flops(model, Layout(), batch) == pytest.approx(eq3, rel=1e-12)
-        no_recompute = 72 * batch * s * l * h**2 * (1 + s / (6 * h) + v / (12 * l * h))
+        no_recompute = 72 * batch * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
         assert model_flops(model, Layout(recompute="none"), batch) == pytest.approx(no_recompute, rel=1e-12)
 
 
 def test_parameters_are_the_papers_equation_2_plus_the_final_layer_norm():
-    for h, a, l, *_ in TABLE_1:
-        model = gpt(l, h, a)
-        eq2 = 12 * l * h**2 * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * l * h))
+    for h, a, layers, *_ in TABLE_1:
+        model = gpt(layers, h, a)
+        eq2 = 12 * layers * h**2 * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * layers * h))
         assert stage_params(model, 1, 1, 0) == pytest.approx(eq2 + 2 * h, rel=1e-12)
     model = gpt(128, 25600, 160)  # 1T: the paper's 1008.0 billion
     assert stage_params(model, 1, 1, 0) / 1e9 == pytest.approx(1008.0, abs=0.05)
@@ -214,10 +214,10 @@ def test_throughput_falls_as_the_pipeline_grows_at_fixed_gpus(batch):
 
 @pytest.mark.parametrize("row", TABLE_1, ids=[f"{r[0]}h" for r in TABLE_1])
 def test_table_1_rows_are_predicted_within_10_percent_and_fit_in_80_gb(row):
-    h, a, l, t, p, n, batch, b, v, overlap, measured = row
+    h, a, layers, t, p, n, batch, b, v, overlap, measured = row
     layout = Layout(tp=t, dp=n // (t * p), microbatch_size=b, global_batch=batch, overlap_grad_reduce=overlap,
                     blocking_p2p=True)
-    on = run("interleaved_1f1b" if v > 1 else "1f1b", gpt(l, h, a), layout, p=p, **({"v": v} if v > 1 else {}))
+    on = run("interleaved_1f1b" if v > 1 else "1f1b", gpt(layers, h, a), layout, p=p, **({"v": v} if v > 1 else {}))
     assert on.prediction.gpus == n
     assert on.prediction.tflops_per_gpu == pytest.approx(measured, rel=0.10)
     assert on.prediction.memory_bytes < A100.memory_bytes and on.compiled.ok

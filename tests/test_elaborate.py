@@ -7,7 +7,7 @@ import pytest
 
 import reference_orders as ref
 from conftest import FIXTURES, SCHEDULES, compile_library
-from schedc.compiler import build_schedule, read_source
+from schedc.driver import build_schedule, read_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
 from schedc.ir import OP_FIELDS, Op
@@ -165,7 +165,7 @@ def test_absurd_sizes_are_refused_by_the_expansion_limit():
 
 
 def test_expansion_limit_is_an_option():
-    from schedc.compiler import read_source as read
+    from schedc.driver import read_source as read
     from conftest import SCHEDULES
     with pytest.raises(SchedError):
         build_schedule(read(SCHEDULES / "1f1b.sched"), Options({"m": "100"}, max_ops=100))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from schedc.compiler import compile_source
+from schedc.driver import compile_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
 from schedc.frontend.expr import MAX_INT, EvalError, evaluate, evaluate_int

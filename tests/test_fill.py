@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from conftest import SCHEDULES, compile_library
 from reference_orders import chimera
 from schedc.cli import main
-from schedc.compiler import build_schedule, compile_source, read_source
+from schedc.driver import build_schedule, compile_source, read_source
 from schedc.diagnostics import SchedError
-from schedc.fill import WARN_CYCLE, fill_bubbles, laggable
+from schedc.fill import WARN_CYCLE, fill_bubbles
 from schedc.frontend.elaborate import Options
 from schedc.frontend.tasks import refine_tasks
 from schedc.interop.profiles import piece_overhead, read_profile, read_profile_memory

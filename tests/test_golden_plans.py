@@ -61,7 +61,7 @@ def _digest(data: str | bytes) -> str:
 
 
 def _compile(path: str, defines: tuple[str, ...], latency: float):
-    from schedc.compiler import compile_file
+    from schedc.driver import compile_file
     return compile_file(path, defines, None, latency)
 
 

@@ -1,6 +1,7 @@
 """imports: the package's import graph, read from the source (every import, at module level or inside a
-function): no cycle among schedc's modules, the runtime takes nothing of schedc but the plan format and
-schedc.ops, and the compiler never imports torch."""
+function): no cycle among schedc's modules, the runtime takes nothing of schedc but the plan format,
+schedc.ops and schedc.layout, the compiler never imports torch, click is the command line's alone, and
+the passes run only through the driver."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +10,12 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGES = {"schedc": ROOT / "schedc"}  # the runtime, grammar, library and clusters lie inside
-RUNTIME_MAY_IMPORT = ("schedc.plan", "schedc.ops", "schedc.layout")  # layout: the Layout value, rank order, layer split
+RUNTIME_MAY_IMPORT = ("schedc.plan", "schedc.ops", "schedc.layout")
+# what the driver's passes call: imported by name nowhere but in the driver (the checks share the census)
+PASS_FUNCTIONS = ("schedc.checks.structure.check_structure", "schedc.checks.deadlock.check_deadlock",
+                  "schedc.checks.memory.check_memory", "schedc.checks.channels.check_channels",
+                  "schedc.checks.census.census", "schedc.fill.fill_bubbles", "schedc.lower.lower",
+                  "schedc.simulate.simulate", "schedc.simulate.step_sequences")
 
 
 def _modules() -> dict[str, Path]:
@@ -65,8 +71,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if root in index:
             continue
         work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter[0]; counter[0] += 1
-        stack.append(root); on_stack.add(root)
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
         while work:
             node, children = work[-1]
             child = next(children, None)
@@ -77,14 +85,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 if low[node] == index[node]:
                     component = []
                     while True:
-                        member = stack.pop(); on_stack.discard(member); component.append(member)
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
                         if member == node:
                             break
                     if len(component) > 1:
                         found.append(sorted(component))
             elif child not in index:
-                index[child] = low[child] = counter[0]; counter[0] += 1
-                stack.append(child); on_stack.add(child)
+                index[child] = low[child] = counter[0]
+                counter[0] += 1
+                stack.append(child)
+                on_stack.add(child)
                 work.append((child, iter(sorted(graph[child]))))
             elif child in on_stack:
                 low[node] = min(low[node], index[child])
@@ -99,11 +111,11 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 def test_no_module_of_schedc_imports_itself_in_a_circle():
     graph = import_graph()
-    assert len(graph) > 40 and "schedc.frontend.parse" in graph["schedc.compiler"]  # the graph is read
+    assert len(graph) > 40 and "schedc.frontend.parse" in graph["schedc.driver.inputs"]  # the graph is read
     assert cycles(graph) == []
 
 
-def test_the_runtime_imports_only_the_plan_format_and_ops():
+def test_the_runtime_imports_only_the_plan_format_ops_and_the_layout():
     graph = import_graph()
     assert graph["schedc.runtime.executor"] >= {"schedc.plan", "schedc.ops"}
     leaks = sorted((module, target) for module, targets in graph.items() if module.startswith("schedc.runtime")
@@ -112,9 +124,9 @@ def test_the_runtime_imports_only_the_plan_format_and_ops():
     assert leaks == []
 
 
-def test_the_plan_format_and_ops_import_nothing_of_the_compiler():
+def test_the_plan_format_ops_and_layout_import_nothing_of_the_compiler():
     graph = import_graph()
-    assert graph["schedc.ops"] == set()
+    assert graph["schedc.ops"] == set() and graph["schedc.layout"] == set()
     plan = {"schedc.plan.format", "schedc.plan.validate"}
     assert graph["schedc.plan"] | graph["schedc.plan.format"] | graph["schedc.plan.validate"] <= {"schedc.ops", *plan}
 
@@ -136,3 +148,23 @@ def test_reading_plans_loads_no_compiler():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert literal_eval(out) == ["schedc", "schedc.ops", "schedc.plan", "schedc.plan.format", "schedc.plan.validate",
                                  "schedc.runtime"]
+
+
+def test_only_the_command_line_imports_click():
+    modules = _modules()
+    users = sorted(module for module, path in modules.items()
+                   if any(name == "click" or name.startswith("click.") for name in _imported(module, path)))
+    assert "schedc.cli.options" in users  # the rule reads real imports
+    assert [m for m in users if not m.startswith("schedc.cli")] == []
+
+
+def test_only_the_driver_runs_the_passes():
+    """No module outside schedc.driver imports what a pass calls (a check, the simulator's whole run,
+    the fill, the lowering): a tool that needs a compile goes through the driver, so a pass added to
+    PASSES is never missing from it."""
+    modules = _modules()
+    importers = {module: sorted(set(_imported(module, path)) & set(PASS_FUNCTIONS)) for module, path in modules.items()}
+    assert "schedc.checks.structure.check_structure" in importers["schedc.driver.passes"]
+    offenders = {m: names for m, names in importers.items() if names and not m.startswith("schedc.driver")
+                 and not (m.startswith("schedc.checks.") and names == ["schedc.checks.census.census"])}
+    assert offenders == {}

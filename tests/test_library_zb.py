@@ -4,7 +4,6 @@ published rules), their simulated bubbles equal the published formulas, and torc
 artifact passes `schedc check` while edited copies are refused at the edit."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,7 +11,7 @@ from click.testing import CliRunner
 import reference_zb as Z
 from conftest import FIXTURES, SCHEDULES
 from schedc.cli import main
-from schedc.compiler import compile_source, read_source
+from schedc.driver import compile_source, read_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
 from schedc.interop.torch_csv import export_csv, schedule_from_csv_text
@@ -217,7 +216,7 @@ def test_check_refuses_edited_copies_at_the_edit(fixture, where, fragment):
 # the language: misspelt kinds, overlap shape, mixed backward ----------------------------------------
 
 def compile_text(text: str):
-    from schedc.compiler import compile_source as compile_
+    from schedc.driver import compile_source as compile_
     return compile_(Source("t.sched", text))
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 
 import schedc.lower as lower_module
-from conftest import FIXTURES, SCHEDULES, compile_library
-from schedc.compiler import build_schedule, read_source
-from schedc.frontend.elaborate import Options
+from conftest import FIXTURES, compile_library
+from schedc.driver import build_schedule, read_source
 from schedc.lower import lower
 from schedc.plan import COMM, NOT_COMPUTE, Opcode
 from schedc.simulate import simulate, step_sequences

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from conftest import FIXTURES, SCHEDULES
 from schedc.cli import main
-from schedc.compiler import compile_source, read_source
+from schedc.driver import compile_source, read_source
 from schedc.diagnostics import SchedError
 from schedc.frontend.elaborate import Options
 from schedc.memory import holdings

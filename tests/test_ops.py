@@ -77,7 +77,8 @@ def test_one_text_form_for_ops_and_instructions():
 MESSAGE_CODES = {op.value for op in Opcode} - ops.BUILTIN
 # Files whose bare op-kind literals are left for the branches that rewrite them (elaboration and the
 # order strategies; the runtime's buffer names). The counts must not grow: new code asks schedc.ops.
-KIND_LITERALS_LEFT = {"schedc/frontend/elaborate.py": 10, "schedc/frontend/order.py": 11, "schedc/runtime/executor.py": 3}
+KIND_LITERALS_LEFT = {"schedc/frontend/elaborate.py": 8, "schedc/frontend/params.py": 2, "schedc/frontend/queues.py": 7,
+                      "schedc/frontend/greedy.py": 4, "schedc/runtime/executor.py": 3}  # 24 in all, as before the split
 # stage arithmetic of the link rule: s + 1, stage - 1, ins[1] + 1, ...
 STAGE_STEP = re.compile(r"\b(s|stage|ins\s*\[\s*1\s*\]|instr\s*\.\s*stage|op\s*\.\s*stage)\s*[+-]\s*1\b"
                         r"|\+\s*1\s*-\s*2\s*\*")
@@ -85,8 +86,7 @@ LAST_LETTER = re.compile(r"\[\s*0\s*\]\s*\[\s*-\s*1\s*\]|\.endswith\(\s*['\"][FB
 
 
 def _sources() -> list[Path]:
-    return sorted(p for base in ("schedc", "runtime") for p in (ROOT / base).rglob("*.py")
-                  if p != ROOT / "schedc" / "ops.py")
+    return sorted(p for p in (ROOT / "schedc").rglob("*.py") if p != ROOT / "schedc" / "ops.py")  # the runtime too
 
 
 def _scan(path: Path) -> tuple[list[str], list[str], list[str]]:
@@ -130,3 +130,4 @@ def test_the_link_rule_exists_once():
     assert [literal for _, messages, _ in found.values() for literal in messages] == []
     kinds = {path: len(k) for path, (_, _, k) in found.items() if k}
     assert {path: n for path, n in kinds.items() if n > KIND_LITERALS_LEFT.get(path, 0)} == {}
+    assert sum(kinds.values()) <= sum(KIND_LITERALS_LEFT.values()) == 24

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import FIXTURES, compile_library
-from schedc.compiler import compile_source, read_source
+from schedc.driver import compile_source, read_source
 from schedc.plan import Instr, Opcode, Plan, PlanError, format_rank_text, load_plan, parse_rank_text
 from schedc.plan.write import _JSON_FORMS, _TEXT_FORMS, MEMO, canonical_pieces, step_json, step_text, write_plan
 
@@ -250,11 +250,11 @@ def test_a_cluster_plan_re_simulates_to_the_compiles_figures(name, params):
     """A --cluster compile records the message times it simulated with (links, for the device pairs its
     pipelines send over): simulate or render of the plan gives the compile's makespan, bubble and idle
     times, where without them the messages were left out (22.9112 s against 22.9352 s)."""
-    from schedc.cluster import load_cluster, load_model_spec
+    from schedc.costmodel.specs import load_cluster, load_model_spec
     from schedc.layout import Layout
     from schedc.costmodel import Setting
-    from schedc.predict import compile_for
-    from schedc.render.load import compiled_from_plan
+    from schedc.driver.cluster import compile_for
+    from schedc.driver.replay import compiled_from_plan
     model = load_model_spec(str(FIXTURES.parent.parent / "benchmarks" / "models" / "gpt-1.7b.toml"))
     st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=16))
     compiled = compile_for(name, params, st).compiled
@@ -265,7 +265,7 @@ def test_a_cluster_plan_re_simulates_to_the_compiles_figures(name, params):
 
 
 def test_a_plans_activation_sizes_give_the_compiles_peaks():
-    from schedc.render.load import compiled_from_plan
+    from schedc.driver.replay import compiled_from_plan
     compiled = compile_source(read_source(FIXTURES / "half_activations.sched"))
     assert compiled.plan.meta["activation"] == [0.5, 0.5, 0.5]
     assert compiled_from_plan(compiled.plan, "plan.json", {}).stats["peak_memory"] == compiled.stats["peak_memory"] \
@@ -315,7 +315,7 @@ def test_a_plan_whose_orders_cannot_run_is_refused_by_check_simulate_and_run(tmp
 
 
 def test_every_library_plan_passes_the_order_checks_in_every_step_program():
-    from schedc.render.load import check_plan_orders
+    from schedc.driver.replay import check_plan_orders
     for name, params in (("1f1b", {}), ("zbv", {}), ("dualpipev", {}), ("chimera", {}), ("pipefisher", {}),
                          ("pipefisher_1f1b", {}), ("interleaved_zb", {})):
         plan = compile_library(name, **params).plan

@@ -272,10 +272,11 @@ def test_html_report_in_headless_chromium(tmp_path):
 
 def test_plan_input_draws_the_same_timeline(tmp_path):
     assert run("compile", "interleaved_1f1b", "-o", str(tmp_path)).exit_code == 0
-    from schedc.render.load import load_input
+    from schedc.driver import load_input
     from_plan = timeline_dot(load_input(str(tmp_path / "plan.json"), (), None, 0.0))
     from_source = timeline_dot(compile_library("interleaved_1f1b"))
-    body = lambda text: [line for line in text.splitlines() if not line.startswith("graph [label=")]
+    def body(text):
+        return [line for line in text.splitlines() if not line.startswith("graph [label=")]
     assert body(from_plan) == body(from_source)  # all but the title, whose params plan.json sorts
 
 
@@ -292,7 +293,8 @@ def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
     svg = out.read_bytes()
     measured, simulated = svg_shapes(svg, "measured"), svg_shapes(svg, "op")
     assert len(measured) == len(simulated) == 64
-    top = lambda g: min(float(v.split(",")[1]) for v in g.find(f".//{SVG}polygon").get("points").split())
+    def top(g):
+        return min(float(v.split(",")[1]) for v in g.find(f".//{SVG}polygon").get("points").split())
     assert max(map(top, measured)) < min(map(top, simulated))  # measured rows above (SVG y grows down)
     assert b"1 unit = 2.5 ms" in svg
 

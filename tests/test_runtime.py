@@ -765,10 +765,10 @@ def test_the_trace_origin_is_the_earliest_reading_of_the_ranks_of_a_host(monkeyp
 def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
     """A plan compiled with --cluster holds a prediction in seconds for its model: the report says
     seconds, not units, and that the run trained its own model."""
-    from schedc.cluster import load_cluster, load_model_spec
+    from schedc.costmodel.specs import load_cluster, load_model_spec
     from schedc.layout import Layout
     from schedc.costmodel import Setting
-    from schedc.predict import compile_for
+    from schedc.driver.cluster import compile_for
     from schedc.runtime import trace as runtime_trace
     model = load_model_spec(str(_repo() / "benchmarks" / "models" / "gpt-1.7b.toml"))
     st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=4))

@@ -44,7 +44,7 @@ def _losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
-def test_recompute_gives_the_reference_under_every_backward(plans, reference, tmp_path):
+def test_recompute_gives_the_reference_under_every_backward(plans, reference, tmp_path):  # noqa: F811
     """Selective and full recomputation against the one-process reference: 1F1B (full backwards),
     ZB-H1 (split I + W), DualPipeV (overlapped F & B, split and full backwards); with K-FAC's tasks
     (PipeFisher's bubble-filled 1F1B, ZB-H1 with the add-on: curvature between I and W) five steps of
@@ -137,7 +137,7 @@ def runtime_sizes(options: list[str]) -> Sizes:
     return Sizes(value["seq"], value["mb-size"], value["hidden"], value["heads"], 4 * value["hidden"], 256)
 
 
-def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, tmp_path):
+def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, tmp_path):  # noqa: F811
     """One 4-rank launch. 1F1B over 4 stages (the embedding's, two middle ones, the head's) under each
     --recompute: every forward of a stage saves the bytes schedc/activations.py gives for the
     runtime's GPT, to the byte; the 5 schedules: each rank's most (stage, mb) states alive at once is

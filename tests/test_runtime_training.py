@@ -90,7 +90,7 @@ CASES = {
 SPLITS = {"explicit": (1, 4), "embedding": (2, 3), "loss_only": (2, 2, 2, 0), "both_ends": (1, 2, 2, 1)}
 
 
-def test_training_options_give_the_reference_with_the_same_options(plans, tmp_path):
+def test_training_options_give_the_reference_with_the_same_options(plans, tmp_path):  # noqa: F811
     """One 2-rank launch. Uneven splits (their stages' saved bytes, measured, are those of their layer
     counts: the split the runtime made), clipping (a norm far below the gradients', so it scales them)
     over two pipeline ranks, over Chimera's replicas, over two data-parallel ranks, the warm-up and
@@ -124,7 +124,7 @@ def _assert_splits(tmp: Path) -> None:
         assert {s: v["saved_bytes_per_microbatch"] for s, v in stages.items()} == want, name
 
 
-def _assert_options_mattered(plans, tmp: Path) -> None:
+def _assert_options_mattered(plans, tmp: Path) -> None:  # noqa: F811
     """Without the option the reference is another: clipping scaled the gradients, the schedule moved
     the losses, the user's loss is not the default one."""
     plain, plain_losses = _reference(tmp, "plain", plans("1f1b", p=2, m=4), [*FIVE, "--steps", "6", "--lr", "0.01"])
@@ -146,14 +146,14 @@ def _assert_options_mattered(plans, tmp: Path) -> None:
     (["--loss", "test_runtime_training"], "--loss 'test_runtime_training': expected 'package.module:function'"),
     (["--loss", "test_runtime_training:FIVE"], "--loss 'test_runtime_training:FIVE': FIVE is not a function"),
 ])
-def test_run_refuses_a_bad_split_or_user_code_before_torchrun(plans, args, message):
+def test_run_refuses_a_bad_split_or_user_code_before_torchrun(plans, args, message):  # noqa: F811
     from schedc.cli import main
     result = CliRunner().invoke(main, ["run", str(plans("1f1b", p=2, m=4)), "--layers", "4", *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output
 
 
-def test_run_finds_user_code_in_the_current_directory(plans, tmp_path, monkeypatch):
+def test_run_finds_user_code_in_the_current_directory(plans, tmp_path, monkeypatch):  # noqa: F811
     """As `python -m schedc.runtime` does: a module beside the user, not installed, imports."""
     import sys
     (tmp_path / "here_loss.py").write_text("import torch.nn.functional as F\n\n"

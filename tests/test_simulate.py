@@ -70,7 +70,7 @@ def test_latency_lengthens_the_makespan():
 
 
 def test_measured_costs_per_stage_change_the_timing():
-    from schedc.compiler import compile_source, read_source
+    from schedc.driver import compile_source, read_source
     from schedc.frontend.elaborate import Options
     from conftest import SCHEDULES
     slow_last = Options({"p": "2", "m": "2"}, costs={"F": (1.0, 3.0), "B": (2.0, 6.0)})
@@ -83,7 +83,7 @@ def test_an_overlapped_pair_on_two_stages_costs_each_half_at_its_own_stage():
     stage 3 three times as slow and FB = F + B (nothing saved), device 0's busy time is each op at its
     own stage's cost, 4 x (1 + 2) + 4 x (3 + 6), however the pairs fall; with FB half a unit below
     F + B, each of its pairs saves half a unit."""
-    from schedc.compiler import compile_source, read_source
+    from schedc.driver import compile_source, read_source
     from schedc.frontend.elaborate import Options
     from conftest import SCHEDULES
     per_stage = {"F": (1.0, 1.0, 1.0, 3.0), "B": (2.0, 2.0, 2.0, 6.0), "I": (1.0, 1.0, 1.0, 3.0),
@@ -130,7 +130,7 @@ def reference_sequence(schedule, latency):
 def _schedule(name):
     """A library schedule at p=4, m=8, or a test fixture (`fixtures/NAME`) at its own parameters."""
     if name.startswith("fixtures/"):
-        from schedc.compiler import compile_source, read_source
+        from schedc.driver import compile_source, read_source
         from conftest import FIXTURES
         return compile_source(read_source(FIXTURES / f"{name.removeprefix('fixtures/')}.sched")).schedule
     return compile_library(name, p=4, m=8).schedule

@@ -7,7 +7,7 @@ import pytest
 
 import reference_zb as Z
 from conftest import SCHEDULES, compile_library
-from schedc.compiler import compile_source
+from schedc.driver import compile_source
 from schedc.diagnostics import Source
 from schedc.frontend.elaborate import Options
 

@@ -13,8 +13,10 @@ import zb_heuristic as ref
 from conftest import ROOT
 from schedc.cli import main
 from schedc.diagnostics import SchedError
-from schedc.synthesize import make_problem, number, synthesize, to_sched
-from schedc.synthesize_cli import check_text, problem_from_options
+from schedc.search.problem import make_problem
+from schedc.search.synthesis import synthesize
+from schedc.search.synthesis_text import number, to_sched
+from schedc.search.synthesis_options import check_text, problem_from_options
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
 CASES = [(p, m, limit, latency) for p in (4, 8) for m in (2 * p, 4 * p) for limit in (p, 2 * p)

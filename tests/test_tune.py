@@ -14,10 +14,11 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.predict import compile_for
-from schedc.bounds import Shape, makespan_bound, tail_bound
+from schedc.driver.cluster import compile_for
+from schedc.search.bounds import Shape, makespan_bound, tail_bound
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
-from schedc.tune import _ordinal, matching, why_lines
+from schedc.search.report import matching, why_lines
+from schedc.text import ordinal
 
 SMALL = """layers = 8
 hidden = 1024
@@ -324,7 +325,7 @@ def test_per_group_rows_are_ranked_best_first_and_the_winner_is_the_best(model):
     text = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
                    "--schedules", "1f1b,interleaved_1f1b", "--top", "1", "--per", "t").output
     best = rows[0]
-    assert f"ranked by iteration time, the 1 best of each t;" in text
+    assert "ranked by iteration time, the 1 best of each t;" in text
     assert f"--tp {best['t']} --dp {best['d']} --microbatch-size {best['b']}" in text.split("the winner:")[1]
 
 
@@ -381,7 +382,8 @@ def test_pruned_families_are_listed_all_on_request(model):
             "--top", "1")
     some, every = run_cli(*args, "--pruned", "2"), run_cli(*args, "--pruned", "all")
     total = int(re.search(r"pruned families \((\d+);", every.output).group(1))
-    listed = lambda out: [line for line in out.splitlines() if line.startswith("  1f1b t=")]
+    def listed(out):
+        return [line for line in out.splitlines() if line.startswith("  1f1b t=")]
     assert total > 2 and len(listed(every.output)) == total and listed(some.output) == listed(every.output)[:2]
     assert f"... and {total - 2} more (--pruned all lists them)" in some.output
     assert run_cli(*args, "--pruned", "-1").exit_code == 2
@@ -433,8 +435,8 @@ def test_why_ranks_exactly_as_the_exhaustive_search_does(model):
         best = next(c for c in order if all(getattr(c, k) == v for k, v in wanted.items()))
         family = [c for c in order if c.schedule == best.schedule]
         assert f"its best, {best.describe()}:" in lines[0]
-        assert lines[1].startswith(f"  ranks {_ordinal(order.index(best) + 1)} of the search, "
-                                   f"{_ordinal(family.index(best) + 1)} among {best.schedule}")
+        assert lines[1].startswith(f"  ranks {ordinal(order.index(best) + 1)} of the search, "
+                                   f"{ordinal(family.index(best) + 1)} among {best.schedule}")
         assert (best == order[0]) == (lines[-1] == "  it is the winner")
 
 

@@ -19,6 +19,7 @@ from ..ir import OP_KEY, Op, Schedule
 from ..ops import Opcode, label as op_label
 from ..timing import Timing
 from .census import Census, census
+from ..text import MAX_SHOWN, more
 
 GRIDS = 3  # diagnostics that carry a grid
 
@@ -184,8 +185,8 @@ def _never(schedule: Schedule, run: Replay, devices: list[int], behind: list[int
 
 def _behind(schedule: Schedule, run: Replay, devices: list[int]) -> tuple[str, ...]:
     notes = tuple(f"device {d} waits behind it, at {label(schedule, _head(schedule, run, d))} "
-                  f"({location(schedule.source, _head(schedule, run, d).span)})" for d in devices[:8])
-    return notes + ((f"... and {len(devices) - 8} more devices",) if len(devices) > 8 else ())
+                  f"({location(schedule.source, _head(schedule, run, d).span)})" for d in devices[:MAX_SHOWN])
+    return notes + ((more(len(devices) - MAX_SHOWN, "devices"),) if len(devices) > MAX_SHOWN else ())
 
 
 def _marks(run: Replay, devices: list[int]) -> dict[tuple[int, int], str]:

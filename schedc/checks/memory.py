@@ -4,7 +4,7 @@ or in bytes for a model description (`schedc check --model model.toml --memory-l
     limit memory <= 2   with 1F1B, p=4:  device 0 holds F(0,0) F(0,1) F(0,2) when it starts F(0,2)
     -> error: device 0: 3 activation units alive at time 2, over the limit 2: F(0,0), F(0,1), F(0,2)
 
-Bytes are the cluster cost model's (schedc/costmodel.py, device_bytes), one rule for `check --model`
+Bytes are the cluster cost model's (schedc/costmodel/bytes.py, device_bytes), one rule for `check --model`
 and `simulate --cluster`: weights, gradients and optimizer state of the stages a device holds (the
 embedding on the first, the logits' copy on the last; 16 bytes a parameter with Adam), and the
 activation units at its simulated peak times the stage's layers times a layer's bytes without
@@ -15,9 +15,9 @@ allocator's share `simulate --cluster` adds. The model's layers must divide over
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from ..diagnostics import Diagnostic, SchedError, Severity, Source, Span, error, listed
+from ..diagnostics import USAGE, Diagnostic, SchedError, Severity, Source, error
+from ..text import gib, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
@@ -125,8 +125,8 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     raise SchedError (exit 2)."""
     if model_file is None:
         raise SchedError(error("--memory-limit needs a model description: --model model.toml"), OPTIONS,
-                         exit_code=2)
-    from ..cluster import check_layout, check_stages, load_model_spec
+                         kind=USAGE)
+    from ..costmodel.specs import check_layout, check_stages, load_model_spec
     from ..layout import Layout  # only with --model
     from ..costmodel import device_bytes
     model = load_model_spec(model_file)
@@ -134,7 +134,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     b = microbatch_size if microbatch_size is not None else model.microbatch_size
     if b is None:
         raise SchedError(error("the bytes check needs the microbatch size: give --microbatch-size B (or "
-                               "`microbatch_size = B` in the model file)"), OPTIONS, exit_code=2)
+                               "`microbatch_size = B` in the model file)"), OPTIONS, kind=USAGE)
     layout = Layout(microbatch_size=b, recompute="none")
     check_layout(model, layout, model_file)
     check_stages(model, schedule, model_file)
@@ -165,7 +165,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
 
 
 def _gib(value: float) -> str:
-    return f"{value / 2**30:.2f} GiB"
+    return f"{gib(value)} GiB"
 
 
 def _peak_op(schedule: Schedule, d: int) -> tuple[Op | None, int]:
@@ -199,5 +199,5 @@ def parse_bytes(text: str) -> float:
     unit = match.group(2).lower() if match else None
     if not match or unit not in UNITS or float(match.group(1)) <= 0:
         raise SchedError(error(f"--memory-limit: cannot read {text!r} (write e.g. 80GiB, 512MB or 1e10)"),
-                         OPTIONS, exit_code=2)
+                         OPTIONS, kind=USAGE)
     return float(match.group(1)) * UNITS[unit]

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import ast
-from ..diagnostics import SchedError, Source, Span, error
-from .elaborate import declared_key
+from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, Span, error
+from .params import declared_key
 from .library import ADDONS, LIBRARY_PACKAGE, library_addons, library_files
 from .parse import parse_source, read_source
 
@@ -43,7 +43,7 @@ def compose(decl: ast.ScheduleDecl, source: Source, addons: tuple[str, ...] = ()
     declaration list, nothing left to import. A file that composes nothing comes back as it is."""
     if decl.addon:
         raise SchedError(error(f"'{decl.name}' is an add-on, not a schedule: `use {decl.name}` in one, or "
-                               f"`schedc compile BASE --with {decl.name}`", decl.span), source, exit_code=2)
+                               f"`schedc compile BASE --with {decl.name}`", decl.span), source, kind=USAGE)
     if not addons and not any(isinstance(d, (ast.Extends, ast.Use)) for d in decl.decls):
         return decl
     extra = tuple(ast.Use(None, name, Path(name).stem) for name in addons)
@@ -75,7 +75,7 @@ def _twice(use: ast.Use, where: str, first: str, top: Source) -> SchedError:
     """An add-on applied a second time (its tasks would clash with themselves): one error, at the second."""
     message = f"add-on '{use.addon}' is applied twice: {where} after {first} (an add-on's work is added once)"
     if use.span is None:
-        return SchedError(error(message), Source("--with", ""), exit_code=2)
+        return SchedError(error(message), Source("--with", ""), kind=USAGE)
     return _error(message, use.span, top)
 
 
@@ -160,7 +160,7 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
     known = ", ".join(p.stem for p in (library_files() if kind == "schedule" else library_addons()))
     message = f"unknown {kind} '{name}' (the library's: {known})"
     if span is None:  # --with NAME
-        raise SchedError(error(message), Source("--with", ""), exit_code=2)
+        raise SchedError(error(message), Source("--with", ""), kind=USAGE)
     raise _error(message, span, top)
 
 
@@ -169,7 +169,7 @@ def _key(source: Source) -> str:
 
 
 def _error(message: str, span: Span | None, top: Source) -> SchedError:
-    return SchedError(error(message, span), top, exit_code=1)
+    return SchedError(error(message, span), top, kind=SCHEDULE)
 
 
 def _namespaced(params: set[str], namespace: str) -> Callable[[Any], Any]:

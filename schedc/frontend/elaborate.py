@@ -6,18 +6,20 @@ order strategy (per-device programs over queues, explicit lists, or greedy list 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any
 
 from . import ast
-from ..diagnostics import SchedError, Source, Span, error, has_errors
-from .expr import MAX_INT, EvalError, PipeRef, compile_expr, evaluate, evaluate_int, free_names, kind_lists
+from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
+from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds,
                    cost_range, in_cost_range)
-from .order import chunk_index, order_greedy, run_programs
+from .greedy import order_greedy
+from .order import run_programs
+from .queues import chunk_index
+from .params import bind_params, check_declared_once, fail_at, int_values
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
 # the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
@@ -45,144 +47,6 @@ class Options:
     #                                  `cost piece`) is worth: --cluster's seconds per forward of the stage
 
 
-def _fail(message: str, span: Span | None, source: Source, code: int = 1, **kw) -> SchedError:
-    return SchedError(error(message, span, **kw), source, exit_code=code)
-
-
-def _integral(value: Any) -> Any:
-    """A declared param's value: a number with an integral value within +-MAX_INT (4.0, 1e3) is that
-    integer, as it is given with -D (_parse_override), so `param p = 4.0` is a device count as -D p=4.0
-    is; a larger one (1e300) stays a float (a cost may be one), refused where it would size something."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
-        return int(value)
-    return value
-
-
-def _parse_override(name: str, text: str) -> int | float:
-    """A -D value: an integer, or a finite number (one with an integral value, like 1e3, becomes an
-    integer), within +-MAX_INT; anything else is refused, naming the param."""
-    try:
-        value: int | float = int(text)
-    except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"-D {name}={text}: value must be a number") from None
-        if not math.isfinite(value):
-            raise ValueError(f"-D {name}={text}: value must be a finite number") from None
-        value = int(value) if value.is_integer() else value  # 1e3 is 1000; 1e300 an integer too large, below
-    if isinstance(value, int) and not -MAX_INT <= value <= MAX_INT:
-        raise ValueError(f"-D {name}={text[:24]}{'...' * (len(text) > 24)}: value is too large (at most {MAX_INT})")
-    return value
-
-
-def _declares(d: ast.Decl, split: bool) -> tuple | None:
-    """What a declaration defines, as a key two of them must not share (None: it may repeat, like
-    `require`, or repeats are merged, like `fill bubbles with` lists and `backward split`). With a split
-    backward, `memory B` is I's (see _memory)."""
-    match d:
-        case ast.Param(name=name) | ast.PipelineDecl(name=name) | ast.TaskDecl(name=name):
-            return (type(d).__name__, f"{_WHAT[type(d)]} '{name}'")
-        case ast.MemoryDecl(kind="B" | "I") if split:
-            return (type(d).__name__, "the memory of I (`memory B` with a split backward)")
-        case ast.CostDecl(kind=kind) | ast.MemoryDecl(kind=kind):
-            return (type(d).__name__, f"{_WHAT[type(d)]} of {kind}")
-        case ast.QueueDecl(kind=kind, pipe=pipe):
-            return (type(d).__name__, f"the queue of {kind}{'.' + pipe if pipe else ''}")
-        case ast.Program(device=device):
-            return (type(d).__name__, "the program for every device" if device is None
-                    else f"the program for device {device}")
-        case ast.Devices() | ast.Limit() | ast.Greedy():
-            return (type(d).__name__, _WHAT[type(d)])
-    return None
-
-
-def declared_key(d: ast.Decl) -> tuple | None:
-    """What a declaration defines, as composition (compose.py) compares them: _declares' key."""
-    return _declares(d, False)
-
-
-_WHAT = {ast.Param: "param", ast.PipelineDecl: "pipeline", ast.TaskDecl: "task", ast.CostDecl: "the cost",
-         ast.MemoryDecl: "the memory", ast.Devices: "`devices`", ast.Limit: "`limit memory`",
-         ast.Greedy: "`greedy`"}
-
-
-def check_declared_once(decl: ast.ScheduleDecl, source: Source) -> None:
-    """A name, a cost, a queue, a device's program, a setting is declared once: a second declaration
-    would silently win (or lose). Every repeat is reported, at the repeat, naming the first's line."""
-    first: dict[tuple, ast.Node] = {}
-    diags = []
-    split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
-    items = [*decl.decls, *(item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items)]
-    for d in items:
-        key = (("FillItem", f"task '{d.task}' in `fill bubbles with`") if isinstance(d, ast.FillItem)
-               else _declares(d, split))
-        if key is None:
-            continue
-        if key in first:
-            diags.append(error(f"{key[1]} is declared twice (first at line {first[key].span.line})", d.span))
-        else:
-            first[key] = d
-    if diags:
-        raise SchedError(diags, source)
-
-
-def _set_elsewhere(params, overrides, req, source) -> list[str]:
-    """Notes for a failed requirement: where the params it reads were set when that is another file
-    (an `extends` base's require, the derived schedule's `param p = ...`), or that -D set them."""
-    home = (req.span.source if req.span is not None and req.span.source is not None else source).path
-    read = free_names(req.test)
-    notes = []
-    for param in (p for p in params if p.name in read):
-        if param.name in overrides:
-            notes.append(f"{param.name} was given with -D {param.name}={overrides[param.name]}")
-            continue
-        where = param.span.source if param.span is not None and param.span.source is not None else source
-        if where.path != home and param.span is not None:
-            notes.append(f"{param.name} is set at {where.path}:{param.span}")
-    return notes
-
-
-def bind_params(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str],
-                requires: bool = True) -> dict[str, Any]:
-    """Evaluate params in order, applying -D overrides; check the requires (unless told not to)."""
-    params = [d for d in decl.decls if isinstance(d, ast.Param)]
-    known = {p.name for p in params}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise _fail(f"unknown param '{unknown[0]}' given with -D (params: {', '.join(sorted(known)) or 'none'})",
-                    None, source, code=2)
-    env: dict[str, Any] = {}
-    for param in params:
-        try:
-            env[param.name] = (_parse_override(param.name, overrides[param.name]) if param.name in overrides
-                               else _integral(evaluate(param.default, env)))
-        except ValueError as exc:
-            raise _fail(str(exc), param.span, source, code=2) from None
-        except EvalError as exc:
-            raise _fail(exc.message, exc.span, source) from None
-
-    failures = []
-    for req in (d for d in decl.decls if isinstance(d, ast.Require) and requires):
-        try:
-            ok = evaluate(req.test, env)
-        except EvalError as exc:
-            raise _fail(exc.message, exc.span, source) from None
-        if not ok:
-            shown = ", ".join(f"{k}={v}" for k, v in env.items())
-            failures.append(error(f"requirement failed: {req.message}", req.span,
-                                  notes=(f"with {shown}", *_set_elsewhere(params, overrides, req, source))))
-    if failures:
-        raise SchedError(failures, source)
-    return env
-
-
-def _ints(start: ast.Expr | None, stop: ast.Expr, env: dict[str, Any]) -> range:
-    lo = evaluate_int(start, env, "microbatch range start") if start is not None else 0
-    hi = evaluate_int(stop, env, "microbatch count")
-    return range(lo, hi)
-
-
 def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
                     max_ops: int) -> tuple[Pipeline, ...]:
     """The declared pipelines; refused before expansion when their ops (stages x microbatches x the op
@@ -191,33 +55,33 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
     pipelines, owner, total = [], {}, 0
     for pd in (d for d in decl.decls if isinstance(d, ast.PipelineDecl)):
         if pd.stages is None or pd.mb_stop is None:
-            raise _fail(f"pipeline '{pd.name}' needs 'stages' and 'microbatches'", pd.span, source)
+            raise fail_at(f"pipeline '{pd.name}' needs 'stages' and 'microbatches'", pd.span, source)
         stages = evaluate_int(pd.stages, env, "stage count")
-        mbs = _ints(pd.mb_start, pd.mb_stop, env)
+        mbs = int_values(pd.mb_start, pd.mb_stop, env)
         if stages < 1 or len(mbs) < 1:
-            raise _fail(f"pipeline '{pd.name}' has {stages} stages and {len(mbs)} microbatches; "
+            raise fail_at(f"pipeline '{pd.name}' has {stages} stages and {len(mbs)} microbatches; "
                         "both must be at least 1", pd.span, source)
         total += stages * len(mbs) * kinds
         if total > max_ops:
-            raise _fail(f"schedule would expand to more than {max_ops:,} ops "
+            raise fail_at(f"schedule would expand to more than {max_ops:,} ops "
                         f"({stages:,} stages x {len(mbs):,} microbatches x {kinds} op kinds); refusing", pd.span, source)
         placement = []
         for s in range(stages):
             device = evaluate_int(pd.placement, {**env, pd.stage_var: s}, "device") if pd.placement else s
             if not 0 <= device < devices:
-                raise _fail(f"stage {s} of pipeline '{pd.name}' is placed on device {device}, "
+                raise fail_at(f"stage {s} of pipeline '{pd.name}' is placed on device {device}, "
                             f"but devices are 0..{devices - 1}", pd.placement_span or pd.span, source)
             placement.append(device)
         for mb in mbs:
             if mb < 0 or mb in owner:
                 why = "is negative" if mb < 0 else f"is already owned by pipeline '{owner[mb]}'"
-                raise _fail(f"microbatch {mb} of pipeline '{pd.name}' {why}", pd.span, source)
+                raise fail_at(f"microbatch {mb} of pipeline '{pd.name}' {why}", pd.span, source)
             owner[mb] = pd.name
         pipelines.append(Pipeline(pd.name, stages, tuple(placement), tuple(mbs), pd.span))
     if not pipelines:
-        raise _fail("a schedule needs at least one pipeline", decl.span, source)
+        raise fail_at("a schedule needs at least one pipeline", decl.span, source)
     if sorted(owner) != list(range(len(owner))):
-        raise _fail(f"microbatches must be numbered 0..{len(owner) - 1} across pipelines", pipelines[0].span,
+        raise fail_at(f"microbatches must be numbered 0..{len(owner) - 1} across pipelines", pipelines[0].span,
                     source)
     return tuple(pipelines)
 
@@ -229,7 +93,7 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source, o
         if isinstance(d, ast.Devices):
             count = evaluate_int(d.count, env, "device count")
             if not 1 <= count <= MAX_DEVICES:
-                raise _fail(f"device count must be 1..{MAX_DEVICES:,}, got {count:,}", d.span, source)
+                raise fail_at(f"device count must be 1..{MAX_DEVICES:,}, got {count:,}", d.span, source)
             return count
     p = env.get("p")
     if isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= MAX_DEVICES:
@@ -237,10 +101,10 @@ def _device_count(decl: ast.ScheduleDecl, env: dict[str, Any], source: Source, o
     if "p" in env:
         param = next(d for d in decl.decls if isinstance(d, ast.Param) and d.name == "p")
         given = "p" in overrides
-        raise _fail(f"param p is the device count and must be an integer 1..{MAX_DEVICES:,}, got {env['p']}",
-                    param.span, source, code=2 if given else 1,
+        raise fail_at(f"param p is the device count and must be an integer 1..{MAX_DEVICES:,}, got {env['p']}",
+                    param.span, source, kind=USAGE if given else SCHEDULE,
                     notes=(f"p was given with -D p={overrides['p']}",) if given else ())
-    raise _fail("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
+    raise fail_at("say how many devices there are: 'devices <expr>' (or a param p)", decl.span, source)
 
 
 def _replicas(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...], source: Source) -> tuple:
@@ -249,14 +113,14 @@ def _replicas(decl: ast.ScheduleDecl, pipelines: tuple[Pipeline, ...], source: S
     for rep in (d for d in decl.decls if isinstance(d, ast.Replicate)):
         for name in rep.pipelines:
             if name not in index:
-                raise _fail(f"unknown pipeline '{name}' (pipelines: {', '.join(index)})", rep.span, source)
+                raise fail_at(f"unknown pipeline '{name}' (pipelines: {', '.join(index)})", rep.span, source)
         members = tuple(index[n] for n in rep.pipelines)
         if len({pipelines[k].stages for k in members}) != 1:
-            raise _fail("replicated pipelines must have the same number of stages", rep.span, source)
+            raise fail_at("replicated pipelines must have the same number of stages", rep.span, source)
         groups.append(members)
     covered = {k for g in groups for k in g}
     if len(pipelines) > 1 and covered != set(range(len(pipelines))):
-        raise _fail("several pipelines must be declared copies of one model: 'replicate a, b'",
+        raise fail_at("several pipelines must be declared copies of one model: 'replicate a, b'",
                     pipelines[1].span, source)
     return tuple(groups)
 
@@ -280,21 +144,21 @@ def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: 
             table[d.kind] = [float(evaluate(d.value, {**env, d.stage_var: s} if d.stage_var else env))
                              for s in range(stages)]
         except EvalError as exc:
-            raise _fail(exc.message, exc.span, source) from None
+            raise fail_at(exc.message, exc.span, source) from None
         bad = next((v for v in table[d.kind] if not in_cost_range(v)), None)
         if bad is not None:
             shown = ", ".join(f"{k}={v}" for k, v in env.items())
-            raise _fail(f"{what} of {d.kind} must be {cost_range()}, got {bad:g}", d.span, source,
+            raise fail_at(f"{what} of {d.kind} must be {cost_range()}, got {bad:g}", d.span, source,
                         notes=(f"with {shown}",) if shown else ())
     for kind, value in given.items():
         values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
         at = origin.spans.get(kind) if origin is not None else None  # the kind's key in a costs file
         if len(values) != stages:
-            raise _fail(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
-                        f"has {stages}", at, source, code=2)
+            raise fail_at(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
+                        f"has {stages}", at, source, kind=USAGE)
         bad = next((v for v in values if not in_cost_range(v)), None)
         if bad is not None:
-            raise _fail(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, code=2)
+            raise fail_at(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, kind=USAGE)
         table[kind] = values
     return {k: tuple(v) for k, v in table.items()}
 
@@ -326,7 +190,7 @@ def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = 
     try:
         return _elaborate(decl, source, options)
     except EvalError as exc:
-        raise _fail(exc.message, exc.span, source) from None
+        raise fail_at(exc.message, exc.span, source) from None
 
 
 def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> tuple[dict[str, Any], int, tuple[Pipeline, ...]]:
@@ -337,7 +201,7 @@ def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) 
         devices = _device_count(decl, env, source, overrides)
         return env, devices, build_pipelines(decl, env, devices, source, MAX_OPS)
     except EvalError as exc:
-        raise _fail(exc.message, exc.span, source) from None
+        raise fail_at(exc.message, exc.span, source) from None
 
 
 def stage_count(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> int | None:
@@ -370,41 +234,19 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
-    costs = _per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
-                       origin=options.measured)
-    costs = _scaled_tasks(costs, {t.name for t in task_decls}, options.task_scale)
+    costs = _scaled_tasks(_per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
+                                     origin=options.measured), set(task_names), options.task_scale)
     activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
                                  mixed)
     ops = build_ops(pipelines, costs, split, mixed)
-    tasks, task_ops, task_deps, keeps, fill = (), [], {}, {}, ()
-    if task_decls:
-        from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
-        tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
-                                                               layers, options.task_scale,
-                                                               (options.max_ops, options.max_ops - len(ops)))
-        canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
-        task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
-        keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
+    tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
+                                                                   source, layers, options, ops, task_decls)
     deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops))
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]
     unplaced = tuple(op for op in task_ops if op.kind in filled)
     env_pipes = {**env, **{p.name: PipeRef(p.name) for p in pipelines}}
-    programs = [d for d in decl.decls if isinstance(d, ast.Program)]
-    greedy = [d for d in decl.decls if isinstance(d, ast.Greedy)]
-    queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
-    if programs and greedy:
-        raise _fail("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
-    if mixed and not programs:
-        raise _fail("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
-                    next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
-    if queues and not programs:  # it would be ignored, its key not even checked
-        raise _fail("'queue' orders the pops of per-device programs: give 'on device' programs, or order a "
-                    "greedy schedule with 'greedy by (...)'", queues[0].span, source)
-    squeeze = next((d for d in decl.decls if isinstance(d, ast.Squeeze)), None)
-    if squeeze and not programs:
-        raise _fail("'squeeze' compacts the slots of per-device programs: give 'on device' programs",
-                    squeeze.span, source)
+    programs, greedy, queues, squeeze = _order_decls(decl, mixed, source)
     fused: list = []
     slots: list = []
     if programs:
@@ -419,23 +261,14 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     split_of = None
     if mixed:
-        split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order
-                             if op.kind == OpKind.I)
-        chosen = set(map(OP_KEY, chain.from_iterable(orders)))
-        grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
-        if task_decls:  # a task after (or keeping) B(s, i) waits for the backward the program chose
-            task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
-            keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
-        deps = Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops))
+        split_of, deps, keeps = _mixed_dependencies(orders, ops, task_ops, task_deps, keeps, canonical, pipelines,
+                                                    costs)
     if options.measured is not None:
         chosen = _chosen_backwards(pipelines, split_of) + task_names if mixed else []
         _check_measured(options, chosen, task_names, split, mixed, bool(fused))
     if squeeze:
         orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, source)
-    declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
-    if not fused and declared_fb is not None:
-        span = declared_fb
-        raise _fail("cost of FB, but no program overlaps a forward and a backward (F & B)", span, source)
+    _check_overlap_cost(cost_decls, fused, source)
     return Schedule(name=decl.name, description=decl.doc, source=source, params=env, devices=devices,
                     pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
@@ -443,12 +276,70 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     split_of=split_of, fused=tuple(fused))
 
 
+def _expanded(decl: ast.ScheduleDecl, env: dict, pipelines, replicas, split: bool, costs, source: Source, layers,
+              options: Options, ops: list[Op], task_decls: list):
+    """The declared tasks expanded into ops, their dependencies and keeps given the canonical ops
+    (device and cost); (tasks, task ops, deps, keeps, fill, the canonical op of each key)."""
+    if not task_decls:
+        return (), [], {}, {}, (), {}
+    from .tasks import expand_tasks  # tasks are optional; the module keeps this file small
+    tasks, task_ops, task_deps, keeps, fill = expand_tasks(decl, env, pipelines, replicas, split, costs, source,
+                                                           layers, options.task_scale,
+                                                           (options.max_ops, options.max_ops - len(ops)))
+    canonical = {op.key: op for op in ops + task_ops}  # dependencies name ops; give them device and cost
+    task_deps = {op: tuple(canonical[d.key] for d in found) for op, found in task_deps.items()}
+    keeps = {op: tuple(canonical[d.key] for d in found) for op, found in keeps.items()}
+    return tasks, task_ops, task_deps, keeps, fill, canonical
+
+
+def _order_decls(decl: ast.ScheduleDecl, mixed: bool, source: Source):
+    """How the schedule is ordered: its programs, `greedy`, queues and `squeeze`, refused where they do
+    not go together; (programs, greedy, queues, squeeze)."""
+    programs = [d for d in decl.decls if isinstance(d, ast.Program)]
+    greedy = [d for d in decl.decls if isinstance(d, ast.Greedy)]
+    queues = [d for d in decl.decls if isinstance(d, ast.QueueDecl)]
+    if programs and greedy:
+        raise fail_at("a schedule gives either per-device programs or 'greedy', not both", greedy[0].span, source)
+    if mixed and not programs:
+        raise fail_at("with 'backward mixed' the programs choose B or I per backward: give 'on device' programs",
+                      next(d.span for d in decl.decls if isinstance(d, ast.MixedBackward)), source)
+    if queues and not programs:  # it would be ignored, its key not even checked
+        raise fail_at("'queue' orders the pops of per-device programs: give 'on device' programs, or order a "
+                      "greedy schedule with 'greedy by (...)'", queues[0].span, source)
+    squeeze = next((d for d in decl.decls if isinstance(d, ast.Squeeze)), None)
+    if squeeze and not programs:
+        raise fail_at("'squeeze' compacts the slots of per-device programs: give 'on device' programs",
+                      squeeze.span, source)
+    return programs, greedy, queues, squeeze
+
+
+def _mixed_dependencies(orders, ops: list[Op], task_ops: list[Op], task_deps: dict, keeps: dict, canonical: dict,
+                        pipelines, costs):
+    """With `backward mixed`: which (pipe, stage, mb) the programs split into I and W, the dependencies
+    of the ops they placed, and the keeps; a task after (or keeping) B(s, i) waits for the backward the
+    program chose. (split_of, deps, keeps)."""
+    split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == OpKind.I)
+    chosen = set(map(OP_KEY, chain.from_iterable(orders)))
+    grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
+    if task_ops:
+        task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
+        keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}
+    return split_of, Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops)), keeps
+
+
+def _check_overlap_cost(cost_decls: list, fused: list, source: Source) -> None:
+    """A `cost FB` needs a program that overlaps a forward and a backward (F & B)."""
+    declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
+    if not fused and declared_fb is not None:
+        raise fail_at("cost of FB, but no program overlaps a forward and a backward (F & B)", declared_fb, source)
+
+
 def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, source: Source):
     """The programs' orders squeezed (frontend/squeeze.py): built-in ops only, none overlapped. Tasks
     the fill places later (an add-on's) are not in the orders and are welcome; a task the programs
     place themselves is refused."""
     if fused or any(op.kind not in BUILTIN for order in orders for op in order):
-        raise _fail("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops, and no tasks "
+        raise fail_at("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops, and no tasks "
                     "in the programs (fill them into the bubbles instead)", squeeze.span, source)
     from .squeeze import squeeze_orders
     return squeeze_orders(orders, slots, deps, chunk_index(pipelines))
@@ -471,7 +362,7 @@ def _grid_kinds(decl: ast.ScheduleDecl) -> int:
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
     mixed = [d for d in decl.decls if isinstance(d, ast.MixedBackward)]
     if mixed and split:
-        raise _fail("a backward is either split or mixed: 'backward split' and 'backward mixed' exclude each "
+        raise fail_at("a backward is either split or mixed: 'backward split' and 'backward mixed' exclude each "
                     "other", mixed[0].span, source)
     return bool(mixed)
 
@@ -540,7 +431,7 @@ def _check_fill(decl: ast.ScheduleDecl, tasks: set[str], source: Source) -> None
     for item in (item for d in decl.decls if isinstance(d, ast.Fill) for item in d.items):
         if item.task not in tasks:
             known = f"tasks: {', '.join(sorted(tasks))}" if tasks else "no tasks are declared"
-            raise _fail(f"unknown task '{item.task}' in fill ({known})", item.span, source)
+            raise fail_at(f"unknown task '{item.task}' in fill ({known})", item.span, source)
 
 
 def stage_layers(model_layers: int | None, stages: int, decl, source: Source) -> tuple[int, ...] | None:
@@ -549,8 +440,8 @@ def stage_layers(model_layers: int | None, stages: int, decl, source: Source) ->
     if model_layers is None:
         return None
     if model_layers < stages:
-        raise _fail(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
-                    source, code=2)
+        raise fail_at(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
+                    source, kind=USAGE)
     return tuple(model_layers // stages + (s < model_layers % stages) for s in range(stages))
 
 
@@ -573,7 +464,7 @@ def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source
     decls = [d for d in decl.decls if isinstance(d, ast.MemoryDecl)]
     for d in decls:
         if d.kind not in kinds and not (split and d.kind == "B"):
-            raise _fail(f"memory of unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})", d.span, source)
+            raise fail_at(f"memory of unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})", d.span, source)
     given = {k: v for k, v in given.items() if k in kinds or (split and k == "B")}
     table = (_per_stage(decls, {"F": 1.0}, env, stages, source, given, "memory") if decls or given
              else {"F": (1.0,) * stages})
@@ -593,7 +484,7 @@ def _memory_limit(decl, env, devices, source: Source):
             bad = next((v for v in limits if not v >= 0), None)  # NaN too; inf: no limit
             if bad is not None:
                 shown = ", ".join(f"{k}={v}" for k, v in env.items())
-                raise _fail(f"limit memory must be a number >= 0, got {bad:g}", d.span, source,
+                raise fail_at(f"limit memory must be a number >= 0, got {bad:g}", d.span, source,
                             notes=(f"with {shown}",) if shown else ())
             return limits, d.span
     return None, None

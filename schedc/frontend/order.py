@@ -11,199 +11,26 @@ gradient (_MixedBackward).
 """
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass, replace
-from itertools import chain, repeat
-from operator import attrgetter
-from typing import Any, Callable
+from dataclasses import replace
+from itertools import chain
+from typing import Any
 
 from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
-from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, fold_constants, free_names
+from .expr import EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
-
-# the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
-PROGRAM_STEPS_BASE = 1_000_000
-PROGRAM_STEPS_PER_OP = 16
-
-
-@dataclass
-class _StepBudget:
-    """Statements the programs of all devices may still run (shared, so a runaway loop stops once)."""
-
-    total: int
-    left: int = -1
-
-    def __post_init__(self) -> None:
-        self.left = self.total
-_KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
-
-
-KEY_NAMES = ("s", "i", "d", "c", "kind", "pipe")
-
-
-def _bind(scope: dict[str, Any], op: Op, pipe: PipeRef, chunk: dict[tuple[int, int], int]) -> dict:
-    """Bind the names a key or greedy priority may read: s, i, d, c, kind, pipe."""
-    scope["s"], scope["i"], scope["d"] = op.stage, op.mb if op.mb is not None else -1, op.device
-    scope["c"], scope["kind"], scope["pipe"] = chunk[(op.pipe, op.stage)], op.kind, pipe
-    return scope
-
-
-def _key_functions(key: tuple[ast.Expr, ...], env: dict[str, Any]) -> list:
-    """Compile a key, folding in the params (every name but the per-op ones is constant)."""
-    constants = {k: v for k, v in env.items() if k not in KEY_NAMES}
-    return [compile_expr(e, constants) for e in key]
-
-
-def chunk_index(pipelines: tuple[Pipeline, ...]) -> dict[tuple[int, int], int]:
-    """c: the index of stage s among the stages its pipeline places on the same device."""
-    out = {}
-    for k, pipe in enumerate(pipelines):
-        seen: dict[int, int] = {}
-        for s, device in enumerate(pipe.placement):
-            out[(k, s)] = seen.get(device, 0)
-            seen[device] = out[(k, s)] + 1
-    return out
-
-
-def sort_queue(ops: list[Op], key: _QueueKey | None, pipelines, chunk) -> list[Op]:
-    """The ops of one queue (all of one kind) in pop order: by the queue's key, ties broken by pipe, stage,
-    microbatch and part; without a key by microbatch then stage (descending for backwards), pipe, part.
-    Sorts plain tuples zipped from columns of the ops' values (see _Columns)."""
-    if not ops:
-        return []
-    columns = _Columns(ops, pipelines, chunk)
-    if key is None:
-        by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
-    else:
-        try:
-            values = key.columns(columns)
-        except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
-            values = list(zip(*_key_rows(key.key, key.env, columns)))
-        by = zip(*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
-                 columns.field("part"))
-    keys = list(by)
-    return list(map(ops.__getitem__, sorted(range(len(ops)), key=keys.__getitem__)))
-
-
-def _default_stages(columns: _Columns) -> list[int]:
-    """The stage, negated for backwards: later stages run their backward first."""
-    backward = ("B", "I", "W")
-    return [-s if kind in backward else s for kind, s in zip(columns.field("kind"), columns.field("stage"))]
-
-
-def _none_as(values: list, default: Any) -> list:
-    """`values` with None replaced (ops of per-stage tasks have no microbatch)."""
-    return [default if v is None else v for v in values] if None in values else values
-
-
-class _Columns:
-    """A queue's ops as columns, each made on first use by one pass: Op fields, and what a key reads
-    as each of KEY_NAMES (the values _bind gives them)."""
-
-    def __init__(self, ops: list[Op], pipelines: tuple[Pipeline, ...], chunk: dict[tuple[int, int], int]):
-        self.ops, self.pipelines, self.chunk = ops, pipelines, chunk
-        self.fields: dict[str, list] = {}
-        self.names: dict[str, list] = {}
-
-    def field(self, name: str) -> list:
-        """An Op field of every op."""
-        if name not in self.fields:
-            self.fields[name] = list(map(attrgetter(name), self.ops))
-        return self.fields[name]
-
-    def name(self, name: str) -> list:
-        """What a key reads as `name` (one of KEY_NAMES) for every op."""
-        if name not in self.names:
-            self.names[name] = self.NAMES[name](self)
-        return self.names[name]
-
-    def _chunks(self) -> list[int]:
-        return list(map(self.chunk.__getitem__, zip(self.field("pipe"), self.field("stage"))))
-
-    def _pipe_refs(self) -> list[PipeRef]:
-        return list(map([PipeRef(p.name) for p in self.pipelines].__getitem__, self.field("pipe")))
-
-    NAMES: dict[str, Callable[[_Columns], list]] = {
-        "s": lambda self: self.field("stage"), "i": lambda self: _none_as(self.field("mb"), -1),
-        "d": lambda self: self.field("device"), "c": _chunks, "kind": lambda self: self.field("kind"),
-        "pipe": _pipe_refs}
-
-
-def _key_rows(key: tuple[ast.Expr, ...], env: dict[str, Any], columns: _Columns) -> list[tuple]:
-    fns, scope, rows = _key_functions(key, env), dict(env), []
-    for values in zip(*map(columns.name, KEY_NAMES)):
-        scope.update(zip(KEY_NAMES, values))
-        rows.append(tuple(fn(scope) for fn in fns))
-    return rows
-
-
-class _QueueKey:
-    """A queue's key, `queue F by (i // p, s)`, for all the devices' queues it sorts: each part compiled
-    once with the params folded in, and evaluated once per distinct value of the names it reads (`i // p`
-    once per microbatch, not once per op)."""
-
-    def __init__(self, key: tuple[ast.Expr, ...], env: dict[str, Any]):
-        self.key, self.env, self.scope = key, env, dict(env)
-        self.parts: list[tuple[Callable, list[str], dict]] | None = None  # (function, names read, memo)
-
-    def columns(self, columns: _Columns) -> list[list]:
-        """The value of each key part per op."""
-        if self.parts is None:
-            constants = {k: v for k, v in self.env.items() if k not in KEY_NAMES}
-            folded = [fold_constants(expr, constants) for expr in self.key]
-            self.parts = [(compile_expr(expr), [name for name in KEY_NAMES if name in free_names(expr)], {})
-                          for expr in folded]
-        return [self._column(*part, columns) for part in self.parts]
-
-    def _column(self, fn: Callable, names: list[str], memo: dict, columns: _Columns) -> list:
-        read = list(map(columns.name, names))
-        picked = read[0] if len(read) == 1 else list(zip(*read)) if read else [()] * len(columns.ops)
-        try:
-            return list(map(memo.__getitem__, picked))  # every value met in an earlier queue
-        except KeyError:
-            pass
-        first = dict(zip(reversed(picked), reversed(range(len(picked)))))  # a representative op per value
-        for value, n in first.items():
-            if value not in memo:
-                self.scope.update(zip(names, [column[n] for column in read]))
-                memo[value] = fn(self.scope)
-        return list(map(memo.__getitem__, picked))
-
-
-@dataclass
-class _Queue:
-    """The ops of one kind on one device, sorted; pops skip ops already taken by another cursor."""
-
-    ops: list[Op]
-    position: int = 0
-
-    def peek_run(self, count: int, taken: set[int]) -> list[Op]:
-        """The next `count` ops if they are all there and none is taken yet (one C-level test), else []."""
-        ops = self.ops[self.position:self.position + count]
-        return ops if len(ops) == count and taken.isdisjoint(map(id, ops)) else []
-
-    def pop(self, taken: set[int]) -> Op | None:
-        op = self.peek(taken)
-        if op is not None:
-            self.position += 1
-        return op
-
-    def peek(self, taken: set[int]) -> Op | None:
-        """The next op not taken yet (skipping the taken ones for good), or None."""
-        while self.position < len(self.ops) and id(self.ops[self.position]) in taken:
-            self.position += 1
-        return self.ops[self.position] if self.position < len(self.ops) else None
+from ..text import plural
+from .queues import PROGRAM_STEPS_BASE, PROGRAM_STEPS_PER_OP, Queue, QueueKey, StepBudget, chunk_index, sort_queue
 
 
 class _ProgramRun:
     """Runs one device's program against its queues, collecting the order; the first fault (an empty
     queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError."""
 
-    def __init__(self, device: int, queues: dict[tuple[str, str | None, int | None], _Queue], ops: list[Op],
-                 pipelines: tuple[Pipeline, ...], budget: _StepBudget, mixed: _MixedBackward | None = None,
+    def __init__(self, device: int, queues: dict[tuple[str, str | None, int | None], Queue], ops: list[Op],
+                 pipelines: tuple[Pipeline, ...], budget: StepBudget, mixed: _MixedBackward | None = None,
                  chunk: dict[tuple[int, int], int] | None = None):
         self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
         self.order: list[Op] = []    # the ops placed so far, as the queues hold them (see placed())
@@ -509,7 +336,7 @@ class _MixedBackward:
         return None if n is None else self.pending.pop(n)
 
 
-def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], _QueueKey], pipelines, chunk,
+def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
                   mixed: bool = False) -> dict:
     """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
     With a mixed backward, I and W are not queued (B's queue is the backward queue, see _MixedBackward)."""
@@ -521,14 +348,14 @@ def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], _Queu
     for kind, ops in by_kind.items():
         key = keys.get((kind, None)) or (keys.get((_I, None)) if mixed and kind == _B else None)
         ordered = sort_queue(ops, key, pipelines, chunk)
-        queues[(kind, None, None)] = _Queue(ordered)
+        queues[(kind, None, None)] = Queue(ordered)
         _chunk_queues(queues, kind, None, ordered, chunk)
         for k, pipe in enumerate(pipelines):
             mine = [op for op in ordered if op.pipe == k]
             if (kind, pipe.name) in keys:
                 mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
             if mine:
-                queues[(kind, pipe.name, None)] = _Queue(mine)
+                queues[(kind, pipe.name, None)] = Queue(mine)
                 _chunk_queues(queues, kind, pipe.name, mine, chunk)
     return queues
 
@@ -539,7 +366,7 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
     for op in ordered:
         by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
     for c, ops in by_chunk.items():
-        queues[(kind, pipe, c)] = _Queue(ops)
+        queues[(kind, pipe, c)] = Queue(ops)
 
 
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
@@ -564,8 +391,8 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
     for op in ops:
         per_device[op.device].append(op)
     chunk = chunk_index(pipelines)
-    keys = {(q.kind, q.pipe): _QueueKey(q.key, env) for q in queue_decls}
-    budget = _StepBudget(PROGRAM_STEPS_BASE + PROGRAM_STEPS_PER_OP * len(ops))
+    keys = {(q.kind, q.pipe): QueueKey(q.key, env) for q in queue_decls}
+    budget = StepBudget(PROGRAM_STEPS_BASE + PROGRAM_STEPS_PER_OP * len(ops))
     orders = []
     for dev in range(devices):
         program = specific.get(dev) or (generic[-1] if generic else None)
@@ -593,7 +420,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
         left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
                                     and not (mixed and op.kind in SPLIT and _undecided(op, run))]
         if left:
-            diags.append(error(f"device {dev}: program leaves {len(left)} op{'s' * (len(left) > 1)} "
+            diags.append(error(f"device {dev}: program leaves {plural(len(left), 'op')} "
                                f"unscheduled: {elide(left, 6)}", program.span))
         orders.append(run.placed())
     return tuple(orders), merge_device_diagnostics(diags)
@@ -627,105 +454,4 @@ def merge_device_diagnostics(diags: list[Diagnostic]) -> list[Diagnostic]:
 
 # Greedy list scheduling ------------------------------------------------------------------------------
 
-def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op, ...]],
-                 pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
-                 source: Source, latency: float = 0.0) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
-    """When a device is idle it starts the ready op with the smallest key (default: backward first, then
-    microbatch, then stage), starting a forward only while fewer than `inflight` activations are alive."""
-    span = decl.span if decl else None
-    chunk = chunk_index(pipelines)
-    key_fn = _greedy_key(decl, pipelines, chunk, env)
-    limit_fn = compile_expr(decl.inflight) if decl and decl.inflight is not None else None
-    limits = [limit_fn({**env, "d": d}) if limit_fn else float("inf") for d in range(devices)]
-    index = {op: n for n, op in enumerate(ops)}
-    succ: list[list[int]] = [[] for _ in ops]
-    missing = [0] * len(ops)
-    for n, op in enumerate(ops):
-        for dep in deps.get(op, ()):
-            if dep in index:
-                succ[index[dep]].append(n)
-                missing[n] += 1
-    keys = [key_fn(op) for op in ops]
-    ready_at = [0.0] * len(ops)
-    waiting: list[list] = [[] for _ in range(devices)]   # (ready time, key, n)
-    ready: list[list] = [[] for _ in range(devices)]     # (key, n)
-    for n, op in enumerate(ops):
-        if missing[n] == 0:
-            heapq.heappush(waiting[op.device], (0.0, keys[n], n))
-    free_at, alive = [0.0] * devices, [0.0] * devices
-    running: list = []  # (end, n)
-    orders: list[list[Op]] = [[] for _ in range(devices)]  # placed with the span of `greedy` on return
-    done, now = 0, 0.0
-    while done < len(ops):
-        for d in range(devices):
-            if free_at[d] > now:
-                continue
-            while waiting[d] and waiting[d][0][0] <= now:
-                _, key, n = heapq.heappop(waiting[d])
-                heapq.heappush(ready[d], (key, n))
-            n = _pick(ready[d], ops, alive[d], limits[d])
-            if n is None:
-                continue
-            op = ops[n]
-            alive[d] += 1 if op.kind == "F" else 0
-            free_at[d] = now + op.cost
-            heapq.heappush(running, (free_at[d], n))
-            orders[d].append(op)
-        upcoming = [w[0][0] for d, w in enumerate(waiting) if w and w[0][0] > now]
-        upcoming += [free_at[d] for d in range(devices) if free_at[d] > now]
-        if not running and not upcoming:
-            stuck = [ops[n] for d in range(devices) for _, n in ready[d]]
-            return _greedy_orders(orders, span), [error(
-                "greedy ordering cannot progress: the in-flight limit blocks every ready forward"
-                + (f" (e.g. {stuck[0]} on device {stuck[0].device})" if stuck else ""), span)]
-        now = min(upcoming + ([running[0][0]] if running else []))
-        while running and running[0][0] <= now:
-            end, n = heapq.heappop(running)
-            done += 1
-            _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency)
-    return _greedy_orders(orders, span), []
 
-
-def _greedy_orders(orders: list[list[Op]], span: Span | None) -> tuple[tuple[Op, ...], ...]:
-    for order in orders:
-        set_spans(order, repeat(span))
-    return tuple(map(tuple, orders))
-
-
-def _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency) -> None:
-    op = ops[n]
-    if op.kind in ("B", "W"):
-        alive[op.device] -= 1
-    for m in succ[n]:
-        missing[m] -= 1
-        ready_at[m] = max(ready_at[m], end + (latency if ops[m].device != op.device else 0.0))
-        if missing[m] == 0:
-            heapq.heappush(waiting[ops[m].device], (ready_at[m], keys[m], m))
-
-
-def _pick(ready: list, ops: list[Op], alive: float, limit: float) -> int | None:
-    held, chosen = [], None
-    while ready:
-        item = heapq.heappop(ready)
-        if ops[item[1]].kind == "F" and alive >= limit:
-            held.append(item)
-            continue
-        chosen = item[1]
-        break
-    for item in held:
-        heapq.heappush(ready, item)
-    return chosen
-
-
-def _greedy_key(decl: ast.Greedy | None, pipelines, chunk, env) -> Callable[[Op], tuple]:
-    if decl is None or decl.key is None:
-        return lambda op: (-_KIND_RANK.get(op.kind, 0), op.mb if op.mb is not None else -1, op.stage, op.pipe,
-                           op.part)
-    fns = _key_functions(decl.key, env)
-    refs = [PipeRef(p.name) for p in pipelines]
-    scope = dict(env)
-
-    def key(op: Op) -> tuple:
-        _bind(scope, op, refs[op.pipe], chunk)
-        return (*(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part)
-    return key

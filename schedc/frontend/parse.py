@@ -17,7 +17,8 @@ from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, Une
                              VisitError)
 
 from . import ast
-from ..diagnostics import SchedError, Source, Span, error
+from ..diagnostics import USAGE, SchedError, Source, Span, error
+from ..text import listed
 
 GRAMMAR_PACKAGE = "schedc.grammars"
 GRAMMAR_FILE = "sched.lark"
@@ -348,10 +349,9 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
     terminals = set(getattr(exc, "expected", None) or ())
     expected = sorted({_readable(t) for t in terminals - {"OP_RUN"}})  # a run of ops starts with a name
     if expected:
-        more = f" and {len(expected) - 8} more" if len(expected) > 8 else ""  # not a cut that looks complete
-        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + ", ".join(expected[:8]) + more)
+        message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + listed(expected))
     notes = _ambiguity_hints(exc, source, terminals)
-    return SchedError(error(message, Span(line, column, line, column + 1), notes=notes), source, exit_code=2)
+    return SchedError(error(message, Span(line, column, line, column + 1), notes=notes), source, kind=USAGE)
 
 
 _CURSOR_THEN_PAREN = re.compile(r"([A-Za-z_][A-Za-z_0-9.]*)(?:\[[^\[\]()]*\])?\s+\($")  # F (, B[0] (
@@ -409,14 +409,14 @@ def decode_source(data: bytes, path: str) -> Source:
     data = data.removeprefix(codecs.BOM_UTF8)
     if len(data) > MAX_SOURCE_BYTES:
         raise SchedError(error(f"file is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"),
-                         Source(path, ""), exit_code=2)
+                         Source(path, ""), kind=USAGE)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise SchedError(error("file is not valid UTF-8", Span(line, column, line, column + 1)),
-                         Source(path, ""), exit_code=2) from None
+                         Source(path, ""), kind=USAGE) from None
     return Source(path, text)
 
 
@@ -428,14 +428,14 @@ def _check_nesting(source: Source) -> None:
             depth -= char in ")}"
             if depth > MAX_NESTING:
                 raise SchedError(error(f"nesting deeper than {MAX_NESTING} levels",
-                                       Span(number, column, number, column + 1)), source, exit_code=2)
+                                       Span(number, column, number, column + 1)), source, kind=USAGE)
 
 
 def parse_source(source: Source) -> ast.ScheduleDecl:
     """Parse a .sched text into its AST; syntax errors raise SchedError (exit code 2)."""
     if not source.text.strip():
         raise SchedError(error("empty file: expected 'schedule NAME \"description\"'", Span(1, 1, 1, 2)),
-                         source, exit_code=2)
+                         source, kind=USAGE)
     _check_nesting(source)
     try:
         tree = parser().parse(source.text)
@@ -443,13 +443,13 @@ def parse_source(source: Source) -> ast.ScheduleDecl:
         raise _syntax_error(exc, source) from None
     except LarkError as exc:  # not raised by an LALR parse of text; translated all the same, never shown raw
         raise SchedError(error(f"cannot parse: {type(exc).__name__}", Span(1, 1, 1, 2)), source,
-                         exit_code=2) from None
+                         kind=USAGE) from None
     _check_depth(tree, source)
     try:
         return ToAst().transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, _Refused):
-            raise SchedError(error(exc.orig_exc.message, exc.orig_exc.span), source, exit_code=2) from None
+            raise SchedError(error(exc.orig_exc.message, exc.orig_exc.span), source, kind=USAGE) from None
         raise
 
 
@@ -464,7 +464,7 @@ def _check_depth(tree: Tree, source: Source) -> None:
             line, column = getattr(meta, "line", 1), getattr(meta, "column", 1)
             raise SchedError(error(f"expression or program nested deeper than {MAX_NESTING} levels (each operator "
                                    "of a chain like 1 + 1 + ... + 1 nests one level)",
-                                   Span(line, column, line, column + 1)), source, exit_code=2)
+                                   Span(line, column, line, column + 1)), source, kind=USAGE)
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
@@ -474,7 +474,7 @@ def read_source(path: str | Path) -> Source:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise SchedError(error(f"cannot read file: {exc.strerror or exc}" + _library_hint(Path(path))),
-                         Source(str(path), ""), exit_code=2) from None
+                         Source(str(path), ""), kind=USAGE) from None
     return decode_source(data, str(path))
 
 

@@ -153,11 +153,7 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
             for inst in _instances(task, pipe, source):
                 s = inst.get("s", 0)
                 scope = {**env, **inst, "layers": layers[s]}
-                if task.name in costs:
-                    total = costs[task.name][s]
-                else:
-                    total = (_own_cost(task, cost_fn, scope, source) if cost_fn is not None else 1.0) * (
-                        scale[s] if scale else 1.0)
+                total = _task_cost(task, cost_fn, scope, costs, scale, s, source)
                 shared = task.params == ("s",) and not task.at_end
                 pipes = groups[k] if shared else (k,)
                 total /= len(pipes)
@@ -168,18 +164,34 @@ def expand_tasks(decl: ast.ScheduleDecl, env: dict[str, Any], pipelines: tuple[P
                 kept = [op for dep in task.keeps
                         for op in _resolve(dep, scope, (k,), pipelines, parts, split_backward, arities)]
                 left.take(k_parts * (len(after) + len(kept)), task, "dependencies", source)
-                previous = None
-                for part in range(k_parts):
-                    op = Op(task.name, s, inst.get("i"), k, part, pipe.placement[s], total / k_parts, task.span,
-                            k_parts)
+                for op, op_deps in _chain(task, s, inst.get("i"), k, pipe.placement[s], total, k_parts, after):
                     ops.append(op)
-                    deps[op] = tuple(after) + ((previous,) if previous else ())
+                    deps[op] = op_deps
                     if kept:
                         keeps[op] = tuple(kept)
-                    previous = op
     _check_acyclic(deps, {t.name: t for t in tasks}, source)
     fill = tuple((item.task, max(parts[item.task, s] for s in range(stages))) for item in fills)
     return tuple(specs), ops, deps, keeps, fill
+
+
+def _task_cost(task: ast.TaskDecl, cost_fn, scope: dict, costs: dict, scale, s: int, source: Source) -> float:
+    """One instance's cost on stage s: a `cost t` declaration's (already scaled), else its own cost
+    expression's (1 when it has none) times what a unit is worth on the stage."""
+    if task.name in costs:
+        return costs[task.name][s]
+    own = _own_cost(task, cost_fn, scope, source) if cost_fn is not None else 1.0
+    return own * (scale[s] if scale else 1.0)
+
+
+def _chain(task: ast.TaskDecl, s: int, mb, k: int, device: int, total: float, k_parts: int, after: list):
+    """The k_parts pieces of one task instance, each after the one before (the first after `after`):
+    [(op, its dependencies)], the cost shared evenly."""
+    chain, previous = [], None
+    for part in range(k_parts):
+        op = Op(task.name, s, mb, k, part, device, total / k_parts, task.span, k_parts)
+        chain.append((op, tuple(after) + ((previous,) if previous else ())))
+        previous = op
+    return chain
 
 
 def _check_acyclic(deps: dict[Op, tuple[Op, ...]], decls: dict[str, ast.TaskDecl], source: Source) -> None:

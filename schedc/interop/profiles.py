@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..diagnostics import SchedError, Source, Span, error
+from ..diagnostics import USAGE, SchedError, Source, Span, error
 from ..ops import OVERLAP, OpKind, absent_kind, cost_range, in_cost_range
 
 
@@ -24,7 +24,7 @@ def read_text(path: str | Path) -> str:
 
 
 def _usage(message: str, path: str) -> SchedError:
-    return SchedError(error(message), Source(str(path), ""), exit_code=2)
+    return SchedError(error(message), Source(str(path), ""), kind=USAGE)
 
 
 def _measured(value, what: str, path: str) -> float:
@@ -69,14 +69,14 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
     except json.JSONDecodeError as exc:  # located where the parser stopped
         raise SchedError(error(f"cannot read costs: {exc.msg}", Span(exc.lineno, exc.colno, exc.lineno,
                                                                       exc.colno + 1, source)), source,
-                         exit_code=2) from None
+                         kind=USAGE) from None
     if not isinstance(data, dict):
         raise _usage("costs must be a JSON object of op kind to cost", path)
     keys: dict[str, int] = {}  # each top-level key's offset, for the errors at it
     for key, offset in _json_key_offsets(text)[1]:  # JSON keeps the last of a repeated key, unsaid
         if key in keys:
             raise SchedError(error(f"{key!r} is given twice; give each kind once",
-                                   _span_at(source, offset, len(key) + 2)), source, exit_code=2)
+                                   _span_at(source, offset, len(key) + 2)), source, kind=USAGE)
         keys[key] = offset
     out = {}
     for kind, value in data.items():
@@ -91,7 +91,7 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
                 raise _usage(f"cost of {kind!r} must be a number or a list of numbers per stage", path)
         except SchedError as exc:  # at the key
             at = _span_at(source, keys[kind], len(kind) + 2) if kind in keys else None
-            raise SchedError(error(exc.diagnostics[0].message, at), source, exit_code=2) from None
+            raise SchedError(error(exc.diagnostics[0].message, at), source, kind=USAGE) from None
     return out
 
 
@@ -242,7 +242,7 @@ def check_measured_kinds(measured: Measured, given: Iterable[str], runs: Collect
                             notes=("measured costs are not mixed with the unit defaults (F=1, B=2, I=W=1) or "
                                    "declared costs",)))
     if errors:
-        raise SchedError(errors, None, exit_code=2)
+        raise SchedError(errors, None, kind=USAGE)
 
 
 def _why(missing: list[str], split: bool) -> str:

@@ -22,11 +22,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 
-from ..diagnostics import Diagnostic, SchedError, Source, Span, error, warning
+from ..diagnostics import SCHEDULE, Diagnostic, SchedError, Source, Span, error, warning
 from ..ir import Schedule
 from ..ops import BUILTIN, COMM, SENDS, Opcode, OpKind, carries, fed_by, feeds
 from ..plan import Instr, Plan
 from .torch_csv import ACTION_KINDS, MAX_SHOWN, REDUCE_GRAD, RESHARD, UNSHARD, Cell, _overlap_cell, parse_csv
+from ..text import agree
 
 FSDP_PREFETCH = 3  # stages kept unsharded ahead: torch's _add_unshard_reshard(max_active_stages=3)
 REDUCING = frozenset({OpKind.B.value, OpKind.W.value})  # the backward ops torch counts to the last one
@@ -89,7 +90,7 @@ def export_comms_csv(plan: Plan) -> str:
     placed by torch_actions; SYNC_GRAD and STEP are left out."""
     if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
         raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
-                         Source(plan.meta.get("source", "plan"), ""), exit_code=1)
+                         Source(plan.meta.get("source", "plan"), ""), kind=SCHEDULE)
     microbatches = len(plan.meta["pipelines"][0]["microbatches"])
     rows = []
     for (program,) in plan.ranks:
@@ -232,7 +233,7 @@ def _check_row(rank: int, row: list[Cell], m: int, place: tuple[int, ...], uses_
     if uses_fsdp and unsharded and row:
         end = row[-1][3]
         names = ", ".join(map(str, sorted(unsharded)))
-        diags.append(error(f"rank {rank} ends the step with stage{'s' * (len(unsharded) > 1)} {names} unsharded: "
+        diags.append(error(f"rank {rank} ends the step with {agree(len(unsharded), 'stage', 'stages')} {names} unsharded: "
                            f"a RESHARD must follow (torch's next step would unshard {'them' if len(unsharded) > 1 else 'it'} "
                            "twice)", end))
     return diags

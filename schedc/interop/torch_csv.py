@@ -21,10 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 from ..frontend.parse import read_source
-from ..diagnostics import Diagnostic, SchedError, Source, Span, error
+from ..diagnostics import SCHEDULE, USAGE, Diagnostic, SchedError, Source, Span, error
 from ..frontend.elaborate import MAX_DEVICES, MAX_OPS
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, DEFAULT_COSTS, GRADIENT, MIXED_KINDS, OVERLAP, SPLIT, Opcode, OpKind, builtin_kinds
+from ..text import MAX_SHOWN, plural
 
 CELL = re.compile(r"(\d+)(F|B|I|W)(\d+)")
 UNSHARD, RESHARD, REDUCE_GRAD = "UNSHARD", "RESHARD", "REDUCE_GRAD"  # torch's FSDP and gradient-reduction cells
@@ -35,7 +36,6 @@ OVERLAP_CELL = re.compile(r"\((.*)\)OVERLAP_F_B")
 Cell = tuple[str, int, int, Span, bool]  # kind, stage, microbatch, where, overlapped with the next cell
 MAX_DIGITS = 9          # a stage or microbatch number of more digits is refused where it is written
 MAX_RANKS = MAX_DEVICES  # rows; a row is a rank, and every pass keeps something per rank
-MAX_SHOWN = 20          # bad cells reported one by one; the rest are counted
 
 
 def schedule_from_csv(path, options=None) -> Schedule:
@@ -52,7 +52,7 @@ def schedule_from_csv_text(source: Source, options=None) -> Schedule:
     if not cells:  # message cells only (compute_comms without its compute)
         raise SchedError(error("no compute cells: only message cells (SEND_F, RECV_B, ...); a compute_comms "
                                "CSV holds the ranks' F, B, I and W cells too, like 0F0,0SEND_F0", Span(1, 1)),
-                         source, exit_code=2)
+                         source, kind=USAGE)
     kinds_seen = {kind for kind, *_ in cells}
     mixed = OpKind.B.value in kinds_seen and bool(kinds_seen & SPLIT)
     split = not mixed and bool(kinds_seen & SPLIT)
@@ -94,11 +94,11 @@ def _check_size(cells: list[Cell], stages: int, microbatches: int, kinds: int, g
     why = f"{stages:,} stages x {microbatches:,} microbatches x {kinds} kinds = {implied:,} ops, more than {max_ops:,}"
     if given_m and microbatches * kinds > max_ops // max(1, stages) and microbatches > stages:
         raise SchedError(error(f"-D m={microbatches}: the schedule would expand to {why}; refusing"), source,
-                         exit_code=2)
+                         kind=USAGE)
     by_stage = stages >= microbatches
     kind, stage, mb, span, *_ = max(cells, key=(lambda c: c[1]) if by_stage else (lambda c: c[2]))
     what = f"stage {stage}" if by_stage else f"microbatch {mb}"
-    raise SchedError(error(f"{what} makes the schedule expand to {why}; refusing", span), source, exit_code=2)
+    raise SchedError(error(f"{what} makes the schedule expand to {why}; refusing", span), source, kind=USAGE)
 
 
 def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
@@ -110,7 +110,7 @@ def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
         lines.pop()
     if len(lines) > MAX_RANKS:
         raise SchedError(error(f"{len(lines):,} rows: a torch CSV schedule has one row per rank, at most "
-                               f"{MAX_RANKS:,}", Span(MAX_RANKS + 1, 1, MAX_RANKS + 1, 2)), source, exit_code=2)
+                               f"{MAX_RANKS:,}", Span(MAX_RANKS + 1, 1, MAX_RANKS + 1, 2)), source, kind=USAGE)
     rows, diags = [], []
     for number, line in enumerate(lines, 1):
         row = []
@@ -124,10 +124,10 @@ def parse_csv(source: Source, comms: bool = False) -> list[list[Cell]]:
                            Span(1, 1, 1, 2)))
     if len(diags) > MAX_SHOWN:
         rest = len(diags) - MAX_SHOWN
-        diags = diags[:MAX_SHOWN] + [error(f"and {rest:,} more bad cell{'s' * (rest != 1)} like these",
+        diags = diags[:MAX_SHOWN] + [error(f"and {plural(rest, 'more bad cell')} like these",
                                            diags[MAX_SHOWN].span)]
     if diags:
-        raise SchedError(diags, source, exit_code=2)
+        raise SchedError(diags, source, kind=USAGE)
     return rows
 
 
@@ -222,7 +222,7 @@ def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source:
     unknown = sorted(set(overrides) - {"m"})
     if unknown:
         raise SchedError(error(f"unknown param '{unknown[0]}' given with -D (a torch CSV takes only m, the "
-                               "microbatch count)"), source, exit_code=2)
+                               "microbatch count)"), source, kind=USAGE)
     if "m" in overrides:
         try:
             value = int(overrides["m"])
@@ -230,7 +230,7 @@ def _microbatch_count(rows: list[list[Cell]], overrides: dict[str, str], source:
             value = 0
         if value < 1:
             raise SchedError(error(f"-D m={overrides['m']}: the microbatch count must be a positive integer"),
-                             source, exit_code=2)
+                             source, kind=USAGE)
         return value
     forwards: dict[int, set[int]] = {}
     for row in rows:
@@ -258,7 +258,7 @@ def _costs(given: dict, stages: int, source: Source) -> dict[str, tuple[float, .
         values = (float(value),) * stages if isinstance(value, (int, float)) else tuple(map(float, value))
         if len(values) != stages:
             raise SchedError(error(f"measured costs for {kind} have {len(values)} stages, the CSV has {stages}"),
-                             source, exit_code=2)
+                             source, kind=USAGE)
         table[kind] = values
     return table
 
@@ -274,7 +274,7 @@ def export_csv(schedule: Schedule) -> str:
         tasks = [spec.span for spec in schedule.tasks if spec.span is not None]
         at = tasks[0] if tasks and refusal.startswith(_TASKS) else (
             schedule.pipelines[-1].span if schedule.pipelines else None)  # the first task's declaration
-        raise SchedError(error(refusal, at), schedule.source, exit_code=1)
+        raise SchedError(error(refusal, at), schedule.source, kind=SCHEDULE)
     fused = {id(f): b for f, b in schedule.fused}
     second = {id(b) for b in fused.values()}
     rows = []

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..diagnostics import Diagnostic, Span, error, plural
+from ..diagnostics import Diagnostic, Span, error
+from ..text import plural
 from ..ir import Schedule
 from .torch_csv import MAX_SHOWN
 

@@ -13,10 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compiler import Compiled
-from ..diagnostics import SchedError, Source, error, warning
+from ..compiled import Compiled
+from ..diagnostics import USAGE, SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
+from ..text import agree
 
 if TYPE_CHECKING:
     from .measured import MeasuredRun
@@ -47,13 +48,13 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     ignored = [flag for flag, given in (("--comms", comms), ("--measured", measured is not None)) if given]
     if ignored and (dag or fmt == "json"):
         what = "the dependency graph" if dag else "a Chrome trace (.json)"
-        raise _usage(f"{' and '.join(ignored)} draw{'s' * (len(ignored) == 1)} on the timeline; {what} has no place "
+        raise _usage(f"{' and '.join(ignored)} {agree(len(ignored), 'draws', 'draw')} on the timeline; {what} has no place "
                      f"for {'it' if len(ignored) == 1 else 'them'}", out)
     prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
-    from .load import load_input
+    from ..driver import load_input
     if cluster is not None:
-        from ..compiler import parse_defines
-        from ..predict import compile_on_cluster
+        from ..driver import parse_defines
+        from ..driver.cluster import compile_on_cluster
         compiled = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons).compiled
     else:
         compiled = load_input(file, defines, costs, latency, profile, addons)
@@ -104,8 +105,8 @@ def _drawable(compiled: Compiled, fmt: str, out: str) -> None:
         raise SchedError(error(f"the timeline of {compiled.schedule.name} has {count:,} ops, too many to draw as "
                                f".{fmt} (limit {MAX_TIMELINE_OPS:,})",
                                notes=("write a Chrome trace (-o OUT.json, for Perfetto) or the DOT text (.dot), "
-                                      "or draw a smaller instance",)), Source(out, ""), exit_code=2)
+                                      "or draw a smaller instance",)), Source(out, ""), kind=USAGE)
 
 
 def _usage(message: str, out: str) -> SchedError:
-    return SchedError(error(message), Source(out, ""), exit_code=2)
+    return SchedError(error(message), Source(out, ""), kind=USAGE)

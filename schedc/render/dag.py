@@ -7,7 +7,7 @@ Only for small schedules: dot's layout grows much faster than linearly, so large
 """
 from __future__ import annotations
 
-from ..diagnostics import SchedError, Source, error
+from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Op, Schedule
 from .style import palette, text_colour
 
@@ -25,7 +25,7 @@ def dag_dot(schedule: Schedule, target: str = "", layout: bool = True) -> str:
                                f"(limit {MAX_DAG_OPS})",
                                notes=("draw a smaller instance (e.g. -D p=4 -D m=8), or drop --dag for the "
                                       "timeline, which scales to large schedules",)),
-                         Source(target, ""), exit_code=2)
+                         Source(target, ""), kind=USAGE)
     ops = [op for order in schedule.orders for op in order] + list(schedule.unplaced)
     placed = set(ops)
     edges = sum(max(0, len(order) - 1) for order in schedule.orders) + sum(
@@ -35,7 +35,7 @@ def dag_dot(schedule: Schedule, target: str = "", layout: bool = True) -> str:
                                f"too many for Graphviz to lay out in reasonable time (limit {MAX_DAG_EDGES:,})",
                                notes=("draw a smaller instance (fewer devices, microbatches or task pieces), or "
                                       "drop --dag for the timeline, which scales to large schedules",)),
-                         Source(target, ""), exit_code=2)
+                         Source(target, ""), kind=USAGE)
     colours = palette(schedule)
     ids: dict[Op, str] = {}
     lines = ["digraph dependencies {",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from ..diagnostics import SchedError, Source, error
+from ..diagnostics import USAGE, SchedError, Source, error
 
 FORMATS = ("svg", "png", "pdf")
 PNG_DPI = 144  # sharper PNGs than Graphviz's 96; SVG and PDF are vector anyway
@@ -17,7 +17,7 @@ PNG_DPI = 144  # sharper PNGs than Graphviz's 96; SVG and PDF are vector anyway
 def missing_dot(target: str) -> SchedError:
     return SchedError(error("Graphviz's `dot` program was not found on PATH; install Graphviz "
                             "(Debian/Ubuntu: `apt-get install graphviz`, the package `graphviz`), "
-                            "or write DOT text instead with `-o FILE.dot`"), Source(target, ""), exit_code=2)
+                            "or write DOT text instead with `-o FILE.dot`"), Source(target, ""), kind=USAGE)
 
 
 def run_dot(source: str, fmt: str, target: str, fixed_positions: bool = False) -> bytes:
@@ -33,9 +33,9 @@ def run_dot(source: str, fmt: str, target: str, fixed_positions: bool = False) -
     try:
         done = subprocess.run(command, input=source.encode(), capture_output=True, check=False)
     except OSError as exc:
-        raise SchedError(error(f"cannot run Graphviz's dot: {exc}"), Source(target, ""), exit_code=2) from None
+        raise SchedError(error(f"cannot run Graphviz's dot: {exc}"), Source(target, ""), kind=USAGE) from None
     if done.returncode != 0:
         message = done.stderr.decode(errors="replace").strip().splitlines()
         raise SchedError(error("Graphviz's dot failed: " + (message[-1] if message else f"exit {done.returncode}")),
-                         Source(target, ""), exit_code=2)
+                         Source(target, ""), kind=USAGE)
     return done.stdout

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..compiler import Compiled
+from ..compiled import Compiled
 from ..memory import holdings, levels, levels_of
 from ..memory import memory_deltas, timed_model
 from .timed import timed_ops
@@ -113,9 +113,9 @@ def report_html(compiled: Compiled, timeline_svg: str) -> str:
 
 def _cluster_flags(compiled: Compiled) -> list[str]:
     """The --cluster compile's layout switches that are on, in words, as `simulate --cluster` prints them."""
-    from ..predict import layout_flags
+    from ..layout import switches_on
     cluster = _cluster(compiled)
-    return layout_flags(cluster) if cluster else []
+    return switches_on(cluster) if cluster else []
 
 
 def _cluster(compiled: Compiled) -> dict | None:

@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..diagnostics import SchedError, Source, error, listed, plural
+from ..diagnostics import USAGE, SchedError, Source, error
+from ..text import listed, plural
 from ..ir import Schedule
 from ..plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS
 
@@ -45,7 +46,7 @@ class MeasuredRun:
 
 
 def _usage(message: str, path: str) -> SchedError:
-    return SchedError(error(message), Source(str(path), ""), exit_code=2)
+    return SchedError(error(message), Source(str(path), ""), kind=USAGE)
 
 
 def read_events(path: str) -> tuple[list[dict], dict]:

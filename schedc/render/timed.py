@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler import Compiled
+from ..compiled import Compiled
 from ..ir import Op
 
 

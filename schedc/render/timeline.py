@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import floor, inf, log10
 
-from ..compiler import Compiled
-from ..diagnostics import listed, plural
+from ..compiled import Compiled
+from ..text import listed, plural
 from ..ir import Op
 from ..ops import OpKind
 from .measured import MeasuredRun
@@ -120,7 +120,7 @@ def _header(compiled: Compiled, geo: Geometry) -> list[str]:
     if not compiled.ok:
         errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
         return _graph(f"{s.title}: {sizes}\\l"
-                      f"INVALID: the schedule fails its checks ({errors} error{'s' * (errors != 1)}); no stats, "
+                      f"INVALID: the schedule fails its checks ({plural(errors, 'error')}); no stats, "
                       "the timeline as far as it was simulated\\l", geo)
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         title += (f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
@@ -145,7 +145,7 @@ def _section(canvas: _Canvas, title: str, name: str) -> None:
 
 def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width: float) -> dict:
     """The devices' rows; returns the node name of every drawn op, keyed by (step, op)."""
-    stats, geo = compiled.stats, canvas.geo
+    geo = canvas.geo
     ids: dict[tuple[int, Op], str] = {}
     rows = timed_ops(compiled)
     ys = [canvas.lane(f"d{d}", f"device {d}", _row_note(compiled, d), width) for d in range(len(rows))]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compiler import Compiled
+from ..compiled import Compiled
 from .timed import in_seconds, timed_ops
 
 US_PER_UNIT = 1000.0

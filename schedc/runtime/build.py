@@ -113,6 +113,14 @@ def write_loss(directory: str, loss: float) -> None:
     tmp.replace(out / "loss.json")
 
 
+def write_sent(directory: str, sent: list[int]) -> None:
+    """DIR/sent.json: the bytes of pipeline messages each global rank sent in the first step."""
+    out = Path(directory)
+    tmp = out / "sent.json.tmp"
+    tmp.write_text(json.dumps({"bytes_sent": sent}) + "\n")
+    tmp.replace(out / "sent.json")
+
+
 def log_step(opts, step: int, loss: float, seconds: float, tokens: int, extra: dict | None = None) -> None:
     """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step), with
     `extra` fields (the pipelined run's peak saved bytes)."""

@@ -1,5 +1,5 @@
 # `schedc calibrate`: measure the machine at hand and write a cluster description (TOML) for the cost
-# model (schedc/cluster.py, docs/cluster.md): GEMM rate against size, the bandwidth memory-bound kernels
+# model (schedc/costmodel/specs.py, docs/cluster.md): GEMM rate against size, the bandwidth memory-bound kernels
 # reach, and point-to-point and all-reduce times between local processes over the backend the runtime
 # uses (gloo on CPU). Every "GPU" of the description is one process with --threads threads; the
 # processes measured share one node.

@@ -31,6 +31,7 @@ from .memory import SavedBytes
 from .model import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
 from .tasks import setup_tasks, task_handler
+from .tensor_parallel import Messages, Split, TensorGroup, global_splits, sync_partial_gradients
 from .world import World
 
 try:  # input-gradient / weight-gradient halves of backward, as torch's zero-bubble schedules split it
@@ -51,6 +52,7 @@ class Pending:
     work: Any
     buffer: torch.Tensor
     peer: int
+    shape: torch.Size | None = None  # the boundary tensor's, where the buffer holds a 1/t slice of it
 
 
 @dataclass(slots=True)
@@ -105,8 +107,11 @@ class Executor:
         self.device_timing = False  # synchronize CUDA after each instruction, so times are real
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
+        self.loss_fn = lm_loss  # the last stage's; vocab_parallel_loss where its logits are split
+        self.tp = TensorGroup()  # this rank's tensor-parallel group (--tp)
+        self.messages = Messages(self.tp)  # how boundary tensors cross between stages under --tp
+        self.sent_bytes = 0  # pipeline message bytes this rank has sent (--save-grads writes the first step's)
         self.meter: SavedBytes | None = None  # measures saved activations when set (runtime/memory.py)
-        self.loss_fn: Callable = lm_loss  # --loss
         self.autocast: Callable = nullcontext  # --dtype bf16: the forward's autocast
         self.clip_grad: float | None = None  # --clip-grad: the global norm the gradients are brought to
         self.clip_stages: list[int] = []  # the stages whose gradients this rank counts in the norm (once each)
@@ -191,7 +196,7 @@ class Executor:
             self.waited_until = time.perf_counter_ns()
             self.wait_ns += self.waited_until - begin
             self.waiting_on = None
-            return value.buffer
+            return value.buffer if value.shape is None else self.messages.arrived(value.buffer, value.shape)
         return value
 
     def forward(self, instr: Instr) -> None:
@@ -300,7 +305,8 @@ class Executor:
         if tensor is None:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
                                  "was not computed on this rank before")
-        tensor = tensor.contiguous()
+        tensor = self.messages.outgoing(tensor)
+        self.sent_bytes += tensor.numel() * tensor.element_size()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
         peer = self.world.global_rank(instr.peer)
         self.sends.append((dist.isend(tensor, peer, group=group), tensor, peer))
@@ -316,11 +322,11 @@ class Executor:
     def recv(self, instr: Instr) -> None:
         kind = carries(instr.op)
         shape, dtype = self.shapes[min(link_ends(instr.op, instr.stage))]  # the earlier stage's output
-        buffer = torch.empty(shape, dtype=dtype, device=self.world.device)
+        buffer = torch.empty(self.messages.wire_shape(shape), dtype=dtype, device=self.world.device)
         peer = self.world.global_rank(instr.peer)
         group = self.world.channels[(instr.peer, self.world.plan_rank)]
         self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer, group=group),
-                                                              buffer, peer)
+                                                              buffer, peer, shape)
 
     def sync_grad(self, instr: Instr) -> None:
         group = tuple(sorted(instr.group))
@@ -340,8 +346,9 @@ class Executor:
             self._wait_sent(*sent)
         self.sends.clear()
         self._check_drained()
+        sync_partial_gradients(self.stages.values(), self.tp)  # sequence-parallel layer norms' parts
         if self.world.dp_group is not None:
-            ranks = [d * self.world.devices + self.world.plan_rank for d in range(self.world.dp)]
+            ranks = self.world.dp_ranks()
             for stage in self.stages.values():
                 self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
         if self.clip_grad is not None:
@@ -358,10 +365,16 @@ class Executor:
 
     def _clip(self) -> None:
         """--clip-grad: the global norm over every stage once (its replicas and data-parallel copies hold
-        the same synced gradients), summed over all ranks; every gradient scaled by clip_coefficient."""
+        the same synced gradients; under --tp a split weight's shards each once, a replicated one on
+        tensor rank 0), summed over all ranks; every gradient scaled by clip_coefficient."""
         square = torch.zeros((), dtype=torch.float32, device=self.world.device)
         for s in self.clip_stages:
-            square += self.stages[s].flat_grad.float().square().sum()
+            if self.tp.size == 1:
+                square += self.stages[s].flat_grad.float().square().sum()
+                continue
+            for _, param, split in global_splits(self.stages[s]):
+                if param.grad is not None and (isinstance(split, Split) or self.tp.rank == 0):
+                    square += param.grad.float().square().sum()
         self._all_reduce(square, None, list(range(self.world.size)))
         factor = clip_coefficient(square, self.clip_grad)
         for stage in self.stages.values():

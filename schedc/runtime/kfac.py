@@ -33,7 +33,7 @@ from torch import nn
 
 from schedc.plan import Instr, Opcode
 
-from .tasks import register_setup, register_task
+from .tasks import TaskError, register_setup, register_task
 
 CURVATURE = ("curvature_A", "curvature_B")
 KFAC_TASKS = frozenset({*CURVATURE, "inversion", "precondition"})
@@ -270,6 +270,9 @@ def _state(executor) -> Kfac:
 def attach(executor) -> None:
     """Give the executor K-FAC state when its plan has K-FAC tasks."""
     ops = {i.op for steps in executor.plan.ranks for step in steps for i in step}
+    if ops & KFAC_TASKS and executor.world.tp > 1:  # its factors are those of whole nn.Linear layers
+        raise TaskError(f"the plan's K-FAC tasks ({', '.join(sorted(ops & KFAC_TASKS))}) are not tensor-parallel: "
+                        f"run them with --tp 1, not --tp {executor.world.tp}")
     if ops & KFAC_TASKS:
         executor.kfac = Kfac(executor)
 

@@ -87,7 +87,7 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
         from .__main__ import main as run_here
         with user_modules_importable():
             return run_here([str(plan_path), *options])
-    return launch(plan_path, nproc or plan.devices * opts.dp, options, torchrun_args)
+    return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
 
 
 class LaunchError(ValueError):
@@ -107,6 +107,7 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
 
     from .checkpoint import CheckpointError, check_resumable, check_same_optimizer, check_steps_left, check_writable
     from .options import OptionError, parse_options
+    from .world import world_words
     try:
         opts = parse_options([str(plan_path), *options])
     except OptionError as exc:
@@ -116,7 +117,8 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         plan = load_plan(plan_path)
     except PlanError as exc:
         raise LaunchError(exc if str(exc).startswith(str(plan_path)) else f"{plan_path}: {exc}") from None
-    need = plan.devices * opts.dp
+    need = plan.devices * opts.dp * opts.tp
+    factors = f"--dp {opts.dp}" + (f" x --tp {opts.tp}" if opts.tp > 1 else "")
     if opts.reference:
         if torchrun_args or nproc not in (None, 1):
             raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
@@ -129,12 +131,12 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
     local = nproc if nproc is not None else need
     if local > MAX_LOCAL_PROCESSES:
-        raise LaunchError(f"{local:,} processes on this machine (the plan's {plan.devices} devices x --dp "
-                          f"{opts.dp}{'' if nproc is None else ', --nproc'}): at most {MAX_LOCAL_PROCESSES} are started")
+        raise LaunchError(f"{local:,} processes on this machine (the plan's {plan.devices} devices x "
+                          f"{factors}{'' if nproc is None else ', --nproc'}): at most {MAX_LOCAL_PROCESSES} are started")
     _check_memory(plan, opts, local)
     if standalone and nproc is not None and nproc != need:
-        raise LaunchError(f"the plan is for {plan.devices} devices; with --dp {opts.dp} it needs {need} "
-                          f"processes, not --nproc {nproc} (on several machines, --nproc is per machine: "
+        raise LaunchError(f"the plan is for {plan.devices} devices; {world_words(opts.dp, opts.tp)} it needs "
+                          f"{need} processes, not --nproc {nproc} (on several machines, --nproc is per machine: "
                           "give torchrun's --nnodes after `--`)")
     try:
         _check_plan_fits(plan, opts, need)
@@ -186,7 +188,7 @@ def _check_fault(opts, world: int) -> None:
     option = f"--fault-{kind} {rank}:{step}"
     if rank >= world:
         raise LaunchError(f"{option}: the run has {'rank 0' if world == 1 else f'ranks 0 to {world - 1}'} "
-                          f"(the plan's devices x --dp {opts.dp})")
+                          f"(the plan's devices x --dp {opts.dp}{f' x --tp {opts.tp}' if opts.tp > 1 else ''})")
     if step >= opts.steps:
         raise LaunchError(f"{option}: the run's steps are 0 to {opts.steps - 1} (--steps {opts.steps})")
 
@@ -273,19 +275,25 @@ def split_args(args: list[str], argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def default_nproc(plan_path: str | Path, options: list[str]) -> int | None:
-    """The plan's devices x the --dp given among the runtime options (None if the plan is unreadable)."""
+    """The plan's devices x the --dp and --tp given among the runtime options (None if the plan is
+    unreadable)."""
     from schedc.plan import PlanError, load_plan
     try:
         devices = load_plan(plan_path, verify=False).devices
     except PlanError:
         return None
-    dp = 1
+    return devices * _count_option(options, "--dp") * _count_option(options, "--tp")
+
+
+def _count_option(options: list[str], name: str) -> int:
+    """The last value of `name N` or `name=N` among the options, 1 where none is given."""
+    count = 1
     for i, arg in enumerate(options):
-        value = arg.split("=", 1)[1] if arg.startswith("--dp=") else (
-            options[i + 1] if arg == "--dp" and i + 1 < len(options) else None)
+        value = arg.split("=", 1)[1] if arg.startswith(f"{name}=") else (
+            options[i + 1] if arg == name and i + 1 < len(options) else None)
         if value is not None and value.isdigit():
-            dp = int(value)
-    return devices * dp
+            count = int(value)
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ from schedc.layout import SplitError, split_layers
 
 from .plugins import load_function
 from .recompute import recomputed
+from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
+                              declare)
 
 
 class ModelError(ValueError):
@@ -47,6 +49,9 @@ class Embed(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+    def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
+        return ParallelEmbed(self, tp)
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -81,6 +86,9 @@ class Block(nn.Module):
         x = x + self.attention(self.ln1(x))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
+    def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
+        return ParallelBlock(self, tp)
+
 
 class Head(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -90,6 +98,87 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm(self.norm(x))
+
+    def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
+        return ParallelHead(self, tp)
+
+
+# The GPT's pieces cut over a tensor-parallel group (schedc/runtime/tensor_parallel.py), each from its
+# full piece, keeping its parameter names: heads split over the group (qkv column-parallel in three
+# blocks, attention-out row-parallel), MLP-in column- and MLP-out row-parallel, the token embedding and
+# the LM head vocabulary-parallel (the head's logits stay split: the loss is vocab_parallel_loss). Under
+# sequence parallelism a piece's input and output are [b, s/t, h] sequence shards.
+
+class ParallelEmbed(nn.Module):
+    def __init__(self, full: Embed, tp: TensorGroup):
+        super().__init__()
+        self.tp, self.tok, self.pos = tp, VocabParallelEmbedding(full.tok, tp), full.pos
+        declare(self, {}, tp)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx)  # [b, s/t, h] under sequence parallelism
+        first = self.tp.rank * x.shape[1] if self.tp.sequence_parallel else 0
+        return x + self.pos(torch.arange(first, first + x.shape[1], device=idx.device))
+
+
+class ParallelBlock(nn.Module):
+    recompute_core = False  # --recompute selective, as Block's
+
+    def __init__(self, full: Block, tp: TensorGroup):
+        super().__init__()
+        self.heads = full.heads // tp.size
+        self.ln1 = full.ln1  # in the full block's order, so the parameters are listed alike
+        self.qkv, self.proj = ColumnParallelLinear(full.qkv, tp, blocks=3), RowParallelLinear(full.proj, tp)
+        self.ln2 = full.ln2
+        self.fc, self.out = ColumnParallelLinear(full.fc, tp), RowParallelLinear(full.out, tp)
+        declare(self, {}, tp)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)  # [b, s, 3h/t]: this rank's heads
+        b, t, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in qkv.split(c, dim=2))
+        y = recomputed(self.recompute_core, attention_core, q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    forward = Block.forward
+
+
+class ParallelHead(nn.Module):
+    vocab_parallel = True  # returns [b, s, V/t] logits
+
+    def __init__(self, full: Head, tp: TensorGroup):
+        super().__init__()
+        self.norm, self.lm = full.norm, ColumnParallelLinear(full.lm, tp)
+        declare(self, {}, tp)
+
+    forward = Head.forward
+
+
+def tp_problem(cfg: ModelConfig, tp: int) -> str | None:
+    """Why the default GPT cannot be cut over --tp ranks (None when it can)."""
+    for what, size in (("heads", cfg.heads), ("hidden size", cfg.hidden), ("MLP size (4 x hidden)", 4 * cfg.hidden),
+                       ("vocabulary", cfg.vocab)):
+        if size % tp:
+            return f"--tp {tp} does not divide the model's {what} {size}"
+    return None
+
+
+def parallel_run(run: list[tuple[str, nn.Module]], tp: TensorGroup) -> list[tuple[str, nn.Module]]:
+    """A stage's pieces cut over the tensor group: each piece's `tensor_parallel(tp)` form, or the piece
+    itself, replicated (every tensor rank computes it whole; refused under sequence parallelism, where
+    its input would be a slice of the sequence)."""
+    if tp.size == 1:
+        return run
+    cut = []
+    for name, piece in run:
+        make = getattr(piece, "tensor_parallel", None)
+        if make is None and tp.sequence_parallel:
+            raise ModelError(f"--sequence-parallel: the model's piece {name!r} has no tensor_parallel(tp) form")
+        try:
+            cut.append((name, piece if make is None else make(tp)))
+        except ValueError as exc:  # a weight that t does not divide (tensor_parallel.cut)
+            raise ModelError(f"--tp {tp.size}: the model's piece {name!r} cannot be cut: {exc}") from None
+    return cut
 
 
 def gpt_problem(cfg: ModelConfig) -> str | None:

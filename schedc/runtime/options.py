@@ -7,7 +7,7 @@ import math
 import tomllib
 from dataclasses import fields
 
-from .model import ModelConfig, gpt_problem
+from .model import ModelConfig, gpt_problem, tp_problem
 from .recompute import MODES as RECOMPUTE_MODES
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
@@ -97,6 +97,15 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                             "cross entropy over the tokens)")
     group.add_argument("--dp", type=int, default=1,
                        help="data-parallel replicas of the whole pipeline (world = devices x dp)")
+    group.add_argument("--tp", type=int, default=1, metavar="T",
+                       help="tensor-parallel ranks per stage, Megatron-LM's (world = t x devices x dp; "
+                            "default 1)")
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="with --tp > 1, layer norms and residuals on 1/t of the sequence, all-gather "
+                            "and reduce-scatter around the tensor-parallel layers (Korthikanti et al. 2022)")
+    group.add_argument("--no-scatter-gather", dest="scatter_gather", action="store_false",
+                       help="with --tp > 1, send each pipeline message whole from every tensor rank "
+                            "(default: each sends 1/t of it and the receivers all-gather)")
     group.add_argument("--distributed-optimizer", action="store_true",
                        help="with --dp > 1, each data-parallel rank keeps and steps the optimizer state of "
                             "1/dp of the weights, then all-gathers them (ZeRO stage 1)")
@@ -119,8 +128,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
 
 def _output_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--save-grads", metavar="DIR",
-                       help="write DIR/grads.pt (first step's gradients by parameter name, after "
-                            "sync, before the optimizer) and DIR/loss.json")
+                       help="write DIR/grads.pt (first step's gradients by the unpartitioned model's "
+                            "parameter names, after sync, before the optimizer), DIR/loss.json and "
+                            "DIR/sent.json (the pipeline message bytes each rank sent in that step)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
                             "--*-out measurements synchronizes after each instruction)")
@@ -282,5 +292,18 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("give one of --fault-kill, --fault-hang and --fault-stop")
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
+    _check_tensor_parallel(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
+
+
+def _check_tensor_parallel(opts: argparse.Namespace) -> None:
+    cfg = opts.model_config
+    if opts.tp < 1:
+        raise OptionError(f"--tp must be >= 1, got {opts.tp}")
+    if opts.sequence_parallel and opts.tp == 1:
+        raise OptionError("--sequence-parallel needs --tp 2 or more")
+    if opts.tp > 1 and not opts.model and tp_problem(cfg, opts.tp):
+        raise OptionError(tp_problem(cfg, opts.tp))
+    if opts.sequence_parallel and cfg.seq % opts.tp:
+        raise OptionError(f"--sequence-parallel: --tp {opts.tp} does not divide the sequence length {cfg.seq}")

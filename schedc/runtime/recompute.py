@@ -90,19 +90,18 @@ def layer_indices(pieces: int, first: bool, last: bool) -> frozenset[int]:
     return frozenset(range(1 if first else 0, pieces - 1 if last else pieces))
 
 
-def apply_recompute(stage: torch.nn.Module, mode: str, first: bool, last: bool) -> None:
+def apply_recompute(stage: torch.nn.Module, mode: str, first: bool, last: bool) -> bool:
     """Mark a Stage's layers for `mode`: full recomputes each layer piece (Stage.forward), selective the
-    attention core of each module in a layer that has one (its `recompute_core`)."""
+    attention core of each module in a layer that has one (its `recompute_core`). False when selective
+    finds a layer without a core."""
     layers = layer_indices(len(stage.pieces), first, last)
     if mode == "full":
         stage.recomputed_pieces = layers
     elif mode == "selective":
         for index in layers:
-            for module in stage.pieces[index].modules():
-                if hasattr(module, "recompute_core"):
-                    module.recompute_core = True
-
-
-def has_core(pieces: list) -> bool:
-    """Whether any module of the model's pieces names an attention core (selective recomputation's)."""
-    return any(hasattr(m, "recompute_core") for _, piece in pieces for m in piece.modules())
+            cores = [m for m in stage.pieces[index].modules() if hasattr(m, "recompute_core")]
+            if not cores:
+                return False
+            for module in cores:
+                module.recompute_core = True
+    return True

@@ -12,13 +12,14 @@ from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
-                    log_step, set_learning_rate, tokens_per_step, write_grads, write_loss)
+                    log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
 from .memory import SavedBytes
-from .model import ModelError, Stage, boundary_shapes
-from .recompute import apply_recompute, has_core
+from .model import ModelError, Stage, boundary_shapes, lm_loss, parallel_run
+from .recompute import apply_recompute
 from .tasks import load_task_modules, task_handler
+from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
 from .watchdog import Watchdog
 from .world import Env, World, check_size, pick_device, start, stop
 
@@ -38,7 +39,7 @@ def held_stages(plan: Plan, plan_rank: int) -> list[int]:
 
 def check_plan(plan: Plan, opts, env: Env) -> None:
     """Everything that can be refused before the process group starts."""
-    check_size(plan, opts.dp, env)
+    check_size(plan, opts.dp, env, opts.tp)
     for key in ("stages", "microbatches", "pipelines"):
         if key not in plan.meta:
             raise PlanError(f"the plan has no {key!r}")
@@ -89,7 +90,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     shapes = boundary_shapes(pieces, runs, opts.model_config, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
-    world = start(plan, opts.dp, env, device, opts.timeout)
+    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp)
     try:
         executor = build_executor(plan, opts, world, runs, shapes)
         del pieces, runs
@@ -100,21 +101,25 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
 
 
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
-    stages = {s: Stage(runs[s]).to(world.device) for s in held_stages(plan, world.plan_rank)}
-    _recompute(stages, runs, opts.recompute)
+    tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
+    stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    _recompute(stages, len(runs), opts.recompute)
     sharded = opts.distributed_optimizer and world.dp > 1
     for stage in stages.values():
         attach_flat_grads(stage, world.dp if sharded else 1)
     shards = None
     if sharded:  # each data-parallel rank steps 1/dp of the weights
         from .sharding import Shards
-        ranks = [d * world.devices + world.plan_rank for d in range(world.dp)]
-        shards = Shards(stages, world.dp, world.replica, world.dp_group, ranks)
+        shards = Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
         params = shards.parameters()
     else:
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
+    last = stages.get(plan.meta["stages"] - 1)
+    if last is not None and getattr(last.pieces[-1], "vocab_parallel", False):
+        executor.loss_fn = vocab_parallel_loss(tp)
     executor.device_timing = world.device.type == "cuda" and bool(
         opts.trace_out or opts.report_out or opts.profile_out)
     if opts.fault and opts.fault[0] == world.rank:
@@ -127,7 +132,12 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
 
 def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
     """--loss, --dtype, --clip-grad and the learning-rate schedule, as the reference applies them."""
-    executor.loss_fn = load_loss(opts)
+    if opts.loss is not None:
+        if executor.loss_fn is not lm_loss:
+            raise ModelError("--loss takes a microbatch's whole logits, and under --tp the GPT's head keeps them "
+                             "split over the tensor ranks (its loss is the vocabulary-parallel cross entropy): "
+                             "give one of --loss and --tp")
+        executor.loss_fn = load_loss(opts)
     executor.autocast = lambda: autocast(opts, world.device)
     executor.set_lr = lambda step: set_learning_rate(executor.optimizer, opts, step)
     if opts.clip_grad is not None:
@@ -137,18 +147,18 @@ def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
                                 if world.replica == 0 and first[s] == world.plan_rank]
 
 
-def _recompute(stages: dict[int, Stage], runs: list[list], mode: str) -> None:
-    """--recompute on this rank's stages: their layers, all pieces but the model's first and last."""
-    if mode == "selective" and not has_core(list(p for run in runs for p in run)):
-        raise ModelError("--recompute selective recomputes the attention core of each layer, and no module of "
-                         "this model names one (a `recompute_core` attribute, as the GPT's Block has); use "
-                         "--recompute full")
+def _recompute(stages: dict[int, Stage], count: int, mode: str) -> None:
+    """--recompute on this rank's stages (of `count`): their layers, all pieces but the model's first and
+    last; selective needs each layer to name its attention core."""
     for s, stage in stages.items():
-        apply_recompute(stage, mode, s == 0, s == len(runs) - 1)
+        if not apply_recompute(stage, mode, s == 0, s == count - 1):
+            raise ModelError(f"--recompute selective recomputes the attention core of each layer, and stage {s}'s "
+                             "layers name none (a module with a `recompute_core` attribute, as the GPT's Block "
+                             "has); use --recompute full")
 
 
 def identity(plan: Plan, opts, world: World) -> dict:
-    return {"plan": plan.hash, "world": world.size, "dp": opts.dp, "seed": opts.seed,
+    return {"plan": plan.hash, "world": world.size, "dp": opts.dp, "tp": opts.tp, "seed": opts.seed,
             "distributed_optimizer": bool(opts.distributed_optimizer and opts.dp > 1)}
 
 
@@ -188,7 +198,7 @@ def _shared_origin(local: int) -> int:
 def _mean_loss(executor: Executor) -> float:
     loss = executor.take_loss()
     dist.all_reduce(loss)
-    return loss.item() * executor.scale
+    return loss.item() * executor.scale / executor.world.tp  # every tensor rank of the last stage adds it
 
 
 def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
@@ -211,17 +221,19 @@ def _step_memory(executor: Executor) -> dict:
 
 
 def _grad_dumper(directory: str, first: int, world: World):
-    """At the first step, gather every stage's synced gradients to rank 0 and write grads.pt."""
+    """At the first step, gather every stage's synced gradients to rank 0 and write grads.pt, under
+    the unpartitioned model's names (tensor-parallel shards gathered in replica 0's tensor groups)."""
     def dump(executor: Executor) -> None:
         if executor.step_no != first:
             return
-        mine = {} if world.replica else {name: p.grad.detach().cpu().clone()
-                                          for stage in executor.stages.values()
-                                          for name, p in stage.global_parameters()}
+        mine = {} if world.replica else {name: grad for stage in executor.stages.values()
+                                          for name, grad in gathered_gradients(stage, executor.tp).items()}
+        mine = {} if world.tensor else mine
         parts = [None] * world.size if world.rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:
-            write_grads(directory, {k: v for part in parts for k, v in part.items()})
+            write_grads(directory, {k: v for part, _ in parts for k, v in part.items()})
+            write_sent(directory, [sent for _, sent in parts])
     return dump
 
 

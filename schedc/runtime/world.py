@@ -1,6 +1,10 @@
-# The process world: which plan rank and data-parallel replica this process is, the torch.distributed
-# process group (gloo on CPU, NCCL on CUDA) and every subgroup, created up front in one order on all
-# ranks. World rank = replica * plan devices + plan rank, so each replica's pipeline is contiguous.
+# The process world: which plan rank, data-parallel replica and tensor rank this process is, the
+# torch.distributed process group (gloo on CPU, NCCL on CUDA) and every subgroup, created up front in one
+# order on all ranks. The world rank of a (plan rank, replica, tensor rank) is schedc.layout's rank_at
+# (tensor innermost, then data, then pipeline: Megatron-LM's order, the cost model's too), so a tensor
+# group is t consecutive ranks; channels and gradient-sync groups join the ranks of one (replica,
+# tensor rank), data-parallel groups those of one (plan rank, tensor rank), tensor groups those of one
+# (plan rank, replica).
 from __future__ import annotations
 
 import os
@@ -10,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from schedc.layout import Coordinates, coordinates, rank_at
 from schedc.plan import SENDS, Opcode, Plan
 
 
@@ -41,24 +46,45 @@ class World:
     sync_groups: dict[tuple[int, ...], object] = field(default_factory=dict)
     dp_group: object | None = None
     channels: dict[tuple[int, int], object] = field(default_factory=dict)  # (src, dst) plan ranks
+    tp: int = 1
+    tensor_group: object | None = None  # this rank's tensor-parallel group (None for --tp 1)
+
+    @property
+    def coordinates(self) -> Coordinates:
+        return coordinates(self.rank, self.tp, self.dp)
 
     @property
     def plan_rank(self) -> int:
-        return self.rank % self.devices
+        return self.coordinates.pipeline
 
     @property
     def replica(self) -> int:
-        return self.rank // self.devices
+        return self.coordinates.data
+
+    @property
+    def tensor(self) -> int:
+        return self.coordinates.tensor
 
     def global_rank(self, plan_rank: int) -> int:
-        return self.replica * self.devices + plan_rank
+        """The rank of `plan_rank` in this rank's replica and tensor lane."""
+        return rank_at(plan_rank, self.replica, self.tensor, self.tp, self.dp)
+
+    def dp_ranks(self) -> list[int]:
+        """The ranks of this rank's data-parallel group: its plan rank and tensor rank in every replica."""
+        return [rank_at(self.plan_rank, d, self.tensor, self.tp, self.dp) for d in range(self.dp)]
 
 
-def check_size(plan: Plan, dp: int, env: Env) -> None:
-    need = plan.devices * dp
+def world_words(dp: int, tp: int) -> str:
+    """How the processes of a run are counted, in the options' words (for messages)."""
+    return f"with --dp {dp}" if tp == 1 else f"with --tp {tp} and --dp {dp} (t x p x d)"
+
+
+def check_size(plan: Plan, dp: int, env: Env, tp: int = 1) -> None:
+    need = plan.devices * dp * tp
     if env.size != need:
-        raise WorldError(f"the plan is for {plan.devices} devices; with --dp {dp} it needs {need} "
-                         f"processes, but {env.size} were started (torchrun --nproc-per-node {need})")
+        raise WorldError(f"the plan is for {plan.devices} devices; {world_words(dp, tp)} it "
+                         f"needs {need} processes, but {env.size} were started (torchrun --nproc-per-node "
+                         f"{need}, or schedc run --nproc {need})")
 
 
 def pick_device(choice: str, env: Env) -> torch.device:
@@ -70,10 +96,11 @@ def pick_device(choice: str, env: Env) -> torch.device:
     return torch.device("cuda", env.local_rank)
 
 
-def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -> World:
+def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, tp: int = 1) -> World:
     """Join the process group (unless this process has joined it already: a process that runs several
     plans keeps it) and create every subgroup of the plan (sorted, identical on all ranks): one group
-    per direction of every channel, one per gradient-sync group, one per data-parallel group."""
+    per direction of every channel and per gradient-sync group in each (replica, tensor rank), one per
+    data-parallel group, one per tensor group."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     wait = timedelta(seconds=timeout)
     if dist.is_initialized():
@@ -82,25 +109,31 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float) -
         dist.init_process_group(backend, timeout=wait)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
-    world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device)
+    world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp)
     for pair in channels(plan):
-        _add_group(world.channels, pair, _per_replica(world, list(pair), wait))
+        _add_group(world.channels, pair, _per_lane(world, list(pair), wait))
     for group in sync_groups(plan):
-        _add_group(world.sync_groups, group, _per_replica(world, list(group), wait))
+        _add_group(world.sync_groups, group, _per_lane(world, list(group), wait))
+    lanes = [(p, k) for p in range(plan.devices) for k in range(tp)]
     if dp > 1:
-        for plan_rank in range(plan.devices):
-            ranks = [d * plan.devices + plan_rank for d in range(dp)]
-            handle = dist.new_group(ranks, timeout=wait)
-            world.dp_group = handle if world.rank in ranks else world.dp_group
+        world.dp_group = _mine(world, [[rank_at(p, d, k, tp, dp) for d in range(dp)] for p, k in lanes], wait)
+    if tp > 1:
+        world.tensor_group = _mine(world, [[rank_at(p, d, k, tp, dp) for k in range(tp)]
+                                           for p in range(plan.devices) for d in range(dp)], wait)
     return world
 
 
-def _per_replica(world: World, plan_ranks: list[int], wait: timedelta):
-    """One group of `plan_ranks` in every data-parallel replica (all ranks take part in creating
-    each); the handle of this rank's, or None if it is not a member."""
+def _per_lane(world: World, plan_ranks: list[int], wait: timedelta):
+    """One group of `plan_ranks` in every (data-parallel replica, tensor rank) (all ranks take part in
+    creating each); the handle of this rank's, or None if it is not a member."""
+    return _mine(world, [[rank_at(r, d, k, world.tp, world.dp) for r in plan_ranks]
+                         for d in range(world.dp) for k in range(world.tp)], wait)
+
+
+def _mine(world: World, groups: list[list[int]], wait: timedelta):
+    """Create every group (on all ranks, in order); the handle of the one holding this rank, or None."""
     mine = None
-    for replica in range(world.dp):
-        ranks = [replica * world.devices + r for r in plan_ranks]
+    for ranks in groups:
         handle = dist.new_group(ranks, timeout=wait)
         if world.rank in ranks:
             mine = handle

@@ -76,54 +76,8 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     syncs = _Syncs(ranks)
     ready = list(range(ranks - 1, -1, -1))
     try:
-        while ready:
-            r = ready.pop()
-            stream, n, mine = streams[r], state.position[r], received[r]
-            while n < len(stream):
-                ins = stream[n]
-                kind = _KIND.get(ins[0])
-                if kind is None:
-                    pass
-                elif kind <= _B:
-                    pipe = ins[3] or 0
-                    source = sources[pipe][ins[1]][kind - 1]
-                    if source is not None and source != r:
-                        got = mine.get((*fed_by(ins[0], ins[1]), ins[2], pipe))
-                        if got is None:
-                            break
-                        if sent[got[0]] <= got[1]:
-                            wait_send[got[0]] = r
-                            break
-                        used[r] += 1
-                elif kind == _SEND:
-                    channel = r * ranks + ins[4]
-                    k = sent[channel]
-                    if posted[channel] <= k:
-                        wait_post[channel] = r
-                        break
-                    pipe = ins[3] or 0
-                    if expected[channel][k] != (DIRECTION[ins[0]], ins[1], ins[2], pipe) \
-                            or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
-                        state.faults.append((f"rank {r}: {Instr.short(ins)} does not match its receive", (r, n)))
-                    sent[channel] = k + 1
-                    if channel in wait_send:
-                        ready.append(wait_send.pop(channel))
-                elif kind == _RECV:
-                    channel = ins[4] * ranks + r
-                    pipe = ins[3] or 0
-                    message = (DIRECTION[ins[0]], ins[1], ins[2], pipe)
-                    where = (channel, posted[channel])
-                    if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
-                        state.faults.append((f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank",
-                                             (r, n)))
-                    expected[channel].append(message)
-                    posted[channel] += 1
-                    if channel in wait_post:
-                        ready.append(wait_post.pop(channel))
-                elif not syncs.meet(state, r, n, ins, ready):
-                    break
-                n += 1
-            state.position[r] = n
+        _run(streams, state, ranks, sources, peer_of, posted, sent, expected, wait_post, wait_send, received, used,
+             syncs, ready)
     except (IndexError, KeyError, TypeError) as exc:
         state.faults.append((f"malformed instruction ({type(exc).__name__}: {exc})", None))
         return state
@@ -134,6 +88,62 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     state.faults += [(f"rank {c % ranks} posts {posted[c] - sent[c]} receives from rank {c // ranks} that are "
                       "never sent", (c % ranks, None)) for c in sorted(posted) if posted[c] != sent[c] and not state.blocked]
     return state
+
+
+
+
+def _run(streams: list, state: Replay, ranks: int, sources, peer_of, posted, sent, expected, wait_post, wait_send,
+         received, used, syncs, ready) -> None:
+    """replay's loop: the ranks in `ready` run until each blocks, a rank woken when what it waits for
+    happens. Its tables are its arguments, so every lookup in the loop is a local's."""
+    while ready:
+        r = ready.pop()
+        stream, n, mine = streams[r], state.position[r], received[r]
+        while n < len(stream):
+            ins = stream[n]
+            kind = _KIND.get(ins[0])
+            if kind is None:
+                pass
+            elif kind <= _B:
+                pipe = ins[3] or 0
+                source = sources[pipe][ins[1]][kind - 1]
+                if source is not None and source != r:
+                    got = mine.get((*fed_by(ins[0], ins[1]), ins[2], pipe))
+                    if got is None:
+                        break
+                    if sent[got[0]] <= got[1]:
+                        wait_send[got[0]] = r
+                        break
+                    used[r] += 1
+            elif kind == _SEND:
+                channel = r * ranks + ins[4]
+                k = sent[channel]
+                if posted[channel] <= k:
+                    wait_post[channel] = r
+                    break
+                pipe = ins[3] or 0
+                if expected[channel][k] != (DIRECTION[ins[0]], ins[1], ins[2], pipe) \
+                        or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
+                    state.faults.append((f"rank {r}: {Instr.short(ins)} does not match its receive", (r, n)))
+                sent[channel] = k + 1
+                if channel in wait_send:
+                    ready.append(wait_send.pop(channel))
+            elif kind == _RECV:
+                channel = ins[4] * ranks + r
+                pipe = ins[3] or 0
+                message = (DIRECTION[ins[0]], ins[1], ins[2], pipe)
+                where = (channel, posted[channel])
+                if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
+                    state.faults.append((f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank",
+                                         (r, n)))
+                expected[channel].append(message)
+                posted[channel] += 1
+                if channel in wait_post:
+                    ready.append(wait_post.pop(channel))
+            elif not syncs.meet(state, r, n, ins, ready):
+                break
+            n += 1
+        state.position[r] = n
 
 
 def _why(ins, r: int, n: int, received: dict, sent: list, posted: list, ranks: int) -> str:

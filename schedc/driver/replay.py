@@ -1,6 +1,5 @@
-"""What a drawing is made from: a compiled schedule (.sched or torch CSV), or a plan.json.
-
-A plan carries no timing, so a plan is re-simulated: each rank's step-0 instruction order, compute
+"""A plan.json re-simulated, for render, check and simulate of a plan. A plan carries no timing, so it is
+re-simulated: each rank's step-0 instruction order, compute
 instructions only, with the plan's costs (or --costs) and the built-in dependencies (F after the
 previous stage's F; B/I after the next stage's B/I and its own F; W after its I); an OVERLAP_F_B is
 its halves, overlapped. User tasks wait only
@@ -11,37 +10,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..compiler import Compiled, compile_file
-from ..diagnostics import SchedError, Source, error
+from ..compiled import Compiled
+from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
 from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
-from ..simulate import simulate
-from ..timing import Stats
+from .passes import replay, run_passes
 
 
-def load_input(file: str, defines, costs: str | None, latency: float | None,
-               profile: tuple[str, int | None] | None = None, addons: tuple[str, ...] = ()) -> Compiled:
-    """Compile FILE (with the `--with` add-ons) at `latency` (None: 0), or read and re-simulate it when
-    it is a plan.json (under measured costs if given; None: at the plan's own latency or message times)."""
-    if file.endswith(".json"):
-        if defines or addons:
-            flag = "-D" if defines else "--with"
-            raise SchedError(error(f"{flag} cannot change a compiled plan; render the .sched instead"),
-                             Source(file, ""), exit_code=2)
-        try:
-            plan = load_plan(file)
-        except PlanError as exc:
-            raise SchedError(error(exc.without_path(file)), Source(file, ""), exit_code=2) from None
-        from ..interop.profiles import load_costs, read_profile
-        measured = read_profile(*profile) if profile else load_costs(costs) if costs else {}
-        if measured:
-            _check_measured(plan, measured, profile[0] if profile else None, costs)
-        return compiled_from_plan(plan, file, measured, latency)
-    return compile_file(file, defines, costs, latency or 0.0, profile, addons=addons)
-
-
-def _check_measured(plan: Plan, measured: dict, profile: str | None, costs: str | None) -> None:
+def check_measured(plan: Plan, measured: dict, profile: str | None, costs: str | None) -> None:
     """Measured costs give every compute kind the plan runs and (a costs file) no other: a plan's own
     costs are in its units, never mixed with milliseconds (interop.profiles.check_measured_kinds)."""
     from ..interop.profiles import check_measured_kinds, costs_origin, profile_origin
@@ -62,10 +39,26 @@ def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float | None
     if links is not None and latency is not None:
         raise SchedError(error(f"--latency {latency:g}: the plan records the message time of each pair of ranks "
                                "(a --cluster compile), which its re-simulation uses; compile the schedule again "
-                               "to change them"), Source(path, ""), exit_code=2)
+                               "to change them"), Source(path, ""), kind=USAGE)
     schedule = schedule_from_plan(plan, path, costs)
-    timing = simulate(schedule, _recorded_latency(plan) if latency is None else latency, links)
-    return Compiled(schedule, timing, Stats.of(schedule, timing), plan, check_orders(schedule, timing))
+    u = replayed(schedule, _recorded_latency(plan) if latency is None else latency, links)
+    return Compiled(u.schedule, u.timing, u.stats, plan, list(u.diagnostics))
+
+
+def read_plan(path: str) -> Plan:
+    """A plan.json as the runtime reads it; a field error is a usage error (exit 2) naming the field."""
+    try:
+        return load_plan(path)
+    except PlanError as exc:
+        raise SchedError(error(exc.without_path(path)), Source(path, ""), kind=USAGE) from None
+
+
+def check_plan(plan: Plan, path: str) -> list:
+    """`schedc check plan.json` and `schedc run`'s check: the plan's step programs' orders
+    (check_plan_orders), then its channels (a message sent for every one received, a blocking replay
+    completes)."""
+    from ..checks.channels import check_channels
+    return check_plan_orders(plan, path) + check_channels(plan)
 
 
 def check_plan_orders(plan: Plan, path: str) -> list:
@@ -77,23 +70,19 @@ def check_plan_orders(plan: Plan, path: str) -> list:
     steps = max((len(s) for s in plan.ranks), default=1)
     for k in range(steps):
         schedule = schedule_from_plan(plan, path, {}, k)
-        found = check_orders(schedule, simulate(schedule, 0.0))
+        found = list(replayed(schedule, 0.0).diagnostics)
         if steps > 1:
             found = [replace(d, notes=(*d.notes, f"in step program {k} of the plan's {steps}")) for d in found]
         diagnostics += found
     return diagnostics
 
 
-def check_orders(schedule: Schedule, timing) -> list:
-    """check_structure over the built-in ops (a plan does not declare its tasks, which fill_bubbles
-    placed), then, if that passes, check_deadlock over all of them."""
-    from ..checks.deadlock import check_deadlock
-    from ..checks.structure import check_structure
-    from ..diagnostics import has_errors
+def replayed(schedule: Schedule, latency: float, links: list[list[float]] | None = None):
+    """The replay passes over a plan's orders: the structure checks see its built-in ops (a plan does
+    not declare the tasks fill_bubbles placed), the timing and the deadlock check all of them."""
     builtin = replace(schedule, orders=tuple(tuple(op for op in order if op.kind in BUILTIN)
                                              for order in schedule.orders))
-    found = check_structure(builtin)
-    return found if has_errors(found) else found + check_deadlock(schedule, timing)
+    return run_passes(schedule, latency, links, replay(), checked=builtin)
 
 
 def _recorded_latency(plan: Plan) -> float:

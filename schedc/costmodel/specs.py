@@ -1,4 +1,4 @@
-"""Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel.py).
+"""Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel/).
 
 A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab` and `ffn`):
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .diagnostics import Diagnostic, SchedError, Source, Span, error
-from .layout import RECOMPUTE, Layout
+from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
+from ..layout import Layout
+from ..text import GIB
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
@@ -84,7 +85,7 @@ class ClusterSpec:
 # fields: table -> key -> (type, scale to SI, description); None as table: top level
 _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
     "gpu": {"peak_tflops": (float, 1e12, "peak dense 16-bit FLOP/s, in teraFLOP/s"),
-            "memory_gib": (float, 2**30, "GPU memory in GiB"),
+            "memory_gib": (float, GIB, "GPU memory in GiB"),
             "hbm_gbps": (float, 1e9, "HBM bandwidth in GB/s")},
     "node": {"gpus": (int, 1, "GPUs per node")},
     "intra": {"bandwidth_gbps": (float, 1e9, "NVLink bandwidth per GPU and direction, GB/s"),
@@ -100,7 +101,7 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
 # the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
-    "reserved_gib": (2**30, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
+    "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
     "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
 _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
                  "dtype": str, "microbatch_size": int}
@@ -124,7 +125,7 @@ def resolve_cluster(name: str) -> Path:
             return candidate
     known = ", ".join(p.stem for p in library_clusters())
     raise SchedError(error(f"--cluster: no file or library cluster named {name!r} (library: {known})"),
-                     Source("schedc", ""), exit_code=2)
+                     Source("schedc", ""), kind=USAGE)
 
 
 def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
@@ -134,7 +135,7 @@ def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SchedError(error(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}"),
-                         Source(str(path), ""), exit_code=2) from None
+                         Source(str(path), ""), kind=USAGE) from None
     source = Source(str(path), text)
     try:
         return tomllib.loads(text), source
@@ -143,7 +144,7 @@ def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
         lines = text.splitlines() or [""]
         span = Span(int(found.group(1)), int(found.group(2))) if found else Span(len(lines), len(lines[-1]) + 1)
         raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source,
-                         exit_code=2) from None
+                         kind=USAGE) from None
 
 
 def locate(source: Source, key: str, table: str | None = None) -> Span:
@@ -207,7 +208,7 @@ def load_model_spec(path: str) -> ModelSpec:
         diags.append(error(f"'heads' ({values['heads']}) must divide 'hidden' ({values['hidden']})",
                            locate(source, "heads")))
     if diags:
-        raise SchedError(diags, source, exit_code=2)
+        raise SchedError(diags, source, kind=USAGE)
     values.setdefault("ffn", 4 * values["hidden"])
     return ModelSpec(**values)
 
@@ -222,7 +223,7 @@ def load_cluster_model(path: str, cluster: ClusterSpec) -> ModelSpec:
         table, source = read_toml(path, "model description")
         raise SchedError(error(f"dtype '{spec.dtype}', but {cluster.name}'s peak_tflops is its {cluster.dtype} "
                                f"peak: give the model dtype {cluster.dtype}, or a cluster file whose [gpu] dtype is "
-                               f"{spec.dtype}", locate(source, "dtype")), source, exit_code=2)
+                               f"{spec.dtype}", locate(source, "dtype")), source, kind=USAGE)
     return spec
 
 
@@ -268,13 +269,13 @@ def load_cluster(name: str) -> ClusterSpec:
             got[section, key] = number * scale
     memory = _memory_fields(table, source, diags)
     if ("gpu", "memory_gib") in got and memory.get("reserved_gib", 0.0) >= got["gpu", "memory_gib"]:
-        diags.append(error(f"'memory.reserved_gib' ({memory['reserved_gib'] / 2**30:g}) must be less than the GPU's "
-                           f"memory ({got['gpu', 'memory_gib'] / 2**30:g} GiB): nothing would be left for the "
+        diags.append(error(f"'memory.reserved_gib' ({memory['reserved_gib'] / GIB:g}) must be less than the GPU's "
+                           f"memory ({got['gpu', 'memory_gib'] / GIB:g} GiB): nothing would be left for the "
                            "tensors", locate(source, "reserved_gib", "memory")))
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     if diags:
-        raise SchedError(diags, source, exit_code=2)
+        raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
         str(table.get("name", path.stem)), got["gpu", "peak_tflops"], got["gpu", "memory_gib"],
         got["gpu", "hbm_gbps"], int(got["node", "gpus"]), got["intra", "bandwidth_gbps"],
@@ -328,7 +329,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
 
 [gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
 peak_tflops = {spec.peak_flops / 1e12!r}
-memory_gib = {spec.memory_bytes / 2**30!r}
+memory_gib = {spec.memory_bytes / GIB!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
 
 [node]
@@ -350,16 +351,9 @@ intra = {spec.intra_efficiency!r}
 inter = {spec.inter_efficiency!r}
 
 [memory]
-reserved_gib = {spec.memory_reserved / 2**30!r}
+reserved_gib = {spec.memory_reserved / GIB!r}
 fragmentation = {spec.fragmentation!r}
 """
-
-
-OPTIONS = Source("schedc", "")  # where errors in command-line options are reported
-
-
-def usage(message: str) -> SchedError:
-    return SchedError(error(message), OPTIONS, exit_code=2)
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:
@@ -374,7 +368,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         value = getattr(model, key)
         if value % t:
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
-                                   f"the {key} {t} ways", locate(source, key)), source, exit_code=2)
+                                   f"the {key} {t} ways", locate(source, key)), source, kind=USAGE)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
         if layout.global_batch < 1:
@@ -393,7 +387,7 @@ def check_stages(model: ModelSpec, schedule, model_path: str) -> None:
         params = ", ".join(f"{k}={v}" for k, v in schedule.params.items())
         raise SchedError(error(f"'layers' ({model.layers}) must be a multiple of the schedule's {stages} "
                                f"stages ({schedule.name}: {params})", locate(source, "layers")), source,
-                         exit_code=2)
+                         kind=USAGE)
 
 
 def source_text(path: str) -> Source:

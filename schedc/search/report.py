@@ -8,14 +8,15 @@ on stdout, the pruned families and --why on stderr.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-import click
-
-from .cluster import usage
-from .layout import RECOMPUTE
-from .diagnostics import SchedError, plural
-from .search import GIB, GROUPS, Outcome, Refusal, Request, Searcher, candidates, distinct_figures
+from ..diagnostics import usage
+from ..layout import RECOMPUTE, SWITCH_NAMES, flag
+from ..diagnostics import SCHEDULE, SchedError
+from ..text import GIB, more, ordinal, plural
+from .results import Outcome, Refusal
+from .searcher import Searcher
+from .space import Request
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -42,69 +43,13 @@ def _names(text: str | None, name: str, allowed: tuple[str, ...] | None = None) 
     return tuple(dict.fromkeys(values))  # each once, in the order given
 
 
-_OPTIONS = (
-    click.option("--model", "model", type=click.Path(dir_okay=False),
-                 help="Model description (TOML: layers, hidden, heads, seq, vocab)."),
-    click.option("--cluster", "cluster", metavar="NAME|FILE",
-                 help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
-    click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
-    click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step B."),
-    click.option("--memory-limit", "memory_limit", default=None,
-                 help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory)."),
-    click.option("--schedules", default=None, metavar="A,B,...",
-                 help="Schedules to search (library names or files; default: every library schedule the "
-                      "search can set: params p, m and optionally v, no tasks)."),
-    click.option("--recompute", "recompute", default=None, metavar="full,selective,none",
-                 help="Recomputation choices to search (default all three)."),
-    click.option("--tp", "tp", default=None, metavar="T,...", help="Only these tensor-parallel sizes."),
-    click.option("--pp", "pp", default=None, metavar="P,...", help="Only these pipeline sizes."),
-    click.option("--microbatch-size", "microbatch", default=None, metavar="B,...",
-                 help="Only these microbatch sizes (sequences)."),
-    click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to rank."),
-    click.option("--per", type=click.Choice(GROUPS), default=None,
-                 help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
-    click.option("--exhaustive", is_flag=True,
-                 help="Simulate every candidate that fits (no bound, no cache): the reference."),
-    click.option("--sequence-parallel", is_flag=True, help="Sequence parallelism for every candidate."),
-    click.option("--overlap-grad-reduce", is_flag=True,
-                 help="The data-parallel all-reduce overlaps the last backward (torch DDP)."),
-    click.option("--blocking-p2p", is_flag=True,
-                 help="A send holds its sender until the message is through (Megatron-LM's point-to-point calls)."),
-    click.option("--distributed-optimizer", is_flag=True,
-                 help="Shard the optimizer state over data parallelism (ZeRO stage 1) for every candidate."),
-    click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
-                 help="Pruned families to list, with why (all: every one)."),
-    click.option("--why", "why", default=None, metavar="'[SCHEDULE] t=T p=P [v=V b=B recompute=R]'",
-                 help="Where this configuration (at its best over what is not given) ranks, exactly, and "
-                      "part by part why it loses to the winner."),
-)
-
-
-_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
-          "per", "exhaustive", "sequence_parallel", "overlap_grad_reduce", "blocking_p2p", "distributed_optimizer",
-          "pruned", "why")
-
-
-def tune_options(command):
-    """Add the configuration search's options to a click command; it gets them as `options` (a dict
-    for request_from, which run_command calls)."""
-    import functools
-
-    @functools.wraps(command)
-    def wrapper(*args, **kw):
-        kw["options"] = {name: kw.pop(name) for name in _NAMES}
-        return command(*args, **kw)
-
-    for option in reversed(_OPTIONS):
-        wrapper = option(wrapper)
-    return wrapper
 
 
 def request_from(o: dict[str, Any]) -> Request:
     """The Request of the command line's options; bad values are usage errors (exit 2). --model,
     --cluster, --gpus and --global-batch are checked here, not by click, so that the same command can
     take other modes (--synthesize) without them."""
-    from .checks.memory import parse_bytes
+    from ..checks.memory import parse_bytes
     missing = [f"--{k.replace('_', '-')}" for k in ("model", "cluster", "gpus", "global_batch") if o[k] is None]
     if missing:
         raise usage(f"the configuration search needs {', '.join(missing)}")
@@ -121,55 +66,8 @@ def request_from(o: dict[str, Any]) -> Request:
                    schedules=_names(o["schedules"], "--schedules"), memory_limit=limit,
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
-                   exhaustive=o["exhaustive"], sequence_parallel=o["sequence_parallel"],
-                   overlap_grad_reduce=o["overlap_grad_reduce"], blocking_p2p=o["blocking_p2p"],
-                   microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   distributed_optimizer=o["distributed_optimizer"])
-
-
-def run_command(options: dict[str, Any], as_json: bool) -> str:
-    """`schedc tune` without --synthesize: search (a progress bar on stderr unless --json), then the
-    table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
-    import json
-    import sys
-    request = request_from(options)
-    shown = _pruned_lines(options["pruned"])
-    searcher = Searcher(request)
-    wanted = parse_why(options["why"]) if options["why"] is not None else None
-    if searcher.limit > searcher.cluster.memory_bytes:
-        asked, has = distinct_figures(searcher.limit / GIB, searcher.cluster.memory_bytes / GIB)
-        raise usage(f"--memory-limit {asked} GiB is more than the {has} "
-                    f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
-                    f"check the GPU's memory); describe a larger GPU in a cluster file instead")
-    space = candidates(searcher.model, list(searcher.entries.values()), request)
-    chosen = matching(space, wanted) if wanted is not None else []
-    if wanted is not None and not chosen:
-        raise usage(f"--why {options['why']!r}: no candidate of this search is that ({searcher.describe_space(space)})")
-    whole = [e.name for e in searcher.entries.values() if e.plain]
-    if whole and not as_json:
-        n = sum(c.schedule in whole for c in space)
-        click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
-                   f"each of up to {plural(n, 'candidate')} (tasks, a fill or a greedy order: no cache, no bound), "
-                   f"seconds each where a fill is searched", err=True)
-    if not as_json and not sys.stderr.isatty():
-        click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
-    if as_json or not sys.stderr.isatty():
-        outcome = searcher.run(space)
-    else:
-        with click.progressbar(length=len(space), label="tune", file=sys.stderr, show_pos=True) as bar:
-            searcher.progress = bar.update
-            outcome = searcher.run(space)
-    if not outcome.ranked:
-        raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
-            nothing_fits(outcome, shown)
-    why = why_lines(searcher, outcome, space, options["why"], chosen, bar=not as_json and sys.stderr.isatty()) \
-        if chosen else []
-    if as_json:  # the list on stdout; why families were pruned, as in the table, and --why on stderr
-        for lines in (_pruned_report(outcome, shown), why):
-            for n, line in enumerate(lines):
-                click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
-        return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
-    return "\n".join([report(outcome, shown), *why])
+                   exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
+                   **{name: o[name] for name in SWITCH_NAMES})
 
 
 _WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
@@ -204,9 +102,10 @@ def parse_why(text: str) -> dict[str, Any]:
 
 
 def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chosen: list,
-              bar: bool = False) -> list[str]:
+              bar: Callable[[int, str], Any] | None = None) -> list[str]:
     """Where the best of `chosen` (the candidates --why's `text` matches, matching()) ranks among
-    `space`, exactly, and its breakdown against the winner's, part by part; or why none of them runs."""
+    `space`, exactly, and its breakdown against the winner's, part by part; or why none of them runs.
+    bar(length, label): a progress bar (a context manager with update(n)) for the ranking walk."""
     results = [(searcher.evaluate(c), c) for c in chosen]
     running = sorted((r.iteration_s, c) for r, c in results if not isinstance(r, Refusal))
     head = f"why {text.strip()} ({plural(len(chosen), 'candidate')} of the search)"
@@ -217,7 +116,7 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
         return [f"{head}: none runs; the nearest, {c.describe()}: {refusal.message}"]
     best = running[0][1]
     if bar:
-        with click.progressbar(length=len(space), label="why", file=click.get_text_stream("stderr")) as progress:
+        with bar(len(space), "why") as progress:
             searcher.progress = progress.update
             overall, family = searcher.rank(best, space)
     else:
@@ -225,7 +124,7 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
     mine, winner = searcher.evaluate(best, free=True), outcome.ranked[0]
     lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {mine.tflops_per_gpu:.1f} TFLOP/s "
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
-             f"  ranks {_ordinal(overall)} of the search, {_ordinal(family)} among {best.schedule}"]
+             f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
         return lines + ["  it is the winner"]
     lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
@@ -246,12 +145,7 @@ def breakdown_difference(mine, other) -> str:
                      for key, name in PARTS)
 
 
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n:,}{suffix}"
-
-
-def _pruned_lines(text: str) -> int | None:
+def pruned_lines(text: str) -> int | None:
     """--pruned N or all (None: every line)."""
     if text.strip() == "all":
         return None
@@ -271,10 +165,10 @@ def no_layout(outcome: Outcome) -> SchedError:
 
 
 def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
-    from .diagnostics import Source, error
+    from ..diagnostics import Source, error
     limit = outcome.request.memory_limit
-    more = len(outcome.pruned) - shown if shown is not None else 0
-    notes = outcome.pruned[:shown] + ((f"... and {more} more families (--pruned all lists them)",) if more > 0 else ())
+    rest = len(outcome.pruned) - shown if shown is not None else 0
+    notes = outcome.pruned[:shown] + ((f"{more(rest, 'families')} (--pruned all lists them)",) if rest > 0 else ())
     what = f"{limit / GIB:g} GiB per GPU" if limit is not None else "the GPU's memory"
     counts = outcome.counts
     head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
@@ -282,10 +176,10 @@ def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     if counts["over_memory"] and counts["refused"]:  # not all for memory: the rest their schedule refused
         head += f" ({counts['over_memory']} over the memory, {counts['refused']} refused by their schedule)"
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
-                      Source("schedc tune", ""), exit_code=1)
+                      Source("schedc tune", ""), kind=SCHEDULE)
 
 
-def _pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
+def pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
     """The pruned families, at most `pruned_lines` of them (None: all), with a heading."""
     if outcome.pruned and pruned_lines == 0:
         return [f"{plural(len(outcome.pruned), 'pruned family', 'pruned families')} (--pruned all lists them)"]
@@ -294,7 +188,7 @@ def _pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
     lines = [f"pruned families ({len(outcome.pruned)}; schedule, t, p none of whose candidates was simulated):"]
     lines += [f"  {text}" for text in outcome.pruned[:pruned_lines]]
     if pruned_lines is not None and len(outcome.pruned) > pruned_lines:
-        lines.append(f"  ... and {len(outcome.pruned) - pruned_lines} more (--pruned all lists them)")
+        lines.append(f"  {more(len(outcome.pruned) - pruned_lines)} (--pruned all lists them)")
     return lines
 
 
@@ -322,7 +216,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not divide the layers; "
                  f"{outcome.seconds:.2f} s")
-    lines += _pruned_report(outcome, pruned_lines)
+    lines += pruned_report(outcome, pruned_lines)
     lines.append("the winner:")
     lines += [f"  {command}" for command in winner_commands(outcome)]
     return "\n".join(lines)
@@ -334,8 +228,7 @@ def winner_commands(outcome: Outcome) -> list[str]:
     r = outcome.request
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
-    from .predict import LAYOUT_FLAGS  # the layout's switches, each the option of its name
-    flags = "".join(f" --{name.replace('_', '-')}" for name, _ in LAYOUT_FLAGS if getattr(r, name))
+    flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")

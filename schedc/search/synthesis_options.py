@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .diagnostics import Source
-from .ops import OpKind, builtin_kinds
-from .synthesize import Problem, count, listed, make_problem, option_error, peaks_text, synthesize, to_sched
+from ..diagnostics import Source
+from ..ops import OpKind, builtin_kinds
+from .problem import Problem, make_problem, option_error
+from .synthesis import synthesize
+from .synthesis_text import count, listed, peaks_text, to_sched
 
 COST_KINDS = tuple(kind.value for kind in OpKind)
 
@@ -31,7 +33,7 @@ def _numbers(name: str, text: str) -> tuple[float, ...]:
 def _measured(path: str) -> tuple[dict[str, tuple[float, ...]], list[str]]:
     """The op kinds' costs of a measured costs file (--costs FILE), and the other kinds it times (a
     K-FAC run's tasks), which a synthesized order does not run: left out, and said so."""
-    from .interop.profiles import load_costs
+    from ..interop.profiles import load_costs
     table, other = {}, []
     for kind, value in load_costs(path).items():
         if kind not in COST_KINDS:
@@ -101,7 +103,7 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
 def check_text(text: str, path: str, latency: float = 0.0):
     """Compile the written schedule as any schedule is compiled (with the latency it was made for);
     the Compiled result: its diagnostics, and the compiler's own makespan and memory peaks."""
-    from .compiler import compile_source
+    from ..driver import compile_source
     return compile_source(Source(path, text), latency=latency)
 
 
@@ -128,7 +130,7 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
     text = to_sched(result)
     compiled = check_text(text, out if out not in (None, "-") else "<synthesized>", problem.latency)
     if out is not None:
-        from .outputs import write_output
+        from ..outputs import write_output
         write_output(out, text)  # through a symlink, atomically; `-` prints it
     lines = [d.format(compiled.schedule.source) for d in compiled.diagnostics]
     if left_out:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .costmodel import Setting, device_memory, step_tails
-from .ops import OpKind, builtin_kinds, fed_by, feeds
+from ..costmodel import Setting, device_memory, step_tails
+from ..ops import OpKind, builtin_kinds, fed_by, feeds
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,6 @@ def tail_bound(st: Setting, shape: Shape) -> float:
 def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
     """The largest device's bytes before any activation: weights, gradients, optimizer state and one
     backward's working memory (device_memory with no activation alive), and that device."""
-    from .timing import Timing
-    empty = Timing({}, {}, 0.0, (), (0.0,) * shape.devices, 0.0, True)
-    memory, _ = device_memory(st, shape, empty)
+    memory, _ = device_memory(st, shape, (0.0,) * shape.devices)
     top = max(range(len(memory)), key=lambda k: (memory[k], -k))
     return memory[top], top

@@ -29,292 +29,21 @@ import heapq
 import math
 import shlex
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any
 
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
-from .cluster import MAX_GPUS, load_cluster, load_cluster_model, usage
-from .layout import RECOMPUTE, Layout
-from .costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
+from ..costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
+from ..diagnostics import usage
+from ..layout import SWITCH_NAMES, Layout
+from ..costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
                         stage_costs, tp_in_node)
-from .diagnostics import SchedError, plural
+from ..diagnostics import SchedError
+from ..text import GIB, ordinal, plural
+from .space import Candidate, Request, candidates, distinct_figures, library_entries
+from .results import Family, Kept, Outcome, Ranked, Refusal, Structure, op_costs
 
-GIB = 2 ** 30
-SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
-GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
 SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
-
-
-@dataclass(frozen=True)
-class Request:
-    """What `schedc tune` was asked: files, sizes, limit and the space's restrictions."""
-
-    model: str
-    cluster: str
-    gpus: int
-    global_batch: int
-    schedules: tuple[str, ...] = ()          # () -> the library's schedules the search can set
-    memory_limit: float | None = None        # bytes per GPU; None -> the cluster's GPU memory
-    recompute: tuple[str, ...] = RECOMPUTE
-    tp: tuple[int, ...] | None = None        # restrict t (and p) to these values
-    pp: tuple[int, ...] | None = None
-    top: int = 10
-    per: str | None = None                   # one of GROUPS: the top K of each group, exactly
-    exhaustive: bool = False
-    sequence_parallel: bool = False
-    overlap_grad_reduce: bool = False
-    blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
-    microbatch: tuple[int, ...] | None = None  # restrict b to these values
-    distributed_optimizer: bool = False      # optimizer state sharded over data parallelism (ZeRO stage 1)
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Candidate:
-    """One point of the space; m = B / (b d) microbatches per pipeline."""
-
-    schedule: str
-    t: int
-    p: int
-    d: int
-    v: int | None
-    b: int
-    m: int
-    recompute: str
-
-    def params(self) -> dict[str, str]:
-        out = {"p": str(self.p), "m": str(self.m)}
-        if self.v is not None:
-            out["v"] = str(self.v)
-        return out
-
-    def structure_key(self) -> tuple:
-        return (self.schedule, self.p, self.v, self.m)
-
-    def describe(self) -> str:
-        v = f" v={self.v}" if self.v is not None else ""
-        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v} b={self.b} recompute {self.recompute}"
-
-    def group(self, per: str | None) -> Any:
-        return None if per is None else getattr(self, per)
-
-
-def op_costs(structure, table) -> list[float]:
-    """The cost of each of a structure's ops, its overlapped pairs fused as simulate fuses them."""
-    from .simulate import fuse_costs
-    cost = [table[op.kind][op.stage] for op in structure.ops]
-    fuse_costs(structure.pairs, cost, table)
-    return cost
-
-
-@dataclass(frozen=True)
-class Ranked:
-    """A simulated candidate and its prediction (the bubble from the message-free simulation)."""
-
-    candidate: Candidate
-    prediction: Prediction
-
-    @property
-    def iteration_s(self) -> float:
-        return self.prediction.iteration_s
-
-    @property
-    def bubble(self) -> float:
-        """The bubble of the simulated step, idle over busy time (timing.bubble): what `schedc simulate`
-        prints for the same configuration (float noise below 0 shows as 0)."""
-        value = self.prediction.extra["bubble"]
-        return 0.0 if -1e-9 < value < 0 else value
-
-    def to_json(self) -> dict[str, Any]:
-        c, p = self.candidate, self.prediction
-        return {"schedule": c.schedule, "t": c.t, "p": c.p, "d": c.d, "v": c.v, "b": c.b, "m": c.m,
-                "recompute": c.recompute, "tflops_per_gpu": round(p.tflops_per_gpu, 3),
-                "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
-                "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
-                "critical_device": p.extra["critical_device"]}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a candidate was not ranked: a requirement or compile error, a deadlock, or its memory (the
-    bytes of its largest device) over the limit."""
-
-    message: str
-    memory: float | None = None
-    layers: bool = False   # the schedule's stages do not divide the layers: outside the space
-    fault: bool = False    # the order itself cannot run (it deadlocks): at every size, in any memory
-    bound: bool = False    # memory is a lower bound (the state alone), not the candidate's figure
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The search's answer: the ranked candidates (best first; with --per, the K best of each group,
-    best first all together), one line per
-    family (schedule, t, p) none of whose candidates was simulated, and the counts."""
-
-    request: Request
-    ranked: tuple[Ranked, ...]
-    pruned: tuple[str, ...]
-    counts: dict[str, int]
-    space: str
-    seconds: float
-
-
-# The schedules -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Entry:
-    """A schedule the search may set: its parsed declaration and what decides how it is evaluated."""
-
-    name: str     # as given: a library name or a path
-    decl: Any
-    source: Any
-    params: tuple[str, ...]
-    split: bool
-    plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
-    mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
-
-    @property
-    def chunked(self) -> bool:
-        return "v" in self.params
-
-
-def library_entries(names: Iterable[str]) -> list[Entry]:
-    """The schedules named (library names or files); () -> every library schedule whose params the
-    search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
-    from .frontend import ast
-    from .frontend.library import library_files, resolve
-    from .compiler import load_declaration, read_source
-    names = list(names)
-    default = not names
-    if default:
-        names = [path.stem for path in library_files()]
-    entries, seen = [], {}
-    for name in names:
-        path = resolve(name)
-        if not path.exists() or path.suffix != ".sched":
-            known = ", ".join(p.stem for p in library_files())
-            raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
-        if path.resolve() in seen:  # one schedule named twice (`1f1b` and its path) is searched once
-            continue
-        seen[path.resolve()] = name
-        source = read_source(path)
-        decl = load_declaration(source)  # as every compile loads it: extends and use resolved
-        params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
-        tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
-        if default and (tasks or not set(params) <= set(SEARCHED)):
-            continue
-        if "p" not in params or "m" not in params:
-            raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
-                        f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
-        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
-        split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
-        mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
-        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed))
-    return entries
-
-
-# The space ---------------------------------------------------------------------------------------
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending (trial division up to its square root)."""
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return small + [n // k for k in reversed(small) if k * k != n]
-
-
-_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
-
-
-def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
-    """The one layout rule: (t, p, d) with t p d = n, t dividing the model's sizes, d the batch; t and p
-    among tp and pp when given."""
-    return [(t, p, n // (t * p)) for t in divisors(n) if not any(getattr(model, k) % t for k in _SIZES)
-            and (tp is None or t in tp) for p in divisors(n // t)
-            if batch % (n // (t * p)) == 0 and (pp is None or p in pp)]
-
-
-def layouts(model, request: Request) -> list[tuple[int, int, int]]:
-    """(t, p, d) with t p d = N: t divides the heads (and hidden, ffn, vocab), d the global batch.
-    None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
-    without the other restriction, else the two together."""
-    n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
-    out = _all_layouts(model, n, batch, tp, pp)
-    if out:
-        return out
-    reasons = []
-    for t in tp or ():
-        bad = [k for k in _SIZES if getattr(model, k) % t]
-        if bad:
-            reasons.append(f"--tp {t} does not divide the model's {bad[0]} ({getattr(model, bad[0]):,})")
-        elif not _all_layouts(model, n, batch, (t,)):
-            reasons.append(f"--tp {t}: no {t} x p x d = {n} GPUs with d dividing the global batch {batch}")
-    for p in pp or ():
-        if not _all_layouts(model, n, batch, None, (p,)):
-            reasons.append(f"--pp {p}: no t x {p} x d = {n} GPUs with d dividing the global batch {batch}")
-    if tp is not None and pp is not None and len(reasons) < len(tp) + len(pp):
-        reasons.append(f"--tp {','.join(map(str, tp))} with --pp {','.join(map(str, pp))}: no t x p x d = {n} "
-                       f"GPUs among them with d dividing the global batch {batch}")
-    if reasons:
-        raise usage(f"no layout of {n} GPUs: " + "; ".join(reasons))
-    raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
-                f"(and hidden, ffn, vocab) and d dividing the global batch {batch}")
-
-
-def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]:
-    """Every point of the space, in a fixed order (the stages' fit to the layers is checked later)."""
-    out = []
-    for t, p, d in layouts(model, request):
-        per_replica = request.global_batch // d
-        for entry in entries:
-            chunks = [v for v in divisors(model.layers // p) if v >= 2] if entry.chunked and model.layers % p == 0 \
-                else [None]
-            for v in ([None] if not entry.chunked else chunks):
-                for b in divisors(per_replica):
-                    if request.microbatch is not None and b not in request.microbatch:
-                        continue
-                    for recompute in request.recompute:
-                        out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
-    if not out and request.microbatch is not None:
-        shares = sorted({request.global_batch // d for _, _, d in layouts(model, request)})
-        raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
-                    f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
-    return out
-
-
-# The search ---------------------------------------------------------------------------------------
-
-@dataclass
-class Family:
-    """What happened to the candidates of one (schedule, t, p): for the lines of pruned families."""
-
-    simulated: int = 0
-    over: tuple[float, str] | None = None         # least memory over the limit: bytes, the line
-    bound: tuple[float, float] | None = None      # least bound of a pruned candidate, the threshold then
-    bounded: int = 0
-    refused: str | None = None                    # a requirement or compile error of the schedule
-    fault: str | None = None                      # its order deadlocks: said before any memory figure
-    layers: str | None = None                     # its stages do not divide the layers (outside the space)
-
-    def note_bound(self, bound: float, threshold: float) -> None:
-        self.bounded += 1
-        self.bound = min(self.bound or (math.inf, 0.0), (bound, threshold))
-
-
-@dataclass
-class Structure:
-    """An order compiled once per (schedule, p, v, m): the schedule (default costs), its ops with their
-    predecessors (simulate.predecessors), devices, activation peaks; or why it cannot run."""
-
-    schedule: Any = None
-    ops: list = field(default_factory=list)
-    preds: list = field(default_factory=list)
-    firsts: list = field(default_factory=list)
-    device: list = field(default_factory=list)
-    pairs: list = field(default_factory=list)     # overlapped pairs: (index, forward's stage), simulate.fuse_pairs
-    peaks: tuple[float, ...] = ()
-    error: str | None = None
-
-
 MAX_GLOBAL_BATCH = 2**24    # sequences per step
 
 
@@ -348,19 +77,18 @@ class Searcher:
         r = self.request
         return Setting(self.model, self.cluster, Layout(
             tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-            sequence_parallel=r.sequence_parallel, overlap_grad_reduce=r.overlap_grad_reduce,
-            blocking_p2p=r.blocking_p2p, distributed_optimizer=r.distributed_optimizer))
+            **{name: getattr(r, name) for name in SWITCH_NAMES}))
 
     def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
         key = c.structure_key()
         if key not in self.shapes:
-            from .frontend.elaborate import shape_of
+            from ..frontend.elaborate import shape_of
             entry = self.entries[c.schedule]
             try:
                 _, devices, pipelines = shape_of(entry.decl, entry.source, c.params())
             except SchedError as exc:  # outside the space if its stages would not divide the layers either
-                from .frontend.elaborate import stage_count
+                from ..frontend.elaborate import stage_count
                 self.shapes[key] = self._layers(stage_count(entry.decl, entry.source, c.params())) or Refusal(
                     exc.diagnostics[0].message)
             else:
@@ -415,9 +143,9 @@ class Searcher:
 
     def _structure(self, c: Candidate) -> Structure:
         """The order and its activation peaks; its checks and predecessors wait for prepare()."""
-        from .compiler import collector_paused
-        from .frontend.elaborate import Options, elaborate
-        from .memory import peak_memory
+        from ..driver import collector_paused
+        from ..frontend.elaborate import Options, elaborate
+        from ..memory import peak_memory
         entry = self.entries[c.schedule]
         with collector_paused():
             try:
@@ -428,19 +156,18 @@ class Searcher:
 
     @staticmethod
     def prepare(structure: Structure) -> Structure:
-        """Check the order's structure (one F and one B of every stage and microbatch, on its device)
-        and index its ops' predecessors for simulate's timing; once per order that fits in memory."""
-        from .checks.census import census
-        from .checks.structure import check_structure
-        from .compiler import collector_paused
-        from .diagnostics import has_errors
-        from .simulate import DEVICE, fuse_pairs, predecessors
+        """Run the driver's untimed passes on the order (its structure checks: one F and one B of every
+        stage and microbatch, on its device; and any pass added to PASSES), then index its ops'
+        predecessors for simulate's timing; once per order that fits in memory."""
+        from ..diagnostics import has_errors
+        from ..driver import collector_paused, run_passes, untimed
+        from ..simulate import DEVICE, fuse_pairs, predecessors
         if structure.ops or structure.error is not None:
             return structure
         with collector_paused():
-            found = check_structure(structure.schedule, census(structure.schedule))
+            found = run_passes(structure.schedule, passes=untimed()).diagnostics
             if has_errors(found):
-                structure.error = found[0].message
+                structure.error = next(d for d in found if d.severity.value == "error").message
                 return structure
             structure.ops, structure.preds, structure.firsts = predecessors(structure.schedule)
             structure.pairs = fuse_pairs(structure.schedule, structure.ops, structure.preds)
@@ -450,16 +177,15 @@ class Searcher:
     def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order),
         None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
-        from .simulate import _times
+        from ..simulate import order_makespan
         table = costs.costs()
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
         cost = op_costs(structure, table)
-        _, ends = _times(cost, structure.device, structure.preds, structure.firsts, 0.0, links)
+        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, links)
         self.counts["simulated"] += 1
-        result = None if None in ends else max(ends, default=0.0)
         self.simulated[key] = result
         return result
 
@@ -473,7 +199,8 @@ class Searcher:
             return shape
         if self.entries[c.schedule].plain:
             return self._evaluate_plain(c, free)
-        from .timing import Timing
+        from ..simulate import busy_times
+        from ..timing import Span
         st = self.setting(c)
         structure = self.structure(c)
         if structure.error is not None:
@@ -483,7 +210,7 @@ class Searcher:
         if limit is not None and any(peak > lim + 1e-9 for peak, lim in zip(structure.peaks, limit)):
             return Refusal("exceeds the schedule's own memory limit (in activations)")
         costs = self.stage_costs(st, c, shape)
-        memory, _ = device_memory(st, schedule, Timing({}, {}, 0.0, (), structure.peaks, 0.0, True))
+        memory, _ = device_memory(st, schedule, structure.peaks)
         top = max(range(len(memory)), key=lambda k: (memory[k], -k))
         if memory[top] > self.limit:
             return self.over(memory[top], top)
@@ -496,12 +223,9 @@ class Searcher:
         free_span = makespan
         if free:
             free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
-        busy = [0.0] * schedule.devices  # per device, what simulate's Timing.busy is: for the bubble
-        for device, cost in zip(structure.device, op_costs(structure, costs.costs())):
-            busy[device] += cost
-        timed = Timing({}, {}, makespan, tuple(busy), structure.peaks, 0.0, True)
-        free_timed = Timing({}, {}, free_span, (), structure.peaks, 0.0, True)
-        return predict(st, schedule, timed, free_timed, costs, self.request.global_batch)
+        busy = busy_times(op_costs(structure, costs.costs()), structure.device, schedule.devices)
+        return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span, costs,
+                       self.request.global_batch)
 
     def _evaluate_plain(self, c: Candidate, free: bool) -> Prediction | Refusal:
         """The whole compile of predict.compile_for (no shortcut): its prediction or its first error,
@@ -514,15 +238,13 @@ class Searcher:
         return self.whole[c, free]
 
     def _compile_whole(self, c: Candidate, free: bool) -> Prediction | Refusal:
-        from .predict import compile_for
+        from ..driver.cluster import compile_for
         try:
             on = compile_for(c.schedule, c.params(), self.setting(c), lower=False, free=free)
         except SchedError as exc:
             return Refusal(exc.diagnostics[0].message)
         pred = on.prediction
-        errors = [d for d in on.compiled.diagnostics if d.severity.value == "error"]
-        if pred.memory_bytes > self.cluster.memory_bytes:
-            errors = errors[:-1]  # compile_for's own 'exceeds the GPU's memory', the last one
+        errors = [d for d in on.compiled.diagnostics if d.severity.value == "error" and d is not on.over_memory]
         if not on.compiled.timing.complete:  # a deadlock: its memory figure is of a partial run
             return Refusal(errors[0].message if errors else "the order deadlocks", fault=True)
         if pred.memory_bytes > self.limit:
@@ -553,7 +275,7 @@ class Searcher:
                 bounded.append((bound, c))
         self.progress(len(space) - len(bounded))
         bounded.sort()
-        best: dict[Any, list[_Kept]] = {}   # group -> heap, worst on top: the K best so far
+        best: dict[Any, list[Kept]] = {}   # group -> heap, worst on top: the K best so far
         for n, (bound, c) in enumerate(bounded):
             heap = best.setdefault(c.group(r.per), [])
             threshold = heap[0].key[0] if len(heap) >= r.top else math.inf
@@ -573,7 +295,7 @@ class Searcher:
                 self._refuse(fam, c, result)
                 continue
             fam.simulated += 1
-            kept = _Kept((result.iteration_s, c))
+            kept = Kept((result.iteration_s, c))
             if len(heap) < r.top:
                 heapq.heappush(heap, kept)
             elif kept.key < heap[0].key:
@@ -652,7 +374,7 @@ class Searcher:
         bounded ones (closest first), those over memory (least over first), then refusals."""
         lines = []
         node = self.cluster.gpus_per_node
-        which = f"the {_nth(self.request.top)} best" if self.request.per is None else "its group's K-th best"
+        which = f"the {ordinal(self.request.top)} best" if self.request.per is None else "its group's K-th best"
         faults = {}  # (schedule, p) -> (t, fault): an order is the same at every t, so is its deadlock
         for (name, t, p), fam in families.items():
             if fam.fault is not None:
@@ -690,34 +412,12 @@ class Searcher:
                 f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}")
 
 
-class _Kept:
-    """A heap entry ordered worst first: (iteration_s, candidate), the larger key on top."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: tuple):
-        self.key = key
-
-    def __lt__(self, other: _Kept) -> bool:
-        return self.key > other.key
+def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:
+    """The ranked configurations for a request (SchedError on bad input: exit 2, or 1 when nothing fits)."""
+    return Searcher(request, progress).run()
 
 
 def _defines(c: Candidate) -> str:
     return " ".join(f"-D {k}={v}" for k, v in c.params().items())
 
 
-def distinct_figures(a: float, b: float) -> tuple[str, str]:
-    """a and b to 4 significant digits, or to as many more as tell them apart (at most 12)."""
-    digits = 4
-    while digits < 12 and f"{a:.{digits}g}" == f"{b:.{digits}g}":
-        digits += 1
-    return f"{a:.{digits}g}", f"{b:.{digits}g}"
-
-
-def _nth(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 < 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
-def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:
-    """The ranked configurations for a request (SchedError on bad input: exit 2, or 1 when nothing fits)."""
-    return Searcher(request, progress).run()

@@ -1,0 +1,4 @@
+"""`python -m schedc.cli ...`: the command line, as the `schedc` script runs it."""
+from . import main
+
+main()

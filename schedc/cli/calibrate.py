@@ -1,0 +1,41 @@
+"""`schedc calibrate`: a cluster description of this machine, or one fitted to a profile."""
+from __future__ import annotations
+
+
+import click
+
+from ..diagnostics import SchedError
+from .group import main
+from .common import fail
+
+
+
+
+@main.command("calibrate")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The cluster TOML to write.")
+@click.option("--ranks", type=int, default=2, show_default=True, help="Local processes for the message timings.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch threads per process.")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
+              help="Start from this cluster file instead of measuring (with --costs).")
+@click.option("--costs", type=click.Path(dir_okay=False), default=None,
+              help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+              help="The model description (TOML, as for simulate --cluster; the runtime's --config) the "
+                   "profile ran (with --costs).")
+@click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
+              help="The profile's microbatch size (the runtime's --mb-size); default: the one the profile "
+                   "records, which a different value contradicts.")
+@click.option("--tp", type=int, default=1, show_default=True, help="The profile's tensor-parallel size.")
+@click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
+              help="The profile's recomputation (the runtime recomputes nothing).")
+def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size, tp, recompute):
+    """Write a cluster description of this machine: GEMM rate by size, memory-bound kernel bandwidth and
+    messages between local processes on the runtime's backend (gloo on CPU); with --costs and --model,
+    the compute rates scaled so that the model's F and B match a measured profile."""
+    from ..predict import calibrate_file
+    try:
+        click.echo(calibrate_file(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size,
+                                  tp, recompute))
+    except SchedError as exc:
+        fail(exc)

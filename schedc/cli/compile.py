@@ -1,0 +1,50 @@
+"""`schedc compile`: check, simulate and lower a schedule to a plan."""
+from __future__ import annotations
+
+
+import click
+
+from ..diagnostics import SchedError
+from ..text import plural
+from ..outputs import STDOUT, output_error, prepare_directory, reason
+from .group import main
+from .options import define_option, costs_option, with_option, latency_option, cluster_options
+from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish
+
+
+
+
+@main.command("compile")
+@click.argument("file")
+@define_option
+@costs_option
+@latency_option
+@cluster_options
+@with_option
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
+              help="Directory for plan.json and rank*.txt.")
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, out_dir):
+    """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
+    from a model on a cluster, and the step's prediction in the plan's stats)."""
+    from ..plan.write import write_plan
+    from ..report import summary
+    if out_dir == STDOUT:
+        raise click.BadParameter("compile writes a directory (plan.json and rank*.txt), not the standard output",
+                                 param_hint="-o")
+    if is_plan(file):
+        raise click.UsageError(f"{file} is already a compiled plan: check, simulate, render and run read it; "
+                               "compile the .sched file it came from")
+    on = on_cluster(file, defines, cluster, addons=addons)
+    result = on.compiled if on else compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
+                                              addons)
+    if not result.ok:
+        finish(result.diagnostics)
+    try:
+        prepare_directory(out_dir)
+        plan, paths = write_plan(result.plan, out_dir)
+    except SchedError as exc:
+        fail(exc)
+    except OSError as exc:  # write_plan writes each file atomically and removes its temporary
+        fail(output_error(out_dir, reason(exc)))
+    click.echo(summary(result) + (cluster_summary(on) if on else ""))
+    click.echo(f"wrote {paths[0]} and {plural(len(paths) - 1, 'rank stream')} (hash {plan.hash[:12]})")

@@ -1,0 +1,49 @@
+"""`schedc export`: torch.distributed.pipelining's CSV formats."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..diagnostics import SchedError
+from ..outputs import is_stdout, write_output
+from .group import main
+from .options import define_option, with_option
+from .common import fail, report, finish
+
+
+
+
+@main.command("export")
+@click.argument("file")
+@define_option
+@click.option("--format", "fmt", type=click.Choice(["torch-csv", "torch-comms"]), default="torch-csv",
+              show_default=True, help="torch-csv: compute-only; torch-comms: with SEND/RECV cells (compute_comms).")
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="The CSV to write; - prints it.")
+@with_option
+def export_cmd(file, defines, fmt, out, addons):
+    """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
+    from ..driver import compile_file
+    from ..interop.torch_comms import export_comms_csv
+    from ..interop.torch_csv import export_csv
+    try:
+        result = compile_file(file, defines, None, 0.0, addons=addons)
+        if not result.ok:
+            report(result.diagnostics, result.schedule.source)
+            finish(result.diagnostics)
+        text = export_csv(result.schedule)  # refuses what torch's format cannot hold, for both formats
+    except SchedError as exc:
+        fail(exc)
+    from ..interop.torch_placement import describe, sidecar, sidecar_path
+    comms = fmt == "torch-comms"
+    try:
+        write_output(out, export_comms_csv(result.plan) if comms else text)
+        if not is_stdout(out):
+            stated = sidecar(result.schedule, out, "compute_comms" if comms else "compute_only")
+            write_output(str(sidecar_path(out)), json.dumps(stated, indent=1) + "\n")
+    except SchedError as exc:
+        fail(exc)
+    if not is_stdout(out):  # `-o -` prints the CSV alone, for a pipe
+        line = describe(result.schedule.pipelines[0].placement, result.schedule.devices)
+        click.echo(f"wrote {out} and {sidecar_path(out)}\n{line}")

@@ -1,0 +1,34 @@
+"""`schedc run`: a plan under torchrun, its options checked before any process starts."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .group import main
+from .common import report, is_plan, plan_diagnostics, finish
+
+
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("plan", type=click.Path(dir_okay=False))
+@click.option("--nproc", type=int, default=None, help="Processes per node (default: the plan's devices x dp).")
+@click.pass_context
+def run_cmd(ctx, plan, nproc):
+    """Run PLAN (plan.json) under torchrun; options after PLAN go to the runtime, after `--` to torchrun.
+
+    Example: schedc run out/plan.json --nproc 4 --steps 3 --trace-out trace.json
+    """
+    from ..diagnostics import Source, has_errors
+    from ..runtime.launch import launch_from_cli
+    if plan.endswith((".sched", ".csv")):
+        raise click.UsageError(f"{plan} is a schedule, not a compiled plan: compile it first (schedc compile "
+                               f"{plan} -o DIR), then run DIR/plan.json")
+    if is_plan(plan) and Path(plan).is_file():  # else the launcher says what the file is
+        _, diagnostics = plan_diagnostics(plan)
+        if has_errors(diagnostics):  # refused before a process starts, as `schedc check` refuses it
+            report(diagnostics, Source(plan, ""))
+            finish(diagnostics)
+    sys.exit(launch_from_cli(plan, nproc, list(ctx.args)))

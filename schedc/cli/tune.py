@@ -1,0 +1,151 @@
+"""`schedc tune`: the configuration search and its report (with progress bars), or --synthesize."""
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+
+import click
+
+from typing import Any
+
+from ..diagnostics import usage
+from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError
+from ..text import agree, plural
+from .group import main
+from .options import check_defines, check_latency, option_given, tune_options
+from .common import fail, fail_json, progress_line
+
+
+
+
+_SYNTHESIZE_ONLY = ("defines", "costs", "costs_file", "activation_limit", "out", "latency")
+
+
+@main.command("tune")
+@click.option("--synthesize", "synth", is_flag=True,
+              help="Find a per-device order within --activation-limit and write it as a .sched file.")
+@click.option("-D", "defines", multiple=True, metavar="NAME=VALUE", callback=check_defines,
+              help="With --synthesize: -D p=N (devices) and -D m=N (microbatches).")
+@click.option("--cost", "costs", multiple=True, metavar="KIND=VALUE[,...]",
+              help="With --synthesize: cost of F, B, or split I and W; one value or one per stage (defaults F=1, "
+                   "B=2; I=W=1); over --costs.")
+@click.option("--costs", "costs_file", type=click.Path(dir_okay=False), default=None,
+              help="With --synthesize: measured costs of F, B (or I and W) per stage, JSON from "
+                   "`schedc run --profile-out`, as for simulate.")
+@click.option("--activation-limit", "activation_limit", default=None, metavar="N[,...]",
+              help="With --synthesize: activations a device may hold, one value or one per device.")
+@click.option("--latency", type=float, default=0.0, show_default=True, callback=check_latency,
+              help="With --synthesize: latency of every message between devices (>= 0).")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="With --synthesize: the .sched file to write (default or -: print it).")
+@tune_options
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the ranked list as JSON, best first (with --synthesize: the order's summary).")
+def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, options, as_json):
+    """Search schedules and parallel layouts (t, p, d, v, b, recomputation) for a model on a cluster,
+    ranked by the predicted iteration time of each schedule's simulated order; or, with --synthesize,
+    find a per-device order for given costs under an activation-memory limit."""
+    from ..diagnostics import usage
+    ctx = click.get_current_context()
+    flags = {param.name: param.opts[0] for param in ctx.command.params}  # --microbatch-size, not its dest
+
+    def given(names) -> list[str]:
+        return [flags[name] for name in names if option_given(name)]
+
+    failing = fail_json if as_json else fail
+    if synth:
+        search_only = given(options)
+        if search_only:
+            hint = (" (with --synthesize the limit is --activation-limit N, activations per device)"
+                    if "--memory-limit" in search_only else "")
+            failing(usage(f"{', '.join(search_only)}: {agree(len(search_only), 'option', 'options')} of the "
+                          f"configuration search, not of --synthesize{hint}"))
+        return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json)
+    synthesis_only = given(_SYNTHESIZE_ONLY)
+    if synthesis_only:
+        failing(usage(f"{', '.join(synthesis_only)} {agree(len(synthesis_only), 'goes', 'go')} with --synthesize"))
+    try:
+        click.echo(run_search(options, as_json))
+    except SchedError as exc:
+        failing(exc)  # under --json: {"valid": false, "diagnostics": [...]} on stdout, the error on stderr
+
+
+def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json) -> None:
+    """`schedc tune --synthesize`: the order, written or printed, and its report (--json: the summary
+    on stdout, with the text in it when there is no -o)."""
+    from ..driver import parse_defines
+    from ..search.synthesis_options import run_tune
+    if as_json and out == "-":
+        out = None  # the text goes into the JSON, as without -o
+    shown = sys.stderr.isatty() and not as_json
+    try:
+        made = run_tune(parse_defines(defines), costs, latency, activation_limit, out,
+                        partial(progress_line, "synthesizing: greedy variant") if shown else None, costs_file)
+    except SchedError as exc:
+        if as_json:
+            fail_json(exc)
+        fail(exc)
+    finally:
+        if shown:
+            click.echo("\r\033[K", err=True, nl=False)
+    if as_json:
+        click.echo(json.dumps({**made.summary, **({"sched": made.text} if out is None else {})}, indent=1))
+    else:
+        if out is None:
+            click.echo(made.text, nl=False)
+        click.echo(made.report, err=True)
+    sys.exit(0 if made.ok else EXIT_CODES[SCHEDULE])
+
+
+def run_search(options: dict[str, Any], as_json: bool) -> str:
+    """`schedc tune` without --synthesize: search (a progress bar on stderr unless --json), then the
+    table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
+    from ..search import Searcher, candidates, distinct_figures
+    from ..text import GIB
+    from ..search.report import (matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
+                        request_from, why_lines)
+    request = request_from(options)
+    shown = pruned_lines(options["pruned"])
+    searcher = Searcher(request)
+    wanted = parse_why(options["why"]) if options["why"] is not None else None
+    if searcher.limit > searcher.cluster.memory_bytes:
+        asked, has = distinct_figures(searcher.limit / GIB, searcher.cluster.memory_bytes / GIB)
+        raise usage(f"--memory-limit {asked} GiB is more than the {has} "
+                    f"GiB of the cluster's GPUs: a configuration beyond them would not run (simulate and compile "
+                    f"check the GPU's memory); describe a larger GPU in a cluster file instead")
+    space = candidates(searcher.model, list(searcher.entries.values()), request)
+    chosen = matching(space, wanted) if wanted is not None else []
+    if wanted is not None and not chosen:
+        raise usage(f"--why {options['why']!r}: no candidate of this search is that ({searcher.describe_space(space)})")
+    whole = [e.name for e in searcher.entries.values() if e.plain]
+    if whole and not as_json:
+        n = sum(c.schedule in whole for c in space)
+        click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
+                   f"each of up to {plural(n, 'candidate')} (tasks, a fill or a greedy order: no cache, no bound), "
+                   f"seconds each where a fill is searched", err=True)
+    if not as_json and not sys.stderr.isatty():
+        click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
+    if as_json or not sys.stderr.isatty():
+        outcome = searcher.run(space)
+    else:
+        with _progress(len(space), "tune") as bar:
+            searcher.progress = bar.update
+            outcome = searcher.run(space)
+    if not outcome.ranked:
+        raise no_layout(outcome) if outcome.counts["layers"] == outcome.counts["candidates"] else \
+            nothing_fits(outcome, shown)
+    why = why_lines(searcher, outcome, space, options["why"], chosen, bar=_progress if not as_json and sys.stderr.isatty() else None) \
+        if chosen else []
+    if as_json:  # the list on stdout; why families were pruned, as in the table, and --why on stderr
+        for lines in (pruned_report(outcome, shown), why):
+            for n, line in enumerate(lines):
+                click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
+        return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
+    return "\n".join([report(outcome, shown), *why])
+
+
+
+def _progress(length: int, label: str):
+    """A progress bar on stderr (tune's walk and --why's ranking)."""
+    return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)

@@ -1,0 +1,143 @@
+"""The step's prediction: the simulated makespan plus the end-of-step tails (the data-parallel exchange and
+the optimizer step), model FLOPs (Narayanan et al. 2021, eq. 3), the breakdown and memory per GPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .specs import ModelSpec
+from ..layout import Layout
+from ..timing import bubble
+from .bytes import device_memory, shards, stage_holders, stage_params
+from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
+from .stages import StageCosts
+from ..text import GIB
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What `schedc simulate --cluster` reports (seconds, bytes)."""
+
+    iteration_s: float
+    tflops_per_gpu: float
+    peak_fraction: float
+    memory_bytes: float
+    memory_parts: dict[str, float]
+    breakdown: dict[str, float]
+    gpus: int
+    microbatches: int
+    global_batch: int
+    device_memory: tuple[float, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        gib = GIB
+        return {"iteration_s": _r(self.iteration_s), "tflops_per_gpu": _r(self.tflops_per_gpu),
+                "peak_fraction": _r(self.peak_fraction), "memory_gib_per_gpu": _r(self.memory_bytes / gib),
+                "memory_breakdown": {k + "_gib": _r(v / gib) for k, v in self.memory_parts.items()},
+                "breakdown": {k: _r(v) for k, v in self.breakdown.items()}, "gpus": self.gpus,
+                "microbatches": self.microbatches, "global_batch": self.global_batch,
+                "memory_gib_per_device": [_r(v / gib) for v in self.device_memory], **self.extra}
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
+    """Model FLOPs of one step (Narayanan et al. 2021, eq. 3, for any ffn): every layer's forward 4
+    times with full recomputation (forward, recomputation, two for the backward), 3 times otherwise;
+    the logit layer 3 times."""
+    s, h, f = model.seq, model.hidden, model.ffn
+    per_layer = 2 * s * (4 * h * h + 2 * h * f) + 4 * s * s * h
+    passes = 4 if layout.recompute == "full" else 3
+    return batch * (passes * model.layers * per_layer + 3 * 2 * s * h * model.vocab)
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A device's end of step, after its last op (seconds): the data-parallel gradient exchange of its
+    stages (an all-reduce; with the distributed optimizer a reduce-scatter and an all-gather, the same
+    time), the tied embedding's all-reduce between the end stages, and the optimizer step."""
+
+    exchange: float
+    embedding: float
+    optimizer: float
+
+    def exposed(self, lay: Layout, hidden: float | None) -> float:
+        """The communication left after the last op. Overlapped (overlap_grad_reduce), it hides behind
+        the last op's `hidden` seconds, but for the weights' all-gather with the distributed optimizer,
+        which follows the step; hidden=None: the least it can be, whatever hides it."""
+        total = self.exchange + self.embedding
+        if not lay.overlap_grad_reduce:
+            return total
+        kept = self.exchange / 2 if lay.distributed_optimizer else 0.0
+        return kept if hidden is None else max(kept, total - hidden)
+
+
+def step_tails(st: Setting, schedule) -> list[Tail]:
+    """Per device, its Tail: the exchange over the d (times replicas) GPUs holding each of its stages,
+    the embedding's all-reduce on a device holding one end stage but not the other, and Adam over its
+    parameters (with the distributed optimizer its shard of them)."""
+    lay, hw, g, m = st.layout, st.hw, st.cluster.gpus_per_node, st.model
+    stages = schedule.stages
+    holders = stage_holders(schedule)
+    per_node = max(1, g // lay.tp) if lay.tp < g else 1
+    out = []
+    for d in range(schedule.devices):
+        mine = sorted({s for s, ds in holders.items() if d in ds})
+        stepped = sum(stage_params(m, lay.tp, stages, s) / shards(lay, holders, s) for s in mine)
+        exchange = 0.0
+        for s in mine:
+            group = lay.dp * len(holders[s])
+            exchange += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s), group, min(group, per_node))
+        first, last = holders.get(0, []), holders.get(stages - 1, [])
+        embedding = hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1) \
+            if stages > 1 and (d in first) != (d in last) else 0.0
+        out.append(Tail(exchange, embedding, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
+    return out
+
+
+def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:
+    """Per device, (exposed data-parallel communication, optimizer step) after its last op (Tail), the
+    last op's time what an overlapped exchange hides behind."""
+    table, out = costs.costs(), []
+    for d, tail in enumerate(step_tails(st, schedule)):
+        last = schedule.orders[d][-1] if schedule.orders[d] else None
+        hidden = table.get(last.kind, (0.0,) * schedule.stages)[last.stage] if last is not None else 0.0
+        out.append((tail.exposed(st.layout, hidden), tail.optimizer))
+    return out
+
+
+def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCosts, batch: int) -> Prediction:
+    """The step's prediction from the schedule simulated with messages (timing: a Timing or a
+    timing.Span) and the makespan without them (free_makespan)."""
+    lay, m = st.layout, st.model
+    tail = tails(st, schedule, costs)
+    worst = max(range(schedule.devices), key=lambda d: (sum(tail[d]), -d))
+    steps = len(schedule.steps)  # a filled cycle of K steps: per step, the cycle's time over K
+    makespan, free = timing.makespan / steps, free_makespan / steps
+    iteration = makespan + sum(tail[worst])
+    held = Part()
+    for step in schedule.steps:
+        for op in step[worst]:
+            held = held + _part(costs, op)
+    held = held * (1 / steps)
+    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp,
+                 "pipeline_comm_s": held.p2p + makespan - free,
+                 "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
+                 "bubble_s": free - held.total}
+    gpus = schedule.devices * lay.tp * lay.dp
+    flops = model_flops(m, lay, batch) / (iteration * gpus)
+    memory, parts = device_memory(st, schedule, timing.peak_memory)
+    top = max(range(len(memory)), key=lambda d: (memory[d], -d))
+    return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
+                      breakdown, gpus, schedule.microbatches, batch, tuple(memory),
+                      {"critical_device": worst, "largest_memory_device": top,
+                       "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9)})
+
+
+def _part(costs: StageCosts, op) -> Part:
+    """The parts of a built-in op; a task's cost (in seconds, schedc/predict.py) is computation."""
+    parts = costs.parts.get(op.kind)
+    return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part(op.cost)

@@ -1,0 +1,156 @@
+"""Compiling for a model on a cluster (--cluster; tune's whole compiles): the schedule elaborated with
+each stage's costs from the cost model, the passes run with every message timed on its link, and the
+step's prediction put in the stats (and the plan).
+
+    schedc simulate interleaved_1f1b -D p=8 -D v=2 --model gpt-145b.toml --cluster dgx-a100-80gb \\
+        --tp 8 --dp 24 --microbatch-size 2 --global-batch 2304
+    -> iteration_s, tflops_per_gpu, peak_fraction, memory_gib_per_gpu (+ memory_breakdown), breakdown
+
+m = B / (b * d) microbatches per pipeline unless -D m=... says it (then B may be left out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model
+from ..diagnostics import usage
+from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
+from ..diagnostics import Diagnostic, error
+from ..layout import ClusterRequest, Layout
+from ..ops import OpKind
+from ..predict import memory_more
+from ..text import gib
+
+
+@dataclass(frozen=True)
+class OnCluster:
+    """A schedule compiled for a cluster: the compile, its prediction and what it was made from."""
+
+    compiled: Any
+    prediction: Prediction
+    setting: Setting
+    over_memory: Diagnostic | None = None  # the error of a prediction beyond the GPU's memory, if any
+
+
+def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest,
+                       lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
+    """Compile FILE (with the `--with` add-ons) with the costs of request's model on its cluster;
+    SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
+    plan: `simulate`)."""
+    cluster = load_cluster(request.cluster)
+    model = load_cluster_model(request.model, cluster)
+    check_layout(model, request.layout, request.model)
+    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons)
+
+
+def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
+                lower: bool = True, addons: tuple[str, ...] = (), free: bool = True) -> OnCluster:
+    """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
+    is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
+    stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
+    its declared F), once with the costs. Without `free` the message-free simulation is left out: the
+    iteration time is the same, the breakdown's bubble and pipeline share are not computed."""
+    from ..frontend.elaborate import Options, elaborate
+    from ..frontend.library import resolve
+    from ..frontend.parse import read_source
+    from .inputs import TORCH_CSV, kind_of, load_declaration
+    from ..simulate import simulate
+    from .passes import analyse, collector_paused, compile_schedule
+    path = resolve(file)
+    if kind_of(path) == TORCH_CSV:
+        raise usage(f"{file}: --cluster reads .sched schedules (a torch CSV has no stages to give layers to)")
+    source = read_source(path)
+    layout = st.layout
+    with collector_paused():
+        decl = load_declaration(source, addons)
+        overrides = _microbatches(decl, dict(overrides), layout)
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
+        batch = _check_fit(probe, st.model, layout, request.model if request else "")
+        costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
+        problem = costs_problem(costs.costs(), layout)
+        if problem:
+            raise usage(problem)
+        schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,
+                                                   task_scale=_forward_scale(probe, costs)))
+        links = link_times(st, schedule.devices)
+        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
+        if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
+            without = (analyse(schedule).timing if schedule.fill else simulate(schedule)).makespan
+        else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
+            without = compiled.timing.makespan
+    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
+    over = _over_memory(result, st)
+    return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
+
+
+def _forward_scale(probe, costs) -> tuple[float, ...]:
+    """Seconds per declared cost unit, per stage: a task's declared cost (and `cost piece`) counts
+    forwards of its stage (the library's costs are in units of F = 1), so it is scaled by the stage's F
+    in seconds over its declared F."""
+    forward = costs.costs()[OpKind.F.value]
+    declared_f = probe.costs.get(OpKind.F.value, (1.0,) * probe.stages)
+    return tuple(f / (df or 1.0) for f, df in zip(forward, declared_f))
+
+
+def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:
+    """-D m from --global-batch: m = B / (b d), unless -D m is given (then they must agree)."""
+    from ..frontend import ast
+    m = layout.microbatches()
+    if m is None:
+        return overrides
+    names = {d.name for d in decl.decls if isinstance(d, ast.Param)}
+    if "m" not in names:
+        return overrides
+    if "m" in overrides:
+        if overrides["m"] != str(m):
+            raise usage(f"-D m={overrides['m']} disagrees with --global-batch {layout.global_batch} / "
+                        f"(--microbatch-size {layout.microbatch_size} x --dp {layout.dp}) = {m}")
+        return overrides
+    return {**overrides, "m": str(m)}
+
+
+def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
+    """The model's layers divide over the schedule's stages; the batch the schedule runs is the global
+    batch asked for. Returns the global batch (sequences per step)."""
+    check_stages(model, schedule, model_path)
+    gpus = layout.tp * schedule.devices * layout.dp
+    if gpus > MAX_GPUS:
+        raise usage(f"t x p x d = {layout.tp} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
+                    f"{MAX_GPUS:,} a prediction takes (as tune's --gpus)")
+    per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
+    batch = per_replica * layout.microbatch_size * layout.dp
+    if layout.global_batch is not None and batch != layout.global_batch:
+        raise usage(f"the schedule runs {per_replica} microbatches per step: --global-batch "
+                    f"{layout.global_batch} needs {layout.microbatches()} (set its microbatch param)")
+    return batch
+
+
+def _with_prediction(compiled, result: Prediction, st: Setting, request: ClusterRequest,
+                     over: Diagnostic | None):
+    """The compile with the prediction in its stats (and plan), and `over` when it does not fit."""
+    stats = {**compiled.stats, **result.to_json()}
+    plan = compiled.plan
+    if plan is not None:
+        lay = st.layout
+        plan = replace(plan, meta={**plan.meta, "stats": stats, "cluster": {
+            "model": request.model if request else None, "cluster": st.cluster.name, "tp": lay.tp, "dp": lay.dp,
+            "microbatch_size": lay.microbatch_size, "global_batch": result.global_batch,
+            "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
+            "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p,
+            "distributed_optimizer": lay.distributed_optimizer, "unit": "s"}})
+    diagnostics = [*compiled.diagnostics, *([over] if over is not None else [])]
+    return replace(compiled, stats=stats, plan=plan, diagnostics=diagnostics)
+
+
+def _over_memory(result: Prediction, st: Setting) -> Diagnostic | None:
+    """The error of a prediction beyond the GPU's memory, with its parts; None when it fits."""
+    limit = st.cluster.memory_bytes
+    if result.memory_bytes <= limit:
+        return None
+    d = result.extra["largest_memory_device"]
+    parts = result.memory_parts
+    return error(f"device {d}: predicted {gib(result.memory_bytes)} GiB per GPU exceeds the GPU's "
+                 f"{gib(limit, 0)} GiB (weights, gradients and optimizer state "
+                 f"{gib(parts['weights_gradients_optimizer'])} GiB, activations "
+                 f"{gib(parts['activations'])} GiB, {memory_more(parts, ' GiB')})")

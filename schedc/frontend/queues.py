@@ -1,0 +1,188 @@
+"""The queues programs pop from: a program's `queue` of ops sorted by its key (the key names, the columns
+a key reads, chunk indices of V shapes), and the per-step budget of an interpreted program."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable
+
+from ..ir import Op, Pipeline
+from . import ast
+from .expr import EvalError, PipeRef, compile_expr, fold_constants, free_names
+
+# the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
+PROGRAM_STEPS_BASE = 1_000_000
+
+
+PROGRAM_STEPS_PER_OP = 16
+
+
+@dataclass
+class StepBudget:
+    """Statements the programs of all devices may still run (shared, so a runaway loop stops once)."""
+
+    total: int
+    left: int = -1
+
+    def __post_init__(self) -> None:
+        self.left = self.total
+
+
+KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
+
+
+KEY_NAMES = ("s", "i", "d", "c", "kind", "pipe")
+
+
+def bind_names(scope: dict[str, Any], op: Op, pipe: PipeRef, chunk: dict[tuple[int, int], int]) -> dict:
+    """Bind the names a key or greedy priority may read: s, i, d, c, kind, pipe."""
+    scope["s"], scope["i"], scope["d"] = op.stage, op.mb if op.mb is not None else -1, op.device
+    scope["c"], scope["kind"], scope["pipe"] = chunk[(op.pipe, op.stage)], op.kind, pipe
+    return scope
+
+
+def key_functions(key: tuple[ast.Expr, ...], env: dict[str, Any]) -> list:
+    """Compile a key, folding in the params (every name but the per-op ones is constant)."""
+    constants = {k: v for k, v in env.items() if k not in KEY_NAMES}
+    return [compile_expr(e, constants) for e in key]
+
+
+def chunk_index(pipelines: tuple[Pipeline, ...]) -> dict[tuple[int, int], int]:
+    """c: the index of stage s among the stages its pipeline places on the same device."""
+    out = {}
+    for k, pipe in enumerate(pipelines):
+        seen: dict[int, int] = {}
+        for s, device in enumerate(pipe.placement):
+            out[(k, s)] = seen.get(device, 0)
+            seen[device] = out[(k, s)] + 1
+    return out
+
+
+def sort_queue(ops: list[Op], key: QueueKey | None, pipelines, chunk) -> list[Op]:
+    """The ops of one queue (all of one kind) in pop order: by the queue's key, ties broken by pipe, stage,
+    microbatch and part; without a key by microbatch then stage (descending for backwards), pipe, part.
+    Sorts plain tuples zipped from columns of the ops' values (see _Columns)."""
+    if not ops:
+        return []
+    columns = _Columns(ops, pipelines, chunk)
+    if key is None:
+        by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
+    else:
+        try:
+            values = key.columns(columns)
+        except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
+            values = list(zip(*_key_rows(key.key, key.env, columns)))
+        by = zip(*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
+                 columns.field("part"))
+    keys = list(by)
+    return list(map(ops.__getitem__, sorted(range(len(ops)), key=keys.__getitem__)))
+
+
+def _default_stages(columns: _Columns) -> list[int]:
+    """The stage, negated for backwards: later stages run their backward first."""
+    backward = ("B", "I", "W")
+    return [-s if kind in backward else s for kind, s in zip(columns.field("kind"), columns.field("stage"))]
+
+
+def _none_as(values: list, default: Any) -> list:
+    """`values` with None replaced (ops of per-stage tasks have no microbatch)."""
+    return [default if v is None else v for v in values] if None in values else values
+
+
+class _Columns:
+    """A queue's ops as columns, each made on first use by one pass: Op fields, and what a key reads
+    as each of KEY_NAMES (the values bind_names gives them)."""
+
+    def __init__(self, ops: list[Op], pipelines: tuple[Pipeline, ...], chunk: dict[tuple[int, int], int]):
+        self.ops, self.pipelines, self.chunk = ops, pipelines, chunk
+        self.fields: dict[str, list] = {}
+        self.names: dict[str, list] = {}
+
+    def field(self, name: str) -> list:
+        """An Op field of every op."""
+        if name not in self.fields:
+            self.fields[name] = list(map(attrgetter(name), self.ops))
+        return self.fields[name]
+
+    def name(self, name: str) -> list:
+        """What a key reads as `name` (one of KEY_NAMES) for every op."""
+        if name not in self.names:
+            self.names[name] = self.NAMES[name](self)
+        return self.names[name]
+
+    def _chunks(self) -> list[int]:
+        return list(map(self.chunk.__getitem__, zip(self.field("pipe"), self.field("stage"))))
+
+    def _pipe_refs(self) -> list[PipeRef]:
+        return list(map([PipeRef(p.name) for p in self.pipelines].__getitem__, self.field("pipe")))
+
+    NAMES: dict[str, Callable[[_Columns], list]] = {
+        "s": lambda self: self.field("stage"), "i": lambda self: _none_as(self.field("mb"), -1),
+        "d": lambda self: self.field("device"), "c": _chunks, "kind": lambda self: self.field("kind"),
+        "pipe": _pipe_refs}
+
+
+def _key_rows(key: tuple[ast.Expr, ...], env: dict[str, Any], columns: _Columns) -> list[tuple]:
+    fns, scope, rows = key_functions(key, env), dict(env), []
+    for values in zip(*map(columns.name, KEY_NAMES)):
+        scope.update(zip(KEY_NAMES, values))
+        rows.append(tuple(fn(scope) for fn in fns))
+    return rows
+
+
+class QueueKey:
+    """A queue's key, `queue F by (i // p, s)`, for all the devices' queues it sorts: each part compiled
+    once with the params folded in, and evaluated once per distinct value of the names it reads (`i // p`
+    once per microbatch, not once per op)."""
+
+    def __init__(self, key: tuple[ast.Expr, ...], env: dict[str, Any]):
+        self.key, self.env, self.scope = key, env, dict(env)
+        self.parts: list[tuple[Callable, list[str], dict]] | None = None  # (function, names read, memo)
+
+    def columns(self, columns: _Columns) -> list[list]:
+        """The value of each key part per op."""
+        if self.parts is None:
+            constants = {k: v for k, v in self.env.items() if k not in KEY_NAMES}
+            folded = [fold_constants(expr, constants) for expr in self.key]
+            self.parts = [(compile_expr(expr), [name for name in KEY_NAMES if name in free_names(expr)], {})
+                          for expr in folded]
+        return [self._column(*part, columns) for part in self.parts]
+
+    def _column(self, fn: Callable, names: list[str], memo: dict, columns: _Columns) -> list:
+        read = list(map(columns.name, names))
+        picked = read[0] if len(read) == 1 else list(zip(*read)) if read else [()] * len(columns.ops)
+        try:
+            return list(map(memo.__getitem__, picked))  # every value met in an earlier queue
+        except KeyError:
+            pass
+        first = dict(zip(reversed(picked), reversed(range(len(picked)))))  # a representative op per value
+        for value, n in first.items():
+            if value not in memo:
+                self.scope.update(zip(names, [column[n] for column in read]))
+                memo[value] = fn(self.scope)
+        return list(map(memo.__getitem__, picked))
+
+
+@dataclass
+class Queue:
+    """The ops of one kind on one device, sorted; pops skip ops already taken by another cursor."""
+
+    ops: list[Op]
+    position: int = 0
+
+    def peek_run(self, count: int, taken: set[int]) -> list[Op]:
+        """The next `count` ops if they are all there and none is taken yet (one C-level test), else []."""
+        ops = self.ops[self.position:self.position + count]
+        return ops if len(ops) == count and taken.isdisjoint(map(id, ops)) else []
+
+    def pop(self, taken: set[int]) -> Op | None:
+        op = self.peek(taken)
+        if op is not None:
+            self.position += 1
+        return op
+
+    def peek(self, taken: set[int]) -> Op | None:
+        """The next op not taken yet (skipping the taken ones for good), or None."""
+        while self.position < len(self.ops) and id(self.ops[self.position]) in taken:
+            self.position += 1
+        return self.ops[self.position] if self.position < len(self.ops) else None

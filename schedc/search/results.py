@@ -1,0 +1,116 @@
+"""What the search hands on: a ranked configuration, a refusal and why, the walk's outcome, and the cached
+structure of an order (its ops, predecessors and activation peaks) and of a family."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..costmodel import Prediction
+from ..text import GIB
+from .space import Candidate, Request
+
+
+def op_costs(structure, table) -> list[float]:
+    """The cost of each of a structure's ops, its overlapped pairs fused as simulate fuses them."""
+    from ..simulate import fuse_costs
+    cost = [table[op.kind][op.stage] for op in structure.ops]
+    fuse_costs(structure.pairs, cost, table)
+    return cost
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A simulated candidate and its prediction (the bubble from the message-free simulation)."""
+
+    candidate: Candidate
+    prediction: Prediction
+
+    @property
+    def iteration_s(self) -> float:
+        return self.prediction.iteration_s
+
+    @property
+    def bubble(self) -> float:
+        """The bubble of the simulated step, idle over busy time (timing.bubble): what `schedc simulate`
+        prints for the same configuration (float noise below 0 shows as 0)."""
+        value = self.prediction.extra["bubble"]
+        return 0.0 if -1e-9 < value < 0 else value
+
+    def to_json(self) -> dict[str, Any]:
+        c, p = self.candidate, self.prediction
+        return {"schedule": c.schedule, "t": c.t, "p": c.p, "d": c.d, "v": c.v, "b": c.b, "m": c.m,
+                "recompute": c.recompute, "tflops_per_gpu": round(p.tflops_per_gpu, 3),
+                "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
+                "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
+                "critical_device": p.extra["critical_device"]}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a candidate was not ranked: a requirement or compile error, a deadlock, or its memory (the
+    bytes of its largest device) over the limit."""
+
+    message: str
+    memory: float | None = None
+    layers: bool = False   # the schedule's stages do not divide the layers: outside the space
+    fault: bool = False    # the order itself cannot run (it deadlocks): at every size, in any memory
+    bound: bool = False    # memory is a lower bound (the state alone), not the candidate's figure
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The search's answer: the ranked candidates (best first; with --per, the K best of each group,
+    best first all together), one line per
+    family (schedule, t, p) none of whose candidates was simulated, and the counts."""
+
+    request: Request
+    ranked: tuple[Ranked, ...]
+    pruned: tuple[str, ...]
+    counts: dict[str, int]
+    space: str
+    seconds: float
+
+
+@dataclass
+class Family:
+    """What happened to the candidates of one (schedule, t, p): for the lines of pruned families."""
+
+    simulated: int = 0
+    over: tuple[float, str] | None = None         # least memory over the limit: bytes, the line
+    bound: tuple[float, float] | None = None      # least bound of a pruned candidate, the threshold then
+    bounded: int = 0
+    refused: str | None = None                    # a requirement or compile error of the schedule
+    fault: str | None = None                      # its order deadlocks: said before any memory figure
+    layers: str | None = None                     # its stages do not divide the layers (outside the space)
+
+    def note_bound(self, bound: float, threshold: float) -> None:
+        self.bounded += 1
+        self.bound = min(self.bound or (math.inf, 0.0), (bound, threshold))
+
+
+@dataclass
+class Structure:
+    """An order compiled once per (schedule, p, v, m): the schedule (default costs), its ops with their
+    predecessors (simulate.predecessors), devices, activation peaks; or why it cannot run."""
+
+    schedule: Any = None
+    ops: list = field(default_factory=list)
+    preds: list = field(default_factory=list)
+    firsts: list = field(default_factory=list)
+    device: list = field(default_factory=list)
+    pairs: list = field(default_factory=list)     # overlapped pairs: (index, forward's stage), simulate.fuse_pairs
+    peaks: tuple[float, ...] = ()
+    error: str | None = None
+
+
+class Kept:
+    """A heap entry ordered worst first: (iteration_s, candidate), the larger key on top."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def __lt__(self, other: Kept) -> bool:
+        return self.key > other.key

@@ -1,0 +1,199 @@
+"""What tune searches: the request (the command line's model, cluster, GPUs, batch and limits), the
+library schedules it can set, and the candidates: t, p, d, v, b, m and recomputation per schedule."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..diagnostics import usage
+from ..layout import RECOMPUTE
+
+
+
+
+SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
+
+
+GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `schedc tune` was asked: files, sizes, limit and the space's restrictions."""
+
+    model: str
+    cluster: str
+    gpus: int
+    global_batch: int
+    schedules: tuple[str, ...] = ()          # () -> the library's schedules the search can set
+    memory_limit: float | None = None        # bytes per GPU; None -> the cluster's GPU memory
+    recompute: tuple[str, ...] = RECOMPUTE
+    tp: tuple[int, ...] | None = None        # restrict t (and p) to these values
+    pp: tuple[int, ...] | None = None
+    top: int = 10
+    per: str | None = None                   # one of GROUPS: the top K of each group, exactly
+    exhaustive: bool = False
+    sequence_parallel: bool = False
+    overlap_grad_reduce: bool = False
+    blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
+    microbatch: tuple[int, ...] | None = None  # restrict b to these values
+    distributed_optimizer: bool = False      # optimizer state sharded over data parallelism (ZeRO stage 1)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Candidate:
+    """One point of the space; m = B / (b d) microbatches per pipeline."""
+
+    schedule: str
+    t: int
+    p: int
+    d: int
+    v: int | None
+    b: int
+    m: int
+    recompute: str
+
+    def params(self) -> dict[str, str]:
+        out = {"p": str(self.p), "m": str(self.m)}
+        if self.v is not None:
+            out["v"] = str(self.v)
+        return out
+
+    def structure_key(self) -> tuple:
+        return (self.schedule, self.p, self.v, self.m)
+
+    def describe(self) -> str:
+        v = f" v={self.v}" if self.v is not None else ""
+        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v} b={self.b} recompute {self.recompute}"
+
+    def group(self, per: str | None) -> Any:
+        return None if per is None else getattr(self, per)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A schedule the search may set: its parsed declaration and what decides how it is evaluated."""
+
+    name: str     # as given: a library name or a path
+    decl: Any
+    source: Any
+    params: tuple[str, ...]
+    split: bool
+    plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
+    mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
+
+    @property
+    def chunked(self) -> bool:
+        return "v" in self.params
+
+
+def library_entries(names: Iterable[str]) -> list[Entry]:
+    """The schedules named (library names or files); () -> every library schedule whose params the
+    search sets (p and m, optionally v) and that declares no tasks. Unknown names are a usage error."""
+    from ..frontend import ast
+    from ..frontend.library import library_files, resolve
+    from ..driver import load_declaration, read_source
+    names = list(names)
+    default = not names
+    if default:
+        names = [path.stem for path in library_files()]
+    entries, seen = [], {}
+    for name in names:
+        path = resolve(name)
+        if not path.exists() or path.suffix != ".sched":
+            known = ", ".join(p.stem for p in library_files())
+            raise usage(f"--schedules: no library schedule or .sched file named {name!r} (library: {known})")
+        if path.resolve() in seen:  # one schedule named twice (`1f1b` and its path) is searched once
+            continue
+        seen[path.resolve()] = name
+        source = read_source(path)
+        decl = load_declaration(source)  # as every compile loads it: extends and use resolved
+        params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
+        tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
+        if default and (tasks or not set(params) <= set(SEARCHED)):
+            continue
+        if "p" not in params or "m" not in params:
+            raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
+                        f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
+        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
+        split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
+        mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
+        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed))
+    return entries
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (trial division up to its square root)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
+
+
+_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
+
+
+def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
+    """The one layout rule: (t, p, d) with t p d = n, t dividing the model's sizes, d the batch; t and p
+    among tp and pp when given."""
+    return [(t, p, n // (t * p)) for t in divisors(n) if not any(getattr(model, k) % t for k in _SIZES)
+            and (tp is None or t in tp) for p in divisors(n // t)
+            if batch % (n // (t * p)) == 0 and (pp is None or p in pp)]
+
+
+def layouts(model, request: Request) -> list[tuple[int, int, int]]:
+    """(t, p, d) with t p d = N: t divides the heads (and hidden, ffn, vocab), d the global batch.
+    None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
+    without the other restriction, else the two together."""
+    n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
+    out = _all_layouts(model, n, batch, tp, pp)
+    if out:
+        return out
+    reasons = []
+    for t in tp or ():
+        bad = [k for k in _SIZES if getattr(model, k) % t]
+        if bad:
+            reasons.append(f"--tp {t} does not divide the model's {bad[0]} ({getattr(model, bad[0]):,})")
+        elif not _all_layouts(model, n, batch, (t,)):
+            reasons.append(f"--tp {t}: no {t} x p x d = {n} GPUs with d dividing the global batch {batch}")
+    for p in pp or ():
+        if not _all_layouts(model, n, batch, None, (p,)):
+            reasons.append(f"--pp {p}: no t x {p} x d = {n} GPUs with d dividing the global batch {batch}")
+    if tp is not None and pp is not None and len(reasons) < len(tp) + len(pp):
+        reasons.append(f"--tp {','.join(map(str, tp))} with --pp {','.join(map(str, pp))}: no t x p x d = {n} "
+                       f"GPUs among them with d dividing the global batch {batch}")
+    if reasons:
+        raise usage(f"no layout of {n} GPUs: " + "; ".join(reasons))
+    raise usage(f"no layout of {n} GPUs: t x p x d = {n} with t dividing the {model.heads} heads "
+                f"(and hidden, ffn, vocab) and d dividing the global batch {batch}")
+
+
+def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]:
+    """Every point of the space, in a fixed order (the stages' fit to the layers is checked later)."""
+    out = []
+    for t, p, d in layouts(model, request):
+        per_replica = request.global_batch // d
+        for entry in entries:
+            chunks = [v for v in divisors(model.layers // p) if v >= 2] if entry.chunked and model.layers % p == 0 \
+                else [None]
+            for v in ([None] if not entry.chunked else chunks):
+                for b in divisors(per_replica):
+                    if request.microbatch is not None and b not in request.microbatch:
+                        continue
+                    for recompute in request.recompute:
+                        out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
+    if not out and request.microbatch is not None:
+        shares = sorted({request.global_batch // d for _, _, d in layouts(model, request)})
+        raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
+                    f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
+    return out
+
+
+def distinct_figures(a: float, b: float) -> tuple[str, str]:
+    """a and b to 4 significant digits, or to as many more as tell them apart (at most 12)."""
+    digits = 4
+    while digits < 12 and f"{a:.{digits}g}" == f"{b:.{digits}g}":
+        digits += 1
+    return f"{a:.{digits}g}", f"{b:.{digits}g}"
+
+
