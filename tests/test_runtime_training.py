@@ -166,3 +166,24 @@ def test_run_finds_user_code_in_the_current_directory(plans, tmp_path, monkeypat
                                                           "--seq", "16", "--steps", "1", "--quiet", "--reference",
                                                           "--loss", "here_loss:loss"]) == 0
     assert str(tmp_path) not in sys.path
+
+
+TENSOR_CASES = {"tp_clip": ["--clip-grad", "0.05"], "tp_selective": ["--recompute", "selective"],
+                "tp_full": ["--recompute", "full"],
+                "sp_selective": ["--sequence-parallel", "--recompute", "selective", "--clip-grad", "0.05"]}
+
+
+def test_clipping_and_recomputation_under_tensor_parallelism(plans, tmp_path):  # noqa: F811
+    """One 4-rank launch, 1F1B at t = 2, p = 2: the global norm counts a split weight's shards each once
+    and a replicated weight once (not on every tensor rank), and the tensor-parallel block's attention
+    core is recomputed like the whole one's: the reference's loss and gradients (rel <= 1e-5)."""
+    plan = plans("1f1b", p=2, m=4)
+    jobs = [(plan, [*FIVE, "--tp", "2", *options, "--steps", "1", "--quiet", "--save-grads", str(tmp_path / name)])
+            for name, options in TENSOR_CASES.items()]
+    run = launch_plans(jobs, 4, tmp_path)
+    assert run.returncode == 0, run.stderr
+    for name, options in TENSOR_CASES.items():
+        reference = [o for o in options if o not in ("--sequence-parallel", "--recompute", "selective", "full")]
+        want, _ = _reference(tmp_path, name, plan, [*FIVE, *reference, "--steps", "1"])
+        loss, grads = _errors(_dump(tmp_path / name), want)
+        assert loss <= TOLERANCE and grads <= TOLERANCE, (name, loss, grads)
