@@ -161,3 +161,16 @@ def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, t
         assert [rank["peak_states_on_rank"] for rank in memory["ranks"]] == simulated, name
         for rank, peak in zip(memory["ranks"], simulated):
             assert max(rank["peak_microbatches_in_flight"].values()) <= peak, name
+
+
+def test_selective_recomputation_needs_an_attention_core():
+    """A user model's layers without a `recompute_core` module: selective is refused naming the stage,
+    full wraps them whatever they are."""
+    from schedc.runtime.model import ModelError, Stage
+    from schedc.runtime.train import _recompute
+    pieces = [("embed", torch.nn.Embedding(8, 4)), ("mlp", torch.nn.Linear(4, 4)), ("out", torch.nn.Linear(4, 8))]
+    with pytest.raises(ModelError, match="stage 0's layers name none"):
+        _recompute({0: Stage(pieces)}, 1, "selective")
+    stage = Stage(pieces)
+    _recompute({0: stage}, 1, "full")
+    assert stage.recomputed_pieces == {1}

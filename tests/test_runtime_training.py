@@ -145,6 +145,7 @@ def _assert_options_mattered(plans, tmp: Path) -> None:  # noqa: F811
     (["--data", "test_runtime_training:nothing"], "--data 'test_runtime_training:nothing': module "),
     (["--loss", "test_runtime_training"], "--loss 'test_runtime_training': expected 'package.module:function'"),
     (["--loss", "test_runtime_training:FIVE"], "--loss 'test_runtime_training:FIVE': FIVE is not a function"),
+    (["--loss", "test_runtime_training:smoothed_loss", "--tp", "2"], "give one of --loss and --tp"),
 ])
 def test_run_refuses_a_bad_split_or_user_code_before_torchrun(plans, args, message):  # noqa: F811
     from schedc.cli import main

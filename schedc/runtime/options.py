@@ -305,5 +305,9 @@ def _check_tensor_parallel(opts: argparse.Namespace) -> None:
         raise OptionError("--sequence-parallel needs --tp 2 or more")
     if opts.tp > 1 and not opts.model and tp_problem(cfg, opts.tp):
         raise OptionError(tp_problem(cfg, opts.tp))
+    if opts.tp > 1 and not opts.model and opts.loss:
+        raise OptionError("--loss takes a microbatch's whole logits, and under --tp the GPT's head keeps them split "
+                          "over the tensor ranks (its loss is the vocabulary-parallel cross entropy): give one of "
+                          "--loss and --tp")
     if opts.sequence_parallel and cfg.seq % opts.tp:
         raise OptionError(f"--sequence-parallel: --tp {opts.tp} does not divide the sequence length {cfg.seq}")
