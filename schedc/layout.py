@@ -101,3 +101,51 @@ class ClusterRequest:
     model: str
     cluster: str
     layout: Layout
+
+
+class SplitError(ValueError):
+    """A split of the model's layers over the pipeline's stages that cannot be (the message names the
+    option to change)."""
+
+
+def split_layers(layers: int, stages: int, explicit: tuple[int, ...] | None = None,
+                 embedding: bool = False, loss: bool = False) -> tuple[int, ...]:
+    """Transformer layers per pipeline stage: `explicit` as given (--stage-layers: one count per stage,
+    each at least one, summing to `layers`), else as even as can be, earlier stages taking the
+    remainder, the embedding (on the first stage) and the loss (on the last) each counted as a layer
+    when `embedding` / `loss` are set (Megatron-LM's --account-for-embedding-in-pipeline-split and
+    --account-for-loss-in-pipeline-split): the end stages then hold one layer fewer, down to none.
+
+    >>> split_layers(8, 3), split_layers(8, 3, (2, 3, 3)), split_layers(6, 4, embedding=True, loss=True)
+    ((3, 3, 2), (2, 3, 3), (1, 2, 2, 1))
+    """
+    if explicit is not None:
+        return _explicit_split(layers, stages, explicit, embedding or loss)
+    if stages == 1:
+        return (layers,)
+    units = layers + embedding + loss
+    if units < stages or (not (embedding or loss) and layers < stages):
+        ends = " with the embedding and the loss counted as layers" if embedding and loss else \
+            " with the embedding counted as a layer" if embedding else " with the loss counted as a layer" if loss else ""
+        raise SplitError(f"the plan has {stages} model stages but the model has {layers} layers to split{ends}; "
+                         f"every stage needs at least one (use --layers {stages - embedding - loss} or more)")
+    size, extra = divmod(units, stages)
+    counts = [size + (s < extra) for s in range(stages)]
+    counts[0] -= embedding
+    counts[-1] -= loss  # at least 0: every stage had a unit at least
+    return tuple(counts)
+
+
+def _explicit_split(layers: int, stages: int, explicit: tuple[int, ...], accounted: bool) -> tuple[int, ...]:
+    given = ",".join(map(str, explicit))
+    if accounted:
+        raise SplitError(f"--stage-layers {given} gives every stage's layers; --account-for-embedding and "
+                         "--account-for-loss only change the even split: give one or the other")
+    if len(explicit) != stages:
+        raise SplitError(f"--stage-layers {given} names {len(explicit)} stages; the plan has {stages}")
+    if min(explicit) < 1:
+        empty = [s for s, n in enumerate(explicit) if n < 1]
+        raise SplitError(f"--stage-layers {given}: stage {empty[0]} has no layer; every stage needs at least one")
+    if sum(explicit) != layers:
+        raise SplitError(f"--stage-layers {given} sums to {sum(explicit)} layers; the model has {layers} (--layers)")
+    return tuple(explicit)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..activations import Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from ..layout import Layout
 from .hardware import stage_layers, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM, STEP_GRADIENT_BYTES_PER_PARAM, Setting
@@ -32,16 +33,10 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     """Activation bytes one layer keeps per microbatch until its backward (Korthikanti et al. 2022,
     table 2, at 16 bits): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t with
     sequence parallelism too; selective recomputation drops the 5as/h term; full recomputation keeps
-    only the layer's input, 2sbh (2sbh/t with sequence parallelism)."""
-    s, b, h, a, t = model.seq, layout.microbatch_size, model.hidden, model.heads, layout.tp
-    sbh = s * b * h * model.width / 2
-    attention = 5 * a * s / (h * t)
-    if layout.recompute == "full":
-        return 2 * sbh / (t if layout.sequence_parallel else 1)
-    keep = attention if layout.recompute == "none" else 0.0
-    if layout.sequence_parallel:
-        return sbh * (34 / t + keep)
-    return sbh * (10 + 24 / t + keep)
+    only the layer's input, 2sbh (2sbh/t with sequence parallelism). schedc/activations.py's table
+    with Megatron's facts, at f = 4h as Korthikanti's table has it."""
+    sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
+    return layer_bytes(sizes, megatron(model.width), layout.tp, layout.sequence_parallel, layout.recompute)
 
 
 def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
