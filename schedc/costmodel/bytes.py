@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..activations import Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from ..layout import Layout
 from ..memory import timed_model
@@ -34,24 +35,12 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     """Activation bytes one layer keeps per microbatch until its backward (Korthikanti et al. 2022,
     table 2, at 16 bits): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t with
     sequence parallelism too; selective recomputation drops the 5as/h term; full recomputation keeps
-    only the layer's input, 2sbh (2sbh/t with sequence parallelism). A flash attention kernel (the
-    model's `attention`) holds no scores either, but its log-sum-exp (flash_kernel_bytes)."""
-    s, b, h, a, t = model.seq, layout.microbatch_size, model.hidden, model.heads, layout.tp
-    sbh = s * b * h * model.width / 2
-    attention = 5 * a * s / (h * t)
-    if layout.recompute == "full":
-        return 2 * sbh / (t if layout.sequence_parallel else 1)
-    keep = attention if layout.recompute == "none" and not model.flash else 0.0
-    kernel = flash_kernel_bytes(model, layout)
-    if layout.sequence_parallel:
-        return sbh * (34 / t + keep) + kernel
-    return sbh * (10 + 24 / t + keep) + kernel
-
-
-def flash_kernel_bytes(model: ModelSpec, layout: Layout) -> float:
-    """What a flash attention kernel keeps instead of the s x s scores (Korthikanti's 5as/h term): one
-    fp32 log-sum-exp per head and token, 4·b·(a/t)·s bytes; nothing for the standard kernel."""
-    return 4 * layout.microbatch_size * model.heads / layout.tp * model.seq if model.flash else 0.0
+    only the layer's input, 2sbh (2sbh/t with sequence parallelism). schedc/activations.py's table
+    with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
+    model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores)."""
+    sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
+    facts = replace(megatron(model.width), scores=not model.flash)
+    return layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
 
 
 def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:

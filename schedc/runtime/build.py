@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -10,13 +12,20 @@ import torch
 from schedc.plan import Plan
 
 from .data import Dataset, load_dataset
-from .model import build_pieces, load_builder, partition
+from .model import ModelError, build_pieces, lm_loss, load_builder, partition
+from .plugins import load_function
+
+
+def model_pieces(opts) -> list:
+    """All pieces of the model, built from --seed."""
+    return build_pieces(load_builder(opts.model), opts.model_config, opts.seed)
 
 
 def model_runs(opts, stages: int) -> tuple[list, list[list]]:
-    """All pieces of the model (built from --seed) and their partition into `stages` runs."""
-    pieces = build_pieces(load_builder(opts.model), opts.model_config, opts.seed)
-    return pieces, partition(pieces, stages)
+    """All pieces of the model and their partition into `stages` runs (--stage-layers,
+    --account-for-embedding, --account-for-loss)."""
+    pieces = model_pieces(opts)
+    return pieces, partition(pieces, stages, opts.stage_layers, opts.account_for_embedding, opts.account_for_loss)
 
 
 def make_optimizer(params: list, opts) -> torch.optim.Optimizer:
@@ -27,6 +36,49 @@ def make_optimizer(params: list, opts) -> torch.optim.Optimizer:
         return kind(params, lr=opts.lr, fused=True)
     except (RuntimeError, TypeError, ValueError):
         return kind(params, lr=opts.lr)
+
+
+def learning_rate(opts, step: int) -> float:
+    """--lr at `step` (0 the first): linear warm-up over --lr-warmup-steps W, reaching --lr at step
+    W - 1, then a cosine from there down to 0 at step --lr-decay-steps (no decay without it).
+
+    >>> from types import SimpleNamespace
+    >>> o = SimpleNamespace(lr=1.0, lr_warmup_steps=2, lr_decay_steps=4)
+    >>> [round(learning_rate(o, k), 6) for k in range(6)]
+    [0.5, 1.0, 0.75, 0.25, 0.0, 0.0]
+    """
+    warmup, decay = opts.lr_warmup_steps, opts.lr_decay_steps
+    if step < warmup:
+        return opts.lr * (step + 1) / warmup
+    if decay is None:
+        return opts.lr
+    peak = max(warmup - 1, 0)
+    done = min(1.0, (step - peak) / (decay - peak))
+    return opts.lr * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, opts, step: int) -> None:
+    if opts.lr_warmup_steps or opts.lr_decay_steps is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(opts, step)
+
+
+def clip_coefficient(square_sum: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What the gradients are multiplied by to bring their global norm to `max_norm` at most (torch's
+    clip_grad_norm_ rule: max_norm / (norm + 1e-6), at most 1)."""
+    return (max_norm / (square_sum.sqrt() + 1e-6)).clamp(max=1.0)
+
+
+def autocast(opts, device: torch.device):
+    """The forward's (and a recomputation's) autocast context: bf16 with --dtype bf16."""
+    if opts.dtype == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def load_loss(opts):
+    """--loss 'pkg.mod:fn', else the cross entropy over the tokens."""
+    return lm_loss if opts.loss is None else load_function(opts.loss, "--loss", ModelError)
 
 
 def make_dataset(opts) -> Dataset:
@@ -69,12 +121,13 @@ def write_sent(directory: str, sent: list[int]) -> None:
     tmp.replace(out / "sent.json")
 
 
-def log_step(opts, step: int, loss: float, seconds: float, tokens: int) -> None:
-    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step)."""
+def log_step(opts, step: int, loss: float, seconds: float, tokens: int, extra: dict | None = None) -> None:
+    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step), with
+    `extra` fields (the pipelined run's peak saved bytes)."""
     if not opts.quiet:
         print(step_line(step, loss, seconds, tokens), flush=True)
     if opts.metrics_out:
-        record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds, **(extra or {})}
         with open(opts.metrics_out, "a" if step > opts.first_step else "w") as handle:
             handle.write(json.dumps(record) + "\n")
 

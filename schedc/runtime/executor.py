@@ -15,6 +15,7 @@ import re
 import signal
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,11 +25,13 @@ import torch.distributed as dist
 from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
+from .build import clip_coefficient
 from .lifetimes import freed_by, plan_lifetimes
+from .memory import SavedBytes
 from .model import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
 from .tasks import setup_tasks, task_handler
-from .tensor_parallel import Messages, TensorGroup, sync_partial_gradients
+from .tensor_parallel import Messages, Split, TensorGroup, global_splits, sync_partial_gradients
 from .world import World
 
 try:  # input-gradient / weight-gradient halves of backward, as torch's zero-bubble schedules split it
@@ -108,6 +111,11 @@ class Executor:
         self.tp = TensorGroup()  # this rank's tensor-parallel group (--tp)
         self.messages = Messages(self.tp)  # how boundary tensors cross between stages under --tp
         self.sent_bytes = 0  # pipeline message bytes this rank has sent (--save-grads writes the first step's)
+        self.meter: SavedBytes | None = None  # measures saved activations when set (runtime/memory.py)
+        self.autocast: Callable = nullcontext  # --dtype bf16: the forward's autocast
+        self.clip_grad: float | None = None  # --clip-grad: the global norm the gradients are brought to
+        self.clip_stages: list[int] = []  # the stages whose gradients this rank counts in the norm (once each)
+        self.set_lr: Callable[[int], None] | None = None  # --lr-warmup-steps, --lr-decay-steps
         setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -135,6 +143,8 @@ class Executor:
         fault_at = len(program) // 2 if self.fault and self.fault[0] == step else -1
         clock = time.perf_counter_ns
         events = self.events if step < self.record_until else []
+        if self.meter is not None:
+            self.meter.new_step(batch)
         for index, (handler, instr, freed) in enumerate(program):
             if index == fault_at:
                 self._inject_fault(instr)
@@ -147,6 +157,8 @@ class Executor:
                                      f"{_describe(exc)}") from exc
             if freed is not None:
                 self.saved.pop(freed, None)
+                if self.meter is not None:
+                    self.meter.release(freed)
             if self.device_timing:
                 torch.cuda.synchronize()
             # a wait ends where the compute begins: work before the receive (a descheduled rank's) is
@@ -188,6 +200,14 @@ class Executor:
         return value
 
     def forward(self, instr: Instr) -> None:
+        """F, under the saved-bytes meter when there is one."""
+        with self.autocast():
+            if self.meter is None:
+                return self._forward(instr)
+            with self.meter.recording((instr.stage, instr.mb)):
+                self._forward(instr)
+
+    def _forward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
         head, start = None, 0
         if s == 0:
@@ -331,13 +351,34 @@ class Executor:
             ranks = self.world.dp_ranks()
             for stage in self.stages.values():
                 self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
+        if self.clip_grad is not None:
+            self._clip()
         if self.before_update is not None:
             self.before_update(self)
+        if self.set_lr is not None:
+            self.set_lr(self.step_no)
         self.optimizer.step()
         if self.shards is not None:
             self.shards.gather()
         for stage in self.stages.values():
             stage.flat_grad.zero_()
+
+    def _clip(self) -> None:
+        """--clip-grad: the global norm over every stage once (its replicas and data-parallel copies hold
+        the same synced gradients; under --tp a split weight's shards each once, a replicated one on
+        tensor rank 0), summed over all ranks; every gradient scaled by clip_coefficient."""
+        square = torch.zeros((), dtype=torch.float32, device=self.world.device)
+        for s in self.clip_stages:
+            if self.tp.size == 1:
+                square += self.stages[s].flat_grad.float().square().sum()
+                continue
+            for _, param, split in global_splits(self.stages[s]):
+                if param.grad is not None and (isinstance(split, Split) or self.tp.rank == 0):
+                    square += param.grad.float().square().sum()
+        self._all_reduce(square, None, list(range(self.world.size)))
+        factor = clip_coefficient(square, self.clip_grad)
+        for stage in self.stages.values():
+            stage.flat_grad.mul_(factor.to(stage.flat_grad.dtype))
 
     def _check_drained(self) -> None:
         carried = self.lifetimes.carried[self.step_no % len(self.programs)]

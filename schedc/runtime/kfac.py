@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from schedc.plan import Instr
+from schedc.plan import Instr, Opcode
 
 from .tasks import TaskError, register_setup, register_task
 
@@ -119,6 +119,8 @@ class Kfac:
     def _capturing(self, kind: str, s: int) -> int | None:
         instr = self.executor.current
         if instr is None or instr.stage != s or self.executor.step_no % self.cycle:
+            return None
+        if instr.op != Opcode.F:  # a backward's recomputation (--recompute) runs the forward hooks again
             return None
         return instr.mb if (kind, s, instr.mb) in self.wanted else None
 

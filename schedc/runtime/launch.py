@@ -5,10 +5,12 @@
 # failed rank as one line instead of torchrun's traceback.
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
@@ -83,7 +85,8 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
         print(warning, file=sys.stderr, flush=True)
     if opts.reference:
         from .__main__ import main as run_here
-        return run_here([str(plan_path), *options])
+        with user_modules_importable():
+            return run_here([str(plan_path), *options])
     return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
 
 
@@ -109,6 +112,7 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         opts = parse_options([str(plan_path), *options])
     except OptionError as exc:
         raise LaunchError(exc) from None
+    check_user_code(opts)
     try:
         plan = load_plan(plan_path)
     except PlanError as exc:
@@ -145,6 +149,34 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     except (PlanError, CheckpointError, ValueError) as exc:
         raise LaunchError(f"{plan_path}: {exc}" if isinstance(exc, PlanError) else exc) from None
     return opts, plan
+
+
+USER_CODE = (("model", "--model"), ("data", "--data"), ("loss", "--loss"))
+
+
+def check_user_code(opts) -> None:
+    """--model, --data and --loss import (modules in the current directory too, as the ranks' `python -m
+    schedc.runtime` finds them) and name a function; LaunchError naming the option otherwise."""
+    from .plugins import load_function
+    for attribute, option in USER_CODE:
+        spec = getattr(opts, attribute)
+        if spec is not None:
+            with user_modules_importable():
+                load_function(spec, option, LaunchError)
+
+
+@contextmanager
+def user_modules_importable():
+    """The current directory on sys.path while the block runs, as `python -m` puts it there."""
+    here = os.getcwd()
+    added = here not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
 
 
 def _check_fault(opts, world: int) -> None:
@@ -194,7 +226,9 @@ def _check_memory(plan, opts, processes: int) -> None:
         return _check_fits(processes * PROCESS_BYTES, f"{processes} processes")
     from .model import partition_problem
     from .options import gpt_bytes
-    problem = None if opts.reference else partition_problem(opts.model_config.layers, plan.meta["stages"])
+    problem = None if opts.reference else partition_problem(opts.model_config.layers, plan.meta["stages"],
+                                                            opts.stage_layers, opts.account_for_embedding,
+                                                            opts.account_for_loss)
     if problem:
         raise LaunchError(problem)
     microbatches = plan.meta["microbatches"]  # an integer >= 1: the plan was checked on loading
@@ -208,7 +242,6 @@ def _check_memory(plan, opts, processes: int) -> None:
 
 def _check_fits(need: float, what: str) -> None:
     """LaunchError when `need` bytes are more than this machine's memory."""
-    import os
     try:
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):

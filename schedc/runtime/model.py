@@ -16,7 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from schedc.layout import SplitError, split_layers
+
 from .plugins import load_function
+from .recompute import recomputed
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
                               declare)
 
@@ -51,8 +54,16 @@ class Embed(nn.Module):
         return ParallelEmbed(self, tp)
 
 
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of [b, heads, t, d] queries, keys and values: the score product, softmax and
+    value product (what selective recomputation repeats)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention and an MLP, each with a residual."""
+
+    recompute_core = False  # --recompute selective: the attention core is a recomputed region
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -68,7 +79,7 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = recomputed(self.recompute_core, attention_core, q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,6 +122,8 @@ class ParallelEmbed(nn.Module):
 
 
 class ParallelBlock(nn.Module):
+    recompute_core = False  # --recompute selective, as Block's
+
     def __init__(self, full: Block, tp: TensorGroup):
         super().__init__()
         self.heads = full.heads // tp.size
@@ -124,7 +137,7 @@ class ParallelBlock(nn.Module):
         qkv = self.qkv(x)  # [b, s, 3h/t]: this rank's heads
         b, t, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in qkv.split(c, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = recomputed(self.recompute_core, attention_core, q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     forward = Block.forward
@@ -186,7 +199,10 @@ def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
 
 
 class Stage(nn.Module):
-    """Consecutive pieces run in order; parameters keep the unpartitioned model's names."""
+    """Consecutive pieces run in order; parameters keep the unpartitioned model's names. The pieces at
+    `recomputed_pieces` (--recompute full: the layers) run as recomputed regions (runtime/recompute.py)."""
+
+    recomputed_pieces: frozenset[int] = frozenset()
 
     def __init__(self, pieces: list[tuple[str, nn.Module]]):
         super().__init__()
@@ -196,8 +212,8 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The pieces from `start` on (the executor runs stage 0's first piece apart where its backward
         is split)."""
-        for piece in self.pieces[start:]:
-            x = piece(x)
+        for index in range(start, len(self.pieces)):
+            x = recomputed(index in self.recomputed_pieces, self.pieces[index], x)
         return x
 
     def global_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -220,43 +236,52 @@ def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[s
     return pieces
 
 
-def partition_problem(layers: int, stages: int) -> str | None:
+def partition_problem(layers: int, stages: int, explicit: tuple[int, ...] | None = None,
+                      embedding: bool = False, loss: bool = False) -> str | None:
     """Why a model of `layers` middle pieces cannot be split over `stages` stages (None when it can):
     checked by partition and, for the default GPT, by `schedc run` before torchrun starts."""
-    if stages > 1 and layers < stages:
-        return (f"the plan has {stages} model stages but the model has {layers} layers to split; every stage "
-                f"needs at least one (use --layers {stages} or more)")
+    try:
+        split_layers(layers, stages, explicit, embedding, loss)
+    except SplitError as exc:
+        return str(exc)
     return None
 
 
-def partition(pieces: list, stages: int) -> list[list]:
+def partition(pieces: list, stages: int, explicit: tuple[int, ...] | None = None, embedding: bool = False,
+              loss: bool = False) -> list[list]:
     """Split pieces into `stages` runs: the first piece on stage 0, the last on the last stage, the ones
-    in between as evenly as possible (earlier stages take the remainder).
+    in between by schedc.layout.split_layers (as evenly as possible, earlier stages taking the
+    remainder; or `explicit` counts; the end pieces counted as layers with `embedding` / `loss`).
 
     >>> partition(['e', 'b0', 'b1', 'b2', 'h'], 2)
     [['e', 'b0', 'b1'], ['b2', 'h']]
+    >>> partition(['e', 'b0', 'b1', 'b2', 'h'], 2, embedding=True)
+    [['e', 'b0'], ['b1', 'b2', 'h']]
     """
     middle = pieces[1:-1]
+    try:
+        counts = split_layers(len(middle), stages, explicit, embedding, loss)
+    except SplitError as exc:
+        raise ModelError(str(exc)) from None
     if stages == 1:
         return [list(pieces)]
-    problem = partition_problem(len(middle), stages)
-    if problem:
-        raise ModelError(problem)
-    size, extra = divmod(len(middle), stages)
     runs, start = [], 0
-    for s in range(stages):
-        end = start + size + (s < extra)
-        runs.append(list(middle[start:end]))
-        start = end
+    for count in counts:
+        runs.append(list(middle[start:start + count]))
+        start += count
     runs[0].insert(0, pieces[0])
     runs[-1].append(pieces[-1])
     return runs
 
 
-def boundary_shapes(pieces: list[tuple[str, nn.Module]], runs: list[list], cfg: ModelConfig
-                    ) -> list[tuple[torch.Size, torch.dtype]]:
+def boundary_shapes(pieces: list[tuple[str, nn.Module]], runs: list[list], cfg: ModelConfig,
+                    bf16: bool = False) -> list[tuple[torch.Size, torch.dtype]]:
     """Shape and dtype of each stage's output for one microbatch: found on the meta device, or by a
-    real forward on CPU where a piece cannot run on meta."""
+    real forward on CPU where a piece cannot run on meta, or (bf16) under bf16 autocast on CPU, where
+    the dtypes are autocast's."""
+    if bf16:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _trace_shapes(runs, cfg, "cpu")
     try:
         return _trace_shapes(runs, cfg, "meta")
     except (NotImplementedError, RuntimeError):

@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import fields
 
 from .model import ModelConfig, gpt_problem, tp_problem
+from .recompute import MODES as RECOMPUTE_MODES
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -58,6 +59,16 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--vocab", type=int, help="vocabulary size, >= 256 for byte text (default 256)")
     group.add_argument("--mb-size", dest="mb_size", type=int,
                        help="sequences per microbatch (default 4)")
+    group.add_argument("--stage-layers", metavar="N,N,...", type=_layer_counts,
+                       help="layers of each pipeline stage, e.g. 2,3,3 (one count a stage, each at least "
+                            "one, summing to --layers; default: as even as can be, earlier stages taking "
+                            "the remainder)")
+    group.add_argument("--account-for-embedding", action="store_true",
+                       help="count the embedding as a layer when splitting the layers evenly (Megatron-LM's "
+                            "--account-for-embedding-in-pipeline-split): the first stage holds one fewer")
+    group.add_argument("--account-for-loss", action="store_true",
+                       help="count the loss as a layer when splitting the layers evenly (Megatron-LM's "
+                            "--account-for-loss-in-pipeline-split): the last stage holds one fewer")
 
 
 def _training_options(group: argparse._ArgumentGroup) -> None:
@@ -70,6 +81,20 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     group.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     group.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    group.add_argument("--lr-warmup-steps", type=int, default=0, metavar="N",
+                       help="raise the learning rate linearly over the first N steps, to --lr at step N-1")
+    group.add_argument("--lr-decay-steps", type=int, metavar="N",
+                       help="after the warm-up, decay the learning rate to 0 along a cosine, reaching it at "
+                            "step N (counted from the first, warm-up included; default: no decay)")
+    group.add_argument("--clip-grad", type=float, metavar="NORM",
+                       help="scale the gradients down to this global norm (over every stage of every "
+                            "pipeline and data-parallel rank) where it is larger")
+    group.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                       help="bf16: mixed precision, the forward and backward under bf16 autocast with fp32 "
+                            "weights, gradients and optimizer state (default fp32)")
+    group.add_argument("--loss", metavar="PKG.MOD:FN",
+                       help="user loss: FN(logits, targets) returns a microbatch's mean loss (default: "
+                            "cross entropy over the tokens)")
     group.add_argument("--dp", type=int, default=1,
                        help="data-parallel replicas of the whole pipeline (world = devices x dp)")
     group.add_argument("--tp", type=int, default=1, metavar="T",
@@ -84,6 +109,10 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--distributed-optimizer", action="store_true",
                        help="with --dp > 1, each data-parallel rank keeps and steps the optimizer state of "
                             "1/dp of the weights, then all-gathers them (ZeRO stage 1)")
+    group.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
+                       help="activation recomputation: full recomputes each layer in its backward, selective "
+                            "only the attention core (score product, softmax, value product), none keeps "
+                            "everything (default none)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
     group.add_argument("--threads", type=int, metavar="N",
@@ -163,6 +192,14 @@ def gpt_bytes(cfg: ModelConfig, microbatches: int) -> float:
         return float("inf")
 
 
+def _layer_counts(text: str) -> tuple[int, ...]:
+    """--stage-layers 2,3,3."""
+    parts = text.split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"expected layer counts separated by commas, e.g. 2,3,3; got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = build_parser().parse_args(argv)
     opts.model_config = model_config(opts)
@@ -228,6 +265,13 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError(f"--timeout must be a finite number of seconds > 0, got {opts.timeout}")
     if not 0 < opts.lr < math.inf:
         raise OptionError(f"--lr must be a finite number > 0, got {opts.lr}")
+    if opts.clip_grad is not None and not 0 < opts.clip_grad < math.inf:
+        raise OptionError(f"--clip-grad must be a finite norm > 0, got {opts.clip_grad}")
+    if opts.lr_warmup_steps < 0:
+        raise OptionError(f"--lr-warmup-steps must be >= 0, got {opts.lr_warmup_steps}")
+    if opts.lr_decay_steps is not None and opts.lr_decay_steps <= opts.lr_warmup_steps:
+        raise OptionError(f"--lr-decay-steps {opts.lr_decay_steps} must be past the warm-up's "
+                          f"--lr-warmup-steps {opts.lr_warmup_steps}")
     if opts.warmup is not None and opts.warmup < 0:
         raise OptionError(f"--warmup must be >= 0, got {opts.warmup}")
     if opts.threads is not None and not 1 <= opts.threads <= MAX_THREADS:
@@ -261,5 +305,9 @@ def _check_tensor_parallel(opts: argparse.Namespace) -> None:
         raise OptionError("--sequence-parallel needs --tp 2 or more")
     if opts.tp > 1 and not opts.model and tp_problem(cfg, opts.tp):
         raise OptionError(tp_problem(cfg, opts.tp))
+    if opts.tp > 1 and not opts.model and opts.loss:
+        raise OptionError("--loss takes a microbatch's whole logits, and under --tp the GPT's head keeps them split "
+                          "over the tensor ranks (its loss is the vocabulary-parallel cross entropy): give one of "
+                          "--loss and --tp")
     if opts.sequence_parallel and cfg.seq % opts.tp:
         raise OptionError(f"--sequence-parallel: --tp {opts.tp} does not divide the sequence length {cfg.seq}")

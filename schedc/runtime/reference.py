@@ -9,10 +9,10 @@ import torch
 
 from schedc.plan import Plan
 
-from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
-                    tokens_per_step, write_grads, write_loss)
+from .build import (autocast, clip_coefficient, global_microbatches, load_loss, make_dataset, make_optimizer,
+                    model_pieces, log_step, set_learning_rate, tokens_per_step, write_grads, write_loss)
 from .executor import attach_flat_grads
-from .model import Stage, lm_loss
+from .model import Stage
 from .world import Env, WorldError
 
 
@@ -20,7 +20,7 @@ def run_reference(plan: Plan, opts) -> int:
     if Env.read().size > 1:
         raise WorldError("--reference runs in one process: start it with `python -m schedc.runtime "
                          "plan.json --reference`, not under torchrun")
-    pieces, _ = model_runs(opts, 1)
+    pieces = model_pieces(opts)
     device = torch.device("cuda" if opts.device != "cpu" and torch.cuda.is_available() else "cpu")
     model = Stage(pieces).to(device)
     attach_flat_grads(model)
@@ -28,15 +28,20 @@ def run_reference(plan: Plan, opts) -> int:
     dataset = make_dataset(opts)
     count = global_microbatches(plan, opts.dp)
     opts.first_step = 0
+    loss_fn = load_loss(opts)
     for step in range(opts.steps):
         begin = time.perf_counter()
         batch = dataset.batch(step, count, opts.model_config.mb_size)
-        loss = lm_loss(model(batch.tokens.to(device)), batch.targets.to(device))
+        with autocast(opts, device):
+            loss = loss_fn(model(batch.tokens.to(device)), batch.targets.to(device))
         loss.backward()
+        if opts.clip_grad is not None:
+            model.flat_grad.mul_(clip_coefficient(model.flat_grad.float().square().sum(), opts.clip_grad))
         if step == 0 and opts.save_grads:
             write_grads(opts.save_grads, {n: p.grad.detach().cpu().clone()
                                           for n, p in model.global_parameters()})
             write_loss(opts.save_grads, loss.item())
+        set_learning_rate(optimizer, opts, step)
         optimizer.step()
         model.flat_grad.zero_()
         log_step(opts, step, loss.item(), time.perf_counter() - begin, tokens_per_step(plan, opts))

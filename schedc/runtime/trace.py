@@ -137,6 +137,19 @@ def report(events: list[Event], plan: Plan, ranks: int) -> dict[str, Any]:
     return out
 
 
+def memory_report(summaries: list[dict]) -> dict[str, Any]:
+    """The ranks' saved-activation figures (runtime/memory.py), by rank and merged by stage (the
+    largest over the data-parallel ranks holding a stage)."""
+    stages: dict[str, dict[str, int]] = {}
+    for summary in summaries:
+        for s, size in summary["saved_bytes_per_microbatch"].items():
+            entry = stages.setdefault(s, {"saved_bytes_per_microbatch": 0, "peak_microbatches_in_flight": 0})
+            entry["saved_bytes_per_microbatch"] = max(entry["saved_bytes_per_microbatch"], size)
+            entry["peak_microbatches_in_flight"] = max(entry["peak_microbatches_in_flight"],
+                                                       summary["peak_microbatches_in_flight"].get(s, 0))
+    return {"stages": dict(sorted(stages.items(), key=lambda item: int(item[0]))), "ranks": summaries}
+
+
 def simulated(plan: Plan, measured_work_ms: float) -> dict[str, Any]:
     """The plan's simulated stats per step (a filled cycle of K steps is divided by K), with the
     simulated makespan in ms at the measured ms per cost unit."""
@@ -204,6 +217,14 @@ def format_report(rep: dict[str, Any]) -> str:
     for op, per_stage in rep["mean_ms"].items():
         cells = " ".join(f"{v:.3f}" for v in per_stage)
         lines.append(f"mean {op} ms by stage: {cells}")
+    if rep.get("memory"):
+        stages = rep["memory"]["stages"].values()
+        peak = max(r["peak_saved_bytes"] for r in rep["memory"]["ranks"])
+        lines.append("saved for backward, bytes per microbatch by stage: "
+                     + " ".join(str(v["saved_bytes_per_microbatch"]) for v in stages)
+                     + "; most microbatches in flight by stage: "
+                     + " ".join(str(v["peak_microbatches_in_flight"]) for v in stages)
+                     + f"; peak on a rank {peak / 2 ** 20:.2f} MiB")
     return "\n".join(lines)
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 import time
 
+import torch
 import torch.distributed as dist
 
 from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
-from .build import (global_microbatches, make_dataset, make_optimizer, model_runs, log_step,
-                    tokens_per_step, write_grads, write_loss, write_sent)
+from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
+                    log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
-from .model import Stage, boundary_shapes, parallel_run
+from .memory import SavedBytes
+from .model import ModelError, Stage, boundary_shapes, lm_loss, parallel_run
+from .recompute import apply_recompute
 from .tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
 from .watchdog import Watchdog
@@ -84,7 +87,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     env = Env.read()
     check_plan(plan, opts, env)
     pieces, runs = model_runs(opts, plan.meta["stages"])
-    shapes = boundary_shapes(pieces, runs, opts.model_config)
+    shapes = boundary_shapes(pieces, runs, opts.model_config, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
     world = start(plan, opts.dp, env, device, opts.timeout, opts.tp)
@@ -100,6 +103,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
     tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    _recompute(stages, len(runs), opts.recompute)
     sharded = opts.distributed_optimizer and world.dp > 1
     for stage in stages.values():
         attach_flat_grads(stage, world.dp if sharded else 1)
@@ -120,7 +124,37 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         opts.trace_out or opts.report_out or opts.profile_out)
     if opts.fault and opts.fault[0] == world.rank:
         executor.fault = opts.fault[1:]
+    if opts.report_out or opts.metrics_out:
+        executor.meter = SavedBytes.of(stages)
+    _training(executor, plan, opts, world)
     return executor
+
+
+def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
+    """--loss, --dtype, --clip-grad and the learning-rate schedule, as the reference applies them."""
+    if opts.loss is not None:
+        if executor.loss_fn is not lm_loss:
+            raise ModelError("--loss takes a microbatch's whole logits, and under --tp the GPT's head keeps them "
+                             "split over the tensor ranks (its loss is the vocabulary-parallel cross entropy): "
+                             "give one of --loss and --tp")
+        executor.loss_fn = load_loss(opts)
+    executor.autocast = lambda: autocast(opts, world.device)
+    executor.set_lr = lambda step: set_learning_rate(executor.optimizer, opts, step)
+    if opts.clip_grad is not None:
+        executor.clip_grad = opts.clip_grad
+        first = {s: min(pipe["placement"][s] for pipe in plan.meta["pipelines"]) for s in executor.stages}
+        executor.clip_stages = [s for s in sorted(executor.stages)
+                                if world.replica == 0 and first[s] == world.plan_rank]
+
+
+def _recompute(stages: dict[int, Stage], count: int, mode: str) -> None:
+    """--recompute on this rank's stages (of `count`): their layers, all pieces but the model's first and
+    last; selective needs each layer to name its attention core."""
+    for s, stage in stages.items():
+        if not apply_recompute(stage, mode, s == 0, s == count - 1):
+            raise ModelError(f"--recompute selective recomputes the attention core of each layer, and stage {s}'s "
+                             "layers name none (a module with a `recompute_core` attribute, as the GPT's Block "
+                             "has); use --recompute full")
 
 
 def identity(plan: Plan, opts, world: World) -> dict:
@@ -168,14 +202,22 @@ def _mean_loss(executor: Executor) -> float:
 
 
 def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
+    extra = _step_memory(executor) if opts.metrics_out else None
     if world.rank == 0:
-        log_step(opts, step, loss, seconds, tokens)
+        log_step(opts, step, loss, seconds, tokens, extra)
     if step == first and opts.save_grads and world.rank == 0:
         write_loss(opts.save_grads, loss)
     due = (step + 1) % opts.every == 0 if opts.every else step + 1 == opts.steps
     if opts.save and due:
         executor.current = None
         checkpoint.save(opts.save, step + 1, executor, identity(executor.plan, opts, world))
+
+
+def _step_memory(executor: Executor) -> dict:
+    """The step's peak of live saved activation bytes, the largest over the ranks (collective)."""
+    peak = torch.tensor([float(executor.meter.step_peak_bytes)], device=executor.world.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return {"peak_saved_bytes": int(peak.item())}
 
 
 def _grad_dumper(directory: str, first: int, world: World):
@@ -203,19 +245,23 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     mine = [trace.record(world.rank, step, programs[step % len(programs)][index],
                          start - origin, end - origin, wait)
             for step, index, start, end, wait in executor.events]
+    summary = executor.meter.summary() if executor.meter is not None else None
     parts = [None] * world.size if world.rank == 0 else None
-    dist.gather_object(mine, parts, dst=0)
+    dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
         return
-    events = [e for part in parts for e in part]
+    events = [e for part, _ in parts for e in part]
     measured = [e for e in events if e.step >= first + opts.warmup]
-    _write_outputs(plan, opts, world, events, measured)
+    memory = trace.memory_report([summary for _, summary in parts]) if summary is not None else None
+    _write_outputs(plan, opts, world, events, measured, memory)
 
 
-def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list) -> None:
+def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list, memory: dict | None = None) -> None:
     if opts.trace_out:
         trace.write_json(opts.trace_out, trace.chrome_trace(events, plan))
     rep = trace.report(measured, plan, world.size)
+    if memory is not None:
+        rep["memory"] = memory
     if opts.report_out:
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:

@@ -1,0 +1,140 @@
+# Benchmark: the runtime's measured activation memory against the models that predict it (gloo, CPU,
+# OMP_NUM_THREADS=1).
+#
+#   bytes      the runtime's GPT (8 layers) at 3 sizes x --recompute none/selective/full, 1F1B over 2
+#              stages on 2 ranks (one rank a core here, so that the backward times below are not those of
+#              ranks waiting for a core): the
+#              bytes each forward of a stage saves for its backward (--report-out's memory, measured with
+#              saved-tensor hooks) next to schedc/activations.py's table for the runtime's GPT (within 2 %)
+#   in flight  1f1b, zb_h1, zb_h2, zbv, interleaved_1f1b on 4 ranks at the smallest size: each rank's most
+#              microbatch states alive at once next to the simulator's peak (the plan's stats)
+#   backward   per size, the measured mean B time with full recomputation over none, next to the cost
+#              model's ratio (schedc/costmodel.py's stage costs for the same model in fp32 on the
+#              dgx-a100-80gb cluster: the ratio, not the times, is what a CPU run can be held to)
+#
+#   python benchmarks/memory_vs_model.py --quick      # about 5 minutes on 2 CPU cores
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from schedc.activations import RUNTIME_GPT, Sizes, stage_bytes  # noqa: E402
+
+RANKS, SIZED_RANKS, LAYERS, VOCAB = 4, 2, 8, 256
+SIZES = {"small": {"hidden": 32, "heads": 2, "seq": 16, "mb_size": 2},
+         "medium": {"hidden": 128, "heads": 4, "seq": 64, "mb_size": 2},
+         "large": {"hidden": 256, "heads": 8, "seq": 128, "mb_size": 4}}
+MODES = ("none", "selective", "full")
+IN_FLIGHT = [("1f1b", {"p": 4, "m": 8}), ("zb_h1", {"p": 4, "m": 6}), ("zb_h2", {"p": 4, "m": 8}),
+             ("zbv", {"p": 4, "m": 6}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8})]
+WITHIN = 0.02
+
+
+def compile_plan(name: str, params: dict, out: Path) -> Path:
+    defines = [arg for k, v in params.items() for arg in ("-D", f"{k}={v}")]
+    subprocess.run([sys.executable, "-m", "schedc.cli", "compile", f"schedc/schedules/{name}.sched", *defines,
+                    "-o", str(out)], check=True, capture_output=True, cwd=REPO)
+    return out / "plan.json"
+
+
+def model_flags(size: dict) -> list[str]:
+    return ["--layers", str(LAYERS), "--vocab", str(VOCAB), "--hidden", str(size["hidden"]), "--heads",
+            str(size["heads"]), "--seq", str(size["seq"]), "--mb-size", str(size["mb_size"])]
+
+
+def run(plan: Path, ranks: int, flags: list[str], report: Path) -> dict:
+    """One torchrun launch of the plan; its --report-out."""
+    from schedc.runtime.launch import torchrun_command
+    command = torchrun_command(plan, ranks, [*flags, "--synthetic", "--quiet", "--report-out", str(report)])
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode:
+        sys.exit(f"run failed: {' '.join(command)}\n{done.stderr[-2000:]}")
+    return json.loads(report.read_text())
+
+
+def cost_model_ratio(size: dict) -> list[float]:
+    """Per stage, the cost model's B with full recomputation over B without, for this GPT in fp32."""
+    from schedc.costmodel.specs import ModelSpec, load_cluster
+    from schedc.costmodel import Setting, stage_costs
+    from schedc.layout import Layout
+    model = ModelSpec(LAYERS, size["hidden"], size["heads"], size["seq"], VOCAB, 4 * size["hidden"], "fp32")
+    b = {mode: stage_costs(Setting(model, load_cluster("dgx-a100-80gb"),
+                                   Layout(microbatch_size=size["mb_size"], recompute=mode)), SIZED_RANKS).costs()["B"]
+         for mode in ("none", "full")}
+    return [f / n for f, n in zip(b["full"], b["none"])]
+
+
+def bytes_table(reports: dict) -> bool:
+    print(f"saved bytes per microbatch and stage, measured vs schedc/activations.py (1f1b, {SIZED_RANKS} stages "
+          f"of {LAYERS // SIZED_RANKS} layers)")
+    print(f"{'size':>7} {'recompute':>9} {'stage':>5} {'measured':>10} {'predicted':>10} {'off':>7}")
+    ok = True
+    for (name, mode), rep in reports.items():
+        size = SIZES[name]
+        sizes = Sizes(size["seq"], size["mb_size"], size["hidden"], size["heads"], 4 * size["hidden"], VOCAB)
+        for s, entry in rep["memory"]["stages"].items():
+            want = stage_bytes(sizes, RUNTIME_GPT, LAYERS // SIZED_RANKS, s == "0", s == str(SIZED_RANKS - 1),
+                               recompute=mode)
+            got = entry["saved_bytes_per_microbatch"]
+            off = (got - want) / want
+            ok &= abs(off) <= WITHIN
+            print(f"{name:>7} {mode:>9} {s:>5} {got:>10} {want:>10.0f} {off:>+7.2%}")
+    return ok
+
+
+def in_flight_table(reports: dict, plans: dict) -> bool:
+    print("\npeak microbatches in flight per rank (per stage), measured vs simulated")
+    ok = True
+    for name, rep in reports.items():
+        from schedc.plan import load_plan
+        simulated = load_plan(plans[name]).meta["stats"]["peak_memory"]
+        measured = [r["peak_states_on_rank"] for r in rep["memory"]["ranks"]]
+        stages = [r["peak_microbatches_in_flight"] for r in rep["memory"]["ranks"]]
+        ok &= measured == simulated
+        print(f"{name:>17}: measured {measured} simulated {[int(v) for v in simulated]}  per stage {stages}")
+    return ok
+
+
+def backward_table(reports: dict) -> None:
+    print("\nmean B time per stage, full recomputation over none: measured vs cost model")
+    for name in SIZES:
+        none, full = (reports[(name, mode)]["mean_ms"]["B"] for mode in ("none", "full"))
+        measured = [f / n for f, n in zip(full, none)]
+        model = cost_model_ratio(SIZES[name])
+        print(f"{name:>7}: B none {[round(v, 2) for v in none]} ms, full {[round(v, 2) for v in full]} ms; "
+              f"ratio measured {[round(v, 2) for v in measured]} cost model {[round(v, 2) for v in model]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="measured activation memory vs the models")
+    parser.add_argument("--quick", action="store_true", help="fewer steps for the backward times")
+    parser.add_argument("--steps", type=int, help="steps per run (default 12, quick 5)")
+    args = parser.parse_args(argv)
+    steps = args.steps or (5 if args.quick else 12)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        one_f = compile_plan("1f1b", {"p": SIZED_RANKS, "m": 4}, root / "1f1b_bytes")
+        sized = {(name, mode): run(one_f, SIZED_RANKS, [*model_flags(size), "--steps", str(steps), "--recompute", mode],
+                                   root / f"{name}_{mode}.json")
+                 for name, size in SIZES.items() for mode in MODES}
+        plans = {name: compile_plan(name, params, root / name) for name, params in IN_FLIGHT}
+        flights = {name: run(plans[name], RANKS, [*model_flags(SIZES["small"]), "--steps", "2"], root / f"{name}.json")
+                   for name in plans}
+        bytes_ok = bytes_table(sized)
+        flight_ok = in_flight_table(flights, plans)
+        backward_table(sized)
+    print(f"\nbytes within {WITHIN:.0%}: {'yes' if bytes_ok else 'NO'}; in-flight peaks as simulated: "
+          f"{'yes' if flight_ok else 'NO'}")
+    return 0 if bytes_ok and flight_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

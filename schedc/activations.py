@@ -1,0 +1,108 @@
+"""Activation bytes a transformer layer keeps for its backward, from the model's facts: the one rule the
+cost model reads for Megatron's layer (Korthikanti et al. 2022, table 2) and the runtime's GPT measures.
+
+Per layer and microbatch (s, b, h, a, f as usual, t tensor-parallel, w bytes a value, m bytes a dropout
+mask value, 0 without dropout):
+
+    replicated   layer-norm inputs, QKV input, MLP input (4 values of s·b·h), attention-out and MLP-out
+                 dropout masks (2 masks of s·b·h); split over t only with sequence parallelism
+    norm stats   with torch's layer norms, each keeps its mean and 1/std (2 x 2 fp32 values per token)
+    split        Q, K, V and the projection's input (4 s·b·h), the GeLU's input and the MLP-out input
+                 (2 s·b·f): over t
+    core         the attention core: with materialised scores the softmax output (a·s² per sequence),
+                 with dropout its mask and output too; a fused (flash) kernel keeps one fp32 log-sum-exp
+                 per head and token instead (its output is the projection's input, counted there): over t
+
+Selective recomputation drops the core, full keeps the layer's input only (s·b·h values, over t with
+sequence parallelism). Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
+sbh(10 + 24/t + 5as/(ht)), and sbh(34 + 5as/h)/t with sequence parallelism.
+
+This module imports nothing of schedc and no torch: the cost model and the runtime's benchmark read it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FP32_BYTES = 4  # log-sum-exp, layer-norm statistics and the loss's log-probabilities are fp32 at any width
+INDEX_BYTES = 8  # token and position ids (int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """One microbatch through one layer: sequence s, microbatch b, hidden h, heads a, MLP width f,
+    vocabulary (for the last stage's logits)."""
+
+    seq: int
+    batch: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What a model keeps beyond its sizes: bytes of a value and of a dropout mask value (0: no
+    dropout), whether attention materialises its scores, whether layer norms keep statistics, and
+    whether the model's end pieces (embedding ids; final norm, logits and loss) are counted."""
+
+    value_bytes: float
+    mask_bytes: float = 0.0
+    scores: bool = True
+    norm_stats: bool = False
+    ends: bool = False
+
+
+def megatron(width: float) -> Facts:
+    """Megatron's layer as Korthikanti counts it: dropout, materialised scores, no norm statistics,
+    layers only; at another width than 16 bits every term (masks too) scales with it, as the cost
+    model has always scaled the table."""
+    return Facts(value_bytes=width, mask_bytes=width / 2, scores=True)
+
+
+# The runtime's GPT (schedc/runtime/model.py) in fp32: no dropout, torch's layer norms, and
+# scaled_dot_product_attention's fused kernel on CPU (it keeps a log-sum-exp, not the scores).
+RUNTIME_GPT = Facts(value_bytes=4, mask_bytes=0, scores=False, norm_stats=True, ends=True)
+
+
+def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = False,
+                recompute: str = "none") -> float:
+    """Bytes one layer keeps for one microbatch until its backward (the module's table). The terms
+    per s·b·h are summed as Korthikanti's formula sums them, so the cost model's figures are his to
+    the last bit; the fp32 statistics come on top."""
+    sbh, w, m = z.seq * z.batch * z.hidden, facts.value_bytes, facts.mask_bytes
+    spread = tp if sequence_parallel else 1
+    if recompute == "full":
+        return w * sbh / spread
+    replicated = 4 * w + 2 * m
+    split = (4 + 2 * z.ffn / z.hidden) * w
+    per_sbh = (replicated + split) / tp if sequence_parallel else replicated + split / tp
+    tokens = z.seq * z.batch
+    stats = 2 * 2 * FP32_BYTES * tokens / spread if facts.norm_stats else 0
+    if recompute == "none" and facts.scores:
+        per_sbh += z.heads * z.seq * (w + (m + w if m else 0)) / (z.hidden * tp)
+    elif recompute == "none":
+        stats += FP32_BYTES * z.heads * tokens / tp  # the fused kernel's log-sum-exp
+    return sbh * per_sbh + stats
+
+
+def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool) -> float:
+    """What the model's end pieces keep (with facts.ends): the first stage's token and position ids;
+    the last stage's final layer norm (input, statistics), the logits' input, the loss's fp32
+    log-probabilities, targets and total weight."""
+    if not facts.ends:
+        return 0.0
+    sb, total = z.seq * z.batch, 0.0
+    if first:
+        total += INDEX_BYTES * (sb + z.seq)
+    if last:
+        stats = 2 * FP32_BYTES * sb if facts.norm_stats else 0
+        total += 2 * facts.value_bytes * sb * z.hidden + stats + FP32_BYTES * sb * z.vocab + INDEX_BYTES * sb + FP32_BYTES
+    return total
+
+
+def stage_bytes(z: Sizes, facts: Facts, layers: int, first: bool, last: bool, tp: int = 1,
+                sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Bytes a stage of `layers` layers keeps for one microbatch: its layers and, with facts.ends, the
+    end pieces it holds (recomputation repeats layers only)."""
+    return layers * layer_bytes(z, facts, tp, sequence_parallel, recompute) + end_bytes(z, facts, first, last)
