@@ -9,7 +9,7 @@ stages of 2, 3, ..., 3, 2 layers; the repository's --allow-padding-num-layers), 
 microbatches. ZB-1p and ZB-2p are automatic, as the paper's are: the order `schedc tune --synthesize`
 finds for the cost model's own F, I and W of each stage under a limit of p and 2p microbatches'
 activations (the paper's scheduler does the same with profiled times). The hand-made shapes (zb_h1;
-ZB-H2's shape under its 2p limit, benchmarks/schedules/zb_2p.sched) and the newer schedules
+zb_2p, ZB-H2's shape under ZB-2p's limit of 2p) and the newer schedules
 (interleaved zero bubble, ZB-V, V-Half, V-Min, DualPipe and DualPipeV) are predicted on the same rows,
 each with its activations against 1F1B's; the newer ones run on 2p half stages (the V's and
 interleaving's chunks) or on two copies of the model (DualPipe).
@@ -44,11 +44,10 @@ from schedc.text import GIB  # noqa: E402
 CLUSTER = "a100-80gb-roce"
 P = 8
 MICROBATCHES = (24, 32, 64)
-ZB_2P = str(HERE / "schedules" / "zb_2p.sched")
 # name in the paper -> (schedule, extra params)
 AUTOMATIC = "automatic"  # synthesized for the row's costs (automatic()); its param: the limit in units of p
 MEASURED_SCHEDULES = {"1F1B": ("1f1b", {}), "ZB-1p": (AUTOMATIC, {"limit": 1}), "ZB-2p": (AUTOMATIC, {"limit": 2})}
-NEWER = {"zb_h1": ("zb_h1", {}), "zb_h2 (2p)": (ZB_2P, {}), "interleaved_zb": ("interleaved_zb", {"v": 2}), "zbv": ("zbv", {}), "v_half": ("v_half", {}),
+NEWER = {"zb_h1": ("zb_h1", {}), "zb_2p": ("zb_2p", {}), "interleaved_zb": ("interleaved_zb", {"v": 2}), "zbv": ("zbv", {}), "v_half": ("v_half", {}),
          "v_min": ("v_min", {}), "dualpipe": ("dualpipe", {}), "dualpipev": ("dualpipev", {})}
 # model file, microbatch size, per schedule: samples/GPU/s at m = 24, 32, 64 and peak memory (GB)
 ROWS = [

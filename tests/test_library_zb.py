@@ -1,6 +1,6 @@
 """The zero-bubble family, looped BFS, DualPipe and DualPipeV in the library: their orders equal the
 independent references (tests/reference_zb.py: torch 2.13's own orders, or constructions from the
-published rules), their simulated bubbles equal the published formulas, and torch's DualPipeV CSV
+published rules; zb_2p: tests/zb_heuristic.py's ZB-H2 under 2p), their simulated bubbles equal the published formulas, and torch's DualPipeV CSV
 artifact passes `schedc check` while edited copies are refused at the edit."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import reference_zb as Z
+import zb_heuristic as H
 from conftest import FIXTURES, SCHEDULES
 from schedc.cli import main
 from schedc.driver import compile_source, read_source
@@ -57,6 +58,8 @@ for p in (2, 4, 8):
             for v in (2, 3):
                 CASES.append(("interleaved_zb", dict(p=p, v=v, m=m),
                               lambda p=p, v=v, m=m: Z.interleaved_zb(p, v, m)))
+    for m in sizes(p) + [4 * p + 3]:  # ZB-H2's shape under ZB-2p's limit: the bounded reference
+        CASES.append(("zb_2p", dict(p=p, m=m), lambda p=p, m=m: H.zb_h2(p, m)))
     for m in sizes(p, 2 * p) + [5 * p + 1]:
         CASES.append(("dualpipev", dict(p=p, m=m), lambda p=p, m=m: Z.dualpipev(p, m)))
         if m % 2 == 0:
@@ -109,6 +112,9 @@ def test_zero_bubble_rates(p):
     assert idle(compile_zb("zb_h1", unit, p=p, m=m)) * 3 == one_f_one_b
     assert max(compile_zb("zb_h2", unit, p=p, m=m).stats.idle_inside) == 0
     assert max(compile_zb("zbv", unit, p=p, m=m).stats.idle_inside) == 0
+    bounded = compile_zb("zb_2p", unit, p=p, m=4 * m)  # ZB-2p's limit: no bubble inside, 2p at most held
+    assert max(bounded.stats.idle_inside) == 0 and max(bounded.timing.peak_memory) == 2 * p
+    assert max(compile_zb("zb_h2", unit, p=p, m=4 * m).timing.peak_memory) > 2 * p
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
