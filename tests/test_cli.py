@@ -331,7 +331,7 @@ def test_repeated_diagnostics_are_capped_and_counted(tmp_path):
     lines = [line for line in result.output.splitlines() if ": error: " in line]
     assert result.exit_code == 1 and len(lines) == 22, lines[-3:]  # 20 alike, their count, the missing B
     assert "and 9,979 more like this (F(0,0) runs twice" in lines[20]
-    assert len(result.output) < 20_000 and "10000 errors" in result.output
+    assert len(result.output) < 20_000 and "10,000 errors" in result.output
 
 
 def test_simulate_caps_per_device_lines_and_table_for_many_devices():

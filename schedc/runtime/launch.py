@@ -12,6 +12,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from .errors import UserError
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
 # After a rank fails, torchrun sends the others SIGTERM and waits this long before SIGKILL (its default,
@@ -90,7 +91,7 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
     return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError):
     """A plan or an option refused before torchrun starts."""
 
 

@@ -9,11 +9,12 @@ from dataclasses import fields
 
 from .model import ModelConfig, gpt_problem, tp_problem
 from .recompute import MODES as RECOMPUTE_MODES
+from .errors import UserError
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
 
-class OptionError(ValueError):
+class OptionError(UserError):
     """Options that do not make sense together."""
 
 
