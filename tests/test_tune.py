@@ -502,3 +502,23 @@ def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_
     result = run_cli("--model", model, "--cluster", str(six), "--gpus", "48", "--global-batch", "96", "--schedules",
                      "1f1b", "--tp", "4", "--pp", "1", "--top", "1", "--pruned", "all", "--memory-limit", "20GiB")
     assert "t=4 crosses nodes (6 GPUs per node)" in result.output, result.output
+
+
+def test_the_winner_scaled_to_this_machine_runs(model, tmp_path):
+    """tune prints, for its winner, a compile and a `schedc run` of the same schedule, t and
+    recomputation on this machine (p = 2, at most 4 ranks); both commands work as printed."""
+    import os
+    import subprocess
+    import sys
+    out = CliRunner().invoke(main, ["tune", "--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch",
+                                    "32", "--schedules", "zb_h1", "--tp", "2", "--top", "1"]).output
+    local = out.split("scaled to this machine")[1].splitlines()[1:3]
+    compile_line, run_line = (shlex.split(line.strip()) for line in local)
+    assert compile_line[:3] == ["schedc", "compile", "zb_h1"] and "--tp" in run_line
+    assert run_line[run_line.index("--tp") + 1] == "2" and run_line[run_line.index("--nproc") + 1] == "4"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for line in (compile_line, run_line):
+        done = subprocess.run([sys.executable, "-m", "schedc.cli", *line[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "measured over 2 steps on 4 ranks" in done.stdout
