@@ -455,3 +455,12 @@ def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(
         result = run(*command)
         assert result.exit_code == 2 and "--latency 0.5: the plan records the message time of each pair of ranks" \
             in result.output, result.output
+
+
+def test_run_help_lists_every_runtime_option():
+    """`schedc run --help` shows the runtime's own option table, not only --nproc."""
+    from schedc.runtime.options import build_parser
+    text = run("run", "--help").output
+    flags = [a.option_strings[0] for a in build_parser()._actions if a.option_strings and a.option_strings[0] != "-h"]
+    assert len(flags) > 30 and [f for f in flags if f not in text] == []
+    assert "--nproc" in text and "--recompute" in text and "--stage-layers" in text
