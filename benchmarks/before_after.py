@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = "benchmarks/models/gpt-1008b.toml"
+MODEL = "gpt-1008b"  # a library model description, found by name
 CLUSTER = "dgx-a100-80gb"
 COMMANDS = {
     "compile interleaved_1f1b p=32 v=4 m=256": ["compile", "interleaved_1f1b", "-D", "p=32", "-D", "v=4",

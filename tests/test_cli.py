@@ -425,7 +425,7 @@ def test_a_filled_plan_re_simulates_its_first_step_with_the_tasks_costs(tmp_path
 def test_model_without_cluster_says_what_it_does():
     """--model without --cluster gives only tasks the model's layers: for a schedule without tasks
     it changes nothing, and says so (it was accepted silently where --tp needs --cluster)."""
-    model = str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     plain, with_model = run("simulate", "1f1b", "--json"), run("simulate", "1f1b", "--model", model, "--json")
     assert json.loads(with_model.stdout) == json.loads(plain.stdout)
     assert "--model without --cluster only gives a schedule's tasks the model's layers; one_f_one_b has none" \
@@ -446,7 +446,7 @@ def test_a_reader_that_stops_early_ends_the_command_with_sigpipe_not_a_failed_ch
 
 
 def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(tmp_path):
-    model = str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     assert run("compile", "1f1b", "-D", "p=2", "--model", model, "--cluster", "dgx-a100-80gb", "--tp", "1", "--dp", "1",
                "--microbatch-size", "1", "--global-batch", "4", "-o", str(tmp_path)).exit_code == 0
     plan = str(tmp_path / "plan.json")

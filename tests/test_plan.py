@@ -255,7 +255,7 @@ def test_a_cluster_plan_re_simulates_to_the_compiles_figures(name, params):
     from schedc.costmodel import Setting
     from schedc.driver.cluster import compile_for
     from schedc.driver.replay import compiled_from_plan
-    model = load_model_spec(str(FIXTURES.parent.parent / "benchmarks" / "models" / "gpt-1.7b.toml"))
+    model = load_model_spec(str(FIXTURES.parent.parent / "schedc" / "models" / "gpt-1.7b.toml"))
     st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=16))
     compiled = compile_for(name, params, st).compiled
     assert compiled.plan.meta["links"] and all(seconds > 0 for _, _, seconds in compiled.plan.meta["links"])

@@ -201,7 +201,7 @@ def test_the_bubble_is_one_number_in_simulate_its_json_and_the_tune_row():
     """ZB-V, p = 2, d = 4, b = 2 of GPT 1.7B on an A100 node with blocking sends: simulate's text, its
     JSON and tune's row (and JSON) give the same bubble, idle over busy time of the simulated step (the
     tune row said 0.013, bubble_s over the iteration, where simulate said 0.0604)."""
-    model = str(__import__("conftest").ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(__import__("conftest").ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     layout = ["--model", model, "--cluster", CLUSTER, "--global-batch", "64", "--recompute", "none", "--blocking-p2p"]
     simulated = CliRunner().invoke(main, ["simulate", "zbv", "-D", "p=2", "--dp", "4", "--microbatch-size", "2",
                                           *layout, "--json"])
@@ -491,7 +491,7 @@ def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_
     and costs as on 8-GPU nodes."""
     six = tmp_path / "six.toml"
     six.write_text((ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text().replace("gpus = 8", "gpus = 6"))
-    model = str(ROOT / "benchmarks" / "models" / "gpt-18.4b.toml")
+    model = str(ROOT / "schedc" / "models" / "gpt-18.4b.toml")
 
     def tp_comm(cluster, t):
         args = ["simulate", "1f1b", "-D", "p=4", "--model", model, "--cluster", cluster, "--tp", str(t), "--dp",

@@ -214,7 +214,7 @@ def size_warning(opts) -> str | None:
     source = f" from --config {opts.config}" if opts.config else ""
     return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
-            f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of benchmarks/models "
+            f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of schedc/models "
             "describes costs for `schedc simulate --model`, not a model to train here)")
 
 
