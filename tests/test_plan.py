@@ -320,3 +320,19 @@ def test_every_library_plan_passes_the_order_checks_in_every_step_program():
                          ("pipefisher_1f1b", {}), ("interleaved_zb", {})):
         plan = compile_library(name, **params).plan
         assert check_plan_orders(plan, "plan.json") == [], name
+
+
+def test_a_replayed_plan_is_titled_with_its_params_in_declared_order(tmp_path):
+    """plan.json keeps params sorted by name; its re-simulation titles them as the library declares them."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    assert CliRunner().invoke(main, ["compile", "interleaved_1f1b", "-o", str(tmp_path)]).exit_code == 0
+    text = CliRunner().invoke(main, ["simulate", str(tmp_path / "plan.json")]).output
+    assert text.startswith("interleaved_1f1b (p=4 v=2 m=8): ")
+
+
+def test_a_filled_makespan_says_it_spans_the_cycle():
+    from click.testing import CliRunner
+    from schedc.cli import main
+    lines = CliRunner().invoke(main, ["simulate", "pipefisher"]).output.splitlines()
+    assert "(the cycle of 3 steps)" in lines[1] and "(the cycle" not in CliRunner().invoke(main, ["simulate", "1f1b"]).output

@@ -540,7 +540,7 @@ def test_html_report_gives_the_steady_state_bubble_per_device(tmp_path):
     html = out.read_text()
     rows = re.findall(r"<tr><td>(\d+)</td><td>\d+</td><td>[\d.]+</td><td>[\d.]+</td><td>([\d.]+)</td>", html)
     assert [(int(d), float(inside)) for d, inside in rows] == [(d, (4 - 1 - d) * 3.0) for d in range(4)]
-    assert "steady-state bubble, at most <b>9</b>" in html
+    assert "steady-state bubble: at most <b>9</b> idle between" in html
 
 
 @pytest.mark.parametrize("args,message", [
