@@ -36,8 +36,10 @@ def torchrun_command(plan_path: str | Path, nproc: int, options: list[str] = (),
 def launch(plan_path: str | Path, nproc: int, options: list[str] = (),
            torchrun_args: list[str] = ()) -> int:
     """Run the plan on `nproc` local processes (per node); return the exit status (0 = all ranks ok;
-    128 + the signal when this process was told to stop: see `supervise`)."""
-    return supervise(subprocess.Popen(torchrun_command(plan_path, nproc, options, torchrun_args)))
+    128 + the signal when this process was told to stop: see `supervise`). OMP_NUM_THREADS is 1 unless
+    the user set it: torchrun's own choice for several processes, without its banner saying so."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return supervise(subprocess.Popen(torchrun_command(plan_path, nproc, options, torchrun_args), env=env))
 
 
 FORWARD_AFTER = 1.0  # seconds a stopped launcher waits for torchrun to see the signal itself (a group's)
