@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ..diagnostics import usage
 from ..layout import RECOMPUTE, SWITCH_NAMES, Layout, flag, run_flags
 from ..diagnostics import SCHEDULE, SchedError
-from ..text import GIB, more, ordinal, plural
+from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
 from .space import Request
@@ -122,7 +122,7 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
     else:
         overall, family = searcher.rank(best, space)
     mine, winner = searcher.evaluate(best, free=True), outcome.ranked[0]
-    lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {mine.tflops_per_gpu:.1f} TFLOP/s "
+    lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {rate(mine.tflops_per_gpu)} TFLOP/s "
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
              f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
