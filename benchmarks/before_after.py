@@ -23,26 +23,31 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = "benchmarks/models/gpt-1008b.toml"
+MODEL = "gpt-1008b.toml"  # Megatron-LM's 1T row, in the tree's model library (schedc/models or benchmarks/models)
 CLUSTER = "dgx-a100-80gb"
 COMMANDS = {
     "compile interleaved_1f1b p=32 v=4 m=256": ["compile", "interleaved_1f1b", "-D", "p=32", "-D", "v=4",
                                                 "-D", "m=256", "-o", "{out}"],
-    "tune, 1T row": ["tune", "--model", MODEL, "--cluster", CLUSTER, "--gpus", "3072", "--global-batch", "3072",
+    "tune, 1T row": ["tune", "--model", "{model}", "--cluster", CLUSTER, "--gpus", "3072", "--global-batch", "3072",
                      "--top", "5", "--json"],
-    "simulate --cluster, 1T row": ["simulate", "1f1b", "-D", "p=64", "--model", MODEL, "--cluster", CLUSTER,
+    "simulate --cluster, 1T row": ["simulate", "1f1b", "-D", "p=64", "--model", "{model}", "--cluster", CLUSTER,
                                    "--tp", "8", "--dp", "6", "--microbatch-size", "1", "--global-batch", "3072",
                                    "--json"],
 }
 MAIN = "import sys; from schedc.cli import main; sys.exit(main())"
 
 
+def model_file(tree: Path) -> Path:
+    """The 1T row's model description where the tree keeps its model library."""
+    return next(p for p in (tree / "schedc" / "models" / MODEL, tree / "benchmarks" / "models" / MODEL) if p.exists())
+
+
 def cpu_seconds(tree: Path, argv: list[str], out: Path) -> float:
     """User + system CPU seconds of one whole `schedc` process run from `tree`'s sources."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", MAIN, *(a.format(out=out) for a in argv)], cwd=tree, env=env,
-                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", MAIN, *(a.format(out=out, model=model_file(tree)) for a in argv)],
+                   cwd=tree, env=env, check=True, capture_output=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
@@ -50,7 +55,8 @@ def cpu_seconds(tree: Path, argv: list[str], out: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="the revision to compare with (a commit or a ref)")
-    parser.add_argument("--after", default=None, help="the revision measured (default: the working tree)")
+    parser.add_argument("--after", default=None, help="the revision measured (default: the working tree; name a "
+                                                      "commit to keep edits during the run out of it)")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -50,7 +50,7 @@ BLOCKING = True  # Megatron-LM's point-to-point calls wait for both ends of ever
 
 def row_args(name, t, p, gpus, batch, b, per_virtual, ddp):
     """The schedule, its -D params and the layout of one row."""
-    model = load_model_spec(str(HERE / "models" / f"{name}.toml"))
+    model = load_model_spec(str(HERE.parent / "schedc" / "models" / f"{name}.toml"))
     v = model.layers // (p * per_virtual) if per_virtual else 1
     schedule, params = ("interleaved_1f1b", {"p": str(p), "v": str(v)}) if v > 1 else ("1f1b", {"p": str(p)})
     layout = Layout(tp=t, dp=gpus // (t * p), microbatch_size=b, global_batch=batch,
@@ -84,7 +84,7 @@ def speed(runs: int) -> None:
     name, t, p, gpus, batch, b, per_virtual, ddp, _ = ROWS[-1]
     schedc = Path(sys.executable).with_name("schedc")
     command = [str(schedc) if schedc.exists() else "schedc", "simulate", "1f1b", "-D", f"p={p}",
-               "--model", str(HERE / "models" / f"{name}.toml"), "--cluster", CLUSTER, "--tp", str(t),
+               "--model", str(HERE.parent / "schedc" / "models" / f"{name}.toml"), "--cluster", CLUSTER, "--tp", str(t),
                "--dp", str(gpus // (t * p)), "--microbatch-size", str(b), "--global-batch", str(batch), "--json"]
     walls, cpus = [], []
     for _ in range(runs):

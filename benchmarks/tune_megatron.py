@@ -53,7 +53,7 @@ def schedules() -> tuple[str, ...]:
 
 
 def model_file(name: str) -> str:
-    return str(HERE / "models" / f"{name}.toml")
+    return str(HERE.parent / "schedc" / "models" / f"{name}.toml")
 
 
 def table_row(row) -> dict:

@@ -97,7 +97,7 @@ def measured_table(cluster) -> dict[str, list[float]]:
           f"{'gain':>6} {'measured':>8} {'diff':>6}  {'memory GiB':>10} {'measured':>8} {'error':>7}  "
           f"{'tensors':>7} {'error':>7}  bubble")
     for name, b, measured in ROWS:
-        model = load_cluster_model(str(HERE / "models" / f"{name}.toml"), cluster)
+        model = load_cluster_model(str(HERE.parent / "schedc" / "models" / f"{name}.toml"), cluster)
         base: dict[int, float] = {}
         for label, (schedule, params) in MEASURED_SCHEDULES.items():
             speeds, memory = measured[label]
@@ -129,7 +129,7 @@ def newer_table(cluster) -> None:
     print(f"\n{'model':<8} {'schedule':<15} {'m':>3}  {'samples/GPU/s':>13} {'vs 1F1B':>8}  {'memory GiB':>10}  "
           f"{'activations GiB':>15} {'vs 1F1B':>8}")
     for name, b, _ in ROWS:
-        model = load_cluster_model(str(HERE / "models" / f"{name}.toml"), cluster)
+        model = load_cluster_model(str(HERE.parent / "schedc" / "models" / f"{name}.toml"), cluster)
         for m in MICROBATCHES:
             base, _, base_act, _ = predict("1f1b", {}, model, cluster, b, m)
             for label, (schedule, params) in NEWER.items():

@@ -80,6 +80,21 @@ def switches_on(layout) -> list[str]:
     return [words for name, words, _ in SWITCHES if get(name)]
 
 
+# What the runtime runs of a layout (its own flags); overlap_grad_reduce and blocking_p2p describe other
+# runtimes to the cost model (torch DDP's overlap, Megatron-LM's blocking sends) and are not its options.
+RUNTIME_SWITCHES = ("sequence_parallel", "distributed_optimizer")
+
+
+def run_flags(layout: Layout) -> list[str]:
+    """The flags of `schedc run` / `python -m schedc.runtime` that lay a run out as `layout` (t, d,
+    the microbatch size, recomputation, the runtime's switches, scatter/gather); the runtime reads them
+    back into the same value (runtime.options: opts.layout)."""
+    flags = ["--tp", str(layout.tp), "--dp", str(layout.dp), "--mb-size", str(layout.microbatch_size),
+             "--recompute", layout.recompute]
+    flags += [flag(name) for name in RUNTIME_SWITCHES if getattr(layout, name)]
+    return flags + ([] if layout.scatter_gather else ["--no-scatter-gather"])
+
+
 @dataclass(frozen=True, slots=True)
 class Coordinates:
     """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank."""

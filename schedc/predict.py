@@ -11,7 +11,7 @@ from .costmodel.specs import check_layout, load_cluster, load_model_spec
 from .diagnostics import usage
 from .costmodel import Setting, stage_costs
 from .ops import OpKind
-from .text import gib
+from .text import gib, rate
 
 
 _LABELS = {"data_parallel_comm_s": "gradient all-reduce"}  # over d, and the tied embedding's between the end stages
@@ -23,7 +23,7 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
     lines = [f"  on {on.setting.cluster.name}: {p.gpus} GPUs (t={lay.tp}, p={on.compiled.schedule.devices}, "
              f"d={lay.dp}), b={lay.microbatch_size}, global batch {p.global_batch}, recompute {lay.recompute}"
              + "".join(f", {text}" for text in switches_on(lay)),
-             f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {p.tflops_per_gpu:.1f}  "
+             f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {rate(p.tflops_per_gpu)}  "
              f"peak_fraction {p.peak_fraction:.3f}",
              f"  memory_gib_per_gpu {gib(p.memory_bytes)} (weights+gradients+optimizer "
              f"{gib(parts['weights_gradients_optimizer'])}, activations {gib(parts['activations'])}, "

@@ -10,6 +10,12 @@ if TYPE_CHECKING:
     from .compiled import Compiled
 
 
+def _cycle(st) -> str:
+    """What a filled schedule's makespan spans: its whole cycle of K step programs."""
+    steps = st.get("cycle_steps", 1)
+    return f" (the cycle of {steps} steps)" if steps > 1 else ""
+
+
 def summary(result: Compiled) -> str:
     """The compile summary: sizes, makespan, bubble, utilization, peaks (and the fill, if any)."""
     s, st = result.schedule, result.stats
@@ -18,9 +24,10 @@ def summary(result: Compiled) -> str:
     lines = [f"{s.title}: {plural(s.devices, 'device')}, {plural(s.stages, 'stage')}, "
              f"{plural(s.microbatches, 'microbatch', 'microbatches')}, {plural(st['ops'], 'op')}"
              + (" a step, with the filled tasks' pieces besides" if "utilization_unfilled" in st else ""),
-             f"  makespan {st['makespan']:g}  bubble {st['bubble']:.4f}  "
+             f"  makespan {st['makespan']:g}{_cycle(st)}  bubble {st['bubble']:.4f}  "
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
-             f"  steady-state bubble (idle between a device's first and last op), at most {max(st['idle_inside'], default=0):g}"]
+             f"  steady-state bubble: at most {max(st['idle_inside'], default=0):g} idle between a device's first and "
+             "last op"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         useful = (f" ({st['utilization_useful']:.4f} without the overhead of cut pieces)"
                   if st.get("utilization_useful", st["utilization"]) < st["utilization"] - 5e-5 else "")

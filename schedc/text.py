@@ -35,6 +35,12 @@ def listed(items: list[str], sep: str = ", ", limit: int = MAX_SHOWN) -> str:
     return shown + (" " + more(len(items) - limit) if len(items) > limit else "")
 
 
+def rate(value: float) -> str:
+    """A rate such as TFLOP/s per GPU: one decimal from 1 up, three significant digits below (a CPU's
+    0.0123, not 0.0)."""
+    return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
 def gib(nbytes: float, digits: int = 2) -> str:
     """Bytes in GiB with `digits` decimals, no unit: gib(3 * 2**30) is "3.00"."""
     return f"{nbytes / GIB:.{digits}f}"

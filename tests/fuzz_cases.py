@@ -462,7 +462,7 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
     return Case("options", argv, files, (), False)
 
 
-GPT = (ROOT / "benchmarks" / "models" / "gpt-1.7b.toml").read_text()
+GPT = (ROOT / "schedc" / "models" / "gpt-1.7b.toml").read_text()
 CLUSTER_TOML = (ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text()
 SIZES = ["1", "2", "4", "8", "16", "32", "64", "3", "6", "12", "8", "16", "0"]  # mostly searchable
 

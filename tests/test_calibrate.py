@@ -31,6 +31,7 @@ def test_the_written_cluster_file_reads_back(tmp_path):
     box = load_cluster(str(path))
     assert box.peak_flops == pytest.approx(1.5e11) and box.gemm_half_dim == pytest.approx(20)
     assert box.intra_efficiency == pytest.approx(0.5) and box.gpus_per_node == 2
+    assert box.dtype == "fp32"  # its GEMMs were timed in fp32: an fp32 model is predicted at that rate
     again = tmp_path / "again.toml"
     again.write_text(dump_cluster(box, "round trip"))
     back = load_cluster(str(again))

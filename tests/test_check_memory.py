@@ -64,7 +64,7 @@ def test_check_counts_the_bytes_simulate_on_a_cluster_does(layout, tmp_path):
     same layout (t = 1) on a cluster without a memory allowance: GPT 39.1B was 229.52 GiB in check
     against 236.02 on the cluster, its embedding left out of check's count; the A100's allowance (the
     allocator's fragmentation and the CUDA context) comes on top on the cluster only."""
-    model = ROOT / "benchmarks" / "models" / "gpt-1.7b.toml"
+    model = ROOT / "schedc" / "models" / "gpt-1.7b.toml"
     text = (ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text()
     cluster = tmp_path / "no-allowance.toml"  # without [memory]: no allocator share, the tensors only
     cluster.write_text(text[:text.index("[memory]")])
@@ -76,7 +76,7 @@ def test_check_counts_the_bytes_simulate_on_a_cluster_does(layout, tmp_path):
     assert checked.exit_code == 0, checked.output
     shown = ", ".join(f"device {d} {gib:.2f} GiB" for d, gib in enumerate(per_device))
     assert f"peak memory per device: {shown}" in checked.output
-    big = check("1f1b", "--model", ROOT / "benchmarks" / "models" / "gpt-39.1b.toml", "--microbatch-size", "1",
+    big = check("1f1b", "--model", ROOT / "schedc" / "models" / "gpt-39.1b.toml", "--microbatch-size", "1",
                 "--memory-limit", "80GiB")
     assert big.exit_code == 1 and "device 0: 236.02 GiB at its peak exceeds the limit 80.00 GiB: weights, " \
         "gradients and optimizer state 150.52 GiB (stage 0) and activations 85.50 GiB" in big.output

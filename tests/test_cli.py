@@ -331,7 +331,7 @@ def test_repeated_diagnostics_are_capped_and_counted(tmp_path):
     lines = [line for line in result.output.splitlines() if ": error: " in line]
     assert result.exit_code == 1 and len(lines) == 22, lines[-3:]  # 20 alike, their count, the missing B
     assert "and 9,979 more like this (F(0,0) runs twice" in lines[20]
-    assert len(result.output) < 20_000 and "10000 errors" in result.output
+    assert len(result.output) < 20_000 and "10,000 errors" in result.output
 
 
 def test_simulate_caps_per_device_lines_and_table_for_many_devices():
@@ -425,7 +425,7 @@ def test_a_filled_plan_re_simulates_its_first_step_with_the_tasks_costs(tmp_path
 def test_model_without_cluster_says_what_it_does():
     """--model without --cluster gives only tasks the model's layers: for a schedule without tasks
     it changes nothing, and says so (it was accepted silently where --tp needs --cluster)."""
-    model = str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     plain, with_model = run("simulate", "1f1b", "--json"), run("simulate", "1f1b", "--model", model, "--json")
     assert json.loads(with_model.stdout) == json.loads(plain.stdout)
     assert "--model without --cluster only gives a schedule's tasks the model's layers; one_f_one_b has none" \
@@ -446,7 +446,7 @@ def test_a_reader_that_stops_early_ends_the_command_with_sigpipe_not_a_failed_ch
 
 
 def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(tmp_path):
-    model = str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     assert run("compile", "1f1b", "-D", "p=2", "--model", model, "--cluster", "dgx-a100-80gb", "--tp", "1", "--dp", "1",
                "--microbatch-size", "1", "--global-batch", "4", "-o", str(tmp_path)).exit_code == 0
     plan = str(tmp_path / "plan.json")
@@ -455,3 +455,12 @@ def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(
         result = run(*command)
         assert result.exit_code == 2 and "--latency 0.5: the plan records the message time of each pair of ranks" \
             in result.output, result.output
+
+
+def test_run_help_lists_every_runtime_option():
+    """`schedc run --help` shows the runtime's own option table, not only --nproc."""
+    from schedc.runtime.options import build_parser
+    text = run("run", "--help").output
+    flags = [a.option_strings[0] for a in build_parser()._actions if a.option_strings and a.option_strings[0] != "-h"]
+    assert len(flags) > 30 and [f for f in flags if f not in text] == []
+    assert "--nproc" in text and "--recompute" in text and "--stage-layers" in text

@@ -266,7 +266,7 @@ def test_a_cluster_prediction_refuses_a_model_of_another_dtype_than_the_peak(tmp
     messages (110 TFLOP/s per GPU; the A100's fp32 peak is 19.5): refused at the key for --cluster and
     tune. A cluster file whose [gpu] dtype is fp32 (a CPU calibration's) takes it."""
     path = tmp_path / "m.toml"
-    path.write_text((ROOT / "benchmarks" / "models" / "gpt-1.7b.toml").read_text() + 'dtype = "fp32"\n')
+    path.write_text((ROOT / "schedc" / "models" / "gpt-1.7b.toml").read_text() + 'dtype = "fp32"\n')
     for args in (["simulate", "1f1b", "-D", "p=1", "--model", str(path), "--cluster", "dgx-a100-80gb"],
                  ["tune", "--model", str(path), "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "16"]):
         result = CliRunner().invoke(main, args)
@@ -292,3 +292,14 @@ def test_an_unknown_table_is_located_at_its_header(tmp_path):
     with pytest.raises(SchedError) as caught:
         load_cluster(str(path))
     assert "c.toml:1:1: error: unknown key 'extra'" in caught.value.render()
+
+
+def test_model_descriptions_are_a_library_found_by_name(tmp_path):
+    """`--model gpt-175b` reads the shipped description, as `--cluster dgx-a100-80gb` does; a path is read
+    as given; an unknown name's error lists the library."""
+    from schedc.costmodel.specs import library_models, load_model_spec
+    assert {"gpt-175b", "gpt-1008b", "gpt-1.7b"} <= {p.stem for p in library_models()}
+    assert load_model_spec("gpt-175b") == load_model_spec(str(ROOT / "schedc" / "models" / "gpt-175b.toml"))
+    assert load_model_spec("gpt-1.7b.toml").layers == 24
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "--model", "gpt-nosuch", "--cluster", "dgx-a100-80gb"])
+    assert result.exit_code == 2 and "the library's: gpt-1.7b" in result.output

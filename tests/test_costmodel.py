@@ -21,7 +21,7 @@ from schedc.plan import load_plan
 from schedc.driver.cluster import compile_for
 
 A100 = load_cluster("dgx-a100-80gb")
-MODELS = ROOT / "benchmarks" / "models"
+MODELS = ROOT / "schedc" / "models"
 
 # Narayanan et al. (2021) Table 1: hidden, heads, layers, t, p, GPUs, batch, teraFLOP/s per GPU measured;
 # microbatch size and interleaving (layers per virtual stage) from Megatron-LM's sc21/run_table_1.sh

@@ -255,7 +255,7 @@ def test_a_cluster_plan_re_simulates_to_the_compiles_figures(name, params):
     from schedc.costmodel import Setting
     from schedc.driver.cluster import compile_for
     from schedc.driver.replay import compiled_from_plan
-    model = load_model_spec(str(FIXTURES.parent.parent / "benchmarks" / "models" / "gpt-1.7b.toml"))
+    model = load_model_spec(str(FIXTURES.parent.parent / "schedc" / "models" / "gpt-1.7b.toml"))
     st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=16))
     compiled = compile_for(name, params, st).compiled
     assert compiled.plan.meta["links"] and all(seconds > 0 for _, _, seconds in compiled.plan.meta["links"])
@@ -320,3 +320,19 @@ def test_every_library_plan_passes_the_order_checks_in_every_step_program():
                          ("pipefisher_1f1b", {}), ("interleaved_zb", {})):
         plan = compile_library(name, **params).plan
         assert check_plan_orders(plan, "plan.json") == [], name
+
+
+def test_a_replayed_plan_is_titled_with_its_params_in_declared_order(tmp_path):
+    """plan.json keeps params sorted by name; its re-simulation titles them as the library declares them."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    assert CliRunner().invoke(main, ["compile", "interleaved_1f1b", "-o", str(tmp_path)]).exit_code == 0
+    text = CliRunner().invoke(main, ["simulate", str(tmp_path / "plan.json")]).output
+    assert text.startswith("interleaved_1f1b (p=4 v=2 m=8): ")
+
+
+def test_a_filled_makespan_says_it_spans_the_cycle():
+    from click.testing import CliRunner
+    from schedc.cli import main
+    lines = CliRunner().invoke(main, ["simulate", "pipefisher"]).output.splitlines()
+    assert "(the cycle of 3 steps)" in lines[1] and "(the cycle" not in CliRunner().invoke(main, ["simulate", "1f1b"]).output

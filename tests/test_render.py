@@ -431,7 +431,7 @@ def test_under_a_cluster_the_trace_and_the_axis_are_in_seconds(tmp_path):
     """Costs from --cluster are seconds: the trace's µs are 10^6 per second (not 10^3, which drew a
     1.04 s step as 1.04 ms) and the timeline's axis says so."""
     from conftest import ROOT
-    cluster = ["--model", str(ROOT / "benchmarks" / "models" / "gpt-1.7b.toml"), "--cluster", "dgx-a100-80gb"]
+    cluster = ["--model", str(ROOT / "schedc" / "models" / "gpt-1.7b.toml"), "--cluster", "dgx-a100-80gb"]
     assert run("render", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "c.json")).exit_code == 0
     trace = json.loads((tmp_path / "c.json").read_text())
     end = max(e["ts"] + e["dur"] for e in trace["traceEvents"] if e["ph"] == "X")
@@ -540,7 +540,7 @@ def test_html_report_gives_the_steady_state_bubble_per_device(tmp_path):
     html = out.read_text()
     rows = re.findall(r"<tr><td>(\d+)</td><td>\d+</td><td>[\d.]+</td><td>[\d.]+</td><td>([\d.]+)</td>", html)
     assert [(int(d), float(inside)) for d, inside in rows] == [(d, (4 - 1 - d) * 3.0) for d in range(4)]
-    assert "steady-state bubble, at most <b>9</b>" in html
+    assert "steady-state bubble: at most <b>9</b> idle between" in html
 
 
 @pytest.mark.parametrize("args,message", [
@@ -557,7 +557,7 @@ def test_an_option_the_output_cannot_show_is_refused(tmp_path, args, message):
 def test_html_report_of_a_cluster_render_carries_the_prediction(tmp_path):
     """--cluster: the report gives the layout, the iteration time, TFLOP/s, GiB and the breakdown that
     simulate prints, and its memory chart's time is in seconds."""
-    model = str(Path(__file__).resolve().parent.parent / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(Path(__file__).resolve().parent.parent / "schedc" / "models" / "gpt-1.7b.toml")
     args = ["1f1b", "-D", "p=2", "--model", model, "--cluster", "dgx-a100-80gb", "--dp", "4", "--global-batch", "64"]
     out = tmp_path / "cl.html"
     assert CliRunner().invoke(main, ["render", *args, "-o", str(out)]).exit_code == 0

@@ -571,7 +571,7 @@ def test_a_model_too_large_for_cpu_ranks_is_warned_of_with_its_parameter_count(p
     from schedc.runtime.launch import size_warning
     from schedc.runtime.options import parse_options
     plan = str(plans("1f1b", p=2, m=4))
-    config = str(_repo() / "benchmarks" / "models" / "gpt-1.7b.toml")
+    config = str(_repo() / "schedc" / "models" / "gpt-1.7b.toml")
     warning = size_warning(parse_options([plan, "--config", config, "--device", "cpu"]))
     assert warning.startswith("warning: the model has about 1.77e+09 parameters (layers 24, hidden 2304, "
                               f"vocab 51200, seq 2048 from --config {config}): on CPU ranks a step may take")
@@ -770,7 +770,7 @@ def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
     from schedc.costmodel import Setting
     from schedc.driver.cluster import compile_for
     from schedc.runtime import trace as runtime_trace
-    model = load_model_spec(str(_repo() / "benchmarks" / "models" / "gpt-1.7b.toml"))
+    model = load_model_spec(str(_repo() / "schedc" / "models" / "gpt-1.7b.toml"))
     st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=4))
     plan = compile_for("1f1b", {"p": "2"}, st).compiled.plan
     plan = replace(plan, meta={**plan.meta, "cluster": {**plan.meta["cluster"], "model": "models/gpt-1.7b.toml"}})

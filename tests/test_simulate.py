@@ -218,7 +218,7 @@ def test_the_steady_state_bubble_is_a_stat_printed_and_in_json():
     assert as_json["idle_inside"] == [9.0, 6.0, 3.0, 0.0]
     assert list(as_json).index("idle_inside") == list(as_json).index("idle") + 1
     text = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=4", "-D", "m=8"]).output
-    assert "steady-state bubble (idle between a device's first and last op), at most 9" in text
+    assert "steady-state bubble: at most 9 idle between a device's first and last op" in text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["0"], ["3"])]
     assert rows == [["0", "24", "9", "9", "4"], ["3", "24", "9", "0", "1"]]  # device busy idle inside peak
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from schedc.text import GIB, MAX_SHOWN, agree, gib, listed, more, ordinal, plural
+from schedc.text import GIB, MAX_SHOWN, agree, gib, listed, more, ordinal, plural, rate
 
 
 @pytest.mark.parametrize("n,word", [(1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (11, "11th"), (12, "12th"),
@@ -29,3 +29,7 @@ def test_a_list_is_cut_at_one_cap():
 
 def test_bytes_in_gib():
     assert GIB == 1024 ** 3 and gib(3 * GIB) == "3.00" and gib(1.5 * GIB, 0) == "2"
+
+
+def test_rates_keep_their_digits():
+    assert (rate(174.93), rate(1.25), rate(0.0123), rate(0.0)) == ("174.9", "1.2", "0.0123", "0")

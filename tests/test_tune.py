@@ -201,7 +201,7 @@ def test_the_bubble_is_one_number_in_simulate_its_json_and_the_tune_row():
     """ZB-V, p = 2, d = 4, b = 2 of GPT 1.7B on an A100 node with blocking sends: simulate's text, its
     JSON and tune's row (and JSON) give the same bubble, idle over busy time of the simulated step (the
     tune row said 0.013, bubble_s over the iteration, where simulate said 0.0604)."""
-    model = str(__import__("conftest").ROOT / "benchmarks" / "models" / "gpt-1.7b.toml")
+    model = str(__import__("conftest").ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     layout = ["--model", model, "--cluster", CLUSTER, "--global-batch", "64", "--recompute", "none", "--blocking-p2p"]
     simulated = CliRunner().invoke(main, ["simulate", "zbv", "-D", "p=2", "--dp", "4", "--microbatch-size", "2",
                                           *layout, "--json"])
@@ -491,7 +491,7 @@ def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_
     and costs as on 8-GPU nodes."""
     six = tmp_path / "six.toml"
     six.write_text((ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml").read_text().replace("gpus = 8", "gpus = 6"))
-    model = str(ROOT / "benchmarks" / "models" / "gpt-18.4b.toml")
+    model = str(ROOT / "schedc" / "models" / "gpt-18.4b.toml")
 
     def tp_comm(cluster, t):
         args = ["simulate", "1f1b", "-D", "p=4", "--model", model, "--cluster", cluster, "--tp", str(t), "--dp",
@@ -528,3 +528,24 @@ def test_why_explains_zb_h2_against_interleaved_part_by_part(model):
                                        "--recompute", "none", "--pp", "4", "--why", loser])
     assert result.exit_code == 0, result.output
     assert "memory against the winner (GiB)" in result.output and "deferred W" in result.output
+
+
+def test_the_winner_scaled_to_this_machine_runs(model, tmp_path):
+    """tune prints, for its winner, a compile and a `schedc run` of the same schedule, t and
+    recomputation on this machine (p = 2, at most 4 ranks); both commands work as printed (and torchrun's
+    OMP_NUM_THREADS banner stays out of the run's output: schedc run sets the variable)."""
+    import os
+    import subprocess
+    import sys
+    out = CliRunner().invoke(main, ["tune", "--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch",
+                                    "32", "--schedules", "zb_h1", "--tp", "2", "--top", "1"]).output
+    local = out.split("scaled to this machine")[1].splitlines()[1:3]
+    compile_line, run_line = (shlex.split(line.strip()) for line in local)
+    assert compile_line[:3] == ["schedc", "compile", "zb_h1"] and "--tp" in run_line
+    assert run_line[run_line.index("--tp") + 1] == "2" and run_line[run_line.index("--nproc") + 1] == "4"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # schedc run sets it: no banner
+    for line in (compile_line, run_line):
+        done = subprocess.run([sys.executable, "-m", "schedc.cli", *line[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "measured over 2 steps on 4 ranks" in done.stdout and "OMP_NUM_THREADS" not in done.stderr

@@ -6,13 +6,24 @@ from pathlib import Path
 
 import click
 
+from .common import finish, is_plan, plan_diagnostics, report
 from .group import main
-from .common import report, is_plan, plan_diagnostics, finish
 
 
+class _RunCommand(click.Command):
+    """`schedc run --help` lists every option of the runtime as well: they are `python -m schedc.runtime`'s
+    own (one table, its argparse parser), read here only for the help."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        from ..runtime.options import build_parser  # torch: only for this help
+        text = build_parser().format_help()
+        groups = text[text.index("\nmodel:") + 1:] if "\nmodel:" in text else text
+        formatter.write("\nRuntime options (after PLAN; the same as `python -m schedc.runtime`):\n\n")
+        formatter.write(groups)
 
 
-@main.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command("run", cls=_RunCommand, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("plan", type=click.Path(dir_okay=False))
 @click.option("--nproc", type=int, default=None, help="Processes per node (default: the plan's devices x dp).")
 @click.pass_context

@@ -137,13 +137,34 @@ def resolve_cluster(name: str) -> Path:
                      Source("schedc", ""), kind=USAGE)
 
 
+MODELS_PACKAGE = "schedc.models"
+
+
+def library_models() -> list[Path]:
+    root = resources.files(MODELS_PACKAGE)
+    return sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".toml"))
+
+
+def resolve_model(name: str) -> Path:
+    """A path as given if it exists, else the library model description of that name (`gpt-175b`)."""
+    path = Path(name)
+    if path.exists() or len(path.parts) > 1:
+        return path
+    for candidate in library_models():
+        if name in (candidate.stem, candidate.name):  # gpt-1.7b, gpt-1.7b.toml
+            return candidate
+    return path  # read_toml says it is missing
+
+
 def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
     """A TOML file's table and its source; unreadable or invalid TOML is a located error (exit 2)."""
     import tomllib  # only the cost model reads TOML; compiles skip the import
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SchedError(error(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}"),
+        hint = (f" (the library's: {', '.join(p.stem for p in library_models())})"
+                if what == "model description" and isinstance(exc, FileNotFoundError) else "")
+        raise SchedError(error(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}{hint}"),
                          Source(str(path), ""), kind=USAGE) from None
     source = Source(str(path), text)
     try:
@@ -213,7 +234,7 @@ def read_fields(table: dict, source: Source, fields: dict[str, type], optional: 
 
 def load_model_spec(path: str) -> ModelSpec:
     """Read a model description; every bad or missing field is reported, located (exit 2)."""
-    table, source = read_toml(path, "model description")
+    table, source = read_toml(resolve_model(str(path)), "model description")
     values, diags = read_fields(table, source, _MODEL_FIELDS, _MODEL_OPTIONAL)
     if not diags and values["hidden"] % values["heads"]:
         diags.append(error(f"'heads' ({values['heads']}) must divide 'hidden' ({values['hidden']})",
@@ -231,7 +252,7 @@ def load_cluster_model(path: str, cluster: ClusterSpec) -> ModelSpec:
     32-bit messages."""
     spec = load_model_spec(path)
     if spec.width != DTYPE_BYTES[cluster.dtype]:
-        table, source = read_toml(path, "model description")
+        table, source = read_toml(resolve_model(str(path)), "model description")
         raise SchedError(error(f"dtype '{spec.dtype}', but {cluster.name}'s peak_tflops is its {cluster.dtype} "
                                f"peak: give the model dtype {cluster.dtype}, or a cluster file whose [gpu] dtype is "
                                f"{spec.dtype}", locate(source, "dtype")), source, kind=USAGE)

@@ -128,12 +128,22 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Sch
     deps = Dependencies(pipelines, table, split if split_of is None else split_of, {},
                         tuple(op for order in orders for op in order))
     return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
-                    source=Source(path, ""), params=dict(meta.get("params") or {}), devices=plan.devices,
+                    source=Source(path, ""), params=_declared_order(meta.get("params") or {}), devices=plan.devices,
                     pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
                     orders=tuple(orders), deps=deps, costs=table,
                     activation=_per_stage(meta.get("activation", 1.0), stages), memory_limit=None,
                     memory_limit_span=None, split_backward=split and split_of is None, split_of=split_of,
                     fused=tuple(fused))
+
+
+PARAM_ORDER = ("p", "v", "m")  # a plan.json keeps its params sorted by name; the library declares these first
+
+
+def _declared_order(params: dict) -> dict:
+    """A plan's params in the order the library declares them (p, v, m, then the rest by name), so a plan
+    re-simulated is titled as its schedule was, (p=4 m=8) and not (m=8 p=4)."""
+    first = [k for k in PARAM_ORDER if k in params]
+    return {k: params[k] for k in [*first, *sorted(set(params) - set(first))]}
 
 
 def _per_stage(value, stages: int) -> tuple[float, ...]:

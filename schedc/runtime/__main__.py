@@ -15,18 +15,14 @@ if __name__ == "__main__":  # Ctrl-C while torch loads ends the process quietly,
 
 from schedc.plan import PlanError, load_plan  # noqa: E402 (after the handler)
 
-from .checkpoint import CheckpointError
-from .data import DataError
+from .errors import UserError
 from .executor import ExecutionError
-from .model import ModelError
 from .options import OptionError, parse_options
-from .tasks import TaskError
-from .world import WorldError
 
 if __name__ == "__main__":  # loaded: Ctrl-C is a KeyboardInterrupt again, which main ends with exit 130
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-USER_ERRORS = (PlanError, ModelError, DataError, OptionError, TaskError, WorldError, CheckpointError)
+USER_ERRORS = (UserError, PlanError)  # the runtime's root, and the plan format's own (schedc.plan)
 PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|Socket closed")
 EXIT_USAGE, EXIT_FAILED = 2, 1
 

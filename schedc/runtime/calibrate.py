@@ -141,6 +141,7 @@ def cluster_toml(name: str, peak: float, half: float, memory_bw: float, ram: flo
 name = "{name}"
 
 [gpu]
+dtype = "fp32"                         # what the GEMMs were timed in: peak_tflops is fp32's
 peak_tflops = {peak / 1e12:.6g}          # the GEMM fit's asymptote (efficiency.gemm = 1)
 memory_gib = {ram / 2**30:.6g}
 hbm_gbps = {memory_bw / 1e9:.6g}             # mean of add, GELU, layer norm (efficiency.hbm = 1)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from .errors import UserError
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that is missing, corrupt or belongs to another run, or a directory it cannot go to."""
 
 

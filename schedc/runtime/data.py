@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from .errors import UserError
 
 CORPUS_MODULES = ("argparse", "difflib", "textwrap", "inspect", "typing")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Data that cannot be loaded or does not fit the model."""
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from .errors import UserError
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
 # After a rank fails, torchrun sends the others SIGTERM and waits this long before SIGKILL (its default,
@@ -35,8 +36,10 @@ def torchrun_command(plan_path: str | Path, nproc: int, options: list[str] = (),
 def launch(plan_path: str | Path, nproc: int, options: list[str] = (),
            torchrun_args: list[str] = ()) -> int:
     """Run the plan on `nproc` local processes (per node); return the exit status (0 = all ranks ok;
-    128 + the signal when this process was told to stop: see `supervise`)."""
-    return supervise(subprocess.Popen(torchrun_command(plan_path, nproc, options, torchrun_args)))
+    128 + the signal when this process was told to stop: see `supervise`). OMP_NUM_THREADS is 1 unless
+    the user set it: torchrun's own choice for several processes, without its banner saying so."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return supervise(subprocess.Popen(torchrun_command(plan_path, nproc, options, torchrun_args), env=env))
 
 
 FORWARD_AFTER = 1.0  # seconds a stopped launcher waits for torchrun to see the signal itself (a group's)
@@ -90,7 +93,7 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
     return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError):
     """A plan or an option refused before torchrun starts."""
 
 
@@ -213,7 +216,7 @@ def size_warning(opts) -> str | None:
     source = f" from --config {opts.config}" if opts.config else ""
     return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
-            f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of benchmarks/models "
+            f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of schedc/models "
             "describes costs for `schedc simulate --model`, not a model to train here)")
 
 

@@ -22,9 +22,10 @@ from .plugins import load_function
 from .recompute import recomputed
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
                               declare)
+from .errors import UserError
 
 
-class ModelError(ValueError):
+class ModelError(UserError):
     """A model that cannot be built or does not fit the plan."""
 
 

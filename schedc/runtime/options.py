@@ -7,13 +7,16 @@ import math
 import tomllib
 from dataclasses import fields
 
+from schedc.layout import Layout
+
+from .errors import UserError
 from .model import ModelConfig, gpt_problem, tp_problem
 from .recompute import MODES as RECOMPUTE_MODES
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
 
-class OptionError(ValueError):
+class OptionError(UserError):
     """Options that do not make sense together."""
 
 
@@ -203,11 +206,20 @@ def _layer_counts(text: str) -> tuple[int, ...]:
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = build_parser().parse_args(argv)
     opts.model_config = model_config(opts)
+    opts.layout = layout_of(opts)
     opts.fault = (_parse_fault("--fault-kill", opts.fault_kill, "kill")
                   or _parse_fault("--fault-hang", opts.fault_hang, "hang")
                   or _parse_fault("--fault-stop", opts.fault_stop, "stop"))
     _check(opts)
     return opts
+
+
+def layout_of(opts: argparse.Namespace) -> Layout:
+    """The run's layout as one value, the one the cost model and tune read (schedc.layout.run_flags
+    writes these options back)."""
+    return Layout(tp=opts.tp, dp=opts.dp, microbatch_size=opts.model_config.mb_size, recompute=opts.recompute,
+                  sequence_parallel=opts.sequence_parallel, scatter_gather=opts.scatter_gather,
+                  distributed_optimizer=opts.distributed_optimizer)
 
 
 def model_config(opts: argparse.Namespace) -> ModelConfig:

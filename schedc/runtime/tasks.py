@@ -7,6 +7,7 @@ import importlib
 from typing import Any, Callable
 
 from schedc.plan import Instr
+from .errors import UserError
 
 # setup(executor), registered with `@register_setup`, runs once when an executor is built, before any
 # step: a task module attaches its state and module hooks there (K-FAC captures layer inputs in F).
@@ -17,7 +18,7 @@ TASKS: dict[str, TaskHandler] = {}
 SETUPS: list[Callable[[Any], None]] = []
 
 
-class TaskError(ValueError):
+class TaskError(UserError):
     """A task without a handler, or a task module that cannot be loaded."""
 
 

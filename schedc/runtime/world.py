@@ -16,9 +16,10 @@ import torch.distributed as dist
 
 from schedc.layout import Coordinates, coordinates, rank_at
 from schedc.plan import SENDS, Opcode, Plan
+from .errors import UserError
 
 
-class WorldError(ValueError):
+class WorldError(UserError):
     """A plan or option that does not fit the processes torchrun started."""
 
 

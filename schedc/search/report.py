@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import RECOMPUTE, SWITCH_NAMES, flag
+from ..layout import RECOMPUTE, SWITCH_NAMES, Layout, flag, run_flags
 from ..diagnostics import SCHEDULE, SchedError
-from ..text import GIB, more, ordinal, plural
+from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
 from .space import Request
@@ -122,7 +122,7 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
     else:
         overall, family = searcher.rank(best, space)
     mine, winner = searcher.evaluate(best, free=True), outcome.ranked[0]
-    lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {mine.tflops_per_gpu:.1f} TFLOP/s "
+    lines = [f"{head}: its best, {best.describe()}: {mine.iteration_s:.4f} s, {rate(mine.tflops_per_gpu)} TFLOP/s "
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
              f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
@@ -236,6 +236,8 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     lines += pruned_report(outcome, pruned_lines)
     lines.append("the winner:")
     lines += [f"  {command}" for command in winner_commands(outcome)]
+    lines.append("the same layout scaled to this machine (the schedule, t, recomputation; p = 2, the runtime's GPT):")
+    lines += [f"  {command}" for command in local_commands(outcome)]
     return "\n".join(lines)
 
 
@@ -251,3 +253,24 @@ def winner_commands(outcome: Outcome) -> list[str]:
               f"--recompute {c.recompute}{flags}")
     return [f"schedc simulate {common}", f"schedc compile {common} -o out/tune",
             f"schedc render {common} -o tune.svg"]
+
+
+LOCAL_STAGES = 2  # the winner scaled to this machine: two pipeline devices of at most LOCAL_TP ranks, d = 1
+LOCAL_TP = 2
+
+
+def local_commands(outcome: Outcome) -> list[str]:
+    """The winner's layout scaled to this machine: the same schedule, t (at most 2), recomputation and
+    sequence parallelism on the runtime's GPT, p = 2, m = 8, d = 1 (at most 4 CPU ranks): the compile
+    and the `schedc run` that executes it."""
+    import shlex
+    r, c = outcome.request, outcome.ranked[0].candidate
+    params = {**c.params(), "p": LOCAL_STAGES, "m": 4 * LOCAL_STAGES}
+    t = min(c.t, LOCAL_TP)
+    layout = Layout(tp=t, microbatch_size=min(c.b, 4), recompute=c.recompute,
+                    sequence_parallel=r.sequence_parallel and t > 1)
+    layers = 4 * LOCAL_STAGES * int(params.get("v", 1))  # enough for V shapes and two-pipeline schedules
+    defines = " ".join(f"-D {k}={v}" for k, v in params.items())
+    return [f"schedc compile {shlex.quote(c.schedule)} {defines} -o out/tune-local",
+            f"schedc run out/tune-local/plan.json --nproc {t * LOCAL_STAGES} --steps 3 --layers {layers} "
+            + " ".join(run_flags(layout))]
