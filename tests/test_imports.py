@@ -168,3 +168,16 @@ def test_only_the_driver_runs_the_passes():
     offenders = {m: names for m, names in importers.items() if names and not m.startswith("schedc.driver")
                  and not (m.startswith("schedc.checks.") and names == ["schedc.checks.census.census"])}
     assert offenders == {}
+
+
+def test_modules_and_functions_stay_small():
+    """Each module one responsibility (at most 500 lines), each function one step (at most 60 lines)."""
+    long_modules, long_functions = [], []
+    for module, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > 500:
+            long_modules.append(module)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long_functions.append(f"{module}.{node.name}")
+    assert long_modules == [] and long_functions == []
