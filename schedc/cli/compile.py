@@ -8,7 +8,7 @@ from ..diagnostics import SchedError
 from ..text import plural
 from ..outputs import STDOUT, output_error, prepare_directory, reason
 from .group import main
-from .options import define_option, costs_option, with_option, latency_option, cluster_options
+from .options import schedule_options
 from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish
 
 
@@ -16,11 +16,7 @@ from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish
 
 @main.command("compile")
 @click.argument("file")
-@define_option
-@costs_option
-@latency_option
-@cluster_options
-@with_option
+@schedule_options
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
 def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, out_dir):

@@ -227,3 +227,11 @@ def tune_options(command):
     for option in reversed(_TUNE_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+def schedule_options(command):
+    """What compile and simulate take to compile FILE: -D, the measured costs, --latency, --cluster and its
+    layout, --with (in this order in --help)."""
+    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option)):
+        command = option(command)
+    return command

@@ -6,7 +6,7 @@ import json
 import click
 
 from .group import main
-from .options import define_option, costs_option, with_option, latency_option, cluster_options
+from .options import schedule_options
 from .common import fail, fail_json, compiled, given_value, refusal_json, is_plan, plan_only, replayed, on_cluster, cluster_summary, finish
 from ..text import plural
 
@@ -15,11 +15,7 @@ from ..text import plural
 
 @main.command("simulate")
 @click.argument("file")
-@define_option
-@costs_option
-@latency_option
-@cluster_options
-@with_option
+@schedule_options
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
 def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,

@@ -119,19 +119,30 @@ _CHOICES = {"dtype": tuple(DTYPE_BYTES), "attention": ATTENTION_KERNELS}  # a st
 MAX_GPUS = 2**20  # a million GPUs: past every cluster built; bounds tune's divisors and a prediction's t x p x d
 
 
-def library_clusters() -> list[Path]:
-    root = resources.files(LIBRARY_PACKAGE)
+def _library(package: str) -> list[Path]:
+    """The TOML files a library package ships (clusters, models)."""
+    root = resources.files(package)
     return sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".toml"))
+
+
+def _found(name: str, library: list[Path]) -> Path | None:
+    """A path as given if it exists (or names a folder), else the library file of that name or file
+    name (`gpt-1.7b`, `gpt-1.7b.toml`), else None."""
+    path = Path(name)
+    if path.exists() or len(path.parts) > 1:
+        return path
+    return next((candidate for candidate in library if name in (candidate.stem, candidate.name)), None)
+
+
+def library_clusters() -> list[Path]:
+    return _library(LIBRARY_PACKAGE)
 
 
 def resolve_cluster(name: str) -> Path:
     """A path as given if it exists, else the library cluster of that name (`dgx-a100-80gb`)."""
-    path = Path(name)
-    if path.exists() or len(path.parts) > 1:
-        return path
-    for candidate in library_clusters():
-        if candidate.stem == path.stem:
-            return candidate
+    found = _found(name, library_clusters())
+    if found is not None:
+        return found
     known = ", ".join(p.stem for p in library_clusters())
     raise SchedError(error(f"--cluster: no file or library cluster named {name!r} (library: {known})"),
                      Source("schedc", ""), kind=USAGE)
@@ -141,19 +152,13 @@ MODELS_PACKAGE = "schedc.models"
 
 
 def library_models() -> list[Path]:
-    root = resources.files(MODELS_PACKAGE)
-    return sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".toml"))
+    return _library(MODELS_PACKAGE)
 
 
 def resolve_model(name: str) -> Path:
-    """A path as given if it exists, else the library model description of that name (`gpt-175b`)."""
-    path = Path(name)
-    if path.exists() or len(path.parts) > 1:
-        return path
-    for candidate in library_models():
-        if name in (candidate.stem, candidate.name):  # gpt-1.7b, gpt-1.7b.toml
-            return candidate
-    return path  # read_toml says it is missing
+    """A path as given if it exists, else the library model description of that name (`gpt-175b`); a
+    name found nowhere is returned as a path, which read_toml says is missing."""
+    return _found(name, library_models()) or Path(name)
 
 
 def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
