@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
+from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
 from ..layout import Layout
 from ..text import GIB
 
@@ -129,22 +130,10 @@ def resolve_cluster(name: str) -> Path:
 
 
 def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
-    """A TOML file's table and its source; unreadable or invalid TOML is a located error (exit 2)."""
-    import tomllib  # only the cost model reads TOML; compiles skip the import
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SchedError(error(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}"),
-                         Source(str(path), ""), kind=USAGE) from None
-    source = Source(str(path), text)
-    try:
-        return tomllib.loads(text), source
-    except tomllib.TOMLDecodeError as exc:
-        found = re.search(r"line (\d+), column (\d+)", str(exc))
-        lines = text.splitlines() or [""]
-        span = Span(int(found.group(1)), int(found.group(2))) if found else Span(len(lines), len(lines[-1]) + 1)
-        raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source,
-                         kind=USAGE) from None
+    """A TOML file's table and its source, read through schedc.inputs (a regular file, its size, depth
+    and integers capped); unreadable or invalid TOML is a located error (exit 2)."""
+    source = read_source(path, what, MAX_DESCRIPTION_BYTES)
+    return load_toml(source, what), source
 
 
 def locate(source: Source, key: str, table: str | None = None) -> Span:
@@ -392,6 +381,6 @@ def check_stages(model: ModelSpec, schedule, model_path: str) -> None:
 
 def source_text(path: str) -> Source:
     try:
-        return Source(path, Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        return read_source(path, "model", MAX_DESCRIPTION_BYTES)
+    except SchedError:
         return Source(path, "")
