@@ -11,6 +11,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import ast
+from ..budget import SQUEEZE_SLOTS
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
 from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
@@ -341,6 +342,13 @@ def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, sourc
     if fused or any(op.kind not in BUILTIN for order in orders for op in order):
         raise fail_at("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops, and no tasks "
                     "in the programs (fill them into the bubbles instead)", squeeze.span, source)
+    for device, (order, taken) in enumerate(zip(orders, slots)):
+        last = max(range(len(taken)), key=taken.__getitem__, default=None)
+        spans = 0 if last is None else taken[last] + 1
+        refused = SQUEEZE_SLOTS.refusal(spans, f"'squeeze': device {device}'s program (its {order[last]} at slot "
+                                        f"{taken[last]:,}) spans" if last is not None else "", items=len(order))
+        if refused:
+            raise fail_at(refused, squeeze.span, source)
     from .squeeze import squeeze_orders
     return squeeze_orders(orders, slots, deps, chunk_index(pipelines))
 

@@ -93,9 +93,11 @@ class _ProgramRun:
             count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
             unit = self.UNITS[type(stmt.unit)]
             for _ in range(count):
-                if isinstance(stmt.unit, ast.Group):
-                    self._charge(stmt.span)
+                self._charge(stmt.span)  # every round counts: `F? * 1000000000` stops like any runaway loop
+                placed = len(self.order)
                 unit(self, stmt.unit, env)
+                if self.lenient and len(self.order) == placed:
+                    break  # an optional round that placed nothing changed nothing: every later one is the same
         finally:
             self.lenient -= stmt.optional
 
