@@ -32,13 +32,16 @@ class Budget:
         return f"{what} {count:,} {self.unit}, past the limit of {allowed:,}" + (f" ({self.why})" if self.why else "")
 
 
+# the statements the programs of all devices may run, shared (so a runaway loop stops once): some
+# seconds of interpretation (V-Half runs about 6 per op; p = 4, m = 3,400 is near the limit)
+PROGRAM_STATEMENTS = Budget("statements", 500_000, ", the limit of the programs' interpreter (seconds of work): "
+                            "give smaller params")
 # a squeeze passes over every unit slot of a device, for each op it moves; a program's slots are
 # about one per op (V-Half: 6 per microbatch for its 6 ops), so this is far past any schedule's
 SQUEEZE_SLOTS = Budget("unit slots", 1_024, "a squeeze scans a device's slots for every op it moves: 1,024 "
                        "and 8 per op of the device", per=8)
 # tune simulates each candidate: 10^5 take minutes on one core
 TUNE_CANDIDATES = Budget("candidates", 100_000, "narrow --schedules, --tp, --pp, --microbatch or --gpus")
-# a PNG or SVG timeline's area, and a DAG's nodes (Graphviz lays out every one)
-RENDER_PIXELS = Budget("pixels", 400_000_000, "render a smaller schedule, or to .json or .html")
-RENDER_NODES = Budget("nodes", 20_000, "Graphviz lays out every node; render a smaller schedule")
-RENDER_OPS = Budget("ops", 2_000_000, "every op is written; render a smaller schedule")
+# a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
+# larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
+RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")
