@@ -40,8 +40,10 @@ PROGRAM_STATEMENTS = Budget("statements", 500_000, ", the limit of the programs'
 # about one per op (V-Half: 6 per microbatch for its 6 ops), so this is far past any schedule's
 SQUEEZE_SLOTS = Budget("unit slots", 1_024, "a squeeze scans a device's slots for every op it moves: 1,024 "
                        "and 8 per op of the device", per=8)
-# tune simulates each candidate: 10^5 take minutes on one core
-TUNE_CANDIDATES = Budget("candidates", 100_000, "narrow --schedules, --tp, --pp, --microbatch or --gpus")
+# tune compiles a schedule with `fill bubbles` whole for each candidate, its fill searched: about 1.5 s
+# of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
+TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "
+                    "the search with --tp, --pp, --microbatch or --recompute")
 # a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
 # larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
 RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")

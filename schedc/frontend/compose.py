@@ -82,9 +82,12 @@ def _twice(use: ast.Use, where: str, first: str, top: Source) -> SchedError:
 def _base(ext: ast.Extends, source: Source, chain: tuple[str, ...],
           top: Source) -> tuple[ast.ScheduleDecl, dict[str, str]]:
     found = _find(ext.base, source, "schedule", ext.span, top)
-    if _key(found) in chain or len(chain) > MAX_DEPTH:
+    if _key(found) in chain:
         names = " -> ".join(Path(k).stem for k in (*chain, _key(found)))
         raise _error(f"a cycle of `extends`: {names}", ext.span, top)
+    if len(chain) > MAX_DEPTH:  # no cycle: a chain longer than any schedule needs
+        names = " -> ".join(Path(k).stem for k in (*chain[:3], "...", *chain[-2:], _key(found)))
+        raise _error(f"`extends` chain deeper than {MAX_DEPTH} schedules: {names}", ext.span, top)
     base = _located(parse_source(found), found)
     if base.addon:
         raise _error(f"'{ext.base}' is an add-on: `use {ext.base}`, not `extends`", ext.span, top)

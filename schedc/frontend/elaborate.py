@@ -191,7 +191,16 @@ def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = 
     try:
         return _elaborate(decl, source, options)
     except EvalError as exc:
+        given = _given_value(exc.message, options.overrides)
+        if given:  # `-D m=2.5`: the command line's value is at fault, not the line that reads it
+            raise fail_at(exc.message, exc.span, source, USAGE, notes=(f"{given} was given with -D {given}="
+                                                                       f"{options.overrides[given]}",)) from None
         raise fail_at(exc.message, exc.span, source) from None
+
+
+def _given_value(message: str, params: dict[str, str]) -> str | None:
+    """The -D param whose value an evaluation error names (`... must be an integer, got 2.5`), if any."""
+    return next((name for name, value in params.items() if value and message.endswith(f"got {value}")), None)
 
 
 def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> tuple[dict[str, Any], int, tuple[Pipeline, ...]]:

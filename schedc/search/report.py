@@ -57,8 +57,8 @@ def request_from(o: dict[str, Any]) -> Request:
     if o["memory_limit"] is not None:
         try:
             limit = parse_bytes(o["memory_limit"])
-        except SchedError:
-            raise usage(f"--memory-limit: cannot read {o['memory_limit']!r} (write e.g. 80GiB, 512MB or 1e10 bytes)") from None
+        except SchedError as exc:
+            raise usage(exc.diagnostics[0].message.replace("or 1e10)", "or 1e10 bytes)")) from None
         if limit < 2**20:
             raise usage(f"--memory-limit {o['memory_limit']}: {limit:g} bytes per GPU, less than 1 MiB; give a unit "
                         f"(e.g. 80GiB)")
