@@ -243,3 +243,144 @@ def test_a_huge_global_batch_is_said_of_the_option_given():
     result = cli("simulate", "1f1b", "-D", "p=4", "--cluster", CLUSTER, "--model", GPT, "--global-batch", "9" * 23)
     assert result.exit_code == 2 and "--global-batch 99,999,999,999,999,999,999,999 is 99,999,999,999,999,999,999,999 " \
         "microbatches per step" in result.output and "-D m=" not in result.output
+
+
+# --- calibrate: option ranges, no signal, what was written --------------------------------------------
+
+CAL_MODEL = "layers = 4\nhidden = 256\nheads = 8\nseq = 128\nvocab = 256\nffn = 1024\ndtype = \"fp32\"\n"
+
+
+@pytest.mark.parametrize("option,value", [("--ranks", "0"), ("--ranks", "1"), ("--threads", "0"), ("--tp", "0")])
+def test_calibrate_options_are_held_to_their_ranges(tmp_path, option, value):
+    """--ranks 1 hung (rank 0 sent to a rank 1 that was never started): a ping-pong needs two."""
+    result = cli("calibrate", "-o", str(tmp_path / "c.toml"), option, value)
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+    assert not (tmp_path / "c.toml").exists()
+
+
+def _fit(tmp_path, profile: dict | str):
+    import json
+    model, costs = tmp_path / "m.toml", tmp_path / "profile.json"
+    model.write_text(CAL_MODEL)
+    costs.write_text(profile if isinstance(profile, str) else json.dumps(profile))
+    return cli("calibrate", "-o", str(tmp_path / "fitted.toml"), "--cluster", CLUSTER, "--costs", str(costs),
+               "--model", str(model), "--microbatch-size", "4")
+
+
+@pytest.mark.parametrize("profile,message", [
+    ({"F": [0, 0], "B": [0, 0]}, "the profile's F is 0 at stage 0: no time measured, nothing to fit"),
+    ({"F": [50.0, 60.0], "B": [100.0, 0]}, "the profile's B is 0 at stage 1"),
+    ({"F": [1e-12, 1e-12], "B": [1e-12, 1e-12]}, "times the cost model's prediction for this model on"),
+    ('{"F": ' + "[" * 100 + "]" * 100 + "}", "nested deeper than 64 levels"),
+])
+def test_a_profile_with_no_signal_is_refused_not_fitted(tmp_path, profile, message):
+    result = _fit(tmp_path, profile)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "fitted.toml").exists()
+
+
+def test_calibrate_says_what_it_wrote_and_refuses_to_write_nothing(tmp_path):
+    result = _fit(tmp_path, {"F": [50.0, 60.0], "B": [100.0, 120.0]})
+    assert result.exit_code == 0 and f"wrote {tmp_path / 'fitted.toml'}: " in result.output
+    assert "8 per node, peak " in result.output and "TFLOP/s (fp32)" in result.output
+    nothing = cli("calibrate", "-o", str(tmp_path / "none.toml"), "--cluster", CLUSTER)
+    assert nothing.exit_code == 2 and "give --costs and --model with it" in nothing.output
+
+
+# --- the runtime: user code that exits or raises, checkpoints of another run -------------------------
+
+RUN = ["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2", "--steps", "1"]
+USER_MODULE = '''import sys
+def exits(cfg):
+    sys.exit(0)
+def exits_3(cfg):
+    sys.exit(3)
+def raises(cfg):
+    raise RuntimeError("the user's model is broken")
+def data_exits(cfg, seed):
+    sys.exit(0)
+'''
+
+
+@pytest.mark.parametrize("option,spec,raised", [
+    ("--model", "hardening_user:exits", "exits(): SystemExit(0): it called sys.exit()"),
+    ("--model", "hardening_user:exits_3", "exits_3(): SystemExit(3)"),
+    ("--model", "hardening_user:raises", "raises(): RuntimeError: the user's model is broken"),
+    ("--data", "hardening_user:data_exits", "data_exits(): SystemExit(0)"),
+    ("--model", "hardening_exit_on_import:f", "importing hardening_exit_on_import: SystemExit(3)"),
+])
+def test_user_code_that_exits_or_raises_is_the_users_code_failing(tmp_path, monkeypatch, capsys, option, spec, raised):
+    """sys.exit(0) in a model builder was reported as success and sys.exit(3) leaked exit 3: both are the
+    user's code failing (exit 1), named with the function."""
+    import sys
+    from schedc.runtime.__main__ import main as runtime_main
+    (tmp_path / "hardening_user.py").write_text(USER_MODULE)
+    (tmp_path / "hardening_exit_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("hardening_user", "hardening_exit_on_import"):
+        sys.modules.pop(name, None)
+    assert runtime_main([_plan(tmp_path), *RUN, "--reference", option, spec]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {option} '{spec}': the user's code failed in {raised}" in err, err
+
+
+def _checkpoint(tmp_path: Path, plan: str, **changed) -> Path:
+    """A checkpoint directory as two ranks of `plan` would leave it (rank files with their checksums),
+    made with RUN's model unless `changed` says otherwise."""
+    import hashlib
+    import json
+    from schedc.plan import load_plan
+    from schedc.runtime.checkpoint import identity
+    from schedc.runtime.options import parse_options
+    root = tmp_path / "ckpt"
+    (root / "step-00000001").mkdir(parents=True)
+    files = {}
+    for rank in (0, 1):
+        data = f"rank {rank}".encode()
+        (root / "step-00000001" / f"rank{rank}.pt").write_bytes(data)
+        files[f"rank{rank}.pt"] = hashlib.sha256(data).hexdigest()
+    made = identity(load_plan(plan).hash, 2, parse_options([plan, *RUN]))
+    made["model"].update(changed)
+    (root / "latest.json").write_text(json.dumps({"dir": "step-00000001", "steps_done": 1, **made, "files": files}))
+    return root
+
+
+def test_save_over_a_checkpoint_is_refused_unless_overwrite(tmp_path):
+    from schedc.runtime.launch import LaunchError, check_launch
+    plan = _plan(tmp_path)
+    root = _checkpoint(tmp_path, plan)
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    with pytest.raises(LaunchError) as caught:
+        check_launch(plan, None, [*RUN, "--save", str(root)], [])
+    assert f"--save {root}: the directory holds a checkpoint (1 step done, plan hash " in str(caught.value)
+    assert "give --overwrite to replace it" in str(caught.value)
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before  # nothing lost
+    check_launch(plan, None, [*RUN, "--save", str(root), "--overwrite"], [])
+    check_launch(plan, None, [*RUN, "--steps", "2", "--save", str(root), "--resume", str(root)], [])  # continued
+
+
+def test_resume_of_another_plan_model_size_or_seed_is_refused_before_torchrun_naming_it(tmp_path):
+    from schedc.runtime.launch import LaunchError, check_launch
+    plan = _plan(tmp_path)
+    root = _checkpoint(tmp_path, plan, layers=4, hidden=64)
+    with pytest.raises(LaunchError) as caught:
+        check_launch(plan, None, [*RUN, "--steps", "2", "--resume", str(root)], [])
+    assert "the checkpoint is of another run: it was made with model layers 4 (this run: 2); model hidden 64 " \
+        "(this run: 32)" in str(caught.value)
+    other = tmp_path / "other"
+    assert cli("compile", "gpipe", "-D", "p=2", "-D", "m=2", "-o", str(other)).exit_code == 0
+    root = _checkpoint(tmp_path / "o", plan)
+    with pytest.raises(LaunchError) as caught:
+        check_launch(str(other / "plan.json"), None, [*RUN, "--steps", "2", "--resume", str(root), "--seed", "7"], [])
+    assert "made with plan hash" in str(caught.value) and "another schedule or size" in str(caught.value)
+    assert "seed 0 (this run: 7)" in str(caught.value)
+
+
+def test_a_tasks_module_that_exits_on_import_is_the_users_code_failing(tmp_path, monkeypatch):
+    from schedc.runtime.tasks import TaskError, load_task_modules
+    (tmp_path / "hardening_tasks_exit.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TaskError) as caught:
+        load_task_modules(["hardening_tasks_exit"])
+    assert "--tasks 'hardening_tasks_exit': the user's code failed in importing hardening_tasks_exit: " \
+        "SystemExit(0)" in str(caught.value)

@@ -125,6 +125,8 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
                             "with --every")
     group.add_argument("--every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     group.add_argument("--resume", metavar="DIR", help="continue from the latest checkpoint in DIR")
+    group.add_argument("--overwrite", action="store_true",
+                       help="let --save DIR replace a checkpoint already there (refused without it)")
     group.add_argument("--fault-kill", metavar="RANK:STEP",
                        help="for testing fault handling only: rank RANK kills itself halfway "
                             "through step STEP")
