@@ -384,3 +384,19 @@ def test_a_tasks_module_that_exits_on_import_is_the_users_code_failing(tmp_path,
         load_task_modules(["hardening_tasks_exit"])
     assert "--tasks 'hardening_tasks_exit': the user's code failed in importing hardening_tasks_exit: " \
         "SystemExit(0)" in str(caught.value)
+
+
+def test_a_hundred_thousand_unknown_keys_are_counted_not_each_located(tmp_path):
+    """Each unknown key was located by a scan of the whole file: 100,000 of them took minutes."""
+    path = tmp_path / "m.toml"
+    path.write_text(Path(GPT).read_text() + "".join(f"k{i} = 1\n" for i in range(100_000)))
+    result = cli("simulate", "1f1b", "--cluster", CLUSTER, "--model", str(path))
+    assert result.exit_code == 2 and "m.toml:7:1: error: unknown key 'k0'" in result.output
+    assert "... and 99,980 more unknown keys" in result.output
+
+
+def test_tune_why_with_an_integer_of_thousands_of_digits_is_a_usage_error():
+    result = cli("tune", "--model", GPT, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
+                 "--schedules", "1f1b", "--why", "t=1 p=" + "9" * 5000)
+    assert result.exit_code == 2 and "p must be a positive integer, got '999999999999... (5,000 characters)'" \
+        in result.output

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
 from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
 from ..layout import Layout
-from ..text import GIB
+from ..text import GIB, MAX_SHOWN
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
@@ -164,14 +164,24 @@ MAX_FIGURE = 1e15    # a cluster's figures, in their units (TFLOP/s, GiB, GB/s, 
 MIN_FIGURE = 1e-6    # and at least this: 1 MFLOP/s, 1 kB/s, a picosecond (1e-320 made every time infinite)
 
 
+def unknown_keys(keys: list[str], message, where) -> list[Diagnostic]:
+    """The errors of unknown keys: the first MAX_SHOWN located (each is a scan of the file), the rest
+    counted in one, so that a file of 100,000 unknown keys is refused in a moment."""
+    diags = [error(message(k), where(k)) for k in keys[:MAX_SHOWN]]
+    if len(keys) > MAX_SHOWN:
+        diags.append(error(f"... and {len(keys) - MAX_SHOWN:,} more unknown keys", where(keys[MAX_SHOWN])))
+    return diags
+
+
 def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
                 also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:
     """A model table's values and what is wrong with them, each located: unknown keys (those in `also`
     are read by another consumer and let through), missing required ones, integers that are not
     positive, dtypes not in DTYPE_BYTES. The one field rule for every model description."""
     known = [*fields, *also]
-    diags: list[Diagnostic] = [error(f"unknown key '{k}' (keys: {', '.join(known)})", locate(source, k))
-                               for k in table if k not in known]
+    diags: list[Diagnostic] = unknown_keys([k for k in table if k not in known],
+                                           lambda k: f"unknown key '{k}' (keys: {', '.join(known)})",
+                                           lambda k: locate(source, k))
     values = {}
     for key, kind in fields.items():
         value = table.get(key)
@@ -235,10 +245,10 @@ def load_cluster(name: str) -> ClusterSpec:
         given = table.get(section) if isinstance(table.get(section), dict) else {}
         if section == "gpu":
             given = {k: v for k, v in given.items() if k != "dtype"}
-        for key in given:
-            if key not in fields:
-                diags.append(error(f"unknown key '{section}.{key}' (keys: {', '.join(fields)})",
-                                   locate(source, key, section)))
+        diags += unknown_keys([k for k in given if k not in fields],
+                              lambda k, section=section, fields=fields: f"unknown key '{section}.{k}' (keys: "
+                                                                        f"{', '.join(fields)})",
+                              lambda k, section=section: locate(source, k, section))
         for key, (kind, scale, doc) in fields.items():
             value = given.get(key)
             if value is None:
@@ -291,10 +301,9 @@ def _memory_fields(table: dict, source: Source, diags: list[Diagnostic]) -> dict
     given = table.get("memory")
     if not isinstance(given, dict):
         return {key: 0.0 for key in _MEMORY_FIELDS}
-    for key in given:
-        if key not in _MEMORY_FIELDS:
-            diags.append(error(f"unknown key 'memory.{key}' (keys: {', '.join(_MEMORY_FIELDS)})",
-                               locate(source, key, "memory")))
+    diags += unknown_keys([k for k in given if k not in _MEMORY_FIELDS],
+                          lambda k: f"unknown key 'memory.{k}' (keys: {', '.join(_MEMORY_FIELDS)})",
+                          lambda k: locate(source, k, "memory"))
     out = {}
     for key, (scale, doc, upper) in _MEMORY_FIELDS.items():
         value = given.get(key)

@@ -91,8 +91,10 @@ def parse_why(text: str) -> dict[str, Any]:
         if kind is None or key in wanted:
             why = f"{key}= is given twice" if key in wanted else f"unknown key {key!r}"
             raise usage(f"--why {text!r}: {why} (give a schedule and any of {', '.join(_WHY_KEYS)}, as t=8)")
-        if kind is int and not (value.isascii() and value.isdigit() and int(value) > 0):
-            raise usage(f"--why {text!r}: {key} must be a positive integer, got {value!r}")
+        if kind is int and not (value.isascii() and value.isdigit() and len(value) <= 18 and int(value) > 0):
+            shown = value if len(value) <= 20 else f"{value[:12]}... ({len(value):,} characters)"
+            asked = text if len(text) <= 80 else text[:60] + "..."
+            raise usage(f"--why {asked!r}: {key} must be a positive integer, got {shown!r}")
         wanted[key] = kind(value)
         if key == "recompute" and value not in RECOMPUTE:
             raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE)}, got {value!r}")
