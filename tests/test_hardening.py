@@ -400,3 +400,18 @@ def test_tune_why_with_an_integer_of_thousands_of_digits_is_a_usage_error():
                  "--schedules", "1f1b", "--why", "t=1 p=" + "9" * 5000)
     assert result.exit_code == 2 and "p must be a positive integer, got '999999999999... (5,000 characters)'" \
         in result.output
+
+
+def test_a_model_builder_that_never_returns_is_ended_by_the_runs_timeout(tmp_path):
+    """It hung past --timeout 5: user code is called under the run's --timeout (in a process of its own
+    here: the limit ends the process)."""
+    import subprocess
+    import sys
+    (tmp_path / "hardening_forever.py").write_text("import time\ndef builder(cfg):\n    while True:\n"
+                                                   "        time.sleep(0.05)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "schedc.runtime", _plan(tmp_path), *RUN, "--reference", "--model",
+                           "hardening_forever:builder", "--timeout", "1"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 1 and "error: --model 'hardening_forever:builder': the user's code did not return " \
+        "from builder() within --timeout 1 s" in done.stderr, done.stderr

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import threading
 from typing import Callable
 
 
@@ -39,12 +42,35 @@ def user_failure(option: str, spec: str, where: str, exc: BaseException) -> str:
     return f"{option} {spec!r}: the user's code failed in {where}: {raised}"
 
 
+_LIMIT = [None]  # seconds a call of user code may take: the run's --timeout (limit_user_code)
+
+
+def limit_user_code(seconds: float | None) -> None:
+    """Hold every later call_user to `seconds` (the run's --timeout); None: no limit."""
+    _LIMIT[0] = seconds
+
+
 def call_user(function: Callable, option: str, spec: str, error: type[Exception], *args):
-    """function(*args), user code: anything it raises (SystemExit too) becomes `error`, naming it."""
+    """function(*args), user code: anything it raises (SystemExit too) becomes `error`, naming it; a
+    call that does not return within the run's --timeout ends the process (exit 1), naming it."""
+    name = getattr(function, "__qualname__", None) or getattr(function, "__name__", repr(function))
+    timer = None
+    if _LIMIT[0] is not None:
+        timer = threading.Timer(_LIMIT[0], _overrun, (f"error: {option} {spec!r}: the user's code did not return "
+                                                      f"from {name}() within --timeout {_LIMIT[0]:g} s",))
+        timer.daemon = True
+        timer.start()
     try:
         return function(*args)
     except BaseException as exc:  # noqa: BLE001 - whatever user code raises is the user's code failing
         if isinstance(exc, (KeyboardInterrupt, error)):
             raise
-        name = getattr(function, "__qualname__", None) or getattr(function, "__name__", repr(function))
         raise error(user_failure(option, spec, f"{name}()", exc)) from None
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _overrun(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    os._exit(1)
