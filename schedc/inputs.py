@@ -81,10 +81,30 @@ def _span(source: Source, offset: int, length: int = 1) -> Span:
     return Span(line, column, line, column + length)
 
 
+_BRACKETS_ONLY = {c: None for c in range(128) if chr(c) not in "[]{}"}
+_PAIR = re.compile(r"\[\]|\{\}")
+_DIGITS_ONLY = str.maketrans("123456789", "000000000")
+
+
+def _shallow(text: str) -> bool:
+    """A fast first look: whether the brackets, strings and comments not told apart, nest no deeper
+    than MAX_DEPTH (the innermost pairs peeled a level at a time by the regex engine: a plan of 20 MB
+    takes a fraction of a second). A text that fails it gets the exact, located scan; one that passes
+    it with brackets hidden in strings is still held by the parsers' own recursion limit, caught."""
+    brackets = text.translate(_BRACKETS_ONLY) if text.isascii() else re.sub(r"[^\[\]{}]+", "", text)
+    for _ in range(MAX_DEPTH + 1):
+        brackets, peeled = _PAIR.subn("", brackets)
+        if not brackets or not peeled:  # all peeled, or unbalanced: the parser says where
+            return True
+    return False
+
+
 def check_depth(source: Source, what: str, headers: bool = False) -> None:
     """Refuse arrays or objects nested deeper than MAX_DEPTH, at the bracket that goes past it (before a
     recursive parser or walk runs out of stack). headers: a TOML file, whose `[table]` lines at the
     start of a line are names, not arrays."""
+    if _shallow(source.text):
+        return
     depth = 0
     for found in _BRACKETS.finditer(source.text):
         char = found.group()
@@ -107,6 +127,8 @@ def _starts_line(text: str, offset: int) -> bool:
 def check_digits(source: Source, what: str) -> None:
     """Refuse an integer of more than MAX_DIGITS digits where it is written (int() of thousands of digits
     stops at Python's int-to-str limit with a traceback, and no count or size needs them)."""
+    if "0" * MAX_DIGITS not in source.text.translate(_DIGITS_ONLY):  # the common case, at C speed
+        return
     for found in _LONG_INT.finditer(source.text):
         text = found.group()
         if text[0] in "\"'#":
