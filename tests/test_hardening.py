@@ -415,3 +415,11 @@ def test_a_model_builder_that_never_returns_is_ended_by_the_runs_timeout(tmp_pat
                           timeout=300)
     assert done.returncode == 1 and "error: --model 'hardening_forever:builder': the user's code did not return " \
         "from builder() within --timeout 1 s" in done.stderr, done.stderr
+
+
+def test_an_extends_name_too_long_for_the_file_system_is_an_unknown_schedule(tmp_path):
+    """Found by the fuzzer: `extends 1000...0f1b` (400 characters) raised OSError (File name too long)."""
+    path = tmp_path / "x.sched"
+    path.write_text('schedule x "x"\nextends ' + "1" * 400 + "\n")
+    result = cli("check", str(path))
+    assert result.exit_code == 1 and "x.sched:2:1: error: unknown schedule '111" in result.output

@@ -153,7 +153,7 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
         candidates = [here / name]
     else:  # the other kind last, so that naming one for the other gets its own message
         candidates = schedules + addons if kind == "schedule" else addons + schedules
-    found = [path for path in candidates if path.is_file()]
+    found = [path for path in candidates if _is_file(path)]
     # an unquoted name finds another file than the one naming it (my 1f1b.sched may extend the library's)
     for path in found:
         if quoted or _key(Source(str(path), "")) != _key(source):
@@ -165,6 +165,14 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
     if span is None:  # --with NAME
         raise SchedError(error(message), Source("--with", ""), kind=USAGE)
     raise _error(message, span, top)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a path names a file; a name the system refuses (too long, a NUL byte) names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _key(source: Source) -> str:
