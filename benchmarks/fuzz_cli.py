@@ -228,6 +228,11 @@ def report(results, skipped: Counter, seconds: float) -> None:
           f"most CPU {most_cpu:.1f} s, slowest {slowest:.1f} s wall; defects: {defects}")
     for defect in DEFECTS:
         print(f"  {defect}: {total[defect]}")
+    heaviest = sorted(results, key=lambda r: -r[5])[:5]
+    if heaviest:
+        print("\nthe most CPU (seconds, category, case):")
+    for index, case, _, _, _, cpu in heaviest:
+        print(f"  {cpu:6.1f} s  [{case.category}] #{index}: schedc {case.describe()[:140]}")
     groups: dict[tuple, list] = defaultdict(list)
     for index, case, outcome, output, elapsed, _ in results:
         if outcome in DEFECTS:

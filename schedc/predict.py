@@ -56,11 +56,31 @@ def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):
     stages = len(forward)
     if model.layers % stages:
         raise usage(f"--costs: the profile has {stages} stages, which do not divide the model's {model.layers} layers")
+    _check_signal(forward, backward)
     costs = stage_costs(Setting(model, cluster, layout), stages).costs()
     predicted = sum(costs[OpKind.F.value]) + sum(costs[OpKind.B.value])
     factor = (sum(forward) + sum(backward)) / 1000.0 / predicted  # the profile is in ms
+    if not MIN_FIT <= factor <= 1 / MIN_FIT:  # a fit this far off is of another model, size or unit
+        raise usage(f"--costs: the profile's F + B ({sum(forward) + sum(backward):.3g} ms) is {factor:.3g} times the "
+                    f"cost model's prediction for this model on {cluster.name}: no fit is that far off (was the "
+                    f"profile run with this model, microbatch size and tensor parallelism, in ms?)")
     return replace(cluster, peak_flops=cluster.peak_flops / factor, hbm_bandwidth=cluster.hbm_bandwidth / factor,
                    dtype=model.dtype), factor  # its peak is now the model's dtype's, as measured
+
+
+MIN_FIT = 1e-6  # a profile measured / predicted outside [1e-6, 1e6] is refused, not fitted
+
+
+def _check_signal(forward, backward) -> None:
+    """A profile to fit needs time measured in every stage's F and B: a zero (or an empty list) is no
+    signal, and a fit to it would make compute free or infinite."""
+    if not forward:
+        raise usage("--costs: the profile has no stages (empty F and B lists)")
+    for kind, values in ((OpKind.F.value, forward), (OpKind.B.value, backward)):
+        quiet = [s for s, v in enumerate(values) if not v > 0]
+        if quiet:
+            raise usage(f"--costs: the profile's {kind} is 0 at stage {quiet[0]}: no time measured, nothing to fit "
+                        "(profile a run of at least one step: schedc run PLAN --profile-out costs.json)")
 
 
 def _profile_microbatch_size(costs: str, given: int | None) -> int:
@@ -89,6 +109,9 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         raise usage("--costs and --model go together: the profile and the model it ran")
     if out == STDOUT:
         raise usage("calibrate writes a cluster file (which --cluster then reads): give -o a path, not -")
+    if cluster_name is not None and costs is None:  # it would measure nothing, fit nothing and write nothing
+        raise usage("--cluster is the cluster to fit to a profile: give --costs and --model with it (or leave it "
+                    "out to measure this machine)")
     report = []
     if cluster_name is None:
         from .runtime.calibrate import calibrate  # torch, only here
@@ -109,5 +132,12 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         write_output(out, dump_cluster(fitted, f"{fitted.name}: measured F + B / predicted = {factor:.4g}; "
                                                   f"peak FLOP/s and memory bandwidth divided by it"))
         report.append(f"profile {costs}: measured / predicted compute {factor:.4g}; rates scaled by {1 / factor:.4g}")
-    report.append(f"wrote {out}")
+    report.append(f"wrote {out}: {_summary(load_cluster(out))}")
     return "\n".join(report)
+
+
+def _summary(cluster) -> str:
+    """What a written cluster file says, read back as --cluster will read it."""
+    return (f"{cluster.name}: {cluster.gpus_per_node} per node, peak {cluster.peak_flops / 1e12:.4g} TFLOP/s "
+            f"({cluster.dtype}), memory {cluster.memory_bytes / 2**30:.4g} GiB at {cluster.hbm_bandwidth / 1e9:.4g} GB/s, "
+            f"messages {cluster.intra_bandwidth / 1e9:.4g} GB/s after {cluster.intra_latency * 1e6:.4g} us")

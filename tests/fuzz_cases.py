@@ -543,8 +543,156 @@ def tune_case(rng: random.Random, allow_slow: bool = True) -> Case:
     return Case("tune", argv, files, tuple(k for k in ("mine.sched",) if k in files), slow)
 
 
+# The second round's surfaces: every input reader, expansions, calibrate, checkpoints ---------------
+
+FIFO, ZERO, DIR = b"@fifo", b"@zero", b"@dir"  # a named pipe, a link to /dev/zero, a directory
+_DEEP = "[" * 3000 + "]" * 3000
+HUGE_INT = "9" * 5000
+READERS = {  # what reads a file, and the command line that makes it read one named {f}
+    "model": (".toml", ["simulate", "1f1b", "--cluster", "dgx-a100-80gb", "--model", "{f}"]),
+    "cluster": (".toml", ["simulate", "1f1b", "--cluster", "{f}", "--model", "{d}/gpt.toml"]),
+    "check-model": (".toml", ["check", "1f1b", "--model", "{f}", "--microbatch-size", "1"]),
+    "costs": (".json", ["simulate", "1f1b", "--costs", "{f}"]),
+    "profile": (".csv", ["simulate", "pipefisher", "--profile", "{f}", "--microbatch-size", "1"]),
+    "trace": (".json", ["render", "1f1b", "-D", "p=2", "-D", "m=2", "--measured", "{f}", "-o", "{d}/x.dot"]),
+    "plan": (".json", ["simulate", "{f}"]),
+    "sched": (".sched", ["check", "{f}"]),
+    "torch-csv": (".csv", ["simulate", "{f}"]),
+    "calibrate-costs": (".json", ["calibrate", "-o", "{d}/c.toml", "--cluster", "dgx-a100-80gb", "--costs", "{f}",
+                                  "--model", "{d}/small.toml", "--microbatch-size", "4"]),
+    "tune-model": (".toml", ["tune", "--model", "{f}", "--cluster", "dgx-a100-80gb", "--gpus", "2",
+                             "--global-batch", "8", "--schedules", "1f1b"]),
+    "config": (".toml", ["run", "{d}/plan.json", "--config", "{f}", "--steps", "1"]),
+}
+SMALL_MODEL = 'layers = 4\nhidden = 256\nheads = 8\nseq = 128\nvocab = 256\nffn = 1024\ndtype = "fp32"\n'
+
+
+def _hostile_content(rng: random.Random, suffix: str) -> tuple[bytes, bool]:
+    """A file's content as a hostile user makes it, and whether its errors must be located."""
+    kind = rng.choice(["fifo", "zero", "dir", "deep", "deep", "int", "int", "utf8", "key", "big"])
+    if kind in ("fifo", "zero", "dir"):
+        return {"fifo": FIFO, "zero": ZERO, "dir": DIR}[kind], False
+    if kind == "big":
+        return b" " * (17 * 2**20 if rng.random() < 0.1 else 4096), False
+    if kind == "utf8":
+        return b"layers = 4\n\xff\xfe = 1\n", False
+    toml = suffix == ".toml"
+    if kind == "deep":
+        text = (f"layers = 4\nx = {_DEEP}\n" if toml else '{"F": 1,\n "B": ' + _DEEP + "}")
+    elif kind == "int":
+        text = (f"layers = 4\nhidden = {HUGE_INT}\n" if toml else '{"F": 1,\n "B": ' + HUGE_INT + "}")
+    else:
+        text = "layers = 4\nnope_" + "x" * rng.choice([1, 5000]) + " = 1\n" if toml else '{"nope": 1}'
+    if suffix in (".csv", ".sched"):
+        text = rng.choice(["bs,time_f,time_b\n" + HUGE_INT + ",1,2\n", "0F0," * 3 + HUGE_INT + "\n",
+                           "(" * 3000 + ")" * 3000])
+    return text.encode(), kind in ("deep", "int")
+
+
+def input_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Every file the tool reads, given a FIFO, /dev/zero, a directory, a deep nest, an integer of
+    thousands of digits, bad UTF-8, unknown keys or a file past the size cap."""
+    reader = rng.choice(sorted(r for r in READERS if allow_slow or r != "config"))
+    suffix, argv = READERS[reader]
+    content, located = _hostile_content(rng, suffix)
+    files = {f"in{suffix}": content, "gpt.toml": GPT.encode(), "small.toml": SMALL_MODEL.encode(),
+             "plan.json": b"@plan"}
+    argv = [a.replace("{f}", "{d}/in" + suffix) for a in argv]
+    located = located and reader not in ("config", "profile")  # a profile's errors name its column instead
+    return Case("inputs", argv, files, (f"in{suffix}",) if located else (), False)
+
+
+BOUNDS = ["1000000000", "10 ** 9", "2 ** 62", "m * 1000000", "99999999999999"]
+EXPANSIONS = [
+    "  F? * {n}\n  B? * {n}",
+    "  F * m\n  (B | F)? * {n}",
+    "  (F B)? * {n}",
+    "  for t in 0 .. {n} {{ F? }}\n  B * m",
+    "  F * m\n  B at {n}\n  B * (m - 1)",
+]
+
+
+def expand_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Expansions a user can make huge: optional pops and alternatives with a bound of 10^9, squeeze
+    slots at 10^9, a V-Half of 15,000 microbatches, renders of 512 to 4,096 devices, tune's searches."""
+    kind = rng.random()
+    if kind < 0.5:
+        body = rng.choice(EXPANSIONS).format(n=rng.choice(BOUNDS))
+        squeeze = "squeeze\n" if "at" in body or rng.random() < 0.3 else ""
+        text = ('schedule x "x"\nparam p = 2\nparam m = 4\npipeline main { stages p; device s -> s; '
+                f"microbatches m }}\n{squeeze}on device d {{\n{body}\n}}\n")
+        return Case("expand", [rng.choice(["check", "simulate"]), "{d}/x.sched"], {"x.sched": text.encode()},
+                    ("x.sched",), False)
+    if kind < 0.65:
+        m = rng.choice(["3000", "15000", "100000", "1000000"])
+        return Case("expand", ["simulate", rng.choice(["v_half", "v_min", "zbv"]), "-D", "p=4", "-D", f"m={m}"])
+    if kind < 0.9:
+        p = rng.choice(["256", "512", "1024", "4096"])
+        ext = rng.choice([".json", ".json", ".dot", ".html", ".svg"] + [".png"] * allow_slow)
+        argv = ["render", rng.choice(["1f1b", "zb_h1", "gpipe"]), "-D", f"p={p}", "-o", "{d}/r" + ext]
+        if rng.random() < 0.3:
+            argv[5:5] = ["-D", f"m={rng.choice(['8', p, '480'])}"]
+        return Case("expand", argv, {}, (), ext == ".png")
+    schedules = rng.choice(["pipefisher", "pipefisher_1f1b"] if allow_slow else ["1f1b,zb_h1"])
+    argv = ["tune", "--model", "{d}/gpt.toml", "--cluster", "dgx-a100-80gb", "--gpus", rng.choice(["8", "64", "1024"]),
+            "--global-batch", rng.choice(["64", "512", "99999999999999999999999"]), "--schedules", schedules]
+    return Case("expand", argv, {"gpt.toml": GPT.encode()}, (), False)
+
+
+def calibrate_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """calibrate's option ranges (never a valid measuring run: that takes a minute) and profiles with no
+    signal, a tiny one, a deep one, a wrong microbatch size, --cluster with nothing to fit."""
+    files = {"small.toml": SMALL_MODEL.encode(), "profile.json": rng.choice([
+        '{"F": [0, 0], "B": [0, 0]}', '{"F": [1e-12, 1e-12], "B": [1e-12, 1e-12]}', '{"F": [], "B": []}',
+        '{"F": [50, 60], "B": [100, 120]}', '{"F": [50, 60], "B": [100, 0]}', '{"F": ' + _DEEP + "}",
+        '{"F": [50], "B": [100, 120]}', '{"F": [1e308, 1e308], "B": [1e308, 1e308]}',
+        '{"F": [50, 60], "B": [100, 120], "microbatch_size": ' + HUGE_INT + "}", '{"F": [-1, 1], "B": [1, 1]}']).encode()}
+    if rng.random() < 0.4:
+        option = rng.choice(["--ranks", "--threads", "--tp"])
+        value = rng.choice(["0", "-1", "1", "x", "", "99999999999999999999", "1000000"])
+        if option != "--ranks" and value not in ("0", "-1", "x", "", "99999999999999999999"):
+            value = "0"  # a valid one would measure this machine for a minute
+        if option == "--ranks" and value not in ("0", "-1", "1", "x", ""):
+            value = rng.choice(["1", "0"]) if value != "1000000" else value
+        return Case("calibrate", ["calibrate", "-o", "{d}/c.toml", option, value], files)
+    argv = ["calibrate", "-o", rng.choice(["{d}/c.toml", "{d}/missing/c.toml", "-", "{d}"]), "--cluster",
+            rng.choice(["dgx-a100-80gb", "nope", "{d}/small.toml"])]
+    if rng.random() < 0.9:
+        argv += ["--costs", "{d}/profile.json", "--model", "{d}/small.toml"]
+    if rng.random() < 0.7:
+        argv += ["--microbatch-size", rng.choice(["4", "1", "0", HUGE_INT[:30]])]
+    return Case("calibrate", argv, files, (), False)
+
+
+def checkpoint_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """--save over a checkpoint already there, --resume of a checkpoint of another run (another plan,
+    model size, seed), or of a broken one; refused before torchrun unless --overwrite is given."""
+    import hashlib
+    import json
+    files: dict[str, bytes] = {"plan.json": b"@plan"}
+    checksums = {}
+    for rank in (0, 1):
+        data = f"rank {rank}".encode()
+        files[f"ckpt/step-00000001/rank{rank}.pt"] = data
+        checksums[f"rank{rank}.pt"] = hashlib.sha256(data).hexdigest()
+    latest = {"dir": "step-00000001", "steps_done": rng.choice([1, 5, 10 ** 30]), "plan": "0" * 64, "world": 2,
+              "dp": 1, "tp": 1, "seed": rng.choice([0, 7]), "distributed_optimizer": False,
+              "model": {"code": "gpt", "layers": rng.choice([4, 8]), "hidden": 8, "heads": 1, "seq": 8, "vocab": 256},
+              "files": checksums}
+    files["ckpt/latest.json"] = rng.choice([json.dumps(latest), "{", "[]", '{"dir": 1}', '{"dir": "x", "files": {}}']).encode()
+    mode = rng.choice(["--save", "--resume", "both"])
+    extra = ["--save", "{d}/ckpt"] if mode == "--save" else ["--resume", "{d}/ckpt"]
+    if mode == "both":
+        extra = ["--resume", "{d}/ckpt", "--save", "{d}/ckpt2"]
+        files["ckpt2/latest.json"] = b"{}"
+    if rng.random() < 0.1:
+        extra.append("--overwrite")
+    return Case("checkpoint", ["run", "{d}/plan.json", *TINY_RUN, "--steps", str(RUN_STEPS), *extra], files, (), False)
+
+
 GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 15), "csv": (csv_case, 20),
-              "plan": (None, 15), "options": (option_case, 10), "tune": (tune_case, 6)}
+              "plan": (None, 15), "options": (option_case, 10), "tune": (tune_case, 6), "inputs": (input_case, 10),
+              "expand": (expand_case, 5), "calibrate": (calibrate_case, 3), "checkpoint": (checkpoint_case, 2)}
 
 
 def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
@@ -555,6 +703,10 @@ def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
     import stat
     directory.mkdir(parents=True, exist_ok=True)
     for name, data in case.files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        if data in (FIFO, ZERO, DIR):
+            {FIFO: os.mkfifo, DIR: os.mkdir, ZERO: lambda path: os.symlink("/dev/zero", path)}[data](directory / name)
+            continue
         if data == FULL:
             try:
                 os.mknod(directory / name, stat.S_IFCHR | 0o666, os.makedev(1, 7))

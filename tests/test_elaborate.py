@@ -91,7 +91,7 @@ def test_ops_carry_the_span_of_the_program_item_that_placed_them():
     ("unknown_name.sched", 6, 7, "unknown name 'warmup'"),
     ("failed_require.sched", 4, 1, "requirement failed: m must be a multiple of p"),
     ("bad_task_dep.sched", 5, 33, "F(2, 0) names stage 2, but pipeline 'main' has stages 0..1"),
-    ("runaway_loop.sched", 6, 29, "device 0: programs run more than 1,000,256 statements (a runaway loop?)"),
+    ("runaway_loop.sched", 6, 29, "device 0: programs run more than 500,000 statements (a runaway loop?)"),
     ("pop_loop.sched", 5, 41, "devices 0, 1: program pops F from an empty queue"),
 ])
 def test_semantic_errors_are_located(fixture, line, column, text):
@@ -244,7 +244,7 @@ def test_loops_that_run_nothing_still_count_against_the_budget(body, column):
         build_schedule(Source("loop.sched", text))
     first = caught.value.diagnostics[0]
     assert (first.span.line, first.span.column) == (6, column), first
-    assert "programs run more than 1,000,128 statements (a runaway loop?)" in first.message
+    assert "programs run more than 500,000 statements (a runaway loop?)" in first.message
 
 
 @pytest.mark.parametrize("name,params,message", [

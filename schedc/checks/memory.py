@@ -193,6 +193,9 @@ def _timed_peak_op(held: list[Held]) -> tuple[Op | None, int]:
     return (at.op if at is not None else None), count
 
 
+MAX_MEMORY_BYTES = 1e18  # an exabyte per device: past any memory, far below an infinite one
+
+
 def parse_bytes(text: str) -> float:
     """'80GiB', '512 MB', '1e10' -> bytes; anything else is a usage error (exit 2)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*", text or "")
@@ -200,4 +203,8 @@ def parse_bytes(text: str) -> float:
     if not match or unit not in UNITS or float(match.group(1)) <= 0:
         raise SchedError(error(f"--memory-limit: cannot read {text!r} (write e.g. 80GiB, 512MB or 1e10)"),
                          OPTIONS, kind=USAGE)
-    return float(match.group(1)) * UNITS[unit]
+    nbytes = float(match.group(1)) * UNITS[unit]
+    if not nbytes <= MAX_MEMORY_BYTES:  # 1e400GiB is infinite: no limit at all, said as one
+        raise SchedError(error(f"--memory-limit {text.strip()}: more than {MAX_MEMORY_BYTES:.0e} bytes, past any "
+                               "device's memory (write e.g. 80GiB)"), OPTIONS, kind=USAGE)
+    return nbytes

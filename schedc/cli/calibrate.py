@@ -8,13 +8,16 @@ from ..diagnostics import SchedError
 from .group import main
 from .common import fail
 
-
+MAX_RANKS = 64     # local processes: each holds torch (some 250 MB) and a gloo connection to every other
+MAX_THREADS = 1024
 
 
 @main.command("calibrate")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The cluster TOML to write.")
-@click.option("--ranks", type=int, default=2, show_default=True, help="Local processes for the message timings.")
-@click.option("--threads", type=int, default=1, show_default=True, help="torch threads per process.")
+@click.option("--ranks", type=click.IntRange(2, MAX_RANKS), default=2, show_default=True,
+              help="Local processes for the message timings (a ping-pong needs two).")
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=1, show_default=True,
+              help="torch threads per process.")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
 @click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
               help="Start from this cluster file instead of measuring (with --costs).")
@@ -26,7 +29,8 @@ from .common import fail
 @click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
               help="The profile's microbatch size (the runtime's --mb-size); default: the one the profile "
                    "records, which a different value contradicts.")
-@click.option("--tp", type=int, default=1, show_default=True, help="The profile's tensor-parallel size.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The profile's tensor-parallel size.")
 @click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
               help="The profile's recomputation (the runtime recomputes nothing).")
 def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size, tp, recompute):

@@ -37,7 +37,8 @@ def run_cmd(ctx, plan, nproc):
     if plan.endswith((".sched", ".csv")):
         raise click.UsageError(f"{plan} is a schedule, not a compiled plan: compile it first (schedc compile "
                                f"{plan} -o DIR), then run DIR/plan.json")
-    if is_plan(plan) and Path(plan).is_file():  # else the launcher says what the file is
+    if Path(plan).exists() and (is_plan(plan) or not Path(plan).is_file()):  # else the launcher says what it is
+        # read through schedc.inputs: a FIFO or a device is refused by name, never opened
         _, diagnostics = plan_diagnostics(plan)
         if has_errors(diagnostics):  # refused before a process starts, as `schedc check` refuses it
             report(diagnostics, Source(plan, ""))

@@ -118,6 +118,7 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     chosen = matching(space, wanted) if wanted is not None else []
     if wanted is not None and not chosen:
         raise usage(f"--why {options['why']!r}: no candidate of this search is that ({searcher.describe_space(space)})")
+    refuse_fills(space, [e.name for e in searcher.entries.values() if e.filled])
     whole = [e.name for e in searcher.entries.values() if e.plain]
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
@@ -149,3 +150,13 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
 def _progress(length: int, label: str):
     """A progress bar on stderr (tune's walk and --why's ranking)."""
     return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
+
+
+def refuse_fills(space, filled: list[str]) -> None:
+    """Candidates whose compile searches a fill (PipeFisher's) take about a second each: past
+    TUNE_FILLS of them the search is refused before it starts, naming the limit."""
+    from ..budget import TUNE_FILLS
+    count = sum(c.schedule in filled for c in space)
+    refused = TUNE_FILLS.refusal(count, f"{', '.join(filled)}: the search would compile and fill")
+    if refused:
+        raise usage(refused)

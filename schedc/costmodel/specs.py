@@ -26,8 +26,9 @@ from importlib import resources
 from pathlib import Path
 
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
+from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
 from ..layout import Layout, SplitError
-from ..text import GIB
+from ..text import GIB, MAX_SHOWN
 
 LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
@@ -162,24 +163,15 @@ def resolve_model(name: str) -> Path:
 
 
 def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
-    """A TOML file's table and its source; unreadable or invalid TOML is a located error (exit 2)."""
-    import tomllib  # only the cost model reads TOML; compiles skip the import
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        hint = (f" (the library's: {', '.join(p.stem for p in library_models())})"
-                if what == "model description" and isinstance(exc, FileNotFoundError) else "")
-        raise SchedError(error(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}{hint}"),
-                         Source(str(path), ""), kind=USAGE) from None
-    source = Source(str(path), text)
-    try:
-        return tomllib.loads(text), source
-    except tomllib.TOMLDecodeError as exc:
-        found = re.search(r"line (\d+), column (\d+)", str(exc))
-        lines = text.splitlines() or [""]
-        span = Span(int(found.group(1)), int(found.group(2))) if found else Span(len(lines), len(lines[-1]) + 1)
-        raise SchedError(error(f"not valid TOML: {str(exc).split(' (at')[0]}", span), source,
-                         kind=USAGE) from None
+    """A TOML file's table and its source, read through schedc.inputs (a regular file, its size, depth
+    and integers capped); unreadable or invalid TOML is a located error (exit 2). A model description
+    found neither as a file nor in the library says what the library holds."""
+    if what == "model description" and not Path(path).exists():
+        known = ", ".join(p.stem for p in library_models())
+        raise SchedError(error(f"cannot read {what}: No such file or directory (the library's: {known})"),
+                         Source(str(path), ""), kind=USAGE)
+    source = read_source(path, what, MAX_DESCRIPTION_BYTES)
+    return load_toml(source, what), source
 
 
 def locate(source: Source, key: str, table: str | None = None) -> Span:
@@ -210,6 +202,15 @@ MAX_FIGURE = 1e15    # a cluster's figures, in their units (TFLOP/s, GiB, GB/s, 
 MIN_FIGURE = 1e-6    # and at least this: 1 MFLOP/s, 1 kB/s, a picosecond (1e-320 made every time infinite)
 
 
+def unknown_keys(keys: list[str], message, where) -> list[Diagnostic]:
+    """The errors of unknown keys: the first MAX_SHOWN located (each is a scan of the file), the rest
+    counted in one, so that a file of 100,000 unknown keys is refused in a moment."""
+    diags = [error(message(k), where(k)) for k in keys[:MAX_SHOWN]]
+    if len(keys) > MAX_SHOWN:
+        diags.append(error(f"... and {len(keys) - MAX_SHOWN:,} more unknown keys", where(keys[MAX_SHOWN])))
+    return diags
+
+
 def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
                 also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:
     """A model table's values and what is wrong with them, each located: unknown keys (those in `also`
@@ -217,8 +218,9 @@ def read_fields(table: dict, source: Source, fields: dict[str, type], optional: 
     positive, dtypes not in DTYPE_BYTES, attention kernels not in ATTENTION_KERNELS. The one field rule
     for every model description."""
     known = [*fields, *also]
-    diags: list[Diagnostic] = [error(f"unknown key '{k}' (keys: {', '.join(known)})", locate(source, k))
-                               for k in table if k not in known]
+    diags: list[Diagnostic] = unknown_keys([k for k in table if k not in known],
+                                           lambda k: f"unknown key '{k}' (keys: {', '.join(known)})",
+                                           lambda k: locate(source, k))
     values = {}
     for key, kind in fields.items():
         value = table.get(key)
@@ -283,10 +285,10 @@ def load_cluster(name: str) -> ClusterSpec:
         given = table.get(section) if isinstance(table.get(section), dict) else {}
         if section == "gpu":
             given = {k: v for k, v in given.items() if k != "dtype"}
-        for key in given:
-            if key not in fields:
-                diags.append(error(f"unknown key '{section}.{key}' (keys: {', '.join(fields)})",
-                                   locate(source, key, section)))
+        diags += unknown_keys([k for k in given if k not in fields],
+                              lambda k, section=section, fields=fields: f"unknown key '{section}.{k}' (keys: "
+                                                                        f"{', '.join(fields)})",
+                              lambda k, section=section: locate(source, k, section))
         for key, (kind, scale, doc) in fields.items():
             value = given.get(key)
             if value is None:
@@ -339,10 +341,9 @@ def _memory_fields(table: dict, source: Source, diags: list[Diagnostic]) -> dict
     given = table.get("memory")
     if not isinstance(given, dict):
         return {key: 0.0 for key in _MEMORY_FIELDS}
-    for key in given:
-        if key not in _MEMORY_FIELDS:
-            diags.append(error(f"unknown key 'memory.{key}' (keys: {', '.join(_MEMORY_FIELDS)})",
-                               locate(source, key, "memory")))
+    diags += unknown_keys([k for k in given if k not in _MEMORY_FIELDS],
+                          lambda k: f"unknown key 'memory.{k}' (keys: {', '.join(_MEMORY_FIELDS)})",
+                          lambda k: locate(source, k, "memory"))
     out = {}
     for key, (scale, doc, upper) in _MEMORY_FIELDS.items():
         value = given.get(key)
@@ -437,6 +438,6 @@ def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | N
 
 def source_text(path: str) -> Source:
     try:
-        return Source(path, Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        return read_source(path, "model", MAX_DESCRIPTION_BYTES)
+    except SchedError:
         return Source(path, "")

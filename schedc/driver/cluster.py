@@ -96,12 +96,17 @@ def _forward_scale(probe, costs) -> tuple[float, ...]:
 def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:
     """-D m from --global-batch: m = B / (b d), unless -D m is given (then they must agree)."""
     from ..frontend import ast
+    from ..frontend.elaborate import MAX_OPS
     m = layout.microbatches()
     if m is None:
         return overrides
     names = {d.name for d in decl.decls if isinstance(d, ast.Param)}
     if "m" not in names:
         return overrides
+    if m > MAX_OPS:  # said of the option given, not of a -D m= the user never wrote
+        raise usage(f"--global-batch {layout.global_batch:,} is {m:,} microbatches per step (B / (b d) = "
+                    f"{layout.global_batch:,} / ({layout.microbatch_size} x {layout.dp})), past the {MAX_OPS:,} ops "
+                    "a schedule may expand to")
     if "m" in overrides:
         if overrides["m"] != str(m):
             raise usage(f"-D m={overrides['m']} disagrees with --global-batch {layout.global_batch} / "

@@ -14,7 +14,8 @@ from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
-from ..plan import NOT_COMPUTE, Plan, PlanError, load_plan
+from ..inputs import load_json, read_source
+from ..plan import NOT_COMPUTE, Plan, PlanError, plan_from_json
 from .passes import replay, run_passes
 
 
@@ -47,8 +48,9 @@ def compiled_from_plan(plan: Plan, path: str, costs: dict, latency: float | None
 
 def read_plan(path: str) -> Plan:
     """A plan.json as the runtime reads it; a field error is a usage error (exit 2) naming the field."""
+    obj = load_json(read_source(path, "plan"), "plan")  # a regular file, its size and nesting capped
     try:
-        return load_plan(path)
+        return plan_from_json(obj)
     except PlanError as exc:
         raise SchedError(error(exc.without_path(path)), Source(path, ""), kind=USAGE) from None
 

@@ -82,9 +82,12 @@ def _twice(use: ast.Use, where: str, first: str, top: Source) -> SchedError:
 def _base(ext: ast.Extends, source: Source, chain: tuple[str, ...],
           top: Source) -> tuple[ast.ScheduleDecl, dict[str, str]]:
     found = _find(ext.base, source, "schedule", ext.span, top)
-    if _key(found) in chain or len(chain) > MAX_DEPTH:
+    if _key(found) in chain:
         names = " -> ".join(Path(k).stem for k in (*chain, _key(found)))
         raise _error(f"a cycle of `extends`: {names}", ext.span, top)
+    if len(chain) > MAX_DEPTH:  # no cycle: a chain longer than any schedule needs
+        names = " -> ".join(Path(k).stem for k in (*chain[:3], "...", *chain[-2:], _key(found)))
+        raise _error(f"`extends` chain deeper than {MAX_DEPTH} schedules: {names}", ext.span, top)
     base = _located(parse_source(found), found)
     if base.addon:
         raise _error(f"'{ext.base}' is an add-on: `use {ext.base}`, not `extends`", ext.span, top)
@@ -150,7 +153,7 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
         candidates = [here / name]
     else:  # the other kind last, so that naming one for the other gets its own message
         candidates = schedules + addons if kind == "schedule" else addons + schedules
-    found = [path for path in candidates if path.is_file()]
+    found = [path for path in candidates if _is_file(path)]
     # an unquoted name finds another file than the one naming it (my 1f1b.sched may extend the library's)
     for path in found:
         if quoted or _key(Source(str(path), "")) != _key(source):
@@ -162,6 +165,14 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
     if span is None:  # --with NAME
         raise SchedError(error(message), Source("--with", ""), kind=USAGE)
     raise _error(message, span, top)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a path names a file; a name the system refuses (too long, a NUL byte) names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _key(source: Source) -> str:

@@ -11,15 +11,16 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import ast
+from ..budget import SQUEEZE_SLOTS
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
-from .expr import EvalError, PipeRef, compile_expr, evaluate, evaluate_int, kind_lists
+from .expr import EvalError, PipeRef, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds,
-                   cost_range, in_cost_range)
+from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds)
 from .greedy import order_greedy
 from .order import run_programs
 from .queues import chunk_index
-from .params import bind_params, check_declared_once, fail_at, int_values
+from .footprint import memory_limit_of, memory_of
+from .params import bind_params, check_declared_once, fail_at, int_values, per_stage
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
 # the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
@@ -134,35 +135,6 @@ def _scaled_tasks(costs: dict[str, tuple[float, ...]], tasks: set[str],
             for kind, value in costs.items()}
 
 
-def _per_stage(decls, kind_default: dict[str, float], env, stages: int, source: Source,
-               given: dict[str, Any], what: str = "cost", origin=None) -> dict[str, tuple[float, ...]]:
-    """Evaluate `cost K = e` / `cost K(s) = e` (or `memory ...`, what="memory") per stage; measured
-    values win (an error in one is located at its key in the costs file, `origin`, when known)."""
-    table = {k: [float(v)] * stages for k, v in kind_default.items()}
-    for d in decls:
-        try:
-            table[d.kind] = [float(evaluate(d.value, {**env, d.stage_var: s} if d.stage_var else env))
-                             for s in range(stages)]
-        except EvalError as exc:
-            raise fail_at(exc.message, exc.span, source) from None
-        bad = next((v for v in table[d.kind] if not in_cost_range(v)), None)
-        if bad is not None:
-            shown = ", ".join(f"{k}={v}" for k, v in env.items())
-            raise fail_at(f"{what} of {d.kind} must be {cost_range()}, got {bad:g}", d.span, source,
-                        notes=(f"with {shown}",) if shown else ())
-    for kind, value in given.items():
-        values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
-        at = origin.spans.get(kind) if origin is not None else None  # the kind's key in a costs file
-        if len(values) != stages:
-            raise fail_at(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
-                        f"has {stages}", at, source, kind=USAGE)
-        bad = next((v for v in values if not in_cost_range(v)), None)
-        if bad is not None:
-            raise fail_at(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, kind=USAGE)
-        table[kind] = values
-    return {k: tuple(v) for k, v in table.items()}
-
-
 def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
               mixed: bool = False) -> list[Op]:
     """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
@@ -190,7 +162,16 @@ def elaborate(decl: ast.ScheduleDecl, source: Source, options: Options | None = 
     try:
         return _elaborate(decl, source, options)
     except EvalError as exc:
+        given = _given_value(exc.message, options.overrides)
+        if given:  # `-D m=2.5`: the command line's value is at fault, not the line that reads it
+            raise fail_at(exc.message, exc.span, source, USAGE, notes=(f"{given} was given with -D {given}="
+                                                                       f"{options.overrides[given]}",)) from None
         raise fail_at(exc.message, exc.span, source) from None
+
+
+def _given_value(message: str, params: dict[str, str]) -> str | None:
+    """The -D param whose value an evaluation error names (`... must be an integer, got 2.5`), if any."""
+    return next((name for name, value in params.items() if value and message.endswith(f"got {value}")), None)
 
 
 def shape_of(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]) -> tuple[dict[str, Any], int, tuple[Pipeline, ...]]:
@@ -234,9 +215,9 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
-    costs = _scaled_tasks(_per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
+    costs = _scaled_tasks(per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
                                      origin=options.measured), set(task_names), options.task_scale)
-    activation, memory = _memory(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
+    activation, memory = memory_of(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
                                  mixed)
     ops = build_ops(pipelines, costs, split, mixed)
     tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
@@ -257,7 +238,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                                      env_pipes, source)
     if has_errors(diags):
         raise SchedError(diags, source)
-    limit, limit_span = _memory_limit(decl, env, devices, source)
+    limit, limit_span = memory_limit_of(decl, env, devices, source)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     split_of = None
     if mixed:
@@ -341,6 +322,13 @@ def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, sourc
     if fused or any(op.kind not in BUILTIN for order in orders for op in order):
         raise fail_at("'squeeze' moves built-in ops in unit slots: it takes no overlapped ops, and no tasks "
                     "in the programs (fill them into the bubbles instead)", squeeze.span, source)
+    for device, (order, taken) in enumerate(zip(orders, slots)):
+        last = max(range(len(taken)), key=taken.__getitem__, default=None)
+        spans = 0 if last is None else taken[last] + 1
+        refused = SQUEEZE_SLOTS.refusal(spans, f"'squeeze': device {device}'s program (its {order[last]} at slot "
+                                        f"{taken[last]:,}) spans" if last is not None else "", items=len(order))
+        if refused:
+            raise fail_at(refused, squeeze.span, source)
     from .squeeze import squeeze_orders
     return squeeze_orders(orders, slots, deps, chunk_index(pipelines))
 
@@ -452,42 +440,6 @@ def _per_stage_given(options: Options, layers: tuple[int, ...] | None) -> dict:
         return options.costs
     return {kind: value if kind == "piece" or not isinstance(value, (int, float))
             else tuple(value * n for n in layers) for kind, value in options.costs.items()}
-
-
-def _memory(decl, env, stages: int, split: bool, tasks: set[str], source: Source,
-            given: dict[str, tuple[float, ...] | float],
-            mixed: bool = False) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
-    """`memory K(s) = e` per stage: F's activation units, and the other kinds' (B's saved gradient, I's
-    with `backward split`; a task's persistent state). Measured values (a profile) win where the kind
-    exists in the schedule."""
-    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
-    decls = [d for d in decl.decls if isinstance(d, ast.MemoryDecl)]
-    for d in decls:
-        if d.kind not in kinds and not (split and d.kind == "B"):
-            raise fail_at(f"memory of unknown kind '{d.kind}' (kinds: {', '.join(sorted(kinds))})", d.span, source)
-    given = {k: v for k, v in given.items() if k in kinds or (split and k == "B")}
-    table = (_per_stage(decls, {"F": 1.0}, env, stages, source, given, "memory") if decls or given
-             else {"F": (1.0,) * stages})
-    if split and "B" in table:
-        table["I"] = table.pop("B")  # B's saved gradient is I's when backward is split, as in `keeps B(s, i)`
-    activation = table.pop("F")
-    return activation, {k: v for k, v in table.items() if any(v)}
-
-
-def _memory_limit(decl, env, devices, source: Source):
-    """`limit memory <= e`: per device (d bound), activation units, a number >= 0 (a negative limit no
-    op could meet was reported at every device's first forward instead of here)."""
-    for d in decl.decls:
-        if isinstance(d, ast.Limit):
-            fn = compile_expr(d.value)
-            limits = tuple(float(fn({**env, "d": dev})) for dev in range(devices))
-            bad = next((v for v in limits if not v >= 0), None)  # NaN too; inf: no limit
-            if bad is not None:
-                shown = ", ".join(f"{k}={v}" for k, v in env.items())
-                raise fail_at(f"limit memory must be a number >= 0, got {bad:g}", d.span, source,
-                            notes=(f"with {shown}",) if shown else ())
-            return limits, d.span
-    return None, None
 
 
 __all__ = ["Options", "elaborate", "shape_of"]

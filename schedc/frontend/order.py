@@ -19,10 +19,11 @@ from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
+from ..budget import PROGRAM_STATEMENTS
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
-from .queues import PROGRAM_STEPS_BASE, PROGRAM_STEPS_PER_OP, Queue, QueueKey, StepBudget, chunk_index, sort_queue
+from .queues import Queue, QueueKey, StepBudget, chunk_index, sort_queue
 
 
 class _ProgramRun:
@@ -52,7 +53,7 @@ class _ProgramRun:
         for stmt in body:
             budget.left -= 1
             if budget.left < 0:
-                raise EvalError(f"programs run more than {budget.total:,} statements (a runaway loop?)", stmt.span)
+                raise EvalError(budget.refusal(), stmt.span)
             self.STATEMENTS[type(stmt)](self, stmt, env)
 
     def _scoped(self, body: tuple[ast.Stmt, ...]) -> bool:
@@ -75,7 +76,7 @@ class _ProgramRun:
         `for k in 0 .. 1000000000 { }`, whose body runs no statement, stops like any runaway loop."""
         self.budget.left -= 1
         if self.budget.left < 0:
-            raise EvalError(f"programs run more than {self.budget.total:,} statements (a runaway loop?)", span)
+            raise EvalError(self.budget.refusal(), span)
 
     def _when(self, stmt: ast.When, env: dict) -> None:
         self.run(stmt.then if evaluate(stmt.test, env) else stmt.orelse, env)
@@ -93,9 +94,11 @@ class _ProgramRun:
             count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
             unit = self.UNITS[type(stmt.unit)]
             for _ in range(count):
-                if isinstance(stmt.unit, ast.Group):
-                    self._charge(stmt.span)
+                self._charge(stmt.span)  # every round counts: `F? * 1000000000` stops like any runaway loop
+                placed = len(self.order)
                 unit(self, stmt.unit, env)
+                if self.lenient and len(self.order) == placed:
+                    break  # an optional round that placed nothing changed nothing: every later one is the same
         finally:
             self.lenient -= stmt.optional
 
@@ -392,7 +395,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
         per_device[op.device].append(op)
     chunk = chunk_index(pipelines)
     keys = {(q.kind, q.pipe): QueueKey(q.key, env) for q in queue_decls}
-    budget = StepBudget(PROGRAM_STEPS_BASE + PROGRAM_STEPS_PER_OP * len(ops))
+    budget = StepBudget(PROGRAM_STATEMENTS.allowed())
     orders = []
     for dev in range(devices):
         program = specific.get(dev) or (generic[-1] if generic else None)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, Span, error
+from ..ops import cost_range, in_cost_range
 from . import ast
 from .expr import MAX_INT, EvalError, evaluate, evaluate_int, free_names
 
@@ -40,7 +41,7 @@ def _parse_override(name: str, text: str) -> int | float:
 def _declares(d: ast.Decl, split: bool) -> tuple | None:
     """What a declaration defines, as a key two of them must not share (None: it may repeat, like
     `require`, or repeats are merged, like `fill bubbles with` lists and `backward split`). With a split
-    backward, `memory B` is I's (see _memory)."""
+    backward, `memory B` is I's (see memory_of)."""
     match d:
         case ast.Param(name=name) | ast.PipelineDecl(name=name) | ast.TaskDecl(name=name):
             return (type(d).__name__, f"{_WHAT[type(d)]} '{name}'")
@@ -146,3 +147,32 @@ def int_values(start: ast.Expr | None, stop: ast.Expr, env: dict[str, Any]) -> r
 
 def fail_at(message: str, span: Span | None, source: Source, kind: str = SCHEDULE, **kw) -> SchedError:
     return SchedError(error(message, span, **kw), source, kind)
+
+
+def per_stage(decls, kind_default: dict[str, float], env, stages: int, source: Source,
+               given: dict[str, Any], what: str = "cost", origin=None) -> dict[str, tuple[float, ...]]:
+    """Evaluate `cost K = e` / `cost K(s) = e` (or `memory ...`, what="memory") per stage; measured
+    values win (an error in one is located at its key in the costs file, `origin`, when known)."""
+    table = {k: [float(v)] * stages for k, v in kind_default.items()}
+    for d in decls:
+        try:
+            table[d.kind] = [float(evaluate(d.value, {**env, d.stage_var: s} if d.stage_var else env))
+                             for s in range(stages)]
+        except EvalError as exc:
+            raise fail_at(exc.message, exc.span, source) from None
+        bad = next((v for v in table[d.kind] if not in_cost_range(v)), None)
+        if bad is not None:
+            shown = ", ".join(f"{k}={v}" for k, v in env.items())
+            raise fail_at(f"{what} of {d.kind} must be {cost_range()}, got {bad:g}", d.span, source,
+                        notes=(f"with {shown}",) if shown else ())
+    for kind, value in given.items():
+        values = [float(value)] * stages if isinstance(value, (int, float)) else [float(v) for v in value]
+        at = origin.spans.get(kind) if origin is not None else None  # the kind's key in a costs file
+        if len(values) != stages:
+            raise fail_at(f"measured costs for {kind} have {len(values)} stages (one value per stage), the schedule "
+                        f"has {stages}", at, source, kind=USAGE)
+        bad = next((v for v in values if not in_cost_range(v)), None)
+        if bad is not None:
+            raise fail_at(f"measured {what} of {kind} must be {cost_range()}, got {bad:g}", at, source, kind=USAGE)
+        table[kind] = values
+    return {k: tuple(v) for k, v in table.items()}

@@ -18,6 +18,7 @@ from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, Une
 
 from . import ast
 from ..diagnostics import USAGE, SchedError, Source, Span, error
+from ..inputs import decode, read_bytes
 from ..text import listed
 
 GRAMMAR_PACKAGE = "schedc.grammars"
@@ -406,18 +407,10 @@ def _unmatched_paren(text: str) -> int | None:
 def decode_source(data: bytes, path: str) -> Source:
     """Decode a file's bytes, refusing non-UTF-8 and oversized input with a located error. A leading
     byte-order mark (spreadsheet tools write one into a CSV) is dropped: columns count as an editor shows them."""
-    data = data.removeprefix(codecs.BOM_UTF8)
-    if len(data) > MAX_SOURCE_BYTES:
+    if len(data.removeprefix(codecs.BOM_UTF8)) > MAX_SOURCE_BYTES:
         raise SchedError(error(f"file is larger than {MAX_SOURCE_BYTES // (1024 * 1024)} MiB"),
                          Source(path, ""), kind=USAGE)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise SchedError(error("file is not valid UTF-8", Span(line, column, line, column + 1)),
-                         Source(path, ""), kind=USAGE) from None
-    return Source(path, text)
+    return decode(data, path)
 
 
 def _check_nesting(source: Source) -> None:
@@ -469,12 +462,15 @@ def _check_depth(tree: Tree, source: Source) -> None:
 
 
 def read_source(path: str | Path) -> Source:
-    """Read a schedule file; a missing or unreadable file is a usage error (exit 2)."""
+    """Read a schedule file (through schedc.inputs: a regular file only, at most MAX_SOURCE_BYTES); a
+    missing or unreadable file is a usage error (exit 2)."""
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise SchedError(error(f"cannot read file: {exc.strerror or exc}" + _library_hint(Path(path))),
-                         Source(str(path), ""), kind=USAGE) from None
+        data = read_bytes(path, "file", MAX_SOURCE_BYTES)
+    except SchedError as exc:
+        if not Path(path).exists():
+            raise SchedError(error(exc.diagnostics[0].message + _library_hint(Path(path))),
+                             Source(str(path), ""), kind=USAGE) from None
+        raise
     return decode_source(data, str(path))
 
 

@@ -6,16 +6,10 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable
 
+from ..budget import PROGRAM_STATEMENTS
 from ..ir import Op, Pipeline
 from . import ast
 from .expr import EvalError, PipeRef, compile_expr, fold_constants, free_names
-
-# the programs of all devices may run this many statements, plus so many per op; past that, a runaway loop
-PROGRAM_STEPS_BASE = 1_000_000
-
-
-PROGRAM_STEPS_PER_OP = 16
-
 
 @dataclass
 class StepBudget:
@@ -26,6 +20,9 @@ class StepBudget:
 
     def __post_init__(self) -> None:
         self.left = self.total
+
+    def refusal(self) -> str:
+        return f"programs run more than {self.total:,} statements (a runaway loop?){PROGRAM_STATEMENTS.why}"
 
 
 KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}

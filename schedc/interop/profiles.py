@@ -15,12 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..diagnostics import USAGE, SchedError, Source, Span, error
+from ..inputs import MAX_DESCRIPTION_BYTES, load_json, read_source
 from ..ops import OVERLAP, OpKind, absent_kind, cost_range, in_cost_range
 
 
-def read_text(path: str | Path) -> str:
-    """A profile or costs file's text, a leading byte-order mark dropped (spreadsheets write one)."""
-    return Path(path).read_text(encoding="utf-8-sig")
+def read_text(path: str | Path, what: str = "costs") -> str:
+    """A profile or costs file's text (through schedc.inputs: a regular file, its size capped), a
+    leading byte-order mark dropped (spreadsheets write one)."""
+    return read_source(path, what, MAX_DESCRIPTION_BYTES).text
+
+
+def read_json(path: str | Path, what: str = "costs"):
+    """A costs file's JSON value, its nesting and integers capped, errors located (schedc.inputs)."""
+    return load_json(read_source(path, what, MAX_DESCRIPTION_BYTES), what)
 
 
 def _usage(message: str, path: str) -> SchedError:
@@ -46,10 +53,8 @@ _SILENT = ("unit", "microbatch_size", "source", "schedule", "memory")  # keys th
 def measured_microbatch_size(path: str) -> int | None:
     """The microbatch size a costs file was measured at (the runtime's --profile-out records it as
     "microbatch_size"), or None when it does not say."""
-    try:
-        value = json.loads(read_text(path)).get("microbatch_size")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise _usage(f"cannot read costs: {exc}", path) from None
+    data = read_json(path)
+    value = data.get("microbatch_size") if isinstance(data, dict) else None
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise _usage(f'"microbatch_size" must be a positive integer, got {value!r}', path)
     return value
@@ -59,17 +64,9 @@ def load_costs(path: str) -> dict[str, tuple[float, ...] | float]:
     """Read costs: JSON {"F": [per stage...] or number, "B": ..., "<task>": ...} ("unit" is ignored)."""
     if str(path).endswith(".csv"):
         raise _usage("a profile CSV is read with --profile FILE --microbatch-size B, not --costs", path)
-    try:
-        text = read_text(path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _usage(f"cannot read costs: {exc}", path) from None
-    source = Source(str(path), text)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:  # located where the parser stopped
-        raise SchedError(error(f"cannot read costs: {exc.msg}", Span(exc.lineno, exc.colno, exc.lineno,
-                                                                      exc.colno + 1, source)), source,
-                         kind=USAGE) from None
+    source = read_source(path, "costs", MAX_DESCRIPTION_BYTES)
+    text = source.text
+    data = load_json(source, "costs")
     if not isinstance(data, dict):
         raise _usage("costs must be a JSON object of op kind to cost", path)
     keys: dict[str, int] = {}  # each top-level key's offset, for the errors at it
@@ -99,10 +96,8 @@ def load_memory(path: str) -> dict[str, tuple[float, ...] | float]:
     """The "memory" object of a costs file: {"B": units or [per stage], "<task>": ...}; {} without one."""
     if str(path).endswith(".csv"):
         return {}
-    try:
-        data = json.loads(read_text(path)).get("memory", {})
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise _usage(f"cannot read costs: {exc}", path) from None
+    data = read_json(path)
+    data = data.get("memory", {}) if isinstance(data, dict) else {}
     if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
         raise _usage('"memory" must be an object of op kind to non-negative activation units', path)
     return {kind: _measured(v, f"memory of {kind!r}", path) for kind, v in data.items()}
@@ -168,8 +163,8 @@ def piece_overhead(path: str) -> float:
 
 def _profile_rows(path: str) -> list[dict[str, str]]:
     try:
-        rows = list(csv.DictReader(read_text(path).splitlines()))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        rows = list(csv.DictReader(read_text(path, "profile").splitlines()))
+    except csv.Error as exc:
         raise _usage(f"cannot read profile: {exc}", path) from None
     need = {"bs", "time_f", "time_b"}
     if not rows or not need <= set(rows[0]):
@@ -217,7 +212,7 @@ def costs_origin(path: str) -> Measured:
 
 def profile_origin(path: str) -> Measured:
     """A profile CSV's header line, where a kind its columns cannot give is reported."""
-    source = Source(str(path), read_text(path))
+    source = Source(str(path), read_text(path, "profile"))
     return Measured({}, Span(1, 1, 1, 1, source),
                     "a profile row gives F (time_f), B (time_b) and the K-FAC tasks (time_kron, time_inv, "
                     "time_prec) only: give {keys} in a costs JSON with --costs instead; " + MEASURE, profile=True)

@@ -26,6 +26,9 @@ EXTENSIONS = (*FORMATS, "dot", "html", "json")
 # Timelines drawn through Graphviz (.svg .png .pdf, and the .html report's): at 200,000 ops the SVG is
 # 44 MB and the command takes 10-12 s of CPU; past this, .json (a Chrome trace) or .dot text only.
 MAX_TIMELINE_OPS = 200_000
+# Any render: a Chrome trace of 200,000 ops takes 5 s and 26 MB; a schedule to render is refused past
+# this when it is elaborated, before the work grows (elaboration's own limit is 500,000).
+MAX_RENDER_OPS = 200_000
 
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float | None = None, out: str = "out.svg",
@@ -57,7 +60,7 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         from ..driver.cluster import compile_on_cluster
         compiled = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons).compiled
     else:
-        compiled = load_input(file, defines, costs, latency, profile, addons)
+        compiled = load_input(file, defines, costs, latency, profile, addons, max_ops=MAX_RENDER_OPS)
     run = None
     if measured is not None:
         from .measured import load_measured

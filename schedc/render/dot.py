@@ -5,13 +5,17 @@ dependency graphs with plain `dot`. A missing `dot` is a usage error naming the 
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
+from ..budget import RENDER_PIXELS
 from ..diagnostics import USAGE, SchedError, Source, error
 
 FORMATS = ("svg", "png", "pdf")
 PNG_DPI = 144  # sharper PNGs than Graphviz's 96; SVG and PDF are vector anyway
+MIN_PNG_DPI = 24  # a huge timeline's PNG is drawn at a lower resolution, down to this
+_POS = re.compile(r'pos="(-?[\d.]+),(-?[\d.]+)"')
 
 
 def missing_dot(target: str) -> SchedError:
@@ -29,7 +33,7 @@ def run_dot(source: str, fmt: str, target: str, fixed_positions: bool = False) -
     if fixed_positions:
         command += ["-Kneato", "-n2"]
     if fmt == "png":
-        command.append(f"-Gdpi={PNG_DPI}")
+        command.append(f"-Gdpi={png_dpi(source, target) if fixed_positions else PNG_DPI}")
     try:
         done = subprocess.run(command, input=source.encode(), capture_output=True, check=False)
     except OSError as exc:
@@ -39,3 +43,22 @@ def run_dot(source: str, fmt: str, target: str, fixed_positions: bool = False) -
         raise SchedError(error("Graphviz's dot failed: " + (message[-1] if message else f"exit {done.returncode}")),
                          Source(target, ""), kind=USAGE)
     return done.stdout
+
+
+def png_dpi(source: str, target: str) -> int:
+    """The resolution of a timeline's PNG (nodes at fixed positions, in points): PNG_DPI, or lower so
+    that the image keeps within RENDER_PIXELS; refused when even MIN_PNG_DPI would not."""
+    xs, ys = [], []
+    for found in _POS.finditer(source):
+        xs.append(float(found.group(1)))
+        ys.append(float(found.group(2)))
+    if not xs:
+        return PNG_DPI
+    points = (max(xs) - min(xs) + 400) * (max(ys) - min(ys) + 100)  # with the labels, notes and title
+    dpi = PNG_DPI
+    while dpi > MIN_PNG_DPI and points * (dpi / 72) ** 2 > RENDER_PIXELS.limit:
+        dpi = max(MIN_PNG_DPI, int(dpi * 0.8))
+    refused = RENDER_PIXELS.refusal(int(points * (dpi / 72) ** 2), f"the PNG at {dpi} dpi would have")
+    if refused:
+        raise SchedError(error(refused), Source(target, ""), kind=USAGE)
+    return dpi

@@ -12,11 +12,10 @@ a warning.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from ..inputs import load_json, read_source
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..text import listed, plural
 from ..ir import Schedule
@@ -51,10 +50,7 @@ def _usage(message: str, path: str) -> SchedError:
 
 def read_events(path: str) -> tuple[list[dict], dict]:
     """The complete ("X") events of a Chrome trace and its otherData (schedule name, plan hash)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _usage(f"cannot read the measured trace: {exc}", path) from None
+    data = load_json(read_source(path, "the measured trace"), "the measured trace")
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise _usage("not a Chrome trace (expected {\"traceEvents\": [...]})", path)

@@ -60,6 +60,8 @@ def _sentence(text: str) -> str:
 
 
 def _run(opts) -> int:
+    from .plugins import limit_user_code
+    limit_user_code(opts.timeout)  # a model builder or data function that never returns ends the run
     plan = load_plan(opts.plan)
     if opts.threads:
         import torch

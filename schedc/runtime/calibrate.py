@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:  # python -m schedc.runtime.cali
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (as the runtime's --threads)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, not a minute)")
     args = parser.parse_args(argv)
-    if args.ranks < 2:
-        print("error: --ranks must be at least 2", file=sys.stderr)
+    if args.ranks < 2 or args.threads < 1:
+        print("error: --ranks must be at least 2 (a ping-pong needs two) and --threads at least 1", file=sys.stderr)
         return 2
     text, raw = calibrate(args.ranks, args.threads, args.quick)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,61 @@ def check_writable(directory: str) -> None:
         _remove(probe)
 
 
+def identity(plan_hash: str, world: int, opts) -> dict:
+    """What a checkpoint belongs to: the plan, the world and its layout, the seed, how the optimizer
+    state is kept, and the model (its sizes and its code): a run of another resumes nothing."""
+    cfg = opts.model_config
+    return {"plan": plan_hash, "world": world, "dp": opts.dp, "tp": opts.tp, "seed": opts.seed,
+            "distributed_optimizer": bool(opts.distributed_optimizer and opts.dp > 1),
+            "model": {"code": opts.model or "gpt", "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
+                      "seq": cfg.seq, "vocab": cfg.vocab}}
+
+
+def differences(made: dict, now: dict) -> list[str]:
+    """What differs between a checkpoint's identity and this run's, in words (a key the checkpoint does
+    not record, an older schedc's, is not compared)."""
+    found = []
+    for key, value in now.items():
+        was = made.get(key)
+        if was is None or was == value:
+            continue
+        if key == "model" and isinstance(was, dict):
+            found += [f"model {k} {was.get(k)!r} (this run: {v!r})" for k, v in value.items() if was.get(k) != v]
+        elif key == "plan":
+            found.append(f"plan hash {str(was)[:12]} (this run: {str(value)[:12]}, another schedule or size)")
+        else:
+            found.append(f"{key} {was!r} (this run: {value!r})")
+    return found
+
+
+def check_same_run(directory: str, latest: dict, now: dict) -> None:
+    """Before torchrun: --resume DIR's checkpoint is of this run's plan, model and layout, or refused
+    naming everything that differs."""
+    found = differences(latest, now)
+    if found:
+        raise CheckpointError(f"--resume {directory}: the checkpoint is of another run: it was made with "
+                              + "; ".join(found))
+
+
+def check_save_over(directory: str, resume: str | None, overwrite: bool) -> None:
+    """--save DIR over a checkpoint already there (another run's, or this one's from the start) would
+    replace it at the first save: refused unless --overwrite, or unless --resume continues it."""
+    root = Path(directory)
+    if overwrite or not (root / "latest.json").is_file():
+        return
+    if resume is not None and Path(resume).resolve() == root.resolve():
+        return
+    try:
+        latest = json.loads((root / "latest.json").read_text())
+        done = latest.get("steps_done", "?")
+        what = f"{done} step{'' if done == 1 else 's'} done, plan hash {str(latest.get('plan', '?'))[:12]}"
+    except (OSError, ValueError, AttributeError):
+        what = "latest.json unreadable"
+    raise CheckpointError(f"--save {directory}: the directory holds a checkpoint ({what}) that this run "
+                          f"would replace: give --overwrite to replace it, --resume {directory} to continue it, "
+                          "or another directory")
+
+
 def save(directory: str, steps_done: int, executor, identity: dict) -> None:
     root = Path(directory)
     step_dir = root / f"step-{steps_done:08d}"
@@ -140,13 +195,10 @@ def load(directory: str, executor, identity: dict) -> int:
         state = torch.load(root / latest["dir"] / f"rank{executor.rank}.pt", weights_only=False)
     except (OSError, RuntimeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"--resume {directory}: cannot load rank{executor.rank}.pt ({exc})") from None
-    for key, value in identity.items():
-        if state["identity"].get(key) != value:
-            was, now = state["identity"].get(key), value
-            if key == "plan":
-                was, now = f"hash {str(was)[:12]}", f"hash {now[:12]}"
-            raise CheckpointError(f"--resume {directory}: the checkpoint was made with {key} {was}, "
-                                  f"this run has {key} {now}")
+    found = differences(state["identity"], identity)
+    if found:
+        raise CheckpointError(f"--resume {directory}: the checkpoint is of another run: it was made with "
+                              + "; ".join(found))
     for stage, module in executor.stages.items():
         module.load_state_dict(state["stages"][stage])
     if executor.shards is not None:  # the distributed optimizer's shards: from the weights just loaded

@@ -74,12 +74,12 @@ def load_dataset(spec: str, cfg, seed: int):
     size) gives a Batch: `microbatches * size` rows of model inputs (`tokens`) and of what the last
     piece's output is scored against (`targets`, as the loss reads them: class indices [rows, 1] for
     logits [rows, 1, classes]). Its first batch is checked here, before any rank starts."""
-    from .plugins import load_function
-    data = load_function(spec, "--data", DataError)(cfg, seed)
+    from .plugins import call_user, load_function
+    data = call_user(load_function(spec, "--data", DataError), "--data", spec, DataError, cfg, seed)
     if not callable(getattr(data, "batch", None)):
         raise DataError(f"--data {spec!r}: the function must return an object with a method "
                         "batch(step, microbatches, size)")
-    first = data.batch(0, 1, cfg.mb_size)
+    first = call_user(data.batch, "--data", spec, DataError, 0, 1, cfg.mb_size)
     if not isinstance(first, Batch) or len(first.tokens) != cfg.mb_size or len(first.targets) != cfg.mb_size:
         raise DataError(f"--data {spec!r}: batch(step, 1, {cfg.mb_size}) must return a Batch of "
                         f"{cfg.mb_size} rows of tokens and targets, got {_describe(first)}")

@@ -108,7 +108,8 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     them, --nproc against the plan, --save and --resume against the disk; (options, plan) or LaunchError."""
     from schedc.plan import PlanError, load_plan
 
-    from .checkpoint import CheckpointError, check_resumable, check_same_optimizer, check_steps_left, check_writable
+    from .checkpoint import (CheckpointError, check_resumable, check_same_optimizer, check_same_run, check_save_over,
+                             check_steps_left, check_writable, identity)
     from .options import OptionError, parse_options
     from .world import world_words
     try:
@@ -144,11 +145,13 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     try:
         _check_plan_fits(plan, opts, need)
         if opts.save:
+            check_save_over(opts.save, opts.resume, opts.overwrite)
             check_writable(opts.save)
         if opts.resume and standalone:
             latest = check_resumable(opts.resume, need)
             check_steps_left(opts.resume, latest.get("steps_done", 0), opts.steps)
             check_same_optimizer(opts.resume, latest, opts)
+            check_same_run(opts.resume, latest, identity(plan.hash, need, opts))
     except (PlanError, CheckpointError, ValueError) as exc:
         raise LaunchError(f"{plan_path}: {exc}" if isinstance(exc, PlanError) else exc) from None
     return opts, plan

@@ -231,7 +231,12 @@ def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn
 
 def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:
     torch.manual_seed(seed)
-    pieces = list(builder(cfg))
+    if builder is build_gpt:
+        pieces = list(builder(cfg))
+    else:  # user code: whatever it raises (sys.exit too) is reported as its failure, naming it
+        from .plugins import call_user
+        spec = f"{builder.__module__}:{builder.__qualname__}"
+        pieces = list(call_user(builder, "--model", spec, ModelError, cfg))
     if len(pieces) < 2 or not all(isinstance(m, nn.Module) for _, m in pieces):
         raise ModelError("a model builder must return a list of at least two (name, nn.Module) pieces")
     return pieces

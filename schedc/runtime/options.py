@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import tomllib
 from dataclasses import fields
 
@@ -156,6 +157,8 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
                             "with --every")
     group.add_argument("--every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     group.add_argument("--resume", metavar="DIR", help="continue from the latest checkpoint in DIR")
+    group.add_argument("--overwrite", action="store_true",
+                       help="let --save DIR replace a checkpoint already there (refused without it)")
     group.add_argument("--fault-kill", metavar="RANK:STEP",
                        help="for testing fault handling only: rank RANK kills itself halfway "
                             "through step STEP")
@@ -234,6 +237,10 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
 
 
 def _read_toml(path: str) -> tuple[dict, dict]:
+    """--config's table (the model file schedc's compiler reads with schedc.inputs, which the runtime
+    may not import: the same refusals, a FIFO or device unopened, a deep nest or a huge integer)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise OptionError(f"--config {path}: not a regular file (a FIFO, a device or a directory)")
     try:
         with open(path, "rb") as handle:
             text = handle.read(MAX_CONFIG_BYTES + 1)  # a device (/dev/zero) never ends
@@ -242,6 +249,10 @@ def _read_toml(path: str) -> tuple[dict, dict]:
         doc = tomllib.loads(text.decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise OptionError(f"--config {path}: {exc}") from None
+    except RecursionError:
+        raise OptionError(f"--config {path}: arrays or tables nested too deeply") from None
+    except ValueError as exc:  # an integer past Python's int-to-str limit
+        raise OptionError(f"--config {path}: {str(exc).split(';')[0]}") from None
     table = {**{k: v for k, v in doc.items() if k != "model"}, **doc.get("model", {})}
     if "microbatch_size" in table:  # schedc's model files (check --model) name mb_size so
         size = table.pop("microbatch_size")

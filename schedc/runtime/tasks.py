@@ -45,6 +45,11 @@ def load_task_modules(names: list[str]) -> None:
             importlib.import_module(name)
         except ImportError as exc:
             raise TaskError(f"--tasks {name!r}: {exc}") from None
+        except BaseException as exc:  # noqa: BLE001 - the user's module failed while it was imported
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            from .plugins import user_failure
+            raise TaskError(user_failure("--tasks", name, f"importing {name}", exc)) from None
 
 
 def ignore_task(executor: Any, instr: Instr) -> None:

@@ -45,6 +45,7 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
             raise PlanError(f"the plan has no {key!r}")
     check_messages(plan)
     if opts.save:
+        checkpoint.check_save_over(opts.save, opts.resume, opts.overwrite)
         checkpoint.check_writable(opts.save)
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
@@ -158,8 +159,7 @@ def _recompute(stages: dict[int, Stage], count: int, mode: str) -> None:
 
 
 def identity(plan: Plan, opts, world: World) -> dict:
-    return {"plan": plan.hash, "world": world.size, "dp": opts.dp, "tp": opts.tp, "seed": opts.seed,
-            "distributed_optimizer": bool(opts.distributed_optimizer and opts.dp > 1)}
+    return checkpoint.identity(plan.hash, world.size, opts)
 
 
 def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:

@@ -57,8 +57,8 @@ def request_from(o: dict[str, Any]) -> Request:
     if o["memory_limit"] is not None:
         try:
             limit = parse_bytes(o["memory_limit"])
-        except SchedError:
-            raise usage(f"--memory-limit: cannot read {o['memory_limit']!r} (write e.g. 80GiB, 512MB or 1e10 bytes)") from None
+        except SchedError as exc:
+            raise usage(exc.diagnostics[0].message.replace("or 1e10)", "or 1e10 bytes)")) from None
         if limit < 2**20:
             raise usage(f"--memory-limit {o['memory_limit']}: {limit:g} bytes per GPU, less than 1 MiB; give a unit "
                         f"(e.g. 80GiB)")
@@ -91,8 +91,10 @@ def parse_why(text: str) -> dict[str, Any]:
         if kind is None or key in wanted:
             why = f"{key}= is given twice" if key in wanted else f"unknown key {key!r}"
             raise usage(f"--why {text!r}: {why} (give a schedule and any of {', '.join(_WHY_KEYS)}, as t=8)")
-        if kind is int and not (value.isascii() and value.isdigit() and int(value) > 0):
-            raise usage(f"--why {text!r}: {key} must be a positive integer, got {value!r}")
+        if kind is int and not (value.isascii() and value.isdigit() and len(value) <= 18 and int(value) > 0):
+            shown = value if len(value) <= 20 else f"{value[:12]}... ({len(value):,} characters)"
+            asked = text if len(text) <= 80 else text[:60] + "..."
+            raise usage(f"--why {asked!r}: {key} must be a positive integer, got {shown!r}")
         wanted[key] = kind(value)
         if key == "recompute" and value not in RECOMPUTE:
             raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE)}, got {value!r}")

@@ -83,6 +83,7 @@ class Entry:
     split: bool
     plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
     mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
+    filled: bool = False  # `fill bubbles with`: each candidate's compile searches a fill (about a second)
 
     @property
     def chunked(self) -> bool:
@@ -120,7 +121,8 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
         split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
         mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
-        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed))
+        filled = any(isinstance(d, ast.Fill) for d in decl.decls)
+        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed, filled))
     return entries
 
 

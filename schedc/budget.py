@@ -1,0 +1,49 @@
+"""The one resource rule: work that grows with a number a user types (an optional pop's bound, a
+squeeze's unit slots, tune's candidates, a render's pixels or nodes) is counted before it is done and
+refused past a named limit, so that no input makes the tool run for minutes or fill memory. Each limit
+is a Budget here; the caller says what it is about to do and raises the refusal where it can locate it.
+
+    SQUEEZE_SLOTS.refusal(10**9 + 1, "'squeeze': device 0's program spans", items=8)
+    -> "'squeeze': device 0's program spans 1,000,000,001 unit slots, past the limit of 1,088 (...)"
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A limit on one kind of work: `limit` of `unit`, plus `per` for each of the items it is for (a
+    squeeze's slots grow with its ops), and why the limit is where it is."""
+
+    unit: str
+    limit: int
+    why: str = ""
+    per: int = 0
+
+    def allowed(self, items: int = 0) -> int:
+        return self.limit + self.per * items
+
+    def refusal(self, count: int, what: str, items: int = 0) -> str | None:
+        """None when `count` is within the limit (for `items`), else the message naming the limit."""
+        allowed = self.allowed(items)
+        if count <= allowed:
+            return None
+        return f"{what} {count:,} {self.unit}, past the limit of {allowed:,}" + (f" ({self.why})" if self.why else "")
+
+
+# the statements the programs of all devices may run, shared (so a runaway loop stops once): some
+# seconds of interpretation (V-Half runs about 6 per op; p = 4, m = 3,400 is near the limit)
+PROGRAM_STATEMENTS = Budget("statements", 500_000, ", the limit of the programs' interpreter (seconds of work): "
+                            "give smaller params")
+# a squeeze passes over every unit slot of a device, for each op it moves; a program's slots are
+# about one per op (V-Half: 6 per microbatch for its 6 ops), so this is far past any schedule's
+SQUEEZE_SLOTS = Budget("unit slots", 1_024, "a squeeze scans a device's slots for every op it moves: 1,024 "
+                       "and 8 per op of the device", per=8)
+# tune compiles a schedule with `fill bubbles` whole for each candidate, its fill searched: about 1.5 s
+# of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
+TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "
+                    "the search with --tp, --pp, --microbatch or --recompute")
+# a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
+# larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
+RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")
