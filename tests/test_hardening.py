@@ -423,3 +423,27 @@ def test_an_extends_name_too_long_for_the_file_system_is_an_unknown_schedule(tmp
     path.write_text('schedule x "x"\nextends ' + "1" * 400 + "\n")
     result = cli("check", str(path))
     assert result.exit_code == 1 and "x.sched:2:1: error: unknown schedule '111" in result.output
+
+
+def test_non_ascii_text_in_strings_is_kept_as_written(tmp_path):
+    """A require message or an extends path in UTF-8 is read as written (it was decoded as Latin-1:
+    '≥' printed as 'â¥'); an extends path that names no file says so, not 'unknown schedule'."""
+    path = tmp_path / "b.sched"
+    path.write_text('schedule y "y"\nparam p = 2 "p"\nparam m = 4 "m"\nrequire p >= 3 "p must be ≥ 3 — naïve \\u00e9 \\"q\\""\n'
+                    'pipeline main { stages p; device s -> s; microbatches m }\n', encoding="utf-8")
+    result = cli("check", str(path))
+    assert result.exit_code == 1 and 'requirement failed: p must be ≥ 3 — naïve é "q"' in result.output
+    path = tmp_path / "a.sched"
+    path.write_text('schedule x "x"\nextends "ünïcødé.sched"\n', encoding="utf-8")
+    result = cli("check", str(path))
+    assert result.exit_code == 1 and f"{path}:2:1: error: no schedule file 'ünïcødé.sched' next to a.sched" in result.output
+
+
+def test_an_inline_table_in_a_cluster_file_is_located_at_its_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('name = "x"\ngpu = { peak_tflops = 312, memory_gib = 80, hbm_gbps = 2039, bogus = 1 }\n'
+                    'node = { gpus = 8 }\nintra = { bandwidth_gbps = 300, latency_us = -5 }\n')
+    result = cli("simulate", "1f1b", "-D", "p=2", "--model", GPT, "--cluster", str(path))
+    assert result.exit_code == 2
+    assert f"{path}:2:62: error: unknown key 'gpu.bogus'" in result.output
+    assert f"{path}:4:33: error: 'intra.latency_us' must be" in result.output
