@@ -17,7 +17,7 @@ from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot
-from ..text import agree
+from ..text import agree, listed
 
 if TYPE_CHECKING:
     from .measured import MeasuredRun
@@ -33,12 +33,14 @@ MAX_RENDER_OPS = 200_000
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float | None = None, out: str = "out.svg",
                 dag: bool = False, comms: bool = False, measured: str | None = None,
-                profile: tuple[str, int | None] | None = None, cluster=None, addons: tuple[str, ...] = ()) -> Compiled:
+                profile: tuple[str, int | None] | None = None, cluster=None, addons: tuple[str, ...] = (),
+                width: int | None = None) -> Compiled:
     """Compile (or load) FILE and write OUT; returns what was drawn, with the compiler's diagnostics
     (a schedule that fails its checks is drawn anyway, as far as it was simulated). profile: (CSV,
     microbatch size) of a PipeFisher profile row to take the costs from, instead of `costs`. cluster: a
     predict.ClusterRequest: costs (seconds) and message times from a model on a cluster. addons: the
-    `--with` add-ons, as compile_file takes them."""
+    `--with` add-ons, as compile_file takes them. width: the timeline's width in PNG pixels (0: its
+    natural scale; None: fitted to canvas.DEFAULT_WIDTH when wider)."""
     fmt = Path(out).suffix.lower().lstrip(".")
     if out == STDOUT:
         raise _usage("render picks its format by OUT's extension: give -o a file such as x.svg or x.json, not -",
@@ -48,11 +50,13 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
                      + ", ".join("." + e for e in EXTENSIONS), out)
     if dag and fmt not in (*FORMATS, "dot"):
         raise _usage(f"--dag draws through Graphviz: write .svg, .png, .pdf or .dot, not .{fmt}", out)
-    ignored = [flag for flag, given in (("--comms", comms), ("--measured", measured is not None)) if given]
+    ignored = [flag for flag, given in (("--comms", comms), ("--measured", measured is not None),
+                                        ("--width", width is not None)) if given]
     if ignored and (dag or fmt == "json"):
         what = "the dependency graph" if dag else "a Chrome trace (.json)"
-        raise _usage(f"{' and '.join(ignored)} {agree(len(ignored), 'draws', 'draw')} on the timeline; {what} has no place "
+        raise _usage(f"{listed(ignored, ' and ')} {agree(len(ignored), 'draws', 'draw')} on the timeline; {what} has no place "
                      f"for {'it' if len(ignored) == 1 else 'them'}", out)
+    _check_width(width, out)
     prepare_directory(Path(out).parent)  # before the compile and Graphviz, not after them
     from ..driver import load_input
     if cluster is not None:
@@ -66,14 +70,15 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         from .measured import load_measured
         run = load_measured(measured, compiled.schedule, compiled.plan.hash if compiled.plan else "")
         compiled = replace(compiled, diagnostics=[*compiled.diagnostics, *map(warning, run.warnings)])
-    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=run)
+    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=run, width=width)
     write_output(out, data)
     return compiled
 
 
 def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
-           measured: MeasuredRun | None = None) -> bytes:
-    """The bytes of OUT in format `fmt` for a compiled schedule (a measured run drawn above it)."""
+           measured: MeasuredRun | None = None, width: int | None = None) -> bytes:
+    """The bytes of OUT in format `fmt` for a compiled schedule (a measured run drawn above it; the
+    timeline `width` PNG pixels wide, as render_file takes it)."""
     run = measured
     if fmt == "json":
         import json
@@ -86,7 +91,7 @@ def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: boo
     if fmt != "dot":
         _drawable(compiled, fmt, out)
     from .timeline import timeline_dot
-    text = timeline_dot(compiled, comms=comms, measured=run)
+    text = timeline_dot(compiled, comms=comms, measured=run, pixels=width)
     if fmt == "dot":
         return text.encode()
     if fmt == "html":
@@ -109,6 +114,14 @@ def _drawable(compiled: Compiled, fmt: str, out: str) -> None:
                                f".{fmt} (limit {MAX_TIMELINE_OPS:,})",
                                notes=("write a Chrome trace (-o OUT.json, for Perfetto) or the DOT text (.dot), "
                                       "or draw a smaller instance",)), Source(out, ""), kind=USAGE)
+
+
+def _check_width(width: int | None, out: str) -> None:
+    """A --width leaves room for the time span beside the row labels and notes (0: no fitting)."""
+    from .canvas import least_width
+    if width is not None and (width < 0 or 0 < width < least_width()):
+        raise _usage(f"--width {width} is too narrow for a timeline: give at least {least_width()} pixels "
+                     "(or 0 for the natural scale)", out)
 
 
 def _usage(message: str, out: str) -> SchedError:

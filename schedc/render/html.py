@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..compiled import Compiled
-from ..memory import holdings, levels, levels_of
-from ..memory import memory_deltas, timed_model
-from .timed import timed_ops
+from .timed import memory_over_time
 
 CHART_W, PANEL_H, PANEL_GAP, AXIS_H, LEFT = 760.0, 46.0, 8.0, 22.0, 70.0
 
@@ -38,25 +36,6 @@ def _environment():
     return jinja2.Environment(loader=jinja2.PackageLoader("schedc.render", "templates"),
                               autoescape=jinja2.select_autoescape(["html", "svg", "j2"]),
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-
-
-def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
-    """Per device, the (time, activation units alive from then on) steps, starting at (0, 0)."""
-    schedule, timing = compiled.schedule, compiled.timing
-    if timing.complete and timed_model(schedule):
-        return [levels(held) for held in holdings(schedule, list(timing.steps) or [timing])]
-    deltas = memory_deltas(schedule)
-    series = []
-    for row in timed_ops(compiled):
-        events = []
-        for t in row:
-            delta = deltas.get(t.op.kind)
-            amount = delta[t.op.stage] if delta is not None else 0.0
-            if amount:
-                events.append((t.start, 1, amount) if amount > 0 else (t.end, 0, amount))
-        events.sort(key=lambda e: (e[0], e[1]))
-        series.append(levels_of(events))
-    return series
 
 
 def memory_panels(compiled: Compiled) -> tuple[list[Panel], float]:
