@@ -90,13 +90,15 @@ def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: boo
         return text.encode() if fmt == "dot" else run_dot(text, fmt, out)
     if fmt != "dot":
         _drawable(compiled, fmt, out)
-    from .timeline import timeline_dot
-    text = timeline_dot(compiled, comms=comms, measured=run, pixels=width)
+    from .timeline import time_scale, timeline_dot
+    text = timeline_dot(compiled, comms=comms, measured=run, pixels=width, memory=fmt != "html")
     if fmt == "dot":
         return text.encode()
     if fmt == "html":
         from .html import report_html
-        return report_html(compiled, timeline_svg(run_dot(text, "svg", out, fixed_positions=True))).encode()
+        geo, span = time_scale(compiled, run, width)
+        svg = timeline_svg(run_dot(text, "svg", out, fixed_positions=True))
+        return report_html(compiled, svg, geo.unit, span).encode()
     return run_dot(text, fmt, out, fixed_positions=True)
 
 

@@ -3,7 +3,7 @@ drawing next to the simulation.
 
 One step is drawn: the last one in the trace (warm). Its compute events (not sends, receives, gradient
 sync, STEP, nor the runtime's "wait" events, time blocked on a receive) are kept per rank, in ms from the step's first event;
-an OVERLAP_F_B's event is drawn as its halves, each over half its time, as the simulation draws it. `ms_per_unit` is the
+an OVERLAP_F_B's event is drawn as its halves, each over its whole time (stacked in one box, as the simulation draws it). `ms_per_unit` is the
 measured compute time per rank over the simulated one, so that perfectly predicted costs line up.
 
 A trace of another shape than the schedule (other ranks, stages or microbatches) is refused, naming
@@ -32,6 +32,12 @@ class MeasuredOp:
     pipe: int
     start: float  # ms from the step's start
     end: float
+    half: int | None = None  # of an OVERLAP_F_B's event: its first (0) or second (1) half
+
+    @property
+    def busy(self) -> float:
+        """The time the op takes on its rank: an overlapped pair's once, at its first half."""
+        return 0.0 if self.half == 1 else self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +160,15 @@ def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> Measure
         start = float(e["ts"]) / 1e3 - t0
         end = start + float(e.get("dur", 0)) / 1e3
         halves = a.get("halves") if isinstance(a.get("halves"), list) else [a]
-        for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves side by side in its one box
+        for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves stacked in its one box
             pipe = half.get("pipe", pipe_of.get(half.get("mb"), 0))
             op = MeasuredOp(str(half.get("op", e.get("name"))), half.get("stage"), half.get("mb"), int(pipe or 0),
-                            start + (end - start) * k / len(halves), start + (end - start) * (k + 1) / len(halves))
+                            start, end, k if len(halves) == 2 else None)
             by_rank.setdefault(int(e.get("pid", 0)), []).append(op)
     ranks = tuple(sorted(by_rank))
     ops = tuple(tuple(sorted(by_rank[r], key=lambda o: (o.start, o.end))) for r in ranks)
     makespan = max(o.end for row in ops for o in row)
-    work = sum(o.end - o.start for row in ops for o in row) / len(ranks)
+    work = sum(o.busy for row in ops for o in row) / len(ranks)
     sim_work = sum(op.cost for op in schedule.ops()) / max(schedule.devices, 1)
     return MeasuredRun(step, ranks, ops, makespan, work / sim_work if sim_work and work > 0 else 1.0)
 

@@ -34,16 +34,14 @@ PAIR_OUTLINE, STUCK = "#111111", "#d62728"
 
 
 def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None,
-                 pixels: int | None = None) -> str:
+                 pixels: int | None = None, memory: bool = True) -> str:
     """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given,
-    memory strips under them. pixels: the PNG's width to fit (0: the natural scale, uncapped; None:
-    fitted to canvas.DEFAULT_WIDTH only when wider)."""
+    memory strips under them (unless not `memory`: the HTML report draws its own chart). pixels: the
+    PNG's width to fit (0: the natural scale, uncapped; None: fitted to canvas.DEFAULT_WIDTH only when
+    wider)."""
     schedule, timing = compiled.schedule, compiled.timing
+    geo, span = time_scale(compiled, measured, pixels)
     stuck = _stuck(compiled)
-    span = max([timing.makespan, *(end for _, _, end in stuck.values())])
-    if measured is not None:
-        span = max(span, measured.makespan_ms / measured.ms_per_unit)
-    geo = _geometry(compiled, span, pixels)
     colours = palette(schedule)
     width = span * geo.unit
     canvas = Canvas(geo, _header(compiled, geo, width))
@@ -56,11 +54,22 @@ def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun 
     _stuck_boxes(canvas, stuck, ys)
     if comms:
         _messages(canvas, compiled, ids)
-    memory_strips(canvas, compiled, width)
+    if memory:
+        memory_strips(canvas, compiled, width)
     _axis(canvas, width, span, "time (s)" if in_seconds(compiled) else "time (cost units)")
     _legend(canvas, _legend_cells(colours, comms, bool(schedule.fused), bool(stuck)), width)
     canvas.lines.append("}")
     return "\n".join(canvas.lines) + "\n"
+
+
+def time_scale(compiled: Compiled, measured: MeasuredRun | None = None,
+               pixels: int | None = None) -> tuple[Geometry, float]:
+    """The timeline's geometry and the time it spans (the makespan, or more where a measured run or a
+    stuck op reaches further): point x of the drawing is time x / geometry.unit."""
+    span = max([compiled.timing.makespan, *(end for _, _, end in _stuck(compiled).values())])
+    if measured is not None:
+        span = max(span, measured.makespan_ms / measured.ms_per_unit)
+    return _geometry(compiled, span, pixels), span
 
 
 def _geometry(compiled: Compiled, span: float, pixels: int | None) -> Geometry:
@@ -145,27 +154,36 @@ def _simulated_rows(canvas: Canvas, compiled: Compiled, colours: Palette, width:
 
 
 def _half(canvas: Canvas, name: str, t, d: int, y: float, colours: Palette, k: int) -> None:
-    """One half of an overlapped pair: the top (first) or bottom (second) half of the pair's box,
-    labelled with its kind and microbatch."""
-    geo, op = canvas.geo, t.op
-    fill = colours.fill(op.kind, op.pipe, op.stage)
-    x0, x1 = t.start * geo.unit + 1, t.end * geo.unit - 1
-    h = (geo.box - 2) / 2
-    label, font = f"{op.kind}{op_label(op)}", max(geo.font - 2, 5)
-    attrs = (f'fillcolor="{fill}" penwidth=0 class="op {op.kind} half"'
-             + (f' label="{label}" fontsize={font:g} fontcolor="{text_colour(fill)}"'
-                if geo.fits(label, x1 - x0, font) and h >= font else ""))
-    canvas.box(name, x0, x1, y - h / 2 if k == 0 else y + h / 2, h, attrs)
+    """One half of an overlapped pair: the top (first) or bottom (second) half of the pair's box."""
+    op = t.op
+    _stacked(canvas, name, t.start * canvas.geo.unit, t.end * canvas.geo.unit, y, k,
+             colours.fill(op.kind, op.pipe, op.stage), f"{op.kind}{op_label(op)}", f"op {op.kind} half")
+
+
+def _stacked(canvas: Canvas, name: str, x0: float, x1: float, y: float, k: int, fill: str, label: str,
+             cls: str) -> None:
+    """Half k of a pair's box over [x0, x1], inside its outline, labelled with its kind and microbatch."""
+    geo = canvas.geo
+    h, font = (geo.box - 3) / 2, max(geo.font - 2, 5)  # a point between the halves
+    attrs = (f'fillcolor="{fill}" penwidth=0 class="{cls}"'
+             + (f' label="{esc(label)}" fontsize={font:g} fontcolor="{text_colour(fill)}"'
+                if geo.fits(label, x1 - x0 - 2, font) and h >= font else ""))
+    canvas.box(name, x0 + 1, x1 - 1, y - h / 2 - 0.5 if k == 0 else y + h / 2 + 0.5, h, attrs)
 
 
 def _pair_outline(canvas: Canvas, name: str, first, second, d: int, y: float) -> None:
-    """The one box of an overlapped pair, drawn over its halves: no fill, a thick dark outline."""
+    """The one box of an overlapped pair, drawn over its halves."""
+    unit = canvas.geo.unit
+    tip = f"{first.op} & {second.op} on device {d}, overlapped: {first.start:g} to {second.end:g}"
+    _outline(canvas, name, min(first.start, second.start) * unit, max(first.end, second.end) * unit, y, tip)
+
+
+def _outline(canvas: Canvas, name: str, x0: float, x1: float, y: float, tip: str = "") -> None:
+    """A pair's outline over [x0, x1]: no fill, thick and dark."""
     geo = canvas.geo
-    x0, x1 = min(first.start, second.start) * geo.unit, max(first.end, second.end) * geo.unit
-    tip = f' tooltip="{first.op} & {second.op} on device {d}, overlapped: {first.start:g} to {second.end:g}"'
     canvas.box(f"{name}_pair", x0, x1, y, geo.box,
                f'style="solid" color="{PAIR_OUTLINE}" penwidth={1.0 if geo.compact else 1.6} class="overlap"'
-               + ("" if geo.compact else tip))
+               + (f' tooltip="{esc(tip)}"' if tip and not geo.compact else ""))
 
 
 def _stuck(compiled: Compiled) -> dict[int, tuple[Op, float, float]]:
@@ -185,10 +203,12 @@ def _stuck_boxes(canvas: Canvas, stuck: dict[int, tuple[Op, float, float]], ys: 
     geo = canvas.geo
     for d, (op, start, end) in stuck.items():
         wide = (end - start) * geo.unit
-        label = next((text for text in (f"!{op.kind}{op_label(op)}", "!") if geo.fits(text, wide)), "")
+        full = f"!{op.kind}{op_label(op)}"
+        label, font = next(((text, size) for text, size in ((full, geo.font), (full, geo.font - 2), ("!", geo.font))
+                            if geo.fits(text, wide, size)), ("", geo.font))
         canvas.box(f"stuck{d}", start * geo.unit, end * geo.unit, ys[d], geo.box,
                    f'fillcolor="#ffffff" color="{STUCK}" penwidth=2 class="stuck {op.kind}" fontcolor="{STUCK}"'
-                   + (f' label="{label}"' if label else "")
+                   + (f' label="{label}" fontsize={font:g}' if label else "")
                    + f' tooltip="{op} on device {d}: stuck here, the deadlock check stops the device at it"')
 
 
@@ -210,12 +230,18 @@ def _measured_rows(canvas: Canvas, run: MeasuredRun, colours: Palette, width: fl
     geo = canvas.geo
     scale = geo.unit / run.ms_per_unit
     for rank, ops in zip(run.ranks, run.ops):
-        busy = sum(o.end - o.start for o in ops)
+        busy = sum(o.busy for o in ops)
         y = canvas.lane(f"m{rank}", f"rank {rank}", f"busy {busy:.2f} ms", width)
         for n, op in enumerate(ops):
             x0, x1 = op.start * scale, op.end * scale
             fill = colours.fill(op.kind, op.pipe, op.stage or 0)
             label = str(op.mb) if op.mb is not None else op.kind[:3]
+            if op.half is not None:  # an OVERLAP_F_B's halves, stacked in one outlined box
+                _stacked(canvas, f"m{rank}_{n}", x0, x1, y, op.half, fill, f"{op.kind}{label}",
+                         f"measured {esc(op.kind)} half")
+                if op.half == 1:
+                    _outline(canvas, f"m{rank}_{n}", x0, x1, y)
+                continue
             attrs = (f'fillcolor="{fill}" class="measured {esc(op.kind)}"'
                      + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
                      + f' tooltip="{esc(op.kind)}({op.stage},{op.mb}) rank {rank}: {op.start:.3f} to {op.end:.3f} ms"')
