@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from .measured import MeasuredRun
 
 EXTENSIONS = (*FORMATS, "dot", "html", "json")
-# Timelines drawn through Graphviz (.svg .png .pdf, and the .html report's): at 200,000 ops the SVG is
-# 44 MB and the command takes 10-12 s of CPU; past this, .json (a Chrome trace) or .dot text only.
+# Timelines drawn through Graphviz (.svg .png .pdf, and the .html report's): at 196,608 ops the SVG is
+# 48 MB and the command takes about 25 s of CPU on a shared core; past this, .json or .dot text only.
 MAX_TIMELINE_OPS = 200_000
 # Any render: a Chrome trace of 200,000 ops takes 5 s and 26 MB; a schedule to render is refused past
 # this when it is elaborated, before the work grows (elaboration's own limit is 500,000).

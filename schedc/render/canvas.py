@@ -104,19 +104,23 @@ class Canvas:
         return y
 
     def path(self, name: str, points: list[tuple[float, float]], attrs: str) -> None:
-        """A polyline through `points` (x, y downwards): an edge between two invisible nodes at its
-        ends whose spline (kept by `neato -n2`) runs straight from point to point."""
-        (x0, y0), (x1, y1) = points[0], points[-1]
+        """A polyline through `points` (x, y downwards): edges between invisible nodes, each with a
+        spline (kept by `neato -n2`) that runs straight from point to point, PATH_POINTS points a piece
+        (Graphviz refuses a longer attribute), the pieces `name_0`, `name_1`, ... meeting end to end."""
         dot = 'shape=point style=invis width=0.01 height=0.01'
-        self.node(f"{name}_a", x0, y0, dot)
-        self.node(f"{name}_b", x1, y1, dot)
-        spline = [points[0]]
-        for a, b in zip(points, points[1:]):
-            spline += [a, b, b]
-        pos = " ".join(f"{x:.2f},{-y:.2f}" for x, y in spline)
-        self.lines.append(f'{name}_a -> {name}_b [pos="{pos}" arrowhead=none {attrs}];')
+        for k in range(0, max(len(points) - 1, 1), PATH_POINTS - 1):
+            piece = points[k:k + PATH_POINTS]
+            (x0, y0), (x1, y1) = piece[0], piece[-1]
+            self.node(f"{name}_{k}_a", x0, y0, dot)
+            self.node(f"{name}_{k}_b", x1, y1, dot)
+            spline = [piece[0]]
+            for a, b in zip(piece, piece[1:]):
+                spline += [a, b, b]
+            pos = " ".join(f"{x:.2f},{-y:.2f}" for x, y in spline)
+            self.lines.append(f'{name}_{k}_a -> {name}_{k}_b [pos="{pos}" arrowhead=none {attrs}];')
 
 
+PATH_POINTS = 200
 IDLE = "#f0f0f0"
 
 

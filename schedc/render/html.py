@@ -62,8 +62,9 @@ def _environment():
 
 
 def timeline_frame(svg: str, unit: float, span: float) -> Frame:
-    """The Frame of Graphviz's SVG of a timeline: its axis node starts at time 0 (node coordinates
-    are the graph's, shifted by the translate of its top group)."""
+    """The Frame of Graphviz's SVG of a timeline: its axis node spans the time from 0, centred at
+    span / 2 (node coordinates are the graph's, shifted by the translate of its top group; Graphviz
+    draws a node's size to whole points, its centre exactly)."""
     root = ET.fromstring(svg)
     view_w = float(root.get("viewBox", "0 0 0 0").split()[2])
     group = root.find(f"{SVG}g")
@@ -73,7 +74,8 @@ def timeline_frame(svg: str, unit: float, span: float) -> Frame:
     for node in root.iter(f"{SVG}g"):
         title, shape = node.find(f"{SVG}title"), node.find(f"{SVG}polygon")
         if title is not None and title.text == "axis" and shape is not None:
-            x0 = min(float(point.split(",")[0]) for point in shape.get("points").split())
+            xs = [float(point.split(",")[0]) for point in shape.get("points").split()]
+            x0 = (min(xs) + max(xs)) / 2 - span * unit / 2
     return Frame(root.get("width", f"{view_w:g}pt"), view_w, shift + x0, unit, span)
 
 
