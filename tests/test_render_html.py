@@ -11,8 +11,10 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
+from click.testing import CliRunner
 
 from conftest import FIXTURES, compile_library
+from schedc.cli import main
 from schedc.render import render, render_file
 from schedc.render.timed import memory_over_time
 
@@ -112,3 +114,22 @@ def test_the_reports_timeline_shows_pairs_and_stuck_ops(tmp_path):
     assert [g.find(f"{SVG}title").text for g in timeline.iter(f"{SVG}g") if "stuck" in g.get("class", "").split()] \
         == ["stuck0", "stuck1"]
     assert "INVALID" in html and "this schedule fails its checks" in html
+
+
+def test_under_a_cluster_the_chart_is_in_gib(tmp_path):
+    """The chart's levels are the strips' (GiB of activations under --cluster): 1F1B's device d keeps
+    min(p - d, m) microbatches, so its peak over device 3's is min(p - d, m)."""
+    from conftest import ROOT
+    out = tmp_path / "c.html"
+    model = str(ROOT / "schedc" / "models" / "gpt-1.7b.toml")
+    assert CliRunner().invoke(main, ["render", "1f1b", "-D", "p=4", "-D", "m=8", "--model", model,
+                                     "--cluster", "dgx-a100-80gb", "-o", str(out)]).exit_code == 0
+    _, chart = svgs(out.read_text())
+    peaks = []
+    for d in range(4):
+        panel = chart.find(f"{SVG}g[@data-device='{d}']")
+        labels = [t.text for t in panel.iter(f"{SVG}text") if t.get("class") == "ylabel"]
+        assert labels[-1].endswith(" GiB") and labels[0] == "0"
+        peaks.append(float(next(t for t in panel.iter(f"{SVG}text") if t.get("class") == "peak").text.split()[1]))
+    assert [round(peak / peaks[3], 1) for peak in peaks] == [4, 3, 2, 1]
+    assert "GiB of activations alive per device" in out.read_text()

@@ -146,6 +146,23 @@ def test_memory_strips_draw_the_declared_limit(tmp_path):
         assert (y0 + y1) / 2 == pytest.approx(base - (base - top) * 2 / peak, abs=0.3)  # at level 2
 
 
+def test_under_a_cluster_the_strips_are_in_gib_of_activations(tmp_path):
+    """gpt-1.7b (24 layers, hidden 2304, sequence 2048) under full recomputation keeps each layer's
+    16-bit input, 2·s·b·h bytes, per microbatch in flight (Korthikanti et al. 2022); 1F1B's device d
+    has min(p - d, m) in flight, each of its 24 / p layers."""
+    from conftest import ROOT
+    p, m, layers, hidden, seq, b = 4, 8, 24, 2304, 2048, 1
+    out = tmp_path / "c.svg"
+    assert run("render", "1f1b", "-D", f"p={p}", "-D", f"m={m}", "--model", str(ROOT / "schedc" / "models" / "gpt-1.7b.toml"),
+               "--cluster", "dgx-a100-80gb", "--recompute", "full", "--microbatch-size", str(b), "-o", str(out)).exit_code == 0
+    by_name = nodes(out.read_bytes())
+    for d in range(p):
+        note = by_name[f"mem{d}_note"].find(f".//{SVG}text").text
+        shown = float(re.fullmatch(r"peak ([\d.]+) GiB", note).group(1))
+        assert shown == pytest.approx(min(p - d, m) * layers // p * 2 * seq * b * hidden / 2**30, rel=5e-3)
+    assert "memory over time (GiB of activations alive)" in out.read_text()
+
+
 # -- overlapped pairs ------------------------------------------------------------------------------------
 
 def dualpipev_pairs(p: int, m: int) -> list[int]:

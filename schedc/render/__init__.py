@@ -62,23 +62,27 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
     if cluster is not None:
         from ..driver import parse_defines
         from ..driver.cluster import compile_on_cluster
-        compiled = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons).compiled
+        on = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons)
+        compiled, byte_deltas = on.compiled, _byte_deltas(on)
     else:
         compiled = load_input(file, defines, costs, latency, profile, addons, max_ops=MAX_RENDER_OPS)
+        byte_deltas = None
     run = None
     if measured is not None:
         from .measured import load_measured
         run = load_measured(measured, compiled.schedule, compiled.plan.hash if compiled.plan else "")
         compiled = replace(compiled, diagnostics=[*compiled.diagnostics, *map(warning, run.warnings)])
-    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=run, width=width)
+    data = render(compiled, fmt, out, dag=dag, comms=comms, measured=run, width=width, byte_deltas=byte_deltas)
     write_output(out, data)
     return compiled
 
 
 def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: bool = False,
-           measured: MeasuredRun | None = None, width: int | None = None) -> bytes:
+           measured: MeasuredRun | None = None, width: int | None = None,
+           byte_deltas: dict[str, tuple[float, ...]] | None = None) -> bytes:
     """The bytes of OUT in format `fmt` for a compiled schedule (a measured run drawn above it; the
-    timeline `width` PNG pixels wide, as render_file takes it)."""
+    timeline `width` PNG pixels wide, as render_file takes it; memory in GiB given byte_deltas, what
+    each kind allocates or frees per stage in bytes)."""
     run = measured
     if fmt == "json":
         import json
@@ -91,14 +95,15 @@ def render(compiled: Compiled, fmt: str, out: str, dag: bool = False, comms: boo
     if fmt != "dot":
         _drawable(compiled, fmt, out)
     from .timeline import time_scale, timeline_dot
-    text = timeline_dot(compiled, comms=comms, measured=run, pixels=width, memory=fmt != "html")
+    text = timeline_dot(compiled, comms=comms, measured=run, pixels=width, memory=fmt != "html",
+                        byte_deltas=byte_deltas)
     if fmt == "dot":
         return text.encode()
     if fmt == "html":
         from .html import report_html
         geo, span = time_scale(compiled, run, width)
         svg = timeline_svg(run_dot(text, "svg", out, fixed_positions=True))
-        return report_html(compiled, svg, geo.unit, span).encode()
+        return report_html(compiled, svg, geo.unit, span, byte_deltas).encode()
     return run_dot(text, fmt, out, fixed_positions=True)
 
 
@@ -116,6 +121,14 @@ def _drawable(compiled: Compiled, fmt: str, out: str) -> None:
                                f".{fmt} (limit {MAX_TIMELINE_OPS:,})",
                                notes=("write a Chrome trace (-o OUT.json, for Perfetto) or the DOT text (.dot), "
                                       "or draw a smaller instance",)), Source(out, ""), kind=USAGE)
+
+
+def _byte_deltas(on) -> dict[str, tuple[float, ...]]:
+    """What each kind allocates (+) or frees (-) per stage, in bytes, for a compile on a cluster: the
+    cost model's activations and deferred weight-gradient inputs (costmodel.bytes.activation_deltas)."""
+    from ..costmodel.bytes import activation_deltas
+    deltas = activation_deltas(on.setting.model, on.setting.layout, on.compiled.schedule)
+    return {kind: tuple(forward + deferred for forward, deferred in stages) for kind, stages in deltas.items()}
 
 
 def _check_width(width: int | None, out: str) -> None:

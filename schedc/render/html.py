@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from ..compiled import Compiled
 from .canvas import tick_step
-from .timed import in_seconds, memory_over_time
+from .timed import in_seconds, memory_view
 
 PANEL_H, PANEL_GAP, AXIS_H, TOP = 46.0, 10.0, 30.0, 8.0
 SVG = "{http://www.w3.org/2000/svg}"
@@ -79,10 +79,11 @@ def timeline_frame(svg: str, unit: float, span: float) -> Frame:
     return Frame(root.get("width", f"{view_w:g}pt"), view_w, shift + x0, unit, span)
 
 
-def memory_panels(compiled: Compiled, frame: Frame) -> list[Panel]:
-    """A panel per device, levels on one scale (the highest level or limit of any device at the top)."""
-    series = memory_over_time(compiled)
-    limits = compiled.schedule.memory_limit or ()
+def memory_panels(compiled: Compiled, frame: Frame, byte_deltas: dict | None = None) -> tuple[list[Panel], str]:
+    """A panel per device, levels on one scale (the highest level or limit of any device at the top),
+    and their unit (timed.memory_view)."""
+    view = memory_view(compiled, byte_deltas)
+    series, limits = view.series, view.limits
     top_level = max([level for steps in series for _, level in steps] + list(limits), default=0.0) or 1.0
     step = _level_step(top_level)
     panels = []
@@ -98,10 +99,10 @@ def memory_panels(compiled: Compiled, frame: Frame) -> list[Panel]:
             last = level
         points.append(f"{frame.x(frame.span):.2f},{y(last):.2f}")
         levels = [k * step for k in range(int(top_level / step + 1e-9) + 1)]
-        ticks = tuple((y(v), f"{v:g}" + (" units" if k == len(levels) - 1 else "")) for k, v in enumerate(levels))
+        ticks = tuple((y(v), f"{v:g}" + (f" {view.unit}" if k == len(levels) - 1 else "")) for k, v in enumerate(levels))
         peak, limit = max(level for _, level in steps), limits[d] if d < len(limits) else None
         panels.append(Panel(d, top, " ".join(points), peak, y(peak), limit, None if limit is None else y(limit), ticks))
-    return panels
+    return panels, view.unit
 
 
 def _level_step(top: float) -> float:
@@ -118,12 +119,14 @@ def device_rows(compiled: Compiled) -> list[dict]:
             for d in range(compiled.schedule.devices)]
 
 
-def report_html(compiled: Compiled, timeline_svg: str, unit: float, span: float) -> str:
+def report_html(compiled: Compiled, timeline_svg: str, unit: float, span: float,
+                byte_deltas: dict | None = None) -> str:
     """The report's HTML text (deterministic for a given compiled schedule and timeline); `unit` and
-    `span` are the timeline's points per cost unit and the time it spans (timeline.time_scale)."""
+    `span` are the timeline's points per cost unit and the time it spans (timeline.time_scale);
+    byte_deltas: each kind's bytes per stage, to chart GiB (--cluster)."""
     schedule = compiled.schedule
     frame = timeline_frame(timeline_svg, unit, span)
-    panels = memory_panels(compiled, frame)
+    panels, memory_unit = memory_panels(compiled, frame, byte_deltas)
     env = _environment()
     base = TOP + len(panels) * (PANEL_H + PANEL_GAP)
     chart = env.get_template("memory.svg.j2").render(
@@ -135,7 +138,8 @@ def report_html(compiled: Compiled, timeline_svg: str, unit: float, span: float)
         invalid=not compiled.ok, timeline=timeline_svg,
         memory=chart, diagnostics=[d.format(schedule.source) for d in compiled.diagnostics],
         source=schedule.source.text, params=schedule.params,
-        cluster=_cluster(compiled), cluster_flags=_cluster_flags(compiled), seconds=in_seconds(compiled))
+        cluster=_cluster(compiled), cluster_flags=_cluster_flags(compiled), seconds=in_seconds(compiled),
+        memory_unit=memory_unit)
 
 
 def _cluster_flags(compiled: Compiled) -> list[str]:

@@ -12,31 +12,32 @@ from __future__ import annotations
 
 from ..compiled import Compiled
 from .canvas import GAP, LABEL_W, NOTE_W, Canvas
-from .timed import memory_over_time
+from .timed import memory_view
 
 LINE = "#3b6fb6"
 LIMIT = "#d6404e"
 STRIP_BACK = "#f7f7f7"
 
 
-def memory_strips(canvas: Canvas, compiled: Compiled, width: float) -> None:
+def memory_strips(canvas: Canvas, compiled: Compiled, width: float,
+                  byte_deltas: dict[str, tuple[float, ...]] | None = None) -> None:
     """A strip per device under the rows drawn so far, all on one vertical scale (the highest level or
-    limit of any device at the top)."""
-    series = memory_over_time(compiled)
-    limits = compiled.schedule.memory_limit or ()
-    top = max([level for steps in series for _, level in steps] + list(limits), default=0.0) or 1.0
+    limit of any device at the top); in GiB given each kind's bytes per stage (timed.memory_view)."""
+    view = memory_view(compiled, byte_deltas)
+    top = max([level for steps in view.series for _, level in steps] + list(view.limits), default=0.0) or 1.0
     geo = canvas.geo
     height = 18.0 if geo.compact else 28.0
     canvas.y += 6
-    canvas.text("mem_section", 0, canvas.y + 5, 300, "memory over time (activation units alive)", geo.font + 1, "\\l")
+    what = "activation units alive" if view.unit == "units" else "GiB of activations alive"
+    canvas.text("mem_section", 0, canvas.y + 5, 300, f"memory over time ({what})", geo.font + 1, "\\l")
     canvas.y += 12
-    for d, steps in enumerate(series):
-        limit = limits[d] if d < len(limits) else None
-        _strip(canvas, d, steps, limit, top, height, width)
+    for d, steps in enumerate(view.series):
+        limit = view.limits[d] if d < len(view.limits) else None
+        _strip(canvas, d, steps, limit, top, height, width, view.unit)
 
 
 def _strip(canvas: Canvas, d: int, steps: list[tuple[float, float]], limit: float | None, top: float,
-           height: float, width: float) -> None:
+           height: float, width: float, unit: str) -> None:
     geo = canvas.geo
     upper, base = canvas.y + 2, canvas.y + height
     mid = (upper + base) / 2
@@ -50,9 +51,10 @@ def _strip(canvas: Canvas, d: int, steps: list[tuple[float, float]], limit: floa
         canvas.box(f"mem{d}_limit", 0, width, y(limit), 0.8,
                    f'fillcolor="{LIMIT}" penwidth=0 class="limit" tooltip="limit memory {limit:g}"')
     peak = max(level for _, level in steps)
+    shown = f"{peak:g} {'unit' if peak == 1 else 'units'}" if unit == "units" else f"{peak:.3g} GiB"
     canvas.path(f"mem{d}", step_points(steps, geo.unit, width, y),
-                f'color="{LINE}" penwidth=1.2 class="memory d{d}" tooltip="device {d}: peak {peak:g} units"')
-    note = f"peak {peak:g} {'unit' if peak == 1 else 'units'}" + (f" (limit {limit:g})" if limit is not None else "")
+                f'color="{LINE}" penwidth=1.2 class="memory d{d}" tooltip="device {d}: peak {shown}"')
+    note = f"peak {shown}" + (f" (limit {limit:g})" if limit is not None else "")
     canvas.text(f"mem{d}_note", width + GAP, mid, NOTE_W, note, geo.font + 1, "\\l")
     canvas.y += height + 2
 

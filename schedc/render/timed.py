@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..compiled import Compiled
 from ..ir import Op
 from ..memory import holdings, levels, levels_of, memory_deltas, timed_model
+from ..text import GIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +62,15 @@ def step_starts(compiled: Compiled) -> list[float]:
     return starts
 
 
-def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
-    """Per device, the (time, activation units alive from then on) steps, starting at (0, 0)."""
+def memory_over_time(compiled: Compiled, deltas: dict[str, tuple[float, ...]] | None = None
+                     ) -> list[list[tuple[float, float]]]:
+    """Per device, the (time, activation units alive from then on) steps, starting at (0, 0). deltas:
+    what each kind allocates (+) or frees (-) per stage in place of the schedule's units (bytes under
+    --cluster); a schedule the timed memory model draws keeps its units."""
     schedule, timing = compiled.schedule, compiled.timing
     if timing.complete and timed_model(schedule):
         return [levels(held) for held in holdings(schedule, list(timing.steps) or [timing])]
-    deltas = memory_deltas(schedule)
+    deltas = memory_deltas(schedule) if deltas is None else deltas
     series = []
     for row in timed_ops(compiled):
         events = []
@@ -78,6 +82,24 @@ def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
         events.sort(key=lambda e: (e[0], e[1]))
         series.append(levels_of(events))
     return series
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryView:
+    """Memory over time as drawn: the series per device in `unit`, the limit per device (if declared)."""
+
+    series: list[list[tuple[float, float]]]
+    unit: str                       # "units" (activation units) or "GiB"
+    limits: tuple[float, ...]
+
+
+def memory_view(compiled: Compiled, byte_deltas: dict[str, tuple[float, ...]] | None = None) -> MemoryView:
+    """memory_over_time in activation units with `limit memory`, or, given each kind's bytes per stage
+    (--cluster), in GiB (the limit, declared in units, is then not drawn)."""
+    if byte_deltas is None or timed_model(compiled.schedule):
+        return MemoryView(memory_over_time(compiled), "units", tuple(compiled.schedule.memory_limit or ()))
+    series = memory_over_time(compiled, byte_deltas)
+    return MemoryView([[(t, level / GIB) for t, level in steps] for steps in series], "GiB", ())
 
 
 def stuck_ops(compiled: Compiled) -> dict[tuple[int, int], str]:

@@ -34,11 +34,11 @@ PAIR_OUTLINE, STUCK = "#111111", "#d62728"
 
 
 def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None,
-                 pixels: int | None = None, memory: bool = True) -> str:
+                 pixels: int | None = None, memory: bool = True, byte_deltas: dict | None = None) -> str:
     """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given,
     memory strips under them (unless not `memory`: the HTML report draws its own chart). pixels: the
     PNG's width to fit (0: the natural scale, uncapped; None: fitted to canvas.DEFAULT_WIDTH only when
-    wider)."""
+    wider). byte_deltas: each kind's bytes per stage, to draw the strips in GiB (--cluster)."""
     schedule, timing = compiled.schedule, compiled.timing
     geo, span = time_scale(compiled, measured, pixels)
     stuck = _stuck(compiled)
@@ -55,7 +55,7 @@ def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun 
     if comms:
         _messages(canvas, compiled, ids)
     if memory:
-        memory_strips(canvas, compiled, width)
+        memory_strips(canvas, compiled, width, byte_deltas)
     _axis(canvas, width, span, "time (s)" if in_seconds(compiled) else "time (cost units)")
     _legend(canvas, _legend_cells(colours, comms, bool(schedule.fused), bool(stuck)), width)
     canvas.lines.append("}")
