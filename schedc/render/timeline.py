@@ -93,8 +93,8 @@ def _header(compiled: Compiled, geo: Geometry, width: float) -> list[str]:
     lines = [f"{s.title}: {sizes}", f"makespan {st['makespan']:g}", f"bubble {st['bubble']:.4f}",
              f"utilization {st['utilization']:.4f}", f"peak activations per device {peak}"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
-        lines += [f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before,",
-                  f"over a cycle of {plural(st.get('cycle_steps', 1), 'step')} of {st['makespan']:g} in all"]
+        lines.append(f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
+                     f"of {plural(st.get('cycle_steps', 1), 'step')} of {st['makespan']:g} in all")
     return _graph(lines, geo, width)
 
 
