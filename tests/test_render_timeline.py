@@ -195,6 +195,7 @@ def test_overlapped_pairs_are_one_box_with_the_forward_above_the_backward():
         assert stroke.get("fill") == "none" and float(stroke.get("stroke-width")) > 1
         per_device[int(outline.find(f"{SVG}title").text.split("_")[0][1:])] += 1
     assert per_device == dualpipev_pairs(p, m)
+    assert svg == render(compiled, "svg", "x.svg")  # deterministic
     assert "F &amp; B overlapped" in svg.decode() or "F & B overlapped" in svg.decode()
 
 
@@ -293,6 +294,7 @@ def test_a_long_schedule_is_scaled_to_the_default_cap_or_to_the_width_asked(tmp_
     assert DEFAULT_WIDTH - 100 < widths[()] <= DEFAULT_WIDTH
     assert 900 < widths[("--width", "1000")] <= 1000
     assert widths[("--width", "0")] > 4000  # the natural scale: 16 points per forward
+    assert "wider than 2400 pixels is scaled down to 2400" in " ".join(run("render", "--help").output.split())
     again = tmp_path / "again.png"
     assert run(*args, "-o", str(again)).exit_code == 0
     assert again.read_bytes() == (tmp_path / "t0.png").read_bytes()
@@ -309,6 +311,8 @@ def test_a_short_schedule_keeps_its_natural_width_and_stretches_to_a_width_asked
     (("--width", "500"), f"--width 500 is too narrow for a timeline: give at least {least_width()} pixels"),
     (("--width", "-3"), "--width -3 is too narrow"),
     (("--width", "900", "--dag"), "--width draws on the timeline"),
+    (("--width", "1000000000"), "--width asks for 1,000,000,000 pixels, past the limit of 24,000"),
+    (("--width", "99999999999999999999999"), "past the limit of 24,000"),
 ])
 def test_a_width_that_cannot_be_drawn_is_refused(tmp_path, args, message):
     out = tmp_path / "x.svg"

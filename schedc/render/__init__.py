@@ -132,11 +132,16 @@ def _byte_deltas(on) -> dict[str, tuple[float, ...]]:
 
 
 def _check_width(width: int | None, out: str) -> None:
-    """A --width leaves room for the time span beside the row labels and notes (0: no fitting)."""
+    """A --width leaves room for the time span beside the row labels and notes (0: no fitting), and is
+    within budget.RENDER_WIDTH."""
+    from ..budget import RENDER_WIDTH
     from .canvas import least_width
     if width is not None and (width < 0 or 0 < width < least_width()):
         raise _usage(f"--width {width} is too narrow for a timeline: give at least {least_width()} pixels "
                      "(or 0 for the natural scale)", out)
+    refused = RENDER_WIDTH.refusal(width or 0, "--width asks for")
+    if refused:
+        raise _usage(refused, out)
 
 
 def _usage(message: str, out: str) -> SchedError:
