@@ -133,3 +133,11 @@ def test_under_a_cluster_the_chart_is_in_gib(tmp_path):
         peaks.append(float(next(t for t in panel.iter(f"{SVG}text") if t.get("class") == "peak").text.split()[1]))
     assert [round(peak / peaks[3], 1) for peak in peaks] == [4, 3, 2, 1]
     assert "GiB of activations alive per device" in out.read_text()
+
+
+@pytest.mark.parametrize("top", [1e-9, 0.5, 1, 4, 6.6, 11, 1e15, 3e30, 1e300])
+def test_level_ticks_are_round_and_two_to_four_at_any_magnitude(top):
+    from schedc.render.html import _level_step
+    step = _level_step(top)
+    mantissa = f"{step:e}".split("e")[0]
+    assert float(mantissa) in (1, 2, 5) and 1 <= top / step <= 3 + 1e-9

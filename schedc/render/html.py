@@ -15,6 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from functools import lru_cache
+from math import floor, log10
 
 from ..compiled import Compiled
 from .canvas import tick_step
@@ -106,8 +107,14 @@ def memory_panels(compiled: Compiled, frame: Frame, byte_deltas: dict | None = N
 
 
 def _level_step(top: float) -> float:
-    """A round step (1, 2 or 5 times a power of ten) giving 2 to 4 level ticks up to `top`."""
-    return next(b * 10.0 ** e for e in range(-6, 20) for b in (1, 2, 5) if top / (b * 10.0 ** e) <= 3)
+    """A round step (1, 2 or 5 times a power of ten) giving 2 to 4 level ticks up to `top` (the power
+    found from `top`, which may be 10^-9 or 10^30 units)."""
+    exponent = floor(log10(top / 3)) if top > 0 else 0
+    for power in (exponent, exponent + 1):
+        for base in (1, 2, 5):
+            if top / float(f"{base}e{power}") <= 3:
+                return float(f"{base}e{power}")
+    return float(f"1e{exponent + 2}")
 
 
 def device_rows(compiled: Compiled) -> list[dict]:
