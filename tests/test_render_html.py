@@ -141,3 +141,27 @@ def test_level_ticks_are_round_and_two_to_four_at_any_magnitude(top):
     step = _level_step(top)
     mantissa = f"{step:e}".split("e")[0]
     assert float(mantissa) in (1, 2, 5) and 1 <= top / step <= 3 + 1e-9
+
+
+def test_in_headless_chromium_time_0_is_one_column_in_both_charts(tmp_path):
+    """The browser's pixels: the leftmost blue of device 0's row (F(0,0), from time 0) and of the last
+    device's memory panel (its curve, from time 0 at level 0) are the same column (a pixel apart at
+    most); the report loads without console errors."""
+    from test_render import console_errors, decode_png, near, screenshot
+    report = tmp_path / "report.html"
+    render_file("1f1b", ("p=4", "m=8"), out=str(report))
+    png, log = screenshot(report.as_uri(), tmp_path, (1400, 1400))
+    assert console_errors(log) == []
+    width, height, channels, pixels = decode_png(png)
+
+    def blue_columns(y: int) -> list[int]:
+        return [x for x in range(width)
+                if near(tuple(pixels[(y * width + x) * channels:(y * width + x) * channels + 3]), "#3b6fb6", 30)]
+
+    rows = [y for y in range(height) if blue_columns(y)]
+    assert rows and rows[-1] - rows[0] > 300  # the timeline's rows above, the chart's panels below
+    first_row = [y for y in rows if y - rows[0] < 10]
+    last_panel = [y for y in rows if rows[-1] - y < 3]
+    timeline_left = min(min(blue_columns(y)) for y in first_row)
+    chart_left = min(min(blue_columns(y)) for y in last_panel)
+    assert abs(timeline_left - chart_left) <= 1
