@@ -215,6 +215,28 @@ def test_a_pair_is_one_event_of_the_chrome_trace_naming_both_halves():
         assert event["dur"] == pytest.approx((timing.end[second] - timing.start[first]) * 1000)
 
 
+@pytest.mark.parametrize("old_names", [False, True])  # older traces name the halves `F0.3`
+def test_a_measured_traces_pairs_are_drawn_as_one_box_too(tmp_path, old_names):
+    p, m = 4, 8
+    compiled = compile_library("dualpipev", p=p, m=m)
+    trace = json.loads(render(compiled, "json", "x.json"))
+    for event in trace["traceEvents"]:
+        halves = event.get("args", {}).get("halves")
+        if halves and old_names:
+            event["args"]["halves"] = [f"{h['op']}{h['stage']}.{h['mb']}" for h in halves]
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    out = tmp_path / "m.svg"
+    result = run("render", "dualpipev", "-D", f"p={p}", "-D", f"m={m}", "--measured", str(tmp_path / "trace.json"),
+                 "-o", str(out))
+    assert result.exit_code == 0, result.output
+    svg = out.read_bytes()
+    measured = [g for g in with_class(svg, "half") if "measured" in g.get("class").split()]
+    pairs = sum(dualpipev_pairs(p, m))
+    assert len(measured) == 2 * pairs and len(with_class(svg, "overlap")) == 2 * pairs  # measured and simulated
+    assert sorted({next(c for c in g.get("class").split() if c in ("F", "B")) for g in measured}) == ["B", "F"]
+    assert "busy 48.00 ms" in svg.decode()  # a pair's time counted once: the simulated busy 48 at 1 ms a unit
+
+
 # -- a deadlock's stuck ops ------------------------------------------------------------------------------
 
 def stuck_heads(schedule) -> dict[int, tuple[str, int, int]]:

@@ -102,6 +102,17 @@ def _matched(run: MeasuredRun, schedule: Schedule, events: list[dict], other: di
 _HALF = re.compile(r"(\d+)\.(\d+)$")  # an overlapped event's half, `F0.3`: stage 0, microbatch 3
 
 
+def _half_args(half) -> dict:
+    """An overlapped event's half as {op, stage, mb}: as written, or from older traces' `F0.3`."""
+    if isinstance(half, dict):
+        return half
+    found = _HALF_NAME.match(str(half))
+    return {"op": found.group(1), "stage": int(found.group(2)), "mb": int(found.group(3))} if found else {"op": str(half)}
+
+
+_HALF_NAME = re.compile(r"([A-Za-z_]\w*?)(\d+)\.(\d+)$")  # `F0.3`, `curvature_A1.2`
+
+
 def _coverage(events: list[dict]) -> tuple[set[int], set[int]]:
     """The stages and microbatches the compute events of one step name (overlapped halves included)."""
     stages, mbs = set(), set()
@@ -159,7 +170,7 @@ def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> Measure
         a = _args(e)
         start = float(e["ts"]) / 1e3 - t0
         end = start + float(e.get("dur", 0)) / 1e3
-        halves = a.get("halves") if isinstance(a.get("halves"), list) else [a]
+        halves = [_half_args(h) for h in a["halves"]] if isinstance(a.get("halves"), list) else [a]
         for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves stacked in its one box
             pipe = half.get("pipe", pipe_of.get(half.get("mb"), 0))
             op = MeasuredOp(str(half.get("op", e.get("name"))), half.get("stage"), half.get("mb"), int(pipe or 0),
