@@ -87,12 +87,36 @@ RUNTIME_SWITCHES = ("sequence_parallel", "distributed_optimizer")
 
 def run_flags(layout: Layout) -> list[str]:
     """The flags of `schedc run` / `python -m schedc.runtime` that lay a run out as `layout` (t, d,
-    the microbatch size, recomputation, the runtime's switches, scatter/gather); the runtime reads them
-    back into the same value (runtime.options: opts.layout)."""
+    the microbatch size, recomputation, the runtime's switches, scatter/gather, the layer split); the
+    runtime reads them back into the same value (runtime.options: opts.layout)."""
     flags = ["--tp", str(layout.tp), "--dp", str(layout.dp), "--mb-size", str(layout.microbatch_size),
              "--recompute", layout.recompute]
     flags += [flag(name) for name in RUNTIME_SWITCHES if getattr(layout, name)]
-    return flags + ([] if layout.scatter_gather else ["--no-scatter-gather"])
+    return flags + ([] if layout.scatter_gather else ["--no-scatter-gather"]) + split_flags(layout)
+
+
+# The layer split's fields, each a flag of the same name on simulate/compile/render --cluster, tune and the
+# runtime (--stage-layers 2,3,3,2, --account-for-embedding, --account-for-loss).
+SPLIT_NAMES = ("stage_layers", "account_for_embedding", "account_for_loss")
+
+
+def split_flags(layout) -> list[str]:
+    """The flags that give a layout's layer split (none for the even split); `layout` is a Layout or
+    anything with its SPLIT_NAMES fields (tune's request)."""
+    flags = [] if layout.stage_layers is None else ["--stage-layers", ",".join(map(str, layout.stage_layers))]
+    return flags + [flag(name) for name in SPLIT_NAMES[1:] if getattr(layout, name)]
+
+
+def parse_stage_layers(text: str) -> tuple[int, ...]:
+    """--stage-layers 2,3,3,2 -> (2, 3, 3, 2); SplitError for anything but counts.
+
+    >>> parse_stage_layers("2, 3,3")
+    (2, 3, 3)
+    """
+    words = [w.strip() for w in text.split(",")]
+    if not all(w.isascii() and w.isdigit() and len(w) <= 9 for w in words):
+        raise SplitError(f"--stage-layers {text!r}: give one layer count per stage, as 2,3,3,2")
+    return tuple(int(w) for w in words)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,8 @@
 """docs: docs/internals.md's layout names every module of the tree (its file name and each folder it
-lies in) and no module that is gone."""
+lies in) and no module that is gone; README.md stays a short guide that links every docs/ page, shows
+only pictures that exist (each under 200 KB) and links only sections of docs/benchmarks.md that exist;
+neither it nor the measurement record carries development history (commit hashes, "this session",
+"the issue")."""
 from __future__ import annotations
 
 import re
@@ -32,3 +35,57 @@ def test_internals_names_no_module_that_is_gone():
     block = _layout_block()
     present = {p.name for p in (ROOT / "schedc").rglob("*.py")}
     assert sorted(set(re.findall(r"\b\w+\.py\b", block)) - present) == []
+
+
+README = ROOT / "README.md"
+RECORDS = [README, ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "hardening.md"]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# a word of 7 to 40 hex digits with at least one digit and one letter: an abbreviated or full commit hash
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", re.IGNORECASE)
+HISTORY = re.compile(r"\b(this session|the issue)\b", re.IGNORECASE)
+
+
+def _links(path: Path) -> list[str]:
+    return LINK.findall(path.read_text())
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_is_a_short_guide():
+    assert len(README.read_text().splitlines()) <= 250
+
+
+def test_readme_links_every_docs_page():
+    linked = {link.split("#")[0] for link in _links(README)}
+    pages = sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))
+    assert pages and [page for page in pages if page not in linked] == []
+
+
+def test_every_picture_of_the_docs_exists_and_is_small():
+    pictures = [(doc.parent / link).resolve() for doc in [README, *(ROOT / "docs").glob("*.md")]
+                for link in _links(doc) if link.endswith((".png", ".svg"))]
+    assert any(p.parent == ROOT / "docs" / "images" for p in pictures)
+    missing = [str(p) for p in pictures if not p.is_file()]
+    large = [str(p) for p in pictures if p.is_file() and p.stat().st_size >= 200 * 1024]
+    assert missing == [] and large == []
+
+
+def test_readme_links_existing_sections_of_the_measurements():
+    record = (ROOT / "docs" / "benchmarks.md").read_text()
+    anchors = {_slug(line.lstrip("#")) for line in record.splitlines() if line.startswith("#")}
+    wanted = [link.split("#", 1)[1] for link in _links(README) if link.startswith("docs/benchmarks.md#")]
+    assert len(wanted) >= 5 and [anchor for anchor in wanted if anchor not in anchors] == []
+
+
+def test_the_patterns_catch_history():
+    assert COMMIT.search("on the tree of commit e4f4db1") and not COMMIT.search("1,725 tests, 65536 ops")
+    assert not COMMIT.search("defaced") and HISTORY.search("as This session measured")
+
+
+def test_readme_and_the_record_carry_no_development_history():
+    found = [(path.name, match.group(0)) for path in RECORDS
+             for match in [*COMMIT.finditer(path.read_text()), *HISTORY.finditer(path.read_text())]]
+    assert found == []

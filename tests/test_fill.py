@@ -269,7 +269,7 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)
 def test_pipefisher_on_chimera_with_v100_profiles(model, size):
     """Chimera p=8, m=8 with the library's defaults and PipeFisher's V100 profiles at every micro-batch
     size: the compile succeeds, the unfilled utilization is an independent simulation's, and the fill
-    reaches >= 0.95 at micro-batches 16-64, >= 0.90 below (the measured figures: README and
+    reaches >= 0.95 at micro-batches 16-64, >= 0.90 below (the measured figures: docs/benchmarks.md and
     benchmarks/pipefisher_paper.py). A lagged inversion runs before the last step of its curvature."""
     options = Options({"p": "8", "m": "8"}, read_profile(str(V100[model]), size),
                       memory=read_profile_memory(str(V100[model]), size))

@@ -184,3 +184,36 @@ def test_pipefisher_plan_updates_like_one_process_kfac(tmp_path, schedule, param
     for name, (other_losses, other_weights) in others.items():
         assert losses != pytest.approx(other_losses, rel=100 * RTOL), name
         assert _distance(weights, other_weights, start)[1] > 1e-2, name
+
+
+def _model_args(model: ModelConfig) -> list[str]:
+    return ["--synthetic", "--seed", str(SEED), "--layers", str(model.layers), "--hidden", str(model.hidden),
+            "--heads", str(model.heads), "--seq", str(model.seq), "--vocab", str(model.vocab),
+            "--mb-size", str(model.mb_size), "--device", "cpu"]
+
+
+def test_kfac_under_tensor_parallelism_updates_like_one_process_kfac(tmp_path):
+    """t = 2 on p = 2 (four ranks, one launch): PipeFisher's 1F1B with and without sequence parallelism,
+    and ZB-H1 with the add-on under sequence parallelism and selective recomputation. Each tensor rank
+    holds half of every column- and row-parallel layer, yet the factors are the whole layers' (the
+    pieces gathered) and the update is G⁻¹ ∇[W, b] A⁻¹ of the whole gradient: the six steps' losses
+    equal one-process K-FAC's at the plan's staleness, and not plain SGD's."""
+    from test_runtime import launch_plans
+    plans = {"1f1b": _compile(tmp_path, "pipefisher_1f1b", p=2, m=4),
+             "zb_h1": _compile(tmp_path, "zb_h1", ("kfac",), p=2, m=4)}
+    cases = {"1f1b": ("1f1b", []), "1f1b_sp": ("1f1b", ["--sequence-parallel"]),
+             "zb_h1_sp": ("zb_h1", ["--sequence-parallel", "--recompute", "selective"])}
+    jobs = [(plans[plan], [*_model_args(MODEL), "--tp", "2", *extra, "--steps", str(STEPS), "--optimizer", "sgd",
+                           "--lr", str(LR), "--tasks", "schedc.runtime.kfac", "--quiet",
+                           "--metrics-out", str(tmp_path / f"{name}.jsonl")])
+            for name, (plan, extra) in cases.items()]
+    run = launch_plans(jobs, 4, tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for name, (plan, _) in cases.items():
+        layout = json.loads(plans[plan].read_text())
+        want = train_reference(layout, MODEL, SEED, STEPS, LR, DAMPING, EMA)[0]
+        plain = train_reference(layout, MODEL, SEED, STEPS, LR, DAMPING, EMA, kfac=False)[0]
+        got = [json.loads(line)["loss"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        print(f"{name}: largest relative loss error {max(abs(a - b) / b for a, b in zip(got, want)):.2e}")
+        assert got == pytest.approx(want, rel=RTOL), name
+        assert got != pytest.approx(plain, rel=100 * RTOL), name

@@ -120,16 +120,6 @@ def test_a_piece_whose_weights_t_does_not_divide_is_refused_naming_it():
         parallel_run([("mlp0", UserMLP(15))], TensorGroup(8, 0))
 
 
-def test_kfac_tasks_are_refused_under_tensor_parallelism():
-    from types import SimpleNamespace
-    from schedc.plan import Instr
-    from schedc.runtime.kfac import attach
-    from schedc.runtime.tasks import TaskError
-    plan = SimpleNamespace(ranks=[[[Instr("F", 0, 0), Instr("curvature_A", 0, 0)]]])
-    with pytest.raises(TaskError, match=r"K-FAC tasks \(curvature_A\) are not tensor-parallel: run them with --tp 1"):
-        attach(SimpleNamespace(plan=plan, world=SimpleNamespace(tp=2)))
-
-
 def test_messages_cut_boundary_tensors_into_slices_for_the_same_tensor_rank():
     shape, x = torch.Size([2, 4, 6]), torch.arange(48.0).view(2, 4, 6)
     scattered = Messages(TensorGroup(2, 1), scatter=True)

@@ -549,3 +549,34 @@ def test_the_winner_scaled_to_this_machine_runs(model, tmp_path):
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
     assert "measured over 2 steps on 4 ranks" in done.stdout and "OMP_NUM_THREADS" not in done.stderr
+
+
+def test_the_layer_split_options_search_the_zero_bubble_papers_22_layer_model():
+    """Qi et al.'s 1.5B model has 22 layers: on 8 stages no even split exists (22 = 8 x 2 + 6), so p = 8 is
+    outside the space; with the embedding and the loss counted as layers (Megatron-LM's rule: 24 units,
+    3 a stage) the first and last stages hold 2 layers and the others 3, which --stage-layers
+    2,3,3,3,3,3,3,2 gives by hand: both rank the same rows at the same times; the winner's commands
+    carry the flags and `simulate` of them gives the row's time. --stage-layers keeps only the
+    candidates with as many stages (p v = 8)."""
+    args = ["--model", "zb-1.5b", "--cluster", "a100-80gb-roce", "--gpus", "8", "--global-batch", "24",
+            "--schedules", "1f1b,zb_h1", "--tp", "1", "--pp", "8", "--top", "4"]
+    even = run_cli(*args)
+    assert even.exit_code == 2
+    assert "no layout of 8 GPUs whose pipeline stages divide the model's layers" in even.output
+    counted = json.loads(run_cli(*args, "--account-for-embedding", "--account-for-loss", "--json").stdout)
+    explicit = json.loads(run_cli(*args, "--stage-layers", "2,3,3,3,3,3,3,2", "--json").stdout)
+    assert [row["p"] for row in counted] == [8] * 4 and counted == explicit
+    text = run_cli(*args, "--account-for-embedding", "--account-for-loss").stdout
+    simulate = text.split("the winner:")[1].splitlines()[1].strip()
+    assert simulate.endswith("--account-for-embedding --account-for-loss")
+    again = CliRunner().invoke(main, shlex.split(simulate)[1:] + ["--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["iteration_s"] == pytest.approx(counted[0]["iteration_s"], rel=1e-6)
+    wide = ["--model", "zb-1.5b", "--cluster", "a100-80gb-roce", "--gpus", "8", "--global-batch", "24",
+            "--schedules", "1f1b,interleaved_1f1b", "--stage-layers", "2,3,3,3,3,3,3,2", "--top", "30", "--json"]
+    rows = json.loads(run_cli(*wide).stdout)
+    assert rows and all(row["p"] * (row["v"] or 1) == 8 for row in rows)
+    assert len({row["p"] for row in rows}) >= 3  # interleaved at p = 1, 2, 4 (v = 8, 4, 2)
+    bad = run_cli(*args, "--stage-layers", "2,3", "--account-for-loss")
+    assert bad.exit_code == 2
+    assert "give one or the other" in bad.output

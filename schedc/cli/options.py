@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from ..diagnostics import SchedError
-from ..layout import RECOMPUTE, SWITCH_NAMES, SWITCHES, ClusterRequest, Layout, flag
+from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, SWITCHES, ClusterRequest, Layout, SplitError, flag, parse_stage_layers
 from ..search import GROUPS
 from ..text import agree
 
@@ -80,6 +80,19 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
                               help="Simulated latency of every message between devices (>= 0).")
 
 
+def split_options(where: str) -> tuple:
+    """The layer split's options (schedc.layout.SPLIT_NAMES), for --cluster and for tune."""
+    return (
+        click.option("--stage-layers", "stage_layers", default=None, metavar="N,N,...",
+                     help=f"Transformer layers of each stage ({where}; default: an even split)."),
+        click.option("--account-for-embedding", "account_for_embedding", is_flag=True, default=False,
+                     help=f"Count the embedding as a layer of the first stage in the even split ({where})."),
+        click.option("--account-for-loss", "account_for_loss", is_flag=True, default=False,
+                     help=f"Count the output layer and loss as a layer of the last stage in the even split "
+                          f"({where})."),
+    )
+
+
 # --cluster and its layout (simulate, compile, render, check) ----------------------------------------
 
 _CLUSTER_OPTIONS = (
@@ -94,20 +107,13 @@ _CLUSTER_OPTIONS = (
                  help="Activation recomputation (with --cluster; default full, as in Megatron-LM's Table 1)."),
     *(click.option(flag(name), is_flag=True, default=False, help=f"{text}, with --cluster.")
       for name, _, text in SWITCHES),
-    click.option("--stage-layers", "stage_layers", default=None, metavar="N,N,...",
-                 help="Transformer layers of each stage (with --cluster; default: an even split)."),
-    click.option("--account-for-embedding", "account_for_embedding", is_flag=True, default=False,
-                 help="Count the embedding as a layer of the first stage in the even split (with --cluster)."),
-    click.option("--account-for-loss", "account_for_loss", is_flag=True, default=False,
-                 help="Count the output layer and loss as a layer of the last stage in the even split "
-                      "(with --cluster)."),
+    *split_options("with --cluster"),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster; "
                                   "the same file check --model and the runtime's --config read (the "
                                   "runtime's --model is model code, PKG.MOD:FN).")
-_SPLIT_NAMES = ("stage_layers", "account_for_embedding", "account_for_loss")
-_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *_SPLIT_NAMES)
+_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *SPLIT_NAMES)
 
 
 def cluster_options(command):
@@ -168,10 +174,10 @@ def stage_layers(text: str | None) -> tuple[int, ...] | None:
     """--stage-layers 2,3,3,2 -> (2, 3, 3, 2); a usage error (exit 2) for anything but counts."""
     if text is None:
         return None
-    words = [w.strip() for w in text.split(",")]
-    if not all(w.isascii() and w.isdigit() for w in words):
-        raise click.UsageError(f"--stage-layers {text!r}: give one layer count per stage, as 2,3,3,2")
-    return tuple(int(w) for w in words)
+    try:
+        return parse_stage_layers(text)
+    except SplitError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 
@@ -202,6 +208,7 @@ _TUNE_OPTIONS = (
     click.option("--exhaustive", is_flag=True,
                  help="Simulate every candidate that fits (no bound, no cache): the reference."),
     *(click.option(flag(name), is_flag=True, help=f"{text}, for every candidate.") for name, _, text in SWITCHES),
+    *split_options("every candidate; --stage-layers keeps those with as many stages"),
     click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
                  help="Pruned families to list, with why (all: every one)."),
     click.option("--why", "why", default=None, metavar="'[SCHEDULE] t=T p=P [v=V b=B recompute=R]'",
@@ -211,7 +218,7 @@ _TUNE_OPTIONS = (
 
 
 _TUNE_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
-          "per", "exhaustive", *SWITCH_NAMES, "pruned", "why")
+          "per", "exhaustive", *SWITCH_NAMES, *SPLIT_NAMES, "pruned", "why")
 
 
 def tune_options(command):

@@ -23,6 +23,14 @@
 # Other parameters (LayerNorm, embeddings) stay first-order. All exchanges run in the optimizer's
 # step pre-hook, at the end of the step on every rank of a replica group in ascending stage order, so
 # they never wait inside a step. Data parallelism (--dp > 1) keeps factors per data-parallel replica.
+#
+# Tensor parallelism (--tp t, with or without --sequence-parallel): a column- or row-parallel layer's
+# factors are those of the whole layer it was cut from. Each curvature task gathers, over the tensor
+# group, the pieces its rank holds (a row-parallel input's features and a column-parallel output's, in
+# the weight's blocks; under sequence parallelism a column-parallel input's and a row-parallel output's
+# rows), so every tensor rank folds and inverts the whole factors, as one process does; precondition
+# gathers the whole ∇[W, b], transforms it and keeps its rank's cut (a sequence-parallel row-parallel
+# bias, whose gradient the ranks hold in parts summed at the end of the step, keeps 1/t of it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,7 +41,8 @@ from torch import nn
 
 from schedc.plan import Instr, Opcode
 
-from .tasks import TaskError, register_setup, register_task
+from .tasks import register_setup, register_task
+from .tensor_parallel import PARTIAL, ColumnParallelLinear, RowParallelLinear, Split, TensorGroup, cut, join
 
 CURVATURE = ("curvature_A", "curvature_B")
 KFAC_TASKS = frozenset({*CURVATURE, "inversion", "precondition"})
@@ -71,6 +80,83 @@ def precondition_layer(module: nn.Linear, a_inv: torch.Tensor, g_inv: torch.Tens
         module.bias.grad.copy_(new[:, -1])
 
 
+# -- tensor parallelism: a cut layer's pieces gathered into the whole layer's --------------------------
+
+LAYERS = (nn.Linear, ColumnParallelLinear, RowParallelLinear)
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """How a K-FAC layer's input a and output gradient g are held over the tensor group: their rows cut
+    (sequence shards) and/or their features cut (`Split` along the last dim); none of it for a whole
+    nn.Linear."""
+
+    a_rows: bool = False
+    a_features: Split | None = None
+    g_rows: bool = False
+    g_features: Split | None = None
+
+
+def pieces_of(layer: nn.Module, tp: TensorGroup) -> Pieces:
+    sequence = tp.sequence_parallel and tp.size > 1
+    if isinstance(layer, ColumnParallelLinear):
+        return Pieces(a_rows=sequence, g_features=Split(-1, layer.tensor_splits["weight"].blocks))
+    if isinstance(layer, RowParallelLinear):
+        return Pieces(a_features=Split(-1), g_rows=sequence)
+    return Pieces()
+
+
+def _gather(x: torch.Tensor, tp: TensorGroup, split: Split | None, rows: bool) -> torch.Tensor:
+    """The whole [rows, features] matrix from every tensor rank's piece (collective over the group)."""
+    for dim, wanted in ((-1, split), (0, rows)):
+        if wanted and tp.size > 1:
+            parts = [torch.empty_like(x) for _ in range(tp.size)]
+            dist.all_gather(parts, x.contiguous(), group=tp.group)
+            x = join(parts, split) if dim == -1 else torch.cat(parts, dim=0)
+    return x
+
+
+def whole_rows(layer: nn.Module, which: int, x: torch.Tensor, tp: TensorGroup) -> torch.Tensor:
+    """The captured rows of a (which 0, with its bias column) or g (1) as the whole layer's."""
+    pieces = pieces_of(layer, tp)
+    if which == 0:
+        return layer_input(layer, _gather(x, tp, pieces.a_features, pieces.a_rows))
+    return _gather(x, tp, pieces.g_features, pieces.g_rows)
+
+
+def factor_sizes(layer: nn.Module, tp: TensorGroup) -> tuple[int, int]:
+    """The whole layer's A and G sizes: its input features (+1 for the bias) and its outputs."""
+    out, features = layer.weight.shape
+    if isinstance(layer, ColumnParallelLinear):
+        out *= tp.size
+    elif isinstance(layer, RowParallelLinear):
+        features *= tp.size
+    return features + (layer.bias is not None), out
+
+
+def precondition_cut(layer: nn.Module, a_inv: torch.Tensor, g_inv: torch.Tensor, tp: TensorGroup) -> None:
+    """precondition_layer for a layer cut over the tensor group: the whole ∇[W, b] gathered, transformed,
+    and this rank's cut of it written back in place."""
+    weight_split = layer.tensor_splits["weight"]
+    bias_split = layer.tensor_splits.get("bias") if layer.bias is not None else None
+    grad = _gather(layer.weight.grad, tp, Split(weight_split.dim, weight_split.blocks), False)
+    if layer.bias is not None:
+        bias = layer.bias.grad
+        if isinstance(bias_split, Split):
+            bias = _gather(bias[:, None], tp, Split(0, bias_split.blocks), False)[:, 0]
+        elif bias_split == PARTIAL:
+            bias = bias.clone()
+            dist.all_reduce(bias, group=tp.group)
+        grad = torch.cat([grad, bias[:, None]], dim=1)
+    new = g_inv @ grad @ a_inv
+    features = grad.shape[1] - (layer.bias is not None)
+    layer.weight.grad.copy_(cut(new[:, :features], weight_split, tp))
+    if layer.bias is not None:
+        bias = new[:, -1]
+        layer.bias.grad.copy_(cut(bias, bias_split, tp) if isinstance(bias_split, Split)
+                              else bias / tp.size if bias_split == PARTIAL else bias)
+
+
 # -- per-rank state ----------------------------------------------------------------------------------
 
 @dataclass
@@ -103,7 +189,7 @@ class Kfac:
                        for i in step if i.op in CURVATURE}
         self.factor_step = _last_step(plan, CURVATURE)
         self.inverse_step = _last_step(plan, ("inversion",))
-        self.stages = {s: StageFactors([m for m in stage.modules() if isinstance(m, nn.Linear)],
+        self.stages = {s: StageFactors([m for m in stage.modules() if isinstance(m, LAYERS)],
                                        *_replica_position(plan, s, executor.world.plan_rank))
                        for s, stage in executor.stages.items()}
         self.captured: dict[tuple[str, int, int, int], torch.Tensor] = {}
@@ -113,6 +199,10 @@ class Kfac:
         self.lagged = {s for s, factors in self.stages.items() if len(factors.group) > 1
                        and self.inverse_step.get(s, -1) <= self.factor_step.get(s, -1)}
         executor.optimizer.register_step_pre_hook(lambda *_: self.end_of_step())
+
+    @property
+    def tp(self) -> TensorGroup:
+        return self.executor.tp  # set up after the executor is built
 
     # capture ------------------------------------------------------------------------------------
 
@@ -128,7 +218,7 @@ class Kfac:
         def hook(module, inputs, output):
             mb = self._capturing("curvature_A", s)
             if mb is not None:
-                self.captured[("A", s, mb, j)] = layer_input(module, inputs[0])
+                self.captured[("A", s, mb, j)] = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
             mb = self._capturing("curvature_B", s)
             if mb is not None and output.requires_grad:
                 output.register_hook(self._grad_hook(s, mb, j))
@@ -136,8 +226,7 @@ class Kfac:
 
     def _grad_hook(self, s: int, mb: int, j: int):
         def hook(grad):
-            g = grad.detach().reshape(-1, grad.shape[-1]).float()
-            self.captured[("G", s, mb, j)] = g * (g.shape[0] / self.executor.scale)
+            self.captured[("G", s, mb, j)] = grad.detach().reshape(-1, grad.shape[-1]).float()
         return hook
 
     # tasks --------------------------------------------------------------------------------------
@@ -151,6 +240,9 @@ class Kfac:
                 raise RuntimeError(f"no captured {'input' if which == 0 else 'output gradient'} of layer "
                                    f"{j} for microbatch {instr.mb}: curvature tasks run in the cycle of "
                                    "the step whose microbatches they name")
+            x = whole_rows(factors.layers[j], which, x, self.tp)
+            if which == 1:  # the output gradient of the per-row loss
+                x = x * (x.shape[0] / self.executor.scale)
             total = factors.sums[j][which]
             factors.sums[j][which] = x.T @ x if total is None else total.addmm_(x.T, x)
             factors.rows[j][which] += x.shape[0]
@@ -175,8 +267,13 @@ class Kfac:
         parts, part = instr.parts or 1, instr.part or 0
         for j in range(part, len(factors.layers), parts):
             a_inv, g_inv = factors.inverses[j]
-            if a_inv is not None and g_inv is not None and factors.layers[j].weight.grad is not None:
-                precondition_layer(factors.layers[j], a_inv, g_inv)
+            layer = factors.layers[j]
+            if a_inv is None or g_inv is None or layer.weight.grad is None:
+                continue
+            if isinstance(layer, nn.Linear):
+                precondition_layer(layer, a_inv, g_inv)
+            else:
+                precondition_cut(layer, a_inv, g_inv, self.tp)
 
     # end of step: exchanges ---------------------------------------------------------------------
 
@@ -209,7 +306,7 @@ class Kfac:
     def _all_reduce_sums(self, factors: StageFactors) -> None:
         for j, layer in enumerate(factors.layers):
             for which in (0, 1):
-                size = layer.weight.shape[1] + (layer.bias is not None) if which == 0 else layer.weight.shape[0]
+                size = factor_sizes(layer, self.tp)[which]
                 total = factors.sums[j][which]
                 if total is None:
                     total = factors.sums[j][which] = torch.zeros(size, size, device=layer.weight.device)
@@ -221,7 +318,7 @@ class Kfac:
     def _all_reduce_staged(self, factors: StageFactors) -> None:
         for j, layer in enumerate(factors.layers):
             for which in (0, 1):
-                size = layer.weight.shape[1] + (layer.bias is not None) if which == 0 else layer.weight.shape[0]
+                size = factor_sizes(layer, self.tp)[which]
                 mine = factors.staged[j][which]
                 buffer = mine if mine is not None else torch.zeros(size, size, device=layer.weight.device)
                 dist.all_reduce(buffer, group=self._group(factors))
@@ -270,9 +367,6 @@ def _state(executor) -> Kfac:
 def attach(executor) -> None:
     """Give the executor K-FAC state when its plan has K-FAC tasks."""
     ops = {i.op for steps in executor.plan.ranks for step in steps for i in step}
-    if ops & KFAC_TASKS and executor.world.tp > 1:  # its factors are those of whole nn.Linear layers
-        raise TaskError(f"the plan's K-FAC tasks ({', '.join(sorted(ops & KFAC_TASKS))}) are not tensor-parallel: "
-                        f"run them with --tp 1, not --tp {executor.world.tp}")
     if ops & KFAC_TASKS:
         executor.kfac = Kfac(executor)
 

@@ -222,7 +222,8 @@ def layout_of(opts: argparse.Namespace) -> Layout:
     writes these options back)."""
     return Layout(tp=opts.tp, dp=opts.dp, microbatch_size=opts.model_config.mb_size, recompute=opts.recompute,
                   sequence_parallel=opts.sequence_parallel, scatter_gather=opts.scatter_gather,
-                  distributed_optimizer=opts.distributed_optimizer)
+                  distributed_optimizer=opts.distributed_optimizer, stage_layers=opts.stage_layers,
+                  account_for_embedding=opts.account_for_embedding, account_for_loss=opts.account_for_loss)
 
 
 def model_config(opts: argparse.Namespace) -> ModelConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import RECOMPUTE, SWITCH_NAMES, Layout, flag, run_flags
+from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, flag, parse_stage_layers, run_flags, split_flags
 from ..diagnostics import SCHEDULE, SchedError
 from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
@@ -67,7 +67,22 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   **{name: o[name] for name in SWITCH_NAMES})
+                   **{name: o[name] for name in SWITCH_NAMES}, **_split(o))
+
+
+def _split(o: dict[str, Any]) -> dict[str, Any]:
+    """The request's layer split (schedc.layout.SPLIT_NAMES); a usage error for a bad --stage-layers or
+    --stage-layers with an --account-for-* flag."""
+    split = {name: o[name] for name in SPLIT_NAMES}
+    if split["stage_layers"] is not None:
+        try:
+            split["stage_layers"] = parse_stage_layers(split["stage_layers"])
+        except SplitError as exc:
+            raise usage(str(exc)) from None
+        if split["account_for_embedding"] or split["account_for_loss"]:
+            raise usage("--stage-layers gives every stage's layers; --account-for-embedding and --account-for-loss "
+                        "only change the even split: give one or the other")
+    return split
 
 
 _WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
@@ -177,9 +192,18 @@ def pruned_lines(text: str) -> int | None:
     return n
 
 
+def _fit(r) -> str:
+    """What a candidate's stages must do with the layers: fit the request's split, or divide them."""
+    if r.stage_layers is not None:
+        return f"number {len(r.stage_layers)}, as --stage-layers gives"
+    if r.account_for_embedding or r.account_for_loss:
+        return "fit the layer split (--account-for-*)"
+    return "divide the model's layers"
+
+
 def no_layout(outcome: Outcome) -> SchedError:
     r = outcome.request
-    return usage(f"no layout of {r.gpus} GPUs whose pipeline stages divide the model's layers "
+    return usage(f"no layout of {r.gpus} GPUs whose pipeline stages {_fit(r)} "
                  f"(t x p x d = {r.gpus}, d dividing the global batch {r.global_batch}; {outcome.space})")
 
 
@@ -233,7 +257,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
                  "timed once more without messages, for their bubble)"
                  f"{whole}, {counts['bounded']} bounded out before simulating, "
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
-                 f"{counts['layers']} with stages that do not divide the layers; "
+                 f"{counts['layers']} with stages that do not {_fit(r)}; "
                  f"{outcome.seconds:.2f} s")
     lines += pruned_report(outcome, pruned_lines)
     lines.append("the winner:")
@@ -250,6 +274,7 @@ def winner_commands(outcome: Outcome) -> list[str]:
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
+    flags += "".join(f" {word}" for word in split_flags(r))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")

@@ -35,7 +35,7 @@ from typing import Any
 from .bounds import Shape, makespan_bound, state_bound, tail_bound
 from ..costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
 from ..diagnostics import usage
-from ..layout import SWITCH_NAMES, Layout
+from ..layout import SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
 from ..costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
                         stage_costs, tp_in_node)
 from ..diagnostics import SchedError
@@ -77,7 +77,7 @@ class Searcher:
         r = self.request
         return Setting(self.model, self.cluster, Layout(
             tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-            **{name: getattr(r, name) for name in SWITCH_NAMES}))
+            **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES)}))
 
     def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
@@ -96,9 +96,16 @@ class Searcher:
         return self.shapes[key]
 
     def _layers(self, stages: int | None) -> Refusal | None:
-        """The refusal of stages that do not divide the model's layers (outside the space, whatever the
-        schedule's requires say), or None."""
-        if stages and self.model.layers % stages:
+        """The refusal of stages the layer split does not fit (outside the space, whatever the schedule's
+        requires say): with the request's split (schedc.layout.split_layers) where it gives one, else
+        stages that do not divide the model's layers; or None."""
+        r = self.request
+        if stages and any(getattr(r, name) for name in SPLIT_NAMES):
+            try:
+                split_layers(self.model.layers, stages, r.stage_layers, r.account_for_embedding, r.account_for_loss)
+            except SplitError as exc:
+                return Refusal(str(exc), layers=True)
+        elif stages and self.model.layers % stages:
             return Refusal(f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
         return None
 

@@ -40,6 +40,9 @@ class Request:
     blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
     microbatch: tuple[int, ...] | None = None  # restrict b to these values
     distributed_optimizer: bool = False      # optimizer state sharded over data parallelism (ZeRO stage 1)
+    stage_layers: tuple[int, ...] | None = None  # the layer split (schedc.layout.SPLIT_NAMES), every candidate's
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -176,9 +179,7 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
     for t, p, d in layouts(model, request):
         per_replica = request.global_batch // d
         for entry in entries:
-            chunks = [v for v in divisors(model.layers // p) if v >= 2] if entry.chunked and model.layers % p == 0 \
-                else [None]
-            for v in ([None] if not entry.chunked else chunks):
+            for v in (chunk_choices(model, request, p) if entry.chunked else [None]):
                 for b in divisors(per_replica):
                     if request.microbatch is not None and b not in request.microbatch:
                         continue
@@ -189,6 +190,17 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
                     f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
     return out
+
+
+def chunk_choices(model, request: Request, p: int) -> list[int | None]:
+    """The chunks per device v >= 2 of an interleaved schedule on p devices: those whose v p stages the
+    layer split fits evenly (the layers, with the embedding and the loss counted when the request says
+    so), or the one --stage-layers gives; [None] (the schedule's own v, refused later) when none."""
+    if request.stage_layers is not None:
+        stages = len(request.stage_layers)
+        return [stages // p] if stages % p == 0 and stages // p >= 2 else [None]
+    units = model.layers + request.account_for_embedding + request.account_for_loss
+    return [v for v in divisors(units // p) if v >= 2] or [None] if units % p == 0 else [None]
 
 
 def distinct_figures(a: float, b: float) -> tuple[str, str]:
