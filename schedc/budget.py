@@ -47,3 +47,7 @@ TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searc
 # a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
 # larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
 RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")
+# a timeline's width asked for with --width: the natural scale's widest (12,000 points, 2 pixels a
+# point); far wider ones (10^9 pixels) kept Graphviz busy for minutes
+RENDER_WIDTH = Budget("pixels", 24_000, "the widest a timeline is drawn at its natural scale; give less, or 0 "
+                      "for the natural scale")

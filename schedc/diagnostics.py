@@ -52,6 +52,10 @@ class Diagnostic:
     # a check of a lowered plan names the instruction at fault: (rank, step program, index in it; None
     # when the fault is the rank's as a whole), so a front end that made the plan can locate it
     at: tuple[int, int, int | None] | None = None
+    # a check of a schedule's orders names the ops at fault: (device, position in its order, role), the
+    # role "stuck" (a device stopped there) or "awaited" (what a stuck device waits for); the timeline
+    # draws them
+    ops: tuple[tuple[int, int, str], ...] = ()
 
     def to_json(self, source: Source | None) -> dict:
         """The diagnostic as `simulate --json` prints it: severity, message, file, line and column
@@ -97,8 +101,8 @@ def _window(text: str, column: int) -> tuple[str, int]:
 
 
 def error(message: str, span: Span | None = None, notes: tuple[str, ...] = (), detail: str = "",
-          at: tuple[int, int, int | None] | None = None) -> Diagnostic:
-    return Diagnostic(Severity.ERROR, message, span, notes, detail, at)
+          at: tuple[int, int, int | None] | None = None, ops: tuple[tuple[int, int, str], ...] = ()) -> Diagnostic:
+    return Diagnostic(Severity.ERROR, message, span, notes, detail, at, ops)
 
 
 def warning(message: str, span: Span | None = None) -> Diagnostic:

@@ -26,6 +26,14 @@ echo '{"F": 0.5, "I": 0.5, "W": 0.5, "memory": {"F": 0.5}}' > "$work/half.json"
 echo '{"F": 0.5, "B": 1, "I": 0.5, "W": 0.5, "FB": 1.5}' > "$work/dualpipev.json"
 render zbv -D p=4 -D m=8 --costs "$work/half.json" -o "$out/zbv_p4_m8.png"
 render dualpipev -D p=4 -D m=8 --costs "$work/dualpipev.json" -o "$out/dualpipev_p4_m8.png"
+# Overlapped F & B pairs drawn as one box (unit costs), and a deadlock's stuck ops (exit 1: it fails
+# its checks, and is drawn anyway).
+render dualpipev -D p=4 -D m=8 -o "$out/dualpipev_p4_m8_overlap.png"
+set +e
+schedc render tests/fixtures/broken/deadlock_sized.sched -o "$out/deadlock_sized.png" >/dev/null 2>&1
+status=$?
+set -e
+if [ "$status" != 1 ]; then echo "the deadlock picture: exit $status, not 1" >&2; exit 1; fi
 
 # PipeFisher's K-FAC work in Chimera's bubbles, BERT-Large's V100 profile at micro-batch 32.
 render pipefisher -D p=4 -D m=8 --profile tests/data/bert-large_time_memory_v100.csv --microbatch-size 32 \

@@ -170,8 +170,9 @@ def _cycle(schedule: Schedule, run: Replay, cycle: list[int], behind: list[int],
         (f"{d} " if k == 0 else "") + _hop(schedule, run, d) for k, d in enumerate(cycle))
     stops = tuple(f"device {d} stops at {label(schedule, _head(schedule, run, d))}, placed by "
                   f"{location(schedule.source, _head(schedule, run, d).span)}" for d in cycle)
+    marks = _marks(run, cycle + behind)
     return error(message, _head(schedule, run, cycle[0]).span, notes=stops + _behind(schedule, run, behind),
-                 detail=schedule_grid(schedule, _marks(run, cycle + behind)) if grid else "")
+                 detail=schedule_grid(schedule, marks) if grid else "", ops=_ops(marks))
 
 
 def _never(schedule: Schedule, run: Replay, devices: list[int], behind: list[int], grid: bool) -> Diagnostic:
@@ -179,8 +180,9 @@ def _never(schedule: Schedule, run: Replay, devices: list[int], behind: list[int
     head = _head(schedule, run, d)
     message = (f"deadlock: device {d} waits at {label(schedule, head)} for "
                f"{label(schedule, Op(*run.waits_for[d]))}, which no device runs")
+    marks = _marks(run, devices + behind)
     return error(message, head.span, notes=_behind(schedule, run, behind),
-                 detail=schedule_grid(schedule, _marks(run, devices + behind)) if grid else "")
+                 detail=schedule_grid(schedule, marks) if grid else "", ops=_ops(marks))
 
 
 def _behind(schedule: Schedule, run: Replay, devices: list[int]) -> tuple[str, ...]:
@@ -196,3 +198,8 @@ def _marks(run: Replay, devices: list[int]) -> dict[tuple[int, int], str]:
         if where is not None and where not in marks:
             marks[where] = "awaited"
     return marks
+
+
+def _ops(marks: dict[tuple[int, int], str]) -> tuple[tuple[int, int, str], ...]:
+    """The marked ops as a diagnostic carries them: (device, position, role), by device and position."""
+    return tuple((d, n, role) for (d, n), role in sorted(marks.items()))

@@ -1,23 +1,28 @@
 """The HTML report: one self-contained file (no scripts, no network) with the timeline inline as SVG,
 per-device stats, memory over time per device (an SVG drawn here), params, diagnostics and the source.
 
-Memory over time counts activation units alive on a device, from the simulated times: F allocates its
-stage's units at its start, B (W when backward is split) frees them at its end; frees at an instant
-come before allocations, as on a device that runs one op at a time. A schedule with tasks or other
-`memory` declarations draws schedc/memory.py's model over the whole cycle instead: activations and
-gradients that tasks keep, and tasks' persistent state (held from time 0).
+The memory chart (timed.memory_over_time, the series the timeline's strips draw) sits right under the
+timeline in one scrolling box, on the timeline's own time axis: the same width and viewBox width, time 0
+at the x where the timeline's axis starts (read from Graphviz's SVG), the timeline's points per unit and
+its tick step; each panel has y ticks in activation units and the device's peak and limit.
+
+    timeline SVG   width 1679pt  viewBox 0 0 1679 ..  axis from x 82.8 (time 0), 16 points a unit
+    memory SVG     width 1679pt  viewBox 0 0 1679 ..  x(t) = 82.8 + 16 t
 """
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from functools import lru_cache
+from math import floor, log10
 
 from ..compiled import Compiled
-from ..memory import holdings, levels, levels_of
-from ..memory import memory_deltas, timed_model
-from .timed import timed_ops
+from .canvas import tick_step
+from .timed import in_seconds, memory_view
 
-CHART_W, PANEL_H, PANEL_GAP, AXIS_H, LEFT = 760.0, 46.0, 8.0, 22.0, 70.0
+PANEL_H, PANEL_GAP, AXIS_H, TOP = 46.0, 10.0, 30.0, 8.0
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +34,24 @@ class Panel:
     points: str      # SVG polyline points
     peak: float
     peak_y: float    # y of the device's peak level
-    limit_y: float | None  # y of the device's `limit memory`, if the schedule has one
+    limit: float | None    # the device's `limit memory`, if the schedule has one
+    limit_y: float | None  # its y
+    yticks: tuple[tuple[float, str], ...]  # (y, label) of the level ticks, the top one with its unit
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """Where the timeline's SVG draws time, in its viewBox: x0 for time 0, `unit` per cost unit up to
+    `span`; `width` and `view_w` its size, which the chart takes so both show at one scale."""
+
+    width: str
+    view_w: float
+    x0: float
+    unit: float
+    span: float
+
+    def x(self, time: float) -> float:
+        return self.x0 + time * self.unit
 
 
 @lru_cache(maxsize=1)
@@ -40,48 +62,59 @@ def _environment():
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
-def memory_over_time(compiled: Compiled) -> list[list[tuple[float, float]]]:
-    """Per device, the (time, activation units alive from then on) steps, starting at (0, 0)."""
-    schedule, timing = compiled.schedule, compiled.timing
-    if timing.complete and timed_model(schedule):
-        return [levels(held) for held in holdings(schedule, list(timing.steps) or [timing])]
-    deltas = memory_deltas(schedule)
-    series = []
-    for row in timed_ops(compiled):
-        events = []
-        for t in row:
-            delta = deltas.get(t.op.kind)
-            amount = delta[t.op.stage] if delta is not None else 0.0
-            if amount:
-                events.append((t.start, 1, amount) if amount > 0 else (t.end, 0, amount))
-        events.sort(key=lambda e: (e[0], e[1]))
-        series.append(levels_of(events))
-    return series
+def timeline_frame(svg: str, unit: float, span: float) -> Frame:
+    """The Frame of Graphviz's SVG of a timeline: its axis node spans the time from 0, centred at
+    span / 2 (node coordinates are the graph's, shifted by the translate of its top group; Graphviz
+    draws a node's size to whole points, its centre exactly)."""
+    root = ET.fromstring(svg)
+    view_w = float(root.get("viewBox", "0 0 0 0").split()[2])
+    group = root.find(f"{SVG}g")
+    found = re.search(r"translate\(([-\d.]+)", group.get("transform", "") if group is not None else "")
+    shift = float(found.group(1)) if found else 0.0
+    x0 = 0.0
+    for node in root.iter(f"{SVG}g"):
+        title, shape = node.find(f"{SVG}title"), node.find(f"{SVG}polygon")
+        if title is not None and title.text == "axis" and shape is not None:
+            xs = [float(point.split(",")[0]) for point in shape.get("points").split()]
+            x0 = (min(xs) + max(xs)) / 2 - span * unit / 2
+    return Frame(root.get("width", f"{view_w:g}pt"), view_w, shift + x0, unit, span)
 
 
-def memory_panels(compiled: Compiled) -> tuple[list[Panel], float]:
-    schedule, timing = compiled.schedule, compiled.timing
-    series = memory_over_time(compiled)
-    limits = schedule.memory_limit or ()
+def memory_panels(compiled: Compiled, frame: Frame, byte_deltas: dict | None = None) -> tuple[list[Panel], str]:
+    """A panel per device, levels on one scale (the highest level or limit of any device at the top),
+    and their unit (timed.memory_view)."""
+    view = memory_view(compiled, byte_deltas)
+    series, limits = view.series, view.limits
     top_level = max([level for steps in series for _, level in steps] + list(limits), default=0.0) or 1.0
-    xscale = CHART_W / (timing.makespan or 1.0)
+    step = _level_step(top_level)
     panels = []
     for d, steps in enumerate(series):
-        top = d * (PANEL_H + PANEL_GAP)
+        top = TOP + d * (PANEL_H + PANEL_GAP)
 
         def y(level: float) -> float:
             return top + PANEL_H - level / top_level * (PANEL_H - 4)
 
-        points, last = [], 0.0
+        points, last = [f"{frame.x(0):.2f},{y(0):.2f}"], 0.0
         for time, level in steps:
-            x = LEFT + time * xscale
-            points.append(f"{x:.1f},{y(last):.1f} {x:.1f},{y(level):.1f}")
+            points.append(f"{frame.x(time):.2f},{y(last):.2f} {frame.x(time):.2f},{y(level):.2f}")
             last = level
-        points.append(f"{LEFT + CHART_W:.1f},{y(last):.1f}")
-        peak = max(level for _, level in steps)
-        limit_y = y(limits[d]) if d < len(limits) else None
-        panels.append(Panel(d, top, " ".join(points), peak, y(peak), limit_y))
-    return panels, top_level
+        points.append(f"{frame.x(frame.span):.2f},{y(last):.2f}")
+        levels = [k * step for k in range(int(top_level / step + 1e-9) + 1)]
+        ticks = tuple((y(v), f"{v:g}" + (f" {view.unit}" if k == len(levels) - 1 else "")) for k, v in enumerate(levels))
+        peak, limit = max(level for _, level in steps), limits[d] if d < len(limits) else None
+        panels.append(Panel(d, top, " ".join(points), peak, y(peak), limit, None if limit is None else y(limit), ticks))
+    return panels, view.unit
+
+
+def _level_step(top: float) -> float:
+    """A round step (1, 2 or 5 times a power of ten) giving 2 to 4 level ticks up to `top` (the power
+    found from `top`, which may be 10^-9 or 10^30 units)."""
+    exponent = floor(log10(top / 3)) if top > 0 else 0
+    for power in (exponent, exponent + 1):
+        for base in (1, 2, 5):
+            if top / float(f"{base}e{power}") <= 3:
+                return float(f"{base}e{power}")
+    return float(f"1e{exponent + 2}")
 
 
 def device_rows(compiled: Compiled) -> list[dict]:
@@ -93,22 +126,27 @@ def device_rows(compiled: Compiled) -> list[dict]:
             for d in range(compiled.schedule.devices)]
 
 
-def report_html(compiled: Compiled, timeline_svg: str) -> str:
-    """The report's HTML text (deterministic for a given compiled schedule and timeline)."""
-    schedule, timing = compiled.schedule, compiled.timing
-    panels, top_level = memory_panels(compiled)
+def report_html(compiled: Compiled, timeline_svg: str, unit: float, span: float,
+                byte_deltas: dict | None = None) -> str:
+    """The report's HTML text (deterministic for a given compiled schedule and timeline); `unit` and
+    `span` are the timeline's points per cost unit and the time it spans (timeline.time_scale);
+    byte_deltas: each kind's bytes per stage, to chart GiB (--cluster)."""
+    schedule = compiled.schedule
+    frame = timeline_frame(timeline_svg, unit, span)
+    panels, memory_unit = memory_panels(compiled, frame, byte_deltas)
     env = _environment()
+    base = TOP + len(panels) * (PANEL_H + PANEL_GAP)
     chart = env.get_template("memory.svg.j2").render(
-        panels=panels, top_level=top_level, width=CHART_W, left=LEFT, panel_h=PANEL_H,
-        height=len(panels) * (PANEL_H + PANEL_GAP) + AXIS_H, makespan=timing.makespan,
-        ticks=_ticks(timing.makespan))
+        panels=panels, frame=frame, panel_h=PANEL_H, base=base, height=base + AXIS_H, ticks=_ticks(frame),
+        time_label="time (s)" if in_seconds(compiled) else "time (cost units)")
     return env.get_template("report.html.j2").render(
         schedule=schedule, stats=compiled.stats, devices=[] if not compiled.ok else device_rows(compiled),
         cycle=len(schedule.steps),
         invalid=not compiled.ok, timeline=timeline_svg,
         memory=chart, diagnostics=[d.format(schedule.source) for d in compiled.diagnostics],
         source=schedule.source.text, params=schedule.params,
-        cluster=_cluster(compiled), cluster_flags=_cluster_flags(compiled))
+        cluster=_cluster(compiled), cluster_flags=_cluster_flags(compiled), seconds=in_seconds(compiled),
+        memory_unit=memory_unit)
 
 
 def _cluster_flags(compiled: Compiled) -> list[str]:
@@ -125,11 +163,8 @@ def _cluster(compiled: Compiled) -> dict | None:
     return compiled.plan.meta.get("cluster")
 
 
-def _ticks(makespan: float, count: int = 8) -> list[tuple[float, str]]:
-    """About `count` round time ticks as (x in the chart, label)."""
-    if makespan <= 0:
-        return [(LEFT, "0")]
-    raw = makespan / count
-    step = next(b * 10 ** e for e in range(-3, 9) for b in (1, 2, 5) if b * 10 ** e >= raw)
-    n = int(makespan // step)
-    return [(LEFT + k * step * CHART_W / makespan, f"{k * step:g}") for k in range(n + 1)]
+def _ticks(frame: Frame) -> list[tuple[float, str]]:
+    """The timeline's time ticks (its step, canvas.tick_step) as (x in the chart, label)."""
+    step = tick_step(frame.unit)
+    count = int(frame.span / step + 1e-9)
+    return [(frame.x(k * step), f"{k * step:g}") for k in range(count + 1)]

@@ -3,7 +3,7 @@ drawing next to the simulation.
 
 One step is drawn: the last one in the trace (warm). Its compute events (not sends, receives, gradient
 sync, STEP, nor the runtime's "wait" events, time blocked on a receive) are kept per rank, in ms from the step's first event;
-an OVERLAP_F_B's event is drawn as its halves, each over half its time, as the simulation draws it. `ms_per_unit` is the
+an OVERLAP_F_B's event is drawn as its halves, each over its whole time (stacked in one box, as the simulation draws it). `ms_per_unit` is the
 measured compute time per rank over the simulated one, so that perfectly predicted costs line up.
 
 A trace of another shape than the schedule (other ranks, stages or microbatches) is refused, naming
@@ -32,6 +32,12 @@ class MeasuredOp:
     pipe: int
     start: float  # ms from the step's start
     end: float
+    half: int | None = None  # of an OVERLAP_F_B's event: its first (0) or second (1) half
+
+    @property
+    def busy(self) -> float:
+        """The time the op takes on its rank: an overlapped pair's once, at its first half."""
+        return 0.0 if self.half == 1 else self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +102,17 @@ def _matched(run: MeasuredRun, schedule: Schedule, events: list[dict], other: di
 _HALF = re.compile(r"(\d+)\.(\d+)$")  # an overlapped event's half, `F0.3`: stage 0, microbatch 3
 
 
+def _half_args(half) -> dict:
+    """An overlapped event's half as {op, stage, mb}: as written, or from older traces' `F0.3`."""
+    if isinstance(half, dict):
+        return half
+    found = _HALF_NAME.match(str(half))
+    return {"op": found.group(1), "stage": int(found.group(2)), "mb": int(found.group(3))} if found else {"op": str(half)}
+
+
+_HALF_NAME = re.compile(r"([A-Za-z_]\w*?)(\d+)\.(\d+)$")  # `F0.3`, `curvature_A1.2`
+
+
 def _coverage(events: list[dict]) -> tuple[set[int], set[int]]:
     """The stages and microbatches the compute events of one step name (overlapped halves included)."""
     stages, mbs = set(), set()
@@ -153,16 +170,16 @@ def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> Measure
         a = _args(e)
         start = float(e["ts"]) / 1e3 - t0
         end = start + float(e.get("dur", 0)) / 1e3
-        halves = a.get("halves") if isinstance(a.get("halves"), list) else [a]
-        for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves side by side in its one box
+        halves = [_half_args(h) for h in a["halves"]] if isinstance(a.get("halves"), list) else [a]
+        for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves stacked in its one box
             pipe = half.get("pipe", pipe_of.get(half.get("mb"), 0))
             op = MeasuredOp(str(half.get("op", e.get("name"))), half.get("stage"), half.get("mb"), int(pipe or 0),
-                            start + (end - start) * k / len(halves), start + (end - start) * (k + 1) / len(halves))
+                            start, end, k if len(halves) == 2 else None)
             by_rank.setdefault(int(e.get("pid", 0)), []).append(op)
     ranks = tuple(sorted(by_rank))
     ops = tuple(tuple(sorted(by_rank[r], key=lambda o: (o.start, o.end))) for r in ranks)
     makespan = max(o.end for row in ops for o in row)
-    work = sum(o.end - o.start for row in ops for o in row) / len(ranks)
+    work = sum(o.busy for row in ops for o in row) / len(ranks)
     sim_work = sum(op.cost for op in schedule.ops()) / max(schedule.devices, 1)
     return MeasuredRun(step, ranks, ops, makespan, work / sim_work if sim_work and work > 0 else 1.0)
 

@@ -6,145 +6,125 @@ We place every box ourselves (points, y downwards here, flipped for Graphviz) an
     device 0  [0][1][2][3]      [0]   [4]  [1]   ...      busy 24  idle 9  peak 4
     device 1     [0][1][2]   [0]   [3]  [1]  ...
               0        10        20        30
+    mem 0     _|‾‾‾‾|_|‾‾|_ ...                            peak 4 units   (memory strips)
+              0        10        20        30
               F forward  B backward                     (legend)
 
-Large schedules switch to a compact geometry (shorter rows, a smaller unit, labels only where they fit).
+Large schedules switch to a compact geometry (shorter rows, a smaller unit, labels only where they fit);
+a picture wider than canvas.DEFAULT_WIDTH pixels is fitted to it, or to the width asked for.
+An overlapped pair (F & B) is one box with its halves stacked inside; a deadlocked schedule's stuck ops
+are drawn where their devices stopped, outlined in red and marked `!`.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from math import floor, inf, log10
 
 from ..compiled import Compiled
 from ..text import listed, plural
 from ..ir import Op
 from ..ops import OpKind
+from .canvas import (GAP, IDLE, NOTE_W, Canvas, Geometry, esc, esc_keep, geometry, text_width, tick_step,
+                     time_width)
 from .measured import MeasuredRun
+from .strips import memory_strips
 from .style import Palette, op_label, palette, text_colour
-from .timed import in_seconds, step_starts, timed_ops
+from .timed import in_seconds, step_starts, stuck_ops, timed_ops
 
-COMPACT_OPS = 2000          # more ops than this: compact rows
-MAX_WIDTH = 12000.0         # points; beyond it the time unit shrinks (down to MIN_UNIT)
-UNIT, MIN_UNIT = 16.0, 6.0  # points per forward's duration: wanted, and the least when shrinking
-LABEL_W, NOTE_W, GAP = 64.0, 210.0, 8.0
-IDLE = "#f0f0f0"
 MESSAGE_COLOURS = {OpKind.F: "#1d3c6e", OpKind.B: "#1f5a27", OpKind.I: "#8a4a0c"}
 COMPUTE_MESSAGES = frozenset(MESSAGE_COLOURS)
+PAIR_OUTLINE, STUCK = "#111111", "#d62728"
 
 
-@dataclass(frozen=True, slots=True)
-class Geometry:
-    unit: float    # points per cost unit
-    row: float     # row pitch
-    box: float     # box height
-    font: float
-    compact: bool
-
-    def fits(self, label: str, width: float) -> bool:
-        return len(label) * self.font * 0.62 + 2 <= width
-
-
-def geometry(makespan: float, ops: int, forward: float = 1.0, row_ops: int = 0) -> Geometry:
-    """Sizes for a timeline of `ops` ops over `makespan` cost units, where a forward takes `forward`
-    units: the scale is set in forwards, so that costs in milliseconds (or any unit) draw like costs
-    in forward units. A forward far cheaper than the other ops would then make the picture huge, so it
-    is never wider than 2 * MIN_UNIT points per op of the busiest row (`row_ops`), or MAX_WIDTH."""
-    forward = forward if 0 < forward < inf else 1.0
-    span = makespan / forward  # in forwards
-    per_forward = UNIT if span * UNIT <= MAX_WIDTH else max(MIN_UNIT, MAX_WIDTH / max(span, 1.0))
-    unit = min(per_forward / forward, max(MAX_WIDTH, 2 * MIN_UNIT * row_ops) / max(makespan, 1e-12))
-    per_forward = unit * forward
-    if ops > COMPACT_OPS or per_forward < 10:
-        return Geometry(unit, 13.0, 11.0, 6.0, True)
-    return Geometry(unit, 22.0, 19.0, 9.0, False)
-
-
-@dataclass
-class _Canvas:
-    """DOT lines of positioned nodes; `y` grows downwards while building."""
-
-    geo: Geometry
-    lines: list[str]
-    y: float = 0.0
-
-    def node(self, name: str, x: float, y: float, attrs: str) -> None:
-        self.lines.append(f'{name} [pos="{x:.2f},{-y:.2f}" {attrs}];')
-
-    def box(self, name: str, x0: float, x1: float, y: float, h: float, attrs: str) -> None:
-        self.node(name, (x0 + x1) / 2, y, f"width={(x1 - x0) / 72:.4f} height={h / 72:.4f} {attrs}")
-
-    def text(self, name: str, x: float, y: float, w: float, label: str, size: float, just: str) -> None:
-        self.box(name, x, x + w, y, size + 4, f'shape=plaintext style="" fontsize={size:g} label="{_esc(label)}{just}"')
-
-    def lane(self, name: str, label: str, note: str, width: float) -> float:
-        """A row's label, its idle background and its note; returns the row's centre y."""
-        y, g = self.y + self.geo.row / 2, self.geo
-        self.text(f"{name}_label", -LABEL_W - GAP, y, LABEL_W, label, g.font + 1, "\\r")
-        self.box(f"{name}_idle", 0, width, y, g.box, f'fillcolor="{IDLE}" penwidth=0')
-        self.text(f"{name}_note", width + GAP, y, NOTE_W, note, g.font + 1, "\\l")
-        self.y += g.row
-        return y
-
-
-def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None) -> str:
-    """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given."""
+def timeline_dot(compiled: Compiled, comms: bool = False, measured: MeasuredRun | None = None,
+                 pixels: int | None = None, memory: bool = True, byte_deltas: dict | None = None) -> str:
+    """DOT text of the timeline (for `dot -Kneato -n2`): measured rows above simulated ones if given,
+    memory strips under them (unless not `memory`: the HTML report draws its own chart). pixels: the
+    PNG's width to fit (0: the natural scale, uncapped; None: fitted to canvas.DEFAULT_WIDTH only when
+    wider). byte_deltas: each kind's bytes per stage, to draw the strips in GiB (--cluster)."""
     schedule, timing = compiled.schedule, compiled.timing
-    busiest = max(sum(len(step[d]) for step in schedule.steps) for d in range(schedule.devices))
-    geo = geometry(timing.makespan, schedule.op_count(), min(schedule.costs.get(OpKind.F, ()), default=1.0), busiest)
+    geo, span = time_scale(compiled, measured, pixels)
+    stuck = _stuck(compiled)
     colours = palette(schedule)
-    width = timing.makespan * geo.unit
-    if measured is not None:
-        width = max(width, measured.makespan_ms / measured.ms_per_unit * geo.unit)
-    canvas = _Canvas(geo, _header(compiled, geo))
+    width = span * geo.unit
+    canvas = Canvas(geo, _header(compiled, geo, width))
     if measured is not None:
         _section(canvas, f"measured (step {measured.step}): makespan {measured.makespan_ms:.2f} ms, "
                          f"1 unit = {measured.ms_per_unit:.4g} ms", "m")
         _measured_rows(canvas, measured, colours, width)
         _section(canvas, f"simulated: makespan {timing.makespan:g} units", "s")
-    ids = _simulated_rows(canvas, compiled, colours, width)
+    ids, ys = _simulated_rows(canvas, compiled, colours, width)
+    _stuck_boxes(canvas, stuck, ys)
     if comms:
         _messages(canvas, compiled, ids)
-    _axis(canvas, width, timing.makespan, "time (s)" if in_seconds(compiled) else "time (cost units)")
-    _legend(canvas, colours, width, comms)
+    if memory:
+        memory_strips(canvas, compiled, width, byte_deltas)
+    _axis(canvas, width, span, "time (s)" if in_seconds(compiled) else "time (cost units)")
+    _legend(canvas, _legend_cells(colours, comms, bool(schedule.fused), bool(stuck)), width)
     canvas.lines.append("}")
     return "\n".join(canvas.lines) + "\n"
 
 
-def _header(compiled: Compiled, geo: Geometry) -> list[str]:
+def time_scale(compiled: Compiled, measured: MeasuredRun | None = None,
+               pixels: int | None = None) -> tuple[Geometry, float]:
+    """The timeline's geometry and the time it spans (the makespan, or more where a measured run or a
+    stuck op reaches further): point x of the drawing is time x / geometry.unit."""
+    span = max([compiled.timing.makespan, *(end for _, _, end in _stuck(compiled).values())])
+    if measured is not None:
+        span = max(span, measured.makespan_ms / measured.ms_per_unit)
+    return _geometry(compiled, span, pixels), span
+
+
+def _geometry(compiled: Compiled, span: float, pixels: int | None) -> Geometry:
+    """The natural geometry, or the one whose time span fits the width (canvas.time_width)."""
+    schedule = compiled.schedule
+    busiest = max(sum(len(step[d]) for step in schedule.steps) for d in range(schedule.devices))
+    forward = min(schedule.costs.get(OpKind.F, ()), default=1.0)
+    geo = geometry(span, schedule.op_count(), forward, busiest)
+    fit = time_width(span * geo.unit, pixels)
+    return geo if fit is None else geometry(span, schedule.op_count(), forward, busiest, fit=fit)
+
+
+def _header(compiled: Compiled, geo: Geometry, width: float) -> list[str]:
     s, st = compiled.schedule, compiled.stats
-    peak = listed([f"{m:g}" for m in st["peak_memory"]], "/")
     sizes = f"{plural(s.devices, 'device')}, {plural(st['ops'], 'op')}"
-    title = (f"{s.title}: {sizes}\\l"
-             f"makespan {st['makespan']:g}   bubble {st['bubble']:.4f}   utilization "
-             f"{st['utilization']:.4f}   peak activations per device {peak}\\l")
     if not compiled.ok:
         errors = sum(d.severity.value == "error" for d in compiled.diagnostics)
-        return _graph(f"{s.title}: {sizes}\\l"
-                      f"INVALID: the schedule fails its checks ({plural(errors, 'error')}); no stats, "
-                      "the timeline as far as it was simulated\\l", geo)
+        return _graph([f"{s.title}: {sizes}", f"INVALID: the schedule fails its checks ({plural(errors, 'error')});",
+                       "no stats, the timeline as far as it was simulated"], geo, width)
+    peak = listed([f"{m:g}" for m in st["peak_memory"]], "/")
+    lines = [f"{s.title}: {sizes}", f"makespan {st['makespan']:g}", f"bubble {st['bubble']:.4f}",
+             f"utilization {st['utilization']:.4f}", f"peak activations per device {peak}"]
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
-        title += (f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
-                  f"of {plural(st.get('cycle_steps', 1), 'step')} of {st['makespan']:g} in all\\l")
-    return _graph(title, geo)
+        lines.append(f"bubbles filled: utilization {st.get('utilization_unfilled', 0):.4f} before, over a cycle "
+                     f"of {plural(st.get('cycle_steps', 1), 'step')} of {st['makespan']:g} in all")
+    return _graph(lines, geo, width)
 
 
-def _graph(title: str, geo: Geometry) -> list[str]:
+def _graph(parts: list[str], geo: Geometry, width: float) -> list[str]:
+    """The graph's attributes, its title the first part on a line, the others joined as wide as the drawing."""
+    font = 11 if geo.compact else 12
+    room = max(width + 2 * GAP + NOTE_W + 64, 300.0)
+    lines = [parts[0]]
+    for k, part in enumerate(parts[1:]):
+        if k and text_width(lines[-1] + "   " + part, font) <= room:
+            lines[-1] += "   " + part
+        else:
+            lines.append(part)
+    title = "".join(f"{line}\\l" for line in lines)
     return ["digraph timeline {",
-            f'graph [label="{_esc_keep(title)}" labelloc=t labeljust=l fontname="Helvetica" '
-            f'fontsize={11 if geo.compact else 12} bgcolor="white" splines=false outputorder=nodesfirst pad=0.15];',
+            f'graph [label="{esc_keep(title)}" labelloc=t labeljust=l fontname="Helvetica" '
+            f'fontsize={font} bgcolor="white" splines=false outputorder=nodesfirst pad=0.15];',
             f'node [shape=box style="filled" fixedsize=true fontname="Helvetica" fontsize={geo.font:g} '
             f'penwidth={0.3 if geo.compact else 0.6} color="#333333" label=""];',
             'edge [arrowsize=0.35 penwidth=0.6];']
 
 
-def _section(canvas: _Canvas, title: str, name: str) -> None:
+def _section(canvas: Canvas, title: str, name: str) -> None:
     canvas.y += 4
     canvas.text(f"{name}_section", 0, canvas.y + 7, 600, title, canvas.geo.font + 2, "\\l")
     canvas.y += 16
 
 
-def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width: float) -> dict:
-    """The devices' rows; returns the node name of every drawn op, keyed by (step, op)."""
+def _simulated_rows(canvas: Canvas, compiled: Compiled, colours: Palette, width: float) -> tuple[dict, list[float]]:
+    """The devices' rows; returns the node name of every drawn op, keyed by (step, op), and the rows' y."""
     geo = canvas.geo
     ids: dict[tuple[int, Op], str] = {}
     rows = timed_ops(compiled)
@@ -156,19 +136,80 @@ def _simulated_rows(canvas: _Canvas, compiled: Compiled, colours: Palette, width
     halves = _overlapped(compiled.schedule)
     for d, row in enumerate(rows):
         for n, t in enumerate(row):
-            op = t.op
-            name = ids[(t.step, op)] = f"d{d}_{n}"
+            name = ids[(t.step, t.op)] = f"d{d}_{n}"
+            if t.op in halves:
+                _half(canvas, name, t, d, ys[d], colours, halves[t.op])
+                if halves[t.op] == 1:
+                    _pair_outline(canvas, name, row[n - 1], t, d, ys[d])
+                continue
+            fill = colours.fill(t.op.kind, t.op.pipe, t.op.stage)
+            label = op_label(t.op)
             x0, x1 = t.start * geo.unit, t.end * geo.unit
-            if op in halves:  # an overlapped pair: one box, its halves in their own colours side by side
-                x0, x1 = (x0, (x0 + x1) / 2) if halves[op] == 0 else ((x0 + x1) / 2, x1)
-            fill = colours.fill(op.kind, op.pipe, op.stage)
-            label = op_label(op)
             step = f" (step {t.step})" if t.step else ""
-            attrs = (f'fillcolor="{fill}" class="op {op.kind}"'
+            attrs = (f'fillcolor="{fill}" class="op {t.op.kind}"'
                      + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
-                     + (f' tooltip="{op} on device {d}{step}: {t.start:g} to {t.end:g}"' if not geo.compact else ""))
+                     + (f' tooltip="{t.op} on device {d}{step}: {t.start:g} to {t.end:g}"' if not geo.compact else ""))
             canvas.box(name, x0, x1, ys[d], geo.box, attrs)
-    return ids
+    return ids, ys
+
+
+def _half(canvas: Canvas, name: str, t, d: int, y: float, colours: Palette, k: int) -> None:
+    """One half of an overlapped pair: the top (first) or bottom (second) half of the pair's box."""
+    op = t.op
+    _stacked(canvas, name, t.start * canvas.geo.unit, t.end * canvas.geo.unit, y, k,
+             colours.fill(op.kind, op.pipe, op.stage), f"{op.kind}{op_label(op)}", f"op {op.kind} half")
+
+
+def _stacked(canvas: Canvas, name: str, x0: float, x1: float, y: float, k: int, fill: str, label: str,
+             cls: str) -> None:
+    """Half k of a pair's box over [x0, x1], inside its outline, labelled with its kind and microbatch."""
+    geo = canvas.geo
+    h, font = (geo.box - 3) / 2, max(geo.font - 2, 5)  # a point between the halves
+    attrs = (f'fillcolor="{fill}" penwidth=0 class="{cls}"'
+             + (f' label="{esc(label)}" fontsize={font:g} fontcolor="{text_colour(fill)}"'
+                if geo.fits(label, x1 - x0 - 2, font) and h >= font else ""))
+    canvas.box(name, x0 + 1, x1 - 1, y - h / 2 - 0.5 if k == 0 else y + h / 2 + 0.5, h, attrs)
+
+
+def _pair_outline(canvas: Canvas, name: str, first, second, d: int, y: float) -> None:
+    """The one box of an overlapped pair, drawn over its halves."""
+    unit = canvas.geo.unit
+    tip = f"{first.op} & {second.op} on device {d}, overlapped: {first.start:g} to {second.end:g}"
+    _outline(canvas, name, min(first.start, second.start) * unit, max(first.end, second.end) * unit, y, tip)
+
+
+def _outline(canvas: Canvas, name: str, x0: float, x1: float, y: float, tip: str = "") -> None:
+    """A pair's outline over [x0, x1]: no fill, thick and dark."""
+    geo = canvas.geo
+    canvas.box(f"{name}_pair", x0, x1, y, geo.box,
+               f'style="solid" color="{PAIR_OUTLINE}" penwidth={1.0 if geo.compact else 1.6} class="overlap"'
+               + (f' tooltip="{esc(tip)}"' if tip and not geo.compact else ""))
+
+
+def _stuck(compiled: Compiled) -> dict[int, tuple[Op, float, float]]:
+    """Per device that a deadlock stopped: its stuck op and where it is drawn, from the device's last
+    timed op's end for the op's cost (at least a forward's)."""
+    rows, orders = timed_ops(compiled), compiled.schedule.orders
+    forward = min(compiled.schedule.costs.get(OpKind.F, ()), default=1.0)
+    out = {}
+    for (d, n), role in sorted(stuck_ops(compiled).items()):
+        if role == "stuck" and n < len(orders[d]):
+            start = rows[d][-1].end if rows[d] else 0.0
+            out[d] = (orders[d][n], start, start + max(orders[d][n].cost, forward))
+    return out
+
+
+def _stuck_boxes(canvas: Canvas, stuck: dict[int, tuple[Op, float, float]], ys: list[float]) -> None:
+    geo = canvas.geo
+    for d, (op, start, end) in stuck.items():
+        wide = (end - start) * geo.unit
+        full = f"!{op.kind}{op_label(op)}"
+        label, font = next(((text, size) for text, size in ((full, geo.font), (full, geo.font - 2), ("!", geo.font))
+                            if geo.fits(text, wide, size)), ("", geo.font))
+        canvas.box(f"stuck{d}", start * geo.unit, end * geo.unit, ys[d], geo.box,
+                   f'fillcolor="#ffffff" color="{STUCK}" penwidth=2 class="stuck {op.kind}" fontcolor="{STUCK}"'
+                   + (f' label="{label}" fontsize={font:g}' if label else "")
+                   + f' tooltip="{op} on device {d}: stuck here, the deadlock check stops the device at it"')
 
 
 def _row_note(compiled: Compiled, d: int) -> str:
@@ -185,23 +226,29 @@ def _overlapped(schedule) -> dict[Op, int]:
     return {op: k for pair in schedule.fused for k, op in enumerate(pair)}
 
 
-def _measured_rows(canvas: _Canvas, run: MeasuredRun, colours: Palette, width: float) -> None:
+def _measured_rows(canvas: Canvas, run: MeasuredRun, colours: Palette, width: float) -> None:
     geo = canvas.geo
     scale = geo.unit / run.ms_per_unit
     for rank, ops in zip(run.ranks, run.ops):
-        busy = sum(o.end - o.start for o in ops)
+        busy = sum(o.busy for o in ops)
         y = canvas.lane(f"m{rank}", f"rank {rank}", f"busy {busy:.2f} ms", width)
         for n, op in enumerate(ops):
             x0, x1 = op.start * scale, op.end * scale
             fill = colours.fill(op.kind, op.pipe, op.stage or 0)
             label = str(op.mb) if op.mb is not None else op.kind[:3]
-            attrs = (f'fillcolor="{fill}" class="measured {_esc(op.kind)}"'
+            if op.half is not None:  # an OVERLAP_F_B's halves, stacked in one outlined box
+                _stacked(canvas, f"m{rank}_{n}", x0, x1, y, op.half, fill, f"{op.kind}{label}",
+                         f"measured {esc(op.kind)} half")
+                if op.half == 1:
+                    _outline(canvas, f"m{rank}_{n}", x0, x1, y)
+                continue
+            attrs = (f'fillcolor="{fill}" class="measured {esc(op.kind)}"'
                      + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
-                     + f' tooltip="{_esc(op.kind)}({op.stage},{op.mb}) rank {rank}: {op.start:.3f} to {op.end:.3f} ms"')
+                     + f' tooltip="{esc(op.kind)}({op.stage},{op.mb}) rank {rank}: {op.start:.3f} to {op.end:.3f} ms"')
             canvas.box(f"m{rank}_{n}", x0, x1, y, geo.box, attrs)
 
 
-def _messages(canvas: _Canvas, compiled: Compiled, ids: dict) -> None:
+def _messages(canvas: Canvas, compiled: Compiled, ids: dict) -> None:
     """An arrow from the end of each producer to the start of its consumer on another device."""
     deps = compiled.schedule.deps
     for (k, op), name in ids.items():
@@ -213,11 +260,11 @@ def _messages(canvas: _Canvas, compiled: Compiled, ids: dict) -> None:
                 canvas.lines.append(f'{source}:e -> {name}:w [color="{MESSAGE_COLOURS[dep.kind]}"];')
 
 
-def _axis(canvas: _Canvas, width: float, makespan: float, label: str) -> None:
+def _axis(canvas: Canvas, width: float, makespan: float, label: str) -> None:
     geo = canvas.geo
     y = canvas.y + 3
     canvas.box("axis", 0, width, y, 0.6, 'fillcolor="#555555" penwidth=0')
-    step = _tick_step(geo.unit)
+    step = tick_step(geo.unit)
     k = 0
     while k * step <= makespan + 1e-9:
         x = k * step * geo.unit
@@ -228,37 +275,42 @@ def _axis(canvas: _Canvas, width: float, makespan: float, label: str) -> None:
     canvas.y = y + 20
 
 
-def _tick_step(unit: float, spacing: float = 40.0) -> float:
-    """The axis' tick step in cost units: the least 1, 2 or 5 times a power of ten at least `spacing`
-    points apart (costs may be in seconds, forwards, microseconds or, in an edited plan, 1e15 a
-    forward: the power is found from the scale, so the axis has at most width / spacing ticks)."""
-    exponent = floor(log10(spacing / unit)) if unit > 0 else 0
-    for power in (exponent, exponent + 1):
-        for base in (1, 2, 5):
-            step = float(f"{base}e{power}")
-            if step * unit >= spacing:
-                return step
-    return float(f"1e{exponent + 2}")
-
-
-def _legend(canvas: _Canvas, colours: Palette, width: float, comms: bool) -> None:
-    cells = [(fill, text) for fill, text in colours.legend()] + [(IDLE, "idle (bubble)")]
-    row = "".join(f'<TD BGCOLOR="{fill}" WIDTH="14" HEIGHT="10" FIXEDSIZE="TRUE"></TD><TD>{_esc(text)}</TD>'
-                  for fill, text in cells)
+def _legend_cells(colours: Palette, comms: bool, pairs: bool, stuck: bool) -> list[tuple[str, str, str]]:
+    """(fill, outline, text) per legend entry; an empty fill is a line of text alone."""
+    cells = [(fill, "", text) for fill, text in colours.legend()] + [(IDLE, "", "idle (bubble)")]
+    if pairs:
+        cells.append(("#ffffff", PAIR_OUTLINE, "F & B overlapped: one op, first half above"))
+    if stuck:
+        cells.append(("#ffffff", STUCK, "! stuck: where the deadlock stops a device"))
     if comms:
-        row += "<TD>arrows: messages between devices</TD>"
-    label = f'<<TABLE BORDER="0" CELLSPACING="3" CELLPADDING="1"><TR>{row}</TR></TABLE>>'
-    font = canvas.geo.font + 1  # a wide timeline's legend starts at its left edge, in a window's first view
-    wide = sum(14 + 10 + 0.6 * font * len(text) for _, text in cells) + (0.6 * font * 36 if comms else 0)
-    canvas.node("legend", min(width, wide) / 2, canvas.y + 10,
+        cells.append(("", "", "arrows: messages between devices"))
+    return cells
+
+
+def _legend(canvas: Canvas, cells: list[tuple[str, str, str]], width: float) -> None:
+    """The legend's entries in rows as wide as the drawing, from its left edge (a wide timeline's
+    legend then shows in a window's first view)."""
+    font = canvas.geo.font + 1
+    room = max(width + GAP + NOTE_W, 300.0)
+    rows: list[list[str]] = [[]]
+    used = widest = 0.0
+    for fill, outline, text in cells:
+        wide = (24 if fill else 0) + text_width(text, font) + 8
+        if rows[-1] and used + wide > room:
+            rows.append([])
+            used = 0.0
+        rows[-1].append(_legend_cell(fill, outline, text))
+        used += wide
+        widest = max(widest, used)
+    table = "".join(f"<TR><TD ALIGN=\"LEFT\"><TABLE BORDER=\"0\" CELLSPACING=\"3\" CELLPADDING=\"1\"><TR>{''.join(row)}</TR>"
+                    "</TABLE></TD></TR>" for row in rows)
+    label = f'<<TABLE BORDER="0" CELLSPACING="0" CELLPADDING="0">{table}</TABLE>>'
+    canvas.node("legend", widest / 2, canvas.y + 8 * len(rows) + 2,
                 f'shape=plaintext style="" fixedsize=false fontsize={font:g} label={label}')
 
 
-def _esc(text: str) -> str:
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("\\", "\\\\").replace('"', '\\"'))
-
-
-def _esc_keep(text: str) -> str:
-    """Escape quotes only, keeping the `\\l` line ends of a label."""
-    return text.replace('"', '\\"')
+def _legend_cell(fill: str, outline: str, text: str) -> str:
+    if not fill:
+        return f"<TD>{esc(text)}</TD>"
+    border = f' BORDER="2" COLOR="{outline}"' if outline else ""
+    return f'<TD BGCOLOR="{fill}"{border} WIDTH="14" HEIGHT="10" FIXEDSIZE="TRUE"></TD><TD>{esc(text)}</TD>'

@@ -1,6 +1,8 @@
 """The simulated schedule as a Chrome trace (chrome://tracing, Perfetto), shaped like the runtime's
 measured traces (schedc/runtime/trace.py): one process per rank named "rank r", complete ("X") events named
-`F1.3` (kind, stage, microbatch), args op/stage/mb/pipe/step. Time scale: 1 cost unit = 1 ms (1000 µs),
+`F1.3` (kind, stage, microbatch), args op/stage/mb/pipe/step; an overlapped pair is one OVERLAP_F_B
+event named by its halves (`F1.6 & B6.2`), args.halves = [{op, stage, mb}, ...] in the pair's order, as
+the runtime writes it. Time scale: 1 cost unit = 1 ms (1000 µs),
 which is exact when the costs come from a measured profile (`--costs`, in ms); under --cluster the
 costs are seconds and drawn as such (1 s = 10^6 µs). The stats ride along in otherData only for a
 schedule that passes its checks (`valid`).
@@ -10,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..compiled import Compiled
-from .timed import in_seconds, timed_ops
+from ..ops import Opcode, label
+from .timed import TimedOp, in_seconds, timed_ops
 
 US_PER_UNIT = 1000.0
 US_PER_SECOND = 1e6
@@ -32,8 +35,14 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
     for rank in range(schedule.devices):
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+    second = {id(b): f for f, b in schedule.fused}
     for rank, row in enumerate(timed_ops(compiled)):
-        for t in row:
+        for n, t in enumerate(row):
+            if id(t.op) in second:  # the second half of a pair: in the pair's event, made at the first
+                continue
+            if n + 1 < len(row) and second.get(id(row[n + 1].op)) is t.op:
+                events.append(_pair_event(rank, t, row[n + 1], scale))
+                continue
             op = t.op
             args = {"op": op.kind, "stage": op.stage, "mb": op.mb, "pipe": op.pipe, "step": t.step}
             if op.parts > 1:
@@ -45,6 +54,17 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
                           "time_scale": "costs in seconds (--cluster)" if scale == US_PER_SECOND
                           else "1 cost unit = 1 ms", "valid": compiled.ok,
                           "stats": dict(compiled.stats) if compiled.ok else None}}
+
+
+def _pair_event(rank: int, first: TimedOp, second: TimedOp, scale: float) -> dict[str, Any]:
+    """An overlapped pair's one event, over both halves' time."""
+    halves = (first.op, second.op)
+    start, end = min(first.start, second.start), max(first.end, second.end)
+    args = {"op": Opcode.OVERLAP_F_B.value, "stage": None, "mb": None, "pipe": None, "step": first.step,
+            "halves": [{"op": h.kind, "stage": h.stage, "mb": h.mb} for h in halves]}
+    name = label(Opcode.OVERLAP_F_B.value, halves=tuple(event_name(h.kind, h.stage, h.mb) for h in halves))
+    return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": _us(start, scale),
+            "dur": _duration(start, end, scale), "args": args}
 
 
 def _duration(start: float, end: float, scale: float) -> float:
