@@ -494,6 +494,18 @@ def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     assert "step" not in third.stdout
 
 
+def test_save_keeps_only_the_latest_checkpoint_as_its_help_says(plans, tmp_path):
+    from schedc.runtime.options import build_parser
+    save = next(a for a in build_parser()._actions if "--save" in a.option_strings)
+    assert "Only the latest checkpoint is kept" in " ".join(save.help.split())
+    plan = plans("1f1b", p=2, m=4)
+    run, _ = torchrun(plan, 2, *SMALL, "--steps", "3", "--quiet", "--save", str(tmp_path / "ckpt"), "--every", "1")
+    assert run.returncode == 0, run.stderr
+    kept = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert kept == ["latest.json", "step-00000003"], kept  # steps 1 and 2 were saved, then replaced
+    assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["steps_done"] == 3
+
+
 def test_a_full_disk_on_save_is_named_and_leaves_no_temporary(plans, tmp_path):
     """--save into a 64 KiB file system (a tmpfs when this process may mount one, else a file-size
     limit on the ranks): the probe before step 0 fits, the checkpoint does not."""

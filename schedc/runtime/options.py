@@ -156,7 +156,8 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
                        help="give up when a rank makes no progress for this long (default 300)")
     group.add_argument("--save", metavar="DIR",
                        help="checkpoint directory: a checkpoint after the last step, or every N steps "
-                            "with --every")
+                            "with --every. Only the latest checkpoint is kept: each one, once complete, "
+                            "replaces the one before (DIR/step-N, DIR/latest.json)")
     group.add_argument("--every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     group.add_argument("--resume", metavar="DIR", help="continue from the latest checkpoint in DIR")
     group.add_argument("--overwrite", action="store_true",
