@@ -10,7 +10,7 @@ time per step with and without fills, and as its last line `steps_ratio X`, X th
 
     python benchmarks/pipefisher_convergence.py [--quick]
 
-The model and the data plug into the runtime as any user's do: `--model pipefisher_convergence:build_stages
+The model and the data plug into the runtime as any user's do: `--model-code pipefisher_convergence:build_stages
 --data pipefisher_convergence:digits` (this folder on PYTHONPATH).
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Classes(nn.Module):
 
 
 def build_stages(cfg) -> list[tuple[str, nn.Module]]:
-    """The runtime's --model hook: an MLP of cfg.layers hidden layers of width cfg.hidden."""
+    """The runtime's --model-code hook: an MLP of cfg.layers hidden layers of width cfg.hidden."""
     return [("pixels", Pixels(cfg.hidden)), *[(f"hidden.{i}", Hidden(cfg.hidden)) for i in range(cfg.layers)],
             ("classes", Classes(cfg.hidden))]
 
@@ -117,7 +117,7 @@ def run(plan: Path, steps: int, extra: list[str]) -> list[dict]:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "benchmarks")}
         args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                 str(29500 + os.getpid() % 2000), "-m", "schedc.runtime", str(plan),
-                "--model", "pipefisher_convergence:build_stages", "--data", "pipefisher_convergence:digits",
+                "--model-code", "pipefisher_convergence:build_stages", "--data", "pipefisher_convergence:digits",
                 "--layers", "2", "--hidden", "32",
                 "--seq", "64", "--vocab", "17", "--mb-size", "32", "--steps", str(steps), "--quiet",
                 "--metrics-out", str(metrics), "--device", "cpu", *extra]

@@ -447,9 +447,9 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
     elif kind < 0.93:
         option = rng.choice(["--nproc", "--steps", "--timeout", "--dp", "--every", "--lr", "--warmup",
                              "--layers", "--hidden", "--heads", "--seq", "--mb-size", "--vocab", "--threads",
-                             "--save", "--resume", "--fault-kill", "--config", "--bogus", "--seed"])
+                             "--save", "--resume", "--fault-kill", "--model", "--bogus", "--seed"])
         value = (rng.choice(["{d}/missing", "{d}/file.txt", "/proc/x", "{d}/full"])
-                 if option in ("--save", "--resume", "--config") else rng.choice(ALL_NUMBERS))
+                 if option in ("--save", "--resume", "--model") else rng.choice(ALL_NUMBERS))
         files["plan.json"] = b"@plan"  # replaced by a small valid plan when the case is written
         argv = ["run", "{d}/plan.json", *TINY_RUN, option, _run_steps(value) if option == "--steps" else value]
     else:
@@ -562,7 +562,7 @@ READERS = {  # what reads a file, and the command line that makes it read one na
                                   "--model", "{d}/small.toml", "--microbatch-size", "4"]),
     "tune-model": (".toml", ["tune", "--model", "{f}", "--cluster", "dgx-a100-80gb", "--gpus", "2",
                              "--global-batch", "8", "--schedules", "1f1b"]),
-    "config": (".toml", ["run", "{d}/plan.json", "--config", "{f}", "--steps", "1"]),
+    "config": (".toml", ["run", "{d}/plan.json", "--model", "{f}", "--steps", "1"]),
 }
 SMALL_MODEL = 'layers = 4\nhidden = 256\nheads = 8\nseq = 128\nvocab = 256\nffn = 1024\ndtype = "fp32"\n'
 

@@ -107,7 +107,7 @@ def test_the_runtime_reads_a_schedc_model_file_microbatch_size_as_mb_size(tmp_pa
     from schedc.runtime.options import OptionError, build_parser, model_config
     path = tmp_path / "m.toml"
     path.write_text(MODEL.replace('dtype = "fp32"\n', "") + "microbatch_size = 2\n")
-    assert model_config(build_parser().parse_args(["plan.json", "--config", str(path)])).mb_size == 2
+    assert model_config(build_parser().parse_args(["plan.json", "--model", str(path)])).mb_size == 2
     path.write_text(MODEL.replace('dtype = "fp32"\n', "") + "microbatch_size = 2\nmb_size = 3\n")
     with pytest.raises(OptionError, match="mb_size 3 and microbatch_size 2 differ"):
-        model_config(build_parser().parse_args(["plan.json", "--config", str(path)]))
+        model_config(build_parser().parse_args(["plan.json", "--model", str(path)]))

@@ -96,7 +96,7 @@ def test_with_on_a_torch_csv_is_a_usage_error(tmp_path, command):
 
 
 @pytest.mark.parametrize("args,code,where", [
-    (["compile", str(FIXTURES / "syntax_error.sched")], 2, "syntax_error.sched:4:1: error:"),
+    (["compile", str(FIXTURES / "syntax_error.sched")], 2, "syntax_error.sched:3:15: error: '{' is not closed"),
     (["compile", str(FIXTURES / "pop_empty.sched")], 1, "pop_empty.sched:7:3: error:"),
     (["compile", str(FIXTURES / "bad_device.sched")], 1, "bad_device.sched:4:31: error:"),
     (["compile", "1f1b", "-D", "q=1"], 2, "unknown param 'q'"),
@@ -396,7 +396,7 @@ def test_check_and_simulate_read_a_plan_and_other_commands_say_what_a_plan_is(tm
 
 
 @pytest.mark.parametrize("fixture,code,message,line", [
-    ("syntax_error.sched", 2, "unexpected 'on'", 4),
+    ("syntax_error.sched", 2, "'{' is not closed", 3),
     ("broken/deadlock.sched", 1, "deadlock: device 0 waits at B(0,0)", 11),
 ])
 def test_simulate_json_refusals_carry_the_located_diagnostics(fixture, code, message, line):

@@ -297,7 +297,8 @@ def test_an_unknown_table_is_located_at_its_header(tmp_path):
 def test_model_descriptions_are_a_library_found_by_name(tmp_path):
     """`--model gpt-175b` reads the shipped description, as `--cluster dgx-a100-80gb` does; a path is read
     as given; an unknown name's error lists the library."""
-    from schedc.costmodel.specs import library_models, load_model_spec
+    from schedc.costmodel.specs import load_model_spec
+    from schedc.descriptions import library_models
     assert {"gpt-175b", "gpt-1008b", "gpt-1.7b"} <= {p.stem for p in library_models()}
     assert load_model_spec("gpt-175b") == load_model_spec(str(ROOT / "schedc" / "models" / "gpt-175b.toml"))
     assert load_model_spec("gpt-1.7b.toml").layers == 24

@@ -145,7 +145,7 @@ def test_the_runtime_config_refuses_a_fifo_a_deep_nest_and_a_huge_integer(tmp_pa
     for path, message in ((_fifo(tmp_path, "c.toml"), "not a regular file"), (deep, "nested too deeply"),
                           (huge, "Exceeds the limit (4300 digits)")):
         with pytest.raises(OptionError) as caught:
-            parse_options([plan, "--config", str(path)])
+            parse_options([plan, "--model", str(path)])
         assert message in str(caught.value)
 
 
@@ -303,11 +303,11 @@ def data_exits(cfg, seed):
 
 
 @pytest.mark.parametrize("option,spec,raised", [
-    ("--model", "hardening_user:exits", "exits(): SystemExit(0): it called sys.exit()"),
-    ("--model", "hardening_user:exits_3", "exits_3(): SystemExit(3)"),
-    ("--model", "hardening_user:raises", "raises(): RuntimeError: the user's model is broken"),
+    ("--model-code", "hardening_user:exits", "exits(): SystemExit(0): it called sys.exit()"),
+    ("--model-code", "hardening_user:exits_3", "exits_3(): SystemExit(3)"),
+    ("--model-code", "hardening_user:raises", "raises(): RuntimeError: the user's model is broken"),
     ("--data", "hardening_user:data_exits", "data_exits(): SystemExit(0)"),
-    ("--model", "hardening_exit_on_import:f", "importing hardening_exit_on_import: SystemExit(3)"),
+    ("--model-code", "hardening_exit_on_import:f", "importing hardening_exit_on_import: SystemExit(3)"),
 ])
 def test_user_code_that_exits_or_raises_is_the_users_code_failing(tmp_path, monkeypatch, capsys, option, spec, raised):
     """sys.exit(0) in a model builder was reported as success and sys.exit(3) leaked exit 3: both are the
@@ -410,10 +410,10 @@ def test_a_model_builder_that_never_returns_is_ended_by_the_runs_timeout(tmp_pat
     (tmp_path / "hardening_forever.py").write_text("import time\ndef builder(cfg):\n    while True:\n"
                                                    "        time.sleep(0.05)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "schedc.runtime", _plan(tmp_path), *RUN, "--reference", "--model",
+    done = subprocess.run([sys.executable, "-m", "schedc.runtime", _plan(tmp_path), *RUN, "--reference", "--model-code",
                            "hardening_forever:builder", "--timeout", "1"], capture_output=True, text=True, env=env,
                           timeout=300)
-    assert done.returncode == 1 and "error: --model 'hardening_forever:builder': the user's code did not return " \
+    assert done.returncode == 1 and "error: --model-code 'hardening_forever:builder': the user's code did not return " \
         "from builder() within --timeout 1 s" in done.stderr, done.stderr
 
 

@@ -22,10 +22,50 @@ def _error(text: str) -> SchedError:
 
 
 def test_syntax_error_points_at_the_unexpected_token():
-    exc = _error((FIXTURES / "syntax_error.sched").read_text())
+    exc = _error("schedule x\nparam p = 2\npipeline main { stages p; device s -> s; microbatches 4 }\n"
+                 "on device d { F * 4 ; B * 4 } }\n")
     assert exc.exit_code == 2
-    assert exc.render().splitlines()[0].startswith("t.sched:4:1: error: unexpected 'on'")
-    assert exc.render().splitlines()[2] == "  ^"
+    assert exc.render().splitlines()[0].startswith("t.sched:4:31: error: unexpected '}'")
+    assert exc.render().splitlines()[2] == " " * 32 + "^"
+
+
+@pytest.mark.parametrize("fixture,opening,stopped", [
+    ("paren.sched", "(", "7:3: the parser stopped here: unexpected 'F'"),
+    ("square.sched", "[", "7:3: the parser stopped here: unexpected 'F'"),
+    ("brace.sched", "{", "4:1: the parser stopped here: unexpected 'on'"),
+    ("at_end.sched", "{", "5:16: the parser stopped here: unexpected end of file"),  # closed at the end
+])
+def test_an_unclosed_bracket_is_reported_where_it_opens(fixture, opening, stopped):
+    text = (FIXTURES / "unclosed" / fixture).read_text()
+    exc = _error(text)
+    diag = exc.diagnostics[0]
+    # the bracket, found here by hand: the last `opening` of the first line that opens one and never
+    # closes it on that line
+    number, line = next((n, ln) for n, ln in enumerate(text.splitlines(), 1)
+                        if ln.count(opening) > ln.count({"(": ")", "[": "]", "{": "}"}[opening]))
+    assert exc.exit_code == 2 and diag.message == f"{opening!r} is not closed"
+    assert (diag.span.line, diag.span.column) == (number, line.rindex(opening) + 1)
+    assert diag.notes[0].startswith(f"t.sched:{stopped}")
+    closed = text.splitlines()
+    if "end of file" in stopped:
+        closed.append("}")
+    else:  # closed on its own line: the fix the error points at
+        closed[number - 1] += {"(": ")", "[": "]", "{": " }"}[opening]
+    parse_source(Source("t.sched", "\n".join(closed) + "\n"))
+
+
+@pytest.mark.parametrize("text", [
+    "schedule x\nparam p = 2\nqueue F by (i +\n  * s)\n",                 # an error inside, closed later
+    "schedule x\nparam p = min(2, 3\nparam m = max(1, 2))\n",               # closed, by a later ')'
+    "schedule x\nparam p = min(2 # (\n, 3) \"(\" )\n",                     # a '(' in a comment or string
+])
+def test_a_bracket_that_is_closed_somewhere_is_not_blamed(text):
+    assert "is not closed" not in _error(text).render()
+
+
+def test_a_bracket_open_over_several_lines_parses():
+    decl = parse_source(Source("t.sched", "schedule x\nparam p = min(2,\n  3)\n"))
+    assert decl.decls
 
 
 @pytest.mark.parametrize("text,line,column", [

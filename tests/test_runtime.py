@@ -275,7 +275,7 @@ def no_batches(cfg, seed: int) -> object:
 def test_user_model_and_data_toml_sgd(plans, tmp_path):
     (tmp_path / "tiny.toml").write_text("[model]\nlayers = 3\nseq = 8\nvocab = 50\nwidth = 12\n")
     plan = plans("gpipe", p=2, m=4)
-    options = ["--config", str(tmp_path / "tiny.toml"), "--model", "test_runtime:build_tiny",
+    options = ["--model", str(tmp_path / "tiny.toml"), "--model-code", "test_runtime:build_tiny",
                "--data", "test_runtime:shifted_data", "--optimizer", "sgd", "--steps", "1", "--quiet"]
     assert runtime_main([str(plan), *options, "--reference", "--save-grads", str(tmp_path / "ref")]) == 0
     command = torchrun_command(plan, 2, [*options, "--save-grads", str(tmp_path / "run")])
@@ -494,6 +494,18 @@ def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     assert "step" not in third.stdout
 
 
+def test_save_keeps_only_the_latest_checkpoint_as_its_help_says(plans, tmp_path):
+    from schedc.runtime.options import build_parser
+    save = next(a for a in build_parser()._actions if "--save" in a.option_strings)
+    assert "Only the latest checkpoint is kept" in " ".join(save.help.split())
+    plan = plans("1f1b", p=2, m=4)
+    run, _ = torchrun(plan, 2, *SMALL, "--steps", "3", "--quiet", "--save", str(tmp_path / "ckpt"), "--every", "1")
+    assert run.returncode == 0, run.stderr
+    kept = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert kept == ["latest.json", "step-00000003"], kept  # steps 1 and 2 were saved, then replaced
+    assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["steps_done"] == 3
+
+
 def test_a_full_disk_on_save_is_named_and_leaves_no_temporary(plans, tmp_path):
     """--save into a 64 KiB file system (a tmpfs when this process may mount one, else a file-size
     limit on the ranks): the probe before step 0 fits, the checkpoint does not."""
@@ -572,11 +584,11 @@ def test_a_model_too_large_for_cpu_ranks_is_warned_of_with_its_parameter_count(p
     from schedc.runtime.options import parse_options
     plan = str(plans("1f1b", p=2, m=4))
     config = str(_repo() / "schedc" / "models" / "gpt-1.7b.toml")
-    warning = size_warning(parse_options([plan, "--config", config, "--device", "cpu"]))
+    warning = size_warning(parse_options([plan, "--model", config, "--device", "cpu"]))
     assert warning.startswith("warning: the model has about 1.77e+09 parameters (layers 24, hidden 2304, "
-                              f"vocab 51200, seq 2048 from --config {config}): on CPU ranks a step may take")
+                              f"vocab 51200, seq 2048 from --model {config}): on CPU ranks a step may take")
     assert size_warning(parse_options([plan, *SMALL, "--device", "cpu"])) is None
-    assert size_warning(parse_options([plan, "--config", config, "--device", "cuda"])) is None
+    assert size_warning(parse_options([plan, "--model", config, "--device", "cuda"])) is None
 
 
 def test_a_stopped_run_ends_its_ranks_without_a_traceback(plans):

@@ -141,7 +141,7 @@ def _assert_options_mattered(plans, tmp: Path) -> None:  # noqa: F811
     (["--stage-layers", "2,2", "--account-for-loss"], "--account-for-loss only change the even split: give one"),
     (["--clip-grad", "0"], "--clip-grad must be a finite norm > 0, got 0.0"),
     (["--lr-warmup-steps", "3", "--lr-decay-steps", "3"], "--lr-decay-steps 3 must be past the warm-up's"),
-    (["--model", "no_such_module:build"], "--model 'no_such_module:build': No module named 'no_such_module'"),
+    (["--model-code", "no_such_module:build"], "--model-code 'no_such_module:build': No module named 'no_such_module'"),
     (["--data", "test_runtime_training:nothing"], "--data 'test_runtime_training:nothing': module "),
     (["--loss", "test_runtime_training"], "--loss 'test_runtime_training': expected 'package.module:function'"),
     (["--loss", "test_runtime_training:FIVE"], "--loss 'test_runtime_training:FIVE': FIVE is not a function"),

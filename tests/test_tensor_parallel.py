@@ -255,7 +255,7 @@ def test_tensor_parallel_runs_match_the_reference(plans, reference3, tmp_path): 
     whose MLP pieces give their own parallel form (its embedding and output replicated); each rank's
     message is half a boundary tensor with scatter/gather or sequence parallelism, all of it without."""
     tp = [*MODEL, "--tp", "2"]
-    user = ["--model", "test_tensor_parallel:build_user", "--layers", "2", "--seq", "8", "--mb-size", "2",
+    user = ["--model-code", "test_tensor_parallel:build_user", "--layers", "2", "--seq", "8", "--mb-size", "2",
             "--synthetic", "--tp", "2"]
     cases = {"1f1b": ("1f1b", tp), "1f1b_whole": ("1f1b", [*tp, "--no-scatter-gather"]),
              "1f1b_sp": ("1f1b", [*tp, "--sequence-parallel"]),

@@ -17,7 +17,7 @@ from schedc.cli import main
 from schedc.driver.cluster import compile_for
 from schedc.search.bounds import Shape, makespan_bound, tail_bound
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
-from schedc.search.report import matching, why_lines
+from schedc.search.report import matching, report, why_lines
 from schedc.text import ordinal
 
 SMALL = """layers = 8
@@ -43,6 +43,13 @@ def request(model, gpus=16, batch=32, **kw) -> Request:
 
 def key(ranked):
     return [(r.candidate, round(r.iteration_s, 12)) for r in ranked]
+
+
+def merged_key(ranked, top):
+    """The rows with every schedule merged into one listed as its own, best first (ties by candidate, as
+    the exhaustive search breaks them), the first `top`: what the exhaustive search ranks."""
+    rows = sorted((r.iteration_s, c) for r in ranked for c in (r.candidate, *r.same))
+    return [(c, round(t, 12)) for t, c in rows][:top]
 
 
 @pytest.mark.parametrize("blocking", [False, True])
@@ -89,7 +96,7 @@ def test_dualpipes_overlapped_pairs_take_the_shortcut_and_match_compile_for(mode
 def test_a_search_with_dualpipe_ranks_as_the_exhaustive_one(model):
     kw = {"schedules": ("1f1b", "zb_h1", "dualpipe", "dualpipev"), "batch": 64, "blocking_p2p": True}
     cached, reference = search(request(model, **kw)), search(request(model, exhaustive=True, **kw))
-    assert key(cached.ranked) == key(reference.ranked)
+    assert merged_key(cached.ranked, len(reference.ranked)) == key(reference.ranked)
     assert cached.counts["simulated"] < reference.counts["simulated"]
 
 
@@ -102,7 +109,7 @@ def test_a_search_with_dualpipe_ranks_as_the_exhaustive_one(model):
 def test_the_bounded_search_ranks_as_the_exhaustive_one(model, kw):
     pruned = search(request(model, **kw))
     reference = search(request(model, exhaustive=True, **kw))
-    assert key(pruned.ranked) == key(reference.ranked)
+    assert merged_key(pruned.ranked, len(reference.ranked)) == key(reference.ranked)
     assert pruned.counts["simulated"] < reference.counts["simulated"]
     assert pruned.counts["bounded"] > 0 and reference.counts["bounded"] == 0
 
@@ -123,6 +130,42 @@ def test_the_bound_never_exceeds_the_simulated_iteration(model, kw):
         assert bound + tail_bound(st, shape) <= result.iteration_s * (1 + 1e-12)
         checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_the_mixed_backward_bound_never_exceeds_the_simulated_iteration(model, blocking):
+    """DualPipe and DualPipeV (overlapped F & B pairs, full or split backwards): the bound with each F
+    less what its pair can save (bounds.mixed_costs) is below every simulated iteration."""
+    searcher = Searcher(request(model, batch=64, memory_limit=1e15, blocking_p2p=blocking,
+                                schedules=("dualpipe", "dualpipev")))
+    checked = 0
+    for c in candidates(searcher.model, list(searcher.entries.values()), searcher.request)[::2]:
+        bound, result = searcher.bound(c), searcher.evaluate(c)
+        if isinstance(bound, Refusal) or isinstance(result, Refusal):
+            continue
+        assert 0 < bound <= result.iteration_s * (1 + 1e-12), c
+        checked += 1
+    assert checked > 30
+
+
+def test_candidates_of_one_order_and_layout_are_one_row_naming_every_schedule(model):
+    """At p = 1 with one microbatch 1F1B and GPipe run the same order (F B), so do ZB-H1, ZB-H2 and
+    ZB-2P (F I W): each layout's row names the others, evaluated once, and the expanded rows are the
+    exhaustive search's ranking. Each merged candidate, compiled whole on its own, predicts the row's time."""
+    kw = {"gpus": 8, "batch": 32, "schedules": ("1f1b", "gpipe", "zb_h1", "zb_h2", "zb_2p", "zbv")}
+    fast, reference = search(request(model, **kw)), search(request(model, exhaustive=True, **kw))
+    assert fast.counts["merged"] > 0 and reference.counts["merged"] == 0
+    assert merged_key(fast.ranked, len(reference.ranked)) == key(reference.ranked)
+    rows = [r for r in fast.ranked if r.same]
+    assert {r.label() for r in rows} >= {"1f1b=gpipe"}
+    searcher = Searcher(request(model, **kw))
+    for row in rows:
+        for twin in row.same:
+            c = row.candidate
+            assert (twin.t, twin.p, twin.d, twin.b, twin.m, twin.recompute) == (c.t, c.p, c.d, c.b, c.m, c.recompute)
+            alone = compile_for(twin.schedule, twin.params(), searcher.setting(twin), lower=False).prediction
+            assert alone.iteration_s == pytest.approx(row.iteration_s, rel=1e-12)
+    assert "1f1b=gpipe" in report(fast) and "merged into the row of the same order" in report(fast)
 
 
 @pytest.mark.parametrize("p,m,v", [(4, 8, 1), (4, 12, 1), (8, 16, 1), (4, 8, 2), (2, 8, 4)])

@@ -24,7 +24,7 @@ MAX_THREADS = 1024
 @click.option("--costs", type=click.Path(dir_okay=False), default=None,
               help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-              help="The model description (TOML, as for simulate --cluster; the runtime's --config) the "
+              help="The model description (a TOML file or a library name, as for simulate --cluster and the runtime's --model) the "
                    "profile ran (with --costs).")
 @click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
               help="The profile's microbatch size (the runtime's --mb-size); default: the one the profile "

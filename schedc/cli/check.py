@@ -18,7 +18,8 @@ from .common import fail, report, is_plan, plan_only, check_plan, finish
 @define_option
 @costs_option
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-              help="Model description (TOML: layers, hidden, heads, seq, vocab; the file of --cluster) for "
+              help="Model description (a TOML file: layers, hidden, heads, seq, vocab; or a library name; the "
+                   "--model of simulate --cluster) for "
                    "memory in bytes as simulate --cluster counts them (t=1, no recomputation); the "
                    "microbatch size from --microbatch-size or the file's microbatch_size.")
 @click.option("--memory-limit", default=None, help="Per-device memory limit in bytes, e.g. 80GiB (with --model).")

@@ -110,9 +110,9 @@ _CLUSTER_OPTIONS = (
     *split_options("with --cluster"),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-                             help="Model description (TOML: layers, hidden, heads, seq, vocab), with --cluster; "
-                                  "the same file check --model and the runtime's --config read (the "
-                                  "runtime's --model is model code, PKG.MOD:FN).")
+                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; or a "
+                                  "library name such as gpt-175b), with --cluster; the same --model check, tune "
+                                  "and the runtime read (model code is the runtime's --model-code).")
 _CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *SPLIT_NAMES)
 
 
@@ -186,7 +186,8 @@ def stage_layers(text: str | None) -> tuple[int, ...] | None:
 
 _TUNE_OPTIONS = (
     click.option("--model", "model", type=click.Path(dir_okay=False),
-                 help="Model description (TOML: layers, hidden, heads, seq, vocab)."),
+                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab) or a library "
+                      "name such as gpt-175b."),
     click.option("--cluster", "cluster", metavar="NAME|FILE",
                  help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
     click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),

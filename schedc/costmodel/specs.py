@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from ..descriptions import CLUSTERS_PACKAGE, code_given_as_model, find, known_models, library, resolve_model
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
 from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
 from ..layout import Layout, SplitError
 from ..text import GIB, MAX_SHOWN
 
-LIBRARY_PACKAGE = "schedc.clusters"
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
                "float": 4}
 
@@ -120,28 +119,13 @@ _CHOICES = {"dtype": tuple(DTYPE_BYTES), "attention": ATTENTION_KERNELS}  # a st
 MAX_GPUS = 2**20  # a million GPUs: past every cluster built; bounds tune's divisors and a prediction's t x p x d
 
 
-def _library(package: str) -> list[Path]:
-    """The TOML files a library package ships (clusters, models)."""
-    root = resources.files(package)
-    return sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".toml"))
-
-
-def _found(name: str, library: list[Path]) -> Path | None:
-    """A path as given if it exists (or names a folder), else the library file of that name or file
-    name (`gpt-1.7b`, `gpt-1.7b.toml`), else None."""
-    path = Path(name)
-    if path.exists() or len(path.parts) > 1:
-        return path
-    return next((candidate for candidate in library if name in (candidate.stem, candidate.name)), None)
-
-
 def library_clusters() -> list[Path]:
-    return _library(LIBRARY_PACKAGE)
+    return library(CLUSTERS_PACKAGE)
 
 
 def resolve_cluster(name: str) -> Path:
     """A path as given if it exists, else the library cluster of that name (`dgx-a100-80gb`)."""
-    found = _found(name, library_clusters())
+    found = find(name, library_clusters())
     if found is not None:
         return found
     known = ", ".join(p.stem for p in library_clusters())
@@ -149,26 +133,14 @@ def resolve_cluster(name: str) -> Path:
                      Source("schedc", ""), kind=USAGE)
 
 
-MODELS_PACKAGE = "schedc.models"
-
-
-def library_models() -> list[Path]:
-    return _library(MODELS_PACKAGE)
-
-
-def resolve_model(name: str) -> Path:
-    """A path as given if it exists, else the library model description of that name (`gpt-175b`); a
-    name found nowhere is returned as a path, which read_toml says is missing."""
-    return _found(name, library_models()) or Path(name)
-
-
 def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
     """A TOML file's table and its source, read through schedc.inputs (a regular file, its size, depth
     and integers capped); unreadable or invalid TOML is a located error (exit 2). A model description
     found neither as a file nor in the library says what the library holds."""
     if what == "model description" and not Path(path).exists():
-        known = ", ".join(p.stem for p in library_models())
-        raise SchedError(error(f"cannot read {what}: No such file or directory (the library's: {known})"),
+        hint = code_given_as_model(str(path))
+        message = hint or f"cannot read {what}: No such file or directory (the library's: {known_models()})"
+        raise SchedError(error(message),
                          Source(str(path), ""), kind=USAGE)
     source = read_source(path, what, MAX_DESCRIPTION_BYTES)
     return load_toml(source, what), source

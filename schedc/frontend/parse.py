@@ -17,6 +17,7 @@ from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, Une
                              VisitError)
 
 from . import ast
+from .brackets import line_column, unclosed_bracket
 from ..diagnostics import USAGE, SchedError, Source, Span, error
 from ..inputs import decode, read_bytes
 from ..text import listed
@@ -365,6 +366,13 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> SchedError:
     expected = sorted({_readable(t) for t in terminals - {"OP_RUN"}})  # a run of ops starts with a name
     if expected:
         message += ", expected " + (expected[0] if len(expected) == 1 else "one of " + listed(expected))
+    at_end = message == "unexpected end of file"
+    opening = unclosed_bracket(source.text, len(source.text) if at_end else exc.pos_in_stream, terminals, at_end)
+    if opening is not None:  # the parser stopped past a bracket never closed: that bracket is the error
+        where = Span(*line_column(source.text, opening), *line_column(source.text, opening + 1))
+        return SchedError(error(f"{source.text[opening]!r} is not closed", where,
+                                notes=(f"{source.path}:{line}:{column}: the parser stopped here: {message}",)),
+                          source, kind=USAGE)
     notes = _ambiguity_hints(exc, source, terminals)
     return SchedError(error(message, Span(line, column, line, column + 1), notes=notes), source, kind=USAGE)
 

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_options(argv)
     except OptionError as exc:
         return _fail(rank, f"error: {exc}", EXIT_USAGE, only_rank0=True)
+    for note in opts.notes if rank == 0 else ():
+        print(note, file=sys.stderr, flush=True)
     try:
         return _run(opts)
     except USER_ERRORS as exc:

@@ -18,7 +18,7 @@ from .plugins import load_function
 
 def model_pieces(opts) -> list:
     """All pieces of the model, built from --seed."""
-    return build_pieces(load_builder(opts.model), opts.model_config, opts.seed)
+    return build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed)
 
 
 def model_runs(opts, stages: int) -> tuple[list, list[list]]:

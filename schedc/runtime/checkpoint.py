@@ -45,7 +45,7 @@ def identity(plan_hash: str, world: int, opts) -> dict:
     cfg = opts.model_config
     return {"plan": plan_hash, "world": world, "dp": opts.dp, "tp": opts.tp, "seed": opts.seed,
             "distributed_optimizer": bool(opts.distributed_optimizer and opts.dp > 1),
-            "model": {"code": opts.model or "gpt", "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
+            "model": {"code": opts.model_code or "gpt", "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
                       "seq": cfg.seq, "vocab": cfg.vocab}}
 
 

@@ -77,15 +77,17 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
     """`schedc run PLAN [--nproc P] [runtime options] [-- torchrun args]`: split the arguments at `--`,
     check the plan and every option here, at once, before any process starts; then run the reference in
     this process (--reference) or start torchrun (without --nproc: the plan's devices x --dp processes)."""
+    from .options import current_spelling
     options, torchrun_args = split_args(args, sys.argv)
     try:
         opts, plan = check_launch(plan_path, nproc, options, torchrun_args)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    warning = size_warning(opts)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    for line in [*opts.notes, size_warning(opts)]:
+        if line:
+            print(line, file=sys.stderr, flush=True)
+    options = current_spelling(options)  # the ranks see the current spelling: one note, printed here
     if opts.reference:
         from .__main__ import main as run_here
         with user_modules_importable():
@@ -157,11 +159,11 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     return opts, plan
 
 
-USER_CODE = (("model", "--model"), ("data", "--data"), ("loss", "--loss"))
+USER_CODE = (("model_code", "--model-code"), ("data", "--data"), ("loss", "--loss"))
 
 
 def check_user_code(opts) -> None:
-    """--model, --data and --loss import (modules in the current directory too, as the ranks' `python -m
+    """--model-code, --data and --loss import (modules in the current directory too, as the ranks' `python -m
     schedc.runtime` finds them) and name a function; LaunchError naming the option otherwise."""
     from .plugins import load_function
     for attribute, option in USER_CODE:
@@ -204,9 +206,9 @@ CPU_PARAMETERS = 10 ** 8  # a default GPT past this trains at minutes per step o
 
 def size_warning(opts) -> str | None:
     """A warning for a default GPT too large to train on CPU in reasonable time (a cost-model TOML of a
-    GPU cluster's model given to --config, say): its parameter count and where the sizes came from."""
+    GPU cluster's model given to --model, say): its parameter count and where the sizes came from."""
     from .options import model_parameters
-    if opts.model or opts.device == "cuda":
+    if opts.model_code or opts.device == "cuda":
         return None
     cfg = opts.model_config
     params = model_parameters(cfg)
@@ -216,7 +218,7 @@ def size_warning(opts) -> str | None:
         import torch
         if torch.cuda.is_available():
             return None
-    source = f" from --config {opts.config}" if opts.config else ""
+    source = f" from --model {opts.model}" if opts.model else ""
     return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
             f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of schedc/models "
@@ -228,7 +230,7 @@ def _check_memory(plan, opts, processes: int) -> None:
     times --dp replicas) with the processes started here (PROCESS_BYTES each) against this machine's
     memory: a run that cannot fit is refused before any process starts, not on every rank after
     torchrun, or killed by the system after minutes."""
-    if opts.model:  # a user model's size is its own
+    if opts.model_code:  # a user model's size is its own
         return _check_fits(processes * PROCESS_BYTES, f"{processes} processes")
     from .model import partition_problem
     from .options import gpt_bytes

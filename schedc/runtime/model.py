@@ -3,7 +3,7 @@
 # A model is a list of (name, module) pieces: the first takes token ids [b, t], the last returns logits
 # [b, t, vocab], every piece in between maps a tensor to a tensor. The runtime puts the first piece on
 # stage 0, the last on the last stage and splits the pieces in between as evenly as possible. A user
-# model plugs in through an import path (`--model pkg.mod:build`), a function of ModelConfig returning
+# model plugs in through an import path (`--model-code pkg.mod:build`, docs/models.md), a function of ModelConfig returning
 # such a list. Every rank builds the whole list from the same seed and keeps its own stages, so replicas
 # (Chimera) and the unpartitioned reference start from identical weights.
 from __future__ import annotations
@@ -226,7 +226,7 @@ def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn
     """`None` for the GPT; else 'pkg.mod:function'."""
     if spec is None:
         return build_gpt
-    return load_function(spec, "--model", ModelError)
+    return load_function(spec, "--model-code", ModelError)
 
 
 def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:
@@ -236,7 +236,7 @@ def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[s
     else:  # user code: whatever it raises (sys.exit too) is reported as its failure, naming it
         from .plugins import call_user
         spec = f"{builder.__module__}:{builder.__qualname__}"
-        pieces = list(call_user(builder, "--model", spec, ModelError, cfg))
+        pieces = list(call_user(builder, "--model-code", spec, ModelError, cfg))
     if len(pieces) < 2 or not all(isinstance(m, nn.Module) for _, m in pieces):
         raise ModelError("a model builder must return a list of at least two (name, nn.Module) pieces")
     return pieces

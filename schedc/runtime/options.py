@@ -1,5 +1,6 @@
 # Command-line options of the runtime (`python -m schedc.runtime --help`) and the model TOML file.
-# Model sizes come from the defaults, then the TOML file (--config), then explicit options.
+# Model sizes come from the defaults, then the model description (--model: a TOML file or a library
+# name, found as the compiler finds it, schedc.descriptions), then explicit options.
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import os
 import tomllib
 from dataclasses import fields
 
+from schedc.descriptions import code_given_as_model, known_models, resolve_model
 from schedc.layout import Layout
 
 from .errors import UserError
@@ -47,15 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_options(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--config", metavar="TOML",
-                       help="model sizes from a TOML file: keys layers, hidden, heads, seq, vocab, "
-                            "mb_size (or microbatch_size, as in schedc's model files) at top level or in "
-                            "a [model] table; other keys reach a user model as ModelConfig.extra. The "
-                            "model description `schedc check/simulate --model` reads goes here")
-    group.add_argument("--model", metavar="PKG.MOD:FN",
-                       help="user model code (not a TOML: that is --config): FN(ModelConfig) returns a "
-                            "list of (name, nn.Module) pieces, the first taking token ids, the last "
-                            "returning logits (default: GPT)")
+    group.add_argument("--model", metavar="TOML|NAME",
+                       help="the model description: a TOML file or a library name (gpt-1.7b; the files of "
+                            "schedc/models/), the same --model schedc check/simulate/tune read. Keys layers, "
+                            "hidden, heads, seq, vocab, mb_size (or microbatch_size) at top level or in a "
+                            "[model] table; other keys reach a user model as ModelConfig.extra")
+    group.add_argument("--config", metavar="TOML", help=argparse.SUPPRESS)  # the old spelling of --model
+    group.add_argument("--model-code", dest="model_code", metavar="PKG.MOD:FN",
+                       help="user model code: FN(ModelConfig) returns a list of (name, nn.Module) pieces, the "
+                            "first taking token ids, the last returning logits (docs/models.md; default: GPT)")
     group.add_argument("--layers", type=int, help="transformer blocks (default 4)")
     group.add_argument("--hidden", type=int, help="hidden size (default 64)")
     group.add_argument("--heads", type=int, help="attention heads (default 4)")
@@ -154,7 +156,8 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
                        help="give up when a rank makes no progress for this long (default 300)")
     group.add_argument("--save", metavar="DIR",
                        help="checkpoint directory: a checkpoint after the last step, or every N steps "
-                            "with --every")
+                            "with --every. Only the latest checkpoint is kept: each one, once complete, "
+                            "replaces the one before (DIR/step-N, DIR/latest.json)")
     group.add_argument("--every", type=int, default=0, metavar="N", help="checkpoint every N steps")
     group.add_argument("--resume", metavar="DIR", help="continue from the latest checkpoint in DIR")
     group.add_argument("--overwrite", action="store_true",
@@ -206,8 +209,12 @@ def _layer_counts(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
+DEPRECATED = {"--config": "--model"}  # old spelling: the one that replaces it
+
+
 def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = build_parser().parse_args(argv)
+    opts.notes = _renamed(opts)
     opts.model_config = model_config(opts)
     opts.layout = layout_of(opts)
     opts.fault = (_parse_fault("--fault-kill", opts.fault_kill, "kill")
@@ -226,11 +233,35 @@ def layout_of(opts: argparse.Namespace) -> Layout:
                   account_for_embedding=opts.account_for_embedding, account_for_loss=opts.account_for_loss)
 
 
+def _renamed(opts: argparse.Namespace) -> list[str]:
+    """--config X is read as --model X, with a one-line note; --model PKG.MOD:FN is refused."""
+    notes = []
+    if opts.config is not None:
+        if opts.model is not None:
+            raise OptionError("give one of --model and --config (its old spelling)")
+        opts.model, opts.config = opts.config, None
+        notes.append("note: --config is deprecated: use --model (a model TOML file or a library name)")
+    refusal = opts.model is not None and code_given_as_model(opts.model)
+    if refusal:
+        raise OptionError(refusal)
+    return notes
+
+
+def current_spelling(argv: list[str]) -> list[str]:
+    """The runtime's arguments with the old spellings replaced (what the launcher passes its ranks, so
+    the note is printed once)."""
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        out.append(DEPRECATED[name] + eq + value if name in DEPRECATED else arg)
+    return out
+
+
 def model_config(opts: argparse.Namespace) -> ModelConfig:
     values: dict = {}
     extra: dict = {}
-    if opts.config:
-        values, extra = _read_toml(opts.config)
+    if opts.model:
+        values, extra = _read_toml(opts.model)
     for key in MODEL_KEYS:
         if getattr(opts, key) is not None:
             values[key] = getattr(opts, key)
@@ -238,32 +269,36 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
 
 
 def _read_toml(path: str) -> tuple[dict, dict]:
-    """--config's table (the model file schedc's compiler reads with schedc.inputs, which the runtime
-    may not import: the same refusals, a FIFO or device unopened, a deep nest or a huge integer)."""
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise OptionError(f"--config {path}: not a regular file (a FIFO, a device or a directory)")
+    """--model's table (the model file schedc's compiler reads with schedc.inputs, which the runtime
+    may not import: the same refusals, a FIFO or device unopened, a deep nest or a huge integer); a
+    library name is found as the compiler finds it."""
+    name, path = path, str(resolve_model(path))
+    if not os.path.exists(path):
+        raise OptionError(f"--model {name}: no such file or library model (the library's: {known_models()})")
+    if not os.path.isfile(path):
+        raise OptionError(f"--model {name}: not a regular file (a FIFO, a device or a directory)")
     try:
         with open(path, "rb") as handle:
             text = handle.read(MAX_CONFIG_BYTES + 1)  # a device (/dev/zero) never ends
         if len(text) > MAX_CONFIG_BYTES:
-            raise OptionError(f"--config {path}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
+            raise OptionError(f"--model {path}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
         doc = tomllib.loads(text.decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise OptionError(f"--config {path}: {exc}") from None
+        raise OptionError(f"--model {path}: {exc}") from None
     except RecursionError:
-        raise OptionError(f"--config {path}: arrays or tables nested too deeply") from None
+        raise OptionError(f"--model {path}: arrays or tables nested too deeply") from None
     except ValueError as exc:  # an integer past Python's int-to-str limit
-        raise OptionError(f"--config {path}: {str(exc).split(';')[0]}") from None
+        raise OptionError(f"--model {path}: {str(exc).split(';')[0]}") from None
     table = {**{k: v for k, v in doc.items() if k != "model"}, **doc.get("model", {})}
-    if "microbatch_size" in table:  # schedc's model files (check --model) name mb_size so
+    if "microbatch_size" in table:  # schedc's model files name mb_size so
         size = table.pop("microbatch_size")
         if table.setdefault("mb_size", size) != size:
-            raise OptionError(f"--config {path}: mb_size {table['mb_size']!r} and microbatch_size {size!r} differ")
+            raise OptionError(f"--model {path}: mb_size {table['mb_size']!r} and microbatch_size {size!r} differ")
     known = {f.name for f in fields(ModelConfig)} - {"extra"}
     values = {k: v for k, v in table.items() if k in known}
     for key, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool):
-            raise OptionError(f"--config {path}: {key} must be an integer, got {value!r}")
+            raise OptionError(f"--model {path}: {key} must be an integer, got {value!r}")
     return values, {k: v for k, v in table.items() if k not in known}
 
 
@@ -304,11 +339,11 @@ def _check(opts: argparse.Namespace) -> None:
     if params > MAX_PARAMETERS:
         raise OptionError(f"the model would have about {params:.3g} parameters (layers {cfg.layers}, hidden "
                           f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
-    if not opts.model and gpt_problem(cfg):
+    if not opts.model_code and gpt_problem(cfg):
         raise OptionError(gpt_problem(cfg))
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
-    if not (opts.data or opts.synthetic or opts.model) and cfg.vocab < 256:  # before torchrun, not on each rank
+    if not (opts.data or opts.synthetic or opts.model_code) and cfg.vocab < 256:  # before torchrun, not on each rank
         raise OptionError(f"byte-level text needs --vocab 256 or more (got {cfg.vocab}); or use --synthetic")
     if opts.data and opts.synthetic:
         raise OptionError("give one of --data and --synthetic")
@@ -327,9 +362,9 @@ def _check_tensor_parallel(opts: argparse.Namespace) -> None:
         raise OptionError(f"--tp must be >= 1, got {opts.tp}")
     if opts.sequence_parallel and opts.tp == 1:
         raise OptionError("--sequence-parallel needs --tp 2 or more")
-    if opts.tp > 1 and not opts.model and tp_problem(cfg, opts.tp):
+    if opts.tp > 1 and not opts.model_code and tp_problem(cfg, opts.tp):
         raise OptionError(tp_problem(cfg, opts.tp))
-    if opts.tp > 1 and not opts.model and opts.loss:
+    if opts.tp > 1 and not opts.model_code and opts.loss:
         raise OptionError("--loss takes a microbatch's whole logits, and under --tp the GPT's head keeps them split "
                           "over the tensor ranks (its loss is the vocabulary-parallel cross entropy): give one of "
                           "--loss and --tp")

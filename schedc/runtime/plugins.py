@@ -1,4 +1,4 @@
-# User code the runtime loads by import path, `package.module:name` (--model, --data), with the error
+# User code the runtime loads by import path, `package.module:name` (--model-code, --data), with the error
 # naming the option when the path is malformed or does not import. User code that raises anything while
 # it is imported or called, SystemExit included (a module calling sys.exit(0) is not the run's success,
 # nor sys.exit(3) its exit code), is reported as the user's code failing, naming the function: the

@@ -212,7 +212,7 @@ def format_report(rep: dict[str, Any]) -> str:
                      f"utilization {sim['utilization']}")
     if sim.get("compiled_for"):
         lines.append(f"note: the plan's costs are the prediction for {sim['compiled_for']}; this run trains "
-                     "its own model (--model, --config), so its times are scaled to the prediction's, not "
+                     "its own model (--model, --model-code), so its times are scaled to the prediction's, not "
                      "measured against it")
     for op, per_stage in rep["mean_ms"].items():
         cells = " ".join(f"{v:.3f}" for v in per_stage)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..costmodel import Setting, device_memory, step_tails
-from ..ops import OpKind, builtin_kinds, fed_by, feeds
+from ..ops import OVERLAP, OpKind, builtin_kinds, fed_by, feeds
 
 
 @dataclass(frozen=True)
@@ -27,22 +27,41 @@ class Shape:
         return self.pipelines[0].stages
 
 
-def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool) -> float:
+def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool,
+                   mixed: bool = False) -> float:
     """No simulated makespan is below this: some device runs all its ops one at a time (busy), not
     before a forward of its first stage could arrive (the forwards that feed it and their messages),
-    and its last op (a backward, without a split backward) leaves the backwards it feeds still to run."""
+    and its last op (a backward, without a split backward) leaves the backwards it feeds still to run.
+    A mixed backward (`mixed`: full B or I + W per microbatch, overlapped F & B pairs) is bounded by
+    mixed_costs and without the backwards after the last op (which may be a W)."""
+    if mixed:
+        table, split = mixed_costs(table), False
     kinds = builtin_kinds(split)
     busy = [0.0] * shape.devices
     front = [math.inf] * shape.devices
     back = [math.inf] * shape.devices
     for pipe in shape.pipelines:
         ahead = _reach(OpKind.F.value, pipe, table, links)
-        behind = [0.0] * pipe.stages if split else _left(OpKind.B.value, pipe, table, links)
+        behind = [0.0] * pipe.stages if split or mixed else _left(OpKind.B.value, pipe, table, links)
         for s, dev in enumerate(pipe.placement):
             busy[dev] += len(pipe.microbatches) * sum(table[kind][s] for kind in kinds)
             front[dev] = min(front[dev], ahead[s])
             back[dev] = min(back[dev], behind[s])
     return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
+
+
+def mixed_costs(table: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
+    """Per stage, the least an F and a backward can cost under a mixed backward: a backward is a B or an
+    I + W (the lesser), and an F overlapped with a backward saves at most F + B - FB of its stage
+    (simulate.fuse_costs), which is taken off the F (each F is in at most one pair).
+
+        F = 3, B = 6, FB = 7 (2 hidden)  ->  F 1, B 6
+    """
+    f, b = table[OpKind.F.value], table[OpKind.B.value]
+    split = [i + w for i, w in zip(table.get(OpKind.I.value, b), table.get(OpKind.W.value, [0.0] * len(b)))]
+    backward = tuple(min(x, y) if OpKind.I.value in table else x for x, y in zip(b, split))
+    saved = [max(0.0, x + y - z) for x, y, z in zip(f, b, table.get(OVERLAP, [math.inf] * len(f)))]
+    return {**table, OpKind.F.value: tuple(max(0.0, x - v) for x, v in zip(f, saved)), OpKind.B.value: backward}
 
 
 def _chain(kind: str, pipe) -> list[int]:

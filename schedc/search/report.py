@@ -238,24 +238,25 @@ def pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
 def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     """The ranked table, the pruned families, the counts, and the winner's command lines."""
     r = outcome.request
-    w = max([18] + [len(item.candidate.schedule) for item in outcome.ranked])
+    w = max([18] + [len(item.label()) for item in outcome.ranked])
     head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
             f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7}")
     lines = [f"schedc tune: {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}", head]
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
-        lines.append(f"{n:>3}  {c.schedule:<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
+        lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f}")
     counts = outcome.counts
     whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill or a greedy order)" if counts["compiled_whole"] else ""
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
+    merged = f"{counts['merged']} merged into the row of the same order and layout, " if counts.get("merged") else ""
     lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: "
                  f"{plural(counts['structures'], 'distinct order')} compiled, timed in "
                  f"{plural(counts['simulated'], 'simulation')} (one per cost vector and message times; the ranked are "
                  "timed once more without messages, for their bubble)"
-                 f"{whole}, {counts['bounded']} bounded out before simulating, "
+                 f"{whole}, {counts['bounded']} bounded out before simulating, {merged}"
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not {_fit(r)}; "
                  f"{outcome.seconds:.2f} s")

@@ -25,6 +25,7 @@ class Ranked:
 
     candidate: Candidate
     prediction: Prediction
+    same: tuple[Candidate, ...] = ()  # other schedules with this layout and the same order: one row
 
     @property
     def iteration_s(self) -> float:
@@ -43,7 +44,11 @@ class Ranked:
                 "recompute": c.recompute, "tflops_per_gpu": round(p.tflops_per_gpu, 3),
                 "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
                 "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
-                "critical_device": p.extra["critical_device"]}
+                "critical_device": p.extra["critical_device"], "same_order": [o.schedule for o in self.same]}
+
+    def label(self) -> str:
+        """The schedule, and those merged into this row: `zb_h1=zb_h2`."""
+        return "=".join([self.candidate.schedule, *(o.schedule for o in self.same)])
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ class Structure:
     pairs: list = field(default_factory=list)     # overlapped pairs: (index, forward's stage), simulate.fuse_pairs
     peaks: tuple[float, ...] = ()
     error: str | None = None
+    order: int | None = None  # which distinct order it is (Searcher.order_id): equal orders, equal numbers
 
 
 class Kept:

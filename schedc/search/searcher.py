@@ -67,9 +67,10 @@ class Searcher:
         self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
         self.costs: dict[tuple, Any] = {}
         self.states: dict[tuple, tuple[float, int]] = {}
+        self.orders: dict[tuple, int] = {}  # an order's identity -> its number (order_id)
         self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
-                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0}
+                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0}
 
     # pieces, cached -----------------------------------------------------------------------------
 
@@ -196,6 +197,21 @@ class Searcher:
         self.simulated[key] = result
         return result
 
+    def twin_key(self, c: Candidate) -> tuple | None:
+        """The candidate's layout and order: candidates with equal keys (the same order under other
+        schedule names, as every schedule of one order at p = 1) predict alike, so the walk evaluates one
+        and names the others in its row. None where nothing is merged (--exhaustive, --per, a schedule
+        compiled whole, an order that cannot be built)."""
+        r = self.request
+        if r.exhaustive or r.per is not None or self.entries[c.schedule].plain or isinstance(self.shape(c), Refusal):
+            return None
+        structure = self.structure(c)
+        if structure.error is not None:
+            return None
+        if structure.order is None:
+            structure.order = self.orders.setdefault(order_identity(structure.schedule), len(self.orders))
+        return (c.t, c.p, c.d, c.b, c.m, c.recompute, structure.order)
+
     # evaluation -----------------------------------------------------------------------------------
 
     def evaluate(self, c: Candidate, free: bool = False) -> Prediction | Refusal:
@@ -283,6 +299,8 @@ class Searcher:
         self.progress(len(space) - len(bounded))
         bounded.sort()
         best: dict[Any, list[Kept]] = {}   # group -> heap, worst on top: the K best so far
+        rows: dict[tuple, Candidate] = {}  # twin_key -> the candidate evaluated for it
+        same: dict[Candidate, list[Candidate]] = {}
         for n, (bound, c) in enumerate(bounded):
             heap = best.setdefault(c.group(r.per), [])
             threshold = heap[0].key[0] if len(heap) >= r.top else math.inf
@@ -295,12 +313,21 @@ class Searcher:
                 if rest:
                     break
                 continue
+            twin = self.twin_key(c)
+            fam = families[(c.schedule, c.t, c.p)]
+            if twin in rows:  # an order already timed under this layout: its row names this schedule too
+                same.setdefault(rows[twin], []).append(c)
+                self.counts["merged"] += 1
+                fam.simulated += 1
+                self.progress(1)
+                continue
             result = self.evaluate(c)
             self.progress(1)
-            fam = families[(c.schedule, c.t, c.p)]
             if isinstance(result, Refusal):
                 self._refuse(fam, c, result)
                 continue
+            if twin is not None:
+                rows[twin] = c
             fam.simulated += 1
             kept = Kept((result.iteration_s, c))
             if len(heap) < r.top:
@@ -308,7 +335,8 @@ class Searcher:
             elif kept.key < heap[0].key:
                 heapq.heapreplace(heap, kept)
         kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
-        ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True)) for kept in kept_all]  # best first
+        ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True), tuple(same.get(kept.key[1], ())))
+                  for kept in kept_all]  # best first
         pruned = tuple(self._family_lines(families))
         return Outcome(r, tuple(ranked), pruned, dict(self.counts), self.describe_space(space),
                        time.perf_counter() - start)
@@ -330,10 +358,17 @@ class Searcher:
         problem = costs_problem(table, st.layout)  # as simulate --cluster refuses it (a 1e-320 GB/s HBM)
         if problem is not None:
             return Refusal(problem)
-        if entry.plain or entry.mixed or self.request.exhaustive:
+        if entry.plain or self.request.exhaustive:
             return 0.0
         links = self.link_times(st, c, shape.devices)
-        return makespan_bound(shape, table, links, entry.split) + tail_bound(st, shape)
+        return makespan_bound(shape, table, links, entry.split, entry.mixed) + self.tail_bound(st, c, shape)
+
+    def tail_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
+        """tail_bound, cached per placement and layout: it depends on neither the order nor m."""
+        key = ("tail", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d, c.b, c.recompute)
+        if key not in self.states:
+            self.states[key] = tail_bound(st, shape)
+        return self.states[key]
 
     def rank(self, target: Candidate, space: list[Candidate]) -> tuple[int, int]:
         """Where a candidate that runs ranks in `space` by (iteration time, candidate), as the walk
@@ -422,6 +457,14 @@ class Searcher:
 def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:
     """The ranked configurations for a request (SchedError on bad input: exit 2, or 1 when nothing fits)."""
     return Searcher(request, progress).run()
+
+
+def order_identity(schedule) -> tuple:
+    """What makes two elaborated schedules the same to the prediction: devices, pipelines (stages,
+    placement, microbatches), replicas, every device's order, and what the memory model reads."""
+    pipes = tuple((p.stages, p.placement, p.microbatches) for p in schedule.pipelines)
+    return (schedule.devices, pipes, schedule.replicas, schedule.orders, schedule.activation, schedule.memory_limit,
+            schedule.split_backward, tuple(sorted(schedule.memory.items())), schedule.split_of, schedule.fused)
 
 
 def _defines(c: Candidate) -> str:

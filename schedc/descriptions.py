@@ -1,0 +1,49 @@
+"""The shipped description files (models in schedc/models/, clusters in schedc/clusters/) found by name:
+one lookup for the compiler's --model and --cluster and the runtime's --model. Imports nothing of
+schedc, so the runtime may use it (it reads the files itself)."""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+MODELS_PACKAGE = "schedc.models"
+CLUSTERS_PACKAGE = "schedc.clusters"
+
+
+def library(package: str) -> list[Path]:
+    """The TOML files a library package ships (clusters, models), by name."""
+    root = resources.files(package)
+    return sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".toml"))
+
+
+def find(name: str, files: list[Path]) -> Path | None:
+    """A path as given if it exists (or names a folder), else the library file of that name or file
+    name (`gpt-1.7b`, `gpt-1.7b.toml`), else None."""
+    path = Path(name)
+    if path.exists() or len(path.parts) > 1:
+        return path
+    return next((candidate for candidate in files if name in (candidate.stem, candidate.name)), None)
+
+
+def library_models() -> list[Path]:
+    return library(MODELS_PACKAGE)
+
+
+def resolve_model(name: str) -> Path:
+    """A path as given if it exists, else the library model description of that name (`gpt-175b`); a
+    name found nowhere is returned as a path, which its reader says is missing."""
+    return find(name, library_models()) or Path(name)
+
+
+def known_models() -> str:
+    """The library's model names, for a message: `gpt-1.7b, gpt-175b, ...`."""
+    return ", ".join(p.stem for p in library_models())
+
+
+def code_given_as_model(name: str) -> str | None:
+    """A refusal for `--model pkg.mod:fn`: a value with ':' that names no file is model code, which
+    --model-code takes (--model is a model description); None for anything else."""
+    if ":" not in name or Path(name).exists():
+        return None
+    return (f"--model {name}: {name!r} names no file; model code (PKG.MOD:FN) goes to --model-code "
+            f"{name} (--model takes a model description: a TOML file or a library name such as gpt-1.7b)")
