@@ -3,7 +3,7 @@
 #
 #   bytes      the runtime's GPT (8 layers) at 3 sizes x --recompute none/selective/full, 1F1B over 2
 #              stages on 2 ranks (one rank a core here, so that the backward times below are not those of
-#              ranks waiting for a core): the
+#              ranks waiting for a core), and at t = 2 with and without sequence parallelism on 4 ranks: the
 #              bytes each forward of a stage saves for its backward (--report-out's memory, measured with
 #              saved-tensor hooks) next to schedc/activations.py's table for the runtime's GPT (within 2 %)
 #   in flight  1f1b, zb_h1, zb_h2, zbv, interleaved_1f1b on 4 ranks at the smallest size: each rank's most
@@ -12,7 +12,7 @@
 #              model's ratio (schedc/costmodel.py's stage costs for the same model in fp32 on the
 #              dgx-a100-80gb cluster: the ratio, not the times, is what a CPU run can be held to)
 #
-#   python benchmarks/memory_vs_model.py --quick      # about 5 minutes on 2 CPU cores
+#   python benchmarks/memory_vs_model.py --quick      # about 8 minutes on 2 CPU cores
 from __future__ import annotations
 
 import argparse
@@ -32,6 +32,7 @@ SIZES = {"small": {"hidden": 32, "heads": 2, "seq": 16, "mb_size": 2},
          "medium": {"hidden": 128, "heads": 4, "seq": 64, "mb_size": 2},
          "large": {"hidden": 256, "heads": 8, "seq": 128, "mb_size": 4}}
 MODES = ("none", "selective", "full")
+TENSOR = {"t=1": [], "t=2": ["--tp", "2"], "t=2 SP": ["--tp", "2", "--sequence-parallel"]}
 IN_FLIGHT = [("1f1b", {"p": 4, "m": 8}), ("zb_h1", {"p": 4, "m": 6}), ("zb_h2", {"p": 4, "m": 8}),
              ("zbv", {"p": 4, "m": 6}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8})]
 WITHIN = 0.02
@@ -75,18 +76,21 @@ def cost_model_ratio(size: dict) -> list[float]:
 def bytes_table(reports: dict) -> bool:
     print(f"saved bytes per microbatch and stage, measured vs schedc/activations.py (1f1b, {SIZED_RANKS} stages "
           f"of {LAYERS // SIZED_RANKS} layers)")
-    print(f"{'size':>7} {'recompute':>9} {'stage':>5} {'measured':>10} {'predicted':>10} {'off':>7}")
-    ok = True
-    for (name, mode), rep in reports.items():
+    print(f"{'size':>7} {'tensor':>7} {'recompute':>9} {'stage':>5} {'measured':>10} {'predicted':>10} {'off':>7}")
+    ok, worst = True, 0.0
+    for (name, tensor, mode), rep in reports.items():
         size = SIZES[name]
         sizes = Sizes(size["seq"], size["mb_size"], size["hidden"], size["heads"], 4 * size["hidden"], VOCAB)
+        tp, sp = (2 if "--tp" in TENSOR[tensor] else 1), "--sequence-parallel" in TENSOR[tensor]
         for s, entry in rep["memory"]["stages"].items():
             want = stage_bytes(sizes, RUNTIME_GPT, LAYERS // SIZED_RANKS, s == "0", s == str(SIZED_RANKS - 1),
-                               recompute=mode)
+                               tp, sp, mode)
             got = entry["saved_bytes_per_microbatch"]
             off = (got - want) / want
             ok &= abs(off) <= WITHIN
-            print(f"{name:>7} {mode:>9} {s:>5} {got:>10} {want:>10.0f} {off:>+7.2%}")
+            worst = max(worst, abs(off))
+            print(f"{name:>7} {tensor:>7} {mode:>9} {s:>5} {got:>10} {want:>10.0f} {off:>+7.2%}")
+    print(f"{len(reports)} runs, {2 * len(reports)} stages: largest difference {worst:.2%}")
     return ok
 
 
@@ -106,7 +110,7 @@ def in_flight_table(reports: dict, plans: dict) -> bool:
 def backward_table(reports: dict) -> None:
     print("\nmean B time per stage, full recomputation over none: measured vs cost model")
     for name in SIZES:
-        none, full = (reports[(name, mode)]["mean_ms"]["B"] for mode in ("none", "full"))
+        none, full = (reports[(name, "t=1", mode)]["mean_ms"]["B"] for mode in ("none", "full"))
         measured = [f / n for f, n in zip(full, none)]
         model = cost_model_ratio(SIZES[name])
         print(f"{name:>7}: B none {[round(v, 2) for v in none]} ms, full {[round(v, 2) for v in full]} ms; "
@@ -122,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         one_f = compile_plan("1f1b", {"p": SIZED_RANKS, "m": 4}, root / "1f1b_bytes")
-        sized = {(name, mode): run(one_f, SIZED_RANKS, [*model_flags(size), "--steps", str(steps), "--recompute", mode],
-                                   root / f"{name}_{mode}.json")
-                 for name, size in SIZES.items() for mode in MODES}
+        sized = {(name, tensor, mode): run(one_f, SIZED_RANKS * (2 if flags else 1),
+                                           [*model_flags(size), *flags, "--steps", str(steps if not flags else 1),
+                                            "--recompute", mode], root / f"{name}_{len(flags)}_{mode}.json")
+                 for name, size in SIZES.items() for tensor, flags in TENSOR.items() for mode in MODES}
         plans = {name: compile_plan(name, params, root / name) for name, params in IN_FLIGHT}
         flights = {name: run(plans[name], RANKS, [*model_flags(SIZES["small"]), "--steps", "2"], root / f"{name}.json")
                    for name in plans}

@@ -5,7 +5,9 @@ Per layer and microbatch (s, b, h, a, f as usual, t tensor-parallel, w bytes a v
 mask value, 0 without dropout):
 
     replicated   layer-norm inputs, QKV input, MLP input (4 values of s·b·h), attention-out and MLP-out
-                 dropout masks (2 masks of s·b·h); split over t only with sequence parallelism
+                 dropout masks (2 masks of s·b·h); split over t only with sequence parallelism (the
+                 QKV and MLP inputs kept as sequence shards and all-gathered again in backward, as
+                 Megatron-LM's sequence-parallel linear layers do)
     norm stats   with torch's layer norms, each keeps its mean and 1/std (2 x 2 fp32 values per token)
     split        Q, K, V and the projection's input (4 s·b·h), the GeLU's input and the MLP-out input
                  (2 s·b·f): over t
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 FP32_BYTES = 4  # log-sum-exp, layer-norm statistics and the loss's log-probabilities are fp32 at any width
 INDEX_BYTES = 8  # token and position ids (int64)
+MASK_BYTES = 1   # a bool mask (the vocabulary-parallel lookup's and loss's tokens outside the rank's range)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +89,25 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     return sbh * per_sbh + stats
 
 
-def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool) -> float:
-    """What the model's end pieces keep (with facts.ends): the first stage's token and position ids;
-    the last stage's final layer norm (input, statistics), the logits' input, the loss's fp32
-    log-probabilities, targets and total weight."""
+def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,
+              sequence_parallel: bool = False) -> float:
+    """What the model's end pieces keep (with facts.ends): the first stage's token ids and position ids
+    (a slice of them under sequence parallelism; with t > 1 the vocabulary-parallel lookup's mask of
+    tokens outside the rank's range, a byte a token); the last stage's final layer norm (input,
+    statistics) and the logits' input, both on sequence shards under sequence parallelism, the loss's
+    fp32 probabilities (1/t of the vocabulary with t > 1) and targets, and the total weight (t = 1) or
+    the outside-the-range mask (t > 1)."""
     if not facts.ends:
         return 0.0
     sb, total = z.seq * z.batch, 0.0
+    spread = tp if sequence_parallel else 1
+    mask = MASK_BYTES * sb if tp > 1 else 0
     if first:
-        total += INDEX_BYTES * (sb + z.seq)
+        total += INDEX_BYTES * (sb + z.seq // spread) + mask
     if last:
-        stats = 2 * FP32_BYTES * sb if facts.norm_stats else 0
-        total += 2 * facts.value_bytes * sb * z.hidden + stats + FP32_BYTES * sb * z.vocab + INDEX_BYTES * sb + FP32_BYTES
+        stats = 2 * FP32_BYTES * sb / spread if facts.norm_stats else 0
+        total += 2 * facts.value_bytes * sb * z.hidden / spread + stats + FP32_BYTES * sb * z.vocab / tp
+        total += INDEX_BYTES * sb + (mask if tp > 1 else FP32_BYTES)
     return total
 
 
@@ -105,4 +115,5 @@ def stage_bytes(z: Sizes, facts: Facts, layers: int, first: bool, last: bool, tp
                 sequence_parallel: bool = False, recompute: str = "none") -> float:
     """Bytes a stage of `layers` layers keeps for one microbatch: its layers and, with facts.ends, the
     end pieces it holds (recomputation repeats layers only)."""
-    return layers * layer_bytes(z, facts, tp, sequence_parallel, recompute) + end_bytes(z, facts, first, last)
+    return layers * layer_bytes(z, facts, tp, sequence_parallel, recompute) + \
+        end_bytes(z, facts, first, last, tp, sequence_parallel)

@@ -140,10 +140,17 @@ def runtime_sizes(options: list[str]) -> Sizes:
 def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, tmp_path):  # noqa: F811
     """One 4-rank launch. 1F1B over 4 stages (the embedding's, two middle ones, the head's) under each
     --recompute: every forward of a stage saves the bytes schedc/activations.py gives for the
-    runtime's GPT, to the byte; the 5 schedules: each rank's most (stage, mb) states alive at once is
-    the simulator's peak (activation units, one a microbatch and chunk), each stage's no more."""
+    runtime's GPT, to the byte, and so under t = 2 over 2 stages (tensor-parallel layers, vocabulary-
+    parallel ends) with and without sequence parallelism (the column-parallel inputs kept as sequence
+    shards); the 5 schedules: each rank's most (stage, mb) states alive at once is the simulator's peak
+    (activation units, one a microbatch and chunk), each stage's no more."""
     jobs = [(plans("1f1b", p=4, m=4), [*EIGHT, "--steps", "2", "--quiet", "--recompute", mode,
                                        "--report-out", str(tmp_path / f"bytes_{mode}.json")]) for mode in MODES]
+    tensor = {f"{mode}{'_sp' * sp}": (mode, sp) for mode in MODES for sp in (False, True)}
+    jobs += [(plans("1f1b", p=2, m=4), [*EIGHT, "--steps", "1", "--quiet", "--recompute", mode, "--tp", "2",
+                                        *(["--sequence-parallel"] if sp else []),
+                                        "--report-out", str(tmp_path / f"tp_{name}.json")])
+             for name, (mode, sp) in tensor.items()]
     jobs += [(plans(name, **params), [*EIGHT, "--steps", "2", "--quiet", "--report-out", str(tmp_path / f"{name}.json")])
              for name, params in IN_FLIGHT]
     run = launch_plans(jobs, 4, tmp_path)
@@ -155,6 +162,13 @@ def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, t
         assert {s: v["saved_bytes_per_microbatch"] for s, v in memory["stages"].items()} == want, mode
         assert all(rank["saved_bytes_equal_over_microbatches"] for rank in memory["ranks"]), mode
     assert want["1"] == 2 * 4 * 16 * 2 * 32  # full: a layer keeps its fp32 input alone
+    for name, (mode, sp) in tensor.items():
+        memory = json.loads((tmp_path / f"tp_{name}.json").read_text())["memory"]
+        want = {str(s): stage_bytes(sizes, RUNTIME_GPT, 4, s == 0, s == 1, 2, sp, mode) for s in range(2)}
+        assert {s: v["saved_bytes_per_microbatch"] for s, v in memory["stages"].items()} == want, name
+        ranks = [rank["saved_bytes_per_microbatch"] for rank in memory["ranks"]]
+        assert ranks == [{"0": want["0"]}] * 2 + [{"1": want["1"]}] * 2, name  # every tensor rank alike
+    assert want["0"] == 4 * (16 // 2) * 2 * 32 * 4 + 8 * (32 + 8) + 32  # full, SP: input shards, ids, mask
     for name, params in IN_FLIGHT:
         memory = json.loads((tmp_path / f"{name}.json").read_text())["memory"]
         simulated = load_plan(plans(name, **params)).meta["stats"]["peak_memory"]

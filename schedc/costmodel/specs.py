@@ -177,7 +177,8 @@ def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
 def locate(source: Source, key: str, table: str | None = None) -> Span:
     """Where `key = ...` stands in `[table]` (top level for None); the table's header when the key is
     not written there (a missing field), else the first line. tomllib gives no positions, so the text
-    is scanned: headers `[name]`, keys `name =`, `"name" =` or dotted `table.name =`."""
+    is scanned: headers `[name]`, keys `name =`, `"name" =` or dotted `table.name =`, and inline tables
+    `table = { name = ... }`."""
     current, header = None, None
     for number, line in enumerate(source.text.splitlines(), 1):
         stripped = line.split("#", 1)[0].strip()
@@ -188,6 +189,14 @@ def locate(source: Source, key: str, table: str | None = None) -> Span:
                 header = Span(number, line.index("[") + 1, number, line.index("]") + 2)
             if table is None and current == key:  # a top-level name that is a table: its header
                 return Span(number, line.index("[") + 1, number, line.index("]") + 2)
+            continue
+        inline = re.match(rf"\s*(\"?{re.escape(table)}\"?)\s*=\s*\{{", line) if table and current is None else None
+        if inline:  # table = { key = ..., ... } (one line, as TOML has it)
+            inner = re.search(rf"[{{,]\s*(\"?{re.escape(key)}\"?)\s*=", line[inline.end() - 1:])
+            if inner:
+                column = inline.end() - 1 + inner.start(1) + 1
+                return Span(number, column, number, column + len(inner.group(1)))
+            header = header or Span(number, inline.start(1) + 1, number, inline.end(1) + 1)
             continue
         found = re.match(rf"\s*((?:{re.escape(table)}\s*\.\s*)?\"?{re.escape(key)}\"?)\s*=", line) if table else \
             re.match(rf"\s*(\"?{re.escape(key)}\"?)\s*=", line)

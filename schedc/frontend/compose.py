@@ -162,6 +162,8 @@ def _find(name: str, source: Source, kind: str, span: Span | None, top: Source) 
         return read_source(found[0])
     known = ", ".join(p.stem for p in (library_files() if kind == "schedule" else library_addons()))
     message = f"unknown {kind} '{name}' (the library's: {known})"
+    if quoted:  # a path names a file, not a library entry
+        message = f"no {kind} file '{name}' next to {Path(source.path).name} (looked for {here.resolve() / name})"
     if span is None:  # --with NAME
         raise SchedError(error(message), Source("--with", ""), kind=USAGE)
     raise _error(message, span, top)

@@ -43,8 +43,22 @@ def _name_or_path(tok: Token) -> str:
     return _string(tok) if tok.type == "STRING" else str(tok)
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|.)")
+
+
+def _unescape(match: re.Match) -> str:
+    code = match.group(1)
+    if code[0] in "ux" and len(code) > 1:
+        point = int(code[1:], 16)
+        return match.group(0) if 0xD800 <= point <= 0xDFFF else chr(point)  # no lone surrogates
+    return _ESCAPES.get(code, match.group(0))  # an unknown escape stays as written
+
+
 def _string(tok: Token | None) -> str:
-    return "" if tok is None else bytes(tok[1:-1], "utf-8").decode("unicode_escape", "replace")
+    """A STRING token's text: its backslash escapes (newline, tab, return, quote, backslash, xHH, uHHHH)
+    decoded, every other character as written (non-ASCII text included, not read as Latin-1)."""
+    return "" if tok is None else _ESCAPE.sub(_unescape, tok[1:-1])
 
 
 _SPACE = "[ \t\f\r\n]*"  # the grammar's whitespace (WS), no other

@@ -135,6 +135,34 @@ class _ReduceScatter(torch.autograd.Function):
         return all_gather(grad, ctx.tp, SEQUENCE_DIM), None
 
 
+class _GatheredLinear(torch.autograd.Function):
+    """f and a column-parallel linear together under sequence parallelism, as Megatron-LM's linear with
+    sequence parallelism: the forward all-gathers the sequence shards and keeps only its own shard for
+    backward, which all-gathers them again for the weight gradient and reduce-scatters the input
+    gradient (the gathered input would be t times the bytes Korthikanti et al.'s sbh(34/t) counts).
+    Backward runs in the forward's compute dtype (bf16 under autocast). A split backward calls it in I
+    and again in W: each call computes both gradients, and autograd keeps the one its call asked for."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, tp):
+        ctx.tp, ctx.has_bias = tp, bias is not None
+        y = F.linear(all_gather(x, tp, SEQUENCE_DIM), weight, bias)
+        ctx.dtype = y.dtype
+        ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad, dtype = grad.contiguous(), ctx.dtype
+        gathered = all_gather(x, ctx.tp, SEQUENCE_DIM).to(dtype)
+        grad_x = reduce_scatter(grad.to(dtype) @ weight.to(dtype), ctx.tp, SEQUENCE_DIM)
+        rows = grad.to(dtype).reshape(-1, grad.shape[-1])
+        grad_w = rows.T @ gathered.reshape(-1, gathered.shape[-1])
+        grad_b = rows.sum(dim=0).to(weight.dtype) if ctx.has_bias else None
+        return grad_x.to(x.dtype), grad_w.to(weight.dtype), grad_b, None
+
+
 def enter(x: torch.Tensor, tp: TensorGroup) -> torch.Tensor:
     """Into a tensor-parallel region: f, or the sequence all-gather."""
     if tp.size == 1:
@@ -210,6 +238,8 @@ class ColumnParallelLinear(nn.Module):
         declare(self, {"weight": split, "bias": split}, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size > 1 and self.tp.sequence_parallel:
+            return _GatheredLinear.apply(x, self.weight, self.bias, self.tp)
         return F.linear(enter(x, self.tp), self.weight, self.bias)
 
 
