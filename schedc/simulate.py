@@ -161,15 +161,19 @@ def fuse_costs(pairs: list[tuple[int, int]], cost: list[float], table) -> None:
     halves on one stage: FB exactly. On two stages (DualPipe's chunks, a cost model's end stages with
     their embedding and logits) each half keeps its own stage's cost, rather than the forward stage's
     F + B standing for both. The second half then costs nothing."""
+    for n, stage in pairs:
+        cost[n], cost[n + 1] = pair_cost(table, cost[n] + cost[n + 1], stage), 0.0
+
+
+def pair_cost(table, halves: float, stage: int) -> float:
+    """The time of an overlapped pair whose halves cost `halves` on their own, its forward at `stage`:
+    halves - (F + B - FB) there; FB itself when the table has no F or B; halves without an FB. The one
+    rule of an overlap's saving (fuse_costs, the prediction's breakdown)."""
     overlap = table.get(OVERLAP)
     forward, backward = table.get(OpKind.F.value), table.get(OpKind.B.value)
-    for n, stage in pairs:
-        both = cost[n] + cost[n + 1]
-        if overlap and forward and backward:
-            both -= forward[stage] + backward[stage] - overlap[stage]
-        elif overlap:  # no B to measure the saving against: the declared pair cost as it is
-            both = overlap[stage]
-        cost[n], cost[n + 1] = both, 0.0
+    if overlap and forward and backward:
+        return halves - (forward[stage] + backward[stage] - overlap[stage])
+    return overlap[stage] if overlap else halves  # no B to measure the saving against: FB as declared
 
 
 def busy_times(cost: list[float], device: list[int], devices: int) -> tuple[float, ...]:

@@ -232,6 +232,24 @@ def test_the_breakdown_adds_up_to_the_iteration():
     assert pred.memory_bytes == pytest.approx(sum(pred.memory_parts.values()))
 
 
+def test_an_overlapped_pair_counts_in_the_breakdown_at_the_pairs_time():
+    """DualPipeV's F&B pairs under t=8: the breakdown counts each pair at its simulated time (the halves'
+    computation, the communication the overlap leaves), so the critical device's parts are its busy time
+    as the simulator times it and its bubble is its idle time, never negative; the parts add up to the
+    iteration, and the hidden seconds are the halves' own costs less that busy time."""
+    layout = Layout(tp=8, microbatch_size=1, global_batch=20)
+    result = run("dualpipev", gpt(16, 8192, 64), layout, p=4)
+    pred, schedule = result.prediction, result.compiled.schedule
+    worst, parts = pred.extra["critical_device"], pred.breakdown
+    busy = result.compiled.timing.busy[worst]
+    assert schedule.fused and all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(pred.iteration_s)
+    assert parts["bubble_s"] == pytest.approx(pred.extra["makespan_without_comm_s"] - busy, abs=1e-6)
+    apart = sum(schedule.costs[op.kind][op.stage] for op in schedule.orders[worst])  # each half on its own
+    assert pred.extra["overlap_hidden_s"] == pytest.approx(apart - busy, abs=1e-6) and apart > busy
+    assert parts["tensor_parallel_comm_s"] > 0
+
+
 def test_blocking_sends_hold_the_sender_for_the_message():
     """With blocking sends an op that feeds another device holds it for the message's time; the
     message then adds nothing on the way, and the step is longer (each device waits for its sends)."""

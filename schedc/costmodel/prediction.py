@@ -8,7 +8,10 @@ from typing import Any
 from .specs import ModelSpec
 from ..layout import Layout
 from ..timing import bubble
+from ..ir import OP_KEY
 from ..memory import timed_model
+from ..ops import OpKind
+from ..simulate import pair_cost
 from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts
@@ -119,11 +122,8 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
     steps = len(schedule.steps)  # a filled cycle of K steps: per step, the cycle's time over K
     makespan, free = timing.makespan / steps, free_makespan / steps
     iteration = makespan + sum(tail[worst])
-    held = Part()
-    for step in schedule.steps:
-        for op in step[worst]:
-            held = held + _part(costs, op)
-    held = held * (1 / steps)
+    held, hidden = _held(costs, schedule, worst)
+    held, hidden = held * (1 / steps), hidden / steps
     breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp,
                  "pipeline_comm_s": held.p2p + makespan - free,
                  "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
@@ -134,7 +134,7 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
     top = max(range(len(memory)), key=lambda d: (memory[d], -d))
     return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
-                      {"critical_device": worst, "largest_memory_device": top,
+                      {"critical_device": worst, "largest_memory_device": top, "overlap_hidden_s": _r(hidden),
                        "deferred_w_gib": _r(deferred_w_bytes(st, schedule, top) / GIB),
                        "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9)})
 
@@ -145,6 +145,36 @@ def deferred_w_bytes(st: Setting, schedule, device: int) -> float:
     if not (schedule.split_backward or schedule.mixed_backward) or timed_model(schedule):
         return 0.0
     return activation_peak_parts(st.model, st.layout, schedule)[device][1]
+
+
+def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
+    """A device's ops over the steps, by part, and the seconds its overlapped pairs hide. A pair counts
+    its time (simulate.pair_cost), not its halves apart: both halves' computation, and of their
+    communication what the overlap leaves exposed (the hidden seconds come off the tensor-parallel
+    collectives first, then the blocking sends), so compute + communication + bubble is the device's
+    step as simulated."""
+    first = {OP_KEY(f): (f if f.kind == OpKind.F else b).stage for f, b in schedule.fused}
+    table, held, hidden, pending = costs.costs(), Part(), 0.0, None
+    for step in schedule.steps:
+        for op in step[device]:
+            part = _part(costs, op)
+            if pending is not None:  # the second half: the pair is complete
+                pair, stage = pending[0] + part, pending[1]
+                saved = pair.total - pair_cost(table, pair.total, stage)
+                held, hidden, pending = held + _hide(pair, saved), hidden + saved, None
+            elif OP_KEY(op) in first:
+                pending = (part, first[OP_KEY(op)])
+            else:
+                held = held + part
+    return held, hidden
+
+
+def _hide(pair: Part, saved: float) -> Part:
+    """A pair's parts less `saved` seconds of its communication hidden behind computation (tensor-parallel
+    first, then point-to-point; past both, computation: halves on stages of different sizes)."""
+    tp = min(pair.tp, saved)
+    p2p = min(pair.p2p, saved - tp)
+    return Part(pair.compute - (saved - tp - p2p), pair.tp - tp, pair.p2p - p2p)
 
 
 def _part(costs: StageCosts, op) -> Part:
