@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from .diagnostics import Source, Span
-from .ops import BUILTIN, RELEASES, builtin_deps, fed_by, label, release_kind
+from .ops import BUILTIN, RELEASES, OpKind, builtin_deps, chunk_step, fed_by, gradient_kind, label, release_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +73,24 @@ class Pipeline:
     name: str
     stages: int
     placement: tuple[int, ...]  # placement[s] = device of stage s
-    microbatches: tuple[int, ...]
+    microbatches: tuple[int, ...]  # its units: the microbatches, or with chunks k their i * k + j
     span: Span | None = field(default=None, compare=False)
+    chunks: int = 1  # sequence chunks per microbatch (ops.unit_of)
 
 
 def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
-                     split: bool | frozenset) -> tuple[tuple, ...]:
-    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps).
-    `split`: whether backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
-    if isinstance(split, frozenset):  # B and I read their neighbour's gradient: I's if that one runs split
+                     split: bool | frozenset, chunks: int = 1) -> tuple[tuple, ...]:
+    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps),
+    then with sequence chunks the neighbouring chunk's op of its stage (ops.chunk_step). `split`: whether
+    backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
+    mixed = isinstance(split, frozenset)
+    step = None if chunks == 1 or mb is None else chunk_step(kind, mb % chunks, chunks)
+    chunked = () if step is None else ((kind if kind == OpKind.F or not mixed else
+                                        gradient_kind((k, s, mb + step) in split), s, mb + step, k, 0),)
+    if mixed:  # B and I read their neighbour's gradient: I's if that one runs split
         producer = fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
-    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split))
+    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split)) + chunked
 
 
 class Dependencies(Mapping):
@@ -93,28 +99,35 @@ class Dependencies(Mapping):
     `split` is a bool, or with a mixed backward the frozenset of (pipe, stage, mb) whose backward is
     split (then `mixed` is true)."""
 
-    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops")
+    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops", "chunks")
 
     def __init__(self, pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
                  explicit: dict, ops: tuple):
         self.stages = tuple(p.stages for p in pipelines)
         self.placements = tuple(p.placement for p in pipelines)
+        self.chunks = tuple(p.chunks for p in pipelines)
         self.costs, self.split, self.explicit, self.ops = costs, split, explicit, ops
 
     @property
     def mixed(self) -> bool:
         return isinstance(self.split, frozenset)
 
+    @property
+    def chunked(self) -> bool:
+        """Whether a pipeline cuts its microbatches into sequence chunks (their ops wait across units)."""
+        return max(self.chunks, default=1) > 1
+
     def keys_of(self, op: Op) -> tuple[tuple, ...]:
         """Dependencies as identity tuples (see Op.key)."""
         if op.kind in BUILTIN:
-            return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split)
+            return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split,
+                                    self.chunks[op.pipe])
         return tuple(dep.key for dep in self.explicit.get(op, ()))
 
     def __getitem__(self, op: Op) -> tuple[Op, ...]:
         if op.kind in BUILTIN:
-            return tuple(Op(kind, s, mb, k, part, self.placements[k][s], self.costs[kind][s])
-                         for kind, s, mb, k, part in self.keys_of(op))
+            return tuple(Op(kind, s, mb, k, part, self.placements[k][s], self.costs[kind][s],
+                            parts=self.chunks[k]) for kind, s, mb, k, part in self.keys_of(op))
         return self.explicit[op]
 
     def __iter__(self) -> Iterator[Op]:
@@ -203,7 +216,12 @@ class Schedule:
 
     @property
     def microbatches(self) -> int:
-        return sum(len(p.microbatches) for p in self.pipelines)
+        return sum(len(p.microbatches) // p.chunks for p in self.pipelines)
+
+    @property
+    def chunks(self) -> int:
+        """Sequence chunks per microbatch (one for every pipeline: elaboration holds them equal)."""
+        return self.pipelines[0].chunks if self.pipelines else 1
 
     def ops(self):
         for order in self.orders:

@@ -195,17 +195,52 @@ def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple
     return (*own, (gradient_kind(split) if name == OpKind.B.value else name, s))
 
 
+# Sequence chunks (Seq1F1B) ----------------------------------------------------------------------------
+
+# With `microbatches m chunks k` every microbatch i is cut into k sequence chunks j, and an op's
+# microbatch slot holds its unit i * k + j (the IR, the checks and the plan count units; `unit_of` and
+# `split_unit` are the one conversion). Chunk j's forward attends to the keys and values of chunks < j
+# on its stage, so a microbatch's forwards run in chunk order and its backwards in reverse.
+
+def unit_of(mb: int, chunk: int, chunks: int) -> int:
+    """The unit of chunk `chunk` of microbatch `mb`: mb * chunks + chunk."""
+    return mb * chunks + chunk
+
+
+def split_unit(unit: int, chunks: int) -> tuple[int, int]:
+    """(microbatch, chunk) of a unit."""
+    return divmod(unit, chunks)
+
+
+def chunk_step(kind: str, chunk: int, chunks: int) -> int | None:
+    """The unit offset of the op of the same stage, microbatch and kind family that a built-in op of
+    sequence chunk `chunk` waits for: F of chunk j waits for F of chunk j-1 (-1: it reads their keys
+    and values); B and I of chunk j for the backward of chunk j+1 (+1: that one accumulated the
+    gradient of j's keys and values). None for the first forward, the last backward, W and tasks.
+
+        chunks 3: F chunk 0 -> None, F chunk 2 -> -1, B chunk 0 -> +1, B chunk 2 -> None
+    """
+    if kind == OpKind.F.value:
+        return -1 if chunk > 0 else None
+    if kind in GRADIENT:
+        return 1 if chunk < chunks - 1 else None
+    return None
+
+
 # The text form ---------------------------------------------------------------------------------------
 
 def label(code: str, stage: int | None = None, mb: int | None = None, peer: int | None = None,
           part: int = 0, parts: int | None = 1, halves: tuple[str, str] | None = None) -> str:
     """The one compact text of an op or instruction, as diagnostics, grids and drawings show it:
     F(1,2), W(0,3), curvature(1)[2/4] (part 2 of 4), SEND_F(0,3)>1 (to rank 1), RECV_B(2,0)<2 (from
-    rank 2), SYNC_GRAD(1), STEP; an overlapped op or OVERLAP_F_B instruction by the labels of its
+    rank 2), SYNC_GRAD(1), STEP; a built-in op of k sequence chunks (parts=k, mb its unit) by
+    microbatch.chunk, F(1,3.1); an overlapped op or OVERLAP_F_B instruction by the labels of its
     halves, in their order: F(0,3) & B(7,1). A rank's plan text (rank*.txt) is the parseable
     `Instr.__str__`."""
     if halves is not None:
         return " & ".join(halves)
+    if code in BUILTIN and parts is not None and parts > 1 and mb is not None:  # a unit of sequence chunks
+        return f"{code}({stage},{mb // parts}.{mb % parts})"
     args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
     if peer is not None and code in SENDS:
         return f"{code}{args}>{peer}"

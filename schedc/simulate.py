@@ -51,7 +51,7 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
     table = _builtin_table(deps).get
     preds = []
     append = preds.append
-    if deps.mixed:  # a backward's producer depends on the microbatch: no per-(kind, stage) template
+    if deps.mixed or deps.chunked:  # a producer depends on the microbatch (or chunk): no per-stage template
         return [(p, *[index[key] for key in deps.keys_of(op)]) for p, op in enumerate(ops, -1)]
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
         per_pipe = table(kind)

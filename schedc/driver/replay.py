@@ -113,7 +113,8 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Sch
     table = {k: (v,) * stages for k, v in DEFAULT_COSTS.items()}
     table.update({k: _per_stage(v, stages) for k, v in (meta.get("costs") or {}).items()})
     table.update({k: _per_stage(v, stages) for k, v in costs.items()})
-    pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]))
+    pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]),
+                               chunks=int(meta.get("chunks", 1)))
                       for p in meta.get("pipelines", ()))
     orders, fused = [], []
     for rank, steps in enumerate(plan.ranks):

@@ -163,6 +163,7 @@ class PipelineDecl(Node):
     placement_span: Span | None
     mb_start: Expr | None
     mb_stop: Expr | None
+    chunks: Expr | None = None  # `microbatches m chunks k`: sequence chunks per microbatch
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from .order import run_programs
 from .queues import chunk_index
 from .footprint import memory_limit_of, memory_of
 from .params import bind_params, check_declared_once, fail_at, int_values, per_stage
+from .sequence import chunk_count, per_unit, same_chunks, units
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
 # the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
@@ -59,13 +60,16 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
             raise fail_at(f"pipeline '{pd.name}' needs 'stages' and 'microbatches'", pd.span, source)
         stages = evaluate_int(pd.stages, env, "stage count")
         mbs = int_values(pd.mb_start, pd.mb_stop, env)
+        chunks = chunk_count(pd, env, source)
         if stages < 1 or len(mbs) < 1:
             raise fail_at(f"pipeline '{pd.name}' has {stages} stages and {len(mbs)} microbatches; "
                         "both must be at least 1", pd.span, source)
-        total += stages * len(mbs) * kinds
+        total += stages * len(mbs) * chunks * kinds
         if total > max_ops:
+            per = f" x {chunks:,} chunks" if chunks > 1 else ""
             raise fail_at(f"schedule would expand to more than {max_ops:,} ops "
-                        f"({stages:,} stages x {len(mbs):,} microbatches x {kinds} op kinds); refusing", pd.span, source)
+                        f"({stages:,} stages x {len(mbs):,} microbatches{per} x {kinds} op kinds); refusing", pd.span,
+                        source)
         placement = []
         for s in range(stages):
             device = evaluate_int(pd.placement, {**env, pd.stage_var: s}, "device") if pd.placement else s
@@ -78,12 +82,13 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
                 why = "is negative" if mb < 0 else f"is already owned by pipeline '{owner[mb]}'"
                 raise fail_at(f"microbatch {mb} of pipeline '{pd.name}' {why}", pd.span, source)
             owner[mb] = pd.name
-        pipelines.append(Pipeline(pd.name, stages, tuple(placement), tuple(mbs), pd.span))
+        pipelines.append(Pipeline(pd.name, stages, tuple(placement), units(mbs, chunks), pd.span, chunks))
     if not pipelines:
         raise fail_at("a schedule needs at least one pipeline", decl.span, source)
     if sorted(owner) != list(range(len(owner))):
         raise fail_at(f"microbatches must be numbered 0..{len(owner) - 1} across pipelines", pipelines[0].span,
                     source)
+    same_chunks(pipelines, source)
     return tuple(pipelines)
 
 
@@ -152,7 +157,7 @@ def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...
             repeat(k), repeat(0),                                                         # pipe, part
             chain.from_iterable(repeat(pipe.placement[s], per_stage) for s in stages),    # device
             chain.from_iterable([costs[kind][s] for kind in kinds] * len(mbs) for s in stages),  # cost
-            repeat(None), repeat(1))                                                      # span, parts
+            repeat(None), repeat(pipe.chunks))                                            # span, parts
     return ops
 
 
@@ -206,7 +211,6 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     mixed = _mixed_backward(decl, split, source)
     task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
-    defaults = dict(DEFAULT_COSTS)
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
     _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
     _check_fill(decl, {t.name for t in task_decls}, source)
@@ -215,10 +219,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
-    costs = _scaled_tasks(per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
-                                     origin=options.measured), set(task_names), options.task_scale)
-    activation, memory = memory_of(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
-                                 mixed)
+    costs, activation, memory = _costs_and_memory(decl, env, pipelines, split, mixed, cost_decls, task_names, source,
+                                                  options, layers)
     ops = build_ops(pipelines, costs, split, mixed)
     tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
                                                                    source, layers, options, ops, task_decls)
@@ -255,6 +257,18 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
                     split_of=split_of, fused=tuple(fused))
+
+
+def _costs_and_memory(decl: ast.ScheduleDecl, env: dict, pipelines, split: bool, mixed: bool, cost_decls: list,
+                      task_names: list[str], source: Source, options: Options, layers):
+    """Per kind and stage, the cost of one op (of one sequence chunk: frontend/sequence.py); per stage, the
+    activation units a forward keeps; the other kinds' memory."""
+    stages, chunks = pipelines[0].stages, pipelines[0].chunks
+    costs = per_unit(_scaled_tasks(per_stage(cost_decls, dict(DEFAULT_COSTS), env, stages, source,
+                                             _per_stage_given(options, layers), origin=options.measured),
+                                   set(task_names), options.task_scale), chunks)
+    activation, memory = memory_of(decl, env, stages, split, set(task_names), source, options.memory, mixed)
+    return costs, per_unit({OpKind.F.value: activation}, chunks)[OpKind.F.value], memory
 
 
 def _expanded(decl: ast.ScheduleDecl, env: dict, pipelines, replicas, split: bool, costs, source: Source, layers,

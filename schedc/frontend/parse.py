@@ -231,16 +231,19 @@ class ToAst(Transformer):
         return ("placement", (str(children[0]), children[1], _span(meta)))
 
     def microbatches(self, meta, children):
-        start, stop = children
-        return ("microbatches", (start, stop) if stop is not None else (None, start))
+        start, stop, chunks = children
+        return ("microbatches", ((start, stop) if stop is not None else (None, start), chunks))
+
+    def chunks(self, meta, children):
+        return children[0]
 
     def pipeline(self, meta, children):
         name, *fields = children
         found = dict(fields)
         var, place, place_span = found.get("placement", ("s", None, None))
-        start, stop = found.get("microbatches", (None, None))
+        (start, stop), chunks = found.get("microbatches", ((None, None), None))
         return ast.PipelineDecl(_span(meta), str(name), found.get("stages"), var, place, place_span,
-                                start, stop)
+                                start, stop, chunks)
 
     def replicate(self, meta, children):
         return ast.Replicate(_span(meta), tuple(str(c) for c in children))
