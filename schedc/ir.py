@@ -79,7 +79,7 @@ class Pipeline:
 
 
 def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
-                     split: bool | frozenset, chunks: int = 1) -> tuple[tuple, ...]:
+                     split: bool | frozenset, chunks: int = 1, recompute: bool = False) -> tuple[tuple, ...]:
     """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps),
     then with sequence chunks the neighbouring chunk's op of its stage (ops.chunk_step). `split`: whether
     backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
@@ -90,7 +90,7 @@ def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
     if mixed:  # B and I read their neighbour's gradient: I's if that one runs split
         producer = fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
-    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split)) + chunked
+    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split, recompute)) + chunked
 
 
 class Dependencies(Mapping):
@@ -99,13 +99,14 @@ class Dependencies(Mapping):
     `split` is a bool, or with a mixed backward the frozenset of (pipe, stage, mb) whose backward is
     split (then `mixed` is true)."""
 
-    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops", "chunks")
+    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops", "chunks", "recompute")
 
     def __init__(self, pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
-                 explicit: dict, ops: tuple):
+                 explicit: dict, ops: tuple, recompute: bool = False):
         self.stages = tuple(p.stages for p in pipelines)
         self.placements = tuple(p.placement for p in pipelines)
         self.chunks = tuple(p.chunks for p in pipelines)
+        self.recompute = recompute  # `recompute F`: backwards read what an R rebuilt
         self.costs, self.split, self.explicit, self.ops = costs, split, explicit, ops
 
     @property
@@ -121,7 +122,7 @@ class Dependencies(Mapping):
         """Dependencies as identity tuples (see Op.key)."""
         if op.kind in BUILTIN:
             return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split,
-                                    self.chunks[op.pipe])
+                                    self.chunks[op.pipe], self.recompute)
         return tuple(dep.key for dep in self.explicit.get(op, ()))
 
     def __getitem__(self, op: Op) -> tuple[Op, ...]:
@@ -175,6 +176,7 @@ class Schedule:
     memory: dict[str, tuple[float, ...]] = field(default_factory=dict)  # kind (not F) -> units per stage:
     # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
     split_of: frozenset | None = None  # `backward mixed`: the (pipe, stage, mb) whose backward runs as I + W
+    recompute: bool = False  # `recompute F`: a forward drops its state; an R rebuilds it before the backward
     fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
     # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
 

@@ -2,7 +2,8 @@
 activation units (`memory K(s) = e`, docs/language.md):
 
 - F(s,i) holds its activation (default 1) from its start until its B (W with `backward split`) ends, or
-  until the last task that `keeps F(s, i)` ends, whichever is later;
+  until the last task that `keeps F(s, i)` ends, whichever is later; with `recompute F` only while it
+  runs, and its R holds it again from R's start until that backward ends;
 - B(s,i) (I with `backward split`; also W) saves its output gradient: it holds e from its end until the
   last task that `keeps B(s, i)` ends, and nothing when no task keeps it;
 - a task holds e as persistent state of its stage (K-FAC's factors and their inverses): on every device
@@ -50,7 +51,7 @@ class Held:
         `state of curvature_A(1) (0.5)`."""
         if self.end == PERSISTENT:
             return f"state of {label(schedule, Op(self.op.kind, self.op.stage, None, self.op.pipe))} ({self.units:g})"
-        what = label(schedule, self.op) if self.op.kind == OpKind.F else f"gradient of {label(schedule, self.op)}"
+        what = label(schedule, self.op) if self.op.kind in (OpKind.F, OpKind.R) else f"gradient of {label(schedule, self.op)}"
         step = f" of step {self.step}" if len(schedule.steps) > 1 else ""
         return what + step + (f" kept by {label(schedule, self.keeper)}" if self.keeper is not None else "")
 
@@ -68,11 +69,12 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
             for op in order:
                 if op.kind not in BUILTIN or op not in timing.start:
                     continue
-                if op.kind == OpKind.F:
+                if op.kind == OpKind.F or op.kind == OpKind.R:  # R: what `recompute F` dropped, rebuilt
                     units = schedule.activation[op.stage]
                     start = offset + timing.start[op]
-                    end = offset + timing.end.get(Op(schedule.release_of(op), op.stage, op.mb, op.pipe),
-                                                  timing.makespan)
+                    end = offset + (timing.end[op] if schedule.recompute and op.kind == OpKind.F else
+                                    timing.end.get(Op(schedule.release_of(op), op.stage, op.mb, op.pipe),
+                                                   timing.makespan))
                 else:
                     units = schedule.memory[op.kind][op.stage] if op.kind in schedule.memory else 0.0
                     start = end = offset + timing.end[op]
@@ -194,7 +196,7 @@ def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,
 def timed_model(schedule: Schedule) -> bool:
     """Whether peaks need the timed model (schedc/memory.py): tasks (they keep outputs, hold state) or
     memory of kinds other than F. Otherwise the order walk of peak_memory is exact and cheaper."""
-    return bool(schedule.tasks or schedule.memory)
+    return bool(schedule.tasks or schedule.memory or schedule.recompute)
 
 
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:

@@ -33,6 +33,7 @@ class OpKind(_Code):
     B = "B"  # full backward
     I = "I"  # noqa: E741 - backward for the input gradient (split backward)
     W = "W"  # backward for the weight gradient (split backward)
+    R = "R"  # recompute: with `recompute F`, the forward run again before its backward, for the state it dropped
 
 
 class Opcode(_Code):
@@ -42,6 +43,7 @@ class Opcode(_Code):
     B = "B"
     I = "I"  # noqa: E741 - the papers' name for the input-gradient half of B
     W = "W"
+    R = "R"  # recompute a forward's saved state (placed by the schedule, between its F and its backward)
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
@@ -52,7 +54,7 @@ class Opcode(_Code):
 
 
 # Groups, as frozensets of plain strings (they test strings read from anywhere, hashed in C).
-BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W
+BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W, R
 GRADIENT = frozenset({OpKind.B.value, OpKind.I.value})     # the ops that send an input gradient upstream
 COMPUTE = frozenset(k.value for k in OpKind)               # compute instructions
 SENDS = frozenset({Opcode.SEND_F.value, Opcode.SEND_B.value})
@@ -93,12 +95,16 @@ def absent_kind(kind: str, kinds, split: bool) -> str:
         return "I and W run only with a split backward ('backward split' or 'backward mixed')"
     if kind == OVERLAP:
         return "no program overlaps a forward and a backward (F & B)"
+    if kind == OpKind.R:
+        return "this schedule's forwards keep their state: R recomputes only after 'recompute F'"
     return f"unknown kind '{kind}' (kinds: {', '.join(sorted(kinds))})"
 
 
-def builtin_kinds(split: bool) -> tuple[str, ...]:
-    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B."""
-    return (OpKind.F.value, OpKind.I.value, OpKind.W.value) if split else (OpKind.F.value, OpKind.B.value)
+def builtin_kinds(split: bool, recompute: bool = False) -> tuple[str, ...]:
+    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B; with
+    `recompute F` an R after the F."""
+    first = (OpKind.F.value, OpKind.R.value) if recompute else (OpKind.F.value,)
+    return (*first, OpKind.I.value, OpKind.W.value) if split else (*first, OpKind.B.value)
 
 
 def gradient_kind(split: bool) -> str:
@@ -159,12 +165,15 @@ def peer_stage(opcode: str, stage: int) -> int:
 
 
 # a built-in op -> the op of its own (stage, microbatch) that must have run before it
-_AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value}
+_AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value,
+          OpKind.R.value: OpKind.F.value}
 
 
-def follows(kind: str) -> str | None:
-    """The op of the same stage and microbatch that must run first: F for B and I, I for W; None for F
-    and tasks."""
+def follows(kind: str, recompute: bool = False) -> str | None:
+    """The op of the same stage and microbatch that must run first: F for B, I and R, I for W; None for F
+    and tasks. With `recompute F` a forward drops its state and B and I read what R rebuilt: R."""
+    if recompute and kind in GRADIENT:
+        return OpKind.R.value
     return _AFTER.get(kind)
 
 
@@ -179,14 +188,17 @@ def fed_by(kind: str, stage: int) -> tuple[str, int] | None:
     return None
 
 
-def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple[str, int], ...]:
+def builtin_deps(kind: str, stage: int, stages: int, split: bool,
+                 recompute: bool = False) -> tuple[tuple[str, int], ...]:
     """(kind, stage) of the ops a built-in op waits for, in this order: for B and I their own forward,
     for W its I; then the neighbour that feeds it, when that stage exists. `split` says whether that
-    neighbour's backward is split (with a mixed backward the schedule's choice for it, see ir.Dependencies).
+    neighbour's backward is split (with a mixed backward the schedule's choice for it, see ir.Dependencies);
+    `recompute`: whether forwards drop their state for an R to rebuild.
 
         F(2) -> F(1);  B(1) of 3 stages -> F(1), B(2);  I(2) of 3 -> F(2);  W(1) -> I(1)
+        recompute: R(1) -> F(1);  B(1) of 3 -> R(1), B(2)
     """
-    before = follows(kind)
+    before = follows(kind, recompute)
     own = () if before is None else ((before, stage),)
     producer = fed_by(kind, stage)
     if producer is None or not 0 <= producer[1] < stages:

@@ -72,7 +72,7 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
 
 def _builtin_table(deps: Dependencies) -> dict[str, list[_Flat]]:
     """kind -> pipeline -> stage -> ops.builtin_deps of that op, flattened (see _Flat)."""
-    return {kind: [_Flat(kind, stages, deps.split) for stages in deps.stages] for kind in BUILTIN}
+    return {kind: [_Flat(kind, stages, deps.split, deps.recompute) for stages in deps.stages] for kind in BUILTIN}
 
 
 class _Flat(dict):
@@ -80,14 +80,14 @@ class _Flat(dict):
     (kind, stage, kind, stage) (the rule gives at most two). A stage outside the pipeline (in a broken
     schedule that check_structure reports) is asked on first use."""
 
-    def __init__(self, kind: str, stages: int, split: bool):
+    def __init__(self, kind: str, stages: int, split: bool, recompute: bool = False):
         super().__init__()
-        self.kind, self.stages, self.split = kind, stages, split
+        self.kind, self.stages, self.split, self.recompute = kind, stages, split, recompute
         for s in range(stages):
             self[s]
 
     def __missing__(self, s: int) -> tuple:
-        found = tuple(part for dep in builtin_deps(self.kind, s, self.stages, self.split) for part in dep)
+        found = tuple(part for dep in builtin_deps(self.kind, s, self.stages, self.split, self.recompute) for part in dep)
         if len(found) > 4:
             raise ValueError(f"{self.kind}({s}) has more than two built-in dependencies")
         self[s] = found
@@ -271,5 +271,5 @@ def step_sequences(schedule: Schedule, timing: Timing) -> tuple[tuple[tuple[floa
 
 
 def _step_sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[tuple[float, float, Op], ...]:
-    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.deps.split, {}, ())
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.deps.split, {}, (), schedule.recompute)
     return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence

@@ -103,3 +103,10 @@ def test_the_plan_names_the_chunks():
     plan = compile_library("seq1f1b", p=2, m=2, k=2).plan
     assert plan.meta["chunks"] == 2 and plan.meta["microbatches"] == 4
     assert "chunks" not in compile_library("1f1b", p=2, m=2).plan.meta
+
+
+def test_drawings_label_chunks_as_microbatch_dot_chunk():
+    from schedc.render.style import op_label
+    schedule = compile_library("seq1f1b", p=2, m=2, k=2).schedule
+    labels = [op_label(op) for op in schedule.orders[0]]
+    assert labels == ["0.0", "0.1", "1.0", "0.1", "1.1", "0.0", "1.1", "1.0"]

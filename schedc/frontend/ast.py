@@ -196,6 +196,11 @@ class SplitBackward(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class Recompute(Node):
+    kind: str  # the kind whose saved state is dropped and rebuilt by R: F
+
+
+@dataclass(frozen=True, slots=True)
 class MixedBackward(Node):
     """`backward mixed`: each backward runs whole (B) or as I then W, as the program pops it."""
 
@@ -267,7 +272,7 @@ class Use(Node):
 
 
 Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
-        | SplitBackward | MixedBackward | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
+        | SplitBackward | MixedBackward | Recompute | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from .order import run_programs
 from .queues import chunk_index
 from .footprint import memory_limit_of, memory_of
 from .params import bind_params, check_declared_once, fail_at, int_values, per_stage
-from .sequence import chunk_count, per_unit, same_chunks, units
+from .sequence import chunk_count, per_unit, recompute_costs, recomputes, same_chunks, units
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
 # the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
@@ -141,11 +141,11 @@ def _scaled_tasks(costs: dict[str, tuple[float, ...]], tasks: set[str],
 
 
 def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
-              mixed: bool = False) -> list[Op]:
+              mixed: bool = False, recompute: bool = False) -> list[Op]:
     """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
     (F B, F I W, or all four with a mixed backward: the programs choose); made column by column, as a big
     schedule has 10^5 of them."""
-    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split)), []
+    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split, recompute)), []
     for k, pipe in enumerate(pipelines):
         mbs, stages = pipe.microbatches, range(pipe.stages)
         per_stage = len(mbs) * len(kinds)
@@ -210,9 +210,10 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     stages = pipelines[0].stages
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     mixed = _mixed_backward(decl, split, source)
+    recompute = recomputes(decl, mixed, source)
     task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
-    _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
+    _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source, recompute)
     _check_fill(decl, {t.name for t in task_decls}, source)
     task_names = [t.name for t in task_decls]
     if options.measured is not None:  # with `backward mixed`, the backwards the programs chose: below
@@ -221,10 +222,12 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     layers = stage_layers(options.model_layers, stages, decl, source)
     costs, activation, memory = _costs_and_memory(decl, env, pipelines, split, mixed, cost_decls, task_names, source,
                                                   options, layers)
-    ops = build_ops(pipelines, costs, split, mixed)
+    if recompute:
+        costs = recompute_costs(costs, cost_decls)
+    ops = build_ops(pipelines, costs, split, mixed, recompute)
     tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
                                                                    source, layers, options, ops, task_decls)
-    deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops))
+    deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops), recompute)
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]
     unplaced = tuple(op for op in task_ops if op.kind in filled)
@@ -256,7 +259,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
-                    split_of=split_of, fused=tuple(fused))
+                    split_of=split_of, fused=tuple(fused), recompute=recompute)
 
 
 def _costs_and_memory(decl: ast.ScheduleDecl, env: dict, pipelines, split: bool, mixed: bool, cost_decls: list,
@@ -358,7 +361,8 @@ def _grid_kinds(decl: ast.ScheduleDecl) -> int:
     """Ops per stage and microbatch: 2 (F B), 3 with a split backward (F I W), 4 with a mixed one."""
     if any(isinstance(d, ast.MixedBackward) for d in decl.decls):
         return len(MIXED_KINDS)
-    return len(builtin_kinds(any(isinstance(d, ast.SplitBackward) for d in decl.decls)))
+    return len(builtin_kinds(any(isinstance(d, ast.SplitBackward) for d in decl.decls),
+                             any(isinstance(d, ast.Recompute) for d in decl.decls)))
 
 
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
@@ -370,10 +374,10 @@ def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool
 
 
 def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool, mixed: bool, tasks: set[str],
-                 source: Source) -> None:
+                 source: Source, recompute: bool = False) -> None:
     """Every kind a `cost`, `queue` or program cursor names runs in the schedule: a misspelt kind would
     be ignored (a cost, a queue, an optional pop `Q?` or a choice's `(Wx | B)`)."""
-    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split, recompute)) | tasks
     diags = []
     seen: set[str] = set()
     for cursor in (c for d in decl.decls if isinstance(d, ast.Program) for c in _cursors(d.body)):

@@ -262,6 +262,9 @@ class ToAst(Transformer):
     def split_backward(self, meta, children):
         return ast.SplitBackward(_span(meta))
 
+    def recompute(self, meta, children):
+        return ast.Recompute(_span(meta), str(children[0]))
+
     def mixed_backward(self, meta, children):
         return ast.MixedBackward(_span(meta))
 
