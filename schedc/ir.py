@@ -79,10 +79,12 @@ class Pipeline:
 
 
 def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
-                     split: bool | frozenset, chunks: int = 1, recompute: bool = False) -> tuple[tuple, ...]:
+                     split: bool | frozenset, chunks: int = 1, recompute: bool = False,
+                     offloaded: frozenset = frozenset()) -> tuple[tuple, ...]:
     """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps),
     then with sequence chunks the neighbouring chunk's op of its stage (ops.chunk_step). `split`: whether
-    backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
+    backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split; `offloaded`: the
+    (pipe, stage, mb) whose forward state a placed O and L take to host memory and back."""
     mixed = isinstance(split, frozenset)
     step = None if chunks == 1 or mb is None else chunk_step(kind, mb % chunks, chunks)
     chunked = () if step is None else ((kind if kind == OpKind.F or not mixed else
@@ -90,7 +92,8 @@ def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
     if mixed:  # B and I read their neighbour's gradient: I's if that one runs split
         producer = fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
-    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split, recompute)) + chunked
+    away = (k, s, mb) in offloaded if offloaded else False
+    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split, recompute, away)) + chunked
 
 
 class Dependencies(Mapping):
@@ -99,14 +102,15 @@ class Dependencies(Mapping):
     `split` is a bool, or with a mixed backward the frozenset of (pipe, stage, mb) whose backward is
     split (then `mixed` is true)."""
 
-    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops", "chunks", "recompute")
+    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops", "chunks", "recompute", "offloaded")
 
     def __init__(self, pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
-                 explicit: dict, ops: tuple, recompute: bool = False):
+                 explicit: dict, ops: tuple, recompute: bool = False, offloaded: frozenset = frozenset()):
         self.stages = tuple(p.stages for p in pipelines)
         self.placements = tuple(p.placement for p in pipelines)
         self.chunks = tuple(p.chunks for p in pipelines)
         self.recompute = recompute  # `recompute F`: backwards read what an R rebuilt
+        self.offloaded = offloaded  # `offload F`: the (pipe, stage, mb) whose backward reads what an L reloaded
         self.costs, self.split, self.explicit, self.ops = costs, split, explicit, ops
 
     @property
@@ -114,15 +118,16 @@ class Dependencies(Mapping):
         return isinstance(self.split, frozenset)
 
     @property
-    def chunked(self) -> bool:
-        """Whether a pipeline cuts its microbatches into sequence chunks (their ops wait across units)."""
-        return max(self.chunks, default=1) > 1
+    def per_microbatch(self) -> bool:
+        """Whether a built-in op's dependencies vary with its microbatch, not only its kind and stage:
+        across sequence chunks, or to the L of an offloaded forward (a mixed backward is `mixed`)."""
+        return max(self.chunks, default=1) > 1 or bool(self.offloaded)
 
     def keys_of(self, op: Op) -> tuple[tuple, ...]:
         """Dependencies as identity tuples (see Op.key)."""
         if op.kind in BUILTIN:
             return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split,
-                                    self.chunks[op.pipe], self.recompute)
+                                    self.chunks[op.pipe], self.recompute, self.offloaded)
         return tuple(dep.key for dep in self.explicit.get(op, ()))
 
     def __getitem__(self, op: Op) -> tuple[Op, ...]:
@@ -177,6 +182,9 @@ class Schedule:
     # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
     split_of: frozenset | None = None  # `backward mixed`: the (pipe, stage, mb) whose backward runs as I + W
     recompute: bool = False  # `recompute F`: a forward drops its state; an R rebuilds it before the backward
+    offload: bool = False    # `offload F`: a program may place O and L for a forward (deps.offloaded: where it did)
+    host_limit: tuple[float, ...] | None = None  # `limit host_memory <= e`, per device
+    host_limit_span: Span | None = field(default=None, compare=False)
     fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
     # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
 

@@ -34,6 +34,8 @@ class OpKind(_Code):
     I = "I"  # noqa: E741 - backward for the input gradient (split backward)
     W = "W"  # backward for the weight gradient (split backward)
     R = "R"  # recompute: with `recompute F`, the forward run again before its backward, for the state it dropped
+    O = "O"  # noqa: E741 - offload: with `offload F`, a forward's saved state copied to host memory (the copy engine)
+    L = "L"  # reload: the offloaded state copied back before its backward (the copy engine)
 
 
 class Opcode(_Code):
@@ -44,6 +46,8 @@ class Opcode(_Code):
     I = "I"  # noqa: E741 - the papers' name for the input-gradient half of B
     W = "W"
     R = "R"  # recompute a forward's saved state (placed by the schedule, between its F and its backward)
+    O = "O"  # noqa: E741 - offload a forward's saved state to host memory, on the rank's copy stream
+    L = "L"  # reload it to the device, on the copy stream, before the backward that reads it
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
@@ -54,7 +58,8 @@ class Opcode(_Code):
 
 
 # Groups, as frozensets of plain strings (they test strings read from anywhere, hashed in C).
-BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W, R
+BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W, R, O, L
+COPY = frozenset({OpKind.O.value, OpKind.L.value})         # the ops a device's copy engine runs, beside compute
 GRADIENT = frozenset({OpKind.B.value, OpKind.I.value})     # the ops that send an input gradient upstream
 COMPUTE = frozenset(k.value for k in OpKind)               # compute instructions
 SENDS = frozenset({Opcode.SEND_F.value, Opcode.SEND_B.value})
@@ -97,6 +102,8 @@ def absent_kind(kind: str, kinds, split: bool) -> str:
         return "no program overlaps a forward and a backward (F & B)"
     if kind == OpKind.R:
         return "this schedule's forwards keep their state: R recomputes only after 'recompute F'"
+    if kind in COPY:
+        return f"this schedule's forwards keep their state on the device: {kind} copies only after 'offload F'"
     return f"unknown kind '{kind}' (kinds: {', '.join(sorted(kinds))})"
 
 
@@ -166,12 +173,15 @@ def peer_stage(opcode: str, stage: int) -> int:
 
 # a built-in op -> the op of its own (stage, microbatch) that must have run before it
 _AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value,
-          OpKind.R.value: OpKind.F.value}
+          OpKind.R.value: OpKind.F.value, OpKind.O.value: OpKind.F.value, OpKind.L.value: OpKind.O.value}
 
 
-def follows(kind: str, recompute: bool = False) -> str | None:
-    """The op of the same stage and microbatch that must run first: F for B, I and R, I for W; None for F
-    and tasks. With `recompute F` a forward drops its state and B and I read what R rebuilt: R."""
+def follows(kind: str, recompute: bool = False, offloaded: bool = False) -> str | None:
+    """The op of the same stage and microbatch that must run first: F for B, I, R and O, O for L, I for W;
+    None for F and tasks. With `recompute F` a forward drops its state and B and I read what R rebuilt:
+    R; when the forward's state was offloaded (an O and an L placed for it), what L brought back: L."""
+    if offloaded and kind in GRADIENT:
+        return OpKind.L.value
     if recompute and kind in GRADIENT:
         return OpKind.R.value
     return _AFTER.get(kind)
@@ -189,16 +199,18 @@ def fed_by(kind: str, stage: int) -> tuple[str, int] | None:
 
 
 def builtin_deps(kind: str, stage: int, stages: int, split: bool,
-                 recompute: bool = False) -> tuple[tuple[str, int], ...]:
+                 recompute: bool = False, offloaded: bool = False) -> tuple[tuple[str, int], ...]:
     """(kind, stage) of the ops a built-in op waits for, in this order: for B and I their own forward,
     for W its I; then the neighbour that feeds it, when that stage exists. `split` says whether that
     neighbour's backward is split (with a mixed backward the schedule's choice for it, see ir.Dependencies);
-    `recompute`: whether forwards drop their state for an R to rebuild.
+    `recompute`: whether forwards drop their state for an R to rebuild; `offloaded`: whether this op's
+    forward state went to host memory (its backward reads it after the L).
 
         F(2) -> F(1);  B(1) of 3 stages -> F(1), B(2);  I(2) of 3 -> F(2);  W(1) -> I(1)
         recompute: R(1) -> F(1);  B(1) of 3 -> R(1), B(2)
+        offloaded: O(1) -> F(1);  L(1) -> O(1);  B(1) of 3 -> L(1), B(2)
     """
-    before = follows(kind, recompute)
+    before = follows(kind, recompute, offloaded)
     own = () if before is None else ((before, stage),)
     producer = fed_by(kind, stage)
     if producer is None or not 0 <= producer[1] < stages:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
+from ..ops import BUILTIN, COPY, DEFAULT_COSTS, OpKind
 from ..inputs import load_json, read_source
 from ..plan import NOT_COMPUTE, Plan, PlanError, plan_from_json
 from .passes import replay, run_passes
@@ -128,16 +128,17 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Sch
     split = OpKind.I in kinds
     split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == OpKind.I) \
         if split and OpKind.B in kinds else None  # B and I mixed: the stages and microbatches split
-    recompute = OpKind.R in kinds  # `recompute F`: the plan places R ops
+    recompute = OpKind.R in kinds  # `recompute F`: the plan places R ops; `offload F`: O and L
+    offloaded = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind in COPY)
     deps = Dependencies(pipelines, table, split if split_of is None else split_of, {},
-                        tuple(op for order in orders for op in order), recompute)
+                        tuple(op for order in orders for op in order), recompute, offloaded)
     return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
                     source=Source(path, ""), params=_declared_order(meta.get("params") or {}), devices=plan.devices,
                     pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
                     orders=tuple(orders), deps=deps, costs=table,
                     activation=_per_stage(meta.get("activation", 1.0), stages), memory_limit=None,
                     memory_limit_span=None, split_backward=split and split_of is None, split_of=split_of,
-                    fused=tuple(fused), recompute=recompute)
+                    fused=tuple(fused), recompute=recompute, offload=bool(offloaded))
 
 
 PARAM_ORDER = ("p", "v", "m")  # a plan.json keeps its params sorted by name; the library declares these first

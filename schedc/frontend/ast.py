@@ -191,6 +191,16 @@ class Limit(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class HostLimit(Node):
+    value: Expr  # `limit host_memory <= e`: per device, what its offloaded state may hold on the host
+
+
+@dataclass(frozen=True, slots=True)
+class Offload(Node):
+    kind: str  # the kind whose saved state O and L may take to the host and back: F
+
+
+@dataclass(frozen=True, slots=True)
 class SplitBackward(Node):
     pass
 
@@ -272,7 +282,7 @@ class Use(Node):
 
 
 Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
-        | SplitBackward | MixedBackward | Recompute | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
+        | HostLimit | SplitBackward | MixedBackward | Recompute | Offload | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
 
 
 @dataclass(frozen=True, slots=True)

@@ -259,6 +259,12 @@ class ToAst(Transformer):
     def limit(self, meta, children):
         return ast.Limit(_span(meta), children[0])
 
+    def host_limit(self, meta, children):
+        return ast.HostLimit(_span(meta), children[0])
+
+    def offload(self, meta, children):
+        return ast.Offload(_span(meta), str(children[0]))
+
     def split_backward(self, meta, children):
         return ast.SplitBackward(_span(meta))
 

@@ -1,21 +1,15 @@
-"""Sequence chunks and placed recomputation, the units of work a schedule places.
-
-Sequence chunks (Seq1F1B): `microbatches m chunks k` cuts every microbatch into k chunks of its
+"""Sequence chunks (Seq1F1B): `microbatches m chunks k` cuts every microbatch into k chunks of its
 sequence. The IR counts units, microbatch i's chunk j being unit i * k + j (ops.unit_of); each unit does
 1/k of its microbatch's work and keeps 1/k of its activation.
 
     pipeline main { stages 2; microbatches 2 chunks 2 }  ->  units 0 1 2 3: F(s,0.0) F(s,0.1) F(s,1.0) ...
-
-Placed recomputation (`recompute F`): every forward drops its saved state, and each (stage, unit) gets
-an op R that a program places (from its queue `R`) to rebuild it before the backward; R costs what the
-forward does unless `cost R` says otherwise.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..diagnostics import Source
-from ..ops import BUILTIN, OpKind, unit_of
+from ..ops import BUILTIN, unit_of
 from . import ast
 from .expr import evaluate_int
 from .params import fail_at
@@ -55,22 +49,3 @@ def per_unit(table: dict[str, tuple[float, ...]], chunks: int) -> dict[str, tupl
         return table
     return {kind: tuple(v / chunks for v in values) if kind in BUILTIN else values
             for kind, values in table.items()}
-
-
-def recomputes(decl: ast.ScheduleDecl, mixed: bool, source: Source) -> bool:
-    """Whether the schedule declares `recompute F` (of F only; not with `backward mixed`)."""
-    found = [d for d in decl.decls if isinstance(d, ast.Recompute)]
-    for d in found:
-        if d.kind != OpKind.F:
-            raise fail_at(f"'recompute {d.kind}': only a forward's saved state is recomputed (recompute F)",
-                          d.span, source)
-        if mixed:
-            raise fail_at("'recompute F' and 'backward mixed' do not go together", d.span, source)
-    return bool(found)
-
-
-def recompute_costs(costs: dict[str, tuple[float, ...]], cost_decls: list) -> dict[str, tuple[float, ...]]:
-    """R's cost per stage: `cost R` where declared, else the forward's (it runs the forward again)."""
-    if any(d.kind == OpKind.R for d in cost_decls):
-        return costs
-    return {**costs, OpKind.R.value: costs[OpKind.F.value]}

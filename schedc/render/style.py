@@ -13,10 +13,11 @@ from ..ir import Op, Schedule
 from ..ops import OpKind, split_unit
 
 KIND_COLOURS = {OpKind.F: "#3b6fb6", OpKind.B: "#3f9a4a", OpKind.I: "#e3872d", OpKind.W: "#2f9c95",
-                OpKind.R: "#7a4fa3"}  # R, a recompute: violet, apart from F's blue
+                OpKind.R: "#7a4fa3", OpKind.O: "#8c8c8c", OpKind.L: "#5a5a5a"}  # R violet; the copies grey
 TASK_COLOURS = ("#d6404e", "#9467bd", "#c9a227", "#e377c2", "#8c564b", "#7f7f7f", "#17becf", "#bcbd22")
 KIND_NAMES = {OpKind.F: "forward", OpKind.B: "backward", OpKind.I: "backward (input grad)",
-              OpKind.W: "backward (weight grad)", OpKind.R: "recompute (forward again)"}
+              OpKind.W: "backward (weight grad)", OpKind.R: "recompute (forward again)",
+              OpKind.O: "offload to host (copy engine)", OpKind.L: "reload from host (copy engine)"}
 
 
 def mix(colour: str, white: float) -> str:
