@@ -15,14 +15,14 @@ from ..budget import SQUEEZE_SLOTS
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
 from .expr import EvalError, PipeRef, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
-from ..ops import (BUILTIN, COPY, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds)
+from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds)
 from .greedy import order_greedy
 from .order import run_programs
 from .queues import chunk_index
 from .footprint import memory_limit_of, memory_of
 from .params import bind_params, check_declared_once, fail_at, int_values, per_stage
-from .placed import offloaded_units, offloads, placed_costs, recomputes
-from .sequence import chunk_count, per_unit, same_chunks, units
+from .placed import copy_kinds, host_limit, offloaded_dependencies, offloads, placed_costs, recomputes
+from .sequence import chunk_count, cost_column, per_unit, same_chunks, units
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
 # the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
@@ -48,6 +48,8 @@ class Options:
     # kinds are checked against the schedule's, none left to the unit defaults
     task_scale: tuple[float, ...] | None = None  # per stage, what one declared unit of a task's cost (and
     #                                  `cost piece`) is worth: --cluster's seconds per forward of the stage
+    chunk_costs: dict | None = None  # sequence chunks under --cluster: kind -> stage -> chunk j -> its cost
+    #                                  over an even 1/k share (costmodel.stages.chunk_multipliers)
 
 
 def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
@@ -142,11 +144,12 @@ def _scaled_tasks(costs: dict[str, tuple[float, ...]], tasks: set[str],
 
 
 def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
-              mixed: bool = False, recompute: bool = False, offload: bool = False) -> list[Op]:
+              mixed: bool = False, recompute: bool = False, offload: bool = False, by_chunk: dict | None = None
+              ) -> list[Op]:
     """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
     (F B, F I W, or all four with a mixed backward: the programs choose); made column by column, as a big
-    schedule has 10^5 of them."""
-    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split, recompute) + _copies(offload)), []
+    schedule has 10^5 of them. `by_chunk`: per kind, stage and sequence chunk, a factor on the cost."""
+    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split, recompute) + copy_kinds(offload)), []
     for k, pipe in enumerate(pipelines):
         mbs, stages = pipe.microbatches, range(pipe.stages)
         per_stage = len(mbs) * len(kinds)
@@ -157,7 +160,7 @@ def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...
             [mb for mb in mbs for _ in kinds] * pipe.stages,                              # mb
             repeat(k), repeat(0),                                                         # pipe, part
             chain.from_iterable(repeat(pipe.placement[s], per_stage) for s in stages),    # device
-            chain.from_iterable([costs[kind][s] for kind in kinds] * len(mbs) for s in stages),  # cost
+            cost_column(costs, kinds, mbs, stages, pipe.chunks, by_chunk),                   # cost
             repeat(None), repeat(pipe.chunks))                                            # span, parts
     return ops
 
@@ -224,8 +227,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     layers = stage_layers(options.model_layers, stages, decl, source)
     costs, activation, memory = _costs_and_memory(decl, env, pipelines, split, mixed, cost_decls, task_names, source,
                                                   options, layers)
-    costs = placed_costs(costs, cost_decls, (OpKind.R.value,) * recompute + _copies(offload))  # R, O, L
-    ops = build_ops(pipelines, costs, split, mixed, recompute, offload)
+    costs = placed_costs(costs, cost_decls, (OpKind.R.value,) * recompute + copy_kinds(offload))  # R, O, L
+    ops = build_ops(pipelines, costs, split, mixed, recompute, offload, options.chunk_costs)
     tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
                                                                    source, layers, options, ops, task_decls)
     deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops), recompute)
@@ -247,7 +250,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
         chosen = _chosen_backwards(pipelines, split_of) + task_names if mixed else []
         _check_measured(options, chosen, task_names, split, mixed, bool(fused))
     if offload:  # the O and L the programs placed; the others never run
-        deps = _offloaded_dependencies(orders, ops, task_ops, deps, pipelines, costs, split)
+        deps = offloaded_dependencies(orders, ops, task_ops, deps, pipelines, costs, split)
     if squeeze:
         orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, source)
     _check_overlap_cost(cost_decls, fused, source)
@@ -256,7 +259,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
                     split_of=split_of, fused=tuple(fused), recompute=recompute, offload=offload,
-                    **_host_limit(decl, env, devices, source))
+                    **host_limit(decl, env, devices, source))
 
 
 def _run_order(decl: ast.ScheduleDecl, mixed: bool, offload: bool, placeable: list[Op], deps, pipelines, devices: int,
@@ -265,7 +268,7 @@ def _run_order(decl: ast.ScheduleDecl, mixed: bool, offload: bool, placeable: li
     programs, greedy, queues, squeeze = _order_decls(decl, mixed, source)
     if programs:
         orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source,
-                                     mixed, fused, slots, frozenset(_copies(offload)))
+                                     mixed, fused, slots, frozenset(copy_kinds(offload)))
     else:
         orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
                                      env_pipes, source)
@@ -337,28 +340,6 @@ def _mixed_dependencies(orders, ops: list[Op], task_ops: list[Op], task_deps: di
     return split_of, Dependencies(pipelines, costs, split_of, task_deps, grid + tuple(task_ops)), keeps
 
 
-def _copies(offload: bool) -> tuple[str, ...]:
-    """The copy-engine kinds a (stage, microbatch) may have: O and L with `offload F`."""
-    return (OpKind.O.value, OpKind.L.value) if offload else ()
-
-
-def _offloaded_dependencies(orders, ops: list[Op], task_ops: list[Op], deps: Dependencies, pipelines, costs,
-                            split: bool) -> Dependencies:
-    """With `offload F`: the dependencies of the ops placed (an O and L not placed do not run), each
-    backward of an offloaded (stage, microbatch) after its L."""
-    offloaded = offloaded_units(orders)
-    grid = tuple(op for op in ops if op.kind not in COPY or (op.pipe, op.stage, op.mb) in offloaded)
-    return Dependencies(pipelines, costs, split, deps.explicit, grid + tuple(task_ops), deps.recompute, offloaded)
-
-
-def _host_limit(decl: ast.ScheduleDecl, env: dict, devices: int, source: Source) -> dict:
-    """`limit host_memory <= e` as the Schedule's host_limit and its span (with `offload F` only)."""
-    limit, span = memory_limit_of(decl, env, devices, source, ast.HostLimit)
-    if limit is not None and not any(isinstance(d, ast.Offload) for d in decl.decls):
-        raise fail_at("'limit host_memory': nothing goes to the host without 'offload F'", span, source)
-    return {"host_limit": limit, "host_limit_span": span}
-
-
 def _check_overlap_cost(cost_decls: list, fused: list, source: Source) -> None:
     """A `cost FB` needs a program that overlaps a forward and a backward (F & B)."""
     declared_fb = next((d.span for d in cost_decls if d.kind == "FB"), None)
@@ -397,7 +378,7 @@ def _grid_kinds(decl: ast.ScheduleDecl) -> int:
         return len(MIXED_KINDS)
     return len(builtin_kinds(any(isinstance(d, ast.SplitBackward) for d in decl.decls),
                              any(isinstance(d, ast.Recompute) for d in decl.decls))
-               + _copies(any(isinstance(d, ast.Offload) for d in decl.decls)))
+               + copy_kinds(any(isinstance(d, ast.Offload) for d in decl.decls)))
 
 
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
@@ -412,7 +393,7 @@ def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool,
                  source: Source, recompute: bool = False, offload: bool = False) -> None:
     """Every kind a `cost`, `queue` or program cursor names runs in the schedule: a misspelt kind would
     be ignored (a cost, a queue, an optional pop `Q?` or a choice's `(Wx | B)`)."""
-    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split, recompute) + _copies(offload)) | tasks
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split, recompute) + copy_kinds(offload)) | tasks
     diags = []
     seen: set[str] = set()
     for cursor in (c for d in decl.decls if isinstance(d, ast.Program) for c in _cursors(d.body)):

@@ -13,8 +13,10 @@ microbatch): the program places both or neither (check_structure reports a lone 
 from __future__ import annotations
 
 from ..diagnostics import Source
+from ..ir import Dependencies, Op
 from ..ops import COPY, OpKind
 from . import ast
+from .footprint import memory_limit_of
 from .params import fail_at
 
 
@@ -31,9 +33,10 @@ def recomputes(decl: ast.ScheduleDecl, mixed: bool, source: Source) -> bool:
 
 
 def placed_costs(costs: dict[str, tuple[float, ...]], cost_decls: list, kinds) -> dict[str, tuple[float, ...]]:
-    """The cost per stage of each of `kinds` (R, O, L): as declared, else the forward's (R runs the
-    forward again; a copy of its state takes, without a cluster's host link, as long)."""
-    declared = {d.kind for d in cost_decls}
+    """The cost per stage of each of `kinds` (R, O, L): as declared (or measured, or the cluster's),
+    else the forward's (R runs the forward again; a copy of its state takes, without a cluster's host
+    link, as long)."""
+    declared = {d.kind for d in cost_decls} | set(costs)
     return {**costs, **{kind: costs[OpKind.F.value] for kind in kinds if kind not in declared}}
 
 
@@ -56,3 +59,24 @@ def offloaded_units(orders) -> frozenset:
     """The (pipe, stage, mb) for which the programs placed an O or an L."""
     return frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind in COPY)
 
+
+def copy_kinds(offload: bool) -> tuple[str, ...]:
+    """The copy-engine kinds a (stage, microbatch) may have: O and L with `offload F`."""
+    return (OpKind.O.value, OpKind.L.value) if offload else ()
+
+
+def offloaded_dependencies(orders, ops: list[Op], task_ops: list[Op], deps: Dependencies, pipelines, costs,
+                            split: bool) -> Dependencies:
+    """With `offload F`: the dependencies of the ops placed (an O and L not placed do not run), each
+    backward of an offloaded (stage, microbatch) after its L."""
+    offloaded = offloaded_units(orders)
+    grid = tuple(op for op in ops if op.kind not in COPY or (op.pipe, op.stage, op.mb) in offloaded)
+    return Dependencies(pipelines, costs, split, deps.explicit, grid + tuple(task_ops), deps.recompute, offloaded)
+
+
+def host_limit(decl: ast.ScheduleDecl, env: dict, devices: int, source: Source) -> dict:
+    """`limit host_memory <= e` as the Schedule's host_limit and its span (with `offload F` only)."""
+    limit, span = memory_limit_of(decl, env, devices, source, ast.HostLimit)
+    if limit is not None and not any(isinstance(d, ast.Offload) for d in decl.decls):
+        raise fail_at("'limit host_memory': nothing goes to the host without 'offload F'", span, source)
+    return {"host_limit": limit, "host_limit_span": span}

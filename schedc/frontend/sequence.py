@@ -6,6 +6,7 @@ sequence. The IR counts units, microbatch i's chunk j being unit i * k + j (ops.
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 from ..diagnostics import Source
@@ -49,3 +50,12 @@ def per_unit(table: dict[str, tuple[float, ...]], chunks: int) -> dict[str, tupl
         return table
     return {kind: tuple(v / chunks for v in values) if kind in BUILTIN else values
             for kind, values in table.items()}
+
+
+def cost_column(costs, kinds, mbs, stages, chunks: int, by_chunk: dict | None):
+    """The ops' costs, stage by stage, microbatch by microbatch, kind by kind; with `by_chunk`, each
+    sequence chunk's share of its kind's cost (1 where a kind has none)."""
+    if not by_chunk or chunks == 1:
+        return chain.from_iterable([costs[kind][s] for kind in kinds] * len(mbs) for s in stages)
+    return [costs[kind][s] * (by_chunk[kind][s][mb % chunks] if kind in by_chunk else 1.0)
+            for s in stages for mb in mbs for kind in kinds]
