@@ -116,11 +116,11 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Sch
     pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]),
                                chunks=int(meta.get("chunks", 1)))
                       for p in meta.get("pipelines", ()))
-    orders, fused = [], []
+    orders, fused, chunks = [], [], int(meta.get("chunks", 1))
     for rank, steps in enumerate(plan.ranks):
         order = []
         for instr in (i for i in (steps[step] if step < len(steps) else ()) if _is_compute(i.op)):
-            order += [_op(unit, rank, table) for unit in instr.units()]
+            order += [_op(unit, rank, table, chunks) for unit in instr.units()]
             if instr.halves is not None:  # an OVERLAP_F_B: its halves, side by side, one overlapped op
                 fused.append((order[-2], order[-1]))
         orders.append(tuple(order))
@@ -159,9 +159,10 @@ def _is_compute(opcode: str) -> bool:
     return opcode not in NOT_COMPUTE
 
 
-def _op(instr, rank: int, table: dict) -> Op:
+def _op(instr, rank: int, table: dict, chunks: int = 1) -> Op:
+    """The op an instruction runs; a built-in op of a plan with sequence chunks has them as its parts."""
     stage = instr.stage or 0
     per_stage = table.get(instr.op)
     cost = per_stage[stage] if per_stage and stage < len(per_stage) else 1.0
-    return Op(instr.op, stage, instr.mb, instr.pipe or 0, instr.part or 0, rank, cost,
-              parts=instr.parts or 1)
+    parts = chunks if instr.op in BUILTIN and instr.parts is None else instr.parts or 1
+    return Op(instr.op, stage, instr.mb, instr.pipe or 0, instr.part or 0, rank, cost, parts=parts)

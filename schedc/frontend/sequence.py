@@ -11,6 +11,7 @@ from typing import Any
 
 from ..diagnostics import Source
 from ..ops import BUILTIN, unit_of
+from ..text import plural
 from . import ast
 from .expr import evaluate_int
 from .params import fail_at
@@ -39,7 +40,7 @@ def same_chunks(pipelines, source: Source) -> None:
     first = pipelines[0]
     for pipe in pipelines[1:]:
         if pipe.chunks != first.chunks:
-            raise fail_at(f"pipeline '{pipe.name}' has {pipe.chunks} sequence chunks per microbatch but "
+            raise fail_at(f"pipeline '{pipe.name}' has {plural(pipe.chunks, 'sequence chunk')} per microbatch but "
                           f"'{first.name}' has {first.chunks}; give every pipeline the same", pipe.span, source)
 
 
