@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 from .diagnostics import Source, Span
-from .ops import BUILTIN, RELEASES, builtin_deps, fed_by, label, release_kind
+from .ops import BUILTIN, RELEASES, OpKind, builtin_deps, chunk_step, fed_by, gradient_kind, label, release_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +73,27 @@ class Pipeline:
     name: str
     stages: int
     placement: tuple[int, ...]  # placement[s] = device of stage s
-    microbatches: tuple[int, ...]
+    microbatches: tuple[int, ...]  # its units: the microbatches, or with chunks k their i * k + j
     span: Span | None = field(default=None, compare=False)
+    chunks: int = 1  # sequence chunks per microbatch (ops.unit_of)
 
 
 def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
-                     split: bool | frozenset) -> tuple[tuple, ...]:
-    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps).
-    `split`: whether backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split."""
-    if isinstance(split, frozenset):  # B and I read their neighbour's gradient: I's if that one runs split
+                     split: bool | frozenset, chunks: int = 1, recompute: bool = False,
+                     offloaded: frozenset = frozenset()) -> tuple[tuple, ...]:
+    """The identity tuples (see Op.key) of what a built-in op of pipeline k waits for (ops.builtin_deps),
+    then with sequence chunks the neighbouring chunk's op of its stage (ops.chunk_step). `split`: whether
+    backwards are split, or (a mixed backward) the (pipe, stage, mb) that run split; `offloaded`: the
+    (pipe, stage, mb) whose forward state a placed O and L take to host memory and back."""
+    mixed = isinstance(split, frozenset)
+    step = None if chunks == 1 or mb is None else chunk_step(kind, mb % chunks, chunks)
+    chunked = () if step is None else ((kind if kind == OpKind.F or not mixed else
+                                        gradient_kind((k, s, mb + step) in split), s, mb + step, k, 0),)
+    if mixed:  # B and I read their neighbour's gradient: I's if that one runs split
         producer = fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
-    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split))
+    away = (k, s, mb) in offloaded if offloaded else False
+    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split, recompute, away)) + chunked
 
 
 class Dependencies(Mapping):
@@ -93,28 +102,38 @@ class Dependencies(Mapping):
     `split` is a bool, or with a mixed backward the frozenset of (pipe, stage, mb) whose backward is
     split (then `mixed` is true)."""
 
-    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops")
+    __slots__ = ("stages", "placements", "costs", "split", "explicit", "ops", "chunks", "recompute", "offloaded")
 
     def __init__(self, pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
-                 explicit: dict, ops: tuple):
+                 explicit: dict, ops: tuple, recompute: bool = False, offloaded: frozenset = frozenset()):
         self.stages = tuple(p.stages for p in pipelines)
         self.placements = tuple(p.placement for p in pipelines)
+        self.chunks = tuple(p.chunks for p in pipelines)
+        self.recompute = recompute  # `recompute F`: backwards read what an R rebuilt
+        self.offloaded = offloaded  # `offload F`: the (pipe, stage, mb) whose backward reads what an L reloaded
         self.costs, self.split, self.explicit, self.ops = costs, split, explicit, ops
 
     @property
     def mixed(self) -> bool:
         return isinstance(self.split, frozenset)
 
+    @property
+    def per_microbatch(self) -> bool:
+        """Whether a built-in op's dependencies vary with its microbatch, not only its kind and stage:
+        across sequence chunks, or to the L of an offloaded forward (a mixed backward is `mixed`)."""
+        return max(self.chunks, default=1) > 1 or bool(self.offloaded)
+
     def keys_of(self, op: Op) -> tuple[tuple, ...]:
         """Dependencies as identity tuples (see Op.key)."""
         if op.kind in BUILTIN:
-            return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split)
+            return builtin_dep_keys(op.kind, op.stage, op.mb, op.pipe, self.stages[op.pipe], self.split,
+                                    self.chunks[op.pipe], self.recompute, self.offloaded)
         return tuple(dep.key for dep in self.explicit.get(op, ()))
 
     def __getitem__(self, op: Op) -> tuple[Op, ...]:
         if op.kind in BUILTIN:
-            return tuple(Op(kind, s, mb, k, part, self.placements[k][s], self.costs[kind][s])
-                         for kind, s, mb, k, part in self.keys_of(op))
+            return tuple(Op(kind, s, mb, k, part, self.placements[k][s], self.costs[kind][s],
+                            parts=self.chunks[k]) for kind, s, mb, k, part in self.keys_of(op))
         return self.explicit[op]
 
     def __iter__(self) -> Iterator[Op]:
@@ -162,6 +181,10 @@ class Schedule:
     memory: dict[str, tuple[float, ...]] = field(default_factory=dict)  # kind (not F) -> units per stage:
     # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
     split_of: frozenset | None = None  # `backward mixed`: the (pipe, stage, mb) whose backward runs as I + W
+    recompute: bool = False  # `recompute F`: a forward drops its state; an R rebuilds it before the backward
+    offload: bool = False    # `offload F`: a program may place O and L for a forward (deps.offloaded: where it did)
+    host_limit: tuple[float, ...] | None = None  # `limit host_memory <= e`, per device
+    host_limit_span: Span | None = field(default=None, compare=False)
     fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
     # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
 
@@ -203,7 +226,12 @@ class Schedule:
 
     @property
     def microbatches(self) -> int:
-        return sum(len(p.microbatches) for p in self.pipelines)
+        return sum(len(p.microbatches) // p.chunks for p in self.pipelines)
+
+    @property
+    def chunks(self) -> int:
+        """Sequence chunks per microbatch (one for every pipeline: elaboration holds them equal)."""
+        return self.pipelines[0].chunks if self.pipelines else 1
 
     def ops(self):
         for order in self.orders:

@@ -19,7 +19,7 @@ from operator import and_, attrgetter, gt, itemgetter, le, ne, truth
 from typing import Any
 
 from .ir import Op, Schedule, consume
-from .ops import Opcode, feeds, message
+from .ops import BUILTIN, Opcode, feeds, message
 from .plan import Instr, Plan
 
 LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
@@ -106,7 +106,7 @@ def _items(ops: list[Op], links: _Links, streams: list[list[Instr]]) -> tuple[li
     instrs[::3] = _instrs(kind, stage, mb, pipe, _NONE)
     instrs[1::3] = _instrs(receive, stage, mb, pipe, device)
     instrs[2::3] = _instrs(send, stage, mb, pipe, peer)
-    parts = list(map(_PARTS, ops))
+    parts = [1 if k in BUILTIN else n for k, n in zip(kind, map(_PARTS, ops))]  # a built-in's: its chunks
     if parts.count(1) < len(parts):  # tasks split in parts
         for n in compress(range(len(ops)), map(ne, parts, repeat(1))):
             instrs[3 * n] = _instr((kind[n], stage[n], mb[n], pipe[n], None, None, ops[n].part, parts[n], None))
@@ -205,6 +205,8 @@ def plan_meta(schedule: Schedule, stats: Mapping[str, Any],
         extra["links"] = [[a, b, links[a][b]] for a, b in sorted(pairs | {(b, a) for a, b in pairs})]
     if any(size != 1.0 for size in schedule.activation):
         extra["activation"] = list(schedule.activation)
+    if schedule.chunks > 1:  # sequence chunks: an instruction's mb is its unit (ops.unit_of)
+        extra["chunks"] = schedule.chunks
     return {
         "schedule": schedule.name,
         "description": schedule.description,
@@ -212,7 +214,7 @@ def plan_meta(schedule: Schedule, stats: Mapping[str, Any],
         "params": schedule.params,
         "devices": schedule.devices,
         "stages": schedule.stages,
-        "microbatches": schedule.microbatches,
+        "microbatches": schedule.microbatches * schedule.chunks,
         "pipelines": [{"name": p.name, "stages": p.stages, "placement": list(p.placement),
                        "microbatches": list(p.microbatches)} for p in schedule.pipelines],
         "replicas": [list(g) for g in schedule.replicas],

@@ -2,7 +2,10 @@
 activation units (`memory K(s) = e`, docs/language.md):
 
 - F(s,i) holds its activation (default 1) from its start until its B (W with `backward split`) ends, or
-  until the last task that `keeps F(s, i)` ends, whichever is later;
+  until the last task that `keeps F(s, i)` ends, whichever is later; with `recompute F` only while it
+  runs, and its R holds it again from R's start until that backward ends; with `offload F` and an O
+  placed for it until the O ends, and its L from L's start until that backward ends (the host holds
+  it from O's start until L's end: host_holdings);
 - B(s,i) (I with `backward split`; also W) saves its output gradient: it holds e from its end until the
   last task that `keeps B(s, i)` ends, and nothing when no task keeps it;
 - a task holds e as persistent state of its stage (K-FAC's factors and their inverses): on every device
@@ -50,7 +53,7 @@ class Held:
         `state of curvature_A(1) (0.5)`."""
         if self.end == PERSISTENT:
             return f"state of {label(schedule, Op(self.op.kind, self.op.stage, None, self.op.pipe))} ({self.units:g})"
-        what = label(schedule, self.op) if self.op.kind == OpKind.F else f"gradient of {label(schedule, self.op)}"
+        what = label(schedule, self.op) if self.op.kind in _HOLDERS else f"gradient of {label(schedule, self.op)}"
         step = f" of step {self.step}" if len(schedule.steps) > 1 else ""
         return what + step + (f" kept by {label(schedule, self.keeper)}" if self.keeper is not None else "")
 
@@ -68,11 +71,10 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
             for op in order:
                 if op.kind not in BUILTIN or op not in timing.start:
                     continue
-                if op.kind == OpKind.F:
+                if op.kind in _HOLDERS:  # R, L: what `recompute F` dropped or `offload F` moved, back
                     units = schedule.activation[op.stage]
                     start = offset + timing.start[op]
-                    end = offset + timing.end.get(Op(schedule.release_of(op), op.stage, op.mb, op.pipe),
-                                                  timing.makespan)
+                    end = offset + _device_end(schedule, timing, op)
                 else:
                     units = schedule.memory[op.kind][op.stage] if op.kind in schedule.memory else 0.0
                     start = end = offset + timing.end[op]
@@ -84,6 +86,40 @@ def holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
                     out[op.device].append(Held(op, k, start, end, units, keeper))
         offset += timing.makespan
     return out
+
+
+_HOLDERS = frozenset({OpKind.F.value, OpKind.R.value, OpKind.L.value})  # what holds an activation on the device
+
+
+def _device_end(schedule: Schedule, timing: Timing, op: Op) -> float:
+    """Until when op (F, R or L) holds its activation on the device: a recomputed F while it runs, an
+    offloaded F until its O has copied it out; else until the backward frees it."""
+    if op.kind == OpKind.F and schedule.recompute:
+        return timing.end[op]
+    if op.kind == OpKind.F and (op.pipe, op.stage, op.mb) in schedule.deps.offloaded:
+        return timing.end.get(Op(OpKind.O.value, op.stage, op.mb, op.pipe), timing.makespan)
+    return timing.end.get(Op(schedule.release_of(op), op.stage, op.mb, op.pipe), timing.makespan)
+
+
+def host_holdings(schedule: Schedule, steps: Sequence[Timing]) -> list[list[Held]]:
+    """Per device, what its offloaded activations hold in host memory: from each O's start until its
+    L's end (a step's own; nothing crosses steps)."""
+    out: list[list[Held]] = [[] for _ in range(schedule.devices)]
+    offset = 0.0
+    for k, timing in enumerate(steps):
+        for order in schedule.orders:
+            for op in order:
+                reload = Op(OpKind.L.value, op.stage, op.mb, op.pipe)
+                if op.kind == OpKind.O and op in timing.start and reload in timing.end:
+                    out[op.device].append(Held(op, k, offset + timing.start[op], offset + timing.end[reload],
+                                               schedule.activation[op.stage]))
+        offset += timing.makespan
+    return out
+
+
+def host_peaks(schedule: Schedule, steps: Sequence[Timing]) -> tuple[float, ...]:
+    """Per device, the peak of host memory its offloaded activations take; () without `offload F`."""
+    return peaks(host_holdings(schedule, steps)) if schedule.offload else ()
 
 
 def _state(schedule: Schedule) -> list[Held]:
@@ -194,7 +230,7 @@ def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,
 def timed_model(schedule: Schedule) -> bool:
     """Whether peaks need the timed model (schedc/memory.py): tasks (they keep outputs, hold state) or
     memory of kinds other than F. Otherwise the order walk of peak_memory is exact and cheaper."""
-    return bool(schedule.tasks or schedule.memory)
+    return bool(schedule.tasks or schedule.memory or schedule.recompute or schedule.offload)
 
 
 def memory_deltas(schedule: Schedule) -> dict[str, tuple[float, ...]]:

@@ -33,6 +33,9 @@ class OpKind(_Code):
     B = "B"  # full backward
     I = "I"  # noqa: E741 - backward for the input gradient (split backward)
     W = "W"  # backward for the weight gradient (split backward)
+    R = "R"  # recompute: with `recompute F`, the forward run again before its backward, for the state it dropped
+    O = "O"  # noqa: E741 - offload: with `offload F`, a forward's saved state copied to host memory (the copy engine)
+    L = "L"  # reload: the offloaded state copied back before its backward (the copy engine)
 
 
 class Opcode(_Code):
@@ -42,6 +45,9 @@ class Opcode(_Code):
     B = "B"
     I = "I"  # noqa: E741 - the papers' name for the input-gradient half of B
     W = "W"
+    R = "R"  # recompute a forward's saved state (placed by the schedule, between its F and its backward)
+    O = "O"  # noqa: E741 - offload a forward's saved state to host memory, on the rank's copy stream
+    L = "L"  # reload it to the device, on the copy stream, before the backward that reads it
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
@@ -52,7 +58,8 @@ class Opcode(_Code):
 
 
 # Groups, as frozensets of plain strings (they test strings read from anywhere, hashed in C).
-BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W
+BUILTIN = frozenset(k.value for k in OpKind)               # F, B, I, W, R, O, L
+COPY = frozenset({OpKind.O.value, OpKind.L.value})         # the ops a device's copy engine runs, beside compute
 GRADIENT = frozenset({OpKind.B.value, OpKind.I.value})     # the ops that send an input gradient upstream
 COMPUTE = frozenset(k.value for k in OpKind)               # compute instructions
 SENDS = frozenset({Opcode.SEND_F.value, Opcode.SEND_B.value})
@@ -93,12 +100,18 @@ def absent_kind(kind: str, kinds, split: bool) -> str:
         return "I and W run only with a split backward ('backward split' or 'backward mixed')"
     if kind == OVERLAP:
         return "no program overlaps a forward and a backward (F & B)"
+    if kind == OpKind.R:
+        return "this schedule's forwards keep their state: R recomputes only after 'recompute F'"
+    if kind in COPY:
+        return f"this schedule's forwards keep their state on the device: {kind} copies only after 'offload F'"
     return f"unknown kind '{kind}' (kinds: {', '.join(sorted(kinds))})"
 
 
-def builtin_kinds(split: bool) -> tuple[str, ...]:
-    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B."""
-    return (OpKind.F.value, OpKind.I.value, OpKind.W.value) if split else (OpKind.F.value, OpKind.B.value)
+def builtin_kinds(split: bool, recompute: bool = False) -> tuple[str, ...]:
+    """The built-in ops every (stage, microbatch) has: F, I, W with a split backward, else F, B; with
+    `recompute F` an R after the F."""
+    first = (OpKind.F.value, OpKind.R.value) if recompute else (OpKind.F.value,)
+    return (*first, OpKind.I.value, OpKind.W.value) if split else (*first, OpKind.B.value)
 
 
 def gradient_kind(split: bool) -> str:
@@ -159,12 +172,18 @@ def peer_stage(opcode: str, stage: int) -> int:
 
 
 # a built-in op -> the op of its own (stage, microbatch) that must have run before it
-_AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value}
+_AFTER = {OpKind.B.value: OpKind.F.value, OpKind.I.value: OpKind.F.value, OpKind.W.value: OpKind.I.value,
+          OpKind.R.value: OpKind.F.value, OpKind.O.value: OpKind.F.value, OpKind.L.value: OpKind.O.value}
 
 
-def follows(kind: str) -> str | None:
-    """The op of the same stage and microbatch that must run first: F for B and I, I for W; None for F
-    and tasks."""
+def follows(kind: str, recompute: bool = False, offloaded: bool = False) -> str | None:
+    """The op of the same stage and microbatch that must run first: F for B, I, R and O, O for L, I for W;
+    None for F and tasks. With `recompute F` a forward drops its state and B and I read what R rebuilt:
+    R; when the forward's state was offloaded (an O and an L placed for it), what L brought back: L."""
+    if offloaded and kind in GRADIENT:
+        return OpKind.L.value
+    if recompute and kind in GRADIENT:
+        return OpKind.R.value
     return _AFTER.get(kind)
 
 
@@ -179,14 +198,19 @@ def fed_by(kind: str, stage: int) -> tuple[str, int] | None:
     return None
 
 
-def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple[str, int], ...]:
+def builtin_deps(kind: str, stage: int, stages: int, split: bool,
+                 recompute: bool = False, offloaded: bool = False) -> tuple[tuple[str, int], ...]:
     """(kind, stage) of the ops a built-in op waits for, in this order: for B and I their own forward,
     for W its I; then the neighbour that feeds it, when that stage exists. `split` says whether that
-    neighbour's backward is split (with a mixed backward the schedule's choice for it, see ir.Dependencies).
+    neighbour's backward is split (with a mixed backward the schedule's choice for it, see ir.Dependencies);
+    `recompute`: whether forwards drop their state for an R to rebuild; `offloaded`: whether this op's
+    forward state went to host memory (its backward reads it after the L).
 
         F(2) -> F(1);  B(1) of 3 stages -> F(1), B(2);  I(2) of 3 -> F(2);  W(1) -> I(1)
+        recompute: R(1) -> F(1);  B(1) of 3 -> R(1), B(2)
+        offloaded: O(1) -> F(1);  L(1) -> O(1);  B(1) of 3 -> L(1), B(2)
     """
-    before = follows(kind)
+    before = follows(kind, recompute, offloaded)
     own = () if before is None else ((before, stage),)
     producer = fed_by(kind, stage)
     if producer is None or not 0 <= producer[1] < stages:
@@ -195,17 +219,52 @@ def builtin_deps(kind: str, stage: int, stages: int, split: bool) -> tuple[tuple
     return (*own, (gradient_kind(split) if name == OpKind.B.value else name, s))
 
 
+# Sequence chunks (Seq1F1B) ----------------------------------------------------------------------------
+
+# With `microbatches m chunks k` every microbatch i is cut into k sequence chunks j, and an op's
+# microbatch slot holds its unit i * k + j (the IR, the checks and the plan count units; `unit_of` and
+# `split_unit` are the one conversion). Chunk j's forward attends to the keys and values of chunks < j
+# on its stage, so a microbatch's forwards run in chunk order and its backwards in reverse.
+
+def unit_of(mb: int, chunk: int, chunks: int) -> int:
+    """The unit of chunk `chunk` of microbatch `mb`: mb * chunks + chunk."""
+    return mb * chunks + chunk
+
+
+def split_unit(unit: int, chunks: int) -> tuple[int, int]:
+    """(microbatch, chunk) of a unit."""
+    return divmod(unit, chunks)
+
+
+def chunk_step(kind: str, chunk: int, chunks: int) -> int | None:
+    """The unit offset of the op of the same stage, microbatch and kind family that a built-in op of
+    sequence chunk `chunk` waits for: F of chunk j waits for F of chunk j-1 (-1: it reads their keys
+    and values); B and I of chunk j for the backward of chunk j+1 (+1: that one accumulated the
+    gradient of j's keys and values). None for the first forward, the last backward, W and tasks.
+
+        chunks 3: F chunk 0 -> None, F chunk 2 -> -1, B chunk 0 -> +1, B chunk 2 -> None
+    """
+    if kind == OpKind.F.value:
+        return -1 if chunk > 0 else None
+    if kind in GRADIENT:
+        return 1 if chunk < chunks - 1 else None
+    return None
+
+
 # The text form ---------------------------------------------------------------------------------------
 
 def label(code: str, stage: int | None = None, mb: int | None = None, peer: int | None = None,
           part: int = 0, parts: int | None = 1, halves: tuple[str, str] | None = None) -> str:
     """The one compact text of an op or instruction, as diagnostics, grids and drawings show it:
     F(1,2), W(0,3), curvature(1)[2/4] (part 2 of 4), SEND_F(0,3)>1 (to rank 1), RECV_B(2,0)<2 (from
-    rank 2), SYNC_GRAD(1), STEP; an overlapped op or OVERLAP_F_B instruction by the labels of its
+    rank 2), SYNC_GRAD(1), STEP; a built-in op of k sequence chunks (parts=k, mb its unit) by
+    microbatch.chunk, F(1,3.1); an overlapped op or OVERLAP_F_B instruction by the labels of its
     halves, in their order: F(0,3) & B(7,1). A rank's plan text (rank*.txt) is the parseable
     `Instr.__str__`."""
     if halves is not None:
         return " & ".join(halves)
+    if code in BUILTIN and parts is not None and parts > 1 and mb is not None:  # a unit of sequence chunks
+        return f"{code}({stage},{mb // parts}.{mb % parts})"
     args = "" if stage is None else f"({stage})" if mb is None else f"({stage},{mb})"
     if peer is not None and code in SENDS:
         return f"{code}{args}>{peer}"

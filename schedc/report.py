@@ -28,6 +28,8 @@ def summary(result: Compiled) -> str:
              f"utilization {st['utilization']:.4f}  peak activations per device {peak}",
              f"  steady-state bubble: at most {max(st['idle_inside'], default=0):g} idle between a device's first and "
              "last op"]
+    if st.get("peak_host_memory"):  # `offload F`: what the copies keep on the host
+        lines.append(f"  offloaded to host: peak per device {listed([f'{m:g}' for m in st['peak_host_memory']], '/')}")
     if st.get("cycle_steps", 1) > 1 or "utilization_unfilled" in st:
         useful = (f" ({st['utilization_useful']:.4f} without the overhead of cut pieces)"
                   if st.get("utilization_useful", st["utilization"]) < st["utilization"] - 5e-5 else "")

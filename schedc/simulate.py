@@ -19,8 +19,8 @@ from math import inf
 from operator import attrgetter, gt, itemgetter
 
 from .ir import OP_KEY, Dependencies, Op, Schedule
-from .memory import holdings, peak_memory, peaks, timed_model
-from .ops import BUILTIN, OVERLAP, OpKind, builtin_deps
+from .memory import holdings, host_peaks, peak_memory, peaks, timed_model
+from .ops import BUILTIN, COPY, OVERLAP, OpKind, builtin_deps
 from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
@@ -28,19 +28,49 @@ def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], l
     """Index the placed ops (device by device, each in program order) and give each op's predecessors by
     index: the op before it on its device (none for a device's first op), then its data dependencies in
     Dependencies.keys_of order. A dependency that is not placed reads as len(ops), a sentinel that
-    times counts as ended before time 0. Also the index of every device's first op."""
-    ops = list(chain.from_iterable(schedule.orders))
+    times counts as ended before time 0. Also the index of every device's first op. With `offload F`
+    a device's copy engine is a lane of its own (see _copy_lanes)."""
+    lanes, issued = _copy_lanes(schedule.orders) if schedule.offload else (schedule.orders, {})
+    ops = list(chain.from_iterable(lanes))
     keys = list(map(OP_KEY, ops))
     # key -> index; a key not placed gets the sentinel (and is stored: the dict is thrown away after)
     index = defaultdict(repeat(len(ops)).__next__, zip(keys, range(len(ops))))
     preds = _predecessors(ops, keys, index, schedule.deps)
     firsts, n = [], 0
-    for order in schedule.orders:
+    for order in lanes:
         if order:
             firsts.append(n)
-            preds[n] = preds[n][1:]  # n - 1 is another device's op
+            preds[n] = preds[n][1:]  # n - 1 is another device's (or lane's) op
             n += len(order)
+    if issued:  # a copy starts no earlier than the compute op before it in the program: after its inputs
+        where = {id(op): n for n, op in enumerate(ops)}
+        for copy, compute in issued.items():
+            n = where[copy]
+            preds[n] = preds[n] + preds[where[compute]]
     return ops, preds, firsts
+
+
+def _copy_lanes(orders) -> tuple[list[tuple[Op, ...]], dict[int, int]]:
+    """With `offload F`, each device's program as two lanes: its compute ops, then (when it has any) the
+    O and L its copy engine runs, each lane in program order. A copy is issued when the program reaches
+    it, alongside the compute op before it: it waits for that op's predecessors as well as for its own
+    (its lane's previous copy, its data). Returns the lanes and, by id, the compute op before each copy.
+
+        device 0: F(0,0) O(0,0) F(0,1) L(0,0) B(0,0)  ->  F(0,0) F(0,1) B(0,0) | O(0,0) L(0,0); L issued with F(0,1)
+    """
+    lanes, issued = [], {}
+    for order in orders:
+        compute, copies, last = [], [], None
+        for op in order:
+            if op.kind in COPY:
+                copies.append(op)
+                if last is not None:
+                    issued[id(op)] = id(last)
+            else:
+                compute.append(op)
+                last = op
+        lanes += [tuple(compute), tuple(copies)] if copies else [tuple(compute)]
+    return lanes, issued
 
 
 def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
@@ -51,7 +81,7 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
     table = _builtin_table(deps).get
     preds = []
     append = preds.append
-    if deps.mixed:  # a backward's producer depends on the microbatch: no per-(kind, stage) template
+    if deps.mixed or deps.per_microbatch:  # dependencies vary with the microbatch: no per-stage template
         return [(p, *[index[key] for key in deps.keys_of(op)]) for p, op in enumerate(ops, -1)]
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
         per_pipe = table(kind)
@@ -72,7 +102,7 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
 
 def _builtin_table(deps: Dependencies) -> dict[str, list[_Flat]]:
     """kind -> pipeline -> stage -> ops.builtin_deps of that op, flattened (see _Flat)."""
-    return {kind: [_Flat(kind, stages, deps.split) for stages in deps.stages] for kind in BUILTIN}
+    return {kind: [_Flat(kind, stages, deps.split, deps.recompute) for stages in deps.stages] for kind in BUILTIN}
 
 
 class _Flat(dict):
@@ -80,14 +110,14 @@ class _Flat(dict):
     (kind, stage, kind, stage) (the rule gives at most two). A stage outside the pipeline (in a broken
     schedule that check_structure reports) is asked on first use."""
 
-    def __init__(self, kind: str, stages: int, split: bool):
+    def __init__(self, kind: str, stages: int, split: bool, recompute: bool = False):
         super().__init__()
-        self.kind, self.stages, self.split = kind, stages, split
+        self.kind, self.stages, self.split, self.recompute = kind, stages, split, recompute
         for s in range(stages):
             self[s]
 
     def __missing__(self, s: int) -> tuple:
-        found = tuple(part for dep in builtin_deps(self.kind, s, self.stages, self.split) for part in dep)
+        found = tuple(part for dep in builtin_deps(self.kind, s, self.stages, self.split, self.recompute) for part in dep)
         if len(found) > 4:
             raise ValueError(f"{self.kind}({s}) has more than two built-in dependencies")
         self[s] = found
@@ -117,10 +147,13 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
         sequence = sorted(zip(starts, ends, timed_ops), key=START)  # stable: ties keep index order
     else:
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
+    busy = busy_times([0.0 if op.kind in COPY else c for op, c in zip(ops, cost)] if schedule.offload else cost,
+                      device, schedule.devices)  # a copy engine's work is not the device's compute
     timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), max(ends, default=0.0),
-                    busy_times(cost, device, schedule.devices), peak_memory(schedule), latency, complete, sequence=tuple(sequence))
-    if complete and timed_model(schedule):  # kept outputs, saved gradients, task state
-        timing = replace(timing, peak_memory=peaks(holdings(schedule, [timing])))
+                    busy, peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+    if complete and timed_model(schedule):  # kept outputs, saved gradients, task state, host memory
+        held = holdings(schedule, [timing])
+        timing = replace(timing, peak_memory=peaks(held), peak_host=host_peaks(schedule, [timing]))
     return timing
 
 
@@ -275,5 +308,5 @@ def step_sequences(schedule: Schedule, timing: Timing) -> tuple[tuple[tuple[floa
 
 
 def _step_sequence(schedule: Schedule, step: tuple[tuple[Op, ...], ...]) -> tuple[tuple[float, float, Op], ...]:
-    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.deps.split, {}, ())
+    builtin = Dependencies(schedule.pipelines, schedule.costs, schedule.deps.split, {}, (), schedule.recompute)
     return simulate(replace(schedule, orders=step, cycle=(), deps=builtin)).sequence

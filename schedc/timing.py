@@ -33,6 +33,7 @@ class Timing:
     extra: dict[str, Any] = field(default_factory=dict)  # written by fill_bubbles, read by no one: Stats.of
     # takes the fill's figures from the timings before and after it (to be dropped with fill's rewrite)
     sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
+    peak_host: tuple[float, ...] = ()  # with `offload F`: per device, the peak of its activations on the host
 
     @property
     def idle(self) -> tuple[float, ...]:
@@ -66,6 +67,7 @@ class Timing:
             "idle_inside": [_round(i) for i in self.idle_inside],
             "peak_memory": [_round(m) for m in self.peak_memory],
             "latency": self.latency,
+            **({"peak_host_memory": [_round(m) for m in self.peak_host]} if self.peak_host else {}),
         }
 
 
@@ -137,6 +139,7 @@ class Stats(Mapping):
     utilization_useful: float | None = None     # the utilization without the overhead of cut pieces,
     pieces: dict[str, int] | None = None          # each filled task's pieces per instance,
     lagged: tuple[str, ...] | None = None         # and the task groups run on the previous cycle's results
+    peak_host_memory: tuple[float, ...] | None = None  # with `offload F`: the host's peak per device
 
     @classmethod
     def of(cls, schedule: Schedule, timing: Timing, unfilled: Timing | None = None) -> Stats:
@@ -150,7 +153,9 @@ class Stats(Mapping):
                     "utilization_useful": _round(timing.extra.get("utilization_useful", base["utilization"])),
                     "pieces": dict(timing.extra.get("pieces", {})), "lagged": tuple(timing.extra.get("lagged", ()))}
         return cls(**{**base, "busy": tuple(base["busy"]), "idle": tuple(base["idle"]),
-                      "idle_inside": tuple(base["idle_inside"]), "peak_memory": tuple(base["peak_memory"])}, devices=schedule.devices,
+                      "idle_inside": tuple(base["idle_inside"]), "peak_memory": tuple(base["peak_memory"]),
+                      **({"peak_host_memory": tuple(base["peak_host_memory"])} if "peak_host_memory" in base else {})},
+                   devices=schedule.devices,
                    ops=schedule.op_count(), cycle_steps=len(schedule.steps), **fill)
 
     def to_json(self) -> dict[str, Any]:
@@ -172,4 +177,5 @@ class Stats(Mapping):
         return len(self.to_json())
 
 
-_FILL_FIELDS = ("utilization_unfilled", "step_times", "makespan_unfilled", "utilization_useful", "pieces", "lagged")
+_FILL_FIELDS = ("utilization_unfilled", "step_times", "makespan_unfilled", "utilization_useful", "pieces", "lagged",
+                "peak_host_memory")  # (and the host's peak: given only with `offload F`)

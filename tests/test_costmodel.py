@@ -594,3 +594,52 @@ def test_uneven_stages_from_the_command_line():
     assert costs["W"][1] == pytest.approx(costs["W"][6]) and costs["W"][1] == pytest.approx(1.5 * costs["W"][0], rel=0.05)
     assert stage_params(model, 1, 8, 3, layout) == pytest.approx(3 / 2 * (stage_params(model, 1, 8, 0, layout)
                                                                           - 32000 * 2304 - 1024 * 2304))
+
+
+# Sequence chunks, placed recomputation and offload on a cluster ----------------------------------------
+
+def test_a_chunk_pays_for_the_keys_it_attends_to():
+    """Seq1F1B on a cluster: with GEMMs at peak and free memory traffic, a layer's attention products are
+    4 b s^2 h FLOPs of its forward; a chunk of s/k tokens attending to the keys of chunks 0..j does
+    (j+1)/k^2 of them and 1/k of the rest of the forward. Each chunk's F equals that, stage by stage."""
+    model, k, peak = gpt(8, 1024, 16), 4, A100.peak_flops
+    layout = Layout(recompute="none")
+    whole = run("1f1b", model, layout, ideal(), p=2, m=2).compiled.schedule
+    chunked = run("seq1f1b", model, layout, ideal(), p=2, m=2, k=k).compiled.schedule
+    forward = {op.stage: op.cost for op in whole.ops() if op.kind == "F"}
+    attention = 4 * layout.microbatch_size * model.seq ** 2 * model.hidden / peak * (model.layers // 2)
+    for op in (op for op in chunked.ops() if op.kind == "F"):
+        j = op.mb % k
+        assert op.cost == pytest.approx((forward[op.stage] - attention) / k + attention * (j + 1) / k ** 2, rel=1e-9)
+
+
+def test_chunks_that_do_not_divide_the_sequence_are_refused_at_the_pipeline():
+    from schedc.diagnostics import SchedError
+    with pytest.raises(SchedError) as caught:
+        run("seq1f1b", gpt(8, 1024, 16), Layout(recompute="none"), A100, p=2, m=2, k=3)
+    (diag,) = caught.value.diagnostics
+    assert caught.value.exit_code == 2 and "3 sequence chunks do not divide" in diag.message
+    assert diag.span.line == 13
+
+
+def test_an_offload_takes_the_activation_over_the_host_link():
+    """O and L move one microbatch's activations of the stage: Korthikanti et al.'s s b h (34 + 5 a s / h)
+    bytes per layer without tensor parallelism or recomputation, over the cluster's [host] bandwidth."""
+    model, layout = gpt(8, 1024, 16), Layout(recompute="none")
+    s, b, h, a = model.seq, layout.microbatch_size, model.hidden, model.heads
+    per_layer = s * b * h * (34 + 5 * a * s / h)
+    schedule = run("offload_1f1b", model, layout, A100, p=2, m=2).compiled.schedule
+    copies = [op for op in schedule.ops() if op.kind in ("O", "L")]
+    assert copies and all(op.cost == pytest.approx(4 * per_layer / 25e9, rel=1e-9) for op in copies)
+    assert A100.host_bandwidth == 25e9
+
+
+def test_placed_work_needs_what_the_cluster_and_layout_must_say():
+    from schedc.diagnostics import SchedError
+    model = gpt(8, 1024, 16)
+    with pytest.raises(SchedError, match="give --recompute none"):
+        run("interleaved_1f1b_recompute", model, Layout(recompute="full"), A100, p=2, m=2)
+    with pytest.raises(SchedError, match="gives no host link"):
+        run("offload_1f1b", model, Layout(recompute="none"), replace(A100, host_bandwidth=0.0), p=2, m=2)
+    r = run("interleaved_1f1b_recompute", model, Layout(recompute="none"), A100, p=2, m=2).compiled.schedule
+    assert all(op.cost == r.costs["F"][op.stage] for op in r.ops() if op.kind == "R")

@@ -31,6 +31,9 @@ SIZES = {
     "looped_bfs": [{"p": 2, "v": 2, "m": 4}, {"p": 3, "v": 3, "m": 5}, {"p": 4, "v": 2, "m": 8}],
     "dualpipe": [{"p": 2, "m": 4}, {"p": 4, "m": 8}, {"p": 4, "m": 12}],
     "dualpipev": [{"p": 2, "m": 4}, {"p": 3, "m": 7}, {"p": 4, "m": 10}],
+    "seq1f1b": [{"p": 2, "m": 2, "k": 2}, {"p": 4, "m": 4, "k": 4}],
+    "interleaved_1f1b_recompute": [{"p": 2, "v": 2, "m": 2}, {"p": 4, "v": 2, "m": 8}],
+    "offload_1f1b": [{"p": 2, "m": 2}, {"p": 4, "m": 8}],
 }
 LATENCY = {"1f1b": 0.25, "chimera": 0.5}  # the largest size is also compiled with this message latency
 

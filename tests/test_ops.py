@@ -57,7 +57,7 @@ def test_kinds_read_and_hash_as_their_codes():
     assert json.dumps({"op": Opcode.STEP}) == '{"op": "STEP"}'
     assert ops.COMM == ops.SENDS | ops.RECVS and not ops.COMM & ops.COMPUTE
     assert ops.NOT_COMPUTE == ops.COMM | {"SYNC_GRAD", "STEP"}
-    assert ops.BUILTIN == {"F", "B", "I", "W"} and ops.LINKED == {"F", "B", "I"} and ops.SPLIT == {"I", "W"}
+    assert ops.BUILTIN == {"F", "B", "I", "W", "R", "O", "L"} and ops.LINKED == {"F", "B", "I"} and ops.SPLIT == {"I", "W"}
 
 
 def test_one_text_form_for_ops_and_instructions():

@@ -284,7 +284,8 @@ def test_literal_runs_parse_as_the_general_rule_on_generated_programs():
 
 
 def test_what_was_expected_is_listed_up_to_the_one_cap():
-    """The expected tokens are a text.listed list: all 18 of a bad top-level line (under the cap of 20;
+    """The expected tokens are a text.listed list: all 20 of a bad top-level line (at the cap of 20;
     past it, `... and N more`, as test_text shows)."""
     message = _error('schedule x "x"\nfrobnicate 3\n').render().splitlines()[0]
-    assert message.endswith("'queue', 'replicate', 'require', 'squeeze', 'task', 'use'") and "more" not in message
+    assert message.endswith("'queue', 'recompute', 'replicate', 'require', 'squeeze', 'task', 'use'") \
+        and "'offload'" in message and "more" not in message

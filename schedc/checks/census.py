@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from itertools import chain, product
 
 from ..ir import OP_KEY, Schedule
-from ..ops import BUILTIN, builtin_kinds
+from ..ops import BUILTIN, COPY, builtin_kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +41,10 @@ def expected_keys(schedule: Schedule) -> set[tuple]:
         if schedule.mixed_backward:
             for s, mb in product(range(pipe.stages), pipe.microbatches):
                 split = (k, s, mb) in schedule.split_of
-                keys.update((kind, s, mb, k, 0) for kind in builtin_kinds(split))
+                keys.update((kind, s, mb, k, 0) for kind in builtin_kinds(split, schedule.recompute))
             continue
-        keys.update(product(builtin_kinds(schedule.split_backward), range(pipe.stages), pipe.microbatches, (k,), (0,)))
+        keys.update(product(builtin_kinds(schedule.split_backward, schedule.recompute), range(pipe.stages), pipe.microbatches, (k,), (0,)))
+    keys.update((kind, s, mb, k, 0) for k, s, mb in schedule.deps.offloaded for kind in COPY)  # both, or neither
     if schedule.tasks:
         unplaced = set(map(OP_KEY, schedule.unplaced))
         keys.update(key for key in map(OP_KEY, schedule.deps.explicit) if key[0] not in BUILTIN and key not in unplaced)

@@ -21,7 +21,7 @@ from ..text import gib, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
-from ..memory import PERSISTENT, Held, first_over, holdings, memory_deltas, peak_of, timed_model
+from ..memory import PERSISTENT, Held, first_over, holdings, host_holdings, memory_deltas, peak_of, timed_model
 from ..timing import Timing
 
 TOLERANCE = 1e-9
@@ -33,11 +33,30 @@ def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
     `limit memory`, over every step of a filled cycle: activations, the saved gradients tasks keep and
     tasks' persistent state (schedc/memory.py). Otherwise one error per device over its limit, naming
     the simulated time (and step), what was added when the limit was crossed and everything held then."""
+    host = _host_over(schedule, timing)
     if schedule.memory_limit is None:
-        return []
+        return host
     return [_over(schedule, timing, d, peak, limit)
             for d, (peak, limit) in enumerate(zip(timing.peak_memory, schedule.memory_limit))
-            if peak > limit + TOLERANCE]
+            if peak > limit + TOLERANCE] + host
+
+
+def _host_over(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
+    """`limit host_memory`: per device over it, the O whose copy crossed it and what the host held."""
+    if schedule.host_limit is None or not timing.complete:
+        return []
+    out = []
+    for d, (held, limit) in enumerate(zip(host_holdings(schedule, list(timing.steps) or [timing]),
+                                          schedule.host_limit)):
+        crossing = first_over(held, limit, TOLERANCE)
+        if crossing is not None:
+            first, alive, units = crossing
+            shown = elide([label(schedule, h.op) for h in alive], 12)
+            out.append(error(f"device {d}: {units:g} activation units on the host at time {first.start:g} when "
+                             f"{label(schedule, first.op)} copies out, over the host limit {limit:g}; offloaded: "
+                             f"{shown}", first.op.span or schedule.host_limit_span,
+                             notes=(f"the limit is declared at {location(schedule.source, schedule.host_limit_span)}",)))
+    return out
 
 
 def _over(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float) -> Diagnostic:

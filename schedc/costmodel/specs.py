@@ -81,6 +81,7 @@ class ClusterSpec:
     memory_reserved: float = 0.0   # bytes per GPU no tensor gets: CUDA context, NCCL and cuBLAS buffers
     fragmentation: float = 0.0     # of the allocator's reserved bytes, held but not allocated to tensors
     dtype: str = "bf16"            # what peak_flops is the peak of ([gpu] dtype; a CPU fit's is fp32)
+    host_bandwidth: float = 0.0    # bytes/s per GPU and direction to host memory (PCIe, effective); 0: not given
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -254,7 +255,7 @@ def load_cluster(name: str) -> ClusterSpec:
     table, source = read_toml(path, "cluster description")
     diags: list[Diagnostic] = []
     for key, value in table.items():
-        tables = (*_CLUSTER_FIELDS, "memory")
+        tables = (*_CLUSTER_FIELDS, "memory", "host")
         if key not in tables and key not in ("name", "description", "source"):
             what = "table" if isinstance(value, dict) else "key"
             diags.append(error(f"unknown {what} '{key}' (tables: {', '.join(tables)})", locate(source, key)))
@@ -302,7 +303,7 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype)
+        gpu_dtype, _host_bandwidth(table, source, diags))
 
 
 def _gpu_dtype(table: dict, source: Source, diags: list[Diagnostic]) -> str:
@@ -314,6 +315,22 @@ def _gpu_dtype(table: dict, source: Source, diags: list[Diagnostic]) -> str:
                            "peak_tflops is for)", locate(source, "dtype", "gpu")))
         return "bf16"
     return value
+
+
+def _host_bandwidth(table: dict, source: Source, diags: list[Diagnostic]) -> float:
+    """The optional [host] table's bandwidth_gbps in bytes/s: what an offload (O) or reload (L) of
+    activations moves per second between a GPU and host memory; 0.0 without the table."""
+    given = table.get("host")
+    if not isinstance(given, dict):
+        return 0.0
+    diags += unknown_keys([k for k in given if k != "bandwidth_gbps"],
+                          lambda k: f"unknown key 'host.{k}' (keys: bandwidth_gbps)", lambda k: locate(source, k, "host"))
+    value = given.get("bandwidth_gbps")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not MIN_FIGURE <= value <= MAX_FIGURE:
+        diags.append(error(f"'host.bandwidth_gbps' must be a number in [{MIN_FIGURE:g}, {MAX_FIGURE:g}], got "
+                           f"{value!r} (GPU to host memory, GB/s per direction)", locate(source, "bandwidth_gbps", "host")))
+        return 0.0
+    return value * 1e9
 
 
 def _memory_fields(table: dict, source: Source, diags: list[Diagnostic]) -> dict[str, float]:
@@ -372,7 +389,10 @@ inter = {spec.inter_efficiency!r}
 [memory]
 reserved_gib = {spec.memory_reserved / GIB!r}
 fragmentation = {spec.fragmentation!r}
-"""
+""" + (f"""
+[host]
+bandwidth_gbps = {spec.host_bandwidth / 1e9!r}
+""" if spec.host_bandwidth else "")
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:

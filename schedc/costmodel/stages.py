@@ -45,15 +45,12 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     and the backward's attention products are five, not four (the scores recomputed: 2.5 forwards'),
     which leaves selective recomputation nothing to repeat."""
     m, lay, hw = st.model, st.layout, st.hw
-    b, s, h, a, f, t, w = lay.microbatch_size, m.seq, m.hidden, m.heads, m.ffn, lay.tp, m.width
+    b, s, h, f, t, w = lay.microbatch_size, m.seq, m.hidden, m.ffn, lay.tp, m.width
     bs = b * s
     gemms = hw.gemm(bs, 3 * h / t, h) + hw.gemm(bs, h, h / t) + hw.gemm(bs, f / t, h) + hw.gemm(bs, h, f / t)
-    attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
     replicated = bs * h / (t if lay.sequence_parallel else 1)
     elementwise = hw.memory(w * (ELEMENTWISE * replicated + 2 * bs * f / t + TRANSPOSES * bs * h / t))
-    # flash attention: softmax and dropout on chip (no s x s traffic); its backward recomputes the scores
-    attention_elementwise = 0.0 if m.flash else hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
-    attention_backward = (2.5 if m.flash else 2) * attention
+    attention, attention_elementwise, attention_backward = attention_terms(st)
     comm = 2 * st.tp_all_reduce(w * bs * h) if t > 1 else 0.0  # 2 AG + 2 RS cost the same with SP
     accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm)
@@ -63,6 +60,41 @@ def layer_parts(st: Setting) -> dict[str, Part]:
             I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm),
             W: Part(gemms + accumulate, 0.0),
             R: recompute}
+
+
+def attention_terms(st: Setting) -> tuple[float, float, float]:
+    """One layer's terms that grow with the square of the sequence, one microbatch: the attention
+    products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
+    kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed)."""
+    m, lay, hw = st.model, st.layout, st.hw
+    b, s, h, a, t, w = lay.microbatch_size, m.seq, m.hidden, m.heads, lay.tp, m.width
+    attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
+    elementwise = 0.0 if m.flash else hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
+    return attention, elementwise, (2.5 if m.flash else 2) * attention
+
+
+def chunk_multipliers(st: Setting, costs: StageCosts, chunks: int) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """Sequence chunks (Seq1F1B): kind -> stage -> chunk j -> what chunk j's op costs over an even 1/k
+    share of the microbatch's. A chunk of s/k tokens does 1/k of the layer's sequence-linear work, and
+    its attention reads the keys of chunks 0..j: (j+1)/k^2 of the microbatch's s x s terms. With a the
+    s x s share of the stage's op, chunk j costs (1 - a) + a (j+1)/k of an even share; W has none.
+
+        a = 0.3, k = 2  ->  chunk 0: 0.85, chunk 1: 1.0 (the microbatch's 1 - 0.3/4 in all)
+    """
+    attention, elementwise, backward = attention_terms(st)
+    layers = stage_layers(st.model, len(costs.parts[F]), st.layout)
+    core = 0.0 if st.model.flash else attention + elementwise  # selective recomputation's (layer_parts)
+    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0}
+    square = {F: attention + elementwise, I: backward + 2 * elementwise + recompute[st.layout.recompute], W: 0.0}
+    square[B] = square[I]
+    out = {}
+    for kind, parts in costs.parts.items():
+        rows = []
+        for s, part in enumerate(parts):
+            share = min(1.0, square[kind] * layers[s] / part.total) if part.total > 0 else 0.0
+            rows.append(tuple((1 - share) + share * (j + 1) / chunks for j in range(chunks)))
+        out[kind] = tuple(rows)
+    return out
 
 
 def embedding_parts(st: Setting) -> dict[str, Part]:

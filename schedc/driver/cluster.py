@@ -14,7 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model
-from ..diagnostics import usage
+from ..diagnostics import USAGE, usage
+from ..costmodel.bytes import layer_activation_bytes
+from ..costmodel.hardware import stage_layers
+from ..costmodel.stages import chunk_multipliers
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
@@ -71,8 +74,9 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         problem = costs_problem(costs.costs(), layout)
         if problem:
             raise usage(problem)
-        schedule = elaborate(decl, source, Options(overrides, costs.costs(), model_layers=st.model.layers,
-                                                   task_scale=_forward_scale(probe, costs)))
+        placed, by_chunk = _placed_costs(probe, st, costs, source)
+        schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers,
+                                                   task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk))
         links = link_times(st, schedule.devices)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
@@ -82,6 +86,29 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
     over = _over_memory(result, st)
     return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
+
+
+def _placed_costs(probe, st: Setting, costs, source) -> tuple[dict, dict | None]:
+    """What a schedule's placed ops and sequence chunks cost on the cluster: O and L, one microbatch's
+    activation bytes of the stage over the GPU's host link; per chunk, its attention's growth
+    (chunk_multipliers). Refused: chunks that do not divide the model's sequence, offload on a cluster
+    that gives no host link, `recompute F` beside the layout's own recomputation (B would redo it)."""
+    from ..frontend.params import fail_at
+    pipe, placed = probe.pipelines[0], {}
+    if probe.chunks > 1 and st.model.seq % probe.chunks:
+        raise fail_at(f"{probe.chunks} sequence chunks do not divide the model's sequence of {st.model.seq:,} "
+                      "tokens", pipe.span, source, kind=USAGE)
+    if probe.recompute and st.layout.recompute != "none":
+        raise usage(f"the schedule places its recomputation (recompute F, R ops): give --recompute none, not "
+                    f"{st.layout.recompute}")
+    if probe.offload:
+        if not st.cluster.host_bandwidth:
+            raise usage(f"the schedule offloads activations (offload F), but cluster '{st.cluster.name}' gives no "
+                        "host link: add [host] bandwidth_gbps")
+        per_layer = layer_activation_bytes(st.model, st.layout) / st.cluster.host_bandwidth
+        copy = tuple(n * per_layer for n in stage_layers(st.model, probe.stages, st.layout))
+        placed = {OpKind.O.value: copy, OpKind.L.value: copy}
+    return placed, (chunk_multipliers(st, costs, probe.chunks) if probe.chunks > 1 else None)
 
 
 def _forward_scale(probe, costs) -> tuple[float, ...]:

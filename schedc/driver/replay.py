@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
-from ..ops import BUILTIN, DEFAULT_COSTS, OpKind
+from ..ops import BUILTIN, COPY, DEFAULT_COSTS, OpKind
 from ..inputs import load_json, read_source
 from ..plan import NOT_COMPUTE, Plan, PlanError, plan_from_json
 from .passes import replay, run_passes
@@ -113,13 +113,14 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Sch
     table = {k: (v,) * stages for k, v in DEFAULT_COSTS.items()}
     table.update({k: _per_stage(v, stages) for k, v in (meta.get("costs") or {}).items()})
     table.update({k: _per_stage(v, stages) for k, v in costs.items()})
-    pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]))
+    pipelines = tuple(Pipeline(p["name"], int(p["stages"]), tuple(p["placement"]), tuple(p["microbatches"]),
+                               chunks=int(meta.get("chunks", 1)))
                       for p in meta.get("pipelines", ()))
-    orders, fused = [], []
+    orders, fused, chunks = [], [], int(meta.get("chunks", 1))
     for rank, steps in enumerate(plan.ranks):
         order = []
         for instr in (i for i in (steps[step] if step < len(steps) else ()) if _is_compute(i.op)):
-            order += [_op(unit, rank, table) for unit in instr.units()]
+            order += [_op(unit, rank, table, chunks) for unit in instr.units()]
             if instr.halves is not None:  # an OVERLAP_F_B: its halves, side by side, one overlapped op
                 fused.append((order[-2], order[-1]))
         orders.append(tuple(order))
@@ -127,15 +128,17 @@ def schedule_from_plan(plan: Plan, path: str, costs: dict, step: int = 0) -> Sch
     split = OpKind.I in kinds
     split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == OpKind.I) \
         if split and OpKind.B in kinds else None  # B and I mixed: the stages and microbatches split
+    recompute = OpKind.R in kinds  # `recompute F`: the plan places R ops; `offload F`: O and L
+    offloaded = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind in COPY)
     deps = Dependencies(pipelines, table, split if split_of is None else split_of, {},
-                        tuple(op for order in orders for op in order))
+                        tuple(op for order in orders for op in order), recompute, offloaded)
     return Schedule(name=str(meta.get("schedule", "plan")), description=str(meta.get("description", "")),
                     source=Source(path, ""), params=_declared_order(meta.get("params") or {}), devices=plan.devices,
                     pipelines=pipelines, replicas=tuple(tuple(g) for g in meta.get("replicas", ())),
                     orders=tuple(orders), deps=deps, costs=table,
                     activation=_per_stage(meta.get("activation", 1.0), stages), memory_limit=None,
                     memory_limit_span=None, split_backward=split and split_of is None, split_of=split_of,
-                    fused=tuple(fused))
+                    fused=tuple(fused), recompute=recompute, offload=bool(offloaded))
 
 
 PARAM_ORDER = ("p", "v", "m")  # a plan.json keeps its params sorted by name; the library declares these first
@@ -156,9 +159,10 @@ def _is_compute(opcode: str) -> bool:
     return opcode not in NOT_COMPUTE
 
 
-def _op(instr, rank: int, table: dict) -> Op:
+def _op(instr, rank: int, table: dict, chunks: int = 1) -> Op:
+    """The op an instruction runs; a built-in op of a plan with sequence chunks has them as its parts."""
     stage = instr.stage or 0
     per_stage = table.get(instr.op)
     cost = per_stage[stage] if per_stage and stage < len(per_stage) else 1.0
-    return Op(instr.op, stage, instr.mb, instr.pipe or 0, instr.part or 0, rank, cost,
-              parts=instr.parts or 1)
+    parts = chunks if instr.op in BUILTIN and instr.parts is None else instr.parts or 1
+    return Op(instr.op, stage, instr.mb, instr.pipe or 0, instr.part or 0, rank, cost, parts=parts)

@@ -163,6 +163,7 @@ class PipelineDecl(Node):
     placement_span: Span | None
     mb_start: Expr | None
     mb_stop: Expr | None
+    chunks: Expr | None = None  # `microbatches m chunks k`: sequence chunks per microbatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +191,23 @@ class Limit(Node):
 
 
 @dataclass(frozen=True, slots=True)
+class HostLimit(Node):
+    value: Expr  # `limit host_memory <= e`: per device, what its offloaded state may hold on the host
+
+
+@dataclass(frozen=True, slots=True)
+class Offload(Node):
+    kind: str  # the kind whose saved state O and L may take to the host and back: F
+
+
+@dataclass(frozen=True, slots=True)
 class SplitBackward(Node):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Recompute(Node):
+    kind: str  # the kind whose saved state is dropped and rebuilt by R: F
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +282,7 @@ class Use(Node):
 
 
 Decl = (Param | Require | Devices | PipelineDecl | Replicate | CostDecl | MemoryDecl | Limit
-        | SplitBackward | MixedBackward | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
+        | HostLimit | SplitBackward | MixedBackward | Recompute | Offload | Squeeze | QueueDecl | Program | Greedy | TaskDecl | Fill | Extends | Use)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,3 +53,13 @@ def unclosed_bracket(text: str, stopped: int, expected: set[str], at_end: bool) 
 def line_column(text: str, offset: int) -> tuple[int, int]:
     """The 1-based line and column of an offset."""
     return text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
+
+
+def unmatched_paren(text: str) -> int | None:
+    """The position of the last '(' of `text` that no later ')' closes, or None."""
+    depth = 0
+    for position in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[position], 0)
+        if depth < 0:
+            return position
+    return None

@@ -21,6 +21,8 @@ from .order import run_programs
 from .queues import chunk_index
 from .footprint import memory_limit_of, memory_of
 from .params import bind_params, check_declared_once, fail_at, int_values, per_stage
+from .placed import copy_kinds, host_limit, offloaded_dependencies, offloads, placed_costs, recomputes
+from .sequence import chunk_count, cost_column, per_unit, same_chunks, units
 
 # The expansion limit: the most ops a schedule may expand to, every front end and task included. At
 # the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
@@ -46,6 +48,8 @@ class Options:
     # kinds are checked against the schedule's, none left to the unit defaults
     task_scale: tuple[float, ...] | None = None  # per stage, what one declared unit of a task's cost (and
     #                                  `cost piece`) is worth: --cluster's seconds per forward of the stage
+    chunk_costs: dict | None = None  # sequence chunks under --cluster: kind -> stage -> chunk j -> its cost
+    #                                  over an even 1/k share (costmodel.stages.chunk_multipliers)
 
 
 def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
@@ -59,13 +63,16 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
             raise fail_at(f"pipeline '{pd.name}' needs 'stages' and 'microbatches'", pd.span, source)
         stages = evaluate_int(pd.stages, env, "stage count")
         mbs = int_values(pd.mb_start, pd.mb_stop, env)
+        chunks = chunk_count(pd, env, source)
         if stages < 1 or len(mbs) < 1:
             raise fail_at(f"pipeline '{pd.name}' has {stages} stages and {len(mbs)} microbatches; "
                         "both must be at least 1", pd.span, source)
-        total += stages * len(mbs) * kinds
+        total += stages * len(mbs) * chunks * kinds
         if total > max_ops:
+            per = f" x {chunks:,} chunks" if chunks > 1 else ""
             raise fail_at(f"schedule would expand to more than {max_ops:,} ops "
-                        f"({stages:,} stages x {len(mbs):,} microbatches x {kinds} op kinds); refusing", pd.span, source)
+                        f"({stages:,} stages x {len(mbs):,} microbatches{per} x {kinds} op kinds); refusing", pd.span,
+                        source)
         placement = []
         for s in range(stages):
             device = evaluate_int(pd.placement, {**env, pd.stage_var: s}, "device") if pd.placement else s
@@ -78,12 +85,13 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
                 why = "is negative" if mb < 0 else f"is already owned by pipeline '{owner[mb]}'"
                 raise fail_at(f"microbatch {mb} of pipeline '{pd.name}' {why}", pd.span, source)
             owner[mb] = pd.name
-        pipelines.append(Pipeline(pd.name, stages, tuple(placement), tuple(mbs), pd.span))
+        pipelines.append(Pipeline(pd.name, stages, tuple(placement), units(mbs, chunks), pd.span, chunks))
     if not pipelines:
         raise fail_at("a schedule needs at least one pipeline", decl.span, source)
     if sorted(owner) != list(range(len(owner))):
         raise fail_at(f"microbatches must be numbered 0..{len(owner) - 1} across pipelines", pipelines[0].span,
                     source)
+    same_chunks(pipelines, source)
     return tuple(pipelines)
 
 
@@ -136,11 +144,12 @@ def _scaled_tasks(costs: dict[str, tuple[float, ...]], tasks: set[str],
 
 
 def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...]], split: bool,
-              mixed: bool = False) -> list[Op]:
+              mixed: bool = False, recompute: bool = False, offload: bool = False, by_chunk: dict | None = None
+              ) -> list[Op]:
     """The built-in ops, pipeline by pipeline, stage by stage, microbatch by microbatch, kind by kind
     (F B, F I W, or all four with a mixed backward: the programs choose); made column by column, as a big
-    schedule has 10^5 of them."""
-    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split)), []
+    schedule has 10^5 of them. `by_chunk`: per kind, stage and sequence chunk, a factor on the cost."""
+    kinds, ops = (MIXED_KINDS if mixed else builtin_kinds(split, recompute) + copy_kinds(offload)), []
     for k, pipe in enumerate(pipelines):
         mbs, stages = pipe.microbatches, range(pipe.stages)
         per_stage = len(mbs) * len(kinds)
@@ -151,8 +160,8 @@ def build_ops(pipelines: tuple[Pipeline, ...], costs: dict[str, tuple[float, ...
             [mb for mb in mbs for _ in kinds] * pipe.stages,                              # mb
             repeat(k), repeat(0),                                                         # pipe, part
             chain.from_iterable(repeat(pipe.placement[s], per_stage) for s in stages),    # device
-            chain.from_iterable([costs[kind][s] for kind in kinds] * len(mbs) for s in stages),  # cost
-            repeat(None), repeat(1))                                                      # span, parts
+            cost_column(costs, kinds, mbs, stages, pipe.chunks, by_chunk),                   # cost
+            repeat(None), repeat(pipe.chunks))                                            # span, parts
     return ops
 
 
@@ -205,39 +214,32 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     stages = pipelines[0].stages
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     mixed = _mixed_backward(decl, split, source)
+    recompute = recomputes(decl, mixed, source)
+    offload = offloads(decl, mixed, recompute, source)
     task_decls = [d for d in decl.decls if isinstance(d, ast.TaskDecl)]
-    defaults = dict(DEFAULT_COSTS)
     cost_decls = [d for d in decl.decls if isinstance(d, ast.CostDecl)]
-    _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source)
+    _check_kinds(decl, cost_decls, split, mixed, {t.name for t in task_decls}, source, recompute, offload)
     _check_fill(decl, {t.name for t in task_decls}, source)
     task_names = [t.name for t in task_decls]
     if options.measured is not None:  # with `backward mixed`, the backwards the programs chose: below
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
     layers = stage_layers(options.model_layers, stages, decl, source)
-    costs = _scaled_tasks(per_stage(cost_decls, defaults, env, stages, source, _per_stage_given(options, layers),
-                                     origin=options.measured), set(task_names), options.task_scale)
-    activation, memory = memory_of(decl, env, stages, split, {t.name for t in task_decls}, source, options.memory,
-                                 mixed)
-    ops = build_ops(pipelines, costs, split, mixed)
+    costs, activation, memory = _costs_and_memory(decl, env, pipelines, split, mixed, cost_decls, task_names, source,
+                                                  options, layers)
+    costs = placed_costs(costs, cost_decls, (OpKind.R.value,) * recompute + copy_kinds(offload))  # R, O, L
+    ops = build_ops(pipelines, costs, split, mixed, recompute, offload, options.chunk_costs)
     tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
                                                                    source, layers, options, ops, task_decls)
-    deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops))
+    deps = Dependencies(pipelines, costs, split, task_deps, tuple(ops + task_ops), recompute)
     filled = {name for name, _ in fill}
     placeable = ops + [op for op in task_ops if op.kind not in filled]
     unplaced = tuple(op for op in task_ops if op.kind in filled)
     env_pipes = {**env, **{p.name: PipeRef(p.name) for p in pipelines}}
-    programs, greedy, queues, squeeze = _order_decls(decl, mixed, source)
     fused: list = []
     slots: list = []
-    if programs:
-        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source,
-                                     mixed, fused, slots)
-    else:
-        orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
-                                     env_pipes, source)
-    if has_errors(diags):
-        raise SchedError(diags, source)
+    orders, squeeze = _run_order(decl, mixed, offload, placeable, deps, pipelines, devices, env_pipes, source, fused,
+                                 slots)
     limit, limit_span = memory_limit_of(decl, env, devices, source)
     fill_span = next((d.span for d in decl.decls if isinstance(d, ast.Fill)), None)
     split_of = None
@@ -247,6 +249,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if options.measured is not None:
         chosen = _chosen_backwards(pipelines, split_of) + task_names if mixed else []
         _check_measured(options, chosen, task_names, split, mixed, bool(fused))
+    if offload:  # the O and L the programs placed; the others never run
+        deps = offloaded_dependencies(orders, ops, task_ops, deps, pipelines, costs, split)
     if squeeze:
         orders = _squeezed(squeeze, orders, slots, deps, pipelines, fused, source)
     _check_overlap_cost(cost_decls, fused, source)
@@ -254,7 +258,35 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     pipelines=pipelines, replicas=replicas, orders=orders, deps=deps, costs=costs,
                     activation=activation, memory_limit=limit, memory_limit_span=limit_span, split_backward=split,
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
-                    split_of=split_of, fused=tuple(fused))
+                    split_of=split_of, fused=tuple(fused), recompute=recompute, offload=offload,
+                    **host_limit(decl, env, devices, source))
+
+
+def _run_order(decl: ast.ScheduleDecl, mixed: bool, offload: bool, placeable: list[Op], deps, pipelines, devices: int,
+               env_pipes: dict, source: Source, fused: list, slots: list):
+    """The order strategy run: the programs (O and L optional in them), else greedy; (orders, squeeze)."""
+    programs, greedy, queues, squeeze = _order_decls(decl, mixed, source)
+    if programs:
+        orders, diags = run_programs(programs, queues, placeable, pipelines, devices, env_pipes, source,
+                                     mixed, fused, slots, frozenset(copy_kinds(offload)))
+    else:
+        orders, diags = order_greedy(greedy[0] if greedy else None, placeable, deps, pipelines, devices,
+                                     env_pipes, source)
+    if has_errors(diags):
+        raise SchedError(diags, source)
+    return orders, squeeze
+
+
+def _costs_and_memory(decl: ast.ScheduleDecl, env: dict, pipelines, split: bool, mixed: bool, cost_decls: list,
+                      task_names: list[str], source: Source, options: Options, layers):
+    """Per kind and stage, the cost of one op (of one sequence chunk: frontend/sequence.py); per stage, the
+    activation units a forward keeps; the other kinds' memory."""
+    stages, chunks = pipelines[0].stages, pipelines[0].chunks
+    costs = per_unit(_scaled_tasks(per_stage(cost_decls, dict(DEFAULT_COSTS), env, stages, source,
+                                             _per_stage_given(options, layers), origin=options.measured),
+                                   set(task_names), options.task_scale), chunks)
+    activation, memory = memory_of(decl, env, stages, split, set(task_names), source, options.memory, mixed)
+    return costs, per_unit({OpKind.F.value: activation}, chunks)[OpKind.F.value], memory
 
 
 def _expanded(decl: ast.ScheduleDecl, env: dict, pipelines, replicas, split: bool, costs, source: Source, layers,
@@ -344,7 +376,9 @@ def _grid_kinds(decl: ast.ScheduleDecl) -> int:
     """Ops per stage and microbatch: 2 (F B), 3 with a split backward (F I W), 4 with a mixed one."""
     if any(isinstance(d, ast.MixedBackward) for d in decl.decls):
         return len(MIXED_KINDS)
-    return len(builtin_kinds(any(isinstance(d, ast.SplitBackward) for d in decl.decls)))
+    return len(builtin_kinds(any(isinstance(d, ast.SplitBackward) for d in decl.decls),
+                             any(isinstance(d, ast.Recompute) for d in decl.decls))
+               + copy_kinds(any(isinstance(d, ast.Offload) for d in decl.decls)))
 
 
 def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool:
@@ -356,10 +390,10 @@ def _mixed_backward(decl: ast.ScheduleDecl, split: bool, source: Source) -> bool
 
 
 def _check_kinds(decl: ast.ScheduleDecl, costs: list[ast.CostDecl], split: bool, mixed: bool, tasks: set[str],
-                 source: Source) -> None:
+                 source: Source, recompute: bool = False, offload: bool = False) -> None:
     """Every kind a `cost`, `queue` or program cursor names runs in the schedule: a misspelt kind would
     be ignored (a cost, a queue, an optional pop `Q?` or a choice's `(Wx | B)`)."""
-    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split)) | tasks
+    kinds = set(MIXED_KINDS if mixed else builtin_kinds(split, recompute) + copy_kinds(offload)) | tasks
     diags = []
     seen: set[str] = set()
     for cursor in (c for d in decl.decls if isinstance(d, ast.Program) for c in _cursors(d.body)):

@@ -29,17 +29,19 @@ def memory_of(decl, env, stages: int, split: bool, tasks: set[str], source: Sour
     return activation, {k: v for k, v in table.items() if any(v)}
 
 
-def memory_limit_of(decl, env, devices, source: Source):
-    """`limit memory <= e`: per device (d bound), activation units, a number >= 0 (a negative limit no
-    op could meet was reported at every device's first forward instead of here)."""
+def memory_limit_of(decl, env, devices, source: Source, of=ast.Limit):
+    """`limit memory <= e` (`of` HostLimit: `limit host_memory <= e`): per device (d bound), activation
+    units, a number >= 0 (a negative limit no op could meet was reported at every device's first
+    forward instead of here)."""
     for d in decl.decls:
-        if isinstance(d, ast.Limit):
+        if isinstance(d, of):
             fn = compile_expr(d.value)
             limits = tuple(float(fn({**env, "d": dev})) for dev in range(devices))
             bad = next((v for v in limits if not v >= 0), None)  # NaN too; inf: no limit
             if bad is not None:
                 shown = ", ".join(f"{k}={v}" for k, v in env.items())
-                raise fail_at(f"limit memory must be a number >= 0, got {bad:g}", d.span, source,
+                what = "memory" if of is ast.Limit else "host_memory"
+                raise fail_at(f"limit {what} must be a number >= 0, got {bad:g}", d.span, source,
                             notes=(f"with {shown}",) if shown else ())
             return limits, d.span
     return None, None

@@ -114,6 +114,6 @@ def _greedy_key(decl: ast.Greedy | None, pipelines, chunk, env) -> Callable[[Op]
     scope = dict(env)
 
     def key(op: Op) -> tuple:
-        bind_names(scope, op, refs[op.pipe], chunk)
+        bind_names(scope, op, refs[op.pipe], chunk, pipelines[op.pipe].chunks)
         return (*(fn(scope) for fn in fns), op.pipe, op.stage, op.mb or 0, op.part)
     return key

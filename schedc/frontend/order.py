@@ -375,11 +375,12 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
                  source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
-                 ) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
+                 optional: frozenset = frozenset()) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
     """Run each device's program; report empty pops and ops left over, naming device, op and line.
     With `mixed` (a mixed backward), the programs choose B or I per backward and the halves not chosen
     are dropped from the orders. Overlapped pairs the programs place are appended to `fused`, each
-    device's list of the unit slots of its ops (`F at t`) to `slots`."""
+    device's list of the unit slots of its ops (`F at t`) to `slots`. Ops of the `optional` kinds (O and
+    L: a program offloads what it chooses) may be left."""
     names = {p.name for p in pipelines}
     for q in queue_decls:
         if q.pipe is not None and q.pipe not in names:
@@ -421,7 +422,8 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             slots.append(run.slots)
         complete = len(run.taken) == len(per_device[dev])  # ops are taken once each
         left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
-                                    and not (mixed and op.kind in SPLIT and _undecided(op, run))]
+                                    and not (mixed and op.kind in SPLIT and _undecided(op, run))
+                                    and op.kind not in optional]
         if left:
             diags.append(error(f"device {dev}: program leaves {plural(len(left), 'op')} "
                                f"unscheduled: {elide(left, 6)}", program.span))

@@ -54,7 +54,7 @@ def _declares(d: ast.Decl, split: bool) -> tuple | None:
         case ast.Program(device=device):
             return (type(d).__name__, "the program for every device" if device is None
                     else f"the program for device {device}")
-        case ast.Devices() | ast.Limit() | ast.Greedy():
+        case ast.Devices() | ast.Limit() | ast.HostLimit() | ast.Greedy():
             return (type(d).__name__, _WHAT[type(d)])
     return None
 
@@ -66,6 +66,7 @@ def declared_key(d: ast.Decl) -> tuple | None:
 
 _WHAT = {ast.Param: "param", ast.PipelineDecl: "pipeline", ast.TaskDecl: "task", ast.CostDecl: "the cost",
          ast.MemoryDecl: "the memory", ast.Devices: "`devices`", ast.Limit: "`limit memory`",
+         ast.HostLimit: "`limit host_memory`",
          ast.Greedy: "`greedy`"}
 
 

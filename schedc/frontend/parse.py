@@ -17,7 +17,8 @@ from lark.exceptions import (LarkError, UnexpectedCharacters, UnexpectedEOF, Une
                              VisitError)
 
 from . import ast
-from .brackets import line_column, unclosed_bracket
+from .strings import string_text as _string
+from .brackets import line_column, unclosed_bracket, unmatched_paren
 from ..diagnostics import USAGE, SchedError, Source, Span, error
 from ..inputs import decode, read_bytes
 from ..text import listed
@@ -42,24 +43,6 @@ def _span(meta) -> Span:
 
 def _name_or_path(tok: Token) -> str:
     return _string(tok) if tok.type == "STRING" else str(tok)
-
-
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
-_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2}|.)")
-
-
-def _unescape(match: re.Match) -> str:
-    code = match.group(1)
-    if code[0] in "ux" and len(code) > 1:
-        point = int(code[1:], 16)
-        return match.group(0) if 0xD800 <= point <= 0xDFFF else chr(point)  # no lone surrogates
-    return _ESCAPES.get(code, match.group(0))  # an unknown escape stays as written
-
-
-def _string(tok: Token | None) -> str:
-    """A STRING token's text: its backslash escapes (newline, tab, return, quote, backslash, xHH, uHHHH)
-    decoded, every other character as written (non-ASCII text included, not read as Latin-1)."""
-    return "" if tok is None else _ESCAPE.sub(_unescape, tok[1:-1])
 
 
 _SPACE = "[ \t\f\r\n]*"  # the grammar's whitespace (WS), no other
@@ -246,16 +229,19 @@ class ToAst(Transformer):
         return ("placement", (str(children[0]), children[1], _span(meta)))
 
     def microbatches(self, meta, children):
-        start, stop = children
-        return ("microbatches", (start, stop) if stop is not None else (None, start))
+        start, stop, chunks = children
+        return ("microbatches", ((start, stop) if stop is not None else (None, start), chunks))
+
+    def chunks(self, meta, children):
+        return children[0]
 
     def pipeline(self, meta, children):
         name, *fields = children
         found = dict(fields)
         var, place, place_span = found.get("placement", ("s", None, None))
-        start, stop = found.get("microbatches", (None, None))
+        (start, stop), chunks = found.get("microbatches", ((None, None), None))
         return ast.PipelineDecl(_span(meta), str(name), found.get("stages"), var, place, place_span,
-                                start, stop)
+                                start, stop, chunks)
 
     def replicate(self, meta, children):
         return ast.Replicate(_span(meta), tuple(str(c) for c in children))
@@ -271,8 +257,17 @@ class ToAst(Transformer):
     def limit(self, meta, children):
         return ast.Limit(_span(meta), children[0])
 
+    def host_limit(self, meta, children):
+        return ast.HostLimit(_span(meta), children[0])
+
+    def offload(self, meta, children):
+        return ast.Offload(_span(meta), str(children[0]))
+
     def split_backward(self, meta, children):
         return ast.SplitBackward(_span(meta))
+
+    def recompute(self, meta, children):
+        return ast.Recompute(_span(meta), str(children[0]))
 
     def mixed_backward(self, meta, children):
         return ast.MixedBackward(_span(meta))
@@ -391,7 +386,7 @@ def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) 
     before = source.text[: exc.pos_in_stream]
     inside_args = {"RPAR", "COMMA"} <= terminals  # `F (F B)`: only these; `F (F & B)`, `(B[1] | B[0])`: more
     if inside_args and (terminals <= {"RPAR", "COMMA"} or str(exc.token) in ("&", "|", "?", "[")):  # a program's
-        opening = _unmatched_paren(before)
+        opening = unmatched_paren(before)
         cursor = _CURSOR_THEN_PAREN.search(before[: opening + 1]) if opening is not None else None
         if cursor and cursor.group(1) not in _NOT_CURSORS:
             return ("a '(' right after an op is read as its arguments, as in F(0, 1); "
@@ -415,15 +410,6 @@ def _ambiguity_hints(exc: UnexpectedInput, source: Source, terminals: set[str]) 
 _REPEAT_COUNT = re.compile(r"[\w)\]]\s*\*\s*([A-Za-z_]\w*|\d+(?:\.\d+)?)\s*$")  # `F * m` just before
 _OPERATORS = {"+", "-", "*", "/", "//", "%", "**"}
 _REST_OF_COUNT = re.compile(r"[^;{}\n]*?(?=\s+if\b|\s+at\b|[;{}\n]|$)")
-
-
-def _unmatched_paren(text: str) -> int | None:
-    depth = 0
-    for position in range(len(text) - 1, -1, -1):
-        depth += {")": 1, "(": -1}.get(text[position], 0)
-        if depth < 0:
-            return position
-    return None
 
 
 def decode_source(data: bytes, path: str) -> Source:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from ..budget import PROGRAM_STATEMENTS
 from ..ir import Op, Pipeline
+from ..ops import split_unit
 from . import ast
 from .expr import EvalError, PipeRef, compile_expr, fold_constants, free_names
 
@@ -28,12 +29,15 @@ class StepBudget:
 KIND_RANK = {"F": 0, "I": 1, "B": 1, "W": 2}
 
 
-KEY_NAMES = ("s", "i", "d", "c", "kind", "pipe")
+KEY_NAMES = ("s", "i", "d", "c", "kind", "pipe", "j")
 
 
-def bind_names(scope: dict[str, Any], op: Op, pipe: PipeRef, chunk: dict[tuple[int, int], int]) -> dict:
-    """Bind the names a key or greedy priority may read: s, i, d, c, kind, pipe."""
-    scope["s"], scope["i"], scope["d"] = op.stage, op.mb if op.mb is not None else -1, op.device
+def bind_names(scope: dict[str, Any], op: Op, pipe: PipeRef, chunk: dict[tuple[int, int], int],
+               chunks: int = 1) -> dict:
+    """Bind the names a key or greedy priority may read: s, i, d, c, kind, pipe, and j, the sequence
+    chunk (i is then the unit's microbatch, ops.split_unit)."""
+    mb, j = split_unit(op.mb, chunks) if op.mb is not None else (-1, 0)
+    scope["s"], scope["i"], scope["d"], scope["j"] = op.stage, mb, op.device, j
     scope["c"], scope["kind"], scope["pipe"] = chunk[(op.pipe, op.stage)], op.kind, pipe
     return scope
 
@@ -113,10 +117,18 @@ class _Columns:
     def _pipe_refs(self) -> list[PipeRef]:
         return list(map([PipeRef(p.name) for p in self.pipelines].__getitem__, self.field("pipe")))
 
+    def _units(self, which: int) -> list[int]:
+        """The microbatch (which=0) or sequence chunk (1) of every op's unit (ops.split_unit)."""
+        mbs = _none_as(self.field("mb"), -1)
+        if all(p.chunks == 1 for p in self.pipelines):
+            return mbs if which == 0 else [0] * len(mbs)
+        chunks = [self.pipelines[k].chunks for k in self.field("pipe")]
+        return [-1 if mb < 0 else split_unit(mb, n)[which] for mb, n in zip(mbs, chunks)]
+
     NAMES: dict[str, Callable[[_Columns], list]] = {
-        "s": lambda self: self.field("stage"), "i": lambda self: _none_as(self.field("mb"), -1),
+        "s": lambda self: self.field("stage"), "i": lambda self: self._units(0),
         "d": lambda self: self.field("device"), "c": _chunks, "kind": lambda self: self.field("kind"),
-        "pipe": _pipe_refs}
+        "pipe": _pipe_refs, "j": lambda self: self._units(1)}
 
 
 def _key_rows(key: tuple[ast.Expr, ...], env: dict[str, Any], columns: _Columns) -> list[tuple]:

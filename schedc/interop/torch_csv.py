@@ -307,4 +307,14 @@ def _unrepresentable(schedule: Schedule) -> str | None:
                    | {op.kind for op in schedule.unplaced})
     if tasks:
         return f"{_TASKS} {', '.join(tasks)}"
+    if schedule.chunks > 1:
+        return (f"torch's CSV schedule cannot represent sequence chunks: this schedule cuts every microbatch "
+                f"into {schedule.chunks} (its actions name a stage and a microbatch only)")
+    placed = sorted({op.kind for op in schedule.ops()} - _TORCH_KINDS)
+    if placed:
+        return (f"torch's CSV schedule cannot represent {', '.join(placed)} ops (torch.distributed.pipelining "
+                "has no placed recompute, offload or reload action)")
     return None
+
+
+_TORCH_KINDS = frozenset({OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value})

@@ -1,6 +1,6 @@
 """Colours and labels shared by every drawing: one hue per op kind, one shade per pipeline or chunk.
 
-F is blue and B green as in Megatron-LM's figures; split backward gets orange I and teal W; each user
+F is blue and B green as in Megatron-LM's figures; split backward gets orange I and teal W, a placed recompute violet R; each user
 task kind takes the next colour of a fixed palette in sorted-name order. Ops of a device's second
 chunk (interleaved) or of a second pipeline (Chimera's `up`) are drawn in lighter shades of their hue;
 a task kind keeps one colour.
@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import Op, Schedule
-from ..ops import OpKind
+from ..ops import OpKind, split_unit
 
-KIND_COLOURS = {OpKind.F: "#3b6fb6", OpKind.B: "#3f9a4a", OpKind.I: "#e3872d", OpKind.W: "#2f9c95"}
+KIND_COLOURS = {OpKind.F: "#3b6fb6", OpKind.B: "#3f9a4a", OpKind.I: "#e3872d", OpKind.W: "#2f9c95",
+                OpKind.R: "#7a4fa3", OpKind.O: "#8c8c8c", OpKind.L: "#5a5a5a"}  # R violet; the copies grey
 TASK_COLOURS = ("#d6404e", "#9467bd", "#c9a227", "#e377c2", "#8c564b", "#7f7f7f", "#17becf", "#bcbd22")
 KIND_NAMES = {OpKind.F: "forward", OpKind.B: "backward", OpKind.I: "backward (input grad)",
-              OpKind.W: "backward (weight grad)"}
+              OpKind.W: "backward (weight grad)", OpKind.R: "recompute (forward again)",
+              OpKind.O: "offload to host (copy engine)", OpKind.L: "reload from host (copy engine)"}
 
 
 def mix(colour: str, white: float) -> str:
@@ -99,5 +101,11 @@ def kinds_present(schedule: Schedule) -> tuple[str, ...]:
 
 
 def op_label(op: Op) -> str:
-    """The text in an op's box: its microbatch, as in the papers (a task without one: its kind)."""
-    return str(op.mb) if op.mb is not None else op.kind[:3]
+    """The text in an op's box: its microbatch, as in the papers (a task without one: its kind); with
+    sequence chunks microbatch.chunk (3.1), as Seq1F1B's figures number them."""
+    if op.mb is None:
+        return op.kind[:3]
+    if op.kind in KIND_COLOURS and op.parts > 1:
+        mb, chunk = split_unit(op.mb, op.parts)
+        return f"{mb}.{chunk}"
+    return str(op.mb)

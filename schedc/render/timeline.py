@@ -1,4 +1,5 @@
-"""The timeline: one row per device, time to the right, each op a box as wide as its simulated time.
+"""The timeline: one row per device, time to the right, each op a box as wide as its simulated time;
+a device whose copy engine offloads and reloads activations (O, L) gets a second row for it.
 
 We place every box ourselves (points, y downwards here, flipped for Graphviz) and emit DOT for
 `dot -Kneato -n2`, which keeps the positions: a deterministic text, rendered to SVG, PNG or PDF.
@@ -20,7 +21,7 @@ from __future__ import annotations
 from ..compiled import Compiled
 from ..text import listed, plural
 from ..ir import Op
-from ..ops import OpKind
+from ..ops import COPY, OpKind
 from .canvas import (GAP, IDLE, NOTE_W, Canvas, Geometry, esc, esc_keep, geometry, text_width, tick_step,
                      time_width)
 from .measured import MeasuredRun
@@ -128,7 +129,7 @@ def _simulated_rows(canvas: Canvas, compiled: Compiled, colours: Palette, width:
     geo = canvas.geo
     ids: dict[tuple[int, Op], str] = {}
     rows = timed_ops(compiled)
-    ys = [canvas.lane(f"d{d}", f"device {d}", _row_note(compiled, d), width) for d in range(len(rows))]
+    ys, copy_ys = _lanes(canvas, compiled, rows, width)
     for k, x in enumerate(step_starts(compiled), 1):
         top, bottom = ys[0] - geo.row / 2, ys[-1] + geo.row / 2
         canvas.box(f"step{k}", x * geo.unit - 0.4, x * geo.unit + 0.4, (top + bottom) / 2, bottom - top,
@@ -149,8 +150,21 @@ def _simulated_rows(canvas: Canvas, compiled: Compiled, colours: Palette, width:
             attrs = (f'fillcolor="{fill}" class="op {t.op.kind}"'
                      + (f' label="{label}" fontcolor="{text_colour(fill)}"' if geo.fits(label, x1 - x0) else "")
                      + (f' tooltip="{t.op} on device {d}{step}: {t.start:g} to {t.end:g}"' if not geo.compact else ""))
-            canvas.box(name, x0, x1, ys[d], geo.box, attrs)
+            canvas.box(name, x0, x1, copy_ys[d] if t.op.kind in COPY else ys[d], geo.box, attrs)
     return ids, ys
+
+
+def _lanes(canvas: Canvas, compiled: Compiled, rows, width: float) -> tuple[list[float], dict[int, float]]:
+    """Each device's row, and below it a row for its copy engine when it runs O and L (`offload F`):
+    the rows' centres, and the copy rows' by device."""
+    ys, copy_ys = [], {}
+    host = compiled.stats.get("peak_host_memory") if compiled.ok else None
+    for d, row in enumerate(rows):
+        ys.append(canvas.lane(f"d{d}", f"device {d}", _row_note(compiled, d), width))
+        if any(t.op.kind in COPY for t in row):
+            note = f"host peak {host[d]:g}" if host else ""
+            copy_ys[d] = canvas.lane(f"c{d}", f"copy {d}", note, width)
+    return ys, copy_ys
 
 
 def _half(canvas: Canvas, name: str, t, d: int, y: float, colours: Palette, k: int) -> None:

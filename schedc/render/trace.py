@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..compiled import Compiled
-from ..ops import Opcode, label
+from ..ops import Opcode, label, split_unit
 from .timed import TimedOp, in_seconds, timed_ops
 
 US_PER_UNIT = 1000.0
@@ -45,8 +45,10 @@ def chrome_trace(compiled: Compiled) -> dict[str, Any]:
                 continue
             op = t.op
             args = {"op": op.kind, "stage": op.stage, "mb": op.mb, "pipe": op.pipe, "step": t.step}
-            if op.parts > 1:
+            if op.parts > 1 and op.is_task:
                 args.update(part=op.part, parts=op.parts)
+            elif op.parts > 1:  # a sequence chunk: its microbatch and chunk
+                args.update(zip(("mb", "chunk"), split_unit(op.mb, op.parts)), chunks=op.parts)
             events.append({"name": event_name(op.kind, op.stage, op.mb), "ph": "X", "pid": rank, "tid": 0,
                            "ts": _us(t.start, scale), "dur": _duration(t.start, t.end, scale), "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms",

@@ -8,7 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
@@ -47,6 +47,10 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
     if opts.save:
         checkpoint.check_save_over(opts.save, opts.resume, opts.overwrite)
         checkpoint.check_writable(opts.save)
+    placed = {Opcode.R.value, Opcode.O.value, Opcode.L.value}
+    if "chunks" in plan.meta or any(i.op in placed for steps in plan.ranks for step in steps for i in step):
+        raise PlanError("this runtime does not yet execute sequence chunks, placed recomputation (R) or offload "
+                        "(O, L); compile the schedule without 'chunks', 'recompute F' and 'offload F' to run it")
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)

@@ -116,7 +116,8 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         decl = load_declaration(source)  # as every compile loads it: extends and use resolved
         params = tuple(d.name for d in decl.decls if isinstance(d, ast.Param))
         tasks = any(isinstance(d, (ast.TaskDecl, ast.Fill)) for d in decl.decls)
-        if default and (tasks or not set(params) <= set(SEARCHED)):
+        placed = any(isinstance(d, (ast.Recompute, ast.Offload)) for d in decl.decls)  # the layout's recompute
+        if default and (tasks or placed or not set(params) <= set(SEARCHED)):  # decides those, not the order
             continue
         if "p" not in params or "m" not in params:
             raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
