@@ -28,3 +28,13 @@ def compile_library(name: str, **params):
     from schedc.frontend.elaborate import Options
     options = Options({k: str(v) for k, v in params.items()})
     return compile_source(read_source(SCHEDULES / f"{name}.sched"), options)
+
+
+def refusal(fixture: str):
+    """The one diagnostic compiling tests/fixtures/<fixture> is refused with (a SchedError of one error)."""
+    from schedc.diagnostics import SchedError
+    from schedc.driver import compile_source, read_source
+    with pytest.raises(SchedError) as caught:
+        compile_source(read_source(FIXTURES / fixture))
+    (diag,) = caught.value.diagnostics
+    return diag

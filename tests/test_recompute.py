@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURES, SCHEDULES, compile_library
-from schedc.diagnostics import SchedError
+from conftest import FIXTURES, SCHEDULES, compile_library, refusal
 from schedc.driver import compile_source, read_source
 from schedc.ops import builtin_deps
 
@@ -63,9 +62,7 @@ def test_plan_places_r():
 
 
 def test_r_of_a_forward_that_kept_its_state_is_refused_at_the_pop():
-    with pytest.raises(SchedError) as caught:
-        compile_source(read_source(FIXTURES / "recompute" / "r_without_recompute.sched"))
-    (diag,) = caught.value.diagnostics
+    diag = refusal("recompute/r_without_recompute.sched")
     assert "recompute F" in diag.message and diag.span.line == 5
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURES, compile_library
-from schedc.diagnostics import SchedError
+from conftest import FIXTURES, compile_library, refusal
 from schedc.driver import compile_source, read_source
 from schedc.ops import chunk_step, split_unit, unit_of
 
@@ -93,9 +92,7 @@ def test_backward_in_chunk_order_is_a_located_deadlock():
 
 
 def test_zero_chunks_refused_at_the_pipeline():
-    with pytest.raises(SchedError) as caught:
-        compile_source(read_source(FIXTURES / "chunks" / "zero_chunks.sched"))
-    (diag,) = caught.value.diagnostics
+    diag = refusal("chunks/zero_chunks.sched")
     assert "0 sequence chunks" in diag.message and diag.span.line == 3
 
 
