@@ -265,3 +265,90 @@ def test_the_written_costs_are_exact_so_the_file_times_what_was_searched(tmp_pat
     assert "cost F(s) = 2.011054 if s < 1 else 1.440811" in summary["sched"] and "cost B = 3.0000004" in summary["sched"]
     assert summary["makespan"] >= summary["lower_bound"]
     assert number(1.0) == "1" and number(0.5) == "0.5" and number(1e6) == "1e+06" and number(0.1 + 0.2) == repr(0.1 + 0.2)
+
+
+# Deferred W's memory in bytes: the cost model's, through its one function ---------------------------
+
+SPLIT = {"F": (1.0,), "I": (1.0,), "W": (1.0,)}
+
+def _deferred_w_reference(s: int, b: int, h: int, f: int, width: int) -> float:
+    """What a deferred W reads, written afresh from Qi et al. 2024 (section 2: W needs the inputs of the
+    weight GEMMs and their output gradients), one layer at t = 1: the inputs of QKV (h), the projection
+    (h), the MLP's two GEMMs (h, f) and the gradients out of them (3h, h, f, h) per token."""
+    inputs, gradients = h + h + h + f, 3 * h + h + f + h
+    return width * s * b * (inputs + gradients)
+
+
+@pytest.mark.parametrize("shape", [dict(layers=8, hidden=1024, heads=16, seq=1024, ffn=4096, b=2, p=4),
+                                   dict(layers=6, hidden=768, heads=12, seq=512, ffn=2304, b=4, p=3)],
+                         ids=["f=4h", "f=3h"])
+def test_synthesis_charges_a_deferred_w_the_cost_models_bytes(shape):
+    """make_problem with a model charges, per stage, F what it keeps, I what it frees less what its W
+    reads, W what it frees: the cost model's stage_backward_bytes (what the compile's memory asks),
+    equal to the reference above (32·s·b·h at 16 bits with f = 4h: the paper's M_W) times the layers."""
+    from schedc.costmodel.bytes import layer_activation_bytes, stage_backward_bytes
+    from schedc.costmodel.specs import ModelSpec
+    from schedc.layout import Layout
+    model = ModelSpec(shape["layers"], shape["hidden"], shape["heads"], shape["seq"], 51200, shape["ffn"], "bf16")
+    layout = Layout(microbatch_size=shape["b"], recompute="none")
+    p = shape["p"]
+    problem = make_problem(p, 8, SPLIT, 0.0, (1e12,), bytes_of=(model, layout))
+    layers = shape["layers"] // p
+    want = layers * _deferred_w_reference(shape["seq"], shape["b"], shape["hidden"], shape["ffn"], 2)
+    if shape["ffn"] == 4 * shape["hidden"]:
+        assert want == layers * 32 * shape["seq"] * shape["b"] * shape["hidden"]
+    kept = layers * layer_activation_bytes(model, layout)
+    assert problem.unit == "bytes"
+    for s in range(p):
+        assert -problem.memory[2][s] == pytest.approx(want, rel=1e-12)
+        assert -problem.memory[2][s] == stage_backward_bytes(model, layout, p)[s][1]
+        assert problem.memory[0][s] == pytest.approx(kept, rel=1e-12)
+        assert problem.memory[1][s] == pytest.approx(want - kept, rel=1e-12)
+
+
+def _most_deferred(order) -> int:
+    """The most weight gradients a device's order holds deferred at once (I run, its W not yet)."""
+    held = most = 0
+    for kind, _, _ in order:
+        held += (kind == "I") - (kind == "W")
+        most = max(most, held)
+    return most
+
+
+def test_a_tight_memory_limit_keeps_fewer_ws_deferred_and_the_compile_agrees(tmp_path):
+    """Under a limit of p forwards' activations (selective recomputation: a deferred W holds nearly
+    what a forward keeps), the synthesis defers fewer Ws than without a limit, and the order written
+    as .sched, compiled on a cluster with the model (the normal path), peaks within the limit on every
+    device, by the cost model's own count."""
+    from schedc.costmodel import Setting
+    from schedc.costmodel.bytes import activation_peak_parts, stage_backward_bytes
+    from schedc.costmodel.specs import ModelSpec, load_cluster
+    from schedc.driver.cluster import compile_for
+    from schedc.layout import Layout
+    model = ModelSpec(4, 1024, 16, 2048, 51200, 4096, "bf16")
+    layout = Layout(microbatch_size=1, recompute="selective")
+    p, m = 4, 8
+    kept, deferred = stage_backward_bytes(model, layout, p)[0]
+    deferrals = {}
+    for name, limit in (("loose", m * (kept + deferred)), ("tight", p * kept)):
+        result = synthesize(make_problem(p, m, SPLIT, 0.0, (limit,), bytes_of=(model, layout)))
+        deferrals[name] = [_most_deferred(order) for order in result.orders]
+        path = tmp_path / f"{name}.sched"
+        path.write_text(to_sched(result))
+        on = compile_for(str(path), {}, Setting(model, load_cluster("dgx-a100-80gb"), layout), lower=False)
+        assert on.compiled.ok, [d.message for d in on.compiled.diagnostics]
+        peaks = [peak for peak, _ in activation_peak_parts(model, layout, on.compiled.schedule)]
+        assert max(peaks) <= limit * (1 + 1e-12)
+        assert peaks == pytest.approx(list(result.peak), rel=1e-12)
+    assert sum(deferrals["tight"]) < sum(deferrals["loose"])
+    assert max(deferrals["tight"]) < max(deferrals["loose"])
+
+
+def test_a_memory_limit_below_one_forward_is_refused_in_bytes():
+    from schedc.costmodel.specs import ModelSpec
+    from schedc.layout import Layout
+    model = ModelSpec(4, 1024, 16, 2048, 51200, 4096, "bf16")
+    problem = make_problem(2, 4, SPLIT, 0.0, (1e6,), bytes_of=(model, Layout(microbatch_size=1)))
+    with pytest.raises(SchedError) as caught:
+        synthesize(problem)
+    assert "device 0 has a memory limit of 1e+06 bytes, and a forward holds" in caught.value.render()

@@ -63,14 +63,22 @@ def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, t
     as (forward activations, deferred W's) bytes: F allocates its activations and B frees them; with a
     split (or mixed) backward I frees them and allocates what W reads (deferred_weight_bytes: more than
     F kept under full recomputation), which W frees."""
-    split = stage_layers(model, schedule.stages, layout)
-    kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
-    deltas = {OpKind.F.value: tuple((n * kept, 0.0) for n in split),
-              OpKind.B.value: tuple((-n * kept, 0.0) for n in split)}
+    held = stage_backward_bytes(model, layout, schedule.stages)
+    deltas = {OpKind.F.value: tuple((kept, 0.0) for kept, _ in held),
+              OpKind.B.value: tuple((-kept, 0.0) for kept, _ in held)}
     if schedule.split_backward or schedule.mixed_backward:
-        deltas[OpKind.I.value] = tuple((-n * kept, n * deferred) for n in split)
-        deltas[OpKind.W.value] = tuple((0.0, -n * deferred) for n in split)
+        deltas[OpKind.I.value] = tuple((-kept, deferred) for kept, deferred in held)
+        deltas[OpKind.W.value] = tuple((0.0, -deferred) for _, deferred in held)
     return deltas
+
+
+def stage_backward_bytes(model: ModelSpec, layout: Layout, stages: int) -> tuple[tuple[float, float], ...]:
+    """Per stage, (the bytes its F keeps until the backward, the bytes its deferred W holds from the end
+    of I until W): its layers (the layout's split) x layer_activation_bytes and deferred_weight_bytes.
+    The one rule for both: the compile's memory (activation_deltas) and `tune --synthesize`'s charges
+    (search.problem.bytes_held) ask it."""
+    kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
+    return tuple((n * kept, n * deferred) for n in stage_layers(model, stages, layout))
 
 
 def activation_peak_parts(model: ModelSpec, layout: Layout, schedule) -> list[tuple[float, float]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .problem import MOVE_BACK, TOLERANCE, F, Problem
+from .problem import MOVE_BACK, TOLERANCE, Problem
 
 
 class Timer:
@@ -65,16 +65,9 @@ class Timer:
             start = max(start, got[1] + (lat if remote else 0.0))
         return start
 
-    def peaks(self, orders) -> tuple[int, ...]:
-        release = self.pr.release
-        out = []
-        for order in orders:
-            alive = peak = 0
-            for kind, _, _ in order:
-                alive += 1 if kind == F else -1 if kind == release else 0
-                peak = max(peak, alive)
-            out.append(peak)
-        return tuple(out)
+    def peaks(self, orders) -> tuple[float, ...]:
+        """Per device, the peak of its memory along its order (Problem.memory: activation units, or bytes)."""
+        return tuple(max(_walk(self.pr, order, d)) for d, order in enumerate(orders))
 
     def score(self, orders, span=None) -> tuple[float, float]:
         """(makespan, sum of every op's end time); infinite for orders that deadlock."""
@@ -117,13 +110,17 @@ def _moved(order: list[tuple], n: int, back: int) -> list[tuple]:
 
 
 def _memory_ok(timer: Timer, orders, d: int) -> bool:
-    release = timer.pr.release
-    alive = 0
-    for kind, _, _ in orders[d]:
-        alive += 1 if kind == F else -1 if kind == release else 0
-        if alive > timer.pr.limit[d]:
-            return False
-    return True
+    limit = timer.pr.limit[d] * (1 + TOLERANCE)
+    return all(alive <= limit for alive in _walk(timer.pr, orders[d], d))
+
+
+def _walk(pr: Problem, order, d: int) -> list[float]:
+    """Device d's memory after each op of its order (and 0 before the first)."""
+    alive, out = 0.0, [0.0]
+    for kind, _, _ in order:
+        alive += pr.memory[kind][d]
+        out.append(alive)
+    return out
 
 
 def _critical_moves(problem: Problem, orders, span) -> list[tuple[int, int, int]]:

@@ -53,9 +53,15 @@ def option_error(message: str, kind: str = USAGE) -> SchedError:
     return SchedError(error(message), OPTIONS, kind)
 
 
+UNITS, BYTES = "activation units", "bytes"  # what `limit` and `memory` count
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """What to order: `costs[kind][stage]` for F, X (B or I) and, when `split`, W; `limit[device]`."""
+    """What to order: `costs[kind][stage]` for F, X (B or I) and, when `split`, W; `limit[device]`;
+    `memory[kind][stage]`, what an op adds to (+) or frees from (-) its device's memory, in `unit`s:
+    by default (unit_memory) F holds one activation unit until its W (B without a split), as the
+    compiler counts units; in bytes (bytes_held), the cost model's, a deferred W's inputs included."""
 
     p: int
     m: int
@@ -63,6 +69,12 @@ class Problem:
     split: bool
     latency: float
     limit: tuple[float, ...]
+    memory: tuple[tuple[float, ...], ...] = ()
+    unit: str = UNITS
+
+    def __post_init__(self):
+        if not self.memory:
+            object.__setattr__(self, "memory", unit_memory(self.p, self.split))
 
     @property
     def kinds(self) -> int:
@@ -95,6 +107,30 @@ class Problem:
         return _lower_bound(self)
 
 
+def unit_memory(p: int, split: bool) -> tuple[tuple[float, ...], ...]:
+    """memory[kind][stage] in activation units: F holds 1 until its release (release_kind: W with a
+    split backward, else B); I holds nothing."""
+    names = builtin_kinds(split)
+    row = {OpKind.F.value: 1.0, release_kind(split): -1.0}
+    return tuple(tuple(row.get(name, 0.0) for _ in range(p)) for name in names)
+
+
+def bytes_held(model, layout, p: int, split: bool) -> tuple[tuple[float, ...], ...]:
+    """memory[kind][stage] in bytes, the cost model's (costmodel.bytes.stage_backward_bytes, which the
+    compile's memory asks too): F keeps its activations; the backward frees them, and with a split
+    one I allocates what its deferred W reads (the layer inputs and output gradients of the weight
+    GEMMs), which W frees.
+
+        stage of 2 layers, F keeps 10 MB, a deferred W 3 MB  ->  F +10, I -10 + 3, W -3 (MB)
+    """
+    from ..costmodel.bytes import stage_backward_bytes
+    held = stage_backward_bytes(model, layout, p)
+    kept = tuple(k for k, _ in held)
+    if not split:
+        return kept, tuple(-k for k in kept)
+    return kept, tuple(w - k for k, w in held), tuple(-w for _, w in held)
+
+
 @lru_cache(maxsize=16)
 def _lower_bound(pr: Problem) -> float:
     """Problem.lower_bound, in O(p m): prefix sums of the forwards above each device, suffix sums of
@@ -109,8 +145,11 @@ def _lower_bound(pr: Problem) -> float:
     best = 0.0
     for d in range(p):
         work = before[d] + sum(pr.costs[k][d] for k in range(pr.kinds)) * pr.m
-        life = trip[d] + 2 * (p - 1 - d) * lat + (pr.costs[W][d] if pr.split else 0)
-        slots = max(1, int(min(pr.limit[d], pr.m)))
+        # a forward's memory lives until its W, or until X where X frees it (bytes: I frees F's but
+        # for its W's inputs); at most `slots` forwards are alive there at once
+        until_w = pr.split and pr.memory[X][d] >= 0
+        life = trip[d] + 2 * (p - 1 - d) * lat + (pr.costs[W][d] if until_w else 0)
+        slots = max(1, int(min(pr.limit[d] / pr.memory[F][d] + TOLERANCE, pr.m)))
         starts: list[float] = []
         for k in range(pr.m):
             t = before[d] if k == 0 else starts[-1] + pr.costs[F][d]
@@ -134,10 +173,11 @@ class Synthesis:
 
 
 def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: float,
-                 limit: tuple[float, ...], where: dict[str, str] | None = None) -> Problem:
+                 limit: tuple[float, ...], where: dict[str, str] | None = None, bytes_of=None) -> Problem:
     """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
     each with one value or one per stage; `limit` has one value or one per device. `where` names
-    where a kind's costs came from, for the messages (`--cost F`, `--costs FILE, F`)."""
+    where a kind's costs came from, for the messages (`--cost F`, `--costs FILE, F`). `bytes_of`
+    (model, layout): memory and limit in bytes, the cost model's (bytes_held); else activation units."""
     if p < 1 or m < 1:
         raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     if p > MAX_DEVICES:
@@ -161,7 +201,9 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     limits = _per_stage("--activation-limit", limit, p, "device")
     if any(not math.isfinite(x) for x in limits):
         raise option_error("--activation-limit must be finite")
-    return Problem(p, m, table, split, float(latency), limits)
+    if bytes_of is None:
+        return Problem(p, m, table, split, float(latency), limits)
+    return Problem(p, m, table, split, float(latency), limits, bytes_held(*bytes_of, p, split), BYTES)
 
 
 def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple[float, ...]:

@@ -7,7 +7,9 @@ and write it as a `.sched` file with explicit lists, which the compiler then che
 The problem: p stages on p devices (stage s on device s), m microbatches, per-stage costs of F and B
 or of F, I and W (`backward split`), a latency per message between devices, and a limit on the
 activations alive per device, counted as the compiler's memory model counts them (schedc/memory.py):
-F holds one unit from its start until its B ends, or its W with a split backward (I frees nothing).
+F holds one unit from its start until its B ends, or its W with a split backward (I frees nothing);
+or, given a model, in the cost model's bytes (problem.bytes_held): I frees F's activations but for
+what its deferred W reads, which W frees.
 
 How, in three steps, all deterministic (ties go to the lower device, microbatch and variant):
 1. list scheduling: whenever a device is free it runs, of the ops whose inputs have arrived, the
@@ -25,7 +27,6 @@ How, in three steps, all deterministic (ties go to the lower device, microbatch 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable
 
 from ..diagnostics import SCHEDULE
@@ -52,10 +53,11 @@ def synthesize(problem: Problem, progress: Callable[[int, int], None] | None = N
     """The best deadlock-free orders within `problem.limit` found by the three steps of the module
     header; `progress(done, total)` is told after each greedy variant. SchedError (exit 1) when no
     order fits: a device's limit below one activation."""
-    small = [d for d, x in enumerate(problem.limit) if x < 1]
+    small = [d for d, x in enumerate(problem.limit) if x < problem.memory[F][d] - TOLERANCE]
     if small:
-        raise option_error(f"no order fits: device {small[0]} has a memory limit of "
-                            f"{problem.limit[small[0]]:g} activation units, and a forward holds 1", kind=SCHEDULE)
+        d = small[0]
+        raise option_error(f"no order fits: device {d} has a memory limit of {problem.limit[d]:g} "
+                           f"{problem.unit}, and a forward holds {problem.memory[F][d]:g}", kind=SCHEDULE)
     timer = Timer(problem)
     bound = problem.lower_bound()
     starts = _greedy_starts(problem, timer, bound, progress)
@@ -116,7 +118,8 @@ def _variants(problem: Problem) -> list[tuple[tuple[int, ...], str, bool]]:
     limit and slopes 0, 1, 2, each clipped to [1, limit], without repeats, in a fixed order; `alternate`
     ranks the forward first right after a backward (1F1B's rhythm) instead of always second."""
     p = problem.p
-    limits = [min(int(x), problem.m) for x in problem.limit]  # a device never holds more than m forwards
+    limits = [min(int(x / problem.memory[F][d] + TOLERANCE), problem.m)  # never more than m forwards
+              for d, x in enumerate(problem.limit)]
     seen, out = set(), []
     for top in range(max(limits), 0, -1):
         for slope in (1, 2, 0):
@@ -172,7 +175,7 @@ class _ListState:
         self.end: dict[tuple[int, int, int], float] = {}
         self.next = [[0] * problem.kinds for _ in range(p)]
         self.free = [0.0] * p
-        self.alive = [0] * p
+        self.alive = [0.0] * p
         self.last = [W] * p
         self.orders: list[list[tuple]] = [[] for _ in range(p)]
 
@@ -184,7 +187,7 @@ class _ListState:
         lat, m, out = pr.latency, pr.m, []
         for kind in range(pr.kinds):
             i = nxt[kind]
-            if i >= m or (kind == F and self.alive[d] >= self._cap(d)):
+            if i >= m or not self._admits(d, kind):
                 continue
             start = free
             for k, s, remote in self.deps[kind][d]:
@@ -216,23 +219,23 @@ class _ListState:
 
     def _blocked(self, d: int) -> bool:
         """Whether device d has a forward left that its memory cap keeps out."""
-        nxt = self.next[d]
-        return nxt[F] < self.pr.m and self.alive[d] >= self._cap(d)
+        return self.next[d][F] < self.pr.m and not self._admits(d, F)
 
-    def _cap(self, d: int) -> int:
-        """Activations device d may hold before its next forward: the warm-up cap until its first
-        backward, then the limit's whole units."""
-        return self.warm[d] if self.next[d][X] == 0 else math.floor(self.pr.limit[d])
+    def _admits(self, d: int, kind: int) -> bool:
+        """Whether device d's memory lets its next op of `kind` run: before its first backward no more
+        forwards than the warm-up cap; an op that allocates only within the limit (a deferred W's
+        inputs count: with bytes, I allocates them)."""
+        if kind == F and self.next[d][X] == 0 and self.next[d][F] >= self.warm[d]:
+            return False
+        grows = self.pr.memory[kind][d]
+        return grows <= 0 or self.alive[d] + grows <= self.pr.limit[d] * (1 + TOLERANCE)
 
     def run(self, start: float, d: int, kind: int) -> None:
         pr = self.pr
         i = self.next[d][kind]
         self.next[d][kind] += 1
         self.end[(kind, d, i)] = self.free[d] = start + pr.costs[kind][d]
-        if kind == F:
-            self.alive[d] += 1
-        elif kind == pr.kinds - 1:
-            self.alive[d] -= 1
+        self.alive[d] += pr.memory[kind][d]
         if kind != W:
             self.last[d] = kind
         self.orders[d].append((kind, d, i))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..text import plural
-from .problem import FULL_NAMES, KIND_NAMES, Synthesis
+from .problem import BYTES, FULL_NAMES, KIND_NAMES, Synthesis
 
 
 def number(x: float) -> str:
@@ -54,13 +54,19 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
     names = KIND_NAMES if pr.split else FULL_NAMES
     costs = ", ".join(f"{n}={_listed_row(row)}" for n, row in zip(names, pr.costs))
     limit = _per_stage_expr(pr.limit, "d")
+    in_bytes = pr.unit == BYTES
+    what = "bytes of activations and deferred W inputs" if in_bytes else "activations"
     lines = [
         f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {number(pr.latency)},",
-        f"# activation limit {_listed_row(pr.limit)} per device. Makespan {number(result.makespan)} "
-        f"(lower bound {number(pr.lower_bound())}), peak activations {peaks_text(result.peak)};",
+        f"# {'memory' if in_bytes else 'activation'} limit {_listed_row(pr.limit)}{' bytes' * in_bytes} per device. "
+        f"Makespan {number(result.makespan)} (lower bound {number(pr.lower_bound())}), peak "
+        f"{'memory' if in_bytes else 'activations'} {peaks_text(result.peak)};",
         f"# found by {result.found_by}, {count(result.timed, 'order')} timed.",
         f"# Simulate with the same latency: schedc simulate FILE --latency {number(pr.latency)}",
-        f'schedule {name} "order synthesized under a limit of {_listed_row(pr.limit)} activations per device"',
+        *(["# The limit is the cost model's bytes (I frees a forward's activations but for what its W reads,",
+           "# held until W), which `limit memory` (activation units) cannot say: simulate with --model and",
+           "# --cluster to see them."] if in_bytes else []),
+        f'schedule {name} "order synthesized under a limit of {_listed_row(pr.limit)} {what} per device"',
         f"devices {pr.p}",
         f"pipeline main {{ stages {pr.p}; device s -> s; microbatches {pr.m} }}",
     ]
@@ -68,7 +74,8 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
         lines.append("backward split")
     lines += [f"cost {n}(s) = {_per_stage_expr(row)}" if len(set(row)) > 1 else f"cost {n} = {number(row[0])}"
               for n, row in zip(names, pr.costs)]
-    lines.append(f"limit memory <= {limit}")
+    if not in_bytes:
+        lines.append(f"limit memory <= {limit}")
     for d, order in enumerate(result.orders):
         lines += _device_block(d, order, width)
     return "\n".join(lines) + "\n"
