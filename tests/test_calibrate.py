@@ -111,3 +111,97 @@ def test_the_runtime_reads_a_schedc_model_file_microbatch_size_as_mb_size(tmp_pa
     path.write_text(MODEL.replace('dtype = "fp32"\n', "") + "microbatch_size = 2\nmb_size = 3\n")
     with pytest.raises(OptionError, match="mb_size 3 and microbatch_size 2 differ"):
         model_config(build_parser().parse_args(["plan.json", "--model", str(path)]))
+
+
+def _profiles_of(truth, model, layout, stages: int = 2) -> dict:
+    """What a run on `truth` measures: the cost model's F, B, I and W per stage there, in ms."""
+    costs = stage_costs(Setting(model, truth, layout), stages).costs()
+    return {"unit": "ms", **{k: [1000 * v for v in costs[k]] for k in ("F", "B", "I", "W")}}
+
+
+def test_fitting_profiles_at_two_sizes_recovers_both_rates_and_each_ops_overhead():
+    """Profiles at two sizes of a machine whose GEMMs run 2x and memory-bound kernels 3x slower than the
+    cluster says, with 400/150/900/700 us per layer of F, B, I and W beyond the kernels: the fit finds
+    those rates and overheads, and the fitted cluster predicts a third size's ops as that machine runs them."""
+    from dataclasses import replace
+    from schedc.predict import fit_to_profiles
+    base = load_cluster("dgx-a100-80gb")
+    overhead = (("F", 4e-4), ("B", 1.5e-4), ("I", 9e-4), ("W", 7e-4))
+    truth = replace(base, peak_flops=base.peak_flops / 2, hbm_bandwidth=base.hbm_bandwidth / 3, overhead=overhead)
+    layout = Layout(microbatch_size=4, recompute="none")
+    small, large = ModelSpec(4, 128, 4, 64, 256, 512, "bf16"), ModelSpec(4, 1024, 16, 512, 256, 4096, "bf16")
+    runs = [(m, layout, _profiles_of(truth, m, layout)) for m in (small, large)]
+    fitted, slower, fit_overhead = fit_to_profiles(base, runs)
+    assert slower == pytest.approx({"gemm": 2.0, "memory": 3.0}, rel=1e-6)
+    assert fit_overhead == pytest.approx(dict(overhead), rel=1e-6, abs=1e-12)
+    third = ModelSpec(8, 512, 8, 256, 256, 2048, "bf16")
+    want, got = (stage_costs(Setting(third, c, layout), 4).costs() for c in (truth, fitted))
+    for kind in ("F", "B", "I", "W"):
+        assert got[kind] == pytest.approx(want[kind], rel=1e-6)
+
+
+def test_one_size_gives_no_overhead_to_fit():
+    from schedc.diagnostics import SchedError
+    from schedc.predict import fit_to_profiles
+    base = load_cluster("dgx-a100-80gb")
+    layout, model = Layout(microbatch_size=4, recompute="none"), ModelSpec(4, 256, 8, 128, 256, 1024, "bf16")
+    profile = _profiles_of(base, model, layout)
+    with pytest.raises(SchedError, match="give profiles of two model"):
+        fit_to_profiles(base, [(model, layout, profile), (model, layout, profile)])
+
+
+def test_a_clusters_overhead_is_added_per_layer_of_each_op(tmp_path):
+    """[overhead] f_us, i_us, w_us: each stage's F, I and W cost its layers x that more; B, without
+    b_us, its I's and W's; with b_us, its own. The file reads back and round-trips."""
+    path = tmp_path / "box.toml"
+    path.write_text(cluster_toml("box", 1.5e11, 20.0, 1.2e10, 16 * 2**30, 2, 5e-5, 2e9, 1e9)
+                    + "\n[overhead]\nf_us = 100\ni_us = 300\nw_us = 200\n")
+    box = load_cluster(str(path))
+    assert dict(box.overhead) == pytest.approx({"F": 1e-4, "I": 3e-4, "W": 2e-4})
+    from dataclasses import replace
+    bare = replace(box, overhead=())
+    model, layout = ModelSpec(6, 128, 4, 64, 256, 512, "fp32"), Layout(microbatch_size=2, recompute="none")
+    plain, over = (stage_costs(Setting(model, c, layout), 3).costs() for c in (bare, box))
+    for kind, extra in (("F", 1e-4), ("I", 3e-4), ("W", 2e-4), ("B", 5e-4)):
+        assert [o - p for o, p in zip(over[kind], plain[kind])] == pytest.approx([2 * extra] * 3)
+    again = tmp_path / "again.toml"
+    again.write_text(dump_cluster(replace(box, overhead=box.overhead + (("B", 1e-4),))))
+    back = load_cluster(str(again))
+    assert dict(back.overhead) == pytest.approx({"F": 1e-4, "I": 3e-4, "W": 2e-4, "B": 1e-4})
+    b_given = stage_costs(Setting(model, back, layout), 3).costs()
+    assert [o - p for o, p in zip(b_given["B"], plain["B"])] == pytest.approx([2e-4] * 3)
+    path.write_text(path.read_text() + "x_us = 1\n")
+    from schedc.diagnostics import SchedError
+    with pytest.raises(SchedError, match="unknown key 'overhead.x_us'"):
+        load_cluster(str(path))
+    path.write_text(cluster_toml("box", 1.5e11, 20.0, 1.2e10, 16 * 2**30, 2, 5e-5, 2e9, 1e9)
+                    + "\n[host]\nbandwidth_gbps = -1\n")  # the optional tables' errors are not lost
+    with pytest.raises(SchedError, match="'host.bandwidth_gbps' must be a number"):
+        load_cluster(str(path))
+
+
+def _benchmark():
+    import importlib.util
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("calibration_cpu", ROOT / "benchmarks" / "calibration_cpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_benchmark_compares_each_cell_with_its_launches_median_and_spread():
+    """benchmarks/calibration_cpu.py's comparison on a made-up measurement (no timing): the median of
+    the launches, their min and max, the prediction's error against the median, and the table."""
+    bench = _benchmark()
+    rows = bench.compare({"1f1b small": 110.0, "zb_h1 large": 500.0},
+                         {"1f1b small": [120.0, 100.0, 90.0, 140.0], "zb_h1 large": [400.0, 520.0, 450.0]})
+    small, large = rows
+    assert (small["median_ms"], small["min_ms"], small["max_ms"], small["launches"]) == (110.0, 90.0, 140.0, 4)
+    assert small["error"] == pytest.approx(0.0)
+    assert (large["median_ms"], large["launches"]) == (450.0, 3) and large["error"] == pytest.approx(500 / 450 - 1)
+    text = bench.table(rows, {"1f1b small": 50.0, "zb_h1 large": 200.0})
+    assert "| 1f1b small | 110.0 ms | 110.0 ms | 90.0-140.0 ms | 4 | +0.0 % | 50.0 ms |" in text
+    assert "| zb_h1 large | 500.0 ms | 450.0 ms | 400.0-520.0 ms | 3 | +11.1 % | 200.0 ms |" in text
+    assert text.endswith("largest error 11.1 % over 2 cells")
+    assert set(bench.CALIBRATION).isdisjoint(bench.SIZES)  # the fit never sees a predicted size
+    assert all(bench.CALIBRATION[c] != bench.SIZES[s] for c in bench.CALIBRATION for s in bench.SIZES)

@@ -21,11 +21,12 @@ MAX_THREADS = 1024
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
 @click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
               help="Start from this cluster file instead of measuring (with --costs).")
-@click.option("--costs", type=click.Path(dir_okay=False), default=None,
-              help="A measured profile (schedc run --profile-out) to scale the compute rates to.")
-@click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--costs", type=click.Path(dir_okay=False), multiple=True,
+              help="A measured profile (schedc run --profile-out) to scale the compute rates to; again for "
+                   "profiles at other sizes, which fit the overhead per layer of each op too.")
+@click.option("--model", "model_file", type=click.Path(dir_okay=False), multiple=True,
               help="The model description (a TOML file or a library name, as for simulate --cluster and the runtime's --model) the "
-                   "profile ran (with --costs).")
+                   "profile ran (with --costs): once for all, or once per --costs, in order.")
 @click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
               help="The profile's microbatch size (the runtime's --mb-size); default: the one the profile "
                    "records, which a different value contradicts.")

@@ -82,6 +82,8 @@ class ClusterSpec:
     fragmentation: float = 0.0     # of the allocator's reserved bytes, held but not allocated to tensors
     dtype: str = "bf16"            # what peak_flops is the peak of ([gpu] dtype; a CPU fit's is fp32)
     host_bandwidth: float = 0.0    # bytes/s per GPU and direction to host memory (PCIe, effective); 0: not given
+    overhead: tuple[tuple[str, float], ...] = ()  # (op kind, s per layer): [overhead], a run's fixed cost
+    # per layer of each op beyond its kernels' work (a CPU's op dispatch and autograd); none: 0
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -111,6 +113,8 @@ _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
     "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
+# the optional [overhead] table: its keys (microseconds per layer) and the op kinds they are of
+OVERHEAD_KEYS = {"f_us": "F", "b_us": "B", "i_us": "I", "w_us": "W"}
 _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
                  "dtype": str, "microbatch_size": int, "attention": str}
 _MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size", "attention"}
@@ -255,7 +259,7 @@ def load_cluster(name: str) -> ClusterSpec:
     table, source = read_toml(path, "cluster description")
     diags: list[Diagnostic] = []
     for key, value in table.items():
-        tables = (*_CLUSTER_FIELDS, "memory", "host")
+        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead")
         if key not in tables and key not in ("name", "description", "source"):
             what = "table" if isinstance(value, dict) else "key"
             diags.append(error(f"unknown {what} '{key}' (tables: {', '.join(tables)})", locate(source, key)))
@@ -295,6 +299,7 @@ def load_cluster(name: str) -> ClusterSpec:
                            "tensors", locate(source, "reserved_gib", "memory")))
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
+    host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
@@ -303,7 +308,29 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, _host_bandwidth(table, source, diags))
+        gpu_dtype, host, overhead)
+
+
+def _overhead(table: dict, source: Source, diags: list[Diagnostic]) -> tuple[tuple[str, float], ...]:
+    """The optional [overhead] table: (op kind, seconds per layer) of the keys given, each a number >= 0
+    in microseconds (`schedc calibrate` fits them to profiles at two sizes)."""
+    given = table.get("overhead")
+    if not isinstance(given, dict):
+        return ()
+    diags += unknown_keys([k for k in given if k not in OVERHEAD_KEYS],
+                          lambda k: f"unknown key 'overhead.{k}' (keys: {', '.join(OVERHEAD_KEYS)})",
+                          lambda k: locate(source, k, "overhead"))
+    out = []
+    for key, kind in OVERHEAD_KEYS.items():
+        value = given.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= MAX_FIGURE:
+            diags.append(error(f"'overhead.{key}' must be a number in [0, {MAX_FIGURE:g}], got {value!r} "
+                               f"(microseconds per layer of each {kind})", locate(source, key, "overhead")))
+            continue
+        out.append((kind, value * 1e-6))
+    return tuple(out)
 
 
 def _gpu_dtype(table: dict, source: Source, diags: list[Diagnostic]) -> str:
@@ -392,7 +419,9 @@ fragmentation = {spec.fragmentation!r}
 """ + (f"""
 [host]
 bandwidth_gbps = {spec.host_bandwidth / 1e9!r}
-""" if spec.host_bandwidth else "")
+""" if spec.host_bandwidth else "") + ("\n[overhead]\n" + "".join(
+        f"{key} = {dict(spec.overhead)[kind] * 1e6!r}\n" for key, kind in OVERHEAD_KEYS.items()
+        if kind in dict(spec.overhead)) if spec.overhead else "")
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:

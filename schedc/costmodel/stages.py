@@ -62,6 +62,19 @@ def layer_parts(st: Setting) -> dict[str, Part]:
             R: recompute}
 
 
+def layer_overhead(st: Setting) -> dict[str, float]:
+    """The cluster's [overhead]: seconds per layer each op kind costs beyond its kernels' work (a CPU's
+    op dispatch and autograd, measured by `schedc calibrate`); 0 where not given, and a whole backward's
+    that of its two halves unless given (the runtime's split backward walks the graph twice).
+
+        [overhead] f_us = 100, i_us = 300, w_us = 200  ->  F 1e-4, I 3e-4, W 2e-4, B 5e-4 s per layer
+    """
+    given = dict(st.cluster.overhead)
+    out = {kind: given.get(kind, 0.0) for kind in (F, I, W)}
+    out[B] = given.get(B, out[I] + out[W])
+    return out
+
+
 def attention_terms(st: Setting) -> tuple[float, float, float]:
     """One layer's terms that grow with the square of the sequence, one microbatch: the attention
     products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
@@ -128,15 +141,17 @@ def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = No
     message_times(st, devices) when the caller has them already (schedc tune)."""
     split = stage_layers(st.model, stages, st.layout)
     layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
+    over = layer_overhead(st)
     table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
     for s in range(stages):
         parts = {k: layer[k] * split[s] for k in layer}
         for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
             parts = {k: parts[k] + extra[k] for k in parts}
-        table[F].append(parts[F])
-        table[I].append(parts[I] + parts[R])
-        table[W].append(parts[W])
-        table[B].append(parts[I] + parts[R] + parts[W])
+        fixed = {k: Part(over[k] * split[s]) for k in over}
+        table[F].append(parts[F] + fixed[F])
+        table[I].append(parts[I] + parts[R] + fixed[I])
+        table[W].append(parts[W] + fixed[W])
+        table[B].append(parts[I] + parts[R] + parts[W] + fixed[B])
     if st.layout.blocking_p2p and placement is not None:
         _add_sends(table, placement, times if times is not None else message_times(st, max(placement) + 1))
     return StageCosts({k: tuple(v) for k, v in table.items()})
