@@ -161,7 +161,9 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
      "--memory-limit: option of the configuration search, not of --synthesize (with --synthesize the limit is "
      "--activation-limit N"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--model", "m.toml", "--top", "10",
-      "--schedules", "zzz"], 2, "--model, --schedules, --top: options of the configuration search"),
+      "--schedules", "zzz"], 2, "schedc: error: --schedules, --top: options of the configuration search"),
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--cluster", "dgx-a100-80gb", "--top",
+      "10"], 2, "--cluster, --top: options of the configuration search"),  # --model is the synthesis's too
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--costs", "missing.json"], 2,
      "cannot read costs"),
 ])
@@ -352,3 +354,24 @@ def test_a_memory_limit_below_one_forward_is_refused_in_bytes():
     with pytest.raises(SchedError) as caught:
         synthesize(problem)
     assert "device 0 has a memory limit of 1e+06 bytes, and a forward holds" in caught.value.render()
+
+
+def test_tune_synthesizes_in_the_models_bytes_with_model_and_memory_limit(tmp_path):
+    """`--model M --microbatch-size b --recompute R --memory-limit X`: the synthesis counts the cost
+    model's bytes; `--activation-limit` with --model, and `--memory-limit` without it, are refused."""
+    model = tmp_path / "m.toml"
+    model.write_text("layers = 4\nhidden = 1024\nheads = 16\nseq = 2048\nvocab = 51200\n")
+    base = ["--synthesize", "-D", "p=4", "-D", "m=8", "--cost", "I=1", "--cost", "W=1"]
+    sized = [*base, "--model", str(model), "--microbatch-size", "1", "--recompute", "selective"]
+    made = _tune(*sized, "--memory-limit", "0.5GiB", "--json")
+    assert made.exit_code == 0, made.output
+    summary = json.loads(made.stdout)
+    assert summary["memory_unit"] == "bytes" and summary["activation_limit"] == [0.5 * 2**30] * 4
+    assert max(summary["peak_activations"]) <= 0.5 * 2**30 and "\nlimit memory" not in summary["sched"]
+    wrong = _tune(*sized, "--activation-limit", "4")
+    assert wrong.exit_code == 2 and "with --model the limit is --memory-limit" in wrong.output
+    alone = _tune(*base, "--memory-limit", "0.5GiB")
+    assert alone.exit_code == 2 and "or with --model, --microbatch-size b, --memory-limit in bytes" in alone.output
+    small = _tune(*sized, "--memory-limit", "0.05GiB")  # a forward keeps 34·s·b·h bytes, 71 MB
+    assert small.exit_code == 1 and "device 0 has a memory limit of 5.36871e+07 bytes, and a forward holds " \
+        f"{34 * 2048 * 1024:g}" in small.output

@@ -20,6 +20,7 @@ from .common import fail, fail_json, progress_line
 
 
 _SYNTHESIZE_ONLY = ("defines", "costs", "costs_file", "activation_limit", "out", "latency")
+_IN_BYTES = ("model", "microbatch", "recompute", "memory_limit")  # --synthesize's too, in bytes with --model
 
 
 @main.command("tune")
@@ -55,13 +56,17 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
 
     failing = fail_json if as_json else fail
     if synth:
-        search_only = given(options)
+        in_bytes = options["model"] is not None  # then the memory is the model's bytes
+        search_only = given(name for name in options if not (in_bytes and name in _IN_BYTES))
         if search_only:
-            hint = (" (with --synthesize the limit is --activation-limit N, activations per device)"
-                    if "--memory-limit" in search_only else "")
+            hint = (" (with --synthesize the limit is --activation-limit N, activations per device, or with "
+                    "--model, --microbatch-size b, --memory-limit in bytes)" if "--memory-limit" in search_only else "")
             failing(usage(f"{', '.join(search_only)}: {agree(len(search_only), 'option', 'options')} of the "
                           f"configuration search, not of --synthesize{hint}"))
-        return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json)
+        from ..search.synthesis_options import InBytes
+        return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json,
+                           InBytes(options["model"], options["microbatch"], options["recompute"],
+                                   options["memory_limit"]) if in_bytes else None)
     synthesis_only = given(_SYNTHESIZE_ONLY)
     if synthesis_only:
         failing(usage(f"{', '.join(synthesis_only)} {agree(len(synthesis_only), 'goes', 'go')} with --synthesize"))
@@ -71,7 +76,7 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
         failing(exc)  # under --json: {"valid": false, "diagnostics": [...]} on stdout, the error on stderr
 
 
-def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json) -> None:
+def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json, in_bytes=None) -> None:
     """`schedc tune --synthesize`: the order, written or printed, and its report (--json: the summary
     on stdout, with the text in it when there is no -o)."""
     from ..driver import parse_defines
@@ -81,7 +86,8 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
     shown = sys.stderr.isatty() and not as_json
     try:
         made = run_tune(parse_defines(defines), costs, latency, activation_limit, out,
-                        partial(progress_line, "synthesizing: greedy variant") if shown else None, costs_file)
+                        partial(progress_line, "synthesizing: greedy variant") if shown else None, costs_file,
+                        in_bytes)
     except SchedError as exc:
         if as_json:
             fail_json(exc)

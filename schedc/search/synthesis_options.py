@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..diagnostics import Source
+from ..text import gib
 from ..ops import OpKind, builtin_kinds
-from .problem import Problem, make_problem, option_error
+from .problem import UNITS, Problem, make_problem, option_error
 from .synthesis import synthesize
 from .synthesis_text import count, listed, peaks_text, to_sched
 
@@ -45,11 +46,24 @@ def _measured(path: str) -> tuple[dict[str, tuple[float, ...]], list[str]]:
     return table, other
 
 
+@dataclass(frozen=True)
+class InBytes:
+    """`--model M --microbatch-size b [--recompute R] --memory-limit 3GiB`: memory in the cost model's
+    bytes (a deferred W's inputs included), the limit in bytes per device."""
+
+    model: str
+    microbatch_size: str | None
+    recompute: str | None
+    memory_limit: str | None
+
+
 def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latency: float,
                          activation_limit: str | None, costs_file: str | None = None,
-                         measured: dict[str, tuple[float, ...]] | None = None) -> Problem:
+                         measured: dict[str, tuple[float, ...]] | None = None,
+                         in_bytes: InBytes | None = None) -> Problem:
     """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2` (over `--costs FILE`, read here unless its op
-    kinds' costs are given as `measured`), `--activation-limit 4` -> a Problem (errors: exit 2)."""
+    kinds' costs are given as `measured`), `--activation-limit 4` (or `in_bytes`) -> a Problem
+    (errors: exit 2)."""
     unknown = sorted(set(defines) - {"p", "m"})
     if unknown:
         raise option_error(f"-D {unknown[0]}: tune --synthesize takes only p (devices) and m (microbatches)")
@@ -95,9 +109,38 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
             raise option_error(f"--costs {costs_file}: no measured cost for {missing[0]}, which the order runs "
                                f"(measured costs are not mixed with the unit defaults; give it with --cost "
                                f"{missing[0]}=...)")
+    if in_bytes is not None:
+        if activation_limit is not None:
+            raise option_error("--activation-limit counts activations; with --model the limit is --memory-limit "
+                               "(bytes per device, e.g. 3GiB)")
+        limit, bytes_of = _bytes_of(in_bytes, sizes["p"])
+        return make_problem(sizes["p"], sizes["m"], table, latency, limit, where, bytes_of)
     if activation_limit is None:
         raise option_error("give --activation-limit N (activations per device; one value or one per device)")
     return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--activation-limit", activation_limit), where)
+
+
+def _bytes_of(given: InBytes, p: int):
+    """(the limit per device in bytes, (model, layout)) of --model, --microbatch-size, --recompute and
+    --memory-limit (one value or one per device)."""
+    from ..checks.memory import parse_bytes
+    from ..costmodel.specs import check_layout, load_model_spec
+    from ..layout import Layout
+    if given.memory_limit is None:
+        raise option_error("with --model give --memory-limit (bytes of activations per device, e.g. 3GiB)")
+    try:
+        size = int(given.microbatch_size or "")
+    except ValueError:
+        raise option_error("with --model give --microbatch-size b (one size, the sequences per microbatch)") from None
+    recompute = given.recompute or "none"
+    if recompute not in ("none", "selective", "full"):
+        raise option_error(f"--recompute {recompute!r}: with --synthesize one of none, selective, full")
+    model = load_model_spec(given.model)
+    layout = Layout(microbatch_size=size, recompute=recompute)
+    check_layout(model, layout, given.model)
+    if model.layers % p:
+        raise option_error(f"--model {given.model}: its {model.layers} layers do not divide over p={p} stages")
+    return tuple(parse_bytes(text) for text in given.memory_limit.split(",")), (model, layout)
 
 
 def check_text(text: str, path: str, latency: float = 0.0):
@@ -120,11 +163,11 @@ class Synthesized:
 
 def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, activation_limit: str | None,
              out: str | None, progress: Callable[[int, int], None] | None = None,
-             costs_file: str | None = None) -> Synthesized:
+             costs_file: str | None = None, in_bytes: InBytes | None = None) -> Synthesized:
     """`schedc tune --synthesize`: the order as checked .sched text and its report. The text is compiled
     before it is written; a refused one is written too, for study."""
     measured, left_out = _measured(costs_file) if costs_file is not None else ({}, [])
-    problem = problem_from_options(defines, costs, latency, activation_limit, costs_file, measured)
+    problem = problem_from_options(defines, costs, latency, activation_limit, costs_file, measured, in_bytes)
     result = synthesize(problem, progress)
     shown = out if out not in (None, "-") else "the order"
     text = to_sched(result)
@@ -137,19 +180,21 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
         lines.insert(0, f"schedc tune: note: --costs {costs_file}: {', '.join(left_out)} left out (not op kinds: "
                         f"a synthesized order runs {', '.join(COST_KINDS)})")
     stats = compiled.stats
-    lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak activations "
-                 f"{peaks_text(stats['peak_memory'])} within {listed(problem.limit)}; "
+    peaks = stats["peak_memory"] if problem.unit == UNITS else result.peak  # the compile counts units
+    held = (f"activations {peaks_text(peaks)} within {listed(problem.limit)}" if problem.unit == UNITS else
+            f"memory {' '.join(gib(x) for x in peaks)} GiB within {','.join(gib(x) for x in dict.fromkeys(problem.limit))} GiB")
+    lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak {held}; "
                  f"{result.found_by}; {count(result.timed, 'order')} timed"
                  + ("" if compiled.ok else "; the compiler refuses it"))
     summary = {"valid": compiled.ok, "out": out, "p": problem.p, "m": problem.m,
                "costs": dict(zip(builtin_kinds(problem.split), map(list, problem.costs))),
                "latency": problem.latency, "activation_limit": list(problem.limit),
                "makespan": stats["makespan"], "lower_bound": problem.lower_bound(),
-               "peak_activations": list(stats["peak_memory"]), "found_by": result.found_by,
+               "peak_activations": list(peaks), "memory_unit": problem.unit, "found_by": result.found_by,
                "orders_timed": result.timed, "costs_left_out": left_out,
                "errors": [d.format(compiled.schedule.source)
                                                         for d in compiled.diagnostics]}
     return Synthesized(text, "\n".join(lines), compiled.ok, summary)
 
 
-__all__ = ["problem_from_options", "check_text", "run_tune", "Synthesized"]
+__all__ = ["problem_from_options", "check_text", "run_tune", "InBytes", "Synthesized"]
