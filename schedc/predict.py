@@ -75,26 +75,26 @@ FITTED = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value)  # the
 
 def fit_to_profiles(cluster, runs: list[tuple[Any, Layout, dict[str, Any]]]):
     """The cluster fitted to profiles of runs at two or more sizes ((model, layout, profile) each).
-    Per layer, an op of kind k measured y = x_g / g + x_m / r + o_k, where x_g and x_m are the cost
-    model's GEMM and memory-bound times at the cluster's rates: the rates the run's kernels reach
-    (peak FLOP/s times g, memory bandwidth times r: the microbenchmarks time kernels alone, a run
-    shares the cores and caches) and each kind's overhead o_k (what a layer's op costs beyond its
-    kernels' work: the CPU's op dispatch and autograd), by least squares over every stage and kind.
-    Where the two rates cannot be told apart (or one comes out negative) one factor scales both.
-    Returns (the cluster with the fitted rates and [overhead], {"gemm": 1/g, "memory": 1/r},
-    {kind: seconds per layer})."""
+    Per layer, an op of kind k measured y = g x_g + r x_m + o_k, where x_g and x_m are the cost model's
+    GEMM and memory-bound times at the cluster's rates, g and r how many times slower the run's kernels
+    are (the microbenchmarks time kernels alone; a run shares the cores and caches), o_k the kind's
+    overhead (what a layer's op costs beyond its kernels' work: the CPU's op dispatch and autograd), by
+    least squares over every stage and kind. Where g and r cannot be told apart (or one comes out
+    negative) one factor is fitted for both. Returns (the cluster with peak FLOP/s / g, memory
+    bandwidth / r and the overheads in [overhead], {"gemm": g, "memory": r}, {kind: s per layer})."""
     if len({(model, layout.microbatch_size) for model, layout, _ in runs}) < 2:
         raise usage("--costs: profiles at one size give no overhead to fit: give profiles of two model (or "
                     "microbatch) sizes")
     points = _fit_points(replace(cluster, overhead=()), runs)
     kinds = sorted({k for k, *_ in points}, key=FITTED.index)
-    solution = None
+    solution, rates = None, [0.0, 0.0]
     for shared in (False, True):
         rows = [([xg + xm] if shared else [xg, xm]) + [float(k == j) for j in kinds] for k, xg, xm, _ in points]
         solution = _least_squares(rows, [y for *_, y in points])
-        rates = solution[:1] * 2 if shared else solution[:2]
-        if solution is not None and min(rates) > 0:
-            break
+        if solution is not None:
+            rates = solution[:1] * 2 if shared else solution[:2]
+            if min(rates) > 0:
+                break
     if solution is None or not min(rates) > 0:
         raise usage("--costs: the profiles cannot tell the kernels' time from the overheads (no positive rate "
                     "fits them): give profiles of sizes further apart")

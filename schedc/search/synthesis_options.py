@@ -109,15 +109,21 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
             raise option_error(f"--costs {costs_file}: no measured cost for {missing[0]}, which the order runs "
                                f"(measured costs are not mixed with the unit defaults; give it with --cost "
                                f"{missing[0]}=...)")
-    if in_bytes is not None:
-        if activation_limit is not None:
-            raise option_error("--activation-limit counts activations; with --model the limit is --memory-limit "
-                               "(bytes per device, e.g. 3GiB)")
-        limit, bytes_of = _bytes_of(in_bytes, sizes["p"])
-        return make_problem(sizes["p"], sizes["m"], table, latency, limit, where, bytes_of)
-    if activation_limit is None:
-        raise option_error("give --activation-limit N (activations per device; one value or one per device)")
-    return make_problem(sizes["p"], sizes["m"], table, latency, _numbers("--activation-limit", activation_limit), where)
+    return _limited(sizes["p"], sizes["m"], table, latency, activation_limit, where, in_bytes)
+
+
+def _limited(p: int, m: int, table, latency: float, activation_limit: str | None, where: dict[str, str],
+             in_bytes: InBytes | None) -> Problem:
+    """The Problem under --activation-limit, or with --model in bytes under --memory-limit."""
+    if in_bytes is None:
+        if activation_limit is None:
+            raise option_error("give --activation-limit N (activations per device; one value or one per device)")
+        return make_problem(p, m, table, latency, _numbers("--activation-limit", activation_limit), where)
+    if activation_limit is not None:
+        raise option_error("--activation-limit counts activations; with --model the limit is --memory-limit "
+                           "(bytes per device, e.g. 3GiB)")
+    limit, bytes_of = _bytes_of(in_bytes, p)
+    return make_problem(p, m, table, latency, limit, where, bytes_of)
 
 
 def _bytes_of(given: InBytes, p: int):
