@@ -119,8 +119,8 @@ def calibrate(out: Path, quick: bool, m: int, steps: int) -> Path:
         for schedule in SCHEDULES:
             plan_dir = out / f"calibration-{schedule}-{name}"
             compile_cell(schedule, m, model, measured_cluster, plan_dir)
-            jobs.append(job(plan_dir, sizes, steps, "fit"))
-            fit_args += ["--costs", str(plan_dir / "profile-fit.json"), "--model", str(model)]
+            jobs.append(job(plan_dir, sizes, steps, f"{schedule}-{name}"))
+            fit_args += ["--costs", str(plan_dir / f"profile-{schedule}-{name}.json"), "--model", str(model)]
     launch(jobs, out / "calibration-jobs.json")
     print(schedc("calibrate", "-o", str(fitted), "--cluster", str(measured_cluster), *fit_args).stdout.strip(),
           flush=True)
