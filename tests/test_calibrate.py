@@ -205,3 +205,30 @@ def test_the_cpu_benchmark_compares_each_cell_with_its_launches_median_and_sprea
     assert text.endswith("largest error 11.1 % over 2 cells")
     assert set(bench.CALIBRATION).isdisjoint(bench.SIZES)  # the fit never sees a predicted size
     assert all(bench.CALIBRATION[c] != bench.SIZES[s] for c in bench.CALIBRATION for s in bench.SIZES)
+
+
+def test_schedc_calibrate_fits_profiles_at_two_sizes_into_an_overhead_table(tmp_path):
+    """`schedc calibrate --cluster C --costs a.json --model small.toml --costs b.json --model large.toml`
+    writes the fitted rates and an [overhead] table that reads back; a --model count that is neither
+    one nor one per --costs is refused."""
+    from dataclasses import replace
+    base = load_cluster("dgx-a100-80gb")
+    truth = replace(base, peak_flops=base.peak_flops / 2, hbm_bandwidth=base.hbm_bandwidth / 3,
+                    overhead=(("F", 4e-4), ("B", 1.5e-4), ("I", 9e-4), ("W", 7e-4)))
+    layout = Layout(microbatch_size=4, recompute="none")
+    args = ["calibrate", "-o", str(tmp_path / "fitted.toml"), "--cluster", "dgx-a100-80gb"]
+    for name, spec in (("small", ModelSpec(4, 128, 4, 64, 256, 512, "bf16")),
+                       ("large", ModelSpec(4, 1024, 16, 512, 256, 4096, "bf16"))):
+        model, profile = tmp_path / f"{name}.toml", tmp_path / f"{name}.json"
+        model.write_text(f"layers = 4\nhidden = {spec.hidden}\nheads = {spec.heads}\nseq = {spec.seq}\nvocab = 256\n")
+        profile.write_text(json.dumps({**_profiles_of(truth, spec, layout), "microbatch_size": 4}))
+        args += ["--costs", str(profile), "--model", str(model)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "GEMMs 2x, memory-bound kernels 3x the microbenchmarks' time; overhead per layer (us) F 400, B 150, " \
+           "I 900, W 700" in result.output
+    fitted = load_cluster(str(tmp_path / "fitted.toml"))
+    assert dict(fitted.overhead) == pytest.approx(dict(truth.overhead), rel=1e-6)
+    assert fitted.peak_flops == pytest.approx(truth.peak_flops, rel=1e-6)
+    uneven = CliRunner().invoke(main, args + ["--costs", str(tmp_path / "small.json")])
+    assert uneven.exit_code == 2 and "one --model for every --costs, or one per --costs" in uneven.output
