@@ -333,7 +333,9 @@ def test_a_tight_memory_limit_keeps_fewer_ws_deferred_and_the_compile_agrees(tmp
     kept, deferred = stage_backward_bytes(model, layout, p)[0]
     deferrals = {}
     for name, limit in (("loose", m * (kept + deferred)), ("tight", p * kept)):
-        result = synthesize(make_problem(p, m, SPLIT, 0.0, (limit,), bytes_of=(model, layout)))
+        problem = make_problem(p, m, SPLIT, 0.0, (limit,), bytes_of=(model, layout))
+        result = synthesize(problem)
+        assert result.makespan >= problem.lower_bound() - 1e-9
         deferrals[name] = [_most_deferred(order) for order in result.orders]
         path = tmp_path / f"{name}.sched"
         path.write_text(to_sched(result))
