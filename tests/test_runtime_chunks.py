@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from schedc.plan import Opcode, PlanError, load_plan
-from schedc.runtime.chunks import ChunkOrderError, SequenceChunks
+from schedc.runtime.chunks import ChunkError, SequenceChunks
 from schedc.runtime.data import Batch
 from schedc.runtime.model import ModelConfig, Stage, build_gpt, lm_loss
 from schedc.runtime.options import parse_options
@@ -108,7 +108,7 @@ def test_chunks_out_of_order_are_refused():
     stage, _ = _model()
     tokens = _batch().tokens
     chunks = SequenceChunks(2)
-    with pytest.raises(ChunkOrderError, match="forward of chunk 1 of microbatch 0 on stage 0 runs after 0"):
+    with pytest.raises(ChunkError, match="forward of chunk 1 of microbatch 0 on stage 0 runs after 0"):
         with chunks.forward(0, 1, 8):
             stage(tokens[:, 8:])
     chunks = SequenceChunks(2)
@@ -116,10 +116,10 @@ def test_chunks_out_of_order_are_refused():
     for j in range(2):
         with chunks.forward(0, j, 8):
             outputs.append(stage(tokens[:, 8 * j:8 * (j + 1)]))
-    with pytest.raises(ChunkOrderError, match="backward of chunk 0 of microbatch 0 on stage 0 runs before that "
+    with pytest.raises(ChunkError, match="backward of chunk 0 of microbatch 0 on stage 0 runs before that "
                                               "of chunk 1, which gives it the gradient of its keys"):
         chunks.backward_roots(0, 0, outputs[0], torch.ones_like(outputs[0]))
-    with pytest.raises(ChunkOrderError, match="backward of chunk 1 of microbatch 1 on stage 0 runs before its forward"):
+    with pytest.raises(ChunkError, match="backward of chunk 1 of microbatch 1 on stage 0 runs before its forward"):
         chunks.backward_roots(0, 3, outputs[1], None)
 
 
@@ -150,3 +150,13 @@ def test_a_split_backward_with_chunks_is_refused(plans):  # noqa: F811
                                         "runtime runs chunks with F and B only"):
         check_plan(replace(plan, ranks=split), opts, Env(0, 2, 0))
     check_plan(plan, opts, Env(0, 2, 0))
+
+
+def test_schedc_run_refuses_chunks_with_tensor_parallelism_before_torchrun(plans):  # noqa: F811
+    from click.testing import CliRunner
+    from schedc.cli import main
+    plan = plans("seq1f1b", p=2, m=2, k=4)
+    result = CliRunner().invoke(main, ["run", str(plan), "--seq", "16", "--tp", "2"])
+    assert result.exit_code == 2, result.output
+    assert "the plan runs 4 sequence chunks per microbatch: --tp (tensor parallelism) is not supported" in result.output
+    assert "Traceback" not in result.output and "torchrun" not in result.output

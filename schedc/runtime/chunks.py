@@ -30,8 +30,9 @@ RUNS = frozenset({Opcode.F.value, Opcode.B.value, Opcode.SEND_F.value, Opcode.RE
                   Opcode.RECV_B.value, Opcode.SYNC_GRAD.value, Opcode.STEP.value})
 
 
-class ChunkOrderError(RuntimeError):
-    """A chunk's forward or backward out of the order its keys and values need."""
+class ChunkError(RuntimeError):
+    """A chunk that cannot run: its forward or backward out of the order its keys and values need, or
+    a microbatch whose sequence does not cut into the chunks."""
 
 
 @dataclass(slots=True)
@@ -120,7 +121,7 @@ class SequenceChunks:
         if self.chunks == 1:
             return tokens, targets
         if tokens.shape[1] % self.chunks or targets.shape[1:2] != tokens.shape[1:2]:
-            raise ChunkOrderError(f"a microbatch of {tokens.shape[1]} tokens (targets {tuple(targets.shape)}) "
+            raise ChunkError(f"a microbatch of {tokens.shape[1]} tokens (targets {tuple(targets.shape)}) "
                                   f"cannot be cut into {self.chunks} sequence chunks")
         length = tokens.shape[1] // self.chunks
         columns = slice(j * length, (j + 1) * length)
@@ -137,7 +138,7 @@ class SequenceChunks:
         i, j = split_unit(unit, self.chunks)
         cache = self.caches.setdefault((stage, i), Cache())
         if len(cache.own) != j:
-            raise ChunkOrderError(f"the forward of chunk {j} of microbatch {i} on stage {stage} runs after "
+            raise ChunkError(f"the forward of chunk {j} of microbatch {i} on stage {stage} runs after "
                                   f"{len(cache.own)} of its chunks' forwards; it needs those of chunks 0 to {j - 1}"
                                   if j else f"microbatch {i} on stage {stage} runs forward again before its backward")
         cache.own.append([])
@@ -157,10 +158,10 @@ class SequenceChunks:
         i, j = split_unit(unit, self.chunks)
         cache = self.caches.get((stage, i))
         if cache is None or j not in cache.waiting:
-            raise ChunkOrderError(f"the backward of chunk {j} of microbatch {i} on stage {stage} runs before its forward")
+            raise ChunkError(f"the backward of chunk {j} of microbatch {i} on stage {stage} runs before its forward")
         later = [c for c in range(j + 1, self.chunks) if c in cache.waiting or c >= len(cache.own)]
         if later:
-            raise ChunkOrderError(f"the backward of chunk {j} of microbatch {i} on stage {stage} runs before that "
+            raise ChunkError(f"the backward of chunk {j} of microbatch {i} on stage {stage} runs before that "
                                   f"of chunk {later[-1]}, which gives it the gradient of its keys and values")
         roots, grads = [y], [grad]
         for own, leaf in zip(cache.own[j], cache.leaves[j]):
