@@ -160,3 +160,14 @@ def test_schedc_run_refuses_chunks_with_tensor_parallelism_before_torchrun(plans
     assert result.exit_code == 2, result.output
     assert "the plan runs 4 sequence chunks per microbatch: --tp (tensor parallelism) is not supported" in result.output
     assert "Traceback" not in result.output and "torchrun" not in result.output
+
+
+def test_a_chunked_runs_profile_gives_a_microbatchs_costs():
+    """--profile-out of a chunked run: an op's cost per microbatch, the sum of its chunks' (2 chunks of
+    1 and 3 ms, and of 2 and 2 ms: 4 ms a microbatch), as a compile's costs declare it (1/k a chunk)."""
+    from schedc.runtime.trace import Event, profile
+    ms = 1_000_000
+    events = [Event(0, 0, "F", 0, unit, start * ms, end * ms, 0)
+              for unit, (start, end) in enumerate([(0, 1), (1, 4), (4, 6), (6, 8)])]
+    assert profile(events, 1, 2, chunks=2) == {"unit": "ms", "microbatch_size": 2, "F": [4.0]}
+    assert profile(events, 1, 2) == {"unit": "ms", "microbatch_size": 2, "F": [2.0]}

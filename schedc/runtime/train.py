@@ -272,6 +272,6 @@ def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list,
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:
         trace.write_json(opts.profile_out, trace.profile(measured or events, plan.meta["stages"],
-                                                                  opts.model_config.mb_size))
+                                                                  opts.model_config.mb_size, plan.meta.get("chunks", 1)))
     if not opts.quiet:
         print(trace.format_report(rep), flush=True)
