@@ -26,6 +26,7 @@ from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
 from .build import clip_coefficient
+from .chunks import SequenceChunks
 from .lifetimes import freed_by, plan_lifetimes
 from .memory import SavedBytes
 from .model import Stage, lm_loss
@@ -70,7 +71,8 @@ class Saved:
 class Executor:
     def __init__(self, plan: Plan, world: World, stages: dict[int, Stage], shapes: list,
                  optimizer: torch.optim.Optimizer, ignore_tasks: bool = False):
-        self.plan, self.world, self.stages, self.shapes = plan, world, stages, shapes
+        self.chunks = SequenceChunks.of(plan)  # a chunked plan's units: runtime/chunks.py
+        self.plan, self.world, self.stages, self.shapes = plan, world, stages, self.chunks.message_shapes(shapes)
         self.optimizer = optimizer
         self.last = plan.meta["stages"] - 1
         self.microbatches = plan.meta["microbatches"]
@@ -211,8 +213,7 @@ class Executor:
         s, mb = instr.stage, instr.mb
         head, start = None, 0
         if s == 0:
-            x = self.batch.microbatch(self.world.replica * self.microbatches + mb)[0]
-            x = x.to(self.world.device, non_blocking=True)
+            x = self._data(mb)[0].to(self.world.device, non_blocking=True)
             if self.split_first and len(self.stages[s].pieces) > 1:
                 head = self.stages[s].pieces[0](x)
                 if head.is_floating_point() and head.requires_grad:
@@ -221,9 +222,10 @@ class Executor:
                     head = None
         else:
             x = self.take((*fed_by(instr.op, s), mb)).requires_grad_()
-        y = self.stages[s](x, start)
+        with self.chunks.forward(s, mb, x.shape[1]):
+            y = self.stages[s](x, start)
         if s == self.last:
-            targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
+            targets = self._data(mb)[1]
             loss = self.loss_fn(y, targets.to(self.world.device, non_blocking=True))
             self.loss_sum += loss.detach()
             y = loss * self.scale
@@ -231,13 +233,17 @@ class Executor:
             self.tensors[("F", s, mb)] = y.detach()
         self.saved[(s, mb)] = Saved(x, y, head=head, stream=self.streams.current() if self.streams else None)
 
+    def _data(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of this replica's microbatch (or unit) mb."""
+        return self.chunks.data(self.batch, self.world.replica * (self.microbatches // self.chunks.chunks), mb)
+
     def _grad_out(self, s: int, mb: int) -> torch.Tensor | None:
         return None if s == self.last else self.take((*fed_by(OpKind.B, s), mb))
 
     def backward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
         saved = self.saved[(s, mb)]
-        torch.autograd.backward(saved.y, self._grad_out(s, mb))
+        torch.autograd.backward(*self.chunks.backward_roots(s, mb, saved.y, self._grad_out(s, mb)))
         if s > 0:
             self.tensors[("B", s, mb)] = saved.x.grad
         self._into_head(saved)

@@ -13,6 +13,7 @@ from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
 from . import checkpoint, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
                     log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
+from .chunks import check_chunks
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
 from .memory import SavedBytes
@@ -48,9 +49,10 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         checkpoint.check_save_over(opts.save, opts.resume, opts.overwrite)
         checkpoint.check_writable(opts.save)
     placed = {Opcode.R.value, Opcode.O.value, Opcode.L.value}
-    if "chunks" in plan.meta or any(i.op in placed for steps in plan.ranks for step in steps for i in step):
-        raise PlanError("this runtime does not yet execute sequence chunks, placed recomputation (R) or offload "
-                        "(O, L); compile the schedule without 'chunks', 'recompute F' and 'offload F' to run it")
+    if any(i.op in placed for steps in plan.ranks for step in steps for i in step):
+        raise PlanError("this runtime does not yet execute placed recomputation (R) or offload "
+                        "(O, L); compile the schedule without 'recompute F' and 'offload F' to run it")
+    check_chunks(plan, opts)
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
@@ -270,6 +272,6 @@ def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list,
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:
         trace.write_json(opts.profile_out, trace.profile(measured or events, plan.meta["stages"],
-                                                                  opts.model_config.mb_size))
+                                                                  opts.model_config.mb_size, plan.meta.get("chunks", 1)))
     if not opts.quiet:
         print(trace.format_report(rep), flush=True)
