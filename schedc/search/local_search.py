@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .problem import MOVE_BACK, TOLERANCE, F, Problem
+from .problem import MOVE_BACK, TOLERANCE, Problem
 
 
 class Timer:
@@ -65,15 +65,16 @@ class Timer:
             start = max(start, got[1] + (lat if remote else 0.0))
         return start
 
-    def peaks(self, orders) -> tuple[int, ...]:
-        release = self.pr.release
+    def peaks(self, orders) -> tuple[float, ...]:
+        """Per device, the most activation units its order holds at once (Problem.held)."""
+        held = self.pr.held()
         out = []
         for order in orders:
-            alive = peak = 0
+            alive = peak = 0.0
             for kind, _, _ in order:
-                alive += 1 if kind == F else -1 if kind == release else 0
+                alive += held[kind]
                 peak = max(peak, alive)
-            out.append(peak)
+            out.append(_whole(peak))
         return tuple(out)
 
     def score(self, orders, span=None) -> tuple[float, float]:
@@ -117,13 +118,17 @@ def _moved(order: list[tuple], n: int, back: int) -> list[tuple]:
 
 
 def _memory_ok(timer: Timer, orders, d: int) -> bool:
-    release = timer.pr.release
-    alive = 0
+    held, alive = timer.pr.held(), 0.0
     for kind, _, _ in orders[d]:
-        alive += 1 if kind == F else -1 if kind == release else 0
-        if alive > timer.pr.limit[d]:
+        alive += held[kind]
+        if alive > timer.pr.limit[d] + TOLERANCE:
             return False
     return True
+
+
+def _whole(x: float) -> float | int:
+    """A count of units as an int when it is one (whole units: schedc's memory model), else rounded."""
+    return int(round(x)) if abs(x - round(x)) <= TOLERANCE else round(x, 9)
 
 
 def _critical_moves(problem: Problem, orders, span) -> list[tuple[int, int, int]]:

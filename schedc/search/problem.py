@@ -55,7 +55,10 @@ def option_error(message: str, kind: str = USAGE) -> SchedError:
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """What to order: `costs[kind][stage]` for F, X (B or I) and, when `split`, W; `limit[device]`."""
+    """What to order: `costs[kind][stage]` for F, X (B or I) and, when `split`, W; `limit[device]`;
+    `deferred`: with `split`, the share of a forward's activation that its deferred W still holds from
+    the end of its I (1: all of it until W, as schedc's memory model counts a unit; the zero bubble
+    scheduler's M_W / M_B, 32h / (34h + 5as), frees the rest at I)."""
 
     p: int
     m: int
@@ -63,6 +66,7 @@ class Problem:
     split: bool
     latency: float
     limit: tuple[float, ...]
+    deferred: float = 1.0
 
     @property
     def kinds(self) -> int:
@@ -84,12 +88,25 @@ class Problem:
         """The kind that frees a forward's activation, as schedc.ops says (release_kind)."""
         return builtin_kinds(self.split).index(release_kind(self.split))
 
+    def held(self) -> tuple[float, ...]:
+        """Per kind, the activation units an op of it adds (+) or frees (-) on its device: F holds one,
+        the releasing kind frees what is left of it; with `deferred` below 1, I frees all but that
+        share, which W frees. The one count of memory the synthesis uses."""
+        out = [0.0] * self.kinds
+        out[F] = 1.0
+        if self.split and self.deferred < 1:
+            out[X], out[W] = self.deferred - 1.0, -self.deferred
+        else:
+            out[self.release] = -1.0
+        return tuple(out)
+
     def lower_bound(self) -> float:
         """No order beats this, the larger of two bounds per device d:
         - work: d's first forward waits for the forwards above it and their messages, then d runs all
           its own ops;
-        - memory: an activation of d lives at least `life` (its forward, the forwards below, the
-          backwards back up, its W, and the messages between), and with L = limit slots the k-th
+        - memory: an activation of d lives whole at least `life` (its forward, the forwards below, the
+          backwards back up, its W unless `deferred` frees most of it at I, and the messages between),
+          and with L = limit slots the k-th
           forward of d cannot start before the (k-L)-th one's activation is freed: t_k >= t_(k-L) + life,
           t_k >= t_(k-1) + F; the last one still has its own `life` to live."""
         return _lower_bound(self)
@@ -109,7 +126,7 @@ def _lower_bound(pr: Problem) -> float:
     best = 0.0
     for d in range(p):
         work = before[d] + sum(pr.costs[k][d] for k in range(pr.kinds)) * pr.m
-        life = trip[d] + 2 * (p - 1 - d) * lat + (pr.costs[W][d] if pr.split else 0)
+        life = trip[d] + 2 * (p - 1 - d) * lat + (pr.costs[W][d] if pr.split and pr.deferred >= 1 else 0)
         slots = max(1, int(min(pr.limit[d], pr.m)))
         starts: list[float] = []
         for k in range(pr.m):
@@ -128,16 +145,17 @@ class Synthesis:
     problem: Problem
     orders: tuple[tuple[tuple[str, int, int], ...], ...]
     makespan: float
-    peak: tuple[int, ...]
+    peak: tuple[float, ...]
     timed: int        # orders timed in all
     found_by: str     # the variant that gave the start of the winning order, and the search's share
 
 
 def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: float,
-                 limit: tuple[float, ...], where: dict[str, str] | None = None) -> Problem:
+                 limit: tuple[float, ...], where: dict[str, str] | None = None, deferred: float = 1.0) -> Problem:
     """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
-    each with one value or one per stage; `limit` has one value or one per device. `where` names
-    where a kind's costs came from, for the messages (`--cost F`, `--costs FILE, F`)."""
+    each with one value or one per stage; `limit` has one value or one per device; `deferred` in
+    (0, 1], with I and W only (Problem). `where` names where a kind's costs came from, for the
+    messages (`--cost F`, `--costs FILE, F`)."""
     if p < 1 or m < 1:
         raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     if p > MAX_DEVICES:
@@ -161,7 +179,10 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     limits = _per_stage("--activation-limit", limit, p, "device")
     if any(not math.isfinite(x) for x in limits):
         raise option_error("--activation-limit must be finite")
-    return Problem(p, m, table, split, float(latency), limits)
+    if not 0 < deferred <= 1 or (deferred < 1 and not split):
+        raise option_error(f"a deferred W's share of an activation must be in (0, 1], with I and W given "
+                           f"(got {deferred:g}{'' if split else ' without a split backward'})")
+    return Problem(p, m, table, split, float(latency), limits, float(deferred))
 
 
 def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple[float, ...]:

@@ -25,7 +25,6 @@ How, in three steps, all deterministic (ties go to the lower device, microbatch 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable
 
 from ..diagnostics import SCHEDULE
@@ -172,7 +171,8 @@ class _ListState:
         self.end: dict[tuple[int, int, int], float] = {}
         self.next = [[0] * problem.kinds for _ in range(p)]
         self.free = [0.0] * p
-        self.alive = [0] * p
+        self.alive = [0.0] * p
+        self.held = problem.held()
         self.last = [W] * p
         self.orders: list[list[tuple]] = [[] for _ in range(p)]
 
@@ -184,7 +184,7 @@ class _ListState:
         lat, m, out = pr.latency, pr.m, []
         for kind in range(pr.kinds):
             i = nxt[kind]
-            if i >= m or (kind == F and self.alive[d] >= self._cap(d)):
+            if i >= m or (kind == F and self._full(d)):
                 continue
             start = free
             for k, s, remote in self.deps[kind][d]:
@@ -216,23 +216,20 @@ class _ListState:
 
     def _blocked(self, d: int) -> bool:
         """Whether device d has a forward left that its memory cap keeps out."""
-        nxt = self.next[d]
-        return nxt[F] < self.pr.m and self.alive[d] >= self._cap(d)
+        return self.next[d][F] < self.pr.m and self._full(d)
 
-    def _cap(self, d: int) -> int:
-        """Activations device d may hold before its next forward: the warm-up cap until its first
-        backward, then the limit's whole units."""
-        return self.warm[d] if self.next[d][X] == 0 else math.floor(self.pr.limit[d])
+    def _full(self, d: int) -> bool:
+        """Whether one more forward would take device d past its cap: the warm-up cap until its first
+        backward, then the limit (whole units held, or with `deferred` their deferred W's shares)."""
+        cap = self.warm[d] if self.next[d][X] == 0 else self.pr.limit[d]
+        return self.alive[d] + 1 > cap + TOLERANCE
 
     def run(self, start: float, d: int, kind: int) -> None:
         pr = self.pr
         i = self.next[d][kind]
         self.next[d][kind] += 1
         self.end[(kind, d, i)] = self.free[d] = start + pr.costs[kind][d]
-        if kind == F:
-            self.alive[d] += 1
-        elif kind == pr.kinds - 1:
-            self.alive[d] -= 1
+        self.alive[d] += self.held[kind]
         if kind != W:
             self.last[d] = kind
         self.orders[d].append((kind, d, i))
