@@ -108,23 +108,32 @@ def _run(plan: Path, out: Path, *options: str) -> tuple[float, dict]:
 def test_r_draws_its_forwards_dropout_masks_again(plans, tmp_path, monkeypatch):  # noqa: F811
     """Interleaved 1F1B over two stages on one device, dropout in every block: with R placed before
     each backward (each F run without a graph) the loss and gradients are the plain order's to the
-    bit; R without the forward's RNG state (its autocast alone restored) draws other masks."""
+    bit, in fp32 and under bf16 autocast; R without the forward's RNG state draws other masks, R
+    without its autocast runs in fp32 (each caught here)."""
     from schedc.runtime import recompute
-    want = _run(plans("interleaved_1f1b", p=1, v=2, m=4), tmp_path / "plain")
-    got = _run(plans("interleaved_1f1b_recompute", p=1, v=2, m=4), tmp_path / "placed")
-    assert got[0] == want[0] and sorted(got[1]) == sorted(want[1])
-    assert all(torch.equal(got[1][name], grad) for name, grad in want[1].items())
-    kept = recompute.RunState.restored
-    monkeypatch.setattr(recompute.RunState, "restored",
-                        lambda state: kept(replace_rng(state, torch.get_rng_state())))
-    other = _run(plans("interleaved_1f1b_recompute", p=1, v=2, m=4), tmp_path / "unseeded")
-    assert other[0] == want[0]  # the F counts the loss
-    assert max(((other[1][n] - g).norm() / g.norm()).item() for n, g in want[1].items()) > 1e-2
+    errors = {}
+    for dtype in ("fp32", "bf16"):
+        options = ["--dtype", dtype]
+        want = _run(plans("interleaved_1f1b", p=1, v=2, m=4), tmp_path / f"plain_{dtype}", *options)
+        got = _run(plans("interleaved_1f1b_recompute", p=1, v=2, m=4), tmp_path / f"placed_{dtype}", *options)
+        assert got[0] == want[0] and sorted(got[1]) == sorted(want[1])
+        assert all(torch.equal(got[1][name], grad) for name, grad in want[1].items()), dtype
+    restored = recompute.RunState.restored
+    for field, dtype in (("rng", "fp32"), ("autocast", "bf16")):  # each left as it is at R
+        monkeypatch.setattr(recompute.RunState, "restored", lambda state, field=field: restored(without(state, field)))
+        other = _run(plans("interleaved_1f1b_recompute", p=1, v=2, m=4), tmp_path / f"no_{field}", "--dtype", dtype)
+        want = _dump(tmp_path / f"plain_{dtype}")
+        assert other[0] == want[0]  # the F counts the loss
+        errors[field] = max(((other[1][n] - g).norm() / g.norm()).item() for n, g in want[1].items())
+    assert errors["rng"] > 1e-2 and errors["autocast"] > 1e-4, errors
 
 
-def replace_rng(state, rng: torch.Tensor):
-    """The RunState with the RNG state `rng` in place of the forward's."""
-    state.rng = rng
+def without(state, field: str):
+    """The RunState with the RNG or autocast state of the moment in place of the forward's."""
+    if field == "rng":
+        state.rng = torch.get_rng_state()
+    else:
+        state.autocast = ("cpu", torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
     return state
 
 
@@ -149,12 +158,13 @@ def test_offload_on_one_device_gives_the_reference_and_frees_at_o(tmp_path):
     assert memory["ranks"][0]["peak_saved_bytes"] == want < 2 * (full[0] + full[1])  # without O: all 4 states
 
 
-@pytest.mark.parametrize("edit, message", [
-    ("drop_reload", "B stage=0 mb=1 pipe=0 comes before the L of its stage and microbatch"),
-    ("unknown_op", "the plan uses task 'Z', which has no handler here"),
-    ("recompute_full", "the plan places recomputation (R) or offload (O, L), which run with --recompute none"),
-])
-def test_placed_ops_the_runtime_cannot_run_are_refused(plans, tmp_path, capsys, monkeypatch, edit, message):  # noqa: F811
+REFUSED = {"drop_reload": "B stage=0 mb=1 pipe=0 comes before the L of its stage and microbatch",
+           "unknown_op": "the plan uses task 'Z', which has no handler here",
+           "recompute_full": "the plan places recomputation (R) or offload (O, L), which run with --recompute none"}
+
+
+@pytest.mark.parametrize("edit", sorted(REFUSED))
+def test_placed_ops_the_runtime_cannot_run_are_refused(plans, tmp_path, capsys, monkeypatch, edit):  # noqa: F811
     """Before any process starts: a backward whose L is gone, an op the runtime does not know in
     place of an O, a placed plan with --recompute full."""
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -168,4 +178,4 @@ def test_placed_ops_the_runtime_cannot_run_are_refused(plans, tmp_path, capsys, 
     write_plan(replace(plan, ranks=((tuple(program),), plan.ranks[1])), tmp_path)
     extra = ["--recompute", "full"] if edit == "recompute_full" else []
     assert runtime_main([str(tmp_path / "plan.json"), *SMALL, *extra]) == 1
-    assert message in capsys.readouterr().err
+    assert REFUSED[edit] in capsys.readouterr().err
