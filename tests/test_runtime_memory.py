@@ -204,7 +204,8 @@ def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, r
 def walked_peak(program, full: dict[int, int], kept: dict[int, int]) -> int:
     """The most saved bytes alive at once over a step program, by the placed ops' rule written afresh:
     F holds its state's `full` bytes, or its input's (`kept`) where the program has an R for it; O
-    leaves the input's bytes on the device, R and L bring the full bytes back, B frees the state."""
+    leaves the input's bytes on the device, R and L bring the full bytes back, B (or W after I) frees
+    the state."""
     recomputed = {(i.stage, i.mb) for i in program if i.op == "R"}
     live: dict[tuple[int, int], int] = {}
     peak = 0
@@ -216,7 +217,7 @@ def walked_peak(program, full: dict[int, int], kept: dict[int, int]) -> int:
             live[key] = full[instr.stage]
         elif instr.op == "O":
             live[key] = kept[instr.stage]
-        elif instr.op == "B":
+        elif instr.op in ("B", "W"):
             del live[key]
         peak = max(peak, sum(live.values()))
     return peak

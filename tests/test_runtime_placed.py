@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch import nn
 
+from schedc.activations import RUNTIME_GPT, stage_bytes
 from schedc.plan import load_plan
 from schedc.plan.write import write_plan
 from schedc.runtime.__main__ import main as runtime_main
 from test_runtime import _dump, plans  # noqa: F401 (plans: the session's compiled plans)
-from test_runtime_memory import compile_fixture, offload_kept, runtime_sizes, walked_peak
+from test_runtime_memory import compile_fixture, input_bytes, offload_kept, runtime_sizes, walked_peak
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
 
@@ -137,13 +138,10 @@ def without(state, field: str):
     return state
 
 
-def test_offload_on_one_device_gives_the_reference_and_frees_at_o(tmp_path):
-    """Two stages on one device (tests/fixtures/offload/one_device.sched), every forward offloaded, one
-    stage's input the other's output: the one-process reference's loss and gradients (rel <= 1e-5);
-    the measured peak of saved bytes is the walk's over the program, each state's full bytes those of
-    schedc/activations.py's table for the runtime's GPT."""
-    from schedc.activations import RUNTIME_GPT, stage_bytes
-    plan = compile_fixture(tmp_path, "tests/fixtures/offload/one_device.sched")
+def _one_device(tmp_path: Path, fixture: str) -> tuple[Path, dict]:
+    """A fixture's plan run on one device against the one-process reference (loss and every gradient
+    within rel 1e-5); the plan and the run's measured memory."""
+    plan = compile_fixture(tmp_path, fixture)
     options = [*SMALL, "--steps", "1", "--quiet"]
     assert runtime_main([str(plan), *options, "--save-grads", str(tmp_path / "got"),
                          "--report-out", str(tmp_path / "report.json")]) == 0
@@ -151,11 +149,29 @@ def test_offload_on_one_device_gives_the_reference_and_frees_at_o(tmp_path):
     (loss, grads), (ref_loss, ref_grads) = _dump(tmp_path / "got"), _dump(tmp_path / "ref")
     assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
     assert max(((grads[n] - r).norm() / r.norm()).item() for n, r in ref_grads.items()) <= 1e-5
-    sizes = runtime_sizes(SMALL)
-    full = {s: stage_bytes(sizes, RUNTIME_GPT, 1, s == 0, s == 1) for s in range(2)}
+    return plan, json.loads((tmp_path / "report.json").read_text())["memory"]
+
+
+def test_offload_on_one_device_gives_the_reference_and_frees_at_o(tmp_path):
+    """Two stages on one device (tests/fixtures/offload/one_device.sched), every forward offloaded, one
+    stage's input the other's output: the reference's loss and gradients; the measured peak of saved
+    bytes is the walk's over the program, each state's full bytes those of schedc/activations.py's
+    table for the runtime's GPT."""
+    plan, memory = _one_device(tmp_path, "tests/fixtures/offload/one_device.sched")
+    full = {s: stage_bytes(runtime_sizes(SMALL), RUNTIME_GPT, 1, s == 0, s == 1) for s in range(2)}
     want = walked_peak(load_plan(plan).ranks[0][0], full, {s: offload_kept(SMALL, s, 1) for s in range(2)})
-    memory = json.loads((tmp_path / "report.json").read_text())["memory"]
     assert memory["ranks"][0]["peak_saved_bytes"] == want < 2 * (full[0] + full[1])  # without O: all 4 states
+
+
+def test_r_before_a_split_backward_gives_the_reference(tmp_path):
+    """Two stages on one device with I and W (tests/fixtures/recompute/split_one_device.sched): R
+    rebuilds the graph that I and then W read, stage 0's first piece run apart as a split backward
+    runs it; the reference's loss and gradients; the peak is the walk's (each F keeps its input, R
+    rebuilds one state, W frees it)."""
+    plan, memory = _one_device(tmp_path, "tests/fixtures/recompute/split_one_device.sched")
+    full = {s: stage_bytes(runtime_sizes(SMALL), RUNTIME_GPT, 1, s == 0, s == 1) for s in range(2)}
+    want = walked_peak(load_plan(plan).ranks[0][0], full, {s: input_bytes(SMALL, s) for s in range(2)})
+    assert memory["ranks"][0]["peak_saved_bytes"] == want == full[1] + 2 * input_bytes(SMALL, 0) + input_bytes(SMALL, 1)
 
 
 REFUSED = {"drop_reload": "B stage=0 mb=1 pipe=0 comes before the L of its stage and microbatch",
