@@ -7,7 +7,8 @@
 # before STEP at the latest. The saved state of (stage, mb) for backward lives in `saved` from F to
 # its last use (B, W, or a user task, possibly of the next step: see lifetimes.py). OVERLAP_F_B runs
 # its forward and backward as one instruction: in sequence on CPU, on two CUDA streams on a GPU
-# (schedc/runtime/overlap.py).
+# (schedc/runtime/overlap.py). Placed recomputation (R) and offload (O, L), and the forwards they
+# follow, run through schedc/runtime/placed.py.
 from __future__ import annotations
 
 import os
@@ -31,6 +32,7 @@ from .lifetimes import freed_by, plan_lifetimes
 from .memory import SavedBytes
 from .model import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
+from .placed import Placed
 from .tasks import setup_tasks, task_handler
 from .tensor_parallel import Messages, Split, TensorGroup, global_splits, sync_partial_gradients
 from .world import World
@@ -84,6 +86,8 @@ class Executor:
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
             Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end,
             Opcode.OVERLAP_F_B: self.overlap}
+        self.placed = Placed(self, list(plan.ranks[world.plan_rank]))  # R, O and L (placed.py)
+        self.table.update(self.placed.table)
         self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
         # stage 0 has no input gradient; where its backward is split, I still computes the gradients
         # inside the stage (tasks between I and W read them, e.g. K-FAC's curvature_B), down to the
@@ -202,18 +206,20 @@ class Executor:
         return value
 
     def forward(self, instr: Instr) -> None:
-        """F, under the saved-bytes meter when there is one."""
+        """F, under the saved-bytes meter when there is one (placed.py: recomputed or offloaded where
+        the plan places an R or an O for it)."""
         with self.autocast():
             if self.meter is None:
-                return self._forward(instr)
+                return self.placed.forward(instr)
             with self.meter.recording((instr.stage, instr.mb)):
-                self._forward(instr)
+                self.placed.forward(instr)
 
-    def _forward(self, instr: Instr) -> None:
+    def _forward(self, instr: Instr, kept: torch.Tensor | None = None) -> None:
+        """kept: R's rerun (placed.py) from the input its F kept; the F alone counts the loss and sends."""
         s, mb = instr.stage, instr.mb
         head, start = None, 0
         if s == 0:
-            x = self._data(mb)[0].to(self.world.device, non_blocking=True)
+            x = (self._data(mb)[0] if kept is None else kept).to(self.world.device, non_blocking=True)
             if self.split_first and len(self.stages[s].pieces) > 1:
                 head = self.stages[s].pieces[0](x)
                 if head.is_floating_point() and head.requires_grad:
@@ -221,15 +227,16 @@ class Executor:
                 else:  # nothing to differentiate at the boundary: W does the whole backward
                     head = None
         else:
-            x = self.take((*fed_by(instr.op, s), mb)).requires_grad_()
+            x = (self.take((*fed_by(instr.op, s), mb)) if kept is None else kept).requires_grad_()
         with self.chunks.forward(s, mb, x.shape[1]):
             y = self.stages[s](x, start)
         if s == self.last:
             targets = self._data(mb)[1]
             loss = self.loss_fn(y, targets.to(self.world.device, non_blocking=True))
-            self.loss_sum += loss.detach()
+            if kept is None:
+                self.loss_sum += loss.detach()
             y = loss * self.scale
-        else:
+        elif kept is None:
             self.tensors[("F", s, mb)] = y.detach()
         self.saved[(s, mb)] = Saved(x, y, head=head, stream=self.streams.current() if self.streams else None)
 
