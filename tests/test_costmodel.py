@@ -18,6 +18,7 @@ from schedc.layout import Layout
 from schedc.costmodel import (Hardware, Setting, layer_activation_bytes, layer_parts, link_times, model_flops,
                               stage_costs, stage_params)
 from schedc.plan import load_plan
+from schedc.text import GIB
 from schedc.driver.cluster import compile_for
 
 A100 = load_cluster("dgx-a100-80gb")
@@ -521,22 +522,29 @@ def _zb_paper():
 @pytest.mark.parametrize("row", [0, 1])
 def test_the_zero_bubble_papers_rows_are_predicted_within_its_targets(row):
     """Qi et al. (2024), the 1.5B and 6.2B rows at m = 24 on the paper's machine with Megatron Table 1's
-    constants: 1F1B and the automatic ZB-2p (synthesized under 2p; ZB-1p's local search is left to
-    the benchmark) within 10 % of the measured samples per GPU per second, ZB-2p's memory within 15 %,
-    and ZB-2p faster than 1F1B by a gain within 6 points of the measured one (the benchmark prints
-    each cell; its largest gain difference is 5.5 points)."""
+    constants: 1F1B and the automatic ZB-2p (synthesized under 2p activations as the paper's scheduler
+    counts them, its steps overlapping as post-validation lets them) within 10 % of the measured
+    samples per GPU per second and ZB-2p's gain over 1F1B within 3 points of the measured one. The
+    overlapped step is no shorter than the busiest device's work (m (F + I + W) of its stage, from the
+    stage costs) and shorter than one step alone. ZB-2p's tensors are within 5 % of the measured
+    memory; with the allocator's allowance the 1.5B row is 17 % over (docs/benchmarks.md)."""
     zb = _zb_paper()
     cluster = load_cluster(zb.CLUSTER)
     name, b, measured = zb.ROWS[row]
     from schedc.costmodel.specs import load_cluster_model
     model = load_cluster_model(str(MODELS / f"{name}.toml"), cluster)
-    one, _, _, _ = zb.predict("1f1b", {}, model, cluster, b, 24)
-    two, gib, _, _ = zb.predict(zb.AUTOMATIC, {"limit": 2}, model, cluster, b, 24)
+    one, *_ = zb.predict("1f1b", {}, model, cluster, b, 24)
+    two, gib, _, pred, _ = zb.predict(zb.AUTOMATIC, {"limit": 2}, model, cluster, b, 24)
     (base, *_), _ = measured["1F1B"]
     (fast, *_), memory = measured["ZB-2p"]
     assert one == pytest.approx(base, rel=0.10) and two == pytest.approx(fast, rel=0.10)
-    assert gib == pytest.approx(memory, rel=0.15)
-    assert abs((two / one - 1) - (fast / base - 1)) < 0.06
+    assert abs((two / one - 1) - (fast / base - 1)) < 0.03
+    costs = stage_costs(Setting(model, cluster, zb.layout(b, 24)), zb.P).costs()
+    work = 24 * max(costs["F"][s] + costs["I"][s] + costs["W"][s] for s in range(zb.P))
+    steady = pred.global_batch / (two * pred.gpus)
+    assert work < steady < pred.iteration_s
+    tensors = (pred.memory_bytes - pred.memory_parts["allocator_and_context"]) / GIB
+    assert tensors == pytest.approx(memory, rel=0.05) and gib == pytest.approx(memory, rel=0.20)
 
 
 def test_flash_attention_holds_no_scores_and_recomputes_them_in_its_backward(tmp_path):

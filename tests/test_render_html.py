@@ -165,3 +165,29 @@ def test_in_headless_chromium_time_0_is_one_column_in_both_charts(tmp_path):
     timeline_left = min(min(blue_columns(y)) for y in first_row)
     chart_left = min(min(blue_columns(y)) for y in last_panel)
     assert abs(timeline_left - chart_left) <= 1
+
+
+def test_the_memory_chart_draws_offloaded_activations_on_the_host():
+    """offload_1f1b (p = 4, m = 8): a 1F1B device d keeps p - d forwards in flight and, offloading all but
+    the one its next backward reloads, holds up to p - 1 - d on the host; the last device offloads
+    nothing. Each offloading device's panel has a host curve whose top is that level; 1F1B has none."""
+    p = 4
+    html = render(compile_library("offload_1f1b", p=p, m=8), "html", "x.html").decode()
+    _, chart = svgs(html)
+    for panel in chart.iter(f"{SVG}g"):
+        if panel.get("class") != "device":
+            continue
+        d = int(panel.get("data-device"))
+        host = [line for line in panel.iter(f"{SVG}polyline") if line.get("class") == "host"]
+        device_curve = [line for line in panel.iter(f"{SVG}polyline") if line.get("class") != "host"][0]
+        if d == p - 1:
+            assert host == []
+            continue
+        ys = [float(point.split(",")[1]) for point in host[0].get("points").split()]
+        device_ys = [float(point.split(",")[1]) for point in device_curve.get("points").split()]
+        assert min(ys) < max(ys) == device_ys[0]  # from the panel's zero up to its peak
+        label = [t.text for t in panel.iter(f"{SVG}text") if t.get("class") == "host-peak"]
+        assert label == [f"host peak {p - 1 - d}"]
+    assert "offloaded to host memory" in html
+    _, plain = svgs(render(compile_library("1f1b", p=p, m=8), "html", "x.html").decode())
+    assert not [line for line in plain.iter(f"{SVG}polyline") if line.get("class") == "host"]

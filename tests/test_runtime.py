@@ -28,19 +28,23 @@ MODEL = ["--layers", "8", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TOLERANCE = 1e-4
+CHUNKS_TOLERANCE = 1e-5  # sequence chunks (Seq1F1B): as the recomputation tests' runs
 LAUNCH_LIMIT = 180
 
 # (library schedule, params) by rank count: every library schedule at 2 and 4 ranks. The zero-bubble
 # family and DualPipe bring chunk cursors, split and mixed backwards and overlapped F & B (in sequence
-# on CPU); m is not a multiple of p, or below 2p, where the schedule allows it. The plans of one rank
-# count run in one launch (tests/launch_plans.py).
+# on CPU), Seq1F1B sequence chunks (k of them a microbatch, at 1f1b's m); m is not a multiple of p, or
+# below 2p, where the schedule allows it. The plans of one rank count run in one launch
+# (tests/launch_plans.py).
 EXACTNESS = {
     2: [("gpipe", {"p": 2, "m": 4}), ("1f1b", {"p": 2, "m": 4}), ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}),
+        ("seq1f1b", {"p": 2, "m": 4, "k": 2}), ("seq1f1b", {"p": 2, "m": 4, "k": 4}),
         ("chimera", {"p": 2, "m": 4}),
         ("zb_h1", {"p": 2, "m": 3}), ("zb_h2", {"p": 2, "m": 5}), ("zbv", {"p": 2, "m": 4}),
         ("v_half", {"p": 2, "m": 5}), ("v_min", {"p": 2, "m": 3}), ("interleaved_zb", {"p": 2, "v": 2, "m": 4}),
         ("looped_bfs", {"p": 2, "v": 2, "m": 3}), ("dualpipe", {"p": 2, "m": 4}), ("dualpipev", {"p": 2, "m": 5})],
     4: [("gpipe", {"p": 4, "m": 4}), ("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 4}),
+        ("seq1f1b", {"p": 4, "m": 8, "k": 2}),
         ("chimera", {"p": 4, "m": 4}),
         ("zb_h1", {"p": 4, "m": 6}), ("zb_h2", {"p": 4, "m": 8}), ("zbv", {"p": 4, "m": 6}),
         ("v_half", {"p": 4, "m": 8}), ("v_min", {"p": 4, "m": 6}), ("interleaved_zb", {"p": 4, "v": 2, "m": 4}),
@@ -69,11 +73,13 @@ def plans(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """reference(plan, model, dp) -> (loss, grads) of the one-process run, cached by batch and model."""
+    """reference(plan, model, dp) -> (loss, grads) of the one-process run, cached by batch (its
+    microbatches: a chunked plan's units over its chunks) and model."""
     root, cache = tmp_path_factory.mktemp("reference"), {}
 
     def run_reference(plan: Path, model: list[str], dp: int = 1):
-        key = (load_plan(plan).meta["microbatches"] * dp, tuple(model))
+        meta = load_plan(plan).meta
+        key = (meta["microbatches"] // meta.get("chunks", 1) * dp, tuple(model))
         if key not in cache:
             out = root / f"ref{len(cache)}"
             code = runtime_main([str(plan), "--reference", *model, "--dp", str(dp), "--steps", "1",
@@ -100,13 +106,13 @@ def torchrun(plan: Path, nproc: int, *options: str, limit: float = LAUNCH_LIMIT)
     return run, time.monotonic() - begin
 
 
-def assert_same(got: tuple, want: tuple) -> None:
+def assert_same(got: tuple, want: tuple, tolerance: float = TOLERANCE) -> None:
     (loss, grads), (ref_loss, ref_grads) = got, want
-    assert abs(loss - ref_loss) <= TOLERANCE * abs(ref_loss)
+    assert abs(loss - ref_loss) <= tolerance * abs(ref_loss)
     assert sorted(grads) == sorted(ref_grads)
     for name, ref in ref_grads.items():
         error = ((grads[name] - ref).norm() / ref.norm().clamp_min(1e-12)).item()
-        assert error <= TOLERANCE, f"{name}: relative error {error:.2e}"
+        assert error <= tolerance, f"{name}: relative error {error:.2e}"
 
 
 def launch_plans(jobs: list[tuple[Path, list[str]]], nproc: int, directory: Path):
@@ -121,19 +127,23 @@ def launch_plans(jobs: list[tuple[Path, list[str]]], nproc: int, directory: Path
 
 @pytest.mark.parametrize("ranks", sorted(EXACTNESS))
 def test_library_schedules_match_reference(plans, reference, tmp_path, ranks):
-    """Each plan's loss and first-step gradients equal the one-process reference; and each OVERLAP_F_B
-    is timed as one instruction, its halves in none other (the trace of the DualPipeV run)."""
-    cases = [(name, params, plans(name, **params)) for name, params in EXACTNESS[ranks]]
-    jobs = [(plan, [*MODEL, "--steps", "1", "--quiet", "--save-grads", str(tmp_path / name)]
-             + (["--trace-out", str(tmp_path / "trace.json")] if name == "dualpipev" else []))
-            for name, _, plan in cases]
+    """Each plan's loss and first-step gradients equal the one-process reference (Seq1F1B's within
+    1e-5); each OVERLAP_F_B is timed as one instruction, its halves in none other (the trace of the
+    DualPipeV run); Seq1F1B's chunks keep less activation memory than 1F1B at the same m."""
+    cases = [(name, params, _label(name, params), plans(name, **params)) for name, params in EXACTNESS[ranks]]
+    jobs = [(plan, [*MODEL, "--steps", "1", "--quiet", "--save-grads", str(tmp_path / label)]
+             + (["--trace-out", str(tmp_path / "trace.json")] if name == "dualpipev" else [])
+             + (["--report-out", str(tmp_path / f"{label}.json")] if name in ("1f1b", "seq1f1b") else []))
+            for name, _, label, plan in cases]
     run = launch_plans(jobs, ranks, tmp_path)
     assert run.returncode == 0, run.stderr
-    for name, params, plan in cases:
+    for name, params, label, plan in cases:
         try:
-            assert_same(_dump(tmp_path / name), reference(plan, MODEL))
+            tolerance = CHUNKS_TOLERANCE if name == "seq1f1b" else TOLERANCE
+            assert_same(_dump(tmp_path / label), reference(plan, MODEL), tolerance)
         except AssertionError as exc:
-            raise AssertionError(f"{name} {params}: {exc}") from None
+            raise AssertionError(f"{label}: {exc}") from None
+    _assert_chunks_keep_less(tmp_path, [case[:3] for case in cases if case[0] in ("1f1b", "seq1f1b")])
     overlapped = sorted(half_names(i) for steps in load_plan(plans("dualpipev", **EXACTNESS[ranks][-1][1])).ranks
                         for i in steps[0] if i.op == "OVERLAP_F_B")
     events = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
@@ -144,6 +154,28 @@ def test_library_schedules_match_reference(plans, reference, tmp_path, ranks):
     assert {e["name"] for e in events if e["args"]["op"] == "OVERLAP_F_B"} == {" & ".join(p) for p in overlapped}
     alone = {e["name"] for e in events if e["args"]["op"] != "OVERLAP_F_B"}
     assert not alone & {half for pair in overlapped for half in pair}
+
+
+def _label(name: str, params: dict) -> str:
+    return "_".join([name, *(f"{k}{v}" for k, v in params.items())])
+
+
+def _assert_chunks_keep_less(directory: Path, cases: list[tuple[str, dict, str]]) -> None:
+    """Seq1F1B over k chunks against 1F1B at the same p and m (their --report-out memory): device 0 keeps
+    p - 1 + k chunks' saved states at its peak where 1F1B keeps p microbatches' ((p - 1 + k) / k
+    microbatches' worth against p), and its peak of saved bytes is below 1F1B's, made of chunks that
+    each save less than a microbatch."""
+    device0 = {label: json.loads((directory / f"{label}.json").read_text())["memory"]["ranks"][0]
+               for _, _, label in cases}
+    ((p, m, whole),) = [(params["p"], params["m"], device0[label]) for name, params, label in cases if name == "1f1b"]
+    chunked = [(device0[label], params["k"]) for name, params, label in cases if name == "seq1f1b"]
+    assert chunked and all(params["m"] == m for _, params, _ in cases)
+    assert whole["peak_states_on_rank"] == p
+    for got, k in chunked:
+        assert got["peak_states_on_rank"] == p - 1 + k, k
+        assert got["peak_saved_bytes"] < whole["peak_saved_bytes"], k
+        assert got["saved_bytes_per_microbatch"]["0"] < whole["saved_bytes_per_microbatch"]["0"], k
+        assert got["peak_saved_bytes"] <= (p - 1 + k) * got["saved_bytes_per_microbatch"]["0"], k
 
 
 def half_names(instr: Instr) -> tuple[str, str]:

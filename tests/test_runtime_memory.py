@@ -40,13 +40,25 @@ def compile_with(tmp: Path, schedule: str, addon: str, **params) -> Path:
     return out / "plan.json"
 
 
+def compile_fixture(tmp: Path, path: str) -> Path:
+    out = tmp / Path(path).stem
+    run = subprocess.run([sys.executable, "-m", "schedc.cli", "compile", path, "-o", str(out)],
+                         capture_output=True, text=True, cwd=_repo())
+    assert run.returncode == 0, run.stdout + run.stderr
+    return out / "plan.json"
+
+
 def _losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
+PLACED = [("offload_1f1b", {"p": 2, "m": 4}), ("interleaved_1f1b_recompute", {"p": 2, "v": 2, "m": 4})]
+
+
 def test_recompute_gives_the_reference_under_every_backward(plans, reference, tmp_path):  # noqa: F811
     """Selective and full recomputation against the one-process reference: 1F1B (full backwards),
-    ZB-H1 (split I + W), DualPipeV (overlapped F & B, split and full backwards); with K-FAC's tasks
+    ZB-H1 (split I + W), DualPipeV (overlapped F & B, split and full backwards); the library's placed
+    recomputation (R) and offload (O, L), on 2 ranks; with K-FAC's tasks
     (PipeFisher's bubble-filled 1F1B, ZB-H1 with the add-on: curvature between I and W) five steps of
     losses equal those of the same plan without recomputation (the last two preconditioned)."""
     cases = [("1f1b", {"p": 2, "m": 4}), ("zb_h1", {"p": 2, "m": 3}), ("dualpipev", {"p": 2, "m": 5})]
@@ -57,6 +69,10 @@ def test_recompute_gives_the_reference_under_every_backward(plans, reference, tm
             jobs.append((plans(name, **params), [*FOUR, "--steps", "1", "--quiet", "--recompute", mode,
                                                  "--save-grads", str(out)]))
             checks.append((name, mode, plans(name, **params), out))
+    for name, params in PLACED:  # R, O and L placed by the schedule, with --recompute none
+        out = tmp_path / name
+        jobs.append((plans(name, **params), [*FOUR, "--steps", "1", "--quiet", "--save-grads", str(out)]))
+        checks.append((name, "placed", plans(name, **params), out))
     kfac = [plans("pipefisher_1f1b", p=2, m=4), compile_with(tmp_path, "zb_h1", "kfac", p=2, m=4)]
     for n, plan in enumerate(kfac):
         for mode in ("none", "full"):
@@ -137,13 +153,14 @@ def runtime_sizes(options: list[str]) -> Sizes:
     return Sizes(value["seq"], value["mb-size"], value["hidden"], value["heads"], 4 * value["hidden"], 256)
 
 
-def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, tmp_path):  # noqa: F811
+def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, reference, tmp_path):  # noqa: F811
     """One 4-rank launch. 1F1B over 4 stages (the embedding's, two middle ones, the head's) under each
     --recompute: every forward of a stage saves the bytes schedc/activations.py gives for the
     runtime's GPT, to the byte, and so under t = 2 over 2 stages (tensor-parallel layers, vocabulary-
     parallel ends) with and without sequence parallelism (the column-parallel inputs kept as sequence
     shards); the 5 schedules: each rank's most (stage, mb) states alive at once is the simulator's peak
-    (activation units, one a microbatch and chunk), each stage's no more."""
+    (activation units, one a microbatch and chunk), each stage's no more; offloading 1F1B and placed R
+    on 4 ranks give the reference (rel <= 1e-5), their peaks as _check_placed_memory says."""
     jobs = [(plans("1f1b", p=4, m=4), [*EIGHT, "--steps", "2", "--quiet", "--recompute", mode,
                                        "--report-out", str(tmp_path / f"bytes_{mode}.json")]) for mode in MODES]
     tensor = {f"{mode}{'_sp' * sp}": (mode, sp) for mode in MODES for sp in (False, True)}
@@ -153,8 +170,15 @@ def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, t
              for name, (mode, sp) in tensor.items()]
     jobs += [(plans(name, **params), [*EIGHT, "--steps", "2", "--quiet", "--report-out", str(tmp_path / f"{name}.json")])
              for name, params in IN_FLIGHT]
+    jobs += [(plans(name, **params), [*EIGHT, "--steps", "2", "--quiet", *options, "--save-grads",
+                                      str(tmp_path / report), "--report-out", str(tmp_path / f"{report}.json")])
+             for report, (name, params, options) in PLACED_MEMORY.items()]
     run = launch_plans(jobs, 4, tmp_path)
     assert run.returncode == 0, run.stderr
+    for report, (name, params, _) in PLACED_MEMORY.items():
+        loss, grads = relative_errors(_dump(tmp_path / report), reference(plans(name, **params), EIGHT))
+        assert loss <= TOLERANCE and grads <= TOLERANCE, (report, loss, grads)
+    _check_placed_memory(plans, tmp_path)
     sizes = runtime_sizes(EIGHT)
     for mode in MODES:
         memory = json.loads((tmp_path / f"bytes_{mode}.json").read_text())["memory"]
@@ -175,6 +199,81 @@ def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, t
         assert [rank["peak_states_on_rank"] for rank in memory["ranks"]] == simulated, name
         for rank, peak in zip(memory["ranks"], simulated):
             assert max(rank["peak_microbatches_in_flight"].values()) <= peak, name
+
+
+def walked_peak(program, full: dict[int, int], kept: dict[int, int]) -> int:
+    """The most saved bytes alive at once over a step program, by the placed ops' rule written afresh:
+    F holds its state's `full` bytes, or its input's (`kept`) where the program has an R for it; O
+    leaves the input's bytes on the device, R and L bring the full bytes back, B (or W after I) frees
+    the state."""
+    recomputed = {(i.stage, i.mb) for i in program if i.op == "R"}
+    live: dict[tuple[int, int], int] = {}
+    peak = 0
+    for instr in program:
+        key = (instr.stage, instr.mb)
+        if instr.op == "F":
+            live[key] = kept[instr.stage] if key in recomputed else full[instr.stage]
+        elif instr.op in ("R", "L"):
+            live[key] = full[instr.stage]
+        elif instr.op == "O":
+            live[key] = kept[instr.stage]
+        elif instr.op in ("B", "W"):
+            del live[key]
+        peak = max(peak, sum(live.values()))
+    return peak
+
+
+def input_bytes(options: list[str], stage: int) -> int:
+    """What a stage's input takes: token ids (int64) on stage 0, else a [b, s, h] fp32 activation."""
+    value = {options[i][2:]: int(options[i + 1]) for i in range(0, len(options), 2)}
+    return value["mb-size"] * value["seq"] * (8 if stage == 0 else 4 * value["hidden"])
+
+
+def offload_kept(options: list[str], stage: int, last: int) -> int:
+    """What an offloaded state leaves on the device: its input, and on the last stage the targets its
+    loss saved too (views of the step's batch, which stays)."""
+    return input_bytes(options, stage) + (input_bytes(options, 0) if stage == last else 0)
+
+
+# report name: (schedule, params, options) of the placed ops' memory runs, in the 4-rank launch
+PLACED_MEMORY = {"offload": ("offload_1f1b", {"p": 4, "m": 8}, []),
+                 "placed_r": ("interleaved_1f1b_recompute", {"p": 4, "v": 2, "m": 8}, []),
+                 "full_r": ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}, ["--recompute", "full"])}
+
+
+def _check_placed_memory(compiled, directory: Path) -> None:
+    """Measured peaks of live saved bytes per rank (EIGHT: 1F1B's 4 stages of 2 layers, interleaved's 8
+    of 1), each the walk over the rank's program with the table's bytes per state. Offloading 1F1B
+    (the last stage keeps its state): below 1F1B's on ranks 0 and 1 (rank 0 about half), 1F1B's on
+    ranks 2 and 3 (as the simulator's units: 2 2 2 1 against 4 3 2 1). Placed R against --recompute
+    full on interleaved 1F1B's order: the same states in flight on each rank, each keeping its input
+    alone; the peak is not full recomputation's, for the meter counts what R rebuilt (one state, alive
+    from R to its B) and not the replay inside a recomputed backward: less that one state it is no more
+    than full recomputation's."""
+    sizes = runtime_sizes(EIGHT)
+
+    def ranks(report: str) -> list[dict]:
+        return json.loads((directory / f"{report}.json").read_text())["memory"]["ranks"]
+
+    def programs(report: str) -> list:
+        name, params, _ = PLACED_MEMORY[report]
+        return [steps[0] for steps in load_plan(compiled(name, **params)).ranks]
+    full = {s: stage_bytes(sizes, RUNTIME_GPT, 2, s == 0, s == 3) for s in range(4)}
+    offload = [rank["peak_saved_bytes"] for rank in ranks("offload")]
+    assert offload == [walked_peak(p, full, {s: offload_kept(EIGHT, s, 3) for s in range(4)})
+                       for p in programs("offload")]
+    plain = [rank["peak_saved_bytes"] for rank in ranks("1f1b")]
+    assert offload[0] < plain[0] and offload[1] < plain[1] and 2 * offload[0] < 1.01 * plain[0]
+    assert offload[2:] == plain[2:]
+    full = {s: stage_bytes(sizes, RUNTIME_GPT, 1, s == 0, s == 7) for s in range(8)}
+    placed = [rank["peak_saved_bytes"] for rank in ranks("placed_r")]
+    assert placed == [walked_peak(p, full, {s: input_bytes(EIGHT, s) for s in range(8)}) for p in programs("placed_r")]
+    recomputed = {s: stage_bytes(sizes, RUNTIME_GPT, 1, s == 0, s == 7, recompute="full") for s in range(8)}
+    whole = [rank["peak_saved_bytes"] for rank in ranks("full_r")]
+    assert whole == [walked_peak(p, recomputed, {}) for p in programs("full_r")]
+    assert [r["peak_states_on_rank"] for r in ranks("placed_r")] == [r["peak_states_on_rank"] for r in ranks("full_r")]
+    largest = [max(full[s], full[s + 4]) for s in range(4)]
+    assert all(p - one <= w < p for p, one, w in zip(placed, largest, whole))
 
 
 def test_selective_recomputation_needs_an_attention_core():

@@ -86,6 +86,13 @@ CASES = {
     "user_loss": ("1f1b", {"p": 2, "m": 4}, FIVE, ["--loss", "test_runtime_training:smoothed_loss"], 1),
     "bf16": ("1f1b", {"p": 2, "m": 4}, FIVE, ["--dtype", "bf16"], 1),
     "bf16_recompute": ("zb_h1", {"p": 2, "m": 3}, FIVE, ["--dtype", "bf16", "--recompute", "full"], 1),
+    # sequence chunks (Seq1F1B, runtime/chunks.py): data-parallel replicas' chunks, six steps, the
+    # attention core recomputed over the earlier chunks' keys, bf16
+    "chunks_clip_data": ("seq1f1b", {"p": 1, "m": 2, "k": 2}, FIVE, ["--clip-grad", "0.05"], 2),
+    "chunks_lr_schedule": ("seq1f1b", {"p": 2, "m": 4, "k": 4}, FIVE, ["--lr", "0.01", "--lr-warmup-steps", "2",
+                                                                      "--lr-decay-steps", "4", "--steps", "6"], 1),
+    "chunks_selective": ("seq1f1b", {"p": 2, "m": 4, "k": 2}, FIVE, ["--recompute", "selective"], 1),
+    "chunks_bf16": ("seq1f1b", {"p": 2, "m": 4, "k": 2}, FIVE, ["--dtype", "bf16"], 1),
 }
 SPLITS = {"explicit": (1, 4), "embedding": (2, 3), "loss_only": (2, 2, 2, 0), "both_ends": (1, 2, 2, 1)}
 
@@ -94,7 +101,8 @@ def test_training_options_give_the_reference_with_the_same_options(plans, tmp_pa
     """One 2-rank launch. Uneven splits (their stages' saved bytes, measured, are those of their layer
     counts: the split the runtime made), clipping (a norm far below the gradients', so it scales them)
     over two pipeline ranks, over Chimera's replicas, over two data-parallel ranks, the warm-up and
-    cosine schedule over six steps, a user loss: rel <= 1e-5 against the reference with the same options;
+    cosine schedule over six steps, a user loss, and Seq1F1B's sequence chunks under data parallelism,
+    six steps, selective recomputation: rel <= 1e-5 against the reference with the same options;
     bf16 against the bf16 reference within BF16_TOLERANCE (measured: 2.6e-3 on the gradients, 1e-7 on
     the loss; fp32 cases 3.4e-7 at most)."""
     jobs = []

@@ -377,3 +377,37 @@ def test_tune_synthesizes_in_the_models_bytes_with_model_and_memory_limit(tmp_pa
     small = _tune(*sized, "--memory-limit", "0.05GiB")  # a forward keeps 34·s·b·h bytes, 71 MB
     assert small.exit_code == 1 and "device 0 has a memory limit of 5.36871e+07 bytes, and a forward holds " \
         f"{34 * 2048 * 1024:g}" in small.output
+
+
+def _paper_count(order, deferred):
+    """The zero bubble scheduler's memory, counted afresh along one device's order: a forward's whole
+    activation (1) until its I, then its deferred W's share until W; the peak."""
+    alive = peak = 0.0
+    for kind, _, _ in order:
+        alive += {"F": 1.0, "I": deferred - 1.0, "W": -deferred}[kind]
+        peak = max(peak, alive)
+    return peak
+
+
+def test_a_deferred_w_holding_part_of_an_activation_lets_more_of_them_wait():
+    """With `deferred` (the paper's M_W / M_B) a W from its I on holds only that share: the orders stay
+    within the limit under that count, hold more whole units than the limit somewhere (what a unit held
+    until W could not), are no slower than under the unit count, and stay above the lower bound."""
+    p, m, limit, share = 4, 16, 4, 0.25
+    costs = {"F": (1,), "I": (1,), "W": (1,)}
+    shared = synthesize(make_problem(p, m, costs, 0.0, (limit,), deferred=share))
+    whole = synthesize(make_problem(p, m, costs, 0.0, (limit,)))
+    assert all(_paper_count(order, share) <= limit + 1e-9 for order in shared.orders)
+    assert max(ref.simulate([list(o) for o in shared.orders], UNIT)[1]) > limit
+    assert ref.simulate([list(o) for o in shared.orders], UNIT)[0] == pytest.approx(shared.makespan)
+    assert shared.makespan <= whole.makespan + 1e-9
+    assert shared.makespan >= shared.problem.lower_bound() - 1e-9
+    assert max(shared.peak) == pytest.approx(max(_paper_count(o, share) for o in shared.orders))
+    assert "limit memory" not in [line.split(" <=")[0] for line in to_sched(shared).splitlines()]
+
+
+@pytest.mark.parametrize("share,costs", [(0.0, {"I": (1,), "W": (1,)}), (1.5, {"I": (1,), "W": (1,)}),
+                                         (0.5, {"B": (2,)})])
+def test_a_deferred_share_outside_zero_to_one_or_without_a_split_backward_is_refused(share, costs):
+    with pytest.raises(SchedError, match="deferred W's share"):
+        make_problem(4, 8, {"F": (1,), **costs}, 0.0, (4,), deferred=share)

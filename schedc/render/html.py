@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from math import floor, log10
@@ -37,6 +38,8 @@ class Panel:
     limit: float | None    # the device's `limit memory`, if the schedule has one
     limit_y: float | None  # its y
     yticks: tuple[tuple[float, str], ...]  # (y, label) of the level ticks, the top one with its unit
+    host_points: str = ""  # with `offload F`: the device's activations on the host, on the same scale
+    host_peak: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,8 @@ def memory_panels(compiled: Compiled, frame: Frame, byte_deltas: dict | None = N
     and their unit (timed.memory_view)."""
     view = memory_view(compiled, byte_deltas)
     series, limits = view.series, view.limits
-    top_level = max([level for steps in series for _, level in steps] + list(limits), default=0.0) or 1.0
+    top_level = max([level for steps in (*series, *view.host) for _, level in steps] + list(limits),
+                    default=0.0) or 1.0
     step = _level_step(top_level)
     panels = []
     for d, steps in enumerate(series):
@@ -94,16 +98,25 @@ def memory_panels(compiled: Compiled, frame: Frame, byte_deltas: dict | None = N
         def y(level: float) -> float:
             return top + PANEL_H - level / top_level * (PANEL_H - 4)
 
-        points, last = [f"{frame.x(0):.2f},{y(0):.2f}"], 0.0
-        for time, level in steps:
-            points.append(f"{frame.x(time):.2f},{y(last):.2f} {frame.x(time):.2f},{y(level):.2f}")
-            last = level
-        points.append(f"{frame.x(frame.span):.2f},{y(last):.2f}")
         levels = [k * step for k in range(int(top_level / step + 1e-9) + 1)]
         ticks = tuple((y(v), f"{v:g}" + (f" {view.unit}" if k == len(levels) - 1 else "")) for k, v in enumerate(levels))
         peak, limit = max(level for _, level in steps), limits[d] if d < len(limits) else None
-        panels.append(Panel(d, top, " ".join(points), peak, y(peak), limit, None if limit is None else y(limit), ticks))
+        host = view.host[d] if d < len(view.host) else []
+        host_peak = max((level for _, level in host), default=0.0)
+        panels.append(Panel(d, top, _polyline(steps, frame, y), peak, y(peak), limit,
+                            None if limit is None else y(limit), ticks,
+                            _polyline(host, frame, y) if host_peak else "", host_peak))
     return panels, view.unit
+
+
+def _polyline(steps: list[tuple[float, float]], frame: Frame, y: Callable[[float], float]) -> str:
+    """SVG polyline points of a (time, level) step curve from time 0 to the frame's span."""
+    points, last = [f"{frame.x(0):.2f},{y(0):.2f}"], 0.0
+    for time, level in steps:
+        points.append(f"{frame.x(time):.2f},{y(last):.2f} {frame.x(time):.2f},{y(level):.2f}")
+        last = level
+    points.append(f"{frame.x(frame.span):.2f},{y(last):.2f}")
+    return " ".join(points)
 
 
 def _level_step(top: float) -> float:

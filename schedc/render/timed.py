@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..compiled import Compiled
 from ..ir import Op
-from ..memory import holdings, levels, levels_of, memory_deltas, timed_model
+from ..memory import holdings, host_holdings, levels, levels_of, memory_deltas, timed_model
 from ..text import GIB
 
 
@@ -84,6 +84,15 @@ def memory_over_time(compiled: Compiled, deltas: dict[str, tuple[float, ...]] | 
     return series
 
 
+def host_over_time(compiled: Compiled) -> tuple[list[tuple[float, float]], ...]:
+    """Per device, the (time, activation units on the host) steps of an `offload F` schedule (from each
+    O's start until its L's end: memory.host_holdings); () without offload or a complete timing."""
+    schedule, timing = compiled.schedule, compiled.timing
+    if not schedule.offload or not timing.complete:
+        return ()
+    return tuple(levels(held) for held in host_holdings(schedule, list(timing.steps) or [timing]))
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryView:
     """Memory over time as drawn: the series per device in `unit`, the limit per device (if declared)."""
@@ -91,13 +100,15 @@ class MemoryView:
     series: list[list[tuple[float, float]]]
     unit: str                       # "units" (activation units) or "GiB"
     limits: tuple[float, ...]
+    host: tuple[list[tuple[float, float]], ...] = ()  # with `offload F`: per device, its activations on the host
 
 
 def memory_view(compiled: Compiled, byte_deltas: dict[str, tuple[float, ...]] | None = None) -> MemoryView:
-    """memory_over_time in activation units with `limit memory`, or, given each kind's bytes per stage
-    (--cluster), in GiB (the limit, declared in units, is then not drawn)."""
+    """memory_over_time in activation units with `limit memory` (and the host's with `offload F`), or,
+    given each kind's bytes per stage (--cluster), in GiB (the limit, declared in units, is then not drawn)."""
     if byte_deltas is None or timed_model(compiled.schedule):
-        return MemoryView(memory_over_time(compiled), "units", tuple(compiled.schedule.memory_limit or ()))
+        return MemoryView(memory_over_time(compiled), "units", tuple(compiled.schedule.memory_limit or ()),
+                          host_over_time(compiled))
     series = memory_over_time(compiled, byte_deltas)
     return MemoryView([[(t, level / GIB) for t, level in steps] for steps in series], "GiB", ())
 

@@ -90,7 +90,8 @@ def make_dataset(opts) -> Dataset:
 
 
 def global_microbatches(plan: Plan, dp: int) -> int:
-    return plan.meta["microbatches"] * dp
+    """The step's microbatches over every replica (a chunked plan's units are k to a microbatch)."""
+    return plan.meta["microbatches"] // plan.meta.get("chunks", 1) * dp
 
 
 def tokens_per_step(plan: Plan, opts) -> int:

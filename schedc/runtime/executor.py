@@ -7,7 +7,8 @@
 # before STEP at the latest. The saved state of (stage, mb) for backward lives in `saved` from F to
 # its last use (B, W, or a user task, possibly of the next step: see lifetimes.py). OVERLAP_F_B runs
 # its forward and backward as one instruction: in sequence on CPU, on two CUDA streams on a GPU
-# (schedc/runtime/overlap.py).
+# (schedc/runtime/overlap.py). Placed recomputation (R) and offload (O, L), and the forwards they
+# follow, run through schedc/runtime/placed.py.
 from __future__ import annotations
 
 import os
@@ -26,10 +27,12 @@ from schedc.ops import OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
 from .build import clip_coefficient
+from .chunks import SequenceChunks
 from .lifetimes import freed_by, plan_lifetimes
 from .memory import SavedBytes
 from .model import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
+from .placed import Placed
 from .tasks import setup_tasks, task_handler
 from .tensor_parallel import Messages, Split, TensorGroup, global_splits, sync_partial_gradients
 from .world import World
@@ -70,7 +73,8 @@ class Saved:
 class Executor:
     def __init__(self, plan: Plan, world: World, stages: dict[int, Stage], shapes: list,
                  optimizer: torch.optim.Optimizer, ignore_tasks: bool = False):
-        self.plan, self.world, self.stages, self.shapes = plan, world, stages, shapes
+        self.chunks = SequenceChunks.of(plan)  # a chunked plan's units: runtime/chunks.py
+        self.plan, self.world, self.stages, self.shapes = plan, world, stages, self.chunks.message_shapes(shapes)
         self.optimizer = optimizer
         self.last = plan.meta["stages"] - 1
         self.microbatches = plan.meta["microbatches"]
@@ -82,6 +86,8 @@ class Executor:
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
             Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end,
             Opcode.OVERLAP_F_B: self.overlap}
+        self.placed = Placed(self, list(plan.ranks[world.plan_rank]))  # R, O and L (placed.py)
+        self.table.update(self.placed.table)
         self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
         # stage 0 has no input gradient; where its backward is split, I still computes the gradients
         # inside the stage (tasks between I and W read them, e.g. K-FAC's curvature_B), down to the
@@ -200,19 +206,20 @@ class Executor:
         return value
 
     def forward(self, instr: Instr) -> None:
-        """F, under the saved-bytes meter when there is one."""
+        """F, under the saved-bytes meter when there is one (placed.py: recomputed or offloaded where
+        the plan places an R or an O for it)."""
         with self.autocast():
             if self.meter is None:
-                return self._forward(instr)
+                return self.placed.forward(instr)
             with self.meter.recording((instr.stage, instr.mb)):
-                self._forward(instr)
+                self.placed.forward(instr)
 
-    def _forward(self, instr: Instr) -> None:
+    def _forward(self, instr: Instr, kept: torch.Tensor | None = None) -> None:
+        """kept: R's rerun (placed.py) from the input its F kept; the F alone counts the loss and sends."""
         s, mb = instr.stage, instr.mb
         head, start = None, 0
         if s == 0:
-            x = self.batch.microbatch(self.world.replica * self.microbatches + mb)[0]
-            x = x.to(self.world.device, non_blocking=True)
+            x = (self._data(mb)[0] if kept is None else kept).to(self.world.device, non_blocking=True)
             if self.split_first and len(self.stages[s].pieces) > 1:
                 head = self.stages[s].pieces[0](x)
                 if head.is_floating_point() and head.requires_grad:
@@ -220,16 +227,22 @@ class Executor:
                 else:  # nothing to differentiate at the boundary: W does the whole backward
                     head = None
         else:
-            x = self.take((*fed_by(instr.op, s), mb)).requires_grad_()
-        y = self.stages[s](x, start)
+            x = (self.take((*fed_by(instr.op, s), mb)) if kept is None else kept).requires_grad_()
+        with self.chunks.forward(s, mb, x.shape[1]):
+            y = self.stages[s](x, start)
         if s == self.last:
-            targets = self.batch.microbatch(self.world.replica * self.microbatches + mb)[1]
+            targets = self._data(mb)[1]
             loss = self.loss_fn(y, targets.to(self.world.device, non_blocking=True))
-            self.loss_sum += loss.detach()
+            if kept is None:
+                self.loss_sum += loss.detach()
             y = loss * self.scale
-        else:
+        elif kept is None:
             self.tensors[("F", s, mb)] = y.detach()
         self.saved[(s, mb)] = Saved(x, y, head=head, stream=self.streams.current() if self.streams else None)
+
+    def _data(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of this replica's microbatch (or unit) mb."""
+        return self.chunks.data(self.batch, self.world.replica * (self.microbatches // self.chunks.chunks), mb)
 
     def _grad_out(self, s: int, mb: int) -> torch.Tensor | None:
         return None if s == self.last else self.take((*fed_by(OpKind.B, s), mb))
@@ -237,7 +250,7 @@ class Executor:
     def backward(self, instr: Instr) -> None:
         s, mb = instr.stage, instr.mb
         saved = self.saved[(s, mb)]
-        torch.autograd.backward(saved.y, self._grad_out(s, mb))
+        torch.autograd.backward(*self.chunks.backward_roots(s, mb, saved.y, self._grad_out(s, mb)))
         if s > 0:
             self.tensors[("B", s, mb)] = saved.x.grad
         self._into_head(saved)

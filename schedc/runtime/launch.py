@@ -239,7 +239,7 @@ def _check_memory(plan, opts, processes: int) -> None:
                                                             opts.account_for_loss)
     if problem:
         raise LaunchError(problem)
-    microbatches = plan.meta["microbatches"]  # an integer >= 1: the plan was checked on loading
+    microbatches = plan.meta["microbatches"] // plan.meta.get("chunks", 1)  # >= 1: checked on loading
     need = gpt_bytes(opts.model_config, microbatches) * (1 if opts.reference else opts.dp)
     cfg = opts.model_config
     _check_fits(need + processes * PROCESS_BYTES,

@@ -102,7 +102,16 @@ class SavedBytes:
         self.release(key)
         found = {r: size for r, size in found.items() if r[0] == "batch" or self.current.get(r[1]) == r}
         self.per_state[key] = sum(found.values())
-        self.held[key] = set(found)
+        self.held[key] = set()
+        self._add(key, found)
+
+    def add(self, key: Key, tensors: list[torch.Tensor]) -> None:
+        """The live state of `key` holds these tensors too (what L brought back to the device for it)."""
+        found = dict(region for region in map(self._region, tensors) if region is not None)
+        self._add(key, {r: size for r, size in found.items() if r not in self.held.get(key, ())})
+
+    def _add(self, key: Key, found: dict[tuple, int]) -> None:
+        self.held.setdefault(key, set()).update(found)
         for region, size in found.items():
             entry = self.regions.setdefault(region, [size, 0])
             entry[1] += 1

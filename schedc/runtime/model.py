@@ -18,6 +18,7 @@ from torch import nn
 
 from schedc.layout import SplitError, split_layers
 
+from . import chunks
 from .plugins import load_function
 from .recompute import recomputed
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
@@ -49,16 +50,20 @@ class Embed(nn.Module):
         self.pos = nn.Embedding(cfg.seq, cfg.hidden)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        first = chunks.position()  # a sequence chunk's first position (runtime/chunks.py)
+        return self.tok(idx) + self.pos(torch.arange(first, first + idx.shape[1], device=idx.device))
 
     def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
         return ParallelEmbed(self, tp)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of [b, heads, t, d] queries, keys and values: the score product, softmax and
-    value product (what selective recomputation repeats)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    value product (what selective recomputation repeats); `mask` where the keys run on before the
+    queries (a sequence chunk's: runtime/chunks.py)."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class Block(nn.Module):
@@ -80,7 +85,8 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = recomputed(self.recompute_core, attention_core, q, k, v)
+        k, v, mask = chunks.extend(k, v)  # with the earlier sequence chunks' within a chunk's forward
+        y = recomputed(self.recompute_core, attention_core, q, k, v, mask)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@
 # another kind (a tensor-parallel one) takes it by the same attribute.
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -31,17 +32,36 @@ class RecomputeError(RuntimeError):
     """A replay that saved other tensors than its forward (a region that is not deterministic)."""
 
 
+class RunState:
+    """The RNG and autocast state a forward began under, to run it again alike (a recomputed region's
+    replay, a placed R: runtime/placed.py)."""
+
+    def __init__(self, devices: list[torch.device]):
+        self.cuda = [d for d in devices if d.type == "cuda"][:1]
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = [torch.cuda.get_rng_state(d) for d in self.cuda]
+        kind = self.cuda[0].type if self.cuda else "cpu"
+        self.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+
+    @contextmanager
+    def restored(self):
+        """Grad mode on, the RNG and autocast as the forward had them; the RNG as it was after."""
+        kind, enabled, dtype = self.autocast
+        with torch.random.fork_rng(devices=self.cuda), torch.enable_grad(), \
+                torch.autocast(kind, dtype=dtype, enabled=enabled):
+            torch.set_rng_state(self.rng)
+            for device, state in zip(self.cuda, self.cuda_rng):
+                torch.cuda.set_rng_state(state, device)
+            yield
+
+
 class _Frame:
     """One run of a region: its function, inputs, RNG and autocast state, and the replay's tensors."""
 
     def __init__(self, fn: Callable, args: tuple):
         self.fn, self.args, self.count = fn, args, 0
         self.replayed: list[torch.Tensor] | None = None
-        self.cuda = [a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"][:1]
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = [torch.cuda.get_rng_state(d) for d in self.cuda]
-        kind = self.cuda[0].type if self.cuda else "cpu"
-        self.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
+        self.state = RunState([a.device for a in args if isinstance(a, torch.Tensor)])
 
     def pack(self, _tensor: torch.Tensor) -> tuple[_Frame, int]:
         self.count += 1
@@ -51,14 +71,9 @@ class _Frame:
         saved: list[torch.Tensor] = []
         inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
                   for a in self.args]
-        kind, enabled, dtype = self.autocast
-        with torch.random.fork_rng(devices=self.cuda), torch.enable_grad(), \
-                torch.autocast(kind, dtype=dtype, enabled=enabled), \
+        with self.state.restored(), \
                 torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or len(saved) - 1,
                                                          lambda i: saved[i]):
-            torch.set_rng_state(self.rng)
-            for device, state in zip(self.cuda, self.cuda_rng):
-                torch.cuda.set_rng_state(state, device)
             self.fn(*inputs)
         if len(saved) != self.count:
             raise RecomputeError(f"recomputing a region saved {len(saved)} tensors where its forward saved "

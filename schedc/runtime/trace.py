@@ -108,11 +108,14 @@ def _ordered(keys) -> list[str]:
     return builtin + sorted(k for k in keys if k not in builtin)
 
 
-def profile(events: list[Event], stages: int, microbatch_size: int | None = None) -> dict[str, Any]:
+def profile(events: list[Event], stages: int, microbatch_size: int | None = None, chunks: int = 1) -> dict[str, Any]:
     """costs.json: ms per op kind and stage, and the microbatch size (sequences) they were measured at,
-    which `schedc calibrate --costs` fits at (it refuses another --microbatch-size)."""
+    which `schedc calibrate --costs` fits at (it refuses another --microbatch-size). A run of `chunks`
+    sequence chunks gives a microbatch's cost as a compile declares it: k times a chunk's mean (the sum
+    over its k chunks)."""
     size = {} if microbatch_size is None else {"microbatch_size": microbatch_size}
-    return {"unit": "ms", **size, **mean_costs(events, stages)}
+    costs = {op: [round(ms * chunks, 6) for ms in means] for op, means in mean_costs(events, stages).items()}
+    return {"unit": "ms", **size, **costs}
 
 
 def report(events: list[Event], plan: Plan, ranks: int) -> dict[str, Any]:

@@ -8,15 +8,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
                     log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
+from .chunks import check_chunks
 from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
 from .memory import SavedBytes
 from .model import ModelError, Stage, boundary_shapes, lm_loss, parallel_run
+from .placed import PLACED, check_placed
 from .recompute import apply_recompute
 from .tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
@@ -47,13 +49,21 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
     if opts.save:
         checkpoint.check_save_over(opts.save, opts.resume, opts.overwrite)
         checkpoint.check_writable(opts.save)
-    placed = {Opcode.R.value, Opcode.O.value, Opcode.L.value}
-    if "chunks" in plan.meta or any(i.op in placed for steps in plan.ranks for step in steps for i in step):
-        raise PlanError("this runtime does not yet execute sequence chunks, placed recomputation (R) or offload "
-                        "(O, L); compile the schedule without 'chunks', 'recompute F' and 'offload F' to run it")
+    check_chunks(plan, opts)
+    check_placed_ops(plan, opts)
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
+
+
+def check_placed_ops(plan: Plan, opts) -> None:
+    """Placed recomputation (R) and offload (O, L): each after what it follows in its step program, and
+    with --recompute none (a placed R recomputes the whole stage; O moves what autograd saved)."""
+    for rank, steps in enumerate(plan.ranks):
+        check_placed(list(steps), rank)
+    if opts.recompute != "none" and any(i.op in PLACED for steps in plan.ranks for step in steps for i in step):
+        raise PlanError(f"the plan places recomputation (R) or offload (O, L), which run with --recompute none "
+                        f"(not {opts.recompute}); compile without 'recompute F' and 'offload F' to use --recompute")
 
 
 def check_messages(plan: Plan) -> None:
@@ -270,6 +280,6 @@ def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list,
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:
         trace.write_json(opts.profile_out, trace.profile(measured or events, plan.meta["stages"],
-                                                                  opts.model_config.mb_size))
+                                                                  opts.model_config.mb_size, plan.meta.get("chunks", 1)))
     if not opts.quiet:
         print(trace.format_report(rep), flush=True)

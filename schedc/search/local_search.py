@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .problem import MOVE_BACK, TOLERANCE, Problem
+from .problem import MOVE_BACK, TOLERANCE, UNITS, Problem
 
 
 class Timer:
@@ -66,8 +66,10 @@ class Timer:
         return start
 
     def peaks(self, orders) -> tuple[float, ...]:
-        """Per device, the peak of its memory along its order (Problem.memory: activation units, or bytes)."""
-        return tuple(max(_walk(self.pr, order, d)) for d, order in enumerate(orders))
+        """Per device, the peak of its memory along its order (Problem.memory: activation units, whole
+        ones as ints, or bytes)."""
+        peaks = (max(_walk(self.pr, order, d)) for d, order in enumerate(orders))
+        return tuple(_whole(x) if self.pr.unit == UNITS else x for x in peaks)
 
     def score(self, orders, span=None) -> tuple[float, float]:
         """(makespan, sum of every op's end time); infinite for orders that deadlock."""
@@ -112,6 +114,11 @@ def _moved(order: list[tuple], n: int, back: int) -> list[tuple]:
 def _memory_ok(timer: Timer, orders, d: int) -> bool:
     limit = timer.pr.limit[d] * (1 + TOLERANCE)
     return all(alive <= limit for alive in _walk(timer.pr, orders[d], d))
+
+
+def _whole(x: float) -> float | int:
+    """A count of units as an int when it is one (whole units: schedc's memory model), else rounded."""
+    return int(round(x)) if abs(x - round(x)) <= TOLERANCE else round(x, 9)
 
 
 def _walk(pr: Problem, order, d: int) -> list[float]:

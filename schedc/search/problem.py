@@ -59,9 +59,12 @@ UNITS, BYTES = "activation units", "bytes"  # what `limit` and `memory` count
 @dataclass(frozen=True, slots=True)
 class Problem:
     """What to order: `costs[kind][stage]` for F, X (B or I) and, when `split`, W; `limit[device]`;
-    `memory[kind][stage]`, what an op adds to (+) or frees from (-) its device's memory, in `unit`s:
-    by default (unit_memory) F holds one activation unit until its W (B without a split), as the
-    compiler counts units; in bytes (bytes_held), the cost model's, a deferred W's inputs included."""
+    `memory[kind][stage]`, what an op adds to (+) or frees from (-) its device's memory, in `unit`s,
+    the one count of memory the synthesis uses: by default (unit_memory) F holds one activation unit
+    until its W (B without a split), as the compiler counts units, or with `deferred` below 1 (the
+    zero bubble scheduler's M_W / M_B, 32h / (34h + 5as)) a deferred W holds only that share of it
+    from the end of its I, which frees the rest; in bytes (bytes_held), the cost model's, a deferred
+    W's inputs included."""
 
     p: int
     m: int
@@ -69,12 +72,13 @@ class Problem:
     split: bool
     latency: float
     limit: tuple[float, ...]
+    deferred: float = 1.0
     memory: tuple[tuple[float, ...], ...] = ()
     unit: str = UNITS
 
     def __post_init__(self):
         if not self.memory:
-            object.__setattr__(self, "memory", unit_memory(self.p, self.split))
+            object.__setattr__(self, "memory", unit_memory(self.p, self.split, self.deferred))
 
     @property
     def kinds(self) -> int:
@@ -100,18 +104,22 @@ class Problem:
         """No order beats this, the larger of two bounds per device d:
         - work: d's first forward waits for the forwards above it and their messages, then d runs all
           its own ops;
-        - memory: an activation of d lives at least `life` (its forward, the forwards below, the
-          backwards back up, its W, and the messages between), and with L = limit slots the k-th
+        - memory: an activation of d lives whole at least `life` (its forward, the forwards below, the
+          backwards back up, its W unless I frees most of it (`deferred`, bytes), and the messages
+          between), and with L = limit slots the k-th
           forward of d cannot start before the (k-L)-th one's activation is freed: t_k >= t_(k-L) + life,
           t_k >= t_(k-1) + F; the last one still has its own `life` to live."""
         return _lower_bound(self)
 
 
-def unit_memory(p: int, split: bool) -> tuple[tuple[float, ...], ...]:
+def unit_memory(p: int, split: bool, deferred: float = 1.0) -> tuple[tuple[float, ...], ...]:
     """memory[kind][stage] in activation units: F holds 1 until its release (release_kind: W with a
-    split backward, else B); I holds nothing."""
+    split backward, else B), I holding nothing; with `deferred` below 1, I frees all but that share,
+    which W frees."""
     names = builtin_kinds(split)
     row = {OpKind.F.value: 1.0, release_kind(split): -1.0}
+    if split and deferred < 1:
+        row = {OpKind.F.value: 1.0, OpKind.I.value: deferred - 1.0, OpKind.W.value: -deferred}
     return tuple(tuple(row.get(name, 0.0) for _ in range(p)) for name in names)
 
 
@@ -173,11 +181,13 @@ class Synthesis:
 
 
 def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: float,
-                 limit: tuple[float, ...], where: dict[str, str] | None = None, bytes_of=None) -> Problem:
+                 limit: tuple[float, ...], where: dict[str, str] | None = None, deferred: float = 1.0,
+                 bytes_of=None) -> Problem:
     """Check the inputs (SchedError, exit 2) and fix the op kinds: `costs` names F and B, or F, I and W,
-    each with one value or one per stage; `limit` has one value or one per device. `where` names
-    where a kind's costs came from, for the messages (`--cost F`, `--costs FILE, F`). `bytes_of`
-    (model, layout): memory and limit in bytes, the cost model's (bytes_held); else activation units."""
+    each with one value or one per stage; `limit` has one value or one per device; `deferred` in
+    (0, 1], with I and W only (Problem). `where` names where a kind's costs came from, for the
+    messages (`--cost F`, `--costs FILE, F`). `bytes_of` (model, layout): memory and limit in bytes,
+    the cost model's (bytes_held: a deferred W's own bytes, so no `deferred`); else activation units."""
     if p < 1 or m < 1:
         raise option_error(f"p and m must be at least 1 (got p={p}, m={m})")
     if p > MAX_DEVICES:
@@ -201,9 +211,13 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     limits = _per_stage("--activation-limit", limit, p, "device")
     if any(not math.isfinite(x) for x in limits):
         raise option_error("--activation-limit must be finite")
+    if not 0 < deferred <= 1 or (deferred < 1 and not split) or (deferred < 1 and bytes_of is not None):
+        raise option_error(f"a deferred W's share of an activation must be in (0, 1], with I and W given "
+                           f"(got {deferred:g}{'' if split else ' without a split backward'})"
+                           + ("; in bytes a deferred W holds its own (give no share)" if bytes_of is not None else ""))
     if bytes_of is None:
-        return Problem(p, m, table, split, float(latency), limits)
-    return Problem(p, m, table, split, float(latency), limits, bytes_held(*bytes_of, p, split), BYTES)
+        return Problem(p, m, table, split, float(latency), limits, float(deferred))
+    return Problem(p, m, table, split, float(latency), limits, 1.0, bytes_held(*bytes_of, p, split), BYTES)
 
 
 def _per_stage(name: str, values: tuple[float, ...], p: int, what: str) -> tuple[float, ...]:

@@ -123,7 +123,7 @@ def _limited(p: int, m: int, table, latency: float, activation_limit: str | None
         raise option_error("--activation-limit counts activations; with --model the limit is --memory-limit "
                            "(bytes per device, e.g. 3GiB)")
     limit, bytes_of = _bytes_of(in_bytes, p)
-    return make_problem(p, m, table, latency, limit, where, bytes_of)
+    return make_problem(p, m, table, latency, limit, where, bytes_of=bytes_of)
 
 
 def _bytes_of(given: InBytes, p: int):

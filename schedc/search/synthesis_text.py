@@ -58,7 +58,8 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
     what = "bytes of activations and deferred W inputs" if in_bytes else "activations"
     lines = [
         f"# Synthesized by `schedc tune --synthesize`: p={pr.p}, m={pr.m}, {costs}, latency {number(pr.latency)},",
-        f"# {'memory' if in_bytes else 'activation'} limit {_listed_row(pr.limit)}{' bytes' * in_bytes} per device. "
+        f"# {'memory' if in_bytes else 'activation'} limit {_listed_row(pr.limit)}{' bytes' * in_bytes} per device"
+        f"{_deferred_text(pr)}. "
         f"Makespan {number(result.makespan)} (lower bound {number(pr.lower_bound())}), peak "
         f"{'memory' if in_bytes else 'activations'} {peaks_text(result.peak)};",
         f"# found by {result.found_by}, {count(result.timed, 'order')} timed.",
@@ -74,11 +75,18 @@ def to_sched(result: Synthesis, name: str = "synthesized", width: int = 100) -> 
         lines.append("backward split")
     lines += [f"cost {n}(s) = {_per_stage_expr(row)}" if len(set(row)) > 1 else f"cost {n} = {number(row[0])}"
               for n, row in zip(names, pr.costs)]
-    if not in_bytes:
+    if pr.deferred < 1:  # `limit memory` counts a unit until W: what a deferred W frees at I it cannot say
+        lines.append(f"# limit memory <= {limit}, a deferred W holding {number(pr.deferred)} of its activation "
+                     "from its I: not written, as a unit holds all of it until W")
+    elif not in_bytes:
         lines.append(f"limit memory <= {limit}")
     for d, order in enumerate(result.orders):
         lines += _device_block(d, order, width)
     return "\n".join(lines) + "\n"
+
+
+def _deferred_text(pr) -> str:
+    return f" (a deferred W holding {number(pr.deferred)} of one)" if pr.deferred < 1 else ""
 
 
 def _device_block(d: int, order, width: int) -> list[str]:
