@@ -18,10 +18,13 @@ The hand-made shapes (zb_h1; zb_2p, ZB-H2's shape under ZB-2p's limit of 2p) and
 one step alone, each with its activations against 1F1B's; the newer ones run on 2p half stages (the
 V's and interleaving's chunks) or on two copies of the model (DualPipe).
 
-Measured memory is read as GiB (Megatron-LM's report_memory prints torch's allocator counters in MiB;
-which counter the paper's "GB" is, allocated or reserved, it does not say). The prediction is the most
-loaded GPU's, with the cluster's allowance for the allocator's fragmentation and the CUDA context (the
-error the targets count), and its tensors alone beside it (what max_memory_allocated would count).
+Measured memory is read as GiB of torch's max_memory_allocated: the paper does not name its counter,
+but the zero bubble repository measures memory with that one everywhere it does (its
+--measure-activation-memory and its scheduler's free-memory estimate; Megatron-LM's report_memory
+prints it in MiB beside the reserved counters). So the error the targets count is the most loaded
+GPU's allocated bytes (its tensors: weights, gradients, optimizer state, activations and the step's
+transients); its reserved estimate, with the cluster's allowance for the allocator's fragmentation and
+the CUDA context (what `schedc simulate --cluster` holds against the GPU's memory), is printed beside it.
 
     python benchmarks/zb_paper.py        # the table, then the errors' summary
 """
@@ -127,8 +130,8 @@ def measured_table(cluster) -> dict[str, list[float]]:
     """Print the measured schedules' rows; return the errors by kind."""
     errors: dict[str, list[float]] = {"throughput": [], "gain": [], "memory": []}
     print(f"{'model':<8} {'schedule':<8} {'m':>3}  {'samples/GPU/s':>13} {'measured':>8} {'error':>7}  "
-          f"{'gain':>6} {'measured':>8} {'diff':>6}  {'memory GiB':>10} {'measured':>8} {'error':>7}  "
-          f"{'tensors':>7} {'error':>7}  bubble")
+          f"{'gain':>6} {'measured':>8} {'diff':>6}  {'allocated':>9} {'measured':>8} {'error':>7}  "
+          f"{'reserved':>8} {'error':>7}  bubble")
     for name, b, measured in ROWS:
         model = load_cluster_model(str(HERE.parent / "schedc" / "models" / f"{name}.toml"), cluster)
         base: dict[int, float] = {}
@@ -147,11 +150,11 @@ def measured_table(cluster) -> dict[str, list[float]]:
                     gain_text = f"{100 * gain:>+5.1f}% {100 * measured_gain:>+7.1f}% {100 * (gain - measured_gain):>+5.1f}"
                 memory_text = ""
                 if m == MICROBATCHES[0]:
-                    memory_error = gib / memory - 1
-                    errors["memory"].append(abs(memory_error))
                     tensors = (pred.memory_bytes - pred.memory_parts["allocator_and_context"]) / GIB
-                    memory_text = (f"{gib:>10.1f} {memory:>8} {100 * memory_error:>+6.1f}%  {tensors:>7.1f} "
-                                   f"{100 * (tensors / memory - 1):>+6.1f}%")
+                    memory_error = tensors / memory - 1
+                    errors["memory"].append(abs(memory_error))
+                    memory_text = (f"{tensors:>9.1f} {memory:>8} {100 * memory_error:>+6.1f}%  {gib:>8.1f} "
+                                   f"{100 * (gib / memory - 1):>+6.1f}%")
                 print(f"{name:<8} {label:<8} {m:>3}  {samples:>13.2f} {speed:>8.2f} {100 * error:>+6.1f}%  "
                       f"{gain_text:<22}  {memory_text:<44}  {bubble:.3f}")
     return errors

@@ -526,8 +526,9 @@ def test_the_zero_bubble_papers_rows_are_predicted_within_its_targets(row):
     counts them, its steps overlapping as post-validation lets them) within 10 % of the measured
     samples per GPU per second and ZB-2p's gain over 1F1B within 3 points of the measured one. The
     overlapped step is no shorter than the busiest device's work (m (F + I + W) of its stage, from the
-    stage costs) and shorter than one step alone. ZB-2p's tensors are within 5 % of the measured
-    memory; with the allocator's allowance the 1.5B row is 17 % over (docs/benchmarks.md)."""
+    stage costs) and shorter than one step alone. ZB-2p's allocated bytes (its tensors: the counter the
+    zero bubble repository measures, max_memory_allocated) are within 5 % of the measured memory, and
+    the reserved estimate (with the allocator's allowance) above them."""
     zb = _zb_paper()
     cluster = load_cluster(zb.CLUSTER)
     name, b, measured = zb.ROWS[row]
@@ -544,7 +545,7 @@ def test_the_zero_bubble_papers_rows_are_predicted_within_its_targets(row):
     steady = pred.global_batch / (two * pred.gpus)
     assert work < steady < pred.iteration_s
     tensors = (pred.memory_bytes - pred.memory_parts["allocator_and_context"]) / GIB
-    assert tensors == pytest.approx(memory, rel=0.05) and gib == pytest.approx(memory, rel=0.20)
+    assert tensors == pytest.approx(memory, rel=0.05) and gib > tensors
 
 
 def test_flash_attention_holds_no_scores_and_recomputes_them_in_its_backward(tmp_path):
