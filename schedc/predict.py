@@ -54,10 +54,10 @@ def fit_to_profile(cluster, model, layout: Layout, measured: dict[str, Any]):
     forward, backward = measured.get(OpKind.F.value), measured.get(OpKind.B.value)
     if not isinstance(forward, (list, tuple)) or not isinstance(backward, (list, tuple)) or len(forward) != len(backward):
         raise usage("--costs: the profile needs per-stage F and B lists (schedc run --profile-out)")
+    _check_signal(forward, backward)  # first: an empty profile has no stages to divide the layers
     stages = len(forward)
     if model.layers % stages:
         raise usage(f"--costs: the profile has {stages} stages, which do not divide the model's {model.layers} layers")
-    _check_signal(forward, backward)
     costs = stage_costs(Setting(model, cluster, layout), stages).costs()
     predicted = sum(costs[OpKind.F.value]) + sum(costs[OpKind.B.value])
     factor = (sum(forward) + sum(backward)) / 1000.0 / predicted  # the profile is in ms
@@ -154,10 +154,10 @@ def _check_profile(model, measured: dict[str, Any]) -> None:
     rows = [measured.get(k) for k in (OpKind.F.value, *backward)]
     if not backward or not all(isinstance(r, (list, tuple)) and len(r) == len(forward or ()) for r in rows):
         raise usage("--costs: a profile needs per-stage F, and B or I and W, lists (schedc run --profile-out)")
+    _check_signal(forward, measured.get(backward[0]))  # first: an empty profile has no stages
     if model.layers % len(forward):
         raise usage(f"--costs: the profile has {len(forward)} stages, which do not divide the model's "
                     f"{model.layers} layers")
-    _check_signal(forward, measured.get(backward[0]))
 
 
 def _check_signal(forward, backward) -> None:

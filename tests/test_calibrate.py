@@ -232,3 +232,21 @@ def test_schedc_calibrate_fits_profiles_at_two_sizes_into_an_overhead_table(tmp_
     assert fitted.peak_flops == pytest.approx(truth.peak_flops, rel=1e-6)
     uneven = CliRunner().invoke(main, args + ["--costs", str(tmp_path / "small.json")])
     assert uneven.exit_code == 2 and "one --model for every --costs, or one per --costs" in uneven.output
+
+
+def test_an_empty_profile_is_refused_as_one_with_no_stages(tmp_path):
+    """A profile with empty F and B lists (no stage measured) is refused by name, by the one-size fit
+    and by the two-size fit's check (both divided the model's layers by its 0 stages: a traceback)."""
+    from schedc.diagnostics import SchedError
+    from schedc.predict import _check_profile
+    model = tmp_path / "m.toml"
+    model.write_text(MODEL)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"unit": "ms", "microbatch_size": 4, "F": [], "B": []}))
+    result = CliRunner().invoke(main, ["calibrate", "-o", str(tmp_path / "fitted.toml"), "--cluster", "dgx-a100-80gb",
+                                       "--model", str(model), "--costs", str(empty)])
+    assert result.exit_code == 2, result.output
+    assert "the profile has no stages (empty F and B lists)" in result.output
+    assert not (tmp_path / "fitted.toml").exists()
+    with pytest.raises(SchedError, match="the profile has no stages"):
+        _check_profile(ModelSpec(4, 256, 8, 128, 256, 1024, "fp32"), {"F": [], "B": []})
