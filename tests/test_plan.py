@@ -160,6 +160,8 @@ def _step(obj, rank=0, k=0):
 EDITS = {
     "stage 99": (lambda o: _step(o)[0].update(stage=99), "ranks[0].steps[0][0].stage: 99 is out of range 0..1"),
     "no ranks": (lambda o: o.update(ranks=[]), "ranks: the plan has no ranks"),
+    "pipeline of no microbatches": (lambda o: o["pipelines"][0].update(microbatches=[]),
+                                    "pipelines[0].microbatches: expected one or more distinct microbatches"),
     "microbatches 0": (lambda o: o.update(microbatches=0), "microbatches: expected an integer >= 1, got 0"),
     "placement 0,0": (lambda o: o["pipelines"][0].update(placement=[0, 0]),
                       "runs stage 1 on rank 1, but pipelines[0].placement puts it on rank 0"),

@@ -139,6 +139,8 @@ def _outside_builtin(schedule: Schedule, op: Op, pipe) -> str | None:
         return "this schedule runs a full backward B; I and W need 'backward split'"
     if op.mb is None:
         return "a built-in op needs a microbatch"
+    if not pipe.microbatches:
+        return f"pipeline '{pipe.name}' has no microbatches, so no microbatch {op.mb}"
     first = pipe.microbatches[0]
     if not (0 <= op.mb - first < len(pipe.microbatches) and pipe.microbatches[op.mb - first] == op.mb):
         return f"microbatch {op.mb} is outside the microbatches {ranges(pipe.microbatches)} of pipeline '{pipe.name}'"

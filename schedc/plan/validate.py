@@ -95,9 +95,9 @@ def _pipelines(value: Any, stages: int, microbatches: int, devices: int) -> list
         if not _ints(placement, 0, devices - 1) or len(placement) != stages:
             raise PlanError(f"{where}.placement: expected {stages} ranks in 0..{devices - 1}, got {_shown(placement)}")
         mbs = pipe.get("microbatches")
-        if not _ints(mbs, 0, microbatches - 1) or len(set(mbs)) != len(mbs) or owned & set(mbs):
-            raise PlanError(f"{where}.microbatches: expected distinct microbatches in 0..{microbatches - 1} "
-                            f"owned by no other pipeline, got {_shown(mbs)}")
+        if not _ints(mbs, 0, microbatches - 1) or not mbs or len(set(mbs)) != len(mbs) or owned & set(mbs):
+            raise PlanError(f"{where}.microbatches: expected one or more distinct microbatches in "
+                            f"0..{microbatches - 1} owned by no other pipeline, got {_shown(mbs)}")
         owned |= set(mbs)
         placements.append(placement)
     return placements
