@@ -413,7 +413,7 @@ def test_a_schedule_compiled_whole_is_counted_so(model):
     assert result.exit_code == 0, result.output
     counted = re.search(r"(\d+) candidates: 0 distinct orders compiled, timed in 0 simulations \(one per cost "
                         r"vector and message times; the ranked are timed once more without messages, for their "
-                        r"bubble\), (\d+) compiled whole \(tasks, a fill or a greedy order\)", result.output)
+                        r"bubble\), (\d+) compiled whole \(tasks, a fill, a greedy order or placed R, O, L ops\)", result.output)
     assert counted and 0 < int(counted.group(2)) <= int(counted.group(1))
     noted = re.search(rf"note: {re.escape(greedy)} is compiled whole for each of up to (\d+) candidates", result.output)
     assert noted and int(noted.group(1)) >= int(counted.group(2))
@@ -623,3 +623,17 @@ def test_the_layer_split_options_search_the_zero_bubble_papers_22_layer_model():
     bad = run_cli(*args, "--stage-layers", "2,3", "--account-for-loss")
     assert bad.exit_code == 2
     assert "give one or the other" in bad.output
+
+
+def test_schedules_with_placed_recompute_or_offload_are_compiled_whole_and_ranked(model):
+    """interleaved_1f1b_recompute and offload_1f1b, named in --schedules (the default library leaves them
+    out: their R, O and L are the layout's recompute decision), are searched by the whole compile: each
+    ranked row's iteration is compile_for's for that candidate (R costed as its forward, O and L on the
+    copy engine), where the shortcut's cost table had no R, O or L (a KeyError traceback)."""
+    for name in ("interleaved_1f1b_recompute", "offload_1f1b"):
+        searcher = Searcher(request(model, gpus=8, batch=16, schedules=(name,), memory_limit=1e15))
+        best = searcher.run().ranked[0]
+        assert best.candidate.schedule == name and searcher.counts["compiled_whole"] > 0
+        c = best.candidate
+        plain = compile_for(c.schedule, c.params(), searcher.setting(c), lower=False).prediction
+        assert best.iteration_s == pytest.approx(plain.iteration_s, rel=1e-12)

@@ -249,7 +249,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f}")
     counts = outcome.counts
-    whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill or a greedy order)" if counts["compiled_whole"] else ""
+    whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill, a greedy order or placed R, O, L ops)" if counts["compiled_whole"] else ""
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
     merged = f"{counts['merged']} merged into the row of the same order and layout, " if counts.get("merged") else ""
     lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: "

@@ -84,7 +84,7 @@ class Entry:
     source: Any
     params: tuple[str, ...]
     split: bool
-    plain: bool   # the order depends on costs, or tasks/fill/memory: compiled whole per candidate
+    plain: bool   # the order depends on costs, or tasks/fill/memory/R, O, L ops: compiled whole per candidate
     mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
     filled: bool = False  # `fill bubbles with`: each candidate's compile searches a fill (about a second)
 
@@ -122,7 +122,7 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         if "p" not in params or "m" not in params:
             raise usage(f"--schedules: {name} has no param {'p' if 'p' not in params else 'm'}: the search sets "
                         f"p (pipeline devices) and m (microbatches), and v where the schedule has it")
-        plain = tasks or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
+        plain = tasks or placed or any(isinstance(d, (ast.Greedy, ast.MemoryDecl)) for d in decl.decls)
         split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
         mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
         filled = any(isinstance(d, ast.Fill) for d in decl.decls)
