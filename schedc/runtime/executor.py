@@ -18,6 +18,7 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
 import torch
@@ -37,11 +38,16 @@ from .tasks import setup_tasks, task_handler
 from .tensor_parallel import Messages, Split, TensorGroup, global_splits, sync_partial_gradients
 from .world import World
 
-try:  # input-gradient / weight-gradient halves of backward, as torch's zero-bubble schedules split it
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-    split_backward = (stage_backward_input, stage_backward_weight)
-except ImportError:  # another torch: W then runs backward again for the weights
-    split_backward = None
+@lru_cache(maxsize=1)
+def split_backward() -> tuple[Callable, Callable] | None:
+    """The input-gradient / weight-gradient halves of backward, as torch's zero-bubble schedules split
+    them; None on a torch without them (W then runs backward again for the weights). Imported at the
+    first I: torch.distributed.pipelining brings dynamo and DTensor, ~2 s of every rank's start."""
+    try:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    except ImportError:
+        return None
+    return stage_backward_input, stage_backward_weight
 
 
 class ExecutionError(RuntimeError):
@@ -263,11 +269,12 @@ class Executor:
         saved.grad = self._grad_out(s, mb)
         if s == 0 and saved.head is None:
             return  # no input gradient to send: W does the whole backward
-        if split_backward is None:
+        halves = split_backward()
+        if halves is None:
             (grad_x,) = torch.autograd.grad(saved.y, saved.x, saved.grad, retain_graph=True)
         else:
             grads = None if saved.grad is None else [saved.grad]
-            (grad_x,), saved.groups = split_backward[0]([saved.y], grads, [saved.x], self._params(s))
+            (grad_x,), saved.groups = halves[0]([saved.y], grads, [saved.x], self._params(s))
         if s > 0:
             self.tensors[("B", s, mb)] = grad_x
         else:  # kept for W, which carries it into the first piece
@@ -276,7 +283,7 @@ class Executor:
     def backward_weight(self, instr: Instr) -> None:
         saved = self.saved[(instr.stage, instr.mb)]
         if saved.groups is not None:
-            split_backward[1](self._params(instr.stage), saved.groups)
+            split_backward()[1](self._params(instr.stage), saved.groups)
         else:
             torch.autograd.backward(saved.y, saved.grad, inputs=self._params(instr.stage))
         self._into_head(saved)
