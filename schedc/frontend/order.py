@@ -19,7 +19,7 @@ from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
-from ..budget import PROGRAM_STATEMENTS
+from ..budget import PROGRAM_STATEMENTS, REFUSED
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
@@ -413,8 +413,8 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
         except EvalError as exc:
             diags.append(error(f"device {dev}: {exc.message}", exc.span))
             orders.append(run.placed())
-            if budget.left < 0:
-                break  # the budget is shared: the other devices would stop at once for the same reason
+            if budget.left < 0:  # shared: the other devices would stop at once for the same reason
+                raise SchedError(merge_device_diagnostics(diags), source, kind=REFUSED)
             continue
         if fused is not None:
             fused += run.fused
