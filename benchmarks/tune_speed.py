@@ -52,7 +52,8 @@ def main() -> None:
     print(f"schedc tune --model {model} --cluster dgx-a100-80gb --gpus {gpus} --global-batch {batch} --top {args.top}")
     fast = [timed(fast_request) for _ in range(args.runs)]
     outcome = fast[0][0]
-    print(f"fast: {outcome.counts['candidates']:,} candidates, {outcome.counts['structures']} orders compiled, "
+    print(f"fast: {outcome.counts['candidates']:,} candidates, {outcome.counts['started']} orders started "
+          f"(their memory bounded until the first backward), {outcome.counts['structures']} compiled whole, "
           f"{outcome.counts['simulated']} simulations, {outcome.counts['bounded']:,} bounded out, "
           f"{outcome.counts['merged']} merged; CPU {spread([f[1] for f in fast])}; wall {spread([f[2] for f in fast])}")
     exhaustive = [timed(replace(fast_request, exhaustive=True)) for _ in range(args.exhaustive_runs)]

@@ -1,7 +1,9 @@
 """The one resource rule: work that grows with a number a user types (an optional pop's bound, a
 squeeze's unit slots, tune's candidates, a render's pixels or nodes) is counted before it is done and
 refused past a named limit, so that no input makes the tool run for minutes or fill memory. Each limit
-is a Budget here; the caller says what it is about to do and raises the refusal where it can locate it.
+is a Budget here; the caller says what it is about to do and raises the refusal where it can locate it,
+as a usage error (REFUSED: exit 2), whichever stage meets it: the numbers given ask for more work than
+the tool does, as an option out of range does.
 
     SQUEEZE_SLOTS.refusal(10**9 + 1, "'squeeze': device 0's program spans", items=8)
     -> "'squeeze': device 0's program spans 1,000,000,001 unit slots, past the limit of 1,088 (...)"
@@ -9,6 +11,10 @@ is a Budget here; the caller says what it is about to do and raises the refusal 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .diagnostics import USAGE
+
+REFUSED = USAGE  # the kind of every refusal of a budget (diagnostics.EXIT_CODES: 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,15 @@ PROGRAM_STATEMENTS = Budget("statements", 500_000, ", the limit of the programs'
 # about one per op (V-Half: 6 per microbatch for its 6 ops), so this is far past any schedule's
 SQUEEZE_SLOTS = Budget("unit slots", 1_024, "a squeeze scans a device's slots for every op it moves: 1,024 "
                        "and 8 per op of the device", per=8)
+# tune's candidates, counted before the space is built: each is bounded (its shape, state and cost
+# vector) before any is simulated, some 0.1 ms each; the whole library for GPT-3 175B on 1,024 GPUs is
+# 38,460 of them, the library's largest model on a million GPUs about 100,000
+TUNE_CANDIDATES = Budget("candidates", 150_000, "each is bounded before any is simulated, some 15 s at the "
+                         "limit: narrow the search with --tp, --pp, --microbatch-size or --schedules")
+# tune --synthesize's order: its greedy variants and local search time the whole order hundreds of
+# times, and the .sched written is compiled back (p = 32, m = 64: 4,096 ops, 7 s; m = 1,000: 35 s)
+SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundreds of times, some 10 s at "
+                       "the limit: give a smaller p or m")
 # tune compiles a schedule with `fill bubbles` whole for each candidate, its fill searched: about 1.5 s
 # of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
 TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "

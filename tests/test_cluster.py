@@ -199,11 +199,10 @@ def test_a_model_size_past_the_bound_is_a_located_error(tmp_path):
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--dp", "99999999999"],
      "t x p x d = 1 x 4 x 99,999,999,999 = 399,999,999,996 GPUs, more than the 1,048,576 a prediction takes"),
 ])
-def test_cluster_options_that_do_not_fit_together_are_refused(tmp_path, args, message):
+def test_cluster_options_that_do_not_fit_together_are_refused(tmp_path, monkeypatch, args, message):
     (tmp_path / "m.toml").write_text(MODEL)
-    with CliRunner().isolated_filesystem(temp_dir=tmp_path) as here:
-        (__import__("pathlib").Path(here) / "m.toml").write_text(MODEL)
-        result = _simulate("1f1b", *args)
+    monkeypatch.chdir(tmp_path)  # the cases name the model file m.toml, relative to here
+    result = _simulate("1f1b", *args)
     assert result.exit_code == 2 and message in result.output, result.output
 
 

@@ -170,14 +170,34 @@ def test_a_squeeze_unit_slot_far_past_the_ops_is_refused_naming_the_limit(tmp_pa
     path = tmp_path / "sq.sched"
     path.write_text(PROGRAM.format(extra="squeeze\n", body="  F * m\n  B at 1000000000\n  B * (m - 1)"))
     result = cli("simulate", str(path))
-    assert result.exit_code == 1 and "sq.sched:5:1: error: 'squeeze': device 0's program (its B(0,3) at slot " \
+    assert result.exit_code == 2 and "sq.sched:5:1: error: 'squeeze': device 0's program (its B(0,3) at slot " \
         "1,000,000,003) spans 1,000,000,004 unit slots, past the limit of 1,088" in result.output
 
 
 def test_an_interpreted_program_past_the_statement_budget_is_refused_naming_it():
     result = cli("simulate", "v_half", "-D", "p=4", "-D", "m=15000")
-    assert result.exit_code == 1 and "programs run more than 500,000 statements (a runaway loop?), the limit of " \
+    assert result.exit_code == 2 and "programs run more than 500,000 statements (a runaway loop?), the limit of " \
         "the programs' interpreter" in result.output
+
+
+def test_every_budget_refusal_exits_as_a_usage_error_wherever_it_is_met(tmp_path):
+    """The reader's refusals and the budgets' exit alike (2, budget.REFUSED): the elaboration's (a squeeze's
+    slots, the programs' statements), tune's candidates and fills, a render's width."""
+    from schedc.budget import REFUSED
+    from schedc.diagnostics import EXIT_CODES
+    path = tmp_path / "sq.sched"
+    path.write_text(PROGRAM.format(extra="squeeze\n", body="  F * m\n  B at 1000000000\n  B * (m - 1)"))
+    big = tmp_path / "big.toml"  # heads and layers with many divisors: 183,480 candidates on a million GPUs
+    big.write_text("layers = 1024\nhidden = 65536\nheads = 1024\nseq = 2048\nvocab = 65536\n")
+    for argv, named in [(("simulate", str(path)), "unit slots, past the limit of 1,088"),
+                        (("check", "v_half", "-D", "p=4", "-D", "m=15000"), "more than 500,000 statements"),
+                        (("tune", "--model", str(big), "--cluster", CLUSTER, "--gpus", "1048576", "--global-batch",
+                          "16777216"), "the search would bound 183,480 candidates, past the limit of 150,000"),
+                        (("tune", "--model", GPT, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
+                          "--schedules", "pipefisher"), "past the limit of 8"),
+                        (("render", "1f1b", "--width", "10000000", "-o", str(tmp_path / "t.svg")), "past the limit")]:
+        result = cli(*argv)
+        assert result.exit_code == EXIT_CODES[REFUSED] == 2 and named in result.output, (argv, result.output)
 
 
 def test_a_render_past_its_op_limit_is_refused_when_elaborated(tmp_path):

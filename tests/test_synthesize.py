@@ -156,7 +156,8 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "four"], 2, "expected a number"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--latency", "-1", "--activation-limit", "4"], 2, "--latency"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "0.5"], 1, "no order fits: device 0"),
-    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--activation-limit", "4"], 2, "more than the 500,000"),
+    (["--synthesize", "-D", "p=1000", "-D", "m=1000", "--activation-limit", "4"], 2,
+     "would make 2,000,000 ops, past the limit of 10,000"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--memory-limit", "4"], 2,
      "--memory-limit: option of the configuration search, not of --synthesize (with --synthesize the limit is "
      "--activation-limit N"),
@@ -232,12 +233,30 @@ def test_json_summary_and_the_written_costs(tmp_path):
 
 
 def test_the_op_limit_counts_the_kinds_the_order_runs():
-    """F and B: 2 p m ops (p=2, m=100,000 is 400,000, within the 500,000 limit, as `check 1f1b` finds);
-    F, I and W: 3 p m."""
-    assert make_problem(2, 100_000, {"F": (1.0,), "B": (2.0,)}, 0.0, (2.0,)).m == 100_000
+    """F and B: 2 p m ops (p=2, m=2,500 is 10,000, budget.SYNTHESIS_OPS's limit); F, I and W: 3 p m."""
+    assert make_problem(2, 2_500, {"F": (1.0,), "B": (2.0,)}, 0.0, (2.0,)).m == 2_500
     with pytest.raises(SchedError) as caught:
-        make_problem(2, 100_000, {"F": (1.0,), "I": (1.0,), "W": (1.0,)}, 0.0, (2.0,))
-    assert "600,000 ops (2 stages x 100,000 microbatches x 3 op kinds)" in caught.value.render()
+        make_problem(2, 2_500, {"F": (1.0,), "I": (1.0,), "W": (1.0,)}, 0.0, (2.0,))
+    assert caught.value.exit_code == 2
+    assert "(2 stages x 2,500 microbatches x 3 op kinds) would make 15,000 ops, past the limit of 10,000" \
+        in caught.value.render()
+
+
+def test_32_devices_are_synthesized_or_refused_in_seconds(tmp_path):
+    """p = 32: within the op budget the whole synthesis (greedy variants, local search, the .sched
+    compiled back) finishes, its order as the written file compiles; past it the refusal comes before
+    any work, naming the limit."""
+    import time
+    out = tmp_path / "p32.sched"
+    result = CliRunner().invoke(main, ["tune", "--synthesize", "-D", "p=32", "-D", "m=64", "--activation-limit",
+                                       "8", "-o", str(out)])
+    assert result.exit_code == 0 and "peak activations 8 8 8 8 8 8 8 8" in result.output, result.output
+    assert CliRunner().invoke(main, ["check", str(out)]).exit_code == 0
+    started = time.process_time()
+    refused = CliRunner().invoke(main, ["tune", "--synthesize", "-D", "p=32", "-D", "m=1000", "--activation-limit",
+                                        "8", "-o", str(tmp_path / "no.sched")])
+    assert refused.exit_code == 2 and "64,000 ops, past the limit of 10,000" in refused.output, refused.output
+    assert time.process_time() - started < 5 and not (tmp_path / "no.sched").exists()
 
 
 def test_a_whole_measured_backward_is_not_dropped_for_given_halves(tmp_path):

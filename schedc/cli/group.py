@@ -1,34 +1,48 @@
 """The `schedc` command group, which ends quietly on a closed pipe."""
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import sys
+from contextlib import contextmanager
 
 import click
-from click.utils import PacifyFlushWrapper
 
 from .options import CONTEXT
 
 
+@contextmanager
+def _closed_pipe_ends_quietly():
+    """A write to a reader that has gone (EPIPE) exits with 128 + SIGPIPE, stdout pointed at the null
+    device so that the interpreter's last flush at exit has nowhere to fail."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor (tests' CliRunner)
+            pass
+        raise SystemExit(128 + signal.SIGPIPE) from None
 
 
 class _Commands(click.Group):
     """The command group. A reader that stops early (`schedc simulate X | head -1`, `schedc --help |
     head -1`) ends the command quietly with 128 + SIGPIPE, as a shell tool the signal kills does, not
-    with a failed check's 1 (click's own exit on a closed pipe, after it wraps the streams)."""
+    with a failed check's 1 (what click itself exits with on a closed pipe): the closed pipe is met
+    here, in the parse (where --help prints) or the command, before click sees it."""
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        with _closed_pipe_ends_quietly():
+            return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: click.Context):
-        out = super().invoke(ctx)
-        sys.stdout.flush()  # a closed pipe shows here, inside click, not at the interpreter's exit
+        with _closed_pipe_ends_quietly():
+            out = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return out
-
-    def main(self, *args, **kwargs):
-        try:
-            return super().main(*args, **kwargs)
-        except SystemExit as exc:
-            if exc.code == 1 and isinstance(sys.stdout, PacifyFlushWrapper):  # click met EPIPE
-                sys.exit(128 + signal.SIGPIPE)
-            raise
 
 
 @click.group(cls=_Commands, context_settings=CONTEXT)

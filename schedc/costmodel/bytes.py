@@ -58,18 +58,60 @@ def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
     return w * s * b * (inputs + gradients)
 
 
+def layer_changes(schedule) -> dict[str, tuple[int, int]]:
+    """What each op kind does to its stage's layers' activations, per layer, as (forward activations,
+    deferred W's): F allocates its activations and B frees them; with a split (or mixed) backward I
+    frees them and allocates what W reads (deferred_weight_bytes), which W frees."""
+    changes = {OpKind.F.value: (1, 0), OpKind.B.value: (-1, 0)}
+    if schedule.split_backward or schedule.mixed_backward:
+        changes.update({OpKind.I.value: (-1, 1), OpKind.W.value: (0, -1)})
+    return changes
+
+
 def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, tuple[tuple[float, float], ...]]:
     """What each op kind allocates (+) or frees (-) on its device, per stage (its layers x one layer's),
-    as (forward activations, deferred W's) bytes: F allocates its activations and B frees them; with a
-    split (or mixed) backward I frees them and allocates what W reads (deferred_weight_bytes: more than
-    F kept under full recomputation), which W frees."""
+    as (forward activations, deferred W's) bytes: each kind's change (layer_changes) times its stage's
+    bytes (stage_backward_bytes; under full recomputation what W reads is more than F kept)."""
     held = stage_backward_bytes(model, layout, schedule.stages)
-    deltas = {OpKind.F.value: tuple((kept, 0.0) for kept, _ in held),
-              OpKind.B.value: tuple((-kept, 0.0) for kept, _ in held)}
-    if schedule.split_backward or schedule.mixed_backward:
-        deltas[OpKind.I.value] = tuple((-kept, deferred) for kept, deferred in held)
-        deltas[OpKind.W.value] = tuple((0.0, -deferred) for _, deferred in held)
-    return deltas
+    return {kind: tuple((f * kept, w * deferred) for kept, deferred in held)
+            for kind, (f, w) in layer_changes(schedule).items()}
+
+
+def layer_levels(schedule, split: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+    """Per device, the layers whose activations are alive after each op of its program order that
+    changes them, as (forward's, deferred W's) (layer_changes, each stage's layers in `split`)."""
+    change = layer_changes(schedule)
+    out = []
+    for order in schedule.orders:
+        forward = deferred = 0
+        levels = []
+        for op in order:
+            step = change.get(op.kind)
+            if step is not None and 0 <= op.stage < len(split):
+                n = split[op.stage]
+                forward, deferred = forward + step[0] * n, deferred + step[1] * n
+                levels.append((forward, deferred))
+        out.append(levels)
+    return out
+
+
+_LEVELS: dict[int, tuple] = {}  # id(orders) -> (orders, (split, changes), distinct levels); distinct_levels
+_LEVELS_MAX = 256
+
+
+def distinct_levels(schedule, split: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+    """layer_levels with each device's repeats dropped, in the order they first occur (the first level
+    with the most bytes is the same), kept per order: `schedc tune` asks for one order's peaks under
+    many layouts (t, b, recomputation), each a walk over 10^4 ops. Kept by identity, the orders held
+    so that their id is not reused; the table is emptied when full."""
+    key = (split, tuple(layer_changes(schedule).items()))
+    entry = _LEVELS.get(id(schedule.orders))
+    if entry is None or entry[0] is not schedule.orders or entry[1] != key:
+        if len(_LEVELS) >= _LEVELS_MAX:
+            _LEVELS.clear()
+        levels = [list(dict.fromkeys(device)) for device in layer_levels(schedule, split)]
+        entry = _LEVELS[id(schedule.orders)] = (schedule.orders, key, levels)
+    return entry[2]
 
 
 def stage_backward_bytes(model: ModelSpec, layout: Layout, stages: int) -> tuple[tuple[float, float], ...]:
@@ -83,19 +125,17 @@ def stage_backward_bytes(model: ModelSpec, layout: Layout, stages: int) -> tuple
 
 def activation_peak_parts(model: ModelSpec, layout: Layout, schedule) -> list[tuple[float, float]]:
     """Per device, (activation bytes at its peak, of which deferred W's) along its own program order (a
-    device runs one op at a time, as memory.peak_memory walks it): two chunks of a V each at their
-    stage's bytes, a deferred W at what it reads."""
-    deltas = activation_deltas(model, layout, schedule)
+    device runs one op at a time, as memory.peak_memory walks it): the first of its levels
+    (layer_levels) with the most bytes, a forward's layer at layer_activation_bytes, a deferred W's at
+    deferred_weight_bytes (two chunks of a V each at their stage's layers)."""
+    kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
     out = []
-    for order in schedule.orders:
-        forward = deferred = 0.0
+    for levels in distinct_levels(schedule, stage_layers(model, schedule.stages, layout)):
         peak = (0.0, 0.0)
-        for op in order:
-            delta = deltas.get(op.kind)
-            if delta is not None and 0 <= op.stage < len(delta):
-                forward, deferred = forward + delta[op.stage][0], deferred + delta[op.stage][1]
-                if forward + deferred > peak[0]:
-                    peak = (forward + deferred, deferred)
+        for forward, held in levels:
+            total = forward * kept + held * deferred
+            if total > peak[0]:
+                peak = (total, held * deferred)
         out.append(peak)
     return out
 
@@ -161,16 +201,25 @@ def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpe
     holders = stage_holders(schedule)
     # torch DDP's buckets: the distributed optimizer's reduce-scatter works on views of its gradient buffer
     buckets = DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce and not lay.distributed_optimizer else 0
+    held: list[set[int]] = [set() for _ in range(schedule.devices)]  # per device, the stages it holds
+    for s, ds in holders.items():
+        for d in ds:
+            held[d].add(s)
+    stage_bytes = {}  # per stage: (weights, gradients and optimizer state; the step's gradients)
+    for s in sorted(holders):
+        params, k = stage_params(m, lay.tp, stages, s, lay), shards(lay, holders, s)
+        stage_bytes[s] = (params * (REPLICATED_BYTES_PER_PARAM + buckets
+                                    + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k),
+                          STEP_GRADIENT_BYTES_PER_PARAM * params / k)
+    working = [working_bytes(m, lay, last) for last in (False, True)]
     totals, parts = [], []
     for d in range(schedule.devices):
-        mine = sorted({s for s, ds in holders.items() if d in ds})
+        mine = sorted(held[d])
         state = step = 0.0
         for s in mine:
-            params, k = stage_params(m, lay.tp, stages, s, lay), shards(lay, holders, s)
-            state += params * (REPLICATED_BYTES_PER_PARAM + buckets
-                               + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k)
-            step += STEP_GRADIENT_BYTES_PER_PARAM * params / k
-        act = alive[d] + working_bytes(m, lay, stages - 1 in mine)
+            state += stage_bytes[s][0]
+            step += stage_bytes[s][1]
+        act = alive[d] + working[stages - 1 in mine]
         allocated = state + max(act, step)
         total = cluster.reserved_bytes(allocated) if cluster is not None else allocated
         parts.append({"weights_gradients_optimizer": state, "activations": act,

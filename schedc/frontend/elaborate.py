@@ -11,7 +11,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import ast
-from ..budget import SQUEEZE_SLOTS
+from ..budget import REFUSED, SQUEEZE_SLOTS
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
 from .expr import EvalError, PipeRef, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
@@ -360,7 +360,7 @@ def _squeezed(squeeze: ast.Squeeze, orders, slots, deps, pipelines, fused, sourc
         refused = SQUEEZE_SLOTS.refusal(spans, f"'squeeze': device {device}'s program (its {order[last]} at slot "
                                         f"{taken[last]:,}) spans" if last is not None else "", items=len(order))
         if refused:
-            raise fail_at(refused, squeeze.span, source)
+            raise fail_at(refused, squeeze.span, source, kind=REFUSED)
     from .squeeze import squeeze_orders
     return squeeze_orders(orders, slots, deps, chunk_index(pipelines))
 

@@ -19,21 +19,27 @@ from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
-from ..budget import PROGRAM_STATEMENTS
+from ..budget import PROGRAM_STATEMENTS, REFUSED
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
 from .queues import Queue, QueueKey, StepBudget, chunk_index, sort_queue
 
 
+class _Enough(Exception):
+    """A device's program placed an op of a kind it was asked to stop at (run_programs' `until`)."""
+
+
 class _ProgramRun:
     """Runs one device's program against its queues, collecting the order; the first fault (an empty
-    queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError."""
+    queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError, the first
+    op of an `until` kind with _Enough."""
 
     def __init__(self, device: int, queues: dict[tuple[str, str | None, int | None], Queue], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], budget: StepBudget, mixed: _MixedBackward | None = None,
-                 chunk: dict[tuple[int, int], int] | None = None):
+                 chunk: dict[tuple[int, int], int] | None = None, until: frozenset[str] = frozenset()):
         self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
+        self.until = until
         self.order: list[Op] = []    # the ops placed so far, as the queues hold them (see placed())
         self.spans: list[Span] = []  # and the span of the cursor that placed each
         self.slots: list[int] = []   # and its unit slot (`F at t`; else the slot after the previous op's)
@@ -162,6 +168,11 @@ class _ProgramRun:
         self.spans += [c.span for c in cursors] * count
         self.slots += range(self.next_slot, self.next_slot + len(placed))
         self.next_slot += len(placed)
+        stop = next((n for n, op in enumerate(placed) if op.kind in self.until), None) if self.until else None
+        if stop is not None:  # as if popped one at a time: the order ends at that op
+            end = len(self.order) - len(placed) + stop + 1
+            del self.order[end:], self.spans[end:], self.slots[end:]
+            raise _Enough
         return count
 
     def _pipe(self, cursor: ast.Cursor, env: dict) -> str | None:
@@ -254,6 +265,8 @@ class _ProgramRun:
         self.spans.append(span)
         self.slots.append(self.next_slot)
         self.next_slot += 1
+        if op.kind in self.until:
+            raise _Enough
 
     def placed(self) -> tuple[Op, ...]:
         """The device's order: the ops placed so far, each with the span of the cursor that placed it."""
@@ -375,16 +388,15 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
                  source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
-                 optional: frozenset = frozenset()) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
+                 optional: frozenset = frozenset(), until: frozenset[str] = frozenset()
+                 ) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
     """Run each device's program; report empty pops and ops left over, naming device, op and line.
     With `mixed` (a mixed backward), the programs choose B or I per backward and the halves not chosen
     are dropped from the orders. Overlapped pairs the programs place are appended to `fused`, each
     device's list of the unit slots of its ops (`F at t`) to `slots`. Ops of the `optional` kinds (O and
-    L: a program offloads what it chooses) may be left."""
-    names = {p.name for p in pipelines}
-    for q in queue_decls:
-        if q.pipe is not None and q.pipe not in names:
-            raise SchedError(error(f"unknown pipeline '{q.pipe}' in queue", q.span), source)
+    L: a program offloads what it chooses) may be left. `until`: each program stops at its first op of
+    these kinds, and the orders are the starts of the full ones (nothing left over is reported)."""
+    _check_queue_pipes(queue_decls, pipelines, source)
     specific = {p.device: p for p in programs if p.device is not None}
     generic = [p for p in programs if p.device_var is not None]
     diags: list[Diagnostic] = []
@@ -406,29 +418,44 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             continue
         run = _ProgramRun(dev, _build_queues(per_device[dev], keys, pipelines, chunk, mixed),
                           per_device[dev], pipelines, budget, _MixedBackward(per_device[dev]) if mixed else None,
-                          chunk)
+                          chunk, until)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)
         try:
             run.run(program.body, scope)
+        except _Enough:
+            pass
         except EvalError as exc:
             diags.append(error(f"device {dev}: {exc.message}", exc.span))
             orders.append(run.placed())
-            if budget.left < 0:
-                break  # the budget is shared: the other devices would stop at once for the same reason
+            if budget.left < 0:  # shared: the other devices would stop at once for the same reason
+                raise SchedError(merge_device_diagnostics(diags), source, kind=REFUSED)
             continue
         if fused is not None:
             fused += run.fused
         if slots is not None:
             slots.append(run.slots)
-        complete = len(run.taken) == len(per_device[dev])  # ops are taken once each
-        left = [] if complete else [op for op in per_device[dev] if id(op) not in run.taken
-                                    and not (mixed and op.kind in SPLIT and _undecided(op, run))
-                                    and op.kind not in optional]
+        left = [] if until else _left_over(run, per_device[dev], mixed, optional)
         if left:
             diags.append(error(f"device {dev}: program leaves {plural(len(left), 'op')} "
                                f"unscheduled: {elide(left, 6)}", program.span))
         orders.append(run.placed())
     return tuple(orders), merge_device_diagnostics(diags)
+
+
+def _check_queue_pipes(queue_decls: list[ast.QueueDecl], pipelines, source: Source) -> None:
+    names = {p.name for p in pipelines}
+    for q in queue_decls:
+        if q.pipe is not None and q.pipe not in names:
+            raise SchedError(error(f"unknown pipeline '{q.pipe}' in queue", q.span), source)
+
+
+def _left_over(run: _ProgramRun, mine: list[Op], mixed: bool, optional: frozenset) -> list[Op]:
+    """The device's ops its program did not place (but the halves of a backward it did not choose, and
+    the optional kinds)."""
+    if len(run.taken) == len(mine):  # ops are taken once each
+        return []
+    return [op for op in mine if id(op) not in run.taken and not (mixed and op.kind in SPLIT and _undecided(op, run))
+            and op.kind not in optional]
 
 
 def _undecided(op: Op, run: _ProgramRun) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 from ..costmodel import Setting, device_memory, step_tails
 from ..ops import OVERLAP, OpKind, builtin_kinds, fed_by, feeds
@@ -16,11 +17,21 @@ from ..ops import OVERLAP, OpKind, builtin_kinds, fed_by, feeds
 
 @dataclass(frozen=True)
 class Shape:
-    """What a schedule is made of without its order: devices and pipelines (for step_tails and bounds)."""
+    """What a schedule is made of without its order: devices and pipelines (for step_tails and bounds);
+    with `orders`, the starts of the devices' orders (frontend/prefix.py) and what their ops free."""
 
     devices: int
     pipelines: tuple
     orders: tuple = ()
+    split_backward: bool = False
+    mixed_backward: bool = False
+    # the memory model reads these of a schedule; a Shape has none (its peaks are the order walk's)
+    tasks = ()
+    recompute = offload = False
+
+    @property
+    def memory(self) -> dict:
+        return {}
 
     @property
     def stages(self) -> int:
@@ -64,23 +75,23 @@ def mixed_costs(table: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, .
     return {**table, OpKind.F.value: tuple(max(0.0, x - v) for x, v in zip(f, saved)), OpKind.B.value: backward}
 
 
-def _chain(kind: str, pipe) -> list[int]:
-    """The stages in the order `kind`'s output flows through them (ops.feeds), from the stage whose
+@cache
+def _chain(kind: str, n: int) -> tuple[int, ...]:
+    """The n stages in the order `kind`'s output flows through them (ops.feeds), from the stage whose
     op reads no neighbour (ops.fed_by): 0, 1, ... for F; the last stage down to 0 for B."""
-    n = pipe.stages
     stage = next(s for s in range(n) if not 0 <= fed_by(kind, s)[1] < n)
     order = [stage]
     while (to := feeds(kind, stage)) is not None and 0 <= to < n:
         order.append(to)
         stage = to
-    return order
+    return tuple(order)
 
 
 def _reach(kind: str, pipe, table, links) -> list[float]:
     """Per stage, the least time from the start of the chain until its op of `kind` can start: the ops
     before it in the chain and their messages."""
     reach = [0.0] * pipe.stages
-    order, place = _chain(kind, pipe), pipe.placement
+    order, place = _chain(kind, pipe.stages), pipe.placement
     for here, to in zip(order, order[1:]):
         reach[to] = reach[here] + table[kind][here] + links[place[here]][place[to]]
     return reach
@@ -90,7 +101,7 @@ def _left(kind: str, pipe, table, links) -> list[float]:
     """Per stage, the least time from the end of its op of `kind` until the chain's end: the messages
     and ops after it in the chain."""
     left = [0.0] * pipe.stages
-    order, place = _chain(kind, pipe), pipe.placement
+    order, place = _chain(kind, pipe.stages), pipe.placement
     for here, to in reversed(list(zip(order, order[1:]))):
         left[here] = links[place[here]][place[to]] + table[kind][to] + left[to]
     return left
@@ -104,7 +115,12 @@ def tail_bound(st: Setting, shape: Shape) -> float:
 
 def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
     """The largest device's bytes before any activation: weights, gradients, optimizer state and one
-    backward's working memory (device_memory with no activation alive), and that device."""
+    backward's working memory (device_memory with no activation alive), and that device. With the
+    starts of the devices' orders (Shape.orders), the activations alive at their peaks too: the walk of
+    a whole order passes through its start's sums, so its peak is no lower.
+
+        1f1b p=4: device 0's start F(0,0..3) B(0,0) holds 4 microbatches' activations of stage 0
+    """
     memory, _ = device_memory(st, shape, (0.0,) * shape.devices)
     top = max(range(len(memory)), key=lambda k: (memory[k], -k))
     return memory[top], top

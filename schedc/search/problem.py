@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..diagnostics import USAGE, SchedError, Source, error
-from ..frontend.elaborate import MAX_DEVICES, MAX_OPS  # the language's bounds (docs/language.md)
+from ..budget import SYNTHESIS_OPS
+from ..frontend.elaborate import MAX_DEVICES  # the language's bound (docs/language.md)
 from ..ops import DEFAULT_COSTS, OpKind, builtin_deps, builtin_kinds, cost_range, in_cost_range, release_kind
 
 F, X, W = 0, 1, 2          # forward; the backward that feeds the previous stage (B, or I when split); W
@@ -196,9 +197,10 @@ def make_problem(p: int, m: int, costs: dict[str, tuple[float, ...]], latency: f
     if split and OpKind.B.value in costs:
         raise option_error("give the backward as B, or split as I and W, not both")
     names = builtin_kinds(split)
-    if len(names) * p * m > MAX_OPS:
-        raise option_error(f"p={p}, m={m} would make {len(names) * p * m:,} ops ({p:,} stages x {m:,} microbatches x "
-                           f"{len(names)} op kinds), more than the {MAX_OPS:,} a schedule may have")
+    refused = SYNTHESIS_OPS.refusal(len(names) * p * m, f"p={p}, m={m} ({p:,} stages x {m:,} microbatches x "
+                                    f"{len(names)} op kinds) would make")
+    if refused:
+        raise option_error(refused)
     said = {name: (where or {}).get(name, f"cost {name}") for name in names}
     table = tuple(_per_stage(said[name], costs.get(name, (DEFAULT_COSTS[name],)), p, "stage") for name in names)
     for name, row in zip(names, table):

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..costmodel import Prediction
-from ..text import GIB
-from .space import Candidate, Request
+from ..costmodel import Prediction, tp_in_node
+from ..text import GIB, ordinal
+from .space import Candidate, Request, distinct_figures
 
 
 def op_costs(structure, table) -> list[float]:
@@ -120,3 +120,38 @@ class Kept:
 
     def __lt__(self, other: Kept) -> bool:
         return self.key > other.key
+
+
+def family_lines(families: dict[tuple, Family], request: Request, counts: dict[str, int], node: int) -> list[str]:
+    """One line per (schedule, t, p) with nothing simulated: those whose order deadlocks first
+    (whatever else was bounded or over memory: a fault of the schedule, not of its sizes), then the
+    bounded ones (closest first), those over memory (least over first), then refusals."""
+    lines = []
+    which = f"the {ordinal(request.top)} best" if request.per is None else "its group's K-th best"
+    faults = {}  # (schedule, p) -> (t, fault): an order is the same at every t, so is its deadlock
+    for (name, t, p), fam in families.items():
+        if fam.fault is not None:
+            faults.setdefault((name, p), (t, fam.fault))
+    for (name, t, p), fam in families.items():
+        if fam.simulated:
+            continue
+        crosses = not tp_in_node(t, node)
+        head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if crosses else "")
+        if fam.fault is not None:
+            lines.append((0, 0.0, head + fam.fault))
+        elif fam.bound is not None and (name, p) in faults:
+            seen, fault = faults[name, p]
+            lines.append((0, 0.0, head + f"{fault}, seen at t={seen} (the same order; {fam.bounded} "
+                                         "bounded out here)"))
+        elif fam.bound is not None:
+            bound, threshold = fam.bound
+            a, b = distinct_figures(bound, threshold)
+            lines.append((1, bound, head + f"at best {a} s per iteration (a lower bound; memory not checked), "
+                                          f"slower than {which} ({b} s): {fam.bounded} not simulated"))
+        elif fam.over is not None:
+            lines.append((2, fam.over[0][1], head + fam.over[1]))  # least over first
+        elif fam.refused is not None:
+            lines.append((3, 0.0, head + fam.refused))
+        elif fam.layers is not None and counts["layers"] == counts["candidates"] - counts["refused"]:
+            lines.append((4, 0.0, head + fam.layers))  # shown only when nothing else ran
+    return [text for _, _, text in sorted(lines)]

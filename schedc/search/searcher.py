@@ -17,7 +17,9 @@ The bound (schedc/search/bounds.py): every device runs all its ops one at a time
 of the stages before its first one have run and their messages arrived, and (without a split
 backward) its last op, a backward, still has the backwards of the stages before it to wait for; then
 the end-of-step tail of the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
-(`--exhaustive` simulates every candidate that fits, as the reference). A mixed backward (DualPipe's
+(`--exhaustive` simulates every candidate that fits, as the reference). Before an order is compiled whole,
+the memory its devices hold until their first backward (frontend/prefix.py: the programs run that far)
+refuses the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed backward (DualPipe's
 overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
 bound, which assumes every op is timed alone. Schedules whose order depends on the costs (greedy), that
 declare tasks, fill bubbles or memory beyond activations are compiled whole for every candidate
@@ -37,11 +39,11 @@ from ..costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
 from ..diagnostics import usage
 from ..layout import SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
 from ..costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
-                        stage_costs, tp_in_node)
+                        stage_costs)
 from ..diagnostics import SchedError
-from ..text import GIB, ordinal, plural
-from .space import Candidate, Request, candidates, distinct_figures, library_entries
-from .results import Family, Kept, Outcome, Ranked, Refusal, Structure, op_costs
+from ..text import GIB, plural
+from .space import Candidate, Request, candidates, library_entries
+from .results import Family, Kept, Outcome, Ranked, Refusal, Structure, family_lines, op_costs
 
 SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
 MAX_GLOBAL_BATCH = 2**24    # sequences per step
@@ -63,6 +65,7 @@ class Searcher:
         self.progress = progress or (lambda n: None)
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.structures: dict[tuple, Structure] = {}
+        self.starts: dict[tuple, Shape | None] = {}  # (schedule, p, v, m) -> its orders' starts, if known
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
         self.costs: dict[tuple, Any] = {}
@@ -70,7 +73,8 @@ class Searcher:
         self.orders: dict[tuple, int] = {}  # an order's identity -> its number (order_id)
         self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
-                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0}
+                       "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0,
+                       "started": 0}
 
     # pieces, cached -----------------------------------------------------------------------------
 
@@ -113,12 +117,22 @@ class Searcher:
     def stage_costs(self, st: Setting, c: Candidate, shape: Shape):
         """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's
         placement (as driver.cluster.compile_for gives them), which depends on d through the ranks' nodes."""
+        return self._costs(st, c, shape)[0]
+
+    def cost_table(self, st: Setting, c: Candidate, shape: Shape) -> tuple[dict[str, tuple[float, ...]], str | None]:
+        """The stage costs' table (StageCosts.costs()) and why it cannot be a schedule's costs
+        (costs_problem, as simulate --cluster refuses a 1e-320 GB/s HBM), or None; cached with them."""
+        return self._costs(st, c, shape)[1:]
+
+    def _costs(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         placement = shape.pipelines[0].placement
         blocking = self.request.blocking_p2p
         key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if blocking else ())
         if key not in self.costs:
             times = self.message_times(st, c, shape.devices) if blocking else None
-            self.costs[key] = stage_costs(st, shape.stages, placement, times)
+            costs = stage_costs(st, shape.stages, placement, times)
+            table = costs.costs()
+            self.costs[key] = (costs, table, costs_problem(table, st.layout))
         return self.costs[key]
 
     def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
@@ -148,6 +162,35 @@ class Searcher:
             self.structures[key] = self._structure(c)
             self.counts["structures"] += 1
         return self.structures[key]
+
+    def start_bound(self, c: Candidate) -> Refusal | None:
+        """The refusal of a candidate whose orders' starts (frontend/prefix.py: each device's order until
+        its first backward) with its weights and state already hold more than the limit: no order that
+        starts so fits (bounds.state_bound), and the whole order is never elaborated. None where it
+        fits or no start is known (--exhaustive, a schedule compiled whole or ordered otherwise)."""
+        if self.request.exhaustive or self.entries[c.schedule].plain:
+            return None
+        key = c.structure_key()
+        if key not in self.starts:
+            self.starts[key] = self._start(c)
+        if self.starts[key] is None:
+            return None
+        memory, device = state_bound(self.setting(c), self.starts[key])  # not cached: the start is the key's
+        if memory <= self.limit:
+            return None
+        return self.over(memory, device, " (weights, optimizer state and what its order holds before its first "
+                         "backward alone)", bound=True)
+
+    def _start(self, c: Candidate) -> Shape | None:
+        from dataclasses import replace
+        from ..frontend.prefix import order_starts
+        entry = self.entries[c.schedule]
+        orders = order_starts(entry.decl, entry.source, c.params())
+        self.counts["started"] += 1
+        shape = self.shape(c)
+        if orders is None or isinstance(shape, Refusal):
+            return None
+        return replace(shape, orders=orders, split_backward=entry.split, mixed_backward=entry.mixed)
 
     def _structure(self, c: Candidate) -> Structure:
         """The order and its activation peaks; its checks and predecessors wait for prepare()."""
@@ -246,7 +289,7 @@ class Searcher:
         free_span = makespan
         if free:
             free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
-        busy = busy_times(op_costs(structure, costs.costs()), structure.device, schedule.devices)
+        busy = busy_times(op_costs(structure, self.cost_table(st, c, shape)[0]), structure.device, schedule.devices)
         return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span, costs,
                        self.request.global_batch)
 
@@ -288,16 +331,7 @@ class Searcher:
             space = candidates(self.model, list(self.entries.values()), r)
         self.counts["candidates"] = len(space)
         families: dict[tuple, Family] = {}
-        bounded = []  # (bound, candidate)
-        for c in space:
-            fam = families.setdefault((c.schedule, c.t, c.p), Family())
-            bound = self.bound(c)
-            if isinstance(bound, Refusal):
-                self._refuse(fam, c, bound)
-            else:
-                bounded.append((bound, c))
-        self.progress(len(space) - len(bounded))
-        bounded.sort()
+        bounded = self._bounded(space, families)
         best: dict[Any, list[Kept]] = {}   # group -> heap, worst on top: the K best so far
         rows: dict[tuple, Candidate] = {}  # twin_key -> the candidate evaluated for it
         same: dict[Candidate, list[Candidate]] = {}
@@ -313,8 +347,13 @@ class Searcher:
                 if rest:
                     break
                 continue
-            twin = self.twin_key(c)
             fam = families[(c.schedule, c.t, c.p)]
+            refused = self.start_bound(c)
+            if refused is not None:
+                self._refuse(fam, c, refused)
+                self.progress(1)
+                continue
+            twin = self.twin_key(c)
             if twin in rows:  # an order already timed under this layout: its row names this schedule too
                 same.setdefault(rows[twin], []).append(c)
                 self.counts["merged"] += 1
@@ -337,9 +376,22 @@ class Searcher:
         kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
         ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True), tuple(same.get(kept.key[1], ())))
                   for kept in kept_all]  # best first
-        pruned = tuple(self._family_lines(families))
+        pruned = tuple(family_lines(families, r, self.counts, self.cluster.gpus_per_node))
         return Outcome(r, tuple(ranked), pruned, dict(self.counts), self.describe_space(space),
                        time.perf_counter() - start)
+
+    def _bounded(self, space: list[Candidate], families: dict[tuple, Family]) -> list[tuple[float, Candidate]]:
+        """(bound, candidate) of those not refused by their bound, by increasing bound; each family noted."""
+        bounded = []
+        for c in space:
+            fam = families.setdefault((c.schedule, c.t, c.p), Family())
+            bound = self.bound(c)
+            if isinstance(bound, Refusal):
+                self._refuse(fam, c, bound)
+            else:
+                bounded.append((bound, c))
+        self.progress(len(space) - len(bounded))
+        return sorted(bounded)
 
     def bound(self, c: Candidate) -> float | Refusal:
         """A lower bound of the candidate's iteration time (0 where none is taken: a schedule compiled
@@ -354,8 +406,7 @@ class Searcher:
             return self.over(state, device, " (weights, gradients, optimizer state and working memory alone)",
                              bound=True)
         entry = self.entries[c.schedule]
-        table = self.stage_costs(st, c, shape).costs()
-        problem = costs_problem(table, st.layout)  # as simulate --cluster refuses it (a 1e-320 GB/s HBM)
+        table, problem = self.cost_table(st, c, shape)
         if problem is not None:
             return Refusal(problem)
         if entry.plain or self.request.exhaustive:
@@ -409,41 +460,6 @@ class Searcher:
             v = f", v={c.v}" if c.v is not None else ""
             least = "the least lower bound of the family" if refusal.bound else "the least of the family"
             fam.over = (key, f"{refusal.message}; {least}, at b={c.b}{v}, recompute {c.recompute}")
-
-    def _family_lines(self, families: dict[tuple, Family]) -> list[str]:
-        """One line per (schedule, t, p) with nothing simulated: those whose order deadlocks first
-        (whatever else was bounded or over memory: a fault of the schedule, not of its sizes), then the
-        bounded ones (closest first), those over memory (least over first), then refusals."""
-        lines = []
-        node = self.cluster.gpus_per_node
-        which = f"the {ordinal(self.request.top)} best" if self.request.per is None else "its group's K-th best"
-        faults = {}  # (schedule, p) -> (t, fault): an order is the same at every t, so is its deadlock
-        for (name, t, p), fam in families.items():
-            if fam.fault is not None:
-                faults.setdefault((name, p), (t, fam.fault))
-        for (name, t, p), fam in families.items():
-            if fam.simulated:
-                continue
-            crosses = not tp_in_node(t, node)
-            head = f"{name} t={t} p={p}: " + (f"t={t} crosses nodes ({node} GPUs per node); " if crosses else "")
-            if fam.fault is not None:
-                lines.append((0, 0.0, head + fam.fault))
-            elif fam.bound is not None and (name, p) in faults:
-                seen, fault = faults[name, p]
-                lines.append((0, 0.0, head + f"{fault}, seen at t={seen} (the same order; {fam.bounded} "
-                                             "bounded out here)"))
-            elif fam.bound is not None:
-                bound, threshold = fam.bound
-                a, b = distinct_figures(bound, threshold)
-                lines.append((1, bound, head + f"at best {a} s per iteration (a lower bound; memory not checked), "
-                                              f"slower than {which} ({b} s): {fam.bounded} not simulated"))
-            elif fam.over is not None:
-                lines.append((2, fam.over[0][1], head + fam.over[1]))  # least over first
-            elif fam.refused is not None:
-                lines.append((3, 0.0, head + fam.refused))
-            elif fam.layers is not None and self.counts["layers"] == self.counts["candidates"] - self.counts["refused"]:
-                lines.append((4, 0.0, head + fam.layers))  # shown only when nothing else ran
-        return [text for _, _, text in sorted(lines)]
 
     def describe_space(self, space: list[Candidate]) -> str:
         def values(name):

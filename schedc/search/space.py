@@ -175,9 +175,15 @@ def layouts(model, request: Request) -> list[tuple[int, int, int]]:
 
 
 def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]:
-    """Every point of the space, in a fixed order (the stages' fit to the layers is checked later)."""
+    """Every point of the space, in a fixed order (the stages' fit to the layers is checked later);
+    counted first, and refused past budget.TUNE_CANDIDATES before any is made (exit 2)."""
+    from ..budget import TUNE_CANDIDATES
+    found = layouts(model, request)
+    refused = TUNE_CANDIDATES.refusal(_count(model, entries, request, found), "the search would bound")
+    if refused:
+        raise usage(refused)
     out = []
-    for t, p, d in layouts(model, request):
+    for t, p, d in found:
         per_replica = request.global_batch // d
         for entry in entries:
             for v in (chunk_choices(model, request, p) if entry.chunked else [None]):
@@ -191,6 +197,17 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
                     f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
     return out
+
+
+def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int]]) -> int:
+    """How many candidates `candidates` makes of these layouts, without making them."""
+    total = 0
+    for _, p, d in found:
+        sizes = divisors(request.global_batch // d)
+        b = len(sizes) if request.microbatch is None else sum(x in request.microbatch for x in sizes)
+        chunked = len(chunk_choices(model, request, p))
+        total += b * len(request.recompute) * sum(chunked if e.chunked else 1 for e in entries)
+    return total
 
 
 def chunk_choices(model, request: Request, p: int) -> list[int | None]:
