@@ -119,9 +119,9 @@ def test_a_split_backward_replays_each_region_once_in_i(monkeypatch, mode):
         y, replays[:] = stage(x), []
         if split:
             params = list(stage.parameters())
-            (dx,), groups = split_backward[0]([y], [grad], [x], params)
+            (dx,), groups = split_backward()[0]([y], [grad], [x], params)
             assert len(replays) == 2  # one region a block, each replayed in I
-            split_backward[1](params, groups)
+            split_backward()[1](params, groups)
         else:
             y.backward(grad)
             dx = x.grad

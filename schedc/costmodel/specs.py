@@ -28,6 +28,7 @@ from ..descriptions import CLUSTERS_PACKAGE, code_given_as_model, find, known_mo
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
 from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
 from ..layout import Layout, SplitError
+from ..ops import OpKind
 from ..text import GIB, MAX_SHOWN
 
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
@@ -114,7 +115,7 @@ _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
     "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
 # the optional [overhead] table: its keys (microseconds per layer) and the op kinds they are of
-OVERHEAD_KEYS = {"f_us": "F", "b_us": "B", "i_us": "I", "w_us": "W"}
+OVERHEAD_KEYS = {f"{kind.value.lower()}_us": kind.value for kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W)}
 _MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
                  "dtype": str, "microbatch_size": int, "attention": str}
 _MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size", "attention"}
