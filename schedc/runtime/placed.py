@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from schedc.ops import OpKind, follows
-from schedc.plan import Instr, Opcode, PlanError
+from schedc.plan import Instr, Opcode, Plan, PlanError
 
 from . import memory
 from .recompute import RunState
@@ -37,7 +37,18 @@ class OffloadError(RuntimeError):
     """A backward read a saved tensor that O moved to host memory and no L brought back."""
 
 
-def check_placed(programs: list[tuple[Instr, ...]], rank: int) -> None:
+def check_placed(plan: Plan, opts) -> None:
+    """Placed recomputation (R) and offload (O, L), before any process starts: each after what it
+    follows in its step program, and with --recompute none (a placed R recomputes the whole stage; O
+    moves what autograd saved)."""
+    for rank, steps in enumerate(plan.ranks):
+        _check_order(list(steps), rank)
+    if opts.recompute != "none" and any(i.op in PLACED for steps in plan.ranks for step in steps for i in step):
+        raise PlanError(f"the plan places recomputation (R) or offload (O, L), which run with --recompute none "
+                        f"(not {opts.recompute}); compile without 'recompute F' and 'offload F' to use --recompute")
+
+
+def _check_order(programs: list[tuple[Instr, ...]], rank: int) -> None:
     """Every R and O after the F of its (stage, mb) in its step program, every L after its O, every
     backward of a state that was offloaded after its L and of one recomputed after its R (ops.follows);
     a PlanError naming the first that is not."""

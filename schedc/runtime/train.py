@@ -18,7 +18,7 @@ from .executor import Executor, attach_flat_grads
 from .lifetimes import BUILTIN
 from .memory import SavedBytes
 from .model import ModelError, Stage, boundary_shapes, lm_loss, parallel_run
-from .placed import PLACED, check_placed
+from .placed import check_placed
 from .recompute import apply_recompute
 from .tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
@@ -50,20 +50,10 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         checkpoint.check_save_over(opts.save, opts.resume, opts.overwrite)
         checkpoint.check_writable(opts.save)
     check_chunks(plan, opts)
-    check_placed_ops(plan, opts)
+    check_placed(plan, opts)
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
-
-
-def check_placed_ops(plan: Plan, opts) -> None:
-    """Placed recomputation (R) and offload (O, L): each after what it follows in its step program, and
-    with --recompute none (a placed R recomputes the whole stage; O moves what autograd saved)."""
-    for rank, steps in enumerate(plan.ranks):
-        check_placed(list(steps), rank)
-    if opts.recompute != "none" and any(i.op in PLACED for steps in plan.ranks for step in steps for i in step):
-        raise PlanError(f"the plan places recomputation (R) or offload (O, L), which run with --recompute none "
-                        f"(not {opts.recompute}); compile without 'recompute F' and 'offload F' to use --recompute")
 
 
 def check_messages(plan: Plan) -> None:
