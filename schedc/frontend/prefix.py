@@ -11,16 +11,13 @@ ran), tasks and fills, `recompute F` and `offload F` (the ops they add), `memory
 """
 from __future__ import annotations
 
-from typing import Any
-
 from . import ast
 from ..diagnostics import SchedError, Source, has_errors
 from ..ir import Op
 from ..ops import GRADIENT, MIXED_KINDS, SPLIT, builtin_kinds
-from .elaborate import MAX_OPS, _device_count, build_ops, build_pipelines
+from .elaborate import build_ops, shape_of
 from .expr import EvalError, PipeRef
 from .order import run_programs
-from .params import bind_params
 
 BACKWARDS = frozenset(GRADIENT | SPLIT)  # where a device's start ends: its first B, I or W
 # what makes the programs' orders other than elaborate's (or memory other than the order walk's)
@@ -39,9 +36,7 @@ def order_starts(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, st
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
     mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
     try:
-        env: dict[str, Any] = bind_params(decl, source, overrides)
-        devices = _device_count(decl, env, source, overrides)
-        pipelines = build_pipelines(decl, env, devices, source, MAX_OPS)
+        env, devices, pipelines = shape_of(decl, source, overrides)
         kinds = MIXED_KINDS if mixed else builtin_kinds(split)
         ops = build_ops(pipelines, {kind: (0.0,) * pipelines[0].stages for kind in kinds}, split, mixed)
         env = {**env, **{p.name: PipeRef(p.name) for p in pipelines}}
