@@ -20,7 +20,7 @@ from operator import attrgetter, gt, itemgetter
 
 from .ir import OP_KEY, Dependencies, Op, Schedule
 from .memory import holdings, host_peaks, peak_memory, peaks, timed_model
-from .ops import BUILTIN, COPY, OVERLAP, OpKind, builtin_deps
+from .ops import BUILTIN, COPY, OVERLAP, OpKind, builtin_deps, fed_by
 from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
@@ -77,18 +77,25 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
                   deps: Dependencies) -> list[tuple[int, ...]]:
     """(n - 1, *indices of op n's dependencies) for every op n. A built-in op's dependencies come from
     ops.builtin_deps, asked once per kind, pipeline and stage and kept flat (_builtin_table): a keys_of
-    call per op, two Python calls and a tuple of tuples, would cost as much as all of times."""
-    table = _builtin_table(deps).get
+    call per op, two Python calls and a tuple of tuples, would cost as much as all of times. With a
+    mixed backward the table holds both answers, the neighbour's backward whole and split, and the op
+    reads the one the schedule chose for (pipeline, neighbour's stage, microbatch), as keys_of does."""
+    if deps.per_microbatch:  # dependencies vary with the microbatch otherwise: no per-stage template
+        return [(p, *[index[key] for key in deps.keys_of(op)]) for p, op in enumerate(ops, -1)]
+    mixed = deps.mixed
+    table = (_mixed_table(deps) if mixed else _builtin_table(deps, deps.split, deps.recompute)).get
+    chosen = deps.split if mixed else frozenset()
     preds = []
     append = preds.append
-    if deps.mixed or deps.per_microbatch:  # dependencies vary with the microbatch: no per-stage template
-        return [(p, *[index[key] for key in deps.keys_of(op)]) for p, op in enumerate(ops, -1)]
     for p, (kind, s, mb, k, _) in enumerate(keys, -1):
         per_pipe = table(kind)
-        if per_pipe is None:  # a task: its declared dependencies
+        found = None if per_pipe is None else per_pipe[k].get(s) if mixed else per_pipe[k][s]
+        if found is None:  # a task: its declared dependencies (or a stage outside a mixed pipeline)
             append((p, *[index[key] for key in deps.keys_of(ops[p + 1])]))
             continue
-        found = per_pipe[k][s]
+        if mixed:
+            neighbour, whole, split = found
+            found = split if neighbour is not None and (k, neighbour, mb) in chosen else whole
         if len(found) == 2:
             a, x = found
             append((p, index[a, x, mb, k, 0]))
@@ -100,9 +107,21 @@ def _predecessors(ops: list[Op], keys: list[tuple], index: dict[tuple, int],
     return preds
 
 
-def _builtin_table(deps: Dependencies) -> dict[str, list[_Flat]]:
+def _builtin_table(deps: Dependencies, split: bool, recompute: bool) -> dict[str, list[_Flat]]:
     """kind -> pipeline -> stage -> ops.builtin_deps of that op, flattened (see _Flat)."""
-    return {kind: [_Flat(kind, stages, deps.split, deps.recompute) for stages in deps.stages] for kind in BUILTIN}
+    return {kind: [_Flat(kind, stages, split, recompute) for stages in deps.stages] for kind in BUILTIN}
+
+
+def _mixed_table(deps: Dependencies) -> dict[str, list[dict[int, tuple]]]:
+    """With a mixed backward: kind -> pipeline -> stage -> (the stage of the neighbour the op reads
+    (ops.fed_by), or None; its dependencies when that neighbour's backward runs whole; when split), as
+    ir.builtin_dep_keys reads them. Stages outside the pipeline are not in it."""
+    whole, split = _builtin_table(deps, False, deps.recompute), _builtin_table(deps, True, deps.recompute)
+    out = {}
+    for kind in BUILTIN:
+        out[kind] = [{s: ((fed_by(kind, s) or (None, None))[1], flat[s], halves[s]) for s in range(stages)}
+                     for stages, flat, halves in zip(deps.stages, whole[kind], split[kind])]
+    return out
 
 
 class _Flat(dict):

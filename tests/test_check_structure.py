@@ -112,3 +112,18 @@ def test_output_is_deterministic():
     first = run_check(BROKEN / "two_ranks.csv").output
     assert first == run_check(BROKEN / "two_ranks.csv").output
     assert re.search(r"two_ranks.csv: 2 errors", first)
+
+
+@pytest.mark.parametrize("name", ["v_half", "v_min", "dualpipev"])
+def test_a_mixed_backwards_expected_ops_are_f_and_its_chosen_backward_per_unit(name):
+    from schedc.checks.census import expected_keys
+    schedule = compile_library(name, p=4, m=8).schedule
+    expected = set()  # F per (stage, microbatch), then B where the programs ran it whole, I and W where split
+    for k, pipe in enumerate(schedule.pipelines):
+        for s in range(pipe.stages):
+            for mb in pipe.microbatches:
+                halves = ("I", "W") if (k, s, mb) in schedule.split_of else ("B",)
+                expected.update((kind, s, mb, k, 0) for kind in ("F", *halves))
+    units = sum(pipe.stages * len(pipe.microbatches) for pipe in schedule.pipelines)
+    assert 0 < len(schedule.split_of) <= units  # the split choice is exercised
+    assert expected_keys(schedule) == expected

@@ -160,7 +160,7 @@ def test_simulate_matches_the_plain_event_loop(name, latency):
         assert len(timing.start) == len(expected)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + ["v_half", "v_min", "dualpipe", "dualpipev"])  # + mixed backwards
 def test_predecessors_follow_keys_of(name):
     schedule = _schedule(name)
     ops, preds, firsts = predecessors(schedule)

@@ -38,10 +38,12 @@ def expected_keys(schedule: Schedule) -> set[tuple]:
     mixed backward, F and, per (stage, microbatch), I and W where the programs split it, else B."""
     keys: set[tuple] = set()
     for k, pipe in enumerate(schedule.pipelines):
-        if schedule.mixed_backward:
+        if schedule.mixed_backward:  # the units of each choice, then each choice's kinds over them
+            units = {False: [], True: []}
             for s, mb in product(range(pipe.stages), pipe.microbatches):
-                split = (k, s, mb) in schedule.split_of
-                keys.update((kind, s, mb, k, 0) for kind in builtin_kinds(split, schedule.recompute))
+                units[(k, s, mb) in schedule.split_of].append((s, mb))
+            for split, chosen in units.items():
+                keys.update((kind, s, mb, k, 0) for kind in builtin_kinds(split, schedule.recompute) for s, mb in chosen)
             continue
         keys.update(product(builtin_kinds(schedule.split_backward, schedule.recompute), range(pipe.stages), pipe.microbatches, (k,), (0,)))
     keys.update((kind, s, mb, k, 0) for k, s, mb in schedule.deps.offloaded for kind in COPY)  # both, or neither
