@@ -25,12 +25,13 @@ V/(16·l·h)) with full recomputation (72·...·(1 + s/(6h) + V/(12·l·h)) with
 """
 from __future__ import annotations
 
-from .bytes import device_bytes, device_memory, layer_activation_bytes, layer_params, stage_params, working_bytes
+from .bytes import device_bytes, device_memory, held_bytes, layer_activation_bytes, layer_params, stage_params, working_bytes
 from .hardware import Hardware, Part, Setting, link_times, message_times, rank_of, stage_layers, tp_in_node
 from .prediction import Prediction, Tail, model_flops, predict, step_tails, tails
 from .stages import StageCosts, costs_problem, layer_parts, stage_costs
 
 __all__ = ["Hardware", "Part", "Prediction", "Setting", "StageCosts", "Tail", "layer_parts", "costs_problem", "device_bytes", "device_memory",
+           "held_bytes",
            "layer_activation_bytes", "layer_params", "link_times", "message_times", "model_flops", "predict",
            "rank_of", "stage_costs", "stage_layers", "stage_params", "step_tails", "tails", "tp_in_node",
            "working_bytes"]

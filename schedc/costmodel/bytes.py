@@ -178,17 +178,17 @@ def shards(lay: Layout, holders: dict[int, list[int]], s: int) -> int:
     return lay.dp * len(holders[s]) if lay.distributed_optimizer else 1
 
 
-def device_memory(st: Setting, schedule, peaks) -> tuple[list[float], list[dict[str, float]]]:
+def device_memory(st: Setting, schedule, peaks, held: tuple | None = None) -> tuple[list[float], list[dict[str, float]]]:
     """Per device, bytes at its peak (device_bytes) under the setting's model, layout and cluster;
-    peaks: the activation peaks in units (Timing.peak_memory)."""
-    return device_bytes(st.model, st.layout, schedule, peaks, st.cluster)
+    peaks: the activation peaks in units (Timing.peak_memory); held: held_bytes of the same model,
+    layout and schedule, when the caller keeps it (schedc tune, per placement)."""
+    return device_bytes(st.model, st.layout, schedule, peaks, st.cluster, held)
 
 
-def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpec | None = None
-                 ) -> tuple[list[float], list[dict[str, float]]]:
+def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpec | None = None,
+                 held: tuple | None = None) -> tuple[list[float], list[dict[str, float]]]:
     """Per device, bytes at its peak: weights, gradients and optimizer state of the stages it holds
-    (with torch DDP, overlap_grad_reduce, its gradient buckets too; with the distributed optimizer the
-    fp32 state and the step's gradients split over shards()), plus the larger of the backward's
+    (held_bytes), plus the larger of the backward's
     peak (the activations alive at the peak of its own order, activation_peaks; `peaks`, the activation
     units per device, for a schedule the timed memory model times; and the working memory of one
     backward) and the optimizer step's (the
@@ -196,8 +196,26 @@ def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpe
     what the allocator's fragmentation and the process outside it take (ClusterSpec.reserved_bytes).
     The one rule for memory in bytes: `simulate --cluster` and `check --model` (no cluster: the
     tensors only) both ask it."""
-    stages = schedule.stages
     alive = activation_peaks(m, lay, schedule, peaks)
+    working = [working_bytes(m, lay, last) for last in (False, True)]
+    totals, parts = [], []
+    for d, (state, step, last) in enumerate(held_bytes(m, lay, schedule) if held is None else held):
+        act = alive[d] + working[last]
+        allocated = state + max(act, step)
+        total = cluster.reserved_bytes(allocated) if cluster is not None else allocated
+        parts.append({"weights_gradients_optimizer": state, "activations": act,
+                      "optimizer_step": max(0.0, step - act), "allocator_and_context": total - allocated})
+        totals.append(total)
+    return totals, parts
+
+
+def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float, bool], ...]:
+    """Per device, what its stages hold whatever its order: (weights, gradients and optimizer state;
+    the optimizer step's fp32 gradients; whether it holds the last stage). With torch DDP,
+    overlap_grad_reduce, its gradient buckets too; with the distributed optimizer the fp32 state and
+    the step's gradients split over shards(). It reads the schedule's stages and placements, and of
+    the layout t, the layer split, the two switches and (sharded) d: not b, m or recomputation."""
+    stages = schedule.stages
     holders = stage_holders(schedule)
     # torch DDP's buckets: the distributed optimizer's reduce-scatter works on views of its gradient buffer
     buckets = DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce and not lay.distributed_optimizer else 0
@@ -211,18 +229,12 @@ def device_bytes(m: ModelSpec, lay: Layout, schedule, peaks, cluster: ClusterSpe
         stage_bytes[s] = (params * (REPLICATED_BYTES_PER_PARAM + buckets
                                     + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k),
                           STEP_GRADIENT_BYTES_PER_PARAM * params / k)
-    working = [working_bytes(m, lay, last) for last in (False, True)]
-    totals, parts = [], []
+    out = []
     for d in range(schedule.devices):
         mine = sorted(held[d])
         state = step = 0.0
         for s in mine:
             state += stage_bytes[s][0]
             step += stage_bytes[s][1]
-        act = alive[d] + working[stages - 1 in mine]
-        allocated = state + max(act, step)
-        total = cluster.reserved_bytes(allocated) if cluster is not None else allocated
-        parts.append({"weights_gradients_optimizer": state, "activations": act,
-                      "optimizer_step": max(0.0, step - act), "allocator_and_context": total - allocated})
-        totals.append(total)
-    return totals, parts
+        out.append((state, step, stages - 1 in mine))
+    return tuple(out)

@@ -143,15 +143,18 @@ def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = No
     layer, embed, head = layer_parts(st), embedding_parts(st), head_parts(st)
     over = layer_overhead(st)
     table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
+    alike: dict[tuple, tuple[Part, ...]] = {}  # stages of one layer count between the ends cost alike
     for s in range(stages):
-        parts = {k: layer[k] * split[s] for k in layer}
-        for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
-            parts = {k: parts[k] + extra[k] for k in parts}
-        fixed = {k: Part(over[k] * split[s]) for k in over}
-        table[F].append(parts[F] + fixed[F])
-        table[I].append(parts[I] + parts[R] + fixed[I])
-        table[W].append(parts[W] + fixed[W])
-        table[B].append(parts[I] + parts[R] + parts[W] + fixed[B])
+        which = (split[s], s == 0, s == stages - 1)
+        if which not in alike:
+            parts = {k: layer[k] * split[s] for k in layer}
+            for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
+                parts = {k: parts[k] + extra[k] for k in parts}
+            fixed = {k: Part(over[k] * split[s]) for k in over}
+            alike[which] = (parts[F] + fixed[F], parts[I] + parts[R] + fixed[I], parts[W] + fixed[W],
+                           parts[I] + parts[R] + parts[W] + fixed[B])
+        for k, part in zip((F, I, W, B), alike[which]):
+            table[k].append(part)
     if st.layout.blocking_p2p and placement is not None:
         _add_sends(table, placement, times if times is not None else message_times(st, max(placement) + 1))
     return StageCosts({k: tuple(v) for k, v in table.items()})

@@ -45,17 +45,34 @@ def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, spl
     and its last op (a backward, without a split backward) leaves the backwards it feeds still to run.
     A mixed backward (`mixed`: full B or I + W per microbatch, overlapped F & B pairs) is bounded by
     mixed_costs and without the backwards after the last op (which may be a W)."""
+    return combine_terms(shape, [pipeline_terms(pipe.placement, table, links, split, mixed)
+                                 for pipe in shape.pipelines])
+
+
+def pipeline_terms(placement: tuple[int, ...], table: dict[str, tuple[float, ...]], links, split: bool,
+                   mixed: bool = False) -> tuple[tuple[float, ...], ...]:
+    """Per stage of a pipeline so placed, makespan_bound's terms that do not depend on its microbatches:
+    (the least time before its first forward can start, one microbatch's ops, the least time after its
+    last backward), as combine_terms sums them."""
     if mixed:
         table, split = mixed_costs(table), False
     kinds = builtin_kinds(split)
+    ahead = _reach(OpKind.F.value, placement, table, links)
+    behind = [0.0] * len(placement) if split or mixed else _left(OpKind.B.value, placement, table, links)
+    unit = [sum(table[kind][s] for kind in kinds) for s in range(len(placement))]
+    return tuple(ahead), tuple(unit), tuple(behind)
+
+
+def combine_terms(shape: Shape, terms: list[tuple[tuple[float, ...], ...]]) -> float:
+    """makespan_bound from each pipeline's pipeline_terms: per device, the least time ahead, its
+    microbatches times one microbatch's ops summed over its stages, the least time behind."""
     busy = [0.0] * shape.devices
     front = [math.inf] * shape.devices
     back = [math.inf] * shape.devices
-    for pipe in shape.pipelines:
-        ahead = _reach(OpKind.F.value, pipe, table, links)
-        behind = [0.0] * pipe.stages if split or mixed else _left(OpKind.B.value, pipe, table, links)
+    for pipe, (ahead, unit, behind) in zip(shape.pipelines, terms, strict=True):
+        count = len(pipe.microbatches)
         for s, dev in enumerate(pipe.placement):
-            busy[dev] += len(pipe.microbatches) * sum(table[kind][s] for kind in kinds)
+            busy[dev] += count * unit[s]
             front[dev] = min(front[dev], ahead[s])
             back[dev] = min(back[dev], behind[s])
     return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
@@ -87,21 +104,21 @@ def _chain(kind: str, n: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-def _reach(kind: str, pipe, table, links) -> list[float]:
+def _reach(kind: str, place: tuple[int, ...], table, links) -> list[float]:
     """Per stage, the least time from the start of the chain until its op of `kind` can start: the ops
     before it in the chain and their messages."""
-    reach = [0.0] * pipe.stages
-    order, place = _chain(kind, pipe.stages), pipe.placement
+    reach = [0.0] * len(place)
+    order = _chain(kind, len(place))
     for here, to in zip(order, order[1:]):
         reach[to] = reach[here] + table[kind][here] + links[place[here]][place[to]]
     return reach
 
 
-def _left(kind: str, pipe, table, links) -> list[float]:
+def _left(kind: str, place: tuple[int, ...], table, links) -> list[float]:
     """Per stage, the least time from the end of its op of `kind` until the chain's end: the messages
     and ops after it in the chain."""
-    left = [0.0] * pipe.stages
-    order, place = _chain(kind, pipe.stages), pipe.placement
+    left = [0.0] * len(place)
+    order = _chain(kind, len(place))
     for here, to in reversed(list(zip(order, order[1:]))):
         left[here] = links[place[here]][place[to]] + table[kind][to] + left[to]
     return left
@@ -113,14 +130,15 @@ def tail_bound(st: Setting, shape: Shape) -> float:
     return max(tail.exposed(st.layout, None) + tail.optimizer for tail in step_tails(st, shape))
 
 
-def state_bound(st: Setting, shape: Shape) -> tuple[float, int]:
+def state_bound(st: Setting, shape: Shape, held: tuple | None = None) -> tuple[float, int]:
     """The largest device's bytes before any activation: weights, gradients, optimizer state and one
     backward's working memory (device_memory with no activation alive), and that device. With the
     starts of the devices' orders (Shape.orders), the activations alive at their peaks too: the walk of
     a whole order passes through its start's sums, so its peak is no lower.
 
         1f1b p=4: device 0's start F(0,0..3) B(0,0) holds 4 microbatches' activations of stage 0
-    """
-    memory, _ = device_memory(st, shape, (0.0,) * shape.devices)
+
+    held: the shape's held_bytes, when the caller keeps it (device_memory)."""
+    memory, _ = device_memory(st, shape, (0.0,) * shape.devices, held)
     top = max(range(len(memory)), key=lambda k: (memory[k], -k))
     return memory[top], top

@@ -12,9 +12,11 @@ from .space import Candidate, Request, distinct_figures
 
 
 def op_costs(structure, table) -> list[float]:
-    """The cost of each of a structure's ops, its overlapped pairs fused as simulate fuses them."""
+    """The cost of each of a structure's ops, table[op.kind][op.stage], its overlapped pairs fused as
+    simulate fuses them; read through the ops' (kind, stage) kept with them (Structure.units)."""
     from ..simulate import fuse_costs
-    cost = [table[op.kind][op.stage] for op in structure.ops]
+    flat = {(kind, s): value for kind, row in table.items() for s, value in enumerate(row)}
+    cost = list(map(flat.__getitem__, structure.units))
     fuse_costs(structure.pairs, cost, table)
     return cost
 
@@ -105,6 +107,7 @@ class Structure:
     firsts: list = field(default_factory=list)
     device: list = field(default_factory=list)
     pairs: list = field(default_factory=list)     # overlapped pairs: (index, forward's stage), simulate.fuse_pairs
+    units: list = field(default_factory=list)     # per op, (kind, stage): where its cost is in a costs table
     peaks: tuple[float, ...] = ()
     error: str | None = None
     order: int | None = None  # which distinct order it is (Searcher.order_id): equal orders, equal numbers

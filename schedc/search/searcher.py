@@ -32,129 +32,44 @@ import math
 import shlex
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
-from .bounds import Shape, makespan_bound, state_bound, tail_bound
-from ..costmodel.specs import MAX_GPUS, load_cluster, load_cluster_model
+from .bounds import Shape, state_bound
+from ..costmodel.specs import MAX_GPUS
 from ..diagnostics import usage
-from ..layout import SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
-from ..costmodel import (Prediction, Setting, costs_problem, device_memory, link_times, message_times, predict,
-                        stage_costs)
+from ..costmodel import Prediction, device_memory, predict
 from ..diagnostics import SchedError
-from ..text import GIB, plural
-from .space import Candidate, Request, candidates, library_entries
+from ..text import plural
+from .pieces import Pieces
+from .space import Candidate, Request, candidates
 from .results import Family, Kept, Outcome, Ranked, Refusal, Structure, family_lines, op_costs
 
 SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
 MAX_GLOBAL_BATCH = 2**24    # sequences per step
 
 
-class Searcher:
-    """The search over one request; its caches live as long as it does."""
+class Searcher(Pieces):
+    """The search over one request; its caches live as long as it does (the layout's pieces and the
+    bound: schedc/search/pieces.py)."""
 
     def __init__(self, request: Request, progress: Callable[[int], None] | None = None):
         for name, value, most in (("--gpus", request.gpus, MAX_GPUS),
                                   ("--global-batch", request.global_batch, MAX_GLOBAL_BATCH)):
             if value > most:
                 raise usage(f"{name} {value:,} is more than the {most:,} the search takes")
-        self.request = request
-        self.cluster = load_cluster(request.cluster)
-        self.model = load_cluster_model(request.model, self.cluster)
-        self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
-        self.entries = {e.name: e for e in library_entries(request.schedules)}
+        super().__init__(request)
         self.progress = progress or (lambda n: None)
-        self.shapes: dict[tuple, Shape | Refusal] = {}
         self.structures: dict[tuple, Structure] = {}
         self.starts: dict[tuple, Shape | None] = {}  # (schedule, p, v, m) -> its orders' starts, if known
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
-        self.costs: dict[tuple, Any] = {}
-        self.states: dict[tuple, tuple[float, int]] = {}
         self.orders: dict[tuple, int] = {}  # an order's identity -> its number (order_id)
-        self.links: dict[tuple, Any] = {}
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
                        "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0,
                        "started": 0}
 
-    # pieces, cached -----------------------------------------------------------------------------
-
-    def setting(self, c: Candidate) -> Setting:
-        r = self.request
-        return Setting(self.model, self.cluster, Layout(
-            tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-            **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES)}))
-
-    def shape(self, c: Candidate) -> Shape | Refusal:
-        """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit."""
-        key = c.structure_key()
-        if key not in self.shapes:
-            from ..frontend.elaborate import shape_of
-            entry = self.entries[c.schedule]
-            try:
-                _, devices, pipelines = shape_of(entry.decl, entry.source, c.params())
-            except SchedError as exc:  # outside the space if its stages would not divide the layers either
-                from ..frontend.elaborate import stage_count
-                self.shapes[key] = self._layers(stage_count(entry.decl, entry.source, c.params())) or Refusal(
-                    exc.diagnostics[0].message)
-            else:
-                self.shapes[key] = self._layers(pipelines[0].stages) or Shape(devices, pipelines)
-        return self.shapes[key]
-
-    def _layers(self, stages: int | None) -> Refusal | None:
-        """The refusal of stages the layer split does not fit (outside the space, whatever the schedule's
-        requires say): with the request's split (schedc.layout.split_layers) where it gives one, else
-        stages that do not divide the model's layers; or None."""
-        r = self.request
-        if stages and any(getattr(r, name) for name in SPLIT_NAMES):
-            try:
-                split_layers(self.model.layers, stages, r.stage_layers, r.account_for_embedding, r.account_for_loss)
-            except SplitError as exc:
-                return Refusal(str(exc), layers=True)
-        elif stages and self.model.layers % stages:
-            return Refusal(f"{stages} stages do not divide the {self.model.layers} layers", layers=True)
-        return None
-
-    def stage_costs(self, st: Setting, c: Candidate, shape: Shape):
-        """F, B, I, W per stage; with blocking sends they hold the message time of the first pipeline's
-        placement (as driver.cluster.compile_for gives them), which depends on d through the ranks' nodes."""
-        return self._costs(st, c, shape)[0]
-
-    def cost_table(self, st: Setting, c: Candidate, shape: Shape) -> tuple[dict[str, tuple[float, ...]], str | None]:
-        """The stage costs' table (StageCosts.costs()) and why it cannot be a schedule's costs
-        (costs_problem, as simulate --cluster refuses a 1e-320 GB/s HBM), or None; cached with them."""
-        return self._costs(st, c, shape)[1:]
-
-    def _costs(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
-        placement = shape.pipelines[0].placement
-        blocking = self.request.blocking_p2p
-        key = (c.t, c.b, c.recompute, shape.stages) + ((c.d, placement) if blocking else ())
-        if key not in self.costs:
-            times = self.message_times(st, c, shape.devices) if blocking else None
-            costs = stage_costs(st, shape.stages, placement, times)
-            table = costs.costs()
-            self.costs[key] = (costs, table, costs_problem(table, st.layout))
-        return self.costs[key]
-
-    def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
-        """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
-        for d with the distributed optimizer (the shards)."""
-        key = (tuple(p.placement for p in shape.pipelines), c.t, c.b, c.recompute) + \
-            ((c.d,) if self.request.distributed_optimizer else ())
-        if key not in self.states:
-            self.states[key] = state_bound(st, shape)
-        return self.states[key]
-
-    def message_times(self, st: Setting, c: Candidate, devices: int):
-        key = ("messages", c.t, c.d, c.b, devices)
-        if key not in self.links:
-            self.links[key] = message_times(st, devices)
-        return self.links[key]
-
-    def link_times(self, st: Setting, c: Candidate, devices: int):
-        key = (c.t, c.d, c.b, devices)
-        if key not in self.links:
-            self.links[key] = link_times(st, devices)
-        return self.links[key]
+    # the order's pieces, cached -------------------------------------------------------------------
 
     def structure(self, c: Candidate) -> Structure:
         key = c.structure_key()
@@ -175,7 +90,8 @@ class Searcher:
             self.starts[key] = self._start(c)
         if self.starts[key] is None:
             return None
-        memory, device = state_bound(self.setting(c), self.starts[key])  # not cached: the start is the key's
+        st, start = self.setting(c), self.starts[key]  # not cached: the start is the key's
+        memory, device = state_bound(st, start, self.held(st, c, start))
         if memory <= self.limit:
             return None
         return self.over(memory, device, " (weights, optimizer state and what its order holds before its first "
@@ -223,18 +139,18 @@ class Searcher:
             structure.ops, structure.preds, structure.firsts = predecessors(structure.schedule)
             structure.pairs = fuse_pairs(structure.schedule, structure.ops, structure.preds)
             structure.device = list(map(DEVICE, structure.ops))
+            structure.units = list(map(attrgetter("kind", "stage"), structure.ops))
         return structure
 
-    def makespan(self, c: Candidate, structure: Structure, costs, links) -> float | None:
-        """The simulated makespan with messages on their links (simulate's own timing of the order),
-        None when the order deadlocks; cached per (schedule, p, v, m, cost vector, links)."""
+    def makespan(self, c: Candidate, structure: Structure, table, cost: list[float], links) -> float | None:
+        """The simulated makespan with messages on their links (simulate's own timing of the order under
+        `cost`, its ops' costs from `table`), None when the order deadlocks; cached per (schedule, p, v,
+        m, cost vector, links)."""
         from ..simulate import order_makespan
-        table = costs.costs()
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
-        cost = op_costs(structure, table)
         result = order_makespan(cost, structure.device, structure.preds, structure.firsts, links)
         self.counts["simulated"] += 1
         self.simulated[key] = result
@@ -275,23 +191,24 @@ class Searcher:
         limit = schedule.memory_limit
         if limit is not None and any(peak > lim + 1e-9 for peak, lim in zip(structure.peaks, limit)):
             return Refusal("exceeds the schedule's own memory limit (in activations)")
-        costs = self.stage_costs(st, c, shape)
-        memory, _ = device_memory(st, schedule, structure.peaks)
+        memory, _ = device_memory(st, schedule, structure.peaks, self.held(st, c, schedule))
         top = max(range(len(memory)), key=lambda k: (memory[k], -k))
         if memory[top] > self.limit:
             return self.over(memory[top], top)
         if self.prepare(structure).error is not None:
             return Refusal(structure.error)
-        makespan = self.makespan(c, structure, costs, self.link_times(st, c, schedule.devices))
+        table = self.cost_table(st, c, shape)[0]
+        cost = op_costs(structure, table)  # simulated with messages, without them, and the busy times
+        makespan = self.makespan(c, structure, table, cost, self.link_times(st, c, schedule.devices))
         if makespan is None:
             return Refusal(f"the order deadlocks (schedc check {shlex.quote(c.schedule)} {_defines(c)} shows where)",
                            fault=True)
         free_span = makespan
         if free:
-            free_span = self.makespan(c, structure, costs, [[0.0] * schedule.devices] * schedule.devices)
-        busy = busy_times(op_costs(structure, self.cost_table(st, c, shape)[0]), structure.device, schedule.devices)
-        return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span, costs,
-                       self.request.global_batch)
+            free_span = self.makespan(c, structure, table, cost, [[0.0] * schedule.devices] * schedule.devices)
+        busy = busy_times(cost, structure.device, schedule.devices)
+        return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span,
+                       self.stage_costs(st, c, shape), self.request.global_batch)
 
     def _evaluate_plain(self, c: Candidate, free: bool) -> Prediction | Refusal:
         """The whole compile of driver.cluster.compile_for (no shortcut): its prediction or its first error,
@@ -316,10 +233,6 @@ class Searcher:
         if pred.memory_bytes > self.limit:
             return self.over(pred.memory_bytes, pred.extra["largest_memory_device"])
         return Refusal(errors[0].message) if errors else pred
-
-    def over(self, nbytes: float, device: int, what: str = "", bound: bool = False) -> Refusal:
-        return Refusal(f"does not fit: {nbytes / GIB:.4g} GiB > {self.limit / GIB:.4g} GiB at device {device}{what}",
-                       nbytes, bound=bound)
 
     # the walk -----------------------------------------------------------------------------------
 
@@ -392,34 +305,6 @@ class Searcher:
                 bounded.append((bound, c))
         self.progress(len(space) - len(bounded))
         return sorted(bounded)
-
-    def bound(self, c: Candidate) -> float | Refusal:
-        """A lower bound of the candidate's iteration time (0 where none is taken: a schedule compiled
-        whole, a mixed backward, --exhaustive), or why it is refused before any simulation (its
-        schedule's or the layers', or its weights and optimizer state alone over the limit)."""
-        shape = self.shape(c)
-        if isinstance(shape, Refusal):
-            return shape
-        st = self.setting(c)
-        state, device = self.state_bound(st, c, shape)
-        if state > self.limit:
-            return self.over(state, device, " (weights, gradients, optimizer state and working memory alone)",
-                             bound=True)
-        entry = self.entries[c.schedule]
-        table, problem = self.cost_table(st, c, shape)
-        if problem is not None:
-            return Refusal(problem)
-        if entry.plain or self.request.exhaustive:
-            return 0.0
-        links = self.link_times(st, c, shape.devices)
-        return makespan_bound(shape, table, links, entry.split, entry.mixed) + self.tail_bound(st, c, shape)
-
-    def tail_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
-        """tail_bound, cached per placement and layout: it depends on neither the order nor m."""
-        key = ("tail", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d, c.b, c.recompute)
-        if key not in self.states:
-            self.states[key] = tail_bound(st, shape)
-        return self.states[key]
 
     def rank(self, target: Candidate, space: list[Candidate]) -> tuple[int, int]:
         """Where a candidate that runs ranks in `space` by (iteration time, candidate), as the walk
