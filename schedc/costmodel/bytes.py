@@ -156,8 +156,7 @@ def activation_peaks(model: ModelSpec, layout: Layout, schedule, peaks) -> tuple
 def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
     """Memory a backward needs on top of what is kept: one layer's full activations rebuilt by
     recomputation, and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
-    full = replace(layout, recompute="none")
-    extra = layer_activation_bytes(model, full) if layout.recompute != "none" else 0.0
+    extra = layer_activation_bytes(model, replace(layout, recompute="none")) if layout.recompute != "none" else 0.0
     if last:
         extra += 4 * model.seq * layout.microbatch_size * model.vocab / layout.tp
     return extra

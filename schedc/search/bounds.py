@@ -59,7 +59,7 @@ def pipeline_terms(placement: tuple[int, ...], table: dict[str, tuple[float, ...
     kinds = builtin_kinds(split)
     ahead = _reach(OpKind.F.value, placement, table, links)
     behind = [0.0] * len(placement) if split or mixed else _left(OpKind.B.value, placement, table, links)
-    unit = [sum(table[kind][s] for kind in kinds) for s in range(len(placement))]
+    unit = [sum(ops) for ops in zip(*(table[kind] for kind in kinds))]  # per stage, its kinds in order
     return tuple(ahead), tuple(unit), tuple(behind)
 
 
