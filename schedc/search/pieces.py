@@ -35,6 +35,7 @@ class Pieces:
         self.model = load_cluster_model(request.model, self.cluster)
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
+        self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.costs: dict[tuple, Any] = {}
         self.states: dict[tuple, Any] = {}
@@ -42,10 +43,14 @@ class Pieces:
         self.terms: dict[tuple, tuple] = {}
 
     def setting(self, c: Candidate) -> Setting:
-        r = self.request
-        return Setting(self.model, self.cluster, Layout(
-            tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-            **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES)}))
+        """The candidate's model, cluster and layout (frozen: one per (t, d, b, recompute))."""
+        key = (c.t, c.d, c.b, c.recompute)
+        if key not in self.settings:
+            r = self.request
+            self.settings[key] = Setting(self.model, self.cluster, Layout(
+                tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
+                **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES)}))
+        return self.settings[key]
 
     def shape(self, c: Candidate) -> Shape | Refusal:
         """The candidate's pipelines, or why the schedule refuses its params or the layers do not fit

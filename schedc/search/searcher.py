@@ -13,14 +13,15 @@ closed formula.
                             the K-th best found so far:    a simulation once per (schedule, p, v, m,
                             pruned, never simulated         cost vector, links)
 
-The bound (schedc/search/bounds.py): every device runs all its ops one at a time, none before the forwards
-of the stages before its first one have run and their messages arrived, and (without a split
-backward) its last op, a backward, still has the backwards of the stages before it to wait for; then
-the end-of-step tail of the predict model. It never exceeds the simulated iteration, so pruning by it keeps the top K exact
-(`--exhaustive` simulates every candidate that fits, as the reference). Before an order is compiled whole,
-the memory its devices hold until their first backward (frontend/prefix.py: the programs run that far)
-refuses the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed backward (DualPipe's
-overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
+The bound (schedc/search/bounds.py; its pieces cached in schedc/search/pieces.py): every device runs
+all its ops one at a time, none before the forwards of the stages before its first one have run and
+their messages arrived, and (without a split backward) its last op, a backward, still has the
+backwards of the stages before it to wait for; then the end-of-step tail of the predict model. It
+never exceeds the simulated iteration, so pruning by it keeps the top K exact (`--exhaustive`
+simulates every candidate that fits, as the reference). Before an order is compiled whole, the memory
+its devices hold until their first backward (frontend/prefix.py: the programs run that far) refuses
+the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed
+backward (DualPipe's overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
 bound, which assumes every op is timed alone. Schedules whose order depends on the costs (greedy), that
 declare tasks, fill bubbles or memory beyond activations are compiled whole for every candidate
 (driver.cluster.compile_for), without the bound.
@@ -266,7 +267,7 @@ class Searcher(Pieces):
                 self._refuse(fam, c, refused)
                 self.progress(1)
                 continue
-            twin = self.twin_key(c)
+            twin = self.twin_key(c)  # its structure is the one evaluate's memory check reads: none built for it alone
             if twin in rows:  # an order already timed under this layout: its row names this schedule too
                 same.setdefault(rows[twin], []).append(c)
                 self.counts["merged"] += 1
