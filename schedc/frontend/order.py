@@ -23,7 +23,11 @@ from ..budget import PROGRAM_STATEMENTS, REFUSED
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
+from .hoist import hoisted
 from .queues import Queue, QueueKey, StepBudget, chunk_index, sort_queue
+
+
+HOIST_ROUNDS = 32  # a loop of this many rounds or more runs its body with the invariants folded in
 
 
 class _Enough(Exception):
@@ -48,19 +52,21 @@ class _ProgramRun:
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
         self.lets: dict[int, bool] = {}  # id(body) -> whether it has a `let` (bodies live as long as the AST)
+        self.hoisted: list[tuple[ast.Stmt, ...]] = []  # and the loops' bodies with their invariants folded in
         self.mixed, self.chunk = mixed, chunk or {}
         self.fused: list[tuple[Op, Op]] = []  # overlapped (forward, backward) pairs, placed next to each other
         self.lenient = 0  # > 0 inside an optional item: a pop from an empty queue places nothing
 
     def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
-        if self._scoped(body):
+        scoped = self.lets.get(id(body))
+        if scoped or (scoped is None and self._scoped(body)):
             env = dict(env)  # the body's lets end with it
-        budget = self.budget
+        budget, statements = self.budget, self.STATEMENTS
         for stmt in body:
             budget.left -= 1
             if budget.left < 0:
                 raise EvalError(budget.refusal(), stmt.span)
-            self.STATEMENTS[type(stmt)](self, stmt, env)
+            statements[type(stmt)](self, stmt, env)
 
     def _scoped(self, body: tuple[ast.Stmt, ...]) -> bool:
         """Whether a body binds names (a `let`), so that it needs a scope of its own."""
@@ -73,9 +79,16 @@ class _ProgramRun:
         env[stmt.name] = evaluate(stmt.value, env)
 
     def _loop(self, stmt: ast.Loop, env: dict) -> None:
-        for k in range(evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")):
+        start, stop = evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")
+        body = stmt.body
+        if stop - start >= HOIST_ROUNDS:  # its invariants folded in (frontend/hoist.py), kept alive for lets
+            body = hoisted(stmt, env)
+            self.hoisted.append(body)
+        scope = dict(env)  # one scope for every round: an unscoped body binds nothing, a scoped one copies it
+        for k in range(start, stop):
             self._charge(stmt.span)
-            self.run(stmt.body, {**env, stmt.var: k})
+            scope[stmt.var] = k
+            self.run(body, scope)
 
     def _charge(self, span: Span) -> None:
         """Count one round of a loop (or of a repeated group) against the budget, so that
@@ -85,7 +98,16 @@ class _ProgramRun:
             raise EvalError(self.budget.refusal(), span)
 
     def _when(self, stmt: ast.When, env: dict) -> None:
-        self.run(stmt.then if evaluate(stmt.test, env) else stmt.orelse, env)
+        """`if`, and its `else if`s one after another: each a statement of its own, as run() counts it."""
+        while not evaluate(stmt.test, env):
+            orelse = stmt.orelse
+            if len(orelse) != 1 or type(orelse[0]) is not ast.When:
+                return self.run(orelse, env)
+            stmt = orelse[0]
+            self.budget.left -= 1
+            if self.budget.left < 0:
+                raise EvalError(self.budget.refusal(), stmt.span)
+        self.run(stmt.then, env)
 
     def _item(self, stmt: ast.Item, env: dict) -> None:
         if stmt.when is not None and not evaluate(stmt.when, env):
@@ -97,7 +119,7 @@ class _ProgramRun:
             self._at(evaluate_int(stmt.slot, env, "slot"), stmt.slot.span)
         self.lenient += stmt.optional
         try:
-            count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
+            count -= 0 if self.lenient or count < 2 else self._rounds_at_once(stmt.unit, count, env)
             unit = self.UNITS[type(stmt.unit)]
             for _ in range(count):
                 self._charge(stmt.span)  # every round counts: `F? * 1000000000` stops like any runaway loop
