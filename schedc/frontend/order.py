@@ -24,7 +24,7 @@ from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
 from .hoist import hoisted
-from .queues import Queue, QueueKey, StepBudget, chunk_index, sort_queue
+from .queues import Queue, QueueKey, StepBudget, build_queues, chunk_index
 
 
 HOIST_ROUNDS = 32  # a loop of this many rounds or more runs its body with the invariants folded in
@@ -374,39 +374,6 @@ class _MixedBackward:
         return None if n is None else self.pending.pop(n)
 
 
-def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
-                  mixed: bool = False) -> dict:
-    """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
-    With a mixed backward, I and W are not queued (B's queue is the backward queue, see _MixedBackward)."""
-    by_kind: dict[str, list[Op]] = {}
-    for op in device_ops:
-        if not (mixed and op.kind in SPLIT):
-            by_kind.setdefault(op.kind, []).append(op)
-    queues = {}
-    for kind, ops in by_kind.items():
-        key = keys.get((kind, None)) or (keys.get((_I, None)) if mixed and kind == _B else None)
-        ordered = sort_queue(ops, key, pipelines, chunk)
-        queues[(kind, None, None)] = Queue(ordered)
-        _chunk_queues(queues, kind, None, ordered, chunk)
-        for k, pipe in enumerate(pipelines):
-            mine = [op for op in ordered if op.pipe == k]
-            if (kind, pipe.name) in keys:
-                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
-            if mine:
-                queues[(kind, pipe.name, None)] = Queue(mine)
-                _chunk_queues(queues, kind, pipe.name, mine, chunk)
-    return queues
-
-
-def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
-    """A queue per local chunk, in the order of the whole queue (made only for devices with chunks)."""
-    by_chunk: dict[int, list[Op]] = {}
-    for op in ordered:
-        by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
-    for c, ops in by_chunk.items():
-        queues[(kind, pipe, c)] = Queue(ops)
-
-
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
                  source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
@@ -438,7 +405,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        run = _ProgramRun(dev, _build_queues(per_device[dev], keys, pipelines, chunk, mixed),
+        run = _ProgramRun(dev, build_queues(per_device[dev], keys, pipelines, chunk, mixed),
                           per_device[dev], pipelines, budget, _MixedBackward(per_device[dev]) if mixed else None,
                           chunk, until)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)
