@@ -120,6 +120,9 @@ def _compile_binary(node: ast.Binary) -> Fn:
     if node.op == "or":
         return lambda env: left(env) or right(env)
     fn = _ARITH[node.op]
+    if node.op in ("==", "!=") and isinstance(node.right, ast.Num):  # `t % 6 == 2`: the number read once
+        value = node.right.value
+        return lambda env: fn(left(env), value)
     if node.op in ("==", "!="):
         return lambda env: fn(left(env), right(env))
 
@@ -152,7 +155,20 @@ def _name_by_number(name: ast.Name, b: int | float, fn: Callable[[Any, Any], Any
             return _real(fn(a, b), span)
         except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
             raise _arith_error(exc, a, b, span) from None
-    return apply
+
+    def compare(env: Env) -> Any:  # `t < 26`: a bool, which _real would return as it is
+        try:
+            a = env[key]
+        except KeyError:
+            raise EvalError(f"unknown name '{key}'", name_span) from None
+        try:
+            return fn(a, b)
+        except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
+            raise _arith_error(exc, a, b, span) from None
+    return compare if fn in _COMPARISONS else apply
+
+
+_COMPARISONS = (operator.lt, operator.le, operator.gt, operator.ge)
 
 
 def _arith_error(exc: Exception, a: Any, b: Any, span: Span) -> Exception:
