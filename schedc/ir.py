@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import repeat
 from operator import attrgetter
@@ -93,7 +94,12 @@ def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
         producer = fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
     away = (k, s, mb) in offloaded if offloaded else False
-    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split, recompute, away)) + chunked
+    found = _builtin_deps(kind, s, stages, bool(split), recompute, away)
+    return tuple((dep, stage, mb, k, 0) for dep, stage in found) + chunked
+
+
+_builtin_deps = lru_cache(maxsize=4096)(builtin_deps)  # a pure function of few values (split as a bool, as
+# the rule reads it), asked once per op: builtin_dep_keys runs for every op of a schedule
 
 
 class Dependencies(Mapping):
