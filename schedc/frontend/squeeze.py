@@ -28,7 +28,7 @@ from __future__ import annotations
 from bisect import insort
 from itertools import accumulate, repeat
 
-from ..ir import Op, consume
+from ..ir import OP_KEY, Op, consume
 from ..ops import GRADIENT, OpKind
 
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
@@ -42,7 +42,8 @@ class _Ops:
         self.ops = [op for order in orders for op in order if op.kind != _W]
         self.weights = {(op.stage, op.mb, op.pipe): op for order in orders for op in order if op.kind == _W}
         self.devices = len(orders)
-        index = {op.key: n for n, op in enumerate(self.ops)}
+        self.device = [op.device for op in self.ops]
+        index = dict(zip(map(OP_KEY, self.ops), range(len(self.ops))))
         self.deps = [[index[k] for k in deps.keys_of(op) if k in index] for op in self.ops]
         self.chunk = [chunk[(op.pipe, op.stage)] for op in self.ops]
         self.change = [(op.kind == _F) - (op.kind == _B) for op in self.ops]  # memory; W's come counted
@@ -83,7 +84,7 @@ def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
     curves = [_Counted(table, times, d, weights[d]) if with_weights else _Released(table, times, d)
               for d in range(table.devices)]
     bound = max(curve.peak for curve in curves)
-    events = [(times[n], table.ops[n].device, 0, n) for n in range(len(table.ops))]
+    events = list(zip(times, table.device, repeat(0), range(len(table.ops))))
     if with_weights:
         events += [(t, d, 1, k) for d in range(table.devices) for k, t in enumerate(weights[d])]
     taken: list[set[int]] = [set() for _ in range(table.devices)]
@@ -255,13 +256,17 @@ class _Released:
 def _eager(table: _Ops, times: list[int], weights: list[list[int]]) -> list[int]:
     """Rule 3: each op as early as its dependencies and its device's previous op allow, in slot order
     (the weight gradients, counted, only wait for the device)."""
-    events = [(times[n], table.ops[n].device, 0, n) for n in range(len(table.ops))]
+    events = list(zip(times, table.device, repeat(0), range(len(table.ops))))
     events += [(t, d, 1, k) for d in range(table.devices) for k, t in enumerate(weights[d])]
     free = [0] * table.devices
     start = list(times)
+    deps = table.deps
     for _, d, is_weight, n in sorted(events):
-        begin = free[d] if is_weight else max([free[d]] + [start[k] + 1 for k in table.deps[n]])
+        begin = free[d]
         if not is_weight:
+            for k in deps[n]:
+                if start[k] >= begin:
+                    begin = start[k] + 1
             start[n] = begin
         free[d] = begin + 1
     return start
