@@ -17,7 +17,7 @@ from typing import Any
 
 from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
-from .expr import EvalError, PipeRef, evaluate, evaluate_int
+from .expr import MAX_INT, EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
 from ..budget import PROGRAM_STATEMENTS, REFUSED
 from ..ir import Op, Pipeline, set_spans
@@ -85,8 +85,11 @@ class _ProgramRun:
             body = hoisted(stmt, env)
             self.hoisted.append(body)
         scope = dict(env)  # one scope for every round: an unscoped body binds nothing, a scoped one copies it
+        budget = self.budget
         for k in range(start, stop):
-            self._charge(stmt.span)
+            budget.left -= 1  # _charge's count, inline
+            if budget.left < 0:
+                raise EvalError(budget.refusal(), stmt.span)
             scope[stmt.var] = k
             self.run(body, scope)
 
@@ -159,7 +162,12 @@ class _ProgramRun:
     def _choice(self, choice: ast.Choice, env: dict) -> None:
         """`(W[1] | W[0])`: the first cursor whose queue has an op."""
         for cursor in choice.options:
-            if self._next(cursor, env) is not None:
+            if self.mixed and cursor.kind == _W and cursor.args is None:  # _next and _cursor in one look
+                op = self.mixed.pop_weight(self.pipelines, self._pipe(cursor, env), self._chunk(cursor, env),
+                                           self.chunk)
+                if op is not None:
+                    return self._take(op, cursor.span)
+            elif self._next(cursor, env) is not None:
                 return self._cursor(cursor, env)
         if not self.lenient:
             raise EvalError(f"program pops {' | '.join(_cursor_text(c) for c in choice.options)} and every "
@@ -206,7 +214,10 @@ class _ProgramRun:
         raise EvalError(f"'{cursor.pipe}' is not a pipeline (pipelines: {', '.join(self.names)})", cursor.span)
 
     def _chunk(self, cursor: ast.Cursor, env: dict) -> int | None:
-        return None if cursor.chunk is None else evaluate_int(cursor.chunk, env, "chunk")
+        chunk = cursor.chunk
+        if type(chunk) is ast.Num and type(chunk.value) is int and -MAX_INT <= chunk.value <= MAX_INT:
+            return chunk.value  # `F[1]`: what evaluate_int gives for it, without the call
+        return None if chunk is None else evaluate_int(chunk, env, "chunk")
 
     def _next(self, cursor: ast.Cursor, env: dict) -> Op | None:
         """The op the cursor would pop, without popping it (None: its queue is empty)."""
