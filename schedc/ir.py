@@ -91,15 +91,16 @@ def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
     chunked = () if step is None else ((kind if kind == OpKind.F or not mixed else
                                         gradient_kind((k, s, mb + step) in split), s, mb + step, k, 0),)
     if mixed:  # B and I read their neighbour's gradient: I's if that one runs split
-        producer = fed_by(kind, s)
+        producer = _fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
     away = (k, s, mb) in offloaded if offloaded else False
     found = _builtin_deps(kind, s, stages, bool(split), recompute, away)
-    return tuple((dep, stage, mb, k, 0) for dep, stage in found) + chunked
+    return tuple([(dep, stage, mb, k, 0) for dep, stage in found]) + chunked
 
 
-_builtin_deps = lru_cache(maxsize=4096)(builtin_deps)  # a pure function of few values (split as a bool, as
-# the rule reads it), asked once per op: builtin_dep_keys runs for every op of a schedule
+# pure functions of few values (split as the bool the rule reads), asked once per op of a schedule
+_builtin_deps = lru_cache(maxsize=4096)(builtin_deps)
+_fed_by = lru_cache(maxsize=4096)(fed_by)
 
 
 class Dependencies(Mapping):
