@@ -26,12 +26,15 @@ pending weight gradient of the highest chunk (chunk 1's before chunk 0's, as the
 from __future__ import annotations
 
 from bisect import insort
+from collections import deque
 from itertools import accumulate, repeat
+from operator import attrgetter
 
 from ..ir import OP_KEY, Op, consume
 from ..ops import GRADIENT, OpKind
 
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
+_AT = attrgetter("stage", "mb", "pipe")
 
 
 class _Ops:
@@ -40,7 +43,8 @@ class _Ops:
 
     def __init__(self, orders: tuple[tuple[Op, ...], ...], deps, chunk: dict[tuple[int, int], int]):
         self.ops = [op for order in orders for op in order if op.kind != _W]
-        self.weights = {(op.stage, op.mb, op.pipe): op for order in orders for op in order if op.kind == _W}
+        weights = [op for order in orders for op in order if op.kind == _W]
+        self.weights = dict(zip(map(_AT, weights), weights))  # (stage, mb, pipe) -> W
         self.devices = len(orders)
         self.device = [op.device for op in self.ops]
         index = dict(zip(map(OP_KEY, self.ops), range(len(self.ops))))
@@ -279,17 +283,19 @@ def _final_orders(table: _Ops, times: list[int]) -> tuple[tuple[Op, ...], ...]:
     for d in range(table.devices):
         mine = sorted((times[n], n) for n in table.on(d))
         at = dict(mine)
-        pending: dict[int, list[Op]] = {}
-        order = []
+        pending: dict[int, deque[Op]] = {}
+        order, waiting = [], 0  # waiting: the pending weight gradients, all chunks
         for t in range(max(at, default=-1) + 1):
             n = at.get(t)
             if n is not None:
                 op = table.ops[n]
                 order.append(op)
                 if op.kind == _I:
-                    pending.setdefault(table.chunk[n], []).append(table.weights[(op.stage, op.mb, op.pipe)])
-            elif any(pending.values()):
-                order.append(pending[max(c for c, ws in pending.items() if ws)].pop(0))
+                    pending.setdefault(table.chunk[n], deque()).append(table.weights[_AT(op)])
+                    waiting += 1
+            elif waiting:
+                order.append(pending[max(c for c, ws in pending.items() if ws)].popleft())
+                waiting -= 1
         for c in sorted(pending, reverse=True):
             order += pending[c]
         orders.append(tuple(order))
