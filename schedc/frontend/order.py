@@ -115,6 +115,14 @@ class _ProgramRun:
     def _item(self, stmt: ast.Item, env: dict) -> None:
         if stmt.when is not None and not evaluate(stmt.when, env):
             return
+        if stmt.repeat is None and not stmt.optional and type(stmt.unit) is ast.Cursor:  # `F[0] at t`: one pop
+            if stmt.slot is not None:
+                slot = env.get(stmt.slot.id) if type(stmt.slot) is ast.Name else None
+                if type(slot) is not int or not -MAX_INT <= slot <= MAX_INT:  # else what evaluate_int gives
+                    slot = evaluate_int(stmt.slot, env, "slot")
+                self._at(slot, stmt.slot.span)
+            self._charge(stmt.span)
+            return self._cursor(stmt.unit, env)
         count = evaluate_int(stmt.repeat, env, "repeat count") if stmt.repeat is not None else 1
         if count < 0:
             raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
@@ -228,7 +236,7 @@ class _ProgramRun:
         return queue.peek(self.taken) if queue else None
 
     def _cursor(self, cursor: ast.Cursor, env: dict) -> None:
-        pipe = self._pipe(cursor, env)
+        pipe = None if cursor.pipe is None else self._pipe(cursor, env)
         if cursor.args is not None:
             if cursor.chunk is not None:
                 raise EvalError("a named op takes no chunk: F(0, 3), not F[0](0, 3)", cursor.span)

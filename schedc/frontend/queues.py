@@ -186,10 +186,12 @@ class Queue:
         return ops if len(ops) == count and taken.isdisjoint(map(id, ops)) else []
 
     def pop(self, taken: set[int]) -> Op | None:
-        op = self.peek(taken)
-        if op is not None:
-            self.position += 1
-        return op
+        """peek(), and the op it finds popped."""
+        ops, position = self.ops, self.position
+        while position < len(ops) and id(ops[position]) in taken:
+            position += 1
+        self.position = position + (position < len(ops))
+        return ops[position] if position < len(ops) else None
 
     def peek(self, taken: set[int]) -> Op | None:
         """The next op not taken yet (skipping the taken ones for good), or None."""
