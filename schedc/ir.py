@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import repeat
 from operator import attrgetter
@@ -90,10 +91,16 @@ def builtin_dep_keys(kind: str, s: int, mb: int | None, k: int, stages: int,
     chunked = () if step is None else ((kind if kind == OpKind.F or not mixed else
                                         gradient_kind((k, s, mb + step) in split), s, mb + step, k, 0),)
     if mixed:  # B and I read their neighbour's gradient: I's if that one runs split
-        producer = fed_by(kind, s)
+        producer = _fed_by(kind, s)
         split = producer is not None and (k, producer[1], mb) in split
     away = (k, s, mb) in offloaded if offloaded else False
-    return tuple((dep, stage, mb, k, 0) for dep, stage in builtin_deps(kind, s, stages, split, recompute, away)) + chunked
+    found = _builtin_deps(kind, s, stages, bool(split), recompute, away)
+    return tuple([(dep, stage, mb, k, 0) for dep, stage in found]) + chunked
+
+
+# pure functions of few values (split as the bool the rule reads), asked once per op of a schedule
+_builtin_deps = lru_cache(maxsize=4096)(builtin_deps)
+_fed_by = lru_cache(maxsize=4096)(fed_by)
 
 
 class Dependencies(Mapping):

@@ -6,7 +6,8 @@ import pytest
 from schedc.driver import compile_source
 from schedc.diagnostics import SchedError, Source
 from schedc.frontend.elaborate import Options
-from schedc.frontend.expr import MAX_INT, EvalError, evaluate, evaluate_int
+from schedc.frontend import ast, expr
+from schedc.frontend.expr import MAX_INT, EvalError, PipeRef, evaluate, evaluate_int, fold_constants
 from schedc.frontend.parse import parse_source
 
 TEMPLATE = """schedule x "x"
@@ -80,3 +81,32 @@ def test_a_fractional_power_in_a_schedule_is_reported_where_it_is_written():
         compile_source(Source("e.sched", TEMPLATE.format(expr="(p - 3) ** 0.5")))
     first = caught.value.render().splitlines()[0]
     assert first.startswith("e.sched:6:11: error:") and "no real value" in first, first
+
+
+def _plainly(node, env):
+    """An `and` chain evaluated as the language reads it: left first, the first falsy value or the last."""
+    if isinstance(node, ast.Binary) and node.op == "and":
+        value = _plainly(node.left, env)
+        return value and _plainly(node.right, env)
+    return evaluate(node, env)
+
+
+@pytest.mark.parametrize("text", ["t % 6 == 2 and t >= 2 and t < 26", "t % 4 != 1 and t > 0 - 3",
+                                  "t <= 7 and t % (0 - 5) == 0 - 2", "t == 3 and t % 2 == 1"])
+def test_a_chain_of_one_names_comparisons_reads_as_the_plain_chain(text):
+    # the chain compiles to one closure while t holds an int; each part alone is the general closure
+    node = fold_constants(_expr(text), {})
+    assert expr._atoms(node) is not None  # the one closure's shape
+    for value in [*range(-40, 40), 2 ** 62, 0.5, 2.0, True, PipeRef("main")]:
+        env = {"t": value}
+        try:
+            want = ("value", _plainly(node, env))
+        except EvalError as exc:
+            want = ("error", exc.message, exc.span)
+        try:
+            got = ("value", evaluate(node, env))
+        except EvalError as exc:
+            got = ("error", exc.message, exc.span)
+        assert got == want and type(got[1]) is type(want[1])
+    with pytest.raises(EvalError, match="unknown name 't'"):
+        evaluate(node, {})

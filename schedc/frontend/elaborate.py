@@ -333,7 +333,8 @@ def _mixed_dependencies(orders, ops: list[Op], task_ops: list[Op], task_deps: di
     program chose. (split_of, deps, keeps)."""
     split_of = frozenset((op.pipe, op.stage, op.mb) for order in orders for op in order if op.kind == OpKind.I)
     chosen = set(map(OP_KEY, chain.from_iterable(orders)))
-    grid = tuple(op for op in ops if op.kind == OpKind.F or OP_KEY(op) in chosen)
+    forward = OpKind.F.value
+    grid = tuple([op for op in ops if op.kind == forward or OP_KEY(op) in chosen])
     if task_ops:
         task_deps = {op: _chosen_backward(found, split_of, canonical) for op, found in task_deps.items()}
         keeps = {op: _chosen_backward(found, split_of, canonical) for op, found in keeps.items()}

@@ -116,10 +116,15 @@ def _compile_unary(node: ast.Unary) -> Fn:
 def _compile_binary(node: ast.Binary) -> Fn:
     left, right, span = compile_expr(node.left), compile_expr(node.right), node.span
     if node.op == "and":
-        return lambda env: left(env) and right(env)
+        def both(env: Env) -> Any:
+            return left(env) and right(env)
+        return _conjunction(node, both) or both
     if node.op == "or":
         return lambda env: left(env) or right(env)
     fn = _ARITH[node.op]
+    if node.op in ("==", "!=") and isinstance(node.right, ast.Num):  # `t % 6 == 2`: the number read once
+        value = node.right.value
+        return lambda env: fn(left(env), value)
     if node.op in ("==", "!="):
         return lambda env: fn(left(env), right(env))
 
@@ -152,7 +157,62 @@ def _name_by_number(name: ast.Name, b: int | float, fn: Callable[[Any, Any], Any
             return _real(fn(a, b), span)
         except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
             raise _arith_error(exc, a, b, span) from None
-    return apply
+
+    def compare(env: Env) -> Any:  # `t < 26`: a bool, which _real would return as it is
+        try:
+            a = env[key]
+        except KeyError:
+            raise EvalError(f"unknown name '{key}'", name_span) from None
+        try:
+            return fn(a, b)
+        except (ZeroDivisionError, TypeError, OverflowError, ValueError) as exc:
+            raise _arith_error(exc, a, b, span) from None
+    return compare if fn in _COMPARISONS else apply
+
+
+_COMPARISONS = (operator.lt, operator.le, operator.gt, operator.ge)
+
+
+def _conjunction(node: ast.Binary, general: Fn) -> Fn | None:
+    """`t % 6 == 2 and t >= 2 and t < 26`: comparisons of one name (or its remainder by a number) with
+    integers, read in one closure while the name holds an int (each comparison then a bool, as the
+    general closures give it, and none can fail); anything else goes to `general`. None when the
+    expression is not of that shape."""
+    atoms = _atoms(node)
+    if not atoms or len({name for name, _, _, _ in atoms}) != 1:
+        return None
+    key, checks = atoms[0][0], tuple((mod, compare, value) for _, mod, compare, value in atoms)
+
+    def conjunction(env: Env) -> Any:
+        a = env.get(key)
+        if type(a) is not int:
+            return general(env)
+        for mod, compare, value in checks:
+            if not compare(a if mod is None else a % mod, value):
+                return False
+        return True
+    return conjunction
+
+
+def _atoms(node: ast.Expr) -> list[tuple] | None:
+    """The comparisons an `and` chain is made of, as (name, divisor or None, comparison, int), or None
+    where one is of another shape."""
+    if isinstance(node, ast.Binary) and node.op == "and":
+        left, right = _atoms(node.left), _atoms(node.right)
+        return None if left is None or right is None else left + right
+    if not (isinstance(node, ast.Binary) and node.op in _COMPARED and type(getattr(node.right, "value", None)) is int
+            and isinstance(node.right, ast.Num)):
+        return None
+    inner = node.left
+    if isinstance(inner, ast.Name):
+        return [(inner.id, None, _ARITH[node.op], node.right.value)]
+    if (node.op in ("==", "!=") and isinstance(inner, ast.Binary) and inner.op == "%" and isinstance(inner.left, ast.Name)
+            and isinstance(inner.right, ast.Num) and type(inner.right.value) is int and inner.right.value != 0):
+        return [(inner.left.id, inner.right.value, _ARITH[node.op], node.right.value)]
+    return None
+
+
+_COMPARED = ("==", "!=", "<", "<=", ">", ">=")
 
 
 def _arith_error(exc: Exception, a: Any, b: Any, span: Span) -> Exception:

@@ -17,13 +17,17 @@ from typing import Any
 
 from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
-from .expr import EvalError, PipeRef, evaluate, evaluate_int
+from .expr import MAX_INT, EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
 from ..budget import PROGRAM_STATEMENTS, REFUSED
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
-from .queues import Queue, QueueKey, StepBudget, chunk_index, sort_queue
+from .hoist import hoisted
+from .queues import Queue, QueueKey, StepBudget, build_queues, chunk_index
+
+
+HOIST_ROUNDS = 32  # a loop of this many rounds or more runs its body with the invariants folded in
 
 
 class _Enough(Exception):
@@ -48,19 +52,21 @@ class _ProgramRun:
         self._mine: dict[Op, Op] | None = None
         self.names = {p.name: k for k, p in enumerate(pipelines)}
         self.lets: dict[int, bool] = {}  # id(body) -> whether it has a `let` (bodies live as long as the AST)
+        self.hoisted: list[tuple[ast.Stmt, ...]] = []  # and the loops' bodies with their invariants folded in
         self.mixed, self.chunk = mixed, chunk or {}
         self.fused: list[tuple[Op, Op]] = []  # overlapped (forward, backward) pairs, placed next to each other
         self.lenient = 0  # > 0 inside an optional item: a pop from an empty queue places nothing
 
     def run(self, body: tuple[ast.Stmt, ...], env: dict[str, Any]) -> None:
-        if self._scoped(body):
+        scoped = self.lets.get(id(body))
+        if scoped or (scoped is None and self._scoped(body)):
             env = dict(env)  # the body's lets end with it
-        budget = self.budget
+        budget, statements = self.budget, self.STATEMENTS
         for stmt in body:
             budget.left -= 1
             if budget.left < 0:
                 raise EvalError(budget.refusal(), stmt.span)
-            self.STATEMENTS[type(stmt)](self, stmt, env)
+            statements[type(stmt)](self, stmt, env)
 
     def _scoped(self, body: tuple[ast.Stmt, ...]) -> bool:
         """Whether a body binds names (a `let`), so that it needs a scope of its own."""
@@ -73,9 +79,19 @@ class _ProgramRun:
         env[stmt.name] = evaluate(stmt.value, env)
 
     def _loop(self, stmt: ast.Loop, env: dict) -> None:
-        for k in range(evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")):
-            self._charge(stmt.span)
-            self.run(stmt.body, {**env, stmt.var: k})
+        start, stop = evaluate_int(stmt.start, env, "loop start"), evaluate_int(stmt.stop, env, "loop end")
+        body = stmt.body
+        if stop - start >= HOIST_ROUNDS:  # its invariants folded in (frontend/hoist.py), kept alive for lets
+            body = hoisted(stmt, env)
+            self.hoisted.append(body)
+        scope = dict(env)  # one scope for every round: an unscoped body binds nothing, a scoped one copies it
+        budget = self.budget
+        for k in range(start, stop):
+            budget.left -= 1  # _charge's count, inline
+            if budget.left < 0:
+                raise EvalError(budget.refusal(), stmt.span)
+            scope[stmt.var] = k
+            self.run(body, scope)
 
     def _charge(self, span: Span) -> None:
         """Count one round of a loop (or of a repeated group) against the budget, so that
@@ -85,11 +101,28 @@ class _ProgramRun:
             raise EvalError(self.budget.refusal(), span)
 
     def _when(self, stmt: ast.When, env: dict) -> None:
-        self.run(stmt.then if evaluate(stmt.test, env) else stmt.orelse, env)
+        """`if`, and its `else if`s one after another: each a statement of its own, as run() counts it."""
+        while not evaluate(stmt.test, env):
+            orelse = stmt.orelse
+            if len(orelse) != 1 or type(orelse[0]) is not ast.When:
+                return self.run(orelse, env)
+            stmt = orelse[0]
+            self.budget.left -= 1
+            if self.budget.left < 0:
+                raise EvalError(self.budget.refusal(), stmt.span)
+        self.run(stmt.then, env)
 
     def _item(self, stmt: ast.Item, env: dict) -> None:
         if stmt.when is not None and not evaluate(stmt.when, env):
             return
+        if stmt.repeat is None and not stmt.optional and type(stmt.unit) is ast.Cursor:  # `F[0] at t`: one pop
+            if stmt.slot is not None:
+                slot = env.get(stmt.slot.id) if type(stmt.slot) is ast.Name else None
+                if type(slot) is not int or not -MAX_INT <= slot <= MAX_INT:  # else what evaluate_int gives
+                    slot = evaluate_int(stmt.slot, env, "slot")
+                self._at(slot, stmt.slot.span)
+            self._charge(stmt.span)
+            return self._cursor(stmt.unit, env)
         count = evaluate_int(stmt.repeat, env, "repeat count") if stmt.repeat is not None else 1
         if count < 0:
             raise EvalError(f"repeat count is negative ({count})", stmt.repeat.span)
@@ -97,7 +130,7 @@ class _ProgramRun:
             self._at(evaluate_int(stmt.slot, env, "slot"), stmt.slot.span)
         self.lenient += stmt.optional
         try:
-            count -= 0 if self.lenient else self._rounds_at_once(stmt.unit, count, env)
+            count -= 0 if self.lenient or count < 2 else self._rounds_at_once(stmt.unit, count, env)
             unit = self.UNITS[type(stmt.unit)]
             for _ in range(count):
                 self._charge(stmt.span)  # every round counts: `F? * 1000000000` stops like any runaway loop
@@ -137,7 +170,12 @@ class _ProgramRun:
     def _choice(self, choice: ast.Choice, env: dict) -> None:
         """`(W[1] | W[0])`: the first cursor whose queue has an op."""
         for cursor in choice.options:
-            if self._next(cursor, env) is not None:
+            if self.mixed and cursor.kind == _W and cursor.args is None:  # _next and _cursor in one look
+                op = self.mixed.pop_weight(self.pipelines, self._pipe(cursor, env), self._chunk(cursor, env),
+                                           self.chunk)
+                if op is not None:
+                    return self._take(op, cursor.span)
+            elif self._next(cursor, env) is not None:
                 return self._cursor(cursor, env)
         if not self.lenient:
             raise EvalError(f"program pops {' | '.join(_cursor_text(c) for c in choice.options)} and every "
@@ -184,7 +222,10 @@ class _ProgramRun:
         raise EvalError(f"'{cursor.pipe}' is not a pipeline (pipelines: {', '.join(self.names)})", cursor.span)
 
     def _chunk(self, cursor: ast.Cursor, env: dict) -> int | None:
-        return None if cursor.chunk is None else evaluate_int(cursor.chunk, env, "chunk")
+        chunk = cursor.chunk
+        if type(chunk) is ast.Num and type(chunk.value) is int and -MAX_INT <= chunk.value <= MAX_INT:
+            return chunk.value  # `F[1]`: what evaluate_int gives for it, without the call
+        return None if chunk is None else evaluate_int(chunk, env, "chunk")
 
     def _next(self, cursor: ast.Cursor, env: dict) -> Op | None:
         """The op the cursor would pop, without popping it (None: its queue is empty)."""
@@ -195,7 +236,7 @@ class _ProgramRun:
         return queue.peek(self.taken) if queue else None
 
     def _cursor(self, cursor: ast.Cursor, env: dict) -> None:
-        pipe = self._pipe(cursor, env)
+        pipe = None if cursor.pipe is None else self._pipe(cursor, env)
         if cursor.args is not None:
             if cursor.chunk is not None:
                 raise EvalError("a named op takes no chunk: F(0, 3), not F[0](0, 3)", cursor.span)
@@ -352,39 +393,6 @@ class _MixedBackward:
         return None if n is None else self.pending.pop(n)
 
 
-def _build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
-                  mixed: bool = False) -> dict:
-    """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
-    With a mixed backward, I and W are not queued (B's queue is the backward queue, see _MixedBackward)."""
-    by_kind: dict[str, list[Op]] = {}
-    for op in device_ops:
-        if not (mixed and op.kind in SPLIT):
-            by_kind.setdefault(op.kind, []).append(op)
-    queues = {}
-    for kind, ops in by_kind.items():
-        key = keys.get((kind, None)) or (keys.get((_I, None)) if mixed and kind == _B else None)
-        ordered = sort_queue(ops, key, pipelines, chunk)
-        queues[(kind, None, None)] = Queue(ordered)
-        _chunk_queues(queues, kind, None, ordered, chunk)
-        for k, pipe in enumerate(pipelines):
-            mine = [op for op in ordered if op.pipe == k]
-            if (kind, pipe.name) in keys:
-                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
-            if mine:
-                queues[(kind, pipe.name, None)] = Queue(mine)
-                _chunk_queues(queues, kind, pipe.name, mine, chunk)
-    return queues
-
-
-def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
-    """A queue per local chunk, in the order of the whole queue (made only for devices with chunks)."""
-    by_chunk: dict[int, list[Op]] = {}
-    for op in ordered:
-        by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
-    for c, ops in by_chunk.items():
-        queues[(kind, pipe, c)] = Queue(ops)
-
-
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
                  source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
@@ -416,7 +424,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        run = _ProgramRun(dev, _build_queues(per_device[dev], keys, pipelines, chunk, mixed),
+        run = _ProgramRun(dev, build_queues(per_device[dev], keys, pipelines, chunk, mixed),
                           per_device[dev], pipelines, budget, _MixedBackward(per_device[dev]) if mixed else None,
                           chunk, until)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)

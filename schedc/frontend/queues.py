@@ -1,5 +1,6 @@
 """The queues programs pop from: a program's `queue` of ops sorted by its key (the key names, the columns
-a key reads, chunk indices of V shapes), and the per-step budget of an interpreted program."""
+a key reads, chunk indices of V shapes), each device's queues built (build_queues), and the per-step budget
+of an interpreted program."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,7 +9,7 @@ from typing import Any, Callable
 
 from ..budget import PROGRAM_STATEMENTS
 from ..ir import Op, Pipeline
-from ..ops import split_unit
+from ..ops import SPLIT, OpKind, split_unit
 from . import ast
 from .expr import EvalError, PipeRef, compile_expr, fold_constants, free_names
 
@@ -185,13 +186,48 @@ class Queue:
         return ops if len(ops) == count and taken.isdisjoint(map(id, ops)) else []
 
     def pop(self, taken: set[int]) -> Op | None:
-        op = self.peek(taken)
-        if op is not None:
-            self.position += 1
-        return op
+        """peek(), and the op it finds popped."""
+        ops, position = self.ops, self.position
+        while position < len(ops) and id(ops[position]) in taken:
+            position += 1
+        self.position = position + (position < len(ops))
+        return ops[position] if position < len(ops) else None
 
     def peek(self, taken: set[int]) -> Op | None:
         """The next op not taken yet (skipping the taken ones for good), or None."""
         while self.position < len(self.ops) and id(self.ops[self.position]) in taken:
             self.position += 1
         return self.ops[self.position] if self.position < len(self.ops) else None
+
+
+def build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
+                  mixed: bool = False) -> dict:
+    """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
+    With a mixed backward, I and W are not queued (B's queue is the backward queue, see order._MixedBackward)."""
+    by_kind: dict[str, list[Op]] = {}
+    for op in device_ops:
+        if not (mixed and op.kind in SPLIT):
+            by_kind.setdefault(op.kind, []).append(op)
+    queues = {}
+    for kind, ops in by_kind.items():
+        key = keys.get((kind, None)) or (keys.get((OpKind.I.value, None)) if mixed and kind == OpKind.B.value else None)
+        ordered = sort_queue(ops, key, pipelines, chunk)
+        queues[(kind, None, None)] = Queue(ordered)
+        _chunk_queues(queues, kind, None, ordered, chunk)
+        for k, pipe in enumerate(pipelines):
+            mine = [op for op in ordered if op.pipe == k]
+            if (kind, pipe.name) in keys:
+                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
+            if mine:
+                queues[(kind, pipe.name, None)] = Queue(mine)
+                _chunk_queues(queues, kind, pipe.name, mine, chunk)
+    return queues
+
+
+def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
+    """A queue per local chunk, in the order of the whole queue (made only for devices with chunks)."""
+    by_chunk: dict[int, list[Op]] = {}
+    for op in ordered:
+        by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
+    for c, ops in by_chunk.items():
+        queues[(kind, pipe, c)] = Queue(ops)

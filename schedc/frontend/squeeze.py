@@ -25,12 +25,16 @@ pending weight gradient of the highest chunk (chunk 1's before chunk 0's, as the
 """
 from __future__ import annotations
 
+from bisect import insort
+from collections import deque
 from itertools import accumulate, repeat
+from operator import attrgetter
 
-from ..ir import Op, consume
+from ..ir import OP_KEY, Op, consume
 from ..ops import GRADIENT, OpKind
 
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
+_AT = attrgetter("stage", "mb", "pipe")
 
 
 class _Ops:
@@ -39,9 +43,11 @@ class _Ops:
 
     def __init__(self, orders: tuple[tuple[Op, ...], ...], deps, chunk: dict[tuple[int, int], int]):
         self.ops = [op for order in orders for op in order if op.kind != _W]
-        self.weights = {(op.stage, op.mb, op.pipe): op for order in orders for op in order if op.kind == _W}
+        weights = [op for order in orders for op in order if op.kind == _W]
+        self.weights = dict(zip(map(_AT, weights), weights))  # (stage, mb, pipe) -> W
         self.devices = len(orders)
-        index = {op.key: n for n, op in enumerate(self.ops)}
+        self.device = [op.device for op in self.ops]
+        index = dict(zip(map(OP_KEY, self.ops), range(len(self.ops))))
         self.deps = [[index[k] for k in deps.keys_of(op) if k in index] for op in self.ops]
         self.chunk = [chunk[(op.pipe, op.stage)] for op in self.ops]
         self.change = [(op.kind == _F) - (op.kind == _B) for op in self.ops]  # memory; W's come counted
@@ -79,8 +85,10 @@ def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
     """Rules 1 to 3 once; returns each op's new slot."""
     times = list(times)
     weights = [_weight_slots(table, times, d) for d in range(table.devices)]
-    bound = max(_peak(table, times, d, weights[d] if with_weights else None) for d in range(table.devices))
-    events = [(times[n], table.ops[n].device, 0, n) for n in range(len(table.ops))]
+    curves = [_Counted(table, times, d, weights[d]) if with_weights else _Released(table, times, d)
+              for d in range(table.devices)]
+    bound = max(curve.peak for curve in curves)
+    events = list(zip(times, table.device, repeat(0), range(len(table.ops))))
     if with_weights:
         events += [(t, d, 1, k) for d in range(table.devices) for k, t in enumerate(weights[d])]
     taken: list[set[int]] = [set() for _ in range(table.devices)]
@@ -93,46 +101,34 @@ def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
             taken[d].add(t)
             continue
         place = _place_weight if is_weight else _place_op
-        taken[d].add(place(table, times, weights, d, n, t, taken[d], bound, with_weights))
+        taken[d].add(place(table, times, weights[d], n, t, taken[d], curves[d], bound))
     if not with_weights:  # rule 1 again, for the moved ops
         weights = [_weight_slots(table, times, d) for d in range(table.devices)]
     return _eager(table, times, weights)
 
 
-def _place_op(table, times, weights, d, n, t, taken, bound, with_weights) -> int:
+def _place_op(table, times, weights, n, t, taken, curve, bound) -> int:
     """Rule 2 for an op: after its dependencies and its lane's previous op."""
     before = [times[k] for k in table.deps[n]]
     if table.previous[n] is not None:
         before.append(times[table.previous[n]])
-    counted = weights[d] if with_weights else None
-
-    def put(slot: int) -> None:
+    backward = table.ops[n].kind == _I
+    slot = curve.earliest(max(before, default=-1) + 1, t, table.change[n], backward, taken, bound)
+    if slot != t:
+        curve.move(slot, t, table.change[n], backward)
         times[n] = slot
-    return _earliest(max(before, default=-1) + 1, t, taken, put, lambda: _peak(table, times, d, counted) <= bound)
+    return slot
 
 
-def _place_weight(table, times, weights, d, k, t, taken, bound, with_weights) -> int:
-    """Rule 2 for the k-th weight gradient of device d: after the device's k-th input gradient and
-    its weight gradient k-1."""
-    backwards = sorted(times[n] for n in table.on(d) if table.ops[n].kind == _I)
-    own = weights[d]
-
-    def put(slot: int) -> None:
+def _place_weight(table, times, own, k, t, taken, curve, bound) -> int:
+    """Rule 2 for the k-th weight gradient of device d (its slots `own`): after the device's k-th input
+    gradient and its weight gradient k-1."""
+    first = max(curve.backwards[k], own[k - 1] if k else -1) + 1
+    slot = curve.earliest(first, t, -1, False, taken, bound)
+    if slot != t:
+        curve.move(slot, t, -1, False)
         own[k] = slot
-    first = max(backwards[k], own[k - 1] if k else -1) + 1
-    return _earliest(first, t, taken, put, lambda: _peak(table, times, d, own) <= bound)
-
-
-def _earliest(first: int, t: int, taken: set[int], put, fits) -> int:
-    """The earliest free slot from `first` on, before `t`, where the op `put` there `fits` the
-    memory bound; else `t` (the op stays)."""
-    for slot in range(first, t):
-        if slot not in taken:
-            put(slot)
-            if fits():
-                return slot
-    put(t)
-    return t
+    return slot
 
 
 def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
@@ -149,42 +145,132 @@ def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
     return slots + list(range(last + 1, last + 1 + pending))
 
 
-def _peak(table: _Ops, times: list[int], d: int, weights: list[int] | None) -> int:
-    """Device d's peak memory in units over its slots: a forward holds one until its W (counted in
-    `weights`, or without them the first free slot after its input gradient) or its B frees it."""
-    mine = table.on(d)
-    slots = [times[n] for n in mine]
-    size = max(slots + (weights or []), default=-1) + 1
-    change = [0] * size  # the level's change in each slot, None where no op runs
-    if weights is not None:
+# Rule 2's memory check. Moving one op at a time, the squeeze asks of every free slot before the op's
+# own whether its device's peak stays within the bound with the op there; each device's memory over its
+# slots is kept and a move changes it where it reaches, not recomputed (_Counted, _Released).
+# Two facts make that exact. Every slot holds at most one op or weight gradient: a program's slots
+# increase (order.py refuses one not after the previous op's), the counted weight gradients take free
+# slots, rule 3 gives a device's ops distinct slots, and a move goes to a free slot (one not taken by
+# an op met earlier in the pass; the ops met later sit after the moving op's own slot). And every
+# device's peak is within the bound when a pass starts (the bound is the highest) and after every move
+# (one is made only where it fits), so a move fits where the levels it changes stay within the bound.
+
+class _Counted:
+    """Device d's memory with the weight gradients counted in their slots (the first pass): its level
+    after each slot, the sum of the changes up to it (a forward +1, a backward or weight gradient -1).
+    An op of change c moved from slot t to s changes the levels in [s, t) by c alone. Also the slots
+    of its input gradients, in order (the k-th weight gradient follows the k-th)."""
+
+    def __init__(self, table: _Ops, times: list[int], d: int, weights: list[int]):
+        mine = table.on(d)
+        slots = [times[n] for n in mine]
+        change = [0] * (max(slots + weights, default=-1) + 1)
         consume(map(change.__setitem__, slots, [table.change[n] for n in mine]))
         consume(map(change.__setitem__, weights, repeat(-1)))
-        return max(0, max(accumulate(change), default=0))
-    change = [None] * size
-    consume(map(change.__setitem__, slots, [table.change[n] for n in mine]))
-    backward = {times[n] for n in mine if table.ops[n].kind == _I}
-    level = peak = pending = 0
-    for t, step in enumerate(change):
-        if step is None:
-            if pending:
-                level, pending = level - 1, pending - 1
-        else:
-            level += step
-            pending += t in backward
-            peak = max(peak, level)
-    return peak
+        self.levels = list(accumulate(change))
+        self.peak = max(0, max(self.levels, default=0))
+        self.backwards = sorted(times[n] for n in mine if table.ops[n].kind == _I)
+
+    def earliest(self, first: int, t: int, change: int, backward: bool, taken: set[int], bound: int) -> int:
+        """The earliest free slot from `first` on, before `t`, where the op fits; else `t`. It fits where
+        no level from there to `t` passes the bound once raised by `change`."""
+        levels = self.levels
+        if change > 0:
+            first = next((x + 1 for x in range(t - 1, first - 1, -1) if levels[x] + change > bound), first)
+        return next((slot for slot in range(first, t) if slot not in taken), t)
+
+    def move(self, slot: int, t: int, change: int, backward: bool) -> None:
+        levels = self.levels
+        for x in range(slot, t) if change else ():
+            levels[x] += change
+        if backward:
+            self.backwards.remove(t)
+            insort(self.backwards, slot)
+
+
+class _Released:
+    """Device d's memory without the weight gradients (the second pass): a free slot after an input
+    gradient frees one unit. Kept per slot: the op's change (None where the slot is free), whether it
+    is an input gradient, and the level and the pending input gradients after the slot. An op moved
+    from slot t to s changes the walk from s on until, at or after t, it is back in a state it had."""
+
+    def __init__(self, table: _Ops, times: list[int], d: int):
+        mine = table.on(d)
+        size = max((times[n] for n in mine), default=-1) + 1
+        self.change: list[int | None] = [None] * size
+        self.backward = [False] * size
+        for n in mine:
+            self.change[times[n]] = table.change[n]
+            self.backward[times[n]] = table.ops[n].kind == _I
+        self.level, self.pending = [0] * size, [0] * size
+        self.peak = self._walk(0, size)
+
+    def _walk(self, slot: int, t: int | None) -> int:
+        """Walk from `slot` on, writing each slot's state, until past `t` the state is one it had
+        (None: to the end); returns the highest level met at an op's slot (0 at least)."""
+        level, pending = (self.level[slot - 1], self.pending[slot - 1]) if slot else (0, 0)
+        peak = 0
+        for x in range(slot, len(self.change)):
+            step = self.change[x]
+            if step is None:
+                if pending:
+                    level, pending = level - 1, pending - 1
+            else:
+                level += step
+                pending += self.backward[x]
+                peak = max(peak, level)
+            if t is not None and x >= t and self.level[x] == level and self.pending[x] == pending:
+                break
+            self.level[x], self.pending[x] = level, pending
+        return peak
+
+    def earliest(self, first: int, t: int, change: int, backward: bool, taken: set[int], bound: int) -> int:
+        """The earliest free slot from `first` on, before `t`, where the op fits; else `t`."""
+        return next((slot for slot in range(first, t) if slot not in taken and
+                     self._fits(slot, t, change, backward, bound)), t)
+
+    def _fits(self, slot: int, t: int, change: int, backward: bool, bound: int) -> bool:
+        """Whether the walk with the op moved from `t` to `slot` keeps every level at an op's slot
+        within the bound, up to where it is back in a state it had."""
+        level, pending = (self.level[slot - 1], self.pending[slot - 1]) if slot else (0, 0)
+        level += change
+        pending += backward
+        if level > bound:
+            return False
+        for x in range(slot + 1, len(self.change)):
+            step = None if x == t else self.change[x]
+            if step is None:
+                if pending:
+                    level, pending = level - 1, pending - 1
+            else:
+                level += step
+                pending += self.backward[x]
+                if level > bound:
+                    return False
+            if x >= t and self.level[x] == level and self.pending[x] == pending:
+                return True
+        return True
+
+    def move(self, slot: int, t: int, change: int, backward: bool) -> None:
+        self.change[slot], self.backward[slot] = change, backward
+        self.change[t], self.backward[t] = None, False
+        self._walk(slot, t)
 
 
 def _eager(table: _Ops, times: list[int], weights: list[list[int]]) -> list[int]:
     """Rule 3: each op as early as its dependencies and its device's previous op allow, in slot order
     (the weight gradients, counted, only wait for the device)."""
-    events = [(times[n], table.ops[n].device, 0, n) for n in range(len(table.ops))]
+    events = list(zip(times, table.device, repeat(0), range(len(table.ops))))
     events += [(t, d, 1, k) for d in range(table.devices) for k, t in enumerate(weights[d])]
     free = [0] * table.devices
     start = list(times)
+    deps = table.deps
     for _, d, is_weight, n in sorted(events):
-        begin = free[d] if is_weight else max([free[d]] + [start[k] + 1 for k in table.deps[n]])
+        begin = free[d]
         if not is_weight:
+            for k in deps[n]:
+                if start[k] >= begin:
+                    begin = start[k] + 1
             start[n] = begin
         free[d] = begin + 1
     return start
@@ -197,17 +283,19 @@ def _final_orders(table: _Ops, times: list[int]) -> tuple[tuple[Op, ...], ...]:
     for d in range(table.devices):
         mine = sorted((times[n], n) for n in table.on(d))
         at = dict(mine)
-        pending: dict[int, list[Op]] = {}
-        order = []
+        pending: dict[int, deque[Op]] = {}
+        order, waiting = [], 0  # waiting: the pending weight gradients, all chunks
         for t in range(max(at, default=-1) + 1):
             n = at.get(t)
             if n is not None:
                 op = table.ops[n]
                 order.append(op)
                 if op.kind == _I:
-                    pending.setdefault(table.chunk[n], []).append(table.weights[(op.stage, op.mb, op.pipe)])
-            elif any(pending.values()):
-                order.append(pending[max(c for c, ws in pending.items() if ws)].pop(0))
+                    pending.setdefault(table.chunk[n], deque()).append(table.weights[_AT(op)])
+                    waiting += 1
+            elif waiting:
+                order.append(pending[max(c for c, ws in pending.items() if ws)].popleft())
+                waiting -= 1
         for c in sorted(pending, reverse=True):
             order += pending[c]
         orders.append(tuple(order))
