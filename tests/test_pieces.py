@@ -52,7 +52,7 @@ def plain_bound(searcher: Searcher, c):
     if entry.plain or r.exhaustive:
         return 0.0
     links = link_times(st, shape.devices)
-    return makespan_bound(shape, table, links, entry.split, entry.mixed) + tail_bound(st, shape)
+    return makespan_bound(shape, table, links, entry.split, entry.mixed, entry.pairs) + tail_bound(st, shape)
 
 
 def cached_bound(searcher: Searcher, c):

@@ -148,9 +148,11 @@ def test_the_bound_never_exceeds_the_simulated_iteration(model, kw):
 @pytest.mark.parametrize("blocking", [False, True])
 def test_the_mixed_backward_bound_never_exceeds_the_simulated_iteration(model, blocking):
     """DualPipe and DualPipeV (overlapped F & B pairs, full or split backwards): the bound with each F
-    less what its pair can save (bounds.mixed_costs) is below every simulated iteration."""
+    less what its pair can save (bounds.mixed_costs) is below every simulated iteration; so is V-Half's
+    and V-Min's (a mixed backward without pairs), whose F saves nothing."""
     searcher = Searcher(request(model, batch=64, memory_limit=1e15, blocking_p2p=blocking,
-                                schedules=("dualpipe", "dualpipev")))
+                                schedules=("dualpipe", "dualpipev", "v_half", "v_min")))
+    assert [e.pairs for e in searcher.entries.values()] == [True, True, False, False]
     checked = 0
     for c in candidates(searcher.model, list(searcher.entries.values()), searcher.request)[::2]:
         bound, result = searcher.bound(c), searcher.evaluate(c)
@@ -158,7 +160,16 @@ def test_the_mixed_backward_bound_never_exceeds_the_simulated_iteration(model, b
             continue
         assert 0 < bound <= result.iteration_s * (1 + 1e-12), c
         checked += 1
-    assert checked > 30
+    assert checked > 60
+
+
+def test_a_mixed_backward_without_pairs_keeps_its_forwards_whole():
+    """bounds.mixed_costs: F = 3, B = 6, I + W = 5, FB = 7 (2 hidden): with pairs the F is bounded by
+    3 - 2 = 1, without (V-Half's programs place none) by its own 3; the backward by min(B, I + W) = 5."""
+    from schedc.search.bounds import mixed_costs
+    table = {"F": (3.0,), "B": (6.0,), "I": (3.0,), "W": (2.0,), "FB": (7.0,)}
+    assert mixed_costs(table)["F"] == (1.0,) and mixed_costs(table, pairs=False)["F"] == (3.0,)
+    assert mixed_costs(table)["B"] == mixed_costs(table, pairs=False)["B"] == (5.0,)
 
 
 def test_candidates_of_one_order_and_layout_are_one_row_naming_every_schedule(model):

@@ -1,7 +1,7 @@
 """AST of the .sched language: frozen dataclasses, each carrying the source span it came from."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..diagnostics import Span
 
@@ -291,3 +291,17 @@ class ScheduleDecl(Node):
     doc: str
     decls: tuple[Decl, ...]
     addon: bool = False  # `addon NAME`: declarations to `use`, not a schedule of its own
+
+
+def contains(node: object, cls: type) -> bool:
+    """Whether `node` or any node inside it (its fields, tuples of nodes) is a `cls`.
+
+        contains(<on device d { F[0] & B[1] }>, Overlap) -> True
+    """
+    if isinstance(node, cls):
+        return True
+    if isinstance(node, tuple):
+        return any(contains(n, cls) for n in node)
+    if isinstance(node, Node):
+        return any(contains(getattr(node, f.name), cls) for f in fields(node))
+    return False

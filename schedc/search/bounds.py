@@ -39,23 +39,24 @@ class Shape:
 
 
 def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool,
-                   mixed: bool = False) -> float:
+                   mixed: bool = False, pairs: bool = True) -> float:
     """No simulated makespan is below this: some device runs all its ops one at a time (busy), not
     before a forward of its first stage could arrive (the forwards that feed it and their messages),
     and its last op (a backward, without a split backward) leaves the backwards it feeds still to run.
     A mixed backward (`mixed`: full B or I + W per microbatch, overlapped F & B pairs) is bounded by
-    mixed_costs and without the backwards after the last op (which may be a W)."""
-    return combine_terms(shape, [pipeline_terms(pipe.placement, table, links, split, mixed)
+    mixed_costs and without the backwards after the last op (which may be a W); `pairs`: whether its
+    programs can place overlapped pairs at all (V-Half's cannot: its F then saves nothing)."""
+    return combine_terms(shape, [pipeline_terms(pipe.placement, table, links, split, mixed, pairs)
                                  for pipe in shape.pipelines])
 
 
 def pipeline_terms(placement: tuple[int, ...], table: dict[str, tuple[float, ...]], links, split: bool,
-                   mixed: bool = False) -> tuple[tuple[float, ...], ...]:
+                   mixed: bool = False, pairs: bool = True) -> tuple[tuple[float, ...], ...]:
     """Per stage of a pipeline so placed, makespan_bound's terms that do not depend on its microbatches:
     (the least time before its first forward can start, one microbatch's ops, the least time after its
     last backward), as combine_terms sums them."""
     if mixed:
-        table, split = mixed_costs(table), False
+        table, split = mixed_costs(table, pairs), False
     kinds = builtin_kinds(split)
     ahead = _reach(OpKind.F.value, placement, table, links)
     behind = [0.0] * len(placement) if split or mixed else _left(OpKind.B.value, placement, table, links)
@@ -78,17 +79,19 @@ def combine_terms(shape: Shape, terms: list[tuple[tuple[float, ...], ...]]) -> f
     return max((f + b + k for f, b, k in zip(front, busy, back) if b > 0), default=0.0)
 
 
-def mixed_costs(table: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
+def mixed_costs(table: dict[str, tuple[float, ...]], pairs: bool = True) -> dict[str, tuple[float, ...]]:
     """Per stage, the least an F and a backward can cost under a mixed backward: a backward is a B or an
-    I + W (the lesser), and an F overlapped with a backward saves at most F + B - FB of its stage
-    (simulate.fuse_costs), which is taken off the F (each F is in at most one pair).
+    I + W (the lesser), and, where the programs place overlapped pairs (`pairs`), an F overlapped with
+    a backward saves at most F + B - FB of its stage (simulate.fuse_costs), which is taken off the F
+    (each F is in at most one pair). Without pairs every F costs its own F.
 
-        F = 3, B = 6, FB = 7 (2 hidden)  ->  F 1, B 6
+        F = 3, B = 6, FB = 7 (2 hidden)  ->  F 1, B 6   (pairs=False: F 3, B 6)
     """
     f, b = table[OpKind.F.value], table[OpKind.B.value]
     split = [i + w for i, w in zip(table.get(OpKind.I.value, b), table.get(OpKind.W.value, [0.0] * len(b)))]
     backward = tuple(min(x, y) if OpKind.I.value in table else x for x, y in zip(b, split))
-    saved = [max(0.0, x + y - z) for x, y, z in zip(f, b, table.get(OVERLAP, [math.inf] * len(f)))]
+    overlap = table.get(OVERLAP) if pairs else None
+    saved = [max(0.0, x + y - z) for x, y, z in zip(f, b, overlap or [math.inf] * len(f))]
     return {**table, OpKind.F.value: tuple(max(0.0, x - v) for x, v in zip(f, saved)), OpKind.B.value: backward}
 
 

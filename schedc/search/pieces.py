@@ -175,9 +175,10 @@ class Pieces:
         costs, linked = self._cost_key(c, shape), (c.t, c.d, c.b, shape.devices)
         terms = []
         for pipe in shape.pipelines:
-            key = (pipe.placement, entry.split, entry.mixed, costs, linked)
+            key = (pipe.placement, entry.split, entry.mixed, entry.pairs, costs, linked)
             if key not in self.terms:
-                self.terms[key] = pipeline_terms(pipe.placement, table, links, entry.split, entry.mixed)
+                self.terms[key] = pipeline_terms(pipe.placement, table, links, entry.split, entry.mixed,
+                                                 entry.pairs)
             terms.append(self.terms[key])
         return combine_terms(shape, terms)
 

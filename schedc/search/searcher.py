@@ -21,8 +21,9 @@ never exceeds the simulated iteration, so pruning by it keeps the top K exact (`
 simulates every candidate that fits, as the reference). Before an order is compiled whole, the memory
 its devices hold until their first backward (frontend/prefix.py: the programs run that far) refuses
 the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed
-backward (DualPipe's overlapped pairs, whose pair costs the forward's stage's FB) takes the same cached path without the
-bound, which assumes every op is timed alone. Schedules whose order depends on the costs (greedy), that
+backward (B or I + W per microbatch) is bounded with each backward at the lesser and, where its
+programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair can save
+(bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole. Schedules whose order depends on the costs (greedy), that
 declare tasks, fill bubbles or memory beyond activations are compiled whole for every candidate
 (driver.cluster.compile_for), without the bound.
 """

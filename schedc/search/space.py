@@ -85,8 +85,9 @@ class Entry:
     params: tuple[str, ...]
     split: bool
     plain: bool   # the order depends on costs, or tasks/fill/memory/R, O, L ops: compiled whole per candidate
-    mixed: bool = False  # a mixed backward (overlapped F & B pairs): cached, but not bounded
+    mixed: bool = False  # a mixed backward (B or I + W per microbatch)
     filled: bool = False  # `fill bubbles with`: each candidate's compile searches a fill (about a second)
+    pairs: bool = True  # its programs may place overlapped F & B pairs (`F & B`): a pair's F saves time
 
     @property
     def chunked(self) -> bool:
@@ -126,7 +127,9 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)
         mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
         filled = any(isinstance(d, ast.Fill) for d in decl.decls)
-        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed, filled))
+        pairs = any(ast.contains(d, ast.Overlap) for d in decl.decls if isinstance(d, ast.Program))
+        entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed, filled,
+                             pairs))
     return entries
 
 
