@@ -573,6 +573,7 @@ def test_why_explains_zb_h2_against_interleaved_part_by_part(model):
     assert "memory against the winner (GiB)" in result.output and "deferred W" in result.output
 
 
+@pytest.mark.slow
 def test_the_winner_scaled_to_this_machine_runs(model, tmp_path):
     """tune prints, for its winner, a compile and a `schedc run` of the same schedule, t and
     recomputation on this machine (p = 2, at most 4 ranks); both commands work as printed (and torchrun's
