@@ -58,7 +58,7 @@ def test_pipefisher_is_chimera_with_the_kfac_addon(tmp_path):
 @pytest.mark.parametrize("base,params", [("1f1b", ["-D", "p=4"]), ("gpipe", []), ("chimera", []),
                                          ("interleaved_1f1b", ["-D", "p=4", "-D", "v=2"]),
                                          ("zb_h1", ["-D", "p=4", "-D", "m=8"]),
-                                         ("dualpipev", ["-D", "p=4", "-D", "m=8"])])
+                                         pytest.param("dualpipev", ["-D", "p=4", "-D", "m=8"], marks=pytest.mark.slow)])
 def test_kfac_addon_applies_to_any_base(base, params, tmp_path):
     """`--with kfac` on each library schedule: checks pass, the K-FAC tasks are all placed, and with
     BERT-Large's V100 profile at micro-batch 32 the bubbles fill to >= 0.90. A profile row has no I or

@@ -384,6 +384,7 @@ def test_memory_over_time_of_a_filled_cycle_counts_kept_gradients_and_factors(na
     assert all(steps[-1][1] > 0 for steps in series)
 
 
+@pytest.mark.slow
 def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
     from click.testing import CliRunner
     from schedc.cli import main
