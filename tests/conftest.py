@@ -1,7 +1,13 @@
-"""Shared test helpers: the repository's paths and a compile helper over real .sched files."""
+"""Shared test helpers: the repository's paths, a compile helper over real .sched files, and the guard
+that fails a test starting a launch (torchrun, a browser, pip) unless it is marked slow."""
 from __future__ import annotations
 
+import multiprocessing.util
+import os
+import shlex
+import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -10,11 +16,61 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ROOT / "schedc" / "schedules"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_orders and friends
+# what a test must be marked slow for (pyproject.toml: the default run leaves those out): a command whose
+# program or module is one of LAUNCHERS, or schedc with one of LAUNCHING_VERBS; mp.spawn's ranks too
+LAUNCHERS = ("torchrun", "torch.distributed.run", "schedc.runtime", "schedc.runtime.launch", "pip",
+             "chromium", "chromium-browser", "google-chrome")
+LAUNCHING_VERBS = ("run", "demo", "calibrate")
 
 
 def pytest_addoption(parser):
     parser.addoption("--regen-golden", action="store_true", default=False,
                      help="Rewrite the golden files under tests/golden/ from the current output.")
+
+
+def launch_in(argv) -> str | None:
+    """The launch a command line starts (its launcher, or `schedc VERB`), or None for a quick command."""
+    words = shlex.split(argv) if isinstance(argv, str) else [os.fsdecode(word) for word in argv]
+    names = [Path(word).name for word in words]
+    for at, name in enumerate(names):
+        if name in LAUNCHERS:
+            return name
+        if name in ("schedc", "schedc.cli") and names[at + 1:at + 2] and names[at + 1] in LAUNCHING_VERBS:
+            return f"schedc {names[at + 1]}"
+    return None
+
+
+@contextmanager
+def launches_refused(test: str):
+    """While a test not marked slow runs (its fixtures too), a launch fails it, naming the command."""
+    popen, spawn = subprocess.Popen.__init__, multiprocessing.util.spawnv_passfds
+
+    def refuse(what: str):
+        pytest.fail(f"{test} starts {what} but is not marked slow: mark it @pytest.mark.slow", pytrace=False)
+
+    def guarded_popen(self, args, *rest, **kwargs):
+        launch = launch_in(args)
+        if launch:
+            refuse(launch)
+        popen(self, args, *rest, **kwargs)
+
+    def guarded_spawn(path, args, passfds):
+        refuse(f"a multiprocessing process ({path})")
+
+    subprocess.Popen.__init__, multiprocessing.util.spawnv_passfds = guarded_popen, guarded_spawn
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__, multiprocessing.util.spawnv_passfds = popen, spawn
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item):
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    with launches_refused(item.nodeid):
+        yield
 
 
 @pytest.fixture

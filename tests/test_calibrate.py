@@ -56,6 +56,7 @@ def test_fitting_to_a_profile_scales_compute_to_the_measured_sum():
     assert fitted.intra_bandwidth == cluster.intra_bandwidth
 
 
+@pytest.mark.slow
 def test_schedc_calibrate_measures_and_fits(tmp_path):
     out, fitted = tmp_path / "cpu.toml", tmp_path / "fitted.toml"
     result = CliRunner().invoke(main, ["calibrate", "-o", str(out), "--quick"])

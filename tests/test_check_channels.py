@@ -238,6 +238,7 @@ def change_sync(rng, streams, r, n, bound):
 MUTATIONS = [swap, swap, drop_copy_or_move, drop_copy_or_move, change_field, change_op, add_sync, change_sync]
 
 
+@pytest.mark.slow
 def test_certificate_never_clears_what_the_replay_refuses(library_programs):
     """Mutants of the library plans: whenever the certificate clears one, the replay does too (and it
     clears most of the clean ones)."""
@@ -257,6 +258,7 @@ def test_certificate_never_clears_what_the_replay_refuses(library_programs):
     assert clean_total > 100 and clean_refused <= clean_total // 2, (clean_refused, clean_total)
 
 
+@pytest.mark.slow
 def test_memory_stays_linear_in_the_device_count():
     """GPipe on 2,000 devices with one microbatch (4,000 ops): lowering and check_channels kept tables
     of ranks x ranks (p=2,000: 260 MB in lower; p=5,000: 2.4 GB in all); now the whole compile

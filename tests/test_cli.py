@@ -213,6 +213,7 @@ def test_a_profile_cell_that_is_not_a_number_is_refused(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_compile_check_and_render_read_a_profile_row(tmp_path):
     profile = str(ROOT / "tests" / "data" / "bert-large_time_memory_v100.csv")
     row = ["--profile", profile, "--microbatch-size", "32"]

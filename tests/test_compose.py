@@ -55,10 +55,12 @@ def test_pipefisher_is_chimera_with_the_kfac_addon(tmp_path):
     assert composed.stats == written.stats
 
 
-@pytest.mark.parametrize("base,params", [("1f1b", ["-D", "p=4"]), ("gpipe", []), ("chimera", []),
-                                         ("interleaved_1f1b", ["-D", "p=4", "-D", "v=2"]),
+@pytest.mark.parametrize("base,params", [("1f1b", ["-D", "p=4"]), ("gpipe", []),
+                                         pytest.param("chimera", [], marks=pytest.mark.slow),
+                                         pytest.param("interleaved_1f1b", ["-D", "p=4", "-D", "v=2"],
+                                                      marks=pytest.mark.slow),
                                          ("zb_h1", ["-D", "p=4", "-D", "m=8"]),
-                                         ("dualpipev", ["-D", "p=4", "-D", "m=8"])])
+                                         pytest.param("dualpipev", ["-D", "p=4", "-D", "m=8"], marks=pytest.mark.slow)])
 def test_kfac_addon_applies_to_any_base(base, params, tmp_path):
     """`--with kfac` on each library schedule: checks pass, the K-FAC tasks are all placed, and with
     BERT-Large's V100 profile at micro-batch 32 the bubbles fill to >= 0.90. A profile row has no I or

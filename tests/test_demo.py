@@ -7,9 +7,12 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -288,6 +288,7 @@ def test_pipefisher_on_chimera_with_v100_profiles(model, size):
         assert max(step[op] for op in ops) <= max(step[dep] for dep in deps)
 
 
+@pytest.mark.slow
 def test_model_layers_give_units_and_scale_a_profile(tmp_path):
     """`--model` spreads its layers over the stages: a profile's per-layer costs are times the stage's
     layers, and the tasks' units follow (`split layers`: BERT-Large's 24 layers on 8 stages, 3 each;

@@ -6,6 +6,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -47,6 +48,7 @@ def test_random_token_streams(tmp_path, tokens, suffix):
     run(tmp_path, "fuzz" + suffix, " ".join(tokens).encode())
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(name=st.sampled_from(sorted(LIBRARY)), data=st.data())
 def test_mutated_library_files(tmp_path, name, data):

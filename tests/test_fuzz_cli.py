@@ -21,6 +21,7 @@ CASES = 400
 SEED = 20261201
 LIMIT_S = 20
 FLOOD = 1024 * 1024
+pytestmark = pytest.mark.slow  # 400 command lines in process: several seconds
 
 
 @pytest.fixture(scope="module")

@@ -422,6 +422,7 @@ def test_tune_why_with_an_integer_of_thousands_of_digits_is_a_usage_error():
         in result.output
 
 
+@pytest.mark.slow
 def test_a_model_builder_that_never_returns_is_ended_by_the_runs_timeout(tmp_path):
     """It hung past --timeout 5: user code is called under the run's --timeout (in a process of its own
     here: the limit ends the process)."""

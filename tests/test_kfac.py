@@ -123,6 +123,7 @@ def _curvature_between_i_and_w(plan: dict) -> set[tuple[int, int]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule,params,ranks,steps,cycle,lagged", [
     ("pipefisher", {"p": 2, "m": 4}, 2, STEPS, 2, False),
     ("pipefisher_1f1b", {"p": 2, "m": 4}, 2, STEPS, 2, False),
@@ -192,6 +193,7 @@ def _model_args(model: ModelConfig) -> list[str]:
             "--mb-size", str(model.mb_size), "--device", "cpu"]
 
 
+@pytest.mark.slow
 def test_kfac_under_tensor_parallelism_updates_like_one_process_kfac(tmp_path):
     """t = 2 on p = 2 (four ranks, one launch): PipeFisher's 1F1B with and without sequence parallelism,
     and ZB-H1 with the add-on under sequence parallelism and selective recomputation. Each tensor rank

@@ -55,6 +55,7 @@ def test_the_example_model_trains_under_the_reference(reference):
     assert abs(reference[0] - math.log(256)) < 1.0  # a fresh model is near uniform over the 256 bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p,extra", [(2, ["--recompute", "selective"]), (1, ["--tp", "2"])], ids=["pipeline", "tensor"])
 def test_the_example_model_matches_the_reference_split_over_ranks(reference, tmp_path, p, extra):
     metrics = tmp_path / "run.jsonl"

@@ -19,6 +19,7 @@ def wheel(tmp_path_factory):
     return next(out.glob("schedc-*.whl"))
 
 
+@pytest.mark.slow
 def test_wheel_holds_package_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "schedc/grammars/sched.lark" in names
@@ -29,6 +30,7 @@ def test_wheel_holds_package_data(wheel):
     assert {"schedc/clusters/dgx-a100-80gb.toml", "schedc/clusters/dgx-h100-80gb.toml"} <= names
 
 
+@pytest.mark.slow
 def test_installed_wheel_compiles_a_library_schedule(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=False)

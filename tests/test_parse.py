@@ -262,6 +262,7 @@ def _program_bodies():
         lambda items: "".join(unit + (gap or " ") for unit, gap in items)), max_leaves=12)
 
 
+@pytest.mark.slow
 def test_literal_runs_parse_as_the_general_rule_on_generated_programs():
     """The one-token run against the grammar without it, on generated program bodies: the same AST and
     spans, or both refuse."""

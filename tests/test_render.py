@@ -247,6 +247,7 @@ def near(pixel: tuple[int, ...], colour: str, tolerance: int = 12) -> bool:
     return all(abs(p - int(colour[k:k + 2], 16)) <= tolerance for p, k in zip(pixel, (1, 3, 5)))
 
 
+@pytest.mark.slow
 def test_the_console_check_catches_errors(tmp_path):
     page = tmp_path / "bad.html"
     page.write_text("<!DOCTYPE html><p>x</p><script>console.error('boom'); notDefined();</script>")
@@ -254,6 +255,7 @@ def test_the_console_check_catches_errors(tmp_path):
     assert any("Uncaught" in line for line in console_errors(log))
 
 
+@pytest.mark.slow
 def test_html_report_in_headless_chromium(tmp_path):
     report = tmp_path / "report.html"
     render_file("chimera", ("p=4", "m=8"), None, 0.0, str(report))
@@ -382,6 +384,7 @@ def test_memory_over_time_of_a_filled_cycle_counts_kept_gradients_and_factors(na
     assert all(steps[-1][1] > 0 for steps in series)
 
 
+@pytest.mark.slow
 def test_a_dag_with_too_many_edges_is_refused_before_graphviz_runs(tmp_path):
     from click.testing import CliRunner
     from schedc.cli import main

@@ -143,6 +143,7 @@ def test_level_ticks_are_round_and_two_to_four_at_any_magnitude(top):
     assert float(mantissa) in (1, 2, 5) and 1 <= top / step <= 3 + 1e-9
 
 
+@pytest.mark.slow
 def test_in_headless_chromium_time_0_is_one_column_in_both_charts(tmp_path):
     """The browser's pixels: the leftmost blue of device 0's row (F(0,0), from time 0) and of the last
     device's memory panel (its curve, from time 0 at level 0) are the same column (a pixel apart at

@@ -125,6 +125,7 @@ def launch_plans(jobs: list[tuple[Path, list[str]]], nproc: int, directory: Path
                           cwd=_repo())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", sorted(EXACTNESS))
 def test_library_schedules_match_reference(plans, reference, tmp_path, ranks):
     """Each plan's loss and first-step gradients equal the one-process reference (Seq1F1B's within
@@ -267,6 +268,7 @@ def test_overlapped_halves_of_one_microbatch_run_in_order_on_cuda_too():
     assert streams.log == [("run", "F stage=3 mb=1 pipe=0", "main"), ("run", "B stage=3 mb=1 pipe=0", "main")]
 
 
+@pytest.mark.slow
 def test_data_parallel_matches_reference(plans, reference, tmp_path):
     plan = plans("chimera", p=2, m=4)  # replica sync and data-parallel sync together
     run, _ = torchrun(plan, 4, *SMALL, "--dp", "2", "--steps", "1", "--save-grads", str(tmp_path))
@@ -304,6 +306,7 @@ def no_batches(cfg, seed: int) -> object:
     return object()
 
 
+@pytest.mark.slow
 def test_user_model_and_data_toml_sgd(plans, tmp_path):
     (tmp_path / "tiny.toml").write_text("[model]\nlayers = 3\nseq = 8\nvocab = 50\nwidth = 12\n")
     plan = plans("gpipe", p=2, m=4)
@@ -354,6 +357,7 @@ def split_backward_plan(plan_path: Path, out: Path) -> Path:
     return out / "plan.json"
 
 
+@pytest.mark.slow
 def test_split_backward_and_tasks(plans, reference, tmp_path):
     plan = split_backward_plan(plans("1f1b", p=2, m=4), tmp_path / "plan")
     run, _ = torchrun(plan, 2, *SMALL, "--steps", "1", "--ignore-tasks", "--save-grads",
@@ -362,6 +366,7 @@ def test_split_backward_and_tasks(plans, reference, tmp_path):
     assert_same(_dump(tmp_path / "out"), reference(plan, SMALL))
 
 
+@pytest.mark.slow
 def test_bubble_filled_cycle_runs_with_ignored_tasks(plans, reference, tmp_path):
     plan = plans("pipefisher_1f1b", p=2, m=4)
     assert load_plan(plan).cycle_steps > 1
@@ -379,6 +384,7 @@ def test_lifetimes_keep_state_for_tasks_of_the_next_step():
     assert got.carried == (frozenset({(0, 1)}), frozenset())
 
 
+@pytest.mark.slow
 def test_trace_report_and_profile(plans, tmp_path):
     plan = plans("1f1b", p=2, m=4)
     run, _ = torchrun(plan, 2, *SMALL, "--steps", "3", "--trace-out", str(tmp_path / "trace.json"),
@@ -410,6 +416,7 @@ def test_trace_report_and_profile(plans, tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+@pytest.mark.slow
 def test_killed_rank_ends_all_ranks_naming_it(plans):
     plan = plans("1f1b", p=2, m=4)
     run, seconds = torchrun(plan, 2, *SMALL, "--steps", "4", "--fault-kill", "1:1", limit=90)
@@ -419,6 +426,7 @@ def test_killed_rank_ends_all_ranks_naming_it(plans):
     assert seconds < 60
 
 
+@pytest.mark.slow
 def test_hung_rank_times_out_naming_it(plans):
     plan = plans("1f1b", p=2, m=4)
     command = torchrun_command(plan, 2, [*SMALL, "--steps", "4", "--fault-hang", "1:1",
@@ -429,6 +437,7 @@ def test_hung_rank_times_out_naming_it(plans):
     assert time.monotonic() - begin < 60
 
 
+@pytest.mark.slow
 def test_watchdog_ends_a_stuck_rank(plans):
     command = [sys.executable, "-m", "schedc.runtime", str(plans("gpipe", p=1, m=2)), *SMALL,
                "--steps", "3", "--fault-hang", "0:1", "--timeout", "1"]
@@ -437,6 +446,7 @@ def test_watchdog_ends_a_stuck_rank(plans):
     assert "rank 0: no progress for 3 s while executing" in run.stderr and "(step 1)" in run.stderr
 
 
+@pytest.mark.slow
 def test_world_size_mismatch_refused_under_torchrun(plans):
     run, _ = torchrun(plans("1f1b", p=2, m=4), 2, *SMALL, "--dp", "2")
     assert run.returncode != 0
@@ -491,6 +501,7 @@ def test_task_registry():
     assert seen == [Instr("curvature_test", 0, 1)]
 
 
+@pytest.mark.slow
 def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     plan = plans("1f1b", p=2, m=4)
     common = [*SMALL, "--steps", "5", "--quiet"]
@@ -526,6 +537,7 @@ def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     assert "step" not in third.stdout
 
 
+@pytest.mark.slow
 def test_save_keeps_only_the_latest_checkpoint_as_its_help_says(plans, tmp_path):
     from schedc.runtime.options import build_parser
     save = next(a for a in build_parser()._actions if "--save" in a.option_strings)
@@ -538,6 +550,7 @@ def test_save_keeps_only_the_latest_checkpoint_as_its_help_says(plans, tmp_path)
     assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["steps_done"] == 3
 
 
+@pytest.mark.slow
 def test_a_full_disk_on_save_is_named_and_leaves_no_temporary(plans, tmp_path):
     """--save into a 64 KiB file system (a tmpfs when this process may mount one, else a file-size
     limit on the ranks): the probe before step 0 fits, the checkpoint does not."""
@@ -623,6 +636,7 @@ def test_a_model_too_large_for_cpu_ranks_is_warned_of_with_its_parameter_count(p
     assert size_warning(parse_options([plan, "--model", config, "--device", "cuda"])) is None
 
 
+@pytest.mark.slow
 def test_a_stopped_run_ends_its_ranks_without_a_traceback(plans):
     """SIGTERM to `schedc run` alone (not its process group, which torchrun would see itself): it is
     passed on, torchrun ends the ranks, and one line says so; the ranks are gone within seconds."""
@@ -689,6 +703,7 @@ def test_run_refuses_an_edited_plan_before_starting_torchrun(plans, tmp_path, ca
     assert f"error: {tmp_path / 'plan.json'}: plan hash does not match" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_ended_within_the_timeout_and_named(plans):
     """SIGSTOP on rank 1: rank 0 gives up after --timeout; torchrun's SIGTERM cannot reach a stopped
     process, and it is killed a few seconds later (torchrun's own grace is 30 s), named first."""
@@ -744,6 +759,7 @@ def _losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_give_the_single_node_losses(plans, tmp_path):
     plan = plans("1f1b", p=2, m=4)
     common = [*SMALL, "--steps", "3", "--quiet", "--timeout", "60"]
@@ -755,6 +771,7 @@ def test_two_nodes_on_loopback_give_the_single_node_losses(plans, tmp_path):
     assert _losses(tmp_path / "two.jsonl") == _losses(tmp_path / "one.jsonl")
 
 
+@pytest.mark.slow
 def test_a_killed_node_ends_the_other_within_the_timeout(plans, tmp_path):
     """One agent is killed during training (its worker ends with it); the other node's worker gives up
     within --timeout, naming the rank it waited for, and its agent ends."""
@@ -846,6 +863,7 @@ def test_a_rank_that_lost_a_peer_says_so_instead_of_glooes_words(plans, monkeypa
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_distributed_optimizer_trains_as_the_whole_one_and_resumes(plans, tmp_path, capsys):
     """--dp 2 --distributed-optimizer: each data-parallel rank keeps the optimizer state of half the
     weights and steps only those, then all-gathers them; the losses of four steps are those of the

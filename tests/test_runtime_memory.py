@@ -55,6 +55,7 @@ def _losses(path: Path) -> list[float]:
 PLACED = [("offload_1f1b", {"p": 2, "m": 4}), ("interleaved_1f1b_recompute", {"p": 2, "v": 2, "m": 4})]
 
 
+@pytest.mark.slow
 def test_recompute_gives_the_reference_under_every_backward(plans, reference, tmp_path):  # noqa: F811
     """Selective and full recomputation against the one-process reference: 1F1B (full backwards),
     ZB-H1 (split I + W), DualPipeV (overlapped F & B, split and full backwards); the library's placed
@@ -153,6 +154,7 @@ def runtime_sizes(options: list[str]) -> Sizes:
     return Sizes(value["seq"], value["mb-size"], value["hidden"], value["heads"], 4 * value["hidden"], 256)
 
 
+@pytest.mark.slow
 def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, reference, tmp_path):  # noqa: F811
     """One 4-rank launch. 1F1B over 4 stages (the embedding's, two middle ones, the head's) under each
     --recompute: every forward of a stage saves the bytes schedc/activations.py gives for the

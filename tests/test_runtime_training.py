@@ -97,6 +97,7 @@ CASES = {
 SPLITS = {"explicit": (1, 4), "embedding": (2, 3), "loss_only": (2, 2, 2, 0), "both_ends": (1, 2, 2, 1)}
 
 
+@pytest.mark.slow
 def test_training_options_give_the_reference_with_the_same_options(plans, tmp_path):  # noqa: F811
     """One 2-rank launch. Uneven splits (their stages' saved bytes, measured, are those of their layer
     counts: the split the runtime made), clipping (a norm far below the gradients', so it scales them)
@@ -182,6 +183,7 @@ TENSOR_CASES = {"tp_clip": ["--clip-grad", "0.05"], "tp_selective": ["--recomput
                 "sp_selective": ["--sequence-parallel", "--recompute", "selective", "--clip-grad", "0.05"]}
 
 
+@pytest.mark.slow
 def test_clipping_and_recomputation_under_tensor_parallelism(plans, tmp_path):  # noqa: F811
     """One 4-rank launch, 1F1B at t = 2, p = 2: the global norm counts a split weight's shards each once
     and a replicated weight once (not on every tensor rank), and the tensor-parallel block's attention

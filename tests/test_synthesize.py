@@ -242,6 +242,7 @@ def test_the_op_limit_counts_the_kinds_the_order_runs():
         in caught.value.render()
 
 
+@pytest.mark.slow
 def test_32_devices_are_synthesized_or_refused_in_seconds(tmp_path):
     """p = 32: within the op budget the whole synthesis (greedy variants, local search, the .sched
     compiled back) finishes, its order as the written file compiles; past it the refusal comes before

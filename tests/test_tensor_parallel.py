@@ -250,6 +250,7 @@ def _model_options(options: list[str]) -> list[str]:
     return kept
 
 
+@pytest.mark.slow
 def test_tensor_parallel_runs_match_the_reference(plans, reference3, tmp_path):  # noqa: F811
     """t = 2, p = 2: three schedules, scatter/gather on and off, sequence parallelism, and a user model
     whose MLP pieces give their own parallel form (its embedding and output replicated); each rank's
@@ -270,6 +271,7 @@ def test_tensor_parallel_runs_match_the_reference(plans, reference3, tmp_path): 
     assert sent["1f1b_whole"] == [m * MESSAGE_BYTES] * 4
 
 
+@pytest.mark.slow
 def test_data_parallel_ranks_in_the_layout_order_match_the_reference(plans, reference3, tmp_path):  # noqa: F811
     """t = 1, d = 2 (rank = plan rank x 2 + replica), with and without the distributed optimizer."""
     cases = {"1f1b_zero": ("1f1b", [*MODEL, "--distributed-optimizer"]), "zb_h1": ("zb_h1", MODEL),
@@ -278,6 +280,7 @@ def test_data_parallel_ranks_in_the_layout_order_match_the_reference(plans, refe
     assert sent["1f1b_zero"] == [SCHEDULES["1f1b"][1]["m"] * MESSAGE_BYTES] * 4
 
 
+@pytest.mark.slow
 def test_tensor_and_data_parallel_together_match_the_reference(plans, reference3, tmp_path):  # noqa: F811
     """t = 2, d = 2 on one stage (four ranks: the tensor groups, each tensor rank's data-parallel group
     and the distributed optimizer over it, without pipeline messages; p = 2 as well is the slow test)."""
@@ -286,6 +289,7 @@ def test_tensor_and_data_parallel_together_match_the_reference(plans, reference3
                                                    "zero_sp": ("one_stage", [*tp, "--sequence-parallel"])})
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_run_resumes_from_its_checkpoint_with_the_references_losses(
         plans, reference3, tmp_path):  # noqa: F811
     """Two steps of t = 2 with sequence parallelism saved (each rank its shards), then resumed for the

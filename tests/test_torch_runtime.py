@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from schedc.cli import main
 from test_torch_csv import TORCH_EXPORTABLE
 
 HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.slow  # the module is one torchrun launch
 
 
 def test_torchs_runtime_gives_one_process_gradients_for_every_export(tmp_path):

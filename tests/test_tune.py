@@ -339,7 +339,8 @@ def test_bad_input_is_a_message_and_an_exit_code(model, args, code, message):
     assert "Traceback" not in result.output and not isinstance(result.exception, (TypeError, ValueError, KeyError))
 
 
-@pytest.mark.parametrize("schedule", ["extends", "pipefisher_1f1b", "pipefisher"])
+@pytest.mark.parametrize("schedule", ["extends", pytest.param("pipefisher_1f1b", marks=pytest.mark.slow),
+                                      pytest.param("pipefisher", marks=pytest.mark.slow)])
 def test_composed_schedules_rank_and_their_winner_commands_run(model, schedule):
     """An `extends` chain (top.sched extends mid.sched, which extends ../base.sched) and the library's
     PipeFisher schedules (`extends` + `use kfac`) are searched whole, and the simulate line printed for
@@ -485,6 +486,7 @@ def test_the_distributed_optimizer_fits_what_does_not_and_its_winner_simulates_a
     assert stats["memory_gib_per_gpu"] <= 3
 
 
+@pytest.mark.slow
 def test_why_ranks_exactly_as_the_exhaustive_search_does(model):
     """--why's rank of a configuration, the bounded walk's (every candidate whose bound is below its
     time simulated), is its index in the exhaustive search's whole ranking, overall and among its
@@ -597,6 +599,7 @@ def test_why_explains_zb_h2_against_interleaved_part_by_part(model):
     assert "memory against the winner (GiB)" in result.output and "deferred W" in result.output
 
 
+@pytest.mark.slow
 def test_the_winner_scaled_to_this_machine_runs(model, tmp_path):
     """tune prints, for its winner, a compile and a `schedc run` of the same schedule, t and
     recomputation on this machine (p = 2, at most 4 ranks); both commands work as printed (and torchrun's
@@ -649,6 +652,7 @@ def test_the_layer_split_options_search_the_zero_bubble_papers_22_layer_model():
     assert "give one or the other" in bad.output
 
 
+@pytest.mark.slow
 def test_schedules_with_placed_recompute_or_offload_are_compiled_whole_and_ranked(model):
     """interleaved_1f1b_recompute and offload_1f1b, named in --schedules (the default library leaves them
     out: their R, O and L are the layout's recompute decision), are searched by the whole compile: each
