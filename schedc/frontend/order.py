@@ -24,7 +24,7 @@ from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
 from .hoist import hoisted
-from .queues import Queue, QueueKey, StepBudget, build_queues, chunk_index
+from .queues import DeviceQueues, QueueKey, StepBudget, chunk_index
 
 
 HOIST_ROUNDS = 32  # a loop of this many rounds or more runs its body with the invariants folded in
@@ -39,7 +39,7 @@ class _ProgramRun:
     queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError, the first
     op of an `until` kind with _Enough."""
 
-    def __init__(self, device: int, queues: dict[tuple[str, str | None, int | None], Queue], ops: list[Op],
+    def __init__(self, device: int, queues: DeviceQueues, ops: list[Op],
                  pipelines: tuple[Pipeline, ...], budget: StepBudget, mixed: _MixedBackward | None = None,
                  chunk: dict[tuple[int, int], int] | None = None, until: frozenset[str] = frozenset()):
         self.device, self.queues, self.ops, self.pipelines, self.budget = device, queues, ops, pipelines, budget
@@ -191,7 +191,7 @@ class _ProgramRun:
         if self.mixed and any(c.kind in BACKWARDS for c in cursors):
             return 0
         steps = count * len(cursors) if isinstance(unit, ast.Group) else 0
-        queues = [self.queues.get((c.kind, self._pipe(c, env), None)) for c in cursors]
+        queues = [self.queues[(c.kind, self._pipe(c, env), None)] for c in cursors]
         if steps > self.budget.left or any(q is None for q in queues):
             return 0
         runs = [q.peek_run(count, self.taken) for q in queues]
@@ -232,7 +232,7 @@ class _ProgramRun:
         pipe, chunk = self._pipe(cursor, env), self._chunk(cursor, env)
         if self.mixed and cursor.kind == _W:
             return self.mixed.peek_weight(self.pipelines, pipe, chunk, self.chunk)
-        queue = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
+        queue = self.queues[(_queued(cursor.kind, self.mixed), pipe, chunk)]
         return queue.peek(self.taken) if queue else None
 
     def _cursor(self, cursor: ast.Cursor, env: dict) -> None:
@@ -245,7 +245,7 @@ class _ProgramRun:
         if self.mixed and cursor.kind == _W:
             op = self.mixed.pop_weight(self.pipelines, pipe, chunk, self.chunk)
         else:
-            queue = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
+            queue = self.queues[(_queued(cursor.kind, self.mixed), pipe, chunk)]
             op = queue.pop(self.taken) if queue else None
         if op is None:
             if self.lenient:
@@ -260,11 +260,11 @@ class _ProgramRun:
         where = (f" of pipeline '{pipe}'" if pipe else "") + (f" of chunk {chunk}" if chunk is not None else "")
         if self.mixed and cursor.kind == _W:
             return f"no input gradient{where} placed so far waits for its W"
-        known = self.queues.get((_queued(cursor.kind, self.mixed), pipe, chunk))
+        known = self.queues[(_queued(cursor.kind, self.mixed), pipe, chunk)]
         if known:
             return f"all {len(known.ops)} {cursor.kind} ops{where} of this device are already placed"
-        if chunk is not None and self.queues.get((_queued(cursor.kind, self.mixed), pipe, None)):
-            chunks = sorted({c for (kind, p, c) in self.queues if kind == _queued(cursor.kind, self.mixed)
+        if chunk is not None and self.queues[(_queued(cursor.kind, self.mixed), pipe, None)]:
+            chunks = sorted({c for (kind, p, c) in self.queues.all() if kind == _queued(cursor.kind, self.mixed)
                              and p == pipe and c is not None})
             return f"this device holds chunks {', '.join(map(str, chunks))}"
         return f"no op of kind '{cursor.kind}'{where} runs on this device"
@@ -424,7 +424,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        run = _ProgramRun(dev, build_queues(per_device[dev], keys, pipelines, chunk, mixed),
+        run = _ProgramRun(dev, DeviceQueues(per_device[dev], keys, pipelines, chunk, mixed),
                           per_device[dev], pipelines, budget, _MixedBackward(per_device[dev]) if mixed else None,
                           chunk, until)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)

@@ -1,6 +1,7 @@
 """The queues programs pop from: a program's `queue` of ops sorted by its key (the key names, the columns
-a key reads, chunk indices of V shapes), each device's queues built (build_queues), and the per-step budget
-of an interpreted program."""
+a key reads, chunk indices of V shapes), each device's queues (DeviceQueues, each made when a cursor first
+asks for it; build_queues, every one at once, its plain form), and the per-step budget of an interpreted
+program."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -203,25 +204,40 @@ class Queue:
 def build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
                   mixed: bool = False) -> dict:
     """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
-    With a mixed backward, I and W are not queued (B's queue is the backward queue, see order._MixedBackward)."""
-    by_kind: dict[str, list[Op]] = {}
-    for op in device_ops:
-        if not (mixed and op.kind in SPLIT):
-            by_kind.setdefault(op.kind, []).append(op)
+    With a mixed backward, I and W are not queued (B's queue is the backward queue, see order._MixedBackward).
+    The plain form of DeviceQueues, which makes each only when a cursor asks for it."""
+    by_kind = _by_kind(device_ops, mixed)
     queues = {}
     for kind, ops in by_kind.items():
-        key = keys.get((kind, None)) or (keys.get((OpKind.I.value, None)) if mixed and kind == OpKind.B.value else None)
-        ordered = sort_queue(ops, key, pipelines, chunk)
+        ordered = sort_queue(ops, _kind_key(keys, kind, mixed), pipelines, chunk)
         queues[(kind, None, None)] = Queue(ordered)
         _chunk_queues(queues, kind, None, ordered, chunk)
         for k, pipe in enumerate(pipelines):
-            mine = [op for op in ordered if op.pipe == k]
-            if (kind, pipe.name) in keys:
-                mine = sort_queue(mine, keys[(kind, pipe.name)], pipelines, chunk)
+            mine = _pipe_ops(ordered, k, keys.get((kind, pipe.name)), pipelines, chunk)
             if mine:
                 queues[(kind, pipe.name, None)] = Queue(mine)
                 _chunk_queues(queues, kind, pipe.name, mine, chunk)
     return queues
+
+
+def _by_kind(device_ops: list[Op], mixed: bool) -> dict[str, list[Op]]:
+    """The device's ops by kind, kinds in the order their first op comes (with a mixed backward, no I, W)."""
+    by_kind: dict[str, list[Op]] = {}
+    for op in device_ops:
+        if not (mixed and op.kind in SPLIT):
+            by_kind.setdefault(op.kind, []).append(op)
+    return by_kind
+
+
+def _kind_key(keys: dict, kind: str, mixed: bool) -> QueueKey | None:
+    """The key of a kind's whole queue: its own, or with a mixed backward I's for B's (the backward queue)."""
+    return keys.get((kind, None)) or (keys.get((OpKind.I.value, None)) if mixed and kind == OpKind.B.value else None)
+
+
+def _pipe_ops(ordered: list[Op], k: int, key: QueueKey | None, pipelines, chunk) -> list[Op]:
+    """Pipeline k's ops of a kind's whole queue, in its order or by the pipeline's own key."""
+    mine = [op for op in ordered if op.pipe == k]
+    return sort_queue(mine, key, pipelines, chunk) if key is not None else mine
 
 
 def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
@@ -231,3 +247,69 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
         by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
     for c, ops in by_chunk.items():
         queues[(kind, pipe, c)] = Queue(ops)
+
+
+class DeviceQueues(dict):
+    """build_queues' queues, each made when a cursor first asks for it (`queues[key]`, at a plain dict
+    lookup's cost once made; None where build_queues has none): a program that pops only F and one
+    backward (prefix.order_starts) splits no chunk and sorts no unkeyed queue it never pops. Exact: a queue's ops do not depend on
+    when it is made, and a queue no cursor asked for yet is as it was made (nothing popped). A key's
+    error is raised as build_queues raises it, when the device's queues are made: every queue a key sorts
+    (a kind's or a pipeline's) is sorted then, in build_queues' order; only the unkeyed sorts and the
+    pipeline and chunk splits wait. all() makes every queue (an empty pop's report lists the chunks)."""
+
+    def __init__(self, device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
+                 mixed: bool = False):
+        super().__init__()
+        self.keys, self.pipelines, self.chunk, self.mixed = keys, pipelines, chunk, mixed
+        self.by_kind = _by_kind(device_ops, mixed)
+        self.pipes = {p.name: k for k, p in enumerate(pipelines)}
+        self.ordered: dict[tuple[str, str | None], list[Op]] = {}  # (kind, pipeline) -> its ops in pop order
+        self.split: dict[tuple[str, str | None], list[int]] = {}  # (kind, pipeline) -> its chunks, once split
+        for kind in self.by_kind:
+            for pipe in (None, *self.pipes):
+                if (_kind_key(keys, kind, mixed) if pipe is None else keys.get((kind, pipe))) is not None:
+                    self._ops(kind, pipe)
+
+    def __missing__(self, key: tuple[str, str | None, int | None]) -> Queue | None:
+        kind, pipe, chunk = key
+        if chunk is None:
+            ops = self._ops(kind, pipe)
+            self[key] = Queue(ops) if ops else None
+        elif key not in self._split(kind, pipe):
+            self[key] = None
+        return self[key]
+
+    def _ops(self, kind: str, pipe: str | None) -> list[Op]:
+        """The ops of a kind's queue (of one pipeline, or all) in pop order."""
+        found = self.ordered.get((kind, pipe))
+        if found is None:
+            if pipe is None:
+                found = sort_queue(self.by_kind.get(kind, []), _kind_key(self.keys, kind, self.mixed),
+                                   self.pipelines, self.chunk)
+            else:
+                k = self.pipes.get(pipe)
+                found = [] if k is None else _pipe_ops(self._ops(kind, None), k, self.keys.get((kind, pipe)),
+                                                       self.pipelines, self.chunk)
+            self.ordered[(kind, pipe)] = found
+        return found
+
+    def _split(self, kind: str, pipe: str | None) -> dict[tuple, Queue]:
+        """The chunk queues of a kind's queue (of one pipeline, or all), made now if new."""
+        if (kind, pipe) not in self.split:
+            made: dict = {}
+            _chunk_queues(made, kind, pipe, self._ops(kind, pipe), self.chunk)
+            self.update(made)
+            self.split[(kind, pipe)] = [c for (_, _, c) in made]
+        return {(kind, pipe, c): self[(kind, pipe, c)] for c in self.split[(kind, pipe)]}
+
+    def all(self) -> dict[tuple[str, str | None, int | None], Queue]:
+        """Every queue, made now, keyed in build_queues' order."""
+        out = {}
+        for kind in self.by_kind:
+            for pipe in (None, *self.pipes):
+                whole = self[(kind, pipe, None)]
+                if whole is not None:
+                    out[(kind, pipe, None)] = whole
+                    out.update(self._split(kind, pipe))
+        return out
