@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from itertools import accumulate, chain, compress, repeat
+from itertools import accumulate, chain, compress, groupby, repeat
 from operator import add, attrgetter, contains, mul, sub
 
 from ..ir import OP_KEY, Op, consume
@@ -36,6 +36,7 @@ from ..ops import BUILTIN, GRADIENT, OpKind
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
 _AT = attrgetter("stage", "mb", "pipe")
 _KIND, _DEVICE = attrgetter("kind"), attrgetter("device")
+_CHANGE = {_F: 1, _B: -1}  # an op's change of its device's memory (a W's is counted apart)
 
 
 class _Ops:
@@ -51,8 +52,8 @@ class _Ops:
         kinds, stages, pipes = (list(map(attrgetter(name), self.ops)) for name in ("kind", "stage", "pipe"))
         self.deps = dependency_lists(self.ops, deps)
         self.chunk = list(map(chunk.__getitem__, zip(pipes, stages)))
-        self.change = [(kind == _F) - (kind == _B) for kind in kinds]  # memory; W's come counted
-        self.backward = [kind == _I for kind in kinds]  # an input gradient (its W comes counted)
+        self.change = list(map(_CHANGE.get, kinds, repeat(0)))  # memory; W's come counted
+        self.backward = list(map(_I.__eq__, kinds))  # an input gradient (its W comes counted)
         lanes: dict[tuple, int] = {}
         self.previous = []
         for n, lane in enumerate(zip(self.device, kinds, pipes, self.chunk)):
@@ -65,8 +66,8 @@ class _Ops:
                                     if op.stage == 0 and op.pipe == 0 and op.kind in GRADIENT), None)
         self.last_forwards = {n for (_, kind, _, c), n in lanes.items() if kind == _F and c == 0}
         self.by_device: list[list[int]] = [[] for _ in orders]
-        for n, d in enumerate(self.device):
-            self.by_device[d].append(n)
+        for d, mine in groupby(sorted(range(len(self.ops)), key=self.device.__getitem__), self.device.__getitem__):
+            self.by_device[d] = list(mine)
 
     def on(self, device: int) -> list[int]:
         return self.by_device[device]
@@ -78,34 +79,77 @@ def dependency_lists(ops: list[Op], deps) -> list[list[int]]:
     sequence chunks or offloaded forwards a built-in op's keys are those of its kind, stage and pipe
     with its own microbatch put in (ir.builtin_dep_keys), save that with a mixed backward the kind
     read of a neighbour depends on whether the neighbour's (pipe, stage, mb) runs split: a class is
-    (kind, stage, pipe, whether the stages below and above run split for the op's microbatch). Each
-    class's keys are one op's keys_of; built column by column (the j-th key of every op), then looked
-    up. Asked per op where a class's keys name another microbatch than its op's (tests/test_squeeze.py
-    holds this to keys_of)."""
-    index = dict(zip(map(OP_KEY, ops), range(len(ops))))
-    plain = [[index[k] for k in deps.keys_of(op) if k in index] for op in ops] if (
-        deps.per_microbatch or any(op.kind not in BUILTIN for op in ops)) else None
-    if plain is not None:
-        return plain
-    stages, mbs, pipes = (list(map(attrgetter(name), ops)) for name in ("stage", "mb", "pipe"))
+    (kind, stage, pipe, part, whether the stages below and above run split for the op's microbatch).
+    Ops and keys are numbered by one integer each (_Numbering), so that an op's j-th key is its own
+    number plus its class's offset, the same for every op of the class (the microbatch cancels). Asked
+    per op where a class's keys leave the numbering or name another microbatch than its op's
+    (tests/test_squeeze.py holds this to keys_of)."""
+    numbering = _Numbering(ops) if not deps.per_microbatch else None
+    if numbering is None or not numbering.ok:
+        return _asked_per_op(ops, deps)
+    codes, mbs = numbering.codes, numbering.mbs
     split = deps.split if deps.mixed else frozenset()
-    below = map(split.__contains__, zip(pipes, map(sub, stages, repeat(1)), mbs))
-    above = map(split.__contains__, zip(pipes, map(add, stages, repeat(1)), mbs))
-    classes = list(zip(map(_KIND, ops), stages, pipes, below, above))
+    below = map(split.__contains__, zip(numbering.pipes, map(sub, numbering.stages, repeat(1)), mbs))
+    above = map(split.__contains__, zip(numbering.pipes, map(add, numbering.stages, repeat(1)), mbs))
+    classes = list(map(add, map(mul, map(sub, codes, map(mul, mbs, repeat(numbering.mb_step))), repeat(4)),
+                       map(add, map(mul, below, repeat(2)), above)))
     first = dict(zip(reversed(classes), range(len(ops) - 1, -1, -1)))  # each class's first op
     keys = [deps.keys_of(ops[n]) for n in first.values()]
-    if any(key[2] != mbs[n] for n, found in zip(first.values(), keys) for key in found):
-        return [[index[k] for k in deps.keys_of(op) if k in index] for op in ops]
+    offsets = [[None if key[2] != mbs[n] or (number := numbering.number(key)) is None else number - codes[n]
+                for key in found] for n, found in zip(first.values(), keys)]
+    if any(None in row for row in offsets):
+        return _asked_per_op(ops, deps)
     ids = list(map(dict(zip(first, range(len(first)))).__getitem__, classes))
+    index = dict(zip(codes, range(len(ops))))
     columns = []
     for j in range(max(map(len, keys), default=0)):
-        field = [[found[j][f] if j < len(found) else None for found in keys] for f in (0, 1, 3, 4)]
-        kind, stage, pipe, part = (list(map(f.__getitem__, ids)) for f in field)
-        columns.append(list(map(index.get, zip(kind, stage, mbs, pipe, part))))
+        offset = [row[j] if j < len(row) else -numbering.size for row in offsets]  # none: below 0
+        columns.append(list(map(index.get, map(add, codes, map(offset.__getitem__, ids)))))
     out = list(map(list, zip(*columns))) if columns else [[] for _ in ops]
     for n in compress(range(len(ops)), map(contains, zip(*columns), repeat(None))):
         out[n] = [k for k in out[n] if k is not None]
     return out
+
+
+def _asked_per_op(ops: list[Op], deps) -> list[list[int]]:
+    index = dict(zip(map(OP_KEY, ops), range(len(ops))))
+    return [[index[k] for k in deps.keys_of(op) if k in index] for op in ops]
+
+
+class _Numbering:
+    """Built-in ops' keys (kind, stage, mb, pipe, part) numbered in a mixed radix: kind, pipe, stage
+    (from one below the lowest to one above the highest), mb, part; `ok` where every op fits (built-in,
+    microbatch and part natural numbers), `codes` the ops' numbers. number(key) is None off the grid."""
+
+    def __init__(self, ops: list[Op]):
+        self.stages, self.mbs, self.pipes, parts = (list(map(attrgetter(name), ops))
+                                                    for name in ("stage", "mb", "pipe", "part"))
+        kinds = list(map(_KIND, ops))
+        self.kinds = {kind: n for n, kind in enumerate(sorted(BUILTIN))}
+        self.ok = bool(ops) and None not in self.mbs and set(kinds) <= self.kinds.keys() and \
+            min(self.mbs) >= 0 and min(parts) >= 0 and min(self.pipes) >= 0
+        if not self.ok:
+            return
+        self.low = min(self.stages) - 1
+        self.radix = (len(self.kinds), max(self.pipes) + 1, max(self.stages) + 2 - self.low, max(self.mbs) + 1,
+                      max(parts) + 1)
+        self.mb_step = self.radix[4]
+        self.size = self.radix[0] * self.radix[1] * self.radix[2] * self.radix[3] * self.radix[4]
+        codes = map(self.kinds.__getitem__, kinds)
+        for column, radix in zip((self.pipes, map(sub, self.stages, repeat(self.low)), self.mbs, parts),
+                                 self.radix[1:]):
+            codes = map(add, map(mul, codes, repeat(radix)), column)
+        self.codes = list(codes)
+
+    def number(self, key: tuple) -> int | None:
+        kind, stage, mb, pipe, part = key
+        digits = (self.kinds.get(kind), pipe, stage - self.low, mb, part)
+        if any(d is None or not 0 <= d < r for d, r in zip(digits, self.radix)):
+            return None
+        code = 0
+        for d, r in zip(digits, self.radix):
+            code = code * r + d
+        return code
 
 
 def squeeze_orders(orders: tuple[tuple[Op, ...], ...], slots: list[list[int]], deps,
