@@ -191,9 +191,9 @@ def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
 def _events(table: _Ops, times: list[int], weights: list[list[int]] | None):
     """The ops (0 .. len(ops) - 1) and after them each device's weight gradients, in the order of the
     pass: by slot, device, ops before weight gradients, then index: the order of the plain tuples (t,
-    device, is_weight, n), sorted by one integer key per event (slots are never negative: order.py
-    refuses one, and the passes only move ops later than 0). (events, each event's device, each
-    event's index: the op's, or the weight gradient's among its device's)."""
+    device, is_weight, n), sorted by one integer key per event, (t * devices + device) * 2 + is_weight,
+    the ties left in index order by the stable sort. (events, each event's device, each event's index:
+    the op's, or the weight gradient's among its device's)."""
     devices, owners, ranks = table.devices, list(table.device), list(range(len(times)))
     keys = list(map(add, map(mul, times, repeat(2 * devices)), map(mul, owners, repeat(2))))
     for d, own in enumerate(weights or ()):
@@ -237,7 +237,8 @@ def _place_weight(own, k, t, taken, curve, bound) -> int:
 
 
 def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
-    """Rule 1: the slots of device d's weight gradients, counted, in the free slots."""
+    """Rule 1: the slots of device d's weight gradients, counted, in the free slots (slots are never
+    negative: order.py refuses one)."""
     mine = table.on(d)
     at = dict(zip(map(times.__getitem__, mine), map(table.backward.__getitem__, mine)))
     row: list[bool | None] = [None] * (max(at, default=-1) + 1)  # per slot: an input gradient? None: free
