@@ -165,30 +165,36 @@ def squeeze_orders(orders: tuple[tuple[Op, ...], ...], slots: list[list[int]], d
 def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
     """Rules 1 to 3 once; returns each op's new slot."""
     times = list(times)
-    weights = [_weight_slots(table, times, d) for d in range(table.devices)]
+    weights = [_weight_slots(table, times, d) for d in range(table.devices)] if with_weights else []
     curves = [_Counted(table, times, d, weights[d]) if with_weights else _Released(table, times, d)
               for d in range(table.devices)]
     bound = max(curve.peak for curve in curves)
-    events, owners, ranks = _events(table, times, weights if with_weights else None)
+    events, owners, ranks = _events(table, times, weights)
     taken: list[set[int]] = [set() for _ in range(table.devices)]
-    steady, cool = _phases(table, events)  # the warm-up moves only with the weight gradients counted
-    slots = times + list(chain.from_iterable(weights)) if with_weights else times  # each event's slot
-    for moving in (events[:steady] if with_weights else [], None, events[cool + 1:]):
-        if moving is None:  # rule 2 keeps the steady state (and, the second time, the warm-up)
-            kept = events[steady if with_weights else 0:cool + 1]
-            consume(map(set.add, map(taken.__getitem__, map(owners.__getitem__, kept)), map(slots.__getitem__, kept)))
-        for e in moving or ():
-            d, k = owners[e], ranks[e]
-            if e < len(table.ops):
-                taken[d].add(_place_op(table, times, k, times[k], taken[d], curves[d], bound))
-            else:
-                taken[d].add(_place_weight(weights[d], k, weights[d][k], taken[d], curves[d], bound))
+    steady, cool = _phases(table, events)
+    warm_up = events[:steady] if with_weights else []  # it moves only with the weight gradients counted
+    kept = events[len(warm_up):cool + 1]  # rule 2 keeps the steady state (the second time the warm-up too)
+    slots = times + list(chain.from_iterable(weights))  # each event's slot
+    _move(table, times, weights, warm_up, (owners, ranks, taken, curves, bound))
+    consume(map(set.add, map(taken.__getitem__, map(owners.__getitem__, kept)), map(slots.__getitem__, kept)))
+    _move(table, times, weights, events[cool + 1:], (owners, ranks, taken, curves, bound))
     if not with_weights:  # rule 1 again, for the moved ops
         weights = [_weight_slots(table, times, d) for d in range(table.devices)]
     return _eager(table, times, weights)
 
 
-def _events(table: _Ops, times: list[int], weights: list[list[int]] | None):
+def _move(table: _Ops, times: list[int], weights: list[list[int]], events: list[int], state) -> None:
+    """Rule 2 for each of the events, in turn; `state`: the pass's (owners, ranks, taken, curves, bound)."""
+    owners, ranks, taken, curves, bound = state
+    for e in events:
+        d, k = owners[e], ranks[e]
+        if e < len(table.ops):
+            taken[d].add(_place_op(table, times, k, times[k], taken[d], curves[d], bound))
+        else:
+            taken[d].add(_place_weight(weights[d], k, weights[d][k], taken[d], curves[d], bound))
+
+
+def _events(table: _Ops, times: list[int], weights: list[list[int]]):
     """The ops (0 .. len(ops) - 1) and after them each device's weight gradients, in the order of the
     pass: by slot, device, ops before weight gradients, then index: the order of the plain tuples (t,
     device, is_weight, n), sorted by one integer key per event, (t * devices + device) * 2 + is_weight,
@@ -196,7 +202,7 @@ def _events(table: _Ops, times: list[int], weights: list[list[int]] | None):
     the op's, or the weight gradient's among its device's)."""
     devices, owners, ranks = table.devices, list(table.device), list(range(len(times)))
     keys = list(map(add, map(mul, times, repeat(2 * devices)), map(mul, owners, repeat(2))))
-    for d, own in enumerate(weights or ()):
+    for d, own in enumerate(weights):
         keys += map(add, map(mul, own, repeat(2 * devices)), repeat(2 * d + 1))
         owners += repeat(d, len(own))
         ranks += range(len(own))
