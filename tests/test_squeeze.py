@@ -3,6 +3,7 @@ memory peak, never idles more than the plain block, and reproduces the sail-sg g
 for odd p and multiples of 3 (tests/reference_zb.py follows its rules)."""
 from __future__ import annotations
 
+import copy
 import random
 from itertools import accumulate, chain
 
@@ -127,3 +128,29 @@ def test_the_kept_memory_check_squeezes_as_the_whole_peak_recomputed(name, p, m,
         got = S.squeeze_orders(orders, spread, deps, chunk)
         assert got == _plain_squeeze(orders, spread, deps, chunk)
         assert sorted(map(str, chain(*got))) == sorted(map(str, chain(*orders)))
+
+
+# The squeeze table's dependency lists are looked up once per class of ops (squeeze.dependency_lists).
+# Held here to keys_of asked of every op, on what elaboration hands the squeeze and on the same ops with
+# other backward choices: a random part of the (pipe, stage, mb) split, all of them, none, or a plain
+# split or unsplit backward.
+
+def _keys_of_lists(ops, deps):
+    index = {op.key: n for n, op in enumerate(ops)}
+    return [[index[key] for key in deps.keys_of(op) if key in index] for op in ops]
+
+
+@pytest.mark.parametrize("name", ["v_half", "v_min"])
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 3), (3, 5), (4, 4), (5, 11), (6, 2), (7, 9), (8, 16), (16, 20)])
+def test_the_dependency_lists_are_keys_of_asked_per_op(name, p, m, monkeypatch):
+    orders, _, deps, _ = _squeeze_input(name, p, m, monkeypatch)
+    ops = [op for order in orders for op in order if op.kind != "W"]
+    assert S.dependency_lists(ops, deps) == _keys_of_lists(ops, deps)
+    rng = random.Random(p * 1000 + m)
+    every = sorted({(op.pipe, op.stage, op.mb) for op in ops})
+    for split in (frozenset(rng.sample(every, len(every) // 2)), frozenset(every), frozenset(), True, False):
+        other = copy.copy(deps)
+        other.split = split
+        assert S.dependency_lists(ops, other) == _keys_of_lists(ops, other)
+        shuffled = rng.sample(ops, len(ops))
+        assert S.dependency_lists(shuffled, other) == _keys_of_lists(shuffled, other)

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from itertools import accumulate, repeat
-from operator import attrgetter
+from itertools import accumulate, chain, compress, groupby, repeat
+from operator import add, attrgetter, contains, mul, sub
 
 from ..ir import OP_KEY, Op, consume
-from ..ops import GRADIENT, OpKind
+from ..ops import BUILTIN, GRADIENT, OpKind
 
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
 _AT = attrgetter("stage", "mb", "pipe")
+_KIND, _DEVICE = attrgetter("kind"), attrgetter("device")
+_CHANGE = {_F: 1, _B: -1}  # an op's change of its device's memory (a W's is counted apart)
 
 
 class _Ops:
@@ -46,29 +48,108 @@ class _Ops:
         weights = [op for order in orders for op in order if op.kind == _W]
         self.weights = dict(zip(map(_AT, weights), weights))  # (stage, mb, pipe) -> W
         self.devices = len(orders)
-        self.device = [op.device for op in self.ops]
-        index = dict(zip(map(OP_KEY, self.ops), range(len(self.ops))))
-        self.deps = [[index[k] for k in deps.keys_of(op) if k in index] for op in self.ops]
-        self.chunk = [chunk[(op.pipe, op.stage)] for op in self.ops]
-        self.change = [(op.kind == _F) - (op.kind == _B) for op in self.ops]  # memory; W's come counted
+        self.device = list(map(_DEVICE, self.ops))
+        kinds, stages, pipes = (list(map(attrgetter(name), self.ops)) for name in ("kind", "stage", "pipe"))
+        self.deps = dependency_lists(self.ops, deps)
+        self.chunk = list(map(chunk.__getitem__, zip(pipes, stages)))
+        self.change = list(map(_CHANGE.get, kinds, repeat(0)))  # memory; W's come counted
+        self.backward = list(map(_I.__eq__, kinds))  # an input gradient (its W comes counted)
         lanes: dict[tuple, int] = {}
         self.previous = []
-        for n, op in enumerate(self.ops):
-            lane = (op.device, op.kind, op.pipe, self.chunk[n])
+        for n, lane in enumerate(zip(self.device, kinds, pipes, self.chunk)):
             self.previous.append(lanes.get(lane))
             lanes[lane] = n
         # where the steady state begins (stage 0's first backward) and the last forward of chunk 0
         # of each device, the first of which met after it ends the steady state (`lanes` holds each
         # lane's last op)
-        first_stage = [n for n, op in enumerate(self.ops) if op.stage == 0 and op.pipe == 0]
-        self.first_backward = next((n for n in first_stage if self.ops[n].kind in GRADIENT), None)
+        self.first_backward = next((n for n, op in enumerate(self.ops)
+                                    if op.stage == 0 and op.pipe == 0 and op.kind in GRADIENT), None)
         self.last_forwards = {n for (_, kind, _, c), n in lanes.items() if kind == _F and c == 0}
         self.by_device: list[list[int]] = [[] for _ in orders]
-        for n, op in enumerate(self.ops):
-            self.by_device[op.device].append(n)
+        for d, mine in groupby(sorted(range(len(self.ops)), key=self.device.__getitem__), self.device.__getitem__):
+            self.by_device[d] = list(mine)
 
     def on(self, device: int) -> list[int]:
         return self.by_device[device]
+
+
+def dependency_lists(ops: list[Op], deps) -> list[list[int]]:
+    """Each op's dependencies among `ops`, as indices in keys_of's order: `[index[k] for k in
+    deps.keys_of(op) if k in index]`, asked once per class of ops instead of once per op. Without
+    sequence chunks or offloaded forwards a built-in op's keys are those of its kind, stage and pipe
+    with its own microbatch put in (ir.builtin_dep_keys), save that with a mixed backward the kind
+    read of a neighbour depends on whether the neighbour's (pipe, stage, mb) runs split: a class is
+    (kind, stage, pipe, part, whether the stages below and above run split for the op's microbatch).
+    Ops and keys are numbered by one integer each (_Numbering), so that an op's j-th key is its own
+    number plus its class's offset, the same for every op of the class (the microbatch cancels). Asked
+    per op where a class's keys leave the numbering or name another microbatch than its op's
+    (tests/test_squeeze.py holds this to keys_of)."""
+    numbering = _Numbering(ops) if not deps.per_microbatch else None
+    if numbering is None or not numbering.ok:
+        return _asked_per_op(ops, deps)
+    codes, mbs = numbering.codes, numbering.mbs
+    split = deps.split if deps.mixed else frozenset()
+    below = map(split.__contains__, zip(numbering.pipes, map(sub, numbering.stages, repeat(1)), mbs))
+    above = map(split.__contains__, zip(numbering.pipes, map(add, numbering.stages, repeat(1)), mbs))
+    classes = list(map(add, map(mul, map(sub, codes, map(mul, mbs, repeat(numbering.mb_step))), repeat(4)),
+                       map(add, map(mul, below, repeat(2)), above)))
+    first = dict(zip(reversed(classes), range(len(ops) - 1, -1, -1)))  # each class's first op
+    keys = [deps.keys_of(ops[n]) for n in first.values()]
+    offsets = [[None if key[2] != mbs[n] or (number := numbering.number(key)) is None else number - codes[n]
+                for key in found] for n, found in zip(first.values(), keys)]
+    if any(None in row for row in offsets):
+        return _asked_per_op(ops, deps)
+    ids = list(map(dict(zip(first, range(len(first)))).__getitem__, classes))
+    index = dict(zip(codes, range(len(ops))))
+    columns = []
+    for j in range(max(map(len, keys), default=0)):
+        offset = [row[j] if j < len(row) else -numbering.size for row in offsets]  # none: below 0
+        columns.append(list(map(index.get, map(add, codes, map(offset.__getitem__, ids)))))
+    out = list(map(list, zip(*columns))) if columns else [[] for _ in ops]
+    for n in compress(range(len(ops)), map(contains, zip(*columns), repeat(None))):
+        out[n] = [k for k in out[n] if k is not None]
+    return out
+
+
+def _asked_per_op(ops: list[Op], deps) -> list[list[int]]:
+    index = dict(zip(map(OP_KEY, ops), range(len(ops))))
+    return [[index[k] for k in deps.keys_of(op) if k in index] for op in ops]
+
+
+class _Numbering:
+    """Built-in ops' keys (kind, stage, mb, pipe, part) numbered in a mixed radix: kind, pipe, stage
+    (from one below the lowest to one above the highest), mb, part; `ok` where every op fits (built-in,
+    microbatch and part natural numbers), `codes` the ops' numbers. number(key) is None off the grid."""
+
+    def __init__(self, ops: list[Op]):
+        self.stages, self.mbs, self.pipes, parts = (list(map(attrgetter(name), ops))
+                                                    for name in ("stage", "mb", "pipe", "part"))
+        kinds = list(map(_KIND, ops))
+        self.kinds = {kind: n for n, kind in enumerate(sorted(BUILTIN))}
+        self.ok = bool(ops) and None not in self.mbs and set(kinds) <= self.kinds.keys() and \
+            min(self.mbs) >= 0 and min(parts) >= 0 and min(self.pipes) >= 0
+        if not self.ok:
+            return
+        self.low = min(self.stages) - 1
+        self.radix = (len(self.kinds), max(self.pipes) + 1, max(self.stages) + 2 - self.low, max(self.mbs) + 1,
+                      max(parts) + 1)
+        self.mb_step = self.radix[4]
+        self.size = self.radix[0] * self.radix[1] * self.radix[2] * self.radix[3] * self.radix[4]
+        codes = map(self.kinds.__getitem__, kinds)
+        for column, radix in zip((self.pipes, map(sub, self.stages, repeat(self.low)), self.mbs, parts),
+                                 self.radix[1:]):
+            codes = map(add, map(mul, codes, repeat(radix)), column)
+        self.codes = list(codes)
+
+    def number(self, key: tuple) -> int | None:
+        kind, stage, mb, pipe, part = key
+        digits = (self.kinds.get(kind), pipe, stage - self.low, mb, part)
+        if any(d is None or not 0 <= d < r for d, r in zip(digits, self.radix)):
+            return None
+        code = 0
+        for d, r in zip(digits, self.radix):
+            code = code * r + d
+        return code
 
 
 def squeeze_orders(orders: tuple[tuple[Op, ...], ...], slots: list[list[int]], deps,
@@ -84,35 +165,65 @@ def squeeze_orders(orders: tuple[tuple[Op, ...], ...], slots: list[list[int]], d
 def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
     """Rules 1 to 3 once; returns each op's new slot."""
     times = list(times)
-    weights = [_weight_slots(table, times, d) for d in range(table.devices)]
+    weights = [_weight_slots(table, times, d) for d in range(table.devices)] if with_weights else []
     curves = [_Counted(table, times, d, weights[d]) if with_weights else _Released(table, times, d)
               for d in range(table.devices)]
     bound = max(curve.peak for curve in curves)
-    events = list(zip(times, table.device, repeat(0), range(len(table.ops))))
-    if with_weights:
-        events += [(t, d, 1, k) for d in range(table.devices) for k, t in enumerate(weights[d])]
+    events, owners, ranks = _events(table, times, weights)
     taken: list[set[int]] = [set() for _ in range(table.devices)]
-    phase = 0  # 0: warm-up, 1: steady state, 2: cool-down
-    for t, d, is_weight, n in sorted(events):
-        if not is_weight and n == table.first_backward and phase == 0:
-            phase = 1
-        if phase == 1 or (phase == 0 and not with_weights):
-            phase += not is_weight and n in table.last_forwards and phase == 1
-            taken[d].add(t)
-            continue
-        place = _place_weight if is_weight else _place_op
-        taken[d].add(place(table, times, weights[d], n, t, taken[d], curves[d], bound))
+    steady, cool = _phases(table, events)
+    warm_up = events[:steady] if with_weights else []  # it moves only with the weight gradients counted
+    kept = events[len(warm_up):cool + 1]  # rule 2 keeps the steady state (the second time the warm-up too)
+    slots = times + list(chain.from_iterable(weights))  # each event's slot
+    _move(table, times, weights, warm_up, (owners, ranks, taken, curves, bound))
+    consume(map(set.add, map(taken.__getitem__, map(owners.__getitem__, kept)), map(slots.__getitem__, kept)))
+    _move(table, times, weights, events[cool + 1:], (owners, ranks, taken, curves, bound))
     if not with_weights:  # rule 1 again, for the moved ops
         weights = [_weight_slots(table, times, d) for d in range(table.devices)]
     return _eager(table, times, weights)
 
 
-def _place_op(table, times, weights, n, t, taken, curve, bound) -> int:
+def _move(table: _Ops, times: list[int], weights: list[list[int]], events: list[int], state) -> None:
+    """Rule 2 for each of the events, in turn; `state`: the pass's (owners, ranks, taken, curves, bound)."""
+    owners, ranks, taken, curves, bound = state
+    for e in events:
+        d, k = owners[e], ranks[e]
+        if e < len(table.ops):
+            taken[d].add(_place_op(table, times, k, times[k], taken[d], curves[d], bound))
+        else:
+            taken[d].add(_place_weight(weights[d], k, weights[d][k], taken[d], curves[d], bound))
+
+
+def _events(table: _Ops, times: list[int], weights: list[list[int]]):
+    """The ops (0 .. len(ops) - 1) and after them each device's weight gradients, in the order of the
+    pass: by slot, device, ops before weight gradients, then index: the order of the plain tuples (t,
+    device, is_weight, n), sorted by one integer key per event, (t * devices + device) * 2 + is_weight,
+    the ties left in index order by the stable sort. (events, each event's device, each event's index:
+    the op's, or the weight gradient's among its device's)."""
+    devices, owners, ranks = table.devices, list(table.device), list(range(len(times)))
+    keys = list(map(add, map(mul, times, repeat(2 * devices)), map(mul, owners, repeat(2))))
+    for d, own in enumerate(weights):
+        keys += map(add, map(mul, own, repeat(2 * devices)), repeat(2 * d + 1))
+        owners += repeat(d, len(own))
+        ranks += range(len(own))
+    return sorted(range(len(keys)), key=keys.__getitem__), owners, ranks
+
+
+def _phases(table: _Ops, events: list[int]) -> tuple[int, int]:
+    """Where rule 2's steady state begins and ends in the events: at stage 0's first backward, through
+    the first last forward of chunk 0 met after it (inclusive; len(events) where none)."""
+    ops, last = len(table.ops), len(events)
+    start = events.index(table.first_backward) if table.first_backward is not None else last
+    end = next((at for at in range(start, last) if events[at] < ops and events[at] in table.last_forwards), last)
+    return start, end
+
+
+def _place_op(table, times, n, t, taken, curve, bound) -> int:
     """Rule 2 for an op: after its dependencies and its lane's previous op."""
     before = [times[k] for k in table.deps[n]]
     if table.previous[n] is not None:
         before.append(times[table.previous[n]])
-    backward = table.ops[n].kind == _I
+    backward = table.backward[n]
     slot = curve.earliest(max(before, default=-1) + 1, t, table.change[n], backward, taken, bound)
     if slot != t:
         curve.move(slot, t, table.change[n], backward)
@@ -120,7 +231,7 @@ def _place_op(table, times, weights, n, t, taken, curve, bound) -> int:
     return slot
 
 
-def _place_weight(table, times, own, k, t, taken, curve, bound) -> int:
+def _place_weight(own, k, t, taken, curve, bound) -> int:
     """Rule 2 for the k-th weight gradient of device d (its slots `own`): after the device's k-th input
     gradient and its weight gradient k-1."""
     first = max(curve.backwards[k], own[k - 1] if k else -1) + 1
@@ -132,17 +243,20 @@ def _place_weight(table, times, own, k, t, taken, curve, bound) -> int:
 
 
 def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
-    """Rule 1: the slots of device d's weight gradients, counted, in the free slots."""
-    at = {times[n]: table.ops[n].kind for n in table.on(d)}
+    """Rule 1: the slots of device d's weight gradients, counted, in the free slots (slots are never
+    negative: order.py refuses one)."""
+    mine = table.on(d)
+    at = dict(zip(map(times.__getitem__, mine), map(table.backward.__getitem__, mine)))
+    row: list[bool | None] = [None] * (max(at, default=-1) + 1)  # per slot: an input gradient? None: free
+    consume(map(row.__setitem__, at, at.values()))
     slots, pending = [], 0
-    last = max(at, default=-1)
-    for t in range(last + 1):
-        if t in at:
-            pending += at[t] == _I
+    for t, backward in enumerate(row):
+        if backward is not None:
+            pending += backward
         elif pending:
             slots.append(t)
             pending -= 1
-    return slots + list(range(last + 1, last + 1 + pending))
+    return slots + list(range(len(row), len(row) + pending))
 
 
 # Rule 2's memory check. Moving one op at a time, the squeeze asks of every free slot before the op's
@@ -165,11 +279,11 @@ class _Counted:
         mine = table.on(d)
         slots = [times[n] for n in mine]
         change = [0] * (max(slots + weights, default=-1) + 1)
-        consume(map(change.__setitem__, slots, [table.change[n] for n in mine]))
+        consume(map(change.__setitem__, slots, map(table.change.__getitem__, mine)))
         consume(map(change.__setitem__, weights, repeat(-1)))
         self.levels = list(accumulate(change))
         self.peak = max(0, max(self.levels, default=0))
-        self.backwards = sorted(times[n] for n in mine if table.ops[n].kind == _I)
+        self.backwards = sorted(compress(slots, map(table.backward.__getitem__, mine)))
 
     def earliest(self, first: int, t: int, change: int, backward: bool, taken: set[int], bound: int) -> int:
         """The earliest free slot from `first` on, before `t`, where the op fits; else `t`. It fits where
@@ -196,12 +310,12 @@ class _Released:
 
     def __init__(self, table: _Ops, times: list[int], d: int):
         mine = table.on(d)
-        size = max((times[n] for n in mine), default=-1) + 1
+        slots = list(map(times.__getitem__, mine))
+        size = max(slots, default=-1) + 1
         self.change: list[int | None] = [None] * size
         self.backward = [False] * size
-        for n in mine:
-            self.change[times[n]] = table.change[n]
-            self.backward[times[n]] = table.ops[n].kind == _I
+        consume(map(self.change.__setitem__, slots, map(table.change.__getitem__, mine)))
+        consume(map(self.backward.__setitem__, slots, map(table.backward.__getitem__, mine)))
         self.level, self.pending = [0] * size, [0] * size
         self.peak = self._walk(0, size)
 
@@ -260,18 +374,18 @@ class _Released:
 def _eager(table: _Ops, times: list[int], weights: list[list[int]]) -> list[int]:
     """Rule 3: each op as early as its dependencies and its device's previous op allow, in slot order
     (the weight gradients, counted, only wait for the device)."""
-    events = list(zip(times, table.device, repeat(0), range(len(table.ops))))
-    events += [(t, d, 1, k) for d in range(table.devices) for k, t in enumerate(weights[d])]
+    events, owners, _ = _events(table, times, weights)
     free = [0] * table.devices
     start = list(times)
-    deps = table.deps
-    for _, d, is_weight, n in sorted(events):
+    deps, ops = table.deps, len(table.ops)
+    for e in events:
+        d = owners[e]
         begin = free[d]
-        if not is_weight:
-            for k in deps[n]:
+        if e < ops:
+            for k in deps[e]:
                 if start[k] >= begin:
                     begin = start[k] + 1
-            start[n] = begin
+            start[e] = begin
         free[d] = begin + 1
     return start
 
@@ -280,23 +394,24 @@ def _final_orders(table: _Ops, times: list[int]) -> tuple[tuple[Op, ...], ...]:
     """Each device's ops in slot order, a free slot running the oldest pending weight gradient of the
     highest chunk (the rest after the last slot, highest chunk first)."""
     orders = []
+    ops, backward, chunk = table.ops, table.backward, table.chunk
+    weight_of = {n: table.weights[_AT(ops[n])] for n in compress(range(len(ops)), backward)}  # an I's W
     for d in range(table.devices):
-        mine = sorted((times[n], n) for n in table.on(d))
-        at = dict(mine)
-        pending: dict[int, deque[Op]] = {}
-        order, waiting = [], 0  # waiting: the pending weight gradients, all chunks
-        for t in range(max(at, default=-1) + 1):
-            n = at.get(t)
-            if n is not None:
-                op = table.ops[n]
-                order.append(op)
-                if op.kind == _I:
-                    pending.setdefault(table.chunk[n], deque()).append(table.weights[_AT(op)])
-                    waiting += 1
-            elif waiting:
-                order.append(pending[max(c for c, ws in pending.items() if ws)].popleft())
-                waiting -= 1
-        for c in sorted(pending, reverse=True):
-            order += pending[c]
+        mine = table.on(d)
+        at = dict(sorted(zip(map(times.__getitem__, mine), mine)))  # slot -> op, ascending
+        pending: list[deque[Op]] = [deque() for _ in range(max(map(chunk.__getitem__, mine), default=-1) + 1)]
+        order, waiting, free = [], 0, 0  # waiting: the pending weight gradients, all chunks; free: the
+        for t, n in at.items():          # first slot not yet looked at
+            if waiting and t > free:  # the free slots before t
+                for _ in range(t - free if t - free < waiting else waiting):
+                    order.append(next(ws for ws in reversed(pending) if ws).popleft())
+                    waiting -= 1
+            order.append(ops[n])
+            if backward[n]:
+                pending[chunk[n]].append(weight_of[n])
+                waiting += 1
+            free = t + 1
+        for ws in reversed(pending):
+            order += ws
         orders.append(tuple(order))
     return tuple(orders)
