@@ -1,5 +1,5 @@
 """frontend/queues.py: the queues made when a cursor first asks for them (DeviceQueues) against
-build_queues, which makes every one, and against queues sorted afresh here from the key's rule; the
+build_queues here, which makes every one at once (the form before queues were made on demand), and against queues sorted afresh here from the key's rule; the
 starts run over them against the whole orders elaboration gives; and the reports that read every queue
 (an empty pop, ops left over, a key's error) as before."""
 from __future__ import annotations
@@ -12,11 +12,28 @@ from schedc.frontend import ast
 from schedc.frontend.elaborate import Options, build_ops, elaborate, shape_of
 from schedc.frontend.expr import PipeRef
 from schedc.frontend.prefix import order_starts
-from schedc.frontend.queues import DeviceQueues, QueueKey, build_queues, chunk_index
+from schedc.frontend.queues import (DeviceQueues, Queue, QueueKey, _by_kind, _chunk_queues, _kind_key, _pipe_ops,
+                                    chunk_index, sort_queue)
 from schedc.ops import MIXED_KINDS, builtin_kinds
 from schedc.search.space import library_entries
 
 BACKWARD = {"B", "I", "W"}
+
+
+def build_queues(device_ops, keys, pipelines, chunk, mixed: bool = False) -> dict:
+    """Every queue of a device at once, in DeviceQueues' key order: per kind its whole queue, its
+    chunks, then each pipeline's queue and its chunks."""
+    queues = {}
+    for kind, ops in _by_kind(device_ops, mixed).items():
+        ordered = sort_queue(ops, _kind_key(keys, kind, mixed), pipelines, chunk)
+        queues[(kind, None, None)] = Queue(ordered)
+        _chunk_queues(queues, kind, None, ordered, chunk)
+        for k, pipe in enumerate(pipelines):
+            mine = _pipe_ops(ordered, k, keys.get((kind, pipe.name)), pipelines, chunk)
+            if mine:
+                queues[(kind, pipe.name, None)] = Queue(mine)
+                _chunk_queues(queues, kind, pipe.name, mine, chunk)
+    return queues
 
 
 def _device_ops(name: str, params: dict[str, str]):

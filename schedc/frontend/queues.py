@@ -1,6 +1,6 @@
 """The queues programs pop from: a program's `queue` of ops sorted by its key (the key names, the columns
 a key reads, chunk indices of V shapes), each device's queues (DeviceQueues, each made when a cursor first
-asks for it; build_queues, every one at once, its plain form), and the per-step budget of an interpreted
+asks for it), and the per-step budget of an interpreted
 program."""
 from __future__ import annotations
 
@@ -201,25 +201,6 @@ class Queue:
         return self.ops[self.position] if self.position < len(self.ops) else None
 
 
-def build_queues(device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
-                  mixed: bool = False) -> dict:
-    """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order.
-    With a mixed backward, I and W are not queued (B's queue is the backward queue, see order._MixedBackward).
-    The plain form of DeviceQueues, which makes each only when a cursor asks for it."""
-    by_kind = _by_kind(device_ops, mixed)
-    queues = {}
-    for kind, ops in by_kind.items():
-        ordered = sort_queue(ops, _kind_key(keys, kind, mixed), pipelines, chunk)
-        queues[(kind, None, None)] = Queue(ordered)
-        _chunk_queues(queues, kind, None, ordered, chunk)
-        for k, pipe in enumerate(pipelines):
-            mine = _pipe_ops(ordered, k, keys.get((kind, pipe.name)), pipelines, chunk)
-            if mine:
-                queues[(kind, pipe.name, None)] = Queue(mine)
-                _chunk_queues(queues, kind, pipe.name, mine, chunk)
-    return queues
-
-
 def _by_kind(device_ops: list[Op], mixed: bool) -> dict[str, list[Op]]:
     """The device's ops by kind, kinds in the order their first op comes (with a mixed backward, no I, W)."""
     by_kind: dict[str, list[Op]] = {}
@@ -250,12 +231,14 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
 
 
 class DeviceQueues(dict):
-    """build_queues' queues, each made when a cursor first asks for it (`queues[key]`, at a plain dict
-    lookup's cost once made; None where build_queues has none): a program that pops only F and one
+    """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order
+    (with a mixed backward, I and W are not queued: B's queue is the backward queue, see
+    order._MixedBackward), each made when a cursor first asks for it (`queues[key]`, at a plain dict
+    lookup's cost once made; None where the device has no such queue): a program that pops only F and one
     backward (prefix.order_starts) splits no chunk and sorts no unkeyed queue it never pops. Exact: a queue's ops do not depend on
     when it is made, and a queue no cursor asked for yet is as it was made (nothing popped). A key's
-    error is raised as build_queues raises it, when the device's queues are made: every queue a key sorts
-    (a kind's or a pipeline's) is sorted then, in build_queues' order; only the unkeyed sorts and the
+    error is raised when the device's queues are made: every queue a key sorts (a kind's or a
+    pipeline's) is sorted then, kinds in the order their first op comes; only the unkeyed sorts and the
     pipeline and chunk splits wait. all() makes every queue (an empty pop's report lists the chunks)."""
 
     def __init__(self, device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
@@ -304,7 +287,7 @@ class DeviceQueues(dict):
         return {(kind, pipe, c): self[(kind, pipe, c)] for c in self.split[(kind, pipe)]}
 
     def all(self) -> dict[tuple[str, str | None, int | None], Queue]:
-        """Every queue, made now, keyed in build_queues' order."""
+        """Every queue, made now: by kind, each kind's whole queue, then its chunks, then each pipeline's."""
         out = {}
         for kind in self.by_kind:
             for pipe in (None, *self.pipes):
