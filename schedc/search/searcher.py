@@ -23,9 +23,10 @@ its devices hold until their first backward (frontend/prefix.py: the programs ru
 the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed
 backward (B or I + W per microbatch) is bounded with each backward at the lesser and, where its
 programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair can save
-(bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole. Schedules whose order depends on the costs (greedy), that
-declare tasks, fill bubbles or memory beyond activations are compiled whole for every candidate
-(driver.cluster.compile_for), without the bound.
+(bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole.
+Schedules whose order depends on the costs (greedy), that declare tasks, fill bubbles or memory
+beyond activations are compiled whole for every candidate (driver.cluster.compile_for), without the
+bound.
 """
 from __future__ import annotations
 
