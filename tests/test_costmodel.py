@@ -652,3 +652,19 @@ def test_placed_work_needs_what_the_cluster_and_layout_must_say():
         run("offload_1f1b", model, Layout(recompute="none"), replace(A100, host_bandwidth=0.0), p=2, m=2)
     r = run("interleaved_1f1b_recompute", model, Layout(recompute="none"), A100, p=2, m=2).compiled.schedule
     assert all(op.cost == r.costs["F"][op.stage] for op in r.ops() if op.kind == "R")
+
+
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+@pytest.mark.parametrize("schedule, params", [("1f1b", {"p": 4}), ("zb_h1", {"p": 4}),
+                                              ("interleaved_1f1b", {"p": 2, "v": 2}), ("dualpipev", {"p": 2})])
+def test_selective_recomputation_never_holds_more_than_none(attention, schedule, params):
+    """Selective recomputation rebuilds only the attention core it dropped (a backward's working memory
+    is that core, not a whole layer): per GPU it holds at most what no recomputation holds, at the
+    same speed or slower. With a flash kernel the core is one fp32 log-sum-exp per head and token."""
+    model = replace(gpt(8, 4096, 32, seq=4096), attention=attention)
+    layout = Layout(tp=2, dp=1, microbatch_size=1, global_batch=8, recompute="none")
+    none = run(schedule, model, layout, **params).prediction
+    selective = run(schedule, model, replace(layout, recompute="selective"), **params).prediction
+    assert selective.memory_bytes <= none.memory_bytes
+    assert selective.memory_parts["activations"] <= none.memory_parts["activations"]
+    assert selective.iteration_s >= none.iteration_s
