@@ -92,7 +92,50 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
         from .__main__ import main as run_here
         with user_modules_importable():
             return run_here([str(plan_path), *options])
+    if opts.compare_to_reference:
+        return compared_to_reference(plan_path, nproc or plan.devices * opts.dp * opts.tp, opts, options,
+                                     torchrun_args)
     return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
+
+
+def compared_to_reference(plan_path, nproc: int, opts, options: list[str], torchrun_args: list[str]) -> int:
+    """--compare-to-reference: the run with its first step's gradients dumped (to --save-grads, or a
+    temporary folder), then the one-process reference on the same options for one step, then the
+    comparison printed; 1 past the tolerance."""
+    import tempfile
+    from .__main__ import main as run_here
+    from .compare import TOLERANCE, compare_dumps
+    plain = without(options, ("--compare-to-reference",), ("--tolerance", "--save-grads"))
+    tolerance = opts.tolerance or (1e-2 if opts.dtype == "bf16" else TOLERANCE)
+    with tempfile.TemporaryDirectory(prefix="schedc-compare-") as scratch:
+        run_dir = opts.save_grads or str(Path(scratch) / "run")
+        code = launch(plan_path, nproc, [*plain, "--save-grads", run_dir], torchrun_args)
+        if code != 0:
+            return code
+        reference = without(plain, (), ("--steps", "--save", "--every"))
+        with user_modules_importable():
+            code = run_here([str(plan_path), *reference, "--reference", "--steps", "1", "--quiet",
+                             "--save-grads", str(Path(scratch) / "reference")])
+        if code != 0:
+            return code
+        comparison = compare_dumps(run_dir, Path(scratch) / "reference")
+    print("\n".join(comparison.lines(tolerance)), flush=True)
+    return 0 if comparison.within(tolerance) else 1
+
+
+def without(options: list[str], flags: tuple[str, ...], valued: tuple[str, ...]) -> list[str]:
+    """options less the given flags and the given options with their values (`--x v` or `--x=v`)."""
+    out, skip = [], False
+    for word in options:
+        if skip:
+            skip = False
+        elif word in flags or word.split("=", 1)[0] in valued and "=" in word:
+            continue
+        elif word in valued:
+            skip = True
+        else:
+            out.append(word)
+    return out
 
 
 class LaunchError(UserError):
