@@ -610,6 +610,9 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--reference", "--hidden", "30000"], "(layers 4, hidden 30000, heads 4, seq 64, mb-size 4, 4 microbatches, 1 "
                                            "process), more"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--model-code", "test_tensor_parallel:build_user", "--tp", "2", "--sequence-parallel", "--layers", "2",
+      "--seq", "8", "--mb-size", "2", "--synthetic"],
+     "--sequence-parallel: the model's pieces 'embed', 'out' have no tensor_parallel(tp) form"),
     (["--tolerance", "1e-3"], "--tolerance is the bound of --compare-to-reference: give both"),
     (["--compare-to-reference", "--tolerance", "0"], "--tolerance must be a finite relative difference > 0"),
     (["--compare-to-reference", "--reference"], "--compare-to-reference compares a run's first step"),

@@ -214,6 +214,26 @@ def check_user_code(opts) -> None:
         if spec is not None:
             with user_modules_importable():
                 load_function(spec, option, LaunchError)
+    if opts.model_code and opts.tp > 1:
+        probe_user_model(opts)
+
+
+def probe_user_model(opts) -> None:
+    """--model-code built once here, on the meta device (no weights, no memory), and its pieces checked
+    against the layout as the ranks would check them: a builder that fails or returns no pieces, or
+    pieces without the parallel form --sequence-parallel needs, are refused before torchrun starts.
+    A builder that cannot run on the meta device is left to the ranks."""
+    import torch
+    from .model import ModelError, build_pieces, load_builder, sequence_parallel_gaps, sequence_parallel_refusal
+    try:
+        with torch.device("meta"), user_modules_importable():
+            pieces = build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed)
+    except ModelError as exc:
+        if "meta" in str(exc).lower():
+            return
+        raise LaunchError(exc) from None
+    if opts.sequence_parallel and sequence_parallel_gaps(pieces):
+        raise LaunchError(sequence_parallel_refusal(sequence_parallel_gaps(pieces)))
 
 
 @contextmanager
