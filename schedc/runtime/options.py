@@ -360,6 +360,7 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("--reference does not take --save, --resume or --fault-*")
     _check_comparison(opts)
     _check_tensor_parallel(opts)
+    _check_paths(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -372,6 +373,34 @@ def _check_comparison(opts: argparse.Namespace) -> None:
     if opts.compare_to_reference and (opts.reference or opts.resume or opts.fault):
         raise OptionError("--compare-to-reference compares a run's first step with the reference's: it does not "
                           "take --reference, --resume or --fault-*")
+
+
+# the run's output files, and the files its output folders receive: (option, attribute, files in a folder)
+OUTPUT_FILES = (("--trace-out", "trace_out", None), ("--report-out", "report_out", None),
+                ("--profile-out", "profile_out", None), ("--metrics-out", "metrics_out", None),
+                ("--save-grads", "save_grads", ("grads.pt", "loss.json", "sent.json")),
+                ("--save", "save", ("latest.json",)))
+
+
+def _check_paths(opts: argparse.Namespace) -> None:
+    """Every output a regular file (or folder) that can be written, none on the plan, the model file or
+    a checkpoint read, none on another (schedc.plan.paths)."""
+    from schedc.plan.paths import clash, unwritable
+    outputs = []
+    for option, attribute, files in OUTPUT_FILES:
+        path = getattr(opts, attribute, None)
+        if path is None:
+            continue
+        problem = unwritable(path, directory=files is not None)
+        if problem:
+            raise OptionError(f"{option} {path}: {problem}")
+        outputs += [(option, path)] if files is None else [(option, os.path.join(path, f)) for f in files]
+    problem = clash([("the plan", opts.plan), ("--model", getattr(opts, "model", None))], outputs)
+    if problem:
+        raise OptionError(problem)
+    if opts.every and opts.every > opts.steps:
+        raise OptionError(f"--every {opts.every} is past --steps {opts.steps}: no checkpoint would be written "
+                          f"(give --every {opts.steps} or less)")
 
 
 def _check_tensor_parallel(opts: argparse.Namespace) -> None:
