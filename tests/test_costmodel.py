@@ -682,3 +682,15 @@ def test_selective_recomputation_never_holds_more_than_none(attention, schedule,
     assert selective.memory_bytes <= none.memory_bytes
     assert selective.memory_parts["activations"] <= none.memory_parts["activations"]
     assert selective.iteration_s >= none.iteration_s
+
+
+def test_sequence_chunks_hold_a_kth_of_a_microbatch_each():
+    """Seq1F1B: a chunk's forward keeps 1/k of its microbatch's activations, so the k chunks of a
+    microbatch hold what it holds whole and the predicted activations fall with k (they grew k-fold:
+    every chunk was charged a whole microbatch)."""
+    model = gpt(8, 2048, 16)
+    layout = Layout(tp=1, microbatch_size=1, global_batch=8, recompute="none")
+    act = [run("seq1f1b", model, layout, p=4, m=8, k=k).prediction.memory_parts["activations"] for k in (1, 2, 4, 8)]
+    assert act == sorted(act, reverse=True) and act[-1] < act[0] / 2
+    one = run("1f1b", model, layout, p=4, m=8).prediction.memory_parts["activations"]
+    assert act[0] == pytest.approx(one)
