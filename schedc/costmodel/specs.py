@@ -55,6 +55,7 @@ class ClusterSpec:
     host_bandwidth: float = 0.0    # bytes/s per GPU and direction to host memory (PCIe, effective); 0: not given
     overhead: tuple[tuple[str, float], ...] = ()  # (op kind, s per layer): [overhead], a run's fixed cost
     # per layer of each op beyond its kernels' work (a CPU's op dispatch and autograd); none: 0
+    fp8_flops: float = 0.0         # FLOP/s, dense FP8 tensor core ([gpu] fp8_tflops); 0: not given (no --fp8)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -142,7 +143,7 @@ def load_cluster(name: str) -> ClusterSpec:
     for section, fields in _CLUSTER_FIELDS.items():
         given = table.get(section) if isinstance(table.get(section), dict) else {}
         if section == "gpu":
-            given = {k: v for k, v in given.items() if k != "dtype"}
+            given = {k: v for k, v in given.items() if k not in ("dtype", "fp8_tflops")}
         diags += unknown_keys([k for k in given if k not in fields],
                               lambda k, section=section, fields=fields: f"unknown key '{section}.{k}' (keys: "
                                                                         f"{', '.join(fields)})",
@@ -172,6 +173,7 @@ def load_cluster(name: str) -> ClusterSpec:
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
+    fp8 = _fp8_flops(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
@@ -180,7 +182,20 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead)
+        gpu_dtype, host, overhead, fp8)
+
+
+def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> float:
+    """[gpu] fp8_tflops in FLOP/s (optional: 0.0 without it, and --fp8 is refused on the cluster)."""
+    gpu = table.get("gpu") if isinstance(table.get("gpu"), dict) else {}
+    value = gpu.get("fp8_tflops")
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not MIN_FIGURE <= value <= MAX_FIGURE:
+        diags.append(error(f"'gpu.fp8_tflops' must be a number from {MIN_FIGURE:g} to {MAX_FIGURE:g}, got {value!r} "
+                           "(peak dense FP8 FLOP/s, in teraFLOP/s)", locate(source, "fp8_tflops", "gpu")))
+        return 0.0
+    return value * 1e12
 
 
 def _overhead(table: dict, source: Source, diags: list[Diagnostic]) -> tuple[tuple[str, float], ...]:
@@ -263,7 +278,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
     return head + f"""name = "{spec.name}"
 
 [gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
-peak_tflops = {spec.peak_flops / 1e12!r}
+peak_tflops = {spec.peak_flops / 1e12!r}{chr(10) + 'fp8_tflops = ' + repr(spec.fp8_flops / 1e12) if spec.fp8_flops else ''}
 memory_gib = {spec.memory_bytes / GIB!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
 
@@ -317,6 +332,20 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         if layout.global_batch % unit:
             raise usage(f"--global-batch {layout.global_batch} is not a multiple of --microbatch-size x --dp "
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
+
+
+def check_switches(layout: Layout, cluster: ClusterSpec) -> None:
+    """What the H100-era switches need, as Megatron-LM asserts it: --tp-comm-overlap sequence parallelism
+    (its userbuffers overlap the all-gathers and reduce-scatters), --overlap-param-gather the distributed
+    optimizer (its all-gather), --fp8 the cluster's FP8 peak ([gpu] fp8_tflops); a usage error (exit 2)."""
+    if layout.tp_comm_overlap and not layout.sequence_parallel:
+        raise usage("--tp-comm-overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                    "GEMMs: give --sequence-parallel too (as Megatron-LM requires)")
+    if layout.overlap_param_gather and not layout.distributed_optimizer:
+        raise usage("--overlap-param-gather overlaps the distributed optimizer's all-gather with the next forward: "
+                    "give --distributed-optimizer too (as Megatron-LM requires)")
+    if layout.fp8 and not cluster.fp8_flops:
+        raise usage(f"--fp8: {cluster.name} gives no FP8 peak; add [gpu] fp8_tflops to its cluster file")
 
 
 def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | None = None) -> None:

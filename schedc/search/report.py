@@ -67,7 +67,7 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   **{name: o[name] for name in SWITCH_NAMES}, **_split(o))
+                   **{name: o[name] for name in SWITCH_NAMES}, **_split(o), seq=o.get("seq"))
 
 
 def _split(o: dict[str, Any]) -> dict[str, Any]:
@@ -276,7 +276,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
     flags += "".join(f" {word}" for word in split_flags(r))
-    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
+    seq = f" --seq {r.seq}" if r.seq is not None else ""
+    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)}{seq} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")
     return [f"schedc simulate {common}", f"schedc compile {common} -o out/tune",

@@ -43,6 +43,10 @@ class Request:
     stage_layers: tuple[int, ...] | None = None  # the layer split (schedc.layout.SPLIT_NAMES), every candidate's
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    tp_comm_overlap: bool = False            # the H100-era switches (schedc.layout.SWITCHES), every candidate's
+    overlap_param_gather: bool = False
+    fp8: bool = False
+    seq: int | None = None                   # --seq: the run's sequence length over the model description's
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -139,7 +143,7 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
+_SIZES = ("heads", "hidden", "ffn", "vocab", "kv_heads")  # what t must divide
 
 
 def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
