@@ -17,6 +17,9 @@ mask value, 0 without dropout):
                  with dropout its mask and output too; a fused (flash) kernel keeps one fp32 log-sum-exp
                  per head and token instead (its output is the projection's input, counted there): over t
 
+Under FP8 training (Transformer Engine) the four linear GEMMs' inputs are kept as their FP8 casts, a
+byte a value: QKV's and the MLP's (replicated), the projection's and the MLP-out's (split).
+
 Rotary positions keep nothing more (their backward reads the angles, not the activations). Llama-family
 models train without dropout (m = 0).
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 FP32_BYTES = 4  # log-sum-exp, layer-norm statistics and the loss's log-probabilities are fp32 at any width
 INDEX_BYTES = 8  # token and position ids (int64)
+FP8_BYTES = 1    # an FP8 value (Transformer Engine keeps its GEMMs' inputs so under FP8 training)
 MASK_BYTES = 1   # a bool mask (the vocabulary-parallel lookup's and loss's tokens outside the rank's range)
 
 
@@ -67,6 +71,7 @@ class Facts:
     ends: bool = False
     gated: bool = False   # a SwiGLU MLP: its first GEMM's output of 2f (gate and up) kept, not a GeLU input of f
     stat_values: int = 2  # fp32 values a norm keeps per token with norm_stats: LayerNorm's mean and 1/std, RMSNorm's 1/rms
+    fp8_inputs: bool = False  # the linear GEMMs' inputs kept as their FP8 casts (Transformer Engine under --fp8)
 
 
 def megatron(width: float) -> Facts:
@@ -93,6 +98,9 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     replicated = 4 * w + 2 * m
     qkv = 2 + 2 * z.kv_hidden / z.hidden  # Q and the projection's input, K and V (kv_heads of them)
     split = (qkv + (3 if facts.gated else 2) * z.ffn / z.hidden) * w
+    if facts.fp8_inputs:  # QKV's and the MLP's inputs, the projection's and the MLP-out's, a byte each
+        replicated = 2 * w + 2 * FP8_BYTES + 2 * m
+        split = (qkv - 1) * w + FP8_BYTES + ((2 if facts.gated else 1) * w + FP8_BYTES) * z.ffn / z.hidden
     per_sbh = (replicated + split) / tp if sequence_parallel else replicated + split / tp
     tokens = z.seq * z.batch
     stats = 2 * facts.stat_values * FP32_BYTES * tokens / spread if facts.norm_stats else 0

@@ -54,11 +54,11 @@ def activation_sizes(model: ModelSpec, layout: Layout) -> tuple[Sizes, Facts]:
     4h, dropout); a Llama-family model (grouped-query attention, SwiGLU, no dropout) at its own ffn."""
     if model.family in ("gpt", "gpt2") and model.mlp == "gelu":
         sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
-        return sizes, replace(megatron(model.width), scores=not model.flash)
+        return sizes, replace(megatron(model.width), scores=not model.flash, fp8_inputs=layout.fp8)
     sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, model.ffn, model.vocab,
                   model.kv_heads)
     facts = Facts(value_bytes=model.width, mask_bytes=0, scores=not model.flash, gated=model.mlp == "swiglu",
-                  stat_values=1 if model.norm == "rmsnorm" else 2)
+                  stat_values=1 if model.norm == "rmsnorm" else 2, fp8_inputs=layout.fp8)
     return sizes, facts
 
 

@@ -3,7 +3,7 @@ recomputation by part (compute, tensor-parallel communication), the embedding on
 logits and loss on the last."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
@@ -93,6 +93,14 @@ def tp_collectives(st: Setting) -> float:
     if not lay.tp_comm_overlap:
         return 2 * whole  # 2 AG + 2 RS cost the same with SP
     return sum(max(0.0, whole / 2 - gemm) for gemm in linear_gemms(st))
+
+
+def tp_exposure(st: Setting) -> tuple[float, float]:
+    """A layer's tensor-parallel communication in one forward of one microbatch, seconds: (exposed with
+    --tp-comm-overlap, without it), under sequence parallelism as the overlap needs; tune --why's."""
+    on = replace(st.layout, sequence_parallel=True, tp_comm_overlap=True)
+    return (tp_collectives(replace(st, layout=on)),
+            tp_collectives(replace(st, layout=replace(on, tp_comm_overlap=False))))
 
 
 def fp8_casts(st: Setting) -> float:

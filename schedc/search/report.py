@@ -143,13 +143,27 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
              f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
-        return lines + ["  it is the winner"]
+        return lines + tp_overlap_lines(searcher, best, mine) + ["  it is the winner"]
     lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
                   f"({winner.candidate.describe()}, {winner.iteration_s:.4f} s)")
     lines.append(f"  against the winner (s): {breakdown_difference(mine, winner.prediction)} (memory GiB "
                  f"{mine.memory_bytes / GIB:.1f} against {winner.prediction.memory_bytes / GIB:.1f})")
     lines.append(f"  memory against the winner (GiB): {memory_difference(mine, winner.prediction)}")
-    return lines
+    return lines + tp_overlap_lines(searcher, best, mine)
+
+
+def tp_overlap_lines(searcher: Searcher, best, mine) -> list[str]:
+    """With t > 1: the tensor-parallel communication a layer exposes per microbatch and forward with and
+    without --tp-comm-overlap (each GEMM hides what it can of its all-gather or reduce-scatter), and
+    the step's as the candidate runs."""
+    if best.t == 1:
+        return []
+    from ..costmodel.stages import tp_exposure
+    overlapped, plain = tp_exposure(searcher.setting(best))
+    running = "with" if searcher.request.tp_comm_overlap else "without"
+    return [f"  tensor-parallel comm per layer and microbatch (forward; again in the backward): "
+            f"{1e3 * overlapped:.3f} ms exposed with --tp-comm-overlap, {1e3 * plain:.3f} ms without; "
+            f"this step's, {running} it: {mine.breakdown['tensor_parallel_comm_s']:.4f} s"]
 
 
 MEMORY_PARTS = (("weights_gradients_optimizer", "weights, gradients and optimizer"), ("activations", "activations"),
