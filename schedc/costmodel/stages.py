@@ -88,15 +88,20 @@ def tp_collectives(st: Setting) -> float:
     """A layer's tensor-parallel communication in one forward (and again in its input-gradient pass):
     two all-reduces of b·s·h (with sequence parallelism two all-gathers and two reduce-scatters, the
     same time). With --tp-comm-overlap (Transformer Engine's userbuffers, sequence parallel) each
-    all-gather runs under the GEMM it feeds and each reduce-scatter under the GEMM that makes its input:
-    only what outlasts that GEMM is charged."""
+    all-gather runs under the GEMM it feeds and each reduce-scatter under the GEMM that makes its input,
+    as a ring of t - 1 exchanges beside the GEMM in t chunks: one chunk (the local one) has nothing to
+    hide behind, so a collective of c seconds beside a GEMM of g leaves max(0, c - g (t - 1) / t).
+
+        t = 8, c = 1, g = 2  ->  0 (1.75 s of GEMM hides it);  c = 1, g = 0.8  ->  0.3 exposed
+    """
     m, lay = st.model, st.layout
     if lay.tp == 1:
         return 0.0
     whole = st.tp_all_reduce(m.width * lay.microbatch_size * m.seq * m.hidden)
     if not lay.tp_comm_overlap:
         return 2 * whole  # 2 AG + 2 RS cost the same with SP
-    return sum(max(0.0, whole / 2 - gemm) for gemm in linear_gemms(st))
+    hiding = (lay.tp - 1) / lay.tp
+    return sum(max(0.0, whole / 2 - gemm * hiding) for gemm in linear_gemms(st))
 
 
 def tp_exposure(st: Setting) -> tuple[float, float]:
