@@ -95,7 +95,7 @@ def test_command_carries_the_rows_layout():
 
 
 def test_unstated_needed_values_make_a_row_not_predictable():
-    for key in ("precision", "microbatch", "vp"):
+    for key in ("precision", "microbatch", "vp", "recompute"):
         with pytest.raises(published_rows.NotPredictable, match=f"{key} not published"):
             published_rows.command(dict(ROW, **{key: "unstated"}))
 
