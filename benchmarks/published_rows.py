@@ -94,7 +94,10 @@ def command(row: dict) -> tuple[list[str], bool]:
     args += sharding_args(row)
     if value(row, "precision")[0] == "fp8":
         args.append("--fp8")
-    args += ["--recompute", value(row, "recompute")[0]]  # schedc's default (full) is no one's statement
+    recompute = value(row, "recompute")[0]  # stated: schedc's default (full) is no publisher's statement
+    if recompute not in ("none", "selective", "full"):
+        raise NotPredictable(f"recompute '{recompute}' has no schedc form")
+    args += ["--recompute", recompute]
     args += [flag for flag, key in SWITCHES.items() if row.get(key) is True]
     return args + ["--json"], any(assumed for _, assumed in used.values())
 

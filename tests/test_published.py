@@ -50,6 +50,7 @@ def test_each_row_states_a_full_layout_that_multiplies_to_its_gpus(row):
     for key, value in row.items():
         if key in LAYOUT and isinstance(value, str):
             assert value in OPEN or key in ("precision", "recompute", "tp_comm_overlap"), (row["id"], key, value)
+    assert row["recompute"] in ("none", "selective", "full", "unstated") or row["recompute"].startswith("modules ")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["id"] for row in ROWS])
@@ -98,6 +99,11 @@ def test_unstated_needed_values_make_a_row_not_predictable():
     for key in ("precision", "microbatch", "vp", "recompute"):
         with pytest.raises(published_rows.NotPredictable, match=f"{key} not published"):
             published_rows.command(dict(ROW, **{key: "unstated"}))
+
+
+def test_a_recomputation_schedc_cannot_express_is_said_so():
+    with pytest.raises(published_rows.NotPredictable, match="recompute 'modules mlp' has no schedc form"):
+        published_rows.command(dict(ROW, recompute="modules mlp"))
 
 
 def test_errors_are_computed_from_the_prediction_by_hand():
