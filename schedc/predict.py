@@ -179,10 +179,10 @@ def _profile_microbatch_size(costs: str, given: int | None) -> int:
     recorded = measured_microbatch_size(costs)
     if recorded is not None and given is not None and given != recorded:
         raise usage(f"--microbatch-size {given} disagrees with the profile {costs}, measured at microbatch size "
-                    f"{recorded} (the runtime's --mb-size): leave it out, or profile again at {given}")
+                    f"{recorded} (the runtime's --microbatch-size): leave it out, or profile again at {given}")
     if recorded is None and given is None:
         raise usage(f"the profile {costs} does not record its microbatch size: give --microbatch-size (the "
-                    "runtime's --mb-size of the run that measured it; its default is 4)")
+                    "runtime's --microbatch-size of the run that measured it; its default is 4)")
     return recorded if recorded is not None else given
 
 
@@ -190,7 +190,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
                    costs: tuple[str, ...], model_files: tuple[str, ...], microbatch_size: int | None, tp: int,
                    recompute: str) -> str:
     """`schedc calibrate`: measure (or read --cluster), then fit to the profiles if given; write OUT.
-    A fit is at the microbatch size each profile records (the runtime's --mb-size); a different
+    A fit is at the microbatch size each profile records (the runtime's --microbatch-size); a different
     --microbatch-size is refused, and one is needed for a profile that does not record it. One
     profile scales the compute rates; profiles at two or more sizes fit the rates and the overheads
     (fit_to_profiles). --model is given once for all the profiles or once per profile, in order."""
@@ -211,6 +211,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         report.append("GEMM GFLOP/s by size " + ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in raw["gemm_flops"].items()))
         report.append("memory-bound GB/s " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in raw["memory_bytes_per_s"].items()))
         report.append("messages s " + ", ".join(f"{k} {v:.3g}" for k, v in raw["comm_s"].items()))
+        report.extend(raw["warnings"])
         cluster_name = out
     if costs:
         models = model_files * len(costs) if len(model_files) == 1 else model_files
