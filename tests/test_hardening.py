@@ -471,3 +471,15 @@ def test_an_inline_table_in_a_cluster_file_is_located_at_its_key(tmp_path):
     assert result.exit_code == 2
     assert f"{path}:2:62: error: unknown key 'gpu.bogus'" in result.output
     assert f"{path}:4:33: error: 'intra.latency_us' must be" in result.output
+
+
+def test_max_ops_sets_the_expansion_limit_of_compile_check_and_simulate(tmp_path):
+    """1F1B at p=4, m=100 is 800 ops: within --max-ops 800, refused at 799 naming the option (exit 2)."""
+    for verb, *extra in (("compile", "-o", str(tmp_path / "out")), ("check",), ("simulate",)):
+        assert cli(verb, "1f1b", "-D", "m=100", "--max-ops", "800", *extra).exit_code == 0
+        refused = cli(verb, "1f1b", "-D", "m=100", "--max-ops", "799", *extra)
+        assert refused.exit_code == 2 and "more than 799 ops" in refused.output and "--max-ops" in refused.output
+    on = ("--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb")  # the cluster's elaboration takes it too
+    refused = cli("simulate", "1f1b", "-D", "p=8", *on, "--global-batch", "512", "--max-ops", "1000")
+    assert refused.exit_code == 2 and "more than 1,000 ops (8 stages x 512 microbatches" in refused.output
+    assert cli("simulate", "1f1b", "-D", "p=8", *on, "--global-batch", "512", "--max-ops", "8192").exit_code == 0
