@@ -11,6 +11,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
+from ..budget import COMPILE_OPS
 from ..diagnostics import SchedError
 from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError
 from ..search import GROUPS
@@ -249,9 +250,15 @@ def tune_options(command):
     return wrapper
 
 
+max_ops_option = click.option("--max-ops", "max_ops", type=click.IntRange(min=1), default=COMPILE_OPS.limit,
+                              show_default=True, metavar="N",
+                              help="The most ops the schedule may expand to (memory and time grow with them).")
+
+
 def schedule_options(command):
     """What compile and simulate take to compile FILE: -D, the measured costs, --latency, --cluster and its
-    layout, --with (in this order in --help)."""
-    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option)):
+    layout, --with, --max-ops (in this order in --help)."""
+    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option,
+                            max_ops_option)):
         command = option(command)
     return command
