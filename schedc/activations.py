@@ -4,20 +4,24 @@ cost model reads for Megatron's layer (Korthikanti et al. 2022, table 2) and the
 Per layer and microbatch (s, b, h, a, f as usual, t tensor-parallel, w bytes a value, m bytes a dropout
 mask value, 0 without dropout):
 
-    replicated   layer-norm inputs, QKV input, MLP input (4 values of s·b·h), attention-out and MLP-out
+    replicated   norm inputs, QKV input, MLP input (4 values of s·b·h), attention-out and MLP-out
                  dropout masks (2 masks of s·b·h); split over t only with sequence parallelism (the
                  QKV and MLP inputs kept as sequence shards and all-gathered again in backward, as
                  Megatron-LM's sequence-parallel linear layers do)
-    norm stats   with torch's layer norms, each keeps its mean and 1/std (2 x 2 fp32 values per token)
-    split        Q, K, V and the projection's input (4 s·b·h), the GeLU's input and the MLP-out input
-                 (2 s·b·f): over t
+    norm stats   with torch's layer norms, each keeps its mean and 1/std (2 x 2 fp32 values per token);
+                 an RMSNorm its 1/rms alone (2 x 1)
+    split        Q, K, V and the projection's input (4 s·b·h; with g key/value heads of a, Q and the
+                 projection's input 2 s·b·h and K, V 2 s·b·h·g/a), the GeLU's input and the MLP-out input
+                 (2 s·b·f; SwiGLU keeps its gate and up inputs and the down input, 3 s·b·f, as
+                 Megatron-Core's fused SwiGLU does, silu recomputed in backward): over t
     core         the attention core: with materialised scores the softmax output (a·s² per sequence),
                  with dropout its mask and output too; a fused (flash) kernel keeps one fp32 log-sum-exp
                  per head and token instead (its output is the projection's input, counted there): over t
 
 Selective recomputation drops the core, full keeps the layer's input only (s·b·h values, over t with
 sequence parallelism). Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
-sbh(10 + 24/t + 5as/(ht)), and sbh(34 + 5as/h)/t with sequence parallelism.
+sbh(10 + 24/t + 5as/(ht)), and sbh(34 + 5as/h)/t with sequence parallelism. Rotary positions keep
+nothing per microbatch (their cos and sin tables are the model's, one for every microbatch).
 
 This module imports nothing of schedc and no torch: the cost model and the runtime's benchmark read it.
 """
@@ -33,7 +37,9 @@ MASK_BYTES = 1   # a bool mask (the vocabulary-parallel lookup's and loss's toke
 @dataclass(frozen=True, slots=True)
 class Sizes:
     """One microbatch through one layer: sequence s, microbatch b, hidden h, heads a, MLP width f,
-    vocabulary (for the last stage's logits)."""
+    vocabulary (for the last stage's logits); and the layer's form, by the model facts' names:
+    key/value heads g (0: a), the MLP (gelu, swiglu), the norm (layernorm, rmsnorm) and the positions
+    (learned: the first stage keeps their ids; rope)."""
 
     seq: int
     batch: int
@@ -41,6 +47,20 @@ class Sizes:
     heads: int
     ffn: int
     vocab: int = 0
+    kv_heads: int = 0
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    positions: str = "learned"
+
+    def attention_values(self) -> float:
+        """Q, K, V and the projection's input, in s·b·h values: 4 with as many key/value heads as heads."""
+        if self.kv_heads in (0, self.heads):
+            return 4
+        return 2 + 2 * self.kv_heads / self.heads
+
+    def norm_stats(self) -> int:
+        """fp32 statistics a norm keeps per token: mean and 1/std (layernorm), 1/rms (rmsnorm)."""
+        return 1 if self.norm == "rmsnorm" else 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +86,9 @@ def megatron(width: float) -> Facts:
 # The runtime's GPT (schedc/runtime/model.py) in fp32: no dropout, torch's layer norms, and
 # scaled_dot_product_attention's fused kernel on CPU (it keeps a log-sum-exp, not the scores).
 RUNTIME_GPT = Facts(value_bytes=4, mask_bytes=0, scores=False, norm_stats=True, ends=True)
+# The runtime's Llama-family decoder (schedc/runtime/decoder.py) in fp32: the same kernels, its norms'
+# statistics, K and V and MLP as its Sizes say.
+RUNTIME_DECODER = RUNTIME_GPT
 
 
 def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = False,
@@ -78,10 +101,10 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     if recompute == "full":
         return w * sbh / spread
     replicated = 4 * w + 2 * m
-    split = (4 + 2 * z.ffn / z.hidden) * w
+    split = (z.attention_values() + (3 if z.mlp == "swiglu" else 2) * z.ffn / z.hidden) * w
     per_sbh = (replicated + split) / tp if sequence_parallel else replicated + split / tp
     tokens = z.seq * z.batch
-    stats = 2 * 2 * FP32_BYTES * tokens / spread if facts.norm_stats else 0
+    stats = 2 * z.norm_stats() * FP32_BYTES * tokens / spread if facts.norm_stats else 0
     if recompute == "none" and facts.scores:
         per_sbh += z.heads * z.seq * (w + (m + w if m else 0)) / (z.hidden * tp)
     elif recompute == "none":
@@ -91,9 +114,9 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
 
 def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,
               sequence_parallel: bool = False) -> float:
-    """What the model's end pieces keep (with facts.ends): the first stage's token ids and position ids
-    (a slice of them under sequence parallelism; with t > 1 the vocabulary-parallel lookup's mask of
-    tokens outside the rank's range, a byte a token); the last stage's final layer norm (input,
+    """What the model's end pieces keep (with facts.ends): the first stage's token ids and learned
+    positions' ids (a slice of them under sequence parallelism; with t > 1 the vocabulary-parallel
+    lookup's mask of tokens outside the rank's range, a byte a token); the last stage's final layer norm (input,
     statistics) and the logits' input, both on sequence shards under sequence parallelism, the loss's
     fp32 probabilities (1/t of the vocabulary with t > 1) and targets, and the total weight (t = 1) or
     the outside-the-range mask (t > 1)."""
@@ -103,9 +126,9 @@ def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,
     spread = tp if sequence_parallel else 1
     mask = MASK_BYTES * sb if tp > 1 else 0
     if first:
-        total += INDEX_BYTES * (sb + z.seq // spread) + mask
+        total += INDEX_BYTES * (sb + (z.seq // spread if z.positions == "learned" else 0)) + mask
     if last:
-        stats = 2 * FP32_BYTES * sb / spread if facts.norm_stats else 0
+        stats = z.norm_stats() * FP32_BYTES * sb / spread if facts.norm_stats else 0
         total += 2 * facts.value_bytes * sb * z.hidden / spread + stats + FP32_BYTES * sb * z.vocab / tp
         total += INDEX_BYTES * sb + (mask if tp > 1 else FP32_BYTES)
     return total
