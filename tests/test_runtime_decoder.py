@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from schedc.activations import RUNTIME_DECODER, Sizes, stage_bytes
+from schedc.activations import Sizes, runtime_decoder, stage_bytes
 from schedc.runtime.chunks import SequenceChunks
 from schedc.runtime.decoder import RMSNorm, rotary_table, swiglu
 from schedc.runtime.memory import SavedBytes
@@ -24,6 +24,9 @@ from test_tensor_parallel import world_of_one  # noqa: F401 (fixture)
 
 LLAMA = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, seq=16, vocab=256, mb_size=2, mlp="swiglu",
              norm="rmsnorm", positions="rope", bias="none", family="llama", norm_eps=1e-5, rope_theta=10000.0)
+
+
+LLAMA_FACTS = runtime_decoder("swiglu", "rmsnorm", "rope")  # what LLAMA's layers keep (schedc/activations.py)
 
 
 def config(**changes) -> ModelConfig:
@@ -196,7 +199,7 @@ def test_a_stage_saves_the_activation_tables_bytes(kv_heads, mode):
     cfg = config(kv_heads=kv_heads)
     pieces = build_model(cfg)
     tokens, targets = (t.contiguous() for t in _tokens(cfg))  # a step's batch: two storages
-    sizes = Sizes(16, 2, 64, 4, 96, 256, kv_heads, "swiglu", "rmsnorm", "rope")
+    sizes = Sizes(16, 2, 64, 4, 96, 256, kv_heads)
     for s, (run, first, last) in enumerate([(pieces[:2], True, False), (pieces[2:], False, True)]):
         stage = Stage(run)
         apply_recompute(stage, mode, first, last)
@@ -207,7 +210,7 @@ def test_a_stage_saves_the_activation_tables_bytes(kv_heads, mode):
             y = stage(x)
             if last:
                 y = lm_loss(y, targets)  # kept alive, as the executor keeps its state
-        assert meter.per_state[(s, 0)] == stage_bytes(sizes, RUNTIME_DECODER, 1, first, last, recompute=mode), s
+        assert meter.per_state[(s, 0)] == stage_bytes(sizes, LLAMA_FACTS, 1, first, last, recompute=mode), s
 
 
 @pytest.mark.parametrize("changes,message", [

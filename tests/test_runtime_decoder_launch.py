@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from schedc.activations import RUNTIME_DECODER, Sizes, stage_bytes
+from schedc.activations import Sizes, runtime_decoder, stage_bytes
 from test_runtime import _dump, launch_plans, plans, reference  # noqa: F401 (fixtures)
 from test_runtime_memory import TOLERANCE, relative_errors
 
 MODES = ("none", "selective", "full")
-SIZES = Sizes(16, 2, 64, 4, 96, 256, 2, "swiglu", "rmsnorm", "rope")  # the description below, seq 16, mb 2
+SIZES = Sizes(16, 2, 64, 4, 96, 256, 2)  # the description below, seq 16, mb 2
+LLAMA_FACTS = runtime_decoder("swiglu", "rmsnorm", "rope")
 DESCRIPTION = """# a tiny Llama: the facts of Llama 3's block at a size a CPU trains in seconds
 [model]
 family = "llama"
@@ -84,7 +85,7 @@ def test_the_decoder_on_two_ranks_gives_the_reference(plans, reference, llama, t
     assert run.returncode == 0, run.stderr[-4000:]
     _check([case[:3] for case in cases], reference, llama)
     for mode in MODES:
-        want = {str(s): stage_bytes(SIZES, RUNTIME_DECODER, 2, s == 0, s == 1, recompute=mode) for s in range(2)}
+        want = {str(s): stage_bytes(SIZES, LLAMA_FACTS, 2, s == 0, s == 1, recompute=mode) for s in range(2)}
         assert _saved(tmp_path / f"1f1b_{mode}") == want, mode
     losses = {mode: [json.loads(line)["loss"] for line in (tmp_path / f"kfac_{mode}").read_text().splitlines()]
               for mode in ("none", "full")}
@@ -112,7 +113,7 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
     for sp in (False, True):
         for mode in MODES:
             out = tmp_path / f"1f1b_{mode}{'_sp' * sp}"
-            want = {str(s): stage_bytes(SIZES, RUNTIME_DECODER, 2, s == 0, s == 1, 2, sp, mode) for s in range(2)}
+            want = {str(s): stage_bytes(SIZES, LLAMA_FACTS, 2, s == 0, s == 1, 2, sp, mode) for s in range(2)}
             assert _saved(out) == want, (mode, sp)
             ranks = [rank["saved_bytes_per_microbatch"] for rank in
                      json.loads((out / "report.json").read_text())["memory"]["ranks"]]
