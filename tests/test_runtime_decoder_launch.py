@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from schedc.activations import Sizes, runtime_decoder, stage_bytes
+from schedc.plan import load_plan
 from test_runtime import _dump, launch_plans, plans, reference  # noqa: F401 (fixtures)
 from test_runtime_memory import TOLERANCE, relative_errors
 
@@ -59,6 +60,30 @@ def _check(cases: list[tuple[str, Path, Path]], reference, model: list[str]) -> 
         assert loss <= TOLERANCE and grads <= TOLERANCE, (name, loss, grads)
 
 
+KFAC_STEPS = 10  # PipeFisher's 1F1B at p = 2, m = 4 refreshes K-FAC over a cycle of 8 steps: step 8 preconditions
+
+
+def _kfac_jobs(plan: Path, model: list[str], directory: Path, *options: str) -> list[tuple[Path, list[str]]]:
+    """K-FAC's tasks over KFAC_STEPS steps without and with full recomputation, and the same plan's
+    tasks ignored (plain SGD)."""
+    assert load_plan(plan).cycle_steps == KFAC_STEPS - 2
+    sgd = [*model, *options, "--steps", str(KFAC_STEPS), "--quiet", "--optimizer", "sgd", "--lr", "0.05"]
+    runs = [[*sgd, "--ignore-tasks"]]  # first: the launch's process keeps the handlers --tasks registers
+    runs += [[*sgd, "--tasks", "schedc.runtime.kfac", "--recompute", mode] for mode in ("none", "full")]
+    return [(plan, [*run, "--metrics-out", str(directory / f"kfac_{name}")])
+            for name, run in zip(("sgd", "none", "full"), runs)]
+
+
+def _check_kfac(directory: Path) -> None:
+    """The same losses with and without recomputation; plain SGD's through the first cycle, then not
+    (the first preconditioned update, of step 8, moves step 9's loss: the decoder's linear layers)."""
+    losses = {name: [json.loads(line)["loss"] for line in (directory / f"kfac_{name}").read_text().splitlines()]
+              for name in ("none", "full", "sgd")}
+    assert len(losses["none"]) == KFAC_STEPS and losses["full"] == pytest.approx(losses["none"], rel=TOLERANCE)
+    assert losses["none"][:-1] == pytest.approx(losses["sgd"][:-1], rel=TOLERANCE)
+    assert abs(losses["none"][-1] - losses["sgd"][-1]) > 1e-3 * abs(losses["sgd"][-1])
+
+
 def _saved(out: Path) -> dict[str, int]:
     memory = json.loads((out / "report.json").read_text())["memory"]
     return {s: v["saved_bytes_per_microbatch"] for s, v in memory["stages"].items()}
@@ -68,8 +93,7 @@ def _saved(out: Path) -> dict[str, int]:
 def test_the_decoder_on_two_ranks_gives_the_reference(plans, reference, llama, tmp_path):  # noqa: F811
     """t = 1: the three schedules under each --recompute; Seq1F1B's 2 chunks; the library's placed
     recomputation (R) and offload (O, L); 1F1B's saved bytes per stage the table's. K-FAC's tasks
-    (PipeFisher's 1F1B) over 3 steps: the same losses with and without full recomputation, the
-    decoder's every linear layer preconditioned."""
+    (PipeFisher's 1F1B, _check_kfac)."""
     cases = [(f"{name}_{mode}", plans(schedule, **params), tmp_path / f"{name}_{mode}", ["--recompute", mode])
              for name, (schedule, params) in T1.items() for mode in MODES]
     cases += [(name, plans(schedule, **params), tmp_path / name, [])
@@ -77,19 +101,14 @@ def test_the_decoder_on_two_ranks_gives_the_reference(plans, reference, llama, t
                                              ("offload", "offload_1f1b", {"p": 2, "m": 4}),
                                              ("placed_r", "interleaved_1f1b_recompute", {"p": 2, "v": 2, "m": 4}))]
     jobs = [_job(plan, llama, out, *options) for _, plan, out, options in cases]
-    kfac = plans("pipefisher_1f1b", p=2, m=4)
-    for mode in ("none", "full"):
-        jobs.append((kfac, [*llama, "--steps", "3", "--quiet", "--optimizer", "sgd", "--lr", "0.05", "--tasks",
-                            "schedc.runtime.kfac", "--recompute", mode, "--metrics-out", str(tmp_path / f"kfac_{mode}")]))
+    jobs += _kfac_jobs(plans("pipefisher_1f1b", p=2, m=4), llama, tmp_path)
     run = launch_plans(jobs, 2, tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     _check([case[:3] for case in cases], reference, llama)
     for mode in MODES:
         want = {str(s): stage_bytes(SIZES, LLAMA_FACTS, 2, s == 0, s == 1, recompute=mode) for s in range(2)}
         assert _saved(tmp_path / f"1f1b_{mode}") == want, mode
-    losses = {mode: [json.loads(line)["loss"] for line in (tmp_path / f"kfac_{mode}").read_text().splitlines()]
-              for mode in ("none", "full")}
-    assert len(losses["none"]) == 3 and losses["full"] == pytest.approx(losses["none"], rel=TOLERANCE)
+    _check_kfac(tmp_path)
 
 
 @pytest.mark.slow
@@ -97,7 +116,8 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
                                                                                tmp_path):
     """t = 2, p = 2 (query heads 2 and key/value heads 1 a rank, lm_head vocabulary-parallel): 1F1B
     under each --recompute with and without sequence parallelism, each stage's saved bytes on every
-    tensor rank the table's; ZB-H1 and interleaved 1F1B with and without sequence parallelism."""
+    tensor rank the table's; ZB-H1 and interleaved 1F1B with and without sequence parallelism; K-FAC's
+    tasks with sequence parallelism (_check_kfac)."""
     cases = []
     for sp in (False, True):
         flags = ["--tp", "2", *(["--sequence-parallel"] if sp else [])]
@@ -107,9 +127,11 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
                   (f"interleaved{label}", plans("interleaved_1f1b", p=2, v=2, m=4),
                    [*flags, "--recompute", "full" if sp else "none"])]
     jobs = [_job(plan, llama, tmp_path / name, *options) for name, plan, options in cases]
+    jobs += _kfac_jobs(plans("pipefisher_1f1b", p=2, m=4), llama, tmp_path, "--tp", "2", "--sequence-parallel")
     run = launch_plans(jobs, 4, tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     _check([(name, plan, tmp_path / name) for name, plan, _ in cases], reference, llama)
+    _check_kfac(tmp_path)
     for sp in (False, True):
         for mode in MODES:
             out = tmp_path / f"1f1b_{mode}{'_sp' * sp}"
