@@ -32,6 +32,7 @@ class Checks:
     memory_limit: str | None = None     # --memory-limit: the bytes' limit per device
     microbatch_size: int | None = None  # --microbatch-size: the bytes' microbatch size
     placement: str | None = None        # --placement: the stages on a named placement's ranks
+    seq: int | None = None              # --seq: the model's sequence length for the bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ def _check_memory_bytes(u: Unit) -> Unit:
     if not (c.model or c.memory_limit):
         return u
     from ..checks.memory import check_memory_bytes
-    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size)
+    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size, c.seq)
     return replace(u, diagnostics=u.diagnostics + tuple(found))
 
 
