@@ -126,8 +126,8 @@ def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,
     (a slice of them under sequence parallelism; none with rotary positions, facts.position_ids; with
     t > 1 the vocabulary-parallel lookup's mask of tokens outside the rank's range, a byte a token); the
     last stage's final layer norm (input, statistics) and the logits' input, both on sequence shards
-    under sequence parallelism, the loss's fp32 probabilities (1/t of the vocabulary with t > 1) and targets, and the total weight (t = 1) or
-    the outside-the-range mask (t > 1)."""
+    under sequence parallelism, the loss's fp32 probabilities (1/t of the vocabulary with t > 1) and
+    targets, and the total weight (t = 1) or the outside-the-range mask (t > 1)."""
     if not facts.ends:
         return 0.0
     sb, total = z.seq * z.batch, 0.0
