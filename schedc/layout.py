@@ -1,10 +1,15 @@
 """The layout of a run: how t x p x d GPUs hold the model, as one frozen value read by the cost model,
 `tune` and the runtime, and the one rank order they share.
 
-Ranks follow Megatron-LM's order: tensor innermost (a tensor group is t consecutive ranks, so it sits in
-one node whenever t divides the node's GPUs), then data, then pipeline:
+Ranks follow Megatron-Core's order, tp-cp-dp-pp: tensor innermost (a tensor group is t consecutive ranks,
+so it sits in one node whenever t divides the node's GPUs), then context, then data, then pipeline:
 
-    rank = (pipeline * d + data) * t + tensor
+    rank = ((pipeline * d + data) * cp + context) * t + tensor
+
+With cp = 1 this is Megatron-LM's order of before context parallelism, so every layout without it keeps
+its ranks (and its predictions). Llama 3's [TP, CP, PP, DP] puts data outside pipeline; the two agree
+wherever t·cp fills a node (torchtitan's and Llama 3's 405B runs: t = 8), and keeping data inside
+pipeline leaves rank_at's arguments what they were.
 
 This module imports nothing of schedc, so the runtime (which may take only the plan format, the ops
 and this) reads the same value and the same order as the cost model.
@@ -40,6 +45,15 @@ class Layout:
     stage_layers: tuple[int, ...] | None = None  # transformer layers per stage as given (--stage-layers)
     account_for_embedding: bool = False  # the even split counts the embedding as a layer of the first stage
     account_for_loss: bool = False       # and the output layer and loss as one of the last (split_layers)
+    zero: int = 0                        # the sharding level over data parallelism (ZeRO): 0 replicas, 1 the
+                                         # optimizer state, 2 + the gradients, 3 + the parameters (ZERO_LEVELS)
+    reshard_after_forward: bool = True   # level 3: parameters freed after each forward (FSDP2's default)
+    cp: int = 1                          # context parallelism: the sequence over cp GPUs in 2·cp chunks
+
+    @property
+    def sharding(self) -> int:
+        """The ZeRO level in force: `zero`, or 1 for the distributed optimizer (its alias)."""
+        return max(self.zero, 1 if self.distributed_optimizer else 0)
 
     def layer_split(self, layers: int, stages: int) -> tuple[int, ...]:
         """The transformer layers of each of `stages` stages under this layout (split_layers)."""
@@ -92,6 +106,7 @@ def run_flags(layout: Layout) -> list[str]:
     flags = ["--tp", str(layout.tp), "--dp", str(layout.dp), "--mb-size", str(layout.microbatch_size),
              "--recompute", layout.recompute]
     flags += [flag(name) for name in RUNTIME_SWITCHES if getattr(layout, name)]
+    flags += sharding_flags(layout)
     return flags + ([] if layout.scatter_gather else ["--no-scatter-gather"]) + split_flags(layout)
 
 
@@ -121,23 +136,43 @@ def parse_stage_layers(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Coordinates:
-    """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank."""
+    """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank,
+    context-parallel rank."""
 
     pipeline: int
     data: int
     tensor: int
+    context: int = 0
 
 
-def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int) -> int:
-    """The global rank of a (pipeline, data, tensor) coordinate: tensor innermost, then data."""
-    return (pipeline * dp + data) * tp + tensor
+def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int, context: int = 0, cp: int = 1) -> int:
+    """The global rank of a (pipeline, data, tensor, context) coordinate: tensor innermost, then
+    context, then data.
+
+    >>> rank_at(1, 0, 1, tp=2, dp=2, context=1, cp=2), rank_at(1, 1, 0, tp=2, dp=2)
+    (11, 6)
+    """
+    return ((pipeline * dp + data) * cp + context) * tp + tensor
 
 
-def coordinates(rank: int, tp: int, dp: int) -> Coordinates:
-    """The (pipeline, data, tensor) coordinate of a global rank; the inverse of rank_at."""
+def coordinates(rank: int, tp: int, dp: int, cp: int = 1) -> Coordinates:
+    """The (pipeline, data, tensor, context) coordinate of a global rank; the inverse of rank_at."""
     group, tensor = divmod(rank, tp)
+    group, context = divmod(group, cp)
     pipeline, data = divmod(group, dp)
-    return Coordinates(pipeline, data, tensor)
+    return Coordinates(pipeline, data, tensor, context)
+
+
+ZERO_LEVELS = (1, 2, 3)  # --zero: 1 the optimizer state (the distributed optimizer), 2 + gradients, 3 + parameters
+
+
+def sharding_flags(layout: Layout) -> list[str]:
+    """The flags that give a layout's ZeRO level above 1 and its context parallelism (none for the
+    defaults; level 1 is the distributed optimizer's switch)."""
+    flags = ["--zero", str(layout.zero)] if layout.zero >= 2 else []
+    if layout.zero == 3 and not layout.reshard_after_forward:
+        flags.append("--no-reshard-after-forward")
+    return flags + (["--cp", str(layout.cp)] if layout.cp > 1 else [])
 
 
 @dataclass(frozen=True, slots=True)

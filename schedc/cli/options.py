@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from ..diagnostics import SchedError
-from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, SWITCHES, ClusterRequest, Layout, SplitError, flag, parse_stage_layers
+from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, SWITCHES, ZERO_LEVELS, ClusterRequest, Layout, SplitError, flag, parse_stage_layers
 from ..search import GROUPS
 from ..text import agree
 
@@ -93,6 +93,39 @@ def split_options(where: str) -> tuple:
     )
 
 
+SHARDING_NAMES = ("zero", "reshard_after_forward", "cp")
+
+
+def sharding_options(where: str) -> tuple:
+    """The ZeRO level, level 3's resharding and context parallelism (schedc.layout's zero,
+    reshard_after_forward and cp), for --cluster and for tune."""
+    return (
+        click.option("--zero", type=click.Choice([str(n) for n in ZERO_LEVELS]), default=None,
+                     help=f"ZeRO level over data parallelism ({where}): 1 the optimizer state (the distributed "
+                          "optimizer), 2 + gradients, 3 + parameters gathered for each stage's compute."),
+        click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard_after_forward", default=None,
+                     help=f"With --zero 3 ({where}): free a stage's gathered parameters after each forward "
+                          "(FSDP2's default) or keep them until its last backward."),
+        click.option("--cp", type=int, default=None,
+                     help=f"Context-parallel size: the sequence over cp GPUs in 2·cp chunks ({where}; default 1)."),
+    )
+
+
+def sharding_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The Layout fields of --zero, --reshard-after-forward and --cp (a usage error, exit 2, for
+    resharding without --zero 3); --zero 1 is the distributed optimizer."""
+    zero = int(values["zero"]) if values["zero"] is not None else 0
+    reshard = values["reshard_after_forward"]
+    if reshard is not None and zero != 3:
+        raise click.UsageError(f"{flag('reshard_after_forward' if reshard else 'no_reshard_after_forward')} "
+                               "needs --zero 3 (only level 3 shards the parameters it gathers)")
+    fields = {"zero": zero, "reshard_after_forward": True if reshard is None else reshard,
+              "cp": 1 if values["cp"] is None else values["cp"]}
+    if zero == 1:
+        fields["distributed_optimizer"] = True
+    return fields
+
+
 # --cluster and its layout (simulate, compile, render, check) ----------------------------------------
 
 _CLUSTER_OPTIONS = (
@@ -108,12 +141,13 @@ _CLUSTER_OPTIONS = (
     *(click.option(flag(name), is_flag=True, default=False, help=f"{text}, with --cluster.")
       for name, _, text in SWITCHES),
     *split_options("with --cluster"),
+    *sharding_options("with --cluster"),
 )
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
                              help="Model description (a TOML file: layers, hidden, heads, seq, vocab; or a "
                                   "library name such as gpt-175b), with --cluster; the same --model check, tune "
                                   "and the runtime read (model code is the runtime's --model-code).")
-_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *SPLIT_NAMES)
+_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *SPLIT_NAMES, *SHARDING_NAMES)
 
 
 def cluster_options(command):
@@ -166,7 +200,7 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
                     global_batch=values["global_batch"], recompute=values["recompute"] or "full",
                     stage_layers=stage_layers(values["stage_layers"]),
                     account_for_embedding=values["account_for_embedding"], account_for_loss=values["account_for_loss"],
-                    **{name: values[name] for name in SWITCH_NAMES})
+                    **{**{name: values[name] for name in SWITCH_NAMES}, **sharding_fields(values)})
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
 

@@ -429,7 +429,8 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
     """What the layout needs of the model and the batch; the first failure is a usage error (exit 2)
     naming the field: t divides heads (and hidden, ffn and vocab), b*d divides the global batch."""
     t = layout.tp
-    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.microbatch_size, "--microbatch-size")):
+    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.cp, "--cp"),
+                        (layout.microbatch_size, "--microbatch-size")):
         if value < 1:
             raise usage(f"{name} must be a positive integer, got {value}")
     source = model_source or source_text(model_path)
@@ -438,6 +439,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         if value % t:
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
                                    f"the {key} {t} ways", locate(source, key)), source, kind=USAGE)
+    _check_sharding(model, layout, source)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
         if layout.global_batch < 1:
@@ -445,6 +447,27 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         if layout.global_batch % unit:
             raise usage(f"--global-batch {layout.global_batch} is not a multiple of --microbatch-size x --dp "
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
+
+
+def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
+    """--cp splits the sequence into 2·cp equal chunks and needs a flash kernel (its ring computes
+    attention block by block); --zero 3 refuses what describes another data parallelism: torch DDP's
+    overlapped all-reduce of replicas (FSDP reduce-scatters its own gradients) and the distributed
+    optimizer's switch (level 1) beside it."""
+    cp = layout.cp
+    if cp > 1 and model.seq % (2 * cp):
+        raise SchedError(error(f"--cp {cp} does not split the sequence of {model.seq:,} tokens into 2·cp = {2 * cp} "
+                               "equal chunks (each rank holds chunks i and 2·cp-1-i)", locate(source, "seq")),
+                         source, kind=USAGE)
+    if cp > 1 and not model.flash:
+        raise SchedError(error(f"--cp {cp} needs a flash attention kernel (attention = \"flash\"): context "
+                               "parallelism computes attention block by block as keys and values go round the "
+                               "ring", locate(source, "attention")), source, kind=USAGE)
+    if layout.zero == 3 and layout.overlap_grad_reduce:
+        raise usage("--zero 3 with --overlap-grad-reduce is not supported: the flag describes torch DDP's "
+                    "all-reduce of replicas, and level 3 reduce-scatters its gradients itself")
+    if layout.zero in (2, 3) and layout.distributed_optimizer:
+        raise usage(f"--zero {layout.zero} with --distributed-optimizer: the flag is --zero 1; give one level")
 
 
 def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | None = None) -> None:
