@@ -151,8 +151,8 @@ def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     check_stages(model, schedule, model_path, layout)
     gpus = layout.tp * layout.cp * schedule.devices * layout.dp
     if gpus > MAX_GPUS:
-        raise usage(f"t x cp x p x d = {layout.tp} x {layout.cp} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, "
-                    f"more than the "
+        names, sizes = ("t x cp", f"{layout.tp} x {layout.cp}") if layout.cp > 1 else ("t", f"{layout.tp}")
+        raise usage(f"{names} x p x d = {sizes} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
                     f"{MAX_GPUS:,} a prediction takes (as tune's --gpus)")
     per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
     batch = per_replica * layout.microbatch_size * layout.dp
