@@ -158,9 +158,8 @@ def deferred_w_bytes(st: Setting, schedule, device: int) -> float:
 def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
     """A device's ops over the steps, by part, and the seconds its overlapped pairs hide. A pair counts
     its time (simulate.pair_cost), not its halves apart: both halves' computation, and of their
-    communication what the overlap leaves exposed (the hidden seconds come off the tensor-parallel
-    collectives first, then the blocking sends), so compute + communication + bubble is the device's
-    step as simulated."""
+    communication what the overlap leaves exposed (the hidden seconds come off the blocking sends),
+    so compute + communication + bubble is the device's step as simulated."""
     first = {OP_KEY(f): (f if f.kind == OpKind.F else b).stage for f, b in schedule.fused}
     table, held, hidden, pending = costs.costs(), Part(), 0.0, None
     for step in schedule.steps:
@@ -178,13 +177,12 @@ def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
 
 
 def _hide(pair: Part, saved: float) -> Part:
-    """A pair's parts less `saved` seconds of its communication hidden behind computation (tensor-parallel
-    first, then point-to-point, then context parallelism's ring; past those, computation: halves on
-    stages of different sizes)."""
-    tp = min(pair.tp, saved)
-    p2p = min(pair.p2p, saved - tp)
-    cp = min(pair.cp, saved - tp - p2p)
-    return Part(pair.compute - (saved - tp - p2p - cp), pair.tp - tp, pair.p2p - p2p, pair.cp - cp)
+    """A pair's parts less `saved` seconds of its communication hidden behind computation
+    (point-to-point, then context parallelism's ring: what overlapped_pair hides; past them,
+    computation: halves on stages of different sizes)."""
+    p2p = min(pair.p2p, saved)
+    cp = min(pair.cp, saved - p2p)
+    return Part(pair.compute - (saved - p2p - cp), pair.tp, pair.p2p - p2p, pair.cp - cp)
 
 
 def _part(costs: StageCosts, op) -> Part:
