@@ -163,10 +163,27 @@ def coordinates(rank: int, tp: int, dp: int, cp: int = 1) -> Coordinates:
     return Coordinates(pipeline, data, tensor, context)
 
 
+SHARDING_NAMES = ("zero", "reshard_after_forward", "cp")  # the Layout fields of --zero, --[no-]reshard-after-forward, --cp
 ZERO_LEVELS = (1, 2, 3)  # --zero: 1 the optimizer state (the distributed optimizer), 2 + gradients, 3 + parameters
 
 
-def sharding_flags(layout: Layout) -> list[str]:
+def sharding_fields(zero: str | int | None, reshard: bool | None, cp: int | None) -> dict | str:
+    """The Layout fields of --zero, --[no-]reshard-after-forward and --cp as the options give them
+    (None: not given), or why they cannot be (resharding without --zero 3); --zero 1 is the distributed
+    optimizer's switch.
+
+    >>> sharding_fields("3", False, None)
+    {'zero': 3, 'reshard_after_forward': False, 'cp': 1}
+    """
+    level = int(zero) if zero is not None else 0
+    if reshard is not None and level != 3:
+        return (f"{flag('reshard_after_forward' if reshard else 'no_reshard_after_forward')} needs --zero 3 (only "
+                "level 3 shards the parameters it gathers)")
+    fields = {"zero": level, "reshard_after_forward": True if reshard is None else reshard, "cp": 1 if cp is None else cp}
+    return {**fields, "distributed_optimizer": True} if level == 1 else fields
+
+
+def sharding_flags(layout) -> list[str]:
     """The flags that give a layout's ZeRO level above 1 and its context parallelism (none for the
     defaults; level 1 is the distributed optimizer's switch)."""
     flags = ["--zero", str(layout.zero)] if layout.zero >= 2 else []

@@ -170,3 +170,38 @@ def test_zero_three_gathers_cost_more_when_resharding(tmp_path):
     a, b = json.loads(on.output), json.loads(off.output)
     assert a["iteration_s"] > b["iteration_s"]
     assert a["memory_gib_per_gpu"] == b["memory_gib_per_gpu"]
+
+
+TUNED = MODEL.replace("layers = 2", "layers = 4").replace("seq = 32", "seq = 256")
+
+
+@pytest.mark.parametrize("args", [["--cp", "2"], ["--cp", "2", "--zero", "3"], ["--zero", "2"],
+                                  ["--zero", "3", "--no-reshard-after-forward"]])
+def test_tune_takes_cp_and_the_zero_level_and_its_winner_predicts_as_simulate_does(tmp_path, args):
+    import json
+    model = _model(tmp_path, TUNED)
+    tuned = CliRunner().invoke(main, ["tune", "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                                      "--global-batch", "8", "--schedules", "1f1b", "--top", "1", "--json", *args])
+    assert tuned.exit_code == 0, tuned.output
+    best = json.loads(tuned.stdout)[0]
+    cp = int(args[args.index("--cp") + 1]) if "--cp" in args else 1
+    assert best["t"] * best["p"] * best["d"] * cp == 8  # --gpus is t x cp x p x d
+    simulated = CliRunner().invoke(main, [
+        "simulate", best["schedule"], "-D", f"p={best['p']}", "--model", model, "--cluster", "dgx-h100-80gb",
+        "--tp", str(best["t"]), "--dp", str(best["d"]), "--microbatch-size", str(best["b"]), "--global-batch", "8",
+        "--recompute", best["recompute"], "--json", *args])
+    assert simulated.exit_code == 0, simulated.output
+    assert json.loads(simulated.stdout)["iteration_s"] == best["iteration_s"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--cp", "3"], "--cp 3 does not divide --gpus 8"),
+    (["--cp", "8"], "--cp 8 does not split the sequence of 12 tokens"),
+    (["--reshard-after-forward"], "--reshard-after-forward needs --zero 3"),
+])
+def test_tune_refuses_bad_sharding_naming_the_option(tmp_path, args, said):
+    model = _model(tmp_path, MODEL.replace("seq = 32", "seq = 12"))
+    result = CliRunner().invoke(main, ["tune", "--model", model, "--cluster", "dgx-h100-80gb", "--gpus", "8",
+                                       "--global-batch", "8", "--schedules", "1f1b", *args])
+    assert result.exit_code == 2, result.output
+    assert said in result.output

@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from ..diagnostics import SchedError
-from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, SWITCHES, ZERO_LEVELS, ClusterRequest, Layout, SplitError, flag, parse_stage_layers
+from ..layout import RECOMPUTE, SHARDING_NAMES, SPLIT_NAMES, SWITCH_NAMES, SWITCHES, ZERO_LEVELS, sharding_fields as layout_sharding, ClusterRequest, Layout, SplitError, flag, parse_stage_layers
 from ..search import GROUPS
 from ..text import agree
 
@@ -93,9 +93,6 @@ def split_options(where: str) -> tuple:
     )
 
 
-SHARDING_NAMES = ("zero", "reshard_after_forward", "cp")
-
-
 def sharding_options(where: str) -> tuple:
     """The ZeRO level, level 3's resharding and context parallelism (schedc.layout's zero,
     reshard_after_forward and cp), for --cluster and for tune."""
@@ -112,17 +109,11 @@ def sharding_options(where: str) -> tuple:
 
 
 def sharding_fields(values: dict[str, Any]) -> dict[str, Any]:
-    """The Layout fields of --zero, --reshard-after-forward and --cp (a usage error, exit 2, for
-    resharding without --zero 3); --zero 1 is the distributed optimizer."""
-    zero = int(values["zero"]) if values["zero"] is not None else 0
-    reshard = values["reshard_after_forward"]
-    if reshard is not None and zero != 3:
-        raise click.UsageError(f"{flag('reshard_after_forward' if reshard else 'no_reshard_after_forward')} "
-                               "needs --zero 3 (only level 3 shards the parameters it gathers)")
-    fields = {"zero": zero, "reshard_after_forward": True if reshard is None else reshard,
-              "cp": 1 if values["cp"] is None else values["cp"]}
-    if zero == 1:
-        fields["distributed_optimizer"] = True
+    """The Layout fields of --zero, --reshard-after-forward and --cp (schedc.layout.sharding_fields); a
+    usage error (exit 2) for resharding without --zero 3."""
+    fields = layout_sharding(values["zero"], values["reshard_after_forward"], values["cp"])
+    if isinstance(fields, str):
+        raise click.UsageError(fields)
     return fields
 
 
@@ -244,6 +235,7 @@ _TUNE_OPTIONS = (
                  help="Simulate every candidate that fits (no bound, no cache): the reference."),
     *(click.option(flag(name), is_flag=True, help=f"{text}, for every candidate.") for name, _, text in SWITCHES),
     *split_options("every candidate; --stage-layers keeps those with as many stages"),
+    *sharding_options("every candidate; --gpus is then t x cp x p x d"),
     click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
                  help="Pruned families to list, with why (all: every one)."),
     click.option("--why", "why", default=None, metavar="'[SCHEDULE] t=T p=P [v=V b=B recompute=R]'",
@@ -253,7 +245,7 @@ _TUNE_OPTIONS = (
 
 
 _TUNE_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
-          "per", "exhaustive", *SWITCH_NAMES, *SPLIT_NAMES, "pruned", "why")
+          "per", "exhaustive", *SWITCH_NAMES, *SPLIT_NAMES, *SHARDING_NAMES, "pruned", "why")
 
 
 def tune_options(command):

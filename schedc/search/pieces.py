@@ -14,13 +14,14 @@ forms over a grid of candidates), so pruning by them keeps tune exact as the bou
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .bounds import Shape, combine_terms, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
-from ..costmodel.specs import load_cluster, load_cluster_model
+from ..costmodel.specs import check_layout, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
-from ..layout import SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
+from ..layout import SHARDING_NAMES, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
 from ..text import GIB
 from .results import Refusal
 from .space import Candidate, Request, library_entries
@@ -35,6 +36,11 @@ class Pieces:
         self.model = load_cluster_model(request.model, self.cluster)
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
+        if request.cp > 1 or request.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
+            check_layout(self.model, Layout(cp=request.cp, zero=request.zero, overlap_grad_reduce=request.overlap_grad_reduce,
+                                            distributed_optimizer=request.distributed_optimizer), request.model)
+        if request.zero >= 2:  # the lanes' collectives are simulate's: every candidate compiled whole
+            self.entries = {name: replace(e, plain=True) for name, e in self.entries.items()}
         self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.costs: dict[tuple, Any] = {}
@@ -49,7 +55,7 @@ class Pieces:
             r = self.request
             self.settings[key] = Setting(self.model, self.cluster, Layout(
                 tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-                **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES)}))
+                **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES, *SHARDING_NAMES)}))
         return self.settings[key]
 
     def shape(self, c: Candidate) -> Shape | Refusal:
@@ -112,7 +118,7 @@ class Pieces:
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         """held_bytes, cached per placement and t (and d with the distributed optimizer): what it reads."""
         key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t) + \
-            ((c.d,) if self.request.distributed_optimizer else ())
+            ((c.d,) if self.request.sharded else ())
         if key not in self.states:
             self.states[key] = held_bytes(st.model, st.layout, shape)
         return self.states[key]
@@ -121,7 +127,7 @@ class Pieces:
         """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
         for d with the distributed optimizer (the shards)."""
         key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute) + \
-            ((c.d,) if self.request.distributed_optimizer else ())
+            ((c.d,) if self.request.sharded else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape, self.held(st, c, shape))
         return self.states[key]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, flag, parse_stage_layers, run_flags, split_flags
+from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, flag, parse_stage_layers, run_flags, sharding_fields, sharding_flags, split_flags
 from ..diagnostics import SCHEDULE, SchedError
+from ..predict import sharding_words
 from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
@@ -67,7 +68,16 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   **{name: o[name] for name in SWITCH_NAMES}, **_split(o))
+                   **{**{name: o[name] for name in SWITCH_NAMES}, **_sharding(o)}, **_split(o))
+
+
+def _sharding(o: dict[str, Any]) -> dict[str, Any]:
+    """The request's ZeRO level, resharding and context-parallel size (schedc.layout.sharding_fields);
+    a usage error for resharding without --zero 3."""
+    fields = sharding_fields(o["zero"], o["reshard_after_forward"], o["cp"])
+    if isinstance(fields, str):
+        raise usage(fields)
+    return fields
 
 
 def _split(o: dict[str, Any]) -> dict[str, Any]:
@@ -175,8 +185,10 @@ def matching(space: list, wanted: dict[str, Any]) -> list:
 
 def breakdown_difference(mine, other) -> str:
     """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
-    return ", ".join(f"{name} {round(mine.breakdown[key] - other.breakdown[key], 4) + 0.0:+.4f}"  # no -0.0000
-                     for key, name in PARTS)
+    parts = PARTS + ((("context_parallel_comm_s", "context-parallel comm"),)
+                     if "context_parallel_comm_s" in mine.breakdown or "context_parallel_comm_s" in other.breakdown else ())
+    return ", ".join(f"{name} {round(mine.breakdown.get(key, 0.0) - other.breakdown.get(key, 0.0), 4) + 0.0:+.4f}"
+                     for key, name in parts)  # + 0.0: no -0.0000
 
 
 def pruned_lines(text: str) -> int | None:
@@ -241,7 +253,8 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     w = max([18] + [len(item.label()) for item in outcome.ranked])
     head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
             f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7}")
-    lines = [f"schedc tune: {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}", head]
+    lines = [f"schedc tune: {plural(r.gpus, 'GPU')}{sharding_words(r)}, global batch {r.global_batch}, {outcome.space}",
+             head]
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
@@ -275,7 +288,7 @@ def winner_commands(outcome: Outcome) -> list[str]:
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
-    flags += "".join(f" {word}" for word in split_flags(r))
+    flags += "".join(f" {word}" for word in split_flags(r)) + "".join(f" {word}" for word in sharding_flags(r))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")

@@ -43,6 +43,14 @@ class Request:
     stage_layers: tuple[int, ...] | None = None  # the layer split (schedc.layout.SPLIT_NAMES), every candidate's
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    zero: int = 0                            # the ZeRO level of every candidate (schedc.layout's)
+    reshard_after_forward: bool = True
+    cp: int = 1                              # the context-parallel size of every candidate: t cp p d = N
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the state is sharded over data parallelism (ZeRO 1 and up): held bytes depend on d."""
+        return self.distributed_optimizer or self.zero >= 1
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -155,6 +163,9 @@ def layouts(model, request: Request) -> list[tuple[int, int, int]]:
     None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
     without the other restriction, else the two together."""
     n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
+    if n % request.cp:
+        raise usage(f"--cp {request.cp} does not divide --gpus {n:,} (t x cp x p x d = N)")
+    n //= request.cp  # the t x p x d GPUs of one context-parallel rank
     out = _all_layouts(model, n, batch, tp, pp)
     if out:
         return out
