@@ -45,8 +45,8 @@ class Layout:
     stage_layers: tuple[int, ...] | None = None  # transformer layers per stage as given (--stage-layers)
     account_for_embedding: bool = False  # the even split counts the embedding as a layer of the first stage
     account_for_loss: bool = False       # and the output layer and loss as one of the last (split_layers)
-    zero: int = 0                        # the sharding level over data parallelism (ZeRO): 0 replicas, 1 the
-                                         # optimizer state, 2 + the gradients, 3 + the parameters (ZERO_LEVELS)
+    zero: int = 0                        # ZeRO level 2 (+ the gradients) or 3 (+ the parameters) over data
+                                         # parallelism; level 1 is distributed_optimizer's, one value for it
     reshard_after_forward: bool = True   # level 3: parameters freed after each forward (FSDP2's default)
     cp: int = 1                          # context parallelism: the sequence over cp GPUs in 2·cp chunks
 
@@ -179,7 +179,8 @@ def sharding_fields(zero: str | int | None, reshard: bool | None, cp: int | None
     if reshard is not None and level != 3:
         return (f"{flag('reshard_after_forward' if reshard else 'no_reshard_after_forward')} needs --zero 3 (only "
                 "level 3 shards the parameters it gathers)")
-    fields = {"zero": level, "reshard_after_forward": True if reshard is None else reshard, "cp": 1 if cp is None else cp}
+    fields = {"zero": 0 if level == 1 else level, "reshard_after_forward": True if reshard is None else reshard,
+              "cp": 1 if cp is None else cp}
     return {**fields, "distributed_optimizer": True} if level == 1 else fields
 
 

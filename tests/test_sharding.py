@@ -92,11 +92,11 @@ def _one_stage():
 
 @pytest.mark.parametrize("layout, per_param", [
     (Layout(), 16),                                   # replicas: 2 weight + 2 gradient + 4 master + 8 Adam
-    (Layout(dp=4, zero=1, distributed_optimizer=True), 4 + 12 / 4),
+    (Layout(dp=4, distributed_optimizer=True), 4 + 12 / 4),
     (Layout(dp=4, zero=2), 2 + 14 / 4 + 2),          # + one stage's 16-bit gradient until reduce-scattered
     (Layout(dp=4, zero=3), 16 / 4 + 2 + 2),          # + the gathered 16-bit weights, + that gradient
     (Layout(dp=2, cp=2, zero=3), 16 / 4 + 2 + 2),    # sharded over d x cp
-    (Layout(dp=2, cp=2, zero=1, distributed_optimizer=True), 4 + 12 / 4),
+    (Layout(dp=2, cp=2, distributed_optimizer=True), 4 + 12 / 4),
 ])
 def test_memory_per_zero_level_is_the_hand_sum(tmp_path, layout, per_param):
     model = load_model_spec(_model(tmp_path))
