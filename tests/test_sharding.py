@@ -143,7 +143,7 @@ def _simulate(tmp_path, *args, model=MODEL):
     (["--no-reshard-after-forward", "--zero", "2", "--dp", "2"], MODEL, "--no-reshard-after-forward needs --zero 3"),
     (["--zero", "3", "--dp", "2", "--overlap-grad-reduce"], MODEL, "--zero 3 with --overlap-grad-reduce is not supported"),
     (["--zero", "2", "--distributed-optimizer", "--dp", "2"], MODEL, "--zero 2 with --distributed-optimizer"),
-    (["--zero", "4"], MODEL, "'4' is not one of '1', '2', '3'"),
+    (["--zero", "4"], MODEL, "--zero must be 0, 1, 2 or 3, got 4"),
 ])
 def test_bad_sharding_input_is_refused_naming_the_option(tmp_path, args, model, said):
     result = _simulate(tmp_path, *args, model=model)

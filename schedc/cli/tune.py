@@ -14,7 +14,7 @@ from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError
 from ..text import agree, plural
 from .group import main
 from .options import check_defines, check_latency, option_given, tune_options
-from .common import fail, fail_json, progress_line
+from .common import end, fail, fail_json, progress_line
 
 
 
@@ -101,7 +101,7 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
         if out is None:
             click.echo(made.text, nl=False)
         click.echo(made.report, err=True)
-    sys.exit(0 if made.ok else EXIT_CODES[SCHEDULE])
+    end(0 if made.ok else EXIT_CODES[SCHEDULE])
 
 
 def run_search(options: dict[str, Any], as_json: bool) -> str:
@@ -129,8 +129,8 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
         click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
-                   f"each of up to {plural(n, 'candidate')} " + (f"(--zero {request.zero}: its collectives are timed "
-                   "by the whole compile" if request.zero >= 2 else "(tasks, a fill, a greedy order or placed R, O, L ops")
+                   f"each of up to {plural(n, 'candidate')} " + (f"(--zero {request.layout.zero}: its collectives are "
+                   "timed by the whole compile" if request.layout.zero >= 2 else "(tasks, a fill, a greedy order or placed R, O, L ops")
                    + ": no cache, no bound), seconds each where a fill is searched", err=True)
     if not as_json and not sys.stderr.isatty():
         click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)

@@ -19,9 +19,9 @@ from typing import Any
 
 from .bounds import Shape, combine_terms, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
-from ..costmodel.specs import check_layout, load_cluster, load_cluster_model
+from ..costmodel.specs import check_layout, check_switches, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
-from ..layout import SHARDING_NAMES, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
+from ..layout import SPLIT_NAMES, Layout, SplitError
 from ..text import GIB
 from .results import Refusal
 from .space import Candidate, Request, library_entries
@@ -33,13 +33,15 @@ class Pieces:
     def __init__(self, request: Request):
         self.request = request
         self.cluster = load_cluster(request.cluster)
-        self.model = load_cluster_model(request.model, self.cluster)
+        self.model = load_cluster_model(request.model, self.cluster, request.seq)
+        check_switches(request.layout, self.cluster)  # the request's switches are every candidate's
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
-        if request.cp > 1 or request.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
-            check_layout(self.model, Layout(cp=request.cp, zero=request.zero, overlap_grad_reduce=request.overlap_grad_reduce,
-                                            distributed_optimizer=request.distributed_optimizer), request.model)
-        if request.zero >= 2:  # the lanes' collectives are simulate's: every candidate compiled whole
+        lay = request.layout
+        if lay.cp > 1 or lay.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
+            check_layout(self.model, Layout(cp=lay.cp, zero=lay.zero, overlap_grad_reduce=lay.overlap_grad_reduce,
+                                            distributed_optimizer=lay.distributed_optimizer), request.model)
+        if lay.zero >= 2:  # the lanes' collectives are simulate's: every candidate compiled whole
             self.entries = {name: replace(e, plain=True) for name, e in self.entries.items()}
         self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
@@ -53,9 +55,8 @@ class Pieces:
         key = (c.t, c.d, c.b, c.recompute)
         if key not in self.settings:
             r = self.request
-            self.settings[key] = Setting(self.model, self.cluster, Layout(
-                tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-                **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES, *SHARDING_NAMES)}))
+            self.settings[key] = Setting(self.model, self.cluster, replace(
+                r.layout, tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute))
         return self.settings[key]
 
     def shape(self, c: Candidate) -> Shape | Refusal:
@@ -81,10 +82,10 @@ class Pieces:
         """The refusal of stages the layer split does not fit (outside the space, whatever the schedule's
         requires say): with the request's split (schedc.layout.split_layers) where it gives one, else
         stages that do not divide the model's layers; or None."""
-        r = self.request
-        if stages and any(getattr(r, name) for name in SPLIT_NAMES):
+        layout = self.request.layout
+        if stages and any(getattr(layout, name) for name in SPLIT_NAMES):
             try:
-                split_layers(self.model.layers, stages, r.stage_layers, r.account_for_embedding, r.account_for_loss)
+                layout.layer_split(self.model.layers, stages)
             except SplitError as exc:
                 return Refusal(str(exc), layers=True)
         elif stages and self.model.layers % stages:
@@ -103,12 +104,12 @@ class Pieces:
 
     def _cost_key(self, c: Candidate, shape: Shape) -> tuple:
         key = (c.t, c.b, c.recompute, shape.stages)
-        return key + (c.d, shape.pipelines[0].placement) if self.request.blocking_p2p else key
+        return key + (c.d, shape.pipelines[0].placement) if self.request.layout.blocking_p2p else key
 
     def _costs(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         key = self._cost_key(c, shape)
         if key not in self.costs:
-            blocking = self.request.blocking_p2p
+            blocking = self.request.layout.blocking_p2p
             times = self.message_times(st, c, shape.devices) if blocking else None
             costs = stage_costs(st, shape.stages, shape.pipelines[0].placement, times)
             table = costs.costs()
@@ -118,7 +119,7 @@ class Pieces:
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         """held_bytes, cached per placement and t (and d with the distributed optimizer): what it reads."""
         key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t) + \
-            ((c.d,) if self.request.sharded else ())
+            ((c.d,) if self.request.layout.sharding else ())
         if key not in self.states:
             self.states[key] = held_bytes(st.model, st.layout, shape)
         return self.states[key]
@@ -127,7 +128,7 @@ class Pieces:
         """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
         for d with the distributed optimizer (the shards)."""
         key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute) + \
-            ((c.d,) if self.request.sharded else ())
+            ((c.d,) if self.request.layout.sharding else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape, self.held(st, c, shape))
         return self.states[key]
