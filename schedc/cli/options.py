@@ -13,7 +13,7 @@ from typing import Any
 
 from ..budget import COMPILE_OPS
 from ..diagnostics import SchedError
-from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError
+from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError, flag, reshard_problem
 from ..search import GROUPS
 from ..search.space import SET_PER_CANDIDATE
 from ..text import agree
@@ -90,6 +90,9 @@ def layout_option(field: str, where: str, verb: str = "cluster", **click_kw):
     None (a switch too), so that a command can tell a given option from a default (layout_from)."""
     option = OPTION[field]
     default = option.default(verb)
+    if option.type is bool and option.both:  # --NAME/--no-NAME: None when neither is given
+        return click.option(f"{flag(field)}/{'--no-' + field.replace('_', '-')}", field, default=None,
+                            help=f"{option.help} ({where}).")
     if option.type is bool:
         return click.option(option.flag, field, flag_value=not default, default=None, help=f"{option.help} ({where}).")
     shown = "" if default is None else f"; default {default}"
@@ -187,6 +190,9 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     if latency:
         raise click.UsageError("--cluster derives each message's time from the cluster's links: give it "
                                "without --latency")
+    problem = reshard_problem(values["reshard_after_forward"], values["zero"])
+    if problem:
+        raise click.UsageError(problem)
     layout = layout_from({**values, "microbatch_size": microbatch_size})
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
