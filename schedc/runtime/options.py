@@ -114,7 +114,14 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                             "(default: each sends 1/t of it and the receivers all-gather)")
     group.add_argument("--distributed-optimizer", action="store_true",
                        help="with --dp > 1, each data-parallel rank keeps and steps the optimizer state of "
-                            "1/dp of the weights, then all-gathers them (ZeRO stage 1)")
+                            "1/dp of the weights, then all-gathers them (ZeRO stage 1; the same as --zero 1)")
+    group.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
+                       help="with --dp > 1, shard over the data-parallel ranks: 1 the optimizer state, 2 the "
+                            "gradients too (reduce-scattered), 3 the weights too (all-gathered before a stage's "
+                            "ops; default 0, none)")
+    group.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --zero 3, free a stage's gathered weights after each of its ops (FSDP2's "
+                            "reshard_after_forward; the default), or keep them to the step's end (--no-...)")
     group.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
                        help="activation recomputation: full recomputes each layer in its backward, selective "
                             "only the attention core (score product, softmax, value product), none keeps "
@@ -352,6 +359,7 @@ def _check(opts: argparse.Namespace) -> None:
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
     _check_tensor_parallel(opts)
+    _check_zero(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -370,3 +378,25 @@ def _check_tensor_parallel(opts: argparse.Namespace) -> None:
                           "--loss and --tp")
     if opts.sequence_parallel and cfg.seq % opts.tp:
         raise OptionError(f"--sequence-parallel: --tp {opts.tp} does not divide the sequence length {cfg.seq}")
+
+
+def _check_zero(opts: argparse.Namespace) -> None:
+    """--zero and its alias, --reshard-after-forward; what a sharding level does not compose with yet."""
+    if opts.distributed_optimizer and opts.zero not in (None, 1):
+        raise OptionError(f"--distributed-optimizer is --zero 1: give one of it and --zero {opts.zero}")
+    opts.zero = 1 if opts.distributed_optimizer else opts.zero or 0
+    opts.distributed_optimizer = opts.zero == 1
+    if opts.reshard_after_forward is not None and opts.zero != 3:
+        raise OptionError("--reshard-after-forward and --no-reshard-after-forward choose when --zero 3 frees the "
+                          f"gathered weights; give --zero 3 (got --zero {opts.zero})")
+    if opts.reshard_after_forward is None:
+        opts.reshard_after_forward = opts.zero == 3
+    if opts.zero < 2:
+        return
+    if opts.dp < 2:
+        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more")
+    given = [name for name, on in (("--clip-grad", opts.clip_grad is not None), ("--save", opts.save),
+                                   ("--resume", opts.resume), ("--tasks", opts.tasks)) if on]
+    if given:
+        raise OptionError(f"--zero {opts.zero} does not compose with {given[0]} yet (it reads or writes the whole "
+                          "gradients or optimizer state); use --zero 1 or leave it out")

@@ -8,7 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
 
 from . import checkpoint, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
@@ -51,6 +51,9 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         checkpoint.check_writable(opts.save)
     check_chunks(plan, opts)
     check_placed(plan, opts)
+    if opts.zero == 3 and any(i.op in (Opcode.O, Opcode.L) for steps in plan.ranks for step in steps for i in step):
+        raise PlanError("--zero 3 does not compose with offload (O, L) yet: an offloaded forward's saved state "
+                        "holds the stage's gathered weights; compile without 'offload F' or use --zero 2")
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
@@ -109,13 +112,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held_stages(plan, world.plan_rank)}
     _recompute(stages, len(runs), opts.recompute)
-    sharded = opts.distributed_optimizer and world.dp > 1
-    for stage in stages.values():
-        attach_flat_grads(stage, world.dp if sharded else 1)
-    shards = None
-    if sharded:  # each data-parallel rank steps 1/dp of the weights
-        from .sharding import Shards
-        shards = Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
+    shards = _shards(stages, opts, world)
+    if shards is not None:
         params = shards.parameters()
     else:
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
@@ -131,8 +129,26 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         executor.fault = opts.fault[1:]
     if opts.report_out or opts.metrics_out:
         executor.meter = SavedBytes.of(stages)
+        if shards is not None and shards.level == 3:  # a gathered stage's weights are parameters, not activations
+            shards.on_gather = executor.meter.add_parameters
     _training(executor, plan, opts, world)
     return executor
+
+
+def _shards(stages: dict[int, Stage], opts, world: World):
+    """Flat gradient buffers for every stage; with --zero 1, 2 or 3 and --dp > 1 this data-parallel
+    rank's shards (sharding.py, zero.py), else None."""
+    sharded = opts.zero >= 1 and world.dp > 1
+    for stage in stages.values():
+        attach_flat_grads(stage, world.dp if sharded else 1)
+    if not sharded:
+        return None
+    from .sharding import Shards
+    from .zero import ZeroShards
+    if opts.zero == 1:  # each data-parallel rank steps 1/dp of the weights
+        return Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
+    return ZeroShards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks(), opts.zero,
+                      opts.reshard_after_forward)
 
 
 def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
@@ -230,6 +246,8 @@ def _grad_dumper(directory: str, first: int, world: World):
     def dump(executor: Executor) -> None:
         if executor.step_no != first:
             return
+        if executor.shards is not None and executor.shards.level >= 2:  # the reduce-scattered shards, whole
+            executor.shards.gather_gradients()
         mine = {} if world.replica else {name: grad for stage in executor.stages.values()
                                           for name, grad in gathered_gradients(stage, executor.tp).items()}
         mine = {} if world.tensor else mine
@@ -250,6 +268,8 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
                          start - origin, end - origin, wait)
             for step, index, start, end, wait in executor.events]
     summary = executor.meter.summary() if executor.meter is not None else None
+    if summary is not None:
+        summary["parameter_bytes"] = parameter_bytes(executor)
     parts = [None] * world.size if world.rank == 0 else None
     dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
@@ -273,3 +293,13 @@ def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list,
                                                                   opts.model_config.mb_size, plan.meta.get("chunks", 1)))
     if not opts.quiet:
         print(trace.format_report(rep), flush=True)
+
+
+def parameter_bytes(executor: Executor) -> int:
+    """The most weight bytes this rank held at once: every stage's parameters, and with --zero its
+    optimizer's shards (ZeRO-3: the shards and the gathered stages at their peak, zero.py)."""
+    shards = executor.shards
+    if shards is not None and shards.level == 3:
+        return shards.parameter_bytes()
+    whole = sum(p.numel() * p.element_size() for stage in executor.stages.values() for p in stage.parameters())
+    return whole + (0 if shards is None else sum(s.numel() * s.element_size() for s in shards.parameters()))
