@@ -126,18 +126,21 @@ class Coordinates:
     pipeline: int
     data: int
     tensor: int
+    context: int = 0
 
 
-def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int) -> int:
-    """The global rank of a (pipeline, data, tensor) coordinate: tensor innermost, then data."""
-    return (pipeline * dp + data) * tp + tensor
+def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int, context: int = 0, cp: int = 1) -> int:
+    """The global rank of a (pipeline, data, tensor, context) coordinate: tensor innermost, then
+    context, then data (with cp = 1, Megatron-LM's order)."""
+    return ((pipeline * dp + data) * cp + context) * tp + tensor
 
 
-def coordinates(rank: int, tp: int, dp: int) -> Coordinates:
-    """The (pipeline, data, tensor) coordinate of a global rank; the inverse of rank_at."""
+def coordinates(rank: int, tp: int, dp: int, cp: int = 1) -> Coordinates:
+    """The (pipeline, data, tensor, context) coordinate of a global rank; the inverse of rank_at."""
     group, tensor = divmod(rank, tp)
+    group, context = divmod(group, cp)
     pipeline, data = divmod(group, dp)
-    return Coordinates(pipeline, data, tensor)
+    return Coordinates(pipeline, data, tensor, context)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from schedc.runtime.context import GatherSequence, chunk_ranges, context_attention, positions, take
+from schedc.runtime.context import GatherSequence, chunk_ranges, exchange, positions, take
+from schedc.runtime.model import attention_core
 
 
 @pytest.mark.parametrize("seq,cp", [(8, 1), (8, 2), (12, 3), (16, 4)])
@@ -65,7 +66,7 @@ def test_context_attention_is_full_causal_attention(cp):
     out = torch.zeros(shape, dtype=torch.float64)
     loss = 0
     for r in range(cp):
-        y = context_attention(take(q, cp, r, dim=2), ks[r], vs[r], mine[r], gather)
+        y = attention_core(take(q, cp, r, dim=2), *exchange(ks[r], vs[r], mine[r], gather))
         out[:, :, mine[r]] = y.detach()
         loss = loss + (y * take(weight, cp, r, dim=2)).sum()
     assert torch.allclose(out, full.detach(), rtol=1e-12, atol=1e-12)

@@ -16,12 +16,11 @@ not a first offset), so learned positions and rotary embeddings both take the ra
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 import torch.distributed as dist
-
-from .model import attention_core
 
 
 def chunk_ranges(seq: int, cp: int, rank: int) -> tuple[range, range]:
@@ -51,13 +50,35 @@ def causal_mask(query_positions: torch.Tensor, key_positions: torch.Tensor) -> t
     return query_positions[:, None] >= key_positions[None, :]
 
 
-def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mine: torch.Tensor,
-                      gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Causal attention of the rank's [b, heads, t, d] queries over the whole sequence's keys and
-    values: `gather` joins every context rank's [.., t, ..] along the sequence (dimension 2; the last
-    dimension of positions), so the mask follows the gathered keys' global positions."""
+def exchange(k: torch.Tensor, v: torch.Tensor, mine: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The keys and values the rank's [b, heads, t, d] queries attend to, over the whole sequence, and
+    their causal mask: `gather` joins every context rank's [.., t, ..] along the sequence (dimension 2),
+    the keys' global positions joined the same way (model.attention_core takes the three)."""
     keys, values, where = gather(k), gather(v), gather(mine.view(1, 1, -1, 1).float())
-    return attention_core(q, keys, values, causal_mask(mine, where.view(-1).long()))
+    return keys, values, causal_mask(mine, where.view(-1).long())
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """This rank's place in the sequence: its tokens' positions and the gather over its context group."""
+
+    positions: torch.Tensor
+    gather: Callable[[torch.Tensor], torch.Tensor]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return exchange(k, v, self.positions.to(k.device), self.gather)
+
+
+ACTIVE: list[Context] = []  # the run's context (none with --cp 1); chunks.extend and chunks.positions read it
+
+
+def configure(seq: int, cp: int, rank: int, group) -> None:
+    """Set this process's context for the run (--cp 1: none); a process running several plans calls it
+    for each."""
+    ACTIVE.clear()
+    if cp > 1:
+        ACTIVE.append(Context(positions(seq, cp, rank), gather_over(group, cp)))
 
 
 class GatherSequence(torch.autograd.Function):
@@ -82,3 +103,14 @@ class GatherSequence(torch.autograd.Function):
 def gather_over(group, size: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """The `gather` of context_attention over a process group of `size` context ranks."""
     return lambda x: GatherSequence.apply(x, group, size)
+
+
+class ContextData:
+    """A dataset whose batches keep this context rank's chunks of every sequence (tokens and targets)."""
+
+    def __init__(self, dataset, cp: int, rank: int):
+        self.dataset, self.cp, self.rank = dataset, cp, rank
+
+    def batch(self, step: int, microbatches: int, size: int):
+        whole = self.dataset.batch(step, microbatches, size)
+        return replace(whole, tokens=take(whole.tokens, self.cp, self.rank), targets=take(whole.targets, self.cp, self.rank))

@@ -106,6 +106,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--tp", type=int, default=1, metavar="T",
                        help="tensor-parallel ranks per stage, Megatron-LM's (world = t x devices x dp; "
                             "default 1)")
+    group.add_argument("--cp", type=int, default=1, metavar="N",
+                       help="context-parallel ranks per stage: each holds 2 of the sequence's 2N chunks and "
+                            "attends over the whole sequence (world = t x cp x devices x dp; default 1)")
     group.add_argument("--sequence-parallel", action="store_true",
                        help="with --tp > 1, layer norms and residuals on 1/t of the sequence, all-gather "
                             "and reduce-scatter around the tensor-parallel layers (Korthikanti et al. 2022)")
@@ -360,6 +363,7 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("--reference does not take --save, --resume or --fault-*")
     _check_tensor_parallel(opts)
     _check_zero(opts)
+    _check_context(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -400,3 +404,23 @@ def _check_zero(opts: argparse.Namespace) -> None:
     if given:
         raise OptionError(f"--zero {opts.zero} does not compose with {given[0]} yet (it reads or writes the whole "
                           "gradients or optimizer state); use --zero 1 or leave it out")
+
+
+def _check_context(opts: argparse.Namespace) -> None:
+    """--cp: the sequence cut into 2 cp equal chunks (and each rank's part into t under sequence
+    parallelism); what it does not compose with yet."""
+    cp, seq = opts.cp, opts.model_config.seq
+    if cp < 1:
+        raise OptionError(f"--cp must be >= 1, got {cp}")
+    if cp == 1:
+        return
+    if seq % (2 * cp):
+        raise OptionError(f"--cp {cp} cuts the sequence into {2 * cp} equal chunks; the sequence length {seq} "
+                          f"(--seq) does not divide into {2 * cp}")
+    if opts.sequence_parallel and (seq // cp) % opts.tp:
+        raise OptionError(f"--sequence-parallel with --cp {cp}: --tp {opts.tp} does not divide each context rank's "
+                          f"{seq // cp} tokens")
+    given = [name for name, on in (("--zero", opts.zero >= 1), ("--model-code", opts.model_code),
+                                   ("--tasks", opts.tasks)) if on]
+    if given:
+        raise OptionError(f"--cp {cp} does not compose with {given[0]} yet; leave one of them out")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
 
-from . import checkpoint, trace
+from . import checkpoint, context, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
                     log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .chunks import check_chunks
@@ -41,7 +42,7 @@ def held_stages(plan: Plan, plan_rank: int) -> list[int]:
 
 def check_plan(plan: Plan, opts, env: Env) -> None:
     """Everything that can be refused before the process group starts."""
-    check_size(plan, opts.dp, env, opts.tp)
+    check_size(plan, opts.dp, env, opts.tp, opts.cp)
     for key in ("stages", "microbatches", "pipelines"):
         if key not in plan.meta:
             raise PlanError(f"the plan has no {key!r}")
@@ -95,10 +96,13 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     env = Env.read()
     check_plan(plan, opts, env)
     pieces, runs = model_runs(opts, plan.meta["stages"])
-    shapes = boundary_shapes(pieces, runs, opts.model_config, opts.dtype == "bf16")
+    local = replace(opts.model_config, seq=opts.model_config.seq // opts.cp)  # a context rank's tokens
+    shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
-    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp)
+    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp)
+    if world.cp > 1:
+        dataset = context.ContextData(dataset, world.cp, world.context)
     try:
         executor = build_executor(plan, opts, world, runs, shapes)
         del pieces, runs
@@ -119,6 +123,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    context.configure(opts.model_config.seq, world.cp, world.context, world.context_group)
+    executor.scale /= world.cp  # a context rank's loss is the mean over 1/cp of the sequence's tokens
     executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
     last = stages.get(plan.meta["stages"] - 1)
     if last is not None and getattr(last.pieces[-1], "vocab_parallel", False):
@@ -165,7 +171,7 @@ def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
         executor.clip_grad = opts.clip_grad
         first = {s: min(pipe["placement"][s] for pipe in plan.meta["pipelines"]) for s in executor.stages}
         executor.clip_stages = [s for s in sorted(executor.stages)
-                                if world.replica == 0 and first[s] == world.plan_rank]
+                                if world.replica == 0 and world.context == 0 and first[s] == world.plan_rank]
 
 
 def _recompute(stages: dict[int, Stage], count: int, mode: str) -> None:
@@ -250,7 +256,7 @@ def _grad_dumper(directory: str, first: int, world: World):
             executor.shards.gather_gradients()
         mine = {} if world.replica else {name: grad for stage in executor.stages.values()
                                           for name, grad in gathered_gradients(stage, executor.tp).items()}
-        mine = {} if world.tensor else mine
+        mine = {} if world.tensor or world.context else mine
         parts = [None] * world.size if world.rank == 0 else None
         dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:
@@ -270,6 +276,7 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     summary = executor.meter.summary() if executor.meter is not None else None
     if summary is not None:
         summary["parameter_bytes"] = parameter_bytes(executor)
+        summary["plan_rank"] = world.plan_rank
     parts = [None] * world.size if world.rank == 0 else None
     dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
