@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from schedc.runtime.context import GatherSequence, chunk_ranges, exchange, positions, take
 from schedc.runtime.model import attention_core
+from test_runtime import plans  # noqa: F401 (fixture)
 
 
 @pytest.mark.parametrize("seq,cp", [(8, 1), (8, 2), (12, 3), (16, 4)])
@@ -96,3 +97,80 @@ def test_the_gather_backward_sums_every_ranks_gradient(tmp_path):
     import torch.multiprocessing as mp
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_gather_worker, args=(str(tmp_path / "store"),), nprocs=2, join=True)
+
+
+MODEL = ["--layers", "4", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
+# name: (schedule, params, options); the reference takes the options but the layout's
+CASES = {
+    "cp_1f1b": ("1f1b", {"p": 2, "m": 4}, ["--cp", "2"]),
+    "cp_zb_h1": ("zb_h1", {"p": 2, "m": 4}, ["--cp", "2"]),
+    "cp_zb_h1_full": ("zb_h1", {"p": 2, "m": 4}, ["--cp", "2", "--recompute", "full"]),
+    "cp_dualpipev_selective": ("dualpipev", {"p": 2, "m": 4}, ["--cp", "2", "--recompute", "selective"]),
+    "cp_interleaved_clip": ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, ["--cp", "2", "--clip-grad", "0.05"]),
+    "cp_tp_sp": ("gpipe", {"p": 1, "m": 2}, ["--cp", "2", "--tp", "2", "--sequence-parallel", "--recompute",
+                                              "selective"]),
+}
+WIDE = {  # eight ranks
+    "cp_tp_sp_1f1b": ("1f1b", {"p": 2, "m": 4}, ["--cp", "2", "--tp", "2", "--sequence-parallel"]),
+    "cp_dp_zb_h1": ("zb_h1", {"p": 2, "m": 4}, ["--cp", "2", "--dp", "2"]),
+}
+LAYOUT = {"--cp": 1, "--tp": 1, "--sequence-parallel": 0, "--recompute": 1}  # option: values it takes
+
+
+def _reference_options(options: list[str]) -> list[str]:
+    out, skip = [], 0
+    for option in options:
+        if skip:
+            skip -= 1
+        elif option in LAYOUT:
+            skip = LAYOUT[option]
+        else:
+            out.append(option)
+    return out
+
+
+def _run_against_reference(plans, tmp_path, cases: dict, nproc: int) -> None:  # noqa: F811
+    from test_runtime import _dump, launch_plans
+    from test_runtime_training import TOLERANCE, _errors, _losses, _reference
+    jobs = [(plans(schedule, **params), [*MODEL, *options, "--steps", "3", "--quiet", "--save-grads", str(tmp_path / name),
+                                         "--metrics-out", str(tmp_path / name / "metrics.jsonl")])
+            for name, (schedule, params, options) in cases.items()]
+    run = launch_plans(jobs, nproc, tmp_path)
+    assert run.returncode == 0, run.stderr
+    for name, (schedule, params, options) in cases.items():
+        reference = _reference_options(options)
+        dp = int(reference[reference.index("--dp") + 1]) if "--dp" in reference else 1
+        reference = [o for o in reference if o not in ("--dp", str(dp))] if dp > 1 else reference
+        want, want_losses = _reference(tmp_path, name, plans(schedule, **params), [*MODEL, *reference, "--steps", "3"], dp)
+        loss, grads = _errors(_dump(tmp_path / name), want)
+        assert loss <= TOLERANCE and grads <= TOLERANCE, (name, loss, grads)
+        assert _losses(tmp_path / name / "metrics.jsonl") == pytest.approx(want_losses, rel=TOLERANCE), name
+
+
+@pytest.mark.slow
+def test_context_parallel_runs_give_the_reference(plans, tmp_path):  # noqa: F811
+    """One 4-rank launch, three AdamW steps each: cp = 2 under 1F1B and ZB-H1 (split I/W) at p = 2, with
+    full recomputation, DualPipeV's pairs with selective recomputation, interleaved 1F1B with clipping
+    (the norm counted on one context rank), and cp = 2 with t = 2 and sequence parallelism: the first
+    step's gradients and the three losses are the one-process reference's, rel <= 1e-5."""
+    _run_against_reference(plans, tmp_path, CASES, 4)
+
+
+@pytest.mark.slow
+def test_context_parallel_with_tensor_or_data_parallelism_on_eight_ranks(plans, tmp_path):  # noqa: F811
+    """One 8-rank launch: cp = 2, t = 2 with sequence parallelism under 1F1B at p = 2; cp = 2, d = 2
+    under ZB-H1 at p = 2 (gradients averaged over data x context)."""
+    _run_against_reference(plans, tmp_path, WIDE, 8)
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--cp", "3"], "--cp 3 cuts the sequence into 6 equal chunks; the sequence length 16 (--seq) does not divide"),
+    (["--cp", "4", "--seq", "24", "--heads", "4", "--tp", "4", "--sequence-parallel"],
+     "--tp 4 does not divide each context rank's 6 tokens"),
+    (["--cp", "2", "--dp", "2", "--zero", "1"], "--cp 2 does not compose with --zero yet"),
+    (["--cp", "0"], "--cp must be >= 1"),
+])
+def test_context_options_that_do_not_fit_are_refused(options, message):
+    from schedc.runtime.options import OptionError, parse_options
+    with pytest.raises(OptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_options(["plan.json", *MODEL, *options])
