@@ -610,6 +610,12 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--reference", "--hidden", "30000"], "(layers 4, hidden 30000, heads 4, seq 64, mb-size 4, 4 microbatches, 1 "
                                            "process), more"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--model-code", "test_tensor_parallel:build_user", "--tp", "2", "--sequence-parallel", "--layers", "2",
+      "--seq", "8", "--mb-size", "2", "--synthetic"],
+     "--sequence-parallel: the model's pieces 'embed', 'out' have no tensor_parallel(tp) form"),
+    (["--tolerance", "1e-3"], "--tolerance is the bound of --compare-to-reference: give both"),
+    (["--compare-to-reference", "--tolerance", "0"], "--tolerance must be a finite relative difference > 0"),
+    (["--compare-to-reference", "--reference"], "--compare-to-reference compares a run's first step"),
     (["--fault-kill", "9:1"], "--fault-kill 9:1: the run has ranks 0 to 1 (the plan's devices x --dp 1)"),
     (["--fault-stop", "4:0", "--dp", "2"], "--fault-stop 4:0: the run has ranks 0 to 3 (the plan's devices x --dp 2)"),
     (["--fault-hang", "1:10", "--steps", "3"], "--fault-hang 1:10: the run's steps are 0 to 2 (--steps 3)"),
@@ -890,3 +896,23 @@ def test_the_distributed_optimizer_trains_as_the_whole_one_and_resumes(plans, tm
     assert launch_from_cli(plan, None, [*common, "--steps", "4", "--resume", str(tmp_path / "ckpt")]) == 2
     assert "the checkpoint was made with --distributed-optimizer (each rank's optimizer state a shard); give " \
            "the same to resume it" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_to_reference_prints_the_differences_and_exits_by_the_tolerance(plans, tmp_path):
+    """`schedc run PLAN --compare-to-reference`: the run, then the one-process reference, then the
+    relative differences per parameter group and overall; 0 within --tolerance, 1 past it (a bound
+    below any float difference), the run's own dump kept where --save-grads puts it."""
+    plan = plans("1f1b", p=2, m=4)
+    base = [sys.executable, "-m", "schedc.cli", "run", str(plan), *SMALL, "--steps", "1", "--quiet", "--synthetic",
+            "--compare-to-reference", "--timeout", "30"]
+    run = subprocess.run([*base, "--save-grads", str(tmp_path / "mine")], capture_output=True, text=True,
+                         env=ENV, timeout=LAUNCH_LIMIT, cwd=_repo())
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("loss") and any(line.startswith("blocks.1 ") for line in lines)
+    assert "largest gradient difference" in run.stdout and lines[-1] == "within --tolerance 1.0e-05"
+    assert (tmp_path / "mine" / "grads.pt").exists()
+    tight = subprocess.run([*base, "--tolerance", "1e-300"], capture_output=True, text=True, env=ENV,
+                           timeout=LAUNCH_LIMIT, cwd=_repo())
+    assert tight.returncode == 1 and "NOT within --tolerance 1.0e-300" in tight.stdout, tight.stdout + tight.stderr

@@ -147,6 +147,13 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
                        help="write DIR/grads.pt (first step's gradients by the unpartitioned model's "
                             "parameter names, after sync, before the optimizer), DIR/loss.json and "
                             "DIR/sent.json (the pipeline message bytes each rank sent in that step)")
+    group.add_argument("--compare-to-reference", action="store_true",
+                       help="after the run, train the one-process reference on the same data and print the "
+                            "largest relative gradient and loss differences of the first step, per parameter "
+                            "group and overall; exit 1 past --tolerance (schedc run only)")
+    group.add_argument("--tolerance", type=float, metavar="REL",
+                       help="with --compare-to-reference: the largest relative difference accepted (default "
+                            "1e-5, or 1e-2 with --dtype bf16)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
                             "--*-out measurements synchronizes after each instruction)")
@@ -361,11 +368,22 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("give one of --fault-kill, --fault-hang and --fault-stop")
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
+    _check_comparison(opts)
     _check_tensor_parallel(opts)
     _check_zero(opts)
     _check_context(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
+
+
+def _check_comparison(opts: argparse.Namespace) -> None:
+    if opts.tolerance is not None and not opts.compare_to_reference:
+        raise OptionError("--tolerance is the bound of --compare-to-reference: give both")
+    if opts.tolerance is not None and not 0 < opts.tolerance < math.inf:
+        raise OptionError(f"--tolerance must be a finite relative difference > 0, got {opts.tolerance}")
+    if opts.compare_to_reference and (opts.reference or opts.resume or opts.fault):
+        raise OptionError("--compare-to-reference compares a run's first step with the reference's: it does not "
+                          "take --reference, --resume or --fault-*")
 
 
 def _check_tensor_parallel(opts: argparse.Namespace) -> None:
