@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_flags(args: argparse.Namespace) -> list[str]:
     return ["--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
-            "--seq", str(args.seq), "--mb-size", str(args.mb_size)]
+            "--seq", str(args.seq), "--microbatch-size", str(args.mb_size)]
 
 
 # -- the driver ------------------------------------------------------------------------------------

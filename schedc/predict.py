@@ -179,10 +179,10 @@ def _profile_microbatch_size(costs: str, given: int | None) -> int:
     recorded = measured_microbatch_size(costs)
     if recorded is not None and given is not None and given != recorded:
         raise usage(f"--microbatch-size {given} disagrees with the profile {costs}, measured at microbatch size "
-                    f"{recorded} (the runtime's --mb-size): leave it out, or profile again at {given}")
+                    f"{recorded} (the runtime's --microbatch-size): leave it out, or profile again at {given}")
     if recorded is None and given is None:
         raise usage(f"the profile {costs} does not record its microbatch size: give --microbatch-size (the "
-                    "runtime's --mb-size of the run that measured it; its default is 4)")
+                    "runtime's --microbatch-size of the run that measured it; its default is 4)")
     return recorded if recorded is not None else given
 
 
@@ -190,7 +190,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
                    costs: tuple[str, ...], model_files: tuple[str, ...], microbatch_size: int | None, tp: int,
                    recompute: str) -> str:
     """`schedc calibrate`: measure (or read --cluster), then fit to the profiles if given; write OUT.
-    A fit is at the microbatch size each profile records (the runtime's --mb-size); a different
+    A fit is at the microbatch size each profile records (the runtime's --microbatch-size); a different
     --microbatch-size is refused, and one is needed for a profile that does not record it. One
     profile scales the compute rates; profiles at two or more sizes fit the rates and the overheads
     (fit_to_profiles). --model is given once for all the profiles or once per profile, in order."""

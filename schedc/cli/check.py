@@ -30,25 +30,19 @@ from .common import fail, report, is_plan, plan_only, check_plan, finish
 def check_cmd(file, defines, costs, profile, microbatch_size, model_file, memory_limit, placement, addons):
     """Prove FILE free of deadlock, with matching channels and within its memory bound (FILE may be
     a plan.json: its fields and its channels are checked)."""
-    from ..driver import compile_file
+    from ..driver import Checks, compile_file
     # with --model and no --profile, --microbatch-size is the microbatch size of the bytes check
     row = profile_choice(costs, profile, None if model_file and not profile else microbatch_size)
     if is_plan(file):
         plan_only(file, defines=defines, costs=costs, profile=profile, model=model_file,
                    memory_limit=memory_limit, addons=addons, placement=placement)
         return check_plan(file)
+    checks = Checks(model_file, memory_limit, microbatch_size, placement)  # passes of PASSES, selected here
     try:
-        result = compile_file(file, defines, costs, 0.0, row, addons=addons)  # --model: bytes here
-        extra = []
-        if model_file or memory_limit:
-            from ..checks.memory import check_memory_bytes
-            extra = check_memory_bytes(result.schedule, result.timing, model_file, memory_limit, microbatch_size)
-        if placement:
-            from ..interop.torch_placement import check_placement
-            extra += check_placement(result.schedule, placement)
+        result = compile_file(file, defines, costs, 0.0, row, addons=addons, checks=checks)
     except SchedError as exc:
         fail(exc)
-    diagnostics = result.diagnostics + extra
+    diagnostics = result.diagnostics
     report(diagnostics, result.schedule.source)
     if exit_code(diagnostics):
         count = sum(d.severity.value == "error" for d in diagnostics)

@@ -181,9 +181,7 @@ def message_times(st: Setting, devices: int) -> list[list[float]]:
 
 
 def stage_layers(model: ModelSpec, stages: int, layout: Layout | None = None) -> tuple[int, ...]:
-    """Transformer layers of each stage: the layout's split (Layout.layer_split: --stage-layers, or the
-    even split with the embedding and the loss counted as layers); without one the layers divide
-    evenly (check_stages refuses a model whose layers do not)."""
-    if layout is None or not (layout.stage_layers or layout.account_for_embedding or layout.account_for_loss):
-        return (model.layers // stages,) * stages
-    return layout.layer_split(model.layers, stages)
+    """Transformer layers of each stage: the layout's split (schedc.layout.split_layers: --stage-layers,
+    or the even split, the embedding and the loss counted as layers where the layout says so; without
+    them check_stages has refused layers that do not divide evenly)."""
+    return (layout or Layout()).layer_split(model.layers, stages)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, flag, parse_stage_layers, run_flags, split_flags
+from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, run_flags
 from ..diagnostics import SCHEDULE, SchedError
 from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
-from .space import Request
+from .space import SET_PER_CANDIDATE, Request
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -67,22 +67,24 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   **{name: o[name] for name in SWITCH_NAMES}, **_split(o))
+                   layout=_layout(o))
 
 
-def _split(o: dict[str, Any]) -> dict[str, Any]:
-    """The request's layer split (schedc.layout.SPLIT_NAMES); a usage error for a bad --stage-layers or
-    --stage-layers with an --account-for-* flag."""
-    split = {name: o[name] for name in SPLIT_NAMES}
-    if split["stage_layers"] is not None:
+def _layout(o: dict[str, Any]) -> Layout:
+    """Every candidate's layout: the layout options given (not None) among `o`, the rest Layout's
+    defaults (the search sets t, d, b and recomputation per candidate); a usage error for a bad
+    --stage-layers or --stage-layers with an --account-for-* flag."""
+    split = {opt.field: o[opt.field] for opt in LAYOUT_OPTIONS
+             if opt.field not in SET_PER_CANDIDATE and o.get(opt.field) is not None}
+    if split.get("stage_layers") is not None:
         try:
             split["stage_layers"] = parse_stage_layers(split["stage_layers"])
         except SplitError as exc:
             raise usage(str(exc)) from None
-        if split["account_for_embedding"] or split["account_for_loss"]:
+        if split.get("account_for_embedding") or split.get("account_for_loss"):
             raise usage("--stage-layers gives every stage's layers; --account-for-embedding and --account-for-loss "
                         "only change the even split: give one or the other")
-    return split
+    return Layout(**split)
 
 
 _WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
@@ -194,9 +196,9 @@ def pruned_lines(text: str) -> int | None:
 
 def _fit(r) -> str:
     """What a candidate's stages must do with the layers: fit the request's split, or divide them."""
-    if r.stage_layers is not None:
-        return f"number {len(r.stage_layers)}, as --stage-layers gives"
-    if r.account_for_embedding or r.account_for_loss:
+    if r.layout.stage_layers is not None:
+        return f"number {len(r.layout.stage_layers)}, as --stage-layers gives"
+    if r.layout.account_for_embedding or r.layout.account_for_loss:
         return "fit the layer split (--account-for-*)"
     return "divide the model's layers"
 
@@ -274,8 +276,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     r = outcome.request
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
-    flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
-    flags += "".join(f" {word}" for word in split_flags(r))
+    fixed = [o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CANDIDATE]
+    flags = "".join(f" {word}" for word in option_flags(r.layout, fixed))
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")
@@ -296,7 +298,7 @@ def local_commands(outcome: Outcome) -> list[str]:
     params = {**c.params(), "p": LOCAL_STAGES, "m": 4 * LOCAL_STAGES}
     t = min(c.t, LOCAL_TP)
     layout = Layout(tp=t, microbatch_size=min(c.b, 4), recompute=c.recompute,
-                    sequence_parallel=r.sequence_parallel and t > 1)
+                    sequence_parallel=r.layout.sequence_parallel and t > 1)
     layers = 4 * LOCAL_STAGES * int(params.get("v", 1))  # enough for V shapes and two-pipeline schedules
     defines = " ".join(f"-D {k}={v}" for k, v in params.items())
     return [f"schedc compile {shlex.quote(c.schedule)} {defines} -o out/tune-local",
