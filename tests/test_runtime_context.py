@@ -113,8 +113,9 @@ CASES = {
 WIDE = {  # eight ranks
     "cp_tp_sp_1f1b": ("1f1b", {"p": 2, "m": 4}, ["--cp", "2", "--tp", "2", "--sequence-parallel"]),
     "cp_dp_zb_h1": ("zb_h1", {"p": 2, "m": 4}, ["--cp", "2", "--dp", "2"]),
+    "zero3_tp_interleaved": ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, ["--zero", "3", "--tp", "2", "--dp", "2"]),
 }
-LAYOUT = {"--cp": 1, "--tp": 1, "--sequence-parallel": 0, "--recompute": 1}  # option: values it takes
+LAYOUT = {"--cp": 1, "--tp": 1, "--sequence-parallel": 0, "--recompute": 1, "--zero": 1}  # option: values it takes
 
 
 def _reference_options(options: list[str]) -> list[str]:
@@ -157,9 +158,10 @@ def test_context_parallel_runs_give_the_reference(plans, tmp_path):  # noqa: F81
 
 
 @pytest.mark.slow
-def test_context_parallel_with_tensor_or_data_parallelism_on_eight_ranks(plans, tmp_path):  # noqa: F811
+def test_eight_rank_combinations(plans, tmp_path):  # noqa: F811
     """One 8-rank launch: cp = 2, t = 2 with sequence parallelism under 1F1B at p = 2; cp = 2, d = 2
-    under ZB-H1 at p = 2 (gradients averaged over data x context)."""
+    under ZB-H1 at p = 2 (gradients averaged over data x context); ZeRO-3 with t = 2, d = 2 under
+    interleaved 1F1B at p = 2 (each tensor rank's shards gathered over its data-parallel pair)."""
     _run_against_reference(plans, tmp_path, WIDE, 8)
 
 

@@ -96,6 +96,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     env = Env.read()
     check_plan(plan, opts, env)
     pieces, runs = model_runs(opts, plan.meta["stages"])
+    context.configure(opts.model_config.seq, 1, 0, None)  # none while shapes are traced (after a --cp plan)
     local = replace(opts.model_config, seq=opts.model_config.seq // opts.cp)  # a context rank's tokens
     shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
     dataset = make_dataset(opts)
