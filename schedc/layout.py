@@ -40,6 +40,9 @@ class Layout:
     stage_layers: tuple[int, ...] | None = None  # transformer layers per stage as given (--stage-layers)
     account_for_embedding: bool = False  # the even split counts the embedding as a layer of the first stage
     account_for_loss: bool = False       # and the output layer and loss as one of the last (split_layers)
+    tp_comm_overlap: bool = False        # TP all-gathers/reduce-scatters overlapped with their GEMMs (userbuffers)
+    overlap_param_gather: bool = False   # the distributed optimizer's all-gather under the next step's forward
+    fp8: bool = False                    # the layers' GEMMs in FP8 (Transformer Engine)
 
     def layer_split(self, layers: int, stages: int) -> tuple[int, ...]:
         """The transformer layers of each of `stages` stages under this layout (split_layers)."""
@@ -141,6 +144,7 @@ class ClusterRequest:
     model: str
     cluster: str
     layout: Layout
+    seq: int | None = None  # --seq: the run's sequence length over the description's
 
 
 class SplitError(ValueError):
@@ -259,6 +263,15 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "(Megatron-LM's --account-for-embedding-in-pipeline-split)"),
     LayoutOption("account_for_loss", "Count the output layer and loss as a layer of the last stage in the even split "
                  "(Megatron-LM's --account-for-loss-in-pipeline-split)"),
+    LayoutOption("tp_comm_overlap", "Overlap sequence parallelism's all-gathers and reduce-scatters with the "
+                 "neighbouring GEMMs, charging what a GEMM cannot hide (Megatron-LM's --tp-comm-overlap, Transformer "
+                 "Engine userbuffers; needs --sequence-parallel)", runtime=False, words="TP communication overlap"),
+    LayoutOption("overlap_param_gather", "The distributed optimizer's all-gather of the weights overlaps the next "
+                 "step's forward (Megatron-LM's --overlap-param-gather; needs --distributed-optimizer)", runtime=False,
+                 words="overlapped parameter gather"),
+    LayoutOption("fp8", "The transformer layers' GEMMs at the GPU's FP8 rate ([gpu] fp8_tflops) with Transformer "
+                 "Engine's casts through HBM and FP8 inputs kept for the backward (Megatron-LM's --fp8-format hybrid)",
+                 runtime=False, words="FP8"),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

@@ -26,6 +26,9 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
              + "".join(f", {text}" for text in switches_on(lay)),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {rate(p.tflops_per_gpu)}  "
              f"peak_fraction {p.peak_fraction:.3f}",
+             f"  parameters {p.extra['parameters']:,} ({p.extra['parameters'] / 1e9:.2f}e9)  mfu "
+             f"{p.extra['mfu']:.3f} (model TFLOP/s per GPU {rate(p.extra['model_tflops_per_gpu'])}, recomputation "
+             "not counted, of the 16-bit peak)",
              f"  memory_gib_per_gpu {gib(p.memory_bytes)} (weights+gradients+optimizer "
              f"{gib(parts['weights_gradients_optimizer'])}, activations {gib(parts['activations'])}, "
              f"{memory_more(parts)})",

@@ -8,8 +8,10 @@ from __future__ import annotations
 import click
 
 import functools
+from dataclasses import replace
 from typing import Any
 
+from ..budget import COMPILE_OPS
 from ..diagnostics import SchedError
 from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError
 from ..search import GROUPS
@@ -128,9 +130,12 @@ _CLUSTER_OPTIONS = (
     # every layout option but the microbatch size (the cost options' --microbatch-size)
     *(layout_option(o.field, "with --cluster") for o in LAYOUT_OPTIONS if o.field != "microbatch_size"),
 )
+seq_option = click.option("--seq", "seq", type=click.IntRange(min=1), default=None, metavar="S",
+                          help="Sequence length of the run, over the model description's (a Hugging Face "
+                               "config.json has none: give it); with --model.")
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; or a "
-                                  "library name such as gpt-175b), with --cluster; the same --model check, tune "
+                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; a Hugging "
+                                  "Face config.json; or a library name such as gpt-175b or llama3.1-70b), with --cluster; the same --model check, tune "
                                   "and the runtime read (model code is the runtime's --model-code).")
 _CLUSTER_NAMES = ("cluster_name", *(o.field for o in LAYOUT_OPTIONS if o.field != "microbatch_size"))
 
@@ -143,13 +148,17 @@ def cluster_options(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _CLUSTER_NAMES}
+        seq = kwargs.pop("seq")
         kwargs["cluster"] = request_from(values, kwargs.get("model_file"), kwargs.get("microbatch_size"),
                                          kwargs.get("costs"), kwargs.get("profile"), option_given("latency"))
+        if seq is not None and kwargs["cluster"] is None:
+            raise click.UsageError("--seq needs --cluster and --model")
         if kwargs["cluster"] is not None:
+            kwargs["cluster"] = replace(kwargs["cluster"], seq=seq)
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
 
-    for option in reversed((*_CLUSTER_OPTIONS, _MODEL_OPTION)):
+    for option in reversed((*_CLUSTER_OPTIONS, _MODEL_OPTION, seq_option)):
         wrapper = option(wrapper)
     return wrapper
 
@@ -189,8 +198,9 @@ TUNE_FIXED = tuple(o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CAN
 
 _TUNE_OPTIONS = (
     click.option("--model", "model", type=click.Path(dir_okay=False),
-                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab) or a library "
-                      "name such as gpt-175b."),
+                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab), a Hugging Face "
+                      "config.json or a library name such as gpt-175b or llama3.1-70b."),
+    seq_option,
     click.option("--cluster", "cluster", metavar="NAME|FILE",
                  help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
     click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
@@ -221,7 +231,7 @@ _TUNE_OPTIONS = (
 )
 
 
-_TUNE_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch",
+_TUNE_NAMES = ("model", "seq", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch",
                "top", "per", "exhaustive", *TUNE_FIXED, "pruned", "why")
 
 
@@ -240,10 +250,16 @@ def tune_options(command):
     return wrapper
 
 
+max_ops_option = click.option("--max-ops", "max_ops", type=click.IntRange(min=1), default=COMPILE_OPS.limit,
+                              show_default=True, metavar="N",
+                              help="The most ops the schedule may expand to (memory and time grow with them).")
+
+
 def schedule_options(command):
     """What compile and simulate take to compile FILE: -D, the measured costs, --latency, --cluster and its
-    layout, --with (in this order in --help)."""
-    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option)):
+    layout, --with, --max-ops (in this order in --help)."""
+    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option,
+                            max_ops_option)):
         command = option(command)
     return command
 

@@ -52,6 +52,9 @@ TRANSPOSES = 8               # values per b·s·h/t moved by the attention's hea
 ATTENTION_ELEMENTWISE = 4.5  # values per b·(a/t)·s² moved by softmax and attention dropout, forward
 
 
+FP8_CAST_BYTES = 3           # per value cast to FP8 for a GEMM (Transformer Engine): read at 16 bits, written at 8
+
+
 GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradient read, the accumulated one read and written
 
 
@@ -81,11 +84,12 @@ class Hardware:
     def __init__(self, cluster: ClusterSpec):
         self.c = cluster
 
-    def gemm(self, m: float, n: float, k: float, count: float = 1) -> float:
+    def gemm(self, m: float, n: float, k: float, count: float = 1, fp8: bool = False) -> float:
+        """A GEMM's time at its size's efficiency; fp8: at the GPU's FP8 peak (--fp8)."""
         c = self.c
         small = min(m, n, k)
         efficiency = c.gemm_efficiency * small / (small + c.gemm_half_dim)
-        return 2 * m * n * k * count / (c.peak_flops * efficiency)
+        return 2 * m * n * k * count / ((c.fp8_flops if fp8 else c.peak_flops) * efficiency)
 
     def memory(self, nbytes: float) -> float:
         return nbytes / (self.c.hbm_bandwidth * self.c.hbm_efficiency)

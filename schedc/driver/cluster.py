@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model
+from ..budget import COMPILE_OPS
+from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, check_switches, load_cluster, load_cluster_model
 from ..diagnostics import USAGE, usage
 from ..costmodel.bytes import layer_activation_bytes
 from ..costmodel.hardware import stage_layers
@@ -37,18 +38,21 @@ class OnCluster:
 
 
 def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest,
-                       lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
+                       lower: bool = True, addons: tuple[str, ...] = (), max_ops: int | None = None) -> OnCluster:
     """Compile FILE (with the `--with` add-ons) with the costs of request's model on its cluster;
     SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
-    plan: `simulate`)."""
+    plan: `simulate`). max_ops: the most ops it may expand to (--max-ops; budget.COMPILE_OPS)."""
     cluster = load_cluster(request.cluster)
-    model = load_cluster_model(request.model, cluster)
+    model = load_cluster_model(request.model, cluster, request.seq)
     check_layout(model, request.layout, request.model)
-    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons)
+    check_switches(request.layout, cluster)
+    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons,
+                       max_ops=max_ops)
 
 
 def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
-                lower: bool = True, addons: tuple[str, ...] = (), free: bool = True) -> OnCluster:
+                lower: bool = True, addons: tuple[str, ...] = (), free: bool = True,
+                max_ops: int | None = None) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
     is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
     stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
@@ -64,11 +68,11 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     if kind_of(path) == TORCH_CSV:
         raise usage(f"{file}: --cluster reads .sched schedules (a torch CSV has no stages to give layers to)")
     source = read_source(path)
-    layout = st.layout
+    layout, max_ops = st.layout, max_ops or COMPILE_OPS.limit
     with collector_paused():
         decl = load_declaration(source, addons)
-        overrides = _microbatches(decl, dict(overrides), layout)
-        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
+        overrides = _microbatches(decl, dict(overrides), layout, max_ops)
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers, max_ops=max_ops))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
         problem = costs_problem(costs.costs(), layout)
@@ -76,7 +80,8 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
             raise usage(problem)
         placed, by_chunk = _placed_costs(probe, st, costs, source)
         schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers,
-                                                   task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk))
+                                                   task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
+                                                   max_ops=max_ops))
         links = link_times(st, schedule.devices)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
@@ -120,20 +125,19 @@ def _forward_scale(probe, costs) -> tuple[float, ...]:
     return tuple(f / (df or 1.0) for f, df in zip(forward, declared_f))
 
 
-def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:
+def _microbatches(decl, overrides: dict[str, str], layout: Layout, max_ops: int) -> dict[str, str]:
     """-D m from --global-batch: m = B / (b d), unless -D m is given (then they must agree)."""
     from ..frontend import ast
-    from ..frontend.elaborate import MAX_OPS
     m = layout.microbatches()
     if m is None:
         return overrides
     names = {d.name for d in decl.decls if isinstance(d, ast.Param)}
     if "m" not in names:
         return overrides
-    if m > MAX_OPS:  # said of the option given, not of a -D m= the user never wrote
+    if m > max_ops:  # said of the option given, not of a -D m= the user never wrote
         raise usage(f"--global-batch {layout.global_batch:,} is {m:,} microbatches per step (B / (b d) = "
-                    f"{layout.global_batch:,} / ({layout.microbatch_size} x {layout.dp})), past the {MAX_OPS:,} ops "
-                    "a schedule may expand to")
+                    f"{layout.global_batch:,} / ({layout.microbatch_size} x {layout.dp})), past the {max_ops:,} ops "
+                    f"a schedule may expand to ({COMPILE_OPS.why})")
     if "m" in overrides:
         if overrides["m"] != str(m):
             raise usage(f"-D m={overrides['m']} disagrees with --global-batch {layout.global_batch} / "

@@ -32,6 +32,7 @@ class Checks:
     memory_limit: str | None = None     # --memory-limit: the bytes' limit per device
     microbatch_size: int | None = None  # --microbatch-size: the bytes' microbatch size
     placement: str | None = None        # --placement: the stages on a named placement's ranks
+    seq: int | None = None              # --seq: the model's sequence length for the bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +43,10 @@ class Unit:
     schedule: Schedule
     latency: float = 0.0
     links: Links | None = None            # per device pair message times, instead of `latency`
-    census: Census | None = None          # placed ops against the expected ones
+    census: Census | None = None          # placed ops against the expected ones (until the deadlock check)
     timing: Timing | None = None          # of the schedule as it now is (over the cycle once filled)
     unfilled: Timing | None = None        # the timing before fill_bubbles, when it ran
-    sequences: tuple = ()                 # per step program: (start, end, op) in start order
+    sequences: tuple = ()                 # per step program: (start, end, op) in start order (until lowering)
     stats: Stats | None = None
     plan: Plan | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
@@ -72,7 +73,8 @@ def _simulate(u: Unit) -> Unit:
 
 def _check_deadlock(u: Unit) -> Unit:
     counted = u.census if u.checked is None else None  # a census of what was checked, not of every op
-    return replace(u, diagnostics=u.diagnostics + tuple(check_deadlock(u.schedule, u.timing, counted)))
+    # its last reader: the census is let go (at 10^6 ops its identities hold a quarter of a GiB)
+    return replace(u, census=None, diagnostics=u.diagnostics + tuple(check_deadlock(u.schedule, u.timing, counted)))
 
 
 def _fill_bubbles(u: Unit) -> Unit:
@@ -96,7 +98,9 @@ def _step_sequences(u: Unit) -> Unit:
 
 
 def _lower(u: Unit) -> Unit:
-    return u if u.failed else replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links))
+    if u.failed:
+        return u
+    return replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links), sequences=())  # their last reader
 
 
 def _check_channels(u: Unit) -> Unit:
@@ -108,7 +112,7 @@ def _check_memory_bytes(u: Unit) -> Unit:
     if not (c.model or c.memory_limit):
         return u
     from ..checks.memory import check_memory_bytes
-    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size)
+    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size, c.seq)
     return replace(u, diagnostics=u.diagnostics + tuple(found))
 
 

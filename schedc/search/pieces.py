@@ -19,7 +19,7 @@ from typing import Any
 
 from .bounds import Shape, combine_terms, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
-from ..costmodel.specs import load_cluster, load_cluster_model
+from ..costmodel.specs import check_switches, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
 from ..layout import SPLIT_NAMES, SplitError
 from ..text import GIB
@@ -33,7 +33,8 @@ class Pieces:
     def __init__(self, request: Request):
         self.request = request
         self.cluster = load_cluster(request.cluster)
-        self.model = load_cluster_model(request.model, self.cluster)
+        self.model = load_cluster_model(request.model, self.cluster, request.seq)
+        check_switches(request.layout, self.cluster)  # the request's switches are every candidate's
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
         self.settings: dict[tuple, Setting] = {}

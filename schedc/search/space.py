@@ -42,6 +42,7 @@ class Request:
     microbatch: tuple[int, ...] | None = None  # restrict b to these values
     layout: Layout = Layout()                # every candidate's switches and layer split; the search sets t,
     #                                          d, b, the global batch and recomputation per candidate
+    seq: int | None = None                   # --seq: the run's sequence length over the model description's
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -138,7 +139,7 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
+_SIZES = ("heads", "hidden", "ffn", "vocab", "kv_heads")  # what t must divide
 
 
 def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
