@@ -11,7 +11,7 @@
 # plan's simulated ones.
 # The last line is `ratio X`: the geometric mean over schedules of those ratios.
 #
-#   python benchmarks/runtime_vs_torch.py --quick      # about a minute on 2 CPU cores, under 4
+#   python benchmarks/runtime_vs_torch.py --quick      # about 4 minutes on 2 CPU cores
 from __future__ import annotations
 
 import argparse

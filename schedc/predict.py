@@ -211,6 +211,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         report.append("GEMM GFLOP/s by size " + ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in raw["gemm_flops"].items()))
         report.append("memory-bound GB/s " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in raw["memory_bytes_per_s"].items()))
         report.append("messages s " + ", ".join(f"{k} {v:.3g}" for k, v in raw["comm_s"].items()))
+        report.extend(raw["warnings"])
         cluster_name = out
     if costs:
         models = model_files * len(costs) if len(model_files) == 1 else model_files

@@ -38,6 +38,16 @@ def fail(exc: SchedError) -> NoReturn:
     end(exc.exit_code)
 
 
+def refuse_clash(inputs, outputs) -> None:
+    """End the command (a usage error, exit 2) before any work when an output would land on an input of
+    the same command or on another output (schedc.plan.paths.clash)."""
+    from ..diagnostics import usage
+    from ..plan.paths import clash
+    problem = clash(inputs, outputs)
+    if problem:
+        fail(usage(problem))
+
+
 def compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
               addons: tuple[str, ...] = (), fail=fail):
     """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,

@@ -154,9 +154,15 @@ def activation_peaks(model: ModelSpec, layout: Layout, schedule, peaks) -> tuple
 
 
 def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
-    """Memory a backward needs on top of what is kept: one layer's full activations rebuilt by
-    recomputation, and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
-    extra = layer_activation_bytes(model, replace(layout, recompute="none")) if layout.recompute != "none" else 0.0
+    """Memory a backward needs on top of what is kept: what recomputation rebuilds of one layer (full:
+    the layer's activations; selective: the attention core it dropped, so selective never holds more
+    than none), and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
+    whole = layer_activation_bytes(model, replace(layout, recompute="none"))
+    extra = 0.0
+    if layout.recompute == "full":
+        extra = whole
+    elif layout.recompute == "selective":
+        extra = whole - layer_activation_bytes(model, layout)
     if last:
         extra += 4 * model.seq * layout.microbatch_size * model.vocab / layout.tp
     return extra

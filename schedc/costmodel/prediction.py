@@ -150,9 +150,8 @@ def deferred_w_bytes(st: Setting, schedule, device: int) -> float:
 def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
     """A device's ops over the steps, by part, and the seconds its overlapped pairs hide. A pair counts
     its time (simulate.pair_cost), not its halves apart: both halves' computation, and of their
-    communication what the overlap leaves exposed (the hidden seconds come off the tensor-parallel
-    collectives first, then the blocking sends), so compute + communication + bubble is the device's
-    step as simulated."""
+    communication what the overlap leaves exposed (the hidden seconds come off the blocking sends),
+    so compute + communication + bubble is the device's step as simulated."""
     first = {OP_KEY(f): (f if f.kind == OpKind.F else b).stage for f, b in schedule.fused}
     table, held, hidden, pending = costs.costs(), Part(), 0.0, None
     for step in schedule.steps:
@@ -170,11 +169,11 @@ def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
 
 
 def _hide(pair: Part, saved: float) -> Part:
-    """A pair's parts less `saved` seconds of its communication hidden behind computation (tensor-parallel
-    first, then point-to-point; past both, computation: halves on stages of different sizes)."""
-    tp = min(pair.tp, saved)
-    p2p = min(pair.p2p, saved - tp)
-    return Part(pair.compute - (saved - tp - p2p), pair.tp - tp, pair.p2p - p2p)
+    """A pair's parts less `saved` seconds of its communication hidden behind computation
+    (point-to-point, what overlapped_pair hides; past it, computation: halves on stages of different
+    sizes)."""
+    p2p = min(pair.p2p, saved)
+    return Part(pair.compute - (saved - p2p), pair.tp, pair.p2p - p2p)
 
 
 def _part(costs: StageCosts, op) -> Part:

@@ -27,15 +27,19 @@ class StageCosts:
 
 def overlapped_pair(forward: Part, backward: Part) -> Part:
     """A forward and a backward run as one overlapped op (DualPipe's F & B, DeepSeek-V3 section 3.2.1):
-    their computation at the sum, each one's communication (tensor-parallel collectives, blocking sends)
-    hidden behind the other's computation; only what outlasts it is exposed.
+    their computation at the sum; each one's communication that runs on its own stream and link while
+    the other half computes (the pipeline's point-to-point messages) hidden behind the other's
+    computation, never more than that computation, and only what outlasts it exposed. Tensor-parallel
+    collectives stay exposed: they sit between dependent GEMMs in their own half's stream and take the
+    SMs the other half would compute on (DeepSeek-V3 and Megatron-Core's combined 1F1B overlap the
+    expert all-to-all and the pipeline's messages, not tensor parallelism's collectives).
 
-        F = Part(3, tp=1), B = Part(6, tp=2)  ->  FB = Part(9, tp=0): both collectives hidden
-        F = Part(1, tp=4), B = Part(2, tp=0)  ->  FB = Part(3, tp=2): F's 4 behind B's 2, 2 left
+        F = Part(3, p2p=1), B = Part(6, p2p=2)  ->  FB = Part(9): both messages hidden
+        F = Part(1, p2p=4), B = Part(2)         ->  FB = Part(3, p2p=2): F's 4 behind B's 2, 2 left
+        F = Part(3, tp=1),  B = Part(6, tp=2)   ->  FB = Part(9, tp=3): collectives not hidden
     """
-    exposed = (max(0.0, forward.tp + forward.p2p - backward.compute)
-               + max(0.0, backward.tp + backward.p2p - forward.compute))
-    return Part(forward.compute + backward.compute, exposed)
+    exposed = (max(0.0, forward.p2p - backward.compute) + max(0.0, backward.p2p - forward.compute))
+    return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed)
 
 
 def layer_parts(st: Setting) -> dict[str, Part]:

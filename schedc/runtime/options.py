@@ -140,6 +140,13 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
                        help="write DIR/grads.pt (first step's gradients by the unpartitioned model's "
                             "parameter names, after sync, before the optimizer), DIR/loss.json and "
                             "DIR/sent.json (the pipeline message bytes each rank sent in that step)")
+    group.add_argument("--compare-to-reference", action="store_true",
+                       help="after the run, train the one-process reference on the same data and print the "
+                            "largest relative gradient and loss differences of the first step, per parameter "
+                            "group and overall; exit 1 past --tolerance (schedc run only)")
+    group.add_argument("--tolerance", type=float, metavar="REL",
+                       help="with --compare-to-reference: the largest relative difference accepted (default "
+                            "1e-5, or 1e-2 with --dtype bf16)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
                             "--*-out measurements synchronizes after each instruction)")
@@ -345,9 +352,49 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("give one of --fault-kill, --fault-hang and --fault-stop")
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
+    _check_comparison(opts)
     _check_tensor_parallel(opts)
+    _check_paths(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
+
+
+def _check_comparison(opts: argparse.Namespace) -> None:
+    if opts.tolerance is not None and not opts.compare_to_reference:
+        raise OptionError("--tolerance is the bound of --compare-to-reference: give both")
+    if opts.tolerance is not None and not 0 < opts.tolerance < math.inf:
+        raise OptionError(f"--tolerance must be a finite relative difference > 0, got {opts.tolerance}")
+    if opts.compare_to_reference and (opts.reference or opts.resume or opts.fault):
+        raise OptionError("--compare-to-reference compares a run's first step with the reference's: it does not "
+                          "take --reference, --resume or --fault-*")
+
+
+# the run's output files, and the files its output folders receive: (option, attribute, files in a folder)
+OUTPUT_FILES = (("--trace-out", "trace_out", None), ("--report-out", "report_out", None),
+                ("--profile-out", "profile_out", None), ("--metrics-out", "metrics_out", None),
+                ("--save-grads", "save_grads", ("grads.pt", "loss.json", "sent.json")),
+                ("--save", "save", ("latest.json",)))
+
+
+def _check_paths(opts: argparse.Namespace) -> None:
+    """Every output a regular file (or folder) that can be written, none on the plan, the model file or
+    a checkpoint read, none on another (schedc.plan.paths)."""
+    from schedc.plan.paths import clash, unwritable
+    outputs = []
+    for option, attribute, files in OUTPUT_FILES:
+        path = getattr(opts, attribute, None)
+        if path is None:
+            continue
+        problem = unwritable(path, directory=files is not None)
+        if problem:
+            raise OptionError(f"{option} {path}: {problem}")
+        outputs += [(option, path)] if files is None else [(option, os.path.join(path, f)) for f in files]
+    problem = clash([("the plan", opts.plan), ("--model", getattr(opts, "model", None))], outputs)
+    if problem:
+        raise OptionError(problem)
+    if opts.every and opts.every > opts.steps:
+        raise OptionError(f"--every {opts.every} is past --steps {opts.steps}: no checkpoint would be written "
+                          f"(give --every {opts.steps} or less)")
 
 
 def _check_tensor_parallel(opts: argparse.Namespace) -> None:
