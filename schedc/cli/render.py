@@ -33,7 +33,7 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from ..render import render_file
     refuse_clash([("FILE", file), ("--costs", costs), ("--profile", profile), ("--measured", measured), ("--model", model_file),
-                  ("--cluster", cluster)], [("-o", out)])
+                  ("--cluster", cluster.cluster if cluster else None)], [("-o", out)])
     row = profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, given_value("latency", latency), out, dag=dag, comms=comms,
