@@ -684,6 +684,45 @@ def test_selective_recomputation_never_holds_more_than_none(attention, schedule,
     assert selective.iteration_s >= none.iteration_s
 
 
+def test_sequence_chunks_hold_a_kth_of_a_microbatch_each():
+    """Seq1F1B: a chunk's forward keeps 1/k of its microbatch's activations, so the k chunks of a
+    microbatch hold what it holds whole and the predicted activations fall with k (they grew k-fold:
+    every chunk was charged a whole microbatch)."""
+    model = gpt(8, 2048, 16)
+    layout = Layout(tp=1, microbatch_size=1, global_batch=8, recompute="none")
+    act = [run("seq1f1b", model, layout, p=4, m=8, k=k).prediction.memory_parts["activations"] for k in (1, 2, 4, 8)]
+    assert act == sorted(act, reverse=True) and act[-1] < act[0] / 2
+    one = run("1f1b", model, layout, p=4, m=8).prediction.memory_parts["activations"]
+    assert act[0] == pytest.approx(one)
+
+
+LIBRARY_SIZES = {"interleaved_1f1b": {"p": 2, "v": 2, "m": 4}, "interleaved_1f1b_recompute": {"p": 2, "v": 2, "m": 4},
+                 "interleaved_zb": {"p": 2, "v": 2, "m": 4}, "looped_bfs": {"p": 2, "v": 2, "m": 4},
+                 "seq1f1b": {"p": 2, "m": 4, "k": 2}, "pipefisher": {"p": 4, "m": 4}, "chimera": {"p": 2, "m": 4},
+                 "dualpipe": {"p": 2, "m": 4}}
+
+
+def _library_names() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "schedc" / "schedules").glob("*.sched"))
+
+
+@pytest.mark.parametrize("name", _library_names())
+@pytest.mark.parametrize("layout", [Layout(tp=2, microbatch_size=1, recompute="full"),
+                                    Layout(tp=8, microbatch_size=1, recompute="none",
+                                           blocking_p2p=True, sequence_parallel=True)])
+def test_every_library_schedules_breakdown_adds_up_with_no_part_negative(name, layout):
+    """compute + communication + optimizer + bubble is the iteration, every part >= 0, for every
+    schedule of the library (offload's host copies run on the copy engine beside compute: they are
+    not compute; a wait for one is bubble)."""
+    params = LIBRARY_SIZES.get(name, {"p": 2, "m": 4})
+    if name == "interleaved_1f1b_recompute":  # it places its recomputation itself
+        layout = replace(layout, recompute="none")
+    pred = run(name, gpt(8, 4096, 32), layout, **params).prediction
+    parts = pred.breakdown
+    assert sum(parts.values()) == pytest.approx(pred.iteration_s)
+    assert all(value >= -1e-9 for value in parts.values()), parts
+
+
 # --- Llama-family models and the H100-era switches -------------------------------------------------------
 
 H100 = load_cluster("dgx-h100-80gb")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ..diagnostics import USAGE, Diagnostic, SchedError, Severity, Source, error
+from ..diagnostics import OPTIONS, USAGE, Diagnostic, SchedError, Severity, error
 from ..text import gib, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
@@ -25,7 +25,6 @@ from ..memory import PERSISTENT, Held, first_over, holdings, host_holdings, memo
 from ..timing import Timing
 
 TOLERANCE = 1e-9
-OPTIONS = Source("schedc check", "")  # where errors in command-line options are reported
 
 
 def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:

@@ -95,7 +95,8 @@ def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, t
     as (forward activations, deferred W's) bytes: each kind's change (layer_changes) times its stage's
     bytes (stage_backward_bytes; under full recomputation what W reads is more than F kept)."""
     held = stage_backward_bytes(model, layout, schedule.stages)
-    return {kind: tuple((f * kept, w * deferred) for kept, deferred in held)
+    k = schedule.chunks  # a sequence chunk's op holds 1/k of its microbatch's bytes
+    return {kind: tuple((f * kept / k, w * deferred / k) for kept, deferred in held)
             for kind, (f, w) in layer_changes(schedule).items()}
 
 
@@ -149,8 +150,11 @@ def activation_peak_parts(model: ModelSpec, layout: Layout, schedule) -> list[tu
     """Per device, (activation bytes at its peak, of which deferred W's) along its own program order (a
     device runs one op at a time, as memory.peak_memory walks it): the first of its levels
     (layer_levels) with the most bytes, a forward's layer at layer_activation_bytes, a deferred W's at
-    deferred_weight_bytes (two chunks of a V each at their stage's layers)."""
-    kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
+    deferred_weight_bytes (two chunks of a V each at their stage's layers); with k sequence chunks a
+    microbatch (Seq1F1B) each chunk's op at 1/k of them, so the k chunks of a microbatch hold what it
+    holds whole."""
+    k = schedule.chunks
+    kept, deferred = layer_activation_bytes(model, layout) / k, deferred_weight_bytes(model, layout) / k
     out = []
     for levels in distinct_levels(schedule, stage_layers(model, schedule.stages, layout)):
         peak = (0.0, 0.0)

@@ -11,7 +11,7 @@ from ..layout import Layout
 from ..timing import bubble
 from ..ir import OP_KEY
 from ..memory import timed_model
-from ..ops import OpKind
+from ..ops import COPY, OpKind
 from ..simulate import pair_cost
 from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
@@ -137,10 +137,12 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
     iteration = makespan + sum(tail[worst])
     held, hidden = _held(costs, schedule, worst)
     held, hidden = held * (1 / steps), hidden / steps
-    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp,
-                 "pipeline_comm_s": held.p2p + makespan - free,
+    # the messages' exposure: what they add to the makespan (none where a filled cycle's tasks packed
+    # otherwise with them), the rest of the makespan beyond the device's work its bubble
+    pipeline = max(0.0, held.p2p + makespan - free)
+    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp, "pipeline_comm_s": pipeline,
                  "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
-                 "bubble_s": free - held.total}
+                 "bubble_s": makespan - held.compute - held.tp - pipeline}
     gpus = schedule.devices * lay.tp * lay.dp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
     memory, parts = device_memory(st, schedule, timing.peak_memory)
@@ -178,7 +180,9 @@ def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
     table, held, hidden, pending = costs.costs(), Part(), 0.0, None
     for step in schedule.steps:
         for op in step[device]:
-            part = _part(costs, op)
+            if op.kind in COPY:  # the copy engine's, beside the device's compute: only waits for it show (bubble)
+                continue
+            part = _part(costs, op, schedule.chunks > 1)
             if pending is not None:  # the second half: the pair is complete
                 pair, stage = pending[0] + part, pending[1]
                 saved = pair.total - pair_cost(table, pair.total, stage)
@@ -198,7 +202,11 @@ def _hide(pair: Part, saved: float) -> Part:
     return Part(pair.compute - (saved - p2p), pair.tp, pair.p2p - p2p)
 
 
-def _part(costs: StageCosts, op) -> Part:
-    """The parts of a built-in op; a task's cost (in seconds, schedc/predict.py) is computation."""
+def _part(costs: StageCosts, op, chunked: bool = False) -> Part:
+    """The parts of a built-in op (of a sequence chunk's, its share of the microbatch's: the parts
+    scaled to the op's cost alike); a task's cost (in seconds, schedc/predict.py) is computation."""
     parts = costs.parts.get(op.kind)
-    return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part(op.cost)
+    if parts is None or not 0 <= op.stage < len(parts):
+        return Part(op.cost)
+    part = parts[op.stage]
+    return part * (op.cost / part.total) if chunked and part.total > 0 else part
