@@ -200,7 +200,7 @@ def _option_problem(opts, chunks: int) -> str | None:
         return f"--seq {seq} is not a multiple of {chunks}"
     refused = [("--tp", opts.tp > 1, "tensor parallelism"), ("--recompute full", opts.recompute == "full",
                "full recomputation (a layer's replay would not see the earlier chunks' keys and values)"),
-               ("--model-code", bool(opts.model_code), "a model of your own (only the GPT's attention reads "
+               ("--model-code", bool(opts.model_code), "a model of your own (only the runtime's GPT and decoder read "
                 "the earlier chunks' keys and values)"),
                ("--loss", bool(opts.loss), "a loss of your own (a chunk's loss is the GPT's cross entropy over "
                 "its tokens, divided by the chunks)"), ("--tasks", bool(opts.tasks), "user tasks")]

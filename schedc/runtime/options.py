@@ -13,7 +13,7 @@ from schedc.descriptions import code_given_as_model, known_models, resolve_model
 from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout
 
 from .errors import UserError
-from .model import ModelConfig, gpt_problem, tp_problem
+from .model import FACTS, ModelConfig, fact_problem, model_problem, tp_problem
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -53,7 +53,8 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
                        help="the model description: a TOML file or a library name (gpt-1.7b; the files of "
                             "schedc/models/), the same --model schedc check/simulate/tune read. Keys layers, "
                             "hidden, heads, seq, vocab, mb_size (or microbatch_size) at top level or in a "
-                            "[model] table; other keys reach a user model as ModelConfig.extra")
+                            "[model] table, and the model facts kv_heads, ffn, mlp, norm, norm_eps, positions, "
+                            "rope_theta, tied_embeddings, bias, family, max_positions (docs/models.md); other keys reach a user model as ModelConfig.extra")
     group.add_argument("--config", metavar="TOML", help=argparse.SUPPRESS)  # the old spelling of --model
     group.add_argument("--model-code", dest="model_code", metavar="PKG.MOD:FN",
                        help="user model code: FN(ModelConfig) returns a list of (name, nn.Module) pieces, the "
@@ -298,8 +299,11 @@ def _read_toml(path: str) -> tuple[dict, dict]:
     known = {f.name for f in fields(ModelConfig)} - {"extra"}
     values = {k: v for k, v in table.items() if k in known}
     for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise OptionError(f"--model {path}: {key} must be an integer, got {value!r}")
+        problem = fact_problem(key, value) if key in FACTS else None
+        if key not in FACTS and (not isinstance(value, int) or isinstance(value, bool)):
+            problem = f"{key} must be an integer, got {value!r}"
+        if problem:
+            raise OptionError(f"--model {path}: {problem}")
     return values, {k: v for k, v in table.items() if k not in known}
 
 
@@ -340,8 +344,8 @@ def _check(opts: argparse.Namespace) -> None:
     if params > MAX_PARAMETERS:
         raise OptionError(f"the model would have about {params:.3g} parameters (layers {cfg.layers}, hidden "
                           f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
-    if not opts.model_code and gpt_problem(cfg):
-        raise OptionError(gpt_problem(cfg))
+    if not opts.model_code and model_problem(cfg):
+        raise OptionError(model_problem(cfg))
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
     if not (opts.data or opts.synthetic or opts.model_code) and cfg.vocab < 256:  # before torchrun, not on each rank
