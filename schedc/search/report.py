@@ -262,7 +262,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     r = outcome.request
     w = max([18] + [len(item.label()) for item in outcome.ranked])
     head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
-            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'MFU':>5} {'bubble':>7}")
+            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7} {'MFU':>5}")
     params = outcome.ranked[0].prediction.extra["parameters"] if outcome.ranked else None
     model = f" of {params / 1e9:.2f}e9 parameters" if params is not None else ""
     lines = [f"schedc tune: a model{model} on {plural(r.gpus, 'GPU')}{sharding_words(r.layout)}, global batch {r.global_batch}, {outcome.space}",
@@ -272,7 +272,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
         v = "-" if c.v is None else str(c.v)
         lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
-                     f" {p.extra['mfu']:>5.3f} {item.bubble:>7.4f}")
+                     f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
     counts = outcome.counts
     whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill, a greedy order or placed R, O, L ops)" if counts["compiled_whole"] else ""
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
