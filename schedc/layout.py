@@ -322,11 +322,11 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  runtime=False, words="FP8"),
     LayoutOption("zero", "ZeRO level over data (x context) parallelism: 1 the optimizer state (the distributed "
                  "optimizer), 2 + gradients reduce-scattered each microbatch, 3 + parameters sharded and gathered for "
-                 "each stage's compute", int, "0|1|2|3", runtime=False, implied=True),
+                 "each stage's compute", int, "0|1|2|3", implied=True, defaults=(("runtime", None),)),
     LayoutOption("reshard_after_forward", "With --zero 3: free a stage's gathered parameters after each forward "
-                 "(FSDP2's default) or keep them until its last backward", runtime=False, both=True),
+                 "(FSDP2's default) or keep them until its last backward", both=True),
     LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
-                 "2·cp-1-i (world = t x cp x devices x d)", int, "CP", runtime=False, implied=True),
+                 "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 
