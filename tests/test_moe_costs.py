@@ -187,3 +187,24 @@ def test_table_2_dualpipe_bubble_and_activations_on_the_cost_model_s_op_times(ta
         idle, held = _run("dualpipe", premise, PP, m)
         assert idle == pytest.approx(formula, rel=0.01) and held == PP + 1
     assert _run("dualpipe", c, PP, 2 * PP)[1] == PP + 1
+
+
+def test_moe_model_flops_per_token_match_megatron_bridge_s_published_ratio():
+    """Megatron-Bridge's Qwen3-30B-A3B row (26.06, H100 FP8): 203 TFLOP/s/GPU at 8,826 tokens/s/GPU, 23.0
+    GFLOP a token, counting causal attention's products half (as its summary does): the model FLOPs less
+    half their attention products (3 passes x 2·s·2·q_hidden a layer and token) give it within 1 %."""
+    from schedc.costmodel.prediction import model_flops
+    from schedc.costmodel.specs import load_model_spec
+    m = load_model_spec("qwen3-30b-a3b")
+    per_token = model_flops(m, Layout(recompute="none"), 1) / m.seq
+    half_attention = 3 * 2 * m.seq * 2 * m.q_hidden * m.layers / 2
+    assert (per_token - half_attention) == pytest.approx(203e12 / 8826, rel=0.01)
+
+
+def test_the_library_qwen3_moe_files_have_their_published_parameters():
+    from schedc.costmodel.specs import load_model_spec
+    from schedc.descriptions.facts import activated_parameters, parameters
+    # the model cards' figures and their last digit (activated within one: sources round it differently)
+    for name, total, active, unit in (("qwen3-30b-a3b", 30.5e9, 3.3e9, 0.1e9), ("qwen3-235b-a22b", 235e9, 22e9, 1e9)):
+        m = load_model_spec(name)
+        assert abs(parameters(m) - total) <= unit / 2 and abs(activated_parameters(m) - active) <= unit

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..descriptions.moe import attention_parameters
 from .bytes import layer_params, moe_layer_params
 from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting
 
@@ -126,3 +127,26 @@ def mla_swap(st: Setting, standard: float, attention: float) -> tuple[float, flo
     factor = 2.5 if m.flash else 2
     gemms = mla_gemms(st) - standard
     return gemms + latent - attention, gemms + factor * (latent - attention)
+
+
+def moe_model_flops(model, layout, batch: int) -> float:
+    """An MoE model's FLOPs of one step, as prediction.model_flops counts a dense one (every layer's forward
+    4 times with full recomputation, 3 otherwise; the logits 3 times): per token and layer its attention's
+    weights (attention_parameters) and products (2·s per head over the score and value widths), and its
+    MLP's: a dense layer's ffn, an MoE layer's top_k routed and shared experts and its router; the MTP
+    blocks' layers and logits on top.
+
+        Mixtral 8x7B, s = 4096: 2s(2h² + 2h·kv + 2·3h·14336 + 8h) + 4s²h per layer
+    """
+    s, h = model.seq, model.hidden
+    if model.mla:
+        scores = model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    else:
+        scores = 2 * model.q_hidden
+    attention = 2 * s * attention_parameters(model) + 2 * s * s * scores
+    dense = attention + 2 * s * 3 * h * model.ffn
+    routed = model.top_k * 3 * h * model.moe_ffn + model.shared_experts * 3 * h * model.shared_width
+    moe = attention + 2 * s * (routed + h * model.experts)
+    passes = 4 if layout.recompute == "full" else 3
+    layers = model.first_k_dense * dense + (model.moe_layers + model.mtp) * moe
+    return batch * (passes * layers + 3 * (1 + model.mtp) * 2 * s * h * model.vocab)

@@ -13,6 +13,7 @@ from ..ir import OP_KEY
 from ..memory import timed_model
 from ..ops import COPY, OVERLAP, OpKind
 from ..simulate import pair_cost
+from .experts import moe_model_flops
 from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts, overlapped_pair
@@ -57,6 +58,8 @@ def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
 
         GPT: 2s(4h^2 + 2hf) + 4s^2h;  Llama 3.1 8B (h 4096, kv 1024, f 14336): 2s(2h^2 + 2h kv + 3hf) + 4s^2h
     """
+    if model.moe:
+        return moe_model_flops(model, layout, batch)
     s, h, f = model.seq, model.hidden, model.ffn
     linear = 2 * h * h + 2 * h * model.kv_hidden + (3 if model.mlp == "swiglu" else 2) * h * f
     per_layer = 2 * s * linear + 4 * s * s * h
