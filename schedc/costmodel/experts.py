@@ -51,16 +51,18 @@ def moe_layer_parts(st: Setting, dense: dict[str, Part], gemms: tuple[float, ...
 
 def moe_compute(st: Setting) -> tuple[float, float]:
     """An MoE MLP's forward on one GPU, seconds: (GEMMs: the router, the local experts' grouped GEMMs at
-    the efficiency of their shapes, the shared experts; HBM traffic: the tokens permuted before the
+    the efficiency of their shapes, the shared experts (at the FP8 rate with --fp8; the router not); HBM traffic: the tokens permuted before the
     dispatch and unpermuted after the combine, the experts' SwiGLU). The input gradients' GEMMs are as
     many, and so are the weight gradients'."""
     m, lay, hw = st.model, st.layout, st.hw
     bs, h, t, w = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.width
     local = m.experts // lay.ep
     per_expert = tokens_per_expert(st)
-    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / t, h) + hw.gemm(per_expert, h, m.moe_ffn / t))
+    fp8 = lay.fp8
+    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / t, h, fp8=fp8) + hw.gemm(per_expert, h, m.moe_ffn / t, fp8=fp8))
     shared_width = m.shared_experts * m.shared_width
-    shared = hw.gemm(bs, 2 * shared_width / t, h) + hw.gemm(bs, h, shared_width / t) if shared_width else 0.0
+    shared = (hw.gemm(bs, 2 * shared_width / t, h, fp8=fp8) + hw.gemm(bs, h, shared_width / t, fp8=fp8)
+              if shared_width else 0.0)
     router = hw.gemm(bs / t, m.experts, h)
     copies = bs / t * m.top_k
     memory = hw.memory(w * (4 * copies * h + 3 * local * per_expert * m.moe_ffn / t + 3 * bs * shared_width / t))
@@ -106,11 +108,12 @@ def mla_gemms(st: Setting) -> float:
     m, lay, hw = st.model, st.layout, st.hw
     bs, h, t, a = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.heads
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    query = (hw.gemm(bs, m.q_lora_rank, h) + hw.gemm(bs, a * qk / t, m.q_lora_rank) if m.q_lora_rank
-             else hw.gemm(bs, a * qk / t, h))
-    kv = hw.gemm(bs, m.kv_lora_rank + m.qk_rope_head_dim, h)
-    kv += hw.gemm(bs, a * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)
-    return query + kv + hw.gemm(bs, h, a * m.v_head_dim / t)
+
+    def gemm(n: float, k: float) -> float:
+        return hw.gemm(bs, n, k, fp8=lay.fp8)
+    query = gemm(m.q_lora_rank, h) + gemm(a * qk / t, m.q_lora_rank) if m.q_lora_rank else gemm(a * qk / t, h)
+    kv = gemm(m.kv_lora_rank + m.qk_rope_head_dim, h) + gemm(a * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)
+    return query + kv + gemm(h, a * m.v_head_dim / t)
 
 
 def mla_swap(st: Setting, standard: float, attention: float) -> tuple[float, float]:
