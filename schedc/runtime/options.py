@@ -9,7 +9,8 @@ import os
 import tomllib
 from dataclasses import fields
 
-from schedc.descriptions import code_given_as_model, known_models, resolve_model
+from schedc.descriptions import (DescriptionError, code_given_as_model, is_hf_config, known_models, read_hf_config,
+                                 resolve_model)
 from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout
 
 from .errors import UserError
@@ -20,6 +21,12 @@ MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
 class OptionError(UserError):
     """Options that do not make sense together."""
+
+
+class LocatedOptionError(OptionError):
+    """A model description's error at its place: `path:line:col: error: message` (a config.json's)."""
+
+    located = True
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,11 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--model", metavar="TOML|NAME",
-                       help="the model description: a TOML file or a library name (gpt-1.7b; the files of "
-                            "schedc/models/), the same --model schedc check/simulate/tune read. Keys layers, "
-                            "hidden, heads, seq, vocab, mb_size (or microbatch_size) at top level or in a "
-                            "[model] table, and the model facts kv_heads, ffn, mlp, norm, norm_eps, positions, "
-                            "rope_theta, tied_embeddings, bias, family, max_positions (docs/models.md); other keys reach a user model as ModelConfig.extra")
+                       help="the model description: a TOML file, a Hugging Face config.json (with --seq) or a "
+                            "library name (gpt-1.7b; the files of schedc/models/), the same --model schedc "
+                            "check/simulate/tune read. A TOML file's keys layers, hidden, heads, seq, vocab, mb_size "
+                            "(or microbatch_size) at top level or in a [model] table, and the model facts kv_heads, "
+                            "ffn, mlp, norm, norm_eps, positions, rope_theta, tied_embeddings, bias, family, "
+                            "max_positions (docs/models.md); other keys reach a user model as ModelConfig.extra")
     group.add_argument("--config", metavar="TOML", help=argparse.SUPPRESS)  # the old spelling of --model
     group.add_argument("--model-code", dest="model_code", metavar="PKG.MOD:FN",
                        help="user model code: FN(ModelConfig) returns a list of (name, nn.Module) pieces, the "
@@ -262,7 +270,7 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
     values: dict = {}
     extra: dict = {}
     if opts.model:
-        values, extra = _read_toml(opts.model)
+        values, extra = _read_description(opts.model, opts.seq)
     for key in MODEL_KEYS:  # the microbatch size is a layout option (--microbatch-size) the model reads
         given = getattr(opts, OPTION["microbatch_size"].field if key == "mb_size" else key)
         if given is not None:
@@ -270,22 +278,48 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
     return ModelConfig(**values, extra=extra)
 
 
-def _read_toml(path: str) -> tuple[dict, dict]:
-    """--model's table (the model file schedc's compiler reads with schedc.inputs, which the runtime
-    may not import: the same refusals, a FIFO or device unopened, a deep nest or a huge integer); a
-    library name is found as the compiler finds it."""
-    name, path = path, str(resolve_model(path))
+def _read_description(name: str, seq: int | None) -> tuple[dict, dict]:
+    """--model's sizes and facts (and a TOML file's other keys): a model TOML file or a Hugging Face
+    config.json (schedc.descriptions.read_hf_config, at --seq), read as the compiler reads them (the
+    same refusals, a FIFO or device unopened, a deep nest or a huge integer); a library name is found
+    as the compiler finds it."""
+    path = str(resolve_model(name))
     if not os.path.exists(path):
         raise OptionError(f"--model {name}: no such file or library model (the library's: {known_models()})")
     if not os.path.isfile(path):
         raise OptionError(f"--model {name}: not a regular file (a FIFO, a device or a directory)")
     try:
         with open(path, "rb") as handle:
-            text = handle.read(MAX_CONFIG_BYTES + 1)  # a device (/dev/zero) never ends
-        if len(text) > MAX_CONFIG_BYTES:
+            data = handle.read(MAX_CONFIG_BYTES + 1)  # a device (/dev/zero) never ends
+        if len(data) > MAX_CONFIG_BYTES:
             raise OptionError(f"--model {path}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
-        doc = tomllib.loads(text.decode())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        text = data.decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(f"--model {path}: {exc}") from None
+    if is_hf_config(path):
+        return _hf_facts(path, text, seq), {}
+    return _read_toml(path, text)
+
+
+# what the runtime takes of a config.json's facts (schedc.descriptions.ModelFacts)
+HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS)
+
+
+def _hf_facts(path: str, text: str, seq: int | None) -> dict:
+    try:
+        facts = read_hf_config(text, seq)
+    except DescriptionError as exc:
+        raise LocatedOptionError(f"{path}:{exc.line}:{exc.col}: error: {exc.message}") from None
+    except ValueError as exc:  # an integer past Python's int-to-str limit
+        raise OptionError(f"--model {path}: {str(exc).split(';')[0]}") from None
+    return {key: getattr(facts, key) for key in HF_FACTS}
+
+
+def _read_toml(path: str, text: str) -> tuple[dict, dict]:
+    """A model TOML file's sizes and facts, and its other keys (ModelConfig.extra)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise OptionError(f"--model {path}: {exc}") from None
     except RecursionError:
         raise OptionError(f"--model {path}: arrays or tables nested too deeply") from None
