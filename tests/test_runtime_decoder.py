@@ -299,3 +299,13 @@ def test_a_hugging_face_config_is_the_runtimes_description(plans, tmp_path):  # 
         result = CliRunner().invoke(main, ["run", plan, *args])
         assert result.exit_code == 2 and message in result.output, result.output
         assert "Traceback" not in result.output and "error: error" not in result.output
+
+
+@pytest.mark.parametrize("name,kv_heads,bias", [("llama3.1-8b", 8, "none"), ("qwen2.5-72b", 8, "qkv"),
+                                                ("mistral-7b", 8, "none")])
+def test_the_librarys_dense_models_are_decoders_to_the_runtime(plans, name, kv_heads, bias):  # noqa: F811
+    from schedc.runtime.model import uses_gpt
+    from schedc.runtime.options import parse_options
+    cfg = parse_options([str(plans("1f1b", p=2, m=4)), "--model", name]).model_config
+    assert not uses_gpt(cfg) and model_problem(cfg) is None
+    assert (cfg.kv_heads, cfg.bias, cfg.mlp, cfg.norm, cfg.positions) == (kv_heads, bias, "swiglu", "rmsnorm", "rope")
