@@ -2,9 +2,10 @@
 # config.json (4 layers, hidden 64, 4 heads over 2 key/value heads, SwiGLU 176 wide, RMSNorm, rotary
 # positions of theta 500,000, untied) under 1F1B, ZB-H1 and interleaved 1F1B with t = 1 (2 ranks) and
 # t = 2 (4 ranks), with and without sequence parallelism, recomputing nothing, the attention core or
-# whole layers; sequence chunks and placed R/O/L at t = 1; K-FAC's tasks at t = 1 and 2. Each run's loss
-# and first-step gradients (HF names) equal the one-process reference's within 1e-5; each forward's
-# saved bytes equal schedc/activations.py's decoder rows to the byte.
+# whole layers; sequence chunks and placed R/O/L at t = 1; K-FAC's tasks at t = 1 and 2; context
+# parallelism (--cp 2). Each run's loss and first-step gradients (HF names) equal the one-process
+# reference's within 1e-5; each forward's saved bytes equal schedc/activations.py's decoder rows to the
+# byte.
 from __future__ import annotations
 
 import json
@@ -99,7 +100,8 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
     """t = 2, p = 2 (query heads 2 and key/value heads 1 a rank, lm_head vocabulary-parallel): 1F1B
     under each --recompute with and without sequence parallelism, each stage's saved bytes on every
     tensor rank the table's; ZB-H1 and interleaved 1F1B with and without sequence parallelism; K-FAC's
-    tasks with sequence parallelism (_check_kfac)."""
+    tasks with sequence parallelism (_check_kfac); and 1F1B with context parallelism, --cp 2 (each
+    context rank's rotary angles its two chunks')."""
     cases = []
     for sp in (False, True):
         flags = ["--tp", "2", *(["--sequence-parallel"] if sp else [])]
@@ -108,6 +110,7 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
         cases += [(f"zb_h1{label}", plans("zb_h1", p=2, m=3), [*flags, "--recompute", "selective" if sp else "none"]),
                   (f"interleaved{label}", plans("interleaved_1f1b", p=2, v=2, m=4),
                    [*flags, "--recompute", "full" if sp else "none"])]
+    cases.append(("1f1b_cp", plans("1f1b", p=2, m=4), ["--cp", "2", "--recompute", "selective"]))
     jobs = [_job(plan, llama, tmp_path / name, *options) for name, plan, options in cases]
     jobs += _kfac_jobs(plans("pipefisher_1f1b", p=2, m=4), llama, tmp_path, "--tp", "2", "--sequence-parallel")
     run = launch_plans(jobs, 4, tmp_path)

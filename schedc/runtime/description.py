@@ -17,13 +17,12 @@ MAX_CONFIG_BYTES = 1024 * 1024
 
 
 class DescriptionFileError(UserError):
-    """A model description that cannot be read, or states what cannot be built."""
+    """A model description that cannot be read, or states what cannot be built; `located`: a
+    config.json's error at its place, `path:line:col: error: message`."""
 
-
-class LocatedFileError(DescriptionFileError):
-    """A config.json's error at its place: `path:line:col: error: message`."""
-
-    located = True
+    def __init__(self, message: str, located: bool = False):
+        super().__init__(message)
+        self.located = located
 
 
 def read_description(name: str, seq: int | None) -> tuple[dict, dict]:
@@ -57,7 +56,7 @@ def _hf_facts(path: str, text: str, seq: int | None) -> dict:
     try:
         facts = read_hf_config(text, seq)
     except DescriptionError as exc:
-        raise LocatedFileError(f"{path}:{exc.line}:{exc.col}: error: {exc.message}") from None
+        raise DescriptionFileError(f"{path}:{exc.line}:{exc.col}: error: {exc.message}", located=True) from None
     except ValueError as exc:  # an integer past Python's int-to-str limit
         raise DescriptionFileError(f"--model {path}: {str(exc).split(';')[0]}") from None
     return {key: getattr(facts, key) for key in HF_FACTS}
