@@ -97,12 +97,13 @@ def run_flags(layout: Layout) -> list[str]:
 
 
 def option_flags(layout: Layout, fields) -> list[str]:
-    """The flags that give `fields` of `layout`, in LAYOUT_OPTIONS' order: a number or a choice always,
-    a switch where it is not at its default, a list where given."""
+    """The flags that give `fields` of `layout`, in LAYOUT_OPTIONS' order: a number or a choice always
+    (an `implied` one only off its default), a switch where it is not at its default, a list where given."""
     flags = []
     for option in LAYOUT_OPTIONS:
         value = getattr(layout, option.field)
-        if option.field not in fields or value is None or (option.type is bool and value == option.default()):
+        at_default = value == option.default()
+        if option.field not in fields or value is None or ((option.type is bool or option.implied) and at_default):
             continue
         flags += [option.flag] if option.type is bool else [option.flag, _text(value)]
     return flags
@@ -262,6 +263,7 @@ class LayoutOption:
     aliases: tuple[str, ...] = ()                   # old spellings, accepted and not shown (the runtime's)
     words: str | None = None                        # a switch's name where predictions and tune list it
     both: bool = False                              # a switch given either way (--NAME/--no-NAME), None if not
+    implied: bool = False                           # a number left out of a command at its default (--zero 0)
 
     @property
     def flag(self) -> str:
@@ -320,11 +322,11 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  runtime=False, words="FP8"),
     LayoutOption("zero", "ZeRO level over data (x context) parallelism: 1 the optimizer state (the distributed "
                  "optimizer), 2 + gradients reduce-scattered each microbatch, 3 + parameters sharded and gathered for "
-                 "each stage's compute", int, "0|1|2|3", runtime=False),
+                 "each stage's compute", int, "0|1|2|3", implied=True, defaults=(("runtime", None),)),
     LayoutOption("reshard_after_forward", "With --zero 3: free a stage's gathered parameters after each forward "
-                 "(FSDP2's default) or keep them until its last backward", runtime=False, both=True),
+                 "(FSDP2's default) or keep them until its last backward", both=True),
     LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
-                 "2·cp-1-i (world = t x cp x devices x d)", int, "CP", runtime=False),
+                 "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

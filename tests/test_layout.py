@@ -39,7 +39,7 @@ def test_the_switches_are_named_once():
 
 def _click_options(verb: str) -> dict[str, object]:
     from schedc.cli import main
-    return {opt: param for param in main.commands[verb].params for opt in param.opts}
+    return {opt: param for param in main.commands[verb].params for opt in (*param.opts, *param.secondary_opts)}
 
 
 def _runtime_actions() -> dict[str, object]:

@@ -268,3 +268,12 @@ def schedule_options(command):
                             max_ops_option)):
         command = option(command)
     return command
+
+
+# --reshard-after-forward on export: where the compute_comms CSV puts FSDP's UNSHARD/RESHARD (--zero 3's
+# rule, schedc/runtime/zero.py); not given, torch's own prefetch window
+reshard_option = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard_after_forward",
+                              default=None,
+                              help="With --format torch-comms: UNSHARD and RESHARD around each compute cell of a "
+                                   "stage (FSDP2's reshard_after_forward, as --zero 3 runs it), or from a stage's "
+                                   "first cell to the row's end (--no-...); default torch's prefetch window.")

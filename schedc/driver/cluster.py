@@ -84,7 +84,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
                                                    task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
                                                    max_ops=max_ops))
         links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
-        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, sharded)
+        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, collectives=sharded)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
             without = (analyse(schedule, collectives=sharded).timing if schedule.fill
                        else simulate(schedule, collectives=sharded)).makespan

@@ -51,6 +51,11 @@ class SavedBytes:
         return cls({p.untyped_storage().data_ptr() for stage in stages.values()
                     for p in (*stage.parameters(), *stage.buffers())})
 
+    def add_parameters(self, old: int | None, new: int) -> None:
+        """A parameter buffer gathered again (ZeRO-3, zero.py) into a new storage: its pointer replaces the old."""
+        self.params.discard(old)
+        self.params.add(new)
+
     def new_step(self, batch) -> None:
         """A step begins: its batch's storages (counted by the views saved), its own peak."""
         self.batch = {t.untyped_storage().data_ptr() for t in (batch.tokens, batch.targets)}

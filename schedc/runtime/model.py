@@ -92,8 +92,8 @@ class Embed(nn.Module):
         self.pos = nn.Embedding(cfg.seq, cfg.hidden)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        first = chunks.position()  # a sequence chunk's first position (runtime/chunks.py)
-        return self.tok(idx) + self.pos(torch.arange(first, first + idx.shape[1], device=idx.device))
+        # a sequence chunk's positions, or a context rank's (runtime/chunks.py, context.py)
+        return self.tok(idx) + self.pos(chunks.positions(idx.shape[1], idx.device))
 
     def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
         return ParallelEmbed(self, tp)
@@ -167,7 +167,7 @@ class ParallelEmbed(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx)  # [b, s/t, h] under sequence parallelism
         first = self.tp.rank * x.shape[1] if self.tp.sequence_parallel else 0
-        return x + self.pos(torch.arange(first, first + x.shape[1], device=idx.device))
+        return x + self.pos(chunks.positions(x.shape[1], idx.device, first))
 
 
 class ParallelBlock(nn.Module):
@@ -186,7 +186,8 @@ class ParallelBlock(nn.Module):
         qkv = self.qkv(x)  # [b, s, 3h/t]: this rank's heads
         b, t, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in qkv.split(c, dim=2))
-        y = recomputed(self.recompute_core, attention_core, q, k, v)
+        k, v, mask = chunks.extend(k, v)  # every context rank's under --cp (runtime/context.py)
+        y = recomputed(self.recompute_core, attention_core, q, k, v, mask)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     forward = Block.forward
