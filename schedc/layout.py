@@ -324,7 +324,8 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "optimizer), 2 + gradients reduce-scattered each microbatch, 3 + parameters sharded and gathered for "
                  "each stage's compute", int, "0|1|2|3", implied=True, defaults=(("runtime", None),)),
     LayoutOption("reshard_after_forward", "With --zero 3: free a stage's gathered parameters after each forward "
-                 "(FSDP2's default) or keep them until its last backward", both=True),
+                 "(FSDP2's default) or keep them until its last backward", both=True,
+                 defaults=(("runtime", None),)),  # the runtime's: None when not given (level 3 then resharding)
     LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
                  "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
 )
