@@ -285,10 +285,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("tp", "Tensor-parallel size t: tensor-parallel ranks per stage, Megatron-LM's", int, "T",
                  searched="Only these tensor-parallel sizes"),
     LayoutOption("dp", "Data-parallel size d: replicas of the whole pipeline (world = t x devices x d)", int, "D"),
-    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "B",
+    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "SIZE",
                  searched="Only these microbatch sizes (sequences)", defaults=(("runtime", None), ("calibrate", None)),
                  aliases=("--mb-size",)),
-    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "B",
+    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "BATCH",
                  runtime=False),
     LayoutOption("recompute", "Activation recomputation: full recomputes each layer in its backward, selective only "
                  "the attention core (score product, softmax, value product), none keeps everything", str,
@@ -325,7 +325,7 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "each stage's compute", int, "0|1|2|3", implied=True, defaults=(("runtime", None),)),
     LayoutOption("reshard_after_forward", "With --zero 3: free a stage's gathered parameters after each forward "
                  "(FSDP2's default) or keep them until its last backward", both=True,
-                 defaults=(("runtime", None),)),  # the runtime's: None when not given (level 3 then resharding)
+                 defaults=(("runtime", None),)),
     LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
                  "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
 )

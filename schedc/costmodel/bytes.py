@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..activations import Facts, Sizes, layer_bytes, megatron
+from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from ..layout import Layout
 from ..memory import timed_model
@@ -76,6 +76,8 @@ def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
     fc1 = 2 * f if model.mlp == "swiglu" else f  # a SwiGLU's first GEMM makes gate and up
     inputs = 2 * h / replicated + h / t + f / t
     gradients = (h + 2 * model.kv_hidden) / t + fc1 / t + 2 * h / replicated
+    if layout.fp8:  # the inputs kept as their FP8 casts (activations.py), the gradients at 16 bits
+        return s * b * (FP8_BYTES * inputs + w * gradients)
     return w * s * b * (inputs + gradients)
 
 
