@@ -8,11 +8,12 @@ from __future__ import annotations
 import click
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 from ..budget import COMPILE_OPS
 from ..diagnostics import SchedError
-from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError
+from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError, flag, reshard_problem
 from ..search import GROUPS
 from ..search.space import SET_PER_CANDIDATE
 from ..text import agree
@@ -89,6 +90,9 @@ def layout_option(field: str, where: str, verb: str = "cluster", **click_kw):
     None (a switch too), so that a command can tell a given option from a default (layout_from)."""
     option = OPTION[field]
     default = option.default(verb)
+    if option.type is bool and option.both:  # --NAME/--no-NAME: None when neither is given
+        return click.option(f"{flag(field)}/{'--no-' + field.replace('_', '-')}", field, default=None,
+                            help=f"{option.help} ({where}).")
     if option.type is bool:
         return click.option(option.flag, field, flag_value=not default, default=None, help=f"{option.help} ({where}).")
     shown = "" if default is None else f"; default {default}"
@@ -116,7 +120,8 @@ def layout_from(values: dict[str, Any], verb: str = "cluster", **fixed) -> Layou
             given[option.field] = option.parse(value) if option.type is tuple else value
         except SplitError as exc:
             raise click.UsageError(str(exc)) from None
-    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS if o.defaults and o.field not in fixed}
+    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS  # a verb's own, where it has one
+                if o.defaults and o.field not in fixed and o.default(verb) is not None}
     return Layout(**{**defaults, **given, **fixed})
 
 
@@ -129,9 +134,12 @@ _CLUSTER_OPTIONS = (
     # every layout option but the microbatch size (the cost options' --microbatch-size)
     *(layout_option(o.field, "with --cluster") for o in LAYOUT_OPTIONS if o.field != "microbatch_size"),
 )
+seq_option = click.option("--seq", "seq", type=click.IntRange(min=1), default=None, metavar="S",
+                          help="Sequence length of the run, over the model description's (a Hugging Face "
+                               "config.json has none: give it); with --model.")
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; or a "
-                                  "library name such as gpt-175b), with --cluster; the same --model check, tune "
+                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; a Hugging "
+                                  "Face config.json; or a library name such as gpt-175b or llama3.1-70b), with --cluster; the same --model check, tune "
                                   "and the runtime read (model code is the runtime's --model-code).")
 _CLUSTER_NAMES = ("cluster_name", *(o.field for o in LAYOUT_OPTIONS if o.field != "microbatch_size"))
 
@@ -144,13 +152,17 @@ def cluster_options(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _CLUSTER_NAMES}
+        seq = kwargs.pop("seq")
         kwargs["cluster"] = request_from(values, kwargs.get("model_file"), kwargs.get("microbatch_size"),
                                          kwargs.get("costs"), kwargs.get("profile"), option_given("latency"))
+        if seq is not None and kwargs["cluster"] is None:
+            raise click.UsageError("--seq needs --cluster and --model")
         if kwargs["cluster"] is not None:
+            kwargs["cluster"] = replace(kwargs["cluster"], seq=seq)
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
 
-    for option in reversed((*_CLUSTER_OPTIONS, _MODEL_OPTION)):
+    for option in reversed((*_CLUSTER_OPTIONS, _MODEL_OPTION, seq_option)):
         wrapper = option(wrapper)
     return wrapper
 
@@ -179,6 +191,9 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     if latency:
         raise click.UsageError("--cluster derives each message's time from the cluster's links: give it "
                                "without --latency")
+    problem = reshard_problem(values["reshard_after_forward"], values["zero"])
+    if problem:
+        raise click.UsageError(problem)
     layout = layout_from({**values, "microbatch_size": microbatch_size})
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
@@ -190,8 +205,9 @@ TUNE_FIXED = tuple(o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CAN
 
 _TUNE_OPTIONS = (
     click.option("--model", "model", type=click.Path(dir_okay=False),
-                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab) or a library "
-                      "name such as gpt-175b."),
+                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab), a Hugging Face "
+                      "config.json or a library name such as gpt-175b or llama3.1-70b."),
+    seq_option,
     click.option("--cluster", "cluster", metavar="NAME|FILE",
                  help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
     click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
@@ -222,7 +238,7 @@ _TUNE_OPTIONS = (
 )
 
 
-_TUNE_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch",
+_TUNE_NAMES = ("model", "seq", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch",
                "top", "per", "exhaustive", *TUNE_FIXED, "pruned", "why")
 
 
@@ -253,3 +269,12 @@ def schedule_options(command):
                             max_ops_option)):
         command = option(command)
     return command
+
+
+# --reshard-after-forward on export: where the compute_comms CSV puts FSDP's UNSHARD/RESHARD (--zero 3's
+# rule, schedc/runtime/zero.py); not given, torch's own prefetch window
+reshard_option = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard_after_forward",
+                              default=None,
+                              help="With --format torch-comms: UNSHARD and RESHARD around each compute cell of a "
+                                   "stage (FSDP2's reshard_after_forward, as --zero 3 runs it), or from a stage's "
+                                   "first cell to the row's end (--no-...); default torch's prefetch window.")

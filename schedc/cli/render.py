@@ -32,8 +32,9 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
                model_file, cluster, addons):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from ..render import render_file
-    refuse_clash([("FILE", file), ("--costs", costs), ("--profile", profile), ("--measured", measured), ("--model", model_file),
-                  ("--cluster", cluster)], [("-o", out)])
+    described = [] if cluster is None else [("--model", cluster.model), ("--cluster", cluster.cluster)]
+    refuse_clash([("FILE", file), ("--costs", costs), ("--profile", profile), ("--measured", measured),
+                  ("--model", model_file), *described], [("-o", out)])
     row = profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, given_value("latency", latency), out, dag=dag, comms=comms,

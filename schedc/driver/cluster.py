@@ -14,12 +14,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..budget import COMPILE_OPS
-from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model
+from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, check_switches, load_cluster, load_cluster_model
 from ..diagnostics import USAGE, usage
 from ..costmodel.bytes import layer_activation_bytes
 from ..costmodel.hardware import stage_layers
 from ..costmodel.stages import chunk_multipliers
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
+from ..costmodel.sharding import sharded_collectives
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
@@ -43,8 +44,9 @@ def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterReq
     SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
     plan: `simulate`). max_ops: the most ops it may expand to (--max-ops; budget.COMPILE_OPS)."""
     cluster = load_cluster(request.cluster)
-    model = load_cluster_model(request.model, cluster)
+    model = load_cluster_model(request.model, cluster, request.seq)
     check_layout(model, request.layout, request.model)
+    check_switches(request.layout, cluster)
     return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons,
                        max_ops=max_ops)
 
@@ -81,13 +83,15 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers,
                                                    task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
                                                    max_ops=max_ops))
-        links = link_times(st, schedule.devices)
-        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
+        links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
+        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, collectives=sharded)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
-            without = (analyse(schedule).timing if schedule.fill else simulate(schedule)).makespan
+            without = (analyse(schedule, collectives=sharded).timing if schedule.fill
+                       else simulate(schedule, collectives=sharded)).makespan
         else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
             without = compiled.timing.makespan
-    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
+        unsharded = simulate(schedule).makespan if sharded is not None and free else without
+    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch, without - unsharded)
     over = _over_memory(result, st)
     return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
 
@@ -149,9 +153,10 @@ def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     """The model's layers divide over the schedule's stages; the batch the schedule runs is the global
     batch asked for. Returns the global batch (sequences per step)."""
     check_stages(model, schedule, model_path, layout)
-    gpus = layout.tp * schedule.devices * layout.dp
+    gpus = layout.tp * layout.cp * schedule.devices * layout.dp
     if gpus > MAX_GPUS:
-        raise usage(f"t x p x d = {layout.tp} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
+        names, sizes = ("t x cp", f"{layout.tp} x {layout.cp}") if layout.cp > 1 else ("t", f"{layout.tp}")
+        raise usage(f"{names} x p x d = {sizes} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
                     f"{MAX_GPUS:,} a prediction takes (as tune's --gpus)")
     per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
     batch = per_replica * layout.microbatch_size * layout.dp
@@ -173,9 +178,18 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
             "microbatch_size": lay.microbatch_size, "global_batch": result.global_batch,
             "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
             "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p,
-            "distributed_optimizer": lay.distributed_optimizer, "unit": "s"}})
+            "distributed_optimizer": lay.distributed_optimizer, **_sharding_meta(lay), "unit": "s"}})
     diagnostics = [*compiled.diagnostics, *([over] if over is not None else [])]
     return replace(compiled, stats=stats, plan=plan, diagnostics=diagnostics)
+
+
+def _sharding_meta(lay: Layout) -> dict[str, Any]:
+    """The plan's record of the ZeRO level and context parallelism, where they differ from the default
+    (a plan of before them reads the same)."""
+    meta = {"zero": lay.zero} if lay.zero >= 2 else {}
+    if lay.zero == 3:
+        meta["reshard_after_forward"] = lay.reshard_after_forward
+    return meta | ({"cp": lay.cp} if lay.cp > 1 else {})
 
 
 def _over_memory(result: Prediction, st: Setting) -> Diagnostic | None:

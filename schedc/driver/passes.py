@@ -19,7 +19,7 @@ from ..diagnostics import Diagnostic, has_errors
 from ..ir import Schedule
 from ..lower import lower
 from ..plan import Plan
-from ..simulate import Links, simulate, step_sequences
+from ..simulate import Collectives, Links, simulate, step_sequences
 from ..timing import Stats, Timing
 
 
@@ -32,6 +32,7 @@ class Checks:
     memory_limit: str | None = None     # --memory-limit: the bytes' limit per device
     microbatch_size: int | None = None  # --microbatch-size: the bytes' microbatch size
     placement: str | None = None        # --placement: the stages on a named placement's ranks
+    seq: int | None = None              # --seq: the model's sequence length for the bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class Unit:
     diagnostics: tuple[Diagnostic, ...] = ()
     checked: Schedule | None = None       # what the structure checks see, when not `schedule` (a plan's
     # re-simulation: its built-in ops, as a plan does not declare the tasks fill_bubbles placed)
+    collectives: Collectives | None = None  # ZeRO's gathers and reduce-scatters on each device's lane
     checks: Checks = Checks()             # the optional checks selected
 
     @property
@@ -67,7 +69,7 @@ def _check_structure(u: Unit) -> Unit:
 
 
 def _simulate(u: Unit) -> Unit:
-    return replace(u, timing=simulate(u.schedule, u.latency, u.links))
+    return replace(u, timing=simulate(u.schedule, u.latency, u.links, u.collectives))
 
 
 def _check_deadlock(u: Unit) -> Unit:
@@ -111,7 +113,7 @@ def _check_memory_bytes(u: Unit) -> Unit:
     if not (c.model or c.memory_limit):
         return u
     from ..checks.memory import check_memory_bytes
-    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size)
+    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size, c.seq)
     return replace(u, diagnostics=u.diagnostics + tuple(found))
 
 
@@ -166,27 +168,28 @@ def untimed() -> tuple[Callable[[Unit], Unit], ...]:
 
 def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
                passes: Iterable[Callable[[Unit], Unit]] | None = None, checked: Schedule | None = None,
-               checks: Checks = Checks()) -> Unit:
+               checks: Checks = Checks(), collectives: Collectives | None = None) -> Unit:
     """Run the passes in order (PASSES unless told) over a schedule; returns the last Unit. links: per
-    device pair message times (simulate), instead of one latency; checked, checks: see Unit."""
-    unit = Unit(schedule, latency, links, checked=checked, checks=checks)
+    device pair message times (simulate), instead of one latency; checked, checks, collectives: see Unit."""
+    unit = Unit(schedule, latency, links, checked=checked, checks=checks, collectives=collectives)
     for run in PASSES if passes is None else passes:
         unit = run(unit)
     return unit
 
 
 def compile_schedule(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
-                     checks: Checks = Checks()) -> Compiled:
+                     checks: Checks = Checks(), collectives: Collectives | None = None) -> Compiled:
     """Check, time, fill, lower and check the plan of an elaborated schedule (PASSES, with the optional
     checks selected)."""
-    u = run_passes(schedule, latency, links, checks=checks)
+    u = run_passes(schedule, latency, links, checks=checks, collectives=collectives)
     return Compiled(u.schedule, u.timing, u.stats, u.plan, list(u.diagnostics))
 
 
-def analyse(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
+def analyse(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+            collectives: Collectives | None = None) -> Compiled:
     """The passes up to the stats, without lowering (analysis()): the schedule checked and timed (and
     filled); the plan is None."""
-    u = run_passes(schedule, latency, links, analysis())
+    u = run_passes(schedule, latency, links, analysis(), collectives=collectives)
     return Compiled(u.schedule, u.timing, u.stats, None, list(u.diagnostics))
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, run_flags
+from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, reshard_problem, run_flags
 from ..diagnostics import SCHEDULE, SchedError
+from ..predict import sharding_words
 from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
@@ -67,7 +68,7 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   layout=_layout(o))
+                   layout=_layout(o), seq=o.get("seq"))
 
 
 def _layout(o: dict[str, Any]) -> Layout:
@@ -84,6 +85,9 @@ def _layout(o: dict[str, Any]) -> Layout:
         if split.get("account_for_embedding") or split.get("account_for_loss"):
             raise usage("--stage-layers gives every stage's layers; --account-for-embedding and --account-for-loss "
                         "only change the even split: give one or the other")
+    problem = reshard_problem(o.get("reshard_after_forward"), o.get("zero"))
+    if problem:
+        raise usage(problem)
     return Layout(**split)
 
 
@@ -145,13 +149,27 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
              f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
-        return lines + ["  it is the winner"]
+        return lines + tp_overlap_lines(searcher, best, mine) + ["  it is the winner"]
     lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
                   f"({winner.candidate.describe()}, {winner.iteration_s:.4f} s)")
     lines.append(f"  against the winner (s): {breakdown_difference(mine, winner.prediction)} (memory GiB "
                  f"{mine.memory_bytes / GIB:.1f} against {winner.prediction.memory_bytes / GIB:.1f})")
     lines.append(f"  memory against the winner (GiB): {memory_difference(mine, winner.prediction)}")
-    return lines
+    return lines + tp_overlap_lines(searcher, best, mine)
+
+
+def tp_overlap_lines(searcher: Searcher, best, mine) -> list[str]:
+    """With t > 1: the tensor-parallel communication a layer exposes per microbatch and forward with and
+    without --tp-comm-overlap (each GEMM hides what it can of its all-gather or reduce-scatter), and
+    the step's as the candidate runs."""
+    if best.t == 1:
+        return []
+    from ..costmodel.stages import tp_exposure
+    overlapped, plain = tp_exposure(searcher.setting(best))
+    running = "with" if searcher.request.layout.tp_comm_overlap else "without"
+    return [f"  tensor-parallel comm per layer and microbatch (forward; again in the backward): "
+            f"{1e3 * overlapped:.3f} ms exposed with --tp-comm-overlap, {1e3 * plain:.3f} ms without; "
+            f"this step's, {running} it: {mine.breakdown['tensor_parallel_comm_s']:.4f} s"]
 
 
 MEMORY_PARTS = (("weights_gradients_optimizer", "weights, gradients and optimizer"), ("activations", "activations"),
@@ -177,8 +195,10 @@ def matching(space: list, wanted: dict[str, Any]) -> list:
 
 def breakdown_difference(mine, other) -> str:
     """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
-    return ", ".join(f"{name} {round(mine.breakdown[key] - other.breakdown[key], 4) + 0.0:+.4f}"  # no -0.0000
-                     for key, name in PARTS)
+    parts = PARTS + ((("context_parallel_comm_s", "context-parallel comm"),)
+                     if "context_parallel_comm_s" in mine.breakdown or "context_parallel_comm_s" in other.breakdown else ())
+    return ", ".join(f"{name} {round(mine.breakdown.get(key, 0.0) - other.breakdown.get(key, 0.0), 4) + 0.0:+.4f}"
+                     for key, name in parts)  # + 0.0: no -0.0000
 
 
 def pruned_lines(text: str) -> int | None:
@@ -242,14 +262,17 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     r = outcome.request
     w = max([18] + [len(item.label()) for item in outcome.ranked])
     head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
-            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7}")
-    lines = [f"schedc tune: {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}", head]
+            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7} {'MFU':>5}")
+    params = outcome.ranked[0].prediction.extra["parameters"] if outcome.ranked else None
+    model = f" of {params / 1e9:.2f}e9 parameters" if params is not None else ""
+    lines = [f"schedc tune: a model{model} on {plural(r.gpus, 'GPU')}{sharding_words(r.layout)}, global batch {r.global_batch}, {outcome.space}",
+             head]
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
         lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
-                     f" {item.bubble:>7.4f}")
+                     f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
     counts = outcome.counts
     whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill, a greedy order or placed R, O, L ops)" if counts["compiled_whole"] else ""
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
@@ -278,7 +301,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     fixed = [o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CANDIDATE]
     flags = "".join(f" {word}" for word in option_flags(r.layout, fixed))
-    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
+    seq = f" --seq {r.seq}" if r.seq is not None else ""
+    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)}{seq} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")
     return [f"schedc simulate {common}", f"schedc compile {common} -o out/tune",

@@ -42,6 +42,7 @@ class Request:
     microbatch: tuple[int, ...] | None = None  # restrict b to these values
     layout: Layout = Layout()                # every candidate's switches and layer split; the search sets t,
     #                                          d, b, the global batch and recomputation per candidate
+    seq: int | None = None                   # --seq: the run's sequence length over the model description's
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -138,7 +139,7 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
+_SIZES = ("heads", "hidden", "ffn", "vocab", "kv_heads")  # what t must divide
 
 
 def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
@@ -154,6 +155,10 @@ def layouts(model, request: Request) -> list[tuple[int, int, int]]:
     None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
     without the other restriction, else the two together."""
     n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
+    cp = request.layout.cp
+    if cp < 1 or n % cp:
+        raise usage(f"--cp {cp} does not divide --gpus {n:,} (t x cp x p x d = N)")
+    n //= cp  # the t x p x d GPUs of one context-parallel rank
     out = _all_layouts(model, n, batch, tp, pp)
     if out:
         return out
