@@ -285,10 +285,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("tp", "Tensor-parallel size t: tensor-parallel ranks per stage, Megatron-LM's", int, "T",
                  searched="Only these tensor-parallel sizes"),
     LayoutOption("dp", "Data-parallel size d: replicas of the whole pipeline (world = t x devices x d)", int, "D"),
-    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "B",
+    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "SIZE",
                  searched="Only these microbatch sizes (sequences)", defaults=(("runtime", None), ("calibrate", None)),
                  aliases=("--mb-size",)),
-    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "B",
+    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "BATCH",
                  runtime=False),
     LayoutOption("recompute", "Activation recomputation: full recomputes each layer in its backward, selective only "
                  "the attention core (score product, softmax, value product), none keeps everything", str,

@@ -399,6 +399,28 @@ def test_resume_of_another_plan_model_size_or_seed_is_refused_before_torchrun_na
     assert "seed 0 (this run: 7)" in str(caught.value)
 
 
+def test_resume_under_another_optimizer_layer_split_or_model_fact_is_refused_before_torchrun(tmp_path):
+    """The checkpoint records the optimizer, the layer split and the model's facts: resuming under
+    another is refused naming what differs (it failed on rank 0 with KeyError: 'momentum', or a
+    state_dict error, after torchrun had started); a checkpoint that does not record a key (an older
+    schedc's) is not compared on it."""
+    from schedc.runtime.launch import LaunchError, check_launch
+    plan = _plan(tmp_path)
+    root = _checkpoint(tmp_path, plan)
+    for extra, said in ((["--optimizer", "sgd"], "optimizer 'adamw' (this run: 'sgd')"),
+                        (["--stage-layers", "1,1"], "stage_layers 'even' (this run: '1,1')"),
+                        (["--account-for-loss"], "account_for_loss False (this run: True)")):
+        with pytest.raises(LaunchError) as caught:
+            check_launch(plan, None, [*RUN, "--steps", "2", "--resume", str(root), *extra], [])
+        assert said in str(caught.value), str(caught.value)
+    import json
+    older = _checkpoint(tmp_path / "old", plan)  # as an older schedc wrote it: no optimizer, no MLP form
+    latest = json.loads((older / "latest.json").read_text())
+    del latest["optimizer"], latest["model"]["mlp"]
+    (older / "latest.json").write_text(json.dumps(latest))
+    check_launch(plan, None, [*RUN, "--steps", "2", "--resume", str(older), "--optimizer", "sgd"], [])
+
+
 def test_a_tasks_module_that_exits_on_import_is_the_users_code_failing(tmp_path, monkeypatch):
     from schedc.runtime.tasks import TaskError, load_task_modules
     (tmp_path / "hardening_tasks_exit.py").write_text("import sys\nsys.exit(0)\n")

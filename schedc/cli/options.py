@@ -120,7 +120,8 @@ def layout_from(values: dict[str, Any], verb: str = "cluster", **fixed) -> Layou
             given[option.field] = option.parse(value) if option.type is tuple else value
         except SplitError as exc:
             raise click.UsageError(str(exc)) from None
-    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS if o.defaults and o.field not in fixed}
+    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS  # a verb's own, where it has one
+                if o.defaults and o.field not in fixed and o.default(verb) is not None}
     return Layout(**{**defaults, **given, **fixed})
 
 

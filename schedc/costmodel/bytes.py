@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..activations import Facts, Sizes, layer_bytes, megatron
+from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from ..layout import Layout
 from ..memory import timed_model
@@ -76,6 +76,8 @@ def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
     fc1 = 2 * f if model.mlp == "swiglu" else f  # a SwiGLU's first GEMM makes gate and up
     inputs = 2 * h / replicated + h / t + f / t
     gradients = (h + 2 * model.kv_hidden) / t + fc1 / t + 2 * h / replicated
+    if layout.fp8:  # the inputs kept as their FP8 casts (activations.py), the gradients at 16 bits
+        return s * b * (FP8_BYTES * inputs + w * gradients)
     return w * s * b * (inputs + gradients)
 
 
@@ -219,13 +221,23 @@ def sharded_state_bytes(params: float, level: int, k: int) -> float:
     return params * (kept + (STATE_BYTES_PER_PARAM - kept) / k)
 
 
-def in_use_bytes(level: int, params: list[float]) -> float:
+def in_use_bytes(level: int, params: list[float], block: tuple[float, int] | None = None,
+                 reshard: bool = True) -> float:
     """What ZeRO level 2 or 3 holds whole while a device's stages compute (`params`: each stage's):
-    at level 3 the gathered 16-bit weights of its stages (a backward leaves its stage gathered, so at
-    the activation peak every stage the device holds is), and at both levels one stage's 16-bit
-    gradients until they are reduce-scattered."""
-    gathered = WEIGHT_BYTES_PER_PARAM * sum(params) if level == 3 else 0.0
-    return gathered + WEIGHT_BYTES_PER_PARAM * max(params, default=0.0)
+    at level 3 the gathered 16-bit weights of its stages (under a pipeline a backward leaves its stage
+    gathered, so at the activation peak every stage the device holds is), and at both levels one
+    stage's 16-bit gradients until they are reduce-scattered. Without a pipeline (`block`: one
+    transformer layer's parameters, FSDP's unit) FSDP2 gathers layer by layer: resharding, the root's
+    own (embedding, final norm, output layer: in use from the first forward to the last backward)
+    plus two layers (the one computing and the next, prefetched); a layer's gradients are
+    reduce-scattered as its backward makes them."""
+    if block is None:
+        gathered = WEIGHT_BYTES_PER_PARAM * sum(params) if level == 3 else 0.0
+        return gathered + WEIGHT_BYTES_PER_PARAM * max(params, default=0.0)
+    whole, layers = params[0], block[1]
+    root = whole - layers * block[0]
+    gathered = whole if not reshard else root + min(2, layers) * block[0]
+    return WEIGHT_BYTES_PER_PARAM * ((gathered if level == 3 else 0.0) + block[0])
 
 
 def device_memory(st: Setting, schedule, peaks, held: tuple | None = None) -> tuple[list[float], list[dict[str, float]]]:
@@ -287,6 +299,7 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
             state += stage_bytes[s][0]
             step += stage_bytes[s][1]
         if lay.sharding >= 2:
-            state += in_use_bytes(lay.sharding, [stage_bytes[s][2] for s in mine])
+            block = (layer_params(m, lay.tp), stage_layers(m, stages, lay)[0]) if stages == 1 else None
+            state += in_use_bytes(lay.sharding, [stage_bytes[s][2] for s in mine], block, lay.reshard_after_forward)
         out.append((state, step, stages - 1 in mine))
     return tuple(out)

@@ -131,8 +131,8 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     size, its costs one layer's); a model description gives its layer count."""
     layers = None
     if model:
-        from ..costmodel.specs import load_model_spec
-        layers = load_model_spec(model).layers
+        from ..costmodel.modelspec import model_layers
+        layers = model_layers(model)
     if profile:
         from ..interop.profiles import profile_origin, read_profile, read_profile_memory
         return Options(params, read_profile(*profile), memory=read_profile_memory(*profile), model_layers=layers,
