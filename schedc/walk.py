@@ -39,10 +39,7 @@ def changes_along(order: Iterable, table: Mapping[str, Sequence]) -> list:
 
 
 def levels(changes: Iterable, start: float = 0) -> list:
-    """The plain form: the level after each change, from `start` (levels of pairs add per member when
-    `start` is a pair)."""
-    if isinstance(start, tuple):
-        return list(accumulate(changes, lambda a, b: tuple(x + y for x, y in zip(a, b)), initial=start))[1:]
+    """The plain form: the level after each change, from `start`."""
     return list(accumulate(changes, initial=start))[1:]
 
 
