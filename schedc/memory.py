@@ -238,4 +238,4 @@ def peak_memory(schedule: Schedule) -> tuple[float, ...]:
     Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
     schedc/memory.py instead."""
     deltas = memory_deltas(schedule)
-    return tuple(walk.peak(walk.changes_along(order, deltas), 0.0) for order in schedule.orders)
+    return tuple(walk.peak_along(order, deltas, 0.0) for order in schedule.orders)

@@ -7,8 +7,8 @@ costmodel.bytes.layer_levels, the synthesis's local search), a timeline's alloca
     +1 +1 -1 +1 -1 -1        activation until its B or W frees it)
     1  2  1  2  1  0         levels; peak 2
 
-The plain form is `levels`; `peak` and `Slots` are its fast forms (one loop in C; a walk kept while ops
-move between slots), each held to it by tests/test_walk.py.
+The plain form is `levels`; `peak`, `peak_along` and `Slots` are its fast forms (one loop in C; one loop
+over the ops, no list; a walk kept while ops move between slots), each held to it by tests/test_walk.py.
 """
 from __future__ import annotations
 
@@ -46,6 +46,20 @@ def levels(changes: Iterable, start: float = 0) -> list:
 def peak(changes: Iterable, start: float = 0) -> float:
     """The highest level, `start` at least: max(start, *levels(changes, start)) in one pass."""
     return max(accumulate(changes, initial=start))
+
+
+def peak_along(order: Iterable, table: Mapping[str, Sequence], start: float = 0) -> float:
+    """peak(changes_along(order, table), start) in one loop over the ops, no list made (an order of 10^4
+    ops is walked once per compile and per structure of tune)."""
+    alive = high = start
+    get = table.get
+    for op in order:
+        row = get(op.kind)
+        if row is not None and 0 <= op.stage < len(row):
+            alive += row[op.stage]
+            if alive > high:
+                high = alive
+    return high
 
 
 def first_peak(changes: Iterable) -> tuple[float, int | None]:

@@ -38,7 +38,15 @@ def test_the_unit_rule_and_the_changes_of_an_order():
     order = [Op("F", 0, 0), Op("F", 1, 0), Op("g", 0, 0), Op("B", 1, 0), Op("F", 5, 1)]
     table = {"F": (1.0, 2.0), "B": (-1.0, -2.0)}
     assert walk.changes_along(order, table) == [1.0, 2.0, -2.0]  # stage 5 is outside the table
-    assert walk.peak(walk.changes_along(order, table)) == 3.0
+    assert walk.peak(walk.changes_along(order, table)) == walk.peak_along(order, table) == 3.0
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_peak_along_an_order_is_the_peak_of_its_changes(seed):
+    rng = random.Random(seed)
+    table = {"F": tuple(rng.choice((1.0, 0.5, 2.0)) for _ in range(4)), "B": (-1.0, -0.5, -2.0, -1.0), "W": (-0.25,)}
+    order = [Op(rng.choice("FBWIg"), rng.randrange(0, 5), n) for n in range(rng.randrange(0, 60))]
+    assert walk.peak_along(order, table, 0.0) == walk.peak(walk.changes_along(order, table), 0.0)
 
 
 def _plain_slot_peak(slots: walk.Slots) -> float:
