@@ -69,7 +69,7 @@ def compile_cell(schedule: str, m: int, model: Path, cluster: Path, out: Path) -
 def job(plan_dir: Path, sizes: dict[str, int], steps: int, tag: str) -> list:
     """One [plan, runtime options] entry of a launch: the report (and profile) under plan_dir, named by tag."""
     options = [f"--{k}={v}" for k, v in sizes.items()] + [
-        f"--mb-size={MICROBATCH}", "--steps", str(steps + 2), "--warmup", "2", "--threads", "1", "--synthetic",
+        f"--microbatch-size={MICROBATCH}", "--steps", str(steps + 2), "--warmup", "2", "--threads", "1", "--synthetic",
         "--quiet", "--report-out", str(plan_dir / f"report-{tag}.json"),
         "--profile-out", str(plan_dir / f"profile-{tag}.json")]
     return [str(plan_dir / "plan.json"), options]

@@ -47,7 +47,7 @@ def compile_plan(name: str, params: dict, out: Path) -> Path:
 
 def model_flags(size: dict) -> list[str]:
     return ["--layers", str(LAYERS), "--vocab", str(VOCAB), "--hidden", str(size["hidden"]), "--heads",
-            str(size["heads"]), "--seq", str(size["seq"]), "--mb-size", str(size["mb_size"])]
+            str(size["heads"]), "--seq", str(size["seq"]), "--microbatch-size", str(size["mb_size"])]
 
 
 def run(plan: Path, ranks: int, flags: list[str], report: Path) -> dict:

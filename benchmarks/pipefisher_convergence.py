@@ -119,7 +119,7 @@ def run(plan: Path, steps: int, extra: list[str]) -> list[dict]:
                 str(29500 + os.getpid() % 2000), "-m", "schedc.runtime", str(plan),
                 "--model-code", "pipefisher_convergence:build_stages", "--data", "pipefisher_convergence:digits",
                 "--layers", "2", "--hidden", "32",
-                "--seq", "64", "--vocab", "17", "--mb-size", "32", "--steps", str(steps), "--quiet",
+                "--seq", "64", "--vocab", "17", "--microbatch-size", "32", "--steps", str(steps), "--quiet",
                 "--metrics-out", str(metrics), "--device", "cpu", *extra]
         done = subprocess.run(args, env=env, capture_output=True, text=True)
         if done.returncode:

@@ -11,7 +11,7 @@
 # plan's simulated ones.
 # The last line is `ratio X`: the geometric mean over schedules of those ratios.
 #
-#   python benchmarks/runtime_vs_torch.py --quick      # about a minute on 2 CPU cores, under 4
+#   python benchmarks/runtime_vs_torch.py --quick      # about 4 minutes on 2 CPU cores
 from __future__ import annotations
 
 import argparse
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_flags(args: argparse.Namespace) -> list[str]:
     return ["--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
-            "--seq", str(args.seq), "--mb-size", str(args.mb_size)]
+            "--seq", str(args.seq), "--microbatch-size", str(args.mb_size)]
 
 
 # -- the driver ------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE))
 from megatron_table1 import BLOCKING, CLUSTER, ROWS, row_args  # noqa: E402
 from schedc.frontend.library import library_files  # noqa: E402
 from schedc.diagnostics import SchedError  # noqa: E402
+from schedc.layout import Layout  # noqa: E402
 from schedc.search import Candidate, Request, Searcher  # noqa: E402
 from schedc.search.report import breakdown_difference  # noqa: E402
 
@@ -65,7 +66,7 @@ def table_row(row) -> dict:
     out = {"row": name, "batch": batch}
     paper = Candidate(schedule, t, p, layout.dp, v if v > 1 else None, b, batch // (b * layout.dp), "full")
     request = Request(model_file(name), CLUSTER, gpus, batch, schedules(), top=5, per="schedule",
-                      overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING)
+                      layout=Layout(overlap_grad_reduce=ddp == "torch", blocking_p2p=BLOCKING))
     start = time.perf_counter()
     searcher = Searcher(request)
     outcome = searcher.run()
@@ -96,7 +97,7 @@ def megatron_ranked(name: str, gpus: int, batch: int, names: tuple[str, ...], to
     pipelined = tuple(range(2, gpus + 1))
     for pp, overlap, chunked in (((1,), True, False), ((1,), False, True), (pipelined, False, None)):
         request = Request(model_file(name), CLUSTER, gpus, batch, names, recompute=("full",), top=top, per=per,
-                          pp=pp, overlap_grad_reduce=overlap, blocking_p2p=BLOCKING)
+                          pp=pp, layout=Layout(overlap_grad_reduce=overlap, blocking_p2p=BLOCKING))
         try:  # a schedule's candidates are all chunked (v set) or none: each its exact top from one search
             merged += [r for r in Searcher(request).run().ranked
                        if chunked is None or (r.candidate.v is not None) == chunked]
@@ -182,7 +183,7 @@ def explain(r: dict) -> str:
 
 def best_per(model: str, gpus: int, batch: int, per: str, names: tuple[str, ...], **kw) -> dict:
     outcome = Searcher(Request(model_file(model), CLUSTER, gpus, batch, names, top=1, per=per,
-                               blocking_p2p=BLOCKING, **kw)).run()
+                               layout=Layout(blocking_p2p=BLOCKING), **kw)).run()
     return {getattr(r.candidate, per): r for r in outcome.ranked}
 
 

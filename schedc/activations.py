@@ -8,12 +8,20 @@ mask value, 0 without dropout):
                  dropout masks (2 masks of s·b·h); split over t only with sequence parallelism (the
                  QKV and MLP inputs kept as sequence shards and all-gathered again in backward, as
                  Megatron-LM's sequence-parallel linear layers do)
-    norm stats   with torch's layer norms, each keeps its mean and 1/std (2 x 2 fp32 values per token)
-    split        Q, K, V and the projection's input (4 s·b·h), the GeLU's input and the MLP-out input
-                 (2 s·b·f): over t
+    norm stats   with torch's layer norms, each keeps its mean and 1/std (2 x 2 fp32 values per token;
+                 RMSNorm its 1/rms alone, 2 x 1)
+    split        Q, K, V and the projection's input (4 s·b·h; with grouped-query attention K and V are
+                 s·b·h·kv_heads/heads each), the GeLU's input and the MLP-out input (2 s·b·f; a SwiGLU
+                 keeps its gate and up outputs and the MLP-out input, 3 s·b·f): over t
     core         the attention core: with materialised scores the softmax output (a·s² per sequence),
                  with dropout its mask and output too; a fused (flash) kernel keeps one fp32 log-sum-exp
                  per head and token instead (its output is the projection's input, counted there): over t
+
+Under FP8 training (Transformer Engine) the four linear GEMMs' inputs are kept as their FP8 casts, a
+byte a value: QKV's and the MLP's (replicated), the projection's and the MLP-out's (split).
+
+Rotary positions keep nothing more (their backward reads the angles, not the activations). Llama-family
+models train without dropout (m = 0).
 
 Selective recomputation drops the core, full keeps the layer's input only (s·b·h values, over t with
 sequence parallelism). Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
@@ -27,6 +35,7 @@ from dataclasses import dataclass
 
 FP32_BYTES = 4  # log-sum-exp, layer-norm statistics and the loss's log-probabilities are fp32 at any width
 INDEX_BYTES = 8  # token and position ids (int64)
+FP8_BYTES = 1    # an FP8 value (Transformer Engine keeps its GEMMs' inputs so under FP8 training)
 MASK_BYTES = 1   # a bool mask (the vocabulary-parallel lookup's and loss's tokens outside the rank's range)
 
 
@@ -41,6 +50,12 @@ class Sizes:
     heads: int
     ffn: int
     vocab: int = 0
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as heads
+
+    @property
+    def kv_hidden(self) -> float:
+        """The width of K (and of V): h for multi-head attention, h * kv_heads / heads with fewer."""
+        return self.hidden * self.kv_heads / self.heads if self.kv_heads else self.hidden
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +69,9 @@ class Facts:
     scores: bool = True
     norm_stats: bool = False
     ends: bool = False
+    gated: bool = False   # a SwiGLU MLP: its first GEMM's output of 2f (gate and up) kept, not a GeLU input of f
+    stat_values: int = 2  # fp32 values a norm keeps per token with norm_stats: LayerNorm's mean and 1/std, RMSNorm's 1/rms
+    fp8_inputs: bool = False  # the linear GEMMs' inputs kept as their FP8 casts (Transformer Engine under --fp8)
 
 
 def megatron(width: float) -> Facts:
@@ -78,10 +96,14 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     if recompute == "full":
         return w * sbh / spread
     replicated = 4 * w + 2 * m
-    split = (4 + 2 * z.ffn / z.hidden) * w
+    qkv = 2 + 2 * z.kv_hidden / z.hidden  # Q and the projection's input, K and V (kv_heads of them)
+    split = (qkv + (3 if facts.gated else 2) * z.ffn / z.hidden) * w
+    if facts.fp8_inputs:  # QKV's and the MLP's inputs, the projection's and the MLP-out's, a byte each
+        replicated = 2 * w + 2 * FP8_BYTES + 2 * m
+        split = (qkv - 1) * w + FP8_BYTES + ((2 if facts.gated else 1) * w + FP8_BYTES) * z.ffn / z.hidden
     per_sbh = (replicated + split) / tp if sequence_parallel else replicated + split / tp
     tokens = z.seq * z.batch
-    stats = 2 * 2 * FP32_BYTES * tokens / spread if facts.norm_stats else 0
+    stats = 2 * facts.stat_values * FP32_BYTES * tokens / spread if facts.norm_stats else 0
     if recompute == "none" and facts.scores:
         per_sbh += z.heads * z.seq * (w + (m + w if m else 0)) / (z.hidden * tp)
     elif recompute == "none":
@@ -105,7 +127,7 @@ def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,
     if first:
         total += INDEX_BYTES * (sb + z.seq // spread) + mask
     if last:
-        stats = 2 * FP32_BYTES * sb / spread if facts.norm_stats else 0
+        stats = facts.stat_values * FP32_BYTES * sb / spread if facts.norm_stats else 0
         total += 2 * facts.value_bytes * sb * z.hidden / spread + stats + FP32_BYTES * sb * z.vocab / tp
         total += INDEX_BYTES * sb + (mask if tp > 1 else FP32_BYTES)
     return total

@@ -40,6 +40,9 @@ class Layout:
     stage_layers: tuple[int, ...] | None = None  # transformer layers per stage as given (--stage-layers)
     account_for_embedding: bool = False  # the even split counts the embedding as a layer of the first stage
     account_for_loss: bool = False       # and the output layer and loss as one of the last (split_layers)
+    tp_comm_overlap: bool = False        # TP all-gathers/reduce-scatters overlapped with their GEMMs (userbuffers)
+    overlap_param_gather: bool = False   # the distributed optimizer's all-gather under the next step's forward
+    fp8: bool = False                    # the layers' GEMMs in FP8 (Transformer Engine)
 
     def layer_split(self, layers: int, stages: int) -> tuple[int, ...]:
         """The transformer layers of each of `stages` stages under this layout (split_layers)."""
@@ -50,23 +53,6 @@ class Layout:
         if self.global_batch is None:
             return None
         return self.global_batch // (self.microbatch_size * self.dp)
-
-
-# The layout's on/off switches, each once: its field, in words, and what it does. The command line's flag is
-# the field's name (--sequence-parallel), the same on simulate/compile/render --cluster and on tune;
-# predictions and tune's winner name them from here.
-SWITCHES: tuple[tuple[str, str, str], ...] = (
-    ("sequence_parallel", "sequence parallel",
-     "Sequence parallelism: reduce-scatter/all-gather, activations split t ways"),
-    ("overlap_grad_reduce", "overlapped gradient reduce",
-     "The data-parallel all-reduce overlaps the last backward (torch DDP)"),
-    ("blocking_p2p", "blocking sends",
-     "A send holds its sender until the message is through, as Megatron-LM's point-to-point calls do (default: "
-     "it does not, as in schedc's runtime)"),
-    ("distributed_optimizer", "distributed optimizer",
-     "Shard the optimizer state over data parallelism (Megatron-LM's --use-distributed-optimizer, ZeRO stage 1)"),
-)
-SWITCH_NAMES = tuple(name for name, _, _ in SWITCHES)
 
 
 def flag(name: str) -> str:
@@ -80,19 +66,27 @@ def switches_on(layout) -> list[str]:
     return [words for name, words, _ in SWITCHES if get(name)]
 
 
-# What the runtime runs of a layout (its own flags); overlap_grad_reduce and blocking_p2p describe other
-# runtimes to the cost model (torch DDP's overlap, Megatron-LM's blocking sends) and are not its options.
-RUNTIME_SWITCHES = ("sequence_parallel", "distributed_optimizer")
-
-
 def run_flags(layout: Layout) -> list[str]:
-    """The flags of `schedc run` / `python -m schedc.runtime` that lay a run out as `layout` (t, d,
-    the microbatch size, recomputation, the runtime's switches, scatter/gather, the layer split); the
-    runtime reads them back into the same value (runtime.options: opts.layout)."""
-    flags = ["--tp", str(layout.tp), "--dp", str(layout.dp), "--mb-size", str(layout.microbatch_size),
-             "--recompute", layout.recompute]
-    flags += [flag(name) for name in RUNTIME_SWITCHES if getattr(layout, name)]
-    return flags + ([] if layout.scatter_gather else ["--no-scatter-gather"]) + split_flags(layout)
+    """The flags of `schedc run` / `python -m schedc.runtime` that lay a run out as `layout`: each runtime
+    option of LAYOUT_OPTIONS, in its order (a number or a choice always, a switch where it is not at its
+    default, the layer split where given); the runtime reads them back into the same value (opts.layout)."""
+    return option_flags(layout, [option.field for option in LAYOUT_OPTIONS if option.runtime])
+
+
+def option_flags(layout: Layout, fields) -> list[str]:
+    """The flags that give `fields` of `layout`, in LAYOUT_OPTIONS' order: a number or a choice always,
+    a switch where it is not at its default, a list where given."""
+    flags = []
+    for option in LAYOUT_OPTIONS:
+        value = getattr(layout, option.field)
+        if option.field not in fields or value is None or (option.type is bool and value == option.default()):
+            continue
+        flags += [option.flag] if option.type is bool else [option.flag, _text(value)]
+    return flags
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 # The layer split's fields, each a flag of the same name on simulate/compile/render --cluster, tune and the
@@ -147,6 +141,7 @@ class ClusterRequest:
     model: str
     cluster: str
     layout: Layout
+    seq: int | None = None  # --seq: the run's sequence length over the description's
 
 
 class SplitError(ValueError):
@@ -195,3 +190,92 @@ def _explicit_split(layers: int, stages: int, explicit: tuple[int, ...], account
     if sum(explicit) != layers:
         raise SplitError(f"--stage-layers {given} sums to {sum(explicit)} layers; the model has {layers} (--layers)")
     return tuple(explicit)
+
+
+# Every layout option, each declared once: the command line's (schedc/cli/options.py makes each a click
+# option for compile, check, simulate, render, tune and calibrate) and the runtime's (runtime/options.py
+# generates its argparse options from the entries marked `runtime`). Plain data: no click, no argparse.
+
+@dataclass(frozen=True, slots=True)
+class LayoutOption:
+    """One layout option: the Layout field it sets (its flag is the field's name, `flag`), what it does,
+    its type (bool: an on/off switch, `--NAME`, or `--no-NAME` for one on by default; int; str; tuple: a
+    comma-separated list of layer counts, read by `parse`), and where a verb's default differs from
+    Layout's the verb's own (`defaults`: verb -> value, stated in each --help)."""
+
+    field: str
+    help: str
+    type: type = bool
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    runtime: bool = True                            # `python -m schedc.runtime` takes it
+    searched: str | None = None                     # tune's help for a comma list of values to search
+    defaults: tuple[tuple[str, object], ...] = ()   # (verb, its default) where it is not Layout's
+    aliases: tuple[str, ...] = ()                   # old spellings, accepted and not shown (the runtime's)
+    words: str | None = None                        # a switch's name where predictions and tune list it
+
+    @property
+    def flag(self) -> str:
+        """The one spelling: --microbatch-size, --sequence-parallel; --no-scatter-gather for a switch on
+        by default."""
+        on = self.type is bool and self.default() is True
+        return "--no-" + self.field.replace("_", "-") if on else flag(self.field)
+
+    def default(self, verb: str | None = None):
+        """The value a verb takes when the option is not given: its own, else Layout's."""
+        return dict(self.defaults).get(verb, getattr(Layout(), self.field))
+
+    def parse(self, text: str):
+        """A value of this option from its command-line text (only tuple options need one)."""
+        return parse_stage_layers(text) if self.type is tuple else self.type(text)
+
+
+LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
+    LayoutOption("tp", "Tensor-parallel size t: tensor-parallel ranks per stage, Megatron-LM's", int, "T",
+                 searched="Only these tensor-parallel sizes"),
+    LayoutOption("dp", "Data-parallel size d: replicas of the whole pipeline (world = t x devices x d)", int, "D"),
+    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "B",
+                 searched="Only these microbatch sizes (sequences)", defaults=(("runtime", None), ("calibrate", None)),
+                 aliases=("--mb-size",)),
+    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "B",
+                 runtime=False),
+    LayoutOption("recompute", "Activation recomputation: full recomputes each layer in its backward, selective only "
+                 "the attention core (score product, softmax, value product), none keeps everything", str,
+                 choices=RECOMPUTE, searched="Recomputation choices to search (default all three)",
+                 defaults=(("runtime", "none"), ("calibrate", "none"))),
+    LayoutOption("sequence_parallel", "Sequence parallelism (with t > 1): layer norms and residuals on 1/t of the "
+                 "sequence, reduce-scatter/all-gather around the tensor-parallel layers (Korthikanti et al. 2022)", words="sequence parallel"),
+    LayoutOption("overlap_grad_reduce", "The data-parallel all-reduce overlaps the last backward (torch DDP)",
+                 runtime=False, words="overlapped gradient reduce"),
+    LayoutOption("blocking_p2p", "A send holds its sender until the message is through, as Megatron-LM's "
+                 "point-to-point calls do (default: it does not, as in schedc's runtime)", runtime=False, words="blocking sends"),
+    LayoutOption("distributed_optimizer", "Shard the optimizer state over data parallelism (Megatron-LM's "
+                 "--use-distributed-optimizer, ZeRO stage 1): each data-parallel rank steps 1/d of the weights", words="distributed optimizer"),
+    LayoutOption("scatter_gather", "Send each pipeline message whole from every tensor rank (default: with t > 1 each "
+                 "sends 1/t of it and the receivers all-gather)"),
+    LayoutOption("stage_layers", "Transformer layers of each pipeline stage, e.g. 2,3,3 (one count a stage, each at "
+                 "least one, summing to the model's layers; default: as even as can be, earlier stages taking the "
+                 "remainder)", tuple, "N,N,..."),
+    LayoutOption("account_for_embedding", "Count the embedding as a layer of the first stage in the even split "
+                 "(Megatron-LM's --account-for-embedding-in-pipeline-split)"),
+    LayoutOption("account_for_loss", "Count the output layer and loss as a layer of the last stage in the even split "
+                 "(Megatron-LM's --account-for-loss-in-pipeline-split)"),
+    LayoutOption("tp_comm_overlap", "Overlap sequence parallelism's all-gathers and reduce-scatters with the "
+                 "neighbouring GEMMs, charging what a GEMM cannot hide (Megatron-LM's --tp-comm-overlap, Transformer "
+                 "Engine userbuffers; needs --sequence-parallel)", runtime=False, words="TP communication overlap"),
+    LayoutOption("overlap_param_gather", "The distributed optimizer's all-gather of the weights overlaps the next "
+                 "step's forward (Megatron-LM's --overlap-param-gather; needs --distributed-optimizer)", runtime=False,
+                 words="overlapped parameter gather"),
+    LayoutOption("fp8", "The transformer layers' GEMMs at the GPU's FP8 rate ([gpu] fp8_tflops) with Transformer "
+                 "Engine's casts through HBM and FP8 inputs kept for the backward (Megatron-LM's --fp8-format hybrid)",
+                 runtime=False, words="FP8"),
+)
+OPTION = {option.field: option for option in LAYOUT_OPTIONS}
+
+# The on/off switches that change a prediction, in the order predictions and tune's winner name them
+# (switches_on): (field, words, help).
+SWITCHES: tuple[tuple[str, str, str], ...] = tuple((o.field, o.words, o.help) for o in LAYOUT_OPTIONS if o.words)
+SWITCH_NAMES = tuple(name for name, _, _ in SWITCHES)
+# What the runtime runs of a layout's switches (its own flags); overlap_grad_reduce and blocking_p2p describe
+# other runtimes to the cost model (torch DDP's overlap, Megatron-LM's blocking sends) and are not its options.
+RUNTIME_SWITCHES = tuple(name for name in SWITCH_NAMES if OPTION[name].runtime)

@@ -26,6 +26,9 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
              + "".join(f", {text}" for text in switches_on(lay)),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {rate(p.tflops_per_gpu)}  "
              f"peak_fraction {p.peak_fraction:.3f}",
+             f"  parameters {p.extra['parameters']:,} ({p.extra['parameters'] / 1e9:.2f}e9)  mfu "
+             f"{p.extra['mfu']:.3f} (model TFLOP/s per GPU {rate(p.extra['model_tflops_per_gpu'])}, recomputation "
+             "not counted, of the 16-bit peak)",
              f"  memory_gib_per_gpu {gib(p.memory_bytes)} (weights+gradients+optimizer "
              f"{gib(parts['weights_gradients_optimizer'])}, activations {gib(parts['activations'])}, "
              f"{memory_more(parts)})",
@@ -179,10 +182,10 @@ def _profile_microbatch_size(costs: str, given: int | None) -> int:
     recorded = measured_microbatch_size(costs)
     if recorded is not None and given is not None and given != recorded:
         raise usage(f"--microbatch-size {given} disagrees with the profile {costs}, measured at microbatch size "
-                    f"{recorded} (the runtime's --mb-size): leave it out, or profile again at {given}")
+                    f"{recorded} (the runtime's --microbatch-size): leave it out, or profile again at {given}")
     if recorded is None and given is None:
         raise usage(f"the profile {costs} does not record its microbatch size: give --microbatch-size (the "
-                    "runtime's --mb-size of the run that measured it; its default is 4)")
+                    "runtime's --microbatch-size of the run that measured it; its default is 4)")
     return recorded if recorded is not None else given
 
 
@@ -190,7 +193,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
                    costs: tuple[str, ...], model_files: tuple[str, ...], microbatch_size: int | None, tp: int,
                    recompute: str) -> str:
     """`schedc calibrate`: measure (or read --cluster), then fit to the profiles if given; write OUT.
-    A fit is at the microbatch size each profile records (the runtime's --mb-size); a different
+    A fit is at the microbatch size each profile records (the runtime's --microbatch-size); a different
     --microbatch-size is refused, and one is needed for a profile that does not record it. One
     profile scales the compute rates; profiles at two or more sizes fit the rates and the overheads
     (fit_to_profiles). --model is given once for all the profiles or once per profile, in order."""
@@ -211,6 +214,7 @@ def calibrate_file(out: str, ranks: int, threads: int, quick: bool, cluster_name
         report.append("GEMM GFLOP/s by size " + ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in raw["gemm_flops"].items()))
         report.append("memory-bound GB/s " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in raw["memory_bytes_per_s"].items()))
         report.append("messages s " + ", ".join(f"{k} {v:.3g}" for k, v in raw["comm_s"].items()))
+        report.extend(raw["warnings"])
         cluster_name = out
     if costs:
         models = model_files * len(costs) if len(model_files) == 1 else model_files

@@ -25,6 +25,27 @@ class ScheduleError(ValueError):
     """A schedule that does not compile, or stages that do not fit it; the message says which and how."""
 
 
+FORMATS = ("compute_comms", "compute_only")
+
+
+def _count(name: str, value) -> int:
+    if type(value) is not int or value < 1:
+        raise ScheduleError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _checked(p, n_microbatches, params: dict, format: str = FORMATS[0]) -> None:
+    """The arguments every entry point takes, refused by name before anything is compiled."""
+    _count("p", p)
+    _count("n_microbatches", n_microbatches)
+    if format not in FORMATS:
+        raise ScheduleError(f"format must be one of {', '.join(map(repr, FORMATS))}, got {format!r}")
+    given = sorted({"p", "m"} & set(params))
+    if given:
+        raise ScheduleError(f"give the pipeline's size and microbatches as p= and n_microbatches=, not as the "
+                            f"schedule's param{'s' * (len(given) > 1)} {', '.join(given)}")
+
+
 def _compiled(file: str, p: int, n_microbatches: int, params: dict):
     defines = [f"p={p}", f"m={n_microbatches}", *(f"{k}={v}" for k, v in params.items())]
     try:
@@ -39,13 +60,19 @@ def _compiled(file: str, p: int, n_microbatches: int, params: dict):
 
 
 def stage_indices(file: str, rank: int, p: int, n_microbatches: int | None = None, **params) -> tuple[int, ...]:
-    """The stage indices rank `rank` of a `p`-rank pipeline holds under FILE's placement (ascending)."""
-    result = _compiled(file, p, n_microbatches or 2 * p, params)
+    """The stage indices rank `rank` of a `p`-rank pipeline holds under FILE's placement (ascending);
+    n_microbatches (default 2p) only matters to schedules whose placement depends on it."""
+    m = 2 * p if n_microbatches is None and type(p) is int else n_microbatches
+    _checked(p, m, params)
+    if type(rank) is not int or not 0 <= rank < p:
+        raise ScheduleError(f"rank must be an integer 0..{p - 1} (a rank of the {p}-rank pipeline), got {rank!r}")
+    result = _compiled(file, p, m, params)
     return rank_stages(result.schedule.pipelines[0].placement, p)[rank]
 
 
 def orders(file: str, p: int, n_microbatches: int, format: str = "compute_comms", **params) -> list[list[str]]:
     """Each rank's cells of FILE's order in torch's format ('compute_comms' or 'compute_only')."""
+    _checked(p, n_microbatches, params, format)
     return _cells(_compiled(file, p, n_microbatches, params), format)
 
 
@@ -63,7 +90,10 @@ def schedule(file: str, stages, n_microbatches: int, loss_fn=None, *, p: int | N
     are not the ones its placement gives this rank."""
     from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
     stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
-    p = p or stages[0].group_size
+    if not stages or not all(hasattr(s, "stage_index") and hasattr(s, "group_size") for s in stages):
+        raise ScheduleError(f"stages must be this rank's PipelineStage, or a non-empty list of them, got {stages!r}")
+    p = stages[0].group_size if p is None else p
+    _checked(p, n_microbatches, params, format)
     result = _compiled(file, p, n_microbatches, params)
     placement = result.schedule.pipelines[0].placement
     rank = stages[0].group_rank

@@ -13,7 +13,7 @@ from schedc.costmodel.specs import ModelSpec, dump_cluster, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import Setting, stage_costs
 from schedc.predict import fit_to_profile
-from schedc.runtime.calibrate import cluster_toml, fit_gemm
+from schedc.runtime.calibrate import cluster_toml, fit_gemm, fit_problems, fit_warnings
 
 MODEL = "layers = 4\nhidden = 256\nheads = 8\nseq = 128\nvocab = 256\ndtype = \"fp32\"\n"
 
@@ -22,6 +22,30 @@ def test_the_gemm_fit_recovers_peak_and_half_dimension():
     rates = {n: 2e11 * n / (n + 48) for n in (64, 128, 256, 512)}
     peak, half = fit_gemm(rates)
     assert peak == pytest.approx(2e11) and half == pytest.approx(48)
+
+
+def test_a_clean_fit_raises_no_problem():
+    rates = {n: 2e11 * n / (n + 48) for n in (64, 128, 256, 512)}
+    assert fit_problems(rates, *fit_gemm(rates)) == []
+
+
+def test_rates_that_fall_with_size_are_named_with_their_numbers():
+    # a loaded machine's measurement (84 GFLOP/s at n = 64, 16.6 at n = 512): the fit's half dimension
+    # goes to the edge and the warning says so, with the remedy
+    rates = {64: 84e9, 128: 60e9, 256: 31e9, 512: 16.6e9}
+    peak, half = fit_gemm(rates)
+    problems = fit_problems(rates, peak, half)
+    assert half == 1.0  # no visible asymptote
+    assert any("falls with size (84.0 GFLOP/s at n = 64, 16.6 at n = 512)" in p for p in problems)
+    assert any("half dimension 1 is at the edge" in p for p in problems)
+    assert all(w.startswith("warning: ") and "quiet machine" in w for w in fit_warnings(rates, peak, half))
+
+
+def test_a_fit_that_misses_a_measured_rate_is_named():
+    rates = {n: 2e11 * n / (n + 48) for n in (64, 128, 256, 512)}
+    rates[128] *= 1.5  # one size measured while the machine was free, the others not
+    problems = fit_problems(rates, *fit_gemm(rates))
+    assert any(p.startswith("the fit misses a measured rate by") for p in problems)
 
 
 def test_the_written_cluster_file_reads_back(tmp_path):

@@ -127,3 +127,25 @@ def test_a_mixed_backwards_expected_ops_are_f_and_its_chosen_backward_per_unit(n
     units = sum(pipe.stages * len(pipe.microbatches) for pipe in schedule.pipelines)
     assert 0 < len(schedule.split_of) <= units  # the split choice is exercised
     assert expected_keys(schedule) == expected
+
+
+def test_a_reload_without_its_offload_is_named_not_a_traceback(tmp_path):
+    """An edited plan of offload_1f1b whose O instructions were removed: each L is reported as running
+    before its offload, which no device runs (was a KeyError in check, simulate and render)."""
+    import hashlib
+    import json
+    from click.testing import CliRunner
+    from schedc.cli import main
+    out = tmp_path / "plan"
+    assert CliRunner().invoke(main, ["compile", "offload_1f1b", "-D", "p=2", "-D", "m=4", "-o", str(out)]).exit_code == 0
+    obj = json.loads((out / "plan.json").read_text())
+    for rank in obj["ranks"]:
+        for step in rank["steps"]:
+            step[:] = [i for i in step if i["op"] != "O"]
+    body = {k: v for k, v in obj.items() if k not in ("format", "version", "hash")}
+    obj["hash"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    (tmp_path / "no_o.json").write_text(json.dumps(obj))
+    for verb in (["check"], ["simulate"], ["render", "-o", str(tmp_path / "x.svg")]):
+        result = CliRunner().invoke(main, [verb[0], str(tmp_path / "no_o.json"), *verb[1:]])
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert "L(0,0) on device 0 runs before its offload: no device runs O(0,0)" in result.output

@@ -234,11 +234,12 @@ def test_the_breakdown_adds_up_to_the_iteration():
 
 
 def test_an_overlapped_pair_counts_in_the_breakdown_at_the_pairs_time():
-    """DualPipeV's F&B pairs under t=8: the breakdown counts each pair at its simulated time (the halves'
-    computation, the communication the overlap leaves), so the critical device's parts are its busy time
-    as the simulator times it and its bubble is its idle time, never negative; the parts add up to the
-    iteration, and the hidden seconds are the halves' own costs less that busy time."""
-    layout = Layout(tp=8, microbatch_size=1, global_batch=20)
+    """DualPipeV's F&B pairs under t=8 with blocking sends: the breakdown counts each pair at its
+    simulated time (the halves' computation, the communication the overlap leaves), so the critical
+    device's parts are its busy time as the simulator times it and its bubble is its idle time, never
+    negative; the parts add up to the iteration, and the hidden seconds are the halves' own costs less
+    that busy time (the sends hidden; the tensor-parallel collectives stay)."""
+    layout = Layout(tp=8, microbatch_size=1, global_batch=20, blocking_p2p=True)
     result = run("dualpipev", gpt(16, 8192, 64), layout, p=4)
     pred, schedule = result.prediction, result.compiled.schedule
     worst, parts = pred.extra["critical_device"], pred.breakdown
@@ -416,16 +417,29 @@ def test_split_backward_is_the_flop_counts_of_i_and_w_and_b_is_their_sum(t, reco
 def test_an_overlapped_pair_computes_at_the_sum_and_hides_its_communication():
     from schedc.costmodel.hardware import Part
     from schedc.costmodel.stages import overlapped_pair
-    assert overlapped_pair(Part(3, tp=1), Part(6, tp=2)) == Part(9, tp=0)
-    assert overlapped_pair(Part(1, tp=4), Part(2)) == Part(3, tp=2)
-    assert overlapped_pair(Part(1, p2p=1), Part(2, p2p=3)) == Part(3, tp=2)
-    st = Setting(gpt(8, 4096, 32), A100, Layout(tp=8, microbatch_size=1, recompute="none"))
-    costs = stage_costs(st, 2)
+    assert overlapped_pair(Part(3, p2p=1), Part(6, p2p=2)) == Part(9)
+    assert overlapped_pair(Part(1, p2p=4), Part(2)) == Part(3, p2p=2)
+    assert overlapped_pair(Part(1, p2p=1), Part(2, p2p=3)) == Part(3, p2p=2)
+    # tensor-parallel collectives sit in their own half's stream between dependent GEMMs: not hidden
+    assert overlapped_pair(Part(3, tp=1), Part(6, tp=2)) == Part(9, tp=3)
+    st = Setting(gpt(8, 4096, 32), A100, Layout(tp=8, microbatch_size=1, recompute="none", blocking_p2p=True))
+    costs = stage_costs(st, 2, (0, 1))
     table = costs.costs()
     for s in range(2):
         f, b = costs.parts["F"][s], costs.parts["B"][s]
-        assert f.tp > 0 and table["FB"][s] == pytest.approx(f.compute + b.compute)
-        assert table["FB"][s] < table["F"][s] + table["B"][s]
+        assert f.tp > 0 and table["FB"][s] == pytest.approx(f.compute + b.compute + f.tp + b.tp)
+        assert (f.p2p > 0 or b.p2p > 0) and table["FB"][s] < table["F"][s] + table["B"][s]
+
+
+def test_dualpipev_on_one_device_gains_nothing_from_hiding_collectives():
+    """With p = 1 there is no pipeline message to hide: DualPipeV's overlapped pairs cost F + B, so
+    at t = 8 it is no faster than 1F1B on the same layout (it was 59.5 % of peak by hiding the tensor-
+    parallel all-reduces under the other half's GEMMs, which no runtime does)."""
+    model = gpt(8, 4096, 32)
+    layout = Layout(tp=8, microbatch_size=1, global_batch=8, recompute="none")
+    one = run("1f1b", model, layout, p=1).prediction
+    dual = run("dualpipev", model, layout, p=1).prediction
+    assert dual.iteration_s >= one.iteration_s * (1 - 1e-9)
 
 
 def test_the_v_placement_holds_both_end_stages_on_device_0():
@@ -652,3 +666,164 @@ def test_placed_work_needs_what_the_cluster_and_layout_must_say():
         run("offload_1f1b", model, Layout(recompute="none"), replace(A100, host_bandwidth=0.0), p=2, m=2)
     r = run("interleaved_1f1b_recompute", model, Layout(recompute="none"), A100, p=2, m=2).compiled.schedule
     assert all(op.cost == r.costs["F"][op.stage] for op in r.ops() if op.kind == "R")
+
+
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+@pytest.mark.parametrize("schedule, params", [("1f1b", {"p": 4}), ("zb_h1", {"p": 4}),
+                                              ("interleaved_1f1b", {"p": 2, "v": 2}), ("dualpipev", {"p": 2})])
+def test_selective_recomputation_never_holds_more_than_none(attention, schedule, params):
+    """Selective recomputation rebuilds only the attention core it dropped (a backward's working memory
+    is that core, not a whole layer): per GPU it holds at most what no recomputation holds, at the
+    same speed or slower. With a flash kernel the core is one fp32 log-sum-exp per head and token."""
+    model = replace(gpt(8, 4096, 32, seq=4096), attention=attention)
+    layout = Layout(tp=2, dp=1, microbatch_size=1, global_batch=8, recompute="none")
+    none = run(schedule, model, layout, **params).prediction
+    selective = run(schedule, model, replace(layout, recompute="selective"), **params).prediction
+    assert selective.memory_bytes <= none.memory_bytes
+    assert selective.memory_parts["activations"] <= none.memory_parts["activations"]
+    assert selective.iteration_s >= none.iteration_s
+
+
+def test_sequence_chunks_hold_a_kth_of_a_microbatch_each():
+    """Seq1F1B: a chunk's forward keeps 1/k of its microbatch's activations, so the k chunks of a
+    microbatch hold what it holds whole and the predicted activations fall with k (they grew k-fold:
+    every chunk was charged a whole microbatch)."""
+    model = gpt(8, 2048, 16)
+    layout = Layout(tp=1, microbatch_size=1, global_batch=8, recompute="none")
+    act = [run("seq1f1b", model, layout, p=4, m=8, k=k).prediction.memory_parts["activations"] for k in (1, 2, 4, 8)]
+    assert act == sorted(act, reverse=True) and act[-1] < act[0] / 2
+    one = run("1f1b", model, layout, p=4, m=8).prediction.memory_parts["activations"]
+    assert act[0] == pytest.approx(one)
+
+
+LIBRARY_SIZES = {"interleaved_1f1b": {"p": 2, "v": 2, "m": 4}, "interleaved_1f1b_recompute": {"p": 2, "v": 2, "m": 4},
+                 "interleaved_zb": {"p": 2, "v": 2, "m": 4}, "looped_bfs": {"p": 2, "v": 2, "m": 4},
+                 "seq1f1b": {"p": 2, "m": 4, "k": 2}, "pipefisher": {"p": 4, "m": 4}, "chimera": {"p": 2, "m": 4},
+                 "dualpipe": {"p": 2, "m": 4}}
+
+
+def _library_names() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "schedc" / "schedules").glob("*.sched"))
+
+
+@pytest.mark.parametrize("name", _library_names())
+@pytest.mark.parametrize("layout", [Layout(tp=2, microbatch_size=1, recompute="full"),
+                                    Layout(tp=8, microbatch_size=1, recompute="none",
+                                           blocking_p2p=True, sequence_parallel=True)])
+def test_every_library_schedules_breakdown_adds_up_with_no_part_negative(name, layout):
+    """compute + communication + optimizer + bubble is the iteration, every part >= 0, for every
+    schedule of the library (offload's host copies run on the copy engine beside compute: they are
+    not compute; a wait for one is bubble)."""
+    params = LIBRARY_SIZES.get(name, {"p": 2, "m": 4})
+    if name == "interleaved_1f1b_recompute":  # it places its recomputation itself
+        layout = replace(layout, recompute="none")
+    pred = run(name, gpt(8, 4096, 32), layout, **params).prediction
+    parts = pred.breakdown
+    assert sum(parts.values()) == pytest.approx(pred.iteration_s)
+    assert all(value >= -1e-9 for value in parts.values()), parts
+
+
+# --- Llama-family models and the H100-era switches -------------------------------------------------------
+
+H100 = load_cluster("dgx-h100-80gb")
+
+
+def tiny_llama(seq: int = 32) -> ModelSpec:
+    """tests/data/hf/tiny-llama/config.json's facts, written out: 4 layers, h 64, 4 heads over 2 kv heads,
+    SwiGLU of 176, RMSNorm, rotary, untied, no biases."""
+    return ModelSpec(4, 64, 4, seq, 256, 176, "bf16", attention="flash", kv_heads=2, mlp="swiglu",
+                     norm="rmsnorm", positions="rope", tied_embeddings=False, bias="none", family="llama")
+
+
+def test_llama_model_flops_are_the_hand_count():
+    # a layer's forward at s = 32: 2s (2·64² + 2·64·32 + 3·64·176) + 4 s² h = 2,949,120 + 262,144 = 3,211,264;
+    # the step, b = 1, no recomputation: 3 x 4 layers + 3 x 2·s·h·V (the untied output layer) = 41,680,896
+    assert model_flops(tiny_llama(), Layout(recompute="none"), 1) == 41_680_896
+    assert model_flops(tiny_llama(), Layout(recompute="full"), 1) == 41_680_896 + 4 * 3_211_264
+
+
+def test_grouped_query_and_swiglu_gemms_are_their_shapes():
+    model, layout = tiny_llama(), Layout(tp=2, recompute="none")
+    hw, bs = Hardware(H100), 32
+    qkv, proj, up, down = hw.gemm(bs, (64 + 2 * 32) / 2, 64), hw.gemm(bs, 64, 32), hw.gemm(bs, 176, 64), \
+        hw.gemm(bs, 64, 88)
+    from schedc.costmodel.stages import linear_gemms
+    assert linear_gemms(Setting(model, H100, layout)) == (qkv, proj, up, down)
+
+
+def test_llama_activations_are_the_table_by_hand():
+    # per s·b·h, t = 1, bf16, no dropout: 4 values replicated (8 bytes); Q and the projection's input (2), K and
+    # V of 32 wide (1), the SwiGLU's gate and up and the MLP-out input (3 x 176/64 = 8.25): (3 + 8.25) x 2 =
+    # 22.5 bytes; s·b·h = 2,048 -> 62,464, and flash's fp32 log-sum-exp for 4 heads x 32 tokens: 512
+    assert layer_activation_bytes(tiny_llama(), Layout(recompute="none")) == 62_976
+    # selective drops the log-sum-exp; full keeps the layer's input, 2 s·b·h
+    assert layer_activation_bytes(tiny_llama(), Layout(recompute="selective")) == 62_464
+    assert layer_activation_bytes(tiny_llama(), Layout(recompute="full")) == 2 * 2048
+
+
+def test_untied_output_layer_is_a_stage_of_its_own_weights_and_no_embedding_all_reduce():
+    model = tiny_llama()
+    last = stage_params(model, 1, 2, 1)
+    # 2 layers of 46,144 (no biases, two RMSNorm weights of 64 each) + the final norm 64 + the output layer
+    assert last == 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64) + 64 + 256 * 64
+    assert stage_params(model, 1, 1, 0) == 4 * 46_208 + 256 * 64 + 64 + 256 * 64  # untied: both, one stage
+    from schedc.costmodel.prediction import step_tails
+    from schedc.driver.cluster import compile_for as compile_
+    on = compile_("1f1b", {"p": "2", "m": "2"}, Setting(model, H100, Layout(recompute="none")))
+    assert all(tail.embedding == 0.0 for tail in step_tails(on.setting, on.compiled.schedule))
+
+
+def test_tp_comm_overlap_charges_what_the_gemms_cannot_hide():
+    from schedc.costmodel.stages import tp_collectives, tp_exposure, linear_gemms
+    model = replace(tiny_llama(2048), hidden=4096, heads=32, kv_heads=8, ffn=14336)
+    st = Setting(model, H100, Layout(tp=8, recompute="none", sequence_parallel=True, tp_comm_overlap=True))
+    whole = st.tp_all_reduce(2 * 2048 * 4096)
+    assert tp_collectives(st) == sum(max(0.0, whole / 2 - g * 7 / 8) for g in linear_gemms(st))  # t = 8 chunks
+    overlapped, plain = tp_exposure(st)
+    assert plain == 2 * whole and 0 <= overlapped < plain
+
+
+@pytest.mark.parametrize("switches, words", [
+    (["--tp-comm-overlap"], "--tp-comm-overlap overlaps sequence parallelism's"),
+    (["--overlap-param-gather"], "--overlap-param-gather overlaps the distributed optimizer's"),
+])
+def test_a_switch_without_what_it_overlaps_is_refused(switches, words):
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--model", "gpt-1.7b", "--cluster",
+                                       "dgx-h100-80gb", "--tp", "2", *switches])
+    assert result.exit_code == 2 and words in result.output
+
+
+def test_fp8_needs_the_clusters_fp8_peak_and_runs_the_gemms_at_it():
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--model", "gpt-1.7b", "--cluster",
+                                       "dgx-a100-80gb", "--fp8"])
+    assert result.exit_code == 2 and "--fp8: " in result.output and "fp8_tflops" in result.output
+    assert (H100.peak_flops, H100.fp8_flops) == (989e12, 1979e12)  # the datasheet's dense figures
+    hw = Hardware(H100)
+    assert hw.gemm(1024, 1024, 1024, fp8=True) == pytest.approx(hw.gemm(1024, 1024, 1024) * 989 / 1979)
+
+
+def test_the_new_clusters_load_with_their_datasheet_peaks():
+    h200, b200 = load_cluster("dgx-h200-141gb"), load_cluster("dgx-b200-180gb")
+    assert (h200.peak_flops, h200.fp8_flops, h200.hbm_bandwidth) == (989e12, 1979e12, 4800e9)
+    assert (b200.peak_flops, b200.fp8_flops, b200.hbm_bandwidth) == (2250e12, 4500e12, 8000e9)
+
+
+def test_mfu_counts_no_recomputation_and_parameters_are_printed():
+    args = ["simulate", "1f1b", "-D", "p=4", "--model", "llama3.1-8b", "--seq", "4096", "--cluster",
+            "dgx-h100-80gb", "--tp", "2", "--global-batch", "32", "--json"]
+    full = json.loads(CliRunner().invoke(main, [*args, "--recompute", "full"]).output)
+    assert full["parameters"] == 8_030_261_248
+    # with full recomputation the hardware rate counts 4 forwards a layer, MFU 3
+    assert full["mfu"] < full["peak_fraction"]
+    assert full["model_tflops_per_gpu"] == pytest.approx(full["mfu"] * 989, rel=1e-4)
+    text = CliRunner().invoke(main, args[:-1]).output
+    assert "parameters 8,030,261,248 (8.03e9)  mfu " in text
+
+
+def test_overlap_param_gather_hides_the_gather_under_the_next_forward():
+    from schedc.costmodel.prediction import Tail
+    lay = Layout(distributed_optimizer=True)
+    tail = Tail(exchange=2.0, embedding=0.0, optimizer=0.0)
+    assert tail.exposed(lay, 0.0) == 2.0
+    assert tail.exposed(replace(lay, overlap_param_gather=True), 0.0, forward=0.4) == pytest.approx(1.6)
+    assert tail.exposed(replace(lay, overlap_param_gather=True), 0.0, forward=5.0) == 1.0

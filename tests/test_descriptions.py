@@ -3,7 +3,9 @@ and the runtime's read the same TOML (a path or a library name); model code is -
 --config is read with a note and `--model pkg.mod:fn` is refused, naming --model-code."""
 from __future__ import annotations
 
+import json
 import tomllib
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -93,3 +95,134 @@ def test_the_help_names_model_code_and_no_longer_config():
     from schedc.runtime.options import build_parser
     text = build_parser().format_help()
     assert "--model-code PKG.MOD:FN" in text and "--model TOML|NAME" in text and "--config" not in text
+
+
+# --- architecture facts: Hugging Face config.json and the library's Llama-family models -----------------
+
+HF = ROOT / "tests" / "data" / "hf"
+TINY = HF / "tiny-llama" / "config.json"
+LLAMA_70B_CONFIG = ROOT / "examples" / "hf" / "llama3.1-70b" / "config.json"
+SIMULATE = ["simulate", "1f1b", "-D", "p=2", "-D", "m=4", "--cluster", "dgx-h100-80gb", "--json"]
+
+
+def test_the_tiny_llama_config_reads_as_its_keys_say():
+    from schedc.descriptions import read_hf_config
+    facts = read_hf_config(TINY.read_text(), 32)
+    assert (facts.layers, facts.hidden, facts.heads, facts.kv_heads, facts.ffn, facts.vocab, facts.seq) == \
+        (4, 64, 4, 2, 176, 256, 32)
+    assert (facts.mlp, facts.norm, facts.positions, facts.tied_embeddings, facts.bias, facts.family) == \
+        ("swiglu", "rmsnorm", "rope", False, "none", "llama")
+    assert (facts.norm_eps, facts.rope_theta, facts.head_dim, facts.kv_hidden) == (1e-5, 500000.0, 16, 32)
+
+
+# The parameter counts of the published checkpoints (the Hugging Face safetensors' totals; Llama 3.1 model
+# card: 8B, 70B, 405B; Qwen2.5 report: 72.7B; Mistral 7B: 7.24B)
+PUBLISHED = {"llama3.1-8b": 8_030_261_248, "llama3.1-70b": 70_553_706_496, "llama3.1-405b": 405_853_388_800,
+             "qwen2.5-72b": 72_706_203_648, "mistral-7b": 7_241_732_096}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_a_library_model_has_its_published_parameter_count(name):
+    from schedc.costmodel.specs import load_model_spec
+    from schedc.descriptions import parameters
+    assert parameters(load_model_spec(name)) == PUBLISHED[name]
+
+
+def test_a_gpt_counts_twelve_h_squared_and_thirteen_h_a_layer():
+    from schedc.costmodel.specs import load_model_spec
+    from schedc.descriptions import parameters
+    m = load_model_spec("gpt-175b")  # Narayanan et al.: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))
+    h, lay = 12288, 96
+    assert parameters(m) == 12 * lay * h * h + 13 * lay * h + (51200 + 2048) * h + 2 * h
+
+
+def test_a_library_llama_and_its_config_json_are_the_same_model():
+    from schedc.costmodel.specs import load_model_spec
+    toml, config = load_model_spec("llama3.1-70b"), load_model_spec(str(LLAMA_70B_CONFIG), seq=8192)
+    assert replace(toml, dtype="bf16") == replace(config, dtype="bf16")
+
+
+def test_seq_changes_a_library_model_and_a_config_json_needs_it(tmp_path):
+    from schedc.costmodel.specs import load_model_spec
+    assert load_model_spec("llama3.1-8b", seq=4096).seq == 4096
+    result = CliRunner().invoke(main, [*SIMULATE, "--model", str(TINY)])
+    assert result.exit_code == 2 and f"{TINY}:1:1: error: a config.json gives no sequence length" in result.output
+
+
+def test_a_tiny_llama_config_is_simulated_on_a_cluster():
+    result = CliRunner().invoke(main, [*SIMULATE, "--model", str(TINY), "--seq", "64"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["parameters"] == 217_664  # 4 (2·64² + 2·64·32 + 3·64·176 + 2·64) + 2·256·64 + 64
+
+
+def _config(tmp_path, change: dict, drop: tuple[str, ...] = ()) -> str:
+    table = {k: v for k, v in json.loads(TINY.read_text()).items() if k not in drop}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**table, **change}, indent=2))
+    return str(path)
+
+
+def _line_of(path: str, key: str) -> int:
+    return next(n for n, line in enumerate(open(path).read().splitlines(), 1) if f'"{key}"' in line)
+
+
+@pytest.mark.parametrize("change, drop, key, words", [
+    ({}, ("num_hidden_layers",), None, "missing key 'num_hidden_layers'"),
+    ({"hidden_size": -64}, (), "hidden_size", "'hidden_size' must be a positive integer"),
+    ({"num_attention_heads": 5}, (), "num_attention_heads", "'num_attention_heads' (5) must divide 'hidden_size' (64)"),
+    ({"num_key_value_heads": 3}, (), "num_key_value_heads", "'num_key_value_heads' (3) must divide"),
+    ({"model_type": "mixtral"}, (), "model_type", "model_type 'mixtral' is not a family schedc knows"),
+    ({"tie_word_embeddings": "no"}, (), "tie_word_embeddings", "'tie_word_embeddings' must be true or false"),
+    ({"head_dim": 32}, (), "head_dim", "head_dim 32 is not hidden_size / num_attention_heads = 16"),
+])
+def test_a_bad_config_json_is_a_located_error(tmp_path, change, drop, key, words):
+    path = _config(tmp_path, change, drop)
+    result = CliRunner().invoke(main, [*SIMULATE, "--model", path, "--seq", "32"])
+    where = f"{path}:{_line_of(path, key)}:3" if key else f"{path}:1:1"
+    assert result.exit_code == 2 and f"{where}: error: {words}" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_learned_position_model_refuses_a_longer_seq(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4,
+                                "vocab_size": 256, "n_positions": 128}, indent=2))
+    ok = CliRunner().invoke(main, [*SIMULATE, "--model", str(path), "--seq", "128"])
+    assert ok.exit_code == 0, ok.output
+    result = CliRunner().invoke(main, [*SIMULATE, "--model", str(path), "--seq", "256"])
+    assert result.exit_code == 2
+    assert f"{path}:{_line_of(str(path), 'n_positions')}:3: error: sequence 256 (--seq) is longer than the " \
+           "model's 128 learned positions" in result.output
+
+
+def test_invalid_json_is_located(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{\n  "model_type": "llama",\n  "hidden_size": 64,,\n}\n')
+    result = CliRunner().invoke(main, [*SIMULATE, "--model", str(path), "--seq", "32"])
+    assert result.exit_code == 2 and f"{path}:3:" in result.output and "Traceback" not in result.output
+
+
+def test_tensor_parallelism_over_fewer_key_value_heads_is_refused_naming_them():
+    result = CliRunner().invoke(main, [*SIMULATE, "--model", str(TINY), "--seq", "32", "--tp", "4"])
+    assert result.exit_code == 2
+    assert f"{TINY}:{_line_of(str(TINY), 'num_key_value_heads')}:3: error: --tp 4 does not divide 'kv_heads' (2): " \
+           "tensor parallelism splits the key/value heads" in result.output
+    assert CliRunner().invoke(main, [*SIMULATE, "--model", str(TINY), "--seq", "32", "--tp", "2"]).exit_code == 0
+
+
+def test_a_toml_model_states_the_facts_by_their_names(tmp_path):
+    from schedc.costmodel.specs import load_model_spec
+    path = tmp_path / "m.toml"
+    path.write_text("layers = 2\nhidden = 64\nheads = 4\nkv_heads = 3\nseq = 32\nvocab = 256\n")
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--cluster", "dgx-h100-80gb",
+                                       "--model", str(path)])
+    assert result.exit_code == 2 and f"{path}:4:1: error: 'kv_heads' (3) must divide 'heads' (4)" in result.output
+    path.write_text("layers = 2\nhidden = 64\nheads = 4\nseq = 32\nvocab = 256\nmlp = 'relu'\n")
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--cluster", "dgx-h100-80gb",
+                                       "--model", str(path)])
+    assert result.exit_code == 2 and f"{path}:6:1: error: 'mlp' must be one of gelu, swiglu" in result.output
+    path.write_text("layers = 2\nhidden = 64\nheads = 4\nseq = 32\nvocab = 256\n")
+    gpt = load_model_spec(str(path))  # the defaults: Megatron's GPT
+    assert (gpt.kv_heads, gpt.mlp, gpt.ffn, gpt.norm, gpt.positions, gpt.tied_embeddings, gpt.bias) == \
+        (4, "gelu", 256, "layernorm", "learned", True, "all")

@@ -5,9 +5,13 @@ neither it nor the measurement record carries development history (commit hashes
 "the issue")."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 
@@ -89,3 +93,66 @@ def test_readme_and_the_record_carry_no_development_history():
     found = [(path.name, match.group(0)) for path in RECORDS
              for match in [*COMMIT.finditer(path.read_text()), *HISTORY.finditer(path.read_text())]]
     assert found == []
+
+
+# The public API and the docs' Python ------------------------------------------------------------------
+
+def test_every_public_name_imports_from_outside_the_checkout(tmp_path):
+    """A clean interpreter in another directory, the tree on its path only: `from schedc import NAME`
+    for each name of schedc.__all__, each the object its defining module holds."""
+    script = ("import importlib, schedc\n"
+              "for name in schedc.__all__:\n"
+              "    exec(f'from schedc import {name}')\n"
+              "    home = importlib.import_module('schedc.' + schedc._HOMES[name])\n"
+              "    assert getattr(schedc, name) is getattr(home, name), name\n"
+              "print(len(schedc.__all__), schedc.__file__)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    count, where = done.stdout.split()
+    assert int(count) >= 4 and Path(where) == ROOT / "schedc" / "__init__.py"
+
+
+def _python_blocks() -> list[tuple[str, int, str]]:
+    """Every ```python block of README.md and docs/*.md: (file, its first line, its text)."""
+    blocks = []
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        lines = doc.read_text().splitlines()
+        starts = [i for i, line in enumerate(lines) if line.strip() == "```python"]
+        for start in starts:
+            end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "```")
+            blocks.append((str(doc.relative_to(ROOT)), start + 1, "\n".join(lines[start + 1:end]) + "\n"))
+    return blocks
+
+
+BLOCKS = _python_blocks()
+PLAIN = [b for b in BLOCKS if "torch.distributed" not in b[2]]
+DISTRIBUTED = [b for b in BLOCKS if "torch.distributed" in b[2]]
+
+
+def test_the_docs_have_python_of_both_kinds():
+    assert any(doc == "README.md" for doc, _, _ in PLAIN) and [doc for doc, _, _ in DISTRIBUTED] == ["docs/torch.md"]
+
+
+@pytest.mark.parametrize("doc, line, code", PLAIN, ids=[f"{d}:{n}" for d, n, _ in PLAIN])
+def test_a_python_snippet_of_the_docs_runs(doc, line, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"{doc}:{line}", "exec"), {"__name__": "__snippet__"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc, line, code", DISTRIBUTED, ids=[f"{d}:{n}" for d, n, _ in DISTRIBUTED])
+def test_a_distributed_snippet_of_the_docs_runs_on_two_ranks(doc, line, code, tmp_path):
+    """The snippet after tests/fixtures/doc_torch_prelude.py (the names it takes as given), on two
+    torchrun ranks; the rank holding the last stage reports a finite loss for each microbatch."""
+    prelude = (ROOT / "tests" / "fixtures" / "doc_torch_prelude.py").read_text()
+    report = "\nif losses:\n    print('losses', len(losses), all(bool(torch.isfinite(x)) for x in losses))\n" \
+             "dist.destroy_process_group()\n"
+    script = tmp_path / "snippet.py"
+    script.write_text(prelude + code + report)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "losses 8 True" in done.stdout

@@ -84,3 +84,39 @@ def test_each_subset_leaves_out_only_what_it_has_no_use_for():
                                        ("out/plan.json", PLAN)])
 def test_kind_of_reads_the_name(name, kind):
     assert kind_of(name) == kind
+
+
+def test_an_added_pass_runs_under_check(seen, tmp_path):
+    result = run("check", "1f1b", "-D", "p=2", "-D", "m=4")
+    assert result.exit_code == 0, result.output
+    assert seen == ["one_f_one_b"] and "the dummy pass ran" in result.output
+
+
+def test_checks_optional_checks_are_passes_that_its_options_select(monkeypatch):
+    """--placement and --model/--memory-limit select passes of PASSES (no check runs beside them): with
+    the two passes taken out of PASSES the same options find nothing."""
+    assert {passes._check_placement, passes._check_memory_bytes} <= set(passes.PASSES)
+    assert passes._check_memory_bytes in passes.TIMED  # it reads the timing: not tune's untimed subset
+    args = ("check", "1f1b", "-D", "p=2", "-D", "m=4", "--placement", "v")
+    refused = run(*args)
+    assert refused.exit_code == 1 and "the v placement" in refused.output
+    assert run("check", "1f1b", "-D", "p=2", "-D", "m=4").exit_code == 0
+    kept = tuple(p for p in passes.PASSES if p not in (passes._check_placement, passes._check_memory_bytes))
+    monkeypatch.setattr(passes, "PASSES", kept)
+    assert run(*args).exit_code == 0
+
+
+@pytest.mark.parametrize("name", ["1f1b", "x/y.sched", "rows.csv", "out/plan.json", "plan.json.sched", "a.JSON"])
+def test_the_command_line_asks_the_driver_what_a_file_is(name):
+    from schedc.cli.common import is_plan
+    assert is_plan(name) == (kind_of(name) == PLAN)
+
+
+def test_the_process_exits_in_one_module_of_the_command_line():
+    """sys.exit and SystemExit appear in cli/common.py alone (end: finish and fail call it; tune, demo, run
+    and the group's closed pipe too)."""
+    from pathlib import Path
+    import re
+    cli = Path(__file__).resolve().parent.parent / "schedc" / "cli"
+    exits = sorted(p.name for p in cli.glob("*.py") if re.search(r"\bsys\.exit\(|\bSystemExit\(", p.read_text()))
+    assert exits == ["common.py"]

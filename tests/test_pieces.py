@@ -45,7 +45,7 @@ def plain_bound(searcher: Searcher, c):
     state, device = state_bound(st, shape)
     if state > searcher.limit:
         return "state", state, device
-    times = message_times(st, shape.devices) if r.blocking_p2p else None
+    times = message_times(st, shape.devices) if r.layout.blocking_p2p else None
     table = stage_costs(st, shape.stages, shape.pipelines[0].placement, times).costs()
     if costs_problem(table, st.layout) is not None:
         return "costs", costs_problem(table, st.layout)
@@ -68,7 +68,8 @@ def cached_bound(searcher: Searcher, c):
 @pytest.mark.parametrize("kw", [{}, {"distributed_optimizer": True, "overlap_grad_reduce": True},
                                 {"blocking_p2p": True}, {"overlap_grad_reduce": True, "sequence_parallel": True}])
 def test_every_cached_bound_is_the_plain_one_bit_for_bit(kw):
-    request = Request("gpt-1.7b", CLUSTER, 32, 128, memory_limit=6 * 2**30, **kw)  # some refused by state alone
+    request = Request("gpt-1.7b", CLUSTER, 32, 128, memory_limit=6 * 2**30,
+                      layout=Layout(**kw))  # some refused by state alone
     searcher = Searcher(request)
     space = candidates(searcher.model, list(searcher.entries.values()), request)
     random.Random(5).shuffle(space)

@@ -185,6 +185,10 @@ EDITS = {
     "link past the ranks": (lambda o: o.update(links=[[0, 2, 1e-3]]), "between the ranks 0..1"),
     "link time -1": (lambda o: o.update(links=[[0, 1, -1]]), "links: expected"),
     "activation of 1 stage": (lambda o: o.update(activation=[0.5]), "activation: expected 2 finite sizes >= 0"),
+    "chunks 0": (lambda o: o.update(chunks=0), "chunks: expected an integer >= 1 dividing the plan's 2 microbatch"),
+    "chunks '2'": (lambda o: o.update(chunks="2"), "chunks: expected an integer >= 1 dividing"),
+    "chunks 1e400": (lambda o: o.update(chunks=1e400), "chunks: expected an integer >= 1 dividing"),
+    "chunks 3": (lambda o: o.update(chunks=3), "units (its sequence chunks per microbatch), got 3"),
 }
 
 

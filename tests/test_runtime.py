@@ -505,24 +505,29 @@ def test_task_registry():
 def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
     plan = plans("1f1b", p=2, m=4)
     common = [*SMALL, "--steps", "5", "--quiet"]
-    first, _ = torchrun(plan, 2, *common, "--save", str(tmp_path / "ckpt"), "--every", "3",
+    (tmp_path / "ckpt" / "step-plots").mkdir(parents=True)  # a user's folder beside the checkpoints: kept
+    (tmp_path / "ckpt" / "step-plots" / "loss.png").write_bytes(b"mine")
+    first, _ = torchrun(plan, 2, *common, "--save", str(tmp_path / "ckpt"), "--every", "2",
                         "--metrics-out", str(tmp_path / "full.jsonl"))
     assert first.returncode == 0, first.stderr
-    assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["steps_done"] == 3
+    assert json.loads((tmp_path / "ckpt" / "latest.json").read_text())["steps_done"] == 4
+    # step 2's folder pruned when step 4's was written; the user's step-plots/ untouched
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["latest.json", "step-00000004", "step-plots"]
+    assert (tmp_path / "ckpt" / "step-plots" / "loss.png").read_bytes() == b"mine"
     second, _ = torchrun(plan, 2, *common, "--resume", str(tmp_path / "ckpt"),
                          "--metrics-out", str(tmp_path / "resumed.jsonl"))
     assert second.returncode == 0, second.stderr
     full = [json.loads(line) for line in (tmp_path / "full.jsonl").read_text().splitlines()]
     resumed = [json.loads(line) for line in (tmp_path / "resumed.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in resumed] == [3, 4]
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in full[3:]]
+    assert [r["step"] for r in resumed] == [4]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in full[4:]]
     latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())
     assert sorted(latest["files"]) == ["rank0.pt", "rank1.pt"] and not list((tmp_path / "ckpt").rglob("*.tmp"))
 
-    # --steps at the checkpoint's 3 steps done would run nothing: refused before torchrun, saying why
-    assert launch_from_cli(plan, None, [*SMALL, "--steps", "3", "--quiet", "--resume", str(tmp_path / "ckpt")]) == 2
-    assert "the checkpoint has 3 steps done, and --steps 3 counts the run's steps from the first: nothing is " \
-           "left to run (give --steps 4 or more to go on)" in capsys.readouterr().err
+    # --steps at the checkpoint's 4 steps done would run nothing: refused before torchrun, saying why
+    assert launch_from_cli(plan, None, [*SMALL, "--steps", "4", "--quiet", "--resume", str(tmp_path / "ckpt")]) == 2
+    assert "the checkpoint has 4 steps done, and --steps 4 counts the run's steps from the first: nothing is " \
+           "left to run (give --steps 5 or more to go on)" in capsys.readouterr().err
     # 64 flipped bytes, then a missing file: refused naming the file, before torchrun (schedc run) ...
     rank1 = tmp_path / "ckpt" / latest["dir"] / "rank1.pt"
     data = bytearray(rank1.read_bytes())
@@ -598,7 +603,7 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
     (["--hidden", "1000000000"], "parameters (layers 4, hidden 1000000000, vocab 256); more than 1e+11"),
     (["--threads", "0"], "--threads must be between 1 and 1024"),
-    (["--save", "{plan}/x"], "cannot write checkpoints there (Not a directory)"),
+    (["--save", "{plan}/x"], "plan.json is not a directory"),
     (["--resume", "{tmp}/none"], "no readable checkpoint"),
     (["--reference", "--nproc", "2"], "--reference trains the whole model in this one process"),
     (["--dp", "2147483648"], "4,294,967,296 processes on this machine (the plan's 2 devices x --dp 2147483648)"),
@@ -610,6 +615,16 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--reference", "--hidden", "30000"], "(layers 4, hidden 30000, heads 4, seq 64, mb-size 4, 4 microbatches, 1 "
                                            "process), more"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--model-code", "test_tensor_parallel:build_user", "--tp", "2", "--sequence-parallel", "--layers", "2",
+      "--seq", "8", "--mb-size", "2", "--synthetic"],
+     "--sequence-parallel: the model's pieces 'embed', 'out' have no tensor_parallel(tp) form"),
+    (["--trace-out", "{plan}"], "is the plan"),
+    (["--report-out", "{tmp}/x.json", "--profile-out", "{tmp}/x.json"], "name one file: one would replace the other"),
+    (["--report-out", "{tmp}"], "is a directory"),
+    (["--save", "{tmp}", "--every", "5", "--steps", "2"], "--every 5 is past --steps 2: no checkpoint would be written"),
+    (["--tolerance", "1e-3"], "--tolerance is the bound of --compare-to-reference: give both"),
+    (["--compare-to-reference", "--tolerance", "0"], "--tolerance must be a finite relative difference > 0"),
+    (["--compare-to-reference", "--reference"], "--compare-to-reference compares a run's first step"),
     (["--fault-kill", "9:1"], "--fault-kill 9:1: the run has ranks 0 to 1 (the plan's devices x --dp 1)"),
     (["--fault-stop", "4:0", "--dp", "2"], "--fault-stop 4:0: the run has ranks 0 to 3 (the plan's devices x --dp 2)"),
     (["--fault-hang", "1:10", "--steps", "3"], "--fault-hang 1:10: the run's steps are 0 to 2 (--steps 3)"),
@@ -890,3 +905,23 @@ def test_the_distributed_optimizer_trains_as_the_whole_one_and_resumes(plans, tm
     assert launch_from_cli(plan, None, [*common, "--steps", "4", "--resume", str(tmp_path / "ckpt")]) == 2
     assert "the checkpoint was made with --distributed-optimizer (each rank's optimizer state a shard); give " \
            "the same to resume it" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_to_reference_prints_the_differences_and_exits_by_the_tolerance(plans, tmp_path):
+    """`schedc run PLAN --compare-to-reference`: the run, then the one-process reference, then the
+    relative differences per parameter group and overall; 0 within --tolerance, 1 past it (a bound
+    below any float difference), the run's own dump kept where --save-grads puts it."""
+    plan = plans("1f1b", p=2, m=4)
+    base = [sys.executable, "-m", "schedc.cli", "run", str(plan), *SMALL, "--steps", "1", "--quiet", "--synthetic",
+            "--compare-to-reference", "--timeout", "30"]
+    run = subprocess.run([*base, "--save-grads", str(tmp_path / "mine")], capture_output=True, text=True,
+                         env=ENV, timeout=LAUNCH_LIMIT, cwd=_repo())
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("loss") and any(line.startswith("blocks.1 ") for line in lines)
+    assert "largest gradient difference" in run.stdout and lines[-1] == "within --tolerance 1.0e-05"
+    assert (tmp_path / "mine" / "grads.pt").exists()
+    tight = subprocess.run([*base, "--tolerance", "1e-300"], capture_output=True, text=True, env=ENV,
+                           timeout=LAUNCH_LIMIT, cwd=_repo())
+    assert tight.returncode == 1 and "NOT within --tolerance 1.0e-300" in tight.stdout, tight.stdout + tight.stderr

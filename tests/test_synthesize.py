@@ -431,3 +431,15 @@ def test_a_deferred_w_holding_part_of_an_activation_lets_more_of_them_wait():
 def test_a_deferred_share_outside_zero_to_one_or_without_a_split_backward_is_refused(share, costs):
     with pytest.raises(SchedError, match="deferred W's share"):
         make_problem(4, 8, {"F": (1,), **costs}, 0.0, (4,), deferred=share)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--activation-limit", "-1"], "schedc tune: error: --activation-limit: expected finite numbers >= 0, got '-1'"),
+    (["--activation-limit", "nan"], "--activation-limit: expected finite numbers >= 0"),
+    (["--model", "gpt-1.7b", "--microbatch-size", "1", "--memory-limit", "1e400GiB"],
+     "schedc: error: --memory-limit 1e400GiB: more than 1e+18 bytes"),
+])
+def test_synthesis_limits_out_of_range_are_usage_errors_of_the_command(args, message):
+    result = CliRunner().invoke(main, ["tune", "--synthesize", "-D", "p=4", "-D", "m=8", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "schedc check" not in result.output

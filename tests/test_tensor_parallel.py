@@ -110,7 +110,7 @@ def test_the_gpt_pieces_declare_their_splits_under_the_unpartitioned_names():
 def test_a_piece_without_a_parallel_form_is_replicated_and_refused_under_sequence_parallelism():
     run = [("embed", nn.Embedding(16, 8)), ("out", nn.Linear(8, 16))]
     assert parallel_run(run, TensorGroup(2, 0)) == run
-    with pytest.raises(ModelError, match="--sequence-parallel: the model's piece 'embed' has no tensor_parallel"):
+    with pytest.raises(ModelError, match="--sequence-parallel: the model's pieces 'embed', 'out' have no tensor_parallel"):
         parallel_run(run, TensorGroup(2, 0, None, True))
 
 

@@ -16,6 +16,7 @@ from conftest import ROOT
 from schedc.cli import main
 from schedc.driver.cluster import compile_for
 from schedc.search.bounds import Shape, makespan_bound, tail_bound
+from schedc.layout import SWITCH_NAMES, Layout
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
 from schedc.search.report import matching, report, why_lines
 from schedc.text import ordinal
@@ -38,7 +39,9 @@ def model(tmp_path):
 
 
 def request(model, gpus=16, batch=32, **kw) -> Request:
-    return Request(model, CLUSTER, gpus, batch, kw.pop("schedules", LIBRARY), **kw)
+    """The request, the layout's switches among `kw` gathered into its Layout."""
+    switches = {name: kw.pop(name) for name in SWITCH_NAMES if name in kw}
+    return Request(model, CLUSTER, gpus, batch, kw.pop("schedules", LIBRARY), layout=Layout(**switches), **kw)
 
 
 def key(ranked):

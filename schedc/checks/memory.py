@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ..diagnostics import USAGE, Diagnostic, SchedError, Severity, Source, error
+from ..diagnostics import OPTIONS, USAGE, Diagnostic, SchedError, Severity, error
 from ..text import gib, listed
 from ..grid import elide, label, location
 from ..ir import Op, Schedule
@@ -25,7 +25,6 @@ from ..memory import PERSISTENT, Held, first_over, holdings, host_holdings, memo
 from ..timing import Timing
 
 TOLERANCE = 1e-9
-OPTIONS = Source("schedc check", "")  # where errors in command-line options are reported
 
 
 def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
@@ -135,7 +134,8 @@ UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 
 def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | None,
-                       memory_limit: str | None, microbatch_size: int | None = None) -> list[Diagnostic]:
+                       memory_limit: str | None, microbatch_size: int | None = None,
+                       seq: int | None = None) -> list[Diagnostic]:
     """Guarantees, when it returns no error: on every device, the weights, gradients and optimizer state
     of the stages it holds plus the activations alive at its peak fit in `memory_limit` bytes. The bytes
     are the cost model's (costmodel.device_bytes: the embedding and logits included) for the layout
@@ -148,7 +148,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     from ..costmodel.specs import check_layout, check_stages, load_model_spec
     from ..layout import Layout  # only with --model
     from ..costmodel import device_bytes
-    model = load_model_spec(model_file)
+    model = load_model_spec(model_file, seq)
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
     b = microbatch_size if microbatch_size is not None else model.microbatch_size
     if b is None:

@@ -186,8 +186,14 @@ def _early(schedule: Schedule, seen: dict) -> list[Diagnostic]:
     return sorted(diags, key=_position)
 
 
+_NAMES = {OpKind.F: "forward", OpKind.B: "backward", OpKind.I: "input backward", OpKind.W: "weight backward",
+          OpKind.R: "recomputation", OpKind.O: "offload", OpKind.L: "reload"}
+
+
 def _name(kind: str) -> str:
-    return {OpKind.F: "forward", OpKind.I: "input backward"}[kind]
+    """An op kind in words (what ops.follows may name: a forward, an input backward, an offload, a
+    reload or a recomputation)."""
+    return _NAMES.get(kind, kind)
 
 
 def _missing(schedule: Schedule, seen: dict, counted: Census) -> list[Diagnostic]:

@@ -7,6 +7,7 @@ import click
 from ..diagnostics import SchedError
 from .group import main
 from .common import fail
+from .options import layout_from, layout_option
 
 MAX_RANKS = 64     # local processes: each holds torch (some 250 MB) and a gloo connection to every other
 MAX_THREADS = 1024
@@ -27,20 +28,18 @@ MAX_THREADS = 1024
 @click.option("--model", "model_file", type=click.Path(dir_okay=False), multiple=True,
               help="The model description (a TOML file or a library name, as for simulate --cluster and the runtime's --model) the "
                    "profile ran (with --costs): once for all, or once per --costs, in order.")
-@click.option("--microbatch-size", type=click.IntRange(min=1), default=None,
-              help="The profile's microbatch size (the runtime's --mb-size); default: the one the profile "
-                   "records, which a different value contradicts.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="The profile's tensor-parallel size.")
-@click.option("--recompute", type=click.Choice(["full", "selective", "none"]), default="none", show_default=True,
-              help="The profile's recomputation (the runtime recomputes nothing).")
+@layout_option("microbatch_size", "the profile's; default: the one the profile records, which a different value "
+               "contradicts", "calibrate", type=click.IntRange(min=1))
+@layout_option("tp", "the profile's", "calibrate", type=click.IntRange(min=1))
+@layout_option("recompute", "the profile's: the runtime recomputes nothing by default", "calibrate")
 def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size, tp, recompute):
     """Write a cluster description of this machine: GEMM rate by size, memory-bound kernel bandwidth and
     messages between local processes on the runtime's backend (gloo on CPU); with --costs and --model,
     the compute rates scaled so that the model's F and B match a measured profile."""
     from ..predict import calibrate_file
     try:
+        layout = layout_from({"tp": tp, "recompute": recompute}, "calibrate")
         click.echo(calibrate_file(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size,
-                                  tp, recompute))
+                                  layout.tp, layout.recompute))
     except SchedError as exc:
         fail(exc)

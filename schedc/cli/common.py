@@ -21,15 +21,31 @@ def report(diagnostics, source) -> None:
         click.echo(diag.format(source), err=True)
 
 
+def end(code: int) -> NoReturn:
+    """End the command with exit status `code`: the one place a command exits (finish and fail decide
+    the code from diagnostics and errors; the launcher's and the demo's runs bring theirs)."""
+    sys.exit(code)
+
+
 def finish(diagnostics) -> NoReturn:
-    """End the command with its diagnostics' exit code (diagnostics.exit_code): the one place a
-    command's own exit status is decided, as fail's is by the error's kind."""
-    sys.exit(exit_code(diagnostics))
+    """End the command with its diagnostics' exit code (diagnostics.exit_code), as fail's is decided by
+    the error's kind."""
+    end(exit_code(diagnostics))
 
 
 def fail(exc: SchedError) -> NoReturn:
     click.echo(exc.render(), err=True)
-    sys.exit(exc.exit_code)
+    end(exc.exit_code)
+
+
+def refuse_clash(inputs, outputs) -> None:
+    """End the command (a usage error, exit 2) before any work when an output would land on an input of
+    the same command or on another output (schedc.plan.paths.clash)."""
+    from ..diagnostics import usage
+    from ..plan.paths import clash
+    problem = clash(inputs, outputs)
+    if problem:
+        fail(usage(problem))
 
 
 def compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
@@ -69,7 +85,9 @@ def fail_json(exc: SchedError) -> None:
 
 
 def is_plan(file: str) -> bool:
-    return file.endswith(".json")
+    """Whether FILE is a compiled plan, as the driver decides every input's kind (driver.kind_of)."""
+    from ..driver.inputs import PLAN, kind_of
+    return kind_of(file) == PLAN
 
 
 def plan_only(file: str, **given) -> None:

@@ -1,6 +1,7 @@
 """`schedc compile`: check, simulate and lower a schedule to a plan."""
 from __future__ import annotations
 
+import os
 
 import click
 
@@ -9,7 +10,7 @@ from ..text import plural
 from ..outputs import STDOUT, output_error, prepare_directory, reason
 from .group import main
 from .options import schedule_options
-from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish
+from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish, refuse_clash
 
 
 
@@ -30,6 +31,8 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     if is_plan(file):
         raise click.UsageError(f"{file} is already a compiled plan: check, simulate, render and run read it; "
                                "compile the .sched file it came from")
+    refuse_clash([("FILE", file), ("--costs", costs), ("--profile", profile), ("--model", model_file)],
+                 [("-o", os.path.join(out_dir, "plan.json"))])
     on = on_cluster(file, defines, cluster, addons=addons)
     result = on.compiled if on else compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
                                               addons)

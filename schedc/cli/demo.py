@@ -6,7 +6,6 @@ on CPU ranks.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -14,7 +13,7 @@ import click
 from ..diagnostics import SchedError
 from .group import main
 from .options import define_option
-from .common import fail
+from .common import end, fail
 
 DEFAULT = ("1f1b", ("p=2", "m=4"))
 
@@ -61,6 +60,6 @@ def demo_cmd(ctx, schedule, defines, out, steps):
     if schedule == DEFAULT[0] and not defines:
         defines = DEFAULT[1]
     try:
-        sys.exit(run_demo(Path(out), schedule, defines, steps, list(ctx.args)))
+        end(run_demo(Path(out), schedule, defines, steps, list(ctx.args)))
     except SchedError as exc:
         fail(exc)

@@ -9,7 +9,7 @@ from ..diagnostics import SchedError
 from ..outputs import is_stdout, write_output
 from .group import main
 from .options import define_option, with_option
-from .common import fail, report, finish
+from .common import fail, report, finish, refuse_clash
 
 
 
@@ -27,6 +27,8 @@ def export_cmd(file, defines, fmt, out, addons):
     from ..driver import compile_file
     from ..interop.torch_comms import export_comms_csv
     from ..interop.torch_csv import export_csv
+    from ..interop.torch_placement import sidecar_path
+    refuse_clash([("FILE", file)], [("-o", out), ("the placement beside -o", None if out == "-" else str(sidecar_path(out)))])
     try:
         result = compile_file(file, defines, None, 0.0, addons=addons)
         if not result.ok:

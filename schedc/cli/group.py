@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import click
 
+from .common import end
 from .options import CONTEXT
 
 
@@ -25,7 +26,7 @@ def _closed_pipe_ends_quietly():
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (AttributeError, OSError, ValueError):  # a stream without a descriptor (tests' CliRunner)
             pass
-        raise SystemExit(128 + signal.SIGPIPE) from None
+        end(128 + signal.SIGPIPE)
 
 
 class _Commands(click.Group):

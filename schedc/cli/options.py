@@ -1,17 +1,20 @@
 """The options more than one command takes, each declared once: -D, the measured costs, --latency, --with,
---cluster and its layout (the layout's switches in one table, LAYOUT_SWITCHES, for simulate/compile/render and tune
-alike), and tune's search."""
+--cluster and its layout, and tune's search. Every layout option is an entry of schedc.layout.LAYOUT_OPTIONS
+(the runtime's argparse options come from the same table), made a click option here (layout_option; tune's
+searched ones by searched_option) and read back into a Layout by layout_from."""
 from __future__ import annotations
 
 
 import click
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 from ..diagnostics import SchedError
-from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, SWITCHES, ClusterRequest, Layout, SplitError, flag, parse_stage_layers
+from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError
 from ..search import GROUPS
+from ..search.space import SET_PER_CANDIDATE
 from ..text import agree
 
 
@@ -39,17 +42,17 @@ _COST_OPTIONS = (
                  help="Measured costs: JSON from `schedc run --profile-out` (or written by hand)."),
     click.option("--profile", type=click.Path(dir_okay=False), default=None,
                  help="Measured costs from a PipeFisher profile CSV (bs,time_f,time_b,...); with --microbatch-size."),
-    click.option("--microbatch-size", type=int, default=None,
-                 help="The row of the --profile CSV to use; with --cluster (or check --model), the microbatch "
-                      "size b."),
+    None,  # --microbatch-size: the microbatch size b, or the row of the --profile CSV to use (_cost_options)
 )
 
 
 def costs_option(command):
     """--costs FILE.json, or --profile FILE.csv --microbatch-size B; the command gets `costs`,
     `profile` and `microbatch_size`, which profile_choice checks and folds together."""
+    size = layout_option("microbatch_size", "with --cluster (or check --model); without, the row of the --profile "
+                         "CSV to use")
     for option in reversed(_COST_OPTIONS):
-        command = option(command)
+        command = (option or size)(command)
     return command
 
 
@@ -80,17 +83,41 @@ latency_option = click.option("--latency", type=float, default=0.0, show_default
                               help="Simulated latency of every message between devices (>= 0).")
 
 
-def split_options(where: str) -> tuple:
-    """The layer split's options (schedc.layout.SPLIT_NAMES), for --cluster and for tune."""
-    return (
-        click.option("--stage-layers", "stage_layers", default=None, metavar="N,N,...",
-                     help=f"Transformer layers of each stage ({where}; default: an even split)."),
-        click.option("--account-for-embedding", "account_for_embedding", is_flag=True, default=False,
-                     help=f"Count the embedding as a layer of the first stage in the even split ({where})."),
-        click.option("--account-for-loss", "account_for_loss", is_flag=True, default=False,
-                     help=f"Count the output layer and loss as a layer of the last stage in the even split "
-                          f"({where})."),
-    )
+def layout_option(field: str, where: str, verb: str = "cluster", **click_kw):
+    """One option of schedc.layout.LAYOUT_OPTIONS as a click option, named, typed and explained as the table
+    says, `where` telling when it applies and the verb's default stated in --help. A value not given is
+    None (a switch too), so that a command can tell a given option from a default (layout_from)."""
+    option = OPTION[field]
+    default = option.default(verb)
+    if option.type is bool:
+        return click.option(option.flag, field, flag_value=not default, default=None, help=f"{option.help} ({where}).")
+    shown = "" if default is None else f"; default {default}"
+    kind = click.Choice(option.choices) if option.choices else int if option.type is int else str
+    return click.option(option.flag, field, **{"type": kind, "default": None, "metavar": option.metavar,
+                                               "help": f"{option.help} ({where}{shown}).", **click_kw})
+
+
+def searched_option(field: str, dest: str | None = None):
+    """A layout option tune searches, as a comma-separated list of its values (tune's own help)."""
+    option = OPTION[field]
+    metavar = ",".join(option.choices) if option.choices else f"{option.metavar},..."
+    return click.option(option.flag, dest or field, default=None, metavar=metavar, help=f"{option.searched}.")
+
+
+def layout_from(values: dict[str, Any], verb: str = "cluster", **fixed) -> Layout:
+    """The Layout the options give: each table option's value where given (a --stage-layers read by its
+    parse, a bad one a usage error), else the verb's default; `fixed` as given."""
+    given = {}
+    for option in LAYOUT_OPTIONS:
+        value = values.get(option.field)
+        if option.field in fixed or value is None:
+            continue
+        try:
+            given[option.field] = option.parse(value) if option.type is tuple else value
+        except SplitError as exc:
+            raise click.UsageError(str(exc)) from None
+    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS if o.defaults and o.field not in fixed}
+    return Layout(**{**defaults, **given, **fixed})
 
 
 # --cluster and its layout (simulate, compile, render, check) ----------------------------------------
@@ -99,21 +126,17 @@ _CLUSTER_OPTIONS = (
     click.option("--cluster", "cluster_name", default=None, metavar="NAME|FILE",
                  help="Predict on a cluster: a library name (dgx-a100-80gb, dgx-h100-80gb) or a TOML file; "
                       "needs --model, takes --microbatch-size as the microbatch size b."),
-    click.option("--tp", type=int, default=None, help="Tensor-parallel size t (with --cluster; default 1)."),
-    click.option("--dp", type=int, default=None, help="Data-parallel size d (with --cluster; default 1)."),
-    click.option("--global-batch", type=int, default=None,
-                 help="Global batch B in sequences (with --cluster): m = B / (b d) unless -D m= is given."),
-    click.option("--recompute", type=click.Choice(RECOMPUTE), default=None,
-                 help="Activation recomputation (with --cluster; default full, as in Megatron-LM's Table 1)."),
-    *(click.option(flag(name), is_flag=True, default=False, help=f"{text}, with --cluster.")
-      for name, _, text in SWITCHES),
-    *split_options("with --cluster"),
+    # every layout option but the microbatch size (the cost options' --microbatch-size)
+    *(layout_option(o.field, "with --cluster") for o in LAYOUT_OPTIONS if o.field != "microbatch_size"),
 )
+seq_option = click.option("--seq", "seq", type=click.IntRange(min=1), default=None, metavar="S",
+                          help="Sequence length of the run, over the model description's (a Hugging Face "
+                               "config.json has none: give it); with --model.")
 _MODEL_OPTION = click.option("--model", "model_file", type=click.Path(dir_okay=False), default=None,
-                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; or a "
-                                  "library name such as gpt-175b), with --cluster; the same --model check, tune "
+                             help="Model description (a TOML file: layers, hidden, heads, seq, vocab; a Hugging "
+                                  "Face config.json; or a library name such as gpt-175b or llama3.1-70b), with --cluster; the same --model check, tune "
                                   "and the runtime read (model code is the runtime's --model-code).")
-_CLUSTER_NAMES = ("cluster_name", "tp", "dp", "global_batch", "recompute", *SWITCH_NAMES, *SPLIT_NAMES)
+_CLUSTER_NAMES = ("cluster_name", *(o.field for o in LAYOUT_OPTIONS if o.field != "microbatch_size"))
 
 
 def cluster_options(command):
@@ -124,13 +147,17 @@ def cluster_options(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         values = {name: kwargs.pop(name) for name in _CLUSTER_NAMES}
+        seq = kwargs.pop("seq")
         kwargs["cluster"] = request_from(values, kwargs.get("model_file"), kwargs.get("microbatch_size"),
                                          kwargs.get("costs"), kwargs.get("profile"), option_given("latency"))
+        if seq is not None and kwargs["cluster"] is None:
+            raise click.UsageError("--seq needs --cluster and --model")
         if kwargs["cluster"] is not None:
+            kwargs["cluster"] = replace(kwargs["cluster"], seq=seq)
             kwargs["microbatch_size"] = None
         return command(*args, **kwargs)
 
-    for option in reversed((*_CLUSTER_OPTIONS, _MODEL_OPTION)):
+    for option in reversed((*_CLUSTER_OPTIONS, _MODEL_OPTION, seq_option)):
         wrapper = option(wrapper)
     return wrapper
 
@@ -148,7 +175,7 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     options without --cluster, --cluster without --model, or with measured costs or a --latency
     (`latency`: whether one was given)."""
     if values["cluster_name"] is None:
-        given = [flag(n) for n in _CLUSTER_NAMES[1:] if values[n] not in (None, False)]
+        given = [OPTION[n].flag for n in _CLUSTER_NAMES[1:] if values[n] is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} {agree(len(given), 'needs', 'need')} --cluster")
         return None
@@ -159,57 +186,42 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     if latency:
         raise click.UsageError("--cluster derives each message's time from the cluster's links: give it "
                                "without --latency")
-    def given(value: int | None) -> int:  # 0 is refused by Layout as a negative is, never taken as 1
-        return 1 if value is None else value
-
-    layout = Layout(tp=given(values["tp"]), dp=given(values["dp"]), microbatch_size=given(microbatch_size),
-                    global_batch=values["global_batch"], recompute=values["recompute"] or "full",
-                    stage_layers=stage_layers(values["stage_layers"]),
-                    account_for_embedding=values["account_for_embedding"], account_for_loss=values["account_for_loss"],
-                    **{name: values[name] for name in SWITCH_NAMES})
+    layout = layout_from({**values, "microbatch_size": microbatch_size})
     return ClusterRequest(model_file, values["cluster_name"], layout)
-
-
-def stage_layers(text: str | None) -> tuple[int, ...] | None:
-    """--stage-layers 2,3,3,2 -> (2, 3, 3, 2); a usage error (exit 2) for anything but counts."""
-    if text is None:
-        return None
-    try:
-        return parse_stage_layers(text)
-    except SplitError as exc:
-        raise click.UsageError(str(exc)) from None
-
-
 
 
 # tune's configuration search ------------------------------------------------------------
 
+# The layout options every candidate takes as given (a new one included): all but what the search sets.
+TUNE_FIXED = tuple(o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CANDIDATE)
+
 _TUNE_OPTIONS = (
     click.option("--model", "model", type=click.Path(dir_okay=False),
-                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab) or a library "
-                      "name such as gpt-175b."),
+                 help="Model description: a TOML file (layers, hidden, heads, seq, vocab), a Hugging Face "
+                      "config.json or a library name such as gpt-175b or llama3.1-70b."),
+    seq_option,
     click.option("--cluster", "cluster", metavar="NAME|FILE",
                  help="A library cluster (dgx-a100-80gb, dgx-h100-80gb) or a TOML file."),
     click.option("--gpus", type=click.IntRange(min=1), help="GPUs N = t x p x d."),
-    click.option("--global-batch", type=click.IntRange(min=1), help="Sequences per step B."),
+    layout_option("global_batch", "required", "tune", type=click.IntRange(min=1)),
     click.option("--memory-limit", "memory_limit", default=None,
                  help="Memory per GPU, e.g. 80GiB (default: the cluster's GPU memory)."),
     click.option("--schedules", default=None, metavar="A,B,...",
                  help="Schedules to search (library names or files; default: every library schedule the "
                       "search can set: params p, m and optionally v, no tasks)."),
-    click.option("--recompute", "recompute", default=None, metavar="full,selective,none",
-                 help="Recomputation choices to search (default all three)."),
-    click.option("--tp", "tp", default=None, metavar="T,...", help="Only these tensor-parallel sizes."),
+    searched_option("recompute"),
+    searched_option("tp"),
     click.option("--pp", "pp", default=None, metavar="P,...", help="Only these pipeline sizes."),
-    click.option("--microbatch-size", "microbatch", default=None, metavar="B,...",
-                 help="Only these microbatch sizes (sequences)."),
+    searched_option("microbatch_size", "microbatch"),
     click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to rank."),
     click.option("--per", type=click.Choice(GROUPS), default=None,
                  help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
     click.option("--exhaustive", is_flag=True,
                  help="Simulate every candidate that fits (no bound, no cache): the reference."),
-    *(click.option(flag(name), is_flag=True, help=f"{text}, for every candidate.") for name, _, text in SWITCHES),
-    *split_options("every candidate; --stage-layers keeps those with as many stages"),
+    # the layout options the search does not set: every candidate's, as given
+    *(layout_option(field, "for every candidate" if field != "stage_layers" else
+                    "every candidate; --stage-layers keeps those with as many stages", "tune")
+      for field in TUNE_FIXED),
     click.option("--pruned", "pruned", default="12", show_default=True, metavar="N|all",
                  help="Pruned families to list, with why (all: every one)."),
     click.option("--why", "why", default=None, metavar="'[SCHEDULE] t=T p=P [v=V b=B recompute=R]'",
@@ -218,8 +230,8 @@ _TUNE_OPTIONS = (
 )
 
 
-_TUNE_NAMES = ("model", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "top",
-          "per", "exhaustive", *SWITCH_NAMES, *SPLIT_NAMES, "pruned", "why")
+_TUNE_NAMES = ("model", "seq", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch",
+               "top", "per", "exhaustive", *TUNE_FIXED, "pruned", "why")
 
 
 def tune_options(command):

@@ -7,7 +7,7 @@ import click
 from ..diagnostics import SchedError
 from .group import main
 from .options import define_option, costs_option, profile_choice, with_option, latency_option, cluster_options
-from .common import fail, report, given_value, finish
+from .common import fail, report, given_value, finish, refuse_clash
 
 
 
@@ -32,6 +32,9 @@ def render_cmd(file, defines, costs, profile, microbatch_size, latency, out, dag
                model_file, cluster, addons):
     """Draw FILE: timeline, dependency DAG, HTML report or Chrome trace (by OUT's extension)."""
     from ..render import render_file
+    described = [] if cluster is None else [("--model", cluster.model), ("--cluster", cluster.cluster)]
+    refuse_clash([("FILE", file), ("--costs", costs), ("--profile", profile), ("--measured", measured),
+                  ("--model", model_file), *described], [("-o", out)])
     row = profile_choice(costs, profile, microbatch_size)
     try:
         result = render_file(file, defines, costs, given_value("latency", latency), out, dag=dag, comms=comms,

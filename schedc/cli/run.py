@@ -1,12 +1,11 @@
 """`schedc run`: a plan under torchrun, its options checked before any process starts."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from .common import finish, is_plan, plan_diagnostics, report
+from .common import end, finish, is_plan, plan_diagnostics, report
 from .group import main
 
 
@@ -34,7 +33,8 @@ def run_cmd(ctx, plan, nproc):
     """
     from ..diagnostics import Source, has_errors
     from ..runtime.launch import launch_from_cli
-    if plan.endswith((".sched", ".csv")):
+    from ..driver.inputs import TORCH_CSV, kind_of
+    if kind_of(plan) == TORCH_CSV or Path(plan).suffix == ".sched":
         raise click.UsageError(f"{plan} is a schedule, not a compiled plan: compile it first (schedc compile "
                                f"{plan} -o DIR), then run DIR/plan.json")
     if Path(plan).exists() and (is_plan(plan) or not Path(plan).is_file()):  # else the launcher says what it is
@@ -43,4 +43,4 @@ def run_cmd(ctx, plan, nproc):
         if has_errors(diagnostics):  # refused before a process starts, as `schedc check` refuses it
             report(diagnostics, Source(plan, ""))
             finish(diagnostics)
-    sys.exit(launch_from_cli(plan, nproc, list(ctx.args)))
+    end(launch_from_cli(plan, nproc, list(ctx.args)))

@@ -14,7 +14,7 @@ from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError
 from ..text import agree, plural
 from .group import main
 from .options import check_defines, check_latency, option_given, tune_options
-from .common import fail, fail_json, progress_line
+from .common import end, fail, fail_json, progress_line
 
 
 
@@ -101,7 +101,7 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
         if out is None:
             click.echo(made.text, nl=False)
         click.echo(made.report, err=True)
-    sys.exit(0 if made.ok else EXIT_CODES[SCHEDULE])
+    end(0 if made.ok else EXIT_CODES[SCHEDULE])
 
 
 def run_search(options: dict[str, Any], as_json: bool) -> str:

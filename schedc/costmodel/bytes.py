@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..activations import Sizes, layer_bytes, megatron
+from ..activations import Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from .. import walk
 from ..layout import Layout
@@ -14,10 +14,16 @@ from .hardware import stage_layers, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES
 
 
 def layer_params(model: ModelSpec, t: int) -> float:
-    """Parameters of one layer on one GPU: the split weights over t, biases of the row-parallel GEMMs
-    and the layer norms replicated."""
-    h, f = model.hidden, model.ffn
-    return (4 * h * h + 2 * h * f + 3 * h + f) / t + 6 * h
+    """Parameters of one layer on one GPU: the split weights over t (Q and the projection h x h, K and V
+    h x kv_hidden, the MLP's two or, SwiGLU, three h x f) with the column-parallel GEMMs' biases; the
+    row-parallel GEMMs' biases and the norms replicated. GPT: (4h^2 + 2hf + 3h + f)/t + 6h."""
+    h, f, kv = model.hidden, model.ffn, model.kv_hidden
+    gated = model.mlp == "swiglu"
+    split = 2 * h * h + 2 * h * kv + (3 if gated else 2) * h * f
+    norms = 2 * (2 * h if model.norm == "layernorm" else h)
+    if model.bias == "all":
+        return (split + h + 2 * kv + (2 * f if gated else f)) / t + (2 * h + norms)
+    return (split + (h + 2 * kv if model.bias == "qkv" else 0)) / t + norms
 
 
 def stage_params(model: ModelSpec, t: int, stages: int, s: int, layout: Layout | None = None) -> float:
@@ -26,9 +32,10 @@ def stage_params(model: ModelSpec, t: int, stages: int, s: int, layout: Layout |
     params = stage_layers(model, stages, layout)[s] * layer_params(model, t)
     words = model.vocab * model.hidden / t
     if s == 0:
-        params += words + model.seq * model.hidden
-    if s == stages - 1:
-        params += 2 * model.hidden + (words if stages > 1 else 0.0)
+        params += words + model.position_rows * model.hidden
+    if s == stages - 1:  # the final norm; the output layer (vocabulary-parallel), or the tied copy
+        norm = 2 * model.hidden if model.norm == "layernorm" else model.hidden
+        params += norm + (words if stages > 1 or not model.tied_embeddings else 0.0)
     return params
 
 
@@ -39,9 +46,21 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     only the layer's input, 2sbh (2sbh/t with sequence parallelism). schedc/activations.py's table
     with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
     model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores)."""
-    sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
-    facts = replace(megatron(model.width), scores=not model.flash)
+    sizes, facts = activation_sizes(model, layout)
     return layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
+
+
+def activation_sizes(model: ModelSpec, layout: Layout) -> tuple[Sizes, Facts]:
+    """The activation table's sizes and facts for a model: Megatron's GPT as Korthikanti counts it (f =
+    4h, dropout); a Llama-family model (grouped-query attention, SwiGLU, no dropout) at its own ffn."""
+    if model.family in ("gpt", "gpt2") and model.mlp == "gelu":
+        sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
+        return sizes, replace(megatron(model.width), scores=not model.flash, fp8_inputs=layout.fp8)
+    sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, model.ffn, model.vocab,
+                  model.kv_heads)
+    facts = Facts(value_bytes=model.width, mask_bytes=0, scores=not model.flash, gated=model.mlp == "swiglu",
+                  stat_values=1 if model.norm == "rmsnorm" else 2, fp8_inputs=layout.fp8)
+    return sizes, facts
 
 
 def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
@@ -54,8 +73,9 @@ def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
     what W reads)."""
     s, b, h, f, t, w = model.seq, layout.microbatch_size, model.hidden, model.ffn, layout.tp, model.width
     replicated = t if layout.sequence_parallel else 1
+    fc1 = 2 * f if model.mlp == "swiglu" else f  # a SwiGLU's first GEMM makes gate and up
     inputs = 2 * h / replicated + h / t + f / t
-    gradients = 3 * h / t + f / t + 2 * h / replicated
+    gradients = (h + 2 * model.kv_hidden) / t + fc1 / t + 2 * h / replicated
     return w * s * b * (inputs + gradients)
 
 
@@ -74,7 +94,8 @@ def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, t
     as (forward activations, deferred W's) bytes: each kind's change (layer_changes) times its stage's
     bytes (stage_backward_bytes; under full recomputation what W reads is more than F kept)."""
     held = stage_backward_bytes(model, layout, schedule.stages)
-    return {kind: tuple((f * kept, w * deferred) for kept, deferred in held)
+    k = schedule.chunks  # a sequence chunk's op holds 1/k of its microbatch's bytes
+    return {kind: tuple((f * kept / k, w * deferred / k) for kept, deferred in held)
             for kind, (f, w) in layer_changes(schedule).items()}
 
 
@@ -121,8 +142,11 @@ def activation_peak_parts(model: ModelSpec, layout: Layout, schedule) -> list[tu
     """Per device, (activation bytes at its peak, of which deferred W's) along its own program order (a
     device runs one op at a time, as memory.peak_memory walks it): the first of its levels
     (layer_levels) with the most bytes, a forward's layer at layer_activation_bytes, a deferred W's at
-    deferred_weight_bytes (two chunks of a V each at their stage's layers)."""
-    kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
+    deferred_weight_bytes (two chunks of a V each at their stage's layers); with k sequence chunks a
+    microbatch (Seq1F1B) each chunk's op at 1/k of them, so the k chunks of a microbatch hold what it
+    holds whole."""
+    k = schedule.chunks
+    kept, deferred = layer_activation_bytes(model, layout) / k, deferred_weight_bytes(model, layout) / k
     out = []
     for levels in distinct_levels(schedule, stage_layers(model, schedule.stages, layout)):
         peak = (0.0, 0.0)
@@ -148,9 +172,15 @@ def activation_peaks(model: ModelSpec, layout: Layout, schedule, peaks) -> tuple
 
 
 def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
-    """Memory a backward needs on top of what is kept: one layer's full activations rebuilt by
-    recomputation, and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
-    extra = layer_activation_bytes(model, replace(layout, recompute="none")) if layout.recompute != "none" else 0.0
+    """Memory a backward needs on top of what is kept: what recomputation rebuilds of one layer (full:
+    the layer's activations; selective: the attention core it dropped, so selective never holds more
+    than none), and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
+    whole = layer_activation_bytes(model, replace(layout, recompute="none"))
+    extra = 0.0
+    if layout.recompute == "full":
+        extra = whole
+    elif layout.recompute == "selective":
+        extra = whole - layer_activation_bytes(model, layout)
     if last:
         extra += 4 * model.seq * layout.microbatch_size * model.vocab / layout.tp
     return extra

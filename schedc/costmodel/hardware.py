@@ -52,6 +52,9 @@ TRANSPOSES = 8               # values per b·s·h/t moved by the attention's hea
 ATTENTION_ELEMENTWISE = 4.5  # values per b·(a/t)·s² moved by softmax and attention dropout, forward
 
 
+FP8_CAST_BYTES = 3           # per value cast to FP8 for a GEMM (Transformer Engine): read at 16 bits, written at 8
+
+
 GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradient read, the accumulated one read and written
 
 
@@ -81,11 +84,12 @@ class Hardware:
     def __init__(self, cluster: ClusterSpec):
         self.c = cluster
 
-    def gemm(self, m: float, n: float, k: float, count: float = 1) -> float:
+    def gemm(self, m: float, n: float, k: float, count: float = 1, fp8: bool = False) -> float:
+        """A GEMM's time at its size's efficiency; fp8: at the GPU's FP8 peak (--fp8)."""
         c = self.c
         small = min(m, n, k)
         efficiency = c.gemm_efficiency * small / (small + c.gemm_half_dim)
-        return 2 * m * n * k * count / (c.peak_flops * efficiency)
+        return 2 * m * n * k * count / ((c.fp8_flops if fp8 else c.peak_flops) * efficiency)
 
     def memory(self, nbytes: float) -> float:
         return nbytes / (self.c.hbm_bandwidth * self.c.hbm_efficiency)
@@ -181,9 +185,7 @@ def message_times(st: Setting, devices: int) -> list[list[float]]:
 
 
 def stage_layers(model: ModelSpec, stages: int, layout: Layout | None = None) -> tuple[int, ...]:
-    """Transformer layers of each stage: the layout's split (Layout.layer_split: --stage-layers, or the
-    even split with the embedding and the loss counted as layers); without one the layers divide
-    evenly (check_stages refuses a model whose layers do not)."""
-    if layout is None or not (layout.stage_layers or layout.account_for_embedding or layout.account_for_loss):
-        return (model.layers // stages,) * stages
-    return layout.layer_split(model.layers, stages)
+    """Transformer layers of each stage: the layout's split (schedc.layout.split_layers: --stage-layers,
+    or the even split, the embedding and the loss counted as layers where the layout says so; without
+    them check_stages has refused layers that do not divide evenly)."""
+    return (layout or Layout()).layer_split(model.layers, stages)

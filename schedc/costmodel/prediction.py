@@ -2,15 +2,16 @@
 the optimizer step), model FLOPs (Narayanan et al. 2021, eq. 3), the breakdown and memory per GPU."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..descriptions import parameters
 from .specs import ModelSpec
 from ..layout import Layout
 from ..timing import bubble
 from ..ir import OP_KEY
 from ..memory import timed_model
-from ..ops import OpKind
+from ..ops import COPY, OpKind
 from ..simulate import pair_cost
 from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
@@ -51,9 +52,14 @@ def _r(x: float) -> float:
 def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
     """Model FLOPs of one step (Narayanan et al. 2021, eq. 3, for any ffn): every layer's forward 4
     times with full recomputation (forward, recomputation, two for the backward), 3 times otherwise;
-    the logit layer 3 times."""
+    the logit layer 3 times. A layer's forward: its linear GEMMs (Q and the projection h x h, K and V
+    h x kv_hidden, the MLP's two or, SwiGLU, three h x f) and the attention products (4s^2h).
+
+        GPT: 2s(4h^2 + 2hf) + 4s^2h;  Llama 3.1 8B (h 4096, kv 1024, f 14336): 2s(2h^2 + 2h kv + 3hf) + 4s^2h
+    """
     s, h, f = model.seq, model.hidden, model.ffn
-    per_layer = 2 * s * (4 * h * h + 2 * h * f) + 4 * s * s * h
+    linear = 2 * h * h + 2 * h * model.kv_hidden + (3 if model.mlp == "swiglu" else 2) * h * f
+    per_layer = 2 * s * linear + 4 * s * s * h
     passes = 4 if layout.recompute == "full" else 3
     return batch * (passes * model.layers * per_layer + 3 * 2 * s * h * model.vocab)
 
@@ -68,14 +74,19 @@ class Tail:
     embedding: float
     optimizer: float
 
-    def exposed(self, lay: Layout, hidden: float | None) -> float:
+    def exposed(self, lay: Layout, hidden: float | None, forward: float = 0.0) -> float:
         """The communication left after the last op. Overlapped (overlap_grad_reduce), it hides behind
         the last op's `hidden` seconds, but for the weights' all-gather with the distributed optimizer,
-        which follows the step; hidden=None: the least it can be, whatever hides it."""
+        which follows the step, unless overlap_param_gather runs it under the next step's first
+        forward (`forward` seconds: what is left of it is charged); hidden=None: the least it can be,
+        whatever hides it."""
         total = self.exchange + self.embedding
+        kept = self.exchange / 2 if lay.distributed_optimizer else 0.0
+        if lay.overlap_param_gather:  # the gather under the next forward: what outlasts it stays
+            left = max(0.0, kept - forward) if hidden is not None else 0.0
+            total, kept = total - kept + left, left
         if not lay.overlap_grad_reduce:
             return total
-        kept = self.exchange / 2 if lay.distributed_optimizer else 0.0
         return kept if hidden is None else max(kept, total - hidden)
 
 
@@ -97,7 +108,7 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
             exchange += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s, lay), group, min(group, per_node))
         first, last = holders.get(0, []), holders.get(stages - 1, [])
         embedding = hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1) \
-            if stages > 1 and (d in first) != (d in last) else 0.0
+            if stages > 1 and m.tied_embeddings and (d in first) != (d in last) else 0.0
         out.append(Tail(exchange, embedding, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
     return out
 
@@ -109,7 +120,9 @@ def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]
     for d, tail in enumerate(step_tails(st, schedule)):
         last = schedule.orders[d][-1] if schedule.orders[d] else None
         hidden = table.get(last.kind, (0.0,) * schedule.stages)[last.stage] if last is not None else 0.0
-        out.append((tail.exposed(st.layout, hidden), tail.optimizer))
+        first = schedule.orders[d][0] if schedule.orders[d] else None
+        forward = table.get(first.kind, (0.0,) * schedule.stages)[first.stage] if first is not None else 0.0
+        out.append((tail.exposed(st.layout, hidden, forward), tail.optimizer))
     return out
 
 
@@ -124,19 +137,30 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
     iteration = makespan + sum(tail[worst])
     held, hidden = _held(costs, schedule, worst)
     held, hidden = held * (1 / steps), hidden / steps
-    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp,
-                 "pipeline_comm_s": held.p2p + makespan - free,
+    # the messages' exposure: what they add to the makespan (none where a filled cycle's tasks packed
+    # otherwise with them), the rest of the makespan beyond the device's work its bubble
+    pipeline = max(0.0, held.p2p + makespan - free)
+    breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp, "pipeline_comm_s": pipeline,
                  "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
-                 "bubble_s": free - held.total}
+                 "bubble_s": makespan - held.compute - held.tp - pipeline}
     gpus = schedule.devices * lay.tp * lay.dp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
     memory, parts = device_memory(st, schedule, timing.peak_memory)
     top = max(range(len(memory)), key=lambda d: (memory[d], -d))
     return Prediction(iteration, flops / 1e12, flops / st.cluster.peak_flops, memory[top], parts[top],
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
-                      {"critical_device": worst, "largest_memory_device": top, "overlap_hidden_s": _r(hidden),
+                      {**utilization(m, lay, batch, iteration, gpus, st.cluster.peak_flops), "critical_device": worst, "largest_memory_device": top, "overlap_hidden_s": _r(hidden),
                        "deferred_w_gib": _r(deferred_w_bytes(st, schedule, top) / GIB),
                        "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9)})
+
+
+def utilization(model: ModelSpec, layout: Layout, batch: int, iteration: float, gpus: int,
+                peak: float) -> dict[str, Any]:
+    """The model's parameters and its model-FLOPs utilization: the step's model FLOPs without
+    recomputation (a recomputed forward is not the model's work) over time x GPUs x the 16-bit peak
+    (an FP8 run's MFU is against the same peak), beside the hardware rate the prediction reports."""
+    useful = model_flops(model, replace(layout, recompute="none"), batch) / (iteration * gpus)
+    return {"parameters": parameters(model), "model_tflops_per_gpu": _r(useful / 1e12), "mfu": _r(useful / peak)}
 
 
 def deferred_w_bytes(st: Setting, schedule, device: int) -> float:
@@ -150,14 +174,15 @@ def deferred_w_bytes(st: Setting, schedule, device: int) -> float:
 def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
     """A device's ops over the steps, by part, and the seconds its overlapped pairs hide. A pair counts
     its time (simulate.pair_cost), not its halves apart: both halves' computation, and of their
-    communication what the overlap leaves exposed (the hidden seconds come off the tensor-parallel
-    collectives first, then the blocking sends), so compute + communication + bubble is the device's
-    step as simulated."""
+    communication what the overlap leaves exposed (the hidden seconds come off the blocking sends),
+    so compute + communication + bubble is the device's step as simulated."""
     first = {OP_KEY(f): (f if f.kind == OpKind.F else b).stage for f, b in schedule.fused}
     table, held, hidden, pending = costs.costs(), Part(), 0.0, None
     for step in schedule.steps:
         for op in step[device]:
-            part = _part(costs, op)
+            if op.kind in COPY:  # the copy engine's, beside the device's compute: only waits for it show (bubble)
+                continue
+            part = _part(costs, op, schedule.chunks > 1)
             if pending is not None:  # the second half: the pair is complete
                 pair, stage = pending[0] + part, pending[1]
                 saved = pair.total - pair_cost(table, pair.total, stage)
@@ -170,14 +195,18 @@ def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
 
 
 def _hide(pair: Part, saved: float) -> Part:
-    """A pair's parts less `saved` seconds of its communication hidden behind computation (tensor-parallel
-    first, then point-to-point; past both, computation: halves on stages of different sizes)."""
-    tp = min(pair.tp, saved)
-    p2p = min(pair.p2p, saved - tp)
-    return Part(pair.compute - (saved - tp - p2p), pair.tp - tp, pair.p2p - p2p)
+    """A pair's parts less `saved` seconds of its communication hidden behind computation
+    (point-to-point, what overlapped_pair hides; past it, computation: halves on stages of different
+    sizes)."""
+    p2p = min(pair.p2p, saved)
+    return Part(pair.compute - (saved - p2p), pair.tp, pair.p2p - p2p)
 
 
-def _part(costs: StageCosts, op) -> Part:
-    """The parts of a built-in op; a task's cost (in seconds, schedc/predict.py) is computation."""
+def _part(costs: StageCosts, op, chunked: bool = False) -> Part:
+    """The parts of a built-in op (of a sequence chunk's, its share of the microbatch's: the parts
+    scaled to the op's cost alike); a task's cost (in seconds, schedc/predict.py) is computation."""
     parts = costs.parts.get(op.kind)
-    return parts[op.stage] if parts is not None and 0 <= op.stage < len(parts) else Part(op.cost)
+    if parts is None or not 0 <= op.stage < len(parts):
+        return Part(op.cost)
+    part = parts[op.stage]
+    return part * (op.cost / part.total) if chunked and part.total > 0 else part

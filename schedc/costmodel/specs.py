@@ -1,9 +1,6 @@
 """Model, cluster and layout descriptions for the cluster-scale cost model (schedc/costmodel/).
 
-A model file (TOML, the flat keys `schedc check --model` reads, plus `vocab`, `ffn` and `attention`,
-the kernel: "standard", Megatron-LM 2021's and the default, or "flash"):
-
-    layers = 96      hidden = 12288      heads = 96      seq = 2048      vocab = 51200
+A model file: modelspec.py (a TOML file's keys or a Hugging Face config.json).
 
 A cluster file (TOML; the library in schedc/clusters/*.toml is found by name, `--cluster dgx-a100-80gb`):
 
@@ -20,45 +17,18 @@ points at the table it belongs in.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..descriptions import CLUSTERS_PACKAGE, code_given_as_model, find, known_models, library, resolve_model
-from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error, usage
-from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
+from ..descriptions import CLUSTERS_PACKAGE, find, is_hf_config, library, resolve_model
+from ..descriptions.facts import DTYPE_BYTES
+from .located import locate, read_toml, source_text, unknown_keys
+from .modelspec import ModelSpec, load_model_spec, model_span, read_fields  # noqa: F401  (the cost model's model, here too)
+from ..diagnostics import USAGE, Diagnostic, SchedError, Source, error, usage
 from ..layout import Layout, SplitError
 from ..ops import OpKind
-from ..text import GIB, MAX_SHOWN
+from ..text import GIB
 
-DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
-               "float": 4}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """A GPT-style decoder (Megatron's GPT): `layers` blocks of attention with `heads` heads and an
-    MLP of width `ffn`, hidden size `hidden`, over `seq` tokens, a vocabulary of `vocab` (tied
-    embedding and logit layer)."""
-
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    vocab: int
-    ffn: int
-    dtype: str = "bf16"
-    microbatch_size: int | None = None  # the bytes check's key; --microbatch-size wins
-    attention: str = "standard"  # the attention kernel: "standard" materialises the s x s scores in
-    # HBM (Megatron-LM 2021), "flash" keeps them on chip and recomputes them in the backward
-
-    @property
-    def flash(self) -> bool:
-        return self.attention == "flash"
-
-    @property
-    def width(self) -> int:
-        return DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +55,7 @@ class ClusterSpec:
     host_bandwidth: float = 0.0    # bytes/s per GPU and direction to host memory (PCIe, effective); 0: not given
     overhead: tuple[tuple[str, float], ...] = ()  # (op kind, s per layer): [overhead], a run's fixed cost
     # per layer of each op beyond its kernels' work (a CPU's op dispatch and autograd); none: 0
+    fp8_flops: float = 0.0         # FLOP/s, dense FP8 tensor core ([gpu] fp8_tflops); 0: not given (no --fp8)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -116,12 +87,6 @@ _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "fragmentation": (1, "share of the allocator's reserved memory lost to fragmentation", 1.0)}
 # the optional [overhead] table: its keys (microseconds per layer) and the op kinds they are of
 OVERHEAD_KEYS = {f"{kind.value.lower()}_us": kind.value for kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W)}
-_MODEL_FIELDS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-                 "dtype": str, "microbatch_size": int, "attention": str}
-_MODEL_OPTIONAL = {"ffn", "dtype", "microbatch_size", "attention"}
-ATTENTION_KERNELS = ("standard", "flash")
-_CHOICES = {"dtype": tuple(DTYPE_BYTES), "attention": ATTENTION_KERNELS}  # a str field's values
-
 MAX_GPUS = 2**20  # a million GPUs: past every cluster built; bounds tune's divisors and a prediction's t x p x d
 
 
@@ -139,112 +104,19 @@ def resolve_cluster(name: str) -> Path:
                      Source("schedc", ""), kind=USAGE)
 
 
-def read_toml(path: str | Path, what: str) -> tuple[dict, Source]:
-    """A TOML file's table and its source, read through schedc.inputs (a regular file, its size, depth
-    and integers capped); unreadable or invalid TOML is a located error (exit 2). A model description
-    found neither as a file nor in the library says what the library holds."""
-    if what == "model description" and not Path(path).exists():
-        hint = code_given_as_model(str(path))
-        message = hint or f"cannot read {what}: No such file or directory (the library's: {known_models()})"
-        raise SchedError(error(message),
-                         Source(str(path), ""), kind=USAGE)
-    source = read_source(path, what, MAX_DESCRIPTION_BYTES)
-    return load_toml(source, what), source
-
-
-def locate(source: Source, key: str, table: str | None = None) -> Span:
-    """Where `key = ...` stands in `[table]` (top level for None); the table's header when the key is
-    not written there (a missing field), else the first line. tomllib gives no positions, so the text
-    is scanned: headers `[name]`, keys `name =`, `"name" =` or dotted `table.name =`, and inline tables
-    `table = { name = ... }`."""
-    current, header = None, None
-    for number, line in enumerate(source.text.splitlines(), 1):
-        stripped = line.split("#", 1)[0].strip()
-        heading = re.fullmatch(r"\[\s*([A-Za-z0-9_.\"-]+)\s*\]", stripped)
-        if heading:
-            current = heading.group(1).strip('"')
-            if current == table:
-                header = Span(number, line.index("[") + 1, number, line.index("]") + 2)
-            if table is None and current == key:  # a top-level name that is a table: its header
-                return Span(number, line.index("[") + 1, number, line.index("]") + 2)
-            continue
-        inline = re.match(rf"\s*(\"?{re.escape(table)}\"?)\s*=\s*\{{", line) if table and current is None else None
-        if inline:  # table = { key = ..., ... } (one line, as TOML has it)
-            inner = re.search(rf"[{{,]\s*(\"?{re.escape(key)}\"?)\s*=", line[inline.end() - 1:])
-            if inner:
-                column = inline.end() - 1 + inner.start(1) + 1
-                return Span(number, column, number, column + len(inner.group(1)))
-            header = header or Span(number, inline.start(1) + 1, number, inline.end(1) + 1)
-            continue
-        found = re.match(rf"\s*((?:{re.escape(table)}\s*\.\s*)?\"?{re.escape(key)}\"?)\s*=", line) if table else \
-            re.match(rf"\s*(\"?{re.escape(key)}\"?)\s*=", line)
-        if found and (current == table or (table and current is None and "." in found.group(1))):
-            column = found.start(1) + 1
-            return Span(number, column, number, column + len(found.group(1)))
-    return header or Span(1, 1)
-
-
-MAX_SIZE = 2**40     # a model's sizes (layers, hidden, heads, ...): past any model, exact as floats
 MAX_FIGURE = 1e15    # a cluster's figures, in their units (TFLOP/s, GiB, GB/s, microseconds, ...)
 MIN_FIGURE = 1e-6    # and at least this: 1 MFLOP/s, 1 kB/s, a picosecond (1e-320 made every time infinite)
 
 
-def unknown_keys(keys: list[str], message, where) -> list[Diagnostic]:
-    """The errors of unknown keys: the first MAX_SHOWN located (each is a scan of the file), the rest
-    counted in one, so that a file of 100,000 unknown keys is refused in a moment."""
-    diags = [error(message(k), where(k)) for k in keys[:MAX_SHOWN]]
-    if len(keys) > MAX_SHOWN:
-        diags.append(error(f"... and {len(keys) - MAX_SHOWN:,} more unknown keys", where(keys[MAX_SHOWN])))
-    return diags
-
-
-def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
-                also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:
-    """A model table's values and what is wrong with them, each located: unknown keys (those in `also`
-    are read by another consumer and let through), missing required ones, integers that are not
-    positive, dtypes not in DTYPE_BYTES, attention kernels not in ATTENTION_KERNELS. The one field rule
-    for every model description."""
-    known = [*fields, *also]
-    diags: list[Diagnostic] = unknown_keys([k for k in table if k not in known],
-                                           lambda k: f"unknown key '{k}' (keys: {', '.join(known)})",
-                                           lambda k: locate(source, k))
-    values = {}
-    for key, kind in fields.items():
-        value = table.get(key)
-        if value is None:
-            if key not in optional:
-                needed = ", ".join(k for k in fields if k not in optional)
-                diags.append(error(f"missing key '{key}' (the model needs {needed})", Span(1, 1)))
-            continue
-        ok = (isinstance(value, kind) and not isinstance(value, bool)
-              and (0 < value <= MAX_SIZE if kind is int else value in _CHOICES.get(key, DTYPE_BYTES)))
-        if not ok:
-            want = (f"a positive integer up to {MAX_SIZE:,}" if kind is int
-                    else "one of " + ", ".join(_CHOICES.get(key, DTYPE_BYTES)))
-            diags.append(error(f"'{key}' must be {want}, got {value!r}", locate(source, key)))
-        values[key] = value
-    return values, diags
-
-
-def load_model_spec(path: str) -> ModelSpec:
-    """Read a model description; every bad or missing field is reported, located (exit 2)."""
-    table, source = read_toml(resolve_model(str(path)), "model description")
-    values, diags = read_fields(table, source, _MODEL_FIELDS, _MODEL_OPTIONAL)
-    if not diags and values["hidden"] % values["heads"]:
-        diags.append(error(f"'heads' ({values['heads']}) must divide 'hidden' ({values['hidden']})",
-                           locate(source, "heads")))
-    if diags:
-        raise SchedError(diags, source, kind=USAGE)
-    values.setdefault("ffn", 4 * values["hidden"])
-    return ModelSpec(**values)
-
-
-def load_cluster_model(path: str, cluster: ClusterSpec) -> ModelSpec:
+def load_cluster_model(path: str, cluster: ClusterSpec, seq: int | None = None) -> ModelSpec:
     """A model description for a prediction on `cluster` (simulate/compile/render --cluster, tune): of
     the width the cluster's peak is for (its [gpu] dtype, bf16 unless a calibration fitted fp32); an
     fp32 model on a bf16 peak is refused at its dtype (exit 2), not predicted at 16-bit speed with
-    32-bit messages."""
-    spec = load_model_spec(path)
+    32-bit messages. A config.json's torch_dtype is its checkpoint's, not the training's: it trains at
+    the cluster's dtype."""
+    spec = load_model_spec(path, seq)
+    if is_hf_config(resolve_model(str(path))):
+        return replace(spec, dtype=cluster.dtype)
     if spec.width != DTYPE_BYTES[cluster.dtype]:
         table, source = read_toml(resolve_model(str(path)), "model description")
         raise SchedError(error(f"dtype '{spec.dtype}', but {cluster.name}'s peak_tflops is its {cluster.dtype} "
@@ -271,7 +143,7 @@ def load_cluster(name: str) -> ClusterSpec:
     for section, fields in _CLUSTER_FIELDS.items():
         given = table.get(section) if isinstance(table.get(section), dict) else {}
         if section == "gpu":
-            given = {k: v for k, v in given.items() if k != "dtype"}
+            given = {k: v for k, v in given.items() if k not in ("dtype", "fp8_tflops")}
         diags += unknown_keys([k for k in given if k not in fields],
                               lambda k, section=section, fields=fields: f"unknown key '{section}.{k}' (keys: "
                                                                         f"{', '.join(fields)})",
@@ -301,6 +173,7 @@ def load_cluster(name: str) -> ClusterSpec:
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
+    fp8 = _fp8_flops(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
@@ -309,7 +182,20 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead)
+        gpu_dtype, host, overhead, fp8)
+
+
+def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> float:
+    """[gpu] fp8_tflops in FLOP/s (optional: 0.0 without it, and --fp8 is refused on the cluster)."""
+    gpu = table.get("gpu") if isinstance(table.get("gpu"), dict) else {}
+    value = gpu.get("fp8_tflops")
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not MIN_FIGURE <= value <= MAX_FIGURE:
+        diags.append(error(f"'gpu.fp8_tflops' must be a number from {MIN_FIGURE:g} to {MAX_FIGURE:g}, got {value!r} "
+                           "(peak dense FP8 FLOP/s, in teraFLOP/s)", locate(source, "fp8_tflops", "gpu")))
+        return 0.0
+    return value * 1e12
 
 
 def _overhead(table: dict, source: Source, diags: list[Diagnostic]) -> tuple[tuple[str, float], ...]:
@@ -392,7 +278,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
     return head + f"""name = "{spec.name}"
 
 [gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
-peak_tflops = {spec.peak_flops / 1e12!r}
+peak_tflops = {spec.peak_flops / 1e12!r}{chr(10) + 'fp8_tflops = ' + repr(spec.fp8_flops / 1e12) if spec.fp8_flops else ''}
 memory_gib = {spec.memory_bytes / GIB!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
 
@@ -433,11 +319,12 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         if value < 1:
             raise usage(f"{name} must be a positive integer, got {value}")
     source = model_source or source_text(model_path)
-    for key in ("heads", "hidden", "ffn", "vocab"):
+    for key in ("heads", "hidden", "ffn", "vocab", "kv_heads"):
         value = getattr(model, key)
         if value % t:
+            what = "key/value heads (Megatron-Core's query groups)" if key == "kv_heads" else key
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
-                                   f"the {key} {t} ways", locate(source, key)), source, kind=USAGE)
+                                   f"the {what} {t} ways", model_span(source, key)), source, kind=USAGE)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
         if layout.global_batch < 1:
@@ -445,6 +332,20 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         if layout.global_batch % unit:
             raise usage(f"--global-batch {layout.global_batch} is not a multiple of --microbatch-size x --dp "
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
+
+
+def check_switches(layout: Layout, cluster: ClusterSpec) -> None:
+    """What the H100-era switches need, as Megatron-LM asserts it: --tp-comm-overlap sequence parallelism
+    (its userbuffers overlap the all-gathers and reduce-scatters), --overlap-param-gather the distributed
+    optimizer (its all-gather), --fp8 the cluster's FP8 peak ([gpu] fp8_tflops); a usage error (exit 2)."""
+    if layout.tp_comm_overlap and not layout.sequence_parallel:
+        raise usage("--tp-comm-overlap overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                    "GEMMs: give --sequence-parallel too (as Megatron-LM requires)")
+    if layout.overlap_param_gather and not layout.distributed_optimizer:
+        raise usage("--overlap-param-gather overlaps the distributed optimizer's all-gather with the next forward: "
+                    "give --distributed-optimizer too (as Megatron-LM requires)")
+    if layout.fp8 and not cluster.fp8_flops:
+        raise usage(f"--fp8: {cluster.name} gives no FP8 peak; add [gpu] fp8_tflops to its cluster file")
 
 
 def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | None = None) -> None:
@@ -457,18 +358,11 @@ def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | N
             layout.layer_split(model.layers, stages)
         except SplitError as exc:
             source = source_text(model_path)
-            raise SchedError(error(str(exc), locate(source, "layers")), source, kind=USAGE) from None
+            raise SchedError(error(str(exc), model_span(source, "layers")), source, kind=USAGE) from None
         return
     if model.layers % stages:
         source = source_text(model_path)
         params = ", ".join(f"{k}={v}" for k, v in schedule.params.items())
         raise SchedError(error(f"'layers' ({model.layers}) must be a multiple of the schedule's {stages} "
-                               f"stages ({schedule.name}: {params})", locate(source, "layers")), source,
+                               f"stages ({schedule.name}: {params})", model_span(source, "layers")), source,
                          kind=USAGE)
-
-
-def source_text(path: str) -> Source:
-    try:
-        return read_source(path, "model", MAX_DESCRIPTION_BYTES)
-    except SchedError:
-        return Source(path, "")

@@ -3,12 +3,12 @@ recomputation by part (compute, tensor-parallel communication), the embedding on
 logits and loss on the last."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
 from .bytes import layer_params
-from .hardware import stage_layers, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
+from .hardware import stage_layers, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
 
 @dataclass(frozen=True)
@@ -27,15 +27,19 @@ class StageCosts:
 
 def overlapped_pair(forward: Part, backward: Part) -> Part:
     """A forward and a backward run as one overlapped op (DualPipe's F & B, DeepSeek-V3 section 3.2.1):
-    their computation at the sum, each one's communication (tensor-parallel collectives, blocking sends)
-    hidden behind the other's computation; only what outlasts it is exposed.
+    their computation at the sum; each one's communication that runs on its own stream and link while
+    the other half computes (the pipeline's point-to-point messages) hidden behind the other's
+    computation, never more than that computation, and only what outlasts it exposed. Tensor-parallel
+    collectives stay exposed: they sit between dependent GEMMs in their own half's stream and take the
+    SMs the other half would compute on (DeepSeek-V3 and Megatron-Core's combined 1F1B overlap the
+    expert all-to-all and the pipeline's messages, not tensor parallelism's collectives).
 
-        F = Part(3, tp=1), B = Part(6, tp=2)  ->  FB = Part(9, tp=0): both collectives hidden
-        F = Part(1, tp=4), B = Part(2, tp=0)  ->  FB = Part(3, tp=2): F's 4 behind B's 2, 2 left
+        F = Part(3, p2p=1), B = Part(6, p2p=2)  ->  FB = Part(9): both messages hidden
+        F = Part(1, p2p=4), B = Part(2)         ->  FB = Part(3, p2p=2): F's 4 behind B's 2, 2 left
+        F = Part(3, tp=1),  B = Part(6, tp=2)   ->  FB = Part(9, tp=3): collectives not hidden
     """
-    exposed = (max(0.0, forward.tp + forward.p2p - backward.compute)
-               + max(0.0, backward.tp + backward.p2p - forward.compute))
-    return Part(forward.compute + backward.compute, exposed)
+    exposed = (max(0.0, forward.p2p - backward.compute) + max(0.0, backward.p2p - forward.compute))
+    return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed)
 
 
 def layer_parts(st: Setting) -> dict[str, Part]:
@@ -43,15 +47,21 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     recomputation R that B repeats before its backward (nothing without recomputation). With a flash
     attention kernel (the model's `attention`) the s x s softmax and dropout move nothing through HBM
     and the backward's attention products are five, not four (the scores recomputed: 2.5 forwards'),
-    which leaves selective recomputation nothing to repeat."""
+    which leaves selective recomputation nothing to repeat. The GEMMs are linear_gemms' (grouped-query
+    K and V, SwiGLU's three), the tensor-parallel collectives tp_collectives' (what an overlap leaves)."""
     m, lay, hw = st.model, st.layout, st.hw
     b, s, h, f, t, w = lay.microbatch_size, m.seq, m.hidden, m.ffn, lay.tp, m.width
     bs = b * s
-    gemms = hw.gemm(bs, 3 * h / t, h) + hw.gemm(bs, h, h / t) + hw.gemm(bs, f / t, h) + hw.gemm(bs, h, f / t)
+    gemms = sum(linear_gemms(st))
     replicated = bs * h / (t if lay.sequence_parallel else 1)
-    elementwise = hw.memory(w * (ELEMENTWISE * replicated + 2 * bs * f / t + TRANSPOSES * bs * h / t))
+    mlp_values = 3 * bs * f / t if m.mlp == "swiglu" else 2 * bs * f / t  # GeLU in and out; SwiGLU 2f in, f out
+    elementwise = hw.memory(w * (ELEMENTWISE * replicated + mlp_values + TRANSPOSES * bs * h / t))
+    if m.positions == "rope":  # rotary embedding of Q and K: read and written once each
+        elementwise += hw.memory(w * 2 * bs * (h + m.kv_hidden) / t)
+    if lay.fp8:
+        elementwise += fp8_casts(st)
     attention, attention_elementwise, attention_backward = attention_terms(st)
-    comm = 2 * st.tp_all_reduce(w * bs * h) if t > 1 else 0.0  # 2 AG + 2 RS cost the same with SP
+    comm = tp_collectives(st)
     accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
@@ -60,6 +70,55 @@ def layer_parts(st: Setting) -> dict[str, Part]:
             I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm),
             W: Part(gemms + accumulate, 0.0),
             R: recompute}
+
+
+def linear_gemms(st: Setting) -> tuple[float, ...]:
+    """One layer's four linear GEMMs of one microbatch, forward, in the order the tensor-parallel
+    collectives meet them: QKV (h -> h + 2 kv_hidden over t), the projection, the MLP's first (h -> f,
+    or a SwiGLU's gate and up, 2f) and second; at the GPU's FP8 rate with --fp8."""
+    m, lay, hw = st.model, st.layout, st.hw
+    bs, h, f, t, fp8 = lay.microbatch_size * m.seq, m.hidden, m.ffn, lay.tp, lay.fp8
+    qkv = 3 * h / t if m.kv_heads == m.heads else (h + 2 * m.kv_hidden) / t
+    up = 2 * f / t if m.mlp == "swiglu" else f / t
+    return (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
+            hw.gemm(bs, h, f / t, fp8=fp8))
+
+
+def tp_collectives(st: Setting) -> float:
+    """A layer's tensor-parallel communication in one forward (and again in its input-gradient pass):
+    two all-reduces of b·s·h (with sequence parallelism two all-gathers and two reduce-scatters, the
+    same time). With --tp-comm-overlap (Transformer Engine's userbuffers, sequence parallel) each
+    all-gather runs under the GEMM it feeds and each reduce-scatter under the GEMM that makes its input,
+    as a ring of t - 1 exchanges beside the GEMM in t chunks: one chunk (the local one) has nothing to
+    hide behind, so a collective of c seconds beside a GEMM of g leaves max(0, c - g (t - 1) / t).
+
+        t = 8, c = 1, g = 2  ->  0 (1.75 s of GEMM hides it);  c = 1, g = 0.8  ->  0.3 exposed
+    """
+    m, lay = st.model, st.layout
+    if lay.tp == 1:
+        return 0.0
+    whole = st.tp_all_reduce(m.width * lay.microbatch_size * m.seq * m.hidden)
+    if not lay.tp_comm_overlap:
+        return 2 * whole  # 2 AG + 2 RS cost the same with SP
+    hiding = (lay.tp - 1) / lay.tp
+    return sum(max(0.0, whole / 2 - gemm * hiding) for gemm in linear_gemms(st))
+
+
+def tp_exposure(st: Setting) -> tuple[float, float]:
+    """A layer's tensor-parallel communication in one forward of one microbatch, seconds: (exposed with
+    --tp-comm-overlap, without it), under sequence parallelism as the overlap needs; tune --why's."""
+    on = replace(st.layout, sequence_parallel=True, tp_comm_overlap=True)
+    return (tp_collectives(replace(st, layout=on)),
+            tp_collectives(replace(st, layout=replace(on, tp_comm_overlap=False))))
+
+
+def fp8_casts(st: Setting) -> float:
+    """What Transformer Engine's FP8 GEMMs add in HBM traffic per layer and pass (forward, or the
+    backward's input gradients): each linear GEMM's input read at 16 bits and written at 8 with its
+    amax, 3 bytes a value (the weights' casts once per step, not counted)."""
+    m, lay = st.model, st.layout
+    bs, h, f, t = lay.microbatch_size * m.seq, m.hidden, m.ffn, lay.tp
+    return st.hw.memory(FP8_CAST_BYTES * bs * (2 * h + h / t + f / t))
 
 
 def layer_overhead(st: Setting) -> dict[str, float]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from .inputs import (PLAN, SCHEDULE, TORCH_CSV, build_schedule, compile_file, compile_source, kind_of,
                      load_declaration, load_input, parse_defines)
-from .passes import PASSES, Unit, analyse, analysis, collector_paused, compile_schedule, replay, run_passes, untimed
+from .passes import PASSES, Checks, Unit, analyse, analysis, collector_paused, compile_schedule, replay, run_passes, untimed
 from ..compiled import Compiled
 from ..frontend.elaborate import Options
 from ..frontend.parse import read_source
 
-__all__ = ["PLAN", "SCHEDULE", "TORCH_CSV", "PASSES", "Compiled", "Options", "Unit", "analyse", "analysis",
+__all__ = ["PLAN", "SCHEDULE", "TORCH_CSV", "PASSES", "Checks", "Compiled", "Options", "Unit", "analyse", "analysis",
            "build_schedule", "collector_paused", "compile_file", "compile_schedule", "compile_source", "kind_of",
            "load_declaration", "load_input", "parse_defines", "read_source", "replay", "run_passes", "untimed"]

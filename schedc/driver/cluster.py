@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, load_cluster, load_cluster_model
+from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, check_switches, load_cluster, load_cluster_model
 from ..diagnostics import USAGE, usage
 from ..costmodel.bytes import layer_activation_bytes
 from ..costmodel.hardware import stage_layers
@@ -42,8 +42,9 @@ def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterReq
     SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
     plan: `simulate`)."""
     cluster = load_cluster(request.cluster)
-    model = load_cluster_model(request.model, cluster)
+    model = load_cluster_model(request.model, cluster, request.seq)
     check_layout(model, request.layout, request.model)
+    check_switches(request.layout, cluster)
     return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons)
 
 

@@ -15,7 +15,7 @@ from ..frontend.elaborate import Options, elaborate
 from ..frontend.parse import parse_source, read_source
 from ..ir import Schedule
 from ..plan import Plan
-from .passes import collector_paused, compile_schedule
+from .passes import Checks, collector_paused, compile_schedule
 
 SCHEDULE, TORCH_CSV, PLAN = "schedule", "torch CSV", "plan"
 
@@ -46,13 +46,15 @@ def compile_source(source: Source, options: Options | None = None, latency: floa
 
 def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = None, latency: float = 0.0,
                  profile: tuple[str, int | None] | None = None, model: str | None = None,
-                 addons: Iterable[str] = (), max_ops: int | None = None) -> Compiled:
+                 addons: Iterable[str] = (), max_ops: int | None = None, checks: Checks = Checks()) -> Compiled:
     """The library's entry point (the command line, the demo, the renderer and the tests call it): read
     FILE (a path or a library name; a .sched or a torch CSV schedule) and compile it. defines: NAME=VALUE
     params; costs: a measured-costs JSON; profile: (PipeFisher profile CSV, microbatch size) instead;
     model: a model description (TOML), whose layers per stage give tasks their units; addons: add-ons
     applied as `use NAME` would (`--with`); max_ops: a lower limit on the ops the schedule may expand
-    to than elaboration's own (a render's, checked before the work grows). Raises SchedError on user errors; a schedule that fails its checks comes back with its diagnostics."""
+    to than elaboration's own (a render's, checked before the work grows); checks: the optional checks
+    selected (schedc check's --model, --memory-limit, --placement). Raises SchedError on user errors; a
+    schedule that fails its checks comes back with its diagnostics."""
     from ..frontend.library import resolve
     path = resolve(file)
     if kind_of(path) == PLAN:  # not parsed as a .sched: "unexpected '{'" said nothing useful
@@ -67,10 +69,10 @@ def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = Non
             refuse_addons(file, options.addons)
             from ..interop.torch_csv import schedule_from_csv
             schedule = schedule_from_csv(path, options)
-            return _with_imported_comms(compile_schedule(schedule, latency), path)
+            return _with_imported_comms(compile_schedule(schedule, latency, checks=checks), path)
         else:
             schedule = build_schedule(read_source(path), options)
-        return compile_schedule(schedule, latency)
+        return compile_schedule(schedule, latency, checks=checks)
 
 
 def refuse_addons(file: str, addons: tuple[str, ...]) -> None:

@@ -24,6 +24,18 @@ from ..timing import Stats, Timing
 
 
 @dataclass(frozen=True, slots=True)
+class Checks:
+    """The optional checks a command selects by its options (schedc check's); each is a pass of PASSES
+    that does nothing unless selected."""
+
+    model: str | None = None            # --model: memory in bytes (checks.memory.check_memory_bytes)
+    memory_limit: str | None = None     # --memory-limit: the bytes' limit per device
+    microbatch_size: int | None = None  # --microbatch-size: the bytes' microbatch size
+    placement: str | None = None        # --placement: the stages on a named placement's ranks
+    seq: int | None = None              # --seq: the model's sequence length for the bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Unit:
     """What the passes hand on to each other. Each pass takes a Unit and returns a new one with its
     result filled in (dataclasses.replace); nothing is changed in place."""
@@ -40,6 +52,7 @@ class Unit:
     diagnostics: tuple[Diagnostic, ...] = ()
     checked: Schedule | None = None       # what the structure checks see, when not `schedule` (a plan's
     # re-simulation: its built-in ops, as a plan does not declare the tasks fill_bubbles placed)
+    checks: Checks = Checks()             # the optional checks selected
 
     @property
     def failed(self) -> bool:
@@ -91,6 +104,22 @@ def _check_channels(u: Unit) -> Unit:
     return u if u.plan is None else replace(u, diagnostics=u.diagnostics + tuple(check_channels(u.plan)))
 
 
+def _check_memory_bytes(u: Unit) -> Unit:
+    c = u.checks
+    if not (c.model or c.memory_limit):
+        return u
+    from ..checks.memory import check_memory_bytes
+    found = check_memory_bytes(u.schedule, u.timing, c.model, c.memory_limit, c.microbatch_size, c.seq)
+    return replace(u, diagnostics=u.diagnostics + tuple(found))
+
+
+def _check_placement(u: Unit) -> Unit:
+    if u.checks.placement is None:
+        return u
+    from ..interop.torch_placement import check_placement
+    return replace(u, diagnostics=u.diagnostics + tuple(check_placement(u.schedule, u.checks.placement)))
+
+
 # The passes after elaboration, in the order they run. A check returns diagnostics and changes nothing;
 # fill_bubbles, the step sequences and lowering are skipped once a check has failed.
 PASSES: tuple[Callable[[Unit], Unit], ...] = (
@@ -104,12 +133,14 @@ PASSES: tuple[Callable[[Unit], Unit], ...] = (
     _step_sequences,    # each step program's ops in simulated start order
     _lower,             # sends, receives, gradient sync and STEP per rank: the plan
     _check_channels,    # on the plan: messages match per pair, a blocking replay completes
+    _check_memory_bytes,  # selected (--model, --memory-limit): weights, state and activations in bytes
+    _check_placement,   # selected (--placement): each stage on the rank a named placement gives it
 )
 
 # PASSES' named subsets: each leaves out the passes it has no use for, so a pass added to PASSES runs
 # on every way in (read at the call, so a pass added at run time counts too).
 LOWERING = (_step_sequences, _lower, _check_channels)
-TIMED = (_simulate, _check_deadlock, _fill_bubbles, _check_memory, _stats)
+TIMED = (_simulate, _check_deadlock, _fill_bubbles, _check_memory, _stats, _check_memory_bytes)
 FILLED = (_fill_bubbles, _check_memory)  # a plan was filled and held to its limit when it was compiled
 
 
@@ -127,23 +158,26 @@ def replay() -> tuple[Callable[[Unit], Unit], ...]:
 def untimed() -> tuple[Callable[[Unit], Unit], ...]:
     """The passes tune runs on each order it simulates (the checks before timing, and any pass added to
     PASSES): the search times the order itself, with simulate's engine and its cached costs
-    (simulate.time_order), and predicts from that time."""
+    (simulate.order_makespan over a cached predecessor index), and predicts from that time."""
     return tuple(p for p in PASSES if p not in LOWERING and p not in TIMED)
 
 
 def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
-               passes: Iterable[Callable[[Unit], Unit]] | None = None, checked: Schedule | None = None) -> Unit:
+               passes: Iterable[Callable[[Unit], Unit]] | None = None, checked: Schedule | None = None,
+               checks: Checks = Checks()) -> Unit:
     """Run the passes in order (PASSES unless told) over a schedule; returns the last Unit. links: per
-    device pair message times (simulate), instead of one latency; checked: see Unit."""
-    unit = Unit(schedule, latency, links, checked=checked)
+    device pair message times (simulate), instead of one latency; checked, checks: see Unit."""
+    unit = Unit(schedule, latency, links, checked=checked, checks=checks)
     for run in PASSES if passes is None else passes:
         unit = run(unit)
     return unit
 
 
-def compile_schedule(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
-    """Check, time, fill, lower and check the plan of an elaborated schedule (PASSES)."""
-    u = run_passes(schedule, latency, links)
+def compile_schedule(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+                     checks: Checks = Checks()) -> Compiled:
+    """Check, time, fill, lower and check the plan of an elaborated schedule (PASSES, with the optional
+    checks selected)."""
+    u = run_passes(schedule, latency, links, checks=checks)
     return Compiled(u.schedule, u.timing, u.stats, u.plan, list(u.diagnostics))
 
 

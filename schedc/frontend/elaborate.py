@@ -16,6 +16,7 @@ from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
 from .expr import EvalError, PipeRef, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds)
+from ..layout import split_layers
 from .greedy import order_greedy
 from .order import run_programs
 from .queues import chunk_index
@@ -459,13 +460,13 @@ def _check_fill(decl: ast.ScheduleDecl, tasks: set[str], source: Source) -> None
 
 def stage_layers(model_layers: int | None, stages: int, decl, source: Source) -> tuple[int, ...] | None:
     """The model's layers over the stages, the first ones one more when they do not divide evenly (as
-    the runtime partitions a model); None without a model."""
+    the runtime partitions a model: schedc.layout.split_layers); None without a model."""
     if model_layers is None:
         return None
     if model_layers < stages:
         raise fail_at(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
                     source, kind=USAGE)
-    return tuple(model_layers // stages + (s < model_layers % stages) for s in range(stages))
+    return split_layers(model_layers, stages)
 
 
 def _per_stage_given(options: Options, layers: tuple[int, ...] | None) -> dict:

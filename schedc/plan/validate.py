@@ -47,6 +47,10 @@ def check_plan_fields(plan: Plan) -> None:
         raise PlanError("ranks: the plan has no ranks")
     stages = _count(meta, "stages")
     microbatches = _count(meta, "microbatches")
+    chunks = meta.get("chunks", 1)
+    if type(chunks) is not int or not 1 <= chunks <= microbatches or microbatches % chunks:
+        raise PlanError(f"chunks: expected an integer >= 1 dividing the plan's {microbatches} microbatch units "
+                        f"(its sequence chunks per microbatch), got {_shown(chunks)}")
     if "devices" in meta and meta["devices"] != devices:
         raise PlanError(f"devices: {meta['devices']!r}, but the plan has {devices} ranks")
     pipelines = _pipelines(meta.get("pipelines"), stages, microbatches, devices)

@@ -46,6 +46,39 @@ def fit_gemm(rates: dict[int, float]) -> tuple[float, float]:
     return 1.0 / intercept, max(slope / intercept, 1.0)
 
 
+RESIDUAL_LIMIT = 0.2  # a fitted rate more than 20 % off a measured one: the line does not describe the machine
+
+
+def fit_problems(rates: dict[int, float], peak: float, half: float) -> list[str]:
+    """What makes the GEMM fit untrustworthy, in words with the numbers (none: a fit to use). A loaded
+    machine gives rates that fall with size (other processes take the cores during the larger
+    products), which the model's rate(n) = peak * n / (n + half) cannot follow: the fit then puts the
+    half dimension at the edge of the range (1, or past the largest size) and leaves large residuals.
+
+    >>> fit_problems({64: 84e9, 512: 16.6e9}, *fit_gemm({64: 84e9, 512: 16.6e9}))[0][:40]
+    'the GEMM rate falls with size (84.0 GFLO'
+    """
+    sizes = sorted(rates)
+    problems = []
+    small, large = rates[sizes[0]], rates[sizes[-1]]
+    if large < small:
+        problems.append(f"the GEMM rate falls with size ({small / 1e9:.1f} GFLOP/s at n = {sizes[0]}, "
+                        f"{large / 1e9:.1f} at n = {sizes[-1]}): a busy machine, not a GEMM's curve")
+    if half <= 1.0 or half >= sizes[-1]:
+        problems.append(f"the fitted half dimension {half:.4g} is at the edge of the sizes measured "
+                        f"({sizes[0]} .. {sizes[-1]})")
+    worst = max(abs(peak * n / (n + half) / r - 1.0) for n, r in rates.items())
+    if worst > RESIDUAL_LIMIT:
+        problems.append(f"the fit misses a measured rate by {worst:.0%} (more than {RESIDUAL_LIMIT:.0%})")
+    return problems
+
+
+def fit_warnings(rates: dict[int, float], peak: float, half: float) -> list[str]:
+    """fit_problems as warning lines, with the remedy."""
+    return [f"warning: {problem}; calibrate again on a quiet machine (uptime's load below the cores)"
+            for problem in fit_problems(rates, peak, half)]
+
+
 def _best_time(fn, min_time: float) -> float:
     """The best time of fn() over repeats lasting at least min_time in all (after one warm-up)."""
     fn()
@@ -188,7 +221,8 @@ def calibrate(ranks: int = 2, threads: int = 1, quick: bool = False, name: str |
     label = name or f"{socket.gethostname()} CPU, gloo, {threads} thread{'s' * (threads != 1)} per process"
     text = cluster_toml(label, peak, half, statistics.fmean(memory.values()), _ram(), ranks, latency, bandwidth,
                         bus, f" (torch {torch.__version__})")
-    return text, {"gemm_flops": rates, "memory_bytes_per_s": memory, "comm_s": comm}
+    return text, {"gemm_flops": rates, "memory_bytes_per_s": memory, "comm_s": comm,
+                  "warnings": fit_warnings(rates, peak, half)}
 
 
 def main(argv: list[str] | None = None) -> int:  # python -m schedc.runtime.calibrate
@@ -208,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:  # python -m schedc.runtime.cali
     print(f"GEMM GFLOP/s by size {rates}")
     print("memory-bound GB/s " + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in raw["memory_bytes_per_s"].items()))
     print("messages s " + ", ".join(f"{k} {v:.3g}" for k, v in raw["comm_s"].items()))
+    for line in raw["warnings"]:
+        print(line, file=sys.stderr)
     print(f"wrote {args.out}")
     return 0
 

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import io
 import json
+import re
 import os
 import shutil
 from pathlib import Path
@@ -108,6 +109,8 @@ def save(directory: str, steps_done: int, executor, identity: dict) -> None:
     try:
         step_dir.mkdir(parents=True, exist_ok=True)
         _atomic_bytes(step_dir / name, data)
+        if executor.rank == 0:
+            _atomic_bytes(step_dir / MARKER, b"written by schedc's runtime: removed when a later step is saved\n")
     except OSError as exc:
         failure = f"--save {directory}: cannot write {step_dir.name}/{name} (rank {executor.rank}): {_why(exc)}"
     digests = [None] * dist.get_world_size()
@@ -124,8 +127,18 @@ def save(directory: str, steps_done: int, executor, identity: dict) -> None:
         except OSError as exc:
             raise CheckpointError(f"--save {directory}: cannot write latest.json: {_why(exc)}") from None
         for old in sorted(root.glob("step-*")):
-            if old.name != step_dir.name:
+            if old.name != step_dir.name and is_checkpoint_step(old):
                 shutil.rmtree(old, ignore_errors=True)
+
+
+MARKER = "schedc-checkpoint"  # in every step folder schedc writes: it prunes only folders that have it
+STEP_NAME = re.compile(r"step-\d{8}")
+
+
+def is_checkpoint_step(folder: Path) -> bool:
+    """A step folder schedc wrote (its name step-NNNNNNNN and its marker inside): the only kind of
+    folder a save removes; a user's `step-plots/` beside the checkpoints stays."""
+    return bool(STEP_NAME.fullmatch(folder.name)) and (folder / MARKER).is_file()
 
 
 def check_resumable(directory: str, world: int | None = None, ranks=None) -> dict:

@@ -92,7 +92,50 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
         from .__main__ import main as run_here
         with user_modules_importable():
             return run_here([str(plan_path), *options])
+    if opts.compare_to_reference:
+        return compared_to_reference(plan_path, nproc or plan.devices * opts.dp * opts.tp, opts, options,
+                                     torchrun_args)
     return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
+
+
+def compared_to_reference(plan_path, nproc: int, opts, options: list[str], torchrun_args: list[str]) -> int:
+    """--compare-to-reference: the run with its first step's gradients dumped (to --save-grads, or a
+    temporary folder), then the one-process reference on the same options for one step, then the
+    comparison printed; 1 past the tolerance."""
+    import tempfile
+    from .__main__ import main as run_here
+    from .compare import TOLERANCE, compare_dumps
+    plain = without(options, ("--compare-to-reference",), ("--tolerance", "--save-grads"))
+    tolerance = opts.tolerance or (1e-2 if opts.dtype == "bf16" else TOLERANCE)
+    with tempfile.TemporaryDirectory(prefix="schedc-compare-") as scratch:
+        run_dir = opts.save_grads or str(Path(scratch) / "run")
+        code = launch(plan_path, nproc, [*plain, "--save-grads", run_dir], torchrun_args)
+        if code != 0:
+            return code
+        reference = without(plain, (), ("--steps", "--save", "--every"))
+        with user_modules_importable():
+            code = run_here([str(plan_path), *reference, "--reference", "--steps", "1", "--quiet",
+                             "--save-grads", str(Path(scratch) / "reference")])
+        if code != 0:
+            return code
+        comparison = compare_dumps(run_dir, Path(scratch) / "reference")
+    print("\n".join(comparison.lines(tolerance)), flush=True)
+    return 0 if comparison.within(tolerance) else 1
+
+
+def without(options: list[str], flags: tuple[str, ...], valued: tuple[str, ...]) -> list[str]:
+    """options less the given flags and the given options with their values (`--x v` or `--x=v`)."""
+    out, skip = [], False
+    for word in options:
+        if skip:
+            skip = False
+        elif word in flags or word.split("=", 1)[0] in valued and "=" in word:
+            continue
+        elif word in valued:
+            skip = True
+        else:
+            out.append(word)
+    return out
 
 
 class LaunchError(UserError):
@@ -171,6 +214,26 @@ def check_user_code(opts) -> None:
         if spec is not None:
             with user_modules_importable():
                 load_function(spec, option, LaunchError)
+    if opts.model_code and opts.tp > 1:
+        probe_user_model(opts)
+
+
+def probe_user_model(opts) -> None:
+    """--model-code built once here, on the meta device (no weights, no memory), and its pieces checked
+    against the layout as the ranks would check them: a builder that fails or returns no pieces, or
+    pieces without the parallel form --sequence-parallel needs, are refused before torchrun starts.
+    A builder that cannot run on the meta device is left to the ranks."""
+    import torch
+    from .model import ModelError, build_pieces, load_builder, sequence_parallel_gaps, sequence_parallel_refusal
+    try:
+        with torch.device("meta"), user_modules_importable():
+            pieces = build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed)
+    except ModelError as exc:
+        if "meta" in str(exc).lower():
+            return
+        raise LaunchError(exc) from None
+    if opts.sequence_parallel and sequence_parallel_gaps(pieces):
+        raise LaunchError(sequence_parallel_refusal(sequence_parallel_gaps(pieces)))
 
 
 @contextmanager

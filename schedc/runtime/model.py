@@ -176,16 +176,28 @@ def parallel_run(run: list[tuple[str, nn.Module]], tp: TensorGroup) -> list[tupl
     its input would be a slice of the sequence)."""
     if tp.size == 1:
         return run
+    if tp.sequence_parallel and sequence_parallel_gaps(run):
+        raise ModelError(sequence_parallel_refusal(sequence_parallel_gaps(run)))
     cut = []
     for name, piece in run:
         make = getattr(piece, "tensor_parallel", None)
-        if make is None and tp.sequence_parallel:
-            raise ModelError(f"--sequence-parallel: the model's piece {name!r} has no tensor_parallel(tp) form")
         try:
             cut.append((name, piece if make is None else make(tp)))
         except ValueError as exc:  # a weight that t does not divide (tensor_parallel.cut)
             raise ModelError(f"--tp {tp.size}: the model's piece {name!r} cannot be cut: {exc}") from None
     return cut
+
+
+def sequence_parallel_gaps(pieces: list[tuple[str, nn.Module]]) -> list[str]:
+    """The pieces with no tensor_parallel(tp) form: under sequence parallelism their input would be a
+    slice of the sequence, so each needs one (checked on the ranks and by `schedc run` before launch)."""
+    return [name for name, piece in pieces if getattr(piece, "tensor_parallel", None) is None]
+
+
+def sequence_parallel_refusal(gaps: list[str]) -> str:
+    named = ", ".join(repr(name) for name in gaps[:5]) + (f" and {len(gaps) - 5} more" if len(gaps) > 5 else "")
+    return (f"--sequence-parallel: the model's piece{'s' * (len(gaps) > 1)} {named} "
+            f"{'have' if len(gaps) > 1 else 'has'} no tensor_parallel(tp) form (docs/models.md)")
 
 
 def gpt_problem(cfg: ModelConfig) -> str | None:

@@ -10,11 +10,10 @@ import tomllib
 from dataclasses import fields
 
 from schedc.descriptions import code_given_as_model, known_models, resolve_model
-from schedc.layout import Layout
+from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout
 
 from .errors import UserError
 from .model import ModelConfig, gpt_problem, tp_problem
-from .recompute import MODES as RECOMPUTE_MODES
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -42,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                "(--nproc is per node; --standalone is then left out).")
     parser.add_argument("plan", help="plan.json written by `schedc compile`")
     _model_options(parser.add_argument_group("model"))
+    _layout_options(parser.add_argument_group("layout (the options of schedc simulate --cluster and tune)"))
     _training_options(parser.add_argument_group("data and training"))
     _output_options(parser.add_argument_group("measurement and dumps"))
     _fault_options(parser.add_argument_group("faults and checkpoints"))
@@ -63,18 +63,39 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--heads", type=int, help="attention heads (default 4)")
     group.add_argument("--seq", type=int, help="sequence length (default 64)")
     group.add_argument("--vocab", type=int, help="vocabulary size, >= 256 for byte text (default 256)")
-    group.add_argument("--mb-size", dest="mb_size", type=int,
-                       help="sequences per microbatch (default 4)")
-    group.add_argument("--stage-layers", metavar="N,N,...", type=_layer_counts,
-                       help="layers of each pipeline stage, e.g. 2,3,3 (one count a stage, each at least "
-                            "one, summing to --layers; default: as even as can be, earlier stages taking "
-                            "the remainder)")
-    group.add_argument("--account-for-embedding", action="store_true",
-                       help="count the embedding as a layer when splitting the layers evenly (Megatron-LM's "
-                            "--account-for-embedding-in-pipeline-split): the first stage holds one fewer")
-    group.add_argument("--account-for-loss", action="store_true",
-                       help="count the loss as a layer when splitting the layers evenly (Megatron-LM's "
-                            "--account-for-loss-in-pipeline-split): the last stage holds one fewer")
+
+
+def _layout_options(group: argparse._ArgumentGroup) -> None:
+    """The layout's options, generated from the one table the compiler's take theirs from
+    (schedc.layout.LAYOUT_OPTIONS): name, type, choices, the runtime's default, help; old spellings hidden."""
+    for option in LAYOUT_OPTIONS:
+        if not option.runtime:
+            continue
+        default = option.default("runtime")
+        if option.type is bool:
+            group.add_argument(option.flag, dest=option.field, action="store_false" if default else "store_true",
+                               help=option.help)
+            continue
+        shown = f" (default {_UNSET.get(option.field, '') if default is None else default})".replace(" ()", "")
+        kind = {"type": _reader(option), "default": default, "choices": option.choices or None,
+                "metavar": option.metavar}
+        group.add_argument(option.flag, dest=option.field, help=option.help + shown, **kind)
+        for alias in option.aliases:
+            group.add_argument(alias, dest=option.field, help=argparse.SUPPRESS, **kind)
+
+
+_UNSET = {"microbatch_size": "the --model file's mb_size, else 4"}  # the defaults the model decides
+
+
+def _reader(option):
+    """argparse's type for an option: its parse, a bad value argparse's usage error."""
+    def read(text: str):
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    read.__name__ = option.type.__name__  # argparse names it in "invalid int value"
+    return read
 
 
 def _training_options(group: argparse._ArgumentGroup) -> None:
@@ -101,24 +122,6 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--loss", metavar="PKG.MOD:FN",
                        help="user loss: FN(logits, targets) returns a microbatch's mean loss (default: "
                             "cross entropy over the tokens)")
-    group.add_argument("--dp", type=int, default=1,
-                       help="data-parallel replicas of the whole pipeline (world = devices x dp)")
-    group.add_argument("--tp", type=int, default=1, metavar="T",
-                       help="tensor-parallel ranks per stage, Megatron-LM's (world = t x devices x dp; "
-                            "default 1)")
-    group.add_argument("--sequence-parallel", action="store_true",
-                       help="with --tp > 1, layer norms and residuals on 1/t of the sequence, all-gather "
-                            "and reduce-scatter around the tensor-parallel layers (Korthikanti et al. 2022)")
-    group.add_argument("--no-scatter-gather", dest="scatter_gather", action="store_false",
-                       help="with --tp > 1, send each pipeline message whole from every tensor rank "
-                            "(default: each sends 1/t of it and the receivers all-gather)")
-    group.add_argument("--distributed-optimizer", action="store_true",
-                       help="with --dp > 1, each data-parallel rank keeps and steps the optimizer state of "
-                            "1/dp of the weights, then all-gathers them (ZeRO stage 1)")
-    group.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
-                       help="activation recomputation: full recomputes each layer in its backward, selective "
-                            "only the attention core (score product, softmax, value product), none keeps "
-                            "everything (default none)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
     group.add_argument("--threads", type=int, metavar="N",
@@ -137,6 +140,13 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
                        help="write DIR/grads.pt (first step's gradients by the unpartitioned model's "
                             "parameter names, after sync, before the optimizer), DIR/loss.json and "
                             "DIR/sent.json (the pipeline message bytes each rank sent in that step)")
+    group.add_argument("--compare-to-reference", action="store_true",
+                       help="after the run, train the one-process reference on the same data and print the "
+                            "largest relative gradient and loss differences of the first step, per parameter "
+                            "group and overall; exit 1 past --tolerance (schedc run only)")
+    group.add_argument("--tolerance", type=float, metavar="REL",
+                       help="with --compare-to-reference: the largest relative difference accepted (default "
+                            "1e-5, or 1e-2 with --dtype bf16)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
                             "--*-out measurements synchronizes after each instruction)")
@@ -201,14 +211,6 @@ def gpt_bytes(cfg: ModelConfig, microbatches: int) -> float:
         return float("inf")
 
 
-def _layer_counts(text: str) -> tuple[int, ...]:
-    """--stage-layers 2,3,3."""
-    parts = text.split(",")
-    if not all(part.strip().isdigit() for part in parts):
-        raise argparse.ArgumentTypeError(f"expected layer counts separated by commas, e.g. 2,3,3; got {text!r}")
-    return tuple(int(part) for part in parts)
-
-
 DEPRECATED = {"--config": "--model"}  # old spelling: the one that replaces it
 
 
@@ -227,10 +229,8 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
 def layout_of(opts: argparse.Namespace) -> Layout:
     """The run's layout as one value, the one the cost model and tune read (schedc.layout.run_flags
     writes these options back)."""
-    return Layout(tp=opts.tp, dp=opts.dp, microbatch_size=opts.model_config.mb_size, recompute=opts.recompute,
-                  sequence_parallel=opts.sequence_parallel, scatter_gather=opts.scatter_gather,
-                  distributed_optimizer=opts.distributed_optimizer, stage_layers=opts.stage_layers,
-                  account_for_embedding=opts.account_for_embedding, account_for_loss=opts.account_for_loss)
+    given = {option.field: getattr(opts, option.field) for option in LAYOUT_OPTIONS if option.runtime}
+    return Layout(**{**given, "microbatch_size": opts.model_config.mb_size})
 
 
 def _renamed(opts: argparse.Namespace) -> list[str]:
@@ -262,9 +262,10 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
     extra: dict = {}
     if opts.model:
         values, extra = _read_toml(opts.model)
-    for key in MODEL_KEYS:
-        if getattr(opts, key) is not None:
-            values[key] = getattr(opts, key)
+    for key in MODEL_KEYS:  # the microbatch size is a layout option (--microbatch-size) the model reads
+        given = getattr(opts, OPTION["microbatch_size"].field if key == "mb_size" else key)
+        if given is not None:
+            values[key] = given
     return ModelConfig(**values, extra=extra)
 
 
@@ -351,9 +352,49 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("give one of --fault-kill, --fault-hang and --fault-stop")
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
+    _check_comparison(opts)
     _check_tensor_parallel(opts)
+    _check_paths(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
+
+
+def _check_comparison(opts: argparse.Namespace) -> None:
+    if opts.tolerance is not None and not opts.compare_to_reference:
+        raise OptionError("--tolerance is the bound of --compare-to-reference: give both")
+    if opts.tolerance is not None and not 0 < opts.tolerance < math.inf:
+        raise OptionError(f"--tolerance must be a finite relative difference > 0, got {opts.tolerance}")
+    if opts.compare_to_reference and (opts.reference or opts.resume or opts.fault):
+        raise OptionError("--compare-to-reference compares a run's first step with the reference's: it does not "
+                          "take --reference, --resume or --fault-*")
+
+
+# the run's output files, and the files its output folders receive: (option, attribute, files in a folder)
+OUTPUT_FILES = (("--trace-out", "trace_out", None), ("--report-out", "report_out", None),
+                ("--profile-out", "profile_out", None), ("--metrics-out", "metrics_out", None),
+                ("--save-grads", "save_grads", ("grads.pt", "loss.json", "sent.json")),
+                ("--save", "save", ("latest.json",)))
+
+
+def _check_paths(opts: argparse.Namespace) -> None:
+    """Every output a regular file (or folder) that can be written, none on the plan, the model file or
+    a checkpoint read, none on another (schedc.plan.paths)."""
+    from schedc.plan.paths import clash, unwritable
+    outputs = []
+    for option, attribute, files in OUTPUT_FILES:
+        path = getattr(opts, attribute, None)
+        if path is None:
+            continue
+        problem = unwritable(path, directory=files is not None)
+        if problem:
+            raise OptionError(f"{option} {path}: {problem}")
+        outputs += [(option, path)] if files is None else [(option, os.path.join(path, f)) for f in files]
+    problem = clash([("the plan", opts.plan), ("--model", getattr(opts, "model", None))], outputs)
+    if problem:
+        raise OptionError(problem)
+    if opts.every and opts.every > opts.steps:
+        raise OptionError(f"--every {opts.every} is past --steps {opts.steps}: no checkpoint would be written "
+                          f"(give --every {opts.steps} or less)")
 
 
 def _check_tensor_parallel(opts: argparse.Namespace) -> None:

@@ -37,6 +37,11 @@ class Shape:
     def stages(self) -> int:
         return self.pipelines[0].stages
 
+    @property
+    def chunks(self) -> int:
+        """Sequence chunks per microbatch, as Schedule.chunks (the pipelines hold them)."""
+        return getattr(self.pipelines[0], "chunks", 1) if self.pipelines else 1
+
 
 def makespan_bound(shape: Shape, table: dict[str, tuple[float, ...]], links, split: bool,
                    mixed: bool = False, pairs: bool = True) -> float:

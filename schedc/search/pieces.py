@@ -14,13 +14,14 @@ forms over a grid of candidates), so pruning by them keeps tune exact as the bou
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .bounds import Shape, combine_terms, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
-from ..costmodel.specs import load_cluster, load_cluster_model
+from ..costmodel.specs import check_switches, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
-from ..layout import SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, split_layers
+from ..layout import SPLIT_NAMES, SplitError
 from ..text import GIB
 from .results import Refusal
 from .space import Candidate, Request, library_entries
@@ -32,7 +33,8 @@ class Pieces:
     def __init__(self, request: Request):
         self.request = request
         self.cluster = load_cluster(request.cluster)
-        self.model = load_cluster_model(request.model, self.cluster)
+        self.model = load_cluster_model(request.model, self.cluster, request.seq)
+        check_switches(request.layout, self.cluster)  # the request's switches are every candidate's
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
         self.settings: dict[tuple, Setting] = {}
@@ -47,9 +49,8 @@ class Pieces:
         key = (c.t, c.d, c.b, c.recompute)
         if key not in self.settings:
             r = self.request
-            self.settings[key] = Setting(self.model, self.cluster, Layout(
-                tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
-                **{name: getattr(r, name) for name in (*SWITCH_NAMES, *SPLIT_NAMES)}))
+            self.settings[key] = Setting(self.model, self.cluster, replace(
+                r.layout, tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute))
         return self.settings[key]
 
     def shape(self, c: Candidate) -> Shape | Refusal:
@@ -75,10 +76,10 @@ class Pieces:
         """The refusal of stages the layer split does not fit (outside the space, whatever the schedule's
         requires say): with the request's split (schedc.layout.split_layers) where it gives one, else
         stages that do not divide the model's layers; or None."""
-        r = self.request
-        if stages and any(getattr(r, name) for name in SPLIT_NAMES):
+        layout = self.request.layout
+        if stages and any(getattr(layout, name) for name in SPLIT_NAMES):
             try:
-                split_layers(self.model.layers, stages, r.stage_layers, r.account_for_embedding, r.account_for_loss)
+                layout.layer_split(self.model.layers, stages)
             except SplitError as exc:
                 return Refusal(str(exc), layers=True)
         elif stages and self.model.layers % stages:
@@ -97,12 +98,12 @@ class Pieces:
 
     def _cost_key(self, c: Candidate, shape: Shape) -> tuple:
         key = (c.t, c.b, c.recompute, shape.stages)
-        return key + (c.d, shape.pipelines[0].placement) if self.request.blocking_p2p else key
+        return key + (c.d, shape.pipelines[0].placement) if self.request.layout.blocking_p2p else key
 
     def _costs(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         key = self._cost_key(c, shape)
         if key not in self.costs:
-            blocking = self.request.blocking_p2p
+            blocking = self.request.layout.blocking_p2p
             times = self.message_times(st, c, shape.devices) if blocking else None
             costs = stage_costs(st, shape.stages, shape.pipelines[0].placement, times)
             table = costs.costs()
@@ -112,7 +113,7 @@ class Pieces:
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         """held_bytes, cached per placement and t (and d with the distributed optimizer): what it reads."""
         key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t) + \
-            ((c.d,) if self.request.distributed_optimizer else ())
+            ((c.d,) if self.request.layout.distributed_optimizer else ())
         if key not in self.states:
             self.states[key] = held_bytes(st.model, st.layout, shape)
         return self.states[key]
@@ -121,7 +122,7 @@ class Pieces:
         """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
         for d with the distributed optimizer (the shards)."""
         key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute) + \
-            ((c.d,) if self.request.distributed_optimizer else ())
+            ((c.d,) if self.request.layout.distributed_optimizer else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape, self.held(st, c, shape))
         return self.states[key]

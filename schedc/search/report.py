@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import RECOMPUTE, SPLIT_NAMES, SWITCH_NAMES, Layout, SplitError, flag, parse_stage_layers, run_flags, split_flags
+from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, run_flags
 from ..diagnostics import SCHEDULE, SchedError
 from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
-from .space import Request
+from .space import SET_PER_CANDIDATE, Request
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -67,22 +67,24 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   **{name: o[name] for name in SWITCH_NAMES}, **_split(o))
+                   layout=_layout(o), seq=o.get("seq"))
 
 
-def _split(o: dict[str, Any]) -> dict[str, Any]:
-    """The request's layer split (schedc.layout.SPLIT_NAMES); a usage error for a bad --stage-layers or
-    --stage-layers with an --account-for-* flag."""
-    split = {name: o[name] for name in SPLIT_NAMES}
-    if split["stage_layers"] is not None:
+def _layout(o: dict[str, Any]) -> Layout:
+    """Every candidate's layout: the layout options given (not None) among `o`, the rest Layout's
+    defaults (the search sets t, d, b and recomputation per candidate); a usage error for a bad
+    --stage-layers or --stage-layers with an --account-for-* flag."""
+    split = {opt.field: o[opt.field] for opt in LAYOUT_OPTIONS
+             if opt.field not in SET_PER_CANDIDATE and o.get(opt.field) is not None}
+    if split.get("stage_layers") is not None:
         try:
             split["stage_layers"] = parse_stage_layers(split["stage_layers"])
         except SplitError as exc:
             raise usage(str(exc)) from None
-        if split["account_for_embedding"] or split["account_for_loss"]:
+        if split.get("account_for_embedding") or split.get("account_for_loss"):
             raise usage("--stage-layers gives every stage's layers; --account-for-embedding and --account-for-loss "
                         "only change the even split: give one or the other")
-    return split
+    return Layout(**split)
 
 
 _WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
@@ -143,13 +145,27 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
              f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
-        return lines + ["  it is the winner"]
+        return lines + tp_overlap_lines(searcher, best, mine) + ["  it is the winner"]
     lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
                   f"({winner.candidate.describe()}, {winner.iteration_s:.4f} s)")
     lines.append(f"  against the winner (s): {breakdown_difference(mine, winner.prediction)} (memory GiB "
                  f"{mine.memory_bytes / GIB:.1f} against {winner.prediction.memory_bytes / GIB:.1f})")
     lines.append(f"  memory against the winner (GiB): {memory_difference(mine, winner.prediction)}")
-    return lines
+    return lines + tp_overlap_lines(searcher, best, mine)
+
+
+def tp_overlap_lines(searcher: Searcher, best, mine) -> list[str]:
+    """With t > 1: the tensor-parallel communication a layer exposes per microbatch and forward with and
+    without --tp-comm-overlap (each GEMM hides what it can of its all-gather or reduce-scatter), and
+    the step's as the candidate runs."""
+    if best.t == 1:
+        return []
+    from ..costmodel.stages import tp_exposure
+    overlapped, plain = tp_exposure(searcher.setting(best))
+    running = "with" if searcher.request.layout.tp_comm_overlap else "without"
+    return [f"  tensor-parallel comm per layer and microbatch (forward; again in the backward): "
+            f"{1e3 * overlapped:.3f} ms exposed with --tp-comm-overlap, {1e3 * plain:.3f} ms without; "
+            f"this step's, {running} it: {mine.breakdown['tensor_parallel_comm_s']:.4f} s"]
 
 
 MEMORY_PARTS = (("weights_gradients_optimizer", "weights, gradients and optimizer"), ("activations", "activations"),
@@ -194,9 +210,9 @@ def pruned_lines(text: str) -> int | None:
 
 def _fit(r) -> str:
     """What a candidate's stages must do with the layers: fit the request's split, or divide them."""
-    if r.stage_layers is not None:
-        return f"number {len(r.stage_layers)}, as --stage-layers gives"
-    if r.account_for_embedding or r.account_for_loss:
+    if r.layout.stage_layers is not None:
+        return f"number {len(r.layout.stage_layers)}, as --stage-layers gives"
+    if r.layout.account_for_embedding or r.layout.account_for_loss:
         return "fit the layer split (--account-for-*)"
     return "divide the model's layers"
 
@@ -240,14 +256,17 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     r = outcome.request
     w = max([18] + [len(item.label()) for item in outcome.ranked])
     head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
-            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7}")
-    lines = [f"schedc tune: {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}", head]
+            f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7} {'MFU':>5}")
+    params = outcome.ranked[0].prediction.extra["parameters"] if outcome.ranked else None
+    model = f" of {params / 1e9:.2f}e9 parameters" if params is not None else ""
+    lines = [f"schedc tune: a model{model} on {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}",
+             head]
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
         lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
-                     f" {item.bubble:>7.4f}")
+                     f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
     counts = outcome.counts
     whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill, a greedy order or placed R, O, L ops)" if counts["compiled_whole"] else ""
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
@@ -274,9 +293,10 @@ def winner_commands(outcome: Outcome) -> list[str]:
     r = outcome.request
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
-    flags = "".join(f" {flag(name)}" for name in SWITCH_NAMES if getattr(r, name))
-    flags += "".join(f" {word}" for word in split_flags(r))
-    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)} --cluster {shlex.quote(r.cluster)} "
+    fixed = [o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CANDIDATE]
+    flags = "".join(f" {word}" for word in option_flags(r.layout, fixed))
+    seq = f" --seq {r.seq}" if r.seq is not None else ""
+    common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)}{seq} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
               f"--recompute {c.recompute}{flags}")
     return [f"schedc simulate {common}", f"schedc compile {common} -o out/tune",
@@ -296,7 +316,7 @@ def local_commands(outcome: Outcome) -> list[str]:
     params = {**c.params(), "p": LOCAL_STAGES, "m": 4 * LOCAL_STAGES}
     t = min(c.t, LOCAL_TP)
     layout = Layout(tp=t, microbatch_size=min(c.b, 4), recompute=c.recompute,
-                    sequence_parallel=r.sequence_parallel and t > 1)
+                    sequence_parallel=r.layout.sequence_parallel and t > 1)
     layers = 4 * LOCAL_STAGES * int(params.get("v", 1))  # enough for V shapes and two-pipeline schedules
     defines = " ".join(f"-D {k}={v}" for k, v in params.items())
     return [f"schedc compile {shlex.quote(c.schedule)} {defines} -o out/tune-local",

@@ -43,7 +43,8 @@ class Ranked:
     def to_json(self) -> dict[str, Any]:
         c, p = self.candidate, self.prediction
         return {"schedule": c.schedule, "t": c.t, "p": c.p, "d": c.d, "v": c.v, "b": c.b, "m": c.m,
-                "recompute": c.recompute, "tflops_per_gpu": round(p.tflops_per_gpu, 3),
+                "recompute": c.recompute, "tflops_per_gpu": round(p.tflops_per_gpu, 3), "mfu": p.extra["mfu"],
+                "parameters": p.extra["parameters"],
                 "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
                 "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
                 "critical_device": p.extra["critical_device"], "same_order": [o.schedule for o in self.same]}

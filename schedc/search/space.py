@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..diagnostics import usage
-from ..layout import RECOMPUTE
+from ..layout import RECOMPUTE, Layout
 
 
 
@@ -17,6 +17,10 @@ SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's oth
 
 
 GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
+
+# The layout options the search sets per candidate (t, d, b, recomputation) or takes as its own (the
+# global batch); every other one (schedc.layout.LAYOUT_OPTIONS) is every candidate's, as given.
+SET_PER_CANDIDATE = ("tp", "dp", "microbatch_size", "global_batch", "recompute")
 
 
 @dataclass(frozen=True)
@@ -35,14 +39,10 @@ class Request:
     top: int = 10
     per: str | None = None                   # one of GROUPS: the top K of each group, exactly
     exhaustive: bool = False
-    sequence_parallel: bool = False
-    overlap_grad_reduce: bool = False
-    blocking_p2p: bool = False               # sends hold their sender (Megatron-LM's point-to-point calls)
     microbatch: tuple[int, ...] | None = None  # restrict b to these values
-    distributed_optimizer: bool = False      # optimizer state sharded over data parallelism (ZeRO stage 1)
-    stage_layers: tuple[int, ...] | None = None  # the layer split (schedc.layout.SPLIT_NAMES), every candidate's
-    account_for_embedding: bool = False
-    account_for_loss: bool = False
+    layout: Layout = Layout()                # every candidate's switches and layer split; the search sets t,
+    #                                          d, b, the global batch and recomputation per candidate
+    seq: int | None = None                   # --seq: the run's sequence length over the model description's
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -139,7 +139,7 @@ def divisors(n: int) -> list[int]:
     return small + [n // k for k in reversed(small) if k * k != n]
 
 
-_SIZES = ("heads", "hidden", "ffn", "vocab")  # what t must divide
+_SIZES = ("heads", "hidden", "ffn", "vocab", "kv_heads")  # what t must divide
 
 
 def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int, int, int]]:
@@ -217,10 +217,11 @@ def chunk_choices(model, request: Request, p: int) -> list[int | None]:
     """The chunks per device v >= 2 of an interleaved schedule on p devices: those whose v p stages the
     layer split fits evenly (the layers, with the embedding and the loss counted when the request says
     so), or the one --stage-layers gives; [None] (the schedule's own v, refused later) when none."""
-    if request.stage_layers is not None:
-        stages = len(request.stage_layers)
+    layout = request.layout
+    if layout.stage_layers is not None:
+        stages = len(layout.stage_layers)
         return [stages // p] if stages % p == 0 and stages // p >= 2 else [None]
-    units = model.layers + request.account_for_embedding + request.account_for_loss
+    units = model.layers + layout.account_for_embedding + layout.account_for_loss
     return [v for v in divisors(units // p) if v >= 2] or [None] if units % p == 0 else [None]
 
 

@@ -9,6 +9,8 @@ JSON `schedc run --profile-out` writes, as `simulate --costs` reads it).
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,8 @@ def _numbers(name: str, text: str) -> tuple[float, ...]:
         values = tuple(float(part) for part in text.split(","))
     except ValueError:
         raise option_error(f"{name}: expected a number or comma-separated numbers, got {text!r}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise option_error(f"{name}: expected finite numbers >= 0, got {text!r}")
     return values
 
 

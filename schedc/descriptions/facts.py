@@ -1,0 +1,132 @@
+"""A decoder model's architecture facts: what decides its cost, its memory and what the runtime builds.
+One frozen value that every description (a schedc TOML file, a Hugging Face config.json) maps to, and the
+cost model, the activation table and the runtime read.
+
+    GPT (Megatron-LM 2021):  kv_heads = heads, mlp gelu (ffn = 4h), layernorm, learned positions,
+                             tied embeddings, biases everywhere, the standard attention kernel
+    Llama 3.1 70B:           64 heads over 8 kv_heads, swiglu (ffn 28,672), rmsnorm, rope, untied, no biases
+
+Imports nothing of schedc (the runtime reads it); what is wrong with a description is a DescriptionError
+carrying the key and its (line, col), which the compiler turns into a located diagnostic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+MLPS = ("gelu", "swiglu")               # gelu: two matrices h x f; swiglu: three (gate, up, down)
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")         # learned: a table of max_positions rows; rope: rotary, no weights
+BIASES = ("all", "qkv", "none")         # GPT: all; Llama, Mistral: none; Qwen2: the q, k, v projections only
+ATTENTION_KERNELS = ("standard", "flash")
+FAMILIES = ("gpt", "gpt2", "llama", "mistral", "qwen2")
+DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
+               "float": 4}
+MAX_SIZE = 2**40  # a model's sizes (layers, hidden, heads, ...): past any model, exact as floats
+
+
+class DescriptionError(ValueError):
+    """What is wrong with a description: the message, the key it is about (None: the whole file) and
+    where that key stands in the text, (line, col), both 1-based ((1, 1) when unknown)."""
+
+    def __init__(self, message: str, key: str | None = None, line: int = 1, col: int = 1):
+        super().__init__(message)
+        self.message, self.key, self.line, self.col = message, key, line, col
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """A decoder of `layers` blocks, hidden size `hidden`, `heads` query heads over `kv_heads` key/value
+    heads (0 given: as many as heads), an MLP of form `mlp` and width `ffn` (swiglu: the intermediate
+    size), over `seq` tokens and a vocabulary of `vocab`; the rest as the module says. The defaults are
+    Megatron's 2021 GPT."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    dtype: str = "bf16"
+    attention: str = "standard"  # "standard" materialises the s x s scores in HBM, "flash" keeps them on chip
+    kv_heads: int = 0
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    positions: str = "learned"
+    rope_theta: float = 10000.0
+    tied_embeddings: bool = True
+    bias: str = "all"
+    max_positions: int | None = None  # learned positions' table (None: seq rows); a longer seq is refused
+    family: str = "gpt"
+
+    def __post_init__(self):
+        if not self.kv_heads:
+            object.__setattr__(self, "kv_heads", self.heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """The width of K (and of V): kv_heads x head_dim (= hidden for multi-head attention)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def flash(self) -> bool:
+        return self.attention == "flash"
+
+    @property
+    def width(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (0 with rotary positions)."""
+        if self.positions != "learned":
+            return 0
+        return self.max_positions if self.max_positions is not None else self.seq
+
+
+# The facts a TOML model file may state beside its sizes: key -> (type, the values it may take or None)
+FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
+    "kv_heads": (int, None), "mlp": (str, MLPS), "norm": (str, NORMS), "norm_eps": (float, None),
+    "positions": (str, POSITIONS), "rope_theta": (float, None), "tied_embeddings": (bool, None),
+    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES)}
+FACT_NAMES = tuple(f.name for f in fields(ModelFacts))
+
+
+def consistency(facts: ModelFacts, names: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """What the sizes say against each other, as (fact to blame, message): heads divide hidden, kv_heads
+    divide heads, seq within a learned position table. `names`: the description's key for a fact, where
+    it is not the fact's own name (a config.json's num_attention_heads)."""
+    name = {**{f: f for f in FACT_NAMES}, **(names or {})}
+    out = []
+    if facts.hidden % facts.heads:
+        out.append(("heads", f"'{name['heads']}' ({facts.heads}) must divide '{name['hidden']}' ({facts.hidden})"))
+    if facts.kv_heads > facts.heads or facts.heads % facts.kv_heads:
+        out.append(("kv_heads", f"'{name['kv_heads']}' ({facts.kv_heads}) must divide '{name['heads']}' "
+                                f"({facts.heads}): each key/value head serves a group of query heads"))
+    if facts.positions == "learned" and facts.max_positions is not None and facts.seq > facts.max_positions:
+        out.append(("max_positions", f"sequence {facts.seq} (--seq) is longer than the model's "
+                                     f"{facts.max_positions} learned positions ('{name['max_positions']}')"))
+    return out
+
+
+def parameters(facts: ModelFacts) -> int:
+    """The model's parameters (one replica, no parallelism): per layer the attention's Q and output
+    projections (h x h each), K and V (h x kv_hidden each), the MLP's two (gelu) or three (swiglu)
+    h x f matrices, the norms' weights (and a layer norm's biases) and the biases the model has; then
+    the word embedding, the learned positions, the final norm and an untied output layer.
+
+        GPT (f = 4h, biases all, layernorm): 12h^2 + 13h per layer, as Narayanan et al. count it
+    """
+    h, f, kv = facts.hidden, facts.ffn, facts.kv_hidden
+    matrices = 2 * h * h + 2 * h * kv + (3 if facts.mlp == "swiglu" else 2) * h * f
+    norm = 2 * h if facts.norm == "layernorm" else h
+    biases = {"all": h + 2 * kv + h + (2 * f if facts.mlp == "swiglu" else f) + h,
+              "qkv": h + 2 * kv, "none": 0}[facts.bias]
+    layer = matrices + 2 * norm + biases
+    words = facts.vocab * h
+    ends = words * (1 if facts.tied_embeddings else 2) + facts.position_rows * h + norm
+    return facts.layers * layer + ends

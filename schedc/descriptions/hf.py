@@ -1,0 +1,152 @@
+"""A Hugging Face `config.json` as a model description: its `model_type` picks the family, its keys give
+the facts (facts.ModelFacts); the run's sequence length, which a config does not have, comes from --seq.
+
+    {"model_type": "llama", "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8, ...}
+    -> ModelFacts(layers=80, hidden=8192, heads=64, kv_heads=8, mlp="swiglu", ffn=28672, norm="rmsnorm",
+                  positions="rope", tied_embeddings=False, bias="none", family="llama", ...)
+
+Read with the standard library's json; every key it needs is named in a DescriptionError at its place in
+the text when missing or wrong. Imports nothing of schedc.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from .facts import MAX_SIZE, DescriptionError, ModelFacts, consistency
+
+# model_type -> (family, what the family fixes). Llama and Mistral: SwiGLU, RMSNorm, rotary positions,
+# no biases (attention_bias and mlp_bias false in their configs); Qwen2: the same with biases on the q, k, v
+# projections (its modelling code always has them); GPT-2: GeLU MLP, LayerNorm, learned positions, biases.
+FAMILY_OF = {
+    "llama": dict(family="llama", mlp="swiglu", norm="rmsnorm", positions="rope", bias="none"),
+    "mistral": dict(family="mistral", mlp="swiglu", norm="rmsnorm", positions="rope", bias="none"),
+    "qwen2": dict(family="qwen2", mlp="swiglu", norm="rmsnorm", positions="rope", bias="qkv"),
+    "gpt2": dict(family="gpt2", mlp="gelu", norm="layernorm", positions="learned", bias="all"),
+}
+# fact -> the config's key for it, per key scheme (GPT-2's names differ), with None: required
+_LLAMA_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+               "vocab": "vocab_size", "ffn": "intermediate_size"}
+_GPT2_KEYS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "vocab": "vocab_size"}
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def key_positions(text: str) -> dict[str, tuple[int, int]]:
+    """Where each top-level key of a JSON object stands: key -> (line, col) of its opening quote (the
+    first occurrence of a repeated key). A scan of the text (json gives no positions): strings are
+    skipped, and only keys directly inside the outermost object are recorded."""
+    found: dict[str, tuple[int, int]] = {}
+    depth, line, start, i = 0, 1, 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\n":
+            line, start = line + 1, i + 1
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+        elif c == '"':
+            end = _string_end(text, i)
+            if depth == 1 and re.match(r"\s*:", text[end + 1:end + 64]):
+                found.setdefault(json.loads(text[i:end + 1]), (line, i - start + 1))
+            i = end
+        i += 1
+    return found
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index of the closing quote of the JSON string opening at i (the text's end if none)."""
+    j = i + 1
+    while j < len(text) and text[j] != '"':
+        j += 2 if text[j] == "\\" else 1
+    return min(j, len(text) - 1)
+
+
+def read_hf_config(text: str, seq: int | None) -> ModelFacts:
+    """The facts of a Hugging Face config.json's text, at sequence length `seq` (--seq); a
+    DescriptionError at the offending key for invalid JSON, an unknown model_type, a missing, mistyped
+    or negative size, heads not dividing the hidden size, key/value heads not dividing the heads, a
+    head_dim other than hidden / heads, or a seq past a learned-position model's positions."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DescriptionError(f"not valid JSON: {exc.msg}", None, exc.lineno, exc.colno) from None
+    except RecursionError:
+        raise DescriptionError("not a model configuration: nested too deep") from None
+    if not isinstance(config, dict):
+        raise DescriptionError("a config.json is a JSON object of the model's keys")
+    where = key_positions(text)
+
+    def fail(message: str, key: str | None) -> DescriptionError:
+        return DescriptionError(message, key, *where.get(key, (1, 1)))
+
+    kind = config.get("model_type")
+    if kind not in FAMILY_OF:
+        known = ", ".join(FAMILY_OF)
+        said = "no 'model_type'" if kind is None else f"model_type {kind!r} is not a family schedc knows"
+        raise fail(f"{said} (known: {known})", "model_type" if kind is not None else None)
+    keys = _GPT2_KEYS if kind == "gpt2" else _LLAMA_KEYS
+    sizes = {fact: _size(config, key, fail) for fact, key in keys.items()}
+    values = dict(FAMILY_OF[kind], **sizes)
+    if seq is None:
+        raise fail("a config.json gives no sequence length for the run: give --seq N", None)
+    values["seq"] = seq
+    values.update(_gpt2_facts(config, values, fail) if kind == "gpt2" else _llama_facts(config, values, fail))
+    values["dtype"] = _DTYPES.get(config.get("torch_dtype"), "bf16")
+    facts = ModelFacts(**values)
+    names = {**keys, "kv_heads": "num_key_value_heads", "max_positions": "n_positions"}
+    problems = consistency(facts, names)
+    if problems:
+        fact, message = problems[0]
+        raise fail(message, names[fact] if names[fact] in where else None)
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim != facts.head_dim:
+        raise fail(f"head_dim {head_dim!r} is not hidden_size / num_attention_heads = {facts.head_dim} (schedc "
+                   "models heads of hidden / heads)", "head_dim")
+    return facts
+
+
+def _size(config: dict, key: str, fail, default: int | None = None) -> int:
+    """A positive integer the config gives at `key` (default when absent and not None)."""
+    value = config.get(key, default)
+    if value is None:
+        raise fail(f"missing key '{key}' (a positive integer)", None)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SIZE:
+        raise fail(f"'{key}' must be a positive integer up to {MAX_SIZE:,}, got {value!r}", key)
+    return value
+
+
+def _number(config: dict, key: str, fail, default: float) -> float:
+    value = config.get(key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise fail(f"'{key}' must be a positive number, got {value!r}", key)
+    return float(value)
+
+
+def _flag(config: dict, key: str, fail, default: bool) -> bool:
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise fail(f"'{key}' must be true or false, got {value!r}", key)
+    return value
+
+
+def _llama_facts(config: dict, values: dict, fail) -> dict:
+    """Llama, Mistral and Qwen2's keys beyond the sizes (absent ones at the transformers defaults)."""
+    out = {"kv_heads": _size(config, "num_key_value_heads", fail, values["heads"]),
+           "norm_eps": _number(config, "rms_norm_eps", fail, 1e-6),
+           "rope_theta": _number(config, "rope_theta", fail, 10000.0),
+           "tied_embeddings": _flag(config, "tie_word_embeddings", fail, False),
+           "attention": "flash"}
+    for key in ("attention_bias", "mlp_bias"):
+        if values["family"] != "qwen2" and _flag(config, key, fail, False):
+            raise fail(f"'{key}' true: schedc models the {values['family']} family without biases", key)
+    return out
+
+
+def _gpt2_facts(config: dict, values: dict, fail) -> dict:
+    """GPT-2's keys beyond the sizes: n_inner (absent or null: 4 x n_embd), n_positions, the epsilon."""
+    inner = config.get("n_inner")
+    return {"ffn": 4 * values["hidden"] if inner is None else _size(config, "n_inner", fail),
+            "max_positions": _size(config, "n_positions", fail, 1024),
+            "norm_eps": _number(config, "layer_norm_epsilon", fail, 1e-5),
+            "tied_embeddings": _flag(config, "tie_word_embeddings", fail, True)}
