@@ -5,7 +5,9 @@
 #              stages on 2 ranks (one rank a core here, so that the backward times below are not those of
 #              ranks waiting for a core), and at t = 2 with and without sequence parallelism on 4 ranks: the
 #              bytes each forward of a stage saves for its backward (--report-out's memory, measured with
-#              saved-tensor hooks) next to schedc/activations.py's table for the runtime's GPT (within 2 %)
+#              saved-tensor hooks) next to schedc/activations.py's table for the runtime's GPT (within 2 %);
+#              and so the Llama-family decoder (--family llama: key/value heads half the heads (from 4), a
+#              SwiGLU 3h wide, RMSNorm, rotary positions, untied; runtime/decoder.py)
 #   in flight  1f1b, zb_h1, zb_h2, zbv, interleaved_1f1b on 4 ranks at the smallest size: each rank's most
 #              microbatch states alive at once next to the simulator's peak (the plan's stats)
 #   backward   per size, the measured mean B time with full recomputation over none, next to the cost
@@ -13,6 +15,7 @@
 #              dgx-a100-80gb cluster: the ratio, not the times, is what a CPU run can be held to)
 #
 #   python benchmarks/memory_vs_model.py --quick      # about 8 minutes on 2 CPU cores
+#   python benchmarks/memory_vs_model.py --quick --family llama   # the decoder's bytes alone
 from __future__ import annotations
 
 import argparse
@@ -25,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from schedc.activations import RUNTIME_GPT, Sizes, stage_bytes  # noqa: E402
+from schedc.activations import RUNTIME_GPT, Sizes, runtime_decoder, stage_bytes  # noqa: E402
 
 RANKS, SIZED_RANKS, LAYERS, VOCAB = 4, 2, 8, 256
 SIZES = {"small": {"hidden": 32, "heads": 2, "seq": 16, "mb_size": 2},
@@ -36,6 +39,30 @@ TENSOR = {"t=1": [], "t=2": ["--tp", "2"], "t=2 SP": ["--tp", "2", "--sequence-p
 IN_FLIGHT = [("1f1b", {"p": 4, "m": 8}), ("zb_h1", {"p": 4, "m": 6}), ("zb_h2", {"p": 4, "m": 8}),
              ("zbv", {"p": 4, "m": 6}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8})]
 WITHIN = 0.02
+# the decoder's facts (a model TOML the runtime reads) beside the sizes; kv heads and ffn from the size
+LLAMA = {"family": "llama", "mlp": "swiglu", "norm": "rmsnorm", "positions": "rope", "bias": "none",
+         "tied_embeddings": False}
+
+
+def kv_heads(size: dict) -> int:
+    """The decoder's key/value heads at this size: half the heads, where t = 2 still divides them."""
+    return size["heads"] // 2 if size["heads"] >= 4 else size["heads"]
+
+
+def llama_description(size: dict, root: Path) -> list[str]:
+    """--model of a TOML file stating the decoder's facts at this size: kv_heads(size), a SwiGLU 3h wide."""
+    path = root / f"llama_{size['hidden']}.toml"
+    facts = {**LLAMA, "kv_heads": kv_heads(size), "ffn": 3 * size["hidden"]}
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in facts.items()))
+    return ["--model", str(path)]
+
+
+def table_sizes(size: dict, family: str) -> tuple[Sizes, object]:
+    """The table's Sizes and Facts of the runtime's model of `family` at this size."""
+    if family == "gpt":
+        return Sizes(size["seq"], size["mb_size"], size["hidden"], size["heads"], 4 * size["hidden"], VOCAB), RUNTIME_GPT
+    return (Sizes(size["seq"], size["mb_size"], size["hidden"], size["heads"], 3 * size["hidden"], VOCAB,
+                  kv_heads(size)), runtime_decoder(LLAMA["mlp"], LLAMA["norm"], LLAMA["positions"]))
 
 
 def compile_plan(name: str, params: dict, out: Path) -> Path:
@@ -76,20 +103,20 @@ def cost_model_ratio(size: dict) -> list[float]:
 def bytes_table(reports: dict) -> bool:
     print(f"saved bytes per microbatch and stage, measured vs schedc/activations.py (1f1b, {SIZED_RANKS} stages "
           f"of {LAYERS // SIZED_RANKS} layers)")
-    print(f"{'size':>7} {'tensor':>7} {'recompute':>9} {'stage':>5} {'measured':>10} {'predicted':>10} {'off':>7}")
+    print(f"{'family':>6} {'size':>7} {'tensor':>7} {'recompute':>9} {'stage':>5} {'measured':>10} {'predicted':>10} "
+          f"{'off':>7}")
     ok, worst = True, 0.0
-    for (name, tensor, mode), rep in reports.items():
-        size = SIZES[name]
-        sizes = Sizes(size["seq"], size["mb_size"], size["hidden"], size["heads"], 4 * size["hidden"], VOCAB)
+    for (family, name, tensor, mode), rep in reports.items():
+        sizes, facts = table_sizes(SIZES[name], family)
         tp, sp = (2 if "--tp" in TENSOR[tensor] else 1), "--sequence-parallel" in TENSOR[tensor]
         for s, entry in rep["memory"]["stages"].items():
-            want = stage_bytes(sizes, RUNTIME_GPT, LAYERS // SIZED_RANKS, s == "0", s == str(SIZED_RANKS - 1),
+            want = stage_bytes(sizes, facts, LAYERS // SIZED_RANKS, s == "0", s == str(SIZED_RANKS - 1),
                                tp, sp, mode)
             got = entry["saved_bytes_per_microbatch"]
             off = (got - want) / want
             ok &= abs(off) <= WITHIN
             worst = max(worst, abs(off))
-            print(f"{name:>7} {tensor:>7} {mode:>9} {s:>5} {got:>10} {want:>10.0f} {off:>+7.2%}")
+            print(f"{family:>6} {name:>7} {tensor:>7} {mode:>9} {s:>5} {got:>10} {want:>10.0f} {off:>+7.2%}")
     print(f"{len(reports)} runs, {2 * len(reports)} stages: largest difference {worst:.2%}")
     return ok
 
@@ -110,7 +137,7 @@ def in_flight_table(reports: dict, plans: dict) -> bool:
 def backward_table(reports: dict) -> None:
     print("\nmean B time per stage, full recomputation over none: measured vs cost model")
     for name in SIZES:
-        none, full = (reports[(name, "t=1", mode)]["mean_ms"]["B"] for mode in ("none", "full"))
+        none, full = (reports[("gpt", name, "t=1", mode)]["mean_ms"]["B"] for mode in ("none", "full"))
         measured = [f / n for f, n in zip(full, none)]
         model = cost_model_ratio(SIZES[name])
         print(f"{name:>7}: B none {[round(v, 2) for v in none]} ms, full {[round(v, 2) for v in full]} ms; "
@@ -121,21 +148,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="measured activation memory vs the models")
     parser.add_argument("--quick", action="store_true", help="fewer steps for the backward times")
     parser.add_argument("--steps", type=int, help="steps per run (default 12, quick 5)")
+    parser.add_argument("--family", choices=("all", "gpt", "llama"), default="all",
+                        help="the runtime's models whose bytes are measured (llama: the bytes alone)")
     args = parser.parse_args(argv)
+    families = ("gpt", "llama") if args.family == "all" else (args.family,)
     steps = args.steps or (5 if args.quick else 12)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         one_f = compile_plan("1f1b", {"p": SIZED_RANKS, "m": 4}, root / "1f1b_bytes")
-        sized = {(name, tensor, mode): run(one_f, SIZED_RANKS * (2 if flags else 1),
-                                           [*model_flags(size), *flags, "--steps", str(steps if not flags else 1),
-                                            "--recompute", mode], root / f"{name}_{len(flags)}_{mode}.json")
-                 for name, size in SIZES.items() for tensor, flags in TENSOR.items() for mode in MODES}
-        plans = {name: compile_plan(name, params, root / name) for name, params in IN_FLIGHT}
+        described = {"gpt": lambda size: [], "llama": lambda size: llama_description(size, root)}
+        sized = {(family, name, tensor, mode): run(one_f, SIZED_RANKS * (2 if flags else 1),
+                                                   [*described[family](size), *model_flags(size), *flags, "--steps",
+                                                    str(steps if not flags and family == "gpt" else 1), "--recompute",
+                                                    mode], root / f"{family}_{name}_{len(flags)}_{mode}.json")
+                 for family in families for name, size in SIZES.items() for tensor, flags in TENSOR.items()
+                 for mode in MODES}
+        plans = {name: compile_plan(name, params, root / name) for name, params in IN_FLIGHT} if "gpt" in families else {}
         flights = {name: run(plans[name], RANKS, [*model_flags(SIZES["small"]), "--steps", "2"], root / f"{name}.json")
                    for name in plans}
         bytes_ok = bytes_table(sized)
-        flight_ok = in_flight_table(flights, plans)
-        backward_table(sized)
+        flight_ok = in_flight_table(flights, plans) if flights else True
+        if "gpt" in families:
+            backward_table(sized)
     print(f"\nbytes within {WITHIN:.0%}: {'yes' if bytes_ok else 'NO'}; in-flight peaks as simulated: "
           f"{'yes' if flight_ok else 'NO'}")
     return 0 if bytes_ok and flight_ok else 1

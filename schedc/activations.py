@@ -72,6 +72,7 @@ class Facts:
     gated: bool = False   # a SwiGLU MLP: its first GEMM's output of 2f (gate and up) kept, not a GeLU input of f
     stat_values: int = 2  # fp32 values a norm keeps per token with norm_stats: LayerNorm's mean and 1/std, RMSNorm's 1/rms
     fp8_inputs: bool = False  # the linear GEMMs' inputs kept as their FP8 casts (Transformer Engine under --fp8)
+    position_ids: bool = True  # with ends: learned positions, whose lookup keeps its ids (rotary: none)
 
 
 def megatron(width: float) -> Facts:
@@ -84,6 +85,14 @@ def megatron(width: float) -> Facts:
 # The runtime's GPT (schedc/runtime/model.py) in fp32: no dropout, torch's layer norms, and
 # scaled_dot_product_attention's fused kernel on CPU (it keeps a log-sum-exp, not the scores).
 RUNTIME_GPT = Facts(value_bytes=4, mask_bytes=0, scores=False, norm_stats=True, ends=True)
+
+
+def runtime_decoder(mlp: str, norm: str, positions: str) -> Facts:
+    """The runtime's Llama-family decoder (schedc/runtime/decoder.py) in fp32 by its facts' names: the
+    GPT's kernels, a SwiGLU keeping its gate and up inputs (Megatron-Core's fused SwiGLU), an RMSNorm
+    its 1/rms, rotary positions no ids."""
+    return Facts(value_bytes=4, mask_bytes=0, scores=False, norm_stats=True, ends=True, gated=mlp == "swiglu",
+                 stat_values=1 if norm == "rmsnorm" else 2, position_ids=positions == "learned")
 
 
 def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = False,
@@ -114,18 +123,18 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
 def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,
               sequence_parallel: bool = False) -> float:
     """What the model's end pieces keep (with facts.ends): the first stage's token ids and position ids
-    (a slice of them under sequence parallelism; with t > 1 the vocabulary-parallel lookup's mask of
-    tokens outside the rank's range, a byte a token); the last stage's final layer norm (input,
-    statistics) and the logits' input, both on sequence shards under sequence parallelism, the loss's
-    fp32 probabilities (1/t of the vocabulary with t > 1) and targets, and the total weight (t = 1) or
-    the outside-the-range mask (t > 1)."""
+    (a slice of them under sequence parallelism; none with rotary positions, facts.position_ids; with
+    t > 1 the vocabulary-parallel lookup's mask of tokens outside the rank's range, a byte a token); the
+    last stage's final layer norm (input, statistics) and the logits' input, both on sequence shards
+    under sequence parallelism, the loss's fp32 probabilities (1/t of the vocabulary with t > 1) and
+    targets, and the total weight (t = 1) or the outside-the-range mask (t > 1)."""
     if not facts.ends:
         return 0.0
     sb, total = z.seq * z.batch, 0.0
     spread = tp if sequence_parallel else 1
     mask = MASK_BYTES * sb if tp > 1 else 0
     if first:
-        total += INDEX_BYTES * (sb + z.seq // spread) + mask
+        total += INDEX_BYTES * (sb + (z.seq // spread if facts.position_ids else 0)) + mask
     if last:
         stats = facts.stat_values * FP32_BYTES * sb / spread if facts.norm_stats else 0
         total += 2 * facts.value_bytes * sb * z.hidden / spread + stats + FP32_BYTES * sb * z.vocab / tp

@@ -66,3 +66,14 @@ RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz mi
 # point); far wider ones (10^9 pixels) kept Graphviz busy for minutes
 RENDER_WIDTH = Budget("pixels", 24_000, "the widest a timeline is drawn at its natural scale; give less, or 0 "
                       "for the natural scale")
+# the ops a schedule may expand to, every front end and task included (--max-ops): a compile holds
+# about 0.9 KiB per op at its peak and takes some 15 us of CPU per op (interleaved 1F1B at
+# 1,048,576 ops: under 1 GiB, benchmarks/compile_vs_torch.py); render has its own, lower limit
+COMPILE_OPS = Budget("ops", 1_048_576, "--max-ops N raises the limit: memory and time grow with the ops")
+# the statements above grow with the ops the programs place: a schedule of more than 62,500 ops may
+# run this many per op (V-Half runs about 6), so a program's length, not its size, is what is capped
+STATEMENTS_PER_OP = 8
+# a render draws every op: a Chrome trace of 200,000 ops takes 5 s and 26 MB, a Graphviz timeline
+# 25 s and 48 MB (render/__init__.py); a larger schedule is summarized, not drawn
+RENDER_OPS = Budget("ops", 200_000, "render draws every op: render fewer microbatches (-D m=), whose "
+                    "timeline repeats, or run `schedc simulate` for the summary per device")

@@ -1,10 +1,15 @@
 """The layout of a run: how t x p x d GPUs hold the model, as one frozen value read by the cost model,
 `tune` and the runtime, and the one rank order they share.
 
-Ranks follow Megatron-LM's order: tensor innermost (a tensor group is t consecutive ranks, so it sits in
-one node whenever t divides the node's GPUs), then data, then pipeline:
+Ranks follow Megatron-Core's order, tp-cp-dp-pp: tensor innermost (a tensor group is t consecutive ranks,
+so it sits in one node whenever t divides the node's GPUs), then context, then data, then pipeline:
 
-    rank = (pipeline * d + data) * t + tensor
+    rank = ((pipeline * d + data) * cp + context) * t + tensor
+
+With cp = 1 this is Megatron-LM's order of before context parallelism, so every layout without it keeps
+its ranks (and its predictions). Llama 3's [TP, CP, PP, DP] puts data outside pipeline; the two agree
+wherever t·cp fills a node (torchtitan's and Llama 3's 405B runs: t = 8), and keeping data inside
+pipeline leaves rank_at's arguments what they were.
 
 This module imports nothing of schedc, so the runtime (which may take only the plan format, the ops
 and this) reads the same value and the same order as the cost model.
@@ -43,6 +48,24 @@ class Layout:
     tp_comm_overlap: bool = False        # TP all-gathers/reduce-scatters overlapped with their GEMMs (userbuffers)
     overlap_param_gather: bool = False   # the distributed optimizer's all-gather under the next step's forward
     fp8: bool = False                    # the layers' GEMMs in FP8 (Transformer Engine)
+    zero: int = 0                        # ZeRO level 2 (+ the gradients) or 3 (+ the parameters) over data
+                                         # parallelism; level 1 is distributed_optimizer's, one value for it
+    reshard_after_forward: bool = True   # level 3: parameters freed after each forward (FSDP2's default)
+    cp: int = 1                          # context parallelism: the sequence over cp GPUs in 2·cp chunks
+
+    def __post_init__(self):
+        if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
+            object.__setattr__(self, "zero", 0)
+            object.__setattr__(self, "distributed_optimizer", True)
+
+    @property
+    def sharding(self) -> int:
+        """The ZeRO level in force: `zero`, or 1 for the distributed optimizer (its alias).
+
+        >>> Layout(zero=1) == Layout(distributed_optimizer=True), Layout(zero=3).sharding
+        (True, 3)
+        """
+        return max(self.zero, 1 if self.distributed_optimizer else 0)
 
     def layer_split(self, layers: int, stages: int) -> tuple[int, ...]:
         """The transformer layers of each of `stages` stages under this layout (split_layers)."""
@@ -74,12 +97,13 @@ def run_flags(layout: Layout) -> list[str]:
 
 
 def option_flags(layout: Layout, fields) -> list[str]:
-    """The flags that give `fields` of `layout`, in LAYOUT_OPTIONS' order: a number or a choice always,
-    a switch where it is not at its default, a list where given."""
+    """The flags that give `fields` of `layout`, in LAYOUT_OPTIONS' order: a number or a choice always
+    (an `implied` one only off its default), a switch where it is not at its default, a list where given."""
     flags = []
     for option in LAYOUT_OPTIONS:
         value = getattr(layout, option.field)
-        if option.field not in fields or value is None or (option.type is bool and value == option.default()):
+        at_default = value == option.default()
+        if option.field not in fields or value is None or ((option.type is bool or option.implied) and at_default):
             continue
         flags += [option.flag] if option.type is bool else [option.flag, _text(value)]
     return flags
@@ -115,23 +139,48 @@ def parse_stage_layers(text: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Coordinates:
-    """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank."""
+    """Where one GPU sits: its pipeline device (the plan's rank), data-parallel replica, tensor rank,
+    context-parallel rank."""
 
     pipeline: int
     data: int
     tensor: int
+    context: int = 0
 
 
-def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int) -> int:
-    """The global rank of a (pipeline, data, tensor) coordinate: tensor innermost, then data."""
-    return (pipeline * dp + data) * tp + tensor
+def rank_at(pipeline: int, data: int, tensor: int, tp: int, dp: int, context: int = 0, cp: int = 1) -> int:
+    """The global rank of a (pipeline, data, tensor, context) coordinate: tensor innermost, then
+    context, then data.
+
+    >>> rank_at(1, 0, 1, tp=2, dp=2, context=1, cp=2), rank_at(1, 1, 0, tp=2, dp=2)
+    (11, 6)
+    """
+    return ((pipeline * dp + data) * cp + context) * tp + tensor
 
 
-def coordinates(rank: int, tp: int, dp: int) -> Coordinates:
-    """The (pipeline, data, tensor) coordinate of a global rank; the inverse of rank_at."""
+def coordinates(rank: int, tp: int, dp: int, cp: int = 1) -> Coordinates:
+    """The (pipeline, data, tensor, context) coordinate of a global rank; the inverse of rank_at."""
     group, tensor = divmod(rank, tp)
+    group, context = divmod(group, cp)
     pipeline, data = divmod(group, dp)
-    return Coordinates(pipeline, data, tensor)
+    return Coordinates(pipeline, data, tensor, context)
+
+
+SHARDING_NAMES = ("zero", "reshard_after_forward", "cp")  # the Layout fields of --zero, --[no-]reshard-after-forward, --cp
+ZERO_LEVELS = (0, 1, 2, 3)  # --zero: 1 the optimizer state (the distributed optimizer), 2 + gradients, 3 + parameters
+
+
+def reshard_problem(reshard: bool | None, zero: int | None) -> str | None:
+    """Why --reshard-after-forward / --no-reshard-after-forward (`reshard`: None when not given) cannot go
+    with --zero `zero`, or None: only level 3 shards the parameters it gathers.
+
+    >>> reshard_problem(False, 2)
+    '--no-reshard-after-forward needs --zero 3 (only level 3 shards the parameters it gathers)'
+    """
+    if reshard is None or zero == 3:
+        return None
+    return (f"{flag('reshard_after_forward' if reshard else 'no_reshard_after_forward')} needs --zero 3 (only "
+            "level 3 shards the parameters it gathers)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +262,8 @@ class LayoutOption:
     defaults: tuple[tuple[str, object], ...] = ()   # (verb, its default) where it is not Layout's
     aliases: tuple[str, ...] = ()                   # old spellings, accepted and not shown (the runtime's)
     words: str | None = None                        # a switch's name where predictions and tune list it
+    both: bool = False                              # a switch given either way (--NAME/--no-NAME), None if not
+    implied: bool = False                           # a number left out of a command at its default (--zero 0)
 
     @property
     def flag(self) -> str:
@@ -234,10 +285,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("tp", "Tensor-parallel size t: tensor-parallel ranks per stage, Megatron-LM's", int, "T",
                  searched="Only these tensor-parallel sizes"),
     LayoutOption("dp", "Data-parallel size d: replicas of the whole pipeline (world = t x devices x d)", int, "D"),
-    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "B",
+    LayoutOption("microbatch_size", "Microbatch size b: sequences per microbatch", int, "SIZE",
                  searched="Only these microbatch sizes (sequences)", defaults=(("runtime", None), ("calibrate", None)),
                  aliases=("--mb-size",)),
-    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "B",
+    LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "BATCH",
                  runtime=False),
     LayoutOption("recompute", "Activation recomputation: full recomputes each layer in its backward, selective only "
                  "the attention core (score product, softmax, value product), none keeps everything", str,
@@ -269,6 +320,14 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("fp8", "The transformer layers' GEMMs at the GPU's FP8 rate ([gpu] fp8_tflops) with Transformer "
                  "Engine's casts through HBM and FP8 inputs kept for the backward (Megatron-LM's --fp8-format hybrid)",
                  runtime=False, words="FP8"),
+    LayoutOption("zero", "ZeRO level over data (x context) parallelism: 1 the optimizer state (the distributed "
+                 "optimizer), 2 + gradients reduce-scattered each microbatch, 3 + parameters sharded and gathered for "
+                 "each stage's compute", int, "0|1|2|3", implied=True, defaults=(("runtime", None),)),
+    LayoutOption("reshard_after_forward", "With --zero 3: free a stage's gathered parameters after each forward "
+                 "(FSDP2's default) or keep them until its last backward", both=True,
+                 defaults=(("runtime", None),)),
+    LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
+                 "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

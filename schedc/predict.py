@@ -22,8 +22,8 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
     b = p.breakdown
     parts = p.memory_parts
     lines = [f"  on {on.setting.cluster.name}: {p.gpus} GPUs (t={lay.tp}, p={on.compiled.schedule.devices}, "
-             f"d={lay.dp}), b={lay.microbatch_size}, global batch {p.global_batch}, recompute {lay.recompute}"
-             + "".join(f", {text}" for text in switches_on(lay)),
+             f"d={lay.dp}{sharding_words(lay)}), b={lay.microbatch_size}, global batch {p.global_batch}, "
+             f"recompute {lay.recompute}" + "".join(f", {text}" for text in switches_on(lay)),
              f"  iteration_s {p.iteration_s:.4f}  tflops_per_gpu {rate(p.tflops_per_gpu)}  "
              f"peak_fraction {p.peak_fraction:.3f}",
              f"  parameters {p.extra['parameters']:,} ({p.extra['parameters'] / 1e9:.2f}e9)  mfu "
@@ -36,8 +36,21 @@ def summary(on) -> str:  # a driver.cluster.OnCluster
     return "\n".join(lines)
 
 
+def sharding_words(lay: Layout) -> str:
+    """The context-parallel size and the ZeRO level above 1, as the layout's words add them:
+    ", cp=2, zero 3 resharding after the forward"."""
+    words = f", cp={lay.cp}" if lay.cp > 1 else ""
+    if lay.zero >= 2:
+        words += f", zero {lay.zero}"
+    if lay.zero == 3:
+        words += " resharding after the forward" if lay.reshard_after_forward else " kept gathered"
+    return words
+
+
 def _label(key: str, lay: Layout) -> str:
     """A breakdown part in words: the data-parallel exchange as what it is under the layout."""
+    if key == "data_parallel_comm_s" and lay.sharding >= 2:
+        return "zero gathers and reduce-scatters exposed"
     if key == "data_parallel_comm_s" and lay.distributed_optimizer:
         return "gradient reduce-scatter + all-gather"
     return _LABELS.get(key, key[:-2].replace("_", " "))

@@ -143,18 +143,21 @@ class _Flat(dict):
         return found
 
 
-def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Timing:
+def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+             collectives: Collectives | None = None) -> Timing:
     """Time every op (linear in ops + edges, then a sort of nearly sorted runs). Guarantees: every op
     that can run has its start (when its device is free and its dependencies have ended, plus the time
     of the message when one ran on another device) and end; `complete` is False when the orders
     deadlock; peaks by the memory model. A dependency that is not placed (check_structure reports it) is
     ignored here, so a broken schedule still gets times. `links[a][b]`, when given, is the time of a
     message from device a to device b (the link the two sit on, schedc/costmodel/) and replaces the
-    one `latency` of every message."""
+    one `latency` of every message. `collectives`, when given, times each op's sharded-data-parallel
+    collectives on its device's communication lane (Lane): the step ends when the last lane is done."""
     ops, preds, firsts = predecessors(schedule)
     cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
     pairs = _fuse(schedule, ops, preds, cost)
-    start, end = times(cost, device, preds, firsts, latency, links)
+    lane = None if collectives is None else Lane(*collectives.per_op(schedule, ops), schedule.devices)
+    start, end = times(cost, device, preds, firsts, latency, links, lane)
     for n in pairs:  # the backward half of an overlapped op runs with its forward half
         start[n + 1] = start[n]
     complete = None not in end
@@ -168,7 +171,8 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
     busy = busy_times([0.0 if op.kind in COPY else c for op, c in zip(ops, cost)] if schedule.offload else cost,
                       device, schedule.devices)  # a copy engine's work is not the device's compute
-    timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), max(ends, default=0.0),
+    makespan = max(ends, default=0.0) if lane is None else max(max(ends, default=0.0), *lane.free)
+    timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), makespan,
                     busy, peak_memory(schedule), latency, complete, sequence=tuple(sequence))
     if complete and timed_model(schedule):  # kept outputs, saved gradients, task state, host memory
         held = holdings(schedule, [timing])
@@ -178,6 +182,12 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
 
 COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
 Links = Sequence[Sequence[float]]  # device x device -> message time
+
+
+class Collectives:  # the protocol simulate reads (schedc.costmodel.sharding.Sharded)
+    def per_op(self, schedule: Schedule, ops: list[Op]) -> tuple[list[float], list[float]]:
+        """Per op (in `ops`' order), the seconds of its gather ahead and its reduce-scatter behind."""
+        raise NotImplementedError
 
 
 def _fuse(schedule: Schedule, ops: list[Op], preds: list[tuple[int, ...]], cost: list[float]) -> list[int]:
@@ -244,18 +254,51 @@ def order_makespan(cost: list[float], device: list[int], preds: list[tuple[int, 
     return None if None in end else max(end, default=0.0)
 
 
+class Lane:
+    """Each device's communication lane for ZeRO's collectives, in the order they are issued: an op's
+    `ahead` (the all-gather of its stage's parameters) is issued when the device's previous op starts
+    (FSDP's prefetch; at 0 for its first op) and the op starts no earlier than it ends; its `behind`
+    (the reduce-scatter of the gradients it made) is issued when it ends and delays only the lane.
+    `free`: per device, when its lane is done (filled in by times).
+
+        F0 = 1 s with a 3 s gather ahead, alone on its device: the gather 0..3, F0 3..4
+        F0 F1, 1 s each, gathers of 0.5 s ahead of both: F0 0.5..1.5, F1's gather 0.5..1.0 (under F0), F1 1.5..2.5
+    """
+
+    def __init__(self, ahead: list[float], behind: list[float], devices: int):
+        self.ahead, self.behind, self.free = ahead, behind, [0.0] * devices
+
+    def gather(self, c: int, d: int, previous: int | None, start: list[float], end: list[float]) -> float:
+        """When op c (on device d, after op `previous` of the device) may start, as far as its gather
+        says: the previous op's reduce-scatter goes on the lane after this gather, issued later."""
+        issued = start[previous] if previous is not None else 0.0
+        ready = max(issued, self.free[d]) + self.ahead[c] if self.ahead[c] else 0.0
+        if ready:
+            self.free[d] = ready
+        if previous is not None and self.behind[previous]:
+            self.free[d] = max(self.free[d], end[previous]) + self.behind[previous]
+        return ready
+
+    def last(self, c: int, d: int, end: list[float]) -> None:
+        """The device's last op ended: its reduce-scatter is the last thing on the lane."""
+        if self.behind[c]:
+            self.free[d] = max(self.free[d], end[c]) + self.behind[c]
+
+
 def times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
-          latency: float, links: Links | None = None) -> tuple[list[float], list[float | None]]:
+          latency: float, links: Links | None = None, lane: Lane | None = None) -> tuple[list[float], list[float | None]]:
     """Start and end of every op that runs (end None for the others: the orders deadlock). An op is tried
     when its device reaches it and again when the predecessor it waited for ends; once all have ended,
-    it starts at the latest arrival (0.0 at the earliest). The order of the tries does not change the
-    times, so it is a stack's, and each op's predecessors are read, never its successors written."""
+    it starts at the latest arrival (0.0 at the earliest), and no earlier than its gather on the `lane`
+    (Lane) when one is given. The order of the tries does not change the times, so it is a stack's, and
+    each op's predecessors are read, never its successors written."""
     count = len(cost)
     start, end, device = [0.0] * count, [None] * count + [-inf], device + [-1]  # + the sentinel
     # into[b][a]: message time from device a to device b, 0 on one device (the sentinel reads the last)
     into = None if links is None else [[0.0 if a == b else links[a][b] for a in range(len(links))]
                                        for b in range(len(links))]
     last, waiting = _last_of_device(count, firsts), {}  # waiting: op -> ops whose try stopped at it
+    first = set(firsts) if lane is not None else ()
     tried = firsts[::-1]
     pop, push = tried.pop, tried.append
     while tried:
@@ -274,11 +317,15 @@ def times(cost: list[float], device: list[int], preds: list[tuple[int, ...]], fi
             if arrive > t:
                 t = arrive
         else:
+            if lane is not None:
+                t = max(t, lane.gather(c, device[c], None if c in first else c - 1, start, end))
             start[c], end[c] = t, t + cost[c]
             if c in waiting:
                 tried += waiting.pop(c)
             if not last[c]:
                 push(c + 1)  # tried first: a device runs on until it waits, which saves tries
+            elif lane is not None:
+                lane.last(c, device[c], end)
     end.pop()
     return start, end
 

@@ -103,7 +103,7 @@ def test_with_on_a_torch_csv_is_a_usage_error(tmp_path, command):
     (["compile", "1f1b", "-D", "p=x"], 2, "value must be a number"),
     (["compile", "no/such/file.sched"], 2, "cannot read file"),
     (["simulate", "1f1bb"], 2, "no library schedule is named so (did you mean 1f1b, seq1f1b?)"),
-    (["simulate", "1f1b", "-D", "m=1000000000"], 1, "refusing"),
+    (["simulate", "1f1b", "-D", "m=1000000000"], 2, "refusing (--max-ops N raises the limit"),
 ])
 def test_errors_exit_with_the_right_code_and_location(args, code, where):
     result = CliRunner().invoke(main, args)

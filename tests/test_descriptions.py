@@ -226,3 +226,16 @@ def test_a_toml_model_states_the_facts_by_their_names(tmp_path):
     gpt = load_model_spec(str(path))  # the defaults: Megatron's GPT
     assert (gpt.kv_heads, gpt.mlp, gpt.ffn, gpt.norm, gpt.positions, gpt.tied_embeddings, gpt.bias) == \
         (4, "gelu", 256, "layernorm", "learned", True, "all")
+
+
+def test_tune_searches_a_config_json_at_its_seq_and_never_splits_the_kv_heads_past_them():
+    args = ["tune", "--model", str(TINY), "--seq", "64", "--cluster", "dgx-h100-80gb", "--gpus", "8",
+            "--global-batch", "16", "--schedules", "1f1b", "--sequence-parallel", "--tp-comm-overlap"]
+    listed = CliRunner().invoke(main, [*args, "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.stdout)
+    assert rows and {r["t"] for r in rows} <= {1, 2} and all(r["parameters"] == 217_664 for r in rows)
+    text = CliRunner().invoke(main, [*args, "--why", "1f1b t=2"])
+    assert text.exit_code == 0, text.output
+    assert "--seq 64" in text.output and "--tp-comm-overlap" in text.output
+    assert "exposed with --tp-comm-overlap" in text.output and "this step's, with it" in text.output

@@ -156,3 +156,45 @@ def test_a_distributed_snippet_of_the_docs_runs_on_two_ranks(doc, line, code, tm
                            str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "losses 8 True" in done.stdout
+
+
+# Every function, class and constant docs/internals.md names in code (`driver.passes.PASSES`,
+# `simulate.order_makespan(...)`) exists: read from under schedc (or a package of it, where the text
+# names a module by its own name: `queues.DeviceQueues`); the few names of other libraries and of
+# local values in the text are listed here.
+NOT_SCHEDC = {"dataclasses.replace", "pytest.mark.slow", "main.command", "opts.layout"}
+FILE_NAME = re.compile(r"\.(py|md|txt|lark|sh|json|csv|toml)$")
+PACKAGES = ("", "frontend.", "runtime.", "costmodel.", "search.", "driver.", "checks.", "plan.", "cli.")
+
+
+def _named_in_internals() -> list[str]:
+    text = (ROOT / "docs" / "internals.md").read_text()
+    names = {m.group(1) for code in re.findall(r"`([^`\n]+)`", text)
+             for m in re.finditer(r"\b([a-z_]\w*(?:\.[A-Za-z_]\w*)+)", code)}
+    return sorted(n for n in names if not FILE_NAME.search(n) and n not in NOT_SCHEDC)
+
+
+def _resolves(name: str) -> bool:
+    import importlib
+    parts = name.removeprefix("schedc.").split(".")
+    for package in PACKAGES:
+        for cut in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module("schedc." + package + ".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                found = getattr(found, attr, None)
+            if found is not None:
+                return True
+    return False
+
+
+def test_every_name_internals_gives_exists():
+    named = _named_in_internals()
+    assert len(named) >= 40 and {"driver.passes.PASSES", "simulate.order_makespan", "layout.LAYOUT_OPTIONS"} <= set(named)
+    assert [name for name in named if not _resolves(name)] == []
+
+
+def test_the_name_check_finds_a_name_that_is_gone():
+    assert not _resolves("simulate.time_order") and _resolves("simulate.times")

@@ -72,5 +72,5 @@ def test_edge_inputs(tmp_path):
 def test_absurd_sizes_are_refused_quickly(tmp_path):
     start = time.monotonic()
     result = run(tmp_path, "1f1b.sched", LIBRARY["1f1b.sched"], "-D", "m=1000000000")
-    assert result.exit_code == 1 and "refusing" in result.output
+    assert result.exit_code == 2 and "refusing (--max-ops" in result.output
     assert time.monotonic() - start < 5

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT
+from conftest import FIXTURES, ROOT
 from schedc.cli import main
 from schedc.diagnostics import SchedError, Source
 from schedc.inputs import MAX_DEPTH, MAX_DIGITS, load_json, load_toml, read_source
@@ -175,7 +175,7 @@ def test_a_squeeze_unit_slot_far_past_the_ops_is_refused_naming_the_limit(tmp_pa
 
 
 def test_an_interpreted_program_past_the_statement_budget_is_refused_naming_it():
-    result = cli("simulate", "v_half", "-D", "p=4", "-D", "m=15000")
+    result = cli("simulate", str(FIXTURES / "runaway_loop.sched"))
     assert result.exit_code == 2 and "programs run more than 500,000 statements (a runaway loop?), the limit of " \
         "the programs' interpreter" in result.output
 
@@ -190,7 +190,9 @@ def test_every_budget_refusal_exits_as_a_usage_error_wherever_it_is_met(tmp_path
     big = tmp_path / "big.toml"  # heads and layers with many divisors: 183,480 candidates on a million GPUs
     big.write_text("layers = 1024\nhidden = 65536\nheads = 1024\nseq = 2048\nvocab = 65536\n")
     for argv, named in [(("simulate", str(path)), "unit slots, past the limit of 1,088"),
-                        (("check", "v_half", "-D", "p=4", "-D", "m=15000"), "more than 500,000 statements"),
+                        (("check", str(FIXTURES / "runaway_loop.sched")), "more than 500,000 statements"),
+                        (("compile", "1f1b", "-D", "m=100", "--max-ops", "799", "-o", str(tmp_path / "out")),
+                         "more than 799 ops (4 stages x 100 microbatches x 2 op kinds); refusing (--max-ops N"),
                         (("tune", "--model", str(big), "--cluster", CLUSTER, "--gpus", "1048576", "--global-batch",
                           "16777216"), "the search would bound 183,480 candidates, past the limit of 150,000"),
                         (("tune", "--model", GPT, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
@@ -202,7 +204,8 @@ def test_every_budget_refusal_exits_as_a_usage_error_wherever_it_is_met(tmp_path
 
 def test_a_render_past_its_op_limit_is_refused_when_elaborated(tmp_path):
     result = cli("render", "1f1b", "-D", "p=512", "-D", "m=480", "-o", str(tmp_path / "t.json"))
-    assert result.exit_code == 1 and "schedule would expand to more than 200,000 ops" in result.output
+    assert result.exit_code == 2 and "schedule would expand to more than 200,000 ops" in result.output
+    assert "render draws every op" in result.output and "`schedc simulate` for the summary" in result.output
     assert not (tmp_path / "t.json").exists()
 
 
@@ -396,6 +399,28 @@ def test_resume_of_another_plan_model_size_or_seed_is_refused_before_torchrun_na
     assert "seed 0 (this run: 7)" in str(caught.value)
 
 
+def test_resume_under_another_optimizer_layer_split_or_model_fact_is_refused_before_torchrun(tmp_path):
+    """The checkpoint records the optimizer, the layer split and the model's facts: resuming under
+    another is refused naming what differs (it failed on rank 0 with KeyError: 'momentum', or a
+    state_dict error, after torchrun had started); a checkpoint that does not record a key (an older
+    schedc's) is not compared on it."""
+    from schedc.runtime.launch import LaunchError, check_launch
+    plan = _plan(tmp_path)
+    root = _checkpoint(tmp_path, plan)
+    for extra, said in ((["--optimizer", "sgd"], "optimizer 'adamw' (this run: 'sgd')"),
+                        (["--stage-layers", "1,1"], "stage_layers 'even' (this run: '1,1')"),
+                        (["--account-for-loss"], "account_for_loss False (this run: True)")):
+        with pytest.raises(LaunchError) as caught:
+            check_launch(plan, None, [*RUN, "--steps", "2", "--resume", str(root), *extra], [])
+        assert said in str(caught.value), str(caught.value)
+    import json
+    older = _checkpoint(tmp_path / "old", plan)  # as an older schedc wrote it: no optimizer, no MLP form
+    latest = json.loads((older / "latest.json").read_text())
+    del latest["optimizer"], latest["model"]["mlp"]
+    (older / "latest.json").write_text(json.dumps(latest))
+    check_launch(plan, None, [*RUN, "--steps", "2", "--resume", str(older), "--optimizer", "sgd"], [])
+
+
 def test_a_tasks_module_that_exits_on_import_is_the_users_code_failing(tmp_path, monkeypatch):
     from schedc.runtime.tasks import TaskError, load_task_modules
     (tmp_path / "hardening_tasks_exit.py").write_text("import sys\nsys.exit(0)\n")
@@ -468,3 +493,15 @@ def test_an_inline_table_in_a_cluster_file_is_located_at_its_key(tmp_path):
     assert result.exit_code == 2
     assert f"{path}:2:62: error: unknown key 'gpu.bogus'" in result.output
     assert f"{path}:4:33: error: 'intra.latency_us' must be" in result.output
+
+
+def test_max_ops_sets_the_expansion_limit_of_compile_check_and_simulate(tmp_path):
+    """1F1B at p=4, m=100 is 800 ops: within --max-ops 800, refused at 799 naming the option (exit 2)."""
+    for verb, *extra in (("compile", "-o", str(tmp_path / "out")), ("check",), ("simulate",)):
+        assert cli(verb, "1f1b", "-D", "m=100", "--max-ops", "800", *extra).exit_code == 0
+        refused = cli(verb, "1f1b", "-D", "m=100", "--max-ops", "799", *extra)
+        assert refused.exit_code == 2 and "more than 799 ops" in refused.output and "--max-ops" in refused.output
+    on = ("--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb")  # the cluster's elaboration takes it too
+    refused = cli("simulate", "1f1b", "-D", "p=8", *on, "--global-batch", "512", "--max-ops", "1000")
+    assert refused.exit_code == 2 and "more than 1,000 ops (8 stages x 512 microbatches" in refused.output
+    assert cli("simulate", "1f1b", "-D", "p=8", *on, "--global-batch", "512", "--max-ops", "8192").exit_code == 0

@@ -39,7 +39,7 @@ def test_the_switches_are_named_once():
 
 def _click_options(verb: str) -> dict[str, object]:
     from schedc.cli import main
-    return {opt: param for param in main.commands[verb].params for opt in param.opts}
+    return {opt: param for param in main.commands[verb].params for opt in (*param.opts, *param.secondary_opts)}
 
 
 def _runtime_actions() -> dict[str, object]:
@@ -118,3 +118,14 @@ def test_the_layer_split_and_its_flags_are_the_layouts():
     assert stage_layers(model, 4, Layout(account_for_loss=True)) == split_layers(10, 4, loss=True)
     with pytest.raises(OptionError, match="give one layer count per stage"):
         parse_options(["plan.json", "--stage-layers", "2,x"])
+
+
+def test_the_options_read_back_into_a_layout_with_each_verbs_defaults():
+    import click
+    from schedc.cli.options import layout_from
+    assert layout_from({}) == Layout()  # --cluster: Layout's own defaults (recompute full)
+    assert layout_from({}, "calibrate") == Layout(recompute="none")
+    assert layout_from({"tp": 2, "stage_layers": "1, 2", "scatter_gather": False, "sequence_parallel": None}) == \
+        Layout(tp=2, stage_layers=(1, 2), scatter_gather=False)
+    with pytest.raises(click.UsageError, match="give one layer count per stage"):
+        layout_from({"stage_layers": "1,x"})

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import schedc.lower as lower_module
 from conftest import FIXTURES, compile_library
@@ -137,3 +139,20 @@ def test_deadlocked_order_ends_with_the_receives_never_sent():
         "RECV_B stage=1 mb=0 pipe=0 peer=1", "RECV_B stage=1 mb=1 pipe=0 peer=1", "STEP"]
     assert [str(i) for i in _stream(plan, 1)] == [
         "RECV_F stage=0 mb=0 pipe=0 peer=0", "RECV_F stage=0 mb=1 pipe=0 peer=0", "STEP"]
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.booleans()), max_size=60))
+def test_the_array_order_is_the_list_order(ops):
+    """_order_arrays (lowering's form past ARRAY_ITEMS) against _order, with ties in time and instant ops."""
+    starts = [float(start) for start, _, _ in ops]
+    ends = [float(start + took) for start, took, _ in ops]
+    sending = [sends for _, _, sends in ops]
+    assert lower_module._order_arrays(starts, ends, sending).tolist() == lower_module._order(starts, ends, sending)
+
+
+@pytest.mark.parametrize("name,params", [("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}), ("zbv", {"p": 4, "m": 8})])
+def test_lowering_through_the_arrays_writes_the_same_plan(name, params, monkeypatch):
+    plain = compile_library(name, **params).plan
+    monkeypatch.setattr(lower_module, "ARRAY_ITEMS", 0)
+    monkeypatch.setattr(lower_module, "PIECE", 7)
+    assert compile_library(name, **params).plan.ranks == plain.ranks

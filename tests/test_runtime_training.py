@@ -146,7 +146,7 @@ def _assert_options_mattered(plans, tmp: Path) -> None:  # noqa: F811
 
 @pytest.mark.parametrize("args,message", [
     (["--stage-layers", "1,1"], "--stage-layers 1,1 sums to 2 layers; the model has 4 (--layers)"),
-    (["--stage-layers", "x"], "expected layer counts separated by commas, e.g. 2,3,3; got 'x'"),
+    (["--stage-layers", "x"], "--stage-layers 'x': give one layer count per stage, as 2,3,3,2"),
     (["--stage-layers", "2,2", "--account-for-loss"], "--account-for-loss only change the even split: give one"),
     (["--clip-grad", "0"], "--clip-grad must be a finite norm > 0, got 0.0"),
     (["--lr-warmup-steps", "3", "--lr-decay-steps", "3"], "--lr-decay-steps 3 must be past the warm-up's"),

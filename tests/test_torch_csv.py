@@ -350,3 +350,18 @@ def test_a_measured_overlap_cost_is_taken_for_a_csv_with_overlapped_cells(tmp_pa
     result = CliRunner().invoke(main, ["simulate", str(csv), "--costs", str(costs)])
     assert result.exit_code == 0, result.output
     assert "makespan 24 " in result.output
+
+
+def test_zero_3_places_fsdp_actions_as_the_runtime_reshards():
+    """--reshard-after-forward: each cell's stages unsharded before it and resharded after it (an
+    overlapped cell's two stages together); --no-reshard-after-forward: from a stage's first cell to the
+    row's end; REDUCE_GRAD after the m-th backward either way."""
+    from schedc.interop.torch_comms import torch_actions
+    units = [((0, "F"),), ((2, "F"),), ((2, "B"), (0, "F")), ((2, "B"),), ((0, "B"),), ((0, "B"),)]
+    assert torch_actions(units, 2, True) == [
+        (["0UNSHARD"], ["0RESHARD"]), (["2UNSHARD"], ["2RESHARD"]), (["2UNSHARD", "0UNSHARD"], ["2RESHARD", "0RESHARD"]),
+        (["2UNSHARD"], ["2REDUCE_GRAD", "2RESHARD"]), (["0UNSHARD"], ["0RESHARD"]),
+        (["0UNSHARD"], ["0REDUCE_GRAD", "0RESHARD"])]
+    assert torch_actions(units, 2, False) == [
+        (["0UNSHARD"], []), (["2UNSHARD"], []), ([], []), ([], ["2REDUCE_GRAD"]), ([], []),
+        ([], ["0REDUCE_GRAD", "0RESHARD", "2RESHARD"])]

@@ -36,3 +36,28 @@ def test_torchs_runtime_gives_one_process_gradients_for_every_export(tmp_path):
     assert len(errors) == 11 * 4 + 4 * 4 + 11 * 2 + 7
     bad = {case: e for case, e in errors.items() if not e <= 1e-5}
     assert bad == {}
+
+
+FSDP_EXPORTS = ("1f1b", "zbv", "dualpipev")
+
+
+def test_torchs_runtime_runs_the_zero_3_exports_under_fsdp2_on_a_2_by_2_mesh(tmp_path):
+    """One 4-rank launch, a pp x dp mesh of 2 x 2: 1F1B, ZBV (split I/W) and DualPipeV (overlapped
+    pairs) exported with --reshard-after-forward and --no-reshard-after-forward run by torch's
+    _PipelineScheduleRuntime with every stage under FSDP2 over its data-parallel pair, each replica on its
+    own microbatches: the gradients are one process's over both replicas' (rel <= 1e-5)."""
+    for name in FSDP_EXPORTS:
+        for mode, flag in (("reshard", "--reshard-after-forward"), ("kept", "--no-reshard-after-forward")):
+            result = CliRunner().invoke(main, ["export", name, "-D", "p=2", "-D", "m=4", "--format", "torch-comms",
+                                               flag, "-o", str(tmp_path / f"{name}__{mode}.csv")])
+            assert result.exit_code == 0, result.output
+    out = tmp_path / "errors.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+               str(HERE / "torch_fsdp_worker.py"), str(tmp_path), str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)})
+    assert run.returncode == 0, run.stderr[-4000:]
+    errors = json.loads(out.read_text())
+    assert sorted(errors) == sorted(f"{n}__{m}" for n in FSDP_EXPORTS for m in ("reshard", "kept"))
+    bad = {case: e for case, e in errors.items() if not e <= 1e-5}
+    assert bad == {}

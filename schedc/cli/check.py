@@ -7,7 +7,7 @@ import click
 from ..diagnostics import SchedError, exit_code
 from ..text import plural
 from .group import main
-from .options import define_option, costs_option, profile_choice, seq_option, with_option
+from .options import define_option, costs_option, max_ops_option, profile_choice, seq_option, with_option
 from .common import fail, report, is_plan, plan_only, check_plan, finish
 
 
@@ -29,7 +29,9 @@ from .common import fail, report, is_plan, plan_only, check_plan, finish
               help="Refuse stages off this placement (a torch CSV: at each cell): single, stage s on rank s; loop, "
                    "s on rank s % p; v, rank r holds r and 2p-1-r (what torchtitan builds for the schedule it names).")
 @with_option
-def check_cmd(file, defines, costs, profile, microbatch_size, model_file, seq, memory_limit, placement, addons):
+@max_ops_option
+def check_cmd(file, defines, costs, profile, microbatch_size, model_file, seq, memory_limit, placement, addons,
+              max_ops):
     """Prove FILE free of deadlock, with matching channels and within its memory bound (FILE may be
     a plan.json: its fields and its channels are checked)."""
     from ..driver import Checks, compile_file
@@ -41,7 +43,7 @@ def check_cmd(file, defines, costs, profile, microbatch_size, model_file, seq, m
         return check_plan(file)
     checks = Checks(model_file, memory_limit, microbatch_size, placement, seq)  # passes of PASSES, selected here
     try:
-        result = compile_file(file, defines, costs, 0.0, row, addons=addons, checks=checks)
+        result = compile_file(file, defines, costs, 0.0, row, addons=addons, max_ops=max_ops, checks=checks)
     except SchedError as exc:
         fail(exc)
     diagnostics = result.diagnostics

@@ -49,13 +49,13 @@ def refuse_clash(inputs, outputs) -> None:
 
 
 def compiled(file: str, defines, costs, profile, microbatch_size, latency: float, model: str | None = None,
-              addons: tuple[str, ...] = (), fail=fail):
+              addons: tuple[str, ...] = (), fail=fail, max_ops: int | None = None):
     """compile_file for a command: a schedule that cannot be compiled ends the process (exit 1 or 2,
     the error printed by `fail`); the diagnostics of one that can are printed, and it is returned."""
     from ..driver import compile_file
     row = profile_choice(costs, profile, microbatch_size)
     try:
-        result = compile_file(file, defines, costs, latency, row, model, addons)
+        result = compile_file(file, defines, costs, latency, row, model, addons, max_ops)
     except SchedError as exc:
         fail(exc)
     report(result.diagnostics, result.schedule.source)
@@ -135,7 +135,8 @@ def plan_diagnostics(file: str):
     return plan, check_plan(plan, file)
 
 
-def on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = (), fail=fail):
+def on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[str, ...] = (), fail=fail,
+               max_ops: int | None = None):
     """With --cluster, FILE (and its --with add-ons) compiled for the cluster (errors end the process,
     exit 2 or 1, the error printed by `fail`); else None."""
     if cluster is None:
@@ -143,7 +144,7 @@ def on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[st
     from ..driver import parse_defines
     from ..driver.cluster import compile_on_cluster
     try:
-        on = compile_on_cluster(file, parse_defines(defines), cluster, lower, addons)
+        on = compile_on_cluster(file, parse_defines(defines), cluster, lower, addons, max_ops)
     except SchedError as exc:
         fail(exc)
     report(on.compiled.diagnostics, on.compiled.schedule.source)

@@ -20,7 +20,8 @@ from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish
 @schedule_options
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
               help="Directory for plan.json and rank*.txt.")
-def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, out_dir):
+def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, max_ops,
+                out_dir):
     """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
     from a model on a cluster, and the step's prediction in the plan's stats)."""
     from ..plan.write import write_plan
@@ -33,9 +34,9 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
                                "compile the .sched file it came from")
     refuse_clash([("FILE", file), ("--costs", costs), ("--profile", profile), ("--model", model_file)],
                  [("-o", os.path.join(out_dir, "plan.json"))])
-    on = on_cluster(file, defines, cluster, addons=addons)
+    on = on_cluster(file, defines, cluster, addons=addons, max_ops=max_ops)
     result = on.compiled if on else compiled(file, defines, costs, profile, microbatch_size, latency, model_file,
-                                              addons)
+                                              addons, max_ops=max_ops)
     if not result.ok:
         finish(result.diagnostics)
     try:

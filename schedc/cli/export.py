@@ -8,7 +8,7 @@ import click
 from ..diagnostics import SchedError
 from ..outputs import is_stdout, write_output
 from .group import main
-from .options import define_option, with_option
+from .options import define_option, reshard_option, with_option
 from .common import fail, report, finish, refuse_clash
 
 
@@ -22,8 +22,12 @@ from .common import fail, report, finish, refuse_clash
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
               help="The CSV to write; - prints it.")
 @with_option
-def export_cmd(file, defines, fmt, out, addons):
+@reshard_option
+def export_cmd(file, defines, fmt, out, addons, reshard_after_forward):
     """Export FILE's per-rank order (torch.distributed.pipelining CSV)."""
+    if reshard_after_forward is not None and fmt != "torch-comms":
+        raise click.UsageError("--reshard-after-forward places UNSHARD and RESHARD cells, which only "
+                               "--format torch-comms holds")
     from ..driver import compile_file
     from ..interop.torch_comms import export_comms_csv
     from ..interop.torch_csv import export_csv
@@ -40,7 +44,7 @@ def export_cmd(file, defines, fmt, out, addons):
     from ..interop.torch_placement import describe, sidecar, sidecar_path
     comms = fmt == "torch-comms"
     try:
-        write_output(out, export_comms_csv(result.plan) if comms else text)
+        write_output(out, export_comms_csv(result.plan, reshard_after_forward) if comms else text)
         if not is_stdout(out):
             stated = sidecar(result.schedule, out, "compute_comms" if comms else "compute_only")
             write_output(str(sidecar_path(out)), json.dumps(stated, indent=1) + "\n")

@@ -11,8 +11,9 @@ import functools
 from dataclasses import replace
 from typing import Any
 
+from ..budget import COMPILE_OPS
 from ..diagnostics import SchedError
-from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError
+from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError, flag, reshard_problem
 from ..search import GROUPS
 from ..search.space import SET_PER_CANDIDATE
 from ..text import agree
@@ -89,6 +90,9 @@ def layout_option(field: str, where: str, verb: str = "cluster", **click_kw):
     None (a switch too), so that a command can tell a given option from a default (layout_from)."""
     option = OPTION[field]
     default = option.default(verb)
+    if option.type is bool and option.both:  # --NAME/--no-NAME: None when neither is given
+        return click.option(f"{flag(field)}/{'--no-' + field.replace('_', '-')}", field, default=None,
+                            help=f"{option.help} ({where}).")
     if option.type is bool:
         return click.option(option.flag, field, flag_value=not default, default=None, help=f"{option.help} ({where}).")
     shown = "" if default is None else f"; default {default}"
@@ -116,7 +120,8 @@ def layout_from(values: dict[str, Any], verb: str = "cluster", **fixed) -> Layou
             given[option.field] = option.parse(value) if option.type is tuple else value
         except SplitError as exc:
             raise click.UsageError(str(exc)) from None
-    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS if o.defaults and o.field not in fixed}
+    defaults = {o.field: o.default(verb) for o in LAYOUT_OPTIONS  # a verb's own, where it has one
+                if o.defaults and o.field not in fixed and o.default(verb) is not None}
     return Layout(**{**defaults, **given, **fixed})
 
 
@@ -186,6 +191,9 @@ def request_from(values: dict[str, Any], model_file: str | None, microbatch_size
     if latency:
         raise click.UsageError("--cluster derives each message's time from the cluster's links: give it "
                                "without --latency")
+    problem = reshard_problem(values["reshard_after_forward"], values["zero"])
+    if problem:
+        raise click.UsageError(problem)
     layout = layout_from({**values, "microbatch_size": microbatch_size})
     return ClusterRequest(model_file, values["cluster_name"], layout)
 
@@ -249,9 +257,24 @@ def tune_options(command):
     return wrapper
 
 
+max_ops_option = click.option("--max-ops", "max_ops", type=click.IntRange(min=1), default=COMPILE_OPS.limit,
+                              show_default=True, metavar="N",
+                              help="The most ops the schedule may expand to (memory and time grow with them).")
+
+
 def schedule_options(command):
     """What compile and simulate take to compile FILE: -D, the measured costs, --latency, --cluster and its
-    layout, --with (in this order in --help)."""
-    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option)):
+    layout, --with, --max-ops (in this order in --help)."""
+    for option in reversed((define_option, costs_option, latency_option, cluster_options, with_option,
+                            max_ops_option)):
         command = option(command)
     return command
+
+
+# --reshard-after-forward on export: where the compute_comms CSV puts FSDP's UNSHARD/RESHARD (--zero 3's
+# rule, schedc/runtime/zero.py); not given, torch's own prefetch window
+reshard_option = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard_after_forward",
+                              default=None,
+                              help="With --format torch-comms: UNSHARD and RESHARD around each compute cell of a "
+                                   "stage (FSDP2's reshard_after_forward, as --zero 3 runs it), or from a stage's "
+                                   "first cell to the row's end (--no-...); default torch's prefetch window.")

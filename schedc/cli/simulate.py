@@ -17,7 +17,8 @@ from ..text import plural
 @click.argument("file")
 @schedule_options
 @click.option("--json", "as_json", is_flag=True, help="Print the stats as JSON.")
-def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, as_json):
+def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_file, cluster, addons, max_ops,
+                 as_json):
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown).
     FILE may be a plan.json: its ranks' orders are re-simulated (under --costs if given)."""
@@ -27,9 +28,9 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
         plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)
         on, result = None, replayed(file, costs, profile, microbatch_size, given_value("latency", latency), failing)
     else:
-        on = on_cluster(file, defines, cluster, lower=False, addons=addons, fail=failing)
+        on = on_cluster(file, defines, cluster, lower=False, addons=addons, fail=failing, max_ops=max_ops)
         result = on.compiled if on else compiled(file, defines, costs, profile, microbatch_size, latency,
-                                                  model_file, addons, failing)
+                                                  model_file, addons, failing, max_ops)
     if not result.ok:  # a partial simulation's figures (negative bubble, utilization 6) are not stats
         errors = sum(d.severity.value == "error" for d in result.diagnostics)
         if as_json:

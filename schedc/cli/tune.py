@@ -129,8 +129,9 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
         click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
-                   f"each of up to {plural(n, 'candidate')} (tasks, a fill, a greedy order or placed R, O, L ops: "
-                   f"no cache, no bound), seconds each where a fill is searched", err=True)
+                   f"each of up to {plural(n, 'candidate')} " + (f"(--zero {request.layout.zero}: its collectives are "
+                   "timed by the whole compile" if request.layout.zero >= 2 else "(tasks, a fill, a greedy order or placed R, O, L ops")
+                   + ": no cache, no bound), seconds each where a fill is searched", err=True)
     if not as_json and not sys.stderr.isatty():
         click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
     if as_json or not sys.stderr.isatty():

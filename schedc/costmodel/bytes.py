@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..activations import Facts, Sizes, layer_bytes, megatron
+from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from .. import walk
 from ..layout import Layout
@@ -43,7 +43,8 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     """Activation bytes one layer keeps per microbatch until its backward (Korthikanti et al. 2022,
     table 2, at 16 bits): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t with
     sequence parallelism too; selective recomputation drops the 5as/h term; full recomputation keeps
-    only the layer's input, 2sbh (2sbh/t with sequence parallelism). schedc/activations.py's table
+    only the layer's input, 2sbh (2sbh/t with sequence parallelism); with context parallelism s is the
+    s/cp tokens a GPU holds. schedc/activations.py's table
     with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
     model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores)."""
     sizes, facts = activation_sizes(model, layout)
@@ -54,9 +55,9 @@ def activation_sizes(model: ModelSpec, layout: Layout) -> tuple[Sizes, Facts]:
     """The activation table's sizes and facts for a model: Megatron's GPT as Korthikanti counts it (f =
     4h, dropout); a Llama-family model (grouped-query attention, SwiGLU, no dropout) at its own ffn."""
     if model.family in ("gpt", "gpt2") and model.mlp == "gelu":
-        sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
+        sizes = Sizes(model.seq // layout.cp, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
         return sizes, replace(megatron(model.width), scores=not model.flash, fp8_inputs=layout.fp8)
-    sizes = Sizes(model.seq, layout.microbatch_size, model.hidden, model.heads, model.ffn, model.vocab,
+    sizes = Sizes(model.seq // layout.cp, layout.microbatch_size, model.hidden, model.heads, model.ffn, model.vocab,
                   model.kv_heads)
     facts = Facts(value_bytes=model.width, mask_bytes=0, scores=not model.flash, gated=model.mlp == "swiglu",
                   stat_values=1 if model.norm == "rmsnorm" else 2, fp8_inputs=layout.fp8)
@@ -71,11 +72,13 @@ def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
     MLP's first GEMM (s·b·f/t), of the projection and the MLP's second GEMM (s·b·h each, replicated).
     At 16 bits, f = 4h, t = 1: 32·s·b·h, the paper's M_W, whatever the recomputation (I has rebuilt
     what W reads)."""
-    s, b, h, f, t, w = model.seq, layout.microbatch_size, model.hidden, model.ffn, layout.tp, model.width
+    s, b, h, f, t, w = model.seq // layout.cp, layout.microbatch_size, model.hidden, model.ffn, layout.tp, model.width
     replicated = t if layout.sequence_parallel else 1
     fc1 = 2 * f if model.mlp == "swiglu" else f  # a SwiGLU's first GEMM makes gate and up
     inputs = 2 * h / replicated + h / t + f / t
     gradients = (h + 2 * model.kv_hidden) / t + fc1 / t + 2 * h / replicated
+    if layout.fp8:  # the inputs kept as their FP8 casts (activations.py), the gradients at 16 bits
+        return s * b * (FP8_BYTES * inputs + w * gradients)
     return w * s * b * (inputs + gradients)
 
 
@@ -182,7 +185,7 @@ def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
     elif layout.recompute == "selective":
         extra = whole - layer_activation_bytes(model, layout)
     if last:
-        extra += 4 * model.seq * layout.microbatch_size * model.vocab / layout.tp
+        extra += 4 * (model.seq // layout.cp) * layout.microbatch_size * model.vocab / layout.tp
     return extra
 
 
@@ -196,9 +199,29 @@ def stage_holders(schedule) -> dict[int, list[int]]:
 
 
 def shards(lay: Layout, holders: dict[int, list[int]], s: int) -> int:
-    """Over how many GPUs stage s's optimizer state is split: the d (times replicas) holding the
-    stage with the distributed optimizer, else 1 (not sharded)."""
-    return lay.dp * len(holders[s]) if lay.distributed_optimizer else 1
+    """Over how many GPUs stage s's optimizer state is split: the d x cp (times replicas) holding the
+    stage from ZeRO level 1 (the distributed optimizer) up, else 1 (not sharded)."""
+    return lay.dp * lay.cp * len(holders[s]) if lay.sharding else 1
+
+
+WEIGHT_BYTES_PER_PARAM = 2  # the 16-bit weight: what ZeRO-2 keeps whole, ZeRO-3 gathers while a stage computes
+
+
+def sharded_state_bytes(params: float, level: int, k: int) -> float:
+    """Weights, gradients and optimizer state of `params` parameters sharded k ways at ZeRO `level` 2
+    or 3 (16 bytes a parameter, STATE_BYTES_PER_PARAM): level 2 keeps the 16-bit weight whole, 2 + 14/k;
+    level 3 shards all of it, 16/k."""
+    kept = WEIGHT_BYTES_PER_PARAM if level == 2 else 0
+    return params * (kept + (STATE_BYTES_PER_PARAM - kept) / k)
+
+
+def in_use_bytes(level: int, params: list[float]) -> float:
+    """What ZeRO level 2 or 3 holds whole while a device's stages compute (`params`: each stage's):
+    at level 3 the gathered 16-bit weights of its stages (a backward leaves its stage gathered, so at
+    the activation peak every stage the device holds is), and at both levels one stage's 16-bit
+    gradients until they are reduce-scattered."""
+    gathered = WEIGHT_BYTES_PER_PARAM * sum(params) if level == 3 else 0.0
+    return gathered + WEIGHT_BYTES_PER_PARAM * max(params, default=0.0)
 
 
 def device_memory(st: Setting, schedule, peaks, held: tuple | None = None) -> tuple[list[float], list[dict[str, float]]]:
@@ -241,17 +264,17 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
     stages = schedule.stages
     holders = stage_holders(schedule)
     # torch DDP's buckets: the distributed optimizer's reduce-scatter works on views of its gradient buffer
-    buckets = DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce and not lay.distributed_optimizer else 0
+    buckets = DDP_BUCKET_BYTES_PER_PARAM if lay.overlap_grad_reduce and not lay.sharding else 0
     held: list[set[int]] = [set() for _ in range(schedule.devices)]  # per device, the stages it holds
     for s, ds in holders.items():
         for d in ds:
             held[d].add(s)
-    stage_bytes = {}  # per stage: (weights, gradients and optimizer state; the step's gradients)
+    stage_bytes = {}  # per stage: (weights, gradients and optimizer state; the step's gradients; parameters)
     for s in sorted(holders):
         params, k = stage_params(m, lay.tp, stages, s, lay), shards(lay, holders, s)
-        stage_bytes[s] = (params * (REPLICATED_BYTES_PER_PARAM + buckets
-                                    + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k),
-                          STEP_GRADIENT_BYTES_PER_PARAM * params / k)
+        state = sharded_state_bytes(params, lay.sharding, k) if lay.sharding >= 2 else \
+            params * (REPLICATED_BYTES_PER_PARAM + buckets + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k)
+        stage_bytes[s] = (state, STEP_GRADIENT_BYTES_PER_PARAM * params / k, params)
     out = []
     for d in range(schedule.devices):
         mine = sorted(held[d])
@@ -259,5 +282,7 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
         for s in mine:
             state += stage_bytes[s][0]
             step += stage_bytes[s][1]
+        if lay.sharding >= 2:
+            state += in_use_bytes(lay.sharding, [stage_bytes[s][2] for s in mine])
         out.append((state, step, stages - 1 in mine))
     return tuple(out)

@@ -60,22 +60,24 @@ GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradien
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """An op's time, split into computation, tensor-parallel communication and (with blocking
-    point-to-point messages) the time its sender waits for its message to be through (seconds)."""
+    """An op's time, split into computation, tensor-parallel communication, (with blocking
+    point-to-point messages) the time its sender waits for its message to be through, and the part of
+    context parallelism's key/value exchange its attention does not hide (seconds)."""
 
     compute: float = 0.0
     tp: float = 0.0
     p2p: float = 0.0
+    cp: float = 0.0
 
     def __add__(self, other: Part) -> Part:
-        return Part(self.compute + other.compute, self.tp + other.tp, self.p2p + other.p2p)
+        return Part(self.compute + other.compute, self.tp + other.tp, self.p2p + other.p2p, self.cp + other.cp)
 
     def __mul__(self, k: float) -> Part:
-        return Part(self.compute * k, self.tp * k, self.p2p * k)
+        return Part(self.compute * k, self.tp * k, self.p2p * k, self.cp * k)
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp + self.p2p
+        return self.compute + self.tp + self.p2p + self.cp
 
 
 class Hardware:
@@ -150,6 +152,16 @@ class Setting:
     def tp_all_reduce(self, nbytes: float) -> float:
         return self.hw.all_reduce(nbytes, self.layout.tp, self.tp_per_node)
 
+    @property
+    def tokens(self) -> int:
+        """The tokens of a sequence one GPU holds: s / cp (context parallelism's 2·cp chunks, two each)."""
+        return self.model.seq // self.layout.cp
+
+    @property
+    def cp_in_node(self) -> bool:
+        """Whether a context-parallel group (cp ranks t apart) sits in one node: t·cp divides the node."""
+        return self.cluster.gpus_per_node % (self.layout.tp * self.layout.cp) == 0
+
 
 def tp_in_node(t: int, gpus_per_node: int) -> bool:
     """A tensor-parallel group of t GPUs (consecutive ranks) sits in one node for every group only when
@@ -159,7 +171,7 @@ def tp_in_node(t: int, gpus_per_node: int) -> bool:
 
 def rank_of(device: int, st: Setting) -> int:
     """The first GPU of a pipeline device (schedc.layout's rank order, Megatron's)."""
-    return rank_at(device, 0, 0, st.layout.tp, st.layout.dp)
+    return rank_at(device, 0, 0, st.layout.tp, st.layout.dp, cp=st.layout.cp)
 
 
 def link_times(st: Setting, devices: int) -> list[list[float]]:
@@ -175,7 +187,7 @@ def message_times(st: Setting, devices: int) -> list[list[float]]:
     optimisation or sequence parallelism, then an all-gather over NVLink restores the whole with
     scatter/gather) from device a to device b, over NVLink in a node, else the network."""
     m, lay, hw, g = st.model, st.layout, st.hw, st.cluster.gpus_per_node
-    size = lay.microbatch_size * m.seq * m.hidden * m.width
+    size = lay.microbatch_size * st.tokens * m.hidden * m.width
     split = lay.tp > 1 and (lay.scatter_gather or lay.sequence_parallel)
     per_gpu = size / lay.tp if split else size
     gather = hw.all_gather(size, lay.tp, st.tp_per_node) if split and not lay.sequence_parallel else 0.0

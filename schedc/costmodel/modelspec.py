@@ -99,6 +99,12 @@ def load_model_spec(path: str, seq: int | None = None) -> ModelSpec:
     return spec
 
 
+def model_layers(path: str) -> int:
+    """The layers of a model description (what a schedule's tasks are given without --cluster): a
+    config.json's need no --seq for them."""
+    return load_model_spec(path, 1 if is_hf_config(resolve_model(str(path))) else None).layers
+
+
 def _load_hf(path: Path, seq: int | None) -> ModelSpec:
     """A Hugging Face config.json's facts as a ModelSpec (schedc.descriptions.read_hf_config), its
     errors located in the file (exit 2)."""

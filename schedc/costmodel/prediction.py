@@ -81,17 +81,19 @@ class Tail:
         forward (`forward` seconds: what is left of it is charged); hidden=None: the least it can be,
         whatever hides it."""
         total = self.exchange + self.embedding
-        kept = self.exchange / 2 if lay.distributed_optimizer else 0.0
+        kept = self.exchange / 2 if lay.sharding else 0.0
         if lay.overlap_param_gather:  # the gather under the next forward: what outlasts it stays
             left = max(0.0, kept - forward) if hidden is not None else 0.0
             total, kept = total - kept + left, left
-        if not lay.overlap_grad_reduce:
+        if not lay.overlap_grad_reduce or lay.sharding >= 2:
             return total
         return kept if hidden is None else max(kept, total - hidden)
 
 
 def step_tails(st: Setting, schedule) -> list[Tail]:
-    """Per device, its Tail: the exchange over the d (times replicas) GPUs holding each of its stages,
+    """Per device, its Tail: the exchange over the d x cp (times replicas) GPUs holding each of its stages
+    (from ZeRO level 2 only the weights' all-gather after the step, and at level 3 nothing: their
+    reduce-scatters and gathers are timed in the schedule),
     the embedding's all-reduce on a device holding one end stage but not the other, and Adam over its
     parameters (with the distributed optimizer its shard of them)."""
     lay, hw, g, m = st.layout, st.hw, st.cluster.gpus_per_node, st.model
@@ -104,8 +106,10 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
         stepped = sum(stage_params(m, lay.tp, stages, s, lay) / shards(lay, holders, s) for s in mine)
         exchange = 0.0
         for s in mine:
-            group = lay.dp * len(holders[s])
+            group = lay.dp * lay.cp * len(holders[s])
             exchange += hw.all_reduce(m.width * stage_params(m, lay.tp, stages, s, lay), group, min(group, per_node))
+        if lay.sharding >= 2:  # the reduce-scatters are the simulator's (sharding.py); level 2 gathers the
+            exchange = 0.0 if lay.sharding == 3 else exchange / 2  # new weights after the step, level 3 not
         first, last = holders.get(0, []), holders.get(stages - 1, [])
         embedding = hw.all_reduce(m.width * m.vocab * m.hidden / lay.tp, 2, 1) \
             if stages > 1 and m.tied_embeddings and (d in first) != (d in last) else 0.0
@@ -126,9 +130,11 @@ def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]
     return out
 
 
-def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCosts, batch: int) -> Prediction:
+def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCosts, batch: int,
+            gathers: float = 0.0) -> Prediction:
     """The step's prediction from the schedule simulated with messages (timing: a Timing or a
-    timing.Span) and the makespan without them (free_makespan)."""
+    timing.Span) and the makespan without them (free_makespan); `gathers`: of that makespan, what ZeRO's
+    collectives on the lanes add to it (sharding.py), data-parallel communication, not bubble."""
     lay, m = st.layout, st.model
     tail = tails(st, schedule, costs)
     worst = max(range(schedule.devices), key=lambda d: (sum(tail[d]), -d))
@@ -141,9 +147,11 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
     # otherwise with them), the rest of the makespan beyond the device's work its bubble
     pipeline = max(0.0, held.p2p + makespan - free)
     breakdown = {"compute_s": held.compute, "tensor_parallel_comm_s": held.tp, "pipeline_comm_s": pipeline,
-                 "data_parallel_comm_s": tail[worst][0], "optimizer_s": tail[worst][1],
-                 "bubble_s": makespan - held.compute - held.tp - pipeline}
-    gpus = schedule.devices * lay.tp * lay.dp
+                 "data_parallel_comm_s": tail[worst][0] + gathers / steps, "optimizer_s": tail[worst][1],
+                 "bubble_s": makespan - held.compute - held.tp - pipeline - held.cp - gathers / steps}
+    if held.cp:
+        breakdown["context_parallel_comm_s"] = held.cp
+    gpus = schedule.devices * lay.tp * lay.dp * lay.cp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
     memory, parts = device_memory(st, schedule, timing.peak_memory)
     top = max(range(len(memory)), key=lambda d: (memory[d], -d))
@@ -196,10 +204,11 @@ def _held(costs: StageCosts, schedule, device: int) -> tuple[Part, float]:
 
 def _hide(pair: Part, saved: float) -> Part:
     """A pair's parts less `saved` seconds of its communication hidden behind computation
-    (point-to-point, what overlapped_pair hides; past it, computation: halves on stages of different
-    sizes)."""
+    (point-to-point, then context parallelism's ring: what overlapped_pair hides; past them,
+    computation: halves on stages of different sizes)."""
     p2p = min(pair.p2p, saved)
-    return Part(pair.compute - (saved - p2p), pair.tp, pair.p2p - p2p)
+    cp = min(pair.cp, saved - p2p)
+    return Part(pair.compute - (saved - p2p - cp), pair.tp, pair.p2p - p2p, pair.cp - cp)
 
 
 def _part(costs: StageCosts, op, chunked: bool = False) -> Part:

@@ -25,7 +25,7 @@ from ..descriptions.facts import DTYPE_BYTES
 from .located import locate, read_toml, source_text, unknown_keys
 from .modelspec import ModelSpec, load_model_spec, model_span, read_fields  # noqa: F401  (the cost model's model, here too)
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, error, usage
-from ..layout import Layout, SplitError
+from ..layout import ZERO_LEVELS, Layout, SplitError
 from ..ops import OpKind
 from ..text import GIB
 
@@ -315,7 +315,8 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
     """What the layout needs of the model and the batch; the first failure is a usage error (exit 2)
     naming the field: t divides heads (and hidden, ffn and vocab), b*d divides the global batch."""
     t = layout.tp
-    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.microbatch_size, "--microbatch-size")):
+    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.cp, "--cp"),
+                        (layout.microbatch_size, "--microbatch-size")):
         if value < 1:
             raise usage(f"{name} must be a positive integer, got {value}")
     source = model_source or source_text(model_path)
@@ -325,6 +326,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
             what = "key/value heads (Megatron-Core's query groups)" if key == "kv_heads" else key
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
                                    f"the {what} {t} ways", model_span(source, key)), source, kind=USAGE)
+    _check_sharding(model, layout, source)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
         if layout.global_batch < 1:
@@ -332,6 +334,29 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
         if layout.global_batch % unit:
             raise usage(f"--global-batch {layout.global_batch} is not a multiple of --microbatch-size x --dp "
                         f"= {layout.microbatch_size} x {layout.dp} = {unit}")
+
+
+def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
+    """--cp splits the sequence into 2·cp equal chunks and needs a flash kernel (its ring computes
+    attention block by block); --zero 3 refuses what describes another data parallelism: torch DDP's
+    overlapped all-reduce of replicas (FSDP reduce-scatters its own gradients) and the distributed
+    optimizer's switch (level 1) beside it."""
+    if layout.zero not in ZERO_LEVELS:
+        raise usage(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
+    cp = layout.cp
+    if cp > 1 and model.seq % (2 * cp):
+        raise SchedError(error(f"--cp {cp} does not split the sequence of {model.seq:,} tokens into 2·cp = {2 * cp} "
+                               "equal chunks (each rank holds chunks i and 2·cp-1-i)", model_span(source, "seq")),
+                         source, kind=USAGE)
+    if cp > 1 and not model.flash:
+        raise SchedError(error(f"--cp {cp} needs a flash attention kernel (attention = \"flash\"): context "
+                               "parallelism computes attention block by block as keys and values go round the "
+                               "ring", model_span(source, "attention")), source, kind=USAGE)
+    if layout.zero == 3 and layout.overlap_grad_reduce:
+        raise usage("--zero 3 with --overlap-grad-reduce is not supported: the flag describes torch DDP's "
+                    "all-reduce of replicas, and level 3 reduce-scatters its gradients itself")
+    if layout.zero in (2, 3) and layout.distributed_optimizer:
+        raise usage(f"--zero {layout.zero} with --distributed-optimizer: the flag is --zero 1; give one level")
 
 
 def check_switches(layout: Layout, cluster: ClusterSpec) -> None:

@@ -38,7 +38,8 @@ def overlapped_pair(forward: Part, backward: Part) -> Part:
         F = Part(1, p2p=4), B = Part(2)         ->  FB = Part(3, p2p=2): F's 4 behind B's 2, 2 left
         F = Part(3, tp=1),  B = Part(6, tp=2)   ->  FB = Part(9, tp=3): collectives not hidden
     """
-    exposed = (max(0.0, forward.p2p - backward.compute) + max(0.0, backward.p2p - forward.compute))
+    exposed = (max(0.0, forward.p2p + forward.cp - backward.compute)
+               + max(0.0, backward.p2p + backward.cp - forward.compute))  # the ring's sends: own stream
     return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed)
 
 
@@ -50,7 +51,7 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     which leaves selective recomputation nothing to repeat. The GEMMs are linear_gemms' (grouped-query
     K and V, SwiGLU's three), the tensor-parallel collectives tp_collectives' (what an overlap leaves)."""
     m, lay, hw = st.model, st.layout, st.hw
-    b, s, h, f, t, w = lay.microbatch_size, m.seq, m.hidden, m.ffn, lay.tp, m.width
+    b, s, h, f, t, w = lay.microbatch_size, st.tokens, m.hidden, m.ffn, lay.tp, m.width
     bs = b * s
     gemms = sum(linear_gemms(st))
     replicated = bs * h / (t if lay.sequence_parallel else 1)
@@ -63,11 +64,12 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     attention, attention_elementwise, attention_backward = attention_terms(st)
     comm = tp_collectives(st)
     accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
-    forward = Part(gemms + attention + elementwise + attention_elementwise, comm)
+    ring_forward, ring_backward = ring_exposed(st) if lay.cp > 1 else (0.0, 0.0)
+    forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
     recompute = {"full": forward, "selective": core, "none": Part()}[lay.recompute]
     return {F: forward,
-            I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm),
+            I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
             W: Part(gemms + accumulate, 0.0),
             R: recompute}
 
@@ -77,7 +79,7 @@ def linear_gemms(st: Setting) -> tuple[float, ...]:
     collectives meet them: QKV (h -> h + 2 kv_hidden over t), the projection, the MLP's first (h -> f,
     or a SwiGLU's gate and up, 2f) and second; at the GPU's FP8 rate with --fp8."""
     m, lay, hw = st.model, st.layout, st.hw
-    bs, h, f, t, fp8 = lay.microbatch_size * m.seq, m.hidden, m.ffn, lay.tp, lay.fp8
+    bs, h, f, t, fp8 = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp, lay.fp8
     qkv = 3 * h / t if m.kv_heads == m.heads else (h + 2 * m.kv_hidden) / t
     up = 2 * f / t if m.mlp == "swiglu" else f / t
     return (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
@@ -97,7 +99,7 @@ def tp_collectives(st: Setting) -> float:
     m, lay = st.model, st.layout
     if lay.tp == 1:
         return 0.0
-    whole = st.tp_all_reduce(m.width * lay.microbatch_size * m.seq * m.hidden)
+    whole = st.tp_all_reduce(m.width * lay.microbatch_size * st.tokens * m.hidden)
     if not lay.tp_comm_overlap:
         return 2 * whole  # 2 AG + 2 RS cost the same with SP
     hiding = (lay.tp - 1) / lay.tp
@@ -117,7 +119,7 @@ def fp8_casts(st: Setting) -> float:
     backward's input gradients): each linear GEMM's input read at 16 bits and written at 8 with its
     amax, 3 bytes a value (the weights' casts once per step, not counted)."""
     m, lay = st.model, st.layout
-    bs, h, f, t = lay.microbatch_size * m.seq, m.hidden, m.ffn, lay.tp
+    bs, h, f, t = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp
     return st.hw.memory(FP8_CAST_BYTES * bs * (2 * h + h / t + f / t))
 
 
@@ -139,10 +141,43 @@ def attention_terms(st: Setting) -> tuple[float, float, float]:
     products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
     kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed)."""
     m, lay, hw = st.model, st.layout, st.hw
-    b, s, h, a, t, w = lay.microbatch_size, m.seq, m.hidden, m.heads, lay.tp, m.width
+    b, s, h, a, t, w = lay.microbatch_size, st.tokens, m.hidden, m.heads, lay.tp, m.width
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
+    if lay.cp > 1:  # context parallelism: the diagonal block and cp - 1 half blocks (causal_blocks)
+        attention *= causal_blocks(lay.cp)
     elementwise = 0.0 if m.flash else hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
     return attention, elementwise, (2.5 if m.flash else 2) * attention
+
+
+def causal_blocks(cp: int) -> float:
+    """The attention one GPU of a context-parallel group computes, in blocks of its s/cp x s/cp
+    (Megatron-Core's load-balanced ring: the sequence in 2·cp chunks, GPU i holding chunks i and
+    2·cp-1-i): the diagonal block with the causal mask, charged as the model charges a whole sequence's
+    attention, then cp - 1 blocks of which the mask leaves half (an earlier GPU's keys are seen by the
+    second chunk's queries only, a later GPU's first chunk of keys alone is seen). Of the model's
+    whole-sequence attention that is (cp + 1) / (2 cp^2): 3/8 at cp = 2, tending to 1/(2 cp), the causal
+    half split evenly.
+
+    >>> causal_blocks(1), causal_blocks(2), causal_blocks(4)
+    (1.0, 1.5, 2.5)
+    """
+    return (cp + 1) / 2
+
+
+def ring_exposed(st: Setting) -> tuple[float, float]:
+    """Seconds of context parallelism's key/value ring one layer's forward and backward leave exposed,
+    one microbatch. Megatron-Core's ring, not Llama 3's all-gather: each of cp - 1 steps sends the GPU's
+    keys and values (2·b·(s/cp)·h_kv/t values) to the next GPU of the group while the attention block of
+    the step computes, so the exchange hides under the attention up to what its blocks take (an
+    all-gather before the attention hides under nothing). Steps: the diagonal block, then half blocks
+    (causal_blocks); the backward sends the keys and values and their gradients (twice the bytes)
+    under its blocks' 2.5 forwards (flash). The link: NVLink when t·cp fills at most a node."""
+    m, lay, hw = st.model, st.layout, st.hw
+    message = hw.message(2 * lay.microbatch_size * st.tokens * m.kv_hidden / lay.tp * m.width, st.cp_in_node)
+    attention = attention_terms(st)[0] / causal_blocks(lay.cp)  # the diagonal block
+    forward = max(0.0, message - attention) + (lay.cp - 2) * max(0.0, message - attention / 2)
+    backward = max(0.0, 2 * message - 2.5 * attention) + (lay.cp - 2) * max(0.0, 2 * message - 1.25 * attention)
+    return forward, backward
 
 
 def chunk_multipliers(st: Setting, costs: StageCosts, chunks: int) -> dict[str, tuple[tuple[float, ...], ...]]:
@@ -172,7 +207,7 @@ def chunk_multipliers(st: Setting, costs: StageCosts, chunks: int) -> dict[str, 
 def embedding_parts(st: Setting) -> dict[str, Part]:
     """The first stage's extra: the (vocab-parallel) embedding lookup and its gradient."""
     m, lay = st.model, st.layout
-    tokens = lay.microbatch_size * m.seq * m.hidden * m.width
+    tokens = lay.microbatch_size * st.tokens * m.hidden * m.width
     comm = st.tp_all_reduce(tokens) if lay.tp > 1 else 0.0
     return {F: Part(st.hw.memory(3 * tokens), comm), I: Part(), W: Part(st.hw.memory(3 * tokens)),
             R: Part()}
@@ -181,7 +216,7 @@ def embedding_parts(st: Setting) -> dict[str, Part]:
 def head_parts(st: Setting) -> dict[str, Part]:
     """The last stage's extra: final layer norm, logit GEMM (bs x V/t x h) and cross entropy."""
     m, lay, hw = st.model, st.layout, st.hw
-    bs, t, w = lay.microbatch_size * m.seq, lay.tp, m.width
+    bs, t, w = lay.microbatch_size * st.tokens, lay.tp, m.width
     logits = hw.gemm(bs, m.vocab / t, m.hidden)
     norm = hw.memory(4 * w * bs * m.hidden / (t if lay.sequence_parallel else 1))
     entropy = hw.memory(CROSS_ENTROPY_BYTES * bs * m.vocab / t)

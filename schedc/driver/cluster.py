@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..budget import COMPILE_OPS
 from ..costmodel.specs import MAX_GPUS, check_layout, check_stages, check_switches, load_cluster, load_cluster_model
 from ..diagnostics import USAGE, usage
 from ..costmodel.bytes import layer_activation_bytes
 from ..costmodel.hardware import stage_layers
 from ..costmodel.stages import chunk_multipliers
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
+from ..costmodel.sharding import sharded_collectives
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
@@ -37,19 +39,21 @@ class OnCluster:
 
 
 def compile_on_cluster(file: str, overrides: dict[str, str], request: ClusterRequest,
-                       lower: bool = True, addons: tuple[str, ...] = ()) -> OnCluster:
+                       lower: bool = True, addons: tuple[str, ...] = (), max_ops: int | None = None) -> OnCluster:
     """Compile FILE (with the `--with` add-ons) with the costs of request's model on its cluster;
     SchedError on user errors. Without `lower` the schedule is checked and timed but not lowered (no
-    plan: `simulate`)."""
+    plan: `simulate`). max_ops: the most ops it may expand to (--max-ops; budget.COMPILE_OPS)."""
     cluster = load_cluster(request.cluster)
     model = load_cluster_model(request.model, cluster, request.seq)
     check_layout(model, request.layout, request.model)
     check_switches(request.layout, cluster)
-    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons)
+    return compile_for(file, overrides, Setting(model, cluster, request.layout), request, lower, addons,
+                       max_ops=max_ops)
 
 
 def compile_for(file: str, overrides: dict[str, str], st: Setting, request: ClusterRequest | None = None,
-                lower: bool = True, addons: tuple[str, ...] = (), free: bool = True) -> OnCluster:
+                lower: bool = True, addons: tuple[str, ...] = (), free: bool = True,
+                max_ops: int | None = None) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
     is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
     stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
@@ -65,11 +69,11 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     if kind_of(path) == TORCH_CSV:
         raise usage(f"{file}: --cluster reads .sched schedules (a torch CSV has no stages to give layers to)")
     source = read_source(path)
-    layout = st.layout
+    layout, max_ops = st.layout, max_ops or COMPILE_OPS.limit
     with collector_paused():
         decl = load_declaration(source, addons)
-        overrides = _microbatches(decl, dict(overrides), layout)
-        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers))
+        overrides = _microbatches(decl, dict(overrides), layout, max_ops)
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers, max_ops=max_ops))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
         problem = costs_problem(costs.costs(), layout)
@@ -77,14 +81,17 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
             raise usage(problem)
         placed, by_chunk = _placed_costs(probe, st, costs, source)
         schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers,
-                                                   task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk))
-        links = link_times(st, schedule.devices)
-        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links)
+                                                   task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
+                                                   max_ops=max_ops))
+        links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
+        compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, collectives=sharded)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
-            without = (analyse(schedule).timing if schedule.fill else simulate(schedule)).makespan
+            without = (analyse(schedule, collectives=sharded).timing if schedule.fill
+                       else simulate(schedule, collectives=sharded)).makespan
         else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
             without = compiled.timing.makespan
-    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch)
+        unsharded = simulate(schedule).makespan if sharded is not None and free else without
+    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch, without - unsharded)
     over = _over_memory(result, st)
     return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
 
@@ -121,20 +128,19 @@ def _forward_scale(probe, costs) -> tuple[float, ...]:
     return tuple(f / (df or 1.0) for f, df in zip(forward, declared_f))
 
 
-def _microbatches(decl, overrides: dict[str, str], layout: Layout) -> dict[str, str]:
+def _microbatches(decl, overrides: dict[str, str], layout: Layout, max_ops: int) -> dict[str, str]:
     """-D m from --global-batch: m = B / (b d), unless -D m is given (then they must agree)."""
     from ..frontend import ast
-    from ..frontend.elaborate import MAX_OPS
     m = layout.microbatches()
     if m is None:
         return overrides
     names = {d.name for d in decl.decls if isinstance(d, ast.Param)}
     if "m" not in names:
         return overrides
-    if m > MAX_OPS:  # said of the option given, not of a -D m= the user never wrote
+    if m > max_ops:  # said of the option given, not of a -D m= the user never wrote
         raise usage(f"--global-batch {layout.global_batch:,} is {m:,} microbatches per step (B / (b d) = "
-                    f"{layout.global_batch:,} / ({layout.microbatch_size} x {layout.dp})), past the {MAX_OPS:,} ops "
-                    "a schedule may expand to")
+                    f"{layout.global_batch:,} / ({layout.microbatch_size} x {layout.dp})), past the {max_ops:,} ops "
+                    f"a schedule may expand to ({COMPILE_OPS.why})")
     if "m" in overrides:
         if overrides["m"] != str(m):
             raise usage(f"-D m={overrides['m']} disagrees with --global-batch {layout.global_batch} / "
@@ -147,9 +153,10 @@ def _check_fit(schedule, model, layout: Layout, model_path: str) -> int:
     """The model's layers divide over the schedule's stages; the batch the schedule runs is the global
     batch asked for. Returns the global batch (sequences per step)."""
     check_stages(model, schedule, model_path, layout)
-    gpus = layout.tp * schedule.devices * layout.dp
+    gpus = layout.tp * layout.cp * schedule.devices * layout.dp
     if gpus > MAX_GPUS:
-        raise usage(f"t x p x d = {layout.tp} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
+        names, sizes = ("t x cp", f"{layout.tp} x {layout.cp}") if layout.cp > 1 else ("t", f"{layout.tp}")
+        raise usage(f"{names} x p x d = {sizes} x {schedule.devices} x {layout.dp:,} = {gpus:,} GPUs, more than the "
                     f"{MAX_GPUS:,} a prediction takes (as tune's --gpus)")
     per_replica = schedule.microbatches  # all pipelines' (Chimera's two halves make one replica's batch)
     batch = per_replica * layout.microbatch_size * layout.dp
@@ -171,9 +178,18 @@ def _with_prediction(compiled, result: Prediction, st: Setting, request: Cluster
             "microbatch_size": lay.microbatch_size, "global_batch": result.global_batch,
             "recompute": lay.recompute, "sequence_parallel": lay.sequence_parallel,
             "overlap_grad_reduce": lay.overlap_grad_reduce, "blocking_p2p": lay.blocking_p2p,
-            "distributed_optimizer": lay.distributed_optimizer, "unit": "s"}})
+            "distributed_optimizer": lay.distributed_optimizer, **_sharding_meta(lay), "unit": "s"}})
     diagnostics = [*compiled.diagnostics, *([over] if over is not None else [])]
     return replace(compiled, stats=stats, plan=plan, diagnostics=diagnostics)
+
+
+def _sharding_meta(lay: Layout) -> dict[str, Any]:
+    """The plan's record of the ZeRO level and context parallelism, where they differ from the default
+    (a plan of before them reads the same)."""
+    meta = {"zero": lay.zero} if lay.zero >= 2 else {}
+    if lay.zero == 3:
+        meta["reshard_after_forward"] = lay.reshard_after_forward
+    return meta | ({"cp": lay.cp} if lay.cp > 1 else {})
 
 
 def _over_memory(result: Prediction, st: Setting) -> Diagnostic | None:

@@ -46,13 +46,15 @@ def compile_source(source: Source, options: Options | None = None, latency: floa
 
 def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = None, latency: float = 0.0,
                  profile: tuple[str, int | None] | None = None, model: str | None = None,
-                 addons: Iterable[str] = (), max_ops: int | None = None, checks: Checks = Checks()) -> Compiled:
+                 addons: Iterable[str] = (), max_ops: int | None = None, checks: Checks = Checks(),
+                 max_ops_why: str | None = None) -> Compiled:
     """The library's entry point (the command line, the demo, the renderer and the tests call it): read
     FILE (a path or a library name; a .sched or a torch CSV schedule) and compile it. defines: NAME=VALUE
     params; costs: a measured-costs JSON; profile: (PipeFisher profile CSV, microbatch size) instead;
     model: a model description (TOML), whose layers per stage give tasks their units; addons: add-ons
-    applied as `use NAME` would (`--with`); max_ops: a lower limit on the ops the schedule may expand
-    to than elaboration's own (a render's, checked before the work grows); checks: the optional checks
+    applied as `use NAME` would (`--with`); max_ops: the most ops the schedule may expand to, checked
+    before the work grows (--max-ops, or a render's own; budget.COMPILE_OPS when None), and max_ops_why
+    what its refusal tells the user to do; checks: the optional checks
     selected (schedc check's --model, --memory-limit, --placement). Raises SchedError on user errors; a
     schedule that fails its checks comes back with its diagnostics."""
     from ..frontend.library import resolve
@@ -63,7 +65,7 @@ def compile_file(file: str, defines: Iterable[str] = (), costs: str | None = Non
                          Source(str(path), ""), kind=USAGE)
     options = replace(_options(parse_defines(defines), costs, profile, model), addons=tuple(addons))
     if max_ops is not None:
-        options = replace(options, max_ops=min(options.max_ops, max_ops))
+        options = replace(options, max_ops=max_ops, max_ops_why=max_ops_why or options.max_ops_why)
     with collector_paused():
         if kind_of(path) == TORCH_CSV:
             refuse_addons(file, options.addons)
@@ -129,8 +131,8 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
     size, its costs one layer's); a model description gives its layer count."""
     layers = None
     if model:
-        from ..costmodel.specs import load_model_spec
-        layers = load_model_spec(model).layers
+        from ..costmodel.modelspec import model_layers
+        layers = model_layers(model)
     if profile:
         from ..interop.profiles import profile_origin, read_profile, read_profile_memory
         return Options(params, read_profile(*profile), memory=read_profile_memory(*profile), model_layers=layers,
@@ -144,7 +146,7 @@ def _options(params: dict[str, str], costs: str | None, profile: tuple[str, int 
 
 def load_input(file: str, defines, costs: str | None, latency: float | None,
                profile: tuple[str, int | None] | None = None, addons: tuple[str, ...] = (),
-               max_ops: int | None = None) -> Compiled:
+               max_ops: int | None = None, max_ops_why: str | None = None) -> Compiled:
     """Compile FILE (with the `--with` add-ons) at `latency` (None: 0), or read and re-simulate it when
     it is a plan.json (under measured costs if given; None: at the plan's own latency or message times)."""
     if kind_of(file) == PLAN:
@@ -159,4 +161,5 @@ def load_input(file: str, defines, costs: str | None, latency: float | None,
         if measured:
             check_measured(plan, measured, profile[0] if profile else None, costs)
         return compiled_from_plan(plan, file, measured, latency)
-    return compile_file(file, defines, costs, latency or 0.0, profile, addons=addons, max_ops=max_ops)
+    return compile_file(file, defines, costs, latency or 0.0, profile, addons=addons, max_ops=max_ops,
+                        max_ops_why=max_ops_why)

@@ -19,7 +19,7 @@ from ..diagnostics import Diagnostic, has_errors
 from ..ir import Schedule
 from ..lower import lower
 from ..plan import Plan
-from ..simulate import Links, simulate, step_sequences
+from ..simulate import Collectives, Links, simulate, step_sequences
 from ..timing import Stats, Timing
 
 
@@ -43,15 +43,16 @@ class Unit:
     schedule: Schedule
     latency: float = 0.0
     links: Links | None = None            # per device pair message times, instead of `latency`
-    census: Census | None = None          # placed ops against the expected ones
+    census: Census | None = None          # placed ops against the expected ones (until the deadlock check)
     timing: Timing | None = None          # of the schedule as it now is (over the cycle once filled)
     unfilled: Timing | None = None        # the timing before fill_bubbles, when it ran
-    sequences: tuple = ()                 # per step program: (start, end, op) in start order
+    sequences: tuple = ()                 # per step program: (start, end, op) in start order (until lowering)
     stats: Stats | None = None
     plan: Plan | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
     checked: Schedule | None = None       # what the structure checks see, when not `schedule` (a plan's
     # re-simulation: its built-in ops, as a plan does not declare the tasks fill_bubbles placed)
+    collectives: Collectives | None = None  # ZeRO's gathers and reduce-scatters on each device's lane
     checks: Checks = Checks()             # the optional checks selected
 
     @property
@@ -68,12 +69,13 @@ def _check_structure(u: Unit) -> Unit:
 
 
 def _simulate(u: Unit) -> Unit:
-    return replace(u, timing=simulate(u.schedule, u.latency, u.links))
+    return replace(u, timing=simulate(u.schedule, u.latency, u.links, u.collectives))
 
 
 def _check_deadlock(u: Unit) -> Unit:
     counted = u.census if u.checked is None else None  # a census of what was checked, not of every op
-    return replace(u, diagnostics=u.diagnostics + tuple(check_deadlock(u.schedule, u.timing, counted)))
+    # its last reader: the census is let go (at 10^6 ops its identities hold a quarter of a GiB)
+    return replace(u, census=None, diagnostics=u.diagnostics + tuple(check_deadlock(u.schedule, u.timing, counted)))
 
 
 def _fill_bubbles(u: Unit) -> Unit:
@@ -97,7 +99,9 @@ def _step_sequences(u: Unit) -> Unit:
 
 
 def _lower(u: Unit) -> Unit:
-    return u if u.failed else replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links))
+    if u.failed:
+        return u
+    return replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links), sequences=())  # their last reader
 
 
 def _check_channels(u: Unit) -> Unit:
@@ -164,27 +168,28 @@ def untimed() -> tuple[Callable[[Unit], Unit], ...]:
 
 def run_passes(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
                passes: Iterable[Callable[[Unit], Unit]] | None = None, checked: Schedule | None = None,
-               checks: Checks = Checks()) -> Unit:
+               checks: Checks = Checks(), collectives: Collectives | None = None) -> Unit:
     """Run the passes in order (PASSES unless told) over a schedule; returns the last Unit. links: per
-    device pair message times (simulate), instead of one latency; checked, checks: see Unit."""
-    unit = Unit(schedule, latency, links, checked=checked, checks=checks)
+    device pair message times (simulate), instead of one latency; checked, checks, collectives: see Unit."""
+    unit = Unit(schedule, latency, links, checked=checked, checks=checks, collectives=collectives)
     for run in PASSES if passes is None else passes:
         unit = run(unit)
     return unit
 
 
 def compile_schedule(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
-                     checks: Checks = Checks()) -> Compiled:
+                     checks: Checks = Checks(), collectives: Collectives | None = None) -> Compiled:
     """Check, time, fill, lower and check the plan of an elaborated schedule (PASSES, with the optional
     checks selected)."""
-    u = run_passes(schedule, latency, links, checks=checks)
+    u = run_passes(schedule, latency, links, checks=checks, collectives=collectives)
     return Compiled(u.schedule, u.timing, u.stats, u.plan, list(u.diagnostics))
 
 
-def analyse(schedule: Schedule, latency: float = 0.0, links: Links | None = None) -> Compiled:
+def analyse(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+            collectives: Collectives | None = None) -> Compiled:
     """The passes up to the stats, without lowering (analysis()): the schedule checked and timed (and
     filled); the plan is None."""
-    u = run_passes(schedule, latency, links, analysis())
+    u = run_passes(schedule, latency, links, analysis(), collectives=collectives)
     return Compiled(u.schedule, u.timing, u.stats, None, list(u.diagnostics))
 
 

@@ -11,7 +11,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from . import ast
-from ..budget import REFUSED, SQUEEZE_SLOTS
+from ..budget import COMPILE_OPS, REFUSED, SQUEEZE_SLOTS
 from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
 from .expr import EvalError, PipeRef, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
@@ -25,10 +25,9 @@ from .params import bind_params, check_declared_once, fail_at, int_values, per_s
 from .placed import copy_kinds, host_limit, offloaded_dependencies, offloads, placed_costs, recomputes
 from .sequence import chunk_count, cost_column, per_unit, same_chunks, units
 
-# The expansion limit: the most ops a schedule may expand to, every front end and task included. At
-# the limit the slowest command (render to a Chrome trace) takes about 14 s of CPU on a 2-core machine,
-# inside the 20 s every command is held to (benchmarks/limits.py, benchmarks/fuzz_cli.py).
-MAX_OPS = 500_000
+# The expansion limit: the most ops a schedule may expand to by default, every front end and task
+# included (budget.COMPILE_OPS, --max-ops). Render holds itself to less (render.MAX_RENDER_OPS).
+MAX_OPS = COMPILE_OPS.limit
 # The most devices (ranks) a schedule may have: every pass keeps something per device, and a plan is a
 # stream file per rank (at 100,000 devices `check` alone took 20 s of CPU).
 MAX_DEVICES = 16_384
@@ -51,10 +50,11 @@ class Options:
     #                                  `cost piece`) is worth: --cluster's seconds per forward of the stage
     chunk_costs: dict | None = None  # sequence chunks under --cluster: kind -> stage -> chunk j -> its cost
     #                                  over an even 1/k share (costmodel.stages.chunk_multipliers)
+    max_ops_why: str = COMPILE_OPS.why  # what the refusal past max_ops says to do (render's own: RENDER_OPS)
 
 
 def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
-                    max_ops: int) -> tuple[Pipeline, ...]:
+                    max_ops: int, why: str = COMPILE_OPS.why) -> tuple[Pipeline, ...]:
     """The declared pipelines; refused before expansion when their ops (stages x microbatches x the op
     kinds each stage and microbatch gets: F B, F I W, or all four with a mixed backward) pass max_ops."""
     kinds = _grid_kinds(decl)
@@ -72,8 +72,8 @@ def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, s
         if total > max_ops:
             per = f" x {chunks:,} chunks" if chunks > 1 else ""
             raise fail_at(f"schedule would expand to more than {max_ops:,} ops "
-                        f"({stages:,} stages x {len(mbs):,} microbatches{per} x {kinds} op kinds); refusing", pd.span,
-                        source)
+                          f"({stages:,} stages x {len(mbs):,} microbatches{per} x {kinds} op kinds); refusing "
+                          f"({why})", pd.span, source, REFUSED)
         placement = []
         for s in range(stages):
             device = evaluate_int(pd.placement, {**env, pd.stage_var: s}, "device") if pd.placement else s
@@ -210,7 +210,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     check_declared_once(decl, source)
     env = bind_params(decl, source, options.overrides)
     devices = _device_count(decl, env, source, options.overrides)
-    pipelines = build_pipelines(decl, env, devices, source, options.max_ops)
+    pipelines = build_pipelines(decl, env, devices, source, options.max_ops, options.max_ops_why)
     replicas = _replicas(decl, pipelines, source)
     stages = pipelines[0].stages
     split = any(isinstance(d, ast.SplitBackward) for d in decl.decls)

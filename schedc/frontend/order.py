@@ -19,7 +19,7 @@ from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import MAX_INT, EvalError, PipeRef, evaluate, evaluate_int
 from ..grid import elide, ranges
-from ..budget import PROGRAM_STATEMENTS, REFUSED
+from ..budget import PROGRAM_STATEMENTS, REFUSED, STATEMENTS_PER_OP
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
@@ -416,7 +416,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
         per_device[op.device].append(op)
     chunk = chunk_index(pipelines)
     keys = {(q.kind, q.pipe): QueueKey(q.key, env) for q in queue_decls}
-    budget = StepBudget(PROGRAM_STATEMENTS.allowed())
+    budget = StepBudget(max(PROGRAM_STATEMENTS.allowed(), STATEMENTS_PER_OP * len(ops)))
     orders = []
     for dev in range(devices):
         program = specific.get(dev) or (generic[-1] if generic else None)

@@ -35,13 +35,16 @@ REDUCING = frozenset({OpKind.B.value, OpKind.W.value})  # the backward ops torch
 Unit = tuple[tuple[int, str], ...]  # a compute cell's (stage, kind) halves: one, or two when overlapped
 
 
-def torch_actions(units: list[Unit], microbatches: int) -> list[tuple[list[str], list[str]]]:
+def torch_actions(units: list[Unit], microbatches: int,
+                  reshard_after_forward: bool | None = None) -> list[tuple[list[str], list[str]]]:
     """For each compute cell of a rank's row, in order, the actions torch runs (before it, after it):
     RESHARD of the unsharded stages that are not among the next FSDP_PREFETCH distinct stages from this
     cell on, UNSHARD of those that are not yet unsharded (in the order they come), and REDUCE_GRAD of a
     stage after its m-th B or W. The stages still unsharded at the row's end are resharded after its
     last cell (ascending). The window is found from each stage's next cell, so a row of n cells over S
-    stages costs n·S, not n²."""
+    stages costs n·S, not n². With `reshard_after_forward` given, the window is the zero-3 runtime's
+    instead (schedc/runtime/zero.py): True, a cell's own stages, unsharded before it and resharded after
+    it; False, every stage from its first cell to the row's end."""
     positions: dict[int, list[int]] = {}
     for n, unit in enumerate(units):
         for stage, _ in unit:
@@ -50,7 +53,8 @@ def torch_actions(units: list[Unit], microbatches: int) -> list[tuple[list[str],
     backwards: Counter = Counter()
     out = []
     for n, unit in enumerate(units):
-        window = _window(n, units, positions)
+        window = _window(n, units, positions) if reshard_after_forward is None else \
+            _own(unit, active if reshard_after_forward is False else [])
         before = [f"{s}{RESHARD}" for s in sorted(s for s in active if s not in window)]
         active = [s for s in active if s in window]
         before += [f"{s}{UNSHARD}" for s in window if s not in active]
@@ -61,10 +65,19 @@ def torch_actions(units: list[Unit], microbatches: int) -> list[tuple[list[str],
                 backwards[stage] += 1
                 if backwards[stage] == microbatches:
                     after.append(f"{stage}{REDUCE_GRAD}")
+        if reshard_after_forward:
+            after += [f"{s}{RESHARD}" for s in active]
+            active = []
         if n == len(units) - 1:
             after += [f"{s}{RESHARD}" for s in sorted(active)]
         out.append((before, after))
     return out
+
+
+def _own(unit: Unit, kept: list[int]) -> list[int]:
+    """The stages held while a cell runs under the zero-3 runtime's rule: those kept so far, then the
+    cell's own (in its order)."""
+    return kept + [stage for stage, _ in unit if stage not in kept]
 
 
 def _window(n: int, units: list[Unit], positions: dict[int, list[int]]) -> list[int]:
@@ -83,11 +96,12 @@ def _window(n: int, units: list[Unit], positions: dict[int, list[int]]) -> list[
 
 # Export ---------------------------------------------------------------------------------------------
 
-def export_comms_csv(plan: Plan) -> str:
+def export_comms_csv(plan: Plan, reshard_after_forward: bool | None = None) -> str:
     """A one-step plan's rank streams as torch's compute_comms CSV: compute cells (an OVERLAP_F_B as
     torch's overlapped cell), SEND_*/RECV_* cells named torch's way (a receive by its receiving stage)
     in the plan's order, which the channel check proved, and torch's UNSHARD, RESHARD and REDUCE_GRAD
-    placed by torch_actions; SYNC_GRAD and STEP are left out."""
+    placed by torch_actions (FSDP's where `reshard_after_forward` puts them, as --zero 3 does, when it
+    is given); SYNC_GRAD and STEP are left out."""
     if plan.cycle_steps != 1 or len(plan.meta.get("pipelines", ())) != 1:
         raise SchedError(error("torch's compute_comms CSV holds one step program of one pipeline"),
                          Source(plan.meta.get("source", "plan"), ""), kind=SCHEDULE)
@@ -96,7 +110,7 @@ def export_comms_csv(plan: Plan) -> str:
     for (program,) in plan.ranks:
         computes = [ins for ins in program if ins.op in BUILTIN or ins.halves is not None]
         actions = iter(torch_actions([tuple((half.stage, half.op) for half in ins.units()) for ins in computes],
-                                     microbatches))
+                                     microbatches, reshard_after_forward))
         cells = []
         for ins in program:
             if ins.op in BUILTIN or ins.halves is not None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..budget import RENDER_OPS
 from ..compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
@@ -27,8 +28,9 @@ EXTENSIONS = (*FORMATS, "dot", "html", "json")
 # 48 MB and the command takes about 25 s of CPU on a shared core; past this, .json or .dot text only.
 MAX_TIMELINE_OPS = 200_000
 # Any render: a Chrome trace of 200,000 ops takes 5 s and 26 MB; a schedule to render is refused past
-# this when it is elaborated, before the work grows (elaboration's own limit is 500,000).
-MAX_RENDER_OPS = 200_000
+# this when it is elaborated, before the work grows (budget.RENDER_OPS; a compile's own limit is
+# budget.COMPILE_OPS, --max-ops).
+MAX_RENDER_OPS = RENDER_OPS.limit
 
 
 def render_file(file: str, defines=(), costs: str | None = None, latency: float | None = None, out: str = "out.svg",
@@ -65,7 +67,8 @@ def render_file(file: str, defines=(), costs: str | None = None, latency: float 
         on = compile_on_cluster(file, parse_defines(defines), cluster, addons=addons)
         compiled, byte_deltas = on.compiled, _byte_deltas(on)
     else:
-        compiled = load_input(file, defines, costs, latency, profile, addons, max_ops=MAX_RENDER_OPS)
+        compiled = load_input(file, defines, costs, latency, profile, addons, max_ops=MAX_RENDER_OPS,
+                              max_ops_why=RENDER_OPS.why)
         byte_deltas = None
     run = None
     if measured is not None:

@@ -14,6 +14,7 @@ import json
 import re
 import os
 import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -46,8 +47,11 @@ def identity(plan_hash: str, world: int, opts) -> dict:
     cfg = opts.model_config
     return {"plan": plan_hash, "world": world, "dp": opts.dp, "tp": opts.tp, "seed": opts.seed,
             "distributed_optimizer": bool(opts.distributed_optimizer and opts.dp > 1),
-            "model": {"code": opts.model_code or "gpt", "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
-                      "seq": cfg.seq, "vocab": cfg.vocab}}
+            "optimizer": opts.optimizer, "zero": getattr(opts, "zero", 0), "cp": getattr(opts, "cp", 1),
+            "stage_layers": ",".join(map(str, opts.stage_layers)) if opts.stage_layers else "even",
+            "account_for_embedding": bool(opts.account_for_embedding), "account_for_loss": bool(opts.account_for_loss),
+            "model": {"code": opts.model_code or "gpt", **{f.name: getattr(cfg, f.name) for f in fields(cfg)
+                                                             if f.name not in ("mb_size", "extra")}}}
 
 
 def differences(made: dict, now: dict) -> list[str]:
@@ -59,7 +63,7 @@ def differences(made: dict, now: dict) -> list[str]:
         if was is None or was == value:
             continue
         if key == "model" and isinstance(was, dict):
-            found += [f"model {k} {was.get(k)!r} (this run: {v!r})" for k, v in value.items() if was.get(k) != v]
+            found += [f"model {k} {was[k]!r} (this run: {v!r})" for k, v in value.items() if k in was and was[k] != v]
         elif key == "plan":
             found.append(f"plan hash {str(was)[:12]} (this run: {str(value)[:12]}, another schedule or size)")
         else:

@@ -25,6 +25,8 @@ import torch
 from schedc.ops import split_unit
 from schedc.plan import Opcode, Plan, PlanError
 
+from . import context
+
 # the instructions a chunked plan may hold: F, B, messages, gradient sync and the step
 RUNS = frozenset({Opcode.F.value, Opcode.B.value, Opcode.SEND_F.value, Opcode.RECV_F.value, Opcode.SEND_B.value,
                   Opcode.RECV_B.value, Opcode.SYNC_GRAD.value, Opcode.STEP.value})
@@ -86,8 +88,20 @@ _RUNNING: list[Running] = []  # the chunk forward in progress (forwards do not n
 
 def extend(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """What an attention layer attends to: inside a chunk's forward, the earlier chunks' keys and values
-    too (Running.extend); else its own, plainly causal (mask None)."""
-    return _RUNNING[-1].extend(k, v) if _RUNNING else (k, v, None)
+    too (Running.extend); under context parallelism every context rank's (context.py); else its own,
+    plainly causal (mask None)."""
+    if _RUNNING:
+        return _RUNNING[-1].extend(k, v)
+    return context.ACTIVE[-1].extend(k, v) if context.ACTIVE else (k, v, None)
+
+
+def positions(count: int, device: torch.device, offset: int = 0) -> torch.Tensor:
+    """The positions of `count` tokens from the `offset`-th token of what this forward holds: a context
+    rank's own (context.py), else from the running chunk's first position (0 outside a chunk)."""
+    if context.ACTIVE:
+        return context.ACTIVE[-1].positions[offset:offset + count].to(device)
+    first = position() + offset
+    return torch.arange(first, first + count, device=device)
 
 
 def position() -> int:
@@ -181,6 +195,8 @@ def check_chunks(plan: Plan, opts) -> None:
     chunks = plan.meta.get("chunks", 1)  # an integer dividing the microbatch units: checked on loading
     if chunks == 1:
         return
+    if opts.cp > 1:
+        raise PlanError(f"--cp {opts.cp} does not compose with a chunked plan (Seq1F1B's {chunks} chunks) yet")
     ops = sorted({i.op for steps in plan.ranks for step in steps for i in step} - RUNS)
     if ops:
         names = {Opcode.I.value: "split backward (I, W)", Opcode.W.value: "split backward (I, W)",
@@ -200,7 +216,7 @@ def _option_problem(opts, chunks: int) -> str | None:
         return f"--seq {seq} is not a multiple of {chunks}"
     refused = [("--tp", opts.tp > 1, "tensor parallelism"), ("--recompute full", opts.recompute == "full",
                "full recomputation (a layer's replay would not see the earlier chunks' keys and values)"),
-               ("--model-code", bool(opts.model_code), "a model of your own (only the GPT's attention reads "
+               ("--model-code", bool(opts.model_code), "a model of your own (only the runtime's GPT and decoder read "
                 "the earlier chunks' keys and values)"),
                ("--loss", bool(opts.loss), "a loss of your own (a chunk's loss is the GPT's cross entropy over "
                 "its tokens, divided by the chunks)"), ("--tasks", bool(opts.tasks), "user tasks")]

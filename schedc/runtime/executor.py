@@ -163,7 +163,11 @@ class Executor:
             self.current, self.started, self.wait_ns = instr, time.monotonic(), 0
             start = clock()
             try:
+                if self.shards is not None:  # ZeRO-3 gathers a stage's weights before its ops (zero.py)
+                    self.shards.before(instr)
                 handler(instr)
+                if self.shards is not None:
+                    self.shards.after(instr)
             except Exception as exc:
                 raise ExecutionError(f"while executing {instr} (rank {self.rank}, step {step}): "
                                      f"{_describe(exc)}") from exc
@@ -367,7 +371,9 @@ class Executor:
         self.sends.clear()
         self._check_drained()
         sync_partial_gradients(self.stages.values(), self.tp)  # sequence-parallel layer norms' parts
-        if self.world.dp_group is not None:
+        if self.shards is not None and self.shards.level >= 2:  # reduce-scattered (zero.py)
+            self.shards.reduce_gradients()
+        elif self.world.dp_group is not None:
             ranks = self.world.dp_ranks()
             for stage in self.stages.values():
                 self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
@@ -379,9 +385,10 @@ class Executor:
             self.set_lr(self.step_no)
         self.optimizer.step()
         if self.shards is not None:
-            self.shards.gather()
-        for stage in self.stages.values():
-            stage.flat_grad.zero_()
+            self.shards.after_step()
+        if self.shards is None or self.shards.level < 2:  # level 2 and 3 free the buffers instead
+            for stage in self.stages.values():
+                stage.flat_grad.zero_()
 
     def _clip(self) -> None:
         """--clip-grad: the global norm over every stage once (its replicas and data-parallel copies hold

@@ -92,10 +92,10 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
         from .__main__ import main as run_here
         with user_modules_importable():
             return run_here([str(plan_path), *options])
+    need = nproc or plan.devices * opts.dp * opts.tp * opts.cp
     if opts.compare_to_reference:
-        return compared_to_reference(plan_path, nproc or plan.devices * opts.dp * opts.tp, opts, options,
-                                     torchrun_args)
-    return launch(plan_path, nproc or plan.devices * opts.dp * opts.tp, options, torchrun_args)
+        return compared_to_reference(plan_path, need, opts, options, torchrun_args)
+    return launch(plan_path, need, options, torchrun_args)
 
 
 def compared_to_reference(plan_path, nproc: int, opts, options: list[str], torchrun_args: list[str]) -> int:
@@ -166,8 +166,8 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         plan = load_plan(plan_path)
     except PlanError as exc:
         raise LaunchError(exc if str(exc).startswith(str(plan_path)) else f"{plan_path}: {exc}") from None
-    need = plan.devices * opts.dp * opts.tp
-    factors = f"--dp {opts.dp}" + (f" x --tp {opts.tp}" if opts.tp > 1 else "")
+    need = plan.devices * opts.dp * opts.tp * opts.cp
+    factors = f"--dp {opts.dp}" + (f" x --tp {opts.tp}" if opts.tp > 1 else "") + (f" x --cp {opts.cp}" if opts.cp > 1 else "")
     if opts.reference:
         if torchrun_args or nproc not in (None, 1):
             raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
@@ -184,7 +184,7 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
                           f"{factors}{'' if nproc is None else ', --nproc'}): at most {MAX_LOCAL_PROCESSES} are started")
     _check_memory(plan, opts, local)
     if standalone and nproc is not None and nproc != need:
-        raise LaunchError(f"the plan is for {plan.devices} devices; {world_words(opts.dp, opts.tp)} it needs "
+        raise LaunchError(f"the plan is for {plan.devices} devices; {world_words(opts.dp, opts.tp, opts.cp)} it needs "
                           f"{need} processes, not --nproc {nproc} (on several machines, --nproc is per machine: "
                           "give torchrun's --nnodes after `--`)")
     try:
@@ -259,7 +259,8 @@ def _check_fault(opts, world: int) -> None:
     option = f"--fault-{kind} {rank}:{step}"
     if rank >= world:
         raise LaunchError(f"{option}: the run has {'rank 0' if world == 1 else f'ranks 0 to {world - 1}'} "
-                          f"(the plan's devices x --dp {opts.dp}{f' x --tp {opts.tp}' if opts.tp > 1 else ''})")
+                          f"(the plan's devices x --dp {opts.dp}{f' x --tp {opts.tp}' if opts.tp > 1 else ''}"
+                          f"{f' x --cp {opts.cp}' if opts.cp > 1 else ''})")
     if step >= opts.steps:
         raise LaunchError(f"{option}: the run's steps are 0 to {opts.steps - 1} (--steps {opts.steps})")
 
@@ -346,14 +347,14 @@ def split_args(args: list[str], argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def default_nproc(plan_path: str | Path, options: list[str]) -> int | None:
-    """The plan's devices x the --dp and --tp given among the runtime options (None if the plan is
+    """The plan's devices x the --dp, --tp and --cp given among the runtime options (None if the plan is
     unreadable)."""
     from schedc.plan import PlanError, load_plan
     try:
         devices = load_plan(plan_path, verify=False).devices
     except PlanError:
         return None
-    return devices * _count_option(options, "--dp") * _count_option(options, "--tp")
+    return devices * _count_option(options, "--dp") * _count_option(options, "--tp") * _count_option(options, "--cp")
 
 
 def _count_option(options: list[str], name: str) -> int:

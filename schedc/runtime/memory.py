@@ -4,7 +4,7 @@
 # The forward of (stage, mb) runs under a saved-tensor hook that notes the storage of every tensor
 # autograd saves (and the inputs a recomputed region keeps instead of what it saves, runtime/recompute.py):
 # a storage shared by several saved tensors (q, k and v are views of one qkv output) counts once, at its
-# size in bytes; parameters' storages are not counted; a storage of the step's batch (token ids and
+# size in bytes; parameters' and buffers' storages (model state: the rotary tables) are not counted; a storage of the step's batch (token ids and
 # targets, microbatch views of one tensor) counts the bytes of the views saved, as a microbatch of its
 # own would be on a GPU. A state is live from its forward to the instruction after which the executor
 # drops it (runtime/lifetimes.py); a storage held by two live states counts once in the live bytes.
@@ -48,7 +48,13 @@ class SavedBytes:
 
     @classmethod
     def of(cls, stages: dict) -> SavedBytes:
-        return cls({p.untyped_storage().data_ptr() for stage in stages.values() for p in stage.parameters()})
+        return cls({p.untyped_storage().data_ptr() for stage in stages.values()
+                    for p in (*stage.parameters(), *stage.buffers())})
+
+    def add_parameters(self, old: int | None, new: int) -> None:
+        """A parameter buffer gathered again (ZeRO-3, zero.py) into a new storage: its pointer replaces the old."""
+        self.params.discard(old)
+        self.params.add(new)
 
     def new_step(self, batch) -> None:
         """A step begins: its batch's storages (counted by the views saved), its own peak."""

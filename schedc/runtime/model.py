@@ -21,8 +21,9 @@ from schedc.layout import SplitError, split_layers
 from . import chunks
 from .plugins import load_function
 from .recompute import recomputed
+from .decoder import build_decoder
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
-                              declare)
+                              declare, qualified)
 from .errors import UserError
 
 
@@ -32,7 +33,8 @@ class ModelError(UserError):
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Sizes of the model and of one microbatch; `extra` carries keys a user model may want."""
+    """Sizes of the model and of one microbatch, the model's facts (the defaults are the GPT's: see
+    FACTS), and `extra`, the keys a user model may want. kv_heads None is heads, ffn None 4 x hidden."""
 
     layers: int = 4
     hidden: int = 64
@@ -41,6 +43,46 @@ class ModelConfig:
     vocab: int = 256
     mb_size: int = 4
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_heads: int | None = None
+    ffn: int | None = None
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    positions: str = "learned"
+    rope_theta: float = 10000.0
+    tied_embeddings: bool = False
+    bias: str = "all"
+    family: str = "gpt"
+    max_positions: int | None = None
+
+    def __post_init__(self):
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn is None:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+
+
+# The model facts a description may state beside the sizes (the names schedc.descriptions uses): each
+# one's type, or its choices. The runtime builds the GPT (Block) where every fact is the GPT's, else
+# the Llama-family decoder of schedc/runtime/decoder.py under Hugging Face's parameter names.
+FACTS: dict[str, type | tuple[str, ...]] = {
+    "kv_heads": int, "ffn": int, "mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm"), "norm_eps": float,
+    "positions": ("learned", "rope"), "rope_theta": float, "tied_embeddings": bool, "bias": ("all", "qkv", "none"),
+    "family": str, "max_positions": int}
+
+
+def fact_problem(key: str, value: Any) -> str | None:
+    """Why `value` cannot be the model fact `key` (None when it can)."""
+    kind = FACTS[key]
+    if isinstance(kind, tuple):
+        return None if value in kind else f"{key} must be one of {', '.join(kind)}, got {value!r}"
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        return f"{key} must be {'a number' if kind is float else f'a {kind.__name__}'}, got {value!r}"
+    if kind in (int, float) and not value > 0:
+        return f"{key} must be positive, got {value!r}"
+    return None
 
 
 class Embed(nn.Module):
@@ -50,8 +92,8 @@ class Embed(nn.Module):
         self.pos = nn.Embedding(cfg.seq, cfg.hidden)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        first = chunks.position()  # a sequence chunk's first position (runtime/chunks.py)
-        return self.tok(idx) + self.pos(torch.arange(first, first + idx.shape[1], device=idx.device))
+        # a sequence chunk's positions, or a context rank's (runtime/chunks.py, context.py)
+        return self.tok(idx) + self.pos(chunks.positions(idx.shape[1], idx.device))
 
     def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
         return ParallelEmbed(self, tp)
@@ -74,12 +116,12 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.ln1 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
-        self.fc = nn.Linear(cfg.hidden, 4 * cfg.hidden)
-        self.out = nn.Linear(4 * cfg.hidden, cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+        self.fc = nn.Linear(cfg.hidden, cfg.ffn)
+        self.out = nn.Linear(cfg.ffn, cfg.hidden)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -100,7 +142,7 @@ class Block(nn.Module):
 class Head(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.hidden)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
         self.lm = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +167,7 @@ class ParallelEmbed(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx)  # [b, s/t, h] under sequence parallelism
         first = self.tp.rank * x.shape[1] if self.tp.sequence_parallel else 0
-        return x + self.pos(torch.arange(first, first + x.shape[1], device=idx.device))
+        return x + self.pos(chunks.positions(x.shape[1], idx.device, first))
 
 
 class ParallelBlock(nn.Module):
@@ -144,7 +186,8 @@ class ParallelBlock(nn.Module):
         qkv = self.qkv(x)  # [b, s, 3h/t]: this rank's heads
         b, t, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in qkv.split(c, dim=2))
-        y = recomputed(self.recompute_core, attention_core, q, k, v)
+        k, v, mask = chunks.extend(k, v)  # every context rank's under --cp (runtime/context.py)
+        y = recomputed(self.recompute_core, attention_core, q, k, v, mask)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     forward = Block.forward
@@ -162,8 +205,11 @@ class ParallelHead(nn.Module):
 
 
 def tp_problem(cfg: ModelConfig, tp: int) -> str | None:
-    """Why the default GPT cannot be cut over --tp ranks (None when it can)."""
-    for what, size in (("heads", cfg.heads), ("hidden size", cfg.hidden), ("MLP size (4 x hidden)", 4 * cfg.hidden),
+    """Why the default model cannot be cut over --tp ranks (None when it can): the GPT's heads, or the
+    decoder's key/value heads (Megatron-Core's rule: t divides them) and query heads, and the MLP and
+    vocabulary for both."""
+    kv = [] if uses_gpt(cfg) else [("key/value heads", cfg.kv_heads)]
+    for what, size in (*kv, ("heads", cfg.heads), ("hidden size", cfg.hidden), (f"MLP size ({cfg.mlp})", cfg.ffn),
                        ("vocabulary", cfg.vocab)):
         if size % tp:
             return f"--tp {tp} does not divide the model's {what} {size}"
@@ -208,6 +254,32 @@ def gpt_problem(cfg: ModelConfig) -> str | None:
     return None
 
 
+def uses_gpt(cfg: ModelConfig) -> bool:
+    """Whether the facts are the GPT's (Block), else the decoder's (runtime/decoder.py)."""
+    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings
+            and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias) == ("gelu", "layernorm", "learned", "all"))
+
+
+def model_problem(cfg: ModelConfig) -> str | None:
+    """Why the default model of these sizes and facts cannot be built (None when it can): checked by
+    build_model, and by `schedc run` before torchrun starts."""
+    facts = [fact_problem(key, getattr(cfg, key)) for key in FACTS if getattr(cfg, key) is not None]
+    if any(facts):
+        return next(p for p in facts if p)
+    if cfg.max_positions is not None and cfg.seq > cfg.max_positions and cfg.positions == "learned":
+        return f"seq {cfg.seq} is beyond the model's {cfg.max_positions} learned positions (max_positions)"
+    if uses_gpt(cfg) or gpt_problem(cfg):
+        return gpt_problem(cfg)
+    if cfg.heads % cfg.kv_heads:
+        return f"key/value heads {cfg.kv_heads} do not divide heads {cfg.heads}"
+    if cfg.positions == "rope" and (cfg.hidden // cfg.heads) % 2:
+        return f"rotary positions need an even head size, got {cfg.hidden // cfg.heads} (hidden / heads)"
+    if cfg.tied_embeddings:
+        return ("tied_embeddings: the runtime builds the embedding and the output layer as separate weights "
+                "(model.embed_tokens, lm_head); describe the model with tied_embeddings = false")
+    return None
+
+
 def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
     """The default model: embeddings, `layers` blocks, final norm + LM head."""
     problem = gpt_problem(cfg)
@@ -215,6 +287,14 @@ def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
         raise ModelError(problem)
     blocks = [(f"blocks.{i}", Block(cfg)) for i in range(cfg.layers)]
     return [("embed", Embed(cfg)), *blocks, ("head", Head(cfg))]
+
+
+def build_model(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
+    """The default model of the facts: the GPT (uses_gpt), else the Llama-family decoder."""
+    problem = model_problem(cfg)
+    if problem:
+        raise ModelError(problem)
+    return build_gpt(cfg) if uses_gpt(cfg) else build_decoder(cfg)
 
 
 class Stage(nn.Module):
@@ -236,20 +316,20 @@ class Stage(nn.Module):
         return x
 
     def global_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(f"{prefix}.{name}", param) for prefix, piece in zip(self.names, self.pieces)
+        return [(qualified(prefix, name), param) for prefix, piece in zip(self.names, self.pieces)
                 for name, param in piece.named_parameters()]
 
 
 def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn.Module]]]:
-    """`None` for the GPT; else 'pkg.mod:function'."""
+    """`None` for the default model (build_model); else 'pkg.mod:function'."""
     if spec is None:
-        return build_gpt
+        return build_model
     return load_function(spec, "--model-code", ModelError)
 
 
 def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:
     torch.manual_seed(seed)
-    if builder is build_gpt:
+    if builder in (build_model, build_gpt):
         pieces = list(builder(cfg))
     else:  # user code: whatever it raises (sys.exit too) is reported as its failure, naming it
         from .plugins import call_user

@@ -10,10 +10,10 @@ import tomllib
 from dataclasses import fields
 
 from schedc.descriptions import code_given_as_model, known_models, resolve_model
-from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout
+from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout, flag
 
 from .errors import UserError
-from .model import ModelConfig, gpt_problem, tp_problem
+from .model import FACTS, ModelConfig, fact_problem, model_problem, tp_problem
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -53,7 +53,8 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
                        help="the model description: a TOML file or a library name (gpt-1.7b; the files of "
                             "schedc/models/), the same --model schedc check/simulate/tune read. Keys layers, "
                             "hidden, heads, seq, vocab, mb_size (or microbatch_size) at top level or in a "
-                            "[model] table; other keys reach a user model as ModelConfig.extra")
+                            "[model] table, and the model facts kv_heads, ffn, mlp, norm, norm_eps, positions, "
+                            "rope_theta, tied_embeddings, bias, family, max_positions (docs/models.md); other keys reach a user model as ModelConfig.extra")
     group.add_argument("--config", metavar="TOML", help=argparse.SUPPRESS)  # the old spelling of --model
     group.add_argument("--model-code", dest="model_code", metavar="PKG.MOD:FN",
                        help="user model code: FN(ModelConfig) returns a list of (name, nn.Module) pieces, the "
@@ -72,6 +73,10 @@ def _layout_options(group: argparse._ArgumentGroup) -> None:
         if not option.runtime:
             continue
         default = option.default("runtime")
+        if option.type is bool and option.both:  # --NAME/--no-NAME: None when neither is given
+            group.add_argument(flag(option.field), dest=option.field, action=argparse.BooleanOptionalAction,
+                               default=None, help=option.help)
+            continue
         if option.type is bool:
             group.add_argument(option.flag, dest=option.field, action="store_false" if default else "store_true",
                                help=option.help)
@@ -84,7 +89,8 @@ def _layout_options(group: argparse._ArgumentGroup) -> None:
             group.add_argument(alias, dest=option.field, help=argparse.SUPPRESS, **kind)
 
 
-_UNSET = {"microbatch_size": "the --model file's mb_size, else 4"}  # the defaults the model decides
+_UNSET = {"microbatch_size": "the --model file's mb_size, else 4",  # the defaults the model decides
+          "zero": "0, none; --distributed-optimizer is 1"}
 
 
 def _reader(option):
@@ -218,18 +224,21 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
     opts = build_parser().parse_args(argv)
     opts.notes = _renamed(opts)
     opts.model_config = model_config(opts)
-    opts.layout = layout_of(opts)
     opts.fault = (_parse_fault("--fault-kill", opts.fault_kill, "kill")
                   or _parse_fault("--fault-hang", opts.fault_hang, "hang")
                   or _parse_fault("--fault-stop", opts.fault_stop, "stop"))
     _check(opts)
+    opts.layout = layout_of(opts)
     return opts
 
 
 def layout_of(opts: argparse.Namespace) -> Layout:
     """The run's layout as one value, the one the cost model and tune read (schedc.layout.run_flags
-    writes these options back)."""
+    writes these options back), from the checked options (the ZeRO level settled with its alias; the
+    reshard choice only at level 3, where it means something)."""
     given = {option.field: getattr(opts, option.field) for option in LAYOUT_OPTIONS if option.runtime}
+    if opts.zero != 3:
+        del given["reshard_after_forward"]
     return Layout(**{**given, "microbatch_size": opts.model_config.mb_size})
 
 
@@ -298,8 +307,11 @@ def _read_toml(path: str) -> tuple[dict, dict]:
     known = {f.name for f in fields(ModelConfig)} - {"extra"}
     values = {k: v for k, v in table.items() if k in known}
     for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise OptionError(f"--model {path}: {key} must be an integer, got {value!r}")
+        problem = fact_problem(key, value) if key in FACTS else None
+        if key not in FACTS and (not isinstance(value, int) or isinstance(value, bool)):
+            problem = f"{key} must be an integer, got {value!r}"
+        if problem:
+            raise OptionError(f"--model {path}: {problem}")
     return values, {k: v for k, v in table.items() if k not in known}
 
 
@@ -340,8 +352,8 @@ def _check(opts: argparse.Namespace) -> None:
     if params > MAX_PARAMETERS:
         raise OptionError(f"the model would have about {params:.3g} parameters (layers {cfg.layers}, hidden "
                           f"{cfg.hidden}, vocab {cfg.vocab}); more than {MAX_PARAMETERS:.0e} is refused")
-    if not opts.model_code and gpt_problem(cfg):
-        raise OptionError(gpt_problem(cfg))
+    if not opts.model_code and model_problem(cfg):
+        raise OptionError(model_problem(cfg))
     if opts.every and not opts.save:
         raise OptionError("--every needs --save DIR")
     if not (opts.data or opts.synthetic or opts.model_code) and cfg.vocab < 256:  # before torchrun, not on each rank
@@ -355,6 +367,8 @@ def _check(opts: argparse.Namespace) -> None:
     _check_comparison(opts)
     _check_tensor_parallel(opts)
     _check_paths(opts)
+    _check_zero(opts)
+    _check_context(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -411,3 +425,45 @@ def _check_tensor_parallel(opts: argparse.Namespace) -> None:
                           "--loss and --tp")
     if opts.sequence_parallel and cfg.seq % opts.tp:
         raise OptionError(f"--sequence-parallel: --tp {opts.tp} does not divide the sequence length {cfg.seq}")
+
+
+def _check_zero(opts: argparse.Namespace) -> None:
+    """--zero and its alias, --reshard-after-forward; what a sharding level does not compose with yet."""
+    if opts.distributed_optimizer and opts.zero not in (None, 1):
+        raise OptionError(f"--distributed-optimizer is --zero 1: give one of it and --zero {opts.zero}")
+    opts.zero = 1 if opts.distributed_optimizer else opts.zero or 0
+    opts.distributed_optimizer = opts.zero == 1
+    if opts.reshard_after_forward is not None and opts.zero != 3:
+        raise OptionError("--reshard-after-forward and --no-reshard-after-forward choose when --zero 3 frees the "
+                          f"gathered weights; give --zero 3 (got --zero {opts.zero})")
+    if opts.reshard_after_forward is None:
+        opts.reshard_after_forward = opts.zero == 3
+    if opts.zero < 2:
+        return
+    if opts.dp < 2:
+        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more")
+    given = [name for name, on in (("--clip-grad", opts.clip_grad is not None), ("--save", opts.save),
+                                   ("--resume", opts.resume), ("--tasks", opts.tasks)) if on]
+    if given:
+        raise OptionError(f"--zero {opts.zero} does not compose with {given[0]} yet (it reads or writes the whole "
+                          "gradients or optimizer state); use --zero 1 or leave it out")
+
+
+def _check_context(opts: argparse.Namespace) -> None:
+    """--cp: the sequence cut into 2 cp equal chunks (and each rank's part into t under sequence
+    parallelism); what it does not compose with yet."""
+    cp, seq = opts.cp, opts.model_config.seq
+    if cp < 1:
+        raise OptionError(f"--cp must be >= 1, got {cp}")
+    if cp == 1:
+        return
+    if seq % (2 * cp):
+        raise OptionError(f"--cp {cp} cuts the sequence into {2 * cp} equal chunks; the sequence length {seq} "
+                          f"(--seq) does not divide into {2 * cp}")
+    if opts.sequence_parallel and (seq // cp) % opts.tp:
+        raise OptionError(f"--sequence-parallel with --cp {cp}: --tp {opts.tp} does not divide each context rank's "
+                          f"{seq // cp} tokens")
+    given = [name for name, on in (("--zero", opts.zero >= 1), ("--model-code", opts.model_code),
+                                   ("--tasks", opts.tasks)) if on]
+    if given:
+        raise OptionError(f"--cp {cp} does not compose with {given[0]} yet; leave one of them out")

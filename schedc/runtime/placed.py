@@ -196,7 +196,8 @@ class Placed:
         self.dropped: dict[Key, Dropped] = {}
         self.stores: dict[Key, Store] = {}  # from F to L; then the graph alone holds the store
         self.copier = Copier(executor.world.device) if any(self.offloaded) else None
-        self.params = {p.untyped_storage().data_ptr() for stage in executor.stages.values() for p in stage.parameters()}
+        self.params = {p.untyped_storage().data_ptr() for stage in executor.stages.values()
+                       for p in (*stage.parameters(), *stage.buffers())}  # buffers: the rotary tables
         self.table = {Opcode.R: self.recompute, Opcode.O: self.offload, Opcode.L: self.reload}
 
     def forward(self, instr: Instr) -> None:
@@ -214,7 +215,7 @@ class Placed:
         store.kept |= {t.untyped_storage().data_ptr() for t in (saved.x, saved.y, saved.head) if t is not None}
 
     def _kept_storages(self) -> set[int]:
-        """The storages no O moves: the parameters' and the step's batch's."""
+        """The storages no O moves: the parameters' and buffers', and the step's batch's."""
         batch = self.executor.batch
         return self.params | {t.untyped_storage().data_ptr() for t in (batch.tokens, batch.targets)}
 

@@ -24,6 +24,8 @@ class Shards:
     data-parallel rank's shard of each, a parameter of its own whose gradient is the matching slice of
     the stage's flat gradient (executor.attach_flat_grads, padded alike)."""
 
+    level = 1  # the ZeRO stage (zero.ZeroShards: 2 and 3)
+
     def __init__(self, stages: dict, dp: int, index: int, group, ranks: list[int]):
         self.group, self.ranks, self.index, self.dp = group, ranks, index, dp
         self.parts: list[tuple[torch.Tensor, torch.nn.Parameter, int]] = []  # (flat weights, shard, offset)
@@ -48,6 +50,16 @@ class Shards:
             except Exception as exc:
                 raise ExecutionError(f"the weights' all-gather over ranks {self.ranks} failed, one of them is "
                                      f"probably lost: {type(exc).__name__}") from exc
+
+    def before(self, instr) -> None:
+        """Before an instruction runs (zero.ZeroShards gathers what it reads)."""
+
+    def after(self, instr) -> None:
+        """After an instruction ran (zero.ZeroShards reshards)."""
+
+    def after_step(self) -> None:
+        """After the optimizer's step."""
+        self.gather()
 
     @torch.no_grad()
     def refresh(self) -> None:

@@ -349,13 +349,19 @@ class Messages:
         return all_gather(buffer, self.tp, 0).view(shape) if self.scattered(shape) else buffer
 
 
+def qualified(prefix: str, name: str) -> str:
+    """A parameter's name in the unpartitioned model: its piece's name, a dot, its name in the piece (the
+    name alone for a piece named "": the decoder's model.norm and lm_head)."""
+    return f"{prefix}.{name}" if prefix else name
+
+
 def global_splits(stage) -> list[tuple[str, nn.Parameter, Split | str | None]]:
     """A stage's (unpartitioned name, parameter, declaration), in the stage's order: the same on every
     tensor rank."""
     found = []
     for prefix, piece in zip(stage.names, stage.pieces):
         splits = parameter_splits(piece)
-        found += [(f"{prefix}.{name}", p, splits[name]) for name, p in piece.named_parameters()]
+        found += [(qualified(prefix, name), p, splits[name]) for name, p in piece.named_parameters()]
     return found
 
 

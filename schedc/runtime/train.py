@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
 
-from . import checkpoint, trace
+from . import checkpoint, context, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
                     log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .chunks import check_chunks
@@ -41,7 +42,7 @@ def held_stages(plan: Plan, plan_rank: int) -> list[int]:
 
 def check_plan(plan: Plan, opts, env: Env) -> None:
     """Everything that can be refused before the process group starts."""
-    check_size(plan, opts.dp, env, opts.tp)
+    check_size(plan, opts.dp, env, opts.tp, opts.cp)
     for key in ("stages", "microbatches", "pipelines"):
         if key not in plan.meta:
             raise PlanError(f"the plan has no {key!r}")
@@ -51,6 +52,9 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         checkpoint.check_writable(opts.save)
     check_chunks(plan, opts)
     check_placed(plan, opts)
+    if opts.zero == 3 and any(i.op in (Opcode.O, Opcode.L) for steps in plan.ranks for step in steps for i in step):
+        raise PlanError("--zero 3 does not compose with offload (O, L) yet: an offloaded forward's saved state "
+                        "holds the stage's gathered weights; compile without 'offload F' or use --zero 2")
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
@@ -92,10 +96,14 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     env = Env.read()
     check_plan(plan, opts, env)
     pieces, runs = model_runs(opts, plan.meta["stages"])
-    shapes = boundary_shapes(pieces, runs, opts.model_config, opts.dtype == "bf16")
+    context.configure(opts.model_config.seq, 1, 0, None)  # none while shapes are traced (after a --cp plan)
+    local = replace(opts.model_config, seq=opts.model_config.seq // opts.cp)  # a context rank's tokens
+    shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
-    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp)
+    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp)
+    if world.cp > 1:
+        dataset = context.ContextData(dataset, world.cp, world.context)
     try:
         executor = build_executor(plan, opts, world, runs, shapes)
         del pieces, runs
@@ -109,18 +117,15 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held_stages(plan, world.plan_rank)}
     _recompute(stages, len(runs), opts.recompute)
-    sharded = opts.distributed_optimizer and world.dp > 1
-    for stage in stages.values():
-        attach_flat_grads(stage, world.dp if sharded else 1)
-    shards = None
-    if sharded:  # each data-parallel rank steps 1/dp of the weights
-        from .sharding import Shards
-        shards = Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
+    shards = _shards(stages, opts, world)
+    if shards is not None:
         params = shards.parameters()
     else:
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    context.configure(opts.model_config.seq, world.cp, world.context, world.context_group)
+    executor.scale /= world.cp  # a context rank's loss is the mean over 1/cp of the sequence's tokens
     executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
     last = stages.get(plan.meta["stages"] - 1)
     if last is not None and getattr(last.pieces[-1], "vocab_parallel", False):
@@ -131,8 +136,26 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         executor.fault = opts.fault[1:]
     if opts.report_out or opts.metrics_out:
         executor.meter = SavedBytes.of(stages)
+        if shards is not None and shards.level == 3:  # a gathered stage's weights are parameters, not activations
+            shards.on_gather = executor.meter.add_parameters
     _training(executor, plan, opts, world)
     return executor
+
+
+def _shards(stages: dict[int, Stage], opts, world: World):
+    """Flat gradient buffers for every stage; with --zero 1, 2 or 3 and --dp > 1 this data-parallel
+    rank's shards (sharding.py, zero.py), else None."""
+    sharded = opts.zero >= 1 and world.dp > 1
+    for stage in stages.values():
+        attach_flat_grads(stage, world.dp if sharded else 1)
+    if not sharded:
+        return None
+    from .sharding import Shards
+    from .zero import ZeroShards
+    if opts.zero == 1:  # each data-parallel rank steps 1/dp of the weights
+        return Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
+    return ZeroShards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks(), opts.zero,
+                      opts.reshard_after_forward)
 
 
 def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
@@ -149,7 +172,7 @@ def _training(executor: Executor, plan: Plan, opts, world: World) -> None:
         executor.clip_grad = opts.clip_grad
         first = {s: min(pipe["placement"][s] for pipe in plan.meta["pipelines"]) for s in executor.stages}
         executor.clip_stages = [s for s in sorted(executor.stages)
-                                if world.replica == 0 and first[s] == world.plan_rank]
+                                if world.replica == 0 and world.context == 0 and first[s] == world.plan_rank]
 
 
 def _recompute(stages: dict[int, Stage], count: int, mode: str) -> None:
@@ -230,9 +253,11 @@ def _grad_dumper(directory: str, first: int, world: World):
     def dump(executor: Executor) -> None:
         if executor.step_no != first:
             return
+        if executor.shards is not None and executor.shards.level >= 2:  # the reduce-scattered shards, whole
+            executor.shards.gather_gradients()
         mine = {} if world.replica else {name: grad for stage in executor.stages.values()
                                           for name, grad in gathered_gradients(stage, executor.tp).items()}
-        mine = {} if world.tensor else mine
+        mine = {} if world.tensor or world.context else mine
         parts = [None] * world.size if world.rank == 0 else None
         dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:
@@ -250,6 +275,9 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
                          start - origin, end - origin, wait)
             for step, index, start, end, wait in executor.events]
     summary = executor.meter.summary() if executor.meter is not None else None
+    if summary is not None:
+        summary["parameter_bytes"] = parameter_bytes(executor)
+        summary["plan_rank"] = world.plan_rank
     parts = [None] * world.size if world.rank == 0 else None
     dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
@@ -273,3 +301,13 @@ def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list,
                                                                   opts.model_config.mb_size, plan.meta.get("chunks", 1)))
     if not opts.quiet:
         print(trace.format_report(rep), flush=True)
+
+
+def parameter_bytes(executor: Executor) -> int:
+    """The most weight bytes this rank held at once: every stage's parameters, and with --zero its
+    optimizer's shards (ZeRO-3: the shards and the gathered stages at their peak, zero.py)."""
+    shards = executor.shards
+    if shards is not None and shards.level == 3:
+        return shards.parameter_bytes()
+    whole = sum(p.numel() * p.element_size() for stage in executor.stages.values() for p in stage.parameters())
+    return whole + (0 if shards is None else sum(s.numel() * s.element_size() for s in shards.parameters()))

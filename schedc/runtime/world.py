@@ -1,10 +1,11 @@
-# The process world: which plan rank, data-parallel replica and tensor rank this process is, the
-# torch.distributed process group (gloo on CPU, NCCL on CUDA) and every subgroup, created up front in one
-# order on all ranks. The world rank of a (plan rank, replica, tensor rank) is schedc.layout's rank_at
-# (tensor innermost, then data, then pipeline: Megatron-LM's order, the cost model's too), so a tensor
-# group is t consecutive ranks; channels and gradient-sync groups join the ranks of one (replica,
-# tensor rank), data-parallel groups those of one (plan rank, tensor rank), tensor groups those of one
-# (plan rank, replica).
+# The process world: which plan rank, data-parallel replica, context rank and tensor rank this process
+# is, the torch.distributed process group (gloo on CPU, NCCL on CUDA) and every subgroup, created up front
+# in one order on all ranks. The world rank of a coordinate is schedc.layout's rank_at (tensor innermost,
+# then context, then data, then pipeline; with --cp 1 Megatron-LM's order, the cost model's too), so a
+# tensor group is t consecutive ranks; channels and gradient-sync groups join the ranks of one (replica,
+# context rank, tensor rank), the gradient-averaging group those of one (plan rank, tensor rank), tensor
+# groups those of one (plan rank, replica, context rank), context groups those of one (plan rank,
+# replica, tensor rank).
 from __future__ import annotations
 
 import os
@@ -49,10 +50,12 @@ class World:
     channels: dict[tuple[int, int], object] = field(default_factory=dict)  # (src, dst) plan ranks
     tp: int = 1
     tensor_group: object | None = None  # this rank's tensor-parallel group (None for --tp 1)
+    cp: int = 1
+    context_group: object | None = None  # this rank's context-parallel group (None for --cp 1)
 
     @property
     def coordinates(self) -> Coordinates:
-        return coordinates(self.rank, self.tp, self.dp)
+        return coordinates(self.rank, self.tp, self.dp, self.cp)
 
     @property
     def plan_rank(self) -> int:
@@ -66,24 +69,32 @@ class World:
     def tensor(self) -> int:
         return self.coordinates.tensor
 
+    @property
+    def context(self) -> int:
+        return self.coordinates.context
+
     def global_rank(self, plan_rank: int) -> int:
-        """The rank of `plan_rank` in this rank's replica and tensor lane."""
-        return rank_at(plan_rank, self.replica, self.tensor, self.tp, self.dp)
+        """The rank of `plan_rank` in this rank's replica, context and tensor lane."""
+        return rank_at(plan_rank, self.replica, self.tensor, self.tp, self.dp, self.context, self.cp)
 
     def dp_ranks(self) -> list[int]:
-        """The ranks of this rank's data-parallel group: its plan rank and tensor rank in every replica."""
-        return [rank_at(self.plan_rank, d, self.tensor, self.tp, self.dp) for d in range(self.dp)]
+        """The ranks of this rank's gradient-averaging group: its plan rank and tensor rank in every replica
+        (and context rank: the context ranks' gradients are parts of one sequence's)."""
+        return [rank_at(self.plan_rank, d, self.tensor, self.tp, self.dp, c, self.cp)
+                for d in range(self.dp) for c in range(self.cp)]
 
 
-def world_words(dp: int, tp: int) -> str:
+def world_words(dp: int, tp: int, cp: int = 1) -> str:
     """How the processes of a run are counted, in the options' words (for messages)."""
+    if cp > 1:
+        return f"with --tp {tp}, --cp {cp} and --dp {dp} (t x cp x p x d)"
     return f"with --dp {dp}" if tp == 1 else f"with --tp {tp} and --dp {dp} (t x p x d)"
 
 
-def check_size(plan: Plan, dp: int, env: Env, tp: int = 1) -> None:
-    need = plan.devices * dp * tp
+def check_size(plan: Plan, dp: int, env: Env, tp: int = 1, cp: int = 1) -> None:
+    need = plan.devices * dp * tp * cp
     if env.size != need:
-        raise WorldError(f"the plan is for {plan.devices} devices; {world_words(dp, tp)} it "
+        raise WorldError(f"the plan is for {plan.devices} devices; {world_words(dp, tp, cp)} it "
                          f"needs {need} processes, but {env.size} were started (torchrun --nproc-per-node "
                          f"{need}, or schedc run --nproc {need})")
 
@@ -97,7 +108,7 @@ def pick_device(choice: str, env: Env) -> torch.device:
     return torch.device("cuda", env.local_rank)
 
 
-def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, tp: int = 1) -> World:
+def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, tp: int = 1, cp: int = 1) -> World:
     """Join the process group (unless this process has joined it already: a process that runs several
     plans keeps it) and create every subgroup of the plan (sorted, identical on all ranks): one group
     per direction of every channel and per gradient-sync group in each (replica, tensor rank), one per
@@ -110,25 +121,29 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
         dist.init_process_group(backend, timeout=wait)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
-    world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp)
+    world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp, cp=cp)
     for pair in channels(plan):
         _add_group(world.channels, pair, _per_lane(world, list(pair), wait))
     for group in sync_groups(plan):
         _add_group(world.sync_groups, group, _per_lane(world, list(group), wait))
     lanes = [(p, k) for p in range(plan.devices) for k in range(tp)]
-    if dp > 1:
-        world.dp_group = _mine(world, [[rank_at(p, d, k, tp, dp) for d in range(dp)] for p, k in lanes], wait)
+    if dp * cp > 1:  # the gradients' all-reduce: every replica's and context rank's
+        world.dp_group = _mine(world, [[rank_at(p, d, k, tp, dp, c, cp) for d in range(dp) for c in range(cp)]
+                                       for p, k in lanes], wait)
     if tp > 1:
-        world.tensor_group = _mine(world, [[rank_at(p, d, k, tp, dp) for k in range(tp)]
-                                           for p in range(plan.devices) for d in range(dp)], wait)
+        world.tensor_group = _mine(world, [[rank_at(p, d, k, tp, dp, c, cp) for k in range(tp)]
+                                           for p in range(plan.devices) for d in range(dp) for c in range(cp)], wait)
+    if cp > 1:
+        world.context_group = _mine(world, [[rank_at(p, d, k, tp, dp, c, cp) for c in range(cp)]
+                                            for p, k in lanes for d in range(dp)], wait)
     return world
 
 
 def _per_lane(world: World, plan_ranks: list[int], wait: timedelta):
-    """One group of `plan_ranks` in every (data-parallel replica, tensor rank) (all ranks take part in
-    creating each); the handle of this rank's, or None if it is not a member."""
-    return _mine(world, [[rank_at(r, d, k, world.tp, world.dp) for r in plan_ranks]
-                         for d in range(world.dp) for k in range(world.tp)], wait)
+    """One group of `plan_ranks` in every (data-parallel replica, context rank, tensor rank) (all ranks
+    take part in creating each); the handle of this rank's, or None if it is not a member."""
+    return _mine(world, [[rank_at(r, d, k, world.tp, world.dp, c, world.cp) for r in plan_ranks]
+                         for d in range(world.dp) for c in range(world.cp) for k in range(world.tp)], wait)
 
 
 def _mine(world: World, groups: list[list[int]], wait: timedelta):

@@ -19,9 +19,9 @@ from typing import Any
 
 from .bounds import Shape, combine_terms, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
-from ..costmodel.specs import check_switches, load_cluster, load_cluster_model
+from ..costmodel.specs import check_layout, check_switches, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
-from ..layout import SPLIT_NAMES, SplitError
+from ..layout import SPLIT_NAMES, Layout, SplitError
 from ..text import GIB
 from .results import Refusal
 from .space import Candidate, Request, library_entries
@@ -37,6 +37,12 @@ class Pieces:
         check_switches(request.layout, self.cluster)  # the request's switches are every candidate's
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
+        lay = request.layout
+        if lay.cp > 1 or lay.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
+            check_layout(self.model, Layout(cp=lay.cp, zero=lay.zero, overlap_grad_reduce=lay.overlap_grad_reduce,
+                                            distributed_optimizer=lay.distributed_optimizer), request.model)
+        if lay.zero >= 2:  # the lanes' collectives are simulate's: every candidate compiled whole
+            self.entries = {name: replace(e, plain=True) for name, e in self.entries.items()}
         self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.costs: dict[tuple, Any] = {}
@@ -113,7 +119,7 @@ class Pieces:
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         """held_bytes, cached per placement and t (and d with the distributed optimizer): what it reads."""
         key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t) + \
-            ((c.d,) if self.request.layout.distributed_optimizer else ())
+            ((c.d,) if self.request.layout.sharding else ())
         if key not in self.states:
             self.states[key] = held_bytes(st.model, st.layout, shape)
         return self.states[key]
@@ -122,7 +128,7 @@ class Pieces:
         """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
         for d with the distributed optimizer (the shards)."""
         key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute) + \
-            ((c.d,) if self.request.layout.distributed_optimizer else ())
+            ((c.d,) if self.request.layout.sharding else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape, self.held(st, c, shape))
         return self.states[key]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, run_flags
+from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, reshard_problem, run_flags
 from ..diagnostics import SCHEDULE, SchedError
+from ..predict import sharding_words
 from ..text import GIB, more, ordinal, plural, rate
 from .results import Outcome, Refusal
 from .searcher import Searcher
@@ -84,6 +85,9 @@ def _layout(o: dict[str, Any]) -> Layout:
         if split.get("account_for_embedding") or split.get("account_for_loss"):
             raise usage("--stage-layers gives every stage's layers; --account-for-embedding and --account-for-loss "
                         "only change the even split: give one or the other")
+    problem = reshard_problem(o.get("reshard_after_forward"), o.get("zero"))
+    if problem:
+        raise usage(problem)
     return Layout(**split)
 
 
@@ -191,8 +195,10 @@ def matching(space: list, wanted: dict[str, Any]) -> list:
 
 def breakdown_difference(mine, other) -> str:
     """Two predictions' breakdowns, part by part in seconds (mine minus other's)."""
-    return ", ".join(f"{name} {round(mine.breakdown[key] - other.breakdown[key], 4) + 0.0:+.4f}"  # no -0.0000
-                     for key, name in PARTS)
+    parts = PARTS + ((("context_parallel_comm_s", "context-parallel comm"),)
+                     if "context_parallel_comm_s" in mine.breakdown or "context_parallel_comm_s" in other.breakdown else ())
+    return ", ".join(f"{name} {round(mine.breakdown.get(key, 0.0) - other.breakdown.get(key, 0.0), 4) + 0.0:+.4f}"
+                     for key, name in parts)  # + 0.0: no -0.0000
 
 
 def pruned_lines(text: str) -> int | None:
@@ -259,7 +265,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
             f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7} {'MFU':>5}")
     params = outcome.ranked[0].prediction.extra["parameters"] if outcome.ranked else None
     model = f" of {params / 1e9:.2f}e9 parameters" if params is not None else ""
-    lines = [f"schedc tune: a model{model} on {plural(r.gpus, 'GPU')}, global batch {r.global_batch}, {outcome.space}",
+    lines = [f"schedc tune: a model{model} on {plural(r.gpus, 'GPU')}{sharding_words(r.layout)}, global batch {r.global_batch}, {outcome.space}",
              head]
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction

@@ -155,6 +155,10 @@ def layouts(model, request: Request) -> list[tuple[int, int, int]]:
     None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
     without the other restriction, else the two together."""
     n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
+    cp = request.layout.cp
+    if cp < 1 or n % cp:
+        raise usage(f"--cp {cp} does not divide --gpus {n:,} (t x cp x p x d = N)")
+    n //= cp  # the t x p x d GPUs of one context-parallel rank
     out = _all_layouts(model, n, batch, tp, pp)
     if out:
         return out

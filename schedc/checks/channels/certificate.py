@@ -7,6 +7,7 @@ into lists indexed by message) and a run that stops at waits only; anything unus
 """
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import chain, compress, count, islice, repeat
@@ -78,7 +79,7 @@ class _Links:
         self.channels = list(channels.values())
 
     def _tables(self, place: list[list[int]], ranks: int, links: list[tuple]) -> list[dict]:
-        m, codes = self.m, tuple(range(3 * self.size + 1))
+        m = self.m
         consumers = (OpKind.F.value, OpKind.B.value)
         # per rank, op and pipe: stage -> codes, for the stages the rank holds or messages (a dict each:
         # a list per stage on every rank grew with the square of the device count; a missing stage
@@ -92,7 +93,9 @@ class _Links:
             ends = zip((*message(kind), kind),
                        (self.sender[i], self.receiver[i], self.receiver[i]), (s, s, other), (_SENT, _POSTED, _USED))
             for op, r, stage, j in ends:
-                cells[r][op][p][stage] = codes[3 * i * m + j:3 * (i + 1) * m + j:3]
+                # a range, not a tuple of its codes: indexed alike (an int in range, else a failed
+                # lookup), without an int object per message held for the check's length
+                cells[r][op][p][stage] = range(3 * i * m + j, 3 * (i + 1) * m + j, 3)
         tables = [{op: pipes[0] if self.flat else tuple(pipes) for op, pipes in mine.items()} for mine in cells]
         for table in tables:
             for kind in GRADIENT:
@@ -118,11 +121,11 @@ class _Layout:
     owner: list[int]   # rank per position; ranks at 0 ("none") and ranks + 1 at the extra last one
     peers: list
     ends: list[int]
-    sent: list[int]
-    posted: list[int]
-    used: list[int]
+    sent: array        # by K: the positions (int arrays, as `waits`)
+    posted: array
+    used: array
     missing: int       # how many K in range(links.size) are not in the program
-    waits: list[int]   # the position a SEND's receive, a use's SEND is at; 0 for none
+    waits: array       # the position a SEND's receive, a use's SEND is at; 0 for none
     syncs: list[tuple]
 
 
@@ -134,7 +137,9 @@ def _scatter(target: list, keys, values) -> None:
 def _layout(streams: list, links: _Links) -> _Layout | None:
     """Codes every instruction and scatters positions by code; None when a code is met twice, a stage,
     microbatch or pipeline is negative, or (one pipeline) a pipe field is neither 0 nor None."""
-    slots = [0] * (3 * links.size + 1)   # code -> position of its instruction; slot 0 collects code 0
+    # code -> position of its instruction; slot 0 collects code 0. Positions are kept in arrays here and
+    # in `waits`, not as an int object each (at 10^6 ops, a tenth of a GiB while the check runs).
+    slots = array("q", bytes(8 * (3 * links.size + 1)))
     owner, peers, ends, syncs, zeros, values, pipes_seen = [len(streams)], [None], [], [], 0, set(), set()
     for r, stream in enumerate(streams):
         start = len(peers)
@@ -163,7 +168,7 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
             or filled != len(peers) - 1 - len(streams) - zeros or filled % 3):
         return None
     sent, posted, used = slots[_SENT::3], slots[_POSTED::3], slots[_USED::3]
-    waits = [0] * len(peers)
+    waits = array("q", bytes(8 * len(peers)))
     _scatter(waits, sent, posted)    # a SEND waits for its receive to be posted
     _scatter(waits, used, sent)      # a consumer waits for the SEND of its tensor
     return _Layout(owner, peers, ends, sent, posted, used, links.size - filled // 3, waits, syncs)
