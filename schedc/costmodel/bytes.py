@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
+from .. import walk
 from ..layout import Layout
 from ..memory import timed_model
 from ..ops import OpKind
@@ -104,18 +105,11 @@ def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, t
 def layer_levels(schedule, split: tuple[int, ...]) -> list[list[tuple[int, int]]]:
     """Per device, the layers whose activations are alive after each op of its program order that
     changes them, as (forward's, deferred W's) (layer_changes, each stage's layers in `split`)."""
-    change = layer_changes(schedule)
+    table = {kind: tuple((f * n, w * n) for n in split) for kind, (f, w) in layer_changes(schedule).items()}
     out = []
     for order in schedule.orders:
-        forward = deferred = 0
-        levels = []
-        for op in order:
-            step = change.get(op.kind)
-            if step is not None and 0 <= op.stage < len(split):
-                n = split[op.stage]
-                forward, deferred = forward + step[0] * n, deferred + step[1] * n
-                levels.append((forward, deferred))
-        out.append(levels)
+        changes = walk.changes_along(order, table)
+        out.append(list(zip(walk.levels(f for f, _ in changes), walk.levels(w for _, w in changes))))
     return out
 
 
