@@ -9,7 +9,9 @@ Each row becomes one command:
         --tp TP --dp DP --microbatch-size MBS --global-batch GBS [--cp CP] [--ep EP] [--zero 3
         [--reshard-after-forward|--no-reshard-after-forward]] [--distributed-optimizer] [--fp8]
         [--recompute R] [--sequence-parallel] [--tp-comm-overlap] [--overlap-param-gather]
-        [--overlap-grad-reduce] --json
+        [--overlap-grad-reduce] [--account-for-embedding --account-for-loss] [--stage-layers N,...] --json
+
+A cluster named as a file (torchtitan's 96 GB machine) is read from benchmarks/data/.
 
 A row the installed schedc cannot take yet (an option, a model or a cluster it does not know) is printed
 as "not yet predictable: <what> missing", read from schedc's own refusal, so the table fills in as the
@@ -87,7 +89,8 @@ def command(row: dict) -> tuple[list[str], bool]:
         used["vp"] = value(row, "vp")
     get = {key: v for key, (v, _) in used.items()}
     args = [row["schedule"], "-D", f"p={get['pp']}"] + (["-D", f"v={get['vp']}"] if "vp" in get else [])
-    args += ["--model", row["model"], "--seq", str(get["seq"]), "--cluster", row["cluster"], "--tp", str(get["tp"]),
+    cluster = str(HERE / "data" / row["cluster"]) if row["cluster"].endswith(".toml") else row["cluster"]
+    args += ["--model", row["model"], "--seq", str(get["seq"]), "--cluster", cluster, "--tp", str(get["tp"]),
              "--dp", str(get["dp"]), "--microbatch-size", str(get["microbatch"]),
              "--global-batch", str(get["global_batch"])]
     args += (["--cp", str(get["cp"])] if get["cp"] > 1 else []) + (["--ep", str(get["ep"])] if get["ep"] > 1 else [])
@@ -99,6 +102,10 @@ def command(row: dict) -> tuple[list[str], bool]:
         raise NotPredictable(f"recompute '{recompute}' has no schedc form")
     args += ["--recompute", recompute]
     args += [flag for flag, key in SWITCHES.items() if row.get(key) is True]
+    args += [f"--account-for-{part}" for part in row.get("account_for", [])]
+    if row.get("stage_layers", "n/a") != "n/a":
+        used["stage_layers"] = value(row, "stage_layers")
+        args += ["--stage-layers", str(used["stage_layers"][0])]
     return args + ["--json"], any(assumed for _, assumed in used.values())
 
 

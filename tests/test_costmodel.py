@@ -827,3 +827,20 @@ def test_overlap_param_gather_hides_the_gather_under_the_next_forward():
     assert tail.exposed(lay, 0.0) == 2.0
     assert tail.exposed(replace(lay, overlap_param_gather=True), 0.0, forward=0.4) == pytest.approx(1.6)
     assert tail.exposed(replace(lay, overlap_param_gather=True), 0.0, forward=5.0) == 1.0
+
+
+def test_v_shapes_take_the_account_for_switches_units():
+    """ZB-V on p = 16 has 32 stages: the zero bubble paper's 6.2B model has 30 layers, which the
+    embedding and the loss counted as layers (--account-for-embedding --account-for-loss) make 32
+    units; the schedule elaborates with that split (it was refused, the even split's rule applied)
+    and the end stages hold no transformer layer."""
+    from schedc.costmodel.specs import load_cluster_model
+    from schedc.diagnostics import SchedError
+    cluster = load_cluster("a100-80gb-roce")
+    model = load_cluster_model("zb-6.2b", cluster)
+    layout = Layout(microbatch_size=1, account_for_embedding=True, account_for_loss=True)
+    result = compile_for("zbv", {"p": "16", "m": "48"}, Setting(model, cluster, layout), lower=False)
+    assert result.prediction.iteration_s > 0
+    assert layout.layer_split(30, 32) == (0,) + (1,) * 30 + (0,)
+    with pytest.raises(SchedError, match="the plan has 32 model stages but the model has 30 layers"):
+        compile_for("zbv", {"p": "16", "m": "48"}, Setting(model, cluster, Layout(microbatch_size=1)), lower=False)

@@ -74,3 +74,9 @@ def test_only_the_step_folders_schedc_wrote_are_checkpoint_steps(tmp_path):
     (ours / MARKER).write_text("")
     (theirs / MARKER).write_text("")   # a marker in a folder of another name: still not ours
     assert is_checkpoint_step(ours) and not is_checkpoint_step(theirs) and not is_checkpoint_step(named)
+
+
+def test_an_empty_output_name_is_refused_not_a_traceback():
+    result = CliRunner().invoke(main, ["export", "1f1b", "-o", ""])
+    assert result.exit_code == 2 and "Traceback" not in result.output and result.exception is None or \
+        isinstance(result.exception, SystemExit), result.output

@@ -33,6 +33,11 @@ def test_rows_have_unique_ids_a_group_a_source_and_a_model():
         assert row["group"] in published_rows.GROUPS, row["id"]
         assert len(row["source"]) > 20 and row["model"] and row["gpu"] and row["cluster"], row["id"]
         assert row["schedule"] in ("1f1b", "interleaved_1f1b"), row["id"]
+        assert not row["cluster"].endswith(".toml") or (ROOT / "benchmarks" / "data" / row["cluster"]).is_file()
+        layers = row.get("stage_layers", "n/a")
+        layers = row["assumed"]["stage_layers"] if layers == "unstated" else layers
+        if layers != "n/a":  # torchtitan's split of Llama 3.1 405B's 126 layers over the pipeline
+            assert sum(int(n) for n in layers.split(",")) == 126 and len(layers.split(",")) == row["pp"]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["id"] for row in ROWS])
@@ -93,6 +98,9 @@ def test_command_carries_the_rows_layout():
     args, assumed = published_rows.command(sharded)
     assert "--cp 2" in " ".join(args) and "--zero 3 --no-reshard-after-forward" in " ".join(args)
     assert "-D v=" not in " ".join(args) and "--fp8" not in args and assumed
+    split = dict(ROW, account_for=["embedding", "loss"], stage_layers="unstated", assumed={"stage_layers": "1,2"})
+    args, assumed = published_rows.command(split)
+    assert "--account-for-embedding --account-for-loss --stage-layers 1,2 --json" in " ".join(args) and assumed
 
 
 def test_unstated_needed_values_make_a_row_not_predictable():

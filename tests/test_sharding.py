@@ -90,19 +90,45 @@ def _one_stage():
     return SimpleNamespace(stages=1, devices=1, pipelines=[SimpleNamespace(placement=(0,))])
 
 
-@pytest.mark.parametrize("layout, per_param", [
-    (Layout(), 16),                                   # replicas: 2 weight + 2 gradient + 4 master + 8 Adam
-    (Layout(dp=4, distributed_optimizer=True), 4 + 12 / 4),
-    (Layout(dp=4, zero=2), 2 + 14 / 4 + 2),          # + one stage's 16-bit gradient until reduce-scattered
-    (Layout(dp=4, zero=3), 16 / 4 + 2 + 2),          # + the gathered 16-bit weights, + that gradient
-    (Layout(dp=2, cp=2, zero=3), 16 / 4 + 2 + 2),    # sharded over d x cp
-    (Layout(dp=2, cp=2, distributed_optimizer=True), 4 + 12 / 4),
+LAYER = 49984  # one layer's parameters (4h^2 + 2hf + 3h + f + 6h at h = 64, f = 256)
+
+
+@pytest.mark.parametrize("layout, per_param, whole", [
+    (Layout(), 16, 0),                                # replicas: 2 weight + 2 gradient + 4 master + 8 Adam
+    (Layout(dp=4, distributed_optimizer=True), 4 + 12 / 4, 0),
+    (Layout(dp=4, zero=2), 2 + 14 / 4, 2 * LAYER),   # + one layer's 16-bit gradient until reduce-scattered
+    (Layout(dp=4, zero=3), 16 / 4, 2 * PARAMS + 2 * LAYER),  # + the gathered 16-bit weights: the root's and
+    (Layout(dp=2, cp=2, zero=3), 16 / 4, 2 * PARAMS + 2 * LAYER),  # two layers (all there are), + that gradient
+    (Layout(dp=2, cp=2, distributed_optimizer=True), 4 + 12 / 4, 0),
 ])
-def test_memory_per_zero_level_is_the_hand_sum(tmp_path, layout, per_param):
+def test_memory_per_zero_level_is_the_hand_sum(tmp_path, layout, per_param, whole):
     model = load_model_spec(_model(tmp_path))
     (state, step, last), = held_bytes(model, layout, _one_stage())
-    assert state == pytest.approx(PARAMS * per_param, rel=1e-12)
+    assert state == pytest.approx(PARAMS * per_param + whole, rel=1e-12)
     assert step == pytest.approx(4 * PARAMS / (layout.dp * layout.cp if layout.sharding else 1), rel=1e-12)
+
+
+@pytest.mark.parametrize("reshard, gathered", [(True, 2 * LAYER), (False, 8 * LAYER)])
+def test_without_a_pipeline_fsdp_gathers_two_layers_at_a_time_when_resharding(tmp_path, reshard, gathered):
+    """8 layers on one stage: the root's weights (8,576 = words 6,400 + positions 2,048 + the final norm
+    128) are gathered throughout; resharding keeps two layers gathered (computing, prefetched), not
+    resharding all eight."""
+    model = load_model_spec(_model(tmp_path, MODEL.replace("layers = 2", "layers = 8")))
+    (state, _, _), = held_bytes(model, Layout(dp=4, zero=3, reshard_after_forward=reshard), _one_stage())
+    params = 8 * LAYER + 8576
+    assert state == pytest.approx(params * 16 / 4 + 2 * (8576 + gathered) + 2 * LAYER, rel=1e-12)
+
+
+def test_under_a_pipeline_a_stage_stays_gathered_at_the_peak(tmp_path):
+    """Two stages of one layer each on two devices (1F1B): each device holds its stage's whole 16-bit
+    weights and gradient beside its 16/d shard, resharding or not."""
+    model = load_model_spec(_model(tmp_path))
+    two = SimpleNamespace(stages=2, devices=2, pipelines=[SimpleNamespace(placement=(0, 1))])
+    first = LAYER + 8448   # the embedding (words 6,400, positions 2,048)
+    last = LAYER + 128 + 6400  # the final norm and the tied words' copy
+    for reshard in (True, False):
+        held = held_bytes(model, Layout(dp=4, zero=3, reshard_after_forward=reshard), two)
+        assert [h[0] for h in held] == pytest.approx([p * 16 / 4 + 2 * p + 2 * p for p in (first, last)], rel=1e-12)
 
 
 def test_context_parallelism_divides_the_activations(tmp_path):

@@ -32,7 +32,7 @@ def export_cmd(file, defines, fmt, out, addons, reshard_after_forward):
     from ..interop.torch_comms import export_comms_csv
     from ..interop.torch_csv import export_csv
     from ..interop.torch_placement import sidecar_path
-    refuse_clash([("FILE", file)], [("-o", out), ("the placement beside -o", None if out == "-" else str(sidecar_path(out)))])
+    refuse_clash([("FILE", file)], [("-o", out), ("the placement beside -o", str(sidecar_path(out)) if out not in ("", "-") else None)])
     try:
         result = compile_file(file, defines, None, 0.0, addons=addons)
         if not result.ok:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
+from .. import walk
 from ..layout import Layout
 from ..memory import timed_model
 from ..ops import OpKind
@@ -145,18 +146,11 @@ def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, t
 def layer_levels(schedule, split: tuple[int, ...]) -> list[list[tuple[int, int]]]:
     """Per device, the layers whose activations are alive after each op of its program order that
     changes them, as (forward's, deferred W's) (layer_changes, each stage's layers in `split`)."""
-    change = layer_changes(schedule)
+    table = {kind: tuple((f * n, w * n) for n in split) for kind, (f, w) in layer_changes(schedule).items()}
     out = []
     for order in schedule.orders:
-        forward = deferred = 0
-        levels = []
-        for op in order:
-            step = change.get(op.kind)
-            if step is not None and 0 <= op.stage < len(split):
-                n = split[op.stage]
-                forward, deferred = forward + step[0] * n, deferred + step[1] * n
-                levels.append((forward, deferred))
-        out.append(levels)
+        changes = walk.changes_along(order, table)
+        out.append(list(zip(walk.levels(f for f, _ in changes), walk.levels(w for _, w in changes))))
     return out
 
 
@@ -262,13 +256,23 @@ def sharded_state_bytes(params: float, level: int, k: int) -> float:
     return params * (kept + (STATE_BYTES_PER_PARAM - kept) / k)
 
 
-def in_use_bytes(level: int, params: list[float]) -> float:
+def in_use_bytes(level: int, params: list[float], block: tuple[float, int] | None = None,
+                 reshard: bool = True) -> float:
     """What ZeRO level 2 or 3 holds whole while a device's stages compute (`params`: each stage's):
-    at level 3 the gathered 16-bit weights of its stages (a backward leaves its stage gathered, so at
-    the activation peak every stage the device holds is), and at both levels one stage's 16-bit
-    gradients until they are reduce-scattered."""
-    gathered = WEIGHT_BYTES_PER_PARAM * sum(params) if level == 3 else 0.0
-    return gathered + WEIGHT_BYTES_PER_PARAM * max(params, default=0.0)
+    at level 3 the gathered 16-bit weights of its stages (under a pipeline a backward leaves its stage
+    gathered, so at the activation peak every stage the device holds is), and at both levels one
+    stage's 16-bit gradients until they are reduce-scattered. Without a pipeline (`block`: one
+    transformer layer's parameters, FSDP's unit) FSDP2 gathers layer by layer: resharding, the root's
+    own (embedding, final norm, output layer: in use from the first forward to the last backward)
+    plus two layers (the one computing and the next, prefetched); a layer's gradients are
+    reduce-scattered as its backward makes them."""
+    if block is None:
+        gathered = WEIGHT_BYTES_PER_PARAM * sum(params) if level == 3 else 0.0
+        return gathered + WEIGHT_BYTES_PER_PARAM * max(params, default=0.0)
+    whole, layers = params[0], block[1]
+    root = whole - layers * block[0]
+    gathered = whole if not reshard else root + min(2, layers) * block[0]
+    return WEIGHT_BYTES_PER_PARAM * ((gathered if level == 3 else 0.0) + block[0])
 
 
 def device_memory(st: Setting, schedule, peaks, held: tuple | None = None) -> tuple[list[float], list[dict[str, float]]]:
@@ -331,7 +335,8 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
             state += stage_bytes[s][0]
             step += stage_bytes[s][1]
         if lay.sharding >= 2:
-            state += in_use_bytes(lay.sharding, [stage_bytes[s][2] for s in mine])
+            block = (layer_params(m, lay.tp), stage_layers(m, stages, lay)[0]) if stages == 1 else None
+            state += in_use_bytes(lay.sharding, [stage_bytes[s][2] for s in mine], block, lay.reshard_after_forward)
         out.append((state, step, stages - 1 in mine))
     return tuple(out)
 

@@ -73,14 +73,14 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     with collector_paused():
         decl = load_declaration(source, addons)
         overrides = _microbatches(decl, dict(overrides), layout, max_ops)
-        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers, max_ops=max_ops))
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers, layer_split=_split(st.layout), max_ops=max_ops))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
         problem = costs_problem(costs.costs(), layout)
         if problem:
             raise usage(problem)
         placed, by_chunk = _placed_costs(probe, st, costs, source)
-        schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers,
+        schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers, layer_split=_split(st.layout),
                                                    task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
                                                    max_ops=max_ops))
         links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
@@ -203,3 +203,8 @@ def _over_memory(result: Prediction, st: Setting) -> Diagnostic | None:
                  f"{gib(limit, 0)} GiB (weights, gradients and optimizer state "
                  f"{gib(parts['weights_gradients_optimizer'])} GiB, activations "
                  f"{gib(parts['activations'])} GiB, {memory_more(parts, ' GiB')})")
+
+
+def _split(layout: Layout) -> tuple:
+    """The layout's layer split as elaborate's Options take it (split_layers' last three arguments)."""
+    return (layout.stage_layers, layout.account_for_embedding, layout.account_for_loss)

@@ -16,7 +16,7 @@ from ..diagnostics import SCHEDULE, USAGE, SchedError, Source, error, has_errors
 from .expr import EvalError, PipeRef, evaluate_int, kind_lists
 from ..ir import OP_KEY, Dependencies, Op, Pipeline, Schedule, ops_from_columns
 from ..ops import (BUILTIN, DEFAULT_COSTS, MIXED_KINDS, OVERLAP, OpKind, absent_kind, builtin_kinds)
-from ..layout import split_layers
+from ..layout import SplitError, split_layers
 from .greedy import order_greedy
 from .order import run_programs
 from .queues import chunk_index
@@ -43,6 +43,8 @@ class Options:
     max_ops: int = MAX_OPS
     addons: tuple[str, ...] = ()     # `--with NAME`: add-ons used as by `use NAME` (compose.py)
     model_layers: int | None = None  # a model description's layers, spread over the stages (`layers`)
+    layer_split: tuple = (None, False, False)  # how: the layout's --stage-layers, --account-for-embedding,
+    #                                  --account-for-loss (schedc.layout.split_layers' last three arguments)
     per_layer: bool = False          # the measured costs are one layer's (a profile row): times layers
     measured: Any = None             # where measured costs came from (interop.profiles.Measured): their
     # kinds are checked against the schedule's, none left to the unit defaults
@@ -225,7 +227,7 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     if options.measured is not None:  # with `backward mixed`, the backwards the programs chose: below
         _check_measured(options, [OpKind.F.value] if mixed else [*builtin_kinds(split), *task_names], task_names,
                         split, mixed)
-    layers = stage_layers(options.model_layers, stages, decl, source)
+    layers = stage_layers(options.model_layers, stages, decl, source, options.layer_split)
     costs, activation, memory = _costs_and_memory(decl, env, pipelines, split, mixed, cost_decls, task_names, source,
                                                   options, layers)
     costs = placed_costs(costs, cost_decls, (OpKind.R.value,) * recompute + copy_kinds(offload))  # R, O, L
@@ -458,15 +460,18 @@ def _check_fill(decl: ast.ScheduleDecl, tasks: set[str], source: Source) -> None
             raise fail_at(f"unknown task '{item.task}' in fill ({known})", item.span, source)
 
 
-def stage_layers(model_layers: int | None, stages: int, decl, source: Source) -> tuple[int, ...] | None:
-    """The model's layers over the stages, the first ones one more when they do not divide evenly (as
-    the runtime partitions a model: schedc.layout.split_layers); None without a model."""
+def stage_layers(model_layers: int | None, stages: int, decl, source: Source,
+                 split: tuple = (None, False, False)) -> tuple[int, ...] | None:
+    """The model's layers over the stages as the layout splits them (schedc.layout.split_layers, as the
+    runtime partitions a model: the first ones one more when they do not divide evenly, or as
+    --stage-layers gives them, the embedding and the loss counted as layers where the account-for
+    switches say so); None without a model."""
     if model_layers is None:
         return None
-    if model_layers < stages:
-        raise fail_at(f"the model has {model_layers} layers, fewer than the schedule's {stages} stages", decl.span,
-                    source, kind=USAGE)
-    return split_layers(model_layers, stages)
+    try:
+        return split_layers(model_layers, stages, *split)
+    except SplitError as exc:
+        raise fail_at(str(exc), decl.span, source, kind=USAGE) from None
 
 
 def _per_stage_given(options: Options, layers: tuple[int, ...] | None) -> dict:
