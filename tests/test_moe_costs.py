@@ -208,3 +208,26 @@ def test_the_library_qwen3_moe_files_have_their_published_parameters():
     for name, total, active, unit in (("qwen3-30b-a3b", 30.5e9, 3.3e9, 0.1e9), ("qwen3-235b-a22b", 235e9, 22e9, 1e9)):
         m = load_model_spec(name)
         assert abs(parameters(m) - total) <= unit / 2 and abs(activated_parameters(m) - active) <= unit
+
+
+def test_an_moe_layer_keeps_its_experts_widths_and_the_tokens_copies():
+    """Mixtral 8x7B, t 1, b 1, s 4096, no recomputation, flash: the Llama-family table at the MLP width of
+    a token's two experts (2·14336) plus the second copy of each token the experts keep (s·h·2 bytes),
+    against the dense layer of that width; with full recomputation only the layer's input."""
+    from schedc.costmodel.bytes import layer_activation_bytes
+    from schedc.costmodel.specs import load_model_spec
+    moe = load_model_spec("mixtral-8x7b")
+    dense = replace(moe, experts=0, top_k=0, moe_ffn=0, ffn=2 * 14336)
+    layout = Layout(microbatch_size=1, recompute="none")
+    assert layer_activation_bytes(moe, layout) - layer_activation_bytes(dense, layout) == 4096 * 4096 * 2
+    full = replace(layout, recompute="full")
+    assert layer_activation_bytes(moe, full) == layer_activation_bytes(dense, full) == 2 * 4096 * 4096
+
+
+def test_a_capacity_factor_caps_the_busiest_expert_s_tokens():
+    from schedc.costmodel import experts
+    st = _setting("mixtral-8x7b", dp=8, ep=8, microbatch_size=1)
+    mean = 4096 * 2 * 8 / 8
+    assert experts.tokens_per_expert(st) == mean * experts.EXPERT_IMBALANCE
+    capped = replace(st, model=replace(st.model, capacity_factor=0.5))
+    assert experts.tokens_per_expert(capped) == mean * 0.5

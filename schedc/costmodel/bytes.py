@@ -78,9 +78,14 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     s/cp tokens a GPU holds. schedc/activations.py's table
     with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
     model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores); an MoE model at the
-    width its tokens' experts take (moe_width)."""
+    width its tokens' experts take (moe_width), with the top_k - 1 more copies of each token its experts
+    keep as their input (split over t: sequence parallelism, as Megatron-Core runs MoE with t > 1)."""
     sizes, facts = activation_sizes(model, layout)
-    return layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
+    kept = layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
+    if model.moe and layout.recompute != "full":  # the experts' inputs: top_k copies of each token, not one
+        width = FP8_BYTES if layout.fp8 else model.width  # Transformer Engine keeps a GEMM's FP8 input
+        kept += width * (model.top_k - 1) * sizes.seq * sizes.batch * model.hidden / layout.tp
+    return kept
 
 
 def activation_sizes(model: ModelSpec, layout: Layout) -> tuple[Sizes, Facts]:

@@ -71,9 +71,11 @@ def moe_compute(st: Setting) -> tuple[float, float]:
 
 def tokens_per_expert(st: Setting) -> float:
     """Tokens each local expert computes per microbatch: the ep ranks' b·s tokens' top_k copies spread
-    over the experts, times EXPERT_IMBALANCE."""
+    over the experts, times EXPERT_IMBALANCE, at most the model's capacity factor times the mean (the
+    tokens past an expert's capacity dropped; dropless without one)."""
     m, lay = st.model, st.layout
-    return EXPERT_IMBALANCE * lay.microbatch_size * st.tokens * m.top_k * lay.ep / m.experts
+    busiest = min(EXPERT_IMBALANCE, m.capacity_factor) if m.capacity_factor else EXPERT_IMBALANCE
+    return busiest * lay.microbatch_size * st.tokens * m.top_k * lay.ep / m.experts
 
 
 def ep_per_node(st: Setting) -> int:
