@@ -14,7 +14,7 @@ from ..memory import timed_model
 from ..ops import COPY, OVERLAP, OpKind
 from ..simulate import pair_cost
 from .experts import moe_model_flops
-from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
+from .bytes import activation_peak_parts, device_memory, shards, stage_expert_params, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts, overlapped_pair
 from ..text import GIB
@@ -106,7 +106,7 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
     out = []
     for d in range(schedule.devices):
         mine = sorted({s for s, ds in holders.items() if d in ds})
-        stepped = sum(stage_params(m, lay.tp, stages, s, lay) / shards(lay, holders, s) for s in mine)
+        stepped = sum(_stepped(m, lay, stages, s, shards(lay, holders, s)) for s in mine)
         exchange = 0.0
         for s in mine:
             group = lay.dp * lay.cp * len(holders[s])
@@ -118,6 +118,13 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
             if stages > 1 and m.tied_embeddings and (d in first) != (d in last) else 0.0
         out.append(Tail(exchange, embedding, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
     return out
+
+
+def _stepped(m: ModelSpec, lay: Layout, stages: int, s: int, k: int) -> float:
+    """The parameters of stage s one GPU's optimizer steps: its shard of 1/k (k: shards()), the routed
+    experts' of 1/(k / ep) (their state is sharded over the expert-data-parallel ranks)."""
+    experts = stage_expert_params(m, lay, stages, s)
+    return (stage_params(m, lay.tp, stages, s, lay) - experts) / k + experts / max(1, k // lay.ep)
 
 
 def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:
