@@ -231,3 +231,17 @@ def test_a_capacity_factor_caps_the_busiest_expert_s_tokens():
     assert experts.tokens_per_expert(st) == mean * experts.EXPERT_IMBALANCE
     capped = replace(st, model=replace(st.model, capacity_factor=0.5))
     assert experts.tokens_per_expert(capped) == mean * 0.5
+
+
+def test_tune_takes_ep_as_a_constraint_and_names_it_in_the_winner():
+    """The README's command: every candidate is laid out with --ep 64 (d = 128), and the winner's
+    commands carry it; DualPipe is ranked (it hides the all-to-all) and every row fits 80 GiB."""
+    result = CliRunner().invoke(main, [
+        "tune", "--model", "deepseek-v3", "--cluster", "dgx-h800-80gb", "--gpus", "2048", "--ep", "64", "--tp", "1",
+        "--pp", "16", "--microbatch-size", "1", "--fp8", "--global-batch", "4096", "--distributed-optimizer",
+        "--account-for-embedding", "--account-for-loss", "--schedules", "dualpipe,1f1b,interleaved_1f1b"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip()[:1].isdigit()]
+    assert {row[1] for row in rows} == {"dualpipe", "1f1b", "interleaved_1f1b"}
+    assert all(row[4] == "128" and float(row[11]) <= 80 for row in rows)
+    assert "--ep 64" in result.output.split("the winner:")[1]
