@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import torch
@@ -66,8 +66,10 @@ class ModelConfig:
 # The model facts a description may state beside the sizes, as schedc.descriptions declares them (each
 # one's type and the values it may take), and the MLP's width. The runtime builds the GPT (Block) where
 # every fact is the GPT's, else the Llama-family decoder of schedc/runtime/model/decoder.py under Hugging
-# Face's parameter names.
-FACTS: dict[str, tuple[type, tuple | None]] = {**FACT_FIELDS, "ffn": (int, None)}
+# Face's parameter names. Of the descriptions' facts, those of a dense decoder (ModelConfig's): a mixture
+# of experts or latent attention is predicted by the compiler and refused here (description.py).
+FACTS: dict[str, tuple[type, tuple | None]] = {key: kind for key, kind in {**FACT_FIELDS, "ffn": (int, None)}.items()
+                                               if key in {f.name for f in fields(ModelConfig)}}
 
 
 def fact_problem(key: str, value: Any) -> str | None:

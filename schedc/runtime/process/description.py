@@ -59,7 +59,15 @@ def _hf_facts(path: str, text: str, seq: int | None) -> dict:
         raise DescriptionFileError(f"{path}:{exc.line}:{exc.col}: error: {exc.message}", located=True) from None
     except ValueError as exc:  # an integer past Python's int-to-str limit
         raise DescriptionFileError(f"--model {path}: {str(exc).split(';')[0]}") from None
+    if facts.moe or facts.mla:
+        raise DescriptionFileError(f"--model {path}: {not_dense(facts.experts, facts.mla)}")
     return {key: getattr(facts, key) for key in HF_FACTS}
+
+
+def not_dense(experts: int, mla: bool) -> str:
+    what = f"a mixture of {experts} experts" if experts else "multi-head latent attention"
+    return (f"{what}: the runtime builds dense decoders (GPT and the Llama family); schedc simulate and tune "
+            "predict this model")
 
 
 def _read_toml(path: str, text: str) -> tuple[dict, dict]:

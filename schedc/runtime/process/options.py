@@ -10,7 +10,7 @@ import os
 from schedc.descriptions import code_given_as_model
 from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout, flag
 
-from .description import DescriptionFileError, read_description
+from .description import DescriptionFileError, not_dense, read_description
 from ..errors import UserError
 from ..model.gpt import ModelConfig, model_problem, tp_problem
 
@@ -275,6 +275,9 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
             error = OptionError(exc)
             error.located = exc.located
             raise error from None
+    routed = {key: extra[key] for key in ("experts", "kv_lora_rank") if extra.get(key)}
+    if routed and not opts.model_code:  # the library's mixtral/deepseek files: predicted, not built here
+        raise OptionError(f"--model {opts.model}: {not_dense(routed.get('experts', 0), 'kv_lora_rank' in routed)}")
     for key in MODEL_KEYS:  # the microbatch size is a layout option (--microbatch-size) the model reads
         given = getattr(opts, OPTION["microbatch_size"].field if key == "mb_size" else key)
         if given is not None:
