@@ -245,3 +245,16 @@ def test_tune_takes_ep_as_a_constraint_and_names_it_in_the_winner():
     assert {row[1] for row in rows} == {"dualpipe", "1f1b", "interleaved_1f1b"}
     assert all(row[4] == "128" and float(row[11]) <= 80 for row in rows)
     assert "--ep 64" in result.output.split("the winner:")[1]
+
+
+def test_latent_attention_keeps_its_wider_heads_and_latents():
+    """DeepSeek-V3, t 1, b 1, s 4096: Q and K 128·192 wide where the table counts 7168, V and the output
+    128·128, and the two latents (1536; 512 + 64) the up-projections read: 55,360 more values a token."""
+    from schedc.costmodel.bytes import layer_activation_bytes
+    from schedc.costmodel.specs import load_model_spec
+    m = load_model_spec("deepseek-v3")
+    plain = replace(m, kv_lora_rank=0, q_lora_rank=0, qk_rope_head_dim=0, qk_nope_head_dim=0, v_head_dim=0)
+    layout = Layout(microbatch_size=1, recompute="none")
+    extra = 2 * (128 * 192 - 7168) + 2 * (128 * 128 - 7168) + 1536 + 512 + 64
+    assert extra == 55_360
+    assert layer_activation_bytes(m, layout) - layer_activation_bytes(plain, layout) == 2 * 4096 * extra
