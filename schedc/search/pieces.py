@@ -24,7 +24,7 @@ from ..diagnostics import SchedError
 from ..layout import SPLIT_NAMES, Layout, SplitError
 from ..text import GIB
 from .results import Refusal
-from .space import Candidate, Request, library_entries
+from .space import MOE_ONLY, Candidate, Request, library_entries
 
 
 class Pieces:
@@ -37,6 +37,8 @@ class Pieces:
         check_switches(request.layout, self.cluster)  # the request's switches are every candidate's
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
+        if not request.schedules and not self.model.moe:  # Megatron-Core runs it only with experts
+            self.entries.pop(MOE_ONLY, None)
         lay = request.layout
         if lay.cp > 1 or lay.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
             check_layout(self.model, Layout(cp=lay.cp, zero=lay.zero, overlap_grad_reduce=lay.overlap_grad_reduce,

@@ -14,6 +14,7 @@ from ..layout import RECOMPUTE, Layout
 
 
 SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's others keep their defaults
+MOE_ONLY = "combined_1f1b"      # searched by default for a model with experts only (Megatron-Core asserts ep > 1)
 
 
 GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
