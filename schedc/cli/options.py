@@ -221,6 +221,7 @@ _TUNE_OPTIONS = (
     searched_option("tp"),
     click.option("--pp", "pp", default=None, metavar="P,...", help="Only these pipeline sizes."),
     searched_option("microbatch_size", "microbatch"),
+    searched_option("ep"),
     click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows to rank."),
     click.option("--per", type=click.Choice(GROUPS), default=None,
                  help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
@@ -238,7 +239,7 @@ _TUNE_OPTIONS = (
 )
 
 
-_TUNE_NAMES = ("model", "seq", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch",
+_TUNE_NAMES = ("model", "seq", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "ep",
                "top", "per", "exhaustive", *TUNE_FIXED, "pruned", "why")
 
 

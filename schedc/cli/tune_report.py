@@ -68,7 +68,7 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   layout=_layout(o), seq=o.get("seq"))
+                   layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"))
 
 
 def _layout(o: dict[str, Any]) -> Layout:
@@ -91,7 +91,7 @@ def _layout(o: dict[str, Any]) -> Layout:
     return Layout(**split)
 
 
-_WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str}
+_WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str, "ep": int}
 PARTS = (("compute_s", "compute"), ("tensor_parallel_comm_s", "tensor-parallel comm"), ("bubble_s", "bubble"),
          ("pipeline_comm_s", "pipeline comm"), ("data_parallel_comm_s", "data-parallel comm"),
          ("optimizer_s", "optimizer"))  # the breakdown's parts, as --why compares them
@@ -149,13 +149,25 @@ def why_lines(searcher: Searcher, outcome: Outcome, space: list, text: str, chos
              f"per GPU, {mine.memory_bytes / GIB:.1f} GiB",
              f"  ranks {ordinal(overall)} of the search, {ordinal(family)} among {best.schedule}"]
     if best == winner.candidate:
-        return lines + tp_overlap_lines(searcher, best, mine) + ["  it is the winner"]
+        return lines + a2a_lines(mine, winner.prediction) + tp_overlap_lines(searcher, best, mine) + ["  it is the winner"]
     lines[-1] += (f"; {100 * (mine.iteration_s / winner.iteration_s - 1):.1f} % slower than the winner "
                   f"({winner.candidate.describe()}, {winner.iteration_s:.4f} s)")
     lines.append(f"  against the winner (s): {breakdown_difference(mine, winner.prediction)} (memory GiB "
                  f"{mine.memory_bytes / GIB:.1f} against {winner.prediction.memory_bytes / GIB:.1f})")
     lines.append(f"  memory against the winner (GiB): {memory_difference(mine, winner.prediction)}")
-    return lines + tp_overlap_lines(searcher, best, mine)
+    return lines + a2a_lines(mine, winner.prediction) + tp_overlap_lines(searcher, best, mine)
+
+
+def a2a_lines(mine, winner) -> list[str]:
+    """For a model with experts: the expert-parallel all-to-all of a step on the critical device, left
+    exposed and hidden under the other half of overlapped pairs (F & B), this configuration's and the
+    winner's."""
+    if "a2a_hidden_s" not in mine.extra:
+        return []
+    def split(p) -> str:
+        return f"{p.extra['a2a_exposed_s']:.4f} s exposed, {p.extra['a2a_hidden_s']:.4f} s hidden"
+    return [f"  expert all-to-all per step (critical device): {split(mine)} in overlapped pairs; the winner's "
+            f"{split(winner)}"]
 
 
 def tp_overlap_lines(searcher: Searcher, best, mine) -> list[str]:
@@ -261,7 +273,8 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     """The ranked table, the pruned families, the counts, and the winner's command lines."""
     r = outcome.request
     w = max([18] + [len(item.label()) for item in outcome.ranked])
-    head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3} {'b':>4} {'m':>5} {'recompute':<9}"
+    experts = any(item.candidate.ep != 1 for item in outcome.ranked)  # an ep column only where one is searched
+    head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3}{' ep' if experts else ''} {'b':>4} {'m':>5} {'recompute':<9}"
             f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7} {'MFU':>5}")
     params = outcome.ranked[0].prediction.extra["parameters"] if outcome.ranked else None
     model = f" of {params / 1e9:.2f}e9 parameters" if params is not None else ""
@@ -270,7 +283,8 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
     for n, item in enumerate(outcome.ranked, 1):
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
-        lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3} {c.b:>4} {c.m:>5} {c.recompute:<9}"
+        ep = f" {c.ep:>2}" if experts else ""
+        lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3}{ep} {c.b:>4} {c.m:>5} {c.recompute:<9}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
     counts = outcome.counts
@@ -304,7 +318,7 @@ def winner_commands(outcome: Outcome) -> list[str]:
     seq = f" --seq {r.seq}" if r.seq is not None else ""
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)}{seq} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
-              f"--recompute {c.recompute}{flags}")
+              f"--recompute {c.recompute}{flags}" + (f" --ep {c.ep}" if c.ep != 1 else ""))
     return [f"schedc simulate {common}", f"schedc compile {common} -o out/tune",
             f"schedc render {common} -o tune.svg"]
 

@@ -173,7 +173,7 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
                       {**utilization(m, lay, batch, iteration, gpus, st.cluster.peak_flops), "critical_device": worst, "largest_memory_device": top, "overlap_hidden_s": _r(hidden),
                        "deferred_w_gib": _r(deferred_w_bytes(st, schedule, top) / GIB),
                        "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9),
-                       **op_seconds(costs, m)})
+                       **op_seconds(costs, m), **a2a_split(costs, schedule, worst, held.a2a, m)})
 
 
 def op_seconds(costs: StageCosts, model: ModelSpec) -> dict[str, Any]:
@@ -250,3 +250,15 @@ def _part(costs: StageCosts, op, chunked: bool = False) -> Part:
         return Part(op.cost)
     part = parts[op.stage]
     return part * (op.cost / part.total) if chunked and part.total > 0 else part
+
+
+def a2a_split(costs: StageCosts, schedule, device: int, exposed: float, model: ModelSpec) -> dict[str, float]:
+    """An MoE model's all-to-all seconds in a step on the critical device: exposed (the breakdown's
+    expert_parallel_comm_s) and hidden under the other half of overlapped pairs (what its ops carry,
+    less the exposed); nothing for a dense model, whose output stays as it was."""
+    if not model.moe:
+        return {}
+    chunked = schedule.chunks > 1
+    carried = sum(_part(costs, op, chunked).a2a for step in schedule.steps for op in step[device] if op.kind not in COPY)
+    carried /= len(schedule.steps)
+    return {"a2a_exposed_s": _r(exposed), "a2a_hidden_s": _r(max(0.0, carried - exposed))}

@@ -54,11 +54,12 @@ class Pieces:
 
     def setting(self, c: Candidate) -> Setting:
         """The candidate's model, cluster and layout (frozen: one per (t, d, b, recompute))."""
-        key = (c.t, c.d, c.b, c.recompute)
+        key = (c.t, c.d, c.b, c.recompute, c.ep)
         if key not in self.settings:
             r = self.request
             self.settings[key] = Setting(self.model, self.cluster, replace(
-                r.layout, tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute))
+                r.layout, tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
+                ep=c.ep))
         return self.settings[key]
 
     def shape(self, c: Candidate) -> Shape | Refusal:
@@ -105,7 +106,7 @@ class Pieces:
         return self._costs(st, c, shape)[1:]
 
     def _cost_key(self, c: Candidate, shape: Shape) -> tuple:
-        key = (c.t, c.b, c.recompute, shape.stages)
+        key = (c.t, c.b, c.recompute, shape.stages, c.ep)
         return key + (c.d, shape.pipelines[0].placement) if self.request.layout.blocking_p2p else key
 
     def _costs(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
@@ -120,7 +121,7 @@ class Pieces:
 
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         """held_bytes, cached per placement and t (and d with the distributed optimizer): what it reads."""
-        key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t) + \
+        key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.ep) + \
             ((c.d,) if self.request.layout.sharding else ())
         if key not in self.states:
             self.states[key] = held_bytes(st.model, st.layout, shape)
@@ -129,7 +130,7 @@ class Pieces:
     def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
         """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
         for d with the distributed optimizer (the shards)."""
-        key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute) + \
+        key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute, c.ep) + \
             ((c.d,) if self.request.layout.sharding else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape, self.held(st, c, shape))
@@ -138,19 +139,19 @@ class Pieces:
     def tail_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
         """tail_bound, cached per placement and (t, d): it depends on neither the order nor m, and
         step_tails reads neither b nor recomputation."""
-        key = ("tail", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d)
+        key = ("tail", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d, c.ep)
         if key not in self.states:
             self.states[key] = tail_bound(st, shape)
         return self.states[key]
 
     def message_times(self, st: Setting, c: Candidate, devices: int):
-        key = ("messages", c.t, c.d, c.b, devices)
+        key = ("messages", c.t, c.d, c.b, devices, c.ep)
         if key not in self.links:
             self.links[key] = message_times(st, devices)
         return self.links[key]
 
     def link_times(self, st: Setting, c: Candidate, devices: int):
-        key = (c.t, c.d, c.b, devices)
+        key = (c.t, c.d, c.b, devices, c.ep)
         if key not in self.links:
             self.links[key] = link_times(st, devices)
         return self.links[key]
@@ -181,7 +182,7 @@ class Pieces:
         entry = self.entries[c.schedule]
         table, _ = self.cost_table(st, c, shape)
         links = self.link_times(st, c, shape.devices)
-        costs, linked = self._cost_key(c, shape), (c.t, c.d, c.b, shape.devices)
+        costs, linked = self._cost_key(c, shape), (c.t, c.d, c.b, shape.devices, c.ep)
         terms = []
         for pipe in shape.pipelines:
             key = (pipe.placement, entry.split, entry.mixed, entry.pairs, costs, linked)

@@ -172,7 +172,7 @@ class Searcher(Pieces):
             return None
         if structure.order is None:
             structure.order = self.orders.setdefault(order_identity(structure.schedule), len(self.orders))
-        return (c.t, c.p, c.d, c.b, c.m, c.recompute, structure.order)
+        return (c.t, c.p, c.d, c.b, c.m, c.recompute, structure.order, c.ep)
 
     # evaluation -----------------------------------------------------------------------------------
 
@@ -354,8 +354,9 @@ class Searcher(Pieces):
             found = sorted({getattr(c, name) for c in space if getattr(c, name) is not None})
             return "{" + ", ".join(map(str, found)) + "}"
         v = f"v in {values('v')}, " if any(c.v is not None for c in space) else ""
+        ep = f", ep in {values('ep')}" if any(c.ep != 1 for c in space) else ""
         return (f"{plural(len(space), 'candidate')} over {', '.join(self.entries)}: t in {values('t')}, p in {values('p')}, "
-                f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}")
+                f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}{ep}")
 
 
 def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:

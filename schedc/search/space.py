@@ -21,7 +21,7 @@ GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of e
 
 # The layout options the search sets per candidate (t, d, b, recomputation) or takes as its own (the
 # global batch); every other one (schedc.layout.LAYOUT_OPTIONS) is every candidate's, as given.
-SET_PER_CANDIDATE = ("tp", "dp", "microbatch_size", "global_batch", "recompute")
+SET_PER_CANDIDATE = ("tp", "dp", "microbatch_size", "global_batch", "recompute", "ep")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Request:
     layout: Layout = Layout()                # every candidate's switches and layer split; the search sets t,
     #                                          d, b, the global batch and recomputation per candidate
     seq: int | None = None                   # --seq: the run's sequence length over the model description's
+    ep: tuple[int, ...] | None = None        # restrict ep to these values (None: every one an MoE model takes)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -58,6 +59,7 @@ class Candidate:
     b: int
     m: int
     recompute: str
+    ep: int = 1   # expert parallelism, carved from d x cp (1 for a dense model)
 
     def params(self) -> dict[str, str]:
         out = {"p": str(self.p), "m": str(self.m)}
@@ -70,7 +72,8 @@ class Candidate:
 
     def describe(self) -> str:
         v = f" v={self.v}" if self.v is not None else ""
-        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v} b={self.b} recompute {self.recompute}"
+        ep = f" ep={self.ep}" if self.ep != 1 else ""
+        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v}{ep} b={self.b} recompute {self.recompute}"
 
     def group(self, per: str | None) -> Any:
         return None if per is None else getattr(self, per)
@@ -199,7 +202,8 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                     if request.microbatch is not None and b not in request.microbatch:
                         continue
                     for recompute in request.recompute:
-                        out.append(Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute))
+                        out += [Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute, ep)
+                                for ep in ep_choices(model, request, d)]
     if not out and request.microbatch is not None:
         shares = sorted({request.global_batch // d for _, _, d in layouts(model, request)})
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
@@ -214,7 +218,8 @@ def _count(model, entries: list[Entry], request: Request, found: list[tuple[int,
         sizes = divisors(request.global_batch // d)
         b = len(sizes) if request.microbatch is None else sum(x in request.microbatch for x in sizes)
         chunked = len(chunk_choices(model, request, p))
-        total += b * len(request.recompute) * sum(chunked if e.chunked else 1 for e in entries)
+        total += (b * len(request.recompute) * sum(chunked if e.chunked else 1 for e in entries)
+                  * len(ep_choices(model, request, d)))
     return total
 
 
@@ -238,3 +243,13 @@ def distinct_figures(a: float, b: float) -> tuple[str, str]:
     return f"{a:.{digits}g}", f"{b:.{digits}g}"
 
 
+def ep_choices(model, request: Request, d: int) -> list[int]:
+    """The expert-parallel sizes of a layout with d data ranks: --ep's values (checked later, each as
+    simulate checks it), else for a model with experts every ep dividing its experts and d x cp
+    (Megatron-Core carves the expert-parallel groups from the data and context ranks), else 1."""
+    if request.ep is not None:
+        return list(request.ep)
+    if not model.moe:
+        return [1]
+    ranks = d * request.layout.cp
+    return [ep for ep in divisors(model.experts) if ranks % ep == 0]
