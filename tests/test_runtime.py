@@ -42,7 +42,8 @@ EXACTNESS = {
         ("chimera", {"p": 2, "m": 4}),
         ("zb_h1", {"p": 2, "m": 3}), ("zb_h2", {"p": 2, "m": 5}), ("zbv", {"p": 2, "m": 4}),
         ("v_half", {"p": 2, "m": 5}), ("v_min", {"p": 2, "m": 3}), ("interleaved_zb", {"p": 2, "v": 2, "m": 4}),
-        ("looped_bfs", {"p": 2, "v": 2, "m": 3}), ("dualpipe", {"p": 2, "m": 4}), ("dualpipev", {"p": 2, "m": 5})],
+        ("looped_bfs", {"p": 2, "v": 2, "m": 3}), ("combined_1f1b", {"p": 2, "v": 2, "m": 4}),
+        ("dualpipe", {"p": 2, "m": 4}), ("dualpipev", {"p": 2, "m": 5})],  # DualPipeV last: its trace is read
     4: [("gpipe", {"p": 4, "m": 4}), ("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 4}),
         ("seq1f1b", {"p": 4, "m": 8, "k": 2}),
         ("chimera", {"p": 4, "m": 4}),
