@@ -144,3 +144,19 @@ def test_the_table_notes_the_assumptions_that_decide_its_rows(model, cluster, no
     assert bool(unmeasured) == noted
     if noted:
         assert "GEMM 0.85" in unmeasured[0] and "HBM 0.7" in unmeasured[0] and "NVLink" not in unmeasured[0]
+
+
+def test_the_speed_benchmark_times_the_fast_search_alone_with_no_exhaustive_run(monkeypatch, capsys):
+    """benchmarks/tune_speed.py --exhaustive-runs 0 (it raised IndexError at its compare step): the fast
+    ranking and its median, a line saying nothing was compared, exit status 0."""
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("tune_speed", ROOT / "benchmarks" / "tune_speed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(sys, "argv", ["tune_speed.py", "--quick", "--runs", "1", "--exhaustive-runs", "0", "--top", "2"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "(fast, median CPU)" in out and out.rstrip().endswith("top K: not compared (--exhaustive-runs 0)")
