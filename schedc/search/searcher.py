@@ -1,8 +1,9 @@
 """The configuration search of `schedc tune --model M --cluster C --gpus N --global-batch B` (the command
 line and its report are schedc/cli/tune.py and schedc/cli/tune_report.py). It tries
 tensor-parallel t (dividing the heads; within a node first), pipeline p (the schedule's stages must
-divide the layers), d = N / (t p), chunks v (schedules with a param v), microbatch size b (dividing
-B / d), recomputation and the schedules listed, and ranks them by the predicted iteration time of
+divide the layers), context parallelism cp and the ZeRO level (unless the request fixes them),
+d = N / (t cp p), chunks v (schedules with a param v), microbatch size b (dividing B / d),
+recomputation and the schedules listed, and ranks them by the predicted iteration time of
 each schedule's own compiled order simulated with the cluster's costs (schedc/costmodel/fit.py), never a
 closed formula.
 
@@ -26,7 +27,9 @@ programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair 
 (bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole.
 Schedules whose order depends on the costs (greedy), that declare tasks, fill bubbles or memory
 beyond activations are compiled whole for every candidate (driver.cluster.compile_for), without the
-bound.
+bound; so are ZeRO 2/3 candidates (their collectives are timed on each device's lane), but bounded
+first by the larger of the compute bound and their busiest lane (bounds.lane_bound) and refused by
+their sharded state before any compile.
 """
 from __future__ import annotations
 
