@@ -89,7 +89,7 @@ class Searcher(Pieces):
         its first backward) with its weights and state already hold more than the limit: no order that
         starts so fits (bounds.state_bound), and the whole order is never elaborated. None where it
         fits or no start is known (--exhaustive, a schedule compiled whole or ordered otherwise)."""
-        if self.request.exhaustive or self.compiled_whole(c):
+        if self.request.exhaustive or self.entries[c.schedule].plain:  # ZeRO 2/3 too: its held bytes are the order's
             return None
         key = c.structure_key()
         if key not in self.starts:
