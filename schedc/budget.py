@@ -50,7 +50,7 @@ SQUEEZE_SLOTS = Budget("unit slots", 1_024, "a squeeze scans a device's slots fo
 # vector) before any is simulated, some 0.1 ms each; the whole library for GPT-3 175B on 1,024 GPUs is
 # 38,460 of them, the library's largest model on a million GPUs about 100,000
 TUNE_CANDIDATES = Budget("candidates", 150_000, "each is bounded before any is simulated, some 15 s at the "
-                         "limit: narrow the search with --tp, --pp, --microbatch-size or --schedules")
+                         "limit: narrow the search with --tp, --pp, --microbatch-size, --schedules, --cp or --zero")
 # tune --synthesize's order: its greedy variants and local search time the whole order hundreds of
 # times, and the .sched written is compiled back (p = 32, m = 64: 4,096 ops, 7 s; m = 1,000: 35 s)
 SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundreds of times, some 10 s at "
