@@ -58,7 +58,7 @@ SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundr
 # tune compiles a schedule with `fill bubbles` whole for each candidate, its fill searched: about 1.5 s
 # of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
 TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "
-                    "the search with --tp, --pp, --microbatch or --recompute")
+                    "the search with --tp, --pp, --microbatch, --recompute or --zero")
 # a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
 # larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
 RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")

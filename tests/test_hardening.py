@@ -225,7 +225,7 @@ def test_a_huge_timeline_png_is_drawn_at_a_lower_resolution_or_refused():
 
 def test_tune_refuses_more_filled_candidates_than_its_budget_before_searching():
     result = cli("tune", "--model", GPT, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
-                 "--schedules", "pipefisher")
+                 "--schedules", "pipefisher", "--zero", "0")
     assert result.exit_code == 2 and "pipefisher: the search would compile and fill 180 candidates, past the " \
         "limit of 8" in result.output and "narrow the search with --tp, --pp" in result.output
 
