@@ -194,6 +194,9 @@ class Schedule:
     host_limit_span: Span | None = field(default=None, compare=False)
     fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
     # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
+    collectives: tuple[tuple[str, str], ...] = ()  # (op kind, collective opcode): what every op of that kind
+    # issues inside itself, in order (an MoE layer's dispatch and combine ALL_TO_ALL in F, B and I); the plan
+    # declares each after its op, over the ranks holding the op's stage in its replica group (lower.py)
 
     @property
     def title(self) -> str:

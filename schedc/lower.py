@@ -78,6 +78,8 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     if schedule.fused:
         for stream in streams:
             stream[:] = filter(None, stream)  # the second halves, now inside their OVERLAP_F_B
+    if schedule.collectives:
+        _declare(schedule, streams)
     syncs = _sync_grads(schedule)
     for d, (stream, unsent) in enumerate(zip(streams, _unsent(step, ops, links, devices))):
         stream += unsent
@@ -209,6 +211,34 @@ def _unsent(step: tuple[tuple[Op, ...], ...], ops: list[Op], links: _Links, devi
                     unsent[peer].setdefault(d, []).append(
                         _instr((receive, op.stage, op.mb, op.pipe, d, None, None, None, None)))
     return [[instr for sender in sorted(row) for instr in row[sender]] for row in unsent]
+
+
+def _declare(schedule: Schedule, streams: list[list[Instr]]) -> None:
+    """After every op (or overlapped half) of a kind in `schedule.collectives`, the collectives it issues,
+    in their order, over the ranks holding its stage in its replica group (its own rank alone in a plan of
+    one pipeline: the collective then runs over the layout's data, context or expert ranks of that rank).
+
+        collectives (F, ALL_TO_ALL) x 2:  F(0,0) SEND_F(0,0)>1  ->  F(0,0) ALL_TO_ALL(0,0) ALL_TO_ALL(0,0) SEND_F(0,0)>1
+    """
+    issued: dict[str, list[str]] = {}
+    for kind, code in schedule.collectives:
+        issued.setdefault(kind, []).append(code)
+    groups = _stage_groups(schedule)
+    for stream in streams:
+        out: list[Instr] = []
+        for instr in stream:
+            out.append(instr)
+            for half in instr.units():
+                out += [Instr(code, half.stage, half.mb, half.pipe, group=groups[half.pipe or 0][half.stage])
+                        for code in issued.get(half.op, ())]
+        stream[:] = out
+
+
+def _stage_groups(schedule: Schedule) -> list[list[tuple[int, ...]]]:
+    """groups[pipe][stage]: the ranks holding that stage in the pipeline's replica group (SYNC_GRAD's)."""
+    of = {k: group for group in schedule.replicas for k in group}
+    return [[tuple(sorted({schedule.pipelines[j].placement[s] for j in of.get(k, (k,))}))
+             for s in range(pipe.stages)] for k, pipe in enumerate(schedule.pipelines)]
 
 
 def _sync_grads(schedule: Schedule) -> dict[int, list[Instr]]:

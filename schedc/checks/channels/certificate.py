@@ -14,7 +14,8 @@ from itertools import chain, compress, count, islice, repeat
 from operator import getitem, lt, setitem
 
 from ...ir import consume
-from ...ops import COMM, GRADIENT, Opcode, OpKind, feeds, message
+from ...ops import COLLECTIVE, COMM, GRADIENT, OpKind, feeds, message
+from .pairs import communicator, identity
 
 _SENT, _POSTED, _USED = 1, 2, 3   # an instruction's code is 3K + one of these, K its message
 # `_completes` gives up (the plan goes to the replay) after this many rounds per position of an average
@@ -151,9 +152,9 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
             _scatter(slots, codes, count(start))
             zeros += codes.count(0)
             peers += peer
-            if Opcode.SYNC_GRAD in ops:
-                syncs += [(r, start + n, tuple(stream[n][5] or ()), stages[n]) for n, op in enumerate(ops)
-                          if op == Opcode.SYNC_GRAD]
+            if not COLLECTIVE.isdisjoint(ops):
+                syncs += [(r, start + n, tuple(stream[n][5] or ()), communicator(op, stream[n][5]),
+                           identity(op, stages[n])) for n, op in enumerate(ops) if op in COLLECTIVE]
         ends.append(len(peers))
         peers.append(None)
         owner += repeat(r, len(stream) + 1)
@@ -202,15 +203,16 @@ def _in_order(lay: _Layout, links: _Links) -> bool:
 
 
 def _collectives(syncs: list[tuple]) -> dict[int, tuple] | None:
-    """SYNC_GRAD position -> the positions of its collective (the j-th of its group on each member); None
-    unless every collective is issued by exactly its group's ranks, for one stage."""
+    """Collective position -> the positions of its collective (the j-th of its communicator on each
+    member); None unless every collective is issued by exactly its group's ranks, as one collective
+    (pairs.identity)."""
     seen: dict[tuple, int] = {}
     members: dict[tuple, list] = {}
-    for r, x, group, stage in syncs:
-        j = seen[(r, group)] = seen.get((r, group), -1) + 1
-        members.setdefault((group, j), []).append((r, x, stage))
+    for r, x, group, order, ident in syncs:
+        j = seen[(r, order)] = seen.get((r, order), -1) + 1
+        members.setdefault((order, j), []).append((r, x, ident))
     meets = {}
-    for (group, _), issued in members.items():
+    for ((_, group), _), issued in members.items():
         if sorted(r for r, _, _ in issued) != sorted(group) or any(s != issued[0][2] for _, _, s in issued):
             return None
         meets.update(dict.fromkeys((x for _, x, _ in issued), tuple(x for _, x, _ in issued)))
