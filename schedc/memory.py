@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import walk
 from .grid import label
 from .ir import Op, Schedule
 from .ops import BUILTIN, OpKind
@@ -169,14 +170,11 @@ def _events(held: list[Held], weight: Callable[[Held], float] | None = None) -> 
 
 def peaks(per_device: list[list[Held]], weight: Callable[[Held], float] | None = None) -> tuple[float, ...]:
     """The peak of what is held at once, per device."""
-    out = []
-    for held in per_device:
-        alive = peak = 0.0
-        for _, _, amount, _ in _events(held, weight):
-            alive += amount
-            peak = max(peak, alive)
-        out.append(peak)
-    return tuple(out)
+    return tuple(walk.peak(_amounts(_events(held, weight)), 0.0) for held in per_device)
+
+
+def _amounts(events: list[tuple]) -> list[float]:
+    return [event[2] for event in events]
 
 
 def levels(held: list[Held]) -> list[tuple[float, float]]:
@@ -186,9 +184,8 @@ def levels(held: list[Held]) -> list[tuple[float, float]]:
 
 def levels_of(events: list[tuple]) -> list[tuple[float, float]]:
     """The steps of `levels` from events (time, order at equal times, amount, ...) already in time order."""
-    steps, alive = [(0.0, 0.0)], 0.0
-    for time, _, amount, *_ in events:
-        alive += amount
+    steps = [(0.0, 0.0)]
+    for (time, *_), alive in zip(events, walk.levels(_amounts(events), 0.0)):
         if steps[-1][0] == time:
             steps[-1] = (time, alive)
         else:
@@ -198,30 +195,27 @@ def levels_of(events: list[tuple]) -> list[tuple[float, float]]:
 
 def peak_of(held: list[Held], weight: Callable[[Held], float] | None = None) -> tuple[float, Held | None, int]:
     """One device's peak, what was allocated to reach it, and how many holdings are alive then."""
-    alive = peak = 0.0
-    count = peak_count = 0
-    at = None
-    for _, _, amount, n in _events(held, weight):
-        alive += amount
-        count += 1 if amount > 0 else -1
-        if alive > peak:
-            peak, at, peak_count = alive, held[n], count
-    return peak, at, peak_count
+    events = _events(held, weight)
+    amounts = _amounts(events)
+    peak, at = walk.first_peak(amounts)
+    if at is None:
+        return 0.0, None, 0
+    return peak, held[events[at][3]], sum(1 if a > 0 else -1 for a in amounts[:at + 1])
 
 
 def first_over(held: list[Held], limit: float, tolerance: float = 1e-9,
                weight: Callable[[Held], float] | None = None) -> tuple[Held, list[Held], float] | None:
     """The first allocation after which more than `limit` is held: (it, everything held then, the total)."""
-    alive: dict[int, Held] = {}
-    total = 0.0
-    for time, _, amount, n in _events(held, weight):
-        total += amount
-        if amount > 0:
-            alive[n] = held[n]
-        else:
-            alive.pop(n, None)
-        if amount > 0 and total > limit + tolerance:
-            return held[n], list(alive.values()), total
+    events = _events(held, weight)
+    for at, total in enumerate(walk.levels(_amounts(events), 0.0)):
+        if events[at][2] > 0 and total > limit + tolerance:
+            alive: dict[int, Held] = {}
+            for _, _, amount, n in events[:at + 1]:
+                if amount > 0:
+                    alive[n] = held[n]
+                else:
+                    alive.pop(n, None)
+            return held[events[at][3]], list(alive.values()), total
     return None
 
 
@@ -244,14 +238,4 @@ def peak_memory(schedule: Schedule) -> tuple[float, ...]:
     Exact for F and its release; schedules with tasks or other `memory` declarations are timed by
     schedc/memory.py instead."""
     deltas = memory_deltas(schedule)
-    peaks = []
-    for order in schedule.orders:
-        alive = peak = 0.0
-        for op in order:
-            delta = deltas.get(op.kind)
-            if delta is not None:
-                alive += delta[op.stage]
-                if alive > peak:
-                    peak = alive
-        peaks.append(peak)
-    return tuple(peaks)
+    return tuple(walk.peak_along(order, deltas, 0.0) for order in schedule.orders)

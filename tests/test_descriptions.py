@@ -172,7 +172,7 @@ def _line_of(path: str, key: str) -> int:
     ({"hidden_size": -64}, (), "hidden_size", "'hidden_size' must be a positive integer"),
     ({"num_attention_heads": 5}, (), "num_attention_heads", "'num_attention_heads' (5) must divide 'hidden_size' (64)"),
     ({"num_key_value_heads": 3}, (), "num_key_value_heads", "'num_key_value_heads' (3) must divide"),
-    ({"model_type": "mixtral"}, (), "model_type", "model_type 'mixtral' is not a family schedc knows"),
+    ({"model_type": "mamba"}, (), "model_type", "model_type 'mamba' is not a family schedc knows"),
     ({"tie_word_embeddings": "no"}, (), "tie_word_embeddings", "'tie_word_embeddings' must be true or false"),
     ({"head_dim": 32}, (), "head_dim", "head_dim 32 is not hidden_size / num_attention_heads = 16"),
 ])

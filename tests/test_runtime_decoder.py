@@ -271,3 +271,41 @@ def test_a_model_toml_states_the_facts_and_tp_over_the_kv_heads_is_refused(plans
     path.write_text(TOML.replace('"rmsnorm"', '"batchnorm"'))
     result = CliRunner().invoke(main, ["run", plan, "--model", str(path)])
     assert result.exit_code == 2 and "norm must be one of layernorm, rmsnorm, got 'batchnorm'" in result.output
+
+
+TINY_LLAMA = "tests/data/hf/tiny-llama/config.json"
+
+
+def test_a_hugging_face_config_is_the_runtimes_description(plans, tmp_path):  # noqa: F811
+    """The tiny Llama's config.json read as the compiler reads it (its facts, --seq the run's); --tp 4
+    over its 2 key/value heads, a config without --seq and one whose key/value heads do not divide the
+    heads refused before launch, exit 2, the last two located in the file."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    from schedc.runtime.options import parse_options
+    plan = str(plans("1f1b", p=2, m=4))
+    cfg = parse_options([plan, "--model", TINY_LLAMA, "--seq", "16"]).model_config
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.ffn, cfg.vocab, cfg.seq) == (4, 64, 4, 2, 176, 256, 16)
+    assert (cfg.mlp, cfg.norm, cfg.positions, cfg.bias, cfg.rope_theta, cfg.tied_embeddings, cfg.family) == (
+        "swiglu", "rmsnorm", "rope", "none", 500000.0, False, "llama")
+    bad = tmp_path / "config.json"
+    bad.write_text(open(TINY_LLAMA).read().replace('"num_key_value_heads": 2', '"num_key_value_heads": 3'))
+    for args, message in (
+            (["--model", TINY_LLAMA, "--seq", "16", "--tp", "4", "--nproc", "8"],
+             "error: --tp 4 does not divide the model's key/value heads 2"),
+            (["--model", TINY_LLAMA], f"{TINY_LLAMA}:1:1: error: a config.json gives no sequence length for the run"),
+            (["--model", str(bad), "--seq", "16"],
+             f"{bad}:8:3: error: 'num_key_value_heads' (3) must divide 'num_attention_heads' (4)")):
+        result = CliRunner().invoke(main, ["run", plan, *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output and "error: error" not in result.output
+
+
+@pytest.mark.parametrize("name,kv_heads,bias", [("llama3.1-8b", 8, "none"), ("qwen2.5-72b", 8, "qkv"),
+                                                ("mistral-7b", 8, "none")])
+def test_the_librarys_dense_models_are_decoders_to_the_runtime(plans, name, kv_heads, bias):  # noqa: F811
+    from schedc.runtime.model import uses_gpt
+    from schedc.runtime.options import parse_options
+    cfg = parse_options([str(plans("1f1b", p=2, m=4)), "--model", name]).model_config
+    assert not uses_gpt(cfg) and model_problem(cfg) is None
+    assert (cfg.kv_heads, cfg.bias, cfg.mlp, cfg.norm, cfg.positions) == (kv_heads, bias, "swiglu", "rmsnorm", "rope")

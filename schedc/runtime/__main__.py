@@ -15,7 +15,7 @@ if __name__ == "__main__":  # Ctrl-C while torch loads ends the process quietly,
 
 from schedc.plan import PlanError, load_plan  # noqa: E402 (after the handler)
 
-from .errors import UserError
+from .errors import UserError, error_line
 from .executor import ExecutionError
 from .options import OptionError, parse_options
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = parse_options(argv)
     except OptionError as exc:
-        return _fail(rank, f"error: {exc}", EXIT_USAGE, only_rank0=True)
+        return _fail(rank, error_line(exc), EXIT_USAGE, only_rank0=True)
     for note in opts.notes if rank == 0 else ():
         print(note, file=sys.stderr, flush=True)
     try:

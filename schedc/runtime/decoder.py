@@ -12,14 +12,15 @@
 # What a layer keeps for backward is what Megatron-Core's fused kernels keep (schedc/activations.py):
 # the RMSNorm its input and one fp32 1/rms per token, SwiGLU its two inputs (silu recomputed in
 # backward), the rotary tables are buffers (model state, not a microbatch's), and attention runs as
-# one fused kernel over the key/value heads (scaled_dot_product_attention with enable_gqa).
+# one fused kernel over the key/value heads (scaled_dot_product_attention with enable_gqa). Positions
+# are a sequence chunk's (Seq1F1B) or a context rank's (--cp), as runtime/chunks.py gives them.
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import chunks
+from . import chunks, context
 from .recompute import recomputed
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding, declare
 
@@ -121,14 +122,23 @@ class Attention(nn.Module):
             self.register_buffer("cos", rotary[0], persistent=False)
             self.register_buffer("sin", rotary[1], persistent=False)
 
+    def angles(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of this forward's `count` positions: a context rank's own (runtime/context.py),
+        else a slice of the tables from a sequence chunk's first position (runtime/chunks.py; views of
+        the buffers, so the saved-tensor meter counts none of them)."""
+        if context.ACTIVE:
+            at = chunks.positions(count, self.cos.device)
+            return self.cos[at], self.sin[at]
+        first = chunks.position()
+        return self.cos[first:first + count], self.sin[first:first + count]
+
     def heads(self, z: torch.Tensor) -> torch.Tensor:
         return z.view(z.shape[0], z.shape[1], -1, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.heads(self.q_proj(x)), self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
         if self.rotary:
-            first = chunks.position()  # a sequence chunk's first position (runtime/chunks.py)
-            cos, sin = self.cos[first:first + q.shape[2]], self.sin[first:first + q.shape[2]]
+            cos, sin = self.angles(q.shape[2])
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k, v, mask = chunks.extend(k, v)  # with the earlier sequence chunks' within a chunk's forward
         y = recomputed(self.recompute_core, grouped_attention_core, q, k, v, mask)
@@ -195,8 +205,8 @@ class Embedding(nn.Module):
         x = self.embed_tokens(ids)  # [b, s/t, h] under sequence parallelism
         if not self.learned:
             return x
-        first = chunks.position() + (self.tp.rank * x.shape[1] if self.tp.sequence_parallel else 0)
-        return x + self.embed_positions(torch.arange(first, first + x.shape[1], device=ids.device))
+        first = self.tp.rank * x.shape[1] if self.tp.sequence_parallel else 0
+        return x + self.embed_positions(chunks.positions(x.shape[1], ids.device, first))
 
     def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
         """embed_tokens vocabulary-parallel; learned positions replicated."""

@@ -12,7 +12,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from .errors import UserError
+from .errors import UserError, error_line
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
 # After a rank fails, torchrun sends the others SIGTERM and waits this long before SIGKILL (its default,
@@ -82,7 +82,7 @@ def launch_from_cli(plan_path: str | Path, nproc: int | None, args: list[str]) -
     try:
         opts, plan = check_launch(plan_path, nproc, options, torchrun_args)
     except LaunchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     for line in [*opts.notes, size_warning(opts)]:
         if line:
@@ -160,7 +160,9 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
     try:
         opts = parse_options([str(plan_path), *options])
     except OptionError as exc:
-        raise LaunchError(exc) from None
+        error = LaunchError(exc)
+        error.located = exc.located  # a config.json's, printed as path:line:col: error: ...
+        raise error from None
     check_user_code(opts)
     try:
         plan = load_plan(plan_path)

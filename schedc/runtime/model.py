@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from schedc.descriptions.facts import FACT_FIELDS
 from schedc.layout import SplitError, split_layers
 
 from . import chunks
@@ -62,20 +63,18 @@ class ModelConfig:
             object.__setattr__(self, "ffn", 4 * self.hidden)
 
 
-# The model facts a description may state beside the sizes (the names schedc.descriptions uses): each
-# one's type, or its choices. The runtime builds the GPT (Block) where every fact is the GPT's, else
-# the Llama-family decoder of schedc/runtime/decoder.py under Hugging Face's parameter names.
-FACTS: dict[str, type | tuple[str, ...]] = {
-    "kv_heads": int, "ffn": int, "mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm"), "norm_eps": float,
-    "positions": ("learned", "rope"), "rope_theta": float, "tied_embeddings": bool, "bias": ("all", "qkv", "none"),
-    "family": str, "max_positions": int}
+# The model facts a description may state beside the sizes, as schedc.descriptions declares them (each
+# one's type and the values it may take), and the MLP's width. The runtime builds the GPT (Block) where
+# every fact is the GPT's, else the Llama-family decoder of schedc/runtime/decoder.py under Hugging
+# Face's parameter names.
+FACTS: dict[str, tuple[type, tuple | None]] = {**FACT_FIELDS, "ffn": (int, None)}
 
 
 def fact_problem(key: str, value: Any) -> str | None:
     """Why `value` cannot be the model fact `key` (None when it can)."""
-    kind = FACTS[key]
-    if isinstance(kind, tuple):
-        return None if value in kind else f"{key} must be one of {', '.join(kind)}, got {value!r}"
+    kind, choices = FACTS[key]
+    if choices is not None:
+        return None if value in choices else f"{key} must be one of {', '.join(choices)}, got {value!r}"
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

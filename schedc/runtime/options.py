@@ -1,19 +1,18 @@
-# Command-line options of the runtime (`python -m schedc.runtime --help`) and the model TOML file.
-# Model sizes come from the defaults, then the model description (--model: a TOML file or a library
-# name, found as the compiler finds it, schedc.descriptions), then explicit options.
+# Command-line options of the runtime (`python -m schedc.runtime --help`).
+# Model sizes come from the defaults, then the model description (--model: a TOML file, a Hugging Face
+# config.json or a library name, read by description.py), then explicit options.
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import tomllib
-from dataclasses import fields
 
-from schedc.descriptions import code_given_as_model, known_models, resolve_model
+from schedc.descriptions import code_given_as_model
 from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout, flag
 
+from .description import DescriptionFileError, read_description
 from .errors import UserError
-from .model import FACTS, ModelConfig, fact_problem, model_problem, tp_problem
+from .model import ModelConfig, model_problem, tp_problem
 
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
@@ -50,11 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--model", metavar="TOML|NAME",
-                       help="the model description: a TOML file or a library name (gpt-1.7b; the files of "
-                            "schedc/models/), the same --model schedc check/simulate/tune read. Keys layers, "
-                            "hidden, heads, seq, vocab, mb_size (or microbatch_size) at top level or in a "
-                            "[model] table, and the model facts kv_heads, ffn, mlp, norm, norm_eps, positions, "
-                            "rope_theta, tied_embeddings, bias, family, max_positions (docs/models.md); other keys reach a user model as ModelConfig.extra")
+                       help="the model description: a TOML file, a Hugging Face config.json (with --seq) or a "
+                            "library name (gpt-1.7b; the files of schedc/models/), the same --model schedc "
+                            "check/simulate/tune read. A TOML file's keys layers, hidden, heads, seq, vocab, mb_size "
+                            "(or microbatch_size) at top level or in a [model] table, and the model facts kv_heads, "
+                            "ffn, mlp, norm, norm_eps, positions, rope_theta, tied_embeddings, bias, family, "
+                            "max_positions (docs/models.md); other keys reach a user model as ModelConfig.extra")
     group.add_argument("--config", metavar="TOML", help=argparse.SUPPRESS)  # the old spelling of --model
     group.add_argument("--model-code", dest="model_code", metavar="PKG.MOD:FN",
                        help="user model code: FN(ModelConfig) returns a list of (name, nn.Module) pieces, the "
@@ -190,7 +190,6 @@ def _fault_options(group: argparse._ArgumentGroup) -> None:
 
 
 MAX_THREADS = 1024
-MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PARAMETERS = 10 ** 11  # far past what one process can hold; refused before torch tries to allocate it
 MAX_LAYERS = 4096  # the deepest models have a few hundred blocks; building 100,000 modules ran for minutes
 
@@ -270,49 +269,17 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
     values: dict = {}
     extra: dict = {}
     if opts.model:
-        values, extra = _read_toml(opts.model)
+        try:
+            values, extra = read_description(opts.model, opts.seq)
+        except DescriptionFileError as exc:  # a usage error (exit 2), printed located where it is
+            error = OptionError(exc)
+            error.located = exc.located
+            raise error from None
     for key in MODEL_KEYS:  # the microbatch size is a layout option (--microbatch-size) the model reads
         given = getattr(opts, OPTION["microbatch_size"].field if key == "mb_size" else key)
         if given is not None:
             values[key] = given
     return ModelConfig(**values, extra=extra)
-
-
-def _read_toml(path: str) -> tuple[dict, dict]:
-    """--model's table (the model file schedc's compiler reads with schedc.inputs, which the runtime
-    may not import: the same refusals, a FIFO or device unopened, a deep nest or a huge integer); a
-    library name is found as the compiler finds it."""
-    name, path = path, str(resolve_model(path))
-    if not os.path.exists(path):
-        raise OptionError(f"--model {name}: no such file or library model (the library's: {known_models()})")
-    if not os.path.isfile(path):
-        raise OptionError(f"--model {name}: not a regular file (a FIFO, a device or a directory)")
-    try:
-        with open(path, "rb") as handle:
-            text = handle.read(MAX_CONFIG_BYTES + 1)  # a device (/dev/zero) never ends
-        if len(text) > MAX_CONFIG_BYTES:
-            raise OptionError(f"--model {path}: larger than {MAX_CONFIG_BYTES // 1024} KiB")
-        doc = tomllib.loads(text.decode())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise OptionError(f"--model {path}: {exc}") from None
-    except RecursionError:
-        raise OptionError(f"--model {path}: arrays or tables nested too deeply") from None
-    except ValueError as exc:  # an integer past Python's int-to-str limit
-        raise OptionError(f"--model {path}: {str(exc).split(';')[0]}") from None
-    table = {**{k: v for k, v in doc.items() if k != "model"}, **doc.get("model", {})}
-    if "microbatch_size" in table:  # schedc's model files name mb_size so
-        size = table.pop("microbatch_size")
-        if table.setdefault("mb_size", size) != size:
-            raise OptionError(f"--model {path}: mb_size {table['mb_size']!r} and microbatch_size {size!r} differ")
-    known = {f.name for f in fields(ModelConfig)} - {"extra"}
-    values = {k: v for k, v in table.items() if k in known}
-    for key, value in values.items():
-        problem = fact_problem(key, value) if key in FACTS else None
-        if key not in FACTS and (not isinstance(value, int) or isinstance(value, bool)):
-            problem = f"{key} must be an integer, got {value!r}"
-        if problem:
-            raise OptionError(f"--model {path}: {problem}")
-    return values, {k: v for k, v in table.items() if k not in known}
 
 
 def _parse_fault(option: str, text: str | None, kind: str) -> tuple[int, int, str] | None:

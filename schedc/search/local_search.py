@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from .. import walk
 from .problem import MOVE_BACK, TOLERANCE, UNITS, Problem
 
 
@@ -123,11 +124,7 @@ def _whole(x: float) -> float | int:
 
 def _walk(pr: Problem, order, d: int) -> list[float]:
     """Device d's memory after each op of its order (and 0 before the first)."""
-    alive, out = 0.0, [0.0]
-    for kind, _, _ in order:
-        alive += pr.memory[kind][d]
-        out.append(alive)
-    return out
+    return [0.0, *walk.levels((pr.memory[kind][d] for kind, _, _ in order), 0.0)]
 
 
 def _critical_moves(problem: Problem, orders, span) -> list[tuple[int, int, int]]:
