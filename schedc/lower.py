@@ -218,11 +218,12 @@ def _declare(schedule: Schedule, streams: list[list[Instr]]) -> None:
     in their order, over the ranks holding its stage in its replica group (its own rank alone in a plan of
     one pipeline: the collective then runs over the layout's data, context or expert ranks of that rank).
 
-        collectives (F, ALL_TO_ALL) x 2:  F(0,0) SEND_F(0,0)>1  ->  F(0,0) ALL_TO_ALL(0,0) ALL_TO_ALL(0,0) SEND_F(0,0)>1
+        Issued(F, ALL_TO_ALL) x 2:  F(0,0) SEND_F(0,0)>1  ->  F(0,0) ALL_TO_ALL(0,0) ALL_TO_ALL(0,0) SEND_F(0,0)>1
     """
-    issued: dict[str, list[str]] = {}
-    for kind, code in schedule.collectives:
-        issued.setdefault(kind, []).append(code)
+    issued: dict[tuple[str, int], list[str]] = {}
+    for c in schedule.collectives:
+        for s in range(schedule.stages) if c.stages is None else sorted(c.stages):
+            issued.setdefault((c.kind, s), []).append(c.collective)
     groups = _stage_groups(schedule)
     for stream in streams:
         out: list[Instr] = []
@@ -230,7 +231,7 @@ def _declare(schedule: Schedule, streams: list[list[Instr]]) -> None:
             out.append(instr)
             for half in instr.units():
                 out += [Instr(code, half.stage, half.mb, half.pipe, group=groups[half.pipe or 0][half.stage])
-                        for code in issued.get(half.op, ())]
+                        for code in issued.get((half.op, half.stage), ())]
         stream[:] = out
 
 

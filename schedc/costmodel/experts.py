@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..ir import Issued
+from ..ops import Opcode, OpKind
 from .bytes import layer_params, moe_layer_params
-from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting
+from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting, stage_mix
 
 EXPERT_IMBALANCE = 1.0  # the busiest expert's tokens over the mean: 1, a balanced router (DeepSeek-V3's
                         # auxiliary-loss-free balancing keeps it near); not fitted to any measurement
@@ -126,3 +128,25 @@ def mla_swap(st: Setting, standard: float, attention: float) -> tuple[float, flo
     factor = 2.5 if m.flash else 2
     gemms = mla_gemms(st) - standard
     return gemms + latent - attention, gemms + factor * (latent - attention)
+
+
+# the ops that run an MoE layer's forward or its input gradient, each with a dispatch and a combine
+# all-to-all: F, B and I, and R, a placed recomputation of the forward (W has none)
+_EXCHANGING = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.R.value)
+
+
+def expert_collectives(st: Setting, stages: int) -> tuple[Issued, ...]:
+    """What the plan declares of expert parallelism (Schedule.collectives): on every stage with MoE
+    layers, F, B, I and R issue a dispatch and a combine ALL_TO_ALL over the stage's expert group (the
+    ep ranks carved from d x cp: the rank's own lane in a plan of one pipeline). One pair stands for the
+    op's MoE layers: consecutive collectives of one op on one group wait for the same ranks. None
+    without experts or with ep = 1.
+
+        ep 2, 2 stages, MoE layers on stage 1 only -> F, B, I, R: ALL_TO_ALL twice each, stages {1}
+    """
+    if st.layout.ep <= 1 or not st.model.moe:
+        return ()
+    routed = frozenset(s for s, (_, moe) in enumerate(stage_mix(st.model, stages, st.layout)) if moe)
+    if not routed:
+        return ()
+    return tuple(Issued(kind, Opcode.ALL_TO_ALL.value, routed) for kind in _EXCHANGING for _ in ("dispatch", "combine"))

@@ -1,9 +1,10 @@
 """check_channels, the static certificate: clears a good step program without running it.
 
 Every wait of the replay is known before it runs: a SEND waits for the receive its message is matched
-to, a consumer for the SEND of its tensor, a SYNC_GRAD for the rest of its collective. So a good step
-program is cleared by whole-list passes (a code per instruction from table lookups, positions scattered
-into lists indexed by message) and a run that stops at waits only; anything unusual goes to the replay.
+to, a consumer for the SEND of its tensor, a collective (SYNC_GRAD, ALL_TO_ALL, ...) for the rest of its
+members. So a good step program is cleared by whole-list passes (a code per instruction from table
+lookups, positions scattered into lists indexed by message) and a run that stops at waits only; anything
+unusual goes to the replay.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ _ROUNDS_PER_POSITION, _EXTRA_ROUNDS = 2, 64
 
 def certify(streams: list, place: list[list[int]], microbatches: int) -> bool:
     """True only when `replay(streams, place)` is sure to come back clean (no fault, no rank blocked) and
-    every SYNC_GRAD collective is issued by its whole group, for one stage; False whenever in doubt (a
+    every collective is issued by its whole group, as one collective (pairs.identity); False whenever in doubt (a
     microbatch outside range(microbatches), a field that is not an int, a consumer or message on a rank
     that does not hold its stage, a tensor received twice or used twice, ...).
 
@@ -228,7 +229,7 @@ def _completes(lay: _Layout, ranks: int) -> bool:
     meets = _collectives(lay.syncs)
     if meets is None:
         return False
-    waits = lay.waits[:]                   # and -1: stop (a rank's end, a SYNC_GRAD)
+    waits = lay.waits[:]                   # and -1: stop (a rank's end, a collective)
     for x in chain(lay.ends, meets):
         waits[x] = -1
     owner = lay.owner
@@ -245,14 +246,17 @@ def _completes(lay: _Layout, ranks: int) -> bool:
             if g != here:
                 passed[r] = g
                 moved = True
-        if not (moved or _release(set(meets.values()), passed, owner)):
+        released = bool(meets) and _release(meets, passed[:ranks], passed, owner)
+        if not (moved or released):
             return passed[:ranks] == lay.ends
     return False
 
 
-def _release(collectives: set[tuple], passed: list[int], owner: list[int]) -> bool:
-    """Lets through every SYNC_GRAD collective whose members all wait at it."""
-    done = [c for c in collectives if all(passed[owner[x]] == x for x in c)]
+def _release(meets: dict[int, tuple], at: list[int], passed: list[int], owner: list[int]) -> bool:
+    """Lets through every collective whose members all wait at it, found from where the ranks stand
+    (`at`), so a round costs the ranks, not the collectives: declared collectives follow nearly every op."""
+    waiting = {meets[x] for x in at if x in meets}
+    done = [c for c in waiting if all(passed[owner[x]] == x for x in c)]
     for x in chain.from_iterable(done):
         passed[owner[x]] = x + 1
     return bool(done)
