@@ -395,3 +395,35 @@ def test_every_library_schedule_passes_with_expert_all_to_alls(name, params):
     for streams_, place, bound in programs(compiled):
         streams_ = [units(stream) for stream in streams_]   # OVERLAP_F_B as its halves, as the check runs it
         assert certify(streams_, place, bound) and replay(streams_, place).clean
+
+
+def add_collective(rng, streams, r, n, bound):
+    """A declared collective after an instruction of every member of a group (wherever each member's
+    falls, so perhaps in a cycle with the messages), or on one rank only, or of another kind on one."""
+    group = tuple(sorted(rng.sample(range(len(streams)), rng.randint(1, len(streams)))))
+    op = rng.choice([A2A, A2A, GATHER])
+    for member in group if rng.random() < 0.7 else (r,):
+        where = streams[member]
+        k = rng.randrange(len(where)) if where else 0
+        stage = where[k].stage if where and rng.random() < 0.9 else rng.choice(ODD)
+        where.insert(k, Instr(op if member != r or rng.random() < 0.9 else GATHER, stage, 0, 0, group=group))
+
+
+@pytest.mark.slow
+def test_certificate_never_clears_what_the_replay_refuses_with_collectives(library_programs):
+    """As above, with declared collectives added among the mutations: a cleared mutant is clean."""
+    rng = random.Random(20261207)
+    mutations = MUTATIONS + [add_collective] * 4
+    clean_refused = clean_total = 0
+    for round_ in range(3000):
+        streams, place, bound = library_programs[round_ % len(library_programs)]
+        mutant = [list(stream) for stream in streams]
+        for _ in range(rng.choice([1, 2, 3])):
+            r = rng.randrange(len(mutant))
+            if mutant[r]:
+                rng.choice(mutations)(rng, mutant, r, rng.randrange(len(mutant[r])), bound)
+        certified, clean = verdicts(mutant, place, bound)
+        assert clean or not certified, (round_, mutant)
+        clean_total += clean
+        clean_refused += clean and not certified
+    assert clean_total > 100 and clean_refused <= clean_total // 2, (clean_refused, clean_total)
