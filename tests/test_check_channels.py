@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import compile_library
+from conftest import compile_exchanging, compile_library
 from schedc.checks.channels import _units as units, check_channels
 from schedc.checks.channels.certificate import certify
 from schedc.checks.channels.pairs import sync_errors
@@ -365,26 +365,12 @@ EXPERT_PAIRS = [("1f1b", dict(p=4, m=8)), ("gpipe", dict(p=4, m=8)), ("zb_h1", d
                 ("pipefisher", {}), ("pipefisher_1f1b", {})]
 
 
-def with_expert_exchanges(name, params):
-    """The library schedule with every F, B, I and R issuing a dispatch and a combine all-to-all (what
-    costmodel.experts declares under --ep), lowered and checked."""
-    import dataclasses
-    from schedc.driver import compile_schedule, read_source
-    from schedc.driver.inputs import build_schedule
-    from schedc.frontend.elaborate import Options
-    from schedc.ir import Issued
-    from conftest import SCHEDULES
-    schedule = build_schedule(read_source(SCHEDULES / f"{name}.sched"), Options({k: str(v) for k, v in params.items()}))
-    issued = tuple(Issued(kind, A2A) for kind in ("F", "B", "I", "R") for _ in range(2))
-    return compile_schedule(dataclasses.replace(schedule, collectives=issued))
-
-
 @pytest.mark.parametrize("name,params", EXPERT_PAIRS, ids=[name for name, _ in EXPERT_PAIRS])
 def test_every_library_schedule_passes_with_expert_all_to_alls(name, params):
     """Each op of a kind that exchanges is followed by its two all-to-alls, over the ranks holding its
     stage in its replica group (two ranks in Chimera and DualPipe, where the copies of a stage are
     replicas); the plan passes the check, and the certificate clears it without the replay."""
-    compiled = with_expert_exchanges(name, params)
+    compiled = compile_exchanging(name, **params)
     assert compiled.ok, [d.message for d in compiled.diagnostics]
     streams = [ins for r in compiled.plan.ranks for step in r for ins in step]
     exchanging = sum(1 for ins in streams for unit in ins.units() if unit.op in ("F", "B", "I", "R"))

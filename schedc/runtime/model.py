@@ -262,7 +262,7 @@ def uses_gpt(cfg: ModelConfig) -> bool:
 def model_problem(cfg: ModelConfig) -> str | None:
     """Why the default model of these sizes and facts cannot be built (None when it can): checked by
     build_model, and by `schedc run` before torchrun starts."""
-    facts = [fact_problem(key, getattr(cfg, key)) for key in FACTS if getattr(cfg, key) is not None]
+    facts = [fact_problem(key, getattr(cfg, key, None)) for key in FACTS if getattr(cfg, key, None) is not None]
     if any(facts):
         return next(p for p in facts if p)
     if cfg.max_positions is not None and cfg.seq > cfg.max_positions and cfg.positions == "learned":
