@@ -243,7 +243,7 @@ def _explicit_split(layers: int, stages: int, explicit: tuple[int, ...], account
 
 
 # Every layout option, each declared once: the command line's (schedc/cli/options.py makes each a click
-# option for compile, check, simulate, render, tune and calibrate) and the runtime's (runtime/options.py
+# option for compile, check, simulate, render, tune and calibrate) and the runtime's (runtime/process/options.py
 # generates its argparse options from the entries marked `runtime`). Plain data: no click, no argparse.
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@
 # t = 2 (4 ranks), with and without sequence parallelism, recomputing nothing, the attention core or
 # whole layers; sequence chunks and placed R/O/L at t = 1; K-FAC's tasks at t = 1 and 2; context
 # parallelism (--cp 2). Each run's loss and first-step gradients (HF names) equal the one-process
-# reference's within 1e-5; each forward's saved bytes equal schedc/activations.py's decoder rows to the
+# reference's within 1e-5; each forward's saved bytes equal schedc/costmodel/activations.py's decoder rows to the
 # byte.
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from schedc.activations import Sizes, runtime_decoder, stage_bytes
+from schedc.costmodel.activations import Sizes, runtime_decoder, stage_bytes
 from schedc.plan import load_plan
 from test_runtime import _dump, launch_plans, plans, reference  # noqa: F401 (fixtures)
 from test_runtime_memory import TOLERANCE, relative_errors

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
+from .activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
 from .. import walk
 from ..layout import Layout
-from ..memory import timed_model
+from ..passes.memory import timed_model
 from ..ops import OpKind
 from ..descriptions.moe import attention_parameters, expert_parameters, moe_mlp_parameters
 from .hardware import stage_layers, stage_mix, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM, STEP_GRADIENT_BYTES_PER_PARAM, Setting
@@ -75,7 +75,7 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     table 2, at 16 bits): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t with
     sequence parallelism too; selective recomputation drops the 5as/h term; full recomputation keeps
     only the layer's input, 2sbh (2sbh/t with sequence parallelism); with context parallelism s is the
-    s/cp tokens a GPU holds. schedc/activations.py's table
+    s/cp tokens a GPU holds. schedc/costmodel/activations.py's table
     with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
     model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores); an MoE model at the
     width its tokens' experts take (moe_width)."""
@@ -177,7 +177,7 @@ def stage_backward_bytes(model: ModelSpec, layout: Layout, stages: int) -> tuple
     """Per stage, (the bytes its F keeps until the backward, the bytes its deferred W holds from the end
     of I until W): its layers (the layout's split) x layer_activation_bytes and deferred_weight_bytes.
     The one rule for both: the compile's memory (activation_deltas) and `tune --synthesize`'s charges
-    (search.problem.bytes_held) ask it."""
+    (synthesize.problem.bytes_held) ask it."""
     kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
     return tuple((n * kept, n * deferred) for n in stage_layers(model, stages, layout))
 

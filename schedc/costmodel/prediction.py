@@ -8,11 +8,11 @@ from typing import Any
 from ..descriptions import parameters
 from .specs import ModelSpec
 from ..layout import Layout
-from ..timing import bubble
+from ..passes.timing import bubble
 from ..ir import OP_KEY
-from ..memory import timed_model
+from ..passes.memory import timed_model
 from ..ops import COPY, OVERLAP, OpKind
-from ..simulate import pair_cost
+from ..passes.simulate import pair_cost
 from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts, overlapped_pair
@@ -234,7 +234,7 @@ def _hide(pair: Part, saved: float) -> Part:
 
 def _part(costs: StageCosts, op, chunked: bool = False) -> Part:
     """The parts of a built-in op (of a sequence chunk's, its share of the microbatch's: the parts
-    scaled to the op's cost alike); a task's cost (in seconds, schedc/predict.py) is computation."""
+    scaled to the op's cost alike); a task's cost (in seconds, schedc/costmodel/fit.py) is computation."""
     parts = costs.parts.get(op.kind)
     if parts is None or not 0 <= op.stage < len(parts):
         return Part(op.cost)

@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ...diagnostics import Diagnostic, error
-from ...grid import elide, format_grid
 from ...ops import COLLECTIVE, COMM, GRADIENT, RECVS, SENDS, Opcode, OpKind, fed_by, peer_stage
+from ...passes.grid import elide, format_grid
 from ...plan import Instr
 from .pairs import DIRECTION, communicator, identity, where
 
