@@ -246,15 +246,14 @@ def _completes(lay: _Layout, ranks: int) -> bool:
             if g != here:
                 passed[r] = g
                 moved = True
-        released = bool(meets) and _release(meets, passed[:ranks], passed, owner)
-        if not (moved or released):
+        if not (moved or meets and _release(meets, passed[:ranks], passed, owner)):
             return passed[:ranks] == lay.ends
     return False
 
 
 def _release(meets: dict[int, tuple], at: list[int], passed: list[int], owner: list[int]) -> bool:
     """Lets through every collective whose members all wait at it, found from where the ranks stand
-    (`at`), so a round costs the ranks, not the collectives: declared collectives follow nearly every op."""
+    (`at`): a stall costs the ranks, not the collectives (declared ones follow nearly every op)."""
     waiting = {meets[x] for x in at if x in meets}
     done = [c for c in waiting if all(passed[owner[x]] == x for x in c)]
     for x in chain.from_iterable(done):
