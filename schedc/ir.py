@@ -163,12 +163,16 @@ class TaskSpec:
 @dataclass(frozen=True, slots=True)
 class Issued:
     """A collective (ops.DECLARED) that every op of `kind` on `stages` (every stage when None) issues
-    inside itself, over the ranks holding the op's stage in its replica group: the expert-parallel
-    dispatch or combine of an MoE layer is Issued("F", "ALL_TO_ALL") (and its backward's in B and I)."""
+    inside itself: over the op's own rank (its lane of the layout's data, context and expert ranks, which
+    run the same plan), or with `replicas` over the ranks holding the op's stage in its replica group
+    (Chimera's and DualPipe's copies of a stage). The expert-parallel dispatch or combine of an MoE layer
+    is Issued("F", "ALL_TO_ALL") (and its backward's in B and I): expert groups are carved from the data
+    and context ranks, never across pipeline ranks."""
 
     kind: str
     collective: str
     stages: frozenset[int] | None = None
+    replicas: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

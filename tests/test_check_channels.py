@@ -365,19 +365,21 @@ EXPERT_PAIRS = [("1f1b", dict(p=4, m=8)), ("gpipe", dict(p=4, m=8)), ("zb_h1", d
                 ("pipefisher", {}), ("pipefisher_1f1b", {})]
 
 
+@pytest.mark.parametrize("replicas", [False, True], ids=["lane", "replicas"])
 @pytest.mark.parametrize("name,params", EXPERT_PAIRS, ids=[name for name, _ in EXPERT_PAIRS])
-def test_every_library_schedule_passes_with_expert_all_to_alls(name, params):
-    """Each op of a kind that exchanges is followed by its two all-to-alls, over the ranks holding its
-    stage in its replica group (two ranks in Chimera and DualPipe, where the copies of a stage are
-    replicas); the plan passes the check, and the certificate clears it without the replay."""
-    compiled = compile_exchanging(name, **params)
+def test_every_library_schedule_passes_with_expert_all_to_alls(name, params, replicas):
+    """Each op of a kind that exchanges is followed by its two all-to-alls, over its own rank (the lane
+    --ep's groups are carved from), or over the ranks holding its stage in its replica group (two ranks
+    in Chimera and DualPipe, whose copies of a stage sit on different ranks: collectives across pipeline
+    ranks that wait for each other); the plan passes the check, and the certificate clears it without
+    the replay."""
+    compiled = compile_exchanging(name, replicas, **params)
     assert compiled.ok, [d.message for d in compiled.diagnostics]
     streams = [ins for r in compiled.plan.ranks for step in r for ins in step]
     exchanging = sum(1 for ins in streams for unit in ins.units() if unit.op in ("F", "B", "I", "R"))
     assert sum(ins.op == A2A for ins in streams) == 2 * exchanging > 0
-    replicated = {s for group in compiled.schedule.replicas for s in range(compiled.schedule.stages)} if \
-        compiled.schedule.replicas else set()
-    assert all(len(ins.group) == (2 if ins.stage in replicated else 1) for ins in streams if ins.op == A2A)
+    pair = 2 if replicas and compiled.schedule.replicas else 1
+    assert {len(ins.group) for ins in streams if ins.op == A2A} == {pair}
     for streams_, place, bound in programs(compiled):
         streams_ = [units(stream) for stream in streams_]   # OVERLAP_F_B as its halves, as the check runs it
         assert certify(streams_, place, bound) and replay(streams_, place).clean

@@ -137,8 +137,9 @@ _EXCHANGING = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.R.value)
 
 def expert_collectives(st: Setting, stages: int) -> tuple[Issued, ...]:
     """What the plan declares of expert parallelism (Schedule.collectives): on every stage with MoE
-    layers, F, B, I and R issue a dispatch and a combine ALL_TO_ALL over the stage's expert group (the
-    ep ranks carved from d x cp: the rank's own lane in a plan of one pipeline). One pair stands for the
+    layers, F, B, I and R issue a dispatch and a combine ALL_TO_ALL over the stage's expert group: the
+    ep ranks carved from d x cp, the op's own rank's lane in the plan (never another pipeline rank, not
+    even the other copy of the stage in Chimera or DualPipe). One pair stands for the
     op's MoE layers: consecutive collectives of one op on one group wait for the same ranks. None
     without experts or with ep = 1.
 

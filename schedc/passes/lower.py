@@ -215,23 +215,24 @@ def _unsent(step: tuple[tuple[Op, ...], ...], ops: list[Op], links: _Links, devi
 
 def _declare(schedule: Schedule, streams: list[list[Instr]]) -> None:
     """After every op (or overlapped half) of a kind in `schedule.collectives`, the collectives it issues,
-    in their order, over the ranks holding its stage in its replica group (its own rank alone in a plan of
-    one pipeline: the collective then runs over the layout's data, context or expert ranks of that rank).
+    in their order, each over the op's own rank or its stage's replica ranks (ir.Issued).
 
         Issued(F, ALL_TO_ALL) x 2:  F(0,0) SEND_F(0,0)>1  ->  F(0,0) ALL_TO_ALL(0,0) ALL_TO_ALL(0,0) SEND_F(0,0)>1
     """
-    issued: dict[tuple[str, int], list[str]] = {}
+    issued: dict[tuple[str, int], list[tuple[str, bool]]] = {}
     for c in schedule.collectives:
         for s in range(schedule.stages) if c.stages is None else sorted(c.stages):
-            issued.setdefault((c.kind, s), []).append(c.collective)
+            issued.setdefault((c.kind, s), []).append((c.collective, c.replicas))
     groups = _stage_groups(schedule)
     for stream in streams:
         out: list[Instr] = []
         for instr in stream:
             out.append(instr)
             for half in instr.units():
-                out += [Instr(code, half.stage, half.mb, half.pipe, group=groups[half.pipe or 0][half.stage])
-                        for code in issued.get((half.op, half.stage), ())]
+                pipe = half.pipe or 0
+                out += [Instr(code, half.stage, half.mb, half.pipe, group=groups[pipe][half.stage] if replicas
+                              else (schedule.pipelines[pipe].placement[half.stage],))
+                        for code, replicas in issued.get((half.op, half.stage), ())]
         stream[:] = out
 
 
