@@ -12,7 +12,7 @@ from itertools import groupby
 from operator import itemgetter
 
 from ...diagnostics import Diagnostic, error
-from ...ops import COMM, LINKED, RECVS, SENDS, Opcode, OpKind, carries, link_ends, own_stage, peer_stage
+from ...ops import COLLECTIVE, COMM, LINKED, RECVS, SENDS, Opcode, OpKind, carries, link_ends, own_stage, peer_stage
 
 DIRECTION = {op: carries(op) for op in COMM}  # the kind a message is named by, F or B
 OP, PEER = itemgetter(0), itemgetter(4)
@@ -90,23 +90,44 @@ def _bad_link(r: int, link: tuple, place, ranks: int, step: int, steps: int, ind
                  f"{_ends(op, stage, pipe or 0, place)}", at=(r, step, index))
 
 
+def communicator(op: str, group) -> tuple:
+    """The order a collective is matched in: NCCL matches a communicator's collectives by issue order
+    alone. SYNC_GRAD's all-reduce has a communicator per group; the collectives ops declare (ALL_TO_ALL,
+    ALL_GATHER, ...) share another per group."""
+    return op == Opcode.SYNC_GRAD, tuple(group or ())
+
+
+def identity(op: str, stage) -> tuple:
+    """What the members of one collective must agree on: its kind, and for SYNC_GRAD the stage whose
+    gradients it sums (a declared collective's members may hold different stages)."""
+    return (op, stage) if op == Opcode.SYNC_GRAD else (op,)
+
+
 def sync_errors(streams: list, step: int, steps: int) -> list[Diagnostic]:
-    """The j-th SYNC_GRAD of a group is issued by every member, for one stage."""
-    issued: dict[tuple, list[tuple[int, int]]] = {}
+    """The j-th collective of a communicator is issued by every member of its group, as one collective
+    (SYNC_GRAD for one stage; a declared one of one kind): members reach a group's collectives in one
+    order."""
+    issued: dict[tuple, list[tuple[int, tuple]]] = {}
     for r, stream in enumerate(streams):
         count: dict[tuple, int] = {}
         for ins in stream:
-            if ins[0] == Opcode.SYNC_GRAD:
-                group = tuple(ins[5] or ())
-                count[group] = count.get(group, 0) + 1
-                issued.setdefault((group, count[group] - 1), []).append((r, ins[1]))
+            if ins[0] in COLLECTIVE:
+                key = communicator(ins[0], ins[5])
+                count[key] = count.get(key, 0) + 1
+                issued.setdefault((key, count[key] - 1), []).append((r, identity(ins[0], ins[1])))
     diags = []
-    for (group, j), members in sorted(issued.items()):
+    for ((sync, group), j), members in sorted(issued.items()):
         ranks = sorted(r for r, _ in members)
-        stages = sorted({s for _, s in members}, key=str)
-        if ranks != sorted(group) or len(stages) != 1:
-            diags.append(error(f"{where(step, steps)}SYNC_GRAD #{j} of group {list(group)} is issued by ranks "
-                               f"{ranks} for stages {stages}; every rank of the group must issue it, for one stage"))
+        if sync:
+            stages = sorted({ident[1] for _, ident in members}, key=str)
+            if ranks != sorted(group) or len(stages) != 1:
+                diags.append(error(f"{where(step, steps)}SYNC_GRAD #{j} of group {list(group)} is issued by ranks "
+                                   f"{ranks} for stages {stages}; every rank of the group must issue it, for one stage"))
+        elif ranks != sorted(group) or len({ident for _, ident in members}) != 1:
+            what = ", ".join(f"rank {r} {ident[0]}" for r, ident in sorted(members))
+            diags.append(error(f"{where(step, steps)}collective #{j} of group {list(group)}: {what}; every rank of "
+                               "the group must reach the group's collectives in one order (NCCL matches them by "
+                               "issue order)", at=(members[0][0], step, None)))
     return diags
 
 

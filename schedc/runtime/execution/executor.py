@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from schedc.ops import OpKind, carries, fed_by, link_ends
+from schedc.ops import DECLARED, OpKind, carries, fed_by, link_ends
 from schedc.plan import Instr, Opcode, Plan
 
 from .chunks import SequenceChunks
@@ -90,7 +90,7 @@ class Executor:
             Opcode.SEND_F: self.send, Opcode.SEND_B: self.send,
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
             Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end,
-            Opcode.OVERLAP_F_B: self.overlap}
+            Opcode.OVERLAP_F_B: self.overlap, **dict.fromkeys(DECLARED, self.declared)}
         self.placed = Placed(self, list(plan.ranks[world.plan_rank]))  # R, O and L (placed.py)
         self.table.update(self.placed.table)
         self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
@@ -350,6 +350,11 @@ class Executor:
         group = self.world.channels[(instr.peer, self.world.plan_rank)]
         self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer, group=group),
                                                               buffer, peer, shape)
+
+    def declared(self, instr: Instr) -> None:
+        """ALL_TO_ALL, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE: a collective the op before it issues inside
+        itself (an MoE layer's dispatch and combine run in the stage's module, in this order); the plan
+        declares it for the channel check, and there is nothing to run for it here."""
 
     def sync_grad(self, instr: Instr) -> None:
         group = tuple(sorted(instr.group))
