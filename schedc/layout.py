@@ -52,6 +52,8 @@ class Layout:
                                          # parallelism; level 1 is distributed_optimizer's, one value for it
     reshard_after_forward: bool = True   # level 3: parameters freed after each forward (FSDP2's default)
     cp: int = 1                          # context parallelism: the sequence over cp GPUs in 2·cp chunks
+    post_validation: bool = False        # no all-reduce before the optimizer step: a device starts its next
+                                         # step once its own is done, so steps overlap (Qi et al. 2024, sec. 4)
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -328,6 +330,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  defaults=(("runtime", None),)),
     LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
                  "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
+    LayoutOption("post_validation", "The optimizer's post-validation (zero bubble's --enable-optimizer-post-validation): "
+                 "no all-reduce before the optimizer step, so each device starts its next step once its own is done "
+                 "and steps overlap; the iteration is the steady step's (two steps' makespan less one's, plus the "
+                 "optimizer's tail)", runtime=False, words="optimizer post-validation"),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 
