@@ -44,8 +44,8 @@ from schedc.costmodel.bytes import activation_peaks  # noqa: E402
 from schedc.costmodel.specs import load_cluster, load_cluster_model  # noqa: E402
 from schedc.driver.cluster import compile_for  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
-from schedc.search.synthesis_cluster import OnCluster  # noqa: E402
-from schedc.search.synthesis_options import run_tune  # noqa: E402
+from schedc.synthesize.cluster import OnCluster  # noqa: E402
+from schedc.synthesize.options import run_tune  # noqa: E402
 from schedc.text import GIB  # noqa: E402
 
 CLUSTER = "a100-80gb-roce"

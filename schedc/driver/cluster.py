@@ -24,7 +24,7 @@ from ..costmodel.sharding import sharded_collectives
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
-from ..predict import memory_more
+from ..text import memory_more
 from ..text import gib
 
 
@@ -63,7 +63,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     from ..frontend.library import resolve
     from ..frontend.parse import read_source
     from .inputs import TORCH_CSV, kind_of, load_declaration
-    from ..simulate import simulate
+    from ..passes.simulate import simulate
     from .passes import analyse, collector_paused, compile_schedule
     path = resolve(file)
     if kind_of(path) == TORCH_CSV:
@@ -100,11 +100,11 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
 
 
 def _post_validated(st: Setting, schedule, timing, without: float, links, free: bool):
-    """The optimizer's post-validation (--post-validation, overlap.py): the timing of one step with its
+    """The optimizer's post-validation (--post-validation, post_validation.py): the timing of one step with its
     makespan the steady step's, two steps back to back less one, and the same of the message-free
     makespan (the breakdown's pipeline share)."""
-    from ..simulate import simulate
-    from .overlap import repeat_steps, steady
+    from ..passes.simulate import simulate
+    from .post_validation import repeat_steps, steady
     if st.layout.zero >= 2:
         raise usage(f"--post-validation with --zero {st.layout.zero}: the lanes' collectives are timed per step "
                     "here; give --zero 0 or 1")
