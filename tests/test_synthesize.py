@@ -466,6 +466,7 @@ def test_a_rows_own_costs_give_zb_1p_and_simulate_cluster_predicts_the_file(tmp_
     summary = json.loads(made.output[made.output.index("{"):])
     assert summary["p"] == 8 and summary["activation_limit"] == [8] * 8
     assert summary["costs"]["F"][1] > summary["costs"]["F"][0]  # stage 0: two layers and the embedding, 1: three
+    assert max(summary["peak_activations"]) <= 8 + 1e-9  # a deferred W counted as its share, as synthesized
     predicted = CliRunner().invoke(main, ["simulate", str(out), *row, "--global-batch", "48", "--json"])
     assert predicted.exit_code == 0, predicted.output
     assert json.loads(predicted.output)["makespan"] == pytest.approx(summary["makespan"], rel=1e-3)

@@ -215,8 +215,11 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
         lines.insert(0, f"schedc tune: note: --costs {costs_file}: {', '.join(left_out)} left out (not op kinds: "
                         f"a synthesized order runs {', '.join(COST_KINDS)})")
     stats = compiled.stats
-    peaks = stats["peak_memory"] if problem.unit == UNITS else result.peak  # the compile counts units
-    held = (f"activations {peaks_text(peaks)} within {listed(problem.limit)}" if problem.unit == UNITS else
+    # the compile counts whole units; the synthesis's own peaks where it counts otherwise (bytes, or a
+    # deferred W's share of an activation: --cluster)
+    peaks = stats["peak_memory"] if problem.unit == UNITS and problem.deferred == 1.0 else result.peak
+    shown_peaks = peaks if problem.deferred == 1.0 else [float(f"{x:.4g}") for x in peaks]  # shares: 4 digits
+    held = (f"activations {peaks_text(shown_peaks)} within {listed(problem.limit)}" if problem.unit == UNITS else
             f"memory {' '.join(gib(x) for x in peaks)} GiB within {','.join(gib(x) for x in dict.fromkeys(problem.limit))} GiB")
     lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak {held}; "
                  f"{result.found_by}; {count(result.timed, 'order')} timed"
