@@ -17,6 +17,7 @@ from typing import Any
 
 from ..diagnostics import usage
 from ..layout import Layout
+from ..ops import OpKind
 from .problem import Problem, make_problem
 
 
@@ -39,7 +40,8 @@ def cluster_problem(setting: Any, p: int, m: int, limit: tuple[float, ...]) -> P
     costs = stage_costs(setting, p, tuple(range(p))).costs()
     deferred = deferred_weight_bytes(setting.model, setting.layout) / layer_activation_bytes(setting.model,
                                                                                              setting.layout)
-    return make_problem(p, m, {k: costs[k] for k in ("F", "I", "W")}, 0.0, limit, deferred=min(1.0, deferred))
+    kinds = (OpKind.F.value, OpKind.I.value, OpKind.W.value)  # the split backward the paper's schedules run
+    return make_problem(p, m, {k: costs[k] for k in kinds}, 0.0, limit, deferred=min(1.0, deferred))
 
 
 def problem_on_cluster(given: OnCluster, p: int, m: int, limit: tuple[float, ...]) -> Problem:
