@@ -89,6 +89,17 @@ def test_the_patterns_catch_history():
     assert not COMMIT.search("defaced") and HISTORY.search("as This session measured")
 
 
+# Words that narrate what changed rather than say what is: the docs are a reference.
+NARRATION = re.compile(r"\b(now|used to|no longer|at first|the revision before)\b", re.IGNORECASE)
+
+
+def test_the_docs_say_what_is_not_what_changed():
+    assert NARRATION.search("refused now") and not NARRATION.search("known, nowhere, snow")
+    found = [(doc.name, m.group(0)) for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]
+             for m in NARRATION.finditer(doc.read_text())]
+    assert found == []
+
+
 def test_readme_and_the_record_carry_no_development_history():
     found = [(path.name, match.group(0)) for path in RECORDS
              for match in [*COMMIT.finditer(path.read_text()), *HISTORY.finditer(path.read_text())]]
@@ -199,3 +210,50 @@ def test_every_name_internals_gives_exists():
 
 def test_the_name_check_finds_a_name_that_is_gone():
     assert not _resolves("simulate.time_order") and _resolves("simulate.times")
+
+
+# Runnable command blocks: a fenced block opened with ```sh run (or ```sh run slow for one that takes
+# more than a few seconds) is a shell script a reader can paste into an empty directory. Each runs
+# here with bash -e in a temporary directory, `schedc` the tree's own command line, under a timeout.
+RUN_FENCE = re.compile(r"^```sh run( slow)?$")
+
+
+def _run_blocks() -> list[tuple[str, int, str, bool]]:
+    """Every runnable block of README.md and docs/*.md: (file, its first line, its text, slow)."""
+    blocks = []
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        lines = doc.read_text().splitlines()
+        for start, line in enumerate(lines):
+            fence = RUN_FENCE.match(line.strip())
+            if fence:
+                end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "```")
+                blocks.append((str(doc.relative_to(ROOT)), start + 1, "\n".join(lines[start + 1:end]) + "\n",
+                               bool(fence.group(1))))
+    return blocks
+
+
+RUN_BLOCKS = _run_blocks()
+RUN_PARAMS = [pytest.param(doc, line, code, id=f"{doc}:{line}", marks=[pytest.mark.slow] if slow else [])
+              for doc, line, code, slow in RUN_BLOCKS]
+
+
+def test_the_docs_mark_runnable_blocks_of_both_speeds():
+    assert any(doc == "README.md" for doc, *_ in RUN_BLOCKS)
+    assert {slow for *_, slow in RUN_BLOCKS} == {True, False}
+
+
+def _run_block(code: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    prelude = f'set -e\nschedc() {{ "{sys.executable}" -m schedc.cli "$@"; }}\n'
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", "-c", prelude + code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("doc, line, code", RUN_PARAMS)
+def test_a_runnable_block_of_the_docs_runs(doc, line, code, tmp_path):
+    done = _run_block(code, tmp_path, timeout=300)
+    assert done.returncode == 0, f"{doc}:{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+
+def test_a_failing_command_fails_its_block(tmp_path):
+    assert _run_block("schedc simulate no-such-schedule\necho after\n", tmp_path, timeout=60).returncode == 2

@@ -164,7 +164,15 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--model", "m.toml", "--top", "10",
       "--schedules", "zzz"], 2, "schedc: error: --schedules, --top: options of the configuration search"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--cluster", "dgx-a100-80gb", "--top",
-      "10"], 2, "--cluster, --top: options of the configuration search"),  # --model is the synthesis's too
+      "10"], 2, "--top: not an option of --synthesize --cluster"),  # --model and --cluster are the synthesis's too
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--cluster", "dgx-a100-80gb"], 2,
+     "--synthesize --cluster needs --model"),
+    (["--synthesize", "-D", "p=8", "-D", "m=8", "--cluster", "a100-80gb-roce", "--model", "zb-1.5b"], 2,
+     "with --cluster give --activation-limit N"),
+    (["--synthesize", "-D", "p=8", "-D", "m=8", "--cluster", "a100-80gb-roce", "--model", "zb-1.5b", "--cost", "F=1",
+      "--activation-limit", "8"], 2, "with --cluster the cost model gives them"),
+    (["--synthesize", "-D", "p=64", "-D", "m=8", "--cluster", "a100-80gb-roce", "--model", "zb-1.5b",
+      "--activation-limit", "8"], 2, "every stage needs at least one"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--costs", "missing.json"], 2,
      "cannot read costs"),
 ])
@@ -443,3 +451,22 @@ def test_synthesis_limits_out_of_range_are_usage_errors_of_the_command(args, mes
     result = CliRunner().invoke(main, ["tune", "--synthesize", "-D", "p=4", "-D", "m=8", *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "schedc check" not in result.output
+
+
+def test_a_rows_own_costs_give_zb_1p_and_simulate_cluster_predicts_the_file(tmp_path):
+    """`tune --synthesize --model M --cluster C` (ZB-1p: a limit of p activations) writes the order with
+    the cost model's F, I and W of the row's stages in seconds; `simulate --cluster` under the same
+    options elaborates the file with the cost model's costs and times it to the synthesis's makespan
+    (the messages of one A100 node's NVLink add under 0.1 %)."""
+    row = ["--model", "zb-1.5b", "--cluster", "a100-80gb-roce", "--microbatch-size", "6", "--recompute", "none",
+           "--blocking-p2p", "--account-for-embedding", "--account-for-loss"]
+    out = tmp_path / "zb1p.sched"
+    made = _tune("--synthesize", *row, "-D", "p=8", "-D", "m=8", "--activation-limit", "8", "-o", str(out), "--json")
+    assert made.exit_code == 0, made.output
+    summary = json.loads(made.output[made.output.index("{"):])
+    assert summary["p"] == 8 and summary["activation_limit"] == [8] * 8
+    assert summary["costs"]["F"][1] > summary["costs"]["F"][0]  # stage 0: two layers and the embedding, 1: three
+    assert max(summary["peak_activations"]) <= 8 + 1e-9  # a deferred W counted as its share, as synthesized
+    predicted = CliRunner().invoke(main, ["simulate", str(out), *row, "--global-batch", "48", "--json"])
+    assert predicted.exit_code == 0, predicted.output
+    assert json.loads(predicted.output)["makespan"] == pytest.approx(summary["makespan"], rel=1e-3)

@@ -93,9 +93,27 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
             without = compiled.timing.makespan
         unsharded = simulate(schedule).makespan if sharded is not None and free else without
-    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch, without - unsharded)
+        timing, gathers = compiled.timing, without - unsharded
+        if layout.post_validation:  # steps that overlap: the steady step's makespans, with and without messages
+            timing, without = _post_validated(st, compiled.schedule, timing, without, links, free)
+    result = predict(st, compiled.schedule, timing, without, costs, batch, gathers)
     over = _over_memory(result, st)
     return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
+
+
+def _post_validated(st: Setting, schedule, timing, without: float, links, free: bool):
+    """The optimizer's post-validation (--post-validation, post_validation.py): the timing of one step with its
+    makespan the steady step's, two steps back to back less one, and the same of the message-free
+    makespan (the breakdown's pipeline share)."""
+    from ..passes.simulate import simulate
+    from .post_validation import repeat_steps, steady
+    if st.layout.zero >= 2:
+        raise usage(f"--post-validation with --zero {st.layout.zero}: the lanes' collectives are timed per step "
+                    "here; give --zero 0 or 1")
+    twice = repeat_steps(schedule)
+    two = simulate(twice, 0.0, link_times(st, twice.devices))
+    free_two = simulate(twice).makespan if free else two.makespan
+    return replace(timing, makespan=steady(timing.makespan, two.makespan)), steady(without, free_two)
 
 
 def _placed_costs(probe, st: Setting, costs, source) -> tuple[dict, dict | None]:

@@ -41,7 +41,8 @@ class Pieces:
         if lay.cp > 1 or lay.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
             check_layout(self.model, Layout(cp=lay.cp, zero=lay.zero, overlap_grad_reduce=lay.overlap_grad_reduce,
                                             distributed_optimizer=lay.distributed_optimizer), request.model)
-        if lay.zero >= 2:  # the lanes' collectives are simulate's: every candidate compiled whole
+        if lay.zero >= 2 or lay.post_validation:  # the lanes' collectives, two steps back to back: simulate's,
+            # every candidate compiled whole
             self.entries = {name: replace(e, plain=True) for name, e in self.entries.items()}
         self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
