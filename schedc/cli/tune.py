@@ -142,7 +142,8 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     from ..search import Searcher, candidates, distinct_figures
     from ..text import GIB
     from .tune_report import (
-        matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report, request_from, why_lines)
+        assumption_notes, matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
+        request_from, why_lines)
     request = request_from(options)
     shown = pruned_lines(options["pruned"])
     searcher = Searcher(request)
@@ -161,10 +162,14 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
         click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
-                   f"each of up to {plural(n, 'candidate')} " + (f"(--zero {request.layout.zero}: its collectives are "
-                   "timed by the whole compile" if request.layout.zero >= 2 else "(--post-validation: two steps are timed "
-                   "back to back" if request.layout.post_validation else "(tasks, a fill, a greedy order or placed R, O, L ops")
+                   f"each of up to {plural(n, 'candidate')} " + ("(--post-validation: two steps are timed back to back"
+                   if request.layout.post_validation else "(tasks, a fill, a greedy order or placed R, O, L ops")
                    + ": no cache, no bound), seconds each where a fill is searched", err=True)
+    sharded = sum(c.zero >= 2 and not searcher.entries[c.schedule].plain and searcher.compiled_whole(c) for c in space)
+    if sharded and request.zero is None and not as_json:  # --zero 2 or 3 given: every candidate
+        click.echo(f"schedc tune: note: --zero {request.layout.zero}: each of up to {plural(sharded, 'candidate')} is "
+                   "compiled whole (its collectives are timed on each device's lane), those whose bound (the "
+                   "busiest lane, the compute, the memory) already loses or does not fit are not", err=True)
     if not as_json and not sys.stderr.isatty():
         click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
     if as_json or not sys.stderr.isatty():
@@ -183,7 +188,7 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
             for n, line in enumerate(lines):
                 click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
-    return "\n".join([report(outcome, shown), *why])
+    return "\n".join([report(outcome, shown, assumption_notes(searcher, outcome)), *why])
 
 
 

@@ -47,7 +47,8 @@ class Ranked:
                 "parameters": p.extra["parameters"],
                 "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
                 "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
-                "critical_device": p.extra["critical_device"], "same_order": [o.schedule for o in self.same]}
+                "critical_device": p.extra["critical_device"], "same_order": [o.schedule for o in self.same],
+                "cp": c.cp, "zero": c.zero}
 
     def label(self) -> str:
         """The schedule, and those merged into this row: `zb_h1=zb_h2`."""
