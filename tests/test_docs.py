@@ -1,5 +1,5 @@
 """docs: docs/internals.md's layout names every module of the tree (its file name and each folder it
-lies in) and no module that is gone; README.md stays a short guide that links every docs/ page, shows
+lies in, the name inside its own folder's lines) and no module that is gone; README.md stays a short guide that links every docs/ page, shows
 only pictures that exist (each under 200 KB) and links only sections of docs/benchmarks.md that exist;
 neither it nor the measurement record carries development history (commit hashes, "this session",
 "the issue")."""
@@ -33,6 +33,61 @@ def test_internals_names_every_module_and_its_folders():
     folders = set(re.findall(r"\b(\w+)/", block))
     missing = [str(m) for m in _modules() if m.name not in names or not set(m.parts[:-1]) <= folders]
     assert missing == []
+
+
+def _section(lines: list[str], folder: str) -> list[str] | None:
+    """The lines of `lines` under the one whose first word is `folder/` (or `schedc/folder/`): that line
+    and those after it, until the next line indented no deeper."""
+    for n, line in enumerate(lines):
+        words = line.split()
+        if words and words[0].removeprefix("schedc/") == folder + "/" and words[0] != "schedc/":
+            indent = len(line) - len(line.lstrip())
+            end = next((k for k in range(n + 1, len(lines)) if lines[k].strip()
+                        and len(lines[k]) - len(lines[k].lstrip()) <= indent), len(lines))
+            return lines[n:end]
+    return None
+
+
+def _own(section: list[str]) -> str:
+    """A folder's section without its subfolders' sections: the text that names its own modules."""
+    kept, inside = [section[0]], None
+    for line in section[1:]:
+        indent = len(line) - len(line.lstrip())
+        if inside is not None and (not line.strip() or indent > inside):
+            continue
+        words = line.split()
+        inside = indent if words and words[0].endswith("/") else None
+        if inside is None:
+            kept.append(line)
+    return re.sub(r"[\w/]+/\w+\.py", "", "\n".join(kept))  # a path names another folder's module
+
+
+def misplaced(block: str, modules: list[Path]) -> list[str]:
+    """The modules the layout block does not name inside their own folder's section (folder in folder)."""
+    lines = block.splitlines()
+    root = next(n for n, line in enumerate(lines) if line.split()[:1] == ["schedc/"])
+    top = lines[root:next(k for k in range(root + 1, len(lines)) if lines[k][:1].strip())]
+    out = []
+    for module in modules:
+        section = top if module.parent == Path(".") else lines
+        for folder in module.parts[:-1]:
+            section = _section(section, folder) if section else None
+        if not section or not re.search(rf"\b{re.escape(module.name)}\b", _own(section)):
+            out.append(str(module))
+    return out
+
+
+def test_internals_places_every_module_in_its_folder():
+    assert misplaced(_layout_block(), _modules()) == []
+
+
+def test_the_placement_check_finds_a_module_in_another_folder():
+    block = "schedc/\n  ops.py   kinds (not runtime/errors.py)\n  passes/   the passes\n    lower.py  x\n  plan/\n    trace.py  y\n" \
+            "schedc/runtime/   z\n  execution/\n    trace.py   w\n"
+    modules = [Path("ops.py"), Path("passes/lower.py"), Path("plan/trace.py"), Path("runtime/execution/trace.py")]
+    assert misplaced(block, modules) == []
+    wrong = ["plan/lower.py", "lower.py", "runtime/trace.py", "runtime/plan/trace.py", "errors.py"]
+    assert misplaced(block, list(map(Path, wrong))) == wrong
 
 
 def test_internals_names_no_module_that_is_gone():

@@ -122,11 +122,11 @@ def test_chrome_trace_has_one_event_per_op_on_its_rank(name, params):
 
 
 def test_trace_names_events_as_the_runtime_does():
-    from schedc.runtime.execution import trace as runtime_trace
+    from schedc.plan.trace import event_name
     trace = json.loads(render(compile_library("1f1b", p=2, m=2), "json", "x.json"))
     for e in trace["traceEvents"]:
         if e["ph"] == "X":
-            assert e["name"] == runtime_trace.event_name(e["args"]["op"], e["args"]["stage"], e["args"]["mb"])
+            assert e["name"] == event_name(e["args"]["op"], e["args"]["stage"], e["args"]["mb"])
 
 
 # -- determinism and golden files ------------------------------------------------------------------------

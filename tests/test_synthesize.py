@@ -470,3 +470,30 @@ def test_a_rows_own_costs_give_zb_1p_and_simulate_cluster_predicts_the_file(tmp_
     predicted = CliRunner().invoke(main, ["simulate", str(out), *row, "--global-batch", "48", "--json"])
     assert predicted.exit_code == 0, predicted.output
     assert json.loads(predicted.output)["makespan"] == pytest.approx(summary["makespan"], rel=1e-3)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (8, 16)])
+def test_the_eager_variant_is_order_greedys_rule(p, m, monkeypatch):
+    """The two list-scheduling clocks (docs/internals.md, "One timing engine") agree where their rules
+    do: the synthesis's variant without warm-up caps below the limit, guard or alternation places every
+    op as `greedy by ([I, F, W], i) inflight <= limit` does, latency included."""
+    import functools
+
+    from schedc.diagnostics import Source
+    from schedc.driver.inputs import compile_source
+    from schedc.frontend import elaborate
+    from schedc.frontend.greedy import order_greedy
+    from schedc.synthesize.problem import EAGER
+    from schedc.synthesize.scheduler import _list_schedule
+    for limit in (2, p):
+        for latency in (0.0, 1.0):
+            for f, i, w in ((1, 1, 1), (1, 2, 1), (2, 1, 1)):
+                problem = make_problem(p, m, {"F": (f,), "I": (i,), "W": (w,)}, latency, (limit,))
+                synthesized = _list_schedule(problem, (min(limit, m),) * p, EAGER, False)
+                monkeypatch.setattr(elaborate, "order_greedy", functools.partial(order_greedy, latency=latency))
+                text = (f'schedule g "greedy"\nparam p = {p}\nparam m = {m}\n'
+                        "pipeline main { stages p; device s -> s; microbatches m }\nbackward split\n"
+                        f"cost F = {f}\ncost I = {i}\ncost W = {w}\ngreedy by ([I, F, W], i) inflight <= {limit}\n")
+                greedy = compile_source(Source("greedy.sched", text)).schedule.orders
+                assert [[(op.kind, op.mb) for op in order] for order in greedy] == \
+                    [[(problem.name(k), mb) for k, _, mb in order] for order in synthesized], (limit, latency, f, i, w)

@@ -16,7 +16,8 @@ from ...diagnostics import Diagnostic, error
 from ...ops import COLLECTIVE, COMM, GRADIENT, RECVS, SENDS, Opcode, OpKind, fed_by, peer_stage
 from ...passes.grid import elide, format_grid
 from ...plan import Instr
-from .pairs import DIRECTION, communicator, identity, where
+from ...plan.channels import message as message_of
+from .pairs import communicator, identity, where
 
 _F, _B, _SEND, _RECV, _SYNC = 1, 2, 3, 4, 5
 _KIND = {OpKind.F.value: _F, **dict.fromkeys(GRADIENT, _B), **dict.fromkeys(SENDS, _SEND),
@@ -122,7 +123,7 @@ def _run(streams: list, state: Replay, ranks: int, sources, peer_of, posted, sen
                     wait_post[channel] = r
                     break
                 pipe = ins[3] or 0
-                if expected[channel][k] != (DIRECTION[ins[0]], ins[1], ins[2], pipe) \
+                if expected[channel][k] != message_of(ins) \
                         or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                     state.faults.append((f"rank {r}: {Instr.short(ins)} does not match its receive", (r, n)))
                 sent[channel] = k + 1
@@ -131,7 +132,7 @@ def _run(streams: list, state: Replay, ranks: int, sources, peer_of, posted, sen
             elif kind == _RECV:
                 channel = ins[4] * ranks + r
                 pipe = ins[3] or 0
-                message = (DIRECTION[ins[0]], ins[1], ins[2], pipe)
+                message = message_of(ins)
                 where = (channel, posted[channel])
                 if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                     state.faults.append((f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank",

@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, Opcode, Plan, PlanError
+from schedc.plan.channels import mismatches
+from schedc.plan.trace import event_name
 
 from ..execution import checkpoint, context, trace
 from ..execution.chunks import check_chunks
@@ -185,32 +187,24 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
 
 def check_messages(plan: Plan) -> None:
     """For every step program and ordered pair of ranks, the sends must equal the receives in order
-    (messages match by order, not by tag); a mismatch would corrupt tensors or hang."""
+    (messages match by order, not by tag: schedc.plan.channels); a mismatch would corrupt tensors or hang."""
     for k in range(plan.cycle_steps):
-        sent: dict[tuple[int, int], list] = {}
-        received: dict[tuple[int, int], list] = {}
-        for rank, steps in enumerate(plan.ranks):
-            for i in steps[k]:
+        streams = [steps[k] for steps in plan.ranks]
+        for rank, stream in enumerate(streams):
+            for i in stream:
                 if i.op in COMM and not (isinstance(i.peer, int) and 0 <= i.peer < plan.devices):
                     raise PlanError(f"rank {rank}: {i} has no valid peer (ranks 0..{plan.devices - 1})")
-                if i.op in SENDS:
-                    sent.setdefault((rank, i.peer), []).append((i.op[-1], i.stage, i.mb))
-                elif i.op in RECVS:
-                    received.setdefault((i.peer, rank), []).append((i.op[-1], i.stage, i.mb))
-        for pair in sorted(set(sent) | set(received)):
-            _compare_messages(k, pair, sent.get(pair, []), received.get(pair, []))
+        for (a, b), n, sent, received in mismatches(streams):
+            raise PlanError(f"step program {k}: message #{n} from rank {a} to rank {b} is sent as "
+                            f"{_message_name(sent, n)} but received as {_message_name(received, n)} "
+                            "(messages match in order)")
 
 
-def _compare_messages(k: int, pair: tuple[int, int], sent: list, received: list) -> None:
-    def name(message) -> str:
-        return "nothing" if message is None else f"{message[0]}{message[1]}.{message[2]}"
-    for n in range(max(len(sent), len(received))):
-        out = sent[n] if n < len(sent) else None
-        into = received[n] if n < len(received) else None
-        if out != into:
-            raise PlanError(f"step program {k}: message #{n} from rank {pair[0]} to rank {pair[1]} "
-                            f"is sent as {name(out)} but received as {name(into)} (messages match "
-                            "in order)")
+def _message_name(messages: list, n: int) -> str:
+    if n >= len(messages):
+        return "nothing"
+    direction, stage, mb, pipe = messages[n]
+    return event_name(direction, stage, mb) + (f" of pipeline {pipe}" if pipe else "")
 
 
 def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
