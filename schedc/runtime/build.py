@@ -22,9 +22,9 @@ def model_pieces(opts) -> list:
 
 
 def model_runs(opts, stages: int) -> tuple[list, list[list]]:
-    """All pieces of the model and their partition into `stages` runs (--stage-layers,
-    --account-for-embedding, --account-for-loss)."""
-    pieces = model_pieces(opts)
+    """All pieces of the model, their weights not yet made (init.py: a rank materializes its own), and
+    their partition into `stages` runs (--stage-layers, --account-for-embedding, --account-for-loss)."""
+    pieces = build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed, materialize=False)
     return pieces, partition(pieces, stages, opts.stage_layers, opts.account_for_embedding, opts.account_for_loss)
 
 

@@ -330,12 +330,26 @@ class Executor:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
                                  "was not computed on this rank before")
         tensor = self.messages.outgoing(tensor)
+        self._check_message(instr, kind, tensor)
         self.sent_bytes += tensor.numel() * tensor.element_size()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
         peer = self.world.global_rank(instr.peer)
         self.sends.append((dist.isend(tensor, peer, group=group), tensor, peer))
         while self.sends and self.sends[0][0].is_completed():  # drop what has gone already
             self._wait_sent(*self.sends.popleft())
+
+    def _check_message(self, instr: Instr, kind: str, tensor: torch.Tensor) -> None:
+        """The message against the receiver's buffer (the boundary traced before step 0), on the host with
+        no synchronization: a point-to-point transfer checks no byte count (NCCL), so a mismatch would
+        be read as wrong values or hang."""
+        shape, dtype = self.shapes[min(link_ends(instr.op, instr.stage))]
+        wire = self.messages.wire_shape(shape)
+        if tensor.dtype != dtype or tensor.shape != wire:
+            into = instr.stage + 1 if instr.op == Opcode.SEND_F else instr.stage - 1
+            what = "output" if instr.op == Opcode.SEND_F else "input gradient"
+            raise ExecutionError(f"stage {instr.stage}'s {what} for microbatch {instr.mb} is {_form(tensor.dtype, tensor.shape)}, "
+                                 f"but stage {into} expects {_form(dtype, wire)} (the boundary traced before "
+                                 "step 0): a stage must return the same dtype and shape for every microbatch")
 
     def _wait_sent(self, work: Any, _buffer: torch.Tensor, peer: int) -> None:
         try:
@@ -455,3 +469,7 @@ def _describe(exc: BaseException) -> str:
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo's "[file.cc:123] " prefix
     first = re.split(r"(?<=[.!?])\s|\n", text, maxsplit=1)[0]
     return f"{type(exc).__name__}: {first}"
+
+
+def _form(dtype: torch.dtype, shape: torch.Size) -> str:
+    return f"{str(dtype).removeprefix('torch.')} {list(shape)}"

@@ -16,6 +16,7 @@ from .build import (autocast, global_microbatches, load_loss, make_dataset, make
                     log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .chunks import check_chunks
 from .executor import Executor, attach_flat_grads
+from .init import materialize_pieces
 from .lifetimes import BUILTIN
 from .memory import SavedBytes
 from .model import ModelError, Stage, boundary_shapes, lm_loss, parallel_run
@@ -115,7 +116,10 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
 
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
     tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
-    stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    held = held_stages(plan, world.plan_rank)
+    for s in held:  # this rank's pieces get their weights; the others stay on the meta device (init.py)
+        materialize_pieces(runs[s], opts.seed)
+    stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held}
     _recompute(stages, len(runs), opts.recompute)
     shards = _shards(stages, opts, world)
     if shards is not None:
@@ -278,6 +282,7 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     if summary is not None:
         summary["parameter_bytes"] = parameter_bytes(executor)
         summary["plan_rank"] = world.plan_rank
+        summary["peak_rss_bytes"] = peak_rss_bytes()
     parts = [None] * world.size if world.rank == 0 else None
     dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
@@ -311,3 +316,11 @@ def parameter_bytes(executor: Executor) -> int:
         return shards.parameter_bytes()
     whole = sum(p.numel() * p.element_size() for stage in executor.stages.values() for p in stage.parameters())
     return whole + (0 if shards is None else sum(s.numel() * s.element_size() for s in shards.parameters()))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident host memory so far (getrusage's ru_maxrss: KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
