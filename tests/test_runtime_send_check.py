@@ -59,7 +59,7 @@ def truncating_model(cfg):
 ])
 def test_a_message_of_the_wrong_form_is_refused_at_send(plans, builder, message):  # noqa: F811
     command = torchrun_command(plans("gpipe", p=2, m=4), 2, [
-        "--model-code", f"test_runtime_send_check:{builder}", "--layers", "2", "--seq", "8", "--vocab", "50",
+        "--model-code", f"test_runtime_send_check:{builder}", "--layers", "2", "--seq", "8", "--vocab", "50", "--synthetic",
         "--mb-size", "2", "--optimizer", "sgd", "--steps", "1", "--quiet", "--timeout", "30"])
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=LAUNCH_LIMIT)
