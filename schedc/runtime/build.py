@@ -76,6 +76,13 @@ def autocast(opts, device: torch.device):
     return nullcontext()
 
 
+def matmul_precision(opts, device: torch.device) -> None:
+    """On CUDA, fp32 matrix products in TF32 unless --tf32 off (the reference and the ranks alike); under
+    --dtype bf16 the products are bf16 and the setting is left alone. Nothing changes on CPU."""
+    if device.type == "cuda" and opts.dtype == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = opts.tf32 == "on"
+
+
 def load_loss(opts):
     """--loss 'pkg.mod:fn', else the cross entropy over the tokens."""
     return lm_loss if opts.loss is None else load_function(opts.loss, "--loss", ModelError)

@@ -130,6 +130,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                             "cross entropy over the tokens)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
+    group.add_argument("--tf32", choices=("on", "off"), default="on",
+                       help="on CUDA with --dtype fp32: fp32 matrix products and convolutions in TF32 "
+                            "(10-bit mantissa inputs, fp32 sums; default on); off for full fp32")
     group.add_argument("--threads", type=int, metavar="N",
                        help="torch intra-op threads per process (default: torch's choice; torchrun "
                             "sets 1 per process when it starts several)")

@@ -10,7 +10,7 @@ import torch
 from schedc.plan import Plan
 
 from .build import (autocast, clip_coefficient, global_microbatches, load_loss, make_dataset, make_optimizer,
-                    model_pieces, log_step, set_learning_rate, tokens_per_step, write_grads, write_loss)
+                    matmul_precision, model_pieces, log_step, set_learning_rate, tokens_per_step, write_grads, write_loss)
 from .executor import attach_flat_grads
 from .model import Stage
 from .world import Env, WorldError
@@ -22,6 +22,7 @@ def run_reference(plan: Plan, opts) -> int:
                          "plan.json --reference`, not under torchrun")
     pieces = model_pieces(opts)
     device = torch.device("cuda" if opts.device != "cpu" and torch.cuda.is_available() else "cpu")
+    matmul_precision(opts, device)
     model = Stage(pieces).to(device)
     attach_flat_grads(model)
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opts)

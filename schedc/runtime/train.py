@@ -12,8 +12,8 @@ import torch.distributed as dist
 from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
 
 from . import checkpoint, context, trace
-from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_runs,
-                    log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
+from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, matmul_precision,
+                    model_runs, log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .chunks import check_chunks
 from .executor import Executor, attach_flat_grads
 from .init import materialize_pieces
@@ -102,6 +102,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
+    matmul_precision(opts, device)
     world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp)
     if world.cp > 1:
         dataset = context.ContextData(dataset, world.cp, world.context)

@@ -117,8 +117,8 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
     wait = timedelta(seconds=timeout)
     if dist.is_initialized():
         pass
-    elif "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, timeout=wait)
+    elif "MASTER_ADDR" in os.environ:  # on CUDA bound to this rank's GPU: communicators are made eagerly
+        dist.init_process_group(backend, timeout=wait, **({"device_id": device} if device.type == "cuda" else {}))
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp, cp=cp)
