@@ -158,7 +158,7 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
                             "1e-5, or 1e-2 with --dtype bf16)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
-                            "--*-out measurements synchronizes after each instruction)")
+                            "--*-out measurements times instructions with device events read at each step's end)")
     group.add_argument("--report-out", metavar="FILE", help="measured-vs-simulated report as JSON")
     group.add_argument("--profile-out", metavar="FILE",
                        help="measured mean cost per op kind and stage, for `schedc compile --costs`")

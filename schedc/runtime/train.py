@@ -15,6 +15,7 @@ from . import checkpoint, context, trace
 from .build import (autocast, global_microbatches, load_loss, make_dataset, make_optimizer, matmul_precision,
                     model_runs, log_step, set_learning_rate, tokens_per_step, write_grads, write_loss, write_sent)
 from .chunks import check_chunks
+from .clocks import DeviceClock
 from .executor import Executor, attach_flat_grads
 from .init import materialize_pieces
 from .lifetimes import BUILTIN
@@ -135,8 +136,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     last = stages.get(plan.meta["stages"] - 1)
     if last is not None and getattr(last.pieces[-1], "vocab_parallel", False):
         executor.loss_fn = vocab_parallel_loss(tp)
-    executor.device_timing = world.device.type == "cuda" and bool(
-        opts.trace_out or opts.report_out or opts.profile_out)
+    if world.device.type == "cuda" and (opts.trace_out or opts.report_out or opts.profile_out):
+        executor.clock = DeviceClock()  # device events, read at each step's end (clocks.py)
     if opts.fault and opts.fault[0] == world.rank:
         executor.fault = opts.fault[1:]
     if opts.report_out or opts.metrics_out:
