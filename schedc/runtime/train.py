@@ -26,7 +26,7 @@ from .recompute import apply_recompute
 from .tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
 from .watchdog import Watchdog
-from .world import Env, World, check_size, pick_device, start, stop
+from .world import Env, World, check_size, pick_device, start, stop, warm_up
 
 MEASURED_STEPS = 200  # steps timed for the report and profile (all steps with --trace-out)
 
@@ -105,6 +105,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     device = pick_device(opts.device, env)
     matmul_precision(opts, device)
     world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp)
+    warm_up(world)  # every channel's communicator made before step 0
     if world.cp > 1:
         dataset = context.ContextData(dataset, world.cp, world.context)
     try:

@@ -139,6 +139,22 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
     return world
 
 
+def warm_up(world: World) -> None:
+    """One element over each direction of every channel this rank is in, before step 0: on NCCL each
+    channel's communicator is made (and its buffers allocated) here, not at the first message of step 0
+    after the caching allocator has reserved the device's memory. Every rank takes its channels in the
+    one sorted order of (sender, receiver), so a pairwise set-up never waits in a cycle."""
+    works = []
+    for sender, receiver in sorted(world.channels):
+        group, token = world.channels[(sender, receiver)], torch.zeros(1, device=world.device)
+        if sender == world.plan_rank:
+            works.append(dist.isend(token, world.global_rank(receiver), group=group))
+        else:
+            works.append(dist.irecv(token, world.global_rank(sender), group=group))
+    for work in works:
+        work.wait()
+
+
 def _per_lane(world: World, plan_ranks: list[int], wait: timedelta):
     """One group of `plan_ranks` in every (data-parallel replica, context rank, tensor rank) (all ranks
     take part in creating each); the handle of this rank's, or None if it is not a member."""
