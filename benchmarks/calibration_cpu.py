@@ -78,7 +78,7 @@ def job(plan_dir: Path, sizes: dict[str, int], steps: int, tag: str) -> list:
 def launch(jobs: list, path: Path) -> None:
     """Run the jobs in one 2-rank gloo launch."""
     path.write_text(json.dumps(jobs))
-    run([sys.executable, "-m", "schedc.runtime.launch", "--standalone", "--nproc-per-node", str(RANKS),
+    run([sys.executable, "-m", "schedc.runtime.process.launch", "--standalone", "--nproc-per-node", str(RANKS),
          str(LAUNCH_PLANS), str(path)])
 
 

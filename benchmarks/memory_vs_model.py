@@ -5,9 +5,9 @@
 #              stages on 2 ranks (one rank a core here, so that the backward times below are not those of
 #              ranks waiting for a core), and at t = 2 with and without sequence parallelism on 4 ranks: the
 #              bytes each forward of a stage saves for its backward (--report-out's memory, measured with
-#              saved-tensor hooks) next to schedc/activations.py's table for the runtime's GPT (within 2 %);
+#              saved-tensor hooks) next to schedc/costmodel/activations.py's table for the runtime's GPT (within 2 %);
 #              and so the Llama-family decoder (--family llama: key/value heads half the heads (from 4), a
-#              SwiGLU 3h wide, RMSNorm, rotary positions, untied; runtime/decoder.py)
+#              SwiGLU 3h wide, RMSNorm, rotary positions, untied; runtime/model/decoder.py)
 #   in flight  1f1b, zb_h1, zb_h2, zbv, interleaved_1f1b on 4 ranks at the smallest size: each rank's most
 #              microbatch states alive at once next to the simulator's peak (the plan's stats)
 #   backward   per size, the measured mean B time with full recomputation over none, next to the cost
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from schedc.activations import RUNTIME_GPT, Sizes, runtime_decoder, stage_bytes  # noqa: E402
+from schedc.costmodel.activations import RUNTIME_GPT, Sizes, runtime_decoder, stage_bytes  # noqa: E402
 
 RANKS, SIZED_RANKS, LAYERS, VOCAB = 4, 2, 8, 256
 SIZES = {"small": {"hidden": 32, "heads": 2, "seq": 16, "mb_size": 2},
@@ -79,7 +79,7 @@ def model_flags(size: dict) -> list[str]:
 
 def run(plan: Path, ranks: int, flags: list[str], report: Path) -> dict:
     """One torchrun launch of the plan; its --report-out."""
-    from schedc.runtime.launch import torchrun_command
+    from schedc.runtime.process.launch import torchrun_command
     command = torchrun_command(plan, ranks, [*flags, "--synthetic", "--quiet", "--report-out", str(report)])
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
@@ -101,7 +101,7 @@ def cost_model_ratio(size: dict) -> list[float]:
 
 
 def bytes_table(reports: dict) -> bool:
-    print(f"saved bytes per microbatch and stage, measured vs schedc/activations.py (1f1b, {SIZED_RANKS} stages "
+    print(f"saved bytes per microbatch and stage, measured vs schedc/costmodel/activations.py (1f1b, {SIZED_RANKS} stages "
           f"of {LAYERS // SIZED_RANKS} layers)")
     print(f"{'family':>6} {'size':>7} {'tensor':>7} {'recompute':>9} {'stage':>5} {'measured':>10} {'predicted':>10} "
           f"{'off':>7}")

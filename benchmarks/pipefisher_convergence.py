@@ -84,7 +84,7 @@ class Digits:
         self.seed = seed
 
     def batch(self, step: int, microbatches: int, size: int):
-        from schedc.runtime.data import Batch
+        from schedc.runtime.model.data import Batch
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         rows = torch.randint(0, len(self.x), (microbatches * size,), generator=gen)
         return Batch(self.x[rows], self.y[rows, None], size)

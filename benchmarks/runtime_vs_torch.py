@@ -119,11 +119,11 @@ def line(name: str, ours: float, theirs: float, per_step: list[float], report: d
 def build_schedc(args: argparse.Namespace):
     """schedc's executor for the plan, as `python -m schedc.runtime` builds it (this starts the world)."""
     from schedc.plan import load_plan
-    from schedc.runtime import train
-    from schedc.runtime.build import model_runs
-    from schedc.runtime.model import boundary_shapes
-    from schedc.runtime.options import parse_options
-    from schedc.runtime.world import Env, pick_device, start
+    from schedc.runtime.model import train
+    from schedc.runtime.model.train import model_runs
+    from schedc.runtime.model.gpt import boundary_shapes
+    from schedc.runtime.process.options import parse_options
+    from schedc.runtime.process.world import Env, pick_device, start
 
     opts = parse_options([args.plan, *model_flags(args), "--steps", str(args.steps), "--warmup", str(args.warmup)])
     plan, env = load_plan(opts.plan), Env.read()
@@ -139,8 +139,8 @@ def build_torch(args: argparse.Namespace, rank: int, opts):
     import torch
     from torch.distributed import pipelining
 
-    from schedc.runtime.build import make_optimizer
-    from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
+    from schedc.runtime.model.train import make_optimizer
+    from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
 
     _, cls_name, chunks, v_shape = SCHEDULES[args.worker]
     cfg = ModelConfig(args.layers, args.hidden, args.heads, args.seq, 256, args.mb_size)
@@ -158,8 +158,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from schedc.runtime import train
-    from schedc.runtime.data import Dataset
+    from schedc.runtime.model import train
+    from schedc.runtime.model.data import Dataset
 
     plan, opts, world, executor = build_schedc(args)
     schedule, optimizer, first, last = build_torch(args, world.rank, opts)

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import zb_heuristic as ref  # noqa: E402
-from schedc.search.problem import make_problem  # noqa: E402
-from schedc.search.synthesis import synthesize  # noqa: E402
+from schedc.synthesize.problem import make_problem  # noqa: E402
+from schedc.synthesize.scheduler import synthesize  # noqa: E402
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
 

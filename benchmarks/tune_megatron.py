@@ -38,7 +38,7 @@ from schedc.frontend.library import library_files  # noqa: E402
 from schedc.diagnostics import SchedError  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
 from schedc.search import Candidate, Request, Searcher  # noqa: E402
-from schedc.search.report import breakdown_difference  # noqa: E402
+from schedc.cli.tune_report import breakdown_difference  # noqa: E402
 
 FAMILIES = ("1f1b", "interleaved_1f1b")
 

@@ -2,22 +2,31 @@
 candidates of one order and layout merged into one row) against the exhaustive one (no bound, no cache,
 no merging), and whether both give the same top K.
 
-    python benchmarks/tune_speed.py [--runs 3] [--exhaustive-runs 1] [--quick]
+    python benchmarks/tune_speed.py [--runs 3] [--exhaustive-runs 1] [--quick | --row 1t]
 
 is `schedc tune --model gpt-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536` (--quick: the
-1.7B model on 32 GPUs, batch 128). Each search runs in this process on a fresh Searcher (no cache
+1.7B model on 32 GPUs, batch 128; --row 1t: Megatron-LM's 1T row, gpt-1008b on 3,072 GPUs, batch 3,072,
+over 1f1b, interleaved_1f1b and zb_h1). --exhaustive-runs 0 times the fast search alone (nothing
+compared: the line says so, and the exit status is 0). Each search runs in this process on a fresh Searcher (no cache
 kept between runs); times are CPU seconds of this process (time.process_time, so a busy machine's
 other work does not count) and wall seconds. The top K compared: every schedule named in a fast row,
 listed as its own (ties broken by candidate, as the exhaustive walk breaks them), against the
 exhaustive ranking: the same schedules, layouts (t, p, d, v, b, m, recompute) and iteration times.
 
-The last line is `tune X.XX s (fast, median CPU)`.
+The fast ranking is printed with the line `tune X.XX s (fast, median CPU)` before the exhaustive search.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+
+
+ROWS = {  # (model, GPUs, global batch, schedules: () the whole library)
+    "175b": ("gpt-175b", 1024, 1536, ()),
+    "quick": ("gpt-1.7b", 32, 128, ()),
+    "1t": ("gpt-1008b", 3072, 3072, ("1f1b", "interleaved_1f1b", "zb_h1")),
+}
 
 
 def timed(request):
@@ -43,19 +52,28 @@ def main() -> None:
     parser.add_argument("--exhaustive-runs", type=int, default=1, help="exhaustive searches (default 1)")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="the 1.7B model on 32 GPUs, batch 128")
+    parser.add_argument("--row", choices=("1t",), default=None,
+                        help="1t: Megatron-LM's 1T row (3,072 GPUs) over 1f1b, interleaved_1f1b, zb_h1")
     args = parser.parse_args()
     from dataclasses import replace
 
     from schedc.search import Request
-    model, gpus, batch = ("gpt-1.7b", 32, 128) if args.quick else ("gpt-175b", 1024, 1536)
-    fast_request = Request(model, "dgx-a100-80gb", gpus, batch, top=args.top)
-    print(f"schedc tune --model {model} --cluster dgx-a100-80gb --gpus {gpus} --global-batch {batch} --top {args.top}")
+    model, gpus, batch, names = ROWS["quick" if args.quick else args.row or "175b"]
+    fast_request = Request(model, "dgx-a100-80gb", gpus, batch, schedules=names, top=args.top)
+    only = f" --schedules {','.join(names)}" if names else ""
+    print(f"schedc tune --model {model} --cluster dgx-a100-80gb --gpus {gpus} --global-batch {batch}{only} --top {args.top}")
     fast = [timed(fast_request) for _ in range(args.runs)]
     outcome = fast[0][0]
     print(f"fast: {outcome.counts['candidates']:,} candidates, {outcome.counts['started']} orders started "
           f"(their memory bounded until the first backward), {outcome.counts['structures']} compiled whole, "
           f"{outcome.counts['simulated']} simulations, {outcome.counts['bounded']:,} bounded out, "
           f"{outcome.counts['merged']} merged; CPU {spread([f[1] for f in fast])}; wall {spread([f[2] for f in fast])}")
+    for r in outcome.ranked:
+        print(f"  {r.label():<24} {r.candidate.describe():<52} {r.iteration_s:.4f} s")
+    print(f"tune {statistics.median(f[1] for f in fast):.2f} s (fast, median CPU)")
+    if args.exhaustive_runs < 1:
+        print("top K: not compared (--exhaustive-runs 0)")
+        return
     exhaustive = [timed(replace(fast_request, exhaustive=True)) for _ in range(args.exhaustive_runs)]
     reference = exhaustive[0][0]
     print(f"exhaustive: {reference.counts['structures']} orders compiled, {reference.counts['simulated']} simulations; "
@@ -63,10 +81,7 @@ def main() -> None:
     want = [(r.candidate, round(r.iteration_s, 12)) for r in reference.ranked]
     same = all(expanded(f[0].ranked, len(want)) == want for f in fast)
     print(f"top {len(want)}: {'identical' if same else 'DIFFERENT'} (schedules, layouts, iteration times)")
-    for r in outcome.ranked:
-        print(f"  {r.label():<24} {r.candidate.describe():<52} {r.iteration_s:.4f} s")
     print(f"speed-up {statistics.median(e[1] for e in exhaustive) / statistics.median(f[1] for f in fast):.1f}x (CPU)")
-    print(f"tune {statistics.median(f[1] for f in fast):.2f} s (fast, median CPU)")
     if not same:
         raise SystemExit(1)
 

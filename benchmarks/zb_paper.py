@@ -44,9 +44,9 @@ from schedc.costmodel.bytes import activation_peaks, deferred_weight_bytes, laye
 from schedc.costmodel.specs import load_cluster, load_cluster_model  # noqa: E402
 from schedc.driver.cluster import compile_for  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
-from schedc.search.problem import make_problem  # noqa: E402
-from schedc.search.synthesis import synthesize  # noqa: E402
-from schedc.search.synthesis_text import to_sched  # noqa: E402
+from schedc.synthesize.problem import make_problem  # noqa: E402
+from schedc.synthesize.scheduler import synthesize  # noqa: E402
+from schedc.synthesize.sched_text import to_sched  # noqa: E402
 from schedc.text import GIB  # noqa: E402
 
 CLUSTER = "a100-80gb-roce"

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from schedc.runtime.model import ModelConfig
-from schedc.runtime.recompute import recomputed
+from schedc.runtime.execution.recompute import recomputed
 from schedc.runtime.tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorGroup, declare
 
 

@@ -17,7 +17,7 @@ import importlib
 # Each public name and the module that defines it (imported when the name is first asked for).
 _HOMES = {
     "compile_file": "driver", "compile_source": "driver", "load_input": "driver", "kind_of": "driver",
-    "compile_on_cluster": "driver.cluster", "Compiled": "compiled", "Schedule": "ir", "Plan": "plan",
+    "compile_on_cluster": "driver.cluster", "Compiled": "passes.compiled", "Schedule": "ir", "Plan": "plan",
     "write_plan": "plan.write", "Layout": "layout", "ClusterRequest": "layout", "SchedError": "diagnostics",
 }
 __all__ = list(_HOMES)

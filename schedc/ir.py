@@ -186,7 +186,7 @@ class Schedule:
     cycle: tuple[tuple[tuple[Op, ...], ...], ...] = ()  # K step programs per device, when bubbles are filled
     fill_span: Span | None = field(default=None, compare=False)  # the `fill bubbles with` statement
     memory: dict[str, tuple[float, ...]] = field(default_factory=dict)  # kind (not F) -> units per stage:
-    # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/memory.py)
+    # saved gradients (B, I, W: while a task keeps them) and tasks' persistent state (schedc/passes/memory.py)
     split_of: frozenset | None = None  # `backward mixed`: the (pipe, stage, mb) whose backward runs as I + W
     recompute: bool = False  # `recompute F`: a forward drops its state; an R rebuilds it before the backward
     offload: bool = False    # `offload F`: a program may place O and L for a forward (deps.offloaded: where it did)

@@ -52,6 +52,7 @@ class Layout:
                                          # parallelism; level 1 is distributed_optimizer's, one value for it
     reshard_after_forward: bool = True   # level 3: parameters freed after each forward (FSDP2's default)
     cp: int = 1                          # context parallelism: the sequence over cp GPUs in 2·cp chunks
+    ep: int = 1                          # expert parallelism: the experts over ep of the d x cp ranks
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -242,7 +243,7 @@ def _explicit_split(layers: int, stages: int, explicit: tuple[int, ...], account
 
 
 # Every layout option, each declared once: the command line's (schedc/cli/options.py makes each a click
-# option for compile, check, simulate, render, tune and calibrate) and the runtime's (runtime/options.py
+# option for compile, check, simulate, render, tune and calibrate) and the runtime's (runtime/process/options.py
 # generates its argparse options from the entries marked `runtime`). Plain data: no click, no argparse.
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +329,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  defaults=(("runtime", None),)),
     LayoutOption("cp", "Context-parallel size: the sequence over cp GPUs in 2·cp chunks, GPU i holding chunks i and "
                  "2·cp-1-i (world = t x cp x devices x d)", int, "CP", implied=True),
+    LayoutOption("ep", "Expert-parallel size: each MoE layer's experts over ep GPUs carved from the d x cp data "
+                 "and context ranks (Megatron-Core's expert-data-parallel: the expert weights' gradients reduced over "
+                 "d x cp / ep), tokens sent to their experts' GPUs by an all-to-all and back (ep divides d x cp and the "
+                 "experts)", int, "EP", runtime=False, implied=True),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

@@ -44,3 +44,9 @@ def rate(value: float) -> str:
 def gib(nbytes: float, digits: int = 2) -> str:
     """Bytes in GiB with `digits` decimals, no unit: gib(3 * 2**30) is "3.00"."""
     return f"{nbytes / GIB:.{digits}f}"
+
+
+def memory_more(parts: dict[str, float], unit: str = "") -> str:
+    """The memory parts beyond the backward's peak tensors, in words (GiB)."""
+    return (f"optimizer step beyond the activations {gib(parts['optimizer_step'])}{unit}, "
+            f"allocator and CUDA context {gib(parts['allocator_and_context'])}{unit}")

@@ -137,7 +137,7 @@ fi
 if [ "$dry" = 1 ]; then
     python3 - "$options" <<'PY' || exit 2
 import sys
-from schedc.runtime.options import parse_options
+from schedc.runtime.process.options import parse_options
 runs = [line.split("\0")[:-1] for line in open(sys.argv[1]).read().split("\n") if line]
 for args in runs:
     parse_options(["plan.json", *args])  # exits 2 naming an option the runtime would refuse

@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_orders and friends
 # what a test must be marked slow for (pyproject.toml: the default run leaves those out): a command whose
 # program or module is one of LAUNCHERS, or schedc with one of LAUNCHING_VERBS; mp.spawn's ranks too
-LAUNCHERS = ("torchrun", "torch.distributed.run", "schedc.runtime", "schedc.runtime.launch", "pip",
+LAUNCHERS = ("torchrun", "torch.distributed.run", "schedc.runtime", "schedc.runtime.process.launch", "pip",
              "chromium", "chromium-browser", "google-chrome")
 LAUNCHING_VERBS = ("run", "demo", "calibrate")
 
@@ -79,7 +79,7 @@ def regen_golden(request) -> bool:
 
 
 def compile_library(name: str, **params):
-    """Compile schedc/schedules/<name>.sched with params; returns schedc.compiled.Compiled."""
+    """Compile schedc/schedules/<name>.sched with params; returns schedc.passes.compiled.Compiled."""
     from schedc.driver import compile_source, read_source
     from schedc.frontend.elaborate import Options
     options = Options({k: str(v) for k, v in params.items()})

@@ -1,4 +1,4 @@
-"""K-FAC in one process, written apart from schedc/runtime/kfac.py, as the reference a PipeFisher plan's run
+"""K-FAC in one process, written apart from schedc/runtime/model/kfac.py, as the reference a PipeFisher plan's run
 must reproduce.
 
 The unpartitioned model is trained on the whole global batch of every step (the runtime's model, data
@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from schedc.runtime.data import Dataset
-from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
+from schedc.runtime.model.data import Dataset
+from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
 
 
 def plan_staleness(plan: dict) -> tuple[int, dict[int, int], dict[tuple[str, int], set[int]]]:

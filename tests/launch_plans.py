@@ -1,6 +1,6 @@
 """Test helper: run several plans in one torchrun launch, one after the other, in one process group.
 
-    python -m schedc.runtime.launch --standalone --nproc-per-node N tests/launch_plans.py JOBS.json
+    python -m schedc.runtime.process.launch --standalone --nproc-per-node N tests/launch_plans.py JOBS.json
 
 JOBS.json is a list of [plan.json, [runtime options]]; each plan runs as `python -m schedc.runtime` would
 run it (run_pipeline), keeping the process group for the next. A launch costs seconds on a small
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from schedc.plan import load_plan
-from schedc.runtime.options import parse_options
-from schedc.runtime.train import run_pipeline
-from schedc.runtime.world import stop
+from schedc.runtime.process.options import parse_options
+from schedc.runtime.model.train import run_pipeline
+from schedc.runtime.process.world import stop
 
 
 def main(jobs: str) -> int:

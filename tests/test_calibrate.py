@@ -12,7 +12,7 @@ from schedc.cli import main
 from schedc.costmodel.specs import ModelSpec, dump_cluster, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import Setting, stage_costs
-from schedc.predict import fit_to_profile
+from schedc.costmodel.fit import fit_to_profile
 from schedc.runtime.calibrate import cluster_toml, fit_gemm, fit_problems, fit_warnings
 
 MODEL = "layers = 4\nhidden = 256\nheads = 8\nseq = 128\nvocab = 256\ndtype = \"fp32\"\n"
@@ -104,7 +104,7 @@ def test_a_fit_is_at_the_microbatch_size_the_profile_was_measured_at(tmp_path):
     """The runtime's --profile-out records its --mb-size (default 4); calibrate fits at it, refuses a
     --microbatch-size that contradicts it, and asks for one when a profile does not say (calibrate's
     default was 1 against the runtime's 4: a fit without the option was silently 4x off)."""
-    from schedc.runtime import trace
+    from schedc.runtime.execution import trace
     assert trace.profile([], 2, 4) == {"unit": "ms", "microbatch_size": 4}
     model = tmp_path / "m.toml"
     model.write_text(MODEL)
@@ -129,7 +129,7 @@ def test_a_fit_is_at_the_microbatch_size_the_profile_was_measured_at(tmp_path):
 
 
 def test_the_runtime_reads_a_schedc_model_file_microbatch_size_as_mb_size(tmp_path):
-    from schedc.runtime.options import OptionError, build_parser, model_config
+    from schedc.runtime.process.options import OptionError, build_parser, model_config
     path = tmp_path / "m.toml"
     path.write_text(MODEL.replace('dtype = "fp32"\n', "") + "microbatch_size = 2\n")
     assert model_config(build_parser().parse_args(["plan.json", "--model", str(path)])).mb_size == 2
@@ -149,7 +149,7 @@ def test_fitting_profiles_at_two_sizes_recovers_both_rates_and_each_ops_overhead
     cluster says, with 400/150/900/700 us per layer of F, B, I and W beyond the kernels: the fit finds
     those rates and overheads, and the fitted cluster predicts a third size's ops as that machine runs them."""
     from dataclasses import replace
-    from schedc.predict import fit_to_profiles
+    from schedc.costmodel.fit import fit_to_profiles
     base = load_cluster("dgx-a100-80gb")
     overhead = (("F", 4e-4), ("B", 1.5e-4), ("I", 9e-4), ("W", 7e-4))
     truth = replace(base, peak_flops=base.peak_flops / 2, hbm_bandwidth=base.hbm_bandwidth / 3, overhead=overhead)
@@ -167,7 +167,7 @@ def test_fitting_profiles_at_two_sizes_recovers_both_rates_and_each_ops_overhead
 
 def test_one_size_gives_no_overhead_to_fit():
     from schedc.diagnostics import SchedError
-    from schedc.predict import fit_to_profiles
+    from schedc.costmodel.fit import fit_to_profiles
     base = load_cluster("dgx-a100-80gb")
     layout, model = Layout(microbatch_size=4, recompute="none"), ModelSpec(4, 256, 8, 128, 256, 1024, "bf16")
     profile = _profiles_of(base, model, layout)
@@ -263,7 +263,7 @@ def test_an_empty_profile_is_refused_as_one_with_no_stages(tmp_path):
     """A profile with empty F and B lists (no stage measured) is refused by name, by the one-size fit
     and by the two-size fit's check (both divided the model's layers by its 0 stages: a traceback)."""
     from schedc.diagnostics import SchedError
-    from schedc.predict import _check_profile
+    from schedc.costmodel.fit import _check_profile
     model = tmp_path / "m.toml"
     model.write_text(MODEL)
     empty = tmp_path / "empty.json"

@@ -10,7 +10,7 @@ import pytest
 from conftest import compile_library
 from schedc.checks.deadlock import check_deadlock
 from schedc.checks.structure import check_structure
-from schedc.simulate import simulate
+from schedc.passes.simulate import simulate
 
 LIBRARY = [("1f1b", dict(p=4, m=8)), ("gpipe", dict(p=3, m=4)), ("interleaved_1f1b", dict(p=2, v=2, m=4)),
            ("chimera", dict(p=4, m=8))]

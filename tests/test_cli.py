@@ -460,7 +460,7 @@ def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(
 
 def test_run_help_lists_every_runtime_option():
     """`schedc run --help` shows the runtime's own option table, not only --nproc."""
-    from schedc.runtime.options import build_parser
+    from schedc.runtime.process.options import build_parser
     text = run("run", "--help").output
     import argparse
     flags = [a.option_strings[0] for a in build_parser()._actions if a.option_strings and a.option_strings[0] != "-h"

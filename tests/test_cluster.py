@@ -302,4 +302,4 @@ def test_model_descriptions_are_a_library_found_by_name(tmp_path):
     assert load_model_spec("gpt-175b") == load_model_spec(str(ROOT / "schedc" / "models" / "gpt-175b.toml"))
     assert load_model_spec("gpt-1.7b.toml").layers == 24
     result = CliRunner().invoke(main, ["simulate", "1f1b", "--model", "gpt-nosuch", "--cluster", "dgx-a100-80gb"])
-    assert result.exit_code == 2 and "the library's: gpt-1.7b" in result.output
+    assert result.exit_code == 2 and "(the library's: " in result.output and " gpt-1.7b," in result.output

@@ -29,7 +29,7 @@ def plan(tmp_path_factory):
 @pytest.mark.parametrize("name", ["gpt-1.7b", "gpt-1.7b.toml", "zb-1.5b"])
 def test_a_library_name_is_the_shipped_file_for_the_compiler_and_the_runtime(plan, name):
     from schedc.costmodel.specs import load_model_spec
-    from schedc.runtime.options import parse_options
+    from schedc.runtime.process.options import parse_options
     stem = name.removesuffix(".toml")
     table = tomllib.loads((LIBRARY / f"{stem}.toml").read_text())  # read here, apart from either reader
     assert resolve_model(name) == LIBRARY / f"{stem}.toml"
@@ -47,7 +47,7 @@ def test_a_path_is_taken_as_given_before_the_library(tmp_path, monkeypatch):
 
 def test_the_old_config_spelling_is_read_as_model_with_one_note(plan, capsys):
     from schedc.runtime.__main__ import main as runtime_main
-    from schedc.runtime.options import current_spelling, parse_options
+    from schedc.runtime.process.options import current_spelling, parse_options
     small = ROOT / "tests" / "fixtures" / "small_model.toml"
     old = parse_options([plan, "--config", str(small)])
     assert old.model == str(small) and old.model_config == parse_options([plan, "--model", str(small)]).model_config
@@ -86,13 +86,13 @@ def test_a_name_found_nowhere_lists_the_library(plan, capsys):
 
 
 def test_model_and_config_together_are_refused(plan):
-    from schedc.runtime.options import OptionError, parse_options
+    from schedc.runtime.process.options import OptionError, parse_options
     with pytest.raises(OptionError, match="give one of --model and --config"):
         parse_options([plan, "--model", "gpt-1.7b", "--config", "gpt-1.7b"])
 
 
 def test_the_help_names_model_code_and_no_longer_config():
-    from schedc.runtime.options import build_parser
+    from schedc.runtime.process.options import build_parser
     text = build_parser().format_help()
     assert "--model-code PKG.MOD:FN" in text and "--model TOML|NAME" in text and "--config" not in text
 
@@ -172,7 +172,7 @@ def _line_of(path: str, key: str) -> int:
     ({"hidden_size": -64}, (), "hidden_size", "'hidden_size' must be a positive integer"),
     ({"num_attention_heads": 5}, (), "num_attention_heads", "'num_attention_heads' (5) must divide 'hidden_size' (64)"),
     ({"num_key_value_heads": 3}, (), "num_key_value_heads", "'num_key_value_heads' (3) must divide"),
-    ({"model_type": "mixtral"}, (), "model_type", "model_type 'mixtral' is not a family schedc knows"),
+    ({"model_type": "mamba"}, (), "model_type", "model_type 'mamba' is not a family schedc knows"),
     ({"tie_word_embeddings": "no"}, (), "tie_word_embeddings", "'tie_word_embeddings' must be true or false"),
     ({"head_dim": 32}, (), "head_dim", "head_dim 32 is not hidden_size / num_attention_heads = 16"),
 ])

@@ -164,7 +164,8 @@ def test_a_distributed_snippet_of_the_docs_runs_on_two_ranks(doc, line, code, tm
 # local values in the text are listed here.
 NOT_SCHEDC = {"dataclasses.replace", "pytest.mark.slow", "main.command", "opts.layout"}
 FILE_NAME = re.compile(r"\.(py|md|txt|lark|sh|json|csv|toml)$")
-PACKAGES = ("", "frontend.", "runtime.", "costmodel.", "search.", "driver.", "checks.", "plan.", "cli.")
+PACKAGES = ("", "frontend.", "runtime.", "costmodel.", "search.", "driver.", "checks.", "plan.", "cli.", "passes.", "synthesize.",
+            "runtime.process.", "runtime.execution.", "runtime.model.")
 
 
 def _named_in_internals() -> list[str]:

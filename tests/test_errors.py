@@ -30,7 +30,7 @@ def test_no_raise_site_sets_an_exit_code():
 
 def test_every_user_error_of_the_runtime_derives_from_its_root():
     classes = {}
-    for path in (ROOT / "schedc" / "runtime").glob("*.py"):
+    for path in (ROOT / "schedc" / "runtime").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
                 classes[node.name] = [ast.unparse(b) for b in node.bases]

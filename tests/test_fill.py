@@ -12,11 +12,11 @@ from reference_orders import chimera
 from schedc.cli import main
 from schedc.driver import build_schedule, compile_source, read_source
 from schedc.diagnostics import SchedError
-from schedc.fill import WARN_CYCLE, fill_bubbles
+from schedc.passes.fill import WARN_CYCLE, fill_bubbles
 from schedc.frontend.elaborate import Options
 from schedc.frontend.tasks import refine_tasks
 from schedc.interop.profiles import piece_overhead, read_profile, read_profile_memory
-from schedc.simulate import simulate
+from schedc.passes.simulate import simulate
 
 DATA = Path(__file__).resolve().parent / "data"
 BERT_LARGE = DATA / "bert-large_time_memory_v100.csv"

@@ -136,7 +136,7 @@ def test_invalid_utf8_is_located(tmp_path):
 
 
 def test_the_runtime_config_refuses_a_fifo_a_deep_nest_and_a_huge_integer(tmp_path):
-    from schedc.runtime.options import OptionError, parse_options
+    from schedc.runtime.process.options import OptionError, parse_options
     plan = _plan(tmp_path)
     deep = tmp_path / "deep.toml"
     deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
@@ -353,8 +353,8 @@ def _checkpoint(tmp_path: Path, plan: str, **changed) -> Path:
     import hashlib
     import json
     from schedc.plan import load_plan
-    from schedc.runtime.checkpoint import identity
-    from schedc.runtime.options import parse_options
+    from schedc.runtime.execution.checkpoint import identity
+    from schedc.runtime.process.options import parse_options
     root = tmp_path / "ckpt"
     (root / "step-00000001").mkdir(parents=True)
     files = {}
@@ -369,7 +369,7 @@ def _checkpoint(tmp_path: Path, plan: str, **changed) -> Path:
 
 
 def test_save_over_a_checkpoint_is_refused_unless_overwrite(tmp_path):
-    from schedc.runtime.launch import LaunchError, check_launch
+    from schedc.runtime.process.launch import LaunchError, check_launch
     plan = _plan(tmp_path)
     root = _checkpoint(tmp_path, plan)
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
@@ -383,7 +383,7 @@ def test_save_over_a_checkpoint_is_refused_unless_overwrite(tmp_path):
 
 
 def test_resume_of_another_plan_model_size_or_seed_is_refused_before_torchrun_naming_it(tmp_path):
-    from schedc.runtime.launch import LaunchError, check_launch
+    from schedc.runtime.process.launch import LaunchError, check_launch
     plan = _plan(tmp_path)
     root = _checkpoint(tmp_path, plan, layers=4, hidden=64)
     with pytest.raises(LaunchError) as caught:
@@ -404,7 +404,7 @@ def test_resume_under_another_optimizer_layer_split_or_model_fact_is_refused_bef
     another is refused naming what differs (it failed on rank 0 with KeyError: 'momentum', or a
     state_dict error, after torchrun had started); a checkpoint that does not record a key (an older
     schedc's) is not compared on it."""
-    from schedc.runtime.launch import LaunchError, check_launch
+    from schedc.runtime.process.launch import LaunchError, check_launch
     plan = _plan(tmp_path)
     root = _checkpoint(tmp_path, plan)
     for extra, said in ((["--optimizer", "sgd"], "optimizer 'adamw' (this run: 'sgd')"),
@@ -422,7 +422,7 @@ def test_resume_under_another_optimizer_layer_split_or_model_fact_is_refused_bef
 
 
 def test_a_tasks_module_that_exits_on_import_is_the_users_code_failing(tmp_path, monkeypatch):
-    from schedc.runtime.tasks import TaskError, load_task_modules
+    from schedc.runtime.execution.tasks import TaskError, load_task_modules
     (tmp_path / "hardening_tasks_exit.py").write_text("import sys\nsys.exit(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(TaskError) as caught:

@@ -1,4 +1,4 @@
-"""schedc/runtime/kfac.py: K-FAC numerics against dense computations, and PipeFisher plans under torchrun
+"""schedc/runtime/model/kfac.py: K-FAC numerics against dense computations, and PipeFisher plans under torchrun
 against K-FAC computed in one process (tests/kfac_reference.py)."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from kfac_reference import plan_staleness, train_reference
-from schedc.runtime.kfac import DAMPING, EMA, damped_inverse, layer_input, precondition_layer, weight_grad
-from schedc.runtime.model import ModelConfig
+from schedc.runtime.model.kfac import DAMPING, EMA, damped_inverse, layer_input, precondition_layer, weight_grad
+from schedc.runtime.model.gpt import ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # measured-like costs (ms): the K-FAC work is small beside F and B, so a refresh takes a few steps even

@@ -14,7 +14,7 @@ from schedc.layout import SWITCHES, Layout, coordinates, flag, rank_at, run_flag
     Layout(tp=1, dp=2, microbatch_size=2, recompute="none", distributed_optimizer=True, scatter_gather=False),
     Layout(tp=4, dp=3, microbatch_size=1, recompute="full")])
 def test_the_runtime_reads_back_the_layout_its_flags_describe(layout):
-    from schedc.runtime.options import parse_options
+    from schedc.runtime.process.options import parse_options
     assert parse_options(["plan.json", *run_flags(layout)]).layout == layout
 
 
@@ -43,7 +43,7 @@ def _click_options(verb: str) -> dict[str, object]:
 
 
 def _runtime_actions() -> dict[str, object]:
-    from schedc.runtime.options import build_parser
+    from schedc.runtime.process.options import build_parser
     return {opt: action for action in build_parser()._actions for opt in action.option_strings}
 
 
@@ -75,7 +75,7 @@ def test_the_runtime_and_simulate_spell_type_and_choose_each_layout_option_alike
 
 
 def test_the_runtime_takes_the_old_spelling_of_the_microbatch_size_unshown():
-    from schedc.runtime.options import build_parser, parse_options
+    from schedc.runtime.process.options import build_parser, parse_options
     assert parse_options(["plan.json", "--mb-size", "3"]).layout.microbatch_size == 3
     assert parse_options(["plan.json", "--microbatch-size", "3"]).layout == Layout(microbatch_size=3, recompute="none")
     text = build_parser().format_help()
@@ -84,7 +84,7 @@ def test_the_runtime_takes_the_old_spelling_of_the_microbatch_size_unshown():
 
 def test_recompute_has_one_choice_list_and_each_verbs_default_in_its_help():
     from schedc.layout import OPTION, RECOMPUTE
-    from schedc.runtime.recompute import MODES
+    from schedc.runtime.execution.recompute import MODES
     assert set(MODES) == set(RECOMPUTE) and OPTION["recompute"].choices == RECOMPUTE
     assert _click_options("simulate")["--recompute"].help.endswith("default full).")
     assert _click_options("calibrate")["--recompute"].help.endswith("default none).")
@@ -111,7 +111,7 @@ def test_the_layer_split_and_its_flags_are_the_layouts():
     from schedc.costmodel.hardware import stage_layers
     from schedc.costmodel.specs import ModelSpec
     from schedc.layout import split_layers
-    from schedc.runtime.options import OptionError, parse_options
+    from schedc.runtime.process.options import OptionError, parse_options
     model = ModelSpec.__new__(ModelSpec)
     object.__setattr__(model, "layers", 10)
     assert stage_layers(model, 4) == split_layers(10, 4) == (3, 3, 2, 2)

@@ -5,12 +5,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import schedc.lower as lower_module
+import schedc.passes.lower as lower_module
 from conftest import FIXTURES, compile_library
 from schedc.driver import build_schedule, read_source
-from schedc.lower import lower
+from schedc.passes.lower import lower
 from schedc.plan import COMM, NOT_COMPUTE, Opcode
-from schedc.simulate import simulate, step_sequences
+from schedc.passes.simulate import simulate, step_sequences
 
 
 def _stream(plan, rank):

@@ -1,4 +1,4 @@
-"""The timed memory model (schedc/memory.py): saved gradients that tasks keep, tasks' persistent state
+"""The timed memory model (schedc/passes/memory.py): saved gradients that tasks keep, tasks' persistent state
 (K-FAC's factors), `memory K(s)` for every kind, counted by the peaks, the cycle and check_memory."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from schedc.cli import main
 from schedc.driver import compile_source, read_source
 from schedc.diagnostics import SchedError
 from schedc.frontend.elaborate import Options
-from schedc.memory import holdings
+from schedc.passes.memory import holdings
 
 ONE_F_ONE_B = """schedule t "test"
 param p = 2

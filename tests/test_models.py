@@ -43,7 +43,7 @@ def reference(tmp_path, monkeypatch):
 
 
 def _torchrun(plan: str, nproc: int, *options: str) -> subprocess.CompletedProcess:
-    from schedc.runtime.launch import torchrun_command
+    from schedc.runtime.process.launch import torchrun_command
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(EXAMPLES), str(ROOT), *sys.path])}
     return subprocess.run(torchrun_command(plan, nproc, [*CODE, *SIZES, "--timeout", "60", *options]),
                           capture_output=True, text=True, env=env, timeout=300, cwd=str(EXAMPLES))

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from conftest import ROOT
 from schedc.cli import main
 from schedc.plan.paths import clash, unwritable
-from schedc.runtime.checkpoint import MARKER, is_checkpoint_step
+from schedc.runtime.execution.checkpoint import MARKER, is_checkpoint_step
 
 LIBRARY = ROOT / "schedc" / "schedules"
 

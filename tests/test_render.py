@@ -122,7 +122,7 @@ def test_chrome_trace_has_one_event_per_op_on_its_rank(name, params):
 
 
 def test_trace_names_events_as_the_runtime_does():
-    from schedc.runtime import trace as runtime_trace
+    from schedc.runtime.execution import trace as runtime_trace
     trace = json.loads(render(compile_library("1f1b", p=2, m=2), "json", "x.json"))
     for e in trace["traceEvents"]:
         if e["ph"] == "X":
@@ -305,7 +305,7 @@ def test_measured_trace_is_drawn_above_the_simulation(tmp_path):
 @pytest.mark.parametrize("name,params", [("1f1b", {"p": 2, "m": 2}), ("dualpipev", {"p": 2, "m": 4})])
 def test_the_runtimes_trace_is_read_as_measured(tmp_path, name, params):
     """Every compute op of the last step is drawn, an OVERLAP_F_B's two halves each in its one event."""
-    from schedc.runtime import trace as runtime_trace
+    from schedc.runtime.execution import trace as runtime_trace
     compiled = compile_library(name, **params)
     events, clock = [], [0, 0]
     for step in (0, 1):  # two steps: the last one is drawn
@@ -489,7 +489,7 @@ def test_a_measured_trace_of_another_shape_is_refused_naming_both(tmp_path):
 
 
 def test_a_measured_trace_of_another_schedule_or_plan_of_the_same_shape_is_drawn_with_a_warning(tmp_path):
-    from schedc.runtime import trace as runtime_trace
+    from schedc.runtime.execution import trace as runtime_trace
     trace = tmp_path / "p2.json"
     assert run("render", "1f1b", "-D", "p=2", "-D", "m=4", "-o", str(trace)).exit_code == 0
     other = CliRunner().invoke(main, ["render", "gpipe", "-D", "p=2", "-D", "m=4", "--measured", str(trace),

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from conftest import FIXTURES, compile_library
 from schedc.cli import main
-from schedc.compiled import Compiled
+from schedc.passes.compiled import Compiled
 from schedc.ops import OpKind
 from schedc.render import render
 from schedc.render.canvas import DEFAULT_WIDTH, least_width

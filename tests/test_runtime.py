@@ -19,10 +19,10 @@ import torch
 from schedc.plan import Instr, load_plan
 from schedc.plan.write import write_plan
 from schedc.runtime.__main__ import main as runtime_main
-from schedc.runtime.data import Batch
-from schedc.runtime.launch import launch_from_cli, split_args, torchrun_command
-from schedc.runtime.lifetimes import plan_lifetimes
-from schedc.runtime.tasks import TaskError, register_task, task_handler
+from schedc.runtime.model.data import Batch
+from schedc.runtime.process.launch import launch_from_cli, split_args, torchrun_command
+from schedc.runtime.execution.lifetimes import plan_lifetimes
+from schedc.runtime.execution.tasks import TaskError, register_task, task_handler
 
 MODEL = ["--layers", "8", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb-size", "2"]
@@ -119,7 +119,7 @@ def launch_plans(jobs: list[tuple[Path, list[str]]], nproc: int, directory: Path
     """Run every (plan, options) in one torchrun launch of `nproc` processes (tests/launch_plans.py)."""
     listing = directory / "jobs.json"
     listing.write_text(json.dumps([[str(plan), [*options, "--timeout", "30"]] for plan, options in jobs]))
-    command = [sys.executable, "-m", "schedc.runtime.launch", "--standalone", "--nproc-per-node", str(nproc),
+    command = [sys.executable, "-m", "schedc.runtime.process.launch", "--standalone", "--nproc-per-node", str(nproc),
                str(Path(__file__).parent / "launch_plans.py"), str(listing)]
     return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=LAUNCH_LIMIT + 20 * len(jobs),
                           cwd=_repo())
@@ -204,7 +204,7 @@ class Recorder:
 
 
 class RecordingStreams:
-    """The stream operations of runtime.overlap.CudaStreams, recorded: `main` and `side` are names."""
+    """The stream operations of runtime.execution.overlap.CudaStreams, recorded: `main` and `side` are names."""
 
     main, side = "main", "side"
 
@@ -237,7 +237,7 @@ OVERLAP_F_B = Instr("OVERLAP_F_B", halves=(Instr("F", 0, 3, 0), Instr("B", 3, 1,
 
 
 def test_overlapped_halves_run_in_the_plans_order_without_cuda():
-    from schedc.runtime.overlap import run_overlapped
+    from schedc.runtime.execution.overlap import run_overlapped
     executor = Recorder(streams=None)
     run_overlapped(executor, OVERLAP_F_B._replace(halves=OVERLAP_F_B.halves[::-1]))
     assert executor.log == [("run", "B stage=3 mb=1 pipe=0", None), ("run", "F stage=0 mb=3 pipe=0", None)]
@@ -249,7 +249,7 @@ def test_overlapped_halves_go_to_two_streams_between_waits(forward_ran_on, forwa
     main first, main for the side stream last; each half's inputs are recorded on its stream before any
     half is launched."""
     from types import SimpleNamespace
-    from schedc.runtime.overlap import run_overlapped
+    from schedc.runtime.execution.overlap import run_overlapped
     streams = RecordingStreams()
     backward_on = "main" if forward_on == "side" else "side"
     executor = Recorder(streams, {(3, 1): SimpleNamespace(stream=forward_ran_on)}, inputs=["x"])
@@ -261,7 +261,7 @@ def test_overlapped_halves_go_to_two_streams_between_waits(forward_ran_on, forwa
 
 
 def test_overlapped_halves_of_one_microbatch_run_in_order_on_cuda_too():
-    from schedc.runtime.overlap import run_overlapped
+    from schedc.runtime.execution.overlap import run_overlapped
     streams = RecordingStreams()
     executor = Recorder(streams)
     run_overlapped(executor, Instr("OVERLAP_F_B", halves=(Instr("F", 3, 1, 0), Instr("B", 3, 1, 0))))
@@ -544,7 +544,7 @@ def test_resume_continues_with_identical_losses(plans, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_save_keeps_only_the_latest_checkpoint_as_its_help_says(plans, tmp_path):
-    from schedc.runtime.options import build_parser
+    from schedc.runtime.process.options import build_parser
     save = next(a for a in build_parser()._actions if "--save" in a.option_strings)
     assert "Only the latest checkpoint is kept" in " ".join(save.help.split())
     plan = plans("1f1b", p=2, m=4)
@@ -622,6 +622,9 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--report-out", "{tmp}/x.json", "--profile-out", "{tmp}/x.json"], "name one file: one would replace the other"),
     (["--report-out", "{tmp}"], "is a directory"),
     (["--save", "{tmp}", "--every", "5", "--steps", "2"], "--every 5 is past --steps 2: no checkpoint would be written"),
+    (["--model", "mixtral-8x7b", "--seq", "64"], "a mixture of 8 experts: the runtime builds dense decoders"),
+    (["--model", "deepseek-v3", "--seq", "64"], "a mixture of 256 experts: the runtime builds dense decoders"),
+    (["--model", "tests/data/hf/tiny-mixtral/config.json", "--seq", "16"], "a mixture of 4 experts: the runtime"),
     (["--tolerance", "1e-3"], "--tolerance is the bound of --compare-to-reference: give both"),
     (["--compare-to-reference", "--tolerance", "0"], "--tolerance must be a finite relative difference > 0"),
     (["--compare-to-reference", "--reference"], "--compare-to-reference compares a run's first step"),
@@ -640,8 +643,8 @@ def test_run_refuses_each_bad_option_before_starting_torchrun(plans, tmp_path, a
 
 
 def test_a_model_too_large_for_cpu_ranks_is_warned_of_with_its_parameter_count(plans):
-    from schedc.runtime.launch import size_warning
-    from schedc.runtime.options import parse_options
+    from schedc.runtime.process.launch import size_warning
+    from schedc.runtime.process.options import parse_options
     plan = str(plans("1f1b", p=2, m=4))
     config = str(_repo() / "schedc" / "models" / "gpt-1.7b.toml")
     warning = size_warning(parse_options([plan, "--model", config, "--device", "cpu"]))
@@ -705,7 +708,7 @@ def test_run_counts_each_process_it_would_start_against_the_memory(plans, tmp_pa
     is made to take 1 TiB, so that two of them pass any machine's memory."""
     from click.testing import CliRunner
     from schedc.cli import main
-    import schedc.runtime.launch as launch
+    import schedc.runtime.process.launch as launch
     monkeypatch.setattr(launch, "PROCESS_BYTES", 2 ** 40)
     result = CliRunner().invoke(main, ["run", str(plans("1f1b", p=2, m=4)), *SMALL, "--steps", "1"])
     assert result.exit_code == 2 and "--dp 1, 2 processes), more than this machine's" in result.output, result.output
@@ -818,7 +821,7 @@ def test_a_killed_node_ends_the_other_within_the_timeout(plans, tmp_path):
 def test_a_task_without_its_handler_names_the_library_module(monkeypatch):
     """A plan compiled --with kfac, run without --tasks: the error names the module that ships the
     library's handlers instead of only sending the user off to write one."""
-    from schedc.runtime import tasks
+    from schedc.runtime.execution import tasks
     monkeypatch.setattr(tasks, "TASKS", {k: v for k, v in tasks.TASKS.items() if k != "curvature_A"})
     with pytest.raises(TaskError, match=r"task 'curvature_A', which has no handler here; the library's kfac "
                                         r"add-on's handlers come with --tasks schedc.runtime.kfac"):
@@ -828,7 +831,7 @@ def test_a_task_without_its_handler_names_the_library_module(monkeypatch):
 def test_the_trace_origin_is_the_earliest_reading_of_the_ranks_of_a_host(monkeypatch):
     """_shared_origin: every rank of a host takes the same time zero, the earliest of their readings
     after the barrier (their own readings set them apart); another host's readings are not mixed in."""
-    from schedc.runtime import train
+    from schedc.runtime.model import train
     readings = [("0", 1_000), ("0", 900), ("1", 50), ("0", 1_200)]
     monkeypatch.setattr(train.dist, "get_world_size", lambda: len(readings))
     monkeypatch.setattr(train.dist, "all_gather_object", lambda out, _: out.__setitem__(slice(None), readings))
@@ -845,7 +848,7 @@ def test_the_report_of_a_cluster_plan_says_its_costs_are_seconds_and_whose():
     from schedc.layout import Layout
     from schedc.costmodel import Setting
     from schedc.driver.cluster import compile_for
-    from schedc.runtime import trace as runtime_trace
+    from schedc.runtime.execution import trace as runtime_trace
     model = load_model_spec(str(_repo() / "schedc" / "models" / "gpt-1.7b.toml"))
     st = Setting(model, load_cluster("dgx-a100-80gb"), Layout(tp=1, dp=1, microbatch_size=1, global_batch=4))
     plan = compile_for("1f1b", {"p": "2"}, st).compiled.plan

@@ -1,4 +1,4 @@
-# Tests of schedc/runtime/chunks.py, sequence chunks (Seq1F1B) in one process: the GPT run as k chunks
+# Tests of schedc/runtime/execution/chunks.py, sequence chunks (Seq1F1B) in one process: the GPT run as k chunks
 # of its sequence over two stages, forwards in chunk order and backwards in reverse, gives the loss and
 # every gradient of the whole sequence run at once; chunks out of that order, and what the runtime does
 # not run with chunks, are refused by name. (Their pipelined runs against the one-process reference,
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from schedc.plan import Opcode, PlanError, load_plan
-from schedc.runtime.chunks import ChunkError, SequenceChunks
-from schedc.runtime.data import Batch
-from schedc.runtime.model import ModelConfig, Stage, build_gpt, lm_loss
-from schedc.runtime.options import parse_options
-from schedc.runtime.train import check_plan
-from schedc.runtime.world import Env
+from schedc.runtime.execution.chunks import ChunkError, SequenceChunks
+from schedc.runtime.model.data import Batch
+from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt, lm_loss
+from schedc.runtime.process.options import parse_options
+from schedc.runtime.model.train import check_plan
+from schedc.runtime.process.world import Env
 from test_runtime import plans  # noqa: F401 (fixture)
 
 CONFIG = ModelConfig(layers=4, hidden=32, heads=2, seq=16, vocab=256, mb_size=2)
@@ -165,7 +165,7 @@ def test_schedc_run_refuses_chunks_with_tensor_parallelism_before_torchrun(plans
 def test_a_chunked_runs_profile_gives_a_microbatchs_costs():
     """--profile-out of a chunked run: an op's cost per microbatch, the sum of its chunks' (2 chunks of
     1 and 3 ms, and of 2 and 2 ms: 4 ms a microbatch), as a compile's costs declare it (1/k a chunk)."""
-    from schedc.runtime.trace import Event, profile
+    from schedc.runtime.execution.trace import Event, profile
     ms = 1_000_000
     events = [Event(0, 0, "F", 0, unit, start * ms, end * ms, 0)
               for unit, (start, end) in enumerate([(0, 1), (1, 4), (4, 6), (6, 8)])]

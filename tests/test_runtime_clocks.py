@@ -1,9 +1,9 @@
-# Tests of the instruction clocks (runtime/clocks.py): host timestamps with a receive's wait moved to the
+# Tests of the instruction clocks (runtime/execution/clocks.py): host timestamps with a receive's wait moved to the
 # compute's start, and device events anchored once per step and read at its end (here with stand-in
 # events whose elapsed times are set by hand: the arithmetic a CUDA run uses).
 from __future__ import annotations
 
-from schedc.runtime.clocks import DeviceClock, HostClock
+from schedc.runtime.execution.clocks import DeviceClock, HostClock
 
 
 def test_the_host_clock_starts_a_waiting_instruction_where_its_wait_ended():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from schedc.runtime.compare import compare, compare_dumps, group_of
-from schedc.runtime.build import write_grads, write_loss
+from schedc.runtime.model.train import write_grads, write_loss
 
 
 def test_groups_are_names_up_to_their_first_layer_index():

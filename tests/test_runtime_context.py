@@ -1,4 +1,4 @@
-# Tests of context parallelism's pieces (schedc/runtime/context.py), in one process: the load-balanced
+# Tests of context parallelism's pieces (schedc/runtime/execution/context.py), in one process: the load-balanced
 # chunk assignment, the positions each rank holds, and causal attention from each simulated rank's
 # queries over the gathered keys and values against full attention of the whole sequence (outputs and
 # the gradients of queries, keys and values); the all-gather's backward over two gloo ranks.
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from schedc.runtime.context import GatherSequence, chunk_ranges, exchange, positions, take
-from schedc.runtime.model import attention_core
+from schedc.runtime.execution.context import GatherSequence, chunk_ranges, exchange, positions, take
+from schedc.runtime.model.gpt import attention_core
 from test_runtime import plans  # noqa: F401 (fixture)
 
 
@@ -173,6 +173,6 @@ def test_eight_rank_combinations(plans, tmp_path):  # noqa: F811
     (["--cp", "0"], "--cp must be >= 1"),
 ])
 def test_context_options_that_do_not_fit_are_refused(options, message):
-    from schedc.runtime.options import OptionError, parse_options
+    from schedc.runtime.process.options import OptionError, parse_options
     with pytest.raises(OptionError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_options(["plan.json", *MODEL, *options])

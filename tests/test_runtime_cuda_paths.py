@@ -1,4 +1,4 @@
-# The CPU side of the runtime's CUDA-only settings: TF32 for fp32 products (build.matmul_precision, on by
+# The CPU side of the runtime's CUDA-only settings: TF32 for fp32 products (model/train.matmul_precision, on by
 # default, --tf32 off for full fp32, untouched on CPU and under bf16) and the GPU's generator state in a
 # checkpoint (checkpoint.cuda_rng: nothing on CPU); sent buffers released in completion order (what
 # NCCL reorders). What only a GPU shows is left to scripts/gpu_check.sh.
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from schedc.runtime.build import matmul_precision
-from schedc.runtime.checkpoint import cuda_rng
-from schedc.runtime.options import parse_options
+from schedc.runtime.model.train import matmul_precision
+from schedc.runtime.execution.checkpoint import cuda_rng
+from schedc.runtime.process.options import parse_options
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_sent_buffers_are_released_in_completion_order():
     """A send behind one still in flight is released once it completes (it used to wait for the queue's
     front): the completed are waited for in queue order, the rest kept, oldest first."""
     from collections import deque
-    from schedc.runtime.executor import release_sent
+    from schedc.runtime.execution.executor import release_sent
     sends = deque([(Work(False), "a", 1), (Work(True), "b", 2), (Work(False), "c", 1), (Work(True), "d", 3)])
     freed = []
     left = release_sent(sends, lambda work, buffer, peer: freed.append((buffer, peer)))

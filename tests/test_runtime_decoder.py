@@ -1,9 +1,9 @@
-# Tests of the runtime's Llama-family decoder (schedc/runtime/decoder.py) in one process: its operators
+# Tests of the runtime's Llama-family decoder (schedc/runtime/model/decoder.py) in one process: its operators
 # and the whole model's loss and gradients against a reference written here from straight torch ops
 # (rotary positions as complex rotations, key/value heads repeated by hand, an explicit causal
 # softmax), with one key/value head, two, and as many as heads; the HF parameter names; rotary
 # positions offset by a sequence chunk's first position; the tensor-parallel cut (the ranks' parts sum
-# to the whole); the bytes a stage saves against schedc/activations.py; the facts read from a model
+# to the whole); the bytes a stage saves against schedc/costmodel/activations.py; the facts read from a model
 # TOML and those refused before launch. (Its pipelined runs against the one-process reference are in
 # test_runtime_decoder_launch.py.)
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from schedc.activations import Sizes, runtime_decoder, stage_bytes
-from schedc.runtime.chunks import SequenceChunks
-from schedc.runtime.decoder import RMSNorm, rotary_table, swiglu
-from schedc.runtime.memory import SavedBytes
-from schedc.runtime.model import ModelConfig, ModelError, Stage, build_model, lm_loss, model_problem
-from schedc.runtime.recompute import apply_recompute
-from schedc.runtime.tensor_parallel import PARTIAL, Split, TensorGroup, parameter_splits
+from schedc.costmodel.activations import Sizes, runtime_decoder, stage_bytes
+from schedc.runtime.execution.chunks import SequenceChunks
+from schedc.runtime.model.decoder import RMSNorm, rotary_table, swiglu
+from schedc.runtime.execution.memory import SavedBytes
+from schedc.runtime.model.gpt import ModelConfig, ModelError, Stage, build_model, lm_loss, model_problem
+from schedc.runtime.execution.recompute import apply_recompute
+from schedc.runtime.model.tensor_parallel import PARTIAL, Split, TensorGroup, parameter_splits
 from test_runtime import plans  # noqa: F401 (fixture)
 from test_tensor_parallel import world_of_one  # noqa: F401 (fixture)
 
@@ -26,7 +26,7 @@ LLAMA = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, seq=16, vocab=256
              norm="rmsnorm", positions="rope", bias="none", family="llama", norm_eps=1e-5, rope_theta=10000.0)
 
 
-LLAMA_FACTS = runtime_decoder("swiglu", "rmsnorm", "rope")  # what LLAMA's layers keep (schedc/activations.py)
+LLAMA_FACTS = runtime_decoder("swiglu", "rmsnorm", "rope")  # what LLAMA's layers keep (schedc/costmodel/activations.py)
 
 
 def config(**changes) -> ModelConfig:
@@ -151,7 +151,7 @@ def test_parameters_take_hugging_faces_names_and_biases_follow_the_facts():
 
 
 def test_rotary_positions_run_on_over_sequence_chunks():
-    """The model run as 2 sequence chunks (runtime/chunks.py: chunk 1's rotary positions from 8 on, its
+    """The model run as 2 sequence chunks (runtime/execution/chunks.py: chunk 1's rotary positions from 8 on, its
     keys and values with chunk 0's) gives the whole sequence's loss and gradients."""
     cfg = config()
     whole, chunked = _model(cfg), _model(cfg)
@@ -194,7 +194,7 @@ def test_the_tensor_parallel_cut_declares_hf_names_and_its_parts_sum_to_the_whol
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
 def test_a_stage_saves_the_activation_tables_bytes(kv_heads, mode):
-    """The saved-tensor meter over one forward of each of two stages equals schedc/activations.py's
+    """The saved-tensor meter over one forward of each of two stages equals schedc/costmodel/activations.py's
     decoder rows to the byte (the pipelined runs' meter: test_runtime_decoder_launch.py)."""
     cfg = config(kv_heads=kv_heads)
     pieces = build_model(cfg)
@@ -258,7 +258,7 @@ family = "llama"
 def test_a_model_toml_states_the_facts_and_tp_over_the_kv_heads_is_refused(plans, tmp_path):  # noqa: F811
     from click.testing import CliRunner
     from schedc.cli import main
-    from schedc.runtime.options import parse_options
+    from schedc.runtime.process.options import parse_options
     path = tmp_path / "llama.toml"
     path.write_text(TOML)
     plan = str(plans("1f1b", p=2, m=4))
@@ -271,3 +271,41 @@ def test_a_model_toml_states_the_facts_and_tp_over_the_kv_heads_is_refused(plans
     path.write_text(TOML.replace('"rmsnorm"', '"batchnorm"'))
     result = CliRunner().invoke(main, ["run", plan, "--model", str(path)])
     assert result.exit_code == 2 and "norm must be one of layernorm, rmsnorm, got 'batchnorm'" in result.output
+
+
+TINY_LLAMA = "tests/data/hf/tiny-llama/config.json"
+
+
+def test_a_hugging_face_config_is_the_runtimes_description(plans, tmp_path):  # noqa: F811
+    """The tiny Llama's config.json read as the compiler reads it (its facts, --seq the run's); --tp 4
+    over its 2 key/value heads, a config without --seq and one whose key/value heads do not divide the
+    heads refused before launch, exit 2, the last two located in the file."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    from schedc.runtime.process.options import parse_options
+    plan = str(plans("1f1b", p=2, m=4))
+    cfg = parse_options([plan, "--model", TINY_LLAMA, "--seq", "16"]).model_config
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.ffn, cfg.vocab, cfg.seq) == (4, 64, 4, 2, 176, 256, 16)
+    assert (cfg.mlp, cfg.norm, cfg.positions, cfg.bias, cfg.rope_theta, cfg.tied_embeddings, cfg.family) == (
+        "swiglu", "rmsnorm", "rope", "none", 500000.0, False, "llama")
+    bad = tmp_path / "config.json"
+    bad.write_text(open(TINY_LLAMA).read().replace('"num_key_value_heads": 2', '"num_key_value_heads": 3'))
+    for args, message in (
+            (["--model", TINY_LLAMA, "--seq", "16", "--tp", "4", "--nproc", "8"],
+             "error: --tp 4 does not divide the model's key/value heads 2"),
+            (["--model", TINY_LLAMA], f"{TINY_LLAMA}:1:1: error: a config.json gives no sequence length for the run"),
+            (["--model", str(bad), "--seq", "16"],
+             f"{bad}:8:3: error: 'num_key_value_heads' (3) must divide 'num_attention_heads' (4)")):
+        result = CliRunner().invoke(main, ["run", plan, *args])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output and "error: error" not in result.output
+
+
+@pytest.mark.parametrize("name,kv_heads,bias", [("llama3.1-8b", 8, "none"), ("qwen2.5-72b", 8, "qkv"),
+                                                ("mistral-7b", 8, "none")])
+def test_the_librarys_dense_models_are_decoders_to_the_runtime(plans, name, kv_heads, bias):  # noqa: F811
+    from schedc.runtime.model.gpt import uses_gpt
+    from schedc.runtime.process.options import parse_options
+    cfg = parse_options([str(plans("1f1b", p=2, m=4)), "--model", name]).model_config
+    assert not uses_gpt(cfg) and model_problem(cfg) is None
+    assert (cfg.kv_heads, cfg.bias, cfg.mlp, cfg.norm, cfg.positions) == (kv_heads, bias, "swiglu", "rmsnorm", "rope")

@@ -1,10 +1,11 @@
-# Tests of the runtime's Llama-family decoder under torchrun, two launches: a tiny Llama description
-# (4 layers, hidden 64, 4 heads over 2 key/value heads, SwiGLU 96 wide, RMSNorm, rotary positions,
-# untied) under 1F1B, ZB-H1 and interleaved 1F1B with t = 1 (2 ranks) and t = 2 (4 ranks), with and
-# without sequence parallelism, recomputing nothing, the attention core or whole layers; sequence
-# chunks, placed R/O/L and K-FAC's tasks at t = 1. Each run's loss and first-step gradients (HF names)
-# equal the one-process reference's within 1e-5; each forward's saved bytes equal schedc/activations.py's
-# decoder rows to the byte.
+# Tests of the runtime's Llama-family decoder under torchrun, two launches: a tiny Llama's Hugging Face
+# config.json (4 layers, hidden 64, 4 heads over 2 key/value heads, SwiGLU 176 wide, RMSNorm, rotary
+# positions of theta 500,000, untied) under 1F1B, ZB-H1 and interleaved 1F1B with t = 1 (2 ranks) and
+# t = 2 (4 ranks), with and without sequence parallelism, recomputing nothing, the attention core or
+# whole layers; sequence chunks and placed R/O/L at t = 1; K-FAC's tasks at t = 1 and 2; context
+# parallelism (--cp 2). Each run's loss and first-step gradients (HF names) equal the one-process
+# reference's within 1e-5; each forward's saved bytes equal schedc/costmodel/activations.py's decoder rows to the
+# byte.
 from __future__ import annotations
 
 import json
@@ -12,41 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from schedc.activations import Sizes, runtime_decoder, stage_bytes
+from schedc.costmodel.activations import Sizes, runtime_decoder, stage_bytes
 from schedc.plan import load_plan
 from test_runtime import _dump, launch_plans, plans, reference  # noqa: F401 (fixtures)
 from test_runtime_memory import TOLERANCE, relative_errors
 
 MODES = ("none", "selective", "full")
-SIZES = Sizes(16, 2, 64, 4, 96, 256, 2)  # the description below, seq 16, mb 2
+TINY_LLAMA = "tests/data/hf/tiny-llama/config.json"  # Hugging Face's keys: 4 layers, hidden 64, SwiGLU 176
+SIZES = Sizes(16, 2, 64, 4, 176, 256, 2)  # its sizes at seq 16, microbatch 2
 LLAMA_FACTS = runtime_decoder("swiglu", "rmsnorm", "rope")
-DESCRIPTION = """# a tiny Llama: the facts of Llama 3's block at a size a CPU trains in seconds
-[model]
-family = "llama"
-layers = 4
-hidden = 64
-heads = 4
-kv_heads = 2
-ffn = 96
-vocab = 256
-mlp = "swiglu"
-norm = "rmsnorm"
-norm_eps = 1e-5
-positions = "rope"
-rope_theta = 10000.0
-tied_embeddings = false
-bias = "none"
-"""
 T1 = {"1f1b": ("1f1b", {"p": 2, "m": 4}), "zb_h1": ("zb_h1", {"p": 2, "m": 3}),
       "interleaved": ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4})}
 
 
 @pytest.fixture
-def llama(tmp_path) -> list[str]:
-    """The model options of the runs and of the reference: the description, sequence and microbatch."""
-    path = tmp_path / "tiny-llama.toml"
-    path.write_text(DESCRIPTION)
-    return ["--model", str(path), "--seq", "16", "--mb-size", "2"]
+def llama() -> list[str]:
+    """The model options of the runs and of the reference: the config.json, sequence and microbatch."""
+    return ["--model", str(Path(__file__).resolve().parents[1] / TINY_LLAMA), "--seq", "16", "--mb-size", "2"]
 
 
 def _job(plan: Path, model: list[str], out: Path, *options: str) -> tuple[Path, list[str]]:
@@ -117,7 +100,8 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
     """t = 2, p = 2 (query heads 2 and key/value heads 1 a rank, lm_head vocabulary-parallel): 1F1B
     under each --recompute with and without sequence parallelism, each stage's saved bytes on every
     tensor rank the table's; ZB-H1 and interleaved 1F1B with and without sequence parallelism; K-FAC's
-    tasks with sequence parallelism (_check_kfac)."""
+    tasks with sequence parallelism (_check_kfac); and 1F1B with context parallelism, --cp 2 (each
+    context rank's rotary angles its two chunks')."""
     cases = []
     for sp in (False, True):
         flags = ["--tp", "2", *(["--sequence-parallel"] if sp else [])]
@@ -126,6 +110,7 @@ def test_the_decoder_on_four_ranks_with_tensor_parallelism_gives_the_reference(p
         cases += [(f"zb_h1{label}", plans("zb_h1", p=2, m=3), [*flags, "--recompute", "selective" if sp else "none"]),
                   (f"interleaved{label}", plans("interleaved_1f1b", p=2, v=2, m=4),
                    [*flags, "--recompute", "full" if sp else "none"])]
+    cases.append(("1f1b_cp", plans("1f1b", p=2, m=4), ["--cp", "2", "--recompute", "selective"]))
     jobs = [_job(plan, llama, tmp_path / name, *options) for name, plan, options in cases]
     jobs += _kfac_jobs(plans("pipefisher_1f1b", p=2, m=4), llama, tmp_path, "--tp", "2", "--sequence-parallel")
     run = launch_plans(jobs, 4, tmp_path)

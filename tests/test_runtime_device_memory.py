@@ -1,16 +1,16 @@
-# Tests of the per-rank GPU memory check (runtime/device_memory.py, launch._check_gpus): the arithmetic
+# Tests of the per-rank GPU memory check (runtime/process/device_memory.py, launch._check_gpus): the arithmetic
 # against hand sums for a 1F1B plan, and `schedc run`'s refusal or acceptance on CUDA ranks, where the
 # GPU's memory is set here (this machine has none).
 from __future__ import annotations
 
 import pytest
 
-import schedc.runtime.device_memory as device_memory
-import schedc.runtime.launch as launch
+import schedc.runtime.process.device_memory as device_memory
+import schedc.runtime.process.launch as launch
 from schedc.plan import load_plan
-from schedc.runtime.device_memory import device_refusal, in_flight, largest_rank, layer_parameters, rank_bytes
-from schedc.runtime.options import parse_options
-from schedc.runtime.train import held_stages
+from schedc.runtime.process.device_memory import device_refusal, in_flight, largest_rank, layer_parameters, rank_bytes
+from schedc.runtime.process.options import parse_options
+from schedc.runtime.model.train import held_stages
 from test_runtime import plans  # noqa: F401 (fixture)
 
 BIG = ["--layers", "32", "--hidden", "1024", "--heads", "16", "--seq", "16", "--mb-size", "1", "--vocab", "256"]

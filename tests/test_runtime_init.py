@@ -1,4 +1,4 @@
-# Tests of the runtime's meta-device construction (runtime/init.py): a piece's weights are the same
+# Tests of the runtime's meta-device construction (runtime/model/init.py): a piece's weights are the same
 # whichever other pieces a process holds (the one-process reference builds every piece, a rank only its
 # own), a parameter without a reset_parameters keeps its constructor's value, shapes and dtypes are
 # traced without any weights, and four ranks of a 1.61 GB GPT each stay below the whole model's bytes.
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from schedc.runtime.init import is_materialized, materialize_pieces, module_seed
+from schedc.runtime.model.init import is_materialized, materialize_pieces, module_seed
 from schedc.runtime.model import ModelConfig, Stage, boundary_shapes, build_model, build_pieces, partition
 from test_runtime import ENV, _repo, plans  # noqa: F401 (fixture)
 
@@ -86,7 +86,7 @@ def test_four_ranks_of_a_large_gpt_each_hold_less_than_the_model(plans, tmp_path
     model_bytes = 4 * layers * (12 * h * h + 13 * h)
     assert 1.60e9 < model_bytes < 1.62e9
     report = tmp_path / "report.json"
-    command = [sys.executable, "-m", "schedc.runtime.launch", "--standalone", "--nproc-per-node", "4", "-m",
+    command = [sys.executable, "-m", "schedc.runtime.process.launch", "--standalone", "--nproc-per-node", "4", "-m",
                "schedc.runtime", str(plans("1f1b", p=4, m=4)), "--layers", str(layers), "--hidden", str(h),
                "--heads", "16", "--seq", "16", "--mb-size", "1", "--vocab", "256", "--optimizer", "sgd",
                "--steps", "1", "--quiet", "--report-out", str(report), "--timeout", "120"]

@@ -1,7 +1,7 @@
 # Tests of the runtime's activation recomputation (--recompute) and its measured activation memory:
 # recomputed runs give the one-process reference's loss and gradients under every kind of backward
 # (full B, split I + W, overlapped F & B, K-FAC's tasks), a split backward replays each region once, in
-# I; the bytes each forward saves equal schedc/activations.py's table for the runtime's GPT, and the
+# I; the bytes each forward saves equal schedc/costmodel/activations.py's table for the runtime's GPT, and the
 # microbatches in flight peak where the simulator says.
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from schedc.activations import RUNTIME_GPT, Sizes, stage_bytes
+from schedc.costmodel.activations import RUNTIME_GPT, Sizes, stage_bytes
 from schedc.plan import load_plan
 from test_runtime import _dump, _repo, launch_plans, plans, reference  # noqa: F401 (fixtures)
 
@@ -92,8 +92,8 @@ def test_recompute_gives_the_reference_under_every_backward(plans, reference, tm
 
 def _blocks(mode: str):
     """Two GPT blocks as a middle stage, recomputed by `mode`, from one seed."""
-    from schedc.runtime.model import ModelConfig, Stage, build_gpt
-    from schedc.runtime.recompute import apply_recompute
+    from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt
+    from schedc.runtime.execution.recompute import apply_recompute
     torch.manual_seed(0)
     stage = Stage(build_gpt(ModelConfig(layers=2, hidden=32, heads=2, seq=16, mb_size=2))[1:-1])
     apply_recompute(stage, mode, first=False, last=False)
@@ -104,8 +104,8 @@ def _blocks(mode: str):
 def test_a_split_backward_replays_each_region_once_in_i(monkeypatch, mode):
     """I (the input gradient) replays each recomputed region of the stage once; W (the weight
     gradients, from what I kept) replays none and is exact; a full backward replays each once too."""
-    from schedc.runtime import recompute
-    from schedc.runtime.executor import split_backward
+    from schedc.runtime.execution import recompute
+    from schedc.runtime.execution.executor import split_backward
     replays = []
     replay = recompute._Frame.replay
     monkeypatch.setattr(recompute._Frame, "replay", lambda frame: replays.append(frame) or replay(frame))
@@ -132,7 +132,7 @@ def test_a_split_backward_replays_each_region_once_in_i(monkeypatch, mode):
 
 
 def test_a_region_that_replays_otherwise_is_refused():
-    from schedc.runtime.recompute import RecomputeError, recomputed
+    from schedc.runtime.execution.recompute import RecomputeError, recomputed
     calls = []
 
     def differs(x):
@@ -157,7 +157,7 @@ def runtime_sizes(options: list[str]) -> Sizes:
 @pytest.mark.slow
 def test_saved_bytes_equal_the_table_and_in_flight_peaks_the_simulators(plans, reference, tmp_path):  # noqa: F811
     """One 4-rank launch. 1F1B over 4 stages (the embedding's, two middle ones, the head's) under each
-    --recompute: every forward of a stage saves the bytes schedc/activations.py gives for the
+    --recompute: every forward of a stage saves the bytes schedc/costmodel/activations.py gives for the
     runtime's GPT, to the byte, and so under t = 2 over 2 stages (tensor-parallel layers, vocabulary-
     parallel ends) with and without sequence parallelism (the column-parallel inputs kept as sequence
     shards); the 5 schedules: each rank's most (stage, mb) states alive at once is the simulator's peak
@@ -281,8 +281,8 @@ def _check_placed_memory(compiled, directory: Path) -> None:
 def test_selective_recomputation_needs_an_attention_core():
     """A user model's layers without a `recompute_core` module: selective is refused naming the stage,
     full wraps them whatever they are."""
-    from schedc.runtime.model import ModelError, Stage
-    from schedc.runtime.train import _recompute
+    from schedc.runtime.model.gpt import ModelError, Stage
+    from schedc.runtime.model.train import _recompute
     pieces = [("embed", torch.nn.Embedding(8, 4)), ("mlp", torch.nn.Linear(4, 4)), ("out", torch.nn.Linear(4, 8))]
     with pytest.raises(ModelError, match="stage 0's layers name none"):
         _recompute({0: Stage(pieces)}, 1, "selective")

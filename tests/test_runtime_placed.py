@@ -1,4 +1,4 @@
-# Tests of the runtime's placed recomputation (R) and activation offload (O, L), schedc/runtime/placed.py,
+# Tests of the runtime's placed recomputation (R) and activation offload (O, L), schedc/runtime/execution/placed.py,
 # in one process: an offloaded forward's saved storages leave the device at O (the saved-bytes meter
 # sees them go) and come back at L, the backward then exact to the bit; a backward before L is refused;
 # R draws its forward's dropout masks again (the plain order's gradients to the bit, and not without the
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from schedc.activations import RUNTIME_GPT, stage_bytes
+from schedc.costmodel.activations import RUNTIME_GPT, stage_bytes
 from schedc.plan import load_plan
 from schedc.plan.write import write_plan
 from schedc.runtime.__main__ import main as runtime_main
@@ -27,7 +27,7 @@ SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--mb
 
 def _blocks():
     """Two GPT blocks as a middle stage, from one seed, and an input and output gradient for them."""
-    from schedc.runtime.model import ModelConfig, Stage, build_gpt
+    from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt
     torch.manual_seed(0)
     stage = Stage(build_gpt(ModelConfig(layers=2, hidden=32, heads=2, seq=16, mb_size=2))[1:-1])
     return stage, torch.randn(2, 16, 32), torch.randn(2, 16, 32)
@@ -36,8 +36,8 @@ def _blocks():
 def _offloaded_forward(stage, x0):
     """The stage's forward as an offloaded F runs it: under the meter (state (1, 0)), its saved tensors
     in a Store that keeps the input's storage on the device."""
-    from schedc.runtime.memory import SavedBytes
-    from schedc.runtime.placed import Store, _unpack
+    from schedc.runtime.execution.memory import SavedBytes
+    from schedc.runtime.execution.placed import Store, _unpack
     meter = SavedBytes({p.untyped_storage().data_ptr() for p in stage.parameters()})
     x = x0.clone().requires_grad_()
     store = Store((1, 0), {p.untyped_storage().data_ptr() for p in stage.parameters()})
@@ -50,7 +50,7 @@ def _offloaded_forward(stage, x0):
 def test_an_offloaded_state_leaves_the_device_at_o_and_comes_back_at_l():
     """O: the meter's live bytes fall to the input's alone (the storages are freed, not only copied);
     L: back to what the forward saved; the backward's gradients equal a plain run's to the bit."""
-    from schedc.runtime.placed import Copier
+    from schedc.runtime.execution.placed import Copier
     stage, x0, grad = _blocks()
     x = x0.clone().requires_grad_()
     stage(x).backward(grad)
@@ -73,7 +73,7 @@ def test_an_offloaded_state_leaves_the_device_at_o_and_comes_back_at_l():
 
 
 def test_a_backward_before_the_reload_is_refused():
-    from schedc.runtime.placed import Copier, OffloadError
+    from schedc.runtime.execution.placed import Copier, OffloadError
     stage, x0, grad = _blocks()
     _, store, _, y = _offloaded_forward(stage, x0)
     store.offload(Copier(torch.device("cpu")))
@@ -111,7 +111,7 @@ def test_r_draws_its_forwards_dropout_masks_again(plans, tmp_path, monkeypatch):
     each backward (each F run without a graph) the loss and gradients are the plain order's to the
     bit, in fp32 and under bf16 autocast; R without the forward's RNG state draws other masks, R
     without its autocast runs in fp32 (each caught here)."""
-    from schedc.runtime import recompute
+    from schedc.runtime.execution import recompute
     errors = {}
     for dtype in ("fp32", "bf16"):
         options = ["--dtype", dtype]
@@ -155,7 +155,7 @@ def _one_device(tmp_path: Path, fixture: str) -> tuple[Path, dict]:
 def test_offload_on_one_device_gives_the_reference_and_frees_at_o(tmp_path):
     """Two stages on one device (tests/fixtures/offload/one_device.sched), every forward offloaded, one
     stage's input the other's output: the reference's loss and gradients; the measured peak of saved
-    bytes is the walk's over the program, each state's full bytes those of schedc/activations.py's
+    bytes is the walk's over the program, each state's full bytes those of schedc/costmodel/activations.py's
     table for the runtime's GPT."""
     plan, memory = _one_device(tmp_path, "tests/fixtures/offload/one_device.sched")
     full = {s: stage_bytes(runtime_sizes(SMALL), RUNTIME_GPT, 1, s == 0, s == 1) for s in range(2)}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from test_runtime import ENV, LAUNCH_LIMIT, plans  # noqa: F401 (fixture)
-from schedc.runtime.launch import torchrun_command
+from schedc.runtime.process.launch import torchrun_command
 
 
 class Widening(nn.Module):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from schedc.activations import RUNTIME_GPT, Sizes, stage_bytes
+from schedc.costmodel.activations import RUNTIME_GPT, Sizes, stage_bytes
 from schedc.layout import SplitError, split_layers
 from schedc.runtime.__main__ import main as runtime_main
 from test_runtime import _dump, launch_plans, plans  # noqa: F401 (fixtures)
@@ -86,7 +86,7 @@ CASES = {
     "user_loss": ("1f1b", {"p": 2, "m": 4}, FIVE, ["--loss", "test_runtime_training:smoothed_loss"], 1),
     "bf16": ("1f1b", {"p": 2, "m": 4}, FIVE, ["--dtype", "bf16"], 1),
     "bf16_recompute": ("zb_h1", {"p": 2, "m": 3}, FIVE, ["--dtype", "bf16", "--recompute", "full"], 1),
-    # sequence chunks (Seq1F1B, runtime/chunks.py): data-parallel replicas' chunks, six steps, the
+    # sequence chunks (Seq1F1B, runtime/execution/chunks.py): data-parallel replicas' chunks, six steps, the
     # attention core recomputed over the earlier chunks' keys, bf16
     "chunks_clip_data": ("seq1f1b", {"p": 1, "m": 2, "k": 2}, FIVE, ["--clip-grad", "0.05"], 2),
     "chunks_lr_schedule": ("seq1f1b", {"p": 2, "m": 4, "k": 4}, FIVE, ["--lr", "0.01", "--lr-warmup-steps", "2",
@@ -171,7 +171,7 @@ def test_run_finds_user_code_in_the_current_directory(plans, tmp_path, monkeypat
                                            "    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    from schedc.runtime.launch import launch_from_cli
+    from schedc.runtime.process.launch import launch_from_cli
     assert launch_from_cli(plans("1f1b", p=2, m=4), None, ["--layers", "4", "--hidden", "32", "--heads", "2",
                                                           "--seq", "16", "--steps", "1", "--quiet", "--reference",
                                                           "--loss", "here_loss:loss"]) == 0

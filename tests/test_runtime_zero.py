@@ -1,4 +1,4 @@
-# Tests of ZeRO stages 2 and 3 in the runtime (schedc/runtime/zero.py): the gradients and the losses of
+# Tests of ZeRO stages 2 and 3 in the runtime (schedc/runtime/model/zero.py): the gradients and the losses of
 # three AdamW steps against the one-process reference, under 1F1B, ZB-H1 and interleaved 1F1B at d = 2,
 # both resharding modes; the measured parameter bytes against hand arithmetic over the GPT's parameter
 # counts; the options refused before any process starts.
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from schedc.runtime.__main__ import main as runtime_main
-from schedc.runtime.options import OptionError, parse_options
-from schedc.runtime.sharding import flatten_weights
+from schedc.runtime.process.options import OptionError, parse_options
+from schedc.runtime.model.sharding import flatten_weights
 from test_runtime import _dump, launch_plans, plans  # noqa: F401 (fixtures)
 from test_runtime_training import TOLERANCE, _errors, _losses, _reference
 
@@ -73,7 +73,7 @@ def test_zero_2_and_3_give_the_reference(plans, tmp_path):  # noqa: F811
 def test_the_hand_counts_are_the_models():
     """The counts the byte test is held to are those of the GPT the runtime builds (2 layers: embedding,
     two blocks, head)."""
-    from schedc.runtime.build import model_pieces
+    from schedc.runtime.model.train import model_pieces
     opts = parse_options(["plan.json", *MODEL])
     pieces = dict(model_pieces(opts))
     count = {name: sum(p.numel() for p in piece.parameters()) for name, piece in pieces.items()}

@@ -18,7 +18,7 @@ from schedc.costmodel.specs import load_cluster, load_model_spec
 from schedc.costmodel.stages import attention_terms
 from schedc.driver import compile_file
 from schedc.layout import Layout, coordinates, rank_at
-from schedc.simulate import Lane, times
+from schedc.passes.simulate import Lane, times
 
 MODEL = """layers = 2
 hidden = 64

@@ -8,7 +8,7 @@ from heapq import heappop, heappush
 import pytest
 
 from conftest import compile_library
-from schedc.simulate import predecessors, simulate
+from schedc.passes.simulate import predecessors, simulate
 
 SIZES = [(p, m) for p in (2, 3, 4, 8) for m in (p, 2 * p, 3 * p)]
 

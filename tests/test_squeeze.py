@@ -46,7 +46,7 @@ def test_squeeze_moves_only_the_warm_up_and_the_cool_down():
         assert [str(op) for op in got[:8]] != [str(op) for op in was[:8]] or got[-8:] != was[-8:]
 
 
-# Rule 2's memory check is kept per device as ops move (squeeze._Counted, squeeze._Released). Held here
+# Rule 2's memory check is kept per device as ops move (walk.Slots, made by squeeze._curve). Held here
 # to the rule read plainly: every trial slot recomputes the device's whole peak.
 
 def _plain_peak(table, times, d, weights):

@@ -11,12 +11,12 @@ import pytest
 
 from conftest import launch_in
 
-TORCHRUN = [sys.executable, "-m", "schedc.runtime.launch", "--standalone", "--nproc-per-node", "2",
+TORCHRUN = [sys.executable, "-m", "schedc.runtime.process.launch", "--standalone", "--nproc-per-node", "2",
             "-m", "schedc.runtime", "plan.json", "--steps", "1"]
 
 
 @pytest.mark.parametrize("argv,launch", [
-    (TORCHRUN, "schedc.runtime.launch"),
+    (TORCHRUN, "schedc.runtime.process.launch"),
     ([sys.executable, "-m", "schedc.runtime", "plan.json", "--reference"], "schedc.runtime"),
     (["/usr/bin/torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
     ([sys.executable, "-m", "schedc.cli", "run", "plan.json", "--nproc", "2"], "schedc run"),
@@ -36,7 +36,7 @@ def test_launches_are_told_from_quick_commands(argv, launch):
 def test_a_test_not_marked_slow_cannot_start_torchrun():
     with pytest.raises(pytest.fail.Exception) as caught:
         subprocess.run(TORCHRUN, capture_output=True)
-    assert "starts schedc.runtime.launch but is not marked slow: mark it @pytest.mark.slow" in str(caught.value)
+    assert "starts schedc.runtime.process.launch but is not marked slow: mark it @pytest.mark.slow" in str(caught.value)
     assert "test_suite.py::test_a_test_not_marked_slow_cannot_start_torchrun" in str(caught.value)
 
 

@@ -1,4 +1,4 @@
-"""Order synthesis under memory (`schedc tune --synthesize`, schedc/search/synthesis.py): the orders pass the
+"""Order synthesis under memory (`schedc tune --synthesize`, schedc/synthesize/scheduler.py): the orders pass the
 compiler's checks, stay within the limit, and are no slower than the zero-bubble repo's heuristic
 scheduler, ZB-H1 (limit p) and ZB-H2 (limit 2p) on the same inputs, all timed by the independent
 timer of tests/zb_heuristic.py."""
@@ -13,10 +13,10 @@ import zb_heuristic as ref
 from conftest import ROOT
 from schedc.cli import main
 from schedc.diagnostics import SchedError
-from schedc.search.problem import make_problem
-from schedc.search.synthesis import synthesize
-from schedc.search.synthesis_text import number, to_sched
-from schedc.search.synthesis_options import check_text, problem_from_options
+from schedc.synthesize.problem import make_problem
+from schedc.synthesize.scheduler import synthesize
+from schedc.synthesize.sched_text import number, to_sched
+from schedc.synthesize.options import check_text, problem_from_options
 
 UNIT = {"F": 1.0, "I": 1.0, "W": 1.0}
 CASES = [(p, m, limit, latency) for p in (4, 8) for m in (2 * p, 4 * p) for limit in (p, 2 * p)

@@ -1,4 +1,4 @@
-# Tests of tensor and sequence parallelism in the runtime (schedc/runtime/tensor_parallel.py, --tp,
+# Tests of tensor and sequence parallelism in the runtime (schedc/runtime/model/tensor_parallel.py, --tp,
 # --sequence-parallel, --no-scatter-gather): the layers against dense torch in one process, the weight
 # declarations and the rank order, the options refused before torchrun, then a few torchrun launches
 # (many plans each) whose three steps' losses and gathered first-step gradients must equal the
@@ -17,11 +17,11 @@ from torch import nn
 
 from schedc.layout import rank_at
 from schedc.runtime.__main__ import main as runtime_main
-from schedc.runtime.model import Block, Embed, Head, ModelConfig, ModelError, parallel_run
-from schedc.runtime.tensor_parallel import (PARTIAL, ColumnParallelLinear, Messages, RowParallelLinear, Split,
-                                            TensorGroup, VocabParallelEmbedding, cut, join, parameter_splits,
-                                            vocab_parallel_loss)
-from schedc.runtime.world import World
+from schedc.runtime.model.gpt import Block, Embed, Head, ModelConfig, ModelError, parallel_run
+from schedc.runtime.model.tensor_parallel import (
+    PARTIAL, ColumnParallelLinear, Messages, RowParallelLinear, Split, TensorGroup, VocabParallelEmbedding, cut,
+    join, parameter_splits, vocab_parallel_loss)
+from schedc.runtime.process.world import World
 from test_runtime import launch_plans, plans  # noqa: F401 (plans: the session's compiled plans)
 
 MODEL = ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq", "16", "--mb-size", "2"]

@@ -18,7 +18,7 @@ from schedc.driver.cluster import compile_for
 from schedc.search.bounds import Shape, makespan_bound, tail_bound
 from schedc.layout import SWITCH_NAMES, Layout
 from schedc.search import Candidate, Refusal, Request, Searcher, candidates, search
-from schedc.search.report import matching, report, why_lines
+from schedc.cli.tune_report import matching, report, why_lines
 from schedc.text import ordinal
 
 SMALL = """layers = 8

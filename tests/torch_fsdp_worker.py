@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, schedules
 
-from schedc.runtime.model import Stage, build_gpt, build_pieces, lm_loss, partition
+from schedc.runtime.model.gpt import Stage, build_gpt, build_pieces, lm_loss, partition
 from torch_runtime_worker import CFG, M, error
 
 DP = 2

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, schedules
 
-from schedc.runtime.model import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
+from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
 
 CFG = ModelConfig(layers=8, hidden=16, heads=2, seq=8, vocab=32, mb_size=2)
 M = 4

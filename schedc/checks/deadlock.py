@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..diagnostics import Diagnostic, error
-from ..grid import label, location, schedule_grid
+from ..passes.grid import label, location, schedule_grid
 from ..ir import OP_KEY, Op, Schedule
 from ..ops import Opcode, label as op_label
-from ..timing import Timing
+from ..passes.timing import Timing
 from .census import Census, census
 from ..text import MAX_SHOWN, more
 

@@ -18,11 +18,11 @@ import re
 
 from ..diagnostics import OPTIONS, USAGE, Diagnostic, SchedError, Severity, error
 from ..text import gib, listed
-from ..grid import elide, label, location
+from ..passes.grid import elide, label, location
 from ..ir import Op, Schedule
 from ..ops import OpKind
-from ..memory import PERSISTENT, Held, first_over, holdings, host_holdings, memory_deltas, peak_of, timed_model
-from ..timing import Timing
+from ..passes.memory import PERSISTENT, Held, first_over, holdings, host_holdings, memory_deltas, peak_of, timed_model
+from ..passes.timing import Timing
 
 TOLERANCE = 1e-9
 
@@ -30,7 +30,7 @@ TOLERANCE = 1e-9
 def check_memory(schedule: Schedule, timing: Timing) -> list[Diagnostic]:
     """Guarantees, when it returns no error: no device's simulated peak of memory units exceeds its
     `limit memory`, over every step of a filled cycle: activations, the saved gradients tasks keep and
-    tasks' persistent state (schedc/memory.py). Otherwise one error per device over its limit, naming
+    tasks' persistent state (schedc/passes/memory.py). Otherwise one error per device over its limit, naming
     the simulated time (and step), what was added when the limit was crossed and everything held then."""
     host = _host_over(schedule, timing)
     if schedule.memory_limit is None:
@@ -76,7 +76,7 @@ def _over(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float)
 
 
 def _over_timed(schedule: Schedule, timing: Timing, d: int, peak: float, limit: float, note: str) -> Diagnostic:
-    """Over the limit in the timed model (schedc/memory.py): name the step, the time, what was allocated
+    """Over the limit in the timed model (schedc/passes/memory.py): name the step, the time, what was allocated
     last (a forward, a gradient a task keeps, a task's state) and everything held then."""
     steps = list(timing.steps) or [timing]
     crossing = first_over(holdings(schedule, steps)[d], limit, TOLERANCE)

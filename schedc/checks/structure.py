@@ -15,7 +15,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from ..diagnostics import Diagnostic, Span, error
-from ..grid import elide, label, location, ranges
+from ..passes.grid import elide, label, location, ranges
 from ..ir import OP_KEY, Op, Schedule
 from .census import Census, census
 from ..ops import BUILTIN, SPLIT, OpKind, follows

@@ -36,7 +36,7 @@ def calibrate_cmd(out, ranks, threads, quick, cluster_name, costs, model_file, m
     """Write a cluster description of this machine: GEMM rate by size, memory-bound kernel bandwidth and
     messages between local processes on the runtime's backend (gloo on CPU); with --costs and --model,
     the compute rates scaled so that the model's F and B match a measured profile."""
-    from ..predict import calibrate_file
+    from ..costmodel.fit import calibrate_file
     try:
         layout = layout_from({"tp": tp, "recompute": recompute}, "calibrate")
         click.echo(calibrate_file(out, ranks, threads, quick, cluster_name, costs, model_file, microbatch_size,

@@ -152,7 +152,7 @@ def on_cluster(file: str, defines, cluster, lower: bool = True, addons: tuple[st
 
 
 def cluster_summary(on) -> str:
-    from ..predict import summary
+    from .predict import summary
     return "\n" + summary(on)
 
 

@@ -25,7 +25,7 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
     """Check, simulate and lower FILE to per-rank instruction streams (with --cluster, costs in seconds
     from a model on a cluster, and the step's prediction in the plan's stats)."""
     from ..plan.write import write_plan
-    from ..report import summary
+    from .report import summary
     if out_dir == STDOUT:
         raise click.BadParameter("compile writes a directory (plan.json and rank*.txt), not the standard output",
                                  param_hint="-o")

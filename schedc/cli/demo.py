@@ -22,8 +22,8 @@ def run_demo(out: Path, schedule: str, defines: tuple[str, ...], steps: int, ext
     from ..driver import compile_file
     from ..plan.write import write_plan
     from ..render import render_file
-    from ..report import summary
-    from ..runtime.launch import launch
+    from .report import summary
+    from ..runtime.process.launch import launch
 
     click.echo(f"== compile {schedule} {' '.join(defines)}")
     result = compile_file(schedule, defines, None, 0.0)

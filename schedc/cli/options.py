@@ -272,7 +272,7 @@ def schedule_options(command):
 
 
 # --reshard-after-forward on export: where the compute_comms CSV puts FSDP's UNSHARD/RESHARD (--zero 3's
-# rule, schedc/runtime/zero.py); not given, torch's own prefetch window
+# rule, schedc/runtime/model/zero.py); not given, torch's own prefetch window
 reshard_option = click.option("--reshard-after-forward/--no-reshard-after-forward", "reshard_after_forward",
                               default=None,
                               help="With --format torch-comms: UNSHARD and RESHARD around each compute cell of a "

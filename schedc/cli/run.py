@@ -15,7 +15,7 @@ class _RunCommand(click.Command):
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)
-        from ..runtime.options import build_parser  # torch: only for this help
+        from ..runtime.process.options import build_parser  # torch: only for this help
         text = build_parser().format_help()
         groups = text[text.index("\nmodel:") + 1:] if "\nmodel:" in text else text
         formatter.write("\nRuntime options (after PLAN; the same as `python -m schedc.runtime`):\n\n")
@@ -32,7 +32,7 @@ def run_cmd(ctx, plan, nproc):
     Example: schedc run out/plan.json --nproc 4 --steps 3 --trace-out trace.json
     """
     from ..diagnostics import Source, has_errors
-    from ..runtime.launch import launch_from_cli
+    from ..runtime.process.launch import launch_from_cli
     from ..driver.inputs import TORCH_CSV, kind_of
     if kind_of(plan) == TORCH_CSV or Path(plan).suffix == ".sched":
         raise click.UsageError(f"{plan} is a schedule, not a compiled plan: compile it first (schedc compile "

@@ -22,7 +22,7 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
     """Simulate FILE under its cost model and print the stats (with --cluster: a model on a cluster,
     in seconds, with iteration time, teraFLOP/s per GPU, memory per GPU and the time's breakdown).
     FILE may be a plan.json: its ranks' orders are re-simulated (under --costs if given)."""
-    from ..report import device_table, summary
+    from .report import device_table, summary
     failing = fail_json if as_json else fail
     if is_plan(file):
         plan_only(file, defines=defines, model=model_file, cluster=cluster, addons=addons)

@@ -63,7 +63,7 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
                     "--model, --microbatch-size b, --memory-limit in bytes)" if "--memory-limit" in search_only else "")
             failing(usage(f"{', '.join(search_only)}: {agree(len(search_only), 'option', 'options')} of the "
                           f"configuration search, not of --synthesize{hint}"))
-        from ..search.synthesis_options import InBytes
+        from ..synthesize.options import InBytes
         return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json,
                            InBytes(options["model"], options["microbatch"], options["recompute"],
                                    options["memory_limit"]) if in_bytes else None)
@@ -80,7 +80,7 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
     """`schedc tune --synthesize`: the order, written or printed, and its report (--json: the summary
     on stdout, with the text in it when there is no -o)."""
     from ..driver import parse_defines
-    from ..search.synthesis_options import run_tune
+    from ..synthesize.options import run_tune
     if as_json and out == "-":
         out = None  # the text goes into the JSON, as without -o
     shown = sys.stderr.isatty() and not as_json
@@ -109,8 +109,8 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     table or the JSON list. SchedError when nothing fits (exit 1) or on bad input (exit 2)."""
     from ..search import Searcher, candidates, distinct_figures
     from ..text import GIB
-    from ..search.report import (matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
-                        request_from, why_lines)
+    from .tune_report import (
+        matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report, request_from, why_lines)
     request = request_from(options)
     shown = pruned_lines(options["pruned"])
     searcher = Searcher(request)

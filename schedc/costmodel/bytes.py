@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
+from .activations import FP8_BYTES, Facts, Sizes, layer_bytes, megatron
 from .specs import ClusterSpec, ModelSpec
+from .. import walk
 from ..layout import Layout
-from ..memory import timed_model
+from ..passes.memory import timed_model
 from ..ops import OpKind
-from .hardware import stage_layers, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM, STEP_GRADIENT_BYTES_PER_PARAM, Setting
+from ..descriptions.moe import attention_parameters, expert_parameters, moe_mlp_parameters
+from .hardware import stage_layers, stage_mix, DDP_BUCKET_BYTES_PER_PARAM, REPLICATED_BYTES_PER_PARAM, STATE_BYTES_PER_PARAM, STEP_GRADIENT_BYTES_PER_PARAM, Setting
 
 
 def layer_params(model: ModelSpec, t: int) -> float:
@@ -18,17 +20,47 @@ def layer_params(model: ModelSpec, t: int) -> float:
     row-parallel GEMMs' biases and the norms replicated. GPT: (4h^2 + 2hf + 3h + f)/t + 6h."""
     h, f, kv = model.hidden, model.ffn, model.kv_hidden
     gated = model.mlp == "swiglu"
-    split = 2 * h * h + 2 * h * kv + (3 if gated else 2) * h * f
+    split = attention_parameters(model) + (3 if gated else 2) * h * f
     norms = 2 * (2 * h if model.norm == "layernorm" else h)
     if model.bias == "all":
         return (split + h + 2 * kv + (2 * f if gated else f)) / t + (2 * h + norms)
-    return (split + (h + 2 * kv if model.bias == "qkv" else 0)) / t + norms
+    return (split + (model.q_hidden + 2 * kv if model.bias == "qkv" else 0)) / t + norms
+
+
+def moe_layer_params(model: ModelSpec, t: int, ep: int) -> float:
+    """Parameters of one MoE layer on one GPU: the attention and norms as layer_params, the router
+    whole, the shared experts split over t, and experts / ep routed experts, each split over t
+    (Megatron-Core's default expert tensor parallelism, t)."""
+    dense_mlp = (3 if model.mlp == "swiglu" else 2) * model.hidden * model.ffn
+    routed = moe_mlp_parameters(model, 0)  # the router and the shared experts
+    router = model.hidden * model.experts + (model.experts if model.router == "sigmoid" else 0)
+    return (layer_params(model, t) - dense_mlp / t + (routed - router) / t + router
+            + expert_layer_params(model, t, ep))
+
+
+def expert_layer_params(model: ModelSpec, t: int, ep: int) -> float:
+    """One MoE layer's routed experts on one GPU: experts / ep of them, each split over t; their state is
+    sharded over the expert-data-parallel ranks, d x cp / ep (expert_shards)."""
+    return model.experts // ep * expert_parameters(model) / t
+
+
+def stage_expert_params(model: ModelSpec, layout: Layout, stages: int, s: int) -> float:
+    """The routed experts' parameters of stage s on one GPU (0 without experts)."""
+    if not model.moe:
+        return 0.0
+    return stage_mix(model, stages, layout)[s][1] * expert_layer_params(model, layout.tp, layout.ep)
 
 
 def stage_params(model: ModelSpec, t: int, stages: int, s: int, layout: Layout | None = None) -> float:
     """Parameters of stage s on one GPU: its layers (the layout's split), the embedding (stage 0: words
-    split over t, positions), the final layer norm and the tied word embedding's copy (the last stage)."""
-    params = stage_layers(model, stages, layout)[s] * layer_params(model, t)
+    split over t, positions), the final layer norm and the tied word embedding's copy (the last stage);
+    an MoE model's dense and MoE layers (stage_mix: the MTP blocks on the last stage) apart."""
+    if model.moe:
+        dense, routed = stage_mix(model, stages, layout)[s]
+        ep = layout.ep if layout is not None else 1
+        params = dense * layer_params(model, t) + routed * moe_layer_params(model, t, ep)
+    else:
+        params = stage_layers(model, stages, layout)[s] * layer_params(model, t)
     words = model.vocab * model.hidden / t
     if s == 0:
         params += words + model.position_rows * model.hidden
@@ -43,9 +75,10 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     table 2, at 16 bits): sbh(10 + 24/t + 5as/(ht)) with tensor parallelism, sbh(34 + 5as/h)/t with
     sequence parallelism too; selective recomputation drops the 5as/h term; full recomputation keeps
     only the layer's input, 2sbh (2sbh/t with sequence parallelism); with context parallelism s is the
-    s/cp tokens a GPU holds. schedc/activations.py's table
+    s/cp tokens a GPU holds. schedc/costmodel/activations.py's table
     with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
-    model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores)."""
+    model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores); an MoE model at the
+    width its tokens' experts take (moe_width)."""
     sizes, facts = activation_sizes(model, layout)
     return layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
 
@@ -56,11 +89,20 @@ def activation_sizes(model: ModelSpec, layout: Layout) -> tuple[Sizes, Facts]:
     if model.family in ("gpt", "gpt2") and model.mlp == "gelu":
         sizes = Sizes(model.seq // layout.cp, layout.microbatch_size, model.hidden, model.heads, 4 * model.hidden)
         return sizes, replace(megatron(model.width), scores=not model.flash, fp8_inputs=layout.fp8)
-    sizes = Sizes(model.seq // layout.cp, layout.microbatch_size, model.hidden, model.heads, model.ffn, model.vocab,
-                  model.kv_heads)
+    sizes = Sizes(model.seq // layout.cp, layout.microbatch_size, model.hidden, model.heads, moe_width(model),
+                  model.vocab, model.kv_heads)
     facts = Facts(value_bytes=model.width, mask_bytes=0, scores=not model.flash, gated=model.mlp == "swiglu",
                   stat_values=1 if model.norm == "rmsnorm" else 2, fp8_inputs=layout.fp8)
     return sizes, facts
+
+
+def moe_width(model: ModelSpec) -> int:
+    """The MLP width a token's activations take in every layer: ffn for a dense model; an MoE model's
+    top_k routed experts' and its shared experts' widths together (DeepSeek-V3: 8·2048 + 2048 = 18432,
+    its dense layers' ffn too; Mixtral 8x7B: 2·14336), the dispatched copies of the tokens aside."""
+    if not model.moe:
+        return model.ffn
+    return model.top_k * model.moe_ffn + model.shared_experts * model.shared_width
 
 
 def deferred_weight_bytes(model: ModelSpec, layout: Layout) -> float:
@@ -104,18 +146,11 @@ def activation_deltas(model: ModelSpec, layout: Layout, schedule) -> dict[str, t
 def layer_levels(schedule, split: tuple[int, ...]) -> list[list[tuple[int, int]]]:
     """Per device, the layers whose activations are alive after each op of its program order that
     changes them, as (forward's, deferred W's) (layer_changes, each stage's layers in `split`)."""
-    change = layer_changes(schedule)
+    table = {kind: tuple((f * n, w * n) for n in split) for kind, (f, w) in layer_changes(schedule).items()}
     out = []
     for order in schedule.orders:
-        forward = deferred = 0
-        levels = []
-        for op in order:
-            step = change.get(op.kind)
-            if step is not None and 0 <= op.stage < len(split):
-                n = split[op.stage]
-                forward, deferred = forward + step[0] * n, deferred + step[1] * n
-                levels.append((forward, deferred))
-        out.append(levels)
+        changes = walk.changes_along(order, table)
+        out.append(list(zip(walk.levels(f for f, _ in changes), walk.levels(w for _, w in changes))))
     return out
 
 
@@ -142,7 +177,7 @@ def stage_backward_bytes(model: ModelSpec, layout: Layout, stages: int) -> tuple
     """Per stage, (the bytes its F keeps until the backward, the bytes its deferred W holds from the end
     of I until W): its layers (the layout's split) x layer_activation_bytes and deferred_weight_bytes.
     The one rule for both: the compile's memory (activation_deltas) and `tune --synthesize`'s charges
-    (search.problem.bytes_held) ask it."""
+    (synthesize.problem.bytes_held) ask it."""
     kept, deferred = layer_activation_bytes(model, layout), deferred_weight_bytes(model, layout)
     return tuple((n * kept, n * deferred) for n in stage_layers(model, stages, layout))
 
@@ -288,9 +323,10 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
     stage_bytes = {}  # per stage: (weights, gradients and optimizer state; the step's gradients; parameters)
     for s in sorted(holders):
         params, k = stage_params(m, lay.tp, stages, s, lay), shards(lay, holders, s)
-        state = sharded_state_bytes(params, lay.sharding, k) if lay.sharding >= 2 else \
-            params * (REPLICATED_BYTES_PER_PARAM + buckets + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k)
-        stage_bytes[s] = (state, STEP_GRADIENT_BYTES_PER_PARAM * params / k, params)
+        experts, k_experts = stage_expert_params(m, lay, stages, s), max(1, k // lay.ep)
+        state = _state_bytes(params - experts, lay, k, buckets) + _state_bytes(experts, lay, k_experts, buckets)
+        step = STEP_GRADIENT_BYTES_PER_PARAM * (params - experts) / k + STEP_GRADIENT_BYTES_PER_PARAM * experts / k_experts
+        stage_bytes[s] = (state, step, params)
     out = []
     for d in range(schedule.devices):
         mine = sorted(held[d])
@@ -303,3 +339,11 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
             state += in_use_bytes(lay.sharding, [stage_bytes[s][2] for s in mine], block, lay.reshard_after_forward)
         out.append((state, step, stages - 1 in mine))
     return tuple(out)
+
+
+def _state_bytes(params: float, lay: Layout, k: int, buckets: float) -> float:
+    """Weights, gradients and optimizer state of `params` sharded k ways (1: not sharded) at the layout's
+    ZeRO level (held_bytes): the routed experts' over d x cp / ep, the rest over d x cp."""
+    if lay.sharding >= 2:
+        return sharded_state_bytes(params, lay.sharding, k)
+    return params * (REPLICATED_BYTES_PER_PARAM + buckets + (STATE_BYTES_PER_PARAM - REPLICATED_BYTES_PER_PARAM) / k)

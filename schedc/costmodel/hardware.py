@@ -62,22 +62,25 @@ GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradien
 class Part:
     """An op's time, split into computation, tensor-parallel communication, (with blocking
     point-to-point messages) the time its sender waits for its message to be through, and the part of
-    context parallelism's key/value exchange its attention does not hide (seconds)."""
+    context parallelism's key/value exchange its attention does not hide, and expert parallelism's
+    all-to-alls (seconds)."""
 
     compute: float = 0.0
     tp: float = 0.0
     p2p: float = 0.0
     cp: float = 0.0
+    a2a: float = 0.0  # expert parallelism's dispatch and combine all-to-alls (costmodel/experts.py)
 
     def __add__(self, other: Part) -> Part:
-        return Part(self.compute + other.compute, self.tp + other.tp, self.p2p + other.p2p, self.cp + other.cp)
+        return Part(self.compute + other.compute, self.tp + other.tp, self.p2p + other.p2p, self.cp + other.cp,
+                    self.a2a + other.a2a)
 
     def __mul__(self, k: float) -> Part:
-        return Part(self.compute * k, self.tp * k, self.p2p * k, self.cp * k)
+        return Part(self.compute * k, self.tp * k, self.p2p * k, self.cp * k, self.a2a * k)
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp + self.p2p + self.cp
+        return self.compute + self.tp + self.p2p + self.cp + self.a2a
 
 
 class Hardware:
@@ -201,3 +204,21 @@ def stage_layers(model: ModelSpec, stages: int, layout: Layout | None = None) ->
     or the even split, the embedding and the loss counted as layers where the layout says so; without
     them check_stages has refused layers that do not divide evenly)."""
     return (layout or Layout()).layer_split(model.layers, stages)
+
+
+def stage_mix(model: ModelSpec, stages: int, layout: Layout | None = None) -> tuple[tuple[int, int], ...]:
+    """Per stage, (dense layers, MoE layers) of its split (stage_layers): the model's first first_k_dense
+    layers are dense, the rest routed (all dense without experts); the last stage's multi-token-prediction
+    blocks count as MoE layers (DeepSeek-V3: one more MoE block after the last layer).
+
+    >>> from schedc.descriptions import ModelFacts
+    >>> stage_mix(ModelFacts(8, 64, 4, 16, 256, 256, experts=4, top_k=2, moe_ffn=64, first_k_dense=3, mtp=1), 2)
+    ((3, 1), (0, 5))
+    """
+    dense = model.first_k_dense if model.moe else model.layers
+    out, start = [], 0
+    for s, n in enumerate(stage_layers(model, stages, layout)):
+        mine = max(0, min(start + n, dense) - start)
+        out.append((mine, n - mine + (model.mtp if s == stages - 1 and model.moe else 0)))
+        start += n
+    return tuple(out)

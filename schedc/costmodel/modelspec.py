@@ -126,7 +126,9 @@ def _load_hf(path: Path, seq: int | None) -> ModelSpec:
 _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size", "n_embd"),
             "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads", "num_attention_heads",
                                                                       "n_head"),
-            "ffn": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",), "seq": ()}
+            "ffn": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",), "seq": (),
+            "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+            "moe_ffn": ("moe_intermediate_size", "intermediate_size")}
 
 
 def model_span(source: Source, fact: str) -> Span:

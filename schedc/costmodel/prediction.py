@@ -8,14 +8,14 @@ from typing import Any
 from ..descriptions import parameters
 from .specs import ModelSpec
 from ..layout import Layout
-from ..timing import bubble
+from ..passes.timing import bubble
 from ..ir import OP_KEY
-from ..memory import timed_model
-from ..ops import COPY, OpKind
-from ..simulate import pair_cost
+from ..passes.memory import timed_model
+from ..ops import COPY, OVERLAP, OpKind
+from ..passes.simulate import pair_cost
 from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
-from .stages import StageCosts
+from .stages import StageCosts, overlapped_pair
 from ..text import GIB
 
 
@@ -151,6 +151,9 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
                  "bubble_s": makespan - held.compute - held.tp - pipeline - held.cp - gathers / steps}
     if held.cp:
         breakdown["context_parallel_comm_s"] = held.cp
+    if held.a2a:  # what the all-to-alls leave exposed on the critical device (hidden ones are in overlap_hidden_s)
+        breakdown["expert_parallel_comm_s"] = held.a2a
+        breakdown["bubble_s"] -= held.a2a
     gpus = schedule.devices * lay.tp * lay.dp * lay.cp
     flops = model_flops(m, lay, batch) / (iteration * gpus)
     memory, parts = device_memory(st, schedule, timing.peak_memory)
@@ -159,7 +162,22 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
                       {**utilization(m, lay, batch, iteration, gpus, st.cluster.peak_flops), "critical_device": worst, "largest_memory_device": top, "overlap_hidden_s": _r(hidden),
                        "deferred_w_gib": _r(deferred_w_bytes(st, schedule, top) / GIB),
-                       "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9)})
+                       "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9),
+                       **op_seconds(costs, m)})
+
+
+def op_seconds(costs: StageCosts, model: ModelSpec) -> dict[str, Any]:
+    """An MoE model's op times per stage (`op_seconds`: F, B, I, W and FB, the overlapped pair) and its
+    all-to-all seconds per op kind (`a2a_seconds`: in F, B, I and, exposed, in FB), so a schedule's bubble
+    can be checked against its formula on the cost model's own op times (DeepSeek-V3's Table 2);
+    nothing for a dense model, whose output stays as it was."""
+    if not model.moe:
+        return {}
+    table = costs.costs()
+    pairs = [overlapped_pair(f, b) for f, b in zip(costs.parts[OpKind.F.value], costs.parts[OpKind.B.value])]
+    a2a = {kind: [_r(p.a2a) for p in parts] for kind, parts in costs.parts.items()}
+    return {"op_seconds": {kind: [_r(v) for v in row] for kind, row in table.items()},
+            "a2a_seconds": {**a2a, OVERLAP: [_r(p.a2a) for p in pairs]}}
 
 
 def utilization(model: ModelSpec, layout: Layout, batch: int, iteration: float, gpus: int,
@@ -208,12 +226,15 @@ def _hide(pair: Part, saved: float) -> Part:
     computation: halves on stages of different sizes)."""
     p2p = min(pair.p2p, saved)
     cp = min(pair.cp, saved - p2p)
+    if pair.a2a:
+        a2a = min(pair.a2a, saved - p2p - cp)
+        return Part(pair.compute - (saved - p2p - cp - a2a), pair.tp, pair.p2p - p2p, pair.cp - cp, pair.a2a - a2a)
     return Part(pair.compute - (saved - p2p - cp), pair.tp, pair.p2p - p2p, pair.cp - cp)
 
 
 def _part(costs: StageCosts, op, chunked: bool = False) -> Part:
     """The parts of a built-in op (of a sequence chunk's, its share of the microbatch's: the parts
-    scaled to the op's cost alike); a task's cost (in seconds, schedc/predict.py) is computation."""
+    scaled to the op's cost alike); a task's cost (in seconds, schedc/costmodel/fit.py) is computation."""
     parts = costs.parts.get(op.kind)
     if parts is None or not 0 <= op.stage < len(parts):
         return Part(op.cost)

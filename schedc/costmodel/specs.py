@@ -315,7 +315,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
     """What the layout needs of the model and the batch; the first failure is a usage error (exit 2)
     naming the field: t divides heads (and hidden, ffn and vocab), b*d divides the global batch."""
     t = layout.tp
-    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.cp, "--cp"),
+    for value, name in ((layout.tp, "--tp"), (layout.dp, "--dp"), (layout.cp, "--cp"), (layout.ep, "--ep"),
                         (layout.microbatch_size, "--microbatch-size")):
         if value < 1:
             raise usage(f"{name} must be a positive integer, got {value}")
@@ -327,6 +327,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
                                    f"the {what} {t} ways", model_span(source, key)), source, kind=USAGE)
     _check_sharding(model, layout, source)
+    check_experts(model, layout, source)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
         if layout.global_batch < 1:
@@ -357,6 +358,27 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
                     "all-reduce of replicas, and level 3 reduce-scatters its gradients itself")
     if layout.zero in (2, 3) and layout.distributed_optimizer:
         raise usage(f"--zero {layout.zero} with --distributed-optimizer: the flag is --zero 1; give one level")
+
+
+def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:
+    """--ep: a model with experts, ep dividing them (at the model's key) and the d x cp ranks it is carved
+    from; t dividing the experts' width (each expert split as the dense MLP is, Megatron-Core's default
+    expert tensor parallelism). A usage error naming the option (exit 2)."""
+    ep, t = layout.ep, layout.tp
+    if model.moe and model.moe_ffn % t:
+        raise SchedError(error(f"--tp {t} does not divide 'moe_ffn' ({model.moe_ffn}): each expert's MLP is split "
+                               f"{t} ways", model_span(source, "moe_ffn")), source, kind=USAGE)
+    if ep == 1:
+        return
+    if not model.moe:
+        raise usage(f"--ep {ep}: the model has no experts to place (expert parallelism needs an MoE model)")
+    if model.experts % ep:
+        raise SchedError(error(f"--ep {ep} does not divide the model's {model.experts} experts: each of the ep GPUs "
+                               "holds experts / ep of them", model_span(source, "experts")), source, kind=USAGE)
+    if (layout.dp * layout.cp) % ep:
+        raise usage(f"--ep {ep} does not divide d x cp = {layout.dp} x {layout.cp} = {layout.dp * layout.cp}: the "
+                    "expert-parallel groups are carved from the data and context ranks (Megatron-Core's "
+                    "expert-data-parallel)")
 
 
 def check_switches(layout: Layout, cluster: ClusterSpec) -> None:

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
 from .bytes import layer_params
-from .hardware import stage_layers, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
+from .experts import moe_layer_parts
+from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class StageCosts:
 def overlapped_pair(forward: Part, backward: Part) -> Part:
     """A forward and a backward run as one overlapped op (DualPipe's F & B, DeepSeek-V3 section 3.2.1):
     their computation at the sum; each one's communication that runs on its own stream and link while
-    the other half computes (the pipeline's point-to-point messages) hidden behind the other's
+    the other half computes (the pipeline's point-to-point messages, the experts' all-to-alls) hidden behind the other's
     computation, never more than that computation, and only what outlasts it exposed. Tensor-parallel
     collectives stay exposed: they sit between dependent GEMMs in their own half's stream and take the
     SMs the other half would compute on (DeepSeek-V3 and Megatron-Core's combined 1F1B overlap the
@@ -37,10 +38,17 @@ def overlapped_pair(forward: Part, backward: Part) -> Part:
         F = Part(3, p2p=1), B = Part(6, p2p=2)  ->  FB = Part(9): both messages hidden
         F = Part(1, p2p=4), B = Part(2)         ->  FB = Part(3, p2p=2): F's 4 behind B's 2, 2 left
         F = Part(3, tp=1),  B = Part(6, tp=2)   ->  FB = Part(9, tp=3): collectives not hidden
+        F = Part(3, a2a=4), B = Part(6, a2a=4)  ->  FB = Part(9, a2a=1): expert parallelism's all-to-alls
+                                                    (DeepSeek-V3's dispatch and combine) hide alike, after
+                                                    the pipeline's messages; what outlasts stays exposed
     """
     exposed = (max(0.0, forward.p2p + forward.cp - backward.compute)
                + max(0.0, backward.p2p + backward.cp - forward.compute))  # the ring's sends: own stream
-    return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed)
+    if not (forward.a2a or backward.a2a):
+        return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed)
+    a2a = (max(0.0, forward.a2a - max(0.0, backward.compute - forward.p2p - forward.cp))
+           + max(0.0, backward.a2a - max(0.0, forward.compute - backward.p2p - backward.cp)))
+    return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed - a2a, a2a=a2a)
 
 
 def layer_parts(st: Setting) -> dict[str, Part]:
@@ -228,8 +236,8 @@ def head_parts(st: Setting) -> dict[str, Part]:
 
 def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = None,
                 times: list[list[float]] | None = None) -> StageCosts:
-    """F, B, I, W of every stage: its layers (the layout's split), the embedding on stage 0, the logits on
-    the last, wherever the placement puts them (a V puts both on device 0); with
+    """F, B, I, W of every stage: its layers (the layout's split; an MoE model's dense and MoE layers,
+    experts.moe_layer_parts, apart), the embedding on stage 0, the logits on the last, wherever the placement puts them (a V puts both on device 0); with
     blocking point-to-point messages (layout.blocking_p2p) and the stages' devices, an op whose output
     goes to another device also holds its device until the message is through (link_times). times:
     message_times(st, devices) when the caller has them already (schedc tune)."""
@@ -238,11 +246,15 @@ def stage_costs(st: Setting, stages: int, placement: tuple[int, ...] | None = No
     over = layer_overhead(st)
     table: dict[str, list[Part]] = {k: [] for k in (F, B, I, W)}
     alike: dict[tuple, tuple[Part, ...]] = {}  # stages of one layer count between the ends cost alike
+    mix = stage_mix(st.model, stages, st.layout) if st.model.moe else None
+    routed = moe_layer_parts(st, layer, linear_gemms(st), attention_terms(st)[0]) if mix else None
     for s in range(stages):
-        which = (split[s], s == 0, s == stages - 1)
+        which = (split[s], s == 0, s == stages - 1) + ((mix[s],) if mix else ())
         if which not in alike:
-            parts = {k: layer[k] * split[s] for k in layer}
-            for extra in ([embed] if s == 0 else []) + ([head] if s == stages - 1 else []):
+            parts = {k: layer[k] * split[s] for k in layer} if mix is None else \
+                {k: layer[k] * mix[s][0] + routed[k] * mix[s][1] for k in layer}
+            heads = 1 + (st.model.mtp if mix else 0)  # each multi-token-prediction block has its logits and loss
+            for extra in ([embed] if s == 0 else []) + ([head] * heads if s == stages - 1 else []):
                 parts = {k: parts[k] + extra[k] for k in parts}
             fixed = {k: Part(over[k] * split[s]) for k in over}
             alike[which] = (parts[F] + fixed[F], parts[I] + parts[R] + fixed[I], parts[W] + fixed[W],

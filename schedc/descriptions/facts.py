@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .moe import ROUTERS, attention_parameters, moe_consistency, moe_mlp_parameters, mtp_parameters
+
 MLPS = ("gelu", "swiglu")               # gelu: two matrices h x f; swiglu: three (gate, up, down)
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")         # learned: a table of max_positions rows; rope: rotary, no weights
 BIASES = ("all", "qkv", "none")         # GPT: all; Llama, Mistral: none; Qwen2: the q, k, v projections only
 ATTENTION_KERNELS = ("standard", "flash")
-FAMILIES = ("gpt", "gpt2", "llama", "mistral", "qwen2")
+FAMILIES = ("gpt", "gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
                "float": 4}
 MAX_SIZE = 2**40  # a model's sizes (layers, hidden, heads, ...): past any model, exact as floats
@@ -58,6 +60,28 @@ class ModelFacts:
     bias: str = "all"
     max_positions: int | None = None  # learned positions' table (None: seq rows); a longer seq is refused
     family: str = "gpt"
+    head_size: int = 0       # a head's width where it is not hidden / heads (Qwen3: 128); 0: hidden / heads
+    # a mixture of experts (moe.py; 0 experts: a dense model): routed experts, each token's top_k of them,
+    # their SwiGLU width, shared experts (each shared_ffn wide, 0: moe_ffn), the leading dense layers (of
+    # width ffn), the router and its groups, the capacity factor (0: dropless), the auxiliary loss's weight
+    experts: int = 0
+    top_k: int = 0
+    moe_ffn: int = 0
+    shared_experts: int = 0
+    shared_ffn: int = 0
+    first_k_dense: int = 0
+    router: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    capacity_factor: float = 0.0
+    aux_loss: float = 0.0
+    # multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank > 0; q_lora_rank 0: Q not compressed
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp: int = 0             # multi-token-prediction depth: that many extra blocks on the last stage
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -65,7 +89,40 @@ class ModelFacts:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_hidden(self) -> int:
+        """The width of Q (and of the projection's input): heads x head_dim (= hidden unless head_size)."""
+        return self.heads * self.head_dim if self.head_size else self.hidden
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """The layers whose MLP is routed: all past the first_k_dense dense ones (none without experts)."""
+        return self.layers - self.first_k_dense if self.moe else 0
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_ffn or self.moe_ffn
+
+    def layer_parameters(self, moe: bool, routed: int | None = None) -> int:
+        """One layer's weights: the attention (moe.attention_parameters), a dense MLP of two (gelu) or three
+        (swiglu) h x ffn matrices or an MoE layer's (with `routed` experts, all when None), the norms'
+        weights (and a layer norm's biases) and the biases the model has."""
+        h, f, kv = self.hidden, self.ffn, self.kv_hidden
+        mlp = moe_mlp_parameters(self, routed) if moe else (3 if self.mlp == "swiglu" else 2) * h * f
+        norm = 2 * h if self.norm == "layernorm" else h
+        biases = {"all": h + 2 * kv + h + (2 * f if self.mlp == "swiglu" else f) + h,
+                  "qkv": self.q_hidden + 2 * kv, "none": 0}[self.bias]
+        return attention_parameters(self) + mlp + 2 * norm + biases
 
     @property
     def kv_hidden(self) -> int:
@@ -92,7 +149,12 @@ class ModelFacts:
 FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
     "kv_heads": (int, None), "mlp": (str, MLPS), "norm": (str, NORMS), "norm_eps": (float, None),
     "positions": (str, POSITIONS), "rope_theta": (float, None), "tied_embeddings": (bool, None),
-    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES)}
+    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES),
+    "head_size": (int, None), "experts": (int, None), "top_k": (int, None), "moe_ffn": (int, None),
+    "shared_experts": (int, None), "shared_ffn": (int, None), "first_k_dense": (int, None),
+    "router": (str, ROUTERS), "n_group": (int, None), "topk_group": (int, None), "capacity_factor": (float, None),
+    "aux_loss": (float, None), "q_lora_rank": (int, None), "kv_lora_rank": (int, None),
+    "qk_rope_head_dim": (int, None), "qk_nope_head_dim": (int, None), "v_head_dim": (int, None), "mtp": (int, None)}
 FACT_NAMES = tuple(f.name for f in fields(ModelFacts))
 
 
@@ -102,7 +164,7 @@ def consistency(facts: ModelFacts, names: dict[str, str] | None = None) -> list[
     it is not the fact's own name (a config.json's num_attention_heads)."""
     name = {**{f: f for f in FACT_NAMES}, **(names or {})}
     out = []
-    if facts.hidden % facts.heads:
+    if facts.hidden % facts.heads and not facts.head_size:
         out.append(("heads", f"'{name['heads']}' ({facts.heads}) must divide '{name['hidden']}' ({facts.hidden})"))
     if facts.kv_heads > facts.heads or facts.heads % facts.kv_heads:
         out.append(("kv_heads", f"'{name['kv_heads']}' ({facts.kv_heads}) must divide '{name['heads']}' "
@@ -110,23 +172,35 @@ def consistency(facts: ModelFacts, names: dict[str, str] | None = None) -> list[
     if facts.positions == "learned" and facts.max_positions is not None and facts.seq > facts.max_positions:
         out.append(("max_positions", f"sequence {facts.seq} (--seq) is longer than the model's "
                                      f"{facts.max_positions} learned positions ('{name['max_positions']}')"))
-    return out
+    return out + moe_consistency(facts, name)
 
 
 def parameters(facts: ModelFacts) -> int:
-    """The model's parameters (one replica, no parallelism): per layer the attention's Q and output
-    projections (h x h each), K and V (h x kv_hidden each), the MLP's two (gelu) or three (swiglu)
-    h x f matrices, the norms' weights (and a layer norm's biases) and the biases the model has; then
-    the word embedding, the learned positions, the final norm and an untied output layer.
+    """The model's parameters (one replica, no parallelism): per layer its attention, MLP (dense, or an
+    MoE layer's routed and shared experts and router), norms and biases (ModelFacts.layer_parameters);
+    then the word embedding, the learned positions, the final norm and an untied output layer. The
+    multi-token-prediction blocks are not counted (DeepSeek-V3's 671B is without its 14B MTP module).
 
         GPT (f = 4h, biases all, layernorm): 12h^2 + 13h per layer, as Narayanan et al. count it
     """
-    h, f, kv = facts.hidden, facts.ffn, facts.kv_hidden
-    matrices = 2 * h * h + 2 * h * kv + (3 if facts.mlp == "swiglu" else 2) * h * f
-    norm = 2 * h if facts.norm == "layernorm" else h
-    biases = {"all": h + 2 * kv + h + (2 * f if facts.mlp == "swiglu" else f) + h,
-              "qkv": h + 2 * kv, "none": 0}[facts.bias]
-    layer = matrices + 2 * norm + biases
-    words = facts.vocab * h
-    ends = words * (1 if facts.tied_embeddings else 2) + facts.position_rows * h + norm
-    return facts.layers * layer + ends
+    return _total(facts, None)
+
+
+def activated_parameters(facts: ModelFacts) -> int:
+    """The parameters one token's forward touches: as `parameters` with top_k routed experts a layer
+    (DeepSeek-V3: 37B of 671B; Mixtral 8x7B: 12.9B of 46.7B)."""
+    return _total(facts, facts.top_k)
+
+
+def _total(facts: ModelFacts, routed: int | None) -> int:
+    dense = facts.layers - facts.moe_layers
+    layers = dense * facts.layer_parameters(False) + facts.moe_layers * facts.layer_parameters(True, routed)
+    norm = 2 * facts.hidden if facts.norm == "layernorm" else facts.hidden
+    words = facts.vocab * facts.hidden
+    ends = words * (1 if facts.tied_embeddings else 2) + facts.position_rows * facts.hidden + norm
+    return layers + ends
+
+
+def extra_parameters(facts: ModelFacts) -> int:
+    """The multi-token-prediction blocks' own weights (moe.mtp_parameters), beside `parameters`."""
+    return mtp_parameters(facts)

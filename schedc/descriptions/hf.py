@@ -1,5 +1,5 @@
 """A Hugging Face `config.json` as a model description: its `model_type` picks the family, its keys give
-the facts (facts.ModelFacts); the run's sequence length, which a config does not have, comes from --seq.
+the facts (facts.ModelFacts; a mixture of experts' keys hf_moe.py's); the run's sequence length, which a config does not have, comes from --seq.
 
     {"model_type": "llama", "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8, ...}
     -> ModelFacts(layers=80, hidden=8192, heads=64, kv_heads=8, mlp="swiglu", ffn=28672, norm="rmsnorm",
@@ -14,6 +14,7 @@ import json
 import re
 
 from .facts import MAX_SIZE, DescriptionError, ModelFacts, consistency
+from .hf_moe import MOE_FAMILIES, key_names, moe_facts
 
 # model_type -> (family, what the family fixes). Llama and Mistral: SwiGLU, RMSNorm, rotary positions,
 # no biases (attention_bias and mlp_bias false in their configs); Qwen2: the same with biases on the q, k, v
@@ -23,10 +24,12 @@ FAMILY_OF = {
     "mistral": dict(family="mistral", mlp="swiglu", norm="rmsnorm", positions="rope", bias="none"),
     "qwen2": dict(family="qwen2", mlp="swiglu", norm="rmsnorm", positions="rope", bias="qkv"),
     "gpt2": dict(family="gpt2", mlp="gelu", norm="layernorm", positions="learned", bias="all"),
+    **MOE_FAMILIES,
 }
 # fact -> the config's key for it, per key scheme (GPT-2's names differ), with None: required
 _LLAMA_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                "vocab": "vocab_size", "ffn": "intermediate_size"}
+_MOE_KEYS = {fact: key for fact, key in _LLAMA_KEYS.items() if fact != "ffn"}  # hf_moe reads the widths
 _GPT2_KEYS = {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "vocab": "vocab_size"}
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -85,16 +88,19 @@ def read_hf_config(text: str, seq: int | None) -> ModelFacts:
         known = ", ".join(FAMILY_OF)
         said = "no 'model_type'" if kind is None else f"model_type {kind!r} is not a family schedc knows"
         raise fail(f"{said} (known: {known})", "model_type" if kind is not None else None)
-    keys = _GPT2_KEYS if kind == "gpt2" else _LLAMA_KEYS
+    keys = _GPT2_KEYS if kind == "gpt2" else _LLAMA_KEYS if kind not in MOE_FAMILIES else _MOE_KEYS
     sizes = {fact: _size(config, key, fail) for fact, key in keys.items()}
     values = dict(FAMILY_OF[kind], **sizes)
     if seq is None:
         raise fail("a config.json gives no sequence length for the run: give --seq N", None)
     values["seq"] = seq
     values.update(_gpt2_facts(config, values, fail) if kind == "gpt2" else _llama_facts(config, values, fail))
+    if kind in MOE_FAMILIES:
+        values.update(moe_facts(config, kind, fail))
+        values.setdefault("ffn", values["moe_ffn"])  # Mixtral and Qwen3-MoE have no dense layer
     values["dtype"] = _DTYPES.get(config.get("torch_dtype"), "bf16")
     facts = ModelFacts(**values)
-    names = {**keys, "kv_heads": "num_key_value_heads", "max_positions": "n_positions"}
+    names = {**keys, "kv_heads": "num_key_value_heads", "max_positions": "n_positions", **key_names(kind)}
     problems = consistency(facts, names)
     if problems:
         fact, message = problems[0]
@@ -138,7 +144,7 @@ def _llama_facts(config: dict, values: dict, fail) -> dict:
            "tied_embeddings": _flag(config, "tie_word_embeddings", fail, False),
            "attention": "flash"}
     for key in ("attention_bias", "mlp_bias"):
-        if values["family"] != "qwen2" and _flag(config, key, fail, False):
+        if values["bias"] == "none" and _flag(config, key, fail, False):
             raise fail(f"'{key}' true: schedc models the {values['family']} family without biases", key)
     return out
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .inputs import (PLAN, SCHEDULE, TORCH_CSV, build_schedule, compile_file, compile_source, kind_of,
                      load_declaration, load_input, parse_defines)
 from .passes import PASSES, Checks, Unit, analyse, analysis, collector_paused, compile_schedule, replay, run_passes, untimed
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..frontend.elaborate import Options
 from ..frontend.parse import read_source
 

@@ -24,7 +24,7 @@ from ..costmodel.sharding import sharded_collectives
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
-from ..predict import memory_more
+from ..text import memory_more
 from ..text import gib
 
 
@@ -63,7 +63,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     from ..frontend.library import resolve
     from ..frontend.parse import read_source
     from .inputs import TORCH_CSV, kind_of, load_declaration
-    from ..simulate import simulate
+    from ..passes.simulate import simulate
     from .passes import analyse, collector_paused, compile_schedule
     path = resolve(file)
     if kind_of(path) == TORCH_CSV:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error
 from ..frontend.ast import ScheduleDecl
 from ..frontend.compose import compose

@@ -14,13 +14,13 @@ from ..checks.census import Census, census
 from ..checks.deadlock import check_deadlock
 from ..checks.memory import check_memory
 from ..checks.structure import check_structure
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..diagnostics import Diagnostic, has_errors
 from ..ir import Schedule
-from ..lower import lower
+from ..passes.lower import lower
 from ..plan import Plan
-from ..simulate import Collectives, Links, simulate, step_sequences
-from ..timing import Stats, Timing
+from ..passes.simulate import Collectives, Links, simulate, step_sequences
+from ..passes.timing import Stats, Timing
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,7 @@ def _check_deadlock(u: Unit) -> Unit:
 def _fill_bubbles(u: Unit) -> Unit:
     if not u.schedule.fill or not u.timing.complete or u.failed:
         return u
-    from ..fill import fill_bubbles
+    from ..passes.fill import fill_bubbles
     schedule, timing, notes = fill_bubbles(u.schedule, u.timing)
     return replace(u, schedule=schedule, timing=timing, unfilled=u.timing, diagnostics=u.diagnostics + tuple(notes))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..ir import Dependencies, Op, Pipeline, Schedule
 from ..ops import BUILTIN, COPY, DEFAULT_COSTS, OpKind

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..diagnostics import Diagnostic, Source, Span, error
 from ..ir import Op, Pipeline, set_spans
-from ..ops import RELEASES
+from ..walk import unit_change
 from . import ast
 from .expr import PipeRef, compile_expr
 from .queues import KIND_RANK, bind_names, chunk_index, key_functions
@@ -55,7 +55,7 @@ def order_greedy(decl: ast.Greedy | None, ops: list[Op], deps: dict[Op, tuple[Op
             if n is None:
                 continue
             op = ops[n]
-            alive[d] += 1 if op.kind == "F" else 0
+            alive[d] += max(unit_change(op.kind), 0)  # a forward allocates as it starts
             free_at[d] = now + op.cost
             heapq.heappush(running, (free_at[d], n))
             orders[d].append(op)
@@ -82,8 +82,7 @@ def _greedy_orders(orders: list[list[Op]], span: Span | None) -> tuple[tuple[Op,
 
 def _finish(ops, n, end, succ, missing, ready_at, keys, waiting, alive, latency) -> None:
     op = ops[n]
-    if op.kind in RELEASES:  # the activation its forward saved is freed
-        alive[op.device] -= 1
+    alive[op.device] += min(unit_change(op.kind), 0)  # a release frees its forward's as it ends
     for m in succ[n]:
         missing[m] -= 1
         ready_at[m] = max(ready_at[m], end + (latency if ops[m].device != op.device else 0.0))
@@ -95,7 +94,7 @@ def _pick(ready: list, ops: list[Op], alive: float, limit: float) -> int | None:
     held, chosen = [], None
     while ready:
         item = heapq.heappop(ready)
-        if ops[item[1]].kind == "F" and alive >= limit:
+        if unit_change(ops[item[1]].kind) > 0 and alive >= limit:
             held.append(item)
             continue
         chosen = item[1]

@@ -18,7 +18,7 @@ from typing import Any
 from . import ast
 from ..diagnostics import Diagnostic, SchedError, Source, Span, error
 from .expr import MAX_INT, EvalError, PipeRef, evaluate, evaluate_int
-from ..grid import elide, ranges
+from ..passes.grid import elide, ranges
 from ..budget import PROGRAM_STATEMENTS, REFUSED, STATEMENTS_PER_OP
 from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind

@@ -25,18 +25,17 @@ pending weight gradient of the highest chunk (chunk 1's before chunk 0's, as the
 """
 from __future__ import annotations
 
-from bisect import insort
 from collections import deque
-from itertools import accumulate, chain, compress, groupby, repeat
+from itertools import chain, compress, groupby, repeat
 from operator import add, attrgetter, contains, mul, sub
 
 from ..ir import OP_KEY, Op, consume
 from ..ops import BUILTIN, GRADIENT, OpKind
+from ..walk import Slots, slots_of, unit_change
 
-_F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
+_F, _I, _W = OpKind.F.value, OpKind.I.value, OpKind.W.value
 _AT = attrgetter("stage", "mb", "pipe")
 _KIND, _DEVICE = attrgetter("kind"), attrgetter("device")
-_CHANGE = {_F: 1, _B: -1}  # an op's change of its device's memory (a W's is counted apart)
 
 
 class _Ops:
@@ -52,7 +51,7 @@ class _Ops:
         kinds, stages, pipes = (list(map(attrgetter(name), self.ops)) for name in ("kind", "stage", "pipe"))
         self.deps = dependency_lists(self.ops, deps)
         self.chunk = list(map(chunk.__getitem__, zip(pipes, stages)))
-        self.change = list(map(_CHANGE.get, kinds, repeat(0)))  # memory; W's come counted
+        self.change = list(map(unit_change, kinds))  # memory (walk's rule); W's come counted
         self.backward = list(map(_I.__eq__, kinds))  # an input gradient (its W comes counted)
         lanes: dict[tuple, int] = {}
         self.previous = []
@@ -166,8 +165,7 @@ def _pass(table: _Ops, times: list[int], with_weights: bool) -> list[int]:
     """Rules 1 to 3 once; returns each op's new slot."""
     times = list(times)
     weights = [_weight_slots(table, times, d) for d in range(table.devices)] if with_weights else []
-    curves = [_Counted(table, times, d, weights[d]) if with_weights else _Released(table, times, d)
-              for d in range(table.devices)]
+    curves = [_curve(table, times, d, weights[d] if with_weights else None) for d in range(table.devices)]
     bound = max(curve.peak for curve in curves)
     events, owners, ranks = _events(table, times, weights)
     taken: list[set[int]] = [set() for _ in range(table.devices)]
@@ -261,7 +259,7 @@ def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
 
 # Rule 2's memory check. Moving one op at a time, the squeeze asks of every free slot before the op's
 # own whether its device's peak stays within the bound with the op there; each device's memory over its
-# slots is kept and a move changes it where it reaches, not recomputed (_Counted, _Released).
+# slots is kept as a walk.Slots and a move changes it where it reaches, not recomputed.
 # Two facts make that exact. Every slot holds at most one op or weight gradient: a program's slots
 # increase (order.py refuses one not after the previous op's), the counted weight gradients take free
 # slots, rule 3 gives a device's ops distinct slots, and a move goes to a free slot (one not taken by
@@ -269,106 +267,17 @@ def _weight_slots(table: _Ops, times: list[int], d: int) -> list[int]:
 # device's peak is within the bound when a pass starts (the bound is the highest) and after every move
 # (one is made only where it fits), so a move fits where the levels it changes stay within the bound.
 
-class _Counted:
-    """Device d's memory with the weight gradients counted in their slots (the first pass): its level
-    after each slot, the sum of the changes up to it (a forward +1, a backward or weight gradient -1).
-    An op of change c moved from slot t to s changes the levels in [s, t) by c alone. Also the slots
-    of its input gradients, in order (the k-th weight gradient follows the k-th)."""
-
-    def __init__(self, table: _Ops, times: list[int], d: int, weights: list[int]):
-        mine = table.on(d)
-        slots = [times[n] for n in mine]
-        change = [0] * (max(slots + weights, default=-1) + 1)
-        consume(map(change.__setitem__, slots, map(table.change.__getitem__, mine)))
-        consume(map(change.__setitem__, weights, repeat(-1)))
-        self.levels = list(accumulate(change))
-        self.peak = max(0, max(self.levels, default=0))
-        self.backwards = sorted(compress(slots, map(table.backward.__getitem__, mine)))
-
-    def earliest(self, first: int, t: int, change: int, backward: bool, taken: set[int], bound: int) -> int:
-        """The earliest free slot from `first` on, before `t`, where the op fits; else `t`. It fits where
-        no level from there to `t` passes the bound once raised by `change`."""
-        levels = self.levels
-        if change > 0:
-            first = next((x + 1 for x in range(t - 1, first - 1, -1) if levels[x] + change > bound), first)
-        return next((slot for slot in range(first, t) if slot not in taken), t)
-
-    def move(self, slot: int, t: int, change: int, backward: bool) -> None:
-        levels = self.levels
-        for x in range(slot, t) if change else ():
-            levels[x] += change
-        if backward:
-            self.backwards.remove(t)
-            insort(self.backwards, slot)
-
-
-class _Released:
-    """Device d's memory without the weight gradients (the second pass): a free slot after an input
-    gradient frees one unit. Kept per slot: the op's change (None where the slot is free), whether it
-    is an input gradient, and the level and the pending input gradients after the slot. An op moved
-    from slot t to s changes the walk from s on until, at or after t, it is back in a state it had."""
-
-    def __init__(self, table: _Ops, times: list[int], d: int):
-        mine = table.on(d)
-        slots = list(map(times.__getitem__, mine))
-        size = max(slots, default=-1) + 1
-        self.change: list[int | None] = [None] * size
-        self.backward = [False] * size
-        consume(map(self.change.__setitem__, slots, map(table.change.__getitem__, mine)))
-        consume(map(self.backward.__setitem__, slots, map(table.backward.__getitem__, mine)))
-        self.level, self.pending = [0] * size, [0] * size
-        self.peak = self._walk(0, size)
-
-    def _walk(self, slot: int, t: int | None) -> int:
-        """Walk from `slot` on, writing each slot's state, until past `t` the state is one it had
-        (None: to the end); returns the highest level met at an op's slot (0 at least)."""
-        level, pending = (self.level[slot - 1], self.pending[slot - 1]) if slot else (0, 0)
-        peak = 0
-        for x in range(slot, len(self.change)):
-            step = self.change[x]
-            if step is None:
-                if pending:
-                    level, pending = level - 1, pending - 1
-            else:
-                level += step
-                pending += self.backward[x]
-                peak = max(peak, level)
-            if t is not None and x >= t and self.level[x] == level and self.pending[x] == pending:
-                break
-            self.level[x], self.pending[x] = level, pending
-        return peak
-
-    def earliest(self, first: int, t: int, change: int, backward: bool, taken: set[int], bound: int) -> int:
-        """The earliest free slot from `first` on, before `t`, where the op fits; else `t`."""
-        return next((slot for slot in range(first, t) if slot not in taken and
-                     self._fits(slot, t, change, backward, bound)), t)
-
-    def _fits(self, slot: int, t: int, change: int, backward: bool, bound: int) -> bool:
-        """Whether the walk with the op moved from `t` to `slot` keeps every level at an op's slot
-        within the bound, up to where it is back in a state it had."""
-        level, pending = (self.level[slot - 1], self.pending[slot - 1]) if slot else (0, 0)
-        level += change
-        pending += backward
-        if level > bound:
-            return False
-        for x in range(slot + 1, len(self.change)):
-            step = None if x == t else self.change[x]
-            if step is None:
-                if pending:
-                    level, pending = level - 1, pending - 1
-            else:
-                level += step
-                pending += self.backward[x]
-                if level > bound:
-                    return False
-            if x >= t and self.level[x] == level and self.pending[x] == pending:
-                return True
-        return True
-
-    def move(self, slot: int, t: int, change: int, backward: bool) -> None:
-        self.change[slot], self.backward[slot] = change, backward
-        self.change[t], self.backward[t] = None, False
-        self._walk(slot, t)
+def _curve(table: _Ops, times: list[int], d: int, weights: list[int] | None) -> Slots:
+    """Device d's memory over its slots: with `weights` (the first pass) the weight gradients counted in
+    their slots, each freeing one unit; without (the second), a free slot after an input gradient frees
+    one (a deferred release)."""
+    mine = table.on(d)
+    slots = list(map(times.__getitem__, mine))
+    placed = zip(slots, map(table.change.__getitem__, mine), map(table.backward.__getitem__, mine))
+    if weights is None:
+        return slots_of(placed, max(slots, default=-1) + 1, deferred=True)
+    freed = zip(weights, repeat(-1), repeat(False))
+    return slots_of(chain(placed, freed), max(slots + weights, default=-1) + 1, deferred=False)
 
 
 def _eager(table: _Ops, times: list[int], weights: list[list[int]]) -> list[int]:

@@ -43,7 +43,7 @@ def torch_actions(units: list[Unit], microbatches: int,
     stage after its m-th B or W. The stages still unsharded at the row's end are resharded after its
     last cell (ascending). The window is found from each stage's next cell, so a row of n cells over S
     stages costs n·S, not n². With `reshard_after_forward` given, the window is the zero-3 runtime's
-    instead (schedc/runtime/zero.py): True, a cell's own stages, unsharded before it and resharded after
+    instead (schedc/runtime/model/zero.py): True, a cell's own stages, unsharded before it and resharded after
     it; False, every stage from its first cell to the row's end."""
     positions: dict[int, list[int]] = {}
     for n, unit in enumerate(units):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..budget import RENDER_OPS
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..diagnostics import USAGE, SchedError, Source, error, warning
 from ..outputs import STDOUT, prepare_directory, write_output
 from .dot import FORMATS, run_dot

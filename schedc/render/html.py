@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import floor, log10
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from .canvas import tick_step
 from .timed import in_seconds, memory_view
 

@@ -10,7 +10,7 @@ device's `limit memory` as a red line, the peak beside the strip.
 """
 from __future__ import annotations
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from .canvas import GAP, LABEL_W, NOTE_W, Canvas
 from .timed import memory_view
 

@@ -8,16 +8,16 @@ Memory over time (the timeline's strips and the HTML report's chart both draw me
 activation units alive on a device, from the simulated times: F allocates its stage's units at its
 start, B (W when backward is split) frees them at its end; frees at an instant come before
 allocations, as on a device that runs one op at a time. A schedule with tasks or other `memory`
-declarations draws schedc/memory.py's model over the whole cycle instead: activations and gradients
+declarations draws schedc/passes/memory.py's model over the whole cycle instead: activations and gradients
 that tasks keep, and tasks' persistent state (held from time 0).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..ir import Op
-from ..memory import holdings, host_holdings, levels, levels_of, memory_deltas, timed_model
+from ..passes.memory import holdings, host_holdings, levels, levels_of, memory_deltas, timed_model
 from ..text import GIB
 
 

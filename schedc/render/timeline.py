@@ -18,7 +18,7 @@ are drawn where their devices stopped, outlined in red and marked `!`.
 """
 from __future__ import annotations
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..text import listed, plural
 from ..ir import Op
 from ..ops import COPY, OpKind

@@ -1,5 +1,5 @@
 """The simulated schedule as a Chrome trace (chrome://tracing, Perfetto), shaped like the runtime's
-measured traces (schedc/runtime/trace.py): one process per rank named "rank r", complete ("X") events named
+measured traces (schedc/runtime/execution/trace.py): one process per rank named "rank r", complete ("X") events named
 `F1.3` (kind, stage, microbatch), args op/stage/mb/pipe/step; an overlapped pair is one OVERLAP_F_B
 event named by its halves (`F1.6 & B6.2`), args.halves = [{op, stage, mb}, ...] in the pair's order, as
 the runtime writes it. Time scale: 1 cost unit = 1 ms (1000 µs),
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compiled import Compiled
+from ..passes.compiled import Compiled
 from ..ops import Opcode, label, split_unit
 from .timed import TimedOp, in_seconds, timed_ops
 

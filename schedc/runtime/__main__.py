@@ -15,9 +15,9 @@ if __name__ == "__main__":  # Ctrl-C while torch loads ends the process quietly,
 
 from schedc.plan import PlanError, load_plan  # noqa: E402 (after the handler)
 
-from .errors import UserError
-from .executor import ExecutionError
-from .options import OptionError, parse_options
+from .errors import UserError, error_line
+from .execution.executor import ExecutionError
+from .process.options import OptionError, parse_options
 
 if __name__ == "__main__":  # loaded: Ctrl-C is a KeyboardInterrupt again, which main ends with exit 130
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = parse_options(argv)
     except OptionError as exc:
-        return _fail(rank, f"error: {exc}", EXIT_USAGE, only_rank0=True)
+        return _fail(rank, error_line(exc), EXIT_USAGE, only_rank0=True)
     for note in opts.notes if rank == 0 else ():
         print(note, file=sys.stderr, flush=True)
     try:
@@ -62,16 +62,16 @@ def _sentence(text: str) -> str:
 
 
 def _run(opts) -> int:
-    from .plugins import limit_user_code
+    from .process.plugins import limit_user_code
     limit_user_code(opts.timeout)  # a model builder or data function that never returns ends the run
     plan = load_plan(opts.plan)
     if opts.threads:
         import torch
         torch.set_num_threads(opts.threads)
     if opts.reference:
-        from .reference import run_reference
+        from .model.reference import run_reference
         return run_reference(plan, opts)
-    from .train import run_pipeline
+    from .model.train import run_pipeline
     return run_pipeline(plan, opts)
 
 

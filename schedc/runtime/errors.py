@@ -8,3 +8,10 @@ from __future__ import annotations
 
 class UserError(ValueError):
     """Something the user gave that the runtime cannot run; the message says what and how to fix it."""
+
+    located = False  # True: the message is `path:line:col: error: ...` already
+
+
+def error_line(exc: Exception) -> str:
+    """How a user error is printed: `error: message`, or a located one as it is."""
+    return str(exc) if getattr(exc, "located", False) else f"error: {exc}"

@@ -1,6 +1,6 @@
 """The search: `schedc tune`'s configuration search (space: the request and its candidates; bounds: the
-lower bound that prunes; searcher: the walk, its caches and its predictions; report: what tune prints)
-and the synthesis of a per-device order under a memory limit (synthesis, synthesis_options)."""
+lower bound that prunes; searcher: the walk, its caches and its predictions; results: what it hands on). What tune prints is
+schedc/cli/tune_report.py; the synthesis of an order under a memory limit is schedc/synthesize/."""
 from __future__ import annotations
 
 from .results import Outcome, Ranked, Refusal

@@ -14,7 +14,7 @@ from .space import Candidate, Request, distinct_figures
 def op_costs(structure, table) -> list[float]:
     """The cost of each of a structure's ops, table[op.kind][op.stage], its overlapped pairs fused as
     simulate fuses them; read through the ops' (kind, stage) kept with them (Structure.units)."""
-    from ..simulate import fuse_costs
+    from ..passes.simulate import fuse_costs
     flat = {(kind, s): value for kind, row in table.items() for s, value in enumerate(row)}
     cost = list(map(flat.__getitem__, structure.units))
     fuse_costs(structure.pairs, cost, table)

@@ -1,9 +1,9 @@
 """The configuration search of `schedc tune --model M --cluster C --gpus N --global-batch B` (the command
-line and its report are schedc/cli/tune.py and schedc/search/report.py). It tries
+line and its report are schedc/cli/tune.py and schedc/cli/tune_report.py). It tries
 tensor-parallel t (dividing the heads; within a node first), pipeline p (the schedule's stages must
 divide the layers), d = N / (t p), chunks v (schedules with a param v), microbatch size b (dividing
 B / d), recomputation and the schedules listed, and ranks them by the predicted iteration time of
-each schedule's own compiled order simulated with the cluster's costs (schedc/predict.py), never a
+each schedule's own compiled order simulated with the cluster's costs (schedc/costmodel/fit.py), never a
 closed formula.
 
     candidates --bounds--> sorted by a lower bound --elaborate, memory, simulate--> top K
@@ -115,7 +115,7 @@ class Searcher(Pieces):
         """The order and its activation peaks; its checks and predecessors wait for prepare()."""
         from ..driver import collector_paused
         from ..frontend.elaborate import Options, elaborate
-        from ..memory import peak_memory
+        from ..passes.memory import peak_memory
         entry = self.entries[c.schedule]
         with collector_paused():
             try:
@@ -131,7 +131,7 @@ class Searcher(Pieces):
         predecessors for simulate's timing; once per order that fits in memory."""
         from ..diagnostics import has_errors
         from ..driver import collector_paused, run_passes, untimed
-        from ..simulate import DEVICE, fuse_pairs, predecessors
+        from ..passes.simulate import DEVICE, fuse_pairs, predecessors
         if structure.ops or structure.error is not None:
             return structure
         with collector_paused():
@@ -149,7 +149,7 @@ class Searcher(Pieces):
         """The simulated makespan with messages on their links (simulate's own timing of the order under
         `cost`, its ops' costs from `table`), None when the order deadlocks; cached per (schedule, p, v,
         m, cost vector, links)."""
-        from ..simulate import order_makespan
+        from ..passes.simulate import order_makespan
         key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
@@ -184,8 +184,8 @@ class Searcher(Pieces):
             return shape
         if self.entries[c.schedule].plain:
             return self._evaluate_plain(c, free)
-        from ..simulate import busy_times
-        from ..timing import Span
+        from ..passes.simulate import busy_times
+        from ..passes.timing import Span
         st = self.setting(c)
         structure = self.structure(c)
         if structure.error is not None:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ...diagnostics import Diagnostic, error
-from ...grid import elide, format_grid
+from ...passes.grid import elide, format_grid
 from ...ops import COMM, GRADIENT, RECVS, SENDS, Opcode, OpKind, fed_by, peer_stage
 from ...plan import Instr
 from .pairs import DIRECTION, where

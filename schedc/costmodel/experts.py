@@ -1,0 +1,128 @@
+"""An MoE layer's op costs: the dense layer's attention (or DeepSeek's latent attention) with its MLP
+replaced by the router, the grouped expert GEMMs, the shared experts, the tokens' permutation through HBM
+and expert parallelism's dispatch and combine all-to-alls (Part.a2a), one microbatch on one GPU.
+
+    tokens a GPU dispatches     b·s/t (Megatron-Core runs MoE with sequence parallelism when t > 1)
+    tokens per local expert     b·s·top_k·ep / experts x EXPERT_IMBALANCE (the ep ranks' tokens spread over
+                                the experts; each of its experts / ep experts sees that many)
+    dispatch (= combine) bytes  b·s/t · top_k · h · w, of which (k-1)/ep stay in the node (k: the ep group's
+                                GPUs in a node) and the rest crosses the network; with group-limited routing
+                                (n_group > 1) a token crosses once per node it reaches, at most topk_group
+                                nodes (DeepSeek-V3 section 3.2.2), else once per expert copy
+    F and I                     two all-to-alls each (dispatch, combine); W none
+
+NVLink and the network carry their shares at once: an all-to-all takes the longer of the two.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .bytes import layer_params, moe_layer_params
+from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting
+
+EXPERT_IMBALANCE = 1.0  # the busiest expert's tokens over the mean: 1, a balanced router (DeepSeek-V3's
+                        # auxiliary-loss-free balancing keeps it near); not fitted to any measurement
+
+
+def moe_layer_parts(st: Setting, dense: dict[str, Part], gemms: tuple[float, ...],
+                    attention: float) -> dict[str, Part]:
+    """One MoE layer's F, I, W and R from the dense layer's (stages.layer_parts, its four linear GEMMs
+    `gemms` and its attention products `attention`): its MLP GEMMs and MLP elementwise traffic taken out,
+    the router, experts, shared experts and permutation put in, the attention swapped for MLA's where
+    the model has it, the all-to-alls added to F and I."""
+    m, lay, hw = st.model, st.layout, st.hw
+    mlp = sum(gemms[2:])
+    w, bs, t = m.width, lay.microbatch_size * st.tokens, lay.tp
+    mlp_values = hw.memory(w * (3 if m.mlp == "swiglu" else 2) * bs * m.ffn / t)
+    forward_moe, memory = moe_compute(st)
+    attention_swap, backward_swap = mla_swap(st, sum(gemms[:2]), attention) if m.mla else (0.0, 0.0)
+    a2a = 2 * all_to_all(st)
+    accumulate = hw.memory(GRAD_ACCUMULATION * w * (moe_layer_params(m, t, lay.ep) - layer_params(m, t)))
+    forward = replace(dense[F], compute=dense[F].compute - mlp - mlp_values + forward_moe + memory + attention_swap,
+                      a2a=a2a)
+    backward = replace(dense[I], compute=dense[I].compute - mlp - 2 * mlp_values + forward_moe + 2 * memory
+                       + backward_swap, a2a=a2a)
+    weight = replace(dense[W], compute=dense[W].compute - mlp + forward_moe + accumulate
+                     + (mla_gemms(st) - sum(gemms[:2]) if m.mla else 0.0))
+    recompute = {"full": forward, "selective": Part() if m.flash else dense[R], "none": Part()}[lay.recompute]
+    return {F: forward, I: backward, W: weight, R: recompute}
+
+
+def moe_compute(st: Setting) -> tuple[float, float]:
+    """An MoE MLP's forward on one GPU, seconds: (GEMMs: the router, the local experts' grouped GEMMs at
+    the efficiency of their shapes, the shared experts; HBM traffic: the tokens permuted before the
+    dispatch and unpermuted after the combine, the experts' SwiGLU). The input gradients' GEMMs are as
+    many, and so are the weight gradients'."""
+    m, lay, hw = st.model, st.layout, st.hw
+    bs, h, t, w = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.width
+    local = m.experts // lay.ep
+    per_expert = tokens_per_expert(st)
+    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / t, h) + hw.gemm(per_expert, h, m.moe_ffn / t))
+    shared_width = m.shared_experts * m.shared_width
+    shared = hw.gemm(bs, 2 * shared_width / t, h) + hw.gemm(bs, h, shared_width / t) if shared_width else 0.0
+    router = hw.gemm(bs / t, m.experts, h)
+    copies = bs / t * m.top_k
+    memory = hw.memory(w * (4 * copies * h + 3 * local * per_expert * m.moe_ffn / t + 3 * bs * shared_width / t))
+    return experts + shared + router, memory
+
+
+def tokens_per_expert(st: Setting) -> float:
+    """Tokens each local expert computes per microbatch: the ep ranks' b·s tokens' top_k copies spread
+    over the experts, times EXPERT_IMBALANCE."""
+    m, lay = st.model, st.layout
+    return EXPERT_IMBALANCE * lay.microbatch_size * st.tokens * m.top_k * lay.ep / m.experts
+
+
+def ep_per_node(st: Setting) -> int:
+    """GPUs of one expert-parallel group in a node: its ranks are t apart (carved from the data and context
+    ranks, tensor innermost), so min(ep, node / t) of them share a node (1 when t fills it)."""
+    lay, g = st.layout, st.cluster.gpus_per_node
+    return max(1, min(lay.ep, g // lay.tp)) if lay.tp <= g else 1
+
+
+def all_to_all(st: Setting) -> float:
+    """One dispatch (or combine) all-to-all of one MoE layer on one GPU, seconds (the module's volumes):
+    NVLink's share and the network's at once, the longer of the two; 0 without expert parallelism."""
+    m, lay, c = st.model, st.layout, st.cluster
+    if lay.ep == 1:
+        return 0.0
+    token = lay.microbatch_size * st.tokens / lay.tp * m.hidden * m.width
+    k = ep_per_node(st)
+    nodes = -(-lay.ep // k)
+    remote = m.top_k * (lay.ep - k) / lay.ep  # expert copies on other nodes, per token
+    if m.n_group > 1:  # group-limited: once per node reached, at most topk_group nodes
+        remote = min(m.top_k, m.topk_group, nodes) * (nodes - 1) / nodes
+    near = token * m.top_k * (k - 1) / lay.ep
+    intra = c.intra_latency + near / (c.intra_bandwidth * c.intra_efficiency) if k > 1 else 0.0
+    inter = c.inter_latency + token * remote / (c.inter_bandwidth * c.inter_efficiency) if nodes > 1 else 0.0
+    return max(intra, inter)
+
+
+def mla_gemms(st: Setting) -> float:
+    """Multi-head latent attention's linear GEMMs of one forward: Q down to q_lora_rank and up to heads x
+    (nope + rope) / t, K/V down to kv_lora_rank + rope and up to heads x (nope + v) / t, the projection
+    heads x v / t -> h; the down projections whole on every tensor rank."""
+    m, lay, hw = st.model, st.layout, st.hw
+    bs, h, t, a = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.heads
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    query = (hw.gemm(bs, m.q_lora_rank, h) + hw.gemm(bs, a * qk / t, m.q_lora_rank) if m.q_lora_rank
+             else hw.gemm(bs, a * qk / t, h))
+    kv = hw.gemm(bs, m.kv_lora_rank + m.qk_rope_head_dim, h)
+    kv += hw.gemm(bs, a * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)
+    return query + kv + hw.gemm(bs, h, a * m.v_head_dim / t)
+
+
+def mla_swap(st: Setting, standard: float, attention: float) -> tuple[float, float]:
+    """What MLA changes in a layer's forward and input-gradient seconds against the standard attention
+    stages.layer_parts charged (`standard`: its GEMMs for QKV and the projection; `attention`: its score
+    and value products): MLA's GEMMs, its score products at head width
+    nope + rope and value products at v (the backward's 2.5 forwards' with flash, twice without)."""
+    m, lay, hw = st.model, st.layout, st.hw
+    b, s, a, t = lay.microbatch_size, st.tokens, m.heads, lay.tp
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    latent = hw.gemm(s, s, qk, count=b * a / t) + hw.gemm(s, s, m.v_head_dim, count=b * a / t)
+    if lay.cp > 1:
+        latent *= (lay.cp + 1) / 2  # causal_blocks
+    factor = 2.5 if m.flash else 2
+    gemms = mla_gemms(st) - standard
+    return gemms + latent - attention, gemms + factor * (latent - attention)
