@@ -96,3 +96,25 @@ def test_four_ranks_of_a_large_gpt_each_hold_less_than_the_model(plans, tmp_path
     assert sorted(r["plan_rank"] for r in ranks) == [0, 1, 2, 3]
     assert max(r["peak_rss_bytes"] for r in ranks) < model_bytes
     assert all(r["parameter_bytes"] < model_bytes / 3 for r in ranks)  # a quarter each, give or take the ends
+
+
+class WithBuffer(nn.Module):
+    """reset_parameters covers the weight only; the buffer is the constructor's."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(3))
+        self.register_buffer("scale", torch.arange(3.0))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.uniform_(self.weight)
+
+
+def test_materializing_keeps_a_modules_buffers():
+    pieces = build_pieces(lambda cfg: [("a", WithBuffer()), ("b", WithBuffer())], GPT, seed=0, materialize=False)
+    assert pieces[0][1].weight.is_meta
+    materialize_pieces(pieces, 0, keep={"a"})
+    assert torch.equal(pieces[0][1].scale, torch.arange(3.0)) and not pieces[0][1].weight.is_meta
+    torch.manual_seed(module_seed(0, "a"))
+    assert torch.equal(pieces[0][1].weight, torch.rand(3))  # uniform_ draws as rand does

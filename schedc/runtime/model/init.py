@@ -25,7 +25,8 @@ def deferred_parameters():
     register = nn.Module.register_parameter
 
     def deferring(module: nn.Module, name: str, param):
-        if param is not None and hasattr(module, "reset_parameters") and param.device.type != "meta":
+        if (param is not None and hasattr(module, "reset_parameters") and param.device.type != "meta"
+                and not isinstance(param, nn.parameter.UninitializedParameter)):  # a lazy module's: left alone
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
@@ -52,7 +53,10 @@ def materialize(prefix: str, piece: nn.Module, seed: int, device: torch.device |
     for name, module in piece.named_modules():
         if not any(p.is_meta for p in module.parameters(recurse=False)):
             continue
-        module.to_empty(device=device, recurse=False)
+        for key, param in module._parameters.items():  # its buffers stay as its constructor made them
+            if param is not None and param.is_meta:
+                module._parameters[key] = nn.Parameter(torch.empty_like(param, device=device),
+                                                       requires_grad=param.requires_grad)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(module_seed(seed, f"{prefix}.{name}" if name else prefix))
             with torch.no_grad():
