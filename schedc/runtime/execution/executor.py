@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from schedc.ops import OpKind, carries, fed_by, link_ends
+from schedc.ops import OpKind, carries, fed_by, link_ends, peer_stage
 from schedc.plan import Instr, Opcode, Plan
 
 from .clocks import HOST
@@ -343,7 +343,7 @@ class Executor:
         shape, dtype = self.shapes[min(link_ends(instr.op, instr.stage))]
         wire = self.messages.wire_shape(shape)
         if tensor.dtype != dtype or tensor.shape != wire:
-            into = instr.stage + 1 if instr.op == Opcode.SEND_F else instr.stage - 1
+            into = peer_stage(instr.op, instr.stage)
             what = "output" if instr.op == Opcode.SEND_F else "input gradient"
             raise ExecutionError(f"stage {instr.stage}'s {what} for microbatch {instr.mb} is {_form(tensor.dtype, tensor.shape)}, "
                                  f"but stage {into} expects {_form(dtype, wire)} (the boundary traced before "
