@@ -49,7 +49,7 @@ def test_sent_buffers_are_released_in_completion_order():
     """A send behind one still in flight is released once it completes (it used to wait for the queue's
     front): the completed are waited for in queue order, the rest kept, oldest first."""
     from collections import deque
-    from schedc.runtime.execution.executor import release_sent
+    from schedc.runtime.execution.lifetimes import release_sent
     sends = deque([(Work(False), "a", 1), (Work(True), "b", 2), (Work(False), "c", 1), (Work(True), "d", 3)])
     freed = []
     left = release_sent(sends, lambda work, buffer, peer: freed.append((buffer, peer)))

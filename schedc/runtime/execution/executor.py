@@ -29,7 +29,7 @@ from schedc.plan import Instr, Opcode, Plan
 
 from .clocks import HOST
 from .chunks import SequenceChunks
-from .lifetimes import freed_by, plan_lifetimes
+from .lifetimes import freed_by, plan_lifetimes, release_sent
 from .memory import SavedBytes
 from ..model.gpt import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
@@ -472,27 +472,6 @@ def _describe(exc: BaseException) -> str:
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo's "[file.cc:123] " prefix
     first = re.split(r"(?<=[.!?])\s|\n", text, maxsplit=1)[0]
     return f"{type(exc).__name__}: {first}"
-
-
-def release_sent(sends: deque, wait: Callable) -> deque:
-    """The sends still in flight, oldest first; `wait` called on each completed one, in whatever order
-    they completed (a later, smaller message to a quicker peer frees its buffer before an earlier one).
-
-    >>> class Work:
-    ...     def __init__(self, done): self.done = done
-    ...     def is_completed(self): return self.done
-    >>> left = release_sent(deque([(Work(False), "a", 1), (Work(True), "b", 2)]), lambda w, b, p: print("freed", b))
-    freed b
-    >>> [buffer for _, buffer, _ in left]
-    ['a']
-    """
-    kept = deque()
-    for entry in sends:
-        if entry[0].is_completed():
-            wait(*entry)
-        else:
-            kept.append(entry)
-    return kept
 
 
 def _form(dtype: torch.dtype, shape: torch.Size) -> str:
