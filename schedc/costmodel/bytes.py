@@ -78,9 +78,29 @@ def layer_activation_bytes(model: ModelSpec, layout: Layout) -> float:
     s/cp tokens a GPU holds. schedc/costmodel/activations.py's table
     with Megatron's facts, at f = 4h as Korthikanti's table has it; a flash attention kernel (the
     model's `attention`) keeps no scores but their fp32 log-sum-exp (Facts.scores); an MoE model at the
-    width its tokens' experts take (moe_width)."""
+    width its tokens' experts take (moe_width), with the top_k - 1 more copies of each token its experts
+    keep as their input (split over t: sequence parallelism, as Megatron-Core runs MoE with t > 1)."""
     sizes, facts = activation_sizes(model, layout)
-    return layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
+    kept = layer_bytes(sizes, facts, layout.tp, layout.sequence_parallel, layout.recompute)
+    if model.moe and layout.recompute != "full":  # the experts' inputs: top_k copies of each token, not one
+        width = FP8_BYTES if layout.fp8 else model.width  # Transformer Engine keeps a GEMM's FP8 input
+        kept += width * (model.top_k - 1) * sizes.seq * sizes.batch * model.hidden / layout.tp
+    if model.mla and layout.recompute != "full":
+        kept += model.width * sizes.seq * sizes.batch * mla_extra_values(model, layout.tp)
+    return kept
+
+
+def mla_extra_values(model: ModelSpec, t: int) -> float:
+    """Values per token latent attention keeps beyond what the table counts for its attention (Q and the
+    output h wide, K and V kv_hidden): Q and K heads x (nope + rope) wide, V and the output heads x v,
+    over t, and the latents the up-projections read, q_lora_rank and kv_lora_rank + rope, whole.
+
+        DeepSeek-V3, t 1: 2·(24576 - 7168) + 2·(16384 - 7168) + 1536 + 576 = 55,360 values a token
+    """
+    qk = model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
+    v = model.heads * model.v_head_dim
+    wider = (qk - model.hidden) + (qk - model.kv_hidden) + (v - model.kv_hidden) + (v - model.hidden)
+    return wider / t + model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
 
 
 def activation_sizes(model: ModelSpec, layout: Layout) -> tuple[Sizes, Facts]:

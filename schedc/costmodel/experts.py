@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..descriptions.moe import attention_parameters
+from ..ir import Issued
+from ..ops import Opcode, OpKind
 from .bytes import layer_params, moe_layer_params
-from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting
+from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting, stage_mix
 
 EXPERT_IMBALANCE = 1.0  # the busiest expert's tokens over the mean: 1, a balanced router (DeepSeek-V3's
                         # auxiliary-loss-free balancing keeps it near); not fitted to any measurement
@@ -50,16 +53,18 @@ def moe_layer_parts(st: Setting, dense: dict[str, Part], gemms: tuple[float, ...
 
 def moe_compute(st: Setting) -> tuple[float, float]:
     """An MoE MLP's forward on one GPU, seconds: (GEMMs: the router, the local experts' grouped GEMMs at
-    the efficiency of their shapes, the shared experts; HBM traffic: the tokens permuted before the
+    the efficiency of their shapes, the shared experts (at the FP8 rate with --fp8; the router not); HBM traffic: the tokens permuted before the
     dispatch and unpermuted after the combine, the experts' SwiGLU). The input gradients' GEMMs are as
     many, and so are the weight gradients'."""
     m, lay, hw = st.model, st.layout, st.hw
     bs, h, t, w = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.width
     local = m.experts // lay.ep
     per_expert = tokens_per_expert(st)
-    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / t, h) + hw.gemm(per_expert, h, m.moe_ffn / t))
+    fp8 = lay.fp8
+    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / t, h, fp8=fp8) + hw.gemm(per_expert, h, m.moe_ffn / t, fp8=fp8))
     shared_width = m.shared_experts * m.shared_width
-    shared = hw.gemm(bs, 2 * shared_width / t, h) + hw.gemm(bs, h, shared_width / t) if shared_width else 0.0
+    shared = (hw.gemm(bs, 2 * shared_width / t, h, fp8=fp8) + hw.gemm(bs, h, shared_width / t, fp8=fp8)
+              if shared_width else 0.0)
     router = hw.gemm(bs / t, m.experts, h)
     copies = bs / t * m.top_k
     memory = hw.memory(w * (4 * copies * h + 3 * local * per_expert * m.moe_ffn / t + 3 * bs * shared_width / t))
@@ -68,9 +73,11 @@ def moe_compute(st: Setting) -> tuple[float, float]:
 
 def tokens_per_expert(st: Setting) -> float:
     """Tokens each local expert computes per microbatch: the ep ranks' b·s tokens' top_k copies spread
-    over the experts, times EXPERT_IMBALANCE."""
+    over the experts, times EXPERT_IMBALANCE, at most the model's capacity factor times the mean (the
+    tokens past an expert's capacity dropped; dropless without one)."""
     m, lay = st.model, st.layout
-    return EXPERT_IMBALANCE * lay.microbatch_size * st.tokens * m.top_k * lay.ep / m.experts
+    busiest = min(EXPERT_IMBALANCE, m.capacity_factor) if m.capacity_factor else EXPERT_IMBALANCE
+    return busiest * lay.microbatch_size * st.tokens * m.top_k * lay.ep / m.experts
 
 
 def ep_per_node(st: Setting) -> int:
@@ -105,11 +112,12 @@ def mla_gemms(st: Setting) -> float:
     m, lay, hw = st.model, st.layout, st.hw
     bs, h, t, a = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.heads
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-    query = (hw.gemm(bs, m.q_lora_rank, h) + hw.gemm(bs, a * qk / t, m.q_lora_rank) if m.q_lora_rank
-             else hw.gemm(bs, a * qk / t, h))
-    kv = hw.gemm(bs, m.kv_lora_rank + m.qk_rope_head_dim, h)
-    kv += hw.gemm(bs, a * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)
-    return query + kv + hw.gemm(bs, h, a * m.v_head_dim / t)
+
+    def gemm(n: float, k: float) -> float:
+        return hw.gemm(bs, n, k, fp8=lay.fp8)
+    query = gemm(m.q_lora_rank, h) + gemm(a * qk / t, m.q_lora_rank) if m.q_lora_rank else gemm(a * qk / t, h)
+    kv = gemm(m.kv_lora_rank + m.qk_rope_head_dim, h) + gemm(a * (m.qk_nope_head_dim + m.v_head_dim) / t, m.kv_lora_rank)
+    return query + kv + gemm(h, a * m.v_head_dim / t)
 
 
 def mla_swap(st: Setting, standard: float, attention: float) -> tuple[float, float]:
@@ -126,3 +134,49 @@ def mla_swap(st: Setting, standard: float, attention: float) -> tuple[float, flo
     factor = 2.5 if m.flash else 2
     gemms = mla_gemms(st) - standard
     return gemms + latent - attention, gemms + factor * (latent - attention)
+
+
+def moe_model_flops(model, layout, batch: int) -> float:
+    """An MoE model's FLOPs of one step, as prediction.model_flops counts a dense one (every layer's forward
+    4 times with full recomputation, 3 otherwise; the logits 3 times): per token and layer its attention's
+    weights (attention_parameters) and products (2·s per head over the score and value widths), and its
+    MLP's: a dense layer's ffn, an MoE layer's top_k routed and shared experts and its router; the MTP
+    blocks' layers and logits on top.
+
+        Mixtral 8x7B, s = 4096: 2s(2h² + 2h·kv + 2·3h·14336 + 8h) + 4s²h per layer
+    """
+    s, h = model.seq, model.hidden
+    if model.mla:
+        scores = model.heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    else:
+        scores = 2 * model.q_hidden
+    attention = 2 * s * attention_parameters(model) + 2 * s * s * scores
+    dense = attention + 2 * s * 3 * h * model.ffn
+    routed = model.top_k * 3 * h * model.moe_ffn + model.shared_experts * 3 * h * model.shared_width
+    moe = attention + 2 * s * (routed + h * model.experts)
+    passes = 4 if layout.recompute == "full" else 3
+    layers = model.first_k_dense * dense + (model.moe_layers + model.mtp) * moe
+    return batch * (passes * layers + 3 * (1 + model.mtp) * 2 * s * h * model.vocab)
+
+
+# the ops that run an MoE layer's forward or its input gradient, each with a dispatch and a combine
+# all-to-all: F, B and I, and R, a placed recomputation of the forward (W has none)
+_EXCHANGING = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.R.value)
+
+
+def expert_collectives(st: Setting, stages: int) -> tuple[Issued, ...]:
+    """What the plan declares of expert parallelism (Schedule.collectives): on every stage with MoE
+    layers, F, B, I and R issue a dispatch and a combine ALL_TO_ALL over the stage's expert group: the
+    ep ranks carved from d x cp, the op's own rank's lane in the plan (never another pipeline rank, not
+    even the other copy of the stage in Chimera or DualPipe). One pair stands for the
+    op's MoE layers: consecutive collectives of one op on one group wait for the same ranks. None
+    without experts or with ep = 1.
+
+        ep 2, 2 stages, MoE layers on stage 1 only -> F, B, I, R: ALL_TO_ALL twice each, stages {1}
+    """
+    if st.layout.ep <= 1 or not st.model.moe:
+        return ()
+    routed = frozenset(s for s, (_, moe) in enumerate(stage_mix(st.model, stages, st.layout)) if moe)
+    if not routed:
+        return ()
+    return tuple(Issued(kind, Opcode.ALL_TO_ALL.value, routed) for kind in _EXCHANGING for _ in ("dispatch", "combine"))

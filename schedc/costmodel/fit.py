@@ -13,9 +13,10 @@ from ..ops import OpKind
 
 
 def sharding_words(lay: Layout) -> str:
-    """The context-parallel size and the ZeRO level above 1, as the layout's words add them:
+    """The context- and expert-parallel sizes and the ZeRO level above 1, as the layout's words add them:
     ", cp=2, zero 3 resharding after the forward"."""
     words = f", cp={lay.cp}" if lay.cp > 1 else ""
+    words += f", ep={lay.ep}" if lay.ep > 1 else ""
     if lay.zero >= 2:
         words += f", zero {lay.zero}"
     if lay.zero == 3:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..descriptions import code_given_as_model, known_models
+from ..descriptions import code_given_as_model, known_models, resolve_model
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error
 from ..inputs import MAX_DESCRIPTION_BYTES, load_toml, read_source
 from ..text import MAX_SHOWN
@@ -68,7 +68,8 @@ def unknown_keys(keys: list[str], message, where) -> list[Diagnostic]:
 
 
 def source_text(path: str) -> Source:
+    """A model description's text for a located error: a path, or a library name's file (`mixtral-8x7b`)."""
     try:
-        return read_source(path, "model", MAX_DESCRIPTION_BYTES)
+        return read_source(resolve_model(path), "model", MAX_DESCRIPTION_BYTES)
     except SchedError:
         return Source(path, "")

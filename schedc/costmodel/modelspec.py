@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..descriptions import DescriptionError, ModelFacts, is_hf_config, read_hf_config, resolve_model
 from ..descriptions.hf import key_positions
-from ..descriptions.facts import ATTENTION_KERNELS, DTYPE_BYTES, FACT_FIELDS, FACT_NAMES, MAX_SIZE, consistency
+from ..descriptions.facts import (ATTENTION_KERNELS, DTYPE_BYTES, FACT_FIELDS, FACT_NAMES, MAX_SIZE, MOE_FACT_FIELDS,
+                                  consistency)
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, Span, error
 from ..inputs import MAX_DESCRIPTION_BYTES, load_json, read_source
 from .located import locate, read_toml, unknown_keys
@@ -33,6 +34,9 @@ _CHOICES = {"dtype": tuple(DTYPE_BYTES), "attention": ATTENTION_KERNELS}  # a st
 _MODEL_FIELDS.update({key: kind for key, (kind, _) in FACT_FIELDS.items()})  # the architecture's facts
 _MODEL_OPTIONAL.update(FACT_FIELDS)
 _CHOICES.update({key: choices for key, (_, choices) in FACT_FIELDS.items() if choices})
+_MODEL_FIELDS.update({key: kind for key, (kind, _) in MOE_FACT_FIELDS.items()})  # experts, MLA (moe.py)
+_MODEL_OPTIONAL.update(MOE_FACT_FIELDS)
+_CHOICES.update({key: choices for key, (_, choices) in MOE_FACT_FIELDS.items() if choices})
 
 def read_fields(table: dict, source: Source, fields: dict[str, type], optional: set[str],
                 also: tuple[str, ...] = ()) -> tuple[dict, list[Diagnostic]]:

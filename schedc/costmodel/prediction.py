@@ -13,7 +13,8 @@ from ..ir import OP_KEY
 from ..passes.memory import timed_model
 from ..ops import COPY, OVERLAP, OpKind
 from ..passes.simulate import pair_cost
-from .bytes import activation_peak_parts, device_memory, shards, stage_holders, stage_params
+from .experts import moe_model_flops
+from .bytes import activation_peak_parts, device_memory, shards, stage_expert_params, stage_holders, stage_params
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts, overlapped_pair
 from ..text import GIB
@@ -57,6 +58,8 @@ def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
 
         GPT: 2s(4h^2 + 2hf) + 4s^2h;  Llama 3.1 8B (h 4096, kv 1024, f 14336): 2s(2h^2 + 2h kv + 3hf) + 4s^2h
     """
+    if model.moe:
+        return moe_model_flops(model, layout, batch)
     s, h, f = model.seq, model.hidden, model.ffn
     linear = 2 * h * h + 2 * h * model.kv_hidden + (3 if model.mlp == "swiglu" else 2) * h * f
     per_layer = 2 * s * linear + 4 * s * s * h
@@ -103,7 +106,7 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
     out = []
     for d in range(schedule.devices):
         mine = sorted({s for s, ds in holders.items() if d in ds})
-        stepped = sum(stage_params(m, lay.tp, stages, s, lay) / shards(lay, holders, s) for s in mine)
+        stepped = sum(_stepped(m, lay, stages, s, shards(lay, holders, s)) for s in mine)
         exchange = 0.0
         for s in mine:
             group = lay.dp * lay.cp * len(holders[s])
@@ -115,6 +118,13 @@ def step_tails(st: Setting, schedule) -> list[Tail]:
             if stages > 1 and m.tied_embeddings and (d in first) != (d in last) else 0.0
         out.append(Tail(exchange, embedding, hw.memory(ADAM_BYTES_PER_PARAM * stepped)))
     return out
+
+
+def _stepped(m: ModelSpec, lay: Layout, stages: int, s: int, k: int) -> float:
+    """The parameters of stage s one GPU's optimizer steps: its shard of 1/k (k: shards()), the routed
+    experts' of 1/(k / ep) (their state is sharded over the expert-data-parallel ranks)."""
+    experts = stage_expert_params(m, lay, stages, s)
+    return (stage_params(m, lay.tp, stages, s, lay) - experts) / k + experts / max(1, k // lay.ep)
 
 
 def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:

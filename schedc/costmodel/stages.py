@@ -48,7 +48,7 @@ def overlapped_pair(forward: Part, backward: Part) -> Part:
         return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed)
     a2a = (max(0.0, forward.a2a - max(0.0, backward.compute - forward.p2p - forward.cp))
            + max(0.0, backward.a2a - max(0.0, forward.compute - backward.p2p - backward.cp)))
-    return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed - a2a, a2a=a2a)
+    return Part(forward.compute + backward.compute, forward.tp + backward.tp, exposed, a2a=a2a)
 
 
 def layer_parts(st: Setting) -> dict[str, Part]:

@@ -149,7 +149,10 @@ class ModelFacts:
 FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
     "kv_heads": (int, None), "mlp": (str, MLPS), "norm": (str, NORMS), "norm_eps": (float, None),
     "positions": (str, POSITIONS), "rope_theta": (float, None), "tied_embeddings": (bool, None),
-    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES),
+    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES)}
+# The facts of a mixture of experts, latent attention and a head width of its own (moe.py): the cost
+# model's (a TOML model file may state them); the runtime does not build them yet
+MOE_FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
     "head_size": (int, None), "experts": (int, None), "top_k": (int, None), "moe_ffn": (int, None),
     "shared_experts": (int, None), "shared_ffn": (int, None), "first_k_dense": (int, None),
     "router": (str, ROUTERS), "n_group": (int, None), "topk_group": (int, None), "capacity_factor": (float, None),

@@ -38,6 +38,8 @@ class Pieces:
         self.limit = request.memory_limit if request.memory_limit is not None else self.cluster.memory_bytes
         self.entries = {e.name: e for e in library_entries(request.schedules)}
         self.shardings = sharding_choices(self.model, request)  # refuses a fixed --cp or --zero the model refuses
+        if request.layout.post_validation:  # two steps back to back: simulate's, every candidate compiled whole
+            self.entries = {name: replace(e, plain=True) for name, e in self.entries.items()}
         self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
         self.costs: dict[tuple, Any] = {}
