@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--mb-size", type=int, default=4)
+    parser.add_argument("--microbatch-size", "--mb-size", dest="mb_size", type=int, default=4)
     parser.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated subset")
     parser.add_argument("--worker", metavar="SCHEDULE", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)

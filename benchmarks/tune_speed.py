@@ -6,7 +6,8 @@ no merging), and whether both give the same top K.
 
 is `schedc tune --model gpt-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch 1536` (--quick: the
 1.7B model on 32 GPUs, batch 128; --row 1t: Megatron-LM's 1T row, gpt-1008b on 3,072 GPUs, batch 3,072,
-over 1f1b, interleaved_1f1b and zb_h1). --exhaustive-runs 0 times the fast search alone (nothing
+over 1f1b, interleaved_1f1b and zb_h1), with --cp 1 --zero 0 (--sharding: cp and the ZeRO level searched too, as
+the command does without them). --exhaustive-runs 0 times the fast search alone (nothing
 compared: the line says so, and the exit status is 0). Each search runs in this process on a fresh Searcher (no cache
 kept between runs); times are CPU seconds of this process (time.process_time, so a busy machine's
 other work does not count) and wall seconds. The top K compared: every schedule named in a fast row,
@@ -52,6 +53,8 @@ def main() -> None:
     parser.add_argument("--exhaustive-runs", type=int, default=1, help="exhaustive searches (default 1)")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="the 1.7B model on 32 GPUs, batch 128")
+    parser.add_argument("--sharding", action="store_true",
+                        help="search cp and the ZeRO level too, as `schedc tune` does without --cp or --zero")
     parser.add_argument("--row", choices=("1t",), default=None,
                         help="1t: Megatron-LM's 1T row (3,072 GPUs) over 1f1b, interleaved_1f1b, zb_h1")
     args = parser.parse_args()
@@ -59,8 +62,10 @@ def main() -> None:
 
     from schedc.search import Request
     model, gpus, batch, names = ROWS["quick" if args.quick else args.row or "175b"]
-    fast_request = Request(model, "dgx-a100-80gb", gpus, batch, schedules=names, top=args.top)
+    searched = {"cp": (), "zero": ()} if args.sharding else {"cp": None, "zero": None}
+    fast_request = Request(model, "dgx-a100-80gb", gpus, batch, schedules=names, top=args.top, **searched)
     only = f" --schedules {','.join(names)}" if names else ""
+    only += "" if args.sharding else " --cp 1 --zero 0"
     print(f"schedc tune --model {model} --cluster dgx-a100-80gb --gpus {gpus} --global-batch {batch}{only} --top {args.top}")
     fast = [timed(fast_request) for _ in range(args.runs)]
     outcome = fast[0][0]

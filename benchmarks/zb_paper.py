@@ -6,13 +6,13 @@ dgx-a100-80gb constants that Megatron-LM's Table 1 is predicted with: one consta
 The rows: 8 GPUs, pure pipeline parallelism (p = 8, t = d = 1), sequence 1,024, no recomputation, fp16,
 the model's layers plus the embedding and the output layer split evenly over the stages (22 + 2 = 3 x 8:
 stages of 2, 3, ..., 3, 2 layers; the repository's --allow-padding-num-layers), m = 24, 32 and 64
-microbatches. ZB-1p and ZB-2p are automatic, as the paper's are: the order `schedc tune --synthesize`
-finds for the cost model's own F, I and W of each stage under a limit of p and 2p microbatches'
-activations, counted as the paper's scheduler counts them (its mem_f until I, then mem_w = 32h until
+microbatches. ZB-1p and ZB-2p are automatic, as the paper's are: the order `schedc tune --synthesize
+--model M --cluster C` finds for the cost model's own F, I and W of each stage under a limit of p and 2p
+microbatches' activations (--activation-limit 8, 16), counted as the paper's scheduler counts them (its mem_f until I, then mem_w = 32h until
 W; it does the same with profiled times). They run on the zero bubble repository's runtime, whose
 launch script turns on the optimizer's post-validation with zero bubble in fp16: no all-reduce before
 the optimizer step, so a device starts its next step once its own is done and the steps overlap; their
-iteration is that steady step's (post_validated). 1F1B is Megatron-LM's, synchronized at every step.
+iteration is that steady step's (`schedc simulate --cluster ... --post-validation`). 1F1B is Megatron-LM's, synchronized at every step.
 The hand-made shapes (zb_h1; zb_2p, ZB-H2's shape under ZB-2p's limit of 2p) and the newer schedules
 (interleaved zero bubble, ZB-V, V-Half, V-Min, DualPipe and DualPipeV) are predicted on the same rows,
 one step alone, each with its activations against 1F1B's; the newer ones run on 2p half stages (the
@@ -39,14 +39,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from schedc.costmodel import Setting, stage_costs  # noqa: E402
-from schedc.costmodel.bytes import activation_peaks, deferred_weight_bytes, layer_activation_bytes  # noqa: E402
+from schedc.costmodel import Setting  # noqa: E402
+from schedc.costmodel.bytes import activation_peaks  # noqa: E402
 from schedc.costmodel.specs import load_cluster, load_cluster_model  # noqa: E402
 from schedc.driver.cluster import compile_for  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
-from schedc.synthesize.problem import make_problem  # noqa: E402
-from schedc.synthesize.scheduler import synthesize  # noqa: E402
-from schedc.synthesize.sched_text import to_sched  # noqa: E402
+from schedc.synthesize.cluster import OnCluster  # noqa: E402
+from schedc.synthesize.options import run_tune  # noqa: E402
 from schedc.text import GIB  # noqa: E402
 
 CLUSTER = "a100-80gb-roce"
@@ -74,56 +73,41 @@ def layout(b: int, m: int) -> Layout:
                   account_for_embedding=True, account_for_loss=True)
 
 
-def automatic(st: Setting, m: int, limit: int, folder: Path, steps: int = 1) -> str:
-    """ZB-1p (limit 1) or ZB-2p (limit 2): the order synthesized for the stages' F, I and W in seconds
-    (blocking sends included) under limit x p activations per device, counted as the paper's scheduler
-    counts them: a forward's M_B until its I, then its deferred W's M_W until W (the cost model's bytes
-    of both, 32h / (34h + 5as) of an activation), written as a .sched file; with `steps`, that order
-    run `steps` times back to back on each device (step k's microbatches k m to k m + m - 1), with no
-    synchronization between the steps but each device's own program order."""
-    costs = stage_costs(st, P, tuple(range(P))).costs()
-    deferred = deferred_weight_bytes(st.model, st.layout) / layer_activation_bytes(st.model, st.layout)
-    result = synthesize(make_problem(P, m, {k: costs[k] for k in ("F", "I", "W")}, 0.0, (limit * P,),
-                                     deferred=min(1.0, deferred)))
-    if steps > 1:
-        orders = tuple(tuple((kind, s, i + k * m) for k in range(steps) for kind, s, i in order) for order in result.orders)
-        result = replace(result, problem=replace(result.problem, m=steps * m), orders=orders)
-    path = folder / f"zb_{limit}p_m{m}_x{steps}_{id(st)}.sched"
-    path.write_text(to_sched(result, f"zb_{limit}p"), encoding="utf-8")
+def automatic(model: str, cluster: str, b: int, m: int, limit: int, folder: Path) -> str:
+    """ZB-1p (limit 1) or ZB-2p (limit 2) as a user makes it: `schedc tune --synthesize --model M
+    --cluster C -D p=8 -D m=M --activation-limit (limit x p)` with the row's layout, the order for the
+    stages' F, I and W in seconds (blocking sends included), activations counted as the paper's
+    scheduler counts them (a forward's M_B until its I, then its deferred W's M_W until W); the path of
+    the .sched file written."""
+    path = folder / f"zb_{limit}p_{model}_m{m}.sched"
+    made = run_tune({"p": str(P), "m": str(m)}, (), 0.0, str(limit * P), str(path),
+                    on_cluster=OnCluster(model_file(model), cluster, layout(b, m)))
+    assert made.ok, made.report
     return str(path)
 
 
-def predict(schedule: str, params: dict, model, cluster, b: int, m: int):
+def model_file(name: str) -> str:
+    return str(HERE.parent / "schedc" / "models" / f"{name}.toml")
+
+
+def predict(schedule: str, params: dict, name: str, cluster: tuple, b: int, m: int):
     """(samples per GPU per second, peak GiB of the most loaded GPU, its activations' GiB, the prediction,
-    the bubble). An automatic row (zero bubble's runtime, its optimizer post-validation) steps without
-    a synchronization: its iteration is the steady one, two steps' makespan less one step's, plus one
-    step's tail (post_validated)."""
-    st = Setting(model, cluster, layout(b, m))
+    the bubble). An automatic row runs as zero bubble's runtime runs it, with the optimizer's
+    post-validation (`--post-validation`): its iteration is the steady step's, two steps' makespan less
+    one step's, plus one step's tail. `cluster`: its name (or file) and its description."""
+    given, cluster = cluster
+    model = load_cluster_model(model_file(name), cluster)
     if schedule == AUTOMATIC:
+        st = Setting(model, cluster, replace(layout(b, m), post_validation=True))
         with tempfile.TemporaryDirectory() as folder:  # a synthesized order has its sizes written in
-            on = compile_for(automatic(st, m, params["limit"], Path(folder)), {}, st, lower=False)
-            st2 = Setting(model, cluster, layout(b, 2 * m))
-            two = compile_for(automatic(st2, m, params["limit"], Path(folder), steps=2), {}, st2, lower=False)
-        iteration, bubble = post_validated(on.prediction, two.prediction)
+            on = compile_for(automatic(name, given, b, m, params["limit"], Path(folder)), {}, st, lower=False)
     else:
+        st = Setting(model, cluster, layout(b, m))
         on = compile_for(schedule, {k: str(v) for k, v in {"p": P, **params}.items()}, st, lower=False)
-        iteration, bubble = on.prediction.iteration_s, on.prediction.extra["bubble"]
     pred = on.prediction
-    samples = pred.global_batch / (iteration * pred.gpus)
+    samples = pred.global_batch / (pred.iteration_s * pred.gpus)
     activations = max(activation_peaks(model, st.layout, on.compiled.schedule, ()))
-    return samples, pred.memory_bytes / GIB, activations / GIB, pred, bubble
-
-
-def post_validated(one, two) -> tuple[float, float]:
-    """(iteration seconds, bubble) of steps that overlap (Qi et al. 2024, section 4: the optimizer's
-    post-validation drops the all-reduce before the step, so a device starts its next step once its own
-    is done): the makespan a second step adds, plus the tail after a device's last op (its optimizer
-    step); the bubble of that steady step (timing.bubble: idle over busy time)."""
-    tail = one.breakdown["data_parallel_comm_s"] + one.breakdown["optimizer_s"]
-    first = one.iteration_s - tail
-    added = two.iteration_s - one.iteration_s
-    busy = first / (1 + one.extra["bubble"])  # per device on average, one step's ops
-    return added + tail, added / busy - 1
+    return samples, pred.memory_bytes / GIB, activations / GIB, pred, pred.extra["bubble"]
 
 
 def measured_table(cluster) -> dict[str, list[float]]:
@@ -133,12 +117,11 @@ def measured_table(cluster) -> dict[str, list[float]]:
           f"{'gain':>6} {'measured':>8} {'diff':>6}  {'allocated':>9} {'measured':>8} {'error':>7}  "
           f"{'reserved':>8} {'error':>7}  bubble")
     for name, b, measured in ROWS:
-        model = load_cluster_model(str(HERE.parent / "schedc" / "models" / f"{name}.toml"), cluster)
         base: dict[int, float] = {}
         for label, (schedule, params) in MEASURED_SCHEDULES.items():
             speeds, memory = measured[label]
             for m, speed in zip(MICROBATCHES, speeds):
-                samples, gib, _, pred, bubble = predict(schedule, params, model, cluster, b, m)
+                samples, gib, _, pred, bubble = predict(schedule, params, name, cluster, b, m)
                 error = samples / speed - 1
                 errors["throughput"].append(abs(error))
                 base.setdefault(m, samples)
@@ -165,11 +148,10 @@ def newer_table(cluster) -> None:
     print(f"\n{'model':<8} {'schedule':<15} {'m':>3}  {'samples/GPU/s':>13} {'vs 1F1B':>8}  {'memory GiB':>10}  "
           f"{'activations GiB':>15} {'vs 1F1B':>8}")
     for name, b, _ in ROWS:
-        model = load_cluster_model(str(HERE.parent / "schedc" / "models" / f"{name}.toml"), cluster)
         for m in MICROBATCHES:
-            base, _, base_act, _, _ = predict("1f1b", {}, model, cluster, b, m)
+            base, _, base_act, _, _ = predict("1f1b", {}, name, cluster, b, m)
             for label, (schedule, params) in NEWER.items():
-                samples, gib, act, _, _ = predict(schedule, params, model, cluster, b, m)
+                samples, gib, act, _, _ = predict(schedule, params, name, cluster, b, m)
                 print(f"{name:<8} {label:<15} {m:>3}  {samples:>13.2f} {samples / base:>8.3f}  {gib:>10.1f}  "
                       f"{act:>15.1f} {act / base_act:>8.3f}")
 
@@ -179,7 +161,7 @@ def main() -> None:
     parser.add_argument("--cluster", default=CLUSTER, help="cluster name or file (default %(default)s)")
     parser.add_argument("--no-newer", action="store_true", help="only the paper's measured schedules")
     args = parser.parse_args()
-    cluster = load_cluster(args.cluster)
+    cluster = (args.cluster, load_cluster(args.cluster))
     errors = measured_table(cluster)
     if not args.no_newer:
         newer_table(cluster)

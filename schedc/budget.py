@@ -50,7 +50,7 @@ SQUEEZE_SLOTS = Budget("unit slots", 1_024, "a squeeze scans a device's slots fo
 # vector) before any is simulated, some 0.1 ms each; the whole library for GPT-3 175B on 1,024 GPUs is
 # 38,460 of them, the library's largest model on a million GPUs about 100,000
 TUNE_CANDIDATES = Budget("candidates", 150_000, "each is bounded before any is simulated, some 15 s at the "
-                         "limit: narrow the search with --tp, --pp, --microbatch-size or --schedules")
+                         "limit: narrow the search with --tp, --pp, --microbatch-size, --schedules, --cp or --zero")
 # tune --synthesize's order: its greedy variants and local search time the whole order hundreds of
 # times, and the .sched written is compiled back (p = 32, m = 64: 4,096 ops, 7 s; m = 1,000: 35 s)
 SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundreds of times, some 10 s at "
@@ -58,7 +58,7 @@ SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundr
 # tune compiles a schedule with `fill bubbles` whole for each candidate, its fill searched: about 1.5 s
 # of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
 TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "
-                    "the search with --tp, --pp, --microbatch or --recompute")
+                    "the search with --tp, --pp, --microbatch, --recompute or --zero")
 # a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
 # larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
 RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")

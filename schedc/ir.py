@@ -160,6 +160,21 @@ class TaskSpec:
     auto: bool = False  # `split auto`: fill_bubbles chooses how finely to cut it
 
 
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """A collective (ops.DECLARED) that every op of `kind` on `stages` (every stage when None) issues
+    inside itself: over the op's own rank (its lane of the layout's data, context and expert ranks, which
+    run the same plan), or with `replicas` over the ranks holding the op's stage in its replica group
+    (Chimera's and DualPipe's copies of a stage). The expert-parallel dispatch or combine of an MoE layer
+    is Issued("F", "ALL_TO_ALL") (and its backward's in B and I): expert groups are carved from the data
+    and context ranks, never across pipeline ranks."""
+
+    kind: str
+    collective: str
+    stages: frozenset[int] | None = None
+    replicas: bool = False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
     """A schedule after elaboration: who runs what, in which order, and what waits on what. Built with
@@ -194,6 +209,8 @@ class Schedule:
     host_limit_span: Span | None = field(default=None, compare=False)
     fused: tuple[tuple[Op, Op], ...] = ()  # overlapped ops: a forward and a backward, each pair placed side by
     # side in this order (programs' `F & B` put the forward first; a torch CSV cell keeps its own order)
+    collectives: tuple[Issued, ...] = ()  # what ops issue inside themselves, in order (an MoE layer's dispatch
+    # and combine ALL_TO_ALL in F, B and I); the plan declares each after its op (lower.py)
 
     @property
     def title(self) -> str:

@@ -53,6 +53,8 @@ class Layout:
     reshard_after_forward: bool = True   # level 3: parameters freed after each forward (FSDP2's default)
     cp: int = 1                          # context parallelism: the sequence over cp GPUs in 2·cp chunks
     ep: int = 1                          # expert parallelism: the experts over ep of the d x cp ranks
+    post_validation: bool = False        # no all-reduce before the optimizer step: a device starts its next
+                                         # step once its own is done, so steps overlap (Qi et al. 2024, sec. 4)
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -335,6 +337,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "experts)", int, "EP", runtime=False, implied=True,
                  searched="Only these expert-parallel sizes (default, for a model with experts: every ep dividing "
                           "its experts and d x cp)"),
+    LayoutOption("post_validation", "The optimizer's post-validation (zero bubble's --enable-optimizer-post-validation): "
+                 "no all-reduce before the optimizer step, so each device starts its next step once its own is done "
+                 "and steps overlap; the iteration is the steady step's (two steps' makespan less one's, plus the "
+                 "optimizer's tail)", runtime=False, words="optimizer post-validation"),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

@@ -55,6 +55,12 @@ class Opcode(_Code):
     SYNC_GRAD = "SYNC_GRAD"
     STEP = "STEP"
     OVERLAP_F_B = "OVERLAP_F_B"  # a forward and a backward run as one instruction (its two halves)
+    # Collectives an op issues inside the step (declared after the op, over `group`): the expert-parallel
+    # all-to-alls of an MoE layer, ZeRO's gathers and reduce-scatters, context parallelism's K/V gathers.
+    ALL_TO_ALL = "ALL_TO_ALL"
+    ALL_GATHER = "ALL_GATHER"
+    REDUCE_SCATTER = "REDUCE_SCATTER"
+    ALL_REDUCE = "ALL_REDUCE"
 
 
 # Groups, as frozensets of plain strings (they test strings read from anywhere, hashed in C).
@@ -67,7 +73,11 @@ RECVS = frozenset({Opcode.RECV_F.value, Opcode.RECV_B.value})
 COMM = SENDS | RECVS
 LINKED = frozenset({OpKind.F.value}) | GRADIENT               # the ops whose output goes to another stage
 SPLIT = frozenset({OpKind.I.value, OpKind.W.value})        # the halves of a split backward
-NOT_COMPUTE = COMM | {Opcode.SYNC_GRAD.value, Opcode.STEP.value}
+# the collectives an op declares (plan version 2); SYNC_GRAD is the gradients' all-reduce of a replicated stage
+DECLARED = frozenset({Opcode.ALL_TO_ALL.value, Opcode.ALL_GATHER.value, Opcode.REDUCE_SCATTER.value,
+                      Opcode.ALL_REDUCE.value})
+COLLECTIVE = DECLARED | {Opcode.SYNC_GRAD.value}
+NOT_COMPUTE = COMM | COLLECTIVE | {Opcode.STEP.value}
 
 MAX_COST = 1e15  # per op, message or memory effect: 2e6 ops of it sum to 2e21, far from overflow
 

@@ -86,6 +86,20 @@ def compile_library(name: str, **params):
     return compile_source(read_source(SCHEDULES / f"{name}.sched"), options)
 
 
+def compile_exchanging(name: str, replicas: bool = False, **params):
+    """compile_library with every F, B, I and R issuing two ALL_TO_ALLs (an MoE layer's dispatch and
+    combine: what costmodel.experts declares under --ep) in the plan, each over the op's rank (its
+    lane), or with `replicas` over its stage's replica ranks (ir.Issued)."""
+    import dataclasses
+    from schedc.driver import build_schedule, compile_schedule, read_source
+    from schedc.frontend.elaborate import Options
+    from schedc.ir import Issued
+    schedule = build_schedule(read_source(SCHEDULES / f"{name}.sched"), Options({k: str(v) for k, v in params.items()}))
+    issued = tuple(Issued(kind, "ALL_TO_ALL", replicas=replicas) for kind in ("F", "B", "I", "R")
+                   for _ in ("dispatch", "combine"))
+    return compile_schedule(dataclasses.replace(schedule, collectives=issued))
+
+
 def refusal(fixture: str):
     """The one diagnostic compiling tests/fixtures/<fixture> is refused with (a SchedError of one error)."""
     from schedc.diagnostics import SchedError

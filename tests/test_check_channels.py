@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from conftest import compile_library
-from schedc.checks.channels import check_channels
+from conftest import compile_exchanging, compile_library
+from schedc.checks.channels import _units as units, check_channels
 from schedc.checks.channels.certificate import certify
 from schedc.checks.channels.pairs import sync_errors
 from schedc.checks.channels.replay import replay
@@ -273,3 +273,145 @@ def test_memory_stays_linear_in_the_device_count():
         tracemalloc.stop()
     assert result.ok and result.plan.devices == 2000
     assert peak < 64 * 2 ** 20, peak
+
+
+# Collectives: replayed with the messages under NCCL's rules ------------------------------------------
+
+A2A, GATHER = "ALL_TO_ALL", "ALL_GATHER"
+
+
+def collective(op, stage, group, mb=0):
+    return Instr(op, stage, mb, 0, group=group)
+
+
+def test_the_fixtures_all_to_all_hang_is_reported_at_both_ranks():
+    """tests/fixtures/collectives/a2a_hang.json, made by hand: an expert group {0, 1} across stages 0
+    and 1. Rank 0's F(0,0) enters its all-to-all before its SEND_F; rank 1 waits in F(1,0) for that send,
+    so it never reaches the all-to-all rank 0 waits in (torchtitan#2209)."""
+    from conftest import FIXTURES
+    from schedc.plan import load_plan
+    hang = load_plan(FIXTURES / "collectives" / "a2a_hang.json")
+    streams = [r[0] for r in hang.ranks]
+    assert not certify(streams, [[0, 1]], 1)
+    (diag,) = check_channels(hang)
+    assert "hangs under blocking sends and collectives" in diag.message
+    assert ("rank 0 blocks at ALL_TO_ALL(0,0) (instruction 1) until every rank of group [0, 1] reaches it "
+            "(rank 1 has not)") in diag.message
+    assert "rank 1 blocks at F(1,0) (instruction 1) until rank 0 sends it" in diag.message
+    assert diag.at == (0, 0, 1)
+    rows = diag.detail.splitlines()
+    assert "[ALL_TO_ALL(0,0)]" in rows[1] and "[F(1,0)]" in rows[2]
+
+
+def test_the_same_plan_completes_when_each_rank_exchanges_with_its_own_lane():
+    from conftest import FIXTURES
+    from schedc.plan import load_plan
+    hang = load_plan(FIXTURES / "collectives" / "a2a_hang.json")
+    lanes = [[i._replace(group=(r,)) if i.op == A2A else i for i in hang.ranks[r][0]] for r in range(2)]
+    assert check_channels(plan(*lanes)) == []
+    assert certify(lanes, [[0, 1]], 1) and replay(lanes, [[0, 1]]).clean
+
+
+def test_a_group_across_stages_completes_when_the_send_comes_first():
+    """Rank 0 sends before it enters the all-to-all: rank 1 gets its input, runs F(1,0) and meets it."""
+    rank0, rank1 = good()
+    rank0.insert(2, collective(A2A, 0, (0, 1)))        # after SEND_F(0,0)>1
+    rank1.insert(2, collective(A2A, 1, (0, 1)))        # after F(1,0)
+    assert check_channels(plan(rank0, rank1)) == []
+    assert certify([rank0, rank1], [[0, 1]], 2)
+
+
+def test_members_must_reach_a_groups_collectives_in_one_order():
+    rank0, rank1 = good()
+    rank0[-1:-1] = [collective(A2A, 0, (0, 1)), collective(GATHER, 0, (0, 1))]
+    rank1[-1:-1] = [collective(GATHER, 1, (0, 1)), collective(A2A, 1, (0, 1))]
+    streams = [rank0, rank1]
+    assert not certify(streams, [[0, 1]], 2)
+    messages = [d.message for d in check_channels(plan(rank0, rank1))]
+    assert any("collective #0 of group [0, 1]: rank 0 ALL_TO_ALL, rank 1 ALL_GATHER" in m for m in messages), messages
+    faults = [fault for fault, _ in replay(streams, [[0, 1]]).faults]
+    assert any("rank 0: ALL_TO_ALL(0,0) is collective #0 of group [0, 1], where rank 1 issued ALL_GATHER" in f
+               for f in faults), faults
+
+
+def test_a_collective_missing_on_one_member_hangs_there():
+    rank0, rank1 = good()
+    rank0.insert(-1, collective(A2A, 0, (0, 1)))
+    messages = [d.message for d in check_channels(plan(rank0, rank1))]
+    assert any("collective #0 of group [0, 1]: rank 0 ALL_TO_ALL" in m for m in messages), messages
+
+
+def test_declared_collectives_and_sync_grad_are_matched_in_their_own_orders():
+    """SYNC_GRAD's all-reduce and the declared collectives of one group are on different communicators,
+    so their orders are not compared; but a rank waiting in one cannot enter the other: rank 0 in its
+    SYNC_GRAD and rank 1 in its ALL_TO_ALL wait for each other, a hang at both."""
+    rank0, rank1 = good()
+    rank0[-1:-1] = [Instr("SYNC_GRAD", 0, None, group=(0, 1)), collective(A2A, 0, (0, 1))]
+    rank1[-1:-1] = [collective(A2A, 1, (0, 1)), Instr("SYNC_GRAD", 0, None, group=(0, 1))]
+    (diag,) = check_channels(plan(rank0, rank1))
+    assert "rank 0 blocks at SYNC_GRAD(0) (instruction 4)" in diag.message
+    assert "rank 1 blocks at ALL_TO_ALL(1,0) (instruction 4)" in diag.message
+    assert not sync_errors([rank0, rank1], 0, 1)
+    rank1[-3:-1] = rank1[-2], rank1[-3]               # the same order on both: it completes
+    assert check_channels(plan(rank0, rank1)) == []
+
+
+EXPERT_PAIRS = [("1f1b", dict(p=4, m=8)), ("gpipe", dict(p=4, m=8)), ("zb_h1", dict(p=4, m=8)),
+                ("zb_h2", dict(p=4, m=8)), ("interleaved_1f1b", dict(p=4, v=2, m=8)), ("dualpipe", dict(p=4, m=8)),
+                ("dualpipev", dict(p=4, m=8)), ("chimera", dict(p=4, m=8)), ("zbv", dict(p=4, m=8)),
+                ("v_half", dict(p=4, m=8)), ("v_min", dict(p=4, m=8)), ("seq1f1b", dict(p=4, m=4)),
+                ("interleaved_zb", dict(p=4, m=8)), ("looped_bfs", dict(p=4, m=8)), ("zb_2p", dict(p=4, m=8)),
+                ("interleaved_1f1b_recompute", dict(p=4, v=2, m=8)), ("offload_1f1b", dict(p=4, m=8)),
+                ("pipefisher", {}), ("pipefisher_1f1b", {})]
+
+
+@pytest.mark.parametrize("replicas", [False, True], ids=["lane", "replicas"])
+@pytest.mark.parametrize("name,params", EXPERT_PAIRS, ids=[name for name, _ in EXPERT_PAIRS])
+def test_every_library_schedule_passes_with_expert_all_to_alls(name, params, replicas):
+    """Each op of a kind that exchanges is followed by its two all-to-alls, over its own rank (the lane
+    --ep's groups are carved from), or over the ranks holding its stage in its replica group (two ranks
+    in Chimera and DualPipe, whose copies of a stage sit on different ranks: collectives across pipeline
+    ranks that wait for each other); the plan passes the check, and the certificate clears it without
+    the replay."""
+    compiled = compile_exchanging(name, replicas, **params)
+    assert compiled.ok, [d.message for d in compiled.diagnostics]
+    streams = [ins for r in compiled.plan.ranks for step in r for ins in step]
+    exchanging = sum(1 for ins in streams for unit in ins.units() if unit.op in ("F", "B", "I", "R"))
+    assert sum(ins.op == A2A for ins in streams) == 2 * exchanging > 0
+    pair = 2 if replicas and compiled.schedule.replicas else 1
+    assert {len(ins.group) for ins in streams if ins.op == A2A} == {pair}
+    for streams_, place, bound in programs(compiled):
+        streams_ = [units(stream) for stream in streams_]   # OVERLAP_F_B as its halves, as the check runs it
+        assert certify(streams_, place, bound) and replay(streams_, place).clean
+
+
+def add_collective(rng, streams, r, n, bound):
+    """A declared collective after an instruction of every member of a group (wherever each member's
+    falls, so perhaps in a cycle with the messages), or on one rank only, or of another kind on one."""
+    group = tuple(sorted(rng.sample(range(len(streams)), rng.randint(1, len(streams)))))
+    op = rng.choice([A2A, A2A, GATHER])
+    for member in group if rng.random() < 0.7 else (r,):
+        where = streams[member]
+        k = rng.randrange(len(where)) if where else 0
+        stage = where[k].stage if where and rng.random() < 0.9 else rng.choice(ODD)
+        where.insert(k, Instr(op if member != r or rng.random() < 0.9 else GATHER, stage, 0, 0, group=group))
+
+
+@pytest.mark.slow
+def test_certificate_never_clears_what_the_replay_refuses_with_collectives(library_programs):
+    """As above, with declared collectives added among the mutations: a cleared mutant is clean."""
+    rng = random.Random(20261207)
+    mutations = MUTATIONS + [add_collective] * 4
+    clean_refused = clean_total = 0
+    for round_ in range(3000):
+        streams, place, bound = library_programs[round_ % len(library_programs)]
+        mutant = [list(stream) for stream in streams]
+        for _ in range(rng.choice([1, 2, 3])):
+            r = rng.randrange(len(mutant))
+            if mutant[r]:
+                rng.choice(mutations)(rng, mutant, r, rng.randrange(len(mutant[r])), bound)
+        certified, clean = verdicts(mutant, place, bound)
+        assert clean or not certified, (round_, mutant)
+        clean_total += clean
+        clean_refused += clean and not certified
+    assert clean_total > 100 and clean_refused <= clean_total // 2, (clean_refused, clean_total)

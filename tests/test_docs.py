@@ -1,5 +1,5 @@
 """docs: docs/internals.md's layout names every module of the tree (its file name and each folder it
-lies in) and no module that is gone; README.md stays a short guide that links every docs/ page, shows
+lies in, the name inside its own folder's lines) and no module that is gone; README.md stays a short guide that links every docs/ page, shows
 only pictures that exist (each under 200 KB) and links only sections of docs/benchmarks.md that exist;
 neither it nor the measurement record carries development history (commit hashes, "this session",
 "the issue")."""
@@ -33,6 +33,61 @@ def test_internals_names_every_module_and_its_folders():
     folders = set(re.findall(r"\b(\w+)/", block))
     missing = [str(m) for m in _modules() if m.name not in names or not set(m.parts[:-1]) <= folders]
     assert missing == []
+
+
+def _section(lines: list[str], folder: str) -> list[str] | None:
+    """The lines of `lines` under the one whose first word is `folder/` (or `schedc/folder/`): that line
+    and those after it, until the next line indented no deeper."""
+    for n, line in enumerate(lines):
+        words = line.split()
+        if words and words[0].removeprefix("schedc/") == folder + "/" and words[0] != "schedc/":
+            indent = len(line) - len(line.lstrip())
+            end = next((k for k in range(n + 1, len(lines)) if lines[k].strip()
+                        and len(lines[k]) - len(lines[k].lstrip()) <= indent), len(lines))
+            return lines[n:end]
+    return None
+
+
+def _own(section: list[str]) -> str:
+    """A folder's section without its subfolders' sections: the text that names its own modules."""
+    kept, inside = [section[0]], None
+    for line in section[1:]:
+        indent = len(line) - len(line.lstrip())
+        if inside is not None and (not line.strip() or indent > inside):
+            continue
+        words = line.split()
+        inside = indent if words and words[0].endswith("/") else None
+        if inside is None:
+            kept.append(line)
+    return re.sub(r"[\w/]+/\w+\.py", "", "\n".join(kept))  # a path names another folder's module
+
+
+def misplaced(block: str, modules: list[Path]) -> list[str]:
+    """The modules the layout block does not name inside their own folder's section (folder in folder)."""
+    lines = block.splitlines()
+    root = next(n for n, line in enumerate(lines) if line.split()[:1] == ["schedc/"])
+    top = lines[root:next(k for k in range(root + 1, len(lines)) if lines[k][:1].strip())]
+    out = []
+    for module in modules:
+        section = top if module.parent == Path(".") else lines
+        for folder in module.parts[:-1]:
+            section = _section(section, folder) if section else None
+        if not section or not re.search(rf"\b{re.escape(module.name)}\b", _own(section)):
+            out.append(str(module))
+    return out
+
+
+def test_internals_places_every_module_in_its_folder():
+    assert misplaced(_layout_block(), _modules()) == []
+
+
+def test_the_placement_check_finds_a_module_in_another_folder():
+    block = "schedc/\n  ops.py   kinds (not runtime/errors.py)\n  passes/   the passes\n    lower.py  x\n  plan/\n    trace.py  y\n" \
+            "schedc/runtime/   z\n  execution/\n    trace.py   w\n"
+    modules = [Path("ops.py"), Path("passes/lower.py"), Path("plan/trace.py"), Path("runtime/execution/trace.py")]
+    assert misplaced(block, modules) == []
+    wrong = ["plan/lower.py", "lower.py", "runtime/trace.py", "runtime/plan/trace.py", "errors.py"]
+    assert misplaced(block, list(map(Path, wrong))) == wrong
 
 
 def test_internals_names_no_module_that_is_gone():
@@ -87,6 +142,17 @@ def test_readme_links_existing_sections_of_the_measurements():
 def test_the_patterns_catch_history():
     assert COMMIT.search("on the tree of commit e4f4db1") and not COMMIT.search("1,725 tests, 65536 ops")
     assert not COMMIT.search("defaced") and HISTORY.search("as This session measured")
+
+
+# Words that narrate what changed rather than say what is: the docs are a reference.
+NARRATION = re.compile(r"\b(now|used to|no longer|at first|the revision before)\b", re.IGNORECASE)
+
+
+def test_the_docs_say_what_is_not_what_changed():
+    assert NARRATION.search("refused now") and not NARRATION.search("known, nowhere, snow")
+    found = [(doc.name, m.group(0)) for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]
+             for m in NARRATION.finditer(doc.read_text())]
+    assert found == []
 
 
 def test_readme_and_the_record_carry_no_development_history():
@@ -199,3 +265,50 @@ def test_every_name_internals_gives_exists():
 
 def test_the_name_check_finds_a_name_that_is_gone():
     assert not _resolves("simulate.time_order") and _resolves("simulate.times")
+
+
+# Runnable command blocks: a fenced block opened with ```sh run (or ```sh run slow for one that takes
+# more than a few seconds) is a shell script a reader can paste into an empty directory. Each runs
+# here with bash -e in a temporary directory, `schedc` the tree's own command line, under a timeout.
+RUN_FENCE = re.compile(r"^```sh run( slow)?$")
+
+
+def _run_blocks() -> list[tuple[str, int, str, bool]]:
+    """Every runnable block of README.md and docs/*.md: (file, its first line, its text, slow)."""
+    blocks = []
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        lines = doc.read_text().splitlines()
+        for start, line in enumerate(lines):
+            fence = RUN_FENCE.match(line.strip())
+            if fence:
+                end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "```")
+                blocks.append((str(doc.relative_to(ROOT)), start + 1, "\n".join(lines[start + 1:end]) + "\n",
+                               bool(fence.group(1))))
+    return blocks
+
+
+RUN_BLOCKS = _run_blocks()
+RUN_PARAMS = [pytest.param(doc, line, code, id=f"{doc}:{line}", marks=[pytest.mark.slow] if slow else [])
+              for doc, line, code, slow in RUN_BLOCKS]
+
+
+def test_the_docs_mark_runnable_blocks_of_both_speeds():
+    assert any(doc == "README.md" for doc, *_ in RUN_BLOCKS)
+    assert {slow for *_, slow in RUN_BLOCKS} == {True, False}
+
+
+def _run_block(code: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    prelude = f'set -e\nschedc() {{ "{sys.executable}" -m schedc.cli "$@"; }}\n'
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", "-c", prelude + code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("doc, line, code", RUN_PARAMS)
+def test_a_runnable_block_of_the_docs_runs(doc, line, code, tmp_path):
+    done = _run_block(code, tmp_path, timeout=300)
+    assert done.returncode == 0, f"{doc}:{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+
+def test_a_failing_command_fails_its_block(tmp_path):
+    assert _run_block("schedc simulate no-such-schedule\necho after\n", tmp_path, timeout=60).returncode == 2

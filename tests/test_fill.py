@@ -304,7 +304,7 @@ def test_model_layers_give_units_and_scale_a_profile(tmp_path):
     assert three["utilization"] >= 0.95
     model.write_text("layers = 4\nhidden = 1024\nheads = 16\nseq = 128\nvocab = 30522\n")
     refused = CliRunner().invoke(main, ["simulate", "pipefisher", *row, "--model", str(model)])
-    assert refused.exit_code == 2 and "the model has 4 layers, fewer than the schedule's 8 stages" in refused.output
+    assert refused.exit_code == 2 and "the plan has 8 model stages but the model has 4 layers to split" in refused.output
 
 
 def test_a_profile_and_a_costs_file_with_a_byte_order_mark_read_as_without(tmp_path):

@@ -194,7 +194,9 @@ def test_every_budget_refusal_exits_as_a_usage_error_wherever_it_is_met(tmp_path
                         (("compile", "1f1b", "-D", "m=100", "--max-ops", "799", "-o", str(tmp_path / "out")),
                          "more than 799 ops (4 stages x 100 microbatches x 2 op kinds); refusing (--max-ops N"),
                         (("tune", "--model", str(big), "--cluster", CLUSTER, "--gpus", "1048576", "--global-batch",
-                          "16777216"), "the search would bound 183,480 candidates, past the limit of 150,000"),
+                          "16777216", "--zero", "0"), "the search would bound 183,480 candidates, past the limit of 150,000"),
+                        (("tune", "--model", str(big), "--cluster", CLUSTER, "--gpus", "1048576", "--global-batch",
+                          "16777216"), "candidates, past the limit of 150,000 (each"),  # levels 0-3 counted too
                         (("tune", "--model", GPT, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
                           "--schedules", "pipefisher"), "past the limit of 8"),
                         (("render", "1f1b", "--width", "10000000", "-o", str(tmp_path / "t.svg")), "past the limit")]:
@@ -223,7 +225,7 @@ def test_a_huge_timeline_png_is_drawn_at_a_lower_resolution_or_refused():
 
 def test_tune_refuses_more_filled_candidates_than_its_budget_before_searching():
     result = cli("tune", "--model", GPT, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
-                 "--schedules", "pipefisher")
+                 "--schedules", "pipefisher", "--zero", "0")
     assert result.exit_code == 2 and "pipefisher: the search would compile and fill 180 candidates, past the " \
         "limit of 8" in result.output and "narrow the search with --tp, --pp" in result.output
 

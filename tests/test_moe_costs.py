@@ -239,7 +239,7 @@ def test_tune_takes_ep_as_a_constraint_and_names_it_in_the_winner():
     result = CliRunner().invoke(main, [
         "tune", "--model", "deepseek-v3", "--cluster", "dgx-h800-80gb", "--gpus", "2048", "--ep", "64", "--tp", "1",
         "--pp", "16", "--microbatch-size", "1", "--fp8", "--global-batch", "4096", "--distributed-optimizer",
-        "--account-for-embedding", "--account-for-loss", "--schedules", "dualpipe,1f1b,interleaved_1f1b"])
+        "--account-for-embedding", "--account-for-loss", "--schedules", "dualpipe,1f1b,interleaved_1f1b", "--cp", "1"])
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines() if line.strip()[:1].isdigit()]
     assert {row[1] for row in rows} == {"dualpipe", "1f1b", "interleaved_1f1b"}

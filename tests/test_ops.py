@@ -56,7 +56,8 @@ def test_kinds_read_and_hash_as_their_codes():
     assert f"{OpKind.W}" == str(OpKind.W) == "W" and f"{Opcode.SEND_B}" == "SEND_B"
     assert json.dumps({"op": Opcode.STEP}) == '{"op": "STEP"}'
     assert ops.COMM == ops.SENDS | ops.RECVS and not ops.COMM & ops.COMPUTE
-    assert ops.NOT_COMPUTE == ops.COMM | {"SYNC_GRAD", "STEP"}
+    assert ops.NOT_COMPUTE == ops.COMM | {"SYNC_GRAD", "STEP", "ALL_TO_ALL", "ALL_GATHER", "REDUCE_SCATTER", "ALL_REDUCE"}
+    assert ops.COLLECTIVE == ops.DECLARED | {"SYNC_GRAD"} and not ops.COLLECTIVE & ops.COMPUTE
     assert ops.BUILTIN == {"F", "B", "I", "W", "R", "O", "L"} and ops.LINKED == {"F", "B", "I"} and ops.SPLIT == {"I", "W"}
 
 

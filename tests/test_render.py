@@ -122,11 +122,11 @@ def test_chrome_trace_has_one_event_per_op_on_its_rank(name, params):
 
 
 def test_trace_names_events_as_the_runtime_does():
-    from schedc.runtime.execution import trace as runtime_trace
+    from schedc.plan.trace import event_name
     trace = json.loads(render(compile_library("1f1b", p=2, m=2), "json", "x.json"))
     for e in trace["traceEvents"]:
         if e["ph"] == "X":
-            assert e["name"] == runtime_trace.event_name(e["args"]["op"], e["args"]["stage"], e["args"]["mb"])
+            assert e["name"] == event_name(e["args"]["op"], e["args"]["stage"], e["args"]["mb"])
 
 
 # -- determinism and golden files ------------------------------------------------------------------------
@@ -423,7 +423,7 @@ def test_a_schedule_that_fails_its_checks_is_drawn_without_per_device_stats(tmp_
     dot = (tmp_path / "dl.dot").read_text()
     assert "INVALID: the schedule fails its checks" in dot
     assert not re.search(r'label="[^"]*(busy|idle|peak act)', dot)
-    assert re.search(r'label="busy 6 +idle 3', timeline_dot(compile_library("1f1b", p=2, m=2)))
+    assert re.search(r'label="busy 6 units +idle 3 units +peak 2 act', timeline_dot(compile_library("1f1b", p=2, m=2)))
     assert CliRunner().invoke(main, ["render", broken, "-o", str(tmp_path / "dl.json")]).exit_code == 1
     other = json.loads((tmp_path / "dl.json").read_text())["otherData"]
     assert other["valid"] is False and other["stats"] is None
@@ -444,6 +444,11 @@ def test_under_a_cluster_the_trace_and_the_axis_are_in_seconds(tmp_path):
     assert trace["otherData"]["time_scale"] == "costs in seconds (--cluster)"
     assert run("render", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "c.dot")).exit_code == 0
     assert "time (s)" in (tmp_path / "c.dot").read_text()
+    # each row's note: seconds with their unit, 4 significant digits, as the stats give them
+    notes = re.findall(r'label="busy (\S+) s +idle (\S+) s +peak (\S+) act', (tmp_path / "c.dot").read_text())
+    assert [(float(b), float(i)) for b, i, _ in notes] == [(float(f"{b:.4g}"), float(f"{i:.4g}"))
+                                                          for b, i in zip(stats["busy"], stats["idle"])]
+    assert all(len(x.replace(".", "").lstrip("0")) <= 4 for b, i, _ in notes for x in (b, i))
     assert "time (cost units)" in timeline_dot(compile_library("1f1b", p=2, m=2))
     # the plan compiled so says its unit: its trace and axis are in seconds too
     assert run("compile", "1f1b", "-D", "p=2", *cluster, "-o", str(tmp_path / "plan")).exit_code == 0

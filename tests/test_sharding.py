@@ -215,9 +215,10 @@ def test_tune_takes_cp_and_the_zero_level_and_its_winner_predicts_as_simulate_do
     simulated = CliRunner().invoke(main, [
         "simulate", best["schedule"], "-D", f"p={best['p']}", "--model", model, "--cluster", "dgx-h100-80gb",
         "--tp", str(best["t"]), "--dp", str(best["d"]), "--microbatch-size", str(best["b"]), "--global-batch", "8",
-        "--recompute", best["recompute"], "--json", *args])
+        "--recompute", best["recompute"], "--json", *args, *([] if "--zero" in args else ["--zero", str(best["zero"])])])
     assert simulated.exit_code == 0, simulated.output
     assert json.loads(simulated.stdout)["iteration_s"] == best["iteration_s"]
+    assert best["cp"] == cp and ("--zero" not in args or best["zero"] == int(args[args.index("--zero") + 1]))
 
 
 @pytest.mark.parametrize("args, said", [

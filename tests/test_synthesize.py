@@ -164,7 +164,15 @@ def test_cli_writes_a_file_that_check_accepts(tmp_path):
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--model", "m.toml", "--top", "10",
       "--schedules", "zzz"], 2, "schedc: error: --schedules, --top: options of the configuration search"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--cluster", "dgx-a100-80gb", "--top",
-      "10"], 2, "--cluster, --top: options of the configuration search"),  # --model is the synthesis's too
+      "10"], 2, "--top: not an option of --synthesize --cluster"),  # --model and --cluster are the synthesis's too
+    (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--cluster", "dgx-a100-80gb"], 2,
+     "--synthesize --cluster needs --model"),
+    (["--synthesize", "-D", "p=8", "-D", "m=8", "--cluster", "a100-80gb-roce", "--model", "zb-1.5b"], 2,
+     "with --cluster give --activation-limit N"),
+    (["--synthesize", "-D", "p=8", "-D", "m=8", "--cluster", "a100-80gb-roce", "--model", "zb-1.5b", "--cost", "F=1",
+      "--activation-limit", "8"], 2, "with --cluster the cost model gives them"),
+    (["--synthesize", "-D", "p=64", "-D", "m=8", "--cluster", "a100-80gb-roce", "--model", "zb-1.5b",
+      "--activation-limit", "8"], 2, "every stage needs at least one"),
     (["--synthesize", "-D", "p=4", "-D", "m=8", "--activation-limit", "4", "--costs", "missing.json"], 2,
      "cannot read costs"),
 ])
@@ -443,3 +451,49 @@ def test_synthesis_limits_out_of_range_are_usage_errors_of_the_command(args, mes
     result = CliRunner().invoke(main, ["tune", "--synthesize", "-D", "p=4", "-D", "m=8", *args])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "schedc check" not in result.output
+
+
+def test_a_rows_own_costs_give_zb_1p_and_simulate_cluster_predicts_the_file(tmp_path):
+    """`tune --synthesize --model M --cluster C` (ZB-1p: a limit of p activations) writes the order with
+    the cost model's F, I and W of the row's stages in seconds; `simulate --cluster` under the same
+    options elaborates the file with the cost model's costs and times it to the synthesis's makespan
+    (the messages of one A100 node's NVLink add under 0.1 %)."""
+    row = ["--model", "zb-1.5b", "--cluster", "a100-80gb-roce", "--microbatch-size", "6", "--recompute", "none",
+           "--blocking-p2p", "--account-for-embedding", "--account-for-loss"]
+    out = tmp_path / "zb1p.sched"
+    made = _tune("--synthesize", *row, "-D", "p=8", "-D", "m=8", "--activation-limit", "8", "-o", str(out), "--json")
+    assert made.exit_code == 0, made.output
+    summary = json.loads(made.output[made.output.index("{"):])
+    assert summary["p"] == 8 and summary["activation_limit"] == [8] * 8
+    assert summary["costs"]["F"][1] > summary["costs"]["F"][0]  # stage 0: two layers and the embedding, 1: three
+    assert max(summary["peak_activations"]) <= 8 + 1e-9  # a deferred W counted as its share, as synthesized
+    predicted = CliRunner().invoke(main, ["simulate", str(out), *row, "--global-batch", "48", "--json"])
+    assert predicted.exit_code == 0, predicted.output
+    assert json.loads(predicted.output)["makespan"] == pytest.approx(summary["makespan"], rel=1e-3)
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16), (8, 16)])
+def test_the_eager_variant_is_order_greedys_rule(p, m, monkeypatch):
+    """The two list-scheduling clocks (docs/internals.md, "One timing engine") agree where their rules
+    do: the synthesis's variant without warm-up caps below the limit, guard or alternation places every
+    op as `greedy by ([I, F, W], i) inflight <= limit` does, latency included."""
+    import functools
+
+    from schedc.diagnostics import Source
+    from schedc.driver.inputs import compile_source
+    from schedc.frontend import elaborate
+    from schedc.frontend.greedy import order_greedy
+    from schedc.synthesize.problem import EAGER
+    from schedc.synthesize.scheduler import _list_schedule
+    for limit in (2, p):
+        for latency in (0.0, 1.0):
+            for f, i, w in ((1, 1, 1), (1, 2, 1), (2, 1, 1)):
+                problem = make_problem(p, m, {"F": (f,), "I": (i,), "W": (w,)}, latency, (limit,))
+                synthesized = _list_schedule(problem, (min(limit, m),) * p, EAGER, False)
+                monkeypatch.setattr(elaborate, "order_greedy", functools.partial(order_greedy, latency=latency))
+                text = (f'schedule g "greedy"\nparam p = {p}\nparam m = {m}\n'
+                        "pipeline main { stages p; device s -> s; microbatches m }\nbackward split\n"
+                        f"cost F = {f}\ncost I = {i}\ncost W = {w}\ngreedy by ([I, F, W], i) inflight <= {limit}\n")
+                greedy = compile_source(Source("greedy.sched", text)).schedule.orders
+                assert [[(op.kind, op.mb) for op in order] for order in greedy] == \
+                    [[(problem.name(k), mb) for k, _, mb in order] for order in synthesized], (limit, latency, f, i, w)

@@ -279,21 +279,21 @@ def test_the_bubble_is_one_number_in_simulate_its_json_and_the_tune_row():
     bubble = json.loads(simulated.output)["bubble"]
     text = CliRunner().invoke(main, ["simulate", "zbv", "-D", "p=2", "--dp", "4", "--microbatch-size", "2", *layout])
     assert f"  bubble {bubble:.4f}  " in text.output
-    tuned = run_cli(*layout, "--gpus", "8", "--schedules", "zbv", "--tp", "1", "--pp", "2", "--top", "5")
+    tuned = run_cli(*layout, "--gpus", "8", "--schedules", "zbv", "--tp", "1", "--pp", "2", "--top", "5", "--zero", "0")
     assert tuned.exit_code == 0, tuned.output
     row = next(line.split() for line in tuned.output.splitlines() if line.split()[1:2] == ["zbv"]
                and line.split()[6] == "2")
     assert row[-2] == f"{bubble:.4f}"  # the bubble column, before MFU
     listed = json.loads(run_cli(*layout, "--gpus", "8", "--schedules", "zbv", "--tp", "1", "--pp", "2",
-                                "--json").stdout)
+                                "--zero", "0", "--json").stdout)
     assert next(r["bubble"] for r in listed if r["b"] == 2) == round(bubble, 4)
 
 
 def test_the_command_prints_the_table_and_the_winners_command_lines(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "16", "--global-batch", "32",
-                     "--schedules", "1f1b,interleaved_1f1b", "--top", "3")
+                     "--schedules", "1f1b,interleaved_1f1b", "--top", "3", "--zero", "0")
     assert result.exit_code == 0, result.output
-    assert re.match(r"schedc tune: searching \d+ candidates \.\.\.\n", result.stderr)  # off a terminal: no bar
+    assert re.match(r"schedc tune: searching [\d,]+ candidates \.\.\.\n", result.stderr)  # off a terminal: no bar
     lines = result.stdout.splitlines()
     assert lines[1].split()[:3] == ["#", "schedule", "t"] and "TFLOP/s/GPU" in lines[1] and "bubble" in lines[1]
     assert [line.split()[0] for line in lines[2:5]] == ["1", "2", "3"]
@@ -351,7 +351,7 @@ def test_composed_schedules_rank_and_their_winner_commands_run(model, schedule):
     from conftest import FIXTURES
     name = str(FIXTURES / "compose" / "chain" / "sub" / "top.sched") if schedule == "extends" else schedule
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "2", "--global-batch", "8", "--tp", "1",
-                     "--pp", "2", "--recompute", "full", "--top", "1", "--schedules", name)
+                     "--pp", "2", "--recompute", "full", "--top", "1", "--zero", "0", "--schedules", name)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     whole = schedule != "extends"  # the chain is a plain order: it takes the cached path
@@ -417,9 +417,9 @@ def test_search_options_a_user_gets_wrong_are_usage_errors(model, args, message)
 
 def test_repeated_list_values_are_searched_once_and_json_refusals_are_json(model, tmp_path):
     once = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
-                   "--schedules", "1f1b", "--recompute", "full", "--tp", "1,2", "--json")
+                   "--schedules", "1f1b", "--recompute", "full", "--tp", "1,2", "--zero", "0", "--json")
     twice = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
-                    "--schedules", "1f1b", "--recompute", "full,full", "--tp", "1,1,2", "--json")
+                    "--schedules", "1f1b", "--recompute", "full,full", "--tp", "1,1,2", "--zero", "0", "--json")
     assert once.exit_code == twice.exit_code == 0
     rows = json.loads(twice.stdout)
     assert len(rows) == len({(r["t"], r["p"], r["b"]) for r in rows})
@@ -437,7 +437,7 @@ def test_a_schedule_compiled_whole_is_counted_so(model):
     (it said `simulations 0 of 0 orders`)."""
     greedy = str(ROOT / "tests" / "fixtures" / "greedy.sched")
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16",
-                     "--schedules", greedy, "--recompute", "full", "--tp", "1")
+                     "--schedules", greedy, "--recompute", "full", "--tp", "1", "--zero", "0")
     assert result.exit_code == 0, result.output
     counted = re.search(r"(\d+) candidates: 0 distinct orders compiled, timed in 0 simulations \(one per cost "
                         r"vector and message times; the ranked are timed once more without messages, for their "
@@ -475,7 +475,7 @@ def test_the_distributed_optimizer_fits_what_does_not_and_its_winner_simulates_a
     `simulate` of it gives the row's iteration time."""
     args = ["--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64", "--memory-limit", "3GiB",
             "--schedules", "1f1b,zb_h1", "--top", "3"]
-    plain = json.loads(run_cli(*args, "--json").stdout)
+    plain = json.loads(run_cli(*args, "--zero", "0", "--json").stdout)
     sharded = json.loads(run_cli(*args, "--distributed-optimizer", "--json").stdout)
     assert all((row["t"], row["p"]) != (1, 1) for row in plain)
     assert (sharded[0]["t"], sharded[0]["p"], sharded[0]["d"]) == (1, 1, 8)
@@ -529,7 +529,7 @@ def test_why_refuses_what_is_no_configuration(model, why, message):
 
 def test_why_of_a_configuration_that_does_not_fit_says_why(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "64",
-                     "--memory-limit", "3GiB", "--schedules", "1f1b", "--why", "t=1 p=1")
+                     "--memory-limit", "3GiB", "--schedules", "1f1b", "--zero", "0", "--why", "t=1 p=1")
     assert result.exit_code == 0, result.output
     assert "why t=1 p=1 (" in result.output and ": none runs; the nearest, 1f1b t=1 p=1 d=8" in result.output
     assert "does not fit:" in result.output.split("why t=1 p=1")[1]
@@ -542,7 +542,8 @@ def test_a_deadlocking_family_says_so_when_another_schedule_runs(model):
     from conftest import FIXTURES
     path = str(FIXTURES / "broken" / "deadlock_sized.sched")
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--schedules",
-                     f"1f1b,{path}", "--pp", "2", "--top", "3", "--pruned", "all", "--why", f"{path} t=1 p=2")
+                     f"1f1b,{path}", "--pp", "2", "--top", "3", "--pruned", "all", "--zero", "0", "--why",
+                     f"{path} t=1 p=2")
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.strip().startswith(f"{path} t=") and " p=2: " in line]
     assert lines and all("the order deadlocks" in line for line in lines), lines  # p = 2: where its order deadlocks
@@ -551,7 +552,7 @@ def test_a_deadlocking_family_says_so_when_another_schedule_runs(model):
 
 def test_one_schedule_named_twice_is_searched_once(model):
     result = run_cli("--model", model, "--cluster", CLUSTER, "--gpus", "8", "--global-batch", "16", "--schedules",
-                     "1f1b,schedc/schedules/1f1b.sched", "--top", "3", "--json")
+                     "1f1b,schedc/schedules/1f1b.sched", "--top", "3", "--zero", "0", "--json")
     rows = json.loads(result.stdout)
     assert len(rows) == 3 and {r["schedule"] for r in rows} == {"1f1b"}
     assert len({(r["t"], r["p"], r["b"], r["recompute"]) for r in rows}) == 3
@@ -572,7 +573,8 @@ def test_tensor_groups_that_straddle_nodes_are_costed_and_named_as_crossing(tmp_
     assert tp_comm(str(six), 4) > 1.5 * tp_comm("dgx-a100-80gb", 4)
     assert tp_comm(str(six), 2) == pytest.approx(tp_comm("dgx-a100-80gb", 2))
     result = run_cli("--model", model, "--cluster", str(six), "--gpus", "48", "--global-batch", "96", "--schedules",
-                     "1f1b", "--tp", "4", "--pp", "1", "--top", "1", "--pruned", "all", "--memory-limit", "20GiB")
+                     "1f1b", "--tp", "4", "--pp", "1", "--top", "1", "--pruned", "all", "--memory-limit", "20GiB",
+                     "--zero", "0")
     assert "t=4 crosses nodes (6 GPUs per node)" in result.output, result.output
 
 
@@ -646,7 +648,8 @@ def test_the_layer_split_options_search_the_zero_bubble_papers_22_layer_model():
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["iteration_s"] == pytest.approx(counted[0]["iteration_s"], rel=1e-6)
     wide = ["--model", "zb-1.5b", "--cluster", "a100-80gb-roce", "--gpus", "8", "--global-batch", "24",
-            "--schedules", "1f1b,interleaved_1f1b", "--stage-layers", "2,3,3,3,3,3,3,2", "--top", "30", "--json"]
+            "--schedules", "1f1b,interleaved_1f1b", "--stage-layers", "2,3,3,3,3,3,3,2", "--top", "30", "--zero", "0",
+            "--json"]
     rows = json.loads(run_cli(*wide).stdout)
     assert rows and all(row["p"] * (row["v"] or 1) == 8 for row in rows)
     assert len({row["p"] for row in rows}) >= 3  # interleaved at p = 1, 2, 4 (v = 8, 4, 2)

@@ -38,8 +38,10 @@ def test_ep_is_searched_and_the_best_is_the_best_of_each_ep_alone():
 def test_ep_given_is_a_constraint_and_shows_in_the_table_and_the_commands():
     out = tune("--schedules", "1f1b", "--ep", "4,8", "--top", "20")
     assert "ep in {4, 8}" in out
-    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+1f1b\s", line)]
-    assert rows and {row[6] for row in rows} <= {"4", "8"}  # the ep column: #, schedule, t, p, d, v, ep
+    lines = out.splitlines()
+    column = next(line.split() for line in lines if line.split()[:2] == ["#", "schedule"]).index("ep")
+    rows = [line.split() for line in lines if re.match(r"\s+\d+\s+1f1b\s", line)]
+    assert rows and {row[column] for row in rows} <= {"4", "8"}  # the ep column (after cp where cp varies)
     assert re.search(r"--ep [48]\b", out.split("the winner:")[1])
 
 
@@ -53,12 +55,22 @@ def test_a_dense_model_searches_no_ep_and_no_combined_1f1b():
     assert "--ep" not in out.output
 
 
-@pytest.mark.parametrize("why", ["1f1b t=1 p=4 ep=8", "dualpipev t=1 p=4 ep=8", "combined_1f1b t=1 p=4 ep=8"])
+@pytest.mark.parametrize("why", ["1f1b t=1 cp=1 p=4 ep=8", "dualpipev t=1 cp=1 p=4 ep=8",
+                                 "combined_1f1b t=1 cp=1 p=4 ep=8"])  # cp=1: d = 16 in each
 def test_why_shows_the_all_to_all_exposed_and_hidden(why):
     out = tune("--schedules", "1f1b,dualpipev,combined_1f1b", "--why", why)
     line = next(x for x in out.splitlines() if "expert all-to-all per step" in x)
     exposed, hidden = map(float, re.search(r"([\d.]+) s exposed, ([\d.]+) s hidden in", line).groups())
-    pipeline_alone = tune("--schedules", "1f1b", "--ep", "8", "--why", "1f1b t=1 p=4")
+    pipeline_alone = tune("--schedules", "1f1b", "--ep", "8", "--why", "1f1b t=1 cp=1 p=4")
     carried = float(re.search(r"([\d.]+) s exposed, 0\.0000 s hidden in", pipeline_alone).group(1))
     assert exposed + hidden == pytest.approx(carried, abs=2e-4)  # the same all-to-all, placed otherwise
     assert (hidden == 0) == why.startswith("1f1b")
+
+
+def test_ep_is_carved_from_d_x_cp_when_cp_is_set():
+    out = tune("--schedules", "1f1b", "--cp", "4", "--top", "20")  # d = 64 / (1 x 4 x 4) = 4: ep = 8 only via cp
+    lines = out.splitlines()
+    head = next(line.split() for line in lines if line.split()[:2] == ["#", "schedule"])
+    rows = [line.split() for line in lines if re.match(r"\s+\d+\s+1f1b\s", line)]
+    assert "ep in {1, 2, 4, 8}" in out and {row[head.index("d")] for row in rows} == {"4"}
+    assert "8" in {row[head.index("ep")] for row in rows}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from functools import partial
 
 import click
@@ -13,7 +14,7 @@ from ..diagnostics import usage
 from ..diagnostics import EXIT_CODES, SCHEDULE, SchedError
 from ..text import agree, plural
 from .group import main
-from .options import check_defines, check_latency, option_given, tune_options
+from .options import TUNE_FIXED, check_defines, check_latency, option_given, tune_options
 from .common import end, fail, fail_json, progress_line
 
 
@@ -21,6 +22,7 @@ from .common import end, fail, fail_json, progress_line
 
 _SYNTHESIZE_ONLY = ("defines", "costs", "costs_file", "activation_limit", "out", "latency")
 _IN_BYTES = ("model", "microbatch", "recompute", "memory_limit")  # --synthesize's too, in bytes with --model
+_ON_CLUSTER = ("model", "seq", "cluster", "microbatch", "recompute", "tp", *TUNE_FIXED)  # --synthesize --cluster
 
 
 @main.command("tune")
@@ -55,6 +57,13 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
         return [flags[name] for name in names if option_given(name)]
 
     failing = fail_json if as_json else fail
+    if synth and options["cluster"] is not None:  # the row's own costs: ZB-1p, ZB-2p
+        search_only = given(name for name in options if name not in _ON_CLUSTER)
+        if search_only:
+            failing(usage(f"{', '.join(search_only)}: not {agree(len(search_only), 'an option', 'options')} of "
+                          "--synthesize --cluster (it takes --model, the layout's options, -D p= and -D m=)"))
+        return _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json,
+                           on_cluster=_on_cluster(options, failing))
     if synth:
         in_bytes = options["model"] is not None  # then the memory is the model's bytes
         search_only = given(name for name in options if not (in_bytes and name in _IN_BYTES))
@@ -76,7 +85,30 @@ def tune_cmd(synth, defines, costs, costs_file, activation_limit, latency, out, 
         failing(exc)  # under --json: {"valid": false, "diagnostics": [...]} on stdout, the error on stderr
 
 
-def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json, in_bytes=None) -> None:
+def _on_cluster(options, failing):
+    """The model, the cluster and one layout of --synthesize --cluster: --microbatch-size and --recompute
+    one value each (default b = 1, no recomputation), --tp one size, the fixed switches as given."""
+    from .tune_report import _layout
+    from ..synthesize.cluster import OnCluster
+    from ..layout import RECOMPUTE
+    if options["model"] is None:
+        failing(usage("--synthesize --cluster needs --model (the row's costs are the cost model's)"))
+    try:
+        values = {"microbatch_size": int(options["microbatch"] or 1), "tp": int(options["tp"] or 1)}
+    except ValueError:
+        failing(usage("--synthesize --cluster takes one --microbatch-size and one --tp (integers)"))
+    recompute = options["recompute"] or "none"
+    if recompute not in RECOMPUTE:
+        failing(usage(f"--recompute {recompute!r}: with --synthesize one of {', '.join(RECOMPUTE)}"))
+    try:
+        layout = replace(_layout(options), recompute=recompute, **values)
+    except SchedError as exc:
+        failing(exc)
+    return OnCluster(options["model"], options["cluster"], layout, options.get("seq"))
+
+
+def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_json, in_bytes=None,
+                on_cluster=None) -> None:
     """`schedc tune --synthesize`: the order, written or printed, and its report (--json: the summary
     on stdout, with the text in it when there is no -o)."""
     from ..driver import parse_defines
@@ -87,7 +119,7 @@ def _synthesize(defines, costs, latency, activation_limit, out, costs_file, as_j
     try:
         made = run_tune(parse_defines(defines), costs, latency, activation_limit, out,
                         partial(progress_line, "synthesizing: greedy variant") if shown else None, costs_file,
-                        in_bytes)
+                        in_bytes, on_cluster)
     except SchedError as exc:
         if as_json:
             fail_json(exc)
@@ -110,7 +142,8 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     from ..search import Searcher, candidates, distinct_figures
     from ..text import GIB
     from .tune_report import (
-        matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report, request_from, why_lines)
+        assumption_notes, matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
+        request_from, why_lines)
     request = request_from(options)
     shown = pruned_lines(options["pruned"])
     searcher = Searcher(request)
@@ -129,9 +162,14 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
         click.echo(f"schedc tune: note: {', '.join(whole)} {'is' if len(whole) == 1 else 'are'} compiled whole for "
-                   f"each of up to {plural(n, 'candidate')} " + (f"(--zero {request.layout.zero}: its collectives are "
-                   "timed by the whole compile" if request.layout.zero >= 2 else "(tasks, a fill, a greedy order or placed R, O, L ops")
+                   f"each of up to {plural(n, 'candidate')} " + ("(--post-validation: two steps are timed back to back"
+                   if request.layout.post_validation else "(tasks, a fill, a greedy order or placed R, O, L ops")
                    + ": no cache, no bound), seconds each where a fill is searched", err=True)
+    sharded = sum(c.zero >= 2 and not searcher.entries[c.schedule].plain and searcher.compiled_whole(c) for c in space)
+    if sharded and request.zero is None and not as_json:  # --zero 2 or 3 given: every candidate
+        click.echo(f"schedc tune: note: --zero {request.layout.zero}: each of up to {plural(sharded, 'candidate')} is "
+                   "compiled whole (its collectives are timed on each device's lane), those whose bound (the "
+                   "busiest lane, the compute, the memory) already loses or does not fit are not", err=True)
     if not as_json and not sys.stderr.isatty():
         click.echo(f"schedc tune: searching {plural(len(space), 'candidate')} ...", err=True)
     if as_json or not sys.stderr.isatty():
@@ -150,7 +188,7 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
             for n, line in enumerate(lines):
                 click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)
-    return "\n".join([report(outcome, shown), *why])
+    return "\n".join([report(outcome, shown, assumption_notes(searcher, outcome)), *why])
 
 
 

@@ -8,6 +8,7 @@ on stdout, the pruned families and --why on stderr.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from ..diagnostics import usage
@@ -68,7 +69,9 @@ def request_from(o: dict[str, Any]) -> Request:
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
-                   layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"))
+                   layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"),
+                   cp=() if o.get("cp") is None else None,  # not given: searched; given: the layout's alone
+                   zero=() if o.get("zero") is None and not o.get("distributed_optimizer") else None)
 
 
 def _layout(o: dict[str, Any]) -> Layout:
@@ -91,7 +94,7 @@ def _layout(o: dict[str, Any]) -> Layout:
     return Layout(**split)
 
 
-_WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str, "ep": int}
+_WHY_KEYS = {"t": int, "p": int, "d": int, "v": int, "b": int, "recompute": str, "cp": int, "zero": int, "ep": int}
 PARTS = (("compute_s", "compute"), ("tensor_parallel_comm_s", "tensor-parallel comm"), ("bubble_s", "bubble"),
          ("pipeline_comm_s", "pipeline comm"), ("data_parallel_comm_s", "data-parallel comm"),
          ("optimizer_s", "optimizer"))  # the breakdown's parts, as --why compares them
@@ -112,7 +115,8 @@ def parse_why(text: str) -> dict[str, Any]:
         if kind is None or key in wanted:
             why = f"{key}= is given twice" if key in wanted else f"unknown key {key!r}"
             raise usage(f"--why {text!r}: {why} (give a schedule and any of {', '.join(_WHY_KEYS)}, as t=8)")
-        if kind is int and not (value.isascii() and value.isdigit() and len(value) <= 18 and int(value) > 0):
+        if kind is int and not (value.isascii() and value.isdigit() and len(value) <= 18
+                                and int(value) >= (key != "zero")):  # zero=0 is a level
             shown = value if len(value) <= 20 else f"{value[:12]}... ({len(value):,} characters)"
             asked = text if len(text) <= 80 else text[:60] + "..."
             raise usage(f"--why {asked!r}: {key} must be a positive integer, got {shown!r}")
@@ -269,12 +273,16 @@ def pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
     return lines
 
 
-def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
-    """The ranked table, the pruned families, the counts, and the winner's command lines."""
+def report(outcome: Outcome, pruned_lines: int | None = 12, notes: tuple[str, ...] = ()) -> str:
+    """The ranked table, the assumptions that decide its rows (`notes`: assumption_notes), the pruned
+    families, the counts, and the winner's command lines."""
     r = outcome.request
     w = max([18] + [len(item.label()) for item in outcome.ranked])
+    cp = any(item.candidate.cp > 1 for item in outcome.ranked)  # columns of the dimensions that vary
+    zero = r.zero == ()
     experts = any(item.candidate.ep != 1 for item in outcome.ranked)  # an ep column only where one is searched
-    head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3} {'p':>4} {'d':>4} {'v':>3}{' ep' if experts else ''} {'b':>4} {'m':>5} {'recompute':<9}"
+    head = (f"{'#':>3}  {'schedule':<{w}} {'t':>3}{'  cp' if cp else ''} {'p':>4} {'d':>4} {'v':>3}{' ep' if experts else ''}"
+            f" {'b':>4} {'m':>5} {'recompute':<9}{' zero' if zero else ''}"
             f" {'TFLOP/s/GPU':>11} {'iteration s':>11} {'memory GiB':>10} {'bubble':>7} {'MFU':>5}")
     params = outcome.ranked[0].prediction.extra["parameters"] if outcome.ranked else None
     model = f" of {params / 1e9:.2f}e9 parameters" if params is not None else ""
@@ -284,11 +292,15 @@ def report(outcome: Outcome, pruned_lines: int | None = 12) -> str:
         c, p = item.candidate, item.prediction
         v = "-" if c.v is None else str(c.v)
         ep = f" {c.ep:>2}" if experts else ""
-        lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3} {c.p:>4} {c.d:>4} {v:>3}{ep} {c.b:>4} {c.m:>5} {c.recompute:<9}"
+        lines.append(f"{n:>3}  {item.label():<{w}} {c.t:>3}{f' {c.cp:>3}' if cp else ''} {c.p:>4} {c.d:>4} {v:>3}{ep}"
+                     f" {c.b:>4} {c.m:>5} {c.recompute:<9}{f' {c.zero:>4}' if zero else ''}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
+    lines += [f"note: {note}" for note in notes]
     counts = outcome.counts
-    whole = f", {counts['compiled_whole']} compiled whole (tasks, a fill, a greedy order or placed R, O, L ops)" if counts["compiled_whole"] else ""
+    why = "ZeRO 2/3's collectives on each device's lane, or " if r.zero == () or r.layout.zero >= 2 else ""
+    whole = (f", {counts['compiled_whole']} compiled whole ({why}tasks, a fill, a greedy order or placed R, O, L ops)"
+             if counts["compiled_whole"] else "")
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
     merged = f"{counts['merged']} merged into the row of the same order and layout, " if counts.get("merged") else ""
     lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: "
@@ -314,7 +326,8 @@ def winner_commands(outcome: Outcome) -> list[str]:
     c = outcome.ranked[0].candidate
     defines = " ".join(f"-D {k}={v}" for k, v in c.params().items() if k != "m")
     fixed = [o.field for o in LAYOUT_OPTIONS if o.field not in SET_PER_CANDIDATE]
-    flags = "".join(f" {word}" for word in option_flags(r.layout, fixed))
+    chosen = replace(r.layout, cp=c.cp, zero=c.zero, distributed_optimizer=False)  # zero 1: the distributed optimizer
+    flags = "".join(f" {word}" for word in option_flags(chosen, fixed))
     seq = f" --seq {r.seq}" if r.seq is not None else ""
     common = (f"{shlex.quote(c.schedule)} {defines} --model {shlex.quote(r.model)}{seq} --cluster {shlex.quote(r.cluster)} "
               f"--tp {c.t} --dp {c.d} --microbatch-size {c.b} --global-batch {r.global_batch} "
@@ -342,3 +355,34 @@ def local_commands(outcome: Outcome) -> list[str]:
     return [f"schedc compile {shlex.quote(c.schedule)} {defines} -o out/tune-local",
             f"schedc run out/tune-local/plan.json --nproc {t * LOCAL_STAGES} --steps 3 --layers {layers} "
             + " ".join(run_flags(layout))]
+
+
+REFERENCE_CLUSTER = "dgx-a100-80gb"  # the cluster whose efficiencies were fitted (docs/benchmarks.md, Table 1)
+_EFFICIENCIES = (("gemm_efficiency", "GEMM"), ("gemm_half_dim", "GEMM half-speed dimension"),
+                 ("hbm_efficiency", "HBM"), ("intra_efficiency", "NVLink"), ("inter_efficiency", "network"))
+
+
+def assumption_notes(searcher: Searcher, outcome: Outcome) -> tuple[str, ...]:
+    """What the ranked rows rest on beyond the search: a schedule's overlapped F & B pairs (what a pair
+    hides), ZeRO 2/3's and context parallelism's hidden communication, and a cluster whose
+    efficiencies are the A100's (the fitted cluster's, equal field for field) on another GPU."""
+    from ..costmodel.specs import load_cluster
+    rows = [item.candidate for item in outcome.ranked]
+    notes = []
+    paired = sorted({c.schedule for c in rows if searcher.entries[c.schedule].mixed and searcher.entries[c.schedule].pairs})
+    if paired:
+        notes.append(f"{', '.join(paired)}: an overlapped F & B pair hides each half's pipeline (and context-parallel) "
+                     "messages under the other half's compute, never more than that compute; tensor-parallel "
+                     "collectives stay exposed (DeepSeek-V3's and Megatron-Core's overlap)")
+    if any(c.zero >= 2 for c in rows):
+        notes.append("zero 2/3: each stage's gather is prefetched under the op before it and each reduce-scatter "
+                     "runs behind its backward on the device's communication lane; the first gather and the last "
+                     "reduce-scatter stay exposed")
+    if any(c.cp > 1 for c in rows):
+        notes.append("cp > 1: the K/V ring's messages are hidden under the attention blocks, up to what those take")
+    reference, cluster = load_cluster(REFERENCE_CLUSTER), searcher.cluster
+    same = [f"{word} {getattr(cluster, k):g}" for k, word in _EFFICIENCIES if getattr(cluster, k) == getattr(reference, k)]
+    if cluster.peak_flops != reference.peak_flops and same:
+        notes.append(f"{cluster.name}: efficiencies {', '.join(same)} are the A100's (fitted on {REFERENCE_CLUSTER}), "
+                     "not measured on this GPU: every row's time assumes them")
+    return tuple(notes)

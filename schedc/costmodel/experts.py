@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..descriptions.moe import attention_parameters
+from ..ir import Issued
+from ..ops import Opcode, OpKind
 from .bytes import layer_params, moe_layer_params
-from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting
+from .hardware import F, GRAD_ACCUMULATION, I, R, W, Part, Setting, stage_mix
 
 EXPERT_IMBALANCE = 1.0  # the busiest expert's tokens over the mean: 1, a balanced router (DeepSeek-V3's
                         # auxiliary-loss-free balancing keeps it near); not fitted to any measurement
@@ -155,3 +157,26 @@ def moe_model_flops(model, layout, batch: int) -> float:
     passes = 4 if layout.recompute == "full" else 3
     layers = model.first_k_dense * dense + (model.moe_layers + model.mtp) * moe
     return batch * (passes * layers + 3 * (1 + model.mtp) * 2 * s * h * model.vocab)
+
+
+# the ops that run an MoE layer's forward or its input gradient, each with a dispatch and a combine
+# all-to-all: F, B and I, and R, a placed recomputation of the forward (W has none)
+_EXCHANGING = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.R.value)
+
+
+def expert_collectives(st: Setting, stages: int) -> tuple[Issued, ...]:
+    """What the plan declares of expert parallelism (Schedule.collectives): on every stage with MoE
+    layers, F, B, I and R issue a dispatch and a combine ALL_TO_ALL over the stage's expert group: the
+    ep ranks carved from d x cp, the op's own rank's lane in the plan (never another pipeline rank, not
+    even the other copy of the stage in Chimera or DualPipe). One pair stands for the
+    op's MoE layers: consecutive collectives of one op on one group wait for the same ranks. None
+    without experts or with ep = 1.
+
+        ep 2, 2 stages, MoE layers on stage 1 only -> F, B, I, R: ALL_TO_ALL twice each, stages {1}
+    """
+    if st.layout.ep <= 1 or not st.model.moe:
+        return ()
+    routed = frozenset(s for s, (_, moe) in enumerate(stage_mix(st.model, stages, st.layout)) if moe)
+    if not routed:
+        return ()
+    return tuple(Issued(kind, Opcode.ALL_TO_ALL.value, routed) for kind in _EXCHANGING for _ in ("dispatch", "combine"))

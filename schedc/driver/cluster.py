@@ -20,6 +20,7 @@ from ..costmodel.bytes import layer_activation_bytes
 from ..costmodel.hardware import stage_layers
 from ..costmodel.stages import chunk_multipliers
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
+from ..costmodel.experts import expert_collectives
 from ..costmodel.sharding import sharded_collectives
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
@@ -83,6 +84,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers, layer_split=_split(st.layout),
                                                    task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
                                                    max_ops=max_ops))
+        schedule = replace(schedule, collectives=expert_collectives(st, schedule.stages))  # declared in the plan
         links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, collectives=sharded)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
@@ -91,9 +93,27 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
             without = compiled.timing.makespan
         unsharded = simulate(schedule).makespan if sharded is not None and free else without
-    result = predict(st, compiled.schedule, compiled.timing, without, costs, batch, without - unsharded)
+        timing, gathers = compiled.timing, without - unsharded
+        if layout.post_validation:  # steps that overlap: the steady step's makespans, with and without messages
+            timing, without = _post_validated(st, compiled.schedule, timing, without, links, free)
+    result = predict(st, compiled.schedule, timing, without, costs, batch, gathers)
     over = _over_memory(result, st)
     return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
+
+
+def _post_validated(st: Setting, schedule, timing, without: float, links, free: bool):
+    """The optimizer's post-validation (--post-validation, post_validation.py): the timing of one step with its
+    makespan the steady step's, two steps back to back less one, and the same of the message-free
+    makespan (the breakdown's pipeline share)."""
+    from ..passes.simulate import simulate
+    from .post_validation import repeat_steps, steady
+    if st.layout.zero >= 2:
+        raise usage(f"--post-validation with --zero {st.layout.zero}: the lanes' collectives are timed per step "
+                    "here; give --zero 0 or 1")
+    twice = repeat_steps(schedule)
+    two = simulate(twice, 0.0, link_times(st, twice.devices))
+    free_two = simulate(twice).makespan if free else two.makespan
+    return replace(timing, makespan=steady(timing.makespan, two.makespan)), steady(without, free_two)
 
 
 def _placed_costs(probe, st: Setting, costs, source) -> tuple[dict, dict | None]:

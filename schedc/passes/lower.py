@@ -78,6 +78,8 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     if schedule.fused:
         for stream in streams:
             stream[:] = filter(None, stream)  # the second halves, now inside their OVERLAP_F_B
+    if schedule.collectives:
+        _declare(schedule, streams)
     syncs = _sync_grads(schedule)
     for d, (stream, unsent) in enumerate(zip(streams, _unsent(step, ops, links, devices))):
         stream += unsent
@@ -209,6 +211,36 @@ def _unsent(step: tuple[tuple[Op, ...], ...], ops: list[Op], links: _Links, devi
                     unsent[peer].setdefault(d, []).append(
                         _instr((receive, op.stage, op.mb, op.pipe, d, None, None, None, None)))
     return [[instr for sender in sorted(row) for instr in row[sender]] for row in unsent]
+
+
+def _declare(schedule: Schedule, streams: list[list[Instr]]) -> None:
+    """After every op (or overlapped half) of a kind in `schedule.collectives`, the collectives it issues,
+    in their order, each over the op's own rank or its stage's replica ranks (ir.Issued).
+
+        Issued(F, ALL_TO_ALL) x 2:  F(0,0) SEND_F(0,0)>1  ->  F(0,0) ALL_TO_ALL(0,0) ALL_TO_ALL(0,0) SEND_F(0,0)>1
+    """
+    issued: dict[tuple[str, int], list[tuple[str, bool]]] = {}
+    for c in schedule.collectives:
+        for s in range(schedule.stages) if c.stages is None else sorted(c.stages):
+            issued.setdefault((c.kind, s), []).append((c.collective, c.replicas))
+    groups = _stage_groups(schedule)
+    for stream in streams:
+        out: list[Instr] = []
+        for instr in stream:
+            out.append(instr)
+            for half in instr.units():
+                pipe = half.pipe or 0
+                out += [Instr(code, half.stage, half.mb, half.pipe, group=groups[pipe][half.stage] if replicas
+                              else (schedule.pipelines[pipe].placement[half.stage],))
+                        for code, replicas in issued.get((half.op, half.stage), ())]
+        stream[:] = out
+
+
+def _stage_groups(schedule: Schedule) -> list[list[tuple[int, ...]]]:
+    """groups[pipe][stage]: the ranks holding that stage in the pipeline's replica group (SYNC_GRAD's)."""
+    of = {k: group for group in schedule.replicas for k in group}
+    return [[tuple(sorted({schedule.pipelines[j].placement[s] for j in of.get(k, (k,))}))
+             for s in range(pipe.stages)] for k, pipe in enumerate(schedule.pipelines)]
 
 
 def _sync_grads(schedule: Schedule) -> dict[int, list[Instr]]:

@@ -10,14 +10,17 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from types import NoneType
 from typing import Any, NamedTuple
 
-from ..ops import COMM, Opcode, label
+from ..ops import COMM, DECLARED, Opcode, label
 
 FORMAT = "schedc-plan"
 VERSION = 1
+COLLECTIVES_VERSION = 2  # a plan whose ops declare collectives (ALL_TO_ALL, ...); one without stays version 1
+VERSIONS = (VERSION, COLLECTIVES_VERSION)
 
 
 _KEYS = ("stage", "mb", "pipe", "peer", "group", "part", "parts")
@@ -198,7 +201,18 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         body = self.content()
-        return {"format": FORMAT, "version": VERSION, "hash": self.hash or content_hash(body), **body}
+        return {"format": FORMAT, "version": version_of(self), "hash": self.hash or content_hash(body), **body}
+
+
+def version_of(plan: Plan) -> int:
+    """The format version a plan is written with: 2 where an instruction declares a collective (a reader
+    of version 1 would take ALL_TO_ALL for a user task), else 1, so that plans without them keep their
+    bytes."""
+    declares = any(not DECLARED.isdisjoint(map(_OP, step)) for steps in plan.ranks for step in steps)
+    return COLLECTIVES_VERSION if declares else VERSION
+
+
+_OP = attrgetter("op")
 
 
 def content_hash(body: dict[str, Any]) -> str:
@@ -210,8 +224,9 @@ def plan_from_json(obj: dict[str, Any], verify: bool = True) -> Plan:
     """Build a Plan from parsed plan.json; with verify, refuse a plan whose hash does not match."""
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise PlanError("not a schedc plan (missing \"format\": \"schedc-plan\")")
-    if obj.get("version") != VERSION:
-        raise PlanError(f"plan version {obj.get('version')!r} is not supported (expected {VERSION})")
+    if obj.get("version") not in VERSIONS or type(obj.get("version")) is not int:
+        raise PlanError(f"plan version {obj.get('version')!r} is not supported (expected one of "
+                        f"{', '.join(map(str, VERSIONS))})")
     meta = {k: v for k, v in obj.items() if k not in ("format", "version", "hash", "ranks")}
     try:
         entries = sorted(obj["ranks"], key=lambda e: e["rank"])
@@ -224,6 +239,9 @@ def plan_from_json(obj: dict[str, Any], verify: bool = True) -> Plan:
         for step in steps:
             _check_types(step)
     plan = Plan(meta, ranks, obj.get("hash", ""))
+    if obj["version"] < COLLECTIVES_VERSION and version_of(plan) >= COLLECTIVES_VERSION:
+        raise PlanError(f"a plan of version {obj['version']} declares collectives ({', '.join(sorted(DECLARED))}); "
+                        f"those need version {COLLECTIVES_VERSION}")
     if verify and not _hash_matches(plan):
         raise PlanError("plan hash does not match its content (the file was edited or is corrupt)")
     return plan

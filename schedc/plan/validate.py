@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..ops import COMM, COMPUTE, GRADIENT, Opcode, OpKind, cost_range, in_cost_range
+from ..ops import COMM, COMPUTE, DECLARED, GRADIENT, Opcode, OpKind, cost_range, in_cost_range
 from pathlib import Path
 
 from . import format as _format
@@ -167,7 +167,9 @@ def _columns_fine(step, stages, microbatches, devices, pipes, rank, pipelines) -
     if not (all(i.stage is not None and i.mb is not None and i.peer is not None for i in step if i.op in COMM)
             and all(i.stage is not None for i in step if i.op in COMPUTE)):
         return False  # a missing field, named by _check_instr (before the placement is looked up by it)
-    placed = {(p or 0, s) for i, p, s in zip(step, pipe, stage) if i.op in COMPUTE}
+    if not all(_declared_fine(i, rank) for i in step if i.op in DECLARED):
+        return False
+    placed = {(p or 0, s) for i, p, s in zip(step, pipe, stage) if i.op in COMPUTE or i.op in DECLARED}
     return all(pipelines[p][s] == rank for p, s in placed)
 
 
@@ -188,9 +190,12 @@ def _check_instr(instr: Instr, where: str, rank: int, stages: int, microbatches:
             raise PlanError(f"{where}.{missing[0]}: {instr.op} needs a {missing[0]} ({instr})")
     if instr.group is not None and not all(0 <= x < devices for x in instr.group):
         raise PlanError(f"{where}.group: ranks must be in 0..{devices - 1}, got {list(instr.group)} ({instr})")
+    if instr.op in DECLARED and not _declared_fine(instr, rank):
+        raise PlanError(f"{where}.group: {instr.op} needs a stage and a group of distinct ranks that holds "
+                        f"rank {rank} ({instr})")
     if instr.op in COMM and instr.peer == rank:
         raise PlanError(f"{where}.peer: rank {rank} sends or receives to itself ({instr})")
-    if instr.op in COMPUTE and pipelines[instr.pipe or 0][instr.stage] != rank:
+    if (instr.op in COMPUTE or instr.op in DECLARED) and pipelines[instr.pipe or 0][instr.stage] != rank:
         placed = pipelines[instr.pipe or 0][instr.stage]
         raise PlanError(f"{where}: {instr} runs stage {instr.stage} on rank {rank}, but pipelines"
                         f"[{instr.pipe or 0}].placement puts it on rank {placed}")
@@ -198,6 +203,12 @@ def _check_instr(instr: Instr, where: str, rank: int, stages: int, microbatches:
         if instr.part is None or instr.parts is None or not 0 <= instr.part < instr.parts <= MAX_SIZE:
             raise PlanError(f"{where}.part: expected 0 <= part < parts, got part {instr.part!r}, parts "
                             f"{instr.parts!r} ({instr})")
+
+
+def _declared_fine(instr: Instr, rank: int) -> bool:
+    """A declared collective names the op's stage and a group of distinct ranks with its own rank in it."""
+    group = instr.group
+    return instr.stage is not None and group is not None and rank in group and len(set(group)) == len(group)
 
 
 _OVERLAP_UNSET = ("stage", "mb", "pipe", "peer", "group", "part", "parts")  # an OVERLAP_F_B's own fields

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..ops import Opcode
 from ..outputs import open_output, write_output
-from .format import _INT_OR_NONE, FORMAT, VERSION, Instr, Plan
+from .format import _INT_OR_NONE, FORMAT, Instr, Plan, version_of
 
 _OP_JSON = {op.value: json.dumps(op.value) for op in Opcode}  # op -> its JSON string; tasks join when seen
 
@@ -68,7 +68,7 @@ def _write_plan_json(plan: Plan, path: Path, forms: list[list[_StepForms]]) -> t
     """Stream the canonical content into plan.json while hashing it, then fill in the hash, which the
     file names first (a 64-digit placeholder until the content has been hashed)."""
     digest, placeholder = hashlib.sha256(), "0" * 64
-    head = _file_head(placeholder).encode()
+    head = _file_head(placeholder, version_of(plan)).encode()
     with open_output(path) as stream:
         stream.write(head)
         for k, piece in enumerate(canonical_pieces(plan, forms)):
@@ -227,6 +227,6 @@ def canonical_pieces(plan: Plan, forms: list[list[_StepForms]] | None = None) ->
     yield "]" + after
 
 
-def _file_head(digest: str) -> str:
+def _file_head(digest: str, version: int) -> str:
     """plan.json's first bytes: format, version and hash, then the canonical content's keys follow."""
-    return json.dumps({"format": FORMAT, "version": VERSION, "hash": digest}, separators=(",", ":"))[:-1] + ","
+    return json.dumps({"format": FORMAT, "version": version, "hash": digest}, separators=(",", ":"))[:-1] + ","

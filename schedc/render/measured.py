@@ -12,16 +12,13 @@ a warning.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from ..inputs import load_json, read_source
 from ..diagnostics import USAGE, SchedError, Source, error
 from ..text import listed, plural
 from ..ir import Schedule
-from ..plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS
-
-NOT_COMPUTE = NOT_COMPUTE_INSTRS | {"wait"}  # and the runtime's wait events
+from ..plan.trace import WAIT, half_args, is_compute
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,34 +96,18 @@ def _matched(run: MeasuredRun, schedule: Schedule, events: list[dict], other: di
     return replace(run, warnings=tuple(warnings))
 
 
-_HALF = re.compile(r"(\d+)\.(\d+)$")  # an overlapped event's half, `F0.3`: stage 0, microbatch 3
-
-
-def _half_args(half) -> dict:
-    """An overlapped event's half as {op, stage, mb}: as written, or from older traces' `F0.3`."""
-    if isinstance(half, dict):
-        return half
-    found = _HALF_NAME.match(str(half))
-    return {"op": found.group(1), "stage": int(found.group(2)), "mb": int(found.group(3))} if found else {"op": str(half)}
-
-
-_HALF_NAME = re.compile(r"([A-Za-z_]\w*?)(\d+)\.(\d+)$")  # `F0.3`, `curvature_A1.2`
-
-
 def _coverage(events: list[dict]) -> tuple[set[int], set[int]]:
     """The stages and microbatches the compute events of one step name (overlapped halves included)."""
     stages, mbs = set(), set()
     for e in events:
         a = _args(e)
-        if e.get("name") == "wait" or a.get("op", e.get("name")) in NOT_COMPUTE:
+        if not _is_compute(e):
             continue
         pairs = [(a.get("stage"), a.get("mb"))]
         halves = a.get("halves")
         for half in halves if isinstance(halves, list) else ():  # {op, stage, mb}, or older traces' "F0.3"
-            if isinstance(half, dict):
-                pairs.append((half.get("stage"), half.get("mb")))
-            elif isinstance(half, str) and (m := _HALF.search(half)):
-                pairs.append(tuple(map(int, m.groups())))
+            half = half_args(half)
+            pairs.append((half.get("stage"), half.get("mb")))
         for stage, mb in pairs:
             if isinstance(stage, int) and not isinstance(stage, bool):
                 stages.add(stage)
@@ -157,8 +138,7 @@ def _origin(other: dict) -> str:
 
 
 def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> MeasuredRun:
-    events = [e for e in events
-              if e.get("name") != "wait" and _args(e).get("op", e.get("name")) not in NOT_COMPUTE]
+    events = [e for e in events if _is_compute(e)]
     if not events:
         raise _usage("the measured trace has no compute events", path)
     step = max(int(_args(e).get("step") or 0) for e in events)
@@ -170,7 +150,7 @@ def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> Measure
         a = _args(e)
         start = float(e["ts"]) / 1e3 - t0
         end = start + float(e.get("dur", 0)) / 1e3
-        halves = [_half_args(h) for h in a["halves"]] if isinstance(a.get("halves"), list) else [a]
+        halves = [half_args(h) for h in a["halves"]] if isinstance(a.get("halves"), list) else [a]
         for k, half in enumerate(halves):  # an OVERLAP_F_B: its halves stacked in its one box
             pipe = half.get("pipe", pipe_of.get(half.get("mb"), 0))
             op = MeasuredOp(str(half.get("op", e.get("name"))), half.get("stage"), half.get("mb"), int(pipe or 0),
@@ -182,6 +162,11 @@ def _load_measured(path: str, schedule: Schedule, events: list[dict]) -> Measure
     work = sum(o.busy for row in ops for o in row) / len(ranks)
     sim_work = sum(op.cost for op in schedule.ops()) / max(schedule.devices, 1)
     return MeasuredRun(step, ranks, ops, makespan, work / sim_work if sim_work and work > 0 else 1.0)
+
+
+def _is_compute(event: dict) -> bool:
+    """A compute event: not the runtime's wait, nor a message, sync or STEP (by its op, else its name)."""
+    return event.get("name") != WAIT and is_compute(_args(event).get("op", event.get("name")))
 
 
 def _args(event: dict) -> dict:

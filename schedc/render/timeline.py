@@ -227,12 +227,14 @@ def _stuck_boxes(canvas: Canvas, stuck: dict[int, tuple[Op, float, float]], ys: 
 
 
 def _row_note(compiled: Compiled, d: int) -> str:
-    """Device d's busy, idle and peak beside its row; none for a schedule that fails its checks (a
+    """Device d's busy and idle time (seconds under --cluster, else cost units) and its peak of
+    activations beside its row, 4 significant digits; none for a schedule that fails its checks (a
     deadlocked one's 'idle' is negative: its figures are not a schedule's)."""
     if not compiled.ok:
         return ""
-    stats = compiled.stats
-    return f"busy {stats['busy'][d]:g}   idle {stats['idle'][d]:g}   peak act. {stats['peak_memory'][d]:g}"
+    stats, unit = compiled.stats, " s" if in_seconds(compiled) else " units"
+    return (f"busy {stats['busy'][d]:.4g}{unit}   idle {stats['idle'][d]:.4g}{unit}   peak "
+            f"{stats['peak_memory'][d]:.4g} act.")
 
 
 def _overlapped(schedule) -> dict[Op, int]:

@@ -1,5 +1,5 @@
 """The simulated schedule as a Chrome trace (chrome://tracing, Perfetto), shaped like the runtime's
-measured traces (schedc/runtime/execution/trace.py): one process per rank named "rank r", complete ("X") events named
+measured traces (schedc/runtime/execution/trace.py), the events named by schedc/plan/trace.py: one process per rank named "rank r", complete ("X") events named
 `F1.3` (kind, stage, microbatch), args op/stage/mb/pipe/step; an overlapped pair is one OVERLAP_F_B
 event named by its halves (`F1.6 & B6.2`), args.halves = [{op, stage, mb}, ...] in the pair's order, as
 the runtime writes it. Time scale: 1 cost unit = 1 ms (1000 µs),
@@ -12,18 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..passes.compiled import Compiled
-from ..ops import Opcode, label, split_unit
+from ..ops import Opcode, split_unit
+from ..plan.trace import event_name, pair_name
 from .timed import TimedOp, in_seconds, timed_ops
 
 US_PER_UNIT = 1000.0
 US_PER_SECOND = 1e6
-
-
-def event_name(kind: str, stage: int | None, mb: int | None) -> str:
-    """As the runtime names its events: `F1.3`, `B0` (no microbatch), `STEP`."""
-    if stage is None:
-        return kind
-    return f"{kind}{stage}" if mb is None else f"{kind}{stage}.{mb}"
 
 
 def chrome_trace(compiled: Compiled) -> dict[str, Any]:
@@ -64,7 +58,7 @@ def _pair_event(rank: int, first: TimedOp, second: TimedOp, scale: float) -> dic
     start, end = min(first.start, second.start), max(first.end, second.end)
     args = {"op": Opcode.OVERLAP_F_B.value, "stage": None, "mb": None, "pipe": None, "step": first.step,
             "halves": [{"op": h.kind, "stage": h.stage, "mb": h.mb} for h in halves]}
-    name = label(Opcode.OVERLAP_F_B.value, halves=tuple(event_name(h.kind, h.stage, h.mb) for h in halves))
+    name = pair_name(tuple((h.kind, h.stage, h.mb) for h in halves))
     return {"name": name, "ph": "X", "pid": rank, "tid": 0, "ts": _us(start, scale),
             "dur": _duration(start, end, scale), "args": args}
 

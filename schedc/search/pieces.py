@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .bounds import Shape, combine_terms, pipeline_terms, state_bound, tail_bound
+from .bounds import Shape, combine_terms, lane_bound, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
-from ..costmodel.specs import check_layout, check_switches, load_cluster, load_cluster_model
+from ..costmodel.specs import check_switches, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
-from ..layout import SPLIT_NAMES, Layout, SplitError
+from ..layout import SPLIT_NAMES, SplitError
 from ..text import GIB
 from .results import Refusal
-from .space import MOE_ONLY, Candidate, Request, library_entries
+from .space import MOE_ONLY, Candidate, Request, library_entries, sharding_choices
 
 
 class Pieces:
@@ -39,11 +39,8 @@ class Pieces:
         self.entries = {e.name: e for e in library_entries(request.schedules)}
         if not request.schedules and not self.model.moe:  # Megatron-Core runs it only with experts
             self.entries.pop(MOE_ONLY, None)
-        lay = request.layout
-        if lay.cp > 1 or lay.zero:  # what the layout asks of the model (--cp's chunks, its kernel)
-            check_layout(self.model, Layout(cp=lay.cp, zero=lay.zero, overlap_grad_reduce=lay.overlap_grad_reduce,
-                                            distributed_optimizer=lay.distributed_optimizer), request.model)
-        if lay.zero >= 2:  # the lanes' collectives are simulate's: every candidate compiled whole
+        self.shardings = sharding_choices(self.model, request)  # refuses a fixed --cp or --zero the model refuses
+        if request.layout.post_validation:  # two steps back to back: simulate's, every candidate compiled whole
             self.entries = {name: replace(e, plain=True) for name, e in self.entries.items()}
         self.settings: dict[tuple, Setting] = {}
         self.shapes: dict[tuple, Shape | Refusal] = {}
@@ -54,11 +51,12 @@ class Pieces:
 
     def setting(self, c: Candidate) -> Setting:
         """The candidate's model, cluster and layout (frozen: one per (t, d, b, recompute))."""
-        key = (c.t, c.d, c.b, c.recompute, c.ep)
+        key = (c.t, c.d, c.b, c.recompute, c.cp, c.zero, c.ep)
         if key not in self.settings:
             r = self.request
             self.settings[key] = Setting(self.model, self.cluster, replace(
                 r.layout, tp=c.t, dp=c.d, microbatch_size=c.b, global_batch=r.global_batch, recompute=c.recompute,
+                cp=c.cp, zero=c.zero, distributed_optimizer=False,  # zero 1 is the distributed optimizer (Layout)
                 ep=c.ep))
         return self.settings[key]
 
@@ -106,7 +104,7 @@ class Pieces:
         return self._costs(st, c, shape)[1:]
 
     def _cost_key(self, c: Candidate, shape: Shape) -> tuple:
-        key = (c.t, c.b, c.recompute, shape.stages, c.ep)
+        key = (c.t, c.b, c.recompute, shape.stages, c.cp, c.zero, c.ep)
         return key + (c.d, shape.pipelines[0].placement) if self.request.layout.blocking_p2p else key
 
     def _costs(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
@@ -121,8 +119,8 @@ class Pieces:
 
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:
         """held_bytes, cached per placement and t (and d with the distributed optimizer): what it reads."""
-        key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.ep) + \
-            ((c.d,) if self.request.layout.sharding else ())
+        key = ("held", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.cp, c.zero, c.ep) + \
+            ((c.d,) if c.zero else ())
         if key not in self.states:
             self.states[key] = held_bytes(st.model, st.layout, shape)
         return self.states[key]
@@ -130,8 +128,8 @@ class Pieces:
     def state_bound(self, st: Setting, c: Candidate, shape: Shape) -> tuple[float, int]:
         """state_bound, cached per placement and (t, b, recompute): it depends on neither d nor m, but
         for d with the distributed optimizer (the shards)."""
-        key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute, c.ep) + \
-            ((c.d,) if self.request.layout.sharding else ())
+        key = (tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.b, c.recompute, c.cp, c.zero,
+               c.ep) + ((c.d,) if c.zero else ())
         if key not in self.states:
             self.states[key] = state_bound(st, shape, self.held(st, c, shape))
         return self.states[key]
@@ -139,19 +137,19 @@ class Pieces:
     def tail_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
         """tail_bound, cached per placement and (t, d): it depends on neither the order nor m, and
         step_tails reads neither b nor recomputation."""
-        key = ("tail", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d, c.ep)
+        key = ("tail", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d, c.cp, c.zero, c.ep)
         if key not in self.states:
             self.states[key] = tail_bound(st, shape)
         return self.states[key]
 
     def message_times(self, st: Setting, c: Candidate, devices: int):
-        key = ("messages", c.t, c.d, c.b, devices, c.ep)
+        key = ("messages", c.t, c.d, c.b, devices, c.cp, c.ep)
         if key not in self.links:
             self.links[key] = message_times(st, devices)
         return self.links[key]
 
     def link_times(self, st: Setting, c: Candidate, devices: int):
-        key = (c.t, c.d, c.b, devices, c.ep)
+        key = (c.t, c.d, c.b, devices, c.cp, c.ep)
         if key not in self.links:
             self.links[key] = link_times(st, devices)
         return self.links[key]
@@ -174,7 +172,25 @@ class Pieces:
             return Refusal(problem)
         if entry.plain or self.request.exhaustive:
             return 0.0
-        return self.makespan_bound(st, c, shape) + self.tail_bound(st, c, shape)
+        busy = self.makespan_bound(st, c, shape)
+        if self.compiled_whole(c):  # ZeRO 2/3: the step ends no sooner than the busiest communication lane
+            busy = max(busy, self.lane_bound(st, c, shape))
+        return busy + self.tail_bound(st, c, shape)
+
+    def compiled_whole(self, c: Candidate) -> bool:
+        """Whether the candidate is compiled whole (driver.cluster.compile_for) rather than through the
+        cached order: its schedule's order needs it, or ZeRO 2/3's collectives, which simulate times on
+        each device's lane, are there."""
+        return self.entries[c.schedule].plain or c.zero >= 2
+
+    def lane_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
+        """bounds.lane_bound, cached per placement and what the collectives' times read (t, d, cp, the
+        level and the microbatches; not b or recomputation)."""
+        key = ("lane", tuple(p.placement for p in shape.pipelines), tuple(len(p.microbatches) for p in shape.pipelines),
+               shape.devices, c.t, c.d, c.cp, c.zero, c.ep)
+        if key not in self.states:
+            self.states[key] = lane_bound(st, shape)
+        return self.states[key]
 
     def makespan_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
         """bounds.makespan_bound from each pipeline's terms, cached per placement, cost vector and links
@@ -182,7 +198,7 @@ class Pieces:
         entry = self.entries[c.schedule]
         table, _ = self.cost_table(st, c, shape)
         links = self.link_times(st, c, shape.devices)
-        costs, linked = self._cost_key(c, shape), (c.t, c.d, c.b, shape.devices, c.ep)
+        costs, linked = self._cost_key(c, shape), (c.t, c.d, c.b, shape.devices, c.cp, c.ep)
         terms = []
         for pipe in shape.pipelines:
             key = (pipe.placement, entry.split, entry.mixed, entry.pairs, costs, linked)

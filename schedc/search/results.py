@@ -48,7 +48,7 @@ class Ranked:
                 "iteration_s": round(p.iteration_s, 6), "memory_gib_per_gpu": round(p.memory_bytes / GIB, 3),
                 "bubble": round(self.bubble, 4), "sequences_per_s": round(p.global_batch / p.iteration_s, 4),
                 "critical_device": p.extra["critical_device"], "same_order": [o.schedule for o in self.same],
-                **({"ep": c.ep} if c.ep != 1 else {})}
+                "cp": c.cp, "zero": c.zero, **({"ep": c.ep} if c.ep != 1 else {})}
 
     def label(self) -> str:
         """The schedule, and those merged into this row: `zb_h1=zb_h2`."""

@@ -1,8 +1,9 @@
 """The configuration search of `schedc tune --model M --cluster C --gpus N --global-batch B` (the command
 line and its report are schedc/cli/tune.py and schedc/cli/tune_report.py). It tries
 tensor-parallel t (dividing the heads; within a node first), pipeline p (the schedule's stages must
-divide the layers), d = N / (t p), chunks v (schedules with a param v), microbatch size b (dividing
-B / d), recomputation and the schedules listed, and ranks them by the predicted iteration time of
+divide the layers), context parallelism cp and the ZeRO level (unless the request fixes them),
+d = N / (t cp p), chunks v (schedules with a param v), microbatch size b (dividing B / d),
+recomputation and the schedules listed, and ranks them by the predicted iteration time of
 each schedule's own compiled order simulated with the cluster's costs (schedc/costmodel/fit.py), never a
 closed formula.
 
@@ -26,7 +27,9 @@ programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair 
 (bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole.
 Schedules whose order depends on the costs (greedy), that declare tasks, fill bubbles or memory
 beyond activations are compiled whole for every candidate (driver.cluster.compile_for), without the
-bound.
+bound; so are ZeRO 2/3 candidates (their collectives are timed on each device's lane), but bounded
+first by the larger of the compute bound and their busiest lane (bounds.lane_bound) and refused by
+their sharded state before any compile.
 """
 from __future__ import annotations
 
@@ -86,7 +89,7 @@ class Searcher(Pieces):
         its first backward) with its weights and state already hold more than the limit: no order that
         starts so fits (bounds.state_bound), and the whole order is never elaborated. None where it
         fits or no start is known (--exhaustive, a schedule compiled whole or ordered otherwise)."""
-        if self.request.exhaustive or self.entries[c.schedule].plain:
+        if self.request.exhaustive or self.entries[c.schedule].plain:  # ZeRO 2/3 too: its held bytes are the order's
             return None
         key = c.structure_key()
         if key not in self.starts:
@@ -165,14 +168,14 @@ class Searcher(Pieces):
         and names the others in its row. None where nothing is merged (--exhaustive, --per, a schedule
         compiled whole, an order that cannot be built)."""
         r = self.request
-        if r.exhaustive or r.per is not None or self.entries[c.schedule].plain or isinstance(self.shape(c), Refusal):
+        if r.exhaustive or r.per is not None or self.compiled_whole(c) or isinstance(self.shape(c), Refusal):
             return None
         structure = self.structure(c)
         if structure.error is not None:
             return None
         if structure.order is None:
             structure.order = self.orders.setdefault(order_identity(structure.schedule), len(self.orders))
-        return (c.t, c.p, c.d, c.b, c.m, c.recompute, structure.order, c.ep)
+        return (c.t, c.p, c.d, c.b, c.m, c.recompute, c.cp, c.zero, structure.order, c.ep)
 
     # evaluation -----------------------------------------------------------------------------------
 
@@ -182,7 +185,7 @@ class Searcher(Pieces):
         shape = self.shape(c)
         if isinstance(shape, Refusal):
             return shape
-        if self.entries[c.schedule].plain:
+        if self.compiled_whole(c):
             return self._evaluate_plain(c, free)
         from ..passes.simulate import busy_times
         from ..passes.timing import Span
@@ -354,9 +357,11 @@ class Searcher(Pieces):
             found = sorted({getattr(c, name) for c in space if getattr(c, name) is not None})
             return "{" + ", ".join(map(str, found)) + "}"
         v = f"v in {values('v')}, " if any(c.v is not None for c in space) else ""
+        cp = f"cp in {values('cp')}, " if any(c.cp > 1 for c in space) else ""
+        zero = f", zero in {values('zero')}" if self.request.zero == () else ""
         ep = f", ep in {values('ep')}" if any(c.ep != 1 for c in space) else ""
-        return (f"{plural(len(space), 'candidate')} over {', '.join(self.entries)}: t in {values('t')}, p in {values('p')}, "
-                f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}{ep}")
+        return (f"{plural(len(space), 'candidate')} over {', '.join(self.entries)}: t in {values('t')}, {cp}p in {values('p')}, "
+                f"{v}b in {values('b')}, recompute {', '.join(self.request.recompute)}{zero}{ep}")
 
 
 def search(request: Request, progress: Callable[[int], None] | None = None) -> Outcome:

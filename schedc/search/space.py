@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..diagnostics import usage
+from ..diagnostics import SchedError, usage
 from ..layout import RECOMPUTE, Layout
 
 
@@ -17,7 +17,7 @@ SEARCHED = ("p", "v", "m")        # the params the search sets; a schedule's oth
 MOE_ONLY = "combined_1f1b"      # searched by default for a model with experts only (Megatron-Core asserts ep > 1)
 
 
-GROUPS = ("schedule", "t", "p", "v", "b", "recompute")  # --per: the K best of each value
+GROUPS = ("schedule", "t", "p", "v", "b", "recompute", "cp", "zero")  # --per: the K best of each value
 
 # The layout options the search sets per candidate (t, d, b, recomputation) or takes as its own (the
 # global batch); every other one (schedc.layout.LAYOUT_OPTIONS) is every candidate's, as given.
@@ -45,6 +45,9 @@ class Request:
     #                                          d, b, the global batch and recomputation per candidate
     seq: int | None = None                   # --seq: the run's sequence length over the model description's
     ep: tuple[int, ...] | None = None        # restrict ep to these values (None: every one an MoE model takes)
+    cp: tuple[int, ...] | None = None        # context-parallel sizes: None the layout's alone; () every size the
+    #                                          model's sequence (2·cp chunks) and attention kernel allow
+    zero: tuple[int, ...] | None = None      # ZeRO levels: None the layout's alone; () every level its switches allow
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -59,7 +62,9 @@ class Candidate:
     b: int
     m: int
     recompute: str
-    ep: int = 1   # expert parallelism, carved from d x cp (1 for a dense model)
+    cp: int = 1          # last: the order of candidates without context parallelism or sharding is as before
+    zero: int = 0
+    ep: int = 1          # expert parallelism, carved from d x cp (1 for a dense model)
 
     def params(self) -> dict[str, str]:
         out = {"p": str(self.p), "m": str(self.m)}
@@ -72,8 +77,11 @@ class Candidate:
 
     def describe(self) -> str:
         v = f" v={self.v}" if self.v is not None else ""
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        zero = f" zero={self.zero}" if self.zero else ""
         ep = f" ep={self.ep}" if self.ep != 1 else ""
-        return f"{self.schedule} t={self.t} p={self.p} d={self.d}{v}{ep} b={self.b} recompute {self.recompute}"
+        return (f"{self.schedule} t={self.t}{cp} p={self.p} d={self.d}{v}{ep} b={self.b} recompute {self.recompute}"
+                f"{zero}")
 
     def group(self, per: str | None) -> Any:
         return None if per is None else getattr(self, per)
@@ -154,17 +162,27 @@ def _all_layouts(model, n: int, batch: int, tp=None, pp=None) -> list[tuple[int,
             if batch % (n // (t * p)) == 0 and (pp is None or p in pp)]
 
 
-def layouts(model, request: Request) -> list[tuple[int, int, int]]:
-    """(t, p, d) with t p d = N: t divides the heads (and hidden, ffn, vocab), d the global batch.
-    None -> a usage error saying why (exit 2): the --tp (--pp) values that leave no layout even
-    without the other restriction, else the two together."""
+def layouts(model, request: Request) -> list[tuple[int, int, int, int]]:
+    """(t, cp, p, d) with t cp p d = N for each context-parallel size searched (sharding_choices): t
+    divides the heads (and hidden, ffn, vocab), d the global batch. None -> a usage error saying why
+    (exit 2): the --tp (--pp) values that leave no layout even without the other restriction, else the
+    two together."""
+    out = []
+    for cp in sorted({cp for cp, _ in sharding_choices(model, request)}):
+        out += [(t, cp, p, d) for t, p, d in _layouts_of(model, request, cp)]
+    if not out:  # every size searched leaves none: why, as for cp = 1 alone (exit 2)
+        _layouts_of(model, replace(request, cp=None), 1)
+    return out
+
+
+def _layouts_of(model, request: Request, cp: int) -> list[tuple[int, int, int]]:
+    """layouts of one context-parallel size: (t, p, d) of the N / cp GPUs of one context rank."""
     n, batch, tp, pp = request.gpus, request.global_batch, request.tp, request.pp
-    cp = request.layout.cp
     if cp < 1 or n % cp:
         raise usage(f"--cp {cp} does not divide --gpus {n:,} (t x cp x p x d = N)")
     n //= cp  # the t x p x d GPUs of one context-parallel rank
     out = _all_layouts(model, n, batch, tp, pp)
-    if out:
+    if out or request.cp == ():  # a searched size that leaves no layout is left out
         return out
     reasons = []
     for t in tp or ():
@@ -194,33 +212,72 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
     if refused:
         raise usage(refused)
     out = []
-    for t, p, d in found:
+    levels = sharding_choices(model, request)
+    for t, cp, p, d in found:
         per_replica = request.global_batch // d
+        zeros = [zero for c, zero in levels if c == cp and _shards(request, zero, d * cp)]
         for entry in entries:
             for v in (chunk_choices(model, request, p) if entry.chunked else [None]):
                 for b in divisors(per_replica):
                     if request.microbatch is not None and b not in request.microbatch:
                         continue
                     for recompute in request.recompute:
-                        out += [Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute, ep)
-                                for ep in ep_choices(model, request, d)]
+                        out += [Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute, cp, zero, ep)
+                                for zero in zeros for ep in ep_choices(model, request, d, cp)]
     if not out and request.microbatch is not None:
-        shares = sorted({request.global_batch // d for _, _, d in layouts(model, request)})
+        shares = sorted({request.global_batch // d for _, _, _, d in found})
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
                     f"sequences per pipeline, B / d = {', '.join(map(str, shares))}")
     return out
 
 
-def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int]]) -> int:
+def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int, int]]) -> int:
     """How many candidates `candidates` makes of these layouts, without making them."""
-    total = 0
-    for _, p, d in found:
+    total, levels = 0, sharding_choices(model, request)
+    for _, cp, p, d in found:
         sizes = divisors(request.global_batch // d)
         b = len(sizes) if request.microbatch is None else sum(x in request.microbatch for x in sizes)
         chunked = len(chunk_choices(model, request, p))
-        total += (b * len(request.recompute) * sum(chunked if e.chunked else 1 for e in entries)
-                  * len(ep_choices(model, request, d)))
+        zeros = sum(c == cp and _shards(request, zero, d * cp) for c, zero in levels)
+        total += (b * len(request.recompute) * zeros * sum(chunked if e.chunked else 1 for e in entries)
+                  * len(ep_choices(model, request, d, cp)))
     return total
+
+
+def _shards(request: Request, zero: int, group: int) -> bool:
+    """Whether a level is searched on a shard group of `group` GPUs: a searched level above 0 over one GPU
+    is the unsharded run again (left out); a level the layout fixes is every candidate's."""
+    return request.zero != () or zero == 0 or group > 1
+
+
+def sharding_choices(model, request: Request) -> list[tuple[int, int]]:
+    """The (cp, ZeRO level) pairs searched: the layout's own where the request fixes them (--cp, --zero,
+    --distributed-optimizer; refused as the layout check refuses them), else every context-parallel
+    size dividing the GPUs whose 2·cp chunks split the sequence under a flash kernel, and every level
+    the layout's switches allow (costmodel.specs.check_layout, as a compile asks it)."""
+    from ..costmodel.specs import check_layout
+    from ..layout import ZERO_LEVELS
+    lay = request.layout
+    cps = [lay.cp] if request.cp is None else list(request.cp) or [
+        c for c in divisors(request.gpus) if c == 1 or (model.flash and model.seq % (2 * c) == 0)]
+    zeros = [lay.sharding] if request.zero is None else list(request.zero) or list(ZERO_LEVELS)
+    def checked(cp: int, zero: int) -> Layout:
+        return Layout(cp=cp, zero=zero, overlap_grad_reduce=lay.overlap_grad_reduce,
+                      distributed_optimizer=lay.distributed_optimizer and zero == 1)
+
+    if (request.cp is None and lay.cp > 1) or (request.zero is None and lay.sharding):  # given: refused as given
+        check_layout(model, checked(lay.cp if request.cp is None else 1, lay.sharding if request.zero is None else 0),
+                     request.model)
+    out = []
+    for cp in cps:
+        for zero in zeros:
+            if cp > 1 or zero:
+                try:
+                    check_layout(model, checked(cp, zero), request.model)
+                except SchedError:  # a searched value the model or the switches refuse is left out
+                    continue
+            out.append((cp, zero))
+    return out
 
 
 def chunk_choices(model, request: Request, p: int) -> list[int | None]:
@@ -243,13 +300,13 @@ def distinct_figures(a: float, b: float) -> tuple[str, str]:
     return f"{a:.{digits}g}", f"{b:.{digits}g}"
 
 
-def ep_choices(model, request: Request, d: int) -> list[int]:
-    """The expert-parallel sizes of a layout with d data ranks: --ep's values (checked later, each as
+def ep_choices(model, request: Request, d: int, cp: int) -> list[int]:
+    """The expert-parallel sizes of a layout with d data and cp context ranks: --ep's values (checked later, each as
     simulate checks it), else for a model with experts every ep dividing its experts and d x cp
     (Megatron-Core carves the expert-parallel groups from the data and context ranks), else 1."""
     if request.ep is not None:
         return list(request.ep)
     if not model.moe:
         return [1]
-    ranks = d * request.layout.cp
+    ranks = d * cp
     return [ep for ep in divisors(model.experts) if ranks % ep == 0]

@@ -68,17 +68,7 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
     """`-D p=4 -D m=8`, `--cost F=1 --cost I=1,1,2,2` (over `--costs FILE`, read here unless its op
     kinds' costs are given as `measured`), `--activation-limit 4` (or `in_bytes`) -> a Problem
     (errors: exit 2)."""
-    unknown = sorted(set(defines) - {"p", "m"})
-    if unknown:
-        raise option_error(f"-D {unknown[0]}: tune --synthesize takes only p (devices) and m (microbatches)")
-    sizes = {}
-    for name in ("p", "m"):
-        if name not in defines:
-            raise option_error(f"give -D {name}=N ({'devices' if name == 'p' else 'microbatches'})")
-        try:
-            sizes[name] = int(defines[name])
-        except ValueError:
-            raise option_error(f"-D {name}: expected an integer, got {defines[name]!r}") from None
+    sizes = _sizes(defines)
     table: dict[str, tuple[float, ...]] = {}
     where: dict[str, str] = {}
     for item in costs:
@@ -114,6 +104,36 @@ def problem_from_options(defines: dict[str, str], costs: tuple[str, ...], latenc
                                f"(measured costs are not mixed with the unit defaults; give it with --cost "
                                f"{missing[0]}=...)")
     return _limited(sizes["p"], sizes["m"], table, latency, activation_limit, where, in_bytes)
+
+
+def _sizes(defines: dict[str, str]) -> dict[str, int]:
+    """-D p=N and -D m=N, the only defines --synthesize takes."""
+    unknown = sorted(set(defines) - {"p", "m"})
+    if unknown:
+        raise option_error(f"-D {unknown[0]}: tune --synthesize takes only p (devices) and m (microbatches)")
+    sizes = {}
+    for name in ("p", "m"):
+        if name not in defines:
+            raise option_error(f"give -D {name}=N ({'devices' if name == 'p' else 'microbatches'})")
+        try:
+            sizes[name] = int(defines[name])
+        except ValueError:
+            raise option_error(f"-D {name}: expected an integer, got {defines[name]!r}") from None
+    return sizes
+
+
+def cluster_problem_from_options(defines: dict[str, str], costs: tuple[str, ...], costs_file: str | None,
+                                 activation_limit: str | None, on_cluster) -> Problem:
+    """With --cluster: the Problem of the row's own costs (cluster.OnCluster `on_cluster`),
+    the limit in activations (--activation-limit: p for ZB-1p, 2p for ZB-2p)."""
+    from .cluster import problem_on_cluster
+    if costs or costs_file is not None:
+        raise option_error("--cost and --costs give the costs; with --cluster the cost model gives them: give one or "
+                           "the other")
+    if activation_limit is None:
+        raise option_error("with --cluster give --activation-limit N (activations per device: p for ZB-1p, 2p for ZB-2p)")
+    sizes = _sizes(defines)
+    return problem_on_cluster(on_cluster, sizes["p"], sizes["m"], _numbers("--activation-limit", activation_limit))
 
 
 def _limited(p: int, m: int, table, latency: float, activation_limit: str | None, where: dict[str, str],
@@ -173,11 +193,16 @@ class Synthesized:
 
 def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, activation_limit: str | None,
              out: str | None, progress: Callable[[int, int], None] | None = None,
-             costs_file: str | None = None, in_bytes: InBytes | None = None) -> Synthesized:
+             costs_file: str | None = None, in_bytes: InBytes | None = None, on_cluster=None) -> Synthesized:
     """`schedc tune --synthesize`: the order as checked .sched text and its report. The text is compiled
-    before it is written; a refused one is written too, for study."""
-    measured, left_out = _measured(costs_file) if costs_file is not None else ({}, [])
-    problem = problem_from_options(defines, costs, latency, activation_limit, costs_file, measured, in_bytes)
+    before it is written; a refused one is written too, for study. With `on_cluster`
+    (cluster.OnCluster) the costs are the cost model's for that row."""
+    if on_cluster is not None:
+        measured, left_out = {}, []
+        problem = cluster_problem_from_options(defines, costs, costs_file, activation_limit, on_cluster)
+    else:
+        measured, left_out = _measured(costs_file) if costs_file is not None else ({}, [])
+        problem = problem_from_options(defines, costs, latency, activation_limit, costs_file, measured, in_bytes)
     result = synthesize(problem, progress)
     shown = out if out not in (None, "-") else "the order"
     text = to_sched(result)
@@ -190,8 +215,11 @@ def run_tune(defines: dict[str, str], costs: tuple[str, ...], latency: float, ac
         lines.insert(0, f"schedc tune: note: --costs {costs_file}: {', '.join(left_out)} left out (not op kinds: "
                         f"a synthesized order runs {', '.join(COST_KINDS)})")
     stats = compiled.stats
-    peaks = stats["peak_memory"] if problem.unit == UNITS else result.peak  # the compile counts units
-    held = (f"activations {peaks_text(peaks)} within {listed(problem.limit)}" if problem.unit == UNITS else
+    # the compile counts whole units; the synthesis's own peaks where it counts otherwise (bytes, or a
+    # deferred W's share of an activation: --cluster)
+    peaks = stats["peak_memory"] if problem.unit == UNITS and problem.deferred == 1.0 else result.peak
+    shown_peaks = peaks if problem.deferred == 1.0 else [float(f"{x:.4g}") for x in peaks]  # shares: 4 digits
+    held = (f"activations {peaks_text(shown_peaks)} within {listed(problem.limit)}" if problem.unit == UNITS else
             f"memory {' '.join(gib(x) for x in peaks)} GiB within {','.join(gib(x) for x in dict.fromkeys(problem.limit))} GiB")
     lines.append(f"{shown}: makespan {stats['makespan']:g} (lower bound {problem.lower_bound():g}), peak {held}; "
                  f"{result.found_by}; {count(result.timed, 'order')} timed"

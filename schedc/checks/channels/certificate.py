@@ -1,9 +1,10 @@
 """check_channels, the static certificate: clears a good step program without running it.
 
 Every wait of the replay is known before it runs: a SEND waits for the receive its message is matched
-to, a consumer for the SEND of its tensor, a SYNC_GRAD for the rest of its collective. So a good step
-program is cleared by whole-list passes (a code per instruction from table lookups, positions scattered
-into lists indexed by message) and a run that stops at waits only; anything unusual goes to the replay.
+to, a consumer for the SEND of its tensor, a collective (SYNC_GRAD, ALL_TO_ALL, ...) for the rest of its
+members. So a good step program is cleared by whole-list passes (a code per instruction from table
+lookups, positions scattered into lists indexed by message) and a run that stops at waits only; anything
+unusual goes to the replay.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from itertools import chain, compress, count, islice, repeat
 from operator import getitem, lt, setitem
 
 from ...ir import consume
-from ...ops import COMM, GRADIENT, Opcode, OpKind, feeds, message
+from ...ops import COLLECTIVE, COMM, GRADIENT, OpKind, feeds, message
+from .pairs import communicator, identity
 
 _SENT, _POSTED, _USED = 1, 2, 3   # an instruction's code is 3K + one of these, K its message
 # `_completes` gives up (the plan goes to the replay) after this many rounds per position of an average
@@ -24,7 +26,7 @@ _ROUNDS_PER_POSITION, _EXTRA_ROUNDS = 2, 64
 
 def certify(streams: list, place: list[list[int]], microbatches: int) -> bool:
     """True only when `replay(streams, place)` is sure to come back clean (no fault, no rank blocked) and
-    every SYNC_GRAD collective is issued by its whole group, for one stage; False whenever in doubt (a
+    every collective is issued by its whole group, as one collective (pairs.identity); False whenever in doubt (a
     microbatch outside range(microbatches), a field that is not an int, a consumer or message on a rank
     that does not hold its stage, a tensor received twice or used twice, ...).
 
@@ -151,9 +153,9 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
             _scatter(slots, codes, count(start))
             zeros += codes.count(0)
             peers += peer
-            if Opcode.SYNC_GRAD in ops:
-                syncs += [(r, start + n, tuple(stream[n][5] or ()), stages[n]) for n, op in enumerate(ops)
-                          if op == Opcode.SYNC_GRAD]
+            if not COLLECTIVE.isdisjoint(ops):
+                syncs += [(r, start + n, tuple(stream[n][5] or ()), communicator(op, stream[n][5]),
+                           identity(op, stages[n])) for n, op in enumerate(ops) if op in COLLECTIVE]
         ends.append(len(peers))
         peers.append(None)
         owner += repeat(r, len(stream) + 1)
@@ -202,15 +204,16 @@ def _in_order(lay: _Layout, links: _Links) -> bool:
 
 
 def _collectives(syncs: list[tuple]) -> dict[int, tuple] | None:
-    """SYNC_GRAD position -> the positions of its collective (the j-th of its group on each member); None
-    unless every collective is issued by exactly its group's ranks, for one stage."""
+    """Collective position -> the positions of its collective (the j-th of its communicator on each
+    member); None unless every collective is issued by exactly its group's ranks, as one collective
+    (pairs.identity)."""
     seen: dict[tuple, int] = {}
     members: dict[tuple, list] = {}
-    for r, x, group, stage in syncs:
-        j = seen[(r, group)] = seen.get((r, group), -1) + 1
-        members.setdefault((group, j), []).append((r, x, stage))
+    for r, x, group, order, ident in syncs:
+        j = seen[(r, order)] = seen.get((r, order), -1) + 1
+        members.setdefault((order, j), []).append((r, x, ident))
     meets = {}
-    for (group, _), issued in members.items():
+    for ((_, group), _), issued in members.items():
         if sorted(r for r, _, _ in issued) != sorted(group) or any(s != issued[0][2] for _, _, s in issued):
             return None
         meets.update(dict.fromkeys((x for _, x, _ in issued), tuple(x for _, x, _ in issued)))
@@ -226,7 +229,7 @@ def _completes(lay: _Layout, ranks: int) -> bool:
     meets = _collectives(lay.syncs)
     if meets is None:
         return False
-    waits = lay.waits[:]                   # and -1: stop (a rank's end, a SYNC_GRAD)
+    waits = lay.waits[:]                   # and -1: stop (a rank's end, a collective)
     for x in chain(lay.ends, meets):
         waits[x] = -1
     owner = lay.owner
@@ -243,14 +246,16 @@ def _completes(lay: _Layout, ranks: int) -> bool:
             if g != here:
                 passed[r] = g
                 moved = True
-        if not (moved or _release(set(meets.values()), passed, owner)):
+        if not (moved or meets and _release(meets, passed[:ranks], passed, owner)):
             return passed[:ranks] == lay.ends
     return False
 
 
-def _release(collectives: set[tuple], passed: list[int], owner: list[int]) -> bool:
-    """Lets through every SYNC_GRAD collective whose members all wait at it."""
-    done = [c for c in collectives if all(passed[owner[x]] == x for x in c)]
+def _release(meets: dict[int, tuple], at: list[int], passed: list[int], owner: list[int]) -> bool:
+    """Lets through every collective whose members all wait at it, found from where the ranks stand
+    (`at`): a stall costs the ranks, not the collectives (declared ones follow nearly every op)."""
+    waiting = {meets[x] for x in at if x in meets}
+    done = [c for c in waiting if all(passed[owner[x]] == x for x in c)]
     for x in chain.from_iterable(done):
         passed[owner[x]] = x + 1
     return bool(done)

@@ -1,5 +1,6 @@
 """check_channels, pairwise: for every ordered pair of ranks (a, b) the sends of a to b are, one for
-one, the receives b posts from a (kind, stage, microbatch, pipeline); every message goes between the
+one, the receives b posts from a (kind, stage, microbatch, pipeline: plan/channels.py's matching, which
+the runtime checks too); every message goes between the
 ranks of its producing and consuming stages; the j-th SYNC_GRAD of a group is issued by every member,
 for one stage. Used to name the faults of a step program that the replay finds stuck or faulty.
 
@@ -8,32 +9,20 @@ for one stage. Used to name the faults of a step program that the replay finds s
 """
 from __future__ import annotations
 
-from itertools import groupby
 from operator import itemgetter
 
 from ...diagnostics import Diagnostic, error
-from ...ops import COMM, LINKED, RECVS, SENDS, Opcode, OpKind, carries, link_ends, own_stage, peer_stage
+from ...ops import COLLECTIVE, LINKED, RECVS, SENDS, Opcode, OpKind, link_ends, own_stage, peer_stage
+from ...plan.channels import mismatches
 
-DIRECTION = {op: carries(op) for op in COMM}  # the kind a message is named by, F or B
-OP, PEER = itemgetter(0), itemgetter(4)
-FIELDS = itemgetter(1, 2, 3)     # stage, mb, pipe
 LINK = itemgetter(0, 1, 3, 4)    # op, stage, pipe, peer
 COMPUTE = itemgetter(0, 1, 3)    # op, stage, pipe
 SHOWN = 8  # mismatches listed per pair
 
 
-def _messages(instrs: list) -> list[tuple]:
-    """(direction, stage, mb, pipe) of each message, as both ends name it."""
-    return list(zip(map(DIRECTION.__getitem__, map(OP, instrs)), *zip(*map(FIELDS, instrs)))) if instrs else []
-
-
-def _by_peer(instrs: list) -> dict[int, list]:
-    return {peer: list(group) for peer, group in groupby(sorted(instrs, key=PEER), key=PEER)}
-
-
 def pair_errors(streams: list, place: list[list[int]], step: int, steps: int) -> list[Diagnostic]:
     """Every pair's sends against its receives, and every message's ranks against its stages' placement."""
-    ranks, sent, got, diags = len(streams), {}, {}, []
+    ranks, diags = len(streams), []
     for r, stream in enumerate(streams):
         sends = [ins for ins in stream if ins[0] in SENDS]
         recvs = [ins for ins in stream if ins[0] in RECVS]
@@ -44,14 +33,7 @@ def pair_errors(streams: list, place: list[list[int]], step: int, steps: int) ->
                         at=(r, step, _first(stream, lambda ins: COMPUTE(ins) == (op, stage, pipe))))
                   for op, stage, pipe in sorted(set(map(COMPUTE, stream)), key=str)
                   if op in LINKED and not _stage_ok(stage, pipe, place)]
-        for peer, group in _by_peer(sends).items():
-            sent[(r, peer)] = group
-        for peer, group in _by_peer(recvs).items():
-            got[(peer, r)] = group
-    for pair in sorted(sent.keys() | got.keys(), key=str):
-        ours, theirs = _messages(sent.get(pair, [])), _messages(got.get(pair, []))
-        if ours != theirs:
-            diags.append(_mismatch(*pair, ours, theirs, step, steps, streams))
+    diags += [_mismatch(*m.pair, m.index, m.sent, m.received, step, steps, streams) for m in mismatches(streams)]
     return diags
 
 
@@ -90,29 +72,49 @@ def _bad_link(r: int, link: tuple, place, ranks: int, step: int, steps: int, ind
                  f"{_ends(op, stage, pipe or 0, place)}", at=(r, step, index))
 
 
+def communicator(op: str, group) -> tuple:
+    """The order a collective is matched in: NCCL matches a communicator's collectives by issue order
+    alone. SYNC_GRAD's all-reduce has a communicator per group; the collectives ops declare (ALL_TO_ALL,
+    ALL_GATHER, ...) share another per group."""
+    return op == Opcode.SYNC_GRAD, tuple(group or ())
+
+
+def identity(op: str, stage) -> tuple:
+    """What the members of one collective must agree on: its kind, and for SYNC_GRAD the stage whose
+    gradients it sums (a declared collective's members may hold different stages)."""
+    return (op, stage) if op == Opcode.SYNC_GRAD else (op,)
+
+
 def sync_errors(streams: list, step: int, steps: int) -> list[Diagnostic]:
-    """The j-th SYNC_GRAD of a group is issued by every member, for one stage."""
-    issued: dict[tuple, list[tuple[int, int]]] = {}
+    """The j-th collective of a communicator is issued by every member of its group, as one collective
+    (SYNC_GRAD for one stage; a declared one of one kind): members reach a group's collectives in one
+    order."""
+    issued: dict[tuple, list[tuple[int, tuple]]] = {}
     for r, stream in enumerate(streams):
         count: dict[tuple, int] = {}
         for ins in stream:
-            if ins[0] == Opcode.SYNC_GRAD:
-                group = tuple(ins[5] or ())
-                count[group] = count.get(group, 0) + 1
-                issued.setdefault((group, count[group] - 1), []).append((r, ins[1]))
+            if ins[0] in COLLECTIVE:
+                key = communicator(ins[0], ins[5])
+                count[key] = count.get(key, 0) + 1
+                issued.setdefault((key, count[key] - 1), []).append((r, identity(ins[0], ins[1])))
     diags = []
-    for (group, j), members in sorted(issued.items()):
+    for ((sync, group), j), members in sorted(issued.items()):
         ranks = sorted(r for r, _ in members)
-        stages = sorted({s for _, s in members}, key=str)
-        if ranks != sorted(group) or len(stages) != 1:
-            diags.append(error(f"{where(step, steps)}SYNC_GRAD #{j} of group {list(group)} is issued by ranks "
-                               f"{ranks} for stages {stages}; every rank of the group must issue it, for one stage"))
+        if sync:
+            stages = sorted({ident[1] for _, ident in members}, key=str)
+            if ranks != sorted(group) or len(stages) != 1:
+                diags.append(error(f"{where(step, steps)}SYNC_GRAD #{j} of group {list(group)} is issued by ranks "
+                                   f"{ranks} for stages {stages}; every rank of the group must issue it, for one stage"))
+        elif ranks != sorted(group) or len({ident for _, ident in members}) != 1:
+            what = ", ".join(f"rank {r} {ident[0]}" for r, ident in sorted(members))
+            diags.append(error(f"{where(step, steps)}collective #{j} of group {list(group)}: {what}; every rank of "
+                               "the group must reach the group's collectives in one order (NCCL matches them by "
+                               "issue order)", at=(members[0][0], step, None)))
     return diags
 
 
-def _mismatch(a: int, b: int, sent: list, got: list, step: int, steps: int, streams: list) -> Diagnostic:
-    """Located at the receive that differs (rank b expects it), or at the send when b posts none."""
-    k = next((k for k, (x, y) in enumerate(zip(sent, got)) if x != y), min(len(sent), len(got)))
+def _mismatch(a: int, b: int, k: int, sent: list, got: list, step: int, steps: int, streams: list) -> Diagnostic:
+    """Located at the receive that differs at message k (rank b expects it), or at the send when b posts none."""
     at = ((b, step, _first(streams[b], lambda ins: ins[0] in RECVS and ins[4] == a, k)) if k < len(got) else
           (a, step, _first(streams[a], lambda ins: ins[0] in SENDS and ins[4] == b, k)))
     first = (f"message {k}: rank {a} sends {_message(sent[k]) if k < len(sent) else 'nothing'}, rank {b} "

@@ -13,14 +13,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ...diagnostics import Diagnostic, error
+from ...ops import COLLECTIVE, COMM, GRADIENT, RECVS, SENDS, Opcode, OpKind, fed_by, peer_stage
 from ...passes.grid import elide, format_grid
-from ...ops import COMM, GRADIENT, RECVS, SENDS, Opcode, OpKind, fed_by, peer_stage
 from ...plan import Instr
-from .pairs import DIRECTION, where
+from ...plan.channels import message as message_of
+from .pairs import communicator, identity, where
 
 _F, _B, _SEND, _RECV, _SYNC = 1, 2, 3, 4, 5
 _KIND = {OpKind.F.value: _F, **dict.fromkeys(GRADIENT, _B), **dict.fromkeys(SENDS, _SEND),
-         **dict.fromkeys(RECVS, _RECV), Opcode.SYNC_GRAD.value: _SYNC}
+         **dict.fromkeys(RECVS, _RECV), **dict.fromkeys(COLLECTIVE, _SYNC)}
 
 
 @dataclass
@@ -81,7 +82,7 @@ def replay(streams: list, place: list[list[int]]) -> Replay:
     except (IndexError, KeyError, TypeError) as exc:
         state.faults.append((f"malformed instruction ({type(exc).__name__}: {exc})", None))
         return state
-    state.blocked = {r: _why(streams[r][n], r, n, received[r], sent, posted, ranks) for r, n in
+    state.blocked = {r: _why(streams[r][n], r, received[r], sent, ranks, syncs) for r, n in
                      enumerate(state.position) if n < len(streams[r])}
     state.faults += [(f"rank {r}: receives {len(received[r]) - used[r]} tensors it never uses", (r, None))
                      for r in range(ranks) if used[r] != len(received[r]) and r not in state.blocked]
@@ -122,7 +123,7 @@ def _run(streams: list, state: Replay, ranks: int, sources, peer_of, posted, sen
                     wait_post[channel] = r
                     break
                 pipe = ins[3] or 0
-                if expected[channel][k] != (DIRECTION[ins[0]], ins[1], ins[2], pipe) \
+                if expected[channel][k] != message_of(ins) \
                         or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                     state.faults.append((f"rank {r}: {Instr.short(ins)} does not match its receive", (r, n)))
                 sent[channel] = k + 1
@@ -131,7 +132,7 @@ def _run(streams: list, state: Replay, ranks: int, sources, peer_of, posted, sen
             elif kind == _RECV:
                 channel = ins[4] * ranks + r
                 pipe = ins[3] or 0
-                message = (DIRECTION[ins[0]], ins[1], ins[2], pipe)
+                message = message_of(ins)
                 where = (channel, posted[channel])
                 if mine.setdefault(message, where) is not where or peer_of[ins[0]][pipe][ins[1]] != ins[4]:
                     state.faults.append((f"rank {r}: {Instr.short(ins)} is received twice or from the wrong rank",
@@ -146,13 +147,13 @@ def _run(streams: list, state: Replay, ranks: int, sources, peer_of, posted, sen
         state.position[r] = n
 
 
-def _why(ins, r: int, n: int, received: dict, sent: list, posted: list, ranks: int) -> str:
+def _why(ins, r: int, received: dict, sent: list, ranks: int, syncs: _Syncs) -> str:
     """What a rank stuck at instruction ins waits for."""
     op, stage, mb, pipe = ins[0], ins[1], ins[2], ins[3] or 0
     if op in SENDS:
         return f"until rank {ins[4]} posts its receive #{sent[r * ranks + ins[4]]} from rank {r}"
-    if op == Opcode.SYNC_GRAD:
-        return f"until every rank of group {list(ins[5] or ())} reaches it"
+    if op in COLLECTIVE:
+        return f"until every rank of group {list(ins[5] or ())} reaches it ({syncs.absent(r, ins)})"
     got = received.get((*fed_by(op, stage), mb, pipe))
     if got is None:
         return "and uses a tensor from another rank that it has not received"
@@ -160,33 +161,55 @@ def _why(ins, r: int, n: int, received: dict, sent: list, posted: list, ranks: i
 
 
 class _Syncs:
-    """SYNC_GRAD collectives: the j-th one of a group on each member rank meet."""
+    """Collectives (SYNC_GRAD and the declared ones): the j-th one of a communicator (pairs.communicator)
+    on each member rank meet, and complete only when every member has reached it."""
 
     def __init__(self, ranks: int):
-        self.seen = [{} for _ in range(ranks)]     # rank -> group -> collectives passed
+        self.seen = [{} for _ in range(ranks)]     # rank -> communicator -> collectives passed
         self.arrived: dict[tuple, set[int]] = {}
         self.waiting: dict[tuple, list[int]] = {}
-        self.stage: dict[tuple, object] = {}       # collective -> the stage its first member named
+        self.first: dict[tuple, tuple] = {}        # collective -> (the first member's identity, its rank)
 
     def meet(self, state: Replay, r: int, n: int, ins, ready: list) -> bool:
-        """True once every rank of the group has reached its matching SYNC_GRAD. A rank outside the group,
-        or a stage other than the first member's, is a fault."""
+        """True once every rank of the group has reached its matching collective. A rank outside the
+        group, or a collective other than the first member's (pairs.identity), is a fault."""
         group = tuple(ins[5] or ())
-        key = (group, self.seen[r].get(group, 0))
-        if r not in group or self.stage.setdefault(key, ins[1]) != ins[1]:
-            state.faults.append((f"rank {r}: SYNC_GRAD #{key[1]} of group {list(group)} for stage {ins[1]}: every "
-                                 "rank of the group must issue it, for one stage", (r, n)))
+        key = self._key(r, ins)
+        mine = identity(ins[0], ins[1])
+        first, by = self.first.setdefault(key, (mine, r))
+        if r not in group or first != mine:
+            state.faults.append((self._fault(r, ins, key[1], first, by), (r, n)))
         members = self.arrived.setdefault(key, set())
         members.add(r)
         if len(members) < len(group):
             self.waiting.setdefault(key, []).append(r)
             return False
-        self.seen[r][group] = key[1] + 1
+        self.seen[r][key[0]] = key[1] + 1
         for other in self.waiting.pop(key, ()):
-            self.seen[other][group] = key[1] + 1
+            self.seen[other][key[0]] = key[1] + 1
             state.position[other] += 1
             ready.append(other)
         return True
+
+    def _key(self, r: int, ins) -> tuple:
+        order = communicator(ins[0], ins[5])
+        return order, self.seen[r].get(order, 0)
+
+    def absent(self, r: int, ins) -> str:
+        """The members of the collective rank r waits in that have not reached it, in words."""
+        key = self._key(r, ins)
+        missing = sorted(set(ins[5] or ()) - self.arrived.get(key, set()))
+        return (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                f"{'have' if len(missing) > 1 else 'has'} not") if missing else "all have"
+
+    @staticmethod
+    def _fault(r: int, ins, j: int, first: tuple, by: int) -> str:
+        group = list(ins[5] or ())
+        if ins[0] == Opcode.SYNC_GRAD:
+            return (f"rank {r}: SYNC_GRAD #{j} of group {group} for stage {ins[1]}: every rank of the group must "
+                    "issue it, for one stage")
+        return (f"rank {r}: {Instr.short(ins)} is collective #{j} of group {group}, where rank {by} issued "
+                f"{first[0]}: every rank of the group must reach its collectives in one order")
 
 
 def replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[Diagnostic]:
@@ -198,7 +221,10 @@ def replay_errors(streams: list, state: Replay, step: int, steps: int) -> list[D
     reasons = [f"rank {r} blocks at {Instr.short(streams[r][state.position[r]])} (instruction {state.position[r]}) "
                f"{state.blocked[r]}" for r in stuck]
     grid = format_grid(streams, {(r, state.position[r]): "stuck" for r in stuck}, Instr.short)
-    return diags + [error(f"{where(step, steps)}the plan hangs under blocking sends: "
-                          + elide(reasons, 6, "ranks", sep="; "), detail=grid, at=(stuck[0], step, state.position[stuck[0]]),
-                          notes=("a SEND waits until its peer posts the matching RECV; a consumer waits for "
-                                 "the SEND",))]
+    collective = any(streams[r][state.position[r]][0] in COLLECTIVE for r in stuck)
+    notes = ("a SEND waits until its peer posts the matching RECV; a consumer waits for the SEND",
+             *(("a collective completes only when every rank of its group reaches it, and a rank waiting for "
+                "a tensor cannot enter one",) if collective else ()))
+    return diags + [error(f"{where(step, steps)}the plan hangs under blocking sends"
+                          f"{' and collectives' if collective else ''}: " + elide(reasons, 6, "ranks", sep="; "),
+                          detail=grid, at=(stuck[0], step, state.position[stuck[0]]), notes=notes)]

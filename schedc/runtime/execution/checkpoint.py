@@ -104,6 +104,7 @@ def save(directory: str, steps_done: int, executor, identity: dict) -> None:
     step_dir = root / f"step-{steps_done:08d}"
     name = f"rank{executor.rank}.pt"
     state = {"steps_done": steps_done, "identity": identity, "rng": torch.get_rng_state(),
+             **cuda_rng(executor.world.device),
              "stages": {s: m.state_dict() for s, m in executor.stages.items()},
              "optimizer": executor.optimizer.state_dict(), "tasks": executor.task_state}
     buffer = io.BytesIO()
@@ -209,7 +210,8 @@ def load(directory: str, executor, identity: dict) -> int:
         raise CheckpointError(failed)
     root = Path(directory)
     try:
-        state = torch.load(root / latest["dir"] / f"rank{executor.rank}.pt", weights_only=False)
+        # onto the host, whatever GPU saved it: load_state_dict copies to this rank's device
+        state = torch.load(root / latest["dir"] / f"rank{executor.rank}.pt", map_location="cpu", weights_only=False)
     except (OSError, RuntimeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"--resume {directory}: cannot load rank{executor.rank}.pt ({exc})") from None
     found = differences(state["identity"], identity)
@@ -222,6 +224,8 @@ def load(directory: str, executor, identity: dict) -> int:
         executor.shards.refresh()
     executor.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
+    if "cuda_rng" in state and executor.world.device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], executor.world.device)
     executor.task_state.update(state.get("tasks", {}))
     return state["steps_done"]
 
@@ -256,3 +260,8 @@ def _remove(path: Path) -> None:
         path.unlink()
     except OSError:
         pass
+
+
+def cuda_rng(device: torch.device) -> dict:
+    """{"cuda_rng": the generator state of this rank's GPU} on CUDA (dropout draws there), else {}."""
+    return {"cuda_rng": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from schedc.ops import split_unit
+from schedc.ops import DECLARED, split_unit
 from schedc.plan import Opcode, Plan, PlanError
 
 from . import context
 
-# the instructions a chunked plan may hold: F, B, messages, gradient sync and the step
+# the instructions a chunked plan may hold: F, B, messages, gradient sync, declared collectives and the step
 RUNS = frozenset({Opcode.F.value, Opcode.B.value, Opcode.SEND_F.value, Opcode.RECV_F.value, Opcode.SEND_B.value,
-                  Opcode.RECV_B.value, Opcode.SYNC_GRAD.value, Opcode.STEP.value})
+                  Opcode.RECV_B.value, Opcode.SYNC_GRAD.value, Opcode.STEP.value}) | DECLARED
 
 
 class ChunkError(RuntimeError):

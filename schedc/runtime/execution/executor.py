@@ -24,11 +24,12 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from schedc.ops import OpKind, carries, fed_by, link_ends
+from schedc.ops import DECLARED, OpKind, carries, fed_by, link_ends, peer_stage
 from schedc.plan import Instr, Opcode, Plan
 
+from .clocks import HOST
 from .chunks import SequenceChunks
-from .lifetimes import freed_by, plan_lifetimes
+from .lifetimes import freed_by, plan_lifetimes, release_sent
 from .memory import SavedBytes
 from ..model.gpt import Stage, lm_loss
 from .overlap import CudaStreams, run_overlapped
@@ -90,7 +91,7 @@ class Executor:
             Opcode.SEND_F: self.send, Opcode.SEND_B: self.send,
             Opcode.RECV_F: self.recv, Opcode.RECV_B: self.recv,
             Opcode.SYNC_GRAD: self.sync_grad, Opcode.STEP: self.step_end,
-            Opcode.OVERLAP_F_B: self.overlap}
+            Opcode.OVERLAP_F_B: self.overlap, **dict.fromkeys(DECLARED, self.declared)}
         self.placed = Placed(self, list(plan.ranks[world.plan_rank]))  # R, O and L (placed.py)
         self.table.update(self.placed.table)
         self.programs = self.compile(plan.ranks[world.plan_rank], ignore_tasks)
@@ -115,7 +116,7 @@ class Executor:
         self.waiting_on: int | None = None
         self.wait_ns = 0
         self.waited_until = 0  # when the instruction's last blocking receive was through (perf_counter_ns)
-        self.device_timing = False  # synchronize CUDA after each instruction, so times are real
+        self.clock = HOST  # clocks.DeviceClock() where measured on CUDA: events read at each step's end
         self.record_until = 1 << 62  # steps from here on are not timed (bounded memory)
         self.streams = CudaStreams() if world.device.type == "cuda" else None  # for OVERLAP_F_B
         self.loss_fn = lm_loss  # the last stage's; vocab_parallel_loss where its logits are split
@@ -152,15 +153,17 @@ class Executor:
         self.step_no, self.batch = step, batch
         program = self.programs[step % len(self.programs)]
         fault_at = len(program) // 2 if self.fault and self.fault[0] == step else -1
-        clock = time.perf_counter_ns
-        events = self.events if step < self.record_until else []
+        recording = step < self.record_until
+        clock = self.clock if recording else HOST  # device events where measured on CUDA (clocks.py)
+        clock.begin_step()
+        marks = []
         if self.meter is not None:
             self.meter.new_step(batch)
         for index, (handler, instr, freed) in enumerate(program):
             if index == fault_at:
                 self._inject_fault(instr)
             self.current, self.started, self.wait_ns = instr, time.monotonic(), 0
-            start = clock()
+            start = clock.mark()
             try:
                 if self.shards is not None:  # ZeRO-3 gathers a stage's weights before its ops (zero.py)
                     self.shards.before(instr)
@@ -174,13 +177,10 @@ class Executor:
                 self.saved.pop(freed, None)
                 if self.meter is not None:
                     self.meter.release(freed)
-            if self.device_timing:
-                torch.cuda.synchronize()
-            # a wait ends where the compute begins: work before the receive (a descheduled rank's) is
-            # not drawn after it, so a consumer never seems to start before its producer ended
-            begun = self.waited_until - self.wait_ns if self.wait_ns else start
-            events.append((step, index, max(start, begun), clock(), self.wait_ns))
+            marks.append((index, start, clock.mark(), self.wait_ns, self.waited_until))
         self.current = None
+        if recording:
+            self.events.extend(clock.events(step, marks))
 
     def _inject_fault(self, instr: Instr) -> None:
         """--fault-kill: die at once; --fault-stop: be stopped (SIGSTOP); --fault-hang: stop making
@@ -329,12 +329,25 @@ class Executor:
             raise ExecutionError(f"nothing to send: {kind} of stage {instr.stage} mb {instr.mb} "
                                  "was not computed on this rank before")
         tensor = self.messages.outgoing(tensor)
+        self._check_message(instr, kind, tensor)
         self.sent_bytes += tensor.numel() * tensor.element_size()
         group = self.world.channels[(self.world.plan_rank, instr.peer)]
         peer = self.world.global_rank(instr.peer)
         self.sends.append((dist.isend(tensor, peer, group=group), tensor, peer))
-        while self.sends and self.sends[0][0].is_completed():  # drop what has gone already
-            self._wait_sent(*self.sends.popleft())
+        self.sends = release_sent(self.sends, self._wait_sent)  # drop what has gone already
+
+    def _check_message(self, instr: Instr, kind: str, tensor: torch.Tensor) -> None:
+        """The message against the receiver's buffer (the boundary traced before step 0), on the host with
+        no synchronization: a point-to-point transfer checks no byte count (NCCL), so a mismatch would
+        be read as wrong values or hang."""
+        shape, dtype = self.shapes[min(link_ends(instr.op, instr.stage))]
+        wire = self.messages.wire_shape(shape)
+        if tensor.dtype != dtype or tensor.shape != wire:
+            into = peer_stage(instr.op, instr.stage)
+            what = "output" if instr.op == Opcode.SEND_F else "input gradient"
+            raise ExecutionError(f"stage {instr.stage}'s {what} for microbatch {instr.mb} is {_form(tensor.dtype, tensor.shape)}, "
+                                 f"but stage {into} expects {_form(dtype, wire)} (the boundary traced before "
+                                 "step 0): a stage must return the same dtype and shape for every microbatch")
 
     def _wait_sent(self, work: Any, _buffer: torch.Tensor, peer: int) -> None:
         try:
@@ -350,6 +363,11 @@ class Executor:
         group = self.world.channels[(instr.peer, self.world.plan_rank)]
         self.tensors[(kind, instr.stage, instr.mb)] = Pending(dist.irecv(buffer, peer, group=group),
                                                               buffer, peer, shape)
+
+    def declared(self, instr: Instr) -> None:
+        """ALL_TO_ALL, ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE: a collective the op before it issues inside
+        itself (an MoE layer's dispatch and combine run in the stage's module, in this order); the plan
+        declares it for the channel check, and there is nothing to run for it here."""
 
     def sync_grad(self, instr: Instr) -> None:
         group = tuple(sorted(instr.group))
@@ -454,6 +472,10 @@ def _describe(exc: BaseException) -> str:
     text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo's "[file.cc:123] " prefix
     first = re.split(r"(?<=[.!?])\s|\n", text, maxsplit=1)[0]
     return f"{type(exc).__name__}: {first}"
+
+
+def _form(dtype: torch.dtype, shape: torch.Size) -> str:
+    return f"{str(dtype).removeprefix('torch.')} {list(shape)}"
 
 
 def clip_coefficient(square_sum: torch.Tensor, max_norm: float) -> torch.Tensor:

@@ -5,7 +5,9 @@
 # its two halves at its one index.
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from schedc.ops import RELEASES
 from schedc.plan import Instr, Opcode
@@ -88,3 +90,24 @@ def _units(program: tuple[Instr, ...]):
     for index, instr in enumerate(program):
         for unit in instr.units():
             yield index, unit
+
+
+def release_sent(sends: deque, wait: Callable) -> deque:
+    """The sends still in flight, oldest first; `wait` called on each completed one, in whatever order
+    they completed (a later, smaller message to a quicker peer frees its buffer before an earlier one).
+
+    >>> class Work:
+    ...     def __init__(self, done): self.done = done
+    ...     def is_completed(self): return self.done
+    >>> left = release_sent(deque([(Work(False), "a", 1), (Work(True), "b", 2)]), lambda w, b, p: print("freed", b))
+    freed b
+    >>> [buffer for _, buffer, _ in left]
+    ['a']
+    """
+    kept = deque()
+    for entry in sends:
+        if entry[0].is_completed():
+            wait(*entry)
+        else:
+            kept.append(entry)
+    return kept

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedc.ops import OVERLAP, OpKind, label
-from schedc.plan import NOT_COMPUTE as NOT_COMPUTE_INSTRS, Instr, Opcode, Plan
-
-NOT_COMPUTE = NOT_COMPUTE_INSTRS | {"wait"}  # and the runtime's wait events
+from schedc.ops import OVERLAP, OpKind
+from schedc.plan import Instr, Opcode, Plan
+from schedc.plan.trace import WAIT, event_name, is_compute, pair_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +35,8 @@ class Event:
     def name(self) -> str:
         """F0.3, SEND_F0.3, STEP; an OVERLAP_F_B by its halves: F0.3 & B7.1."""
         if self.halves:
-            return label(self.op, halves=tuple(event_name(*half) for half in self.halves))
+            return pair_name(self.halves)
         return event_name(self.op, self.stage, self.mb)
-
-
-def event_name(op: str, stage: int | None, mb: int | None) -> str:
-    if stage is None:
-        return op
-    return f"{op}{stage}" if mb is None else f"{op}{stage}.{mb}"
 
 
 def record(rank: int, step: int, instr: Instr, start: int, end: int, wait: int) -> Event:
@@ -63,7 +56,7 @@ def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
         if e.halves:
             args["halves"] = [{"op": op, "stage": stage, "mb": mb} for op, stage, mb in e.halves]
         if e.wait:
-            out.append(_complete("wait", e.rank, e.start, e.start + e.wait, args))
+            out.append(_complete(WAIT, e.rank, e.start, e.start + e.wait, args))
         out.append(_complete(e.name, e.rank, e.start + e.wait, e.end, args))
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "otherData": {"schedule": plan.meta.get("schedule"), "hash": plan.hash}}
@@ -72,10 +65,6 @@ def chrome_trace(events: list[Event], plan: Plan) -> dict[str, Any]:
 def _complete(name: str, pid: int, start: int, end: int, args: dict) -> dict[str, Any]:
     return {"name": name, "ph": "X", "pid": pid, "tid": 0, "ts": start / 1e3,
             "dur": max(end - start, 0) / 1e3, "args": args}
-
-
-def is_compute(op: str) -> bool:
-    return op not in NOT_COMPUTE
 
 
 def cost_key(e: Event) -> tuple[str, int | None]:

@@ -4,7 +4,8 @@
 # [b, t, vocab], every piece in between maps a tensor to a tensor. The runtime puts the first piece on
 # stage 0, the last on the last stage and splits the pieces in between as evenly as possible. A user
 # model plugs in through an import path (`--model-code pkg.mod:build`, docs/models.md), a function of ModelConfig returning
-# such a list. Every rank builds the whole list from the same seed and keeps its own stages, so replicas
+# such a list. Every rank builds the whole list on the meta device and gives weights only to its own
+# stages' pieces, each module seeded from (--seed, its global name) (model/init.py), so replicas
 # (Chimera) and the unpartitioned reference start from identical weights.
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .decoder import build_decoder
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
                               declare, qualified)
 from ..errors import UserError
+from .init import deferred_parameters, materialize_pieces, placeholder
 
 
 class ModelError(UserError):
@@ -328,16 +330,21 @@ def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn
     return load_function(spec, "--model-code", ModelError)
 
 
-def build_pieces(builder: Callable, cfg: ModelConfig, seed: int) -> list[tuple[str, nn.Module]]:
+def build_pieces(builder: Callable, cfg: ModelConfig, seed: int, materialize: bool = True) -> list[tuple[str, nn.Module]]:
+    """The model's pieces, built on the meta device (model/init.py) and, with `materialize`, every
+    piece given its weights; without, a rank materializes only its own stages' pieces."""
     torch.manual_seed(seed)
-    if builder in (build_model, build_gpt):
-        pieces = list(builder(cfg))
-    else:  # user code: whatever it raises (sys.exit too) is reported as its failure, naming it
-        from ..process.plugins import call_user
-        spec = f"{builder.__module__}:{builder.__qualname__}"
-        pieces = list(call_user(builder, "--model-code", spec, ModelError, cfg))
+    with deferred_parameters():
+        if builder in (build_model, build_gpt):
+            pieces = list(builder(cfg))
+        else:  # user code: whatever it raises (sys.exit too) is reported as its failure, naming it
+            from ..process.plugins import call_user
+            spec = f"{builder.__module__}:{builder.__qualname__}"
+            pieces = list(call_user(builder, "--model-code", spec, ModelError, cfg))
     if len(pieces) < 2 or not all(isinstance(m, nn.Module) for _, m in pieces):
         raise ModelError("a model builder must return a list of at least two (name, nn.Module) pieces")
+    if materialize:
+        materialize_pieces(pieces, seed)
     return pieces
 
 
@@ -399,7 +406,7 @@ def _trace_shapes(runs: list[list], cfg: ModelConfig, device: str) -> list:
     with torch.no_grad():
         for run in runs[:-1]:
             for _, module in run:
-                x = (copy.deepcopy(module).to("meta") if device == "meta" else module)(x)
+                x = (copy.deepcopy(module).to("meta") if device == "meta" else placeholder(module))(x)
             shapes.append((x.shape, x.dtype))
     return shapes
 

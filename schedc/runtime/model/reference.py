@@ -10,7 +10,8 @@ import torch
 from schedc.plan import Plan
 
 from .train import (
-    autocast, global_microbatches, load_loss, make_dataset, make_optimizer, model_pieces, log_step,
+    autocast, global_microbatches, load_loss, make_dataset, make_optimizer, matmul_precision, model_pieces,
+    log_step,
     set_learning_rate, tokens_per_step, write_grads, write_loss)
 from ..execution.executor import clip_coefficient
 from ..execution.executor import attach_flat_grads
@@ -24,6 +25,7 @@ def run_reference(plan: Plan, opts) -> int:
                          "plan.json --reference`, not under torchrun")
     pieces = model_pieces(opts)
     device = torch.device("cuda" if opts.device != "cpu" and torch.cuda.is_available() else "cpu")
+    matmul_precision(opts, device)
     model = Stage(pieces).to(device)
     attach_flat_grads(model)
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opts)

@@ -15,20 +15,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from schedc.plan import COMM, COMPUTE, RECVS, SENDS, Opcode, Plan, PlanError
+from schedc.plan import COMM, COMPUTE, Opcode, Plan, PlanError
+from schedc.plan.channels import mismatches
+from schedc.plan.trace import event_name
 
 from ..execution import checkpoint, context, trace
 from ..execution.chunks import check_chunks
+from ..execution.clocks import DeviceClock
 from ..execution.executor import Executor, attach_flat_grads
 from ..execution.lifetimes import BUILTIN
 from ..execution.memory import SavedBytes
+from .init import materialize_pieces
 from .gpt import ModelError, Stage, boundary_shapes, lm_loss, parallel_run, build_pieces, load_builder, partition
 from ..execution.placed import check_placed
 from ..execution.recompute import apply_recompute
 from ..execution.tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
 from ..process.watchdog import Watchdog
-from ..process.world import Env, World, check_size, pick_device, start, stop
+from ..process.world import Env, World, check_size, pick_device, start, stop, warm_up
 from .data import Dataset, load_dataset
 from ..process.plugins import load_function
 
@@ -39,9 +43,9 @@ def model_pieces(opts) -> list:
 
 
 def model_runs(opts, stages: int) -> tuple[list, list[list]]:
-    """All pieces of the model and their partition into `stages` runs (--stage-layers,
-    --account-for-embedding, --account-for-loss)."""
-    pieces = model_pieces(opts)
+    """All pieces of the model, their weights not yet made (init.py: a rank materializes its own), and
+    their partition into `stages` runs (--stage-layers, --account-for-embedding, --account-for-loss)."""
+    pieces = build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed, materialize=False)
     return pieces, partition(pieces, stages, opts.stage_layers, opts.account_for_embedding, opts.account_for_loss)
 
 
@@ -85,6 +89,13 @@ def autocast(opts, device: torch.device):
     if opts.dtype == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()
+
+
+def matmul_precision(opts, device: torch.device) -> None:
+    """On CUDA, fp32 matrix products in TF32 unless --tf32 off (the reference and the ranks alike); under
+    --dtype bf16 the products are bf16 and the setting is left alone. Nothing changes on CPU."""
+    if device.type == "cuda" and opts.dtype == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = opts.tf32 == "on"
 
 
 def load_loss(opts):
@@ -185,32 +196,24 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
 
 def check_messages(plan: Plan) -> None:
     """For every step program and ordered pair of ranks, the sends must equal the receives in order
-    (messages match by order, not by tag); a mismatch would corrupt tensors or hang."""
+    (messages match by order, not by tag: schedc.plan.channels); a mismatch would corrupt tensors or hang."""
     for k in range(plan.cycle_steps):
-        sent: dict[tuple[int, int], list] = {}
-        received: dict[tuple[int, int], list] = {}
-        for rank, steps in enumerate(plan.ranks):
-            for i in steps[k]:
+        streams = [steps[k] for steps in plan.ranks]
+        for rank, stream in enumerate(streams):
+            for i in stream:
                 if i.op in COMM and not (isinstance(i.peer, int) and 0 <= i.peer < plan.devices):
                     raise PlanError(f"rank {rank}: {i} has no valid peer (ranks 0..{plan.devices - 1})")
-                if i.op in SENDS:
-                    sent.setdefault((rank, i.peer), []).append((i.op[-1], i.stage, i.mb))
-                elif i.op in RECVS:
-                    received.setdefault((i.peer, rank), []).append((i.op[-1], i.stage, i.mb))
-        for pair in sorted(set(sent) | set(received)):
-            _compare_messages(k, pair, sent.get(pair, []), received.get(pair, []))
+        for (a, b), n, sent, received in mismatches(streams):
+            raise PlanError(f"step program {k}: message #{n} from rank {a} to rank {b} is sent as "
+                            f"{_message_name(sent, n)} but received as {_message_name(received, n)} "
+                            "(messages match in order)")
 
 
-def _compare_messages(k: int, pair: tuple[int, int], sent: list, received: list) -> None:
-    def name(message) -> str:
-        return "nothing" if message is None else f"{message[0]}{message[1]}.{message[2]}"
-    for n in range(max(len(sent), len(received))):
-        out = sent[n] if n < len(sent) else None
-        into = received[n] if n < len(received) else None
-        if out != into:
-            raise PlanError(f"step program {k}: message #{n} from rank {pair[0]} to rank {pair[1]} "
-                            f"is sent as {name(out)} but received as {name(into)} (messages match "
-                            "in order)")
+def _message_name(messages: list, n: int) -> str:
+    if n >= len(messages):
+        return "nothing"
+    direction, stage, mb, pipe = messages[n]
+    return event_name(direction, stage, mb) + (f" of pipeline {pipe}" if pipe else "")
 
 
 def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
@@ -224,7 +227,9 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
+    matmul_precision(opts, device)
     world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp)
+    warm_up(world)  # every channel's communicator made before step 0
     if world.cp > 1:
         dataset = context.ContextData(dataset, world.cp, world.context)
     try:
@@ -238,7 +243,10 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
 
 def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: list) -> Executor:
     tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
-    stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held_stages(plan, world.plan_rank)}
+    held = held_stages(plan, world.plan_rank)
+    for s in held:  # this rank's pieces get their weights; the others stay on the meta device (init.py)
+        materialize_pieces(runs[s], opts.seed)
+    stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held}
     _recompute(stages, len(runs), opts.recompute)
     shards = _shards(stages, opts, world)
     if shards is not None:
@@ -253,8 +261,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     last = stages.get(plan.meta["stages"] - 1)
     if last is not None and getattr(last.pieces[-1], "vocab_parallel", False):
         executor.loss_fn = vocab_parallel_loss(tp)
-    executor.device_timing = world.device.type == "cuda" and bool(
-        opts.trace_out or opts.report_out or opts.profile_out)
+    if world.device.type == "cuda" and (opts.trace_out or opts.report_out or opts.profile_out):
+        executor.clock = DeviceClock()  # device events, read at each step's end (clocks.py)
     if opts.fault and opts.fault[0] == world.rank:
         executor.fault = opts.fault[1:]
     if opts.report_out or opts.metrics_out:
@@ -401,6 +409,7 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     if summary is not None:
         summary["parameter_bytes"] = parameter_bytes(executor)
         summary["plan_rank"] = world.plan_rank
+        summary["peak_rss_bytes"] = peak_rss_bytes()
     parts = [None] * world.size if world.rank == 0 else None
     dist.gather_object((mine, summary), parts, dst=0)
     if world.rank != 0:
@@ -434,3 +443,11 @@ def parameter_bytes(executor: Executor) -> int:
         return shards.parameter_bytes()
     whole = sum(p.numel() * p.element_size() for stage in executor.stages.values() for p in stage.parameters())
     return whole + (0 if shards is None else sum(s.numel() * s.element_size() for s in shards.parameters()))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident host memory so far (getrusage's ru_maxrss: KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

@@ -230,7 +230,7 @@ def probe_user_model(opts) -> None:
     from ..model.gpt import ModelError, build_pieces, load_builder, sequence_parallel_gaps, sequence_parallel_refusal
     try:
         with torch.device("meta"), user_modules_importable():
-            pieces = build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed)
+            pieces = build_pieces(load_builder(opts.model_code), opts.model_config, opts.seed, False)
     except ModelError as exc:
         if "meta" in str(exc).lower():
             return
@@ -293,9 +293,9 @@ def size_warning(opts) -> str | None:
 
 
 def _check_memory(plan, opts, processes: int) -> None:
-    """The default GPT split over the plan's stages (each needs a layer) and its step (model.gpt_bytes,
-    times --dp replicas) with the processes started here (PROCESS_BYTES each) against this machine's
-    memory: a run that cannot fit is refused before any process starts, not on every rank after
+    """The default GPT split over the plan's stages (each needs a layer); on CUDA ranks each rank
+    against its GPU (_check_gpus), on CPU ranks the step (options.gpt_bytes, times --dp replicas) with
+    the processes started here (PROCESS_BYTES each) against this machine's memory: a run that cannot fit is refused before any process starts, not on every rank after
     torchrun, or killed by the system after minutes."""
     if opts.model_code:  # a user model's size is its own
         return _check_fits(processes * PROCESS_BYTES, f"{processes} processes")
@@ -306,6 +306,8 @@ def _check_memory(plan, opts, processes: int) -> None:
                                                             opts.account_for_loss)
     if problem:
         raise LaunchError(problem)
+    if not opts.reference and _runs_on_cuda(opts):
+        return _check_gpus(plan, opts, processes)
     microbatches = plan.meta["microbatches"] // plan.meta.get("chunks", 1)  # >= 1: checked on loading
     need = gpt_bytes(opts.model_config, microbatches) * (1 if opts.reference else opts.dp)
     cfg = opts.model_config
@@ -313,6 +315,28 @@ def _check_memory(plan, opts, processes: int) -> None:
                 f"layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, "
                 f"{microbatches} microbatches{'' if opts.reference else f', --dp {opts.dp}'}, {processes} "
                 f"process{'es' * (processes != 1)}")
+
+
+def _runs_on_cuda(opts) -> bool:
+    if opts.device != "auto":
+        return opts.device == "cuda"
+    import torch
+    return torch.cuda.is_available()
+
+
+def _check_gpus(plan, opts, processes: int) -> None:
+    """On CUDA ranks: the rank that needs the most against one GPU's memory (device_memory.py; not
+    checked where this machine sees no GPU, the ranks' machines then), and this machine's memory
+    against its processes and the weights they materialize on the host on their way to the GPUs."""
+    from .device_memory import device_refusal, gpu_memory
+    from .options import model_parameters
+    from ..model.train import held_stages
+    have = gpu_memory()
+    problem = None if have is None else device_refusal(plan, opts.model_config, opts, held_stages, have)
+    if problem:
+        raise LaunchError(problem)
+    _check_fits(processes * PROCESS_BYTES + 4 * model_parameters(opts.model_config),
+                f"{processes} process{'es' * (processes != 1)} and the model's weights on their way to the GPUs")
 
 
 def _check_fits(need: float, what: str) -> None:

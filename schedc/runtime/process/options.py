@@ -130,6 +130,9 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                             "cross entropy over the tokens)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="auto: CUDA with NCCL when available, else CPU with gloo")
+    group.add_argument("--tf32", choices=("on", "off"), default="on",
+                       help="on CUDA with --dtype fp32: fp32 matrix products and convolutions in TF32 "
+                            "(10-bit mantissa inputs, fp32 sums; default on); off for full fp32")
     group.add_argument("--threads", type=int, metavar="N",
                        help="torch intra-op threads per process (default: torch's choice; torchrun "
                             "sets 1 per process when it starts several)")
@@ -155,7 +158,7 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
                             "1e-5, or 1e-2 with --dtype bf16)")
     group.add_argument("--trace-out", metavar="FILE",
                        help="Chrome/Perfetto trace of every instruction (on CUDA, any of the "
-                            "--*-out measurements synchronizes after each instruction)")
+                            "--*-out measurements times instructions with device events read at each step's end)")
     group.add_argument("--report-out", metavar="FILE", help="measured-vs-simulated report as JSON")
     group.add_argument("--profile-out", metavar="FILE",
                        help="measured mean cost per op kind and stage, for `schedc compile --costs`")

@@ -117,8 +117,8 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
     wait = timedelta(seconds=timeout)
     if dist.is_initialized():
         pass
-    elif "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend, timeout=wait)
+    elif "MASTER_ADDR" in os.environ:  # on CUDA bound to this rank's GPU: communicators are made eagerly
+        dist.init_process_group(backend, timeout=wait, **({"device_id": device} if device.type == "cuda" else {}))
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
     world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp, cp=cp)
@@ -137,6 +137,22 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
         world.context_group = _mine(world, [[rank_at(p, d, k, tp, dp, c, cp) for c in range(cp)]
                                             for p, k in lanes for d in range(dp)], wait)
     return world
+
+
+def warm_up(world: World) -> None:
+    """One element over each direction of every channel this rank is in, before step 0: on NCCL each
+    channel's communicator is made (and its buffers allocated) here, not at the first message of step 0
+    after the caching allocator has reserved the device's memory. Every rank takes its channels in the
+    one sorted order of (sender, receiver), so a pairwise set-up never waits in a cycle."""
+    works = []
+    for sender, receiver in sorted(world.channels):
+        group, token = world.channels[(sender, receiver)], torch.zeros(1, device=world.device)
+        if sender == world.plan_rank:
+            works.append(dist.isend(token, world.global_rank(receiver), group=group))
+        else:
+            works.append(dist.irecv(token, world.global_rank(sender), group=group))
+    for work in works:
+        work.wait()
 
 
 def _per_lane(world: World, plan_ranks: list[int], wait: timedelta):
