@@ -644,6 +644,7 @@ def test_run_reference_runs_the_reference_in_this_process(plans, reference, tmp_
     (["--model", "mixtral-8x7b", "--seq", "64"], "a mixture of 8 experts: the runtime builds dense decoders"),
     (["--model", "deepseek-v3", "--seq", "64"], "a mixture of 256 experts: the runtime builds dense decoders"),
     (["--model", "tests/data/hf/tiny-mixtral/config.json", "--seq", "16"], "a mixture of 4 experts: the runtime"),
+    (["--timeout", "0.01"], "--timeout 0.01: the ranks need 1 s or more to meet"),
     (["--tolerance", "1e-3"], "--tolerance is the bound of --compare-to-reference: give both"),
     (["--compare-to-reference", "--tolerance", "0"], "--tolerance must be a finite relative difference > 0"),
     (["--compare-to-reference", "--reference"], "--compare-to-reference compares a run's first step"),

@@ -14,6 +14,7 @@ from .description import DescriptionFileError, not_dense, read_description
 from ..errors import UserError
 from ..model.gpt import ModelConfig, model_problem, tp_problem
 
+MIN_TIMEOUT = 1.0  # seconds: under it the ranks' rendezvous store times out before they meet (0.01 did)
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
 
 
@@ -308,6 +309,9 @@ def _check(opts: argparse.Namespace) -> None:
         raise OptionError("--steps and --dp must be >= 1, --every >= 0")
     if not 0 < opts.timeout < math.inf:  # NaN fails too
         raise OptionError(f"--timeout must be a finite number of seconds > 0, got {opts.timeout}")
+    if opts.timeout < MIN_TIMEOUT:  # the ranks' rendezvous store alone takes longer: refused here, not after launch
+        raise OptionError(f"--timeout {opts.timeout:g}: the ranks need {MIN_TIMEOUT:g} s or more to meet and exchange "
+                          f"their first messages; give --timeout {MIN_TIMEOUT:g} or more")
     if not 0 < opts.lr < math.inf:
         raise OptionError(f"--lr must be a finite number > 0, got {opts.lr}")
     if opts.clip_grad is not None and not 0 < opts.clip_grad < math.inf:
