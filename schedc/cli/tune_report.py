@@ -70,7 +70,9 @@ def request_from(o: dict[str, Any]) -> Request:
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
                    layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"),
-                   cp=() if o.get("cp") is None else None,  # not given: searched; given: the layout's alone
+                   # --cp not given: cp 1, not searched: the cost model's attention under the ring over-predicts
+                   # as cp grows (docs/benchmarks.md, torchtitan's Table 6), so a searched cp would win on that error
+                   cp=(1,) if o.get("cp") is None else None,
                    zero=() if o.get("zero") is None and not o.get("distributed_optimizer") else None)
 
 
