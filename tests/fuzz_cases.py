@@ -750,13 +750,13 @@ def output_case(rng: random.Random, allow_slow: bool = True) -> Case:
     if kind < 0.8:  # --save into a directory of the user's own files (named like checkpoints, too)
         files.update({"ck/step-plots/a.txt": b"mine", "ck/notes.txt": b"mine", "ck/step-00000001/x.txt": b"mine"})
         argv = ["run", "{d}/plan.json", *TINY_RUN, "--save", "{d}/ck"]
-        argv += [flag for flag in ("--overwrite",) if rng.random() < 0.5]
+        argv += [flag for flag in ("--overwrite",) if rng.random() < 0.3]
         if rng.random() < 0.3:
             argv += ["--resume", "{d}/ck"]
         return Case("outputs", argv, files, (), False, _kept(argv) + ("ck/step-plots/a.txt", "ck/notes.txt",
                                                                      "ck/step-00000001/x.txt"))
     every, steps = rng.choice(["5", "3", "0", "-1", "x", "2"]), rng.choice(["2", "1", "0"])
-    argv = ["run", "{d}/plan.json", *TINY_RUN, "--save", "{d}/" + rng.choice(["new", "dir", "fifo", "file.txt"]),
+    argv = ["run", "{d}/plan.json", *TINY_RUN, "--save", "{d}/" + rng.choice(["new", "dir", "fifo", "file.txt", "full"]),
             "--every", every, "--steps", steps]
     return Case("outputs", argv, files, (), False, _kept(argv))
 
@@ -783,7 +783,7 @@ def resume_case(rng: random.Random, allow_slow: bool = True) -> Case:
     seed or precision (refused before torchrun, naming the difference, unless it converts), now and
     then broken (a rank file gone or changed, latest.json edited), or unchanged (it resumes)."""
     files = {"plan.json": b"@plan", "ck": CKPT, "tiny.json": HF_CONFIGS["tiny-llama"].encode()}
-    changes = [] if rng.random() < 0.1 else [w for c in rng.sample(RESUME_CHANGES, rng.choice([1, 1, 2])) for w in c]
+    changes = [] if rng.random() < 0.05 else [w for c in rng.sample(RESUME_CHANGES, rng.choice([1, 1, 2])) for w in c]
     argv = ["run", "{d}/plan.json", *TINY_RUN, "--steps", "2", "--resume", "{d}/ck", *changes]
     if rng.random() < 0.3:
         argv += ["--save", rng.choice(["{d}/ck", "{d}/ck2"])]
@@ -836,7 +836,7 @@ def runopt_case(rng: random.Random, allow_slow: bool = True) -> Case:
             continue
         option = rng.choice(sorted(RUN_OPTIONS))
         good, bad = RUN_OPTIONS[option]
-        value = rng.choice(good) if good and rng.random() < 0.35 else rng.choice(bad)
+        value = rng.choice(good) if good and rng.random() < 0.15 else rng.choice(bad)
         argv += [option, _run_steps(value) if option == "--steps" else value]
     if rng.random() < 0.15:
         argv.append("--reference")
@@ -1017,10 +1017,10 @@ def api_main(argv: list[str], directory: str) -> int:
     return 0
 
 
-GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 15), "csv": (csv_case, 20),
+GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 10), "csv": (csv_case, 20),
               "plan": (None, 15), "options": (option_case, 10), "tune": (tune_case, 6), "inputs": (input_case, 10),
               "expand": (expand_case, 5), "calibrate": (calibrate_case, 3), "checkpoint": (checkpoint_case, 2),
-              "outputs": (output_case, 8), "resume": (resume_case, 3), "runopts": (runopt_case, 7), "api": (api_case, 5),
+              "outputs": (output_case, 8), "resume": (resume_case, 2), "runopts": (runopt_case, 7), "api": (api_case, 5),
               "describe": (describe_case, 6), "calibrate2": (calibrate2_case, 3), "budget": (budget_case, 1)}
 
 
