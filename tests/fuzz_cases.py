@@ -406,6 +406,24 @@ def _run_steps(value: str) -> str:
         return value
 
 
+# a valid size above these trains for long (1,000 layers: 29 s of CPU), which says nothing of the checks:
+# held to them, as --steps is to RUN_STEPS; values past the runtime's limits stay as drawn
+RUN_SIZES = {"--layers": (16, 4096), "--hidden": (64, 65536), "--seq": (64, 65536), "--vocab": (4096, 2 ** 24)}
+
+
+def _run_value(option: str, value: str) -> str:
+    """A runtime option's value as drawn, a valid --steps or size held to what trains in seconds."""
+    if option == "--steps":
+        return _run_steps(value)
+    if option in RUN_SIZES:
+        held, limit = RUN_SIZES[option]
+        try:
+            return str(held) if held < int(value) <= limit else value
+        except ValueError:
+            return value
+    return value
+
+
 FULL = b"@full"  # written as a device that is always full (like /dev/full), where the runner may make one
 
 # Bad options -----------------------------------------------------------------------------------
@@ -473,7 +491,7 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
         value = (rng.choice(["{d}/missing", "{d}/file.txt", "/proc/x", "{d}/full"])
                  if option in ("--save", "--resume", "--model") else rng.choice(ALL_NUMBERS))
         files["plan.json"] = b"@plan"  # replaced by a small valid plan when the case is written
-        argv = ["run", "{d}/plan.json", *TINY_RUN, option, _run_steps(value) if option == "--steps" else value]
+        argv = ["run", "{d}/plan.json", *TINY_RUN, option, _run_value(option, value)]
     else:
         argv = rng.choice([["nope"], ["check"], ["check", "--bogus", name], ["export", name, "--format", "x", "-o", "x"],
                            ["check", "{d}/missing.sched"], ["check", "{d}/file.txt"], ["check", "{d}"],
@@ -837,7 +855,7 @@ def runopt_case(rng: random.Random, allow_slow: bool = True) -> Case:
         option = rng.choice(sorted(RUN_OPTIONS))
         good, bad = RUN_OPTIONS[option]
         value = rng.choice(good) if good and rng.random() < 0.15 else rng.choice(bad)
-        argv += [option, _run_steps(value) if option == "--steps" else value]
+        argv += [option, _run_value(option, value)]
     if rng.random() < 0.15:
         argv.append("--reference")
     faults = any(a.startswith("--fault") for a in argv)
@@ -1072,6 +1090,7 @@ def cases(seed: int, count: int, plans: dict[str, dict], allow_slow: bool = True
 # Verdicts -------------------------------------------------------------------------------------
 
 _ERROR_LINE = re.compile(r"^(.*?)(:\d+:\d+)?: error: (.*)$", re.M)
+_PLAN_REFUSED = re.compile(r"plan\.json(:\d+:\d+)?: error: ")  # `schedc run` refusing a plan that fails its checks
 _NONFINITE = re.compile(r"(?<![\w.])(-?inf|nan|Infinity|NaN)(?![\w])", re.I)
 
 
@@ -1087,8 +1106,8 @@ def classify(case: Case, directory: str, code: int | None, output: str, timed_ou
         return "bad-exit"
     if _lost(case, directory):
         return "data-loss"
-    if code == 1 and case.argv[0] == "run" and not case.fails_late and (
-            "failed first" in output or "--reference" in case.argv):
+    if code == 1 and case.argv[0] == "run" and not case.fails_late and ("failed first" in output or (
+            "--reference" in case.argv and not _PLAN_REFUSED.search(output))):
         return "late-refusal"  # a rank (or the one-process run) failed on what the pre-launch check could see
     if code == 0:
         stdout_numbers = output.split("\n#stderr#\n", 1)[0]
