@@ -34,3 +34,28 @@ def test_device_cuda_on_a_machine_without_cuda_is_refused_before_launch(tmp_path
         check_launch(plan, None, options, [])
     if not reference:  # on several machines (torchrun's own rendezvous) the ranks' machines decide
         check_launch(plan, 1, options, ["--nnodes", "2", "--rdzv-endpoint", "h:1"])
+
+
+def test_tune_of_a_schedule_compiled_whole_is_held_to_a_budget():
+    """`tune --schedules offload_1f1b` for GPT-3 175B on 1,024 GPUs compiled 6,360 candidates whole (132 s
+    of CPU): refused at once, naming the limit and how to narrow the search; narrowed, it is searched."""
+    import time
+    from schedc.budget import TUNE_WHOLE, TUNE_WHOLE_UNITS
+    from schedc.cli.tune import refuse_whole
+    from schedc.diagnostics import SchedError
+    from schedc.search.space import Candidate
+    args = ["tune", "--model", "gpt-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024", "--global-batch", "1536",
+            "--schedules", "offload_1f1b"]
+    started = time.process_time()
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and time.process_time() - started < 5
+    assert "offload_1f1b: the search would compile whole 6,360 candidates, past the limit of 600" in result.output
+    assert "--tp, --pp" in result.output
+    one = Candidate("offload_1f1b", 1, 2, 4, None, 1, 8, "none", 1, 0, 1)  # 16 stage-microbatches
+    refuse_whole([one] * TUNE_WHOLE.limit, ["offload_1f1b"])  # at both limits: searched
+    with pytest.raises(SchedError, match="601 candidates, past the limit of 600"):
+        refuse_whole([one] * (TUNE_WHOLE.limit + 1), ["offload_1f1b"])
+    big = Candidate("offload_1f1b", 8, 16, 8, None, 1, TUNE_WHOLE_UNITS.limit // 16 + 1, "none", 1, 0, 1)
+    with pytest.raises(SchedError, match="stage-microbatches, past the limit of 60,000"):
+        refuse_whole([big], ["offload_1f1b"])
+    refuse_whole([big], ["1f1b"])  # a schedule not compiled whole is not counted
