@@ -59,3 +59,27 @@ def test_tune_of_a_schedule_compiled_whole_is_held_to_a_budget():
     with pytest.raises(SchedError, match="stage-microbatches, past the limit of 60,000"):
         refuse_whole([big], ["offload_1f1b"])
     refuse_whole([big], ["1f1b"])  # a schedule not compiled whole is not counted
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999999", str(2 ** 63), str(-2 ** 63 - 1)])
+def test_a_seed_past_64_bits_is_refused_before_launch(tmp_path, seed):
+    """--seed 99999999999999999999999: rank 0 failed after torchrun started (ValueError: Overflow when
+    unpacking long long); torch's generators take 64 bits."""
+    from schedc.runtime.process.launch import LaunchError, check_launch
+    plan = _plan(tmp_path)
+    with pytest.raises(LaunchError, match="--seed must fit in 64 bits"):
+        check_launch(plan, None, [*RUN, "--seed", seed], [])
+    check_launch(plan, None, [*RUN, "--seed", str(2 ** 63 - 1)], [])
+
+
+def test_metrics_out_in_a_missing_folder_makes_it(tmp_path):
+    """--metrics-out missing/x.json passed the check (a missing folder is made, as for every output)
+    and rank 0 failed writing it after training (FileNotFoundError)."""
+    from types import SimpleNamespace
+    from schedc.runtime.model.train import log_step
+    path = tmp_path / "missing" / "deeper" / "x.json"
+    opts = SimpleNamespace(quiet=True, metrics_out=str(path), first_step=0)
+    log_step(opts, 0, 2.5, 0.5, 100)
+    log_step(opts, 1, 2.0, 0.5, 100)
+    lines = path.read_text().splitlines()
+    assert [line.split(",")[0] for line in lines] == ['{"step": 0', '{"step": 1']

@@ -314,6 +314,8 @@ def _check(opts: argparse.Namespace) -> None:
                           f"their first messages; give --timeout {MIN_TIMEOUT:g} or more")
     if not 0 < opts.lr < math.inf:
         raise OptionError(f"--lr must be a finite number > 0, got {opts.lr}")
+    if not -2 ** 63 <= opts.seed < 2 ** 63:  # torch's generators take 64 bits: refused here, not on every rank
+        raise OptionError(f"--seed must fit in 64 bits (-2^63 to 2^63 - 1), got {opts.seed}")
     if opts.clip_grad is not None and not 0 < opts.clip_grad < math.inf:
         raise OptionError(f"--clip-grad must be a finite norm > 0, got {opts.clip_grad}")
     if opts.lr_warmup_steps < 0:
