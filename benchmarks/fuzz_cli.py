@@ -4,6 +4,7 @@ located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answ
     python benchmarks/fuzz_cli.py --count 10000 [--seed 1] [--jobs 2] [--failures out/fuzz]
     python benchmarks/fuzz_cli.py --first 2500 --count 2500   # cases 2,500-4,999 of the same seed
     python benchmarks/fuzz_cli.py --cases 325,1888             # these cases of the seed again
+    python benchmarks/fuzz_cli.py --summarize out/r.jsonl      # the table of --results files
 
 The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
 numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
@@ -271,6 +272,41 @@ def report(results, skipped: Counter, seconds: float) -> None:
         print(f"  [{category}] {outcome} x{len(found)}: {line}\n      e.g. schedc {example[:160]}")
 
 
+def summarize(paths: list[str]) -> None:
+    """The markdown table of results files (--results; chunks of one seed): per category the cases, the
+    outcomes, the defects, the runs that started torchrun and the CPU seconds. A case run again (--cases,
+    into the same file) counts by its last line."""
+    last: dict[int, dict] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            record = json.loads(line)
+            last[record["case"]] = record
+    table: dict[str, Counter] = defaultdict(Counter)
+    cpu: Counter = Counter()
+    for record in last.values():
+        row = table[record["category"]]
+        row[record["outcome"] if record["outcome"] not in DEFECTS else "defects"] += 1
+        row["cases"] += 1
+        row["launched"] += record["launched"]
+        cpu[record["category"]] += record["cpu"]
+    columns = ("cases", "ok", "failed", "usage", "defects", "launched")
+    print("| category | cases | ok (exit 0) | failed (exit 1) | usage (exit 2) | defects | started torchrun | CPU s |")
+    print("|---|" + "---|" * 7)
+    total, seconds = Counter(), 0.0
+    for category in sorted(table):
+        total += table[category]
+        seconds += cpu[category]
+        print(f"| {category} | " + " | ".join(f"{table[category][c]:,}" for c in columns) + f" | {cpu[category]:,.0f} |")
+    print("| **all** | " + " | ".join(f"**{total[c]:,}**" for c in columns) + f" | **{seconds:,.0f}** |")
+    worst = max(last.values(), key=lambda r: r["cpu"], default=None)
+    if worst:
+        print(f"\n{len(last):,} cases (0 to {max(last):,}), most CPU {worst['cpu']:.1f} s (case {worst['case']}, "
+              f"{worst['category']}): schedc {worst['argv'][:120]}")
+    for record in sorted(last.values(), key=lambda r: r["case"]):
+        if record["outcome"] in DEFECTS:
+            print(f"  defect: case {record['case']} [{record['category']}] {record['outcome']}: {record['headline']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=10000)
@@ -288,7 +324,11 @@ def main() -> int:
     parser.add_argument("--cases", default=None, help="comma-separated case numbers to run (e.g. defects found)")
     parser.add_argument("--failures", default=None, help="keep defective cases here")
     parser.add_argument("--progress", type=int, default=1000, help="a line every N cases (0: none)")
+    parser.add_argument("--summarize", default=None, help="comma-separated results files: print their table, run nothing")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize.split(","))
+        return 0
     if args.count < 1 or args.first < 0 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0 \
             or not args.wall_timeout > 0:
         parser.error("--count, --jobs, --timeout and --memory-gib must be positive")
