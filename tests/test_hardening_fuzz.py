@@ -2,6 +2,7 @@
 found, each refused before any process starts or bounded."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,20 @@ def test_metrics_out_in_a_missing_folder_makes_it(tmp_path):
     log_step(opts, 1, 2.0, 0.5, 100)
     lines = path.read_text().splitlines()
     assert [line.split(",")[0] for line in lines] == ['{"step": 0', '{"step": 1']
+
+
+@pytest.mark.parametrize("key, value", [("model_type", []), ("model_type", {"a": 1}), ("torch_dtype", []),
+                                        ("torch_dtype", 16)])
+def test_a_config_json_key_of_the_wrong_type_is_a_located_error(tmp_path, key, value):
+    """A config.json whose model_type is a list was a traceback (unhashable type: 'list'), as was a
+    torch_dtype that is no string: located errors, exit 2, in every reader."""
+    import json
+    from schedc.runtime.process.options import OptionError, parse_options
+    root = Path(__file__).parent / "data" / "hf" / "tiny-llama" / "config.json"
+    config = {**json.loads(root.read_text()), key: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=1))
+    result = CliRunner().invoke(main, ["check", "1f1b", "--model", str(path), "--microbatch-size", "1", "--seq", "16"])
+    assert result.exit_code == 2 and re.search(rf"{path}:\d+:\d+: error: .*{key}", result.output), result.output
+    with pytest.raises(OptionError, match=key):
+        parse_options([str(tmp_path / "plan.json"), "--model", str(path), "--seq", "16"])
