@@ -151,3 +151,12 @@ def test_a_bad_attention_table_is_a_located_error(tmp_path, text, message, line)
     diag = caught.value.diagnostics[0]
     assert message in diag.message
     assert diag.span.line == base.count("\n") + line
+
+
+def test_rates_measured_on_one_gpu_follow_a_clocked_down_peak():
+    measured = replace(FLAT, measured_peak=989e12)
+    st = setting(2, measured)
+    slow = Setting(st.model, replace(st.cluster, peak_flops=741.75e12), st.layout)   # three quarters of the peak
+    block = Block(4096, 2048, False)
+    assert block_seconds(st, block) == pytest.approx(block_seconds(setting(2), block))   # dgx-h100: 989 as measured
+    assert block_seconds(slow, block)[0] == pytest.approx(4 / 3 * block_seconds(st, block)[0])

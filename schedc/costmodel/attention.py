@@ -76,8 +76,10 @@ def block_flops(st: Setting, block: Block) -> float:
 
 
 def block_seconds(st: Setting, block: Block) -> tuple[float, float]:
-    """A block's forward and backward seconds at the kernel's rates for its key length."""
-    kernel, flops = st.cluster.attention, block_flops(st, block)
+    """A block's forward and backward seconds at the kernel's rates for its key length (scaled to the
+    cluster's peak where the table names the peak it was measured at)."""
+    kernel = st.cluster.attention
+    flops = block_flops(st, block) / kernel.scaled(st.cluster.peak_flops)
     forward = flops / kernel.rate("forward_causal" if block.causal else "forward", block.keys)
     backward = BACKWARD_FLOPS * flops / kernel.rate("backward_causal" if block.causal else "backward", block.keys)
     return forward, backward

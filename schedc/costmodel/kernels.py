@@ -11,6 +11,8 @@ without the causal mask and backward, and how the stack's context parallelism ex
     context_parallel = "p2p"        # "p2p": Megatron-Core / Transformer Engine's ring; "all-gather":
                                     # torch's late-2024 ring (costmodel/attention.py says what each does)
     repeated_kv = false             # the model repeats K/V to the query heads before the kernel
+    measured_peak_tflops = 989      # optional: the 16-bit peak of the GPU the figures are of; the rates
+                                    # then follow the cluster's peak_tflops (a clocked-down GPU's)
 
 Without the table a flash kernel is charged as a GEMM (costmodel/stages.py's attention_terms), as
 before; with it costmodel/attention.py charges each block of the attention at the table's rate.
@@ -26,7 +28,7 @@ from .located import locate, unknown_keys
 
 RATE_KEYS = ("forward_tflops", "forward_causal_tflops", "backward_tflops")
 EXCHANGES = ("p2p", "all-gather")
-KEYS = ("kernel", "lengths", *RATE_KEYS, "context_parallel", "repeated_kv")
+KEYS = ("kernel", "lengths", *RATE_KEYS, "context_parallel", "repeated_kv", "measured_peak_tflops")
 MAX_POINTS = 64
 
 
@@ -42,6 +44,12 @@ class AttentionKernel:
     backward: tuple[float, ...]         # FLOP/s, no mask
     context_parallel: str = "p2p"
     repeated_kv: bool = False
+    measured_peak: float = 0.0          # FLOP/s: the peak of the GPU measured; 0: the figures as they stand
+
+    def scaled(self, peak: float) -> float:
+        """What the figures are multiplied by on a GPU of this 16-bit peak: peak over the measured
+        GPU's (a compute-bound kernel follows the tensor cores' clock), 1 when none is given."""
+        return peak / self.measured_peak if self.measured_peak else 1.0
 
     def rate(self, which: str, length: float) -> float:
         """FLOP/s of `which` ("forward", "forward_causal", "backward", "backward_causal") at a block
@@ -90,6 +98,10 @@ def read_attention(table: dict, source: Source, diags: list[Diagnostic]) -> Atte
     repeated = given.get("repeated_kv", False)
     if not isinstance(repeated, bool):
         diags.append(error(f"'attention.repeated_kv' must be true or false, got {repeated!r}", where("repeated_kv")))
+    measured = given.get("measured_peak_tflops", 0.0)
+    if not isinstance(measured, (int, float)) or isinstance(measured, bool) or not (measured == 0 or 1e-6 <= measured <= 1e15):
+        diags.append(error(f"'attention.measured_peak_tflops' must be a number from 1e-06 to 1e+15, got {measured!r}",
+                           where("measured_peak_tflops")))
     name = given.get("kernel", "")
     if not isinstance(name, str):
         diags.append(error(f"'attention.kernel' must be a string, got {name!r}", where("kernel")))
@@ -97,7 +109,7 @@ def read_attention(table: dict, source: Source, diags: list[Diagnostic]) -> Atte
         return None
     tera = {key: tuple(v * 1e12 for v in figures) for key, figures in rates.items()}
     return AttentionKernel(name, tuple(lengths), tera["forward_tflops"], tera["forward_causal_tflops"],
-                           tera["backward_tflops"], exchange, repeated)
+                           tera["backward_tflops"], exchange, repeated, float(measured) * 1e12)
 
 
 def _figures(given: dict, key: str, doc: str, where, diags: list[Diagnostic]) -> list[float]:
@@ -125,4 +137,5 @@ def dump_attention(kernel: AttentionKernel | None) -> str:
             f"forward_causal_tflops = {figures(kernel.forward_causal, 1e12)}\n"
             f"backward_tflops = {figures(kernel.backward, 1e12)}\n"
             f"context_parallel = {json.dumps(kernel.context_parallel)}\n"
-            f"repeated_kv = {'true' if kernel.repeated_kv else 'false'}\n")
+            f"repeated_kv = {'true' if kernel.repeated_kv else 'false'}\n"
+            + (f"measured_peak_tflops = {kernel.measured_peak / 1e12!r}\n" if kernel.measured_peak else ""))
