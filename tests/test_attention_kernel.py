@@ -160,3 +160,10 @@ def test_rates_measured_on_one_gpu_follow_a_clocked_down_peak():
     block = Block(4096, 2048, False)
     assert block_seconds(st, block) == pytest.approx(block_seconds(setting(2), block))   # dgx-h100: 989 as measured
     assert block_seconds(slow, block)[0] == pytest.approx(4 / 3 * block_seconds(st, block)[0])
+
+
+def test_latent_attention_keeps_its_own_charge_under_a_kernel_table():
+    # MLA's heads are not the table's 128 wide: experts.mla_swap charges it, against the GEMM form
+    with_table = replace(H100, attention=FLAT)
+    model = load_cluster_model("deepseek-v3", H100, 4096)
+    assert attention_terms(Setting(model, with_table, Layout(cp=2))) == attention_terms(Setting(model, H100, Layout(cp=2)))

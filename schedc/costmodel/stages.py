@@ -150,7 +150,7 @@ def attention_terms(st: Setting) -> tuple[float, float, float]:
     products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
     kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed)."""
     m, lay, hw = st.model, st.layout, st.hw
-    if m.flash and st.cluster.attention is not None:  # the cluster's kernel, block by block (attention.py)
+    if m.flash and not m.mla and st.cluster.attention is not None:  # the cluster's kernel (attention.py)
         return kernel_terms(st)
     b, s, h, a, t, w = lay.microbatch_size, st.tokens, m.hidden, m.heads, lay.tp, m.width
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
@@ -184,7 +184,7 @@ def ring_exposed(st: Setting) -> tuple[float, float]:
     (causal_blocks); the backward sends the keys and values and their gradients (twice the bytes)
     under its blocks' 2.5 forwards (flash). The link: NVLink when t·cp fills at most a node."""
     m, lay, hw = st.model, st.layout, st.hw
-    if st.cluster.attention is not None:  # the stack's own ring, behind the kernel's blocks (attention.py)
+    if not m.mla and st.cluster.attention is not None:  # the stack's own ring, behind the kernel's blocks
         return kernel_ring_exposed(st)
     message = hw.message(2 * lay.microbatch_size * st.tokens * m.kv_hidden / lay.tp * m.width, st.cp_in_node)
     attention = attention_terms(st)[0] / causal_blocks(lay.cp)  # the diagonal block
