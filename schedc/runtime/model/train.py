@@ -35,6 +35,7 @@ from ..process.watchdog import Watchdog
 from ..process.world import Env, World, check_size, pick_device, start, stop, warm_up
 from .data import Dataset, load_dataset
 from ..process.plugins import load_function
+from .zero import state_bytes
 
 
 def model_pieces(opts) -> list:
@@ -408,6 +409,7 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     summary = executor.meter.summary() if executor.meter is not None else None
     if summary is not None:
         summary["parameter_bytes"] = parameter_bytes(executor)
+        summary["state_bytes"] = state_bytes(executor.stages, executor.shards, executor.optimizer)
         summary["plan_rank"] = world.plan_rank
         summary["peak_rss_bytes"] = peak_rss_bytes()
     parts = [None] * world.size if world.rank == 0 else None
