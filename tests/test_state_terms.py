@@ -58,3 +58,22 @@ def test_the_terms_sum_to_the_held_bytes_of_a_16_bit_model(name, params, layout)
     schedule = compile_file(name, params).schedule
     sums = [sum(device[t] for t in TERMS) for device in state_terms(model, layout, schedule)]
     assert sums == pytest.approx([state for state, _, _ in held_bytes(model, layout, schedule)], rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", [[], ["--zero", "1"], ["--zero", "2"], ["--zero", "3", "--cp", "2"]])
+def test_simulate_json_gives_the_terms_of_its_largest_device(tmp_path, layout):
+    """simulate --cluster --json's state_breakdown: the largest device's terms, summing to its
+    weights_gradients_optimizer_gib (both rounded to 1e-6 GiB)."""
+    import json
+    from click.testing import CliRunner
+    from schedc.cli import main
+    model = tmp_path / "model.toml"
+    model.write_text('layers = 8\nhidden = 64\nheads = 4\nseq = 256\nvocab = 100\nattention = "flash"\n')
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=4", "--model", str(model), "--cluster",
+                                       "dgx-h100-80gb", "--dp", "2", *layout, "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    terms = out["state_breakdown"]
+    assert list(terms) == [t + "_gib" for t in TERMS]
+    assert sum(terms.values()) == pytest.approx(out["memory_breakdown"]["weights_gradients_optimizer_gib"], abs=4e-6)
+    assert (terms["gathered_gib"] > 0) == ("3" in layout)
