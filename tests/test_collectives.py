@@ -165,7 +165,7 @@ def test_zero_1_declares_nothing_and_zero_3_without_resharding_its_reduce_scatte
 def test_collectives_out_of_order_between_two_ranks_of_a_group_are_reported_naming_both(tmp_path):
     """DualPipe holds each stage on two ranks (0 and 3 hold stages 0 and 3), so ZeRO's collectives of
     those stages are over the group [0, 3]. Rank 0's first ALL_GATHER and REDUCE_SCATTER over it swapped:
-    the check reports the group's collective issued as two kinds, naming rank 0 and rank 3."""
+    the check reports both of the group's collectives that now differ, each naming rank 0's and rank 3's."""
     from schedc.checks.channels import check_channels
     from schedc.plan import Plan
     result = _sharded_compile(tmp_path, "dualpipe", ["--zero", "3"], "dp")
@@ -179,4 +179,5 @@ def test_collectives_out_of_order_between_two_ranks_of_a_group_are_reported_nami
     stream[first], stream[scatter] = stream[scatter], stream[first]
     mutated = Plan(plan.meta, ((tuple(stream), *plan.ranks[0][1:]), *plan.ranks[1:]))
     messages = [d.message for d in check_channels(mutated)]
-    assert any("of group [0, 3]: rank 0 REDUCE_SCATTER, rank 3 ALL_GATHER" in m for m in messages), messages
+    assert any("#0 of group [0, 3]: rank 0 REDUCE_SCATTER, rank 3 ALL_GATHER" in m for m in messages), messages
+    assert any(" of group [0, 3]: rank 0 ALL_GATHER, rank 3 REDUCE_SCATTER" in m for m in messages), messages
