@@ -77,3 +77,14 @@ def test_simulate_json_gives_the_terms_of_its_largest_device(tmp_path, layout):
     assert list(terms) == [t + "_gib" for t in TERMS]
     assert sum(terms.values()) == pytest.approx(out["memory_breakdown"]["weights_gradients_optimizer_gib"], abs=4e-6)
     assert (terms["gathered_gib"] > 0) == ("3" in layout)
+
+
+@pytest.mark.parametrize("layout", [Layout(dp=4, ep=2, zero=1), Layout(dp=4, ep=2, zero=3),
+                                    Layout(tp=2, dp=4, ep=2, etp=1, zero=2)])
+def test_a_mixture_of_experts_terms_sum_to_its_held_bytes(layout):
+    """The routed experts' state sharded over the expert-data-parallel ranks (bytes.expert_shards), the
+    rest over d x cp: the terms still sum to held_bytes'."""
+    model = ModelSpec(8, 64, 4, 32, 128, 256, experts=4, top_k=2, moe_ffn=64, first_k_dense=1)
+    schedule = compile_file("1f1b", ["p=2", "m=4"]).schedule
+    sums = [sum(device[t] for t in TERMS) for device in state_terms(model, layout, schedule)]
+    assert sums == pytest.approx([state for state, _, _ in held_bytes(model, layout, schedule)], rel=1e-12)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 
 from ..layout import Layout
-from .bytes import in_use_bytes, layer_params, shards, stage_expert_params, stage_holders, stage_params
+from .bytes import (expert_shards, in_use_bytes, layer_params, shards, stage_expert_params, stage_holders,
+                    stage_params)
 from .hardware import DDP_BUCKET_BYTES_PER_PARAM, stage_layers
 from .specs import ModelSpec
 
@@ -86,7 +87,7 @@ def state_terms(m: ModelSpec, lay: Layout, schedule) -> list[dict[str, float]]:
         params, k = stage_params(m, lay.tp, schedule.stages, s, lay), shards(lay, holders, s)
         experts = stage_expert_params(m, lay, schedule.stages, s)
         dense = sharded_terms(params - experts, lay.sharding, k, m.width)
-        routed = sharded_terms(experts, lay.sharding, max(1, k // lay.ep), m.width)
+        routed = sharded_terms(experts, lay.sharding, expert_shards(lay, k), m.width)
         if lay.overlap_grad_reduce and not lay.sharding:  # torch DDP's buckets: a second copy of the gradients
             dense["gradients"] += m.width / 2 * DDP_BUCKET_BYTES_PER_PARAM * params
         per_stage[s] = ({t: dense[t] + routed[t] for t in TERMS}, padded(params, k) if lay.sharding else params)
