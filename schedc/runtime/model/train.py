@@ -35,6 +35,7 @@ from ..process.watchdog import Watchdog
 from ..process.world import Env, World, check_size, pick_device, start, stop, warm_up
 from .data import Dataset, load_dataset
 from ..process.plugins import load_function
+from .zero import state_bytes
 
 
 def model_pieces(opts) -> list:
@@ -274,18 +275,20 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
 
 
 def _shards(stages: dict[int, Stage], opts, world: World):
-    """Flat gradient buffers for every stage; with --zero 1, 2 or 3 and --dp > 1 this data-parallel
-    rank's shards (sharding.py, zero.py), else None."""
-    sharded = opts.zero >= 1 and world.dp > 1
+    """Flat gradient buffers for every stage; with --zero 1, 2 or 3 over more than one data x context
+    rank this rank's shards (sharding.py, zero.py), else None. The shards are over the gradient-averaging
+    group, d x cp (Megatron-Core's distributed optimizer over its data-and-context group), in its order."""
+    count, index = world.dp * world.cp, world.replica * world.cp + world.context  # world.dp_ranks()'s order
+    sharded = opts.zero >= 1 and count > 1
     for stage in stages.values():
-        attach_flat_grads(stage, world.dp if sharded else 1)
+        attach_flat_grads(stage, count if sharded else 1)
     if not sharded:
         return None
     from .sharding import Shards
     from .zero import ZeroShards
-    if opts.zero == 1:  # each data-parallel rank steps 1/dp of the weights
-        return Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
-    return ZeroShards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks(), opts.zero,
+    if opts.zero == 1:  # each data x context rank steps 1/(d cp) of the weights
+        return Shards(stages, count, index, world.dp_group, world.dp_ranks())
+    return ZeroShards(stages, count, index, world.dp_group, world.dp_ranks(), opts.zero,
                       opts.reshard_after_forward)
 
 
@@ -408,6 +411,7 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     summary = executor.meter.summary() if executor.meter is not None else None
     if summary is not None:
         summary["parameter_bytes"] = parameter_bytes(executor)
+        summary["state_bytes"] = state_bytes(executor.stages, executor.shards, executor.optimizer)
         summary["plan_rank"] = world.plan_rank
         summary["peak_rss_bytes"] = peak_rss_bytes()
     parts = [None] * world.size if world.rank == 0 else None

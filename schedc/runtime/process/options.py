@@ -417,8 +417,9 @@ def _check_zero(opts: argparse.Namespace) -> None:
         opts.reshard_after_forward = opts.zero == 3
     if opts.zero < 2:
         return
-    if opts.dp < 2:
-        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more")
+    if opts.dp * opts.cp < 2:
+        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more (or --cp 2 "
+                          "or more: the shards are over d x cp)")
     given = [name for name, on in (("--clip-grad", opts.clip_grad is not None), ("--save", opts.save),
                                    ("--resume", opts.resume), ("--tasks", opts.tasks)) if on]
     if given:
@@ -440,7 +441,9 @@ def _check_context(opts: argparse.Namespace) -> None:
     if opts.sequence_parallel and (seq // cp) % opts.tp:
         raise OptionError(f"--sequence-parallel with --cp {cp}: --tp {opts.tp} does not divide each context rank's "
                           f"{seq // cp} tokens")
-    given = [name for name, on in (("--zero", opts.zero >= 1), ("--model-code", opts.model_code),
-                                   ("--tasks", opts.tasks)) if on]
+    given = [(name, why) for name, on, why in (
+        ("--model-code", opts.model_code, "a user model's attention does not exchange keys and values over the "
+         "context ranks"),
+        ("--tasks", opts.tasks, "K-FAC's factors are taken over whole sequences")) if on]
     if given:
-        raise OptionError(f"--cp {cp} does not compose with {given[0]} yet; leave one of them out")
+        raise OptionError(f"--cp {cp} does not compose with {given[0][0]} yet ({given[0][1]}); leave one of them out")
