@@ -151,7 +151,8 @@ class SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts) [tokens, top_k]: softmax over the experts, the top_k renormalised."""
-        probs = F.softmax(self.gate(x).float(), dim=-1)
+        logits = self.gate(x)  # softmax in fp32 at least (HF's dtype=torch.float), fp64 kept
+        probs = F.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         return (weights / weights.sum(-1, keepdim=True)).to(x.dtype), chosen
 
