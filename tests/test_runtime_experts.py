@@ -176,12 +176,14 @@ def _against_reference(jobs: dict, nproc: int, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_expert_parallel_runs_give_the_reference(ep_plans, tmp_path):
-    """One 4-rank launch, p = 2, d = 2, ep = 2: 1F1B (and with whole layers recomputed), ZB-H1 (the
-    experts' weight gradients in W, the exchanges' gradients in I) and DualPipeV's F&B pairs."""
+    """One 4-rank launch, p = 2, d = 2, ep = 2: 1F1B, ZB-H1 (the experts' weight gradients in W, the
+    exchanges' gradients in I), both with whole layers recomputed too (the replay's exchanges in B or
+    I), and DualPipeV's F&B pairs."""
     layout = ["--dp", "2", "--ep", "2"]
     jobs = {"1f1b": (ep_plans("1f1b", p=2, m=4), layout),
             "1f1b_full": (ep_plans("1f1b", p=2, m=4), [*layout, "--recompute", "full"]),
             "zb_h1": (ep_plans("zb_h1", p=2, m=4), layout),
+            "zb_h1_full": (ep_plans("zb_h1", p=2, m=4), [*layout, "--recompute", "full"]),
             "dualpipev": (ep_plans("dualpipev", p=2, m=4), layout)}
     _against_reference(jobs, 4, tmp_path)
 
