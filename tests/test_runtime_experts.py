@@ -7,6 +7,7 @@
 # DualPipeV at p = 2, d = 2, and with t = 2 (p = 1, d = 2; and p = 2 with the experts cut over t alone).
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +148,6 @@ def test_run_refuses_a_plan_and_an_ep_that_disagree(plans, ep_plans):  # noqa: F
 
 
 def test_run_refuses_a_mixture_it_does_not_build_by_name(plans, tmp_path):  # noqa: F811
-    import json
     from click.testing import CliRunner
     from schedc.cli import main
     config = json.loads(Path(MIXTRAL).read_text())
@@ -161,9 +161,11 @@ def test_run_refuses_a_mixture_it_does_not_build_by_name(plans, tmp_path):  # no
 
 def _against_reference(jobs: dict, nproc: int, tmp_path: Path) -> None:
     """Each job (plan, layout options) run for 2 AdamW steps in one launch; its losses and first-step
-    gradients against the one-process reference of the same global batch."""
+    gradients against the one-process reference of the same global batch; its report's tokens per
+    expert per step, in each of the 4 layers, the global batch's 4 x 2 x 2 x 16 tokens times top-2."""
     runs = [(plan, [*MODEL, *options, "--steps", "2", "--quiet", "--save-grads", str(tmp_path / name),
-                    "--metrics-out", str(tmp_path / name / "metrics.jsonl")]) for name, (plan, options) in jobs.items()]
+                    "--metrics-out", str(tmp_path / name / "metrics.jsonl"), "--report-out", str(tmp_path / f"{name}.json")])
+            for name, (plan, options) in jobs.items()]
     run = launch_plans(runs, nproc, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     for name, (plan, options) in jobs.items():
@@ -172,6 +174,9 @@ def _against_reference(jobs: dict, nproc: int, tmp_path: Path) -> None:
         loss, grads = _errors(_dump(tmp_path / name), want)
         assert loss <= TOLERANCE and grads <= TOLERANCE, (name, loss, grads)
         assert _losses(tmp_path / name / "metrics.jsonl") == pytest.approx(want_losses, rel=TOLERANCE), name
+        routed = json.loads((tmp_path / f"{name}.json").read_text())["tokens_per_expert_per_step"]
+        assert list(routed) == [f"model.layers.{i}.block_sparse_moe" for i in range(4)], name
+        assert all(len(counts) == 4 and sum(counts) == 4 * dp * 2 * 16 * 2 for counts in routed.values()), (name, routed)
 
 
 @pytest.mark.slow

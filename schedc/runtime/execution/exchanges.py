@@ -14,7 +14,7 @@ from typing import Callable
 
 from schedc.plan import COMPUTE, Instr, Opcode, Plan
 
-from ..model.experts import Issued, expert_parameters
+from ..model.experts import Issued, Routed, expert_parameters
 from .executor import flat_views
 
 
@@ -49,8 +49,8 @@ def exchange_problem(plan: Plan, ep: int) -> str | None:
 
 
 def check_exchanges(executor) -> None:
-    """Wrap each compute handler of the executor (its method table and its bound programs) so that the
-    token exchanges an op issues are counted and compared with the plan's declared ALL_TO_ALLs."""
+    """Wrap each compute handler of the executor so that the token exchanges an op issues are counted
+    and compared with the plan's declared ALL_TO_ALLs."""
     tables = [declared(list(program)) for program in executor.plan.ranks[executor.world.plan_rank]]
 
     def checked(handler: Callable[[Instr], None]) -> Callable[[Instr], None]:
@@ -65,9 +65,28 @@ def check_exchanges(executor) -> None:
                                     "exchanges and the plan's order differ")
         return run
 
-    units = [op for op in COMPUTE if op in executor.table and op != Opcode.OVERLAP_F_B]
-    executor.table.update({op: checked(executor.table[op]) for op in units})
-    executor.programs = [[(executor.table[instr.op] if instr.op in units else handler, instr, freed)
+    wrap(executor, [op for op in COMPUTE if op in executor.table and op != Opcode.OVERLAP_F_B], checked)
+
+
+def count_routed(executor) -> None:
+    """Wrap the executor's F so that the MoE blocks count the tokens each forward routes (experts.Routed)."""
+    def counting(handler: Callable[[Instr], None]) -> Callable[[Instr], None]:
+        def run(instr: Instr) -> None:
+            Routed.on = True
+            try:
+                handler(instr)
+            finally:
+                Routed.on = False
+        return run
+
+    wrap(executor, [Opcode.F], counting)
+
+
+def wrap(executor, ops: list[str], make: Callable) -> None:
+    """Replace the handlers of `ops` in the executor's method table (which OVERLAP_F_B's halves use)
+    and in its bound step programs by make(handler)."""
+    executor.table.update({op: make(executor.table[op]) for op in ops})
+    executor.programs = [[(executor.table[instr.op] if instr.op in ops else handler, instr, freed)
                           for handler, instr, freed in program] for program in executor.programs]
 
 

@@ -15,7 +15,8 @@
 # sizes), runs the local experts and combines (the reverse all_to_all_single) before the weighted sum.
 # The backward of the combine and of the dispatch are the same exchanges reversed: an input-gradient
 # pass (B, I) issues them; a weight-gradient pass (W) starts from the experts' own GEMMs and issues none.
-# ISSUED counts the token exchanges (not the counts') for the executor's check against the plan.
+# Issued counts the token exchanges (not the counts') for the executor's check against the plan; with
+# --report-out each block counts the tokens its forwards route to each expert (Routed), reported per step.
 #
 # Not built, refused by name (moe_problem): shared experts, the sigmoid (DeepSeek-V3) router, a capacity
 # factor, Qwen MoE's router; the auxiliary load-balancing loss is not in the loss (as HF's
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .decoder import build_decoder, swiglu
-from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorGroup, declare
+from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorGroup, declare, qualified
 
 MOE_FACTS = ("experts", "top_k", "moe_ffn", "shared_experts", "first_k_dense", "router", "capacity_factor",
              "aux_loss")  # the descriptions' MoE facts the runtime's ModelConfig carries
@@ -86,6 +87,13 @@ class ExpertGroup:
     size: int = 1
     rank: int = 0
     group: object | None = None
+
+
+class Routed:
+    """Whether a forward now counts its tokens per expert (the executor's F, not a recomputation's replay
+    nor a placed R: runtime/execution/exchanges.py's count_routed)."""
+
+    on = False
 
 
 class Issued:
@@ -148,6 +156,7 @@ class SparseMoeBlock(nn.Module):
         self.gate = gate
         self.experts = nn.ModuleDict({str(e): expert for e, expert in sorted(experts.items())})
         self.count, self.top_k, self.group = count, top_k, group
+        self.routed: torch.Tensor | None = None  # tokens this rank routed to each expert (Routed.on)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts) [tokens, top_k]: softmax over the experts, the top_k renormalised."""
@@ -162,6 +171,8 @@ class SparseMoeBlock(nn.Module):
         order = chosen.flatten().argsort(stable=True)  # the token copies grouped by expert, ascending
         token = order // self.top_k
         per_expert = torch.bincount(chosen.flatten(), minlength=self.count)
+        if Routed.on:  # this rank's tokens sent to each expert, over the run
+            self.routed = per_expert.detach().cpu() + (0 if self.routed is None else self.routed)
         out = self.run_experts(flat[token], per_expert)
         weighted = out * weights.flatten()[order].unsqueeze(-1)
         return torch.zeros_like(flat).index_add(0, token, weighted).view(x.shape)
@@ -260,3 +271,23 @@ def expert_names(stage) -> list[str]:
     """The global names of a stage's routed-expert parameters."""
     ids = {id(p) for p in expert_parameters(stage)}
     return [name for name, p in stage.global_parameters() if id(p) in ids]
+
+
+def routed_tokens(stage) -> dict[str, list[int]]:
+    """Each MoE block's tokens routed to each expert by this rank's forwards, by the block's global name."""
+    return {qualified(prefix, name): block.routed.tolist() for prefix, piece in zip(stage.names, stage.pieces)
+            for name, block in piece.named_modules() if isinstance(block, SparseMoeBlock) and block.routed is not None}
+
+
+def tokens_per_expert(parts: list[dict[str, list[int]]], steps: int) -> dict[str, list[float]]:
+    """Each MoE block's tokens per expert per step over all ranks (every data and context rank's own
+    tokens; tensor rank 0's), the mean over the run's steps."""
+    total: dict[str, list[int]] = {}
+    for part in parts:
+        for name, counts in part.items():
+            total[name] = [a + b for a, b in zip(total.get(name, [0] * len(counts)), counts)]
+    return {name: [c / steps for c in counts] for name, counts in sorted(total.items(), key=lambda kv: _layer_key(kv[0]))}
+
+
+def _layer_key(name: str) -> tuple:
+    return tuple(int(w) if w.isdigit() else w for w in name.split("."))

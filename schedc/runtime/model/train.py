@@ -23,8 +23,8 @@ from ..execution import checkpoint, context, trace
 from ..execution.chunks import check_chunks
 from ..execution.clocks import DeviceClock
 from ..execution.executor import Executor, attach_flat_grads
-from ..execution.exchanges import attach_expert_grads, check_exchanges, exchange_problem
-from .experts import ExpertGroup, expert_names, keep_local_experts
+from ..execution.exchanges import attach_expert_grads, check_exchanges, count_routed, exchange_problem
+from .experts import ExpertGroup, expert_names, keep_local_experts, routed_tokens, tokens_per_expert
 from ..execution.lifetimes import BUILTIN
 from ..execution.memory import SavedBytes
 from .init import materialize_pieces
@@ -262,6 +262,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     executor.shards = shards
     if world.ep > 1:  # each op's expert all-to-alls against the plan's declared ones (exchanges.py)
         check_exchanges(executor)
+    if opts.model_config.experts and opts.report_out:
+        count_routed(executor)
     context.configure(opts.model_config.seq, world.cp, world.context, world.context_group)
     executor.scale /= world.cp  # a context rank's loss is the mean over 1/cp of the sequence's tokens
     executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
@@ -422,22 +424,27 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
         summary["parameter_bytes"] = parameter_bytes(executor)
         summary["plan_rank"] = world.plan_rank
         summary["peak_rss_bytes"] = peak_rss_bytes()
+    routed = {} if world.tensor else {k: v for s in executor.stages.values() for k, v in routed_tokens(s).items()}
     parts = [None] * world.size if world.rank == 0 else None
-    dist.gather_object((mine, summary), parts, dst=0)
+    dist.gather_object((mine, summary, routed), parts, dst=0)
     if world.rank != 0:
         return
-    events = [e for part, _ in parts for e in part]
+    events = [e for part, _, _ in parts for e in part]
     measured = [e for e in events if e.step >= first + opts.warmup]
-    memory = trace.memory_report([summary for _, summary in parts]) if summary is not None else None
-    _write_outputs(plan, opts, world, events, measured, memory)
+    memory = trace.memory_report([summary for _, summary, _ in parts]) if summary is not None else None
+    _write_outputs(plan, opts, world, events, measured, memory, tokens_per_expert([r for _, _, r in parts],
+                                                                                  opts.steps - first))
 
 
-def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list, memory: dict | None = None) -> None:
+def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list, memory: dict | None = None,
+                   experts: dict | None = None) -> None:
     if opts.trace_out:
         trace.write_json(opts.trace_out, trace.chrome_trace(events, plan))
     rep = trace.report(measured, plan, world.size)
     if memory is not None:
         rep["memory"] = memory
+    if experts:
+        rep["tokens_per_expert_per_step"] = experts
     if opts.report_out:
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:
