@@ -101,3 +101,16 @@ def test_a_config_json_key_of_the_wrong_type_is_a_located_error(tmp_path, key, v
     assert result.exit_code == 2 and re.search(rf"{path}:\d+:\d+: error: .*{key}", result.output), result.output
     with pytest.raises(OptionError, match=key):
         parse_options([str(tmp_path / "plan.json"), "--model", str(path), "--seq", "16"])
+
+
+@pytest.mark.parametrize("folder", ["--save", "--save-grads"])
+@pytest.mark.parametrize("output", ["--profile-out", "--report-out", "--trace-out", "--metrics-out"])
+def test_an_output_file_on_an_output_folders_path_is_refused_before_launch(tmp_path, folder, output):
+    """--save missing/x.json --profile-out missing/x.json: the ranks made the folder and failed writing
+    the file after training (`is a directory`)."""
+    from schedc.runtime.process.launch import LaunchError, check_launch
+    plan = _plan(tmp_path)
+    path = str(tmp_path / "missing" / "x.json")
+    with pytest.raises(LaunchError, match=f"{output} {path} and {folder} {path} name one path"):
+        check_launch(plan, None, [*RUN, folder, path, output, path], [])
+    check_launch(plan, None, [*RUN, folder, path, output, str(tmp_path / "y.json")], [])

@@ -387,9 +387,20 @@ def _check_paths(opts: argparse.Namespace) -> None:
     problem = clash([("the plan", opts.plan), ("--model", getattr(opts, "model", None))], outputs)
     if problem:
         raise OptionError(problem)
+    _check_folders(opts)
     if opts.every and opts.every > opts.steps:
         raise OptionError(f"--every {opts.every} is past --steps {opts.steps}: no checkpoint would be written "
                           f"(give --every {opts.steps} or less)")
+
+
+def _check_folders(opts: argparse.Namespace) -> None:
+    """An output file on the path an output folder (--save, --save-grads) makes: refused before launch,
+    where the ranks met it after training."""
+    given = [(option, getattr(opts, attribute, None), files) for option, attribute, files in OUTPUT_FILES]
+    for option, folder, files in given:
+        for other, path, other_files in given:
+            if files and folder and path and other_files is None and os.path.realpath(folder) == os.path.realpath(path):
+                raise OptionError(f"{other} {path} and {option} {folder} name one path: {option} makes it a folder")
 
 
 def _check_tensor_parallel(opts: argparse.Namespace) -> None:
