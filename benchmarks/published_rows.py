@@ -98,7 +98,7 @@ def command(row: dict) -> tuple[list[str], bool]:
     if value(row, "precision")[0] == "fp8":
         args.append("--fp8")
     recompute = value(row, "recompute")[0]  # stated: schedc's default (full) is no publisher's statement
-    if recompute not in ("none", "selective", "full"):
+    if recompute not in ("none", "selective", "full", "selective-ops"):  # the last: torchtitan's per-op policy
         raise NotPredictable(f"recompute '{recompute}' has no schedc form")
     args += ["--recompute", recompute]
     args += [flag for flag, key in SWITCHES.items() if row.get(key) is True]

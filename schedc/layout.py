@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RECOMPUTE = ("full", "selective", "none")  # as the options list them: Megatron-LM's Table 1 first
+SELECTIVE_OPS = "selective-ops"  # torchtitan's per-op selective checkpointing (the cost model's; not searched by default)
+RECOMPUTE_FORMS = RECOMPUTE + (SELECTIVE_OPS,)  # every --recompute the options take
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,8 +296,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "BATCH",
                  runtime=False),
     LayoutOption("recompute", "Activation recomputation: full recomputes each layer in its backward, selective only "
-                 "the attention core (score product, softmax, value product), none keeps everything", str,
-                 choices=RECOMPUTE, searched="Recomputation choices to search (default all three)",
+                 "the attention core (score product, softmax, value product), none keeps everything, selective-ops "
+                 "keeps what torchtitan's per-op policy saves (the flash attention's output and every other matmul's, "
+                 "selective_ac_option 'op') and recomputes the rest", str,
+                 choices=RECOMPUTE_FORMS, searched="Recomputation choices to search (default all three)",
                  defaults=(("runtime", "none"), ("calibrate", "none"))),
     LayoutOption("sequence_parallel", "Sequence parallelism (with t > 1): layer norms and residuals on 1/t of the "
                  "sequence, reduce-scatter/all-gather around the tensor-parallel layers (Korthikanti et al. 2022)", words="sequence parallel"),

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
-from .bytes import layer_params
+from .activations import op_matmuls
+from .bytes import activation_sizes, layer_params
 from .experts import moe_layer_parts
 from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
@@ -75,7 +76,8 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     ring_forward, ring_backward = ring_exposed(st) if lay.cp > 1 else (0.0, 0.0)
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
-    recompute = {"full": forward, "selective": core, "none": Part()}[lay.recompute]
+    recompute = {"full": forward, "selective": core, "none": Part(),
+                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise)}[lay.recompute]
     return {F: forward,
             I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
             W: Part(gemms + accumulate, 0.0),
@@ -92,6 +94,16 @@ def linear_gemms(st: Setting) -> tuple[float, ...]:
     up = 2 * f / t if m.mlp == "swiglu" else f / t
     return (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
             hw.gemm(bs, h, f / t, fp8=fp8))
+
+
+def op_policy_gemms(st: Setting) -> tuple[float, ...]:
+    """The GEMMs torchtitan's per-op selective checkpointing recomputes in a block's backward (--recompute
+    selective-ops, t = 1): every second matmul in forward order (activations.op_matmuls), K and the
+    projection, then a SwiGLU's up (w3) or a GeLU MLP's second; the kept ones (Q, V, gate, down) and the
+    flash attention are not rerun."""
+    sizes, facts = activation_sizes(st.model, st.layout)
+    bs = st.layout.microbatch_size * st.tokens
+    return tuple(st.hw.gemm(bs, n, k) for n, k in op_matmuls(sizes, facts)[1::2])
 
 
 def tp_collectives(st: Setting) -> float:
@@ -199,7 +211,7 @@ def chunk_multipliers(st: Setting, costs: StageCosts, chunks: int) -> dict[str, 
     attention, elementwise, backward = attention_terms(st)
     layers = stage_layers(st.model, len(costs.parts[F]), st.layout)
     core = 0.0 if st.model.flash else attention + elementwise  # selective recomputation's (layer_parts)
-    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0}
+    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0, "selective-ops": 0.0}
     square = {F: attention + elementwise, I: backward + 2 * elementwise + recompute[st.layout.recompute], W: 0.0}
     square[B] = square[I]
     out = {}
