@@ -9,7 +9,7 @@ Each row becomes one command:
         --tp TP --dp DP --microbatch-size MBS --global-batch GBS [--cp CP] [--ep EP] [--zero 3
         [--reshard-after-forward|--no-reshard-after-forward]] [--distributed-optimizer] [--fp8]
         [--recompute R] [--sequence-parallel] [--tp-comm-overlap] [--overlap-param-gather]
-        [--overlap-grad-reduce] [--account-for-embedding --account-for-loss] [--stage-layers N,...] --json
+        [--overlap-grad-reduce] [--eager] [--account-for-embedding --account-for-loss] [--stage-layers N,...] --json
 
 A cluster named as a file (torchtitan's 96 GB machine) is read from benchmarks/data/.
 
@@ -43,7 +43,8 @@ METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "memory_gib")
 UNITS = {"tokens_per_s_per_gpu": "tok/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU", "memory_gib": "GiB"}
 # a flag of the command -> the row field that switches it on (True in the data file)
 SWITCHES = {"--sequence-parallel": "sequence_parallel", "--tp-comm-overlap": "tp_comm_overlap",
-            "--overlap-param-gather": "overlap_param_gather", "--overlap-grad-reduce": "overlap_grad_reduce"}
+            "--overlap-param-gather": "overlap_param_gather", "--overlap-grad-reduce": "overlap_grad_reduce",
+            "--eager": "eager"}  # the last: torchtitan without torch.compile
 
 
 class NotPredictable(Exception):

@@ -57,6 +57,8 @@ class Layout:
     ep: int = 1                          # expert parallelism: the experts over ep of the d x cp ranks
     post_validation: bool = False        # no all-reduce before the optimizer step: a device starts its next
                                          # step once its own is done, so steps overlap (Qi et al. 2024, sec. 4)
+    eager: bool = False                  # the block's elementwise work unfused, kernel by kernel (torchtitan
+                                         # without torch.compile), not in fused kernels
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -345,6 +347,9 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "no all-reduce before the optimizer step, so each device starts its next step once its own is done "
                  "and steps overlap; the iteration is the steady step's (two steps' makespan less one's, plus the "
                  "optimizer's tail)", runtime=False, words="optimizer post-validation"),
+    LayoutOption("eager", "The Llama block's elementwise work run eagerly, one kernel a torch op (torchtitan without "
+                 "torch.compile: RMSNorm in fp32, complex rotary, repeat_kv's copies, SiLU and the product apart, each "
+                 "through HBM) instead of in fused kernels", runtime=False, words="eager elementwise"),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

@@ -362,10 +362,14 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
 
 
 def _check_op_policy(model: ModelSpec, layout: Layout) -> None:
-    """--recompute selective-ops is torchtitan's per-op policy as its Llama block runs it at t = 1, cp = 1
+    """--eager is modelled for torchtitan's Llama block at t = 1. --recompute selective-ops is torchtitan's per-op policy as its Llama block runs it at t = 1, cp = 1
     in 16 bits with a flash kernel (its Tables 1 and 3); elsewhere what the policy saves differs (a
     tensor-parallel block saves reduce-scatter outputs, torchao's Float8 GEMMs are not the mm it counts,
     an MoE block has other matmuls): a usage error naming what is not modelled."""
+    if layout.eager and (layout.tp > 1 or model.moe or model.mla or (model.norm, model.positions, model.mlp) !=
+                         ("rmsnorm", "rope", "swiglu")):
+        raise usage("--eager is torchtitan's Llama block run without torch.compile (RMSNorm, rotary positions, SwiGLU) "
+                    "at t = 1; this model or layout has another block")
     if layout.recompute != SELECTIVE_OPS:
         return
     other = [name for name, on in ((f"--tp {layout.tp}", layout.tp > 1), (f"--cp {layout.cp}", layout.cp > 1),

@@ -68,6 +68,8 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     elementwise = hw.memory(w * (ELEMENTWISE * replicated + mlp_values + TRANSPOSES * bs * h / t))
     if m.positions == "rope":  # rotary embedding of Q and K: read and written once each
         elementwise += hw.memory(w * 2 * bs * (h + m.kv_hidden) / t)
+    if lay.eager:  # kernel by kernel instead of the fused forms above
+        elementwise = eager_elementwise(st)
     if lay.fp8:
         elementwise += fp8_casts(st)
     attention, attention_elementwise, attention_backward = attention_terms(st)
@@ -132,6 +134,24 @@ def tp_exposure(st: Setting) -> tuple[float, float]:
     on = replace(st.layout, sequence_parallel=True, tp_comm_overlap=True)
     return (tp_collectives(replace(st, layout=on)),
             tp_collectives(replace(st, layout=replace(on, tp_comm_overlap=False))))
+
+
+def eager_elementwise(st: Setting) -> float:
+    """A Llama block's elementwise forward run eagerly, one kernel a torch op, as torchtitan's model.py (at
+    9dec370) writes it, seconds at HBM speed (t = 1; the fused forms' traffic is what --eager replaces).
+    Bytes a token, bf16 activations (2), fp32 intermediates (4):
+
+        each RMSNorm (two)   x.float() 2+4, pow 4+4, mean 4, x * rsqrt 4+4, type_as 4+2, * weight 2+2 = 36 h
+        rotary on Q and K    .float() 2+4, complex product 4+4, type_as 4+2                         = 20 (h + kv)
+        repeat_kv            K and V expanded to the heads and copied: read 2 kv, write 2 h, each   =  4 (h + kv)
+        attention output     transpose(1, 2).contiguous(): read and write                           =  4 h
+        SwiGLU               silu(w1) 2+2 f, silu * w3 2+2+2 f                                      = 10 f
+        residual adds (two)  read 2 + 2, write 2                                                    = 12 h
+
+    in all 112 h + 24 kv + 10 f (Llama 3.1 8B: 626,688 bytes a token)."""
+    m, lay = st.model, st.layout
+    per_token = 112 * m.hidden + 24 * m.kv_hidden + 10 * m.ffn
+    return st.hw.memory(per_token * lay.microbatch_size * st.tokens)
 
 
 def fp8_casts(st: Setting) -> float:
