@@ -327,7 +327,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
                                    f"the {what} {t} ways", model_span(source, key)), source, kind=USAGE)
     _check_sharding(model, layout, source)
-    _check_op_policy(model, layout)
+    _check_torchtitan_forms(model, layout)
     check_experts(model, layout, source)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
@@ -361,7 +361,7 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
         raise usage(f"--zero {layout.zero} with --distributed-optimizer: the flag is --zero 1; give one level")
 
 
-def _check_op_policy(model: ModelSpec, layout: Layout) -> None:
+def _check_torchtitan_forms(model: ModelSpec, layout: Layout) -> None:
     """--eager is modelled for torchtitan's Llama block at t = 1. --recompute selective-ops is torchtitan's per-op policy as its Llama block runs it at t = 1, cp = 1
     in 16 bits with a flash kernel (its Tables 1 and 3); elsewhere what the policy saves differs (a
     tensor-parallel block saves reduce-scatter outputs, torchao's Float8 GEMMs are not the mm it counts,
