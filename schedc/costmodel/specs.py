@@ -11,6 +11,8 @@ A cluster file (TOML; the library in schedc/clusters/*.toml is found by name, `-
     [efficiency] gemm, gemm_half_dim, hbm, intra, inter        (the named fractions of the datasheet)
     [memory]     reserved_gib, fragmentation                   (optional: what the GPU's memory loses
                                                                 beside the tensors; 0 when left out)
+    [attention]  kernel, lengths, forward_tflops, ...           (optional: the flash kernel's achieved
+                                                                rates, kernels.py; a GEMM's without it)
 
 Every error names the field and points at it (`file:line:col: error: ...`, exit 2); a missing field
 points at the table it belongs in.
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from ..descriptions import CLUSTERS_PACKAGE, find, is_hf_config, library, resolve_model
 from ..descriptions.facts import DTYPE_BYTES
+from .kernels import AttentionKernel, dump_attention, read_attention
 from .located import locate, read_toml, source_text, unknown_keys
 from .modelspec import ModelSpec, load_model_spec, model_span, read_fields  # noqa: F401  (the cost model's model, here too)
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, error, usage
@@ -56,6 +59,7 @@ class ClusterSpec:
     overhead: tuple[tuple[str, float], ...] = ()  # (op kind, s per layer): [overhead], a run's fixed cost
     # per layer of each op beyond its kernels' work (a CPU's op dispatch and autograd); none: 0
     fp8_flops: float = 0.0         # FLOP/s, dense FP8 tensor core ([gpu] fp8_tflops); 0: not given (no --fp8)
+    attention: AttentionKernel | None = None  # [attention]: the flash kernel's achieved rates (kernels.py)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -132,7 +136,7 @@ def load_cluster(name: str) -> ClusterSpec:
     table, source = read_toml(path, "cluster description")
     diags: list[Diagnostic] = []
     for key, value in table.items():
-        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead")
+        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead", "attention")
         if key not in tables and key not in ("name", "description", "source"):
             what = "table" if isinstance(value, dict) else "key"
             diags.append(error(f"unknown {what} '{key}' (tables: {', '.join(tables)})", locate(source, key)))
@@ -174,6 +178,7 @@ def load_cluster(name: str) -> ClusterSpec:
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
     fp8 = _fp8_flops(table, source, diags)
+    attention = read_attention(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
@@ -182,7 +187,7 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead, fp8)
+        gpu_dtype, host, overhead, fp8, attention)
 
 
 def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> float:
@@ -308,7 +313,7 @@ fragmentation = {spec.fragmentation!r}
 bandwidth_gbps = {spec.host_bandwidth / 1e9!r}
 """ if spec.host_bandwidth else "") + ("\n[overhead]\n" + "".join(
         f"{key} = {dict(spec.overhead)[kind] * 1e6!r}\n" for key, kind in OVERHEAD_KEYS.items()
-        if kind in dict(spec.overhead)) if spec.overhead else "")
+        if kind in dict(spec.overhead)) if spec.overhead else "") + dump_attention(spec.attention)
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:
@@ -362,8 +367,9 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
 
 
 def _check_torchtitan_forms(model: ModelSpec, layout: Layout) -> None:
-    """--eager is modelled for torchtitan's Llama block at t = 1. --recompute selective-ops is torchtitan's per-op policy as its Llama block runs it at t = 1, cp = 1
-    in 16 bits with a flash kernel (its Tables 1 and 3); elsewhere what the policy saves differs (a
+    """--eager is modelled for torchtitan's Llama block at t = 1. --recompute selective-ops is torchtitan's
+    per-op policy as its Llama block runs it at t = 1, cp = 1 in 16 bits with a flash kernel (its Tables 1
+    and 3); elsewhere what the policy saves differs (a
     tensor-parallel block saves reduce-scatter outputs, torchao's Float8 GEMMs are not the mm it counts,
     an MoE block has other matmuls): a usage error naming what is not modelled."""
     if layout.eager and (layout.tp > 1 or model.moe or model.mla or (model.norm, model.positions, model.mlp) !=
@@ -384,9 +390,12 @@ def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:
     """--ep: a model with experts, ep dividing them (at the model's key) and the d x cp ranks it is carved
     from; t dividing the experts' width (each expert split as the dense MLP is, Megatron-Core's default
     expert tensor parallelism). A usage error naming the option (exit 2)."""
-    ep, t = layout.ep, layout.tp
+    ep, t = layout.ep, layout.expert_tp
+    if layout.etp is not None:
+        check_folding(model, layout)
     if model.moe and model.moe_ffn % t:
-        raise SchedError(error(f"--tp {t} does not divide 'moe_ffn' ({model.moe_ffn}): each expert's MLP is split "
+        given = "--tp" if layout.etp is None else "--etp"
+        raise SchedError(error(f"{given} {t} does not divide 'moe_ffn' ({model.moe_ffn}): each expert's MLP is split "
                                f"{t} ways", model_span(source, "moe_ffn")), source, kind=USAGE)
     if ep == 1:
         return
@@ -395,10 +404,24 @@ def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:
     if model.experts % ep:
         raise SchedError(error(f"--ep {ep} does not divide the model's {model.experts} experts: each of the ep GPUs "
                                "holds experts / ep of them", model_span(source, "experts")), source, kind=USAGE)
-    if (layout.dp * layout.cp) % ep:
+    if layout.etp is None and (layout.dp * layout.cp) % ep:
         raise usage(f"--ep {ep} does not divide d x cp = {layout.dp} x {layout.cp} = {layout.dp * layout.cp}: the "
                     "expert-parallel groups are carved from the data and context ranks (Megatron-Core's "
                     "expert-data-parallel)")
+
+
+def check_folding(model: ModelSpec, layout: Layout) -> None:
+    """--etp (MoE parallel folding): a positive size, a model with experts, and the expert layout etp x ep x
+    edp filling a stage's t x cp x d ranks (Megatron-Core's rule); a usage error naming the option (exit 2)."""
+    etp, ranks = layout.etp, layout.tp * layout.cp * layout.dp
+    if etp < 1:
+        raise usage(f"--etp must be a positive integer, got {etp}")
+    if not model.moe:
+        raise usage(f"--etp {etp}: the model has no experts to split (expert tensor parallelism needs an MoE model)")
+    if ranks % (etp * layout.ep):
+        raise usage(f"--etp {etp} x --ep {layout.ep} = {etp * layout.ep} does not divide t x cp x d = {layout.tp} x "
+                    f"{layout.cp} x {layout.dp} = {ranks}: the expert layout (expert tensor x expert parallel x expert "
+                    "data parallel) is carved from a stage's ranks (Megatron-Core's MoE parallel folding)")
 
 
 def check_switches(layout: Layout, cluster: ClusterSpec) -> None:
