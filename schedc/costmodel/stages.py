@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
+from .activations import op_matmuls
 from .attention import kernel_ring_exposed, kernel_terms
-from .bytes import layer_params
+from .bytes import activation_sizes, layer_params
 from .experts import moe_layer_parts
 from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
@@ -68,6 +69,8 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     elementwise = hw.memory(w * (ELEMENTWISE * replicated + mlp_values + TRANSPOSES * bs * h / t))
     if m.positions == "rope":  # rotary embedding of Q and K: read and written once each
         elementwise += hw.memory(w * 2 * bs * (h + m.kv_hidden) / t)
+    if lay.eager:  # kernel by kernel instead of the fused forms above
+        elementwise = eager_elementwise(st)
     if lay.fp8:
         elementwise += fp8_casts(st)
     attention, attention_elementwise, attention_backward = attention_terms(st)
@@ -76,7 +79,8 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     ring_forward, ring_backward = ring_exposed(st) if lay.cp > 1 else (0.0, 0.0)
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
-    recompute = {"full": forward, "selective": core, "none": Part()}[lay.recompute]
+    recompute = {"full": forward, "selective": core, "none": Part(),
+                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise)}[lay.recompute]
     return {F: forward,
             I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
             W: Part(gemms + accumulate, 0.0),
@@ -93,6 +97,16 @@ def linear_gemms(st: Setting) -> tuple[float, ...]:
     up = 2 * f / t if m.mlp == "swiglu" else f / t
     return (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
             hw.gemm(bs, h, f / t, fp8=fp8))
+
+
+def op_policy_gemms(st: Setting) -> tuple[float, ...]:
+    """The GEMMs torchtitan's per-op selective checkpointing recomputes in a block's backward (--recompute
+    selective-ops, t = 1): every second matmul in forward order (activations.op_matmuls), K and the
+    projection, then a SwiGLU's up (w3) or a GeLU MLP's second; the kept ones (Q, V, gate, down) and the
+    flash attention are not rerun."""
+    sizes, facts = activation_sizes(st.model, st.layout)
+    bs = st.layout.microbatch_size * st.tokens
+    return tuple(st.hw.gemm(bs, n, k) for n, k in op_matmuls(sizes, facts)[1::2])
 
 
 def tp_collectives(st: Setting) -> float:
@@ -121,6 +135,24 @@ def tp_exposure(st: Setting) -> tuple[float, float]:
     on = replace(st.layout, sequence_parallel=True, tp_comm_overlap=True)
     return (tp_collectives(replace(st, layout=on)),
             tp_collectives(replace(st, layout=replace(on, tp_comm_overlap=False))))
+
+
+def eager_elementwise(st: Setting) -> float:
+    """A Llama block's elementwise forward run eagerly, one kernel a torch op, as torchtitan's model.py (at
+    9dec370) writes it, seconds at HBM speed (t = 1; the fused forms' traffic is what --eager replaces).
+    Bytes a token, bf16 activations (2), fp32 intermediates (4):
+
+        each RMSNorm (two)   x.float() 2+4, pow 4+4, mean 4, x * rsqrt 4+4, type_as 4+2, * weight 2+2 = 36 h
+        rotary on Q and K    .float() 2+4, complex product 4+4, type_as 4+2                         = 20 (h + kv)
+        repeat_kv            K and V expanded to the heads and copied: read 2 kv, write 2 h, each   =  4 (h + kv)
+        attention output     transpose(1, 2).contiguous(): read and write                           =  4 h
+        SwiGLU               silu(w1) 2+2 f, silu * w3 2+2+2 f                                      = 10 f
+        residual adds (two)  read 2 + 2, write 2                                                    = 12 h
+
+    in all 112 h + 24 kv + 10 f (Llama 3.1 8B: 626,688 bytes a token)."""
+    m, lay = st.model, st.layout
+    per_token = 112 * m.hidden + 24 * m.kv_hidden + 10 * m.ffn
+    return st.hw.memory(per_token * lay.microbatch_size * st.tokens)
 
 
 def fp8_casts(st: Setting) -> float:
@@ -204,7 +236,7 @@ def chunk_multipliers(st: Setting, costs: StageCosts, chunks: int) -> dict[str, 
     attention, elementwise, backward = attention_terms(st)
     layers = stage_layers(st.model, len(costs.parts[F]), st.layout)
     core = 0.0 if st.model.flash else attention + elementwise  # selective recomputation's (layer_parts)
-    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0}
+    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0, "selective-ops": 0.0}
     square = {F: attention + elementwise, I: backward + 2 * elementwise + recompute[st.layout.recompute], W: 0.0}
     square[B] = square[I]
     out = {}
