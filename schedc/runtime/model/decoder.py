@@ -1,5 +1,5 @@
 # The Llama-family decoder as the runtime's pieces: RMSNorm, rotary positions, grouped-query attention,
-# a SwiGLU MLP and untied embedding and output layers, under Hugging Face's parameter names
+# a SwiGLU MLP and untied (or tied: tied.py) embedding and output layers, under Hugging Face's parameter names
 # (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight,
 # lm_head.weight), built from the model facts of ModelConfig; and its tensor-parallel form.
 #
@@ -23,6 +23,7 @@ from torch import nn
 from ..execution import chunks, context
 from ..execution.recompute import recomputed
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding, declare
+from .tied import TiedEmbedding, TiedHead
 
 
 # -- the operators -----------------------------------------------------------------------------------
@@ -218,6 +219,7 @@ class Output(nn.Module):
     """The piece "" (model.norm, lm_head): the final norm and the untied output layer."""
 
     vocab_parallel = False  # True in the tensor-parallel form: [b, s, V/t] logits
+    tied = False  # lm_head a copy of the word embedding (tied.py)
 
     def __init__(self, norm: nn.Module, lm_head: nn.Module):
         super().__init__()
@@ -230,7 +232,7 @@ class Output(nn.Module):
     def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
         """lm_head vocabulary-parallel (its logits stay split: the loss is vocab_parallel_loss)."""
         out = Output(self.model["norm"], ColumnParallelLinear(self.lm_head, tp))
-        out.vocab_parallel = True
+        out.vocab_parallel, out.tied = True, self.tied
         return declare(out, {}, tp)
 
 
@@ -258,7 +260,10 @@ def build_decoder(cfg) -> list[tuple[str, nn.Module]]:
     """The decoder's pieces (the caller checks the facts: model.model_problem)."""
     rotary = rotary_table(cfg.seq, cfg.hidden // cfg.heads, cfg.rope_theta) if cfg.positions == "rope" else None
     positions = nn.Embedding(cfg.seq, cfg.hidden) if cfg.positions == "learned" else None
-    pieces = [("model", Embedding(nn.Embedding(cfg.vocab, cfg.hidden), positions))]
+    words = (TiedEmbedding if cfg.tied_embeddings else nn.Embedding)(cfg.vocab, cfg.hidden)
+    pieces = [("model", Embedding(words, positions))]
     pieces += [(f"model.layers.{i}", DecoderLayer(norm(cfg), attention(cfg, rotary), norm(cfg), mlp(cfg)))
                for i in range(cfg.layers)]
-    return [*pieces, ("", Output(norm(cfg), nn.Linear(cfg.hidden, cfg.vocab, bias=False)))]
+    output = Output(norm(cfg), (TiedHead if cfg.tied_embeddings else nn.Linear)(cfg.hidden, cfg.vocab, bias=False))
+    output.tied = cfg.tied_embeddings
+    return [*pieces, ("", output)]

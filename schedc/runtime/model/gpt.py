@@ -28,6 +28,7 @@ from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGro
                               declare, qualified)
 from ..errors import UserError
 from .init import deferred_parameters, materialize_pieces, placeholder
+from .tied import tie_ends
 
 
 class ModelError(UserError):
@@ -277,9 +278,6 @@ def model_problem(cfg: ModelConfig) -> str | None:
         return f"key/value heads {cfg.kv_heads} do not divide heads {cfg.heads}"
     if cfg.positions == "rope" and (cfg.hidden // cfg.heads) % 2:
         return f"rotary positions need an even head size, got {cfg.hidden // cfg.heads} (hidden / heads)"
-    if cfg.tied_embeddings:
-        return ("tied_embeddings: the runtime builds the embedding and the output layer as separate weights "
-                "(model.embed_tokens, lm_head); describe the model with tied_embeddings = false")
     return None
 
 
@@ -310,6 +308,7 @@ class Stage(nn.Module):
         super().__init__()
         self.names = [name for name, _ in pieces]
         self.pieces = nn.ModuleList(module for _, module in pieces)
+        tie_ends(self.pieces)  # both ends of a tied model in this stage: one tensor (tied.py)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The pieces from `start` on (the executor runs stage 0's first piece apart where its backward
@@ -319,8 +318,12 @@ class Stage(nn.Module):
         return x
 
     def global_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(qualified(prefix, name), param) for prefix, piece in zip(self.names, self.pieces)
-                for name, param in piece.named_parameters()]
+        """(unpartitioned name, parameter), a tensor two pieces share (tied.py) once, by its first name."""
+        found: dict[int, tuple[str, nn.Parameter]] = {}
+        for prefix, piece in zip(self.names, self.pieces):
+            for name, param in piece.named_parameters():
+                found.setdefault(id(param), (qualified(prefix, name), param))
+        return list(found.values())
 
 
 def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn.Module]]]:

@@ -58,7 +58,8 @@ def materialize(prefix: str, piece: nn.Module, seed: int, device: torch.device |
                 module._parameters[key] = nn.Parameter(torch.empty_like(param, device=device),
                                                        requires_grad=param.requires_grad)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(module_seed(seed, f"{prefix}.{name}" if name else prefix))
+            own = f"{prefix}.{name}" if name else prefix
+            torch.manual_seed(module_seed(seed, getattr(module, "seed_name", None) or own))  # a tied copy: its twin's
             with torch.no_grad():
                 module.reset_parameters()
 

@@ -31,6 +31,7 @@ from ..execution.placed import check_placed
 from ..execution.recompute import apply_recompute
 from ..execution.tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
+from .tied import OUTPUT, TiedEmbeddings, embedding_group, embedding_ranks, is_tied
 from ..process.watchdog import Watchdog
 from ..process.world import Env, World, check_size, pick_device, start, stop, warm_up
 from .data import Dataset, load_dataset
@@ -248,6 +249,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         materialize_pieces(runs[s], opts.seed)
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held}
     _recompute(stages, len(runs), opts.recompute)
+    tied = _tied(plan, runs, stages, opts, world)
     shards = _shards(stages, opts, world)
     if shards is not None:
         params = shards.parameters()
@@ -255,6 +257,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    executor.tied = tied
     context.configure(opts.model_config.seq, world.cp, world.context, world.context_group)
     executor.scale /= world.cp  # a context rank's loss is the mean over 1/cp of the sequence's tokens
     executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
@@ -271,6 +274,19 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
             shards.on_gather = executor.meter.add_parameters
     _training(executor, plan, opts, world)
     return executor
+
+
+def _tied(plan: Plan, runs: list[list], stages: dict[int, Stage], opts, world: World):
+    """A tied model's embedding pair on this rank and its group (tied.py; collective: every rank makes
+    the groups), or None: untied, or one stage holds both ends (one tensor)."""
+    if not is_tied(runs) or len(runs) == 1:
+        return None
+    try:
+        ranks = embedding_ranks(plan)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    group = embedding_group(world, ranks, opts.timeout)
+    return TiedEmbeddings(stages, len(runs) - 1, group, ranks)
 
 
 def _shards(stages: dict[int, Stage], opts, world: World):
@@ -389,6 +405,8 @@ def _grad_dumper(directory: str, first: int, world: World):
         mine = {} if world.replica else {name: grad for stage in executor.stages.values()
                                           for name, grad in gathered_gradients(stage, executor.tp).items()}
         mine = {} if world.tensor or world.context else mine
+        if executor.tied is not None:  # the copy's gradient is the embedding's (tied.py)
+            mine.pop(OUTPUT, None)
         parts = [None] * world.size if world.rank == 0 else None
         dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:

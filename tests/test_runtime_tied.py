@@ -1,0 +1,142 @@
+# Tests of tied word embeddings in the runtime (schedc/runtime/model/tied.py): a tiny tied Llama's
+# config.json (Llama 3.2's form: tie_word_embeddings, rope_scaling llama3) and a tiny GPT-2's (tied by
+# default: LayerNorm, learned positions, GeLU, biases). One stage holding both ends holds one tensor;
+# across stages the last stage's output layer is a copy that starts equal and takes the same summed
+# gradient. Under torchrun: 1F1B, ZB-H1, interleaved 1F1B (p = 2) and DualPipeV (its V puts the first
+# and last stage on rank 0), t = 1 and 2, ZeRO 2 and 3 at d = 2, --clip-grad: each run's first-step loss
+# and gradients (the tied weight under the embedding's one name) and the losses of 3 AdamW steps equal
+# the one-process reference's (rel <= 1e-5): after a step the copies being apart would show.
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from schedc.plan import load_plan
+from schedc.runtime.__main__ import main as runtime_main
+from schedc.runtime.model.gpt import Stage, build_pieces, build_model, partition
+from schedc.runtime.model.tied import EMBEDDING, OUTPUT, embedding_ranks, is_tied
+from schedc.runtime.process.options import parse_options
+from test_runtime import _dump, launch_plans, plans  # noqa: F401 (fixtures)
+from test_runtime_memory import relative_errors
+
+REPO = Path(__file__).resolve().parents[1]
+TIED_LLAMA = REPO / "tests/data/hf/tiny-llama-tied/config.json"
+TINY_GPT2 = REPO / "tests/data/hf/tiny-gpt2/config.json"
+TOLERANCE = 1e-5
+STEPS = 3
+
+
+def model(config: Path) -> list[str]:
+    return ["--model", str(config), "--seq", "16", "--mb-size", "2"]
+
+
+def config_of(plan: Path, config: Path):
+    return parse_options([str(plan), *model(config)]).model_config
+
+
+def test_one_stage_holds_one_tensor_and_two_stages_a_copy_that_starts_equal(plans):  # noqa: F811
+    cfg = config_of(plans("1f1b", p=2, m=4), TIED_LLAMA)
+    assert cfg.tied_embeddings and cfg.family == "llama"
+    pieces = build_pieces(build_model, cfg, seed=3)
+    whole = Stage(pieces)
+    names = [name for name, _ in whole.global_parameters()]
+    assert EMBEDDING in names and OUTPUT not in names  # the one-process model: one tensor, one name
+    assert whole.pieces[-1].lm_head.weight is whole.pieces[0].embed_tokens.weight
+    assert sum(p.numel() for p in whole.parameters()) == sum(p.numel() for _, p in whole.global_parameters())
+    first, last = (Stage(run) for run in partition(build_pieces(build_model, cfg, seed=3), 2))
+    embedding = dict(first.global_parameters())[EMBEDDING]
+    copy = dict(last.global_parameters())[OUTPUT]
+    assert copy is not embedding and torch.equal(copy, embedding)
+    assert 0.015 < embedding.std().item() < 0.025  # N(0, 0.02), Hugging Face's initializer_range
+
+
+def test_the_embedding_group_is_the_end_stages_ranks(plans):  # noqa: F811
+    """1F1B and interleaved 1F1B: ranks 0 and 1 (the last stage on rank 1); DualPipeV's V: rank 0
+    alone; Chimera's two pipelines refused by name."""
+    assert embedding_ranks(load_plan(plans("1f1b", p=2, m=4))) == [0, 1]
+    assert embedding_ranks(load_plan(plans("interleaved_1f1b", p=2, v=2, m=4))) == [0, 1]
+    assert embedding_ranks(load_plan(plans("dualpipev", p=2, m=5))) == [0]
+    with pytest.raises(ValueError, match="several pipelines"):
+        embedding_ranks(load_plan(plans("chimera", p=2, m=4)))
+    untied = build_pieces(build_model, config_of(plans("1f1b", p=2, m=4), REPO / "tests/data/hf/tiny-llama/config.json"),
+                          seed=0, materialize=False)
+    assert not is_tied(partition(untied, 2))
+
+
+def test_a_tied_gpt2_config_builds_the_decoder_with_learned_positions(plans):  # noqa: F811
+    cfg = config_of(plans("1f1b", p=2, m=4), TINY_GPT2)
+    assert (cfg.tied_embeddings, cfg.positions, cfg.mlp, cfg.norm, cfg.bias, cfg.max_positions) == (
+        True, "learned", "gelu", "layernorm", "all", 64)
+    names = [name for name, _ in Stage(build_pieces(build_model, cfg, seed=0)).global_parameters()]
+    assert names[:2] == [EMBEDDING, "model.embed_positions.weight"] and OUTPUT not in names
+
+
+# -- under torchrun ------------------------------------------------------------------------------------
+
+def _reference(plan: Path, config: Path, directory: Path, dp: int = 1, *options: str) -> tuple:
+    meta = load_plan(plan).meta
+    count = meta["microbatches"] // meta.get("chunks", 1) * dp  # the batch: the reference's whole step
+    out = directory / "_".join(["ref", config.parent.name, str(count), *options])
+    if not out.exists():
+        assert runtime_main([str(plan), "--reference", *model(config), "--dp", str(dp), "--steps", str(STEPS),
+                             "--quiet", "--save-grads", str(out), "--metrics-out", str(out / "metrics"),
+                             *options]) == 0
+    return _dump(out), _losses(out)
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics").read_text().splitlines()]
+
+
+def _job(plan: Path, config: Path, out: Path, *options: str) -> tuple[Path, list[str]]:
+    return plan, [*model(config), "--steps", str(STEPS), "--quiet", *options, "--save-grads", str(out),
+                  "--metrics-out", str(out / "metrics")]
+
+
+def _check(cases: list, directory: Path) -> None:
+    for name, plan, config, options, dp in cases:
+        (loss, grads), losses = _reference(plan, config, directory / "refs", dp, *options)
+        out = directory / name
+        loss_error, grad_error = relative_errors(_dump(out), (loss, grads))
+        assert loss_error <= TOLERANCE and grad_error <= TOLERANCE, (name, loss_error, grad_error)
+        assert _losses(out) == pytest.approx(losses, rel=TOLERANCE), name
+        assert losses[-1] < losses[0], name  # the steps train
+
+
+def _launch(cases: list, ranks: int, directory: Path) -> None:
+    (directory / "refs").mkdir()
+    jobs = [_job(plan, config, directory / name, *options, *(["--dp", str(dp)] if dp > 1 else []), *launch)
+            for name, plan, config, options, dp, launch in cases]
+    run = launch_plans(jobs, ranks, directory)
+    assert run.returncode == 0, run.stderr[-4000:]
+    _check([case[:5] for case in cases], directory)
+
+
+@pytest.mark.slow
+def test_tied_embeddings_on_two_ranks_give_the_reference(plans, tmp_path):  # noqa: F811
+    """t = 1, p = 2: 1F1B, ZB-H1, interleaved 1F1B and DualPipeV for the tied Llama; 1F1B and
+    interleaved for the tied GPT-2; 1F1B with --clip-grad (the copy counted once in the norm)."""
+    schedules = {"1f1b": plans("1f1b", p=2, m=4), "zb_h1": plans("zb_h1", p=2, m=3),
+                 "interleaved": plans("interleaved_1f1b", p=2, v=2, m=4), "dualpipev": plans("dualpipev", p=2, m=4)}
+    cases = [(f"llama_{name}", plan, TIED_LLAMA, [], 1, []) for name, plan in schedules.items()]
+    cases += [(f"gpt2_{name}", schedules[name], TINY_GPT2, [], 1, []) for name in ("1f1b", "interleaved")]
+    cases.append(("llama_clip", plans("gpipe", p=2, m=4), TIED_LLAMA, ["--clip-grad", "0.05"], 1, []))
+    _launch(cases, 2, tmp_path)
+
+
+@pytest.mark.slow
+def test_tied_embeddings_on_four_ranks_give_the_reference(plans, tmp_path):  # noqa: F811
+    """t = 2, p = 2 (the embedding and its copy vocabulary-parallel, each tensor rank's rows summed with
+    the same rows): 1F1B, interleaved 1F1B with sequence parallelism, DualPipeV; p = 2, d = 2 under
+    ZeRO 2 and ZeRO 3 (the pair summed before the reduce-scatter)."""
+    tp = ["--tp", "2"]
+    cases = [("llama_1f1b_t2", plans("1f1b", p=2, m=4), TIED_LLAMA, [], 1, tp),
+             ("llama_interleaved_sp", plans("interleaved_1f1b", p=2, v=2, m=4), TIED_LLAMA, [], 1,
+              [*tp, "--sequence-parallel"]),
+             ("gpt2_dualpipev_t2", plans("dualpipev", p=2, m=4), TINY_GPT2, [], 1, tp),
+             ("llama_zero2", plans("1f1b", p=2, m=4), TIED_LLAMA, [], 2, ["--zero", "2"]),
+             ("gpt2_zero3", plans("zb_h1", p=2, m=3), TINY_GPT2, [], 2, ["--zero", "3", "--reshard-after-forward"])]
+    _launch(cases, 4, tmp_path)
