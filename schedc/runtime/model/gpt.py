@@ -58,6 +58,8 @@ class ModelConfig:
     bias: str = "all"
     family: str = "gpt"
     max_positions: int | None = None
+    window: int | None = None  # a sliding window (the decoder's banded mask: spans.py)
+    rope_scaling: tuple | None = None  # Llama 3.1's (factor, low, high, original positions): spans.py
 
     def __post_init__(self):
         if self.kv_heads is None:
@@ -260,7 +262,7 @@ def gpt_problem(cfg: ModelConfig) -> str | None:
 
 def uses_gpt(cfg: ModelConfig) -> bool:
     """Whether the facts are the GPT's (Block), else the decoder's (runtime/model/decoder.py)."""
-    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings
+    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings and cfg.window is None
             and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias) == ("gelu", "layernorm", "learned", "all"))
 
 

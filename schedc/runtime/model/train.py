@@ -187,12 +187,30 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         checkpoint.check_writable(opts.save)
     check_chunks(plan, opts)
     check_placed(plan, opts)
+    _check_spans(plan, opts)
     if opts.zero == 3 and any(i.op in (Opcode.O, Opcode.L) for steps in plan.ranks for step in steps for i in step):
         raise PlanError("--zero 3 does not compose with offload (O, L) yet: an offloaded forward's saved state "
                         "holds the stage's gathered weights; compile without 'offload F' or use --zero 2")
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
+
+
+def _check_spans(plan: Plan, opts) -> None:
+    """A sliding window shorter than the sequence is one banded mask over a whole sequence (spans.py):
+    sequence chunks and context ranks, which split it, refused by name; a tied model's end stages in
+    one pipeline (tied.embedding_ranks)."""
+    cfg = opts.model_config
+    split = [what for what, on in (("sequence chunks (Seq1F1B)", plan.meta.get("chunks", 1) > 1),
+                                   (f"--cp {opts.cp}", opts.cp > 1)) if on]
+    if cfg.window is not None and cfg.window < cfg.seq and split:
+        raise ModelError(f"sliding_window {cfg.window} (< seq {cfg.seq}) with {split[0]}: the runtime's windowed "
+                         "attention masks a whole sequence at once; compile without chunks, or --cp 1")
+    if cfg.tied_embeddings and opts.model_code is None and plan.meta["stages"] > 1:
+        try:
+            embedding_ranks(plan)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
 
 
 def check_messages(plan: Plan) -> None:

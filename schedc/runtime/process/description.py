@@ -49,7 +49,7 @@ def read_description(name: str, seq: int | None) -> tuple[dict, dict]:
 
 
 # what the runtime takes of a config.json's facts (schedc.descriptions.ModelFacts)
-HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS)
+HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS, "rope_scaling")
 
 
 def _hf_facts(path: str, text: str, seq: int | None) -> dict:

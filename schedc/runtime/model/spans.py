@@ -1,0 +1,35 @@
+"""What a long-context config changes in the decoder's attention: a sliding window's banded causal mask
+(Mistral's sliding_window) and Llama 3.1's "llama3" rope_scaling of the rotary inverse frequencies (as
+Hugging Face's _compute_llama3_parameters; no change of cost).
+
+    band(5, 2):  1 0 0 0 0      query i attends to keys i - window < j <= i: min(window, i + 1) of them
+                 1 1 0 0 0
+                 0 1 1 0 0
+                 0 0 1 1 0
+                 0 0 0 1 1
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def band(seq: int, window: int) -> torch.Tensor:
+    """The [seq, seq] boolean mask of causal attention within a sliding window (True: attends)."""
+    i = torch.arange(seq).unsqueeze(1)
+    j = torch.arange(seq).unsqueeze(0)
+    return (j <= i) & (j > i - window)
+
+
+def llama3_frequencies(inverse: torch.Tensor, scaling: tuple[float, float, float, int]) -> torch.Tensor:
+    """Llama 3.1's rotary inverse frequencies: a wavelength longer than original / low_freq_factor is
+    divided by `factor`, one shorter than original / high_freq_factor kept, those between blended by
+    how far original / wavelength lies from low_freq_factor to high_freq_factor."""
+    factor, low, high, original = scaling
+    wavelength = 2 * math.pi / inverse
+    scaled = torch.where(wavelength > original / low, inverse / factor, inverse)
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(medium, blended, scaled)
