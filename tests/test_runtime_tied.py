@@ -55,6 +55,20 @@ def test_one_stage_holds_one_tensor_and_two_stages_a_copy_that_starts_equal(plan
     assert 0.015 < embedding.std().item() < 0.025  # N(0, 0.02), Hugging Face's initializer_range
 
 
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_each_stages_weights_are_the_cost_models(plans, stages):  # noqa: F811
+    """The runtime's stages hold what costmodel.stage_params counts, as Megatron-LM holds them: at p = 1
+    the tied weight once (201,280 = 4 layers of 46,208 + 256 x 64 + 64), past it the last stage's copy
+    too (108,864 = 2 layers + the final norm + the 16,384-weight copy)."""
+    from schedc.costmodel import stage_params
+    from schedc.costmodel.modelspec import load_model_spec
+    spec = load_model_spec(str(TIED_LLAMA), 16)
+    runs = partition(build_pieces(build_model, config_of(plans("1f1b", p=2, m=4), TIED_LLAMA), seed=0), stages)
+    held = [sum(p.numel() for p in Stage(run).parameters()) for run in runs]
+    assert held == [stage_params(spec, 1, stages, s) for s in range(stages)]
+    assert held[-1] == {1: 4 * 46208 + 256 * 64 + 64, 2: 2 * 46208 + 64 + 256 * 64, 4: 46208 + 64 + 256 * 64}[stages]
+
+
 def test_the_embedding_group_is_the_end_stages_ranks(plans):  # noqa: F811
     """1F1B and interleaved 1F1B: ranks 0 and 1 (the last stage on rank 1); DualPipeV's V: rank 0
     alone; Chimera's two pipelines refused by name."""
