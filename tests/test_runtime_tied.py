@@ -90,6 +90,17 @@ def test_a_tied_gpt2_config_builds_the_decoder_with_learned_positions(plans):  #
     assert names[:2] == [EMBEDDING, "model.embed_positions.weight"] and OUTPUT not in names
 
 
+@pytest.mark.parametrize("schedule,params,options,message", [
+    ("chimera", {"p": 2, "m": 4}, [], "tied embeddings: the plan has several pipelines"),
+    ("pipefisher_1f1b", {"p": 2, "m": 4}, ["--tasks", "schedc.runtime.kfac"], "tied embeddings with K-FAC's tasks")])
+def test_what_would_move_the_copy_apart_is_refused_before_launch(plans, schedule, params, options,  # noqa: F811
+                                                                  message):
+    from click.testing import CliRunner
+    from schedc.cli import main
+    result = CliRunner().invoke(main, ["run", str(plans(schedule, **params)), *model(TIED_LLAMA), *options])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
+
+
 # -- under torchrun ------------------------------------------------------------------------------------
 
 def _reference(plan: Path, config: Path, directory: Path, dp: int = 1, *options: str) -> tuple:

@@ -199,7 +199,7 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
 def _check_spans(plan: Plan, opts) -> None:
     """A sliding window shorter than the sequence is one banded mask over a whole sequence (spans.py):
     sequence chunks and context ranks, which split it, refused by name; a tied model's end stages in
-    one pipeline (tied.embedding_ranks)."""
+    one pipeline (tied.embedding_ranks), without K-FAC's tasks."""
     cfg = opts.model_config
     split = [what for what, on in (("sequence chunks (Seq1F1B)", plan.meta.get("chunks", 1) > 1),
                                    (f"--cp {opts.cp}", opts.cp > 1)) if on]
@@ -207,6 +207,9 @@ def _check_spans(plan: Plan, opts) -> None:
         raise ModelError(f"sliding_window {cfg.window} (< seq {cfg.seq}) with {split[0]}: the runtime's windowed "
                          "attention masks a whole sequence at once; compile without chunks, or --cp 1")
     if cfg.tied_embeddings and opts.model_code is None and plan.meta["stages"] > 1:
+        if "schedc.runtime.kfac" in opts.tasks:
+            raise ModelError("tied embeddings with K-FAC's tasks: K-FAC preconditions lm_head as a linear layer and "
+                             "not the embedding, which would move the last stage's copy apart; untie them")
         try:
             embedding_ranks(plan)
         except ValueError as exc:
