@@ -66,7 +66,7 @@ def test_the_banded_mask_is_attention_within_the_window():
     q, k, v = torch.randn(2, 4, 10, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
     got = grouped_attention_core(q, k, v, band(10, 3))
     assert torch.allclose(got, _by_hand(q, k, v, 3), atol=1e-6)
-    assert band(10, 3).sum(1).tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3, 3]
+    assert (band(10, 3) == 0).sum(1).tolist() == [1, 2, 3, 3, 3, 3, 3, 3, 3, 3]
 
 
 def test_a_windowed_config_builds_the_band_once(plans):  # noqa: F811
@@ -74,7 +74,7 @@ def test_a_windowed_config_builds_the_band_once(plans):  # noqa: F811
     assert cfg.window == 6
     pieces = build_pieces(build_model, cfg, seed=0)
     masks = [piece.self_attn.band for _, piece in pieces[1:-1]]
-    assert all(mask is masks[0] for mask in masks) and masks[0].sum().item() == 6 * 7 // 2 + 10 * 6
+    assert all(mask is masks[0] for mask in masks) and (masks[0] == 0).sum().item() == 6 * 7 // 2 + 10 * 6
     unwindowed = parse_options([str(plans("1f1b", p=2, m=4)), "--model", str(WINDOWED), "--seq", "6"]).model_config
     assert not build_pieces(build_model, unwindowed, seed=0)[1][1].self_attn.windowed  # the window covers seq
 

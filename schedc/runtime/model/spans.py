@@ -2,11 +2,11 @@
 (Mistral's sliding_window) and Llama 3.1's "llama3" rope_scaling of the rotary inverse frequencies (as
 Hugging Face's _compute_llama3_parameters; no change of cost).
 
-    band(5, 2):  1 0 0 0 0      query i attends to keys i - window < j <= i: min(window, i + 1) of them
-                 1 1 0 0 0
-                 0 1 1 0 0
-                 0 0 1 1 0
-                 0 0 0 1 1
+    band(5, 2):  0 - - - -      query i attends to keys i - window < j <= i: min(window, i + 1) of them
+                 0 0 - - -      (-: -inf)
+                 - 0 0 - -
+                 - - 0 0 -
+                 - - - 0 0
 """
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ import torch
 
 
 def band(seq: int, window: int) -> torch.Tensor:
-    """The [seq, seq] boolean mask of causal attention within a sliding window (True: attends)."""
+    """The [seq, seq] additive mask of causal attention within a sliding window: 0 where a query attends,
+    -inf elsewhere (in fp32: scaled_dot_product_attention reads it as it is, where it would convert a
+    boolean mask into a new tensor that its backward keeps, an activation of s x s per layer)."""
     i = torch.arange(seq).unsqueeze(1)
     j = torch.arange(seq).unsqueeze(0)
-    return (j <= i) & (j > i - window)
+    attends = (j <= i) & (j > i - window)
+    return torch.zeros(seq, seq).masked_fill(~attends, float("-inf"))
 
 
 def llama3_frequencies(inverse: torch.Tensor, scaling: tuple[float, float, float, int]) -> torch.Tensor:
