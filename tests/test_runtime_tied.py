@@ -201,7 +201,8 @@ def test_tied_embeddings_on_four_ranks_give_the_reference(plans, tmp_path):  # n
     """t = 2, p = 2 (the embedding and its copy vocabulary-parallel, each tensor rank's rows summed with
     the same rows): 1F1B, interleaved 1F1B with sequence parallelism, DualPipeV; p = 2, d = 2 under
     ZeRO 2 and ZeRO 3 (the pair summed before the reduce-scatter); the windowed Mistral at t = 2 with
-    sequence parallelism (the band over the gathered sequence)."""
+    sequence parallelism (the band over the gathered sequence); the tied Llama at --cp 2 (a group per
+    context rank)."""
     tp = ["--tp", "2"]
     cases = [("llama_1f1b_t2", plans("1f1b", p=2, m=4), TIED_LLAMA, [], 1, tp),
              ("llama_interleaved_sp", plans("interleaved_1f1b", p=2, v=2, m=4), TIED_LLAMA, [], 1,
@@ -209,5 +210,6 @@ def test_tied_embeddings_on_four_ranks_give_the_reference(plans, tmp_path):  # n
              ("gpt2_dualpipev_t2", plans("dualpipev", p=2, m=4), TINY_GPT2, [], 1, tp),
              ("llama_zero2", plans("1f1b", p=2, m=4), TIED_LLAMA, [], 2, ["--zero", "2"]),
              ("gpt2_zero3", plans("zb_h1", p=2, m=3), TINY_GPT2, [], 2, ["--zero", "3", "--reshard-after-forward"]),
-             ("window_sp", plans("1f1b", p=2, m=4), WINDOWED, [], 1, [*tp, "--sequence-parallel"])]
+             ("window_sp", plans("1f1b", p=2, m=4), WINDOWED, [], 1, [*tp, "--sequence-parallel"]),
+             ("llama_cp", plans("1f1b", p=2, m=4), TIED_LLAMA, [], 1, ["--cp", "2"])]
     _launch(cases, 4, tmp_path)
