@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from ..descriptions.facts import window_share
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
+from .attention import kernel_ring_exposed, kernel_terms
 from .bytes import layer_params
 from .experts import moe_layer_parts
 from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
@@ -153,6 +154,8 @@ def attention_terms(st: Setting) -> tuple[float, float, float]:
     window skips the blocks outside it); a standard kernel computes the s x s products and scores and
     masks them, as Hugging Face's eager attention does, so its time and saved scores do not change."""
     m, lay, hw = st.model, st.layout, st.hw
+    if m.flash and not m.mla and st.cluster.attention is not None:  # the cluster's kernel (attention.py)
+        return kernel_terms(st)
     b, s, h, a, t, w = lay.microbatch_size, st.tokens, m.hidden, m.heads, lay.tp, m.width
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
     if lay.cp > 1:  # context parallelism: the diagonal block and cp - 1 half blocks (causal_blocks)
@@ -187,6 +190,8 @@ def ring_exposed(st: Setting) -> tuple[float, float]:
     (causal_blocks); the backward sends the keys and values and their gradients (twice the bytes)
     under its blocks' 2.5 forwards (flash). The link: NVLink when t·cp fills at most a node."""
     m, lay, hw = st.model, st.layout, st.hw
+    if not m.mla and st.cluster.attention is not None:  # the stack's own ring, behind the kernel's blocks
+        return kernel_ring_exposed(st)
     message = hw.message(2 * lay.microbatch_size * st.tokens * m.kv_hidden / lay.tp * m.width, st.cp_in_node)
     attention = attention_terms(st)[0] / causal_blocks(lay.cp)  # the diagonal block
     forward = max(0.0, message - attention) + (lay.cp - 2) * max(0.0, message - attention / 2)

@@ -36,3 +36,14 @@ def llama3_frequencies(inverse: torch.Tensor, scaling: tuple[float, float, float
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelength >= original / high) & (wavelength <= original / low)
     return torch.where(medium, blended, scaled)
+
+
+def span_problem(cfg, chunks: int, cp: int) -> str | None:
+    """Why the runtime cannot run a model's sliding window under this plan (None when it can): a window
+    shorter than the sequence is one banded mask over a whole sequence, which sequence chunks (Seq1F1B)
+    and context ranks split (refused by name, before launch)."""
+    split = [what for what, on in (("sequence chunks (Seq1F1B)", chunks > 1), (f"--cp {cp}", cp > 1)) if on]
+    if cfg.window is not None and cfg.window < cfg.seq and split:
+        return (f"sliding_window {cfg.window} (< seq {cfg.seq}) with {split[0]}: the runtime's windowed attention "
+                "masks a whole sequence at once; compile without chunks, or --cp 1")
+    return None

@@ -48,6 +48,30 @@ def embedding_ranks(plan) -> list[int]:
     return sorted({placement[0], placement[-1]})
 
 
+def tied_problem(plan, opts) -> str | None:
+    """Why a tied model cannot run this plan (None when it can): several pipelines (embedding_ranks), or
+    K-FAC's tasks, which precondition lm_head as a linear layer and not the embedding."""
+    if not opts.model_config.tied_embeddings or opts.model_code is not None or plan.meta["stages"] == 1:
+        return None
+    if "schedc.runtime.kfac" in opts.tasks:
+        return ("tied embeddings with K-FAC's tasks: K-FAC preconditions lm_head as a linear layer and not the "
+                "embedding, which would move the last stage's copy apart; untie them")
+    try:
+        embedding_ranks(plan)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def tied_pair(plan, runs: list[list], stages: dict, world, timeout: float) -> TiedEmbeddings | None:
+    """A tied model's embedding pair on this rank and its group (collective: every rank makes the
+    groups), or None: untied, or one stage holds both ends (one tensor)."""
+    if not is_tied(runs) or len(runs) == 1:
+        return None
+    ranks = embedding_ranks(plan)  # one pipeline: tied_problem checked it before the run
+    return TiedEmbeddings(stages, len(runs) - 1, embedding_group(world, ranks, timeout), ranks)
+
+
 class TiedEmbeddings:
     """This rank's tensors of the tied pair (stage 0's embedding, the last stage's copy) and the group
     that sums their gradients (None where the rank holds both ends or the group is one rank)."""
