@@ -359,6 +359,10 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
         raise SchedError(error(f"--cp {cp} needs a flash attention kernel (attention = \"flash\"): context "
                                "parallelism computes attention block by block as keys and values go round the "
                                "ring", model_span(source, "attention")), source, kind=USAGE)
+    if cp > 1 and model.window is not None and model.window < model.seq:
+        raise SchedError(error(f"--cp {cp} with a sliding window of {model.window:,} tokens: the ring's load-balanced "
+                               "blocks are charged as causal attention over the whole sequence; give --cp 1",
+                               model_span(source, "window")), source, kind=USAGE)
     if layout.zero == 3 and layout.overlap_grad_reduce:
         raise usage("--zero 3 with --overlap-grad-reduce is not supported: the flag describes torch DDP's "
                     "all-reduce of replicas, and level 3 reduce-scatters its gradients itself")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..descriptions.facts import window_share
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
 from .activations import op_matmuls
@@ -180,7 +181,10 @@ def layer_overhead(st: Setting) -> dict[str, float]:
 def attention_terms(st: Setting) -> tuple[float, float, float]:
     """One layer's terms that grow with the square of the sequence, one microbatch: the attention
     products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
-    kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed)."""
+    kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed). A
+    sliding window w < s (Mistral's) leaves a flash kernel the band's pairs (window_share: FlashAttention-2's
+    window skips the blocks outside it); a standard kernel computes the s x s products and scores and
+    masks them, as Hugging Face's eager attention does, so its time and saved scores do not change."""
     m, lay, hw = st.model, st.layout, st.hw
     if m.flash and not m.mla and st.cluster.attention is not None:  # the cluster's kernel (attention.py)
         return kernel_terms(st)
@@ -188,6 +192,8 @@ def attention_terms(st: Setting) -> tuple[float, float, float]:
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
     if lay.cp > 1:  # context parallelism: the diagonal block and cp - 1 half blocks (causal_blocks)
         attention *= causal_blocks(lay.cp)
+    if m.flash:  # a sliding window: the kernel skips the blocks outside the band (a standard one masks them)
+        attention *= window_share(s, m.window)
     elementwise = 0.0 if m.flash else hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
     return attention, elementwise, (2.5 if m.flash else 2) * attention
 
