@@ -156,6 +156,7 @@ def log_step(opts, step: int, loss: float, seconds: float, tokens: int, extra: d
         print(step_line(step, loss, seconds, tokens), flush=True)
     if opts.metrics_out:
         record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds, **(extra or {})}
+        Path(opts.metrics_out).parent.mkdir(parents=True, exist_ok=True)  # a missing folder is made, as for every output
         with open(opts.metrics_out, "a" if step > opts.first_step else "w") as handle:
             handle.write(json.dumps(record) + "\n")
 

@@ -175,12 +175,15 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         if torchrun_args or nproc not in (None, 1):
             raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
                               "and torchrun's flags")
+        _check_cuda(opts)
         _check_memory(plan, opts, 1)
         return opts, plan
     if nproc is not None and nproc < 1:
         raise LaunchError(f"--nproc must be >= 1, got {nproc}")
     _check_fault(opts, need)
     standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
+    if standalone:
+        _check_cuda(opts)
     local = nproc if nproc is not None else need
     if local > MAX_LOCAL_PROCESSES:
         raise LaunchError(f"{local:,} processes on this machine (the plan's {plan.devices} devices x "
@@ -315,6 +318,14 @@ def _check_memory(plan, opts, processes: int) -> None:
                 f"layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, "
                 f"{microbatches} microbatches{'' if opts.reference else f', --dp {opts.dp}'}, {processes} "
                 f"process{'es' * (processes != 1)}")
+
+
+def _check_cuda(opts) -> None:
+    """--device cuda for processes that all run on this machine: refused here when it has no CUDA,
+    which every rank would find after torchrun started."""
+    import torch
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise LaunchError("--device cuda, but CUDA is not available on this machine")
 
 
 def _runs_on_cuda(opts) -> bool:

@@ -324,6 +324,8 @@ def _check(opts: argparse.Namespace) -> None:
                           f"their first messages; give --timeout {MIN_TIMEOUT:g} or more")
     if not 0 < opts.lr < math.inf:
         raise OptionError(f"--lr must be a finite number > 0, got {opts.lr}")
+    if not -2 ** 63 <= opts.seed < 2 ** 63:  # torch's generators take 64 bits: refused here, not on every rank
+        raise OptionError(f"--seed must fit in 64 bits (-2^63 to 2^63 - 1), got {opts.seed}")
     if opts.clip_grad is not None and not 0 < opts.clip_grad < math.inf:
         raise OptionError(f"--clip-grad must be a finite norm > 0, got {opts.clip_grad}")
     if opts.lr_warmup_steps < 0:
@@ -394,9 +396,20 @@ def _check_paths(opts: argparse.Namespace) -> None:
     problem = clash([("the plan", opts.plan), ("--model", getattr(opts, "model", None))], outputs)
     if problem:
         raise OptionError(problem)
+    _check_folders(opts)
     if opts.every and opts.every > opts.steps:
         raise OptionError(f"--every {opts.every} is past --steps {opts.steps}: no checkpoint would be written "
                           f"(give --every {opts.steps} or less)")
+
+
+def _check_folders(opts: argparse.Namespace) -> None:
+    """An output file on the path an output folder (--save, --save-grads) makes: refused before launch,
+    where the ranks met it after training."""
+    given = [(option, getattr(opts, attribute, None), files) for option, attribute, files in OUTPUT_FILES]
+    for option, folder, files in given:
+        for other, path, other_files in given:
+            if files and folder and path and other_files is None and os.path.realpath(folder) == os.path.realpath(path):
+                raise OptionError(f"{other} {path} and {option} {folder} name one path: {option} makes it a folder")
 
 
 def _check_tensor_parallel(opts: argparse.Namespace) -> None:
