@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from schedc.cli import main
+from schedc.cli.runnable import LocalRun, run_refusal
 from schedc.frontend.library import library_files
 from schedc.runtime.process.launch import LaunchError, check_launch
 
@@ -71,3 +72,12 @@ def test_a_runnable_winner_prints_its_commands_and_they_pass_the_check(tmp_path,
     _printed_run(lines, tmp_path, monkeypatch)
     with pytest.raises(LaunchError, match="--nproc"):  # the check is live: a wrong count is refused
         check_launch("out/tune-local/plan.json", 3, shlex.split(lines[1])[5:], [])
+
+
+def test_without_the_runtime_the_commands_are_not_printed_and_the_line_says_why(monkeypatch):
+    """A machine without torch: tune's last lines say the check could not run, not a traceback."""
+    import sys
+    monkeypatch.setitem(sys.modules, "schedc.runtime.process.launch", None)  # import fails as without torch
+    run = LocalRun("1f1b", ("p=2", "m=4"), 2, ("--steps", "3"))
+    message = run_refusal(run)
+    assert message.startswith("not checked: the runtime cannot be loaded here"), message

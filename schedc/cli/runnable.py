@@ -22,11 +22,15 @@ PLAN_SHOWN = "out/tune-local/plan.json"  # where the printed compile command wri
 
 
 def run_refusal(run: LocalRun) -> str | None:
-    """The runtime's refusal of `run` (its message), or None where `schedc run` would start it."""
+    """The runtime's refusal of `run` (its message), or None where `schedc run` would start it; without
+    torch (the runtime's own requirement) the commands are not printed, and the line says why."""
     from ..diagnostics import SchedError
     from ..driver import compile_file
     from ..plan.write import write_plan
-    from ..runtime.process.launch import LaunchError, check_launch
+    try:  # the runtime's check needs torch; the compiler and tune do not
+        from ..runtime.process.launch import LaunchError, check_launch
+    except ImportError as exc:
+        return f"not checked: the runtime cannot be loaded here ({exc})"
     try:
         result = compile_file(run.schedule, list(run.defines))
     except SchedError as exc:
