@@ -32,6 +32,7 @@ from .chunks import SequenceChunks
 from .lifetimes import freed_by, plan_lifetimes, release_sent
 from .memory import SavedBytes
 from ..model.gpt import Stage, lm_loss
+from ..model.precision import gradient
 from .overlap import CudaStreams, run_overlapped
 from .placed import Placed
 from .tasks import setup_tasks, task_handler
@@ -417,8 +418,8 @@ class Executor:
                 square += self.stages[s].flat_grad.float().square().sum()
                 continue
             for _, param, split in global_splits(self.stages[s]):
-                if param.grad is not None and (isinstance(split, Split) or self.tp.rank == 0):
-                    square += param.grad.float().square().sum()
+                if gradient(param) is not None and (isinstance(split, Split) or self.tp.rank == 0):
+                    square += gradient(param).float().square().sum()
         self._all_reduce(square, None, list(range(self.world.size)))
         factor = clip_coefficient(square, self.clip_grad)
         for stage in self.stages.values():

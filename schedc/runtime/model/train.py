@@ -26,6 +26,7 @@ from ..execution.executor import Executor, attach_flat_grads
 from ..execution.lifetimes import BUILTIN
 from ..execution.memory import SavedBytes
 from .init import materialize_pieces
+from . import precision
 from .gpt import ModelError, Stage, boundary_shapes, lm_loss, parallel_run, build_pieces, load_builder, partition
 from ..execution.placed import check_placed
 from ..execution.recompute import apply_recompute
@@ -192,6 +193,9 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
+        if opts.dtype == precision.MAIN:
+            raise PlanError(f"--dtype bf16-main does not compose with the plan's task {name} yet (a task reads "
+                            ".grad, which bf16-main keeps in fp32 main_grad); use --dtype bf16")
 
 
 def check_messages(plan: Plan) -> None:
@@ -224,7 +228,10 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     pieces, runs = model_runs(opts, plan.meta["stages"])
     context.configure(opts.model_config.seq, 1, 0, None)  # none while shapes are traced (after a --cp plan)
     local = replace(opts.model_config, seq=opts.model_config.seq // opts.cp)  # a context rank's tokens
-    shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
+    if opts.dtype == precision.MAIN:  # bf16 pieces on the meta device: no forward anywhere
+        shapes = precision.boundary_shapes(runs, local)
+    else:
+        shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
     matmul_precision(opts, device)
@@ -249,6 +256,8 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held}
     _recompute(stages, len(runs), opts.recompute)
     shards = _shards(stages, opts, world)
+    if opts.dtype == precision.MAIN:  # bf16 stages, fp32 main weights and gradients (precision.py)
+        shards = precision.MainParams(stages)
     if shards is not None:
         params = shards.parameters()
     else:

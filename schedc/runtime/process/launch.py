@@ -106,7 +106,7 @@ def compared_to_reference(plan_path, nproc: int, opts, options: list[str], torch
     from ..__main__ import main as run_here
     from ..compare import TOLERANCE, compare_dumps
     plain = without(options, ("--compare-to-reference",), ("--tolerance", "--save-grads"))
-    tolerance = opts.tolerance or (1e-2 if opts.dtype == "bf16" else TOLERANCE)
+    tolerance = opts.tolerance or (1e-2 if opts.dtype != "fp32" else TOLERANCE)
     with tempfile.TemporaryDirectory(prefix="schedc-compare-") as scratch:
         run_dir = opts.save_grads or str(Path(scratch) / "run")
         code = launch(plan_path, nproc, [*plain, "--save-grads", run_dir], torchrun_args)

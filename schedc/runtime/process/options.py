@@ -123,9 +123,12 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--clip-grad", type=float, metavar="NORM",
                        help="scale the gradients down to this global norm (over every stage of every "
                             "pipeline and data-parallel rank) where it is larger")
-    group.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+    group.add_argument("--dtype", choices=("fp32", "bf16", "bf16-main"), default="fp32",
                        help="bf16: mixed precision, the forward and backward under bf16 autocast with fp32 "
-                            "weights, gradients and optimizer state (default fp32)")
+                            "weights, gradients and optimizer state; bf16-main: Megatron-LM's, bf16 weights, "
+                            "activations and messages (no autocast), gradients added per microbatch into fp32 "
+                            "main gradients (reduced in fp32), the optimizer stepping fp32 main weights "
+                            "(default fp32)")
     group.add_argument("--loss", metavar="PKG.MOD:FN",
                        help="user loss: FN(logits, targets) returns a microbatch's mean loss (default: "
                             "cross entropy over the tokens)")
@@ -346,6 +349,7 @@ def _check(opts: argparse.Namespace) -> None:
     _check_paths(opts)
     _check_zero(opts)
     _check_context(opts)
+    _check_main_weights(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -444,3 +448,14 @@ def _check_context(opts: argparse.Namespace) -> None:
                                    ("--tasks", opts.tasks)) if on]
     if given:
         raise OptionError(f"--cp {cp} does not compose with {given[0]} yet; leave one of them out")
+
+
+def _check_main_weights(opts: argparse.Namespace) -> None:
+    """--dtype bf16-main: what its fp32 main weights do not compose with yet."""
+    if opts.dtype != "bf16-main":
+        return
+    given = [name for name, on in (("--zero", opts.zero >= 1 and opts.dp > 1), ("--tasks", opts.tasks)) if on]
+    if given:
+        raise OptionError(f"--dtype bf16-main does not compose with {given[0]} yet (the distributed optimizer "
+                          "shards bf16 weights; a task reads .grad, which bf16-main keeps in main_grad); use "
+                          "--dtype bf16 or leave it out")
