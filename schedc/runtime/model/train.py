@@ -146,14 +146,15 @@ def write_sent(directory: str, sent: list[int]) -> None:
 
 
 def log_step(opts, step: int, loss: float, seconds: float, tokens: int, extra: dict | None = None) -> None:
-    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step), with
+    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first line), with
     `extra` fields (the pipelined run's peak saved bytes)."""
     if not opts.quiet:
         print(step_line(step, loss, seconds, tokens), flush=True)
     if opts.metrics_out:
         record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds, **(extra or {})}
-        with open(opts.metrics_out, "a" if step > opts.first_step else "w") as handle:
+        with open(opts.metrics_out, "a" if getattr(opts, "metrics_begun", False) else "w") as handle:
             handle.write(json.dumps(record) + "\n")
+        opts.metrics_begun = True  # the run's first line truncates the file (with --log-every, not step 0's)
 
 
 def step_line(step: int, loss: float, seconds: float, tokens: int) -> str:
@@ -341,12 +342,16 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
     dist.barrier()
     origin = _shared_origin(time.perf_counter_ns())
+    begin, since = time.perf_counter(), first
     with Watchdog(executor, opts.timeout):
         for step in range(first, opts.steps):
-            begin = time.perf_counter()
             executor.run_step(step, dataset.batch(step, count, opts.model_config.mb_size))
-            loss = _mean_loss(executor)
-            _after_step(opts, world, executor, step, first, loss, time.perf_counter() - begin, tokens)
+            loss = None
+            if logged(opts, step, first):  # the step's one host synchronization (--log-every)
+                loss = _mean_loss(executor)
+                now = time.perf_counter()
+                seconds, begin, since = (now - begin) / (step + 1 - since), now, step + 1
+            _after_step(opts, world, executor, step, first, loss, seconds if loss is not None else 0.0, tokens)
     _finish(plan, opts, world, executor, origin, first)
     return 0
 
@@ -362,6 +367,17 @@ def _shared_origin(local: int) -> int:
     return min(t for h, t in readings if h == host)
 
 
+def logged(opts, step: int, first: int) -> bool:
+    """Whether the loss is read after `step`: every --log-every steps and at the last, where a line or
+    --metrics-out takes it, and at the first with --save-grads (its loss.json); the same on every rank
+    (the read is a world all-reduce). Between reads the losses stay on the device, unread."""
+    if step == first and opts.save_grads:
+        return True
+    if opts.quiet and not opts.metrics_out:
+        return False
+    return (step + 1 - first) % opts.log_every == 0 or step + 1 == opts.steps
+
+
 def _mean_loss(executor: Executor) -> float:
     loss = executor.take_loss()
     dist.all_reduce(loss)
@@ -369,9 +385,12 @@ def _mean_loss(executor: Executor) -> float:
 
 
 def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
-    extra = _step_memory(executor) if opts.metrics_out else None
-    if world.rank == 0:
-        log_step(opts, step, loss, seconds, tokens, extra)
+    if loss is None:
+        executor.take_loss()  # unread: dropped on the device
+    else:
+        extra = _step_memory(executor) if opts.metrics_out else None  # collective
+        if world.rank == 0:
+            log_step(opts, step, loss, seconds, tokens, extra)
     if step == first and opts.save_grads and world.rank == 0:
         write_loss(opts.save_grads, loss)
     due = (step + 1) % opts.every == 0 if opts.every else step + 1 == opts.steps

@@ -171,6 +171,11 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--metrics-out", metavar="FILE",
                        help="one JSON line per step (step, loss, seconds, tokens_per_s) from rank 0")
     group.add_argument("--quiet", action="store_true", help="no per-step lines")
+    group.add_argument("--log-every", type=int, default=1, metavar="N",
+                       help="read the loss (one all-reduce over the ranks and one host read, the step's only "
+                            "synchronization) every N steps, and at the last; its line and --metrics-out record "
+                            "that step's loss and the mean time of the steps since the last; with --quiet and "
+                            "no --metrics-out never (default 1)")
     group.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
 
 
@@ -350,6 +355,8 @@ def _check(opts: argparse.Namespace) -> None:
     _check_zero(opts)
     _check_context(opts)
     _check_main_weights(opts)
+    if opts.log_every < 1:
+        raise OptionError(f"--log-every must be 1 or more, got {opts.log_every}")
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
