@@ -111,6 +111,7 @@ class Executor:
         self.step_no = 0
         self.before_update: Callable[[Executor], None] | None = None
         self.shards = None  # the distributed optimizer's (sharding.Shards): the weights all-gathered after a step
+        self.buckets = None  # --overlap-grad-reduce's (buckets.GradBuckets)
         self.fault: tuple[int, str] | None = None  # (step, "kill" | "hang"), for fault tests
         self.current: Instr | None = None
         self.started = 0.0
@@ -171,6 +172,8 @@ class Executor:
                 handler(instr)
                 if self.shards is not None:
                     self.shards.after(instr)
+                if self.buckets is not None:  # --overlap-grad-reduce: the buckets this instruction completes
+                    self.buckets.after(step % len(self.programs), index)
             except Exception as exc:
                 raise ExecutionError(f"while executing {instr} (rank {self.rank}, step {step}): "
                                      f"{_describe(exc)}") from exc
@@ -391,6 +394,8 @@ class Executor:
         sync_partial_gradients(self.stages.values(), self.tp)  # sequence-parallel layer norms' parts
         if self.shards is not None and self.shards.level >= 2:  # reduce-scattered (zero.py)
             self.shards.reduce_gradients()
+        elif self.buckets is not None:  # issued as each stage's gradients were final (buckets.py)
+            self.buckets.wait()
         elif self.world.dp_group is not None:
             ranks = self.world.dp_ranks()
             for stage in self.stages.values():

@@ -129,6 +129,13 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                             "activations and messages (no autocast), gradients added per microbatch into fp32 "
                             "main gradients (reduced in fp32), the optimizer stepping fp32 main weights "
                             "(default fp32)")
+    group.add_argument("--overlap-grad-reduce", action="store_true",
+                       help="with --dp: all-reduce each stage's gradients in buckets, asynchronously, as soon as the "
+                            "step's last instruction changing them has run, waiting at the step's end (Megatron-LM's "
+                            "--overlap-grad-reduce; the same sums); default: one all-reduce per stage at the end")
+    group.add_argument("--bucket-size", type=int, metavar="ELEMENTS",
+                       help="with --overlap-grad-reduce: gradient elements per bucket (default Megatron-LM's, "
+                            "max(40,000,000, 1,000,000 x --dp))")
     group.add_argument("--loss", metavar="PKG.MOD:FN",
                        help="user loss: FN(logits, targets) returns a microbatch's mean loss (default: "
                             "cross entropy over the tokens)")
@@ -355,6 +362,12 @@ def _check(opts: argparse.Namespace) -> None:
     _check_zero(opts)
     _check_context(opts)
     _check_main_weights(opts)
+    if opts.bucket_size is not None and (opts.bucket_size < 1 or not opts.overlap_grad_reduce):
+        raise OptionError("--bucket-size sizes --overlap-grad-reduce's buckets: give it with "
+                          f"--overlap-grad-reduce, 1 or more (got {opts.bucket_size})")
+    if opts.overlap_grad_reduce and opts.zero >= 2:
+        raise OptionError(f"--overlap-grad-reduce all-reduces the gradients; --zero {opts.zero} reduce-scatters "
+                          "them at the step's end: give one of them")
     if opts.log_every < 1:
         raise OptionError(f"--log-every must be 1 or more, got {opts.log_every}")
     if opts.warmup is None:
