@@ -57,3 +57,23 @@ def test_metrics_lines_are_the_logged_steps_with_their_windows_mean_time(plans, 
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines] == [2, 5, 6]
     assert all(line["seconds"] > 0 and line["tokens_per_s"] == pytest.approx(8 * 4 / line["seconds"]) for line in lines)
+
+
+def test_a_batch_pinned_for_the_gpu_keeps_its_rows(monkeypatch):
+    """On CUDA the step's batch is pinned (train.py; on CPU it is passed as made); pinning copies
+    each tensor once, the already pinned kept. Counted with a stand-in pin_memory (no GPU here)."""
+    from schedc.runtime.model.data import Batch, Dataset
+    batch = Dataset(8, 256, 0, True).batch(0, 2, 3)
+    pinned_ids = set()
+
+    def pin(self):
+        copy = self.clone()
+        pinned_ids.add(id(copy))
+        return copy
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in pinned_ids)
+    once = batch.pinned()
+    assert isinstance(once, Batch) and once.size == 3 and len(pinned_ids) == 2
+    assert torch.equal(once.tokens, batch.tokens) and torch.equal(once.targets, batch.targets)
+    again = once.pinned()
+    assert again.tokens is once.tokens and again.targets is once.targets and len(pinned_ids) == 2

@@ -355,7 +355,8 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     begin, since = time.perf_counter(), first
     with Watchdog(executor, opts.timeout):
         for step in range(first, opts.steps):
-            executor.run_step(step, dataset.batch(step, count, opts.model_config.mb_size))
+            batch = dataset.batch(step, count, opts.model_config.mb_size)
+            executor.run_step(step, batch.pinned() if world.device.type == "cuda" else batch)
             loss = None
             if logged(opts, step, first):  # the step's one host synchronization (--log-every)
                 loss = _mean_loss(executor)
