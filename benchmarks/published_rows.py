@@ -6,10 +6,14 @@ the row's own layout, and the error of each published figure (tokens/s/GPU, TFLO
 Each row becomes one command:
 
     schedc simulate 1f1b|interleaved_1f1b -D p=PP [-D v=VP] --model MODEL --seq SEQ --cluster CLUSTER
-        --tp TP --dp DP --microbatch-size MBS --global-batch GBS [--cp CP] [--ep EP] [--zero 3
+        --tp TP --dp DP --microbatch-size MBS --global-batch GBS [--cp CP] [--ep EP [--etp ETP]
+        [--moe-dispatcher alltoall|flex]] [--zero 3
         [--reshard-after-forward|--no-reshard-after-forward]] [--distributed-optimizer] [--fp8]
         [--recompute R] [--sequence-parallel] [--tp-comm-overlap] [--overlap-param-gather]
         [--overlap-grad-reduce] [--account-for-embedding --account-for-loss] [--stage-layers N,...] --json
+
+A row whose recipe overlaps the MoE all-to-all (moe_a2a_overlap) runs as combined_1f1b, Megatron-Core's
+combined 1F1B, with the row's v.
 
 A cluster named as a file (torchtitan's 96 GB machine) is read from benchmarks/data/.
 
@@ -88,13 +92,13 @@ def command(row: dict) -> tuple[list[str], bool]:
     if row["schedule"] == "interleaved_1f1b":
         used["vp"] = value(row, "vp")
     get = {key: v for key, (v, _) in used.items()}
-    args = [row["schedule"], "-D", f"p={get['pp']}"] + (["-D", f"v={get['vp']}"] if "vp" in get else [])
+    args = [schedule(row), "-D", f"p={get['pp']}"] + (["-D", f"v={get['vp']}"] if "vp" in get else [])
     cluster = str(HERE / "data" / row["cluster"]) if row["cluster"].endswith(".toml") else row["cluster"]
     args += ["--model", row["model"], "--seq", str(get["seq"]), "--cluster", cluster, "--tp", str(get["tp"]),
              "--dp", str(get["dp"]), "--microbatch-size", str(get["microbatch"]),
              "--global-batch", str(get["global_batch"])]
     args += (["--cp", str(get["cp"])] if get["cp"] > 1 else []) + (["--ep", str(get["ep"])] if get["ep"] > 1 else [])
-    args += sharding_args(row)
+    args += sharding_args(row) + expert_args(row)
     if value(row, "precision")[0] == "fp8":
         args.append("--fp8")
     recompute = value(row, "recompute")[0]  # stated: schedc's default (full) is no publisher's statement
@@ -107,6 +111,23 @@ def command(row: dict) -> tuple[list[str], bool]:
         used["stage_layers"] = value(row, "stage_layers")
         args += ["--stage-layers", str(used["stage_layers"][0])]
     return args + ["--json"], any(assumed for _, assumed in used.values())
+
+
+def schedule(row: dict) -> str:
+    """The schedule a row runs: its own, or Megatron-Core's combined 1F1B where its recipe overlaps the MoE
+    all-to-all (moe_a2a_overlap: --overlap-moe-expert-parallel-comm --delay-wgrad-compute)."""
+    return "combined_1f1b" if row.get("moe_a2a_overlap") is True else row["schedule"]
+
+
+def expert_args(row: dict) -> list[str]:
+    """A row's expert options as its recipe sets them: the expert tensor-parallel size where stated (MoE
+    parallel folding) and the token dispatcher where named."""
+    args = []
+    if isinstance(row.get("ep"), int) and row["ep"] > 1 and isinstance(row.get("etp"), int):
+        args += ["--etp", str(row["etp"])]
+    if row.get("moe_dispatcher"):
+        args += ["--moe-dispatcher", row["moe_dispatcher"]]
+    return args
 
 
 def sharding_args(row: dict) -> list[str]:

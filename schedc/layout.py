@@ -55,6 +55,10 @@ class Layout:
     ep: int = 1                          # expert parallelism: the experts over ep of the d x cp ranks
     post_validation: bool = False        # no all-reduce before the optimizer step: a device starts its next
                                          # step once its own is done, so steps overlap (Qi et al. 2024, sec. 4)
+    etp: int | None = None               # expert tensor parallelism (MoE parallel folding): each expert split
+                                         # over etp GPUs, independent of t; None: t (the experts split as the MLP)
+    moe_dispatcher: str | None = None    # the MoE token dispatcher: alltoall (a copy per expert) or flex (DeepEP:
+                                         # once per GPU and per node); None: the model's (costmodel/experts.py)
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -69,6 +73,15 @@ class Layout:
         (True, 3)
         """
         return max(self.zero, 1 if self.distributed_optimizer else 0)
+
+    @property
+    def expert_tp(self) -> int:
+        """Over how many GPUs each expert is split: etp where given, else t (Megatron-Core's default).
+
+        >>> Layout(tp=2).expert_tp, Layout(tp=2, etp=1).expert_tp
+        (2, 1)
+        """
+        return self.tp if self.etp is None else self.etp
 
     def layer_split(self, layers: int, stages: int) -> tuple[int, ...]:
         """The transformer layers of each of `stages` stages under this layout (split_layers)."""
@@ -341,6 +354,15 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "no all-reduce before the optimizer step, so each device starts its next step once its own is done "
                  "and steps overlap; the iteration is the steady step's (two steps' makespan less one's, plus the "
                  "optimizer's tail)", runtime=False, words="optimizer post-validation"),
+    LayoutOption("etp", "Expert tensor-parallel size (Megatron-Core's MoE parallel folding): each expert's MLP split "
+                 "over etp GPUs, and the expert layout etp x ep x (expert data parallel) carved from a stage's t x cp x d "
+                 "ranks, expert tensor innermost, independently of the attention's t (etp x ep divides t x cp x d; "
+                 "default t: ep carved from d x cp)", int, "ETP", runtime=False),
+    LayoutOption("moe_dispatcher", "The MoE token dispatcher (Megatron-Core's --moe-token-dispatcher-type): alltoall "
+                 "sends each token once per chosen expert; flex (DeepEP, HybridEP) once per GPU it reaches, and across "
+                 "nodes once per node, forwarded there over NVLink (default: flex for a model with group-limited "
+                 "routing, DeepSeek-V3's node-limited dispatch, else alltoall)", str, "KIND", ("alltoall", "flex"),
+                 runtime=False),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

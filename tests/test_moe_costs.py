@@ -43,14 +43,21 @@ def test_an_all_to_all_inside_one_node_is_nvlink_s_share():
 
 
 def test_node_limited_routing_bounds_the_network_copies_to_topk_group_nodes():
-    """DeepSeek-V3 at ep 64, t 1: 8 nodes of 8; a token reaches at most topk_group = 4 nodes, 7/8 of them
-    remote: 3.5 network copies (not top_k·56/64 = 7); NVLink carries 8·7/64 copies at once; the longer."""
+    """DeepSeek-V3 at ep 64, t 1 (its group-limited routing: the flex dispatcher): 8 nodes of 8; a token
+    reaches at most topk_group = 4 nodes, 7/8 of them remote: 3.5 network copies (not top_k·56/64 = 7);
+    NVLink carries 8·7·(1 - C(252,8)/C(256,8)) copies at once (each GPU of a node reached, its 4 experts
+    of 256); the longer. Under the alltoall dispatcher (and without group limits) 8·56/64 network copies."""
+    from math import comb
+
     from schedc.costmodel.experts import all_to_all
     st = _setting(dp=64, ep=64, microbatch_size=1)
     token = 4096 * 7168 * 2
     (near_bw, near_lat), (far_bw, far_lat) = _link("intra"), _link("inter")
-    assert all_to_all(st) == pytest.approx(max(near_lat + token * 8 * 7 / 64 / near_bw,
+    nvlink = 8 * 7 * (1 - comb(252, 8) / comb(256, 8))
+    assert all_to_all(st) == pytest.approx(max(near_lat + token * nvlink / near_bw,
                                                far_lat + token * 4 * 7 / 8 / far_bw), rel=1e-12)
+    assert all_to_all(replace(st, layout=replace(st.layout, moe_dispatcher="alltoall"))) == pytest.approx(
+        far_lat + token * 8 * 56 / 64 / far_bw, rel=1e-12)
     ungrouped = replace(st, model=replace(st.model, n_group=1, topk_group=1))
     assert all_to_all(ungrouped) == pytest.approx(far_lat + token * 8 * 56 / 64 / far_bw, rel=1e-12)
 

@@ -27,15 +27,15 @@ def layer_params(model: ModelSpec, t: int) -> float:
     return (split + (model.q_hidden + 2 * kv if model.bias == "qkv" else 0)) / t + norms
 
 
-def moe_layer_params(model: ModelSpec, t: int, ep: int) -> float:
+def moe_layer_params(model: ModelSpec, t: int, ep: int, etp: int | None = None) -> float:
     """Parameters of one MoE layer on one GPU: the attention and norms as layer_params, the router
-    whole, the shared experts split over t, and experts / ep routed experts, each split over t
-    (Megatron-Core's default expert tensor parallelism, t)."""
+    whole, the shared experts split over t, and experts / ep routed experts, each split over etp
+    (expert tensor parallelism; None: t, Megatron-Core's default)."""
     dense_mlp = (3 if model.mlp == "swiglu" else 2) * model.hidden * model.ffn
     routed = moe_mlp_parameters(model, 0)  # the router and the shared experts
     router = model.hidden * model.experts + (model.experts if model.router == "sigmoid" else 0)
     return (layer_params(model, t) - dense_mlp / t + (routed - router) / t + router
-            + expert_layer_params(model, t, ep))
+            + expert_layer_params(model, t if etp is None else etp, ep))
 
 
 def expert_layer_params(model: ModelSpec, t: int, ep: int) -> float:
@@ -48,7 +48,7 @@ def stage_expert_params(model: ModelSpec, layout: Layout, stages: int, s: int) -
     """The routed experts' parameters of stage s on one GPU (0 without experts)."""
     if not model.moe:
         return 0.0
-    return stage_mix(model, stages, layout)[s][1] * expert_layer_params(model, layout.tp, layout.ep)
+    return stage_mix(model, stages, layout)[s][1] * expert_layer_params(model, layout.expert_tp, layout.ep)
 
 
 def stage_params(model: ModelSpec, t: int, stages: int, s: int, layout: Layout | None = None) -> float:
@@ -58,7 +58,7 @@ def stage_params(model: ModelSpec, t: int, stages: int, s: int, layout: Layout |
     if model.moe:
         dense, routed = stage_mix(model, stages, layout)[s]
         ep = layout.ep if layout is not None else 1
-        params = dense * layer_params(model, t) + routed * moe_layer_params(model, t, ep)
+        params = dense * layer_params(model, t) + routed * moe_layer_params(model, t, ep, layout and layout.etp)
     else:
         params = stage_layers(model, stages, layout)[s] * layer_params(model, t)
     words = model.vocab * model.hidden / t
@@ -265,6 +265,13 @@ def shards(lay: Layout, holders: dict[int, list[int]], s: int) -> int:
     return lay.dp * lay.cp * len(holders[s]) if lay.sharding else 1
 
 
+def expert_shards(lay: Layout, k: int) -> int:
+    """Over how many GPUs the routed experts' optimizer state is split, the stage's being split k ways
+    (shards()): the expert-data-parallel ranks, k·t / (etp·ep) (Megatron-Core's MoE parallel folding: the
+    expert layout etp x ep x edp over the stage's t x cp x d ranks), k / ep with etp = t; 1 unsharded."""
+    return max(1, k * lay.tp // (lay.expert_tp * lay.ep))
+
+
 WEIGHT_BYTES_PER_PARAM = 2  # the 16-bit weight: what ZeRO-2 keeps whole, ZeRO-3 gathers while a stage computes
 
 
@@ -343,7 +350,7 @@ def held_bytes(m: ModelSpec, lay: Layout, schedule) -> tuple[tuple[float, float,
     stage_bytes = {}  # per stage: (weights, gradients and optimizer state; the step's gradients; parameters)
     for s in sorted(holders):
         params, k = stage_params(m, lay.tp, stages, s, lay), shards(lay, holders, s)
-        experts, k_experts = stage_expert_params(m, lay, stages, s), max(1, k // lay.ep)
+        experts, k_experts = stage_expert_params(m, lay, stages, s), expert_shards(lay, k)
         state = _state_bytes(params - experts, lay, k, buckets) + _state_bytes(experts, lay, k_experts, buckets)
         step = STEP_GRADIENT_BYTES_PER_PARAM * (params - experts) / k + STEP_GRADIENT_BYTES_PER_PARAM * experts / k_experts
         stage_bytes[s] = (state, step, params)

@@ -3,13 +3,24 @@ replaced by the router, the grouped expert GEMMs, the shared experts, the tokens
 and expert parallelism's dispatch and combine all-to-alls (Part.a2a), one microbatch on one GPU.
 
     tokens a GPU dispatches     b·s/t (Megatron-Core runs MoE with sequence parallelism when t > 1)
-    tokens per local expert     b·s·top_k·ep / experts x EXPERT_IMBALANCE (the ep ranks' tokens spread over
-                                the experts; each of its experts / ep experts sees that many)
-    dispatch (= combine) bytes  b·s/t · top_k · h · w, of which (k-1)/ep stay in the node (k: the ep group's
-                                GPUs in a node) and the rest crosses the network; with group-limited routing
-                                (n_group > 1) a token crosses once per node it reaches, at most topk_group
-                                nodes (DeepSeek-V3 section 3.2.2), else once per expert copy
-    F and I                     two all-to-alls each (dispatch, combine); W none
+    tokens per local expert     b·s/t · ep·etp · top_k / experts x EXPERT_IMBALANCE (the expert group's
+                                tokens spread over the experts, each expert split over etp GPUs that share
+                                its tokens; b·s·top_k·ep / experts with etp = t)
+    dispatch (= combine) bytes  b·s/t · h · w times the copies a token sends (dispatch_copies), over NVLink
+                                and over the network (k: the ep group's GPUs in a node, n = ep / k nodes, E
+                                experts, miss(x) = C(E-x, top_k) / C(E, top_k) the chance that none of a
+                                token's top_k experts is among x given ones, under uniform routing):
+        alltoall                a copy per chosen expert (Megatron-Core's MoEAlltoAllTokenDispatcher permutes
+                                the top_k copies, then one all-to-all): top_k·(k-1)/ep over NVLink,
+                                top_k·(ep-k)/ep over the network
+        flex                    DeepEP's and HybridEP's: once per GPU reached, and across nodes once per node
+                                reached, to the GPU of the same local index there, which forwards it over
+                                NVLink (DeepSeek-V3 section 3.2.2; DeepEP's internode kernels carry a
+                                token's per-node GPU mask): (n-1)(1 - miss(E/n)) over the network, with
+                                group-limited routing (n_group > 1) min(top_k, topk_group, n)(n-1)/n;
+                                n(k-1)(1 - miss(E/ep)) over NVLink (its own node's GPUs and, by symmetry,
+                                the forwarding it does for the other nodes)
+    F and I                     two all-to-alls each (dispatch, combine: its mirror); W none
 
 NVLink and the network carry their shares at once: an all-to-all takes the longer of the two.
 """
@@ -58,33 +69,35 @@ def moe_compute(st: Setting) -> tuple[float, float]:
     many, and so are the weight gradients'."""
     m, lay, hw = st.model, st.layout, st.hw
     bs, h, t, w = lay.microbatch_size * st.tokens, m.hidden, lay.tp, m.width
-    local = m.experts // lay.ep
+    local, etp = m.experts // lay.ep, lay.expert_tp
     per_expert = tokens_per_expert(st)
     fp8 = lay.fp8
-    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / t, h, fp8=fp8) + hw.gemm(per_expert, h, m.moe_ffn / t, fp8=fp8))
+    experts = local * (hw.gemm(per_expert, 2 * m.moe_ffn / etp, h, fp8=fp8) + hw.gemm(per_expert, h, m.moe_ffn / etp, fp8=fp8))
     shared_width = m.shared_experts * m.shared_width
     shared = (hw.gemm(bs, 2 * shared_width / t, h, fp8=fp8) + hw.gemm(bs, h, shared_width / t, fp8=fp8)
               if shared_width else 0.0)
     router = hw.gemm(bs / t, m.experts, h)
     copies = bs / t * m.top_k
-    memory = hw.memory(w * (4 * copies * h + 3 * local * per_expert * m.moe_ffn / t + 3 * bs * shared_width / t))
+    memory = hw.memory(w * (4 * copies * h + 3 * local * per_expert * m.moe_ffn / etp + 3 * bs * shared_width / t))
     return experts + shared + router, memory
 
 
 def tokens_per_expert(st: Setting) -> float:
-    """Tokens each local expert computes per microbatch: the ep ranks' b·s tokens' top_k copies spread
-    over the experts, times EXPERT_IMBALANCE, at most the model's capacity factor times the mean (the
+    """Tokens each local expert computes per microbatch: the expert group's tokens (ep·etp GPUs' b·s/t each;
+    b·s each of the ep ranks with etp = t) times top_k spread over the experts, times EXPERT_IMBALANCE, at most the model's capacity factor times the mean (the
     tokens past an expert's capacity dropped; dropless without one)."""
     m, lay = st.model, st.layout
     busiest = min(EXPERT_IMBALANCE, m.capacity_factor) if m.capacity_factor else EXPERT_IMBALANCE
-    return busiest * lay.microbatch_size * st.tokens * m.top_k * lay.ep / m.experts
+    return busiest * lay.microbatch_size * st.tokens * m.top_k * (lay.ep * lay.expert_tp / lay.tp) / m.experts
 
 
 def ep_per_node(st: Setting) -> int:
-    """GPUs of one expert-parallel group in a node: its ranks are t apart (carved from the data and context
-    ranks, tensor innermost), so min(ep, node / t) of them share a node (1 when t fills it)."""
+    """GPUs of one expert-parallel group in a node: its ranks are etp apart (the expert layout carved from a
+    stage's ranks, expert tensor innermost; etp = t: from the data and context ranks), so min(ep, node /
+    etp) of them share a node (1 when etp fills it)."""
     lay, g = st.layout, st.cluster.gpus_per_node
-    return max(1, min(lay.ep, g // lay.tp)) if lay.tp <= g else 1
+    etp = lay.expert_tp
+    return max(1, min(lay.ep, g // etp)) if etp <= g else 1
 
 
 def all_to_all(st: Setting) -> float:
@@ -96,13 +109,41 @@ def all_to_all(st: Setting) -> float:
     token = lay.microbatch_size * st.tokens / lay.tp * m.hidden * m.width
     k = ep_per_node(st)
     nodes = -(-lay.ep // k)
-    remote = m.top_k * (lay.ep - k) / lay.ep  # expert copies on other nodes, per token
-    if m.n_group > 1:  # group-limited: once per node reached, at most topk_group nodes
-        remote = min(m.top_k, m.topk_group, nodes) * (nodes - 1) / nodes
-    near = token * m.top_k * (k - 1) / lay.ep
+    if dispatcher(st) == "flex":
+        near_copies, remote_copies = flex_copies(m, lay.ep, k, nodes)
+        near, remote = token * near_copies, token * remote_copies
+    else:  # expert copies in the node but not on this GPU, and on other nodes, per token
+        near, remote = token * m.top_k * (k - 1) / lay.ep, token * (m.top_k * (lay.ep - k) / lay.ep)
     intra = c.intra_latency + near / (c.intra_bandwidth * c.intra_efficiency) if k > 1 else 0.0
-    inter = c.inter_latency + token * remote / (c.inter_bandwidth * c.inter_efficiency) if nodes > 1 else 0.0
+    inter = c.inter_latency + remote / (c.inter_bandwidth * c.inter_efficiency) if nodes > 1 else 0.0
     return max(intra, inter)
+
+
+def dispatcher(st: Setting) -> str:
+    """The token dispatcher: --moe-dispatcher where given, else the model's: flex with group-limited routing
+    (DeepSeek-V3 bounds the nodes a token reaches for its per-node dispatch, section 3.2.2), else alltoall."""
+    return st.layout.moe_dispatcher or ("flex" if st.model.n_group > 1 else "alltoall")
+
+
+def miss(experts: int, top_k: int, given: float) -> float:
+    """The chance that none of a token's top_k distinct experts, drawn uniformly from `experts`, is among
+    `given` of them: C(E - x, top_k) / C(E, top_k) as a product (x may be a fraction: E / nodes).
+
+        miss(8, 2, 4) = (4/8)(3/7) = 3/14
+    """
+    out = 1.0
+    for i in range(top_k):
+        out *= max(0.0, experts - given - i) / (experts - i)
+    return out
+
+
+def flex_copies(m, ep: int, k: int, nodes: int) -> tuple[float, float]:
+    """(NVLink, network) copies of one token under a flex dispatcher (the module's formulas): once per GPU
+    reached in each node other than the one it lands on, once per other node reached."""
+    nvlink = nodes * (k - 1) * (1 - miss(m.experts, m.top_k, m.experts / ep))
+    if m.n_group > 1:  # group-limited: at most topk_group nodes
+        return nvlink, min(m.top_k, m.topk_group, nodes) * (nodes - 1) / nodes
+    return nvlink, (nodes - 1) * (1 - miss(m.experts, m.top_k, m.experts / nodes))
 
 
 def mla_gemms(st: Setting) -> float:

@@ -15,6 +15,7 @@ from ..ops import COPY, OVERLAP, OpKind
 from ..passes.simulate import pair_cost
 from .experts import moe_model_flops
 from .bytes import activation_peak_parts, device_memory, shards, stage_expert_params, stage_holders, stage_params
+from .bytes import expert_shards
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts, overlapped_pair
 from ..text import GIB
@@ -124,7 +125,7 @@ def _stepped(m: ModelSpec, lay: Layout, stages: int, s: int, k: int) -> float:
     """The parameters of stage s one GPU's optimizer steps: its shard of 1/k (k: shards()), the routed
     experts' of 1/(k / ep) (their state is sharded over the expert-data-parallel ranks)."""
     experts = stage_expert_params(m, lay, stages, s)
-    return (stage_params(m, lay.tp, stages, s, lay) - experts) / k + experts / max(1, k // lay.ep)
+    return (stage_params(m, lay.tp, stages, s, lay) - experts) / k + experts / expert_shards(lay, k)
 
 
 def tails(st: Setting, schedule, costs: StageCosts) -> list[tuple[float, float]]:

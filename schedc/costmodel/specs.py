@@ -364,9 +364,12 @@ def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:
     """--ep: a model with experts, ep dividing them (at the model's key) and the d x cp ranks it is carved
     from; t dividing the experts' width (each expert split as the dense MLP is, Megatron-Core's default
     expert tensor parallelism). A usage error naming the option (exit 2)."""
-    ep, t = layout.ep, layout.tp
+    ep, t = layout.ep, layout.expert_tp
+    if layout.etp is not None:
+        check_folding(model, layout)
     if model.moe and model.moe_ffn % t:
-        raise SchedError(error(f"--tp {t} does not divide 'moe_ffn' ({model.moe_ffn}): each expert's MLP is split "
+        given = "--tp" if layout.etp is None else "--etp"
+        raise SchedError(error(f"{given} {t} does not divide 'moe_ffn' ({model.moe_ffn}): each expert's MLP is split "
                                f"{t} ways", model_span(source, "moe_ffn")), source, kind=USAGE)
     if ep == 1:
         return
@@ -375,10 +378,24 @@ def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:
     if model.experts % ep:
         raise SchedError(error(f"--ep {ep} does not divide the model's {model.experts} experts: each of the ep GPUs "
                                "holds experts / ep of them", model_span(source, "experts")), source, kind=USAGE)
-    if (layout.dp * layout.cp) % ep:
+    if layout.etp is None and (layout.dp * layout.cp) % ep:
         raise usage(f"--ep {ep} does not divide d x cp = {layout.dp} x {layout.cp} = {layout.dp * layout.cp}: the "
                     "expert-parallel groups are carved from the data and context ranks (Megatron-Core's "
                     "expert-data-parallel)")
+
+
+def check_folding(model: ModelSpec, layout: Layout) -> None:
+    """--etp (MoE parallel folding): a positive size, a model with experts, and the expert layout etp x ep x
+    edp filling a stage's t x cp x d ranks (Megatron-Core's rule); a usage error naming the option (exit 2)."""
+    etp, ranks = layout.etp, layout.tp * layout.cp * layout.dp
+    if etp < 1:
+        raise usage(f"--etp must be a positive integer, got {etp}")
+    if not model.moe:
+        raise usage(f"--etp {etp}: the model has no experts to split (expert tensor parallelism needs an MoE model)")
+    if ranks % (etp * layout.ep):
+        raise usage(f"--etp {etp} x --ep {layout.ep} = {etp * layout.ep} does not divide t x cp x d = {layout.tp} x "
+                    f"{layout.cp} x {layout.dp} = {ranks}: the expert layout (expert tensor x expert parallel x expert "
+                    "data parallel) is carved from a stage's ranks (Megatron-Core's MoE parallel folding)")
 
 
 def check_switches(layout: Layout, cluster: ClusterSpec) -> None:

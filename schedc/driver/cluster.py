@@ -57,9 +57,9 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
                 max_ops: int | None = None) -> OnCluster:
     """compile_on_cluster from descriptions already read (benchmarks and tests call this). The schedule
     is loaded as compile_file loads it (composed: `extends`, `use`, `--with`; the model's layers per
-    stage given to its tasks, as `--model` does), then elaborated twice: once to learn its stages (and
-    its declared F), once with the costs. Without `free` the message-free simulation is left out: the
-    iteration time is the same, the breakdown's bubble and pipeline share are not computed."""
+    stage given to its tasks, as `--model` does), then elaborated twice: its shape alone (its stages and
+    declared F; no order run), then whole with the costs. Without `free` the message-free simulation is
+    left out: the iteration time is the same, the breakdown's bubble and pipeline share are not computed."""
     from ..frontend.elaborate import Options, elaborate
     from ..frontend.library import resolve
     from ..frontend.parse import read_source
@@ -74,7 +74,8 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     with collector_paused():
         decl = load_declaration(source, addons)
         overrides = _microbatches(decl, dict(overrides), layout, max_ops)
-        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers, layer_split=_split(st.layout), max_ops=max_ops))
+        probe = elaborate(decl, source, Options(overrides, model_layers=st.model.layers, layer_split=_split(st.layout),
+                                                max_ops=max_ops, shape_only=True))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
         problem = costs_problem(costs.costs(), layout)

@@ -53,6 +53,8 @@ class Options:
     chunk_costs: dict | None = None  # sequence chunks under --cluster: kind -> stage -> chunk j -> its cost
     #                                  over an even 1/k share (costmodel.stages.chunk_multipliers)
     max_ops_why: str = COMPILE_OPS.why  # what the refusal past max_ops says to do (render's own: RENDER_OPS)
+    shape_only: bool = False  # the schedule's shape alone (its params, pipelines, stage layers and declared
+    #                           costs), every device's order empty: what --cluster reads before costing it
 
 
 def build_pipelines(decl: ast.ScheduleDecl, env: dict[str, Any], devices: int, source: Source,
@@ -231,6 +233,8 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
     costs, activation, memory = _costs_and_memory(decl, env, pipelines, split, mixed, cost_decls, task_names, source,
                                                   options, layers)
     costs = placed_costs(costs, cost_decls, (OpKind.R.value,) * recompute + copy_kinds(offload))  # R, O, L
+    if options.shape_only:
+        return _shape(decl, source, env, devices, pipelines, replicas, costs, activation, split, recompute, offload)
     ops = build_ops(pipelines, costs, split, mixed, recompute, offload, options.chunk_costs)
     tasks, task_ops, task_deps, keeps, fill, canonical = _expanded(decl, env, pipelines, replicas, split, costs,
                                                                    source, layers, options, ops, task_decls)
@@ -263,6 +267,16 @@ def _elaborate(decl: ast.ScheduleDecl, source: Source, options: Options) -> Sche
                     tasks=tasks, keeps=keeps, fill=fill, unplaced=unplaced, fill_span=fill_span, memory=memory,
                     split_of=split_of, fused=tuple(fused), recompute=recompute, offload=offload,
                     **host_limit(decl, env, devices, source))
+
+
+def _shape(decl: ast.ScheduleDecl, source: Source, env: dict, devices: int, pipelines, replicas, costs, activation,
+           split: bool, recompute: bool, offload: bool) -> Schedule:
+    """Options.shape_only's schedule: every device's order empty, no op built."""
+    return Schedule(name=decl.name, description=decl.doc, source=source, params=env, devices=devices,
+                    pipelines=pipelines, replicas=replicas, orders=((),) * devices,
+                    deps=Dependencies(pipelines, costs, split, {}, (), recompute), costs=costs, activation=activation,
+                    memory_limit=None, memory_limit_span=None, split_backward=split, recompute=recompute,
+                    offload=offload)
 
 
 def _run_order(decl: ast.ScheduleDecl, mixed: bool, offload: bool, placeable: list[Op], deps, pipelines, devices: int,

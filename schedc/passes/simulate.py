@@ -25,6 +25,21 @@ from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
 
 
 def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], list[int]]:
+    """predecessors_of, kept for the last schedule asked: `simulate --cluster` times one schedule twice
+    (with its messages, then without for the breakdown's bubble). The lists are the caller's to change
+    (fuse_pairs does): each call gets its own copies."""
+    if _LAST and _LAST[0] is schedule:
+        _, ops, preds, firsts = _LAST
+    else:
+        ops, preds, firsts = predecessors_of(schedule)
+        _LAST[:] = [schedule, ops, preds, firsts]
+    return list(ops), list(preds), list(firsts)
+
+
+_LAST: list = []  # [schedule, ops, preds, firsts] of the last schedule indexed (held: `is` stays meaningful)
+
+
+def predecessors_of(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], list[int]]:
     """Index the placed ops (device by device, each in program order) and give each op's predecessors by
     index: the op before it on its device (none for a device's first op), then its data dependencies in
     Dependencies.keys_of order. A dependency that is not placed reads as len(ops), a sentinel that
