@@ -97,5 +97,10 @@ class GradBuckets:
             work.wait()
 
 
-def all_reduce_async(group) -> Callable[[torch.Tensor], Any]:
-    return lambda tensor: dist.all_reduce(tensor, group=group, async_op=True)
+def of_run(plan, opts, world, stages: dict) -> GradBuckets | None:
+    """--overlap-grad-reduce with --dp: this rank's buckets over its data-parallel group, else None."""
+    if not opts.overlap_grad_reduce or world.dp_group is None:
+        return None
+    size = opts.bucket_size or default_bucket_size(world.dp)
+    reduce = lambda tensor: dist.all_reduce(tensor, group=world.dp_group, async_op=True)  # noqa: E731
+    return GradBuckets(stages, list(plan.ranks[world.plan_rank]), size, reduce)

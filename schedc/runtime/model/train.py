@@ -20,7 +20,7 @@ from schedc.plan.channels import mismatches
 from schedc.plan.trace import event_name
 
 from ..execution import checkpoint, context, trace
-from ..execution.buckets import GradBuckets, all_reduce_async, default_bucket_size
+from ..execution.buckets import of_run
 from ..execution.chunks import check_chunks
 from ..execution.clocks import DeviceClock
 from ..execution.executor import Executor, attach_flat_grads
@@ -266,7 +266,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
-    executor.buckets = _buckets(plan, opts, world, stages)
+    executor.buckets = of_run(plan, opts, world, stages)  # --overlap-grad-reduce (buckets.py)
     context.configure(opts.model_config.seq, world.cp, world.context, world.context_group)
     executor.scale /= world.cp  # a context rank's loss is the mean over 1/cp of the sequence's tokens
     executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
@@ -283,14 +283,6 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
             shards.on_gather = executor.meter.add_parameters
     _training(executor, plan, opts, world)
     return executor
-
-
-def _buckets(plan: Plan, opts, world: World, stages: dict[int, Stage]):
-    """--overlap-grad-reduce with --dp: the buckets reduced as the step goes (buckets.py), else None."""
-    if not opts.overlap_grad_reduce or world.dp_group is None:
-        return None
-    size = opts.bucket_size or default_bucket_size(world.dp)
-    return GradBuckets(stages, list(plan.ranks[world.plan_rank]), size, all_reduce_async(world.dp_group))
 
 
 def _shards(stages: dict[int, Stage], opts, world: World):
