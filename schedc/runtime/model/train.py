@@ -344,7 +344,7 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
     dist.barrier()
     origin = _shared_origin(time.perf_counter_ns())
-    begin, since = time.perf_counter(), first
+    begin, since, seconds = time.perf_counter(), first, 0.0  # seconds: the mean step since the last read
     with Watchdog(executor, opts.timeout):
         for step in range(first, opts.steps):
             batch = dataset.batch(step, count, opts.model_config.mb_size)
@@ -352,9 +352,10 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
             loss = None
             if logged(opts, step, first):  # the step's one host synchronization (--log-every)
                 loss = _mean_loss(executor)
-                now = time.perf_counter()
-                seconds, begin, since = (now - begin) / (step + 1 - since), now, step + 1
-            _after_step(opts, world, executor, step, first, loss, seconds if loss is not None else 0.0, tokens)
+                seconds = (time.perf_counter() - begin) / (step + 1 - since)
+            _after_step(opts, world, executor, step, first, loss, seconds, tokens)
+            if loss is not None:
+                begin, since = time.perf_counter(), step + 1
     _finish(plan, opts, world, executor, origin, first)
     return 0
 
