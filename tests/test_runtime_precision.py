@@ -91,6 +91,8 @@ CASES = {
     "zb_h1": ("zb_h1", {"p": 2, "m": 4}, [], 1, 0.0),  # split backward: W's gradients folded too
     "dualpipev": ("dualpipev", {"p": 2, "m": 4}, [], 1, 0.0),  # OVERLAP_F_B's backward halves
     "interleaved": ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, ["--steps", "3"], 1, 0.0),
+    "offload": ("offload_1f1b", {"p": 2, "m": 4}, [], 1, 0.0),  # bf16 storages to the host and back
+    "recompute": ("zb_h1", {"p": 2, "m": 4}, ["--recompute", "full"], 1, 0.0),
     # two replicas: their sums added, (g0 + g1) + (g2 + g3) against ((g0 + g1) + g2) + g3 (measured: equal)
     "data_clip": ("1f1b", {"p": 1, "m": 2}, ["--clip-grad", "0.05"], 2, 1e-6),
     # activations all-reduced over the tensor ranks in bf16 (Megatron's), the reference's sums one GEMM's in
