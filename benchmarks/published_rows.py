@@ -22,6 +22,18 @@ as "not yet predictable: <what> missing", read from schedc's own refusal, so the
 features land; a row whose source leaves a needed value unstated says which. Rows marked * use a value
 their source leaves unstated but their own code fixes by default ([row.assumed] in the data file).
 
+Where the attention's figures come from (no constant here is fitted to a row): a cluster file's
+[attention] table (schedc/costmodel/kernels.py) gives the flash kernel's achieved TFLOP/s by length;
+benchmarks/data/h100-96gb-grand-teton.toml carries FlashAttention-2's H100 SXM5 head-dim-128 bars of
+the FlashAttention-3 paper (Shah et al. 2024, Figures 5 and 6; torch's SDPA flash backend in the
+torch of these runs, cuDNN being opt-in then: pytorch#138522, pytorch#142132), torch's ring of late
+2024 (torch/distributed/tensor/experimental/_attention.py: load-balanced chunks, K/V all-gathered
+once, fp32 merges and gradient all-to-all; torchtitan 9dec370's 'allgather' default) and torchtitan's
+repeat_kv before SDPA (its models/llama/model.py). The merge and accumulation bytes per value
+(costmodel/attention.py: 38, 10, 26, 4; 6 for Transformer Engine's fused correction) are counted from
+those sources' code. The library's dgx-h100-80gb has no [attention] table yet, so the Megatron rows
+charge attention as before (a GEMM at the cluster's efficiency).
+
     python benchmarks/published_rows.py                  # every row, then mean and max error per group
     python benchmarks/published_rows.py --group dense    # dense | cp | moe
     python benchmarks/published_rows.py --json           # the same as JSON

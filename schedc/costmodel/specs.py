@@ -11,6 +11,8 @@ A cluster file (TOML; the library in schedc/clusters/*.toml is found by name, `-
     [efficiency] gemm, gemm_half_dim, hbm, intra, inter        (the named fractions of the datasheet)
     [memory]     reserved_gib, fragmentation                   (optional: what the GPU's memory loses
                                                                 beside the tensors; 0 when left out)
+    [attention]  kernel, lengths, forward_tflops, ...           (optional: the flash kernel's achieved
+                                                                rates, kernels.py; a GEMM's without it)
 
 Every error names the field and points at it (`file:line:col: error: ...`, exit 2); a missing field
 points at the table it belongs in.
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from ..descriptions import CLUSTERS_PACKAGE, find, is_hf_config, library, resolve_model
 from ..descriptions.facts import DTYPE_BYTES
+from .kernels import AttentionKernel, dump_attention, read_attention
 from .located import locate, read_toml, source_text, unknown_keys
 from .modelspec import ModelSpec, load_model_spec, model_span, read_fields  # noqa: F401  (the cost model's model, here too)
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, error, usage
@@ -56,6 +59,7 @@ class ClusterSpec:
     overhead: tuple[tuple[str, float], ...] = ()  # (op kind, s per layer): [overhead], a run's fixed cost
     # per layer of each op beyond its kernels' work (a CPU's op dispatch and autograd); none: 0
     fp8_flops: float = 0.0         # FLOP/s, dense FP8 tensor core ([gpu] fp8_tflops); 0: not given (no --fp8)
+    attention: AttentionKernel | None = None  # [attention]: the flash kernel's achieved rates (kernels.py)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -132,7 +136,7 @@ def load_cluster(name: str) -> ClusterSpec:
     table, source = read_toml(path, "cluster description")
     diags: list[Diagnostic] = []
     for key, value in table.items():
-        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead")
+        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead", "attention")
         if key not in tables and key not in ("name", "description", "source"):
             what = "table" if isinstance(value, dict) else "key"
             diags.append(error(f"unknown {what} '{key}' (tables: {', '.join(tables)})", locate(source, key)))
@@ -174,6 +178,7 @@ def load_cluster(name: str) -> ClusterSpec:
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
     fp8 = _fp8_flops(table, source, diags)
+    attention = read_attention(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
@@ -182,7 +187,7 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead, fp8)
+        gpu_dtype, host, overhead, fp8, attention)
 
 
 def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> float:
@@ -308,7 +313,7 @@ fragmentation = {spec.fragmentation!r}
 bandwidth_gbps = {spec.host_bandwidth / 1e9!r}
 """ if spec.host_bandwidth else "") + ("\n[overhead]\n" + "".join(
         f"{key} = {dict(spec.overhead)[kind] * 1e6!r}\n" for key, kind in OVERHEAD_KEYS.items()
-        if kind in dict(spec.overhead)) if spec.overhead else "")
+        if kind in dict(spec.overhead)) if spec.overhead else "") + dump_attention(spec.attention)
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:

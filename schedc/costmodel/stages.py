@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
+from .attention import kernel_ring_exposed, kernel_terms
 from .bytes import layer_params
 from .experts import moe_layer_parts
 from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
@@ -149,6 +150,8 @@ def attention_terms(st: Setting) -> tuple[float, float, float]:
     products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
     kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed)."""
     m, lay, hw = st.model, st.layout, st.hw
+    if m.flash and not m.mla and st.cluster.attention is not None:  # the cluster's kernel (attention.py)
+        return kernel_terms(st)
     b, s, h, a, t, w = lay.microbatch_size, st.tokens, m.hidden, m.heads, lay.tp, m.width
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
     if lay.cp > 1:  # context parallelism: the diagonal block and cp - 1 half blocks (causal_blocks)
@@ -181,6 +184,8 @@ def ring_exposed(st: Setting) -> tuple[float, float]:
     (causal_blocks); the backward sends the keys and values and their gradients (twice the bytes)
     under its blocks' 2.5 forwards (flash). The link: NVLink when t·cp fills at most a node."""
     m, lay, hw = st.model, st.layout, st.hw
+    if not m.mla and st.cluster.attention is not None:  # the stack's own ring, behind the kernel's blocks
+        return kernel_ring_exposed(st)
     message = hw.message(2 * lay.microbatch_size * st.tokens * m.kv_hidden / lay.tp * m.width, st.cp_in_node)
     attention = attention_terms(st)[0] / causal_blocks(lay.cp)  # the diagonal block
     forward = max(0.0, message - attention) + (lay.cp - 2) * max(0.0, message - attention / 2)
