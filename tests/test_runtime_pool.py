@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from schedc.plan import Instr, Opcode, load_plan
-from schedc.runtime.execution.pool import PinnedPool, PoolError, offload_peak
+from schedc.runtime.execution.pool import OffloadError, PinnedPool, offload_peak
 from test_runtime import plans  # noqa: F401 (fixture)
 
 
@@ -55,7 +55,7 @@ def test_a_state_past_the_peak_is_refused_naming_it():
     pool = PinnedPool(1, lambda n: torch.empty(n, dtype=torch.uint8))
     pool.take((0, 0), 8)
     pool.take((0, 0), 8)  # the same state's second storage
-    with pytest.raises(PoolError, match="offloading stage 2 microbatch 1 would hold 2 forwards' states in host "
+    with pytest.raises(OffloadError, match="offloading stage 2 microbatch 1 would hold 2 forwards' states in host "
                                         "memory at once; the plan's offload peak on this rank is 1"):
         pool.take((2, 1), 8)
 

@@ -29,15 +29,11 @@ from schedc.ops import OpKind, follows
 from schedc.plan import Instr, Opcode, Plan, PlanError
 
 from . import memory
-from .pool import PinnedPool, host_buffers, offload_peak
+from .pool import OffloadError, PinnedPool, host_buffers, offload_peak
 from .recompute import RunState
 
 Key = tuple[int, int]
 PLACED = frozenset({Opcode.R.value, Opcode.O.value, Opcode.L.value})
-
-
-class OffloadError(RuntimeError):
-    """A backward read a saved tensor that O moved to host memory and no L brought back."""
 
 
 def check_placed(plan: Plan, opts) -> None:

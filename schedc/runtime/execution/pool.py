@@ -31,8 +31,9 @@ def offload_peak(programs: list[tuple[Instr, ...]]) -> int:
     return peak
 
 
-class PoolError(RuntimeError):
-    """More forwards' states offloaded at once than the plan's peak."""
+class OffloadError(RuntimeError):
+    """Offload run against its plan: more forwards' states on the host at once than the plan's peak, or a
+    backward reading a saved tensor that O moved to host memory and no L brought back (placed.py)."""
 
 
 class PinnedPool:
@@ -50,7 +51,7 @@ class PinnedPool:
     def take(self, key: Key, nbytes: int) -> torch.Tensor:
         """A buffer of `nbytes` bytes for the state `key` (a view of a pooled one, or a new one)."""
         if key not in self.held and len(self.held) >= self.states:
-            raise PoolError(f"offloading stage {key[0]} microbatch {key[1]} would hold {len(self.held) + 1} forwards' "
+            raise OffloadError(f"offloading stage {key[0]} microbatch {key[1]} would hold {len(self.held) + 1} forwards' "
                             f"states in host memory at once; the plan's offload peak on this rank is {self.states}")
         self._collect()
         fits = [i for i, b in enumerate(self.free) if b.numel() >= nbytes]
