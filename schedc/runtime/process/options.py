@@ -130,10 +130,6 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
                             "activations and messages (no autocast), gradients added per microbatch into fp32 "
                             "main gradients (reduced in fp32), the optimizer stepping fp32 main weights "
                             "(default fp32)")
-    group.add_argument("--overlap-grad-reduce", action="store_true",
-                       help="with --dp: all-reduce each stage's gradients in buckets, asynchronously, as soon as the "
-                            "step's last instruction changing them has run, waiting at the step's end (Megatron-LM's "
-                            "--overlap-grad-reduce; the same sums); default: one all-reduce per stage at the end")
     group.add_argument("--bucket-size", type=int, metavar="ELEMENTS",
                        help="with --overlap-grad-reduce: gradient elements per bucket (default Megatron-LM's, "
                             "max(40,000,000, 1,000,000 x --dp))")
