@@ -26,6 +26,14 @@ MAIN = "bf16-main"  # the --dtype choice
 GRAD_KINDS = (OpKind.B, OpKind.W)  # the ops that leave weight gradients
 
 
+def check_task(name: str, dtype: str) -> None:
+    """A plan's user task under --dtype bf16-main: refused (a task reads .grad, kept in main_grad here)."""
+    if dtype == MAIN:
+        from schedc.plan import PlanError
+        raise PlanError(f"--dtype bf16-main does not compose with the plan's task {name} yet (a task reads .grad, "
+                        "which bf16-main keeps in fp32 main_grad); use --dtype bf16")
+
+
 def gradient(param: nn.Parameter) -> torch.Tensor | None:
     """The gradient a reader of a parameter's gradient sees: its fp32 main gradient under --dtype
     bf16-main (its .grad is then empty between backwards), else .grad."""

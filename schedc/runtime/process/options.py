@@ -8,7 +8,7 @@ import math
 import os
 
 from schedc.descriptions import code_given_as_model
-from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout, flag
+from schedc.layout import LAYOUT_OPTIONS, OPTION, SELECTIVE_OPS, Layout, flag
 
 from .description import DescriptionFileError, not_dense, read_description
 from ..errors import UserError
@@ -243,8 +243,17 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
                   or _parse_fault("--fault-hang", opts.fault_hang, "hang")
                   or _parse_fault("--fault-stop", opts.fault_stop, "stop"))
     _check(opts)
+    _check_recompute(opts)
     opts.layout = layout_of(opts)
     return opts
+
+
+def _check_recompute(opts: argparse.Namespace) -> None:
+    """--recompute selective-ops is the cost model's form of torchtitan's per-op policy; the runtime runs
+    none, selective and full (schedc.runtime.execution.recompute) and refuses it by name."""
+    if opts.recompute == SELECTIVE_OPS:
+        raise OptionError("--recompute selective-ops (torchtitan's per-op policy) is predicted by the cost model, "
+                          "not run: give none, selective or full")
 
 
 def layout_of(opts: argparse.Namespace) -> Layout:
@@ -477,16 +486,15 @@ def _check_experts(opts: argparse.Namespace) -> None:
 def _check_step(opts: argparse.Namespace) -> None:
     """--dtype bf16-main (what its fp32 main weights do not compose with yet), --overlap-grad-reduce and
     --bucket-size, --log-every."""
-    given = [name for name, on in (("--zero", opts.zero >= 1 and opts.dp > 1), ("--tasks", opts.tasks)) if on]
+    given = [name for name, on in (("--zero", opts.zero >= 1 and opts.dp > 1), ("--tasks", opts.tasks), ("--ep", opts.ep > 1),
+                                   ("tied embeddings", opts.model_config.tied_embeddings)) if on]
     if opts.dtype == "bf16-main" and given:
         raise OptionError(f"--dtype bf16-main does not compose with {given[0]} yet (the distributed optimizer "
-                          "shards bf16 weights; a task reads .grad, which bf16-main keeps in main_grad); use "
-                          "--dtype bf16 or leave it out")
+                          "shards bf16 weights; tasks, experts' buffers and tied copies read .grad, which "
+                          "bf16-main keeps in main_grad); use --dtype bf16 or leave it out")
     if opts.bucket_size is not None and (opts.bucket_size < 1 or not opts.overlap_grad_reduce):
-        raise OptionError("--bucket-size sizes --overlap-grad-reduce's buckets: give it with "
-                          f"--overlap-grad-reduce, 1 or more (got {opts.bucket_size})")
+        raise OptionError(f"--bucket-size sizes --overlap-grad-reduce's buckets: give it with --overlap-grad-reduce, 1 or more (got {opts.bucket_size})")  # noqa: E501
     if opts.overlap_grad_reduce and opts.zero >= 2:
-        raise OptionError(f"--overlap-grad-reduce all-reduces the gradients; --zero {opts.zero} reduce-scatters "
-                          "them at the step's end: give one of them")
+        raise OptionError(f"--overlap-grad-reduce all-reduces the gradients; --zero {opts.zero} reduce-scatters them at the step's end: give one of them")  # noqa: E501
     if opts.log_every < 1:
         raise OptionError(f"--log-every must be 1 or more, got {opts.log_every}")
