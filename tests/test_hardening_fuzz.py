@@ -77,7 +77,7 @@ def test_metrics_out_in_a_missing_folder_makes_it(tmp_path):
     """--metrics-out missing/x.json passed the check (a missing folder is made, as for every output)
     and rank 0 failed writing it after training (FileNotFoundError)."""
     from types import SimpleNamespace
-    from schedc.runtime.model.train import log_step
+    from schedc.runtime.model.readings import log_step
     path = tmp_path / "missing" / "deeper" / "x.json"
     opts = SimpleNamespace(quiet=True, metrics_out=str(path), first_step=0)
     log_step(opts, 0, 2.5, 0.5, 100)
