@@ -26,6 +26,7 @@ torch.distributed's collectives.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -66,21 +67,34 @@ class TensorGroup:
 # -- collectives -------------------------------------------------------------------------------------
 
 def all_reduce(x: torch.Tensor, tp: TensorGroup, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    x = x.contiguous().clone()
+    """`x` summed (or `op`) over the tensor group in place, no copy: for a tensor nothing else reads (a
+    contiguous copy first where `x` is not contiguous)."""
+    x = x.contiguous()
     dist.all_reduce(x, op=op, group=tp.group)
     return x
 
 
 def all_gather(x: torch.Tensor, tp: TensorGroup, dim: int) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(tp.size)]
-    dist.all_gather(parts, x.contiguous(), group=tp.group)
-    return torch.cat(parts, dim=dim)
+    """Every rank's `x` joined along `dim`, in rank order: one all_gather_into_tensor into one tensor of
+    the ranks' parts joined along dimension 0, viewed as the join when `dim` is 0 or every dimension
+    before it has size 1, else reordered into it (one copy, as the cat of a list was)."""
+    out = x.new_empty((tp.size * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=tp.group)
+    joined = (*x.shape[:dim], tp.size * x.shape[dim], *x.shape[dim + 1:])
+    if math.prod(x.shape[:dim]) == 1:
+        return out.view(joined)
+    return out.view(tp.size, *x.shape).movedim(0, dim).reshape(joined)
 
 
 def reduce_scatter(x: torch.Tensor, tp: TensorGroup, dim: int) -> torch.Tensor:
-    parts = [part.contiguous() for part in x.chunk(tp.size, dim=dim)]
-    out = torch.empty_like(parts[tp.rank])
-    dist.reduce_scatter(out, parts, group=tp.group)
+    """This rank's 1/t of `x` along `dim`, summed over the group: one reduce_scatter_tensor of `x` as
+    the ranks' parts joined along dimension 0 (a view when every dimension before `dim` has size 1,
+    else one reordering copy, as the chunk-and-copy was)."""
+    size = x.shape[dim] // tp.size
+    parts = x.reshape(*x.shape[:dim], tp.size, size, *x.shape[dim + 1:])
+    parts = parts.movedim(dim, 0).contiguous().flatten(0, 1)
+    out = x.new_empty((*x.shape[:dim], size, *x.shape[dim + 1:]))
+    dist.reduce_scatter_tensor(out, parts, group=tp.group)
     return out
 
 
@@ -95,7 +109,7 @@ class _Copy(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad):  # in place: enter's one reader is a linear, whose input gradient is new
         return all_reduce(grad, ctx.tp), None
 
 
@@ -103,7 +117,9 @@ class _Reduce(torch.autograd.Function):
     """g: all-reduce forward, identity backward."""
 
     @staticmethod
-    def forward(ctx, x, tp):
+    def forward(ctx, x, tp):  # in place: leave's input (a linear's or a lookup's output) is kept by no backward
+        if x.is_contiguous():
+            ctx.mark_dirty(x)
         return all_reduce(x, tp)
 
     @staticmethod
@@ -391,8 +407,6 @@ def gathered_gradients(stage, tp: TensorGroup) -> dict[str, torch.Tensor]:
     for name, p, split in global_splits(stage):
         grad = gradient(p).detach()
         if isinstance(split, Split) and tp.size > 1:
-            parts = [torch.empty_like(grad) for _ in range(tp.size)]
-            dist.all_gather(parts, grad.contiguous(), group=tp.group)
-            grad = join(parts, split)
+            grad = join(list(all_gather(grad, tp, 0).chunk(tp.size)), split)
         grads[name] = grad.cpu().clone()
     return grads
