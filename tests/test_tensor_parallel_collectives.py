@@ -10,7 +10,8 @@ import torch.distributed as dist
 from torch import nn
 
 from schedc.runtime.model.tensor_parallel import (
-    ColumnParallelLinear, RowParallelLinear, TensorGroup, all_gather, all_reduce, reduce_scatter)
+    ColumnParallelLinear, RowParallelLinear, TensorGroup, all_gather, all_reduce, input_half,
+    reduce_scatter)
 
 RANK = 1
 
@@ -104,3 +105,50 @@ def test_the_row_parallel_sum_keeps_autograd_right(calls):
     assert torch.allclose(y, partial + peer(partial), atol=1e-6)
     y.sum().backward()
     assert torch.allclose(x.grad, torch.ones(5, 3) @ row.weight, atol=1e-6)
+
+
+def _split_backward(module: nn.Module, x: torch.Tensor, calls: dict) -> tuple[dict, dict]:
+    """I then W as the executor runs them (torch's stage_backward_input / _weight): the collectives each
+    called, counted apart."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    y = module(x).clone()  # a stage's output, which I detaches in place: not a view
+    calls.clear()
+    with input_half():
+        _, groups = stage_backward_input([y], [torch.ones_like(y)], [x], module.parameters())
+    in_i = dict(calls)
+    calls.clear()
+    stage_backward_weight(module.parameters(), groups)
+    return in_i, dict(calls)
+
+
+class Scaled(nn.Module):
+    """A weight before the gathered linear, whose gradient W computes too."""
+
+    def __init__(self, linear: nn.Module):
+        super().__init__()
+        self.scale, self.linear = nn.Parameter(torch.full((6,), 1.5)), linear
+
+    def forward(self, x):
+        return self.linear(x * self.scale)
+
+
+@pytest.mark.parametrize("before", [None, "op", "weight"])
+def test_a_split_backward_of_the_gathered_linear_gathers_once_in_i_and_not_in_w(calls, before):
+    """Under sequence parallelism the input gradient (I) gathers the input and reduce-scatters; the
+    weight gradient (W) takes the gathered input I kept and calls no collective, also where a weight
+    comes before the linear (torch's W starts that weight's gradient from what I gave it); the
+    gradients are the one-pass backward's, bit for bit."""
+    torch.manual_seed(0)
+    tp = TensorGroup(2, RANK, sequence_parallel=True)
+    dense = nn.Linear(6, 8)
+    x = torch.randn(2, 4, 6)
+    wrap = {None: lambda m: m, "op": lambda m: nn.Sequential(nn.Tanh(), m), "weight": Scaled}[before]
+    split, fused = wrap(ColumnParallelLinear(dense, tp)), wrap(ColumnParallelLinear(dense, tp))
+    xs, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    in_i, in_w = _split_backward(split, xs, calls)
+    assert in_i == {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}
+    assert in_w == {}
+    fused(xf).backward(torch.ones(2, 8, 4))  # the sequence gathered, this rank's 4 of 8 features
+    assert torch.equal(xs.grad, xf.grad)
+    for (name, a), b in zip(split.named_parameters(), fused.parameters()):
+        assert torch.equal(a.grad, b.grad), name
