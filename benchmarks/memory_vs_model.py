@@ -14,8 +14,16 @@
 #              model's ratio (schedc/costmodel.py's stage costs for the same model in fp32 on the
 #              dgx-a100-80gb cluster: the ratio, not the times, is what a CPU run can be held to)
 #
+#   zero       --zero 0, 1, 2 and 3 (resharding after each op, and not) at d = 2, 1F1B over 2 stages (4 ranks),
+#              the runtime's GPT and decoder in fp32 with AdamW: each rank's measured state by term (the
+#              report's state_bytes: weights, gathered stage, gradients, optimizer state) next to the cost
+#              model's (schedc/costmodel/state_terms.py for the same model and layout), equal to the byte,
+#              and the total with the activations (the measured peak of saved bytes, predicted as the
+#              simulated microbatches in flight x the table's bytes of one) within 2 %
+#
 #   python benchmarks/memory_vs_model.py --quick      # about 8 minutes on 2 CPU cores
 #   python benchmarks/memory_vs_model.py --quick --family llama   # the decoder's bytes alone
+#   python benchmarks/memory_vs_model.py --zero       # about 4 minutes: the ZeRO levels' bytes alone
 from __future__ import annotations
 
 import argparse
@@ -144,14 +152,118 @@ def backward_table(reports: dict) -> None:
               f"ratio measured {[round(v, 2) for v in measured]} cost model {[round(v, 2) for v in model]}")
 
 
+ZERO = {"0": [], "1": ["--zero", "1"], "2": ["--zero", "2"], "3": ["--zero", "3"],
+        "3 kept": ["--zero", "3", "--no-reshard-after-forward"]}
+ZERO_PLAN = {"p": SIZED_RANKS, "m": 4}  # 1F1B over two stages, one a rank: d = 2 makes four ranks
+ZERO_TERMS = ("weights", "gathered", "gradients", "optimizer_state")
+
+
+def zero_flags(family: str, level: str, root: Path) -> list[str]:
+    """The runtime's options of one --zero run at the small size (two AdamW steps)."""
+    size = SIZES["small"]
+    described = llama_description(size, root) if family == "llama" else []
+    return [*described, *model_flags(size), "--dp", "2", *ZERO[level], "--steps", "2", "--optimizer", "adamw"]
+
+
+def zero_layout(level: str):
+    from schedc.layout import Layout
+    return Layout(dp=2, microbatch_size=SIZES["small"]["mb_size"], zero=int(level[0]),
+                  reshard_after_forward=level != "3 kept")
+
+
+def runtime_spec(family: str):
+    """The cost model's description of the runtime's model at the small size, in fp32."""
+    from schedc.costmodel.specs import ModelSpec
+    size = SIZES["small"]
+    facts = {**LLAMA, "kv_heads": kv_heads(size), "ffn": 3 * size["hidden"]} if family == "llama" else \
+        {"ffn": 4 * size["hidden"], "tied_embeddings": False}
+    return ModelSpec(LAYERS, size["hidden"], size["heads"], size["seq"], VOCAB, dtype="fp32", **facts)
+
+
+def predicted_state(family: str, level: str, plan: Path) -> list[dict]:
+    """Per plan rank, the cost model's state terms (state_terms) and activations: the simulated peak of
+    microbatches in flight x the table's bytes of one microbatch of that rank's stage."""
+    from schedc.costmodel.state_terms import state_terms
+    from schedc.driver import compile_file
+    from schedc.plan import load_plan
+    schedule = compile_file(str(REPO / "schedc/schedules/1f1b.sched"),
+                            [f"{k}={v}" for k, v in ZERO_PLAN.items()]).schedule
+    terms = state_terms(runtime_spec(family), zero_layout(level), schedule)
+    sizes, facts = table_sizes(SIZES["small"], family)
+    flights = load_plan(plan).meta["stats"]["peak_memory"]
+    last = SIZED_RANKS - 1
+    return [{**terms[r], "activations": flights[r] * stage_bytes(sizes, facts, LAYERS // SIZED_RANKS, r == 0, r == last)}
+            for r in range(SIZED_RANKS)]
+
+
+def measured_state(rank: dict) -> dict:
+    """A rank's measured terms: the report's state_bytes and its peak of saved activation bytes."""
+    return {**rank["state_bytes"], "activations": rank["peak_saved_bytes"]}
+
+
+def zero_rows(family: str, level: str, report: dict, predicted: list[dict]) -> list[tuple]:
+    """(rank, plan rank, term, measured, predicted) for every rank and term, the total last (the step
+    counters measured, unpredicted, counted in the measured total)."""
+    rows = []
+    for r, rank in enumerate(report["memory"]["ranks"]):
+        got, want = measured_state(rank), predicted[rank["plan_rank"]]
+        for term in (*ZERO_TERMS, "activations"):
+            rows.append((r, rank["plan_rank"], term, got[term], want[term]))
+        rows.append((r, rank["plan_rank"], "step_counters", got["step_counters"], 0))
+        rows.append((r, rank["plan_rank"], "total", sum(got[t] for t in (*ZERO_TERMS, "activations", "step_counters")),
+                     sum(want[t] for t in (*ZERO_TERMS, "activations"))))
+    return rows
+
+
+def zero_ok(rows: list[tuple]) -> bool:
+    """State terms equal to the byte; activations and the total within WITHIN."""
+    for _, _, term, got, want in rows:
+        if term in ZERO_TERMS and got != want:
+            return False
+        if term in ("activations", "total") and abs(got - want) > WITHIN * want:
+            return False
+    return True
+
+
+def zero_table(results: dict) -> bool:
+    print(f"\nstate bytes per rank by term at d = 2, measured vs schedc/costmodel/state_terms.py (1f1b over "
+          f"{SIZED_RANKS} stages, fp32, AdamW; activations: simulated in flight x the table)")
+    print(f"{'family':>6} {'zero':>6} {'rank':>4} {'term':>15} {'measured':>10} {'predicted':>10} {'off':>8}")
+    ok = True
+    for (family, level), rows in results.items():
+        ok &= zero_ok(rows)
+        for r, _, term, got, want in rows:
+            off = f"{(got - want) / want:+.2%}" if want else "-"
+            print(f"{family:>6} {level:>6} {r:>4} {term:>15} {got:>10} {want:>10.0f} {off:>8}")
+    return ok
+
+
+def zero_main(families: tuple[str, ...]) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        plan = compile_plan("1f1b", ZERO_PLAN, root / "1f1b_zero")
+        results = {}
+        for family in families:
+            for level in ZERO:
+                report = run(plan, 2 * SIZED_RANKS, zero_flags(family, level, root),
+                             root / f"{family}_zero_{level.replace(' ', '_')}.json")
+                results[(family, level)] = zero_rows(family, level, report, predicted_state(family, level, plan))
+        ok = zero_table(results)
+    print(f"\nstate terms equal to the byte, activations and totals within {WITHIN:.0%}: {'yes' if ok else 'NO'}")
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="measured activation memory vs the models")
     parser.add_argument("--quick", action="store_true", help="fewer steps for the backward times")
     parser.add_argument("--steps", type=int, help="steps per run (default 12, quick 5)")
     parser.add_argument("--family", choices=("all", "gpt", "llama"), default="all",
                         help="the runtime's models whose bytes are measured (llama: the bytes alone)")
+    parser.add_argument("--zero", action="store_true", help="the ZeRO levels' state bytes by term alone")
     args = parser.parse_args(argv)
     families = ("gpt", "llama") if args.family == "all" else (args.family,)
+    if args.zero:
+        return zero_main(families)
     steps = args.steps or (5 if args.quick else 12)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -347,7 +347,7 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("ep", "Expert-parallel size: each MoE layer's experts over ep GPUs carved from the d x cp data "
                  "and context ranks (Megatron-Core's expert-data-parallel: the expert weights' gradients reduced over "
                  "d x cp / ep), tokens sent to their experts' GPUs by an all-to-all and back (ep divides d x cp and the "
-                 "experts)", int, "EP", runtime=False, implied=True,
+                 "experts)", int, "EP", implied=True,
                  searched="Only these expert-parallel sizes (default, for a model with experts: every ep dividing "
                           "its experts and d x cp)"),
     LayoutOption("post_validation", "The optimizer's post-validation (zero bubble's --enable-optimizer-post-validation): "

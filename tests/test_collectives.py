@@ -115,3 +115,69 @@ def test_compile_with_ep_declares_them_and_the_plan_passes(tmp_path):
     without = CliRunner().invoke(main, [*args, "--dp", "8", "-o", str(tmp_path / "dense")])
     assert without.exit_code == 0, without.output
     assert json.loads((tmp_path / "dense" / "plan.json").read_text())["version"] == 1
+
+
+# What --zero 2/3 and --cp declare -----------------------------------------------------------------------
+
+SHARDED_MODEL = 'layers = 8\nhidden = 64\nheads = 4\nseq = 256\nvocab = 100\nattention = "flash"\n'
+LIBRARY = {"1f1b": [], "gpipe": [], "interleaved_1f1b": ["-D", "v=2"], "interleaved_1f1b_recompute": ["-D", "v=2", "--recompute", "none"],
+           "interleaved_zb": ["-D", "v=2"], "looped_bfs": ["-D", "v=2"], "zb_h1": [], "zb_h2": [], "zb_2p": [],
+           "zbv": [], "v_half": [], "v_min": [], "dualpipe": [], "dualpipev": [], "chimera": [],
+           "combined_1f1b": [], "offload_1f1b": [], "seq1f1b": []}
+
+
+def _sharded_compile(tmp_path, name: str, layout: list[str], out: str):
+    model = tmp_path / "model.toml"
+    model.write_text(SHARDED_MODEL)
+    return CliRunner().invoke(main, ["compile", name, "-D", "p=4", *LIBRARY[name], "--model", str(model),
+                                     "--cluster", "dgx-h100-80gb", "--dp", "2", *layout, "-o", str(tmp_path / out)])
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARY))
+def test_every_library_schedule_declares_zero_3_and_cp_collectives_and_passes_the_check(tmp_path, name):
+    """--zero 3 (resharding: every computing op gathers its stage, every op finishing a microbatch's
+    weight gradients reduce-scatters them) with --cp 2 (F and R gather keys and values, B and I
+    reduce-scatter their gradients): compiled, the plan declares them and its channel check passes."""
+    result = _sharded_compile(tmp_path, name, ["--zero", "3", "--cp", "2"], "plan")
+    assert result.exit_code == 0, result.output
+    plan = load_plan(tmp_path / "plan" / "plan.json")
+    instrs = [i for rank in plan.ranks for step in rank for i in step]
+    units = [u.op for i in instrs for u in i.units()]
+    gathers = sum(i.op == "ALL_GATHER" for i in instrs)
+    assert gathers == sum(op in "FBIWR" for op in units) + sum(op in "FR" for op in units)  # ZeRO's, CP's
+    assert CliRunner().invoke(main, ["check", str(tmp_path / "plan" / "plan.json")]).exit_code == 0
+
+
+def test_zero_1_declares_nothing_and_zero_3_without_resharding_its_reduce_scatters_alone(tmp_path):
+    """--zero 1 declares nothing (the plan stays version 1); --zero 3 without resharding (a stage
+    gathered once a step, at whichever op of it comes first) declares a REDUCE_SCATTER after each
+    backward and no ALL_GATHER."""
+    result = _sharded_compile(tmp_path, "1f1b", ["--zero", "1"], "one")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "one" / "plan.json").read_text())["version"] == 1
+    result = _sharded_compile(tmp_path, "1f1b", ["--zero", "3", "--no-reshard-after-forward"], "kept")
+    assert result.exit_code == 0, result.output
+    instrs = [i for rank in load_plan(tmp_path / "kept" / "plan.json").ranks for i in rank[0]]
+    declared = [(i.op, i.stage, i.mb) for i in instrs if i.op in ("ALL_GATHER", "REDUCE_SCATTER")]
+    assert declared and declared == [("REDUCE_SCATTER", i.stage, i.mb) for i in instrs if i.op == "B"]
+
+
+def test_collectives_out_of_order_between_two_ranks_of_a_group_are_reported_naming_both(tmp_path):
+    """DualPipe holds each stage on two ranks (0 and 3 hold stages 0 and 3), so ZeRO's collectives of
+    those stages are over the group [0, 3]. Rank 0's first ALL_GATHER and REDUCE_SCATTER over it swapped:
+    the check reports both of the group's collectives that now differ, each naming rank 0's and rank 3's."""
+    from schedc.checks.channels import check_channels
+    from schedc.plan import Plan
+    result = _sharded_compile(tmp_path, "dualpipe", ["--zero", "3"], "dp")
+    assert result.exit_code == 0, result.output
+    plan = load_plan(tmp_path / "dp" / "plan.json")
+    assert check_channels(plan) == []
+    stream = list(plan.ranks[0][0])
+    ours = [k for k, i in enumerate(stream) if i.group == (0, 3)]
+    first = next(k for k in ours if stream[k].op == "ALL_GATHER")
+    scatter = next(k for k in ours if stream[k].op == "REDUCE_SCATTER")
+    stream[first], stream[scatter] = stream[scatter], stream[first]
+    mutated = Plan(plan.meta, ((tuple(stream), *plan.ranks[0][1:]), *plan.ranks[1:]))
+    messages = [d.message for d in check_channels(mutated)]
+    assert any("#0 of group [0, 3]: rank 0 REDUCE_SCATTER, rank 3 ALL_GATHER" in m for m in messages), messages
+    assert any(" of group [0, 3]: rank 0 ALL_GATHER, rank 3 REDUCE_SCATTER" in m for m in messages), messages

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from schedc.diagnostics import EXIT_CODES, SCHEDULE, USAGE, SchedError, error, exit_code, usage
 
-RUN_FAILURES = {"ExecutionError", "RecomputeError", "ChunkError", "OffloadError"}  # a rank failing while it runs: each rank reports its own
+RUN_FAILURES = {"ExecutionError", "RecomputeError", "ChunkError", "OffloadError", "ExchangeError"}  # a rank failing while it runs: each rank reports its own
 
 
 def test_a_sched_error_exits_by_its_kind():

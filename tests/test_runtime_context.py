@@ -115,7 +115,16 @@ WIDE = {  # eight ranks
     "cp_dp_zb_h1": ("zb_h1", {"p": 2, "m": 4}, ["--cp", "2", "--dp", "2"]),
     "zero3_tp_interleaved": ("interleaved_1f1b", {"p": 2, "v": 2, "m": 4}, ["--zero", "3", "--tp", "2", "--dp", "2"]),
 }
-LAYOUT = {"--cp": 1, "--tp": 1, "--sequence-parallel": 0, "--recompute": 1, "--zero": 1}  # option: values it takes
+SHARDED = {  # four ranks: ZeRO's shards over d x cp
+    "cp_dp_zero1": ("1f1b", {"p": 1, "m": 4}, ["--cp", "2", "--dp", "2", "--zero", "1"]),
+    "cp_dp_zero2": ("1f1b", {"p": 1, "m": 4}, ["--cp", "2", "--dp", "2", "--zero", "2"]),
+    "cp_dp_zero3": ("1f1b", {"p": 1, "m": 4}, ["--cp", "2", "--dp", "2", "--zero", "3"]),
+    "cp_dp_zero3_kept": ("1f1b", {"p": 1, "m": 4}, ["--cp", "2", "--dp", "2", "--zero", "3",
+                                                     "--no-reshard-after-forward"]),
+    "cp_zero3_zb_h1": ("zb_h1", {"p": 2, "m": 4}, ["--cp", "2", "--zero", "3"]),
+}
+LAYOUT = {"--cp": 1, "--tp": 1, "--sequence-parallel": 0, "--recompute": 1, "--zero": 1,
+          "--no-reshard-after-forward": 0}  # option: values it takes
 
 
 def _reference_options(options: list[str]) -> list[str]:
@@ -165,11 +174,40 @@ def test_eight_rank_combinations(plans, tmp_path):  # noqa: F811
     _run_against_reference(plans, tmp_path, WIDE, 8)
 
 
+@pytest.mark.slow
+def test_context_parallel_runs_with_zero_give_the_reference(plans, tmp_path):  # noqa: F811
+    """One 4-rank launch, three AdamW steps each: cp = 2, d = 2 at p = 1 under ZeRO 1, 2 and 3 (resharding
+    after each op, and not), the weights, gradients and optimizer state sharded over the four data x
+    context ranks; and cp = 2 alone under ZB-H1 at p = 2 with ZeRO 3 (sharded over the two context
+    ranks): the first step's gradients (gathered from the shards) and the three losses are the
+    one-process reference's, rel <= 1e-5."""
+    _run_against_reference(plans, tmp_path, SHARDED, 4)
+
+
+def test_the_shards_are_over_data_and_context_ranks():
+    """--zero 3 with --cp 2 and --dp 1 is accepted (two context ranks to shard over); with neither it is not."""
+    from schedc.runtime.process.options import OptionError, parse_options
+    opts = parse_options(["plan.json", *MODEL, "--cp", "2", "--zero", "3"])
+    assert (opts.zero, opts.cp, opts.dp) == (3, 2, 1)
+    with pytest.raises(OptionError, match="give --dp 2 or more \\(or --cp 2 or more"):
+        parse_options(["plan.json", *MODEL, "--zero", "2"])
+
+
+def test_a_chunked_plan_with_context_parallelism_is_refused_with_its_reason():
+    from schedc.driver import compile_file
+    from schedc.plan import PlanError
+    from schedc.runtime.execution.chunks import check_chunks
+    from schedc.runtime.process.options import parse_options
+    plan = compile_file("seq1f1b", ["p=2", "m=4", "k=2"]).plan
+    with pytest.raises(PlanError, match="chunks i and 2cp-1-i of it, so a chunk's attention would need"):
+        check_chunks(plan, parse_options(["plan.json", *MODEL, "--cp", "2"]))
+
+
 @pytest.mark.parametrize("options,message", [
     (["--cp", "3"], "--cp 3 cuts the sequence into 6 equal chunks; the sequence length 16 (--seq) does not divide"),
     (["--cp", "4", "--seq", "24", "--heads", "4", "--tp", "4", "--sequence-parallel"],
      "--tp 4 does not divide each context rank's 6 tokens"),
-    (["--cp", "2", "--dp", "2", "--zero", "1"], "--cp 2 does not compose with --zero yet"),
+    (["--cp", "2", "--tasks", "kfac"], "--cp 2 does not compose with --tasks yet (K-FAC's factors are taken"),
     (["--cp", "0"], "--cp must be >= 1"),
 ])
 def test_context_options_that_do_not_fit_are_refused(options, message):

@@ -19,6 +19,7 @@ from .bytes import expert_shards
 from .hardware import ADAM_BYTES_PER_PARAM, Part, Setting
 from .stages import StageCosts, overlapped_pair
 from ..text import GIB
+from .state_terms import state_terms
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ def predict(st: Setting, schedule, timing, free_makespan: float, costs: StageCos
                       breakdown, gpus, schedule.microbatches, batch, tuple(memory),
                       {**utilization(m, lay, batch, iteration, gpus, st.cluster.peak_flops), "critical_device": worst, "largest_memory_device": top, "overlap_hidden_s": _r(hidden),
                        "deferred_w_gib": _r(deferred_w_bytes(st, schedule, top) / GIB),
+                       "state_breakdown": {k + "_gib": _r(v / GIB) for k, v in state_terms(m, lay, schedule)[top].items()},
                        "makespan_without_comm_s": _r(free), "bubble": round(bubble(timing.makespan, timing.busy), 9),
                        **op_seconds(costs, m), **a2a_split(costs, schedule, worst, held.a2a, m)})
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops import COPY, OpKind
+from ..ir import Issued
+from ..ops import COPY, Opcode, OpKind
 from .bytes import stage_holders, stage_params
 from .hardware import Setting
 
-_GRADIENTS = frozenset({OpKind.B.value, OpKind.W.value})  # the ops that finish a microbatch's weight gradients
+_GRADIENTS = (OpKind.B.value, OpKind.W.value)  # the ops that finish a microbatch's weight gradients
 
 
 def gathering(order, reshard_after_forward: bool) -> list[bool]:
@@ -97,3 +98,36 @@ def sharded_collectives(st: Setting, schedule) -> Sharded | None:
     seconds = tuple(collective_seconds(st, schedule.stages, s, len(holders.get(s, [0])))
                     for s in range(schedule.stages))
     return Sharded(lay.sharding, lay.reshard_after_forward, seconds)
+
+
+# the ops that compute with a stage's parameters: each gathers them first under ZeRO 3 with resharding
+_COMPUTING = (OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value, OpKind.R.value)
+# the ops of an attention layer's forward (the K/V all-gather) and of its input gradient (its backward,
+# a reduce-scatter of the gathered K/V's gradients) under context parallelism
+_CONTEXT = ((OpKind.F.value, Opcode.ALL_GATHER.value), (OpKind.R.value, Opcode.ALL_GATHER.value),
+            (OpKind.B.value, Opcode.REDUCE_SCATTER.value), (OpKind.I.value, Opcode.REDUCE_SCATTER.value))
+
+
+def declared_collectives(st: Setting, schedule) -> tuple[Issued, ...]:
+    """What the plan declares of ZeRO and context parallelism (Schedule.collectives), after the op that
+    issues them, in this order:
+
+        ZeRO 2 or 3    B (and W with a split backward) REDUCE_SCATTER: the microbatch's gradients, as Sharded times
+        ZeRO 3, reshard_after_forward: every op computing with the stage (F, B, I, W, R) ALL_GATHER of its
+                       parameters first (declared after it: one order per group is what the check needs)
+        cp > 1         F and R ALL_GATHER of keys and values, B and I REDUCE_SCATTER of their gradients
+
+    ZeRO's over the stage's shard group (its replicas with it: shard_group), context parallelism's over
+    the op's own lane. One collective stands for an op's layers. ZeRO 3 without resharding gathers a
+    stage once a step, at whichever op of it comes first (gathering()): not declared."""
+    lay = st.layout
+    out: list[Issued] = []
+    if lay.sharding == 3 and lay.reshard_after_forward and lay.dp * lay.cp > 1:
+        out += [Issued(kind, Opcode.ALL_GATHER.value, replicas=True) for kind in _COMPUTING]
+    if lay.sharding >= 2 and lay.dp * lay.cp > 1:
+        split = schedule.split_backward or schedule.mixed_backward
+        out += [Issued(kind, Opcode.REDUCE_SCATTER.value, replicas=True)
+                for kind in (_GRADIENTS if split else (OpKind.B.value,))]
+    if lay.cp > 1:
+        out += [Issued(kind, collective) for kind, collective in _CONTEXT]
+    return tuple(out)

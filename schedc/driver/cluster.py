@@ -21,7 +21,7 @@ from ..costmodel.hardware import stage_layers
 from ..costmodel.stages import chunk_multipliers
 from ..costmodel import Prediction, Setting, costs_problem, link_times, predict, stage_costs
 from ..costmodel.experts import expert_collectives
-from ..costmodel.sharding import sharded_collectives
+from ..costmodel.sharding import declared_collectives, sharded_collectives
 from ..diagnostics import Diagnostic, error
 from ..layout import ClusterRequest, Layout
 from ..ops import OpKind
@@ -85,7 +85,8 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         schedule = elaborate(decl, source, Options(overrides, {**costs.costs(), **placed}, model_layers=st.model.layers, layer_split=_split(st.layout),
                                                    task_scale=_forward_scale(probe, costs), chunk_costs=by_chunk,
                                                    max_ops=max_ops))
-        schedule = replace(schedule, collectives=expert_collectives(st, schedule.stages))  # declared in the plan
+        schedule = replace(schedule, collectives=expert_collectives(st, schedule.stages)  # declared in the plan
+                           + declared_collectives(st, schedule))
         links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, collectives=sharded)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)

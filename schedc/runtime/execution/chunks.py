@@ -196,7 +196,10 @@ def check_chunks(plan: Plan, opts) -> None:
     if chunks == 1:
         return
     if opts.cp > 1:
-        raise PlanError(f"--cp {opts.cp} does not compose with a chunked plan (Seq1F1B's {chunks} chunks) yet")
+        raise PlanError(f"--cp {opts.cp} does not compose with a chunked plan (Seq1F1B's {chunks} chunks) yet: "
+                        "Seq1F1B runs a sequence's consecutive chunks one after another while --cp gives each rank "
+                        "chunks i and 2cp-1-i of it, so a chunk's attention would need the earlier chunks' keys and "
+                        "values from every context rank, which neither exchange provides")
     ops = sorted({i.op for steps in plan.ranks for step in steps for i in step} - RUNS)
     if ops:
         names = {Opcode.I.value: "split backward (I, W)", Opcode.W.value: "split backward (I, W)",

@@ -392,8 +392,10 @@ class Executor:
             self.shards.reduce_gradients()
         elif self.world.dp_group is not None:
             ranks = self.world.dp_ranks()
-            for stage in self.stages.values():
-                self._all_reduce(stage.flat_grad, self.world.dp_group, ranks)
+            for stage in self.stages.values():  # with --ep the routed experts' apart (exchanges.py)
+                self._all_reduce(getattr(stage, "dense_grad", stage.flat_grad), self.world.dp_group, ranks)
+                if getattr(stage, "expert_grad", None) is not None and self.world.expert_data_group is not None:
+                    self._all_reduce(stage.expert_grad, self.world.expert_data_group, self.world.expert_data_ranks())
         if self.clip_grad is not None:
             self._clip()
         if self.before_update is not None:

@@ -24,6 +24,7 @@ from ..execution import chunks
 from ..process.plugins import load_function
 from ..execution.recompute import recomputed
 from .decoder import build_decoder
+from .experts import build_moe_decoder, moe_problem
 from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding,
                               declare, qualified)
 from ..errors import UserError
@@ -57,6 +58,14 @@ class ModelConfig:
     bias: str = "all"
     family: str = "gpt"
     max_positions: int | None = None
+    experts: int = 0  # a mixture of experts (runtime/model/experts.py): the MoE facts of schedc.descriptions
+    top_k: int = 0
+    moe_ffn: int = 0
+    shared_experts: int = 0
+    first_k_dense: int = 0
+    router: str = "softmax"
+    capacity_factor: float = 0.0
+    aux_loss: float = 0.0
 
     def __post_init__(self):
         if self.kv_heads is None:
@@ -68,8 +77,9 @@ class ModelConfig:
 # The model facts a description may state beside the sizes, as schedc.descriptions declares them (each
 # one's type and the values it may take), and the MLP's width. The runtime builds the GPT (Block) where
 # every fact is the GPT's, else the Llama-family decoder of schedc/runtime/model/decoder.py under Hugging
-# Face's parameter names. Of the descriptions' facts, those of a dense decoder (ModelConfig's): a mixture
-# of experts or latent attention is predicted by the compiler and refused here (description.py).
+# Face's parameter names. Of the descriptions' facts, those of a dense decoder (ModelConfig's); a mixture
+# of experts' are ModelConfig's too (runtime/model/experts.py), latent attention is predicted by the
+# compiler and refused here (description.py).
 FACTS: dict[str, tuple[type, tuple | None]] = {key: kind for key, kind in {**FACT_FIELDS, "ffn": (int, None)}.items()
                                                if key in {f.name for f in fields(ModelConfig)}}
 
@@ -259,7 +269,7 @@ def gpt_problem(cfg: ModelConfig) -> str | None:
 
 def uses_gpt(cfg: ModelConfig) -> bool:
     """Whether the facts are the GPT's (Block), else the decoder's (runtime/model/decoder.py)."""
-    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings
+    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings and not cfg.experts
             and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias) == ("gelu", "layernorm", "learned", "all"))
 
 
@@ -280,7 +290,7 @@ def model_problem(cfg: ModelConfig) -> str | None:
     if cfg.tied_embeddings:
         return ("tied_embeddings: the runtime builds the embedding and the output layer as separate weights "
                 "(model.embed_tokens, lm_head); describe the model with tied_embeddings = false")
-    return None
+    return moe_problem(cfg)
 
 
 def build_gpt(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
@@ -297,6 +307,8 @@ def build_model(cfg: ModelConfig) -> list[tuple[str, nn.Module]]:
     problem = model_problem(cfg)
     if problem:
         raise ModelError(problem)
+    if cfg.experts:
+        return build_moe_decoder(cfg)
     return build_gpt(cfg) if uses_gpt(cfg) else build_decoder(cfg)
 
 

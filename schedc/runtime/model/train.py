@@ -23,6 +23,8 @@ from ..execution import checkpoint, context, trace
 from ..execution.chunks import check_chunks
 from ..execution.clocks import DeviceClock
 from ..execution.executor import Executor, attach_flat_grads
+from ..execution.exchanges import attach_expert_grads, check_exchanges, count_routed, exchange_problem
+from .experts import ExpertGroup, expert_names, keep_local_experts, routed_tokens, tokens_per_expert
 from ..execution.lifetimes import BUILTIN
 from ..execution.memory import SavedBytes
 from .init import materialize_pieces
@@ -35,6 +37,7 @@ from ..process.watchdog import Watchdog
 from ..process.world import Env, World, check_size, pick_device, start, stop, warm_up
 from .data import Dataset, load_dataset
 from ..process.plugins import load_function
+from .zero import state_bytes
 
 
 def model_pieces(opts) -> list:
@@ -181,6 +184,8 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         if key not in plan.meta:
             raise PlanError(f"the plan has no {key!r}")
     check_messages(plan)
+    if exchange_problem(plan, opts.ep):
+        raise PlanError(exchange_problem(plan, opts.ep))
     if opts.save:
         checkpoint.check_save_over(opts.save, opts.resume, opts.overwrite)
         checkpoint.check_writable(opts.save)
@@ -228,7 +233,7 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
     matmul_precision(opts, device)
-    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp)
+    world = start(plan, opts.dp, env, device, opts.timeout, opts.tp, opts.cp, opts.ep)
     warm_up(world)  # every channel's communicator made before step 0
     if world.cp > 1:
         dataset = context.ContextData(dataset, world.cp, world.context)
@@ -245,6 +250,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     tp = TensorGroup(world.tp, world.tensor, world.tensor_group, opts.sequence_parallel)
     held = held_stages(plan, world.plan_rank)
     for s in held:  # this rank's pieces get their weights; the others stay on the meta device (init.py)
+        keep_local_experts(runs[s], ExpertGroup(world.ep, world.lane % world.ep, world.expert_group))
         materialize_pieces(runs[s], opts.seed)
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held}
     _recompute(stages, len(runs), opts.recompute)
@@ -255,6 +261,10 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    if world.ep > 1:  # each op's expert all-to-alls against the plan's declared ones (exchanges.py)
+        check_exchanges(executor)
+    if opts.model_config.experts and opts.report_out:
+        count_routed(executor)
     context.configure(opts.model_config.seq, world.cp, world.context, world.context_group)
     executor.scale /= world.cp  # a context rank's loss is the mean over 1/cp of the sequence's tokens
     executor.tp, executor.messages = tp, Messages(tp, opts.scatter_gather)
@@ -274,18 +284,22 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
 
 
 def _shards(stages: dict[int, Stage], opts, world: World):
-    """Flat gradient buffers for every stage; with --zero 1, 2 or 3 and --dp > 1 this data-parallel
-    rank's shards (sharding.py, zero.py), else None."""
-    sharded = opts.zero >= 1 and world.dp > 1
+    """Flat gradient buffers for every stage; with --zero 1, 2 or 3 over more than one data x context
+    rank this rank's shards (sharding.py, zero.py), else None. The shards are over the gradient-averaging
+    group, d x cp (Megatron-Core's distributed optimizer over its data-and-context group), in its order."""
+    count, index = world.dp * world.cp, world.replica * world.cp + world.context  # world.dp_ranks()'s order
+    sharded = opts.zero >= 1 and count > 1
     for stage in stages.values():
-        attach_flat_grads(stage, world.dp if sharded else 1)
+        attach_flat_grads(stage, count if sharded else 1)
+        if world.ep > 1:  # the experts' gradients apart, reduced over their own group
+            attach_expert_grads(stage)
     if not sharded:
         return None
     from .sharding import Shards
     from .zero import ZeroShards
-    if opts.zero == 1:  # each data-parallel rank steps 1/dp of the weights
-        return Shards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks())
-    return ZeroShards(stages, world.dp, world.replica, world.dp_group, world.dp_ranks(), opts.zero,
+    if opts.zero == 1:  # each data x context rank steps 1/(d cp) of the weights
+        return Shards(stages, count, index, world.dp_group, world.dp_ranks())
+    return ZeroShards(stages, count, index, world.dp_group, world.dp_ranks(), opts.zero,
                       opts.reshard_after_forward)
 
 
@@ -386,9 +400,12 @@ def _grad_dumper(directory: str, first: int, world: World):
             return
         if executor.shards is not None and executor.shards.level >= 2:  # the reduce-scattered shards, whole
             executor.shards.gather_gradients()
-        mine = {} if world.replica else {name: grad for stage in executor.stages.values()
-                                          for name, grad in gathered_gradients(stage, executor.tp).items()}
-        mine = {} if world.tensor or world.context else mine
+        mine = {} if world.replica and world.ep == 1 else {
+            name: grad for stage in executor.stages.values() for name, grad in gathered_gradients(stage, executor.tp).items()}
+        experts = {name for stage in executor.stages.values() for name in expert_names(stage)}
+        if world.ep > 1:  # the experts from the ranks of the first expert group, the rest from replica 0
+            mine = {k: v for k, v in mine.items() if (world.lane < world.ep if k in experts else world.lane == 0)}
+        mine = {} if world.tensor or (world.context and world.ep == 1) else mine
         parts = [None] * world.size if world.rank == 0 else None
         dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:
@@ -408,24 +425,30 @@ def _finish(plan: Plan, opts, world: World, executor: Executor, origin: int, fir
     summary = executor.meter.summary() if executor.meter is not None else None
     if summary is not None:
         summary["parameter_bytes"] = parameter_bytes(executor)
+        summary["state_bytes"] = state_bytes(executor.stages, executor.shards, executor.optimizer)
         summary["plan_rank"] = world.plan_rank
         summary["peak_rss_bytes"] = peak_rss_bytes()
+    routed = {} if world.tensor else {k: v for s in executor.stages.values() for k, v in routed_tokens(s).items()}
     parts = [None] * world.size if world.rank == 0 else None
-    dist.gather_object((mine, summary), parts, dst=0)
+    dist.gather_object((mine, summary, routed), parts, dst=0)
     if world.rank != 0:
         return
-    events = [e for part, _ in parts for e in part]
+    events = [e for part, _, _ in parts for e in part]
     measured = [e for e in events if e.step >= first + opts.warmup]
-    memory = trace.memory_report([summary for _, summary in parts]) if summary is not None else None
-    _write_outputs(plan, opts, world, events, measured, memory)
+    memory = trace.memory_report([summary for _, summary, _ in parts]) if summary is not None else None
+    _write_outputs(plan, opts, world, events, measured, memory, tokens_per_expert([r for _, _, r in parts],
+                                                                                  opts.steps - first))
 
 
-def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list, memory: dict | None = None) -> None:
+def _write_outputs(plan: Plan, opts, world: World, events: list, measured: list, memory: dict | None = None,
+                   experts: dict | None = None) -> None:
     if opts.trace_out:
         trace.write_json(opts.trace_out, trace.chrome_trace(events, plan))
     rep = trace.report(measured, plan, world.size)
     if memory is not None:
         rep["memory"] = memory
+    if experts:
+        rep["tokens_per_expert_per_step"] = experts
     if opts.report_out:
         trace.write_json(opts.report_out, rep)
     if opts.profile_out:

@@ -49,6 +49,7 @@ class ZeroShards(Shards):
         self.pointers: dict[int, int | None] = {s: None for s in stages}
         self.shard_bytes = sum(_bytes(shard) for shard in self.by_stage.values())
         self.held_bytes = self.peak_held = sum(_bytes(flat) for flat in self.weights.values())
+        self.grad_bytes = self.peak_grads = 0  # the whole gradient buffers held, now and at most
         for s in self.grads:
             _free(self.grads[s])
         if level == 3:
@@ -66,7 +67,7 @@ class ZeroShards(Shards):
             if self.level == 3 and unit.op in READS_WEIGHTS:
                 self._gather(unit.stage)
             if unit.op in WRITES_GRADS or unit.op == Opcode.SYNC_GRAD:
-                _allocate(self.grads[unit.stage])
+                self._hold_grads(unit.stage)
 
     def after(self, instr: Instr) -> None:
         """With --reshard-after-forward, free the weights of every stage the instruction computed."""
@@ -78,7 +79,7 @@ class ZeroShards(Shards):
     def reduce_gradients(self) -> None:
         """Each rank's gradient shards, summed over the data-parallel ranks (a reduce-scatter)."""
         for s, flat in self.grads.items():
-            _allocate(flat)  # a stage that computed nothing this step contributes zeros
+            self._hold_grads(s)  # a stage that computed nothing this step contributes zeros
             try:
                 dist.reduce_scatter(self.by_stage[s].grad, list(flat.chunk(self.dp)), group=self.group)
             except Exception as exc:
@@ -96,6 +97,7 @@ class ZeroShards(Shards):
         left sharded until their next use (--zero 3)."""
         for flat in self.grads.values():
             _free(flat)
+        self.grad_bytes = 0
         for shard in self.by_stage.values():
             shard.grad.zero_()
         if self.level == 3:
@@ -109,7 +111,18 @@ class ZeroShards(Shards):
         the gathered stages' whole buffers at their peak."""
         return self.shard_bytes + self.peak_held
 
+    def gradient_bytes(self) -> int:
+        """The most gradient bytes this rank held at once: its shards' and the whole buffers at their peak."""
+        return sum(_bytes(shard.grad) for shard in self.by_stage.values()) + self.peak_grads
+
     # -- buffers -------------------------------------------------------------------------------
+
+    def _hold_grads(self, s: int) -> None:
+        flat = self.grads[s]
+        if not _held(flat):
+            _allocate(flat)
+            self.grad_bytes += _bytes(flat)
+            self.peak_grads = max(self.peak_grads, self.grad_bytes)
 
     @torch.no_grad()
     def _gather(self, s: int) -> None:
@@ -153,3 +166,29 @@ def _allocate(flat: torch.Tensor) -> None:
     if not _held(flat):
         flat.untyped_storage().resize_(_bytes(flat))
         flat.zero_()
+
+
+def state_bytes(stages: dict, shards, optimizer) -> dict[str, int]:
+    """This rank's training state by term, each at its most over the run, in the cost model's terms
+    (schedc/costmodel/state_terms.py): the weights it keeps (whole, or its shards under --zero 3),
+    the stages --zero 3 gathered, the gradients (whole buffers and reduce-scattered shards), the
+    optimizer's state (AdamW's moments, and the fp32 shards it steps where those are copies), and
+    AdamW's step counters apart (one fp32 scalar a tensor it steps, which no term predicts)."""
+    counters = moments = 0
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                counters += _bytes(value) if key == "step" else 0
+                moments += 0 if key == "step" else _bytes(value)
+    if shards is None:
+        weights = sum(_bytes(p) for stage in stages.values() for p in stage.parameters())
+        return {"weights": weights, "gathered": 0, "optimizer_state": moments, "step_counters": counters,
+                "gradients": sum(_bytes(stage.flat_grad) for stage in stages.values())}
+    copies = sum(_bytes(shard) for shard in shards.parameters())
+    whole = sum(_bytes(flat) for flat, _, _ in shards.parts)
+    gradients = shards.gradient_bytes() if shards.level >= 2 else sum(_bytes(s.flat_grad) for s in stages.values())
+    if shards.level == 3:
+        return {"weights": copies, "gathered": shards.peak_held, "gradients": gradients,
+                "optimizer_state": moments, "step_counters": counters}
+    return {"weights": whole, "gathered": 0, "gradients": gradients, "optimizer_state": copies + moments,
+            "step_counters": counters}

@@ -11,6 +11,7 @@ from dataclasses import fields
 from schedc.descriptions import DescriptionError, is_hf_config, known_models, read_hf_config, resolve_model
 
 from ..errors import UserError
+from ..model.experts import MOE_FACTS
 from ..model.gpt import FACTS, ModelConfig, fact_problem
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -48,8 +49,9 @@ def read_description(name: str, seq: int | None) -> tuple[dict, dict]:
     return _read_toml(path, text)
 
 
-# what the runtime takes of a config.json's facts (schedc.descriptions.ModelFacts)
-HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS)
+# what the runtime takes of a config.json's facts (schedc.descriptions.ModelFacts): a mixture of experts'
+# too (runtime/model/experts.py says which it builds)
+HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS, *MOE_FACTS)
 
 
 def _hf_facts(path: str, text: str, seq: int | None) -> dict:
@@ -59,15 +61,19 @@ def _hf_facts(path: str, text: str, seq: int | None) -> dict:
         raise DescriptionFileError(f"{path}:{exc.line}:{exc.col}: error: {exc.message}", located=True) from None
     except ValueError as exc:  # an integer past Python's int-to-str limit
         raise DescriptionFileError(f"--model {path}: {str(exc).split(';')[0]}") from None
-    if facts.moe or facts.mla:
-        raise DescriptionFileError(f"--model {path}: {not_dense(facts.experts, facts.mla)}")
+    if facts.mla:
+        raise DescriptionFileError(f"--model {path}: {not_dense(0, facts.mla)}")
     return {key: getattr(facts, key) for key in HF_FACTS}
 
 
 def not_dense(experts: int, mla: bool) -> str:
-    what = f"a mixture of {experts} experts" if experts else "multi-head latent attention"
-    return (f"{what}: the runtime builds dense decoders (GPT and the Llama family); schedc simulate and tune "
-            "predict this model")
+    """Why the runtime does not build the description: latent attention, or experts stated in a model TOML
+    file (it builds a mixture of experts from a Hugging Face config.json: runtime/model/experts.py)."""
+    if experts:
+        return (f"a mixture of {experts} experts in a model TOML file: the runtime builds Mixtral-style experts from "
+                "a Hugging Face config.json (model_type mixtral); schedc simulate and tune predict this model")
+    return ("multi-head latent attention: the runtime builds standard and grouped-query attention; schedc "
+            "simulate and tune predict this model")
 
 
 def _read_toml(path: str, text: str) -> tuple[dict, dict]:
@@ -85,7 +91,7 @@ def _read_toml(path: str, text: str) -> tuple[dict, dict]:
         size = table.pop("microbatch_size")
         if table.setdefault("mb_size", size) != size:
             raise DescriptionFileError(f"--model {path}: mb_size {table['mb_size']!r} and microbatch_size {size!r} differ")
-    known = {f.name for f in fields(ModelConfig)} - {"extra"}
+    known = {f.name for f in fields(ModelConfig)} - {"extra", *MOE_FACTS}  # a TOML's experts: refused (options.py)
     values = {k: v for k, v in table.items() if k in known}
     for key, value in values.items():
         problem = fact_problem(key, value) if key in FACTS else None

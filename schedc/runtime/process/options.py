@@ -12,6 +12,7 @@ from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout, flag
 
 from .description import DescriptionFileError, not_dense, read_description
 from ..errors import UserError
+from ..model.experts import ep_problem
 from ..model.gpt import ModelConfig, model_problem, tp_problem
 
 MIN_TIMEOUT = 1.0  # seconds: under it the ranks' rendezvous store times out before they meet (0.01 did)
@@ -346,6 +347,7 @@ def _check(opts: argparse.Namespace) -> None:
     _check_paths(opts)
     _check_zero(opts)
     _check_context(opts)
+    _check_experts(opts)
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -417,8 +419,9 @@ def _check_zero(opts: argparse.Namespace) -> None:
         opts.reshard_after_forward = opts.zero == 3
     if opts.zero < 2:
         return
-    if opts.dp < 2:
-        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more")
+    if opts.dp * opts.cp < 2:
+        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more (or --cp 2 "
+                          "or more: the shards are over d x cp)")
     given = [name for name, on in (("--clip-grad", opts.clip_grad is not None), ("--save", opts.save),
                                    ("--resume", opts.resume), ("--tasks", opts.tasks)) if on]
     if given:
@@ -440,7 +443,20 @@ def _check_context(opts: argparse.Namespace) -> None:
     if opts.sequence_parallel and (seq // cp) % opts.tp:
         raise OptionError(f"--sequence-parallel with --cp {cp}: --tp {opts.tp} does not divide each context rank's "
                           f"{seq // cp} tokens")
-    given = [name for name, on in (("--zero", opts.zero >= 1), ("--model-code", opts.model_code),
-                                   ("--tasks", opts.tasks)) if on]
+    given = [(name, why) for name, on, why in (
+        ("--model-code", opts.model_code, "a user model's attention does not exchange keys and values over the "
+         "context ranks"),
+        ("--tasks", opts.tasks, "K-FAC's factors are taken over whole sequences")) if on]
     if given:
-        raise OptionError(f"--cp {cp} does not compose with {given[0]} yet; leave one of them out")
+        raise OptionError(f"--cp {cp} does not compose with {given[0][0]} yet ({given[0][1]}); leave one of them out")
+
+
+def _check_experts(opts: argparse.Namespace) -> None:
+    """--ep: experts to split, ep dividing them and d x cp (experts.ep_problem); what it does not compose
+    with yet (the whole gradients or optimizer state read or written in one place)."""
+    others = {"--zero": opts.zero >= 1, "--clip-grad": opts.clip_grad is not None, "--save": bool(opts.save),
+              "--resume": bool(opts.resume), "--tasks": bool(opts.tasks), "--model-code": bool(opts.model_code),
+              "--sequence-parallel": opts.sequence_parallel}
+    problem = ep_problem(opts.model_config, opts.ep, opts.dp * opts.cp, others)
+    if problem:
+        raise OptionError(problem)

@@ -52,6 +52,9 @@ class World:
     tensor_group: object | None = None  # this rank's tensor-parallel group (None for --tp 1)
     cp: int = 1
     context_group: object | None = None  # this rank's context-parallel group (None for --cp 1)
+    ep: int = 1
+    expert_group: object | None = None  # this rank's expert-parallel group (None for --ep 1)
+    expert_data_group: object | None = None  # the ranks holding its experts (None where only it does)
 
     @property
     def coordinates(self) -> Coordinates:
@@ -73,6 +76,12 @@ class World:
     def context(self) -> int:
         return self.coordinates.context
 
+    @property
+    def lane(self) -> int:
+        """This rank's place among its stage's d x cp data and context ranks (data-major): the expert
+        group is the ep consecutive lanes holding it, its index there the rank's expert block."""
+        return self.replica * self.cp + self.context
+
     def global_rank(self, plan_rank: int) -> int:
         """The rank of `plan_rank` in this rank's replica, context and tensor lane."""
         return rank_at(plan_rank, self.replica, self.tensor, self.tp, self.dp, self.context, self.cp)
@@ -82,6 +91,11 @@ class World:
         (and context rank: the context ranks' gradients are parts of one sequence's)."""
         return [rank_at(self.plan_rank, d, self.tensor, self.tp, self.dp, c, self.cp)
                 for d in range(self.dp) for c in range(self.cp)]
+
+    def expert_data_ranks(self) -> list[int]:
+        """The ranks holding this rank's experts: its plan and tensor rank in the lanes ep apart."""
+        return [rank_at(self.plan_rank, j // self.cp, self.tensor, self.tp, self.dp, j % self.cp, self.cp)
+                for j in range(self.lane % self.ep, self.dp * self.cp, self.ep)]
 
 
 def world_words(dp: int, tp: int, cp: int = 1) -> str:
@@ -108,7 +122,8 @@ def pick_device(choice: str, env: Env) -> torch.device:
     return torch.device("cuda", env.local_rank)
 
 
-def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, tp: int = 1, cp: int = 1) -> World:
+def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, tp: int = 1, cp: int = 1,
+          ep: int = 1) -> World:
     """Join the process group (unless this process has joined it already: a process that runs several
     plans keeps it) and create every subgroup of the plan (sorted, identical on all ranks): one group
     per direction of every channel and per gradient-sync group in each (replica, tensor rank), one per
@@ -121,7 +136,7 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
         dist.init_process_group(backend, timeout=wait, **({"device_id": device} if device.type == "cuda" else {}))
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)
-    world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp, cp=cp)
+    world = World(dist.get_rank(), dist.get_world_size(), plan.devices, dp, device, tp=tp, cp=cp, ep=ep)
     for pair in channels(plan):
         _add_group(world.channels, pair, _per_lane(world, list(pair), wait))
     for group in sync_groups(plan):
@@ -136,7 +151,19 @@ def start(plan: Plan, dp: int, env: Env, device: torch.device, timeout: float, t
     if cp > 1:
         world.context_group = _mine(world, [[rank_at(p, d, k, tp, dp, c, cp) for c in range(cp)]
                                             for p, k in lanes for d in range(dp)], wait)
+    if ep > 1:
+        _expert_groups(world, lanes, wait)
     return world
+
+
+def _expert_groups(world: World, lanes: list[tuple[int, int]], wait: timedelta) -> None:
+    """Per (plan rank, tensor rank), its d x cp ranks in lane order cut into expert groups of ep
+    consecutive ones, and the expert-data-parallel groups of the ranks ep apart (Megatron-Core's)."""
+    d, c, t, ep = world.dp, world.cp, world.tp, world.ep
+    ranks = [[rank_at(p, j // c, k, t, d, j % c, c) for j in range(d * c)] for p, k in lanes]
+    world.expert_group = _mine(world, [line[i:i + ep] for line in ranks for i in range(0, d * c, ep)], wait)
+    if d * c > ep:
+        world.expert_data_group = _mine(world, [line[i::ep] for line in ranks for i in range(ep)], wait)
 
 
 def warm_up(world: World) -> None:
