@@ -87,6 +87,7 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
                    "inter": (float, 1, "NCCL bus bandwidth over the network, fraction of the link")},
 }
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
+_OPTIONAL_KEYS = {"gpu": ("dtype", "fp8_tflops"), "efficiency": ("gemm_fp8",)}  # read on their own, below
 # the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
@@ -148,10 +149,7 @@ def load_cluster(name: str) -> ClusterSpec:
     gpu_dtype = _gpu_dtype(table, source, diags)
     for section, fields in _CLUSTER_FIELDS.items():
         given = table.get(section) if isinstance(table.get(section), dict) else {}
-        if section == "gpu":
-            given = {k: v for k, v in given.items() if k not in ("dtype", "fp8_tflops")}
-        if section == "efficiency":
-            given = {k: v for k, v in given.items() if k != "gemm_fp8"}
+        given = {k: v for k, v in given.items() if k not in _OPTIONAL_KEYS.get(section, ())}
         diags += unknown_keys([k for k in given if k not in fields],
                               lambda k, section=section, fields=fields: f"unknown key '{section}.{k}' (keys: "
                                                                         f"{', '.join(fields)})",
