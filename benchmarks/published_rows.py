@@ -10,7 +10,7 @@ Each row becomes one command:
         [--moe-dispatcher alltoall|flex]] [--zero 3
         [--reshard-after-forward|--no-reshard-after-forward]] [--distributed-optimizer] [--fp8]
         [--recompute R] [--sequence-parallel] [--tp-comm-overlap] [--overlap-param-gather]
-        [--overlap-grad-reduce] [--account-for-embedding --account-for-loss] [--stage-layers N,...] --json
+        [--overlap-grad-reduce] [--eager] [--account-for-embedding --account-for-loss] [--stage-layers N,...] --json
 
 A row whose recipe overlaps the MoE all-to-all (moe_a2a_overlap) runs as combined_1f1b, Megatron-Core's
 combined 1F1B, with the row's v.
@@ -59,7 +59,8 @@ METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "memory_gib")
 UNITS = {"tokens_per_s_per_gpu": "tok/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU", "memory_gib": "GiB"}
 # a flag of the command -> the row field that switches it on (True in the data file)
 SWITCHES = {"--sequence-parallel": "sequence_parallel", "--tp-comm-overlap": "tp_comm_overlap",
-            "--overlap-param-gather": "overlap_param_gather", "--overlap-grad-reduce": "overlap_grad_reduce"}
+            "--overlap-param-gather": "overlap_param_gather", "--overlap-grad-reduce": "overlap_grad_reduce",
+            "--eager": "eager"}  # the last: torchtitan without torch.compile
 
 
 class NotPredictable(Exception):
@@ -114,7 +115,7 @@ def command(row: dict) -> tuple[list[str], bool]:
     if value(row, "precision")[0] == "fp8":
         args.append("--fp8")
     recompute = value(row, "recompute")[0]  # stated: schedc's default (full) is no publisher's statement
-    if recompute not in ("none", "selective", "full"):
+    if recompute not in ("none", "selective", "full", "selective-ops"):  # the last: torchtitan's per-op policy
         raise NotPredictable(f"recompute '{recompute}' has no schedc form")
     args += ["--recompute", recompute]
     args += [flag for flag, key in SWITCHES.items() if row.get(key) is True]

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RECOMPUTE = ("full", "selective", "none")  # as the options list them: Megatron-LM's Table 1 first
+SELECTIVE_OPS = "selective-ops"  # torchtitan's per-op selective checkpointing (the cost model's; not searched by default)
+RECOMPUTE_FORMS = RECOMPUTE + (SELECTIVE_OPS,)  # every --recompute the options take
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,8 @@ class Layout:
                                          # over etp GPUs, independent of t; None: t (the experts split as the MLP)
     moe_dispatcher: str | None = None    # the MoE token dispatcher: alltoall (a copy per expert) or flex (DeepEP:
                                          # once per GPU and per node); None: the model's (costmodel/experts.py)
+    eager: bool = False                  # the block's elementwise work unfused, kernel by kernel (torchtitan
+                                         # without torch.compile), not in fused kernels
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -307,8 +311,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("global_batch", "Global batch B in sequences: m = B / (b d) unless -D m= is given", int, "BATCH",
                  runtime=False),
     LayoutOption("recompute", "Activation recomputation: full recomputes each layer in its backward, selective only "
-                 "the attention core (score product, softmax, value product), none keeps everything", str,
-                 choices=RECOMPUTE, searched="Recomputation choices to search (default all three)",
+                 "the attention core (score product, softmax, value product), none keeps everything, selective-ops "
+                 "keeps what torchtitan's per-op policy saves (the flash attention's output and every other matmul's, "
+                 "selective_ac_option 'op') and recomputes the rest", str,
+                 choices=RECOMPUTE_FORMS, searched="Recomputation choices to search (default all three)",
                  defaults=(("runtime", "none"), ("calibrate", "none"))),
     LayoutOption("sequence_parallel", "Sequence parallelism (with t > 1): layer norms and residuals on 1/t of the "
                  "sequence, reduce-scatter/all-gather around the tensor-parallel layers (Korthikanti et al. 2022)", words="sequence parallel"),
@@ -363,6 +369,9 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
                  "nodes once per node, forwarded there over NVLink (default: flex for a model with group-limited "
                  "routing, DeepSeek-V3's node-limited dispatch, else alltoall)", str, "KIND", ("alltoall", "flex"),
                  runtime=False),
+    LayoutOption("eager", "The Llama block's elementwise work run eagerly, one kernel a torch op (torchtitan without "
+                 "torch.compile: RMSNorm in fp32, complex rotary, repeat_kv's copies, SiLU and the product apart, each "
+                 "through HBM) instead of in fused kernels", runtime=False, words="eager elementwise"),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

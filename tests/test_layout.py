@@ -28,7 +28,7 @@ def test_the_rank_order_is_tensor_innermost_and_invertible():
 def test_the_switches_are_named_once():
     assert [name for name, _, _ in SWITCHES] == ["sequence_parallel", "overlap_grad_reduce", "blocking_p2p",
                                                 "distributed_optimizer", "tp_comm_overlap", "overlap_param_gather",
-                                                "fp8", "post_validation"]
+                                                "fp8", "post_validation", "eager"]
     assert flag("sequence_parallel") == "--sequence-parallel"
     assert switches_on(Layout(sequence_parallel=True, blocking_p2p=True)) == ["sequence parallel", "blocking sends"]
     assert switches_on({"distributed_optimizer": True}) == ["distributed optimizer"]
@@ -83,13 +83,14 @@ def test_the_runtime_takes_the_old_spelling_of_the_microbatch_size_unshown():
 
 
 def test_recompute_has_one_choice_list_and_each_verbs_default_in_its_help():
-    from schedc.layout import OPTION, RECOMPUTE
+    from schedc.layout import OPTION, RECOMPUTE, RECOMPUTE_FORMS, SELECTIVE_OPS
     from schedc.runtime.execution.recompute import MODES
-    assert set(MODES) == set(RECOMPUTE) and OPTION["recompute"].choices == RECOMPUTE
+    assert set(MODES) == set(RECOMPUTE) and OPTION["recompute"].choices == RECOMPUTE_FORMS
+    assert RECOMPUTE_FORMS == RECOMPUTE + (SELECTIVE_OPS,)  # the runtime refuses the last by name
     assert _click_options("simulate")["--recompute"].help.endswith("default full).")
     assert _click_options("calibrate")["--recompute"].help.endswith("default none).")
     assert _runtime_actions()["--recompute"].help.endswith("(default none)")
-    assert _click_options("tune")["--recompute"].metavar == ",".join(RECOMPUTE)
+    assert _click_options("tune")["--recompute"].metavar == ",".join(RECOMPUTE_FORMS)
 
 
 @pytest.mark.parametrize("verb", ["compile", "simulate", "render", "tune", "calibrate", "check"])

@@ -55,7 +55,8 @@ def test_each_row_states_a_full_layout_that_multiplies_to_its_gpus(row):
     for key, value in row.items():
         if key in LAYOUT and isinstance(value, str):
             assert value in OPEN or key in ("precision", "recompute", "tp_comm_overlap"), (row["id"], key, value)
-    assert row["recompute"] in ("none", "selective", "full", "unstated") or row["recompute"].startswith("modules ")
+    assert row["recompute"] in ("none", "selective", "full", "selective-ops", "unstated") or \
+        row["recompute"].startswith("modules ")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["id"] for row in ROWS])

@@ -216,7 +216,6 @@ def test_a_stage_saves_the_activation_tables_bytes(kv_heads, mode):
 @pytest.mark.parametrize("changes,message", [
     ({"kv_heads": 3}, "key/value heads 3 do not divide heads 4"),
     ({"hidden": 72, "heads": 8, "kv_heads": 4}, "rotary positions need an even head size, got 9"),
-    ({"tied_embeddings": True}, "tied_embeddings: the runtime builds the embedding and the output layer as separate"),
     ({"mlp": "relu"}, "mlp must be one of gelu, swiglu, got 'relu'"),
     ({"norm_eps": -1.0}, "norm_eps must be positive, got -1.0"),
     ({"positions": "learned", "max_positions": 8}, "seq 16 is beyond the model's 8 learned positions"),

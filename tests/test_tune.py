@@ -518,7 +518,7 @@ def test_why_ranks_exactly_as_the_exhaustive_search_does(model):
     ("t=2 q=1", "unknown key 'q'"),
     ("t=x", "t must be a positive integer, got 'x'"),
     ("t=1_0", "t must be a positive integer, got '1_0'"),
-    ("recompute=some", "recompute is one of full, selective, none, got 'some'"),
+    ("recompute=some", "recompute is one of full, selective, none, selective-ops, got 'some'"),
     ("t=2 t=4", "t= is given twice"),
 ])
 def test_why_refuses_what_is_no_configuration(model, why, message):

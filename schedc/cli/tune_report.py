@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ..diagnostics import usage
-from ..layout import LAYOUT_OPTIONS, RECOMPUTE, Layout, SplitError, option_flags, parse_stage_layers, reshard_problem, run_flags
+from ..layout import LAYOUT_OPTIONS, RECOMPUTE, RECOMPUTE_FORMS, Layout, SplitError, option_flags, parse_stage_layers, reshard_problem, run_flags
 from ..diagnostics import SCHEDULE, SchedError
 from ..costmodel.fit import sharding_words
 from ..text import GIB, more, ordinal, plural, rate
@@ -66,7 +66,7 @@ def request_from(o: dict[str, Any]) -> Request:
                         f"(e.g. 80GiB)")
     return Request(o["model"], o["cluster"], o["gpus"], o["global_batch"],
                    schedules=_names(o["schedules"], "--schedules"), memory_limit=limit,
-                   recompute=_names(o["recompute"], "--recompute", RECOMPUTE) or RECOMPUTE,
+                   recompute=_names(o["recompute"], "--recompute", RECOMPUTE_FORMS) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
                    exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
                    layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"),
@@ -123,8 +123,8 @@ def parse_why(text: str) -> dict[str, Any]:
             asked = text if len(text) <= 80 else text[:60] + "..."
             raise usage(f"--why {asked!r}: {key} must be a positive integer, got {shown!r}")
         wanted[key] = kind(value)
-        if key == "recompute" and value not in RECOMPUTE:
-            raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE)}, got {value!r}")
+        if key == "recompute" and value not in RECOMPUTE_FORMS:
+            raise usage(f"--why {text!r}: recompute is one of {', '.join(RECOMPUTE_FORMS)}, got {value!r}")
     if not wanted:
         raise usage("--why: give a configuration, as --why '1f1b t=8 p=1'")
     return wanted

@@ -24,7 +24,12 @@ Rotary positions keep nothing more (their backward reads the angles, not the act
 models train without dropout (m = 0).
 
 Selective recomputation drops the core, full keeps the layer's input only (s·b·h values, over t with
-sequence parallelism). Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
+sequence parallelism). torchtitan's per-op selective checkpointing (selective-ops: parallelize_llama.py's
+_save_list and "op" policy at 9dec370) keeps the block's input, the flash attention's output with its
+log-sum-exp, and the output of every other matmul of the block counted in forward order, the first, third,
+fifth... (Q, K, V, the projection, then a SwiGLU's gate, up and down: Q, V, gate and down kept; a GeLU
+MLP's in and out: its in kept); everything else (norms, rotary, the activation, K, the projection, up) is
+recomputed in the backward. Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
 sbh(10 + 24/t + 5as/(ht)), and sbh(34 + 5as/h)/t with sequence parallelism.
 
 This module imports nothing of schedc and no torch: the cost model and the runtime's benchmark read it.
@@ -102,6 +107,8 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     the last bit; the fp32 statistics come on top."""
     sbh, w, m = z.seq * z.batch * z.hidden, facts.value_bytes, facts.mask_bytes
     spread = tp if sequence_parallel else 1
+    if recompute == "selective-ops":
+        return op_policy_bytes(z, facts)
     if recompute == "full":
         return w * sbh / spread
     replicated = 4 * w + 2 * m
@@ -118,6 +125,28 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     elif recompute == "none":
         stats += FP32_BYTES * z.heads * tokens / tp  # the fused kernel's log-sum-exp
     return sbh * per_sbh + stats
+
+
+def op_matmuls(z: Sizes, facts: Facts) -> tuple[tuple[float, float], ...]:
+    """A block's matmuls as (output width, input width) in the order its forward runs them (torchtitan's
+    Llama block: wq, wk, wv, wo, then w1, w3, w2 for a SwiGLU; a GeLU MLP's in and out). The per-op
+    policy keeps the outputs of [::2] and recomputes [1::2] (costmodel/stages.py's op_policy_gemms)."""
+    h, kv, f = z.hidden, z.kv_hidden, z.ffn
+    mlp = ((f, h), (f, h), (h, f)) if facts.gated else ((f, h), (h, f))
+    return ((h, h), (kv, h), (kv, h), (h, h)) + mlp
+
+
+def op_policy_bytes(z: Sizes, facts: Facts) -> float:
+    """Bytes torchtitan's per-op policy keeps of one block (t = 1, a flash kernel): the block's input,
+    the odd-numbered matmuls' outputs (the policy saves mm but every second one), the flash kernel's
+    output and its fp32 log-sum-exp per head and token.
+
+        Llama 3.1 8B, b 2, s 8192 (h 4096, kv 1024, f 14336, 32 heads), bf16:
+        2·16384·(4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4·32·16384 = 1,042,284,544
+    """
+    tokens = z.seq * z.batch
+    kept = sum(width for width, _ in op_matmuls(z, facts)[::2])
+    return facts.value_bytes * tokens * (z.hidden + kept + z.hidden) + FP32_BYTES * z.heads * tokens
 
 
 def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,

@@ -238,13 +238,13 @@ def activation_peaks(model: ModelSpec, layout: Layout, schedule, peaks) -> tuple
 def working_bytes(model: ModelSpec, layout: Layout, last: bool) -> float:
     """Memory a backward needs on top of what is kept: what recomputation rebuilds of one layer (full:
     the layer's activations; selective: the attention core it dropped, so selective never holds more
-    than none), and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
+    than none; selective-ops: what none keeps beyond the per-op policy's), and on the last stage the fp32 logits of the cross entropy (4·s·b·V/t)."""
     whole = layer_activation_bytes(model, replace(layout, recompute="none"))
     extra = 0.0
     if layout.recompute == "full":
         extra = whole
-    elif layout.recompute == "selective":
-        extra = whole - layer_activation_bytes(model, layout)
+    elif layout.recompute in ("selective", "selective-ops"):  # what the layer's recomputation rebuilds
+        extra = max(0.0, whole - layer_activation_bytes(model, layout))
     if last:
         extra += 4 * (model.seq // layout.cp) * layout.microbatch_size * model.vocab / layout.tp
     return extra

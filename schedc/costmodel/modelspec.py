@@ -132,7 +132,7 @@ _HF_KEYS = {"layers": ("num_hidden_layers", "n_layer"), "hidden": ("hidden_size"
                                                                       "n_head"),
             "ffn": ("intermediate_size", "n_inner"), "vocab": ("vocab_size",), "seq": (),
             "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
-            "moe_ffn": ("moe_intermediate_size", "intermediate_size")}
+            "moe_ffn": ("moe_intermediate_size", "intermediate_size"), "window": ("sliding_window",)}
 
 
 def model_span(source: Source, fact: str) -> Span:

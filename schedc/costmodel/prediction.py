@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..descriptions import parameters
+from ..descriptions.facts import window_share
 from .specs import ModelSpec
 from ..layout import Layout
 from ..passes.timing import bubble
@@ -56,7 +57,8 @@ def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
     """Model FLOPs of one step (Narayanan et al. 2021, eq. 3, for any ffn): every layer's forward 4
     times with full recomputation (forward, recomputation, two for the backward), 3 times otherwise;
     the logit layer 3 times. A layer's forward: its linear GEMMs (Q and the projection h x h, K and V
-    h x kv_hidden, the MLP's two or, SwiGLU, three h x f) and the attention products (4s^2h).
+    h x kv_hidden, the MLP's two or, SwiGLU, three h x f) and the attention products (4s^2h; with a
+    sliding window w < s, 4s^2h times its share of causal attention's pairs, facts.window_share).
 
         GPT: 2s(4h^2 + 2hf) + 4s^2h;  Llama 3.1 8B (h 4096, kv 1024, f 14336): 2s(2h^2 + 2h kv + 3hf) + 4s^2h
     """
@@ -64,7 +66,7 @@ def model_flops(model: ModelSpec, layout: Layout, batch: int) -> float:
         return moe_model_flops(model, layout, batch)
     s, h, f = model.seq, model.hidden, model.ffn
     linear = 2 * h * h + 2 * h * model.kv_hidden + (3 if model.mlp == "swiglu" else 2) * h * f
-    per_layer = 2 * s * linear + 4 * s * s * h
+    per_layer = 2 * s * linear + 4 * s * s * h * window_share(s, model.window)  # a sliding window's pairs
     passes = 4 if layout.recompute == "full" else 3
     return batch * (passes * model.layers * per_layer + 3 * 2 * s * h * model.vocab)
 

@@ -29,7 +29,7 @@ from .kernels import AttentionKernel, dump_attention, read_attention
 from .located import locate, read_toml, source_text, unknown_keys
 from .modelspec import ModelSpec, load_model_spec, model_span, read_fields  # noqa: F401  (the cost model's model, here too)
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, error, usage
-from ..layout import ZERO_LEVELS, Layout, SplitError
+from ..layout import SELECTIVE_OPS, ZERO_LEVELS, Layout, SplitError
 from ..ops import OpKind
 from ..text import GIB
 
@@ -348,6 +348,7 @@ def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source
             raise SchedError(error(f"--tp {t} does not divide '{key}' ({value}): tensor parallelism splits "
                                    f"the {what} {t} ways", model_span(source, key)), source, kind=USAGE)
     _check_sharding(model, layout, source)
+    _check_torchtitan_forms(model, layout)
     check_experts(model, layout, source)
     if layout.global_batch is not None:
         unit = layout.microbatch_size * layout.dp
@@ -374,11 +375,35 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
         raise SchedError(error(f"--cp {cp} needs a flash attention kernel (attention = \"flash\"): context "
                                "parallelism computes attention block by block as keys and values go round the "
                                "ring", model_span(source, "attention")), source, kind=USAGE)
+    if cp > 1 and model.window is not None and model.window < model.seq:
+        raise SchedError(error(f"--cp {cp} with a sliding window of {model.window:,} tokens: the ring's load-balanced "
+                               "blocks are charged as causal attention over the whole sequence; give --cp 1",
+                               model_span(source, "window")), source, kind=USAGE)
     if layout.zero == 3 and layout.overlap_grad_reduce:
         raise usage("--zero 3 with --overlap-grad-reduce is not supported: the flag describes torch DDP's "
                     "all-reduce of replicas, and level 3 reduce-scatters its gradients itself")
     if layout.zero in (2, 3) and layout.distributed_optimizer:
         raise usage(f"--zero {layout.zero} with --distributed-optimizer: the flag is --zero 1; give one level")
+
+
+def _check_torchtitan_forms(model: ModelSpec, layout: Layout) -> None:
+    """--eager is modelled for torchtitan's Llama block at t = 1. --recompute selective-ops is torchtitan's
+    per-op policy as its Llama block runs it at t = 1, cp = 1 in 16 bits with a flash kernel (its Tables 1
+    and 3); elsewhere what the policy saves differs (a
+    tensor-parallel block saves reduce-scatter outputs, torchao's Float8 GEMMs are not the mm it counts,
+    an MoE block has other matmuls): a usage error naming what is not modelled."""
+    if layout.eager and (layout.tp > 1 or model.moe or model.mla or (model.norm, model.positions, model.mlp) !=
+                         ("rmsnorm", "rope", "swiglu")):
+        raise usage("--eager is torchtitan's Llama block run without torch.compile (RMSNorm, rotary positions, SwiGLU) "
+                    "at t = 1; this model or layout has another block")
+    if layout.recompute != SELECTIVE_OPS:
+        return
+    other = [name for name, on in ((f"--tp {layout.tp}", layout.tp > 1), (f"--cp {layout.cp}", layout.cp > 1),
+                                   ("--fp8", layout.fp8), ("experts", model.moe or model.mla),
+                                   ("attention without a flash kernel", not model.flash)) if on]
+    if other:
+        raise usage(f"--recompute selective-ops (torchtitan's per-op policy) is modelled for a dense model in 16 bits "
+                    f"at t = 1 and cp = 1 with a flash kernel, not with {', '.join(other)}")
 
 
 def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:

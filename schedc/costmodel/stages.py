@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..descriptions.facts import window_share
 from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
+from .activations import op_matmuls
 from .attention import kernel_ring_exposed, kernel_terms
-from .bytes import layer_params
+from .bytes import activation_sizes, layer_params
 from .experts import moe_layer_parts
 from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
@@ -68,6 +70,8 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     elementwise = hw.memory(w * (ELEMENTWISE * replicated + mlp_values + TRANSPOSES * bs * h / t))
     if m.positions == "rope":  # rotary embedding of Q and K: read and written once each
         elementwise += hw.memory(w * 2 * bs * (h + m.kv_hidden) / t)
+    if lay.eager:  # kernel by kernel instead of the fused forms above
+        elementwise = eager_elementwise(st)
     if lay.fp8:
         elementwise += fp8_casts(st)
     attention, attention_elementwise, attention_backward = attention_terms(st)
@@ -76,7 +80,8 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     ring_forward, ring_backward = ring_exposed(st) if lay.cp > 1 else (0.0, 0.0)
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
-    recompute = {"full": forward, "selective": core, "none": Part()}[lay.recompute]
+    recompute = {"full": forward, "selective": core, "none": Part(),
+                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise)}[lay.recompute]
     return {F: forward,
             I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
             W: Part(gemms + accumulate, 0.0),
@@ -93,6 +98,16 @@ def linear_gemms(st: Setting) -> tuple[float, ...]:
     up = 2 * f / t if m.mlp == "swiglu" else f / t
     return (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
             hw.gemm(bs, h, f / t, fp8=fp8))
+
+
+def op_policy_gemms(st: Setting) -> tuple[float, ...]:
+    """The GEMMs torchtitan's per-op selective checkpointing recomputes in a block's backward (--recompute
+    selective-ops, t = 1): every second matmul in forward order (activations.op_matmuls), K and the
+    projection, then a SwiGLU's up (w3) or a GeLU MLP's second; the kept ones (Q, V, gate, down) and the
+    flash attention are not rerun."""
+    sizes, facts = activation_sizes(st.model, st.layout)
+    bs = st.layout.microbatch_size * st.tokens
+    return tuple(st.hw.gemm(bs, n, k) for n, k in op_matmuls(sizes, facts)[1::2])
 
 
 def tp_collectives(st: Setting) -> float:
@@ -123,6 +138,24 @@ def tp_exposure(st: Setting) -> tuple[float, float]:
             tp_collectives(replace(st, layout=replace(on, tp_comm_overlap=False))))
 
 
+def eager_elementwise(st: Setting) -> float:
+    """A Llama block's elementwise forward run eagerly, one kernel a torch op, as torchtitan's model.py (at
+    9dec370) writes it, seconds at HBM speed (t = 1; the fused forms' traffic is what --eager replaces).
+    Bytes a token, bf16 activations (2), fp32 intermediates (4):
+
+        each RMSNorm (two)   x.float() 2+4, pow 4+4, mean 4, x * rsqrt 4+4, type_as 4+2, * weight 2+2 = 36 h
+        rotary on Q and K    .float() 2+4, complex product 4+4, type_as 4+2                         = 20 (h + kv)
+        repeat_kv            K and V expanded to the heads and copied: read 2 kv, write 2 h, each   =  4 (h + kv)
+        attention output     transpose(1, 2).contiguous(): read and write                           =  4 h
+        SwiGLU               silu(w1) 2+2 f, silu * w3 2+2+2 f                                      = 10 f
+        residual adds (two)  read 2 + 2, write 2                                                    = 12 h
+
+    in all 112 h + 24 kv + 10 f (Llama 3.1 8B: 626,688 bytes a token)."""
+    m, lay = st.model, st.layout
+    per_token = 112 * m.hidden + 24 * m.kv_hidden + 10 * m.ffn
+    return st.hw.memory(per_token * lay.microbatch_size * st.tokens)
+
+
 def fp8_casts(st: Setting) -> float:
     """What Transformer Engine's FP8 GEMMs add in HBM traffic per layer and pass (forward, or the
     backward's input gradients): each linear GEMM's input read at 16 bits and written at 8 with its
@@ -148,7 +181,10 @@ def layer_overhead(st: Setting) -> dict[str, float]:
 def attention_terms(st: Setting) -> tuple[float, float, float]:
     """One layer's terms that grow with the square of the sequence, one microbatch: the attention
     products (QK^T and the product with V), the s x s softmax and dropout through HBM (none with a flash
-    kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed)."""
+    kernel: on chip), and the backward's products (2.5 forwards' with flash, the scores recomputed). A
+    sliding window w < s (Mistral's) leaves a flash kernel the band's pairs (window_share: FlashAttention-2's
+    window skips the blocks outside it); a standard kernel computes the s x s products and scores and
+    masks them, as Hugging Face's eager attention does, so its time and saved scores do not change."""
     m, lay, hw = st.model, st.layout, st.hw
     if m.flash and not m.mla and st.cluster.attention is not None:  # the cluster's kernel (attention.py)
         return kernel_terms(st)
@@ -156,6 +192,8 @@ def attention_terms(st: Setting) -> tuple[float, float, float]:
     attention = 2 * hw.gemm(s, s, h / a, count=b * a / t)
     if lay.cp > 1:  # context parallelism: the diagonal block and cp - 1 half blocks (causal_blocks)
         attention *= causal_blocks(lay.cp)
+    if m.flash:  # a sliding window: the kernel skips the blocks outside the band (a standard one masks them)
+        attention *= window_share(s, m.window)
     elementwise = 0.0 if m.flash else hw.memory(w * ATTENTION_ELEMENTWISE * b * (a / t) * s * s)
     return attention, elementwise, (2.5 if m.flash else 2) * attention
 
@@ -204,7 +242,7 @@ def chunk_multipliers(st: Setting, costs: StageCosts, chunks: int) -> dict[str, 
     attention, elementwise, backward = attention_terms(st)
     layers = stage_layers(st.model, len(costs.parts[F]), st.layout)
     core = 0.0 if st.model.flash else attention + elementwise  # selective recomputation's (layer_parts)
-    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0}
+    recompute = {"full": attention + elementwise, "selective": core, "none": 0.0, "selective-ops": 0.0}
     square = {F: attention + elementwise, I: backward + 2 * elementwise + recompute[st.layout.recompute], W: 0.0}
     square[B] = square[I]
     out = {}

@@ -82,6 +82,12 @@ class ModelFacts:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     mtp: int = 0             # multi-token-prediction depth: that many extra blocks on the last stage
+    # a sliding window (Mistral's sliding_window, Qwen2's with use_sliding_window): each query attends to
+    # the last `window` positions, itself included (None: every earlier position)
+    window: int | None = None
+    # Llama 3.1's rope_scaling ("llama3"): (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings), a change of the rotary frequencies alone (None: unscaled)
+    rope_scaling: tuple[float, float, float, int] | None = None
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -149,7 +155,7 @@ class ModelFacts:
 FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
     "kv_heads": (int, None), "mlp": (str, MLPS), "norm": (str, NORMS), "norm_eps": (float, None),
     "positions": (str, POSITIONS), "rope_theta": (float, None), "tied_embeddings": (bool, None),
-    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES)}
+    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES), "window": (int, None)}
 # The facts of a mixture of experts, latent attention and a head width of its own (moe.py): the cost
 # model's (a TOML model file may state them); the runtime does not build them yet
 MOE_FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
@@ -207,3 +213,22 @@ def _total(facts: ModelFacts, routed: int | None) -> int:
 def extra_parameters(facts: ModelFacts) -> int:
     """The multi-token-prediction blocks' own weights (moe.mtp_parameters), beside `parameters`."""
     return mtp_parameters(facts)
+
+
+def attended_pairs(seq: int, window: int | None) -> int:
+    """The (query, key) pairs causal attention computes over `seq` tokens, the query at position i
+    (1-based) attending to min(window, i) keys: s(s+1)/2 without a window, w(w+1)/2 + (s - w)w with one.
+
+    >>> attended_pairs(4, None), attended_pairs(4, 2), attended_pairs(4, 9)
+    (10, 7, 10)
+    """
+    w = seq if window is None else min(window, seq)
+    return w * (w + 1) // 2 + (seq - w) * w
+
+
+def window_share(seq: int, window: int | None) -> float:
+    """The share of full causal attention's pairs a sliding window leaves (1.0 where it covers the
+    sequence): what the attention products of a kernel that skips the masked blocks cost."""
+    if window is None or window >= seq:
+        return 1.0
+    return attended_pairs(seq, window) / attended_pairs(seq, None)

@@ -142,7 +142,7 @@ def _llama_facts(config: dict, values: dict, fail) -> dict:
            "norm_eps": _number(config, "rms_norm_eps", fail, 1e-6),
            "rope_theta": _number(config, "rope_theta", fail, 10000.0),
            "tied_embeddings": _flag(config, "tie_word_embeddings", fail, False),
-           "attention": "flash"}
+           "attention": "flash", "window": _window(config, values, fail), "rope_scaling": _rope_scaling(config, fail)}
     for key in ("attention_bias", "mlp_bias"):
         if values["bias"] == "none" and _flag(config, key, fail, False):
             raise fail(f"'{key}' true: schedc models the {values['family']} family without biases", key)
@@ -156,3 +156,53 @@ def _gpt2_facts(config: dict, values: dict, fail) -> dict:
             "max_positions": _size(config, "n_positions", fail, 1024),
             "norm_eps": _number(config, "layer_norm_epsilon", fail, 1e-5),
             "tied_embeddings": _flag(config, "tie_word_embeddings", fail, True)}
+
+
+def _window(config: dict, values: dict, fail) -> int | None:
+    """Mistral's sliding_window (null: none); Qwen2's where use_sliding_window is true, on the layers
+    from max_window_layers on (transformers' layer_types): every layer (0) or none (all layers below
+    it), a window on some layers only refused. Other families' configs have none."""
+    family = values["family"]
+    if family == "qwen2":
+        if not _flag(config, "use_sliding_window", fail, False):
+            return None
+        below = config.get("max_window_layers", 28)
+        if below != 0 and _size(config, "max_window_layers", fail, 28) < values["layers"]:
+            raise fail(f"'max_window_layers' {below}: a sliding window on layers {below} to {values['layers'] - 1} "
+                       "only; schedc models one attention span for every layer (0: all, num_hidden_layers: none)",
+                       "max_window_layers")
+        return _size(config, "sliding_window", fail) if below == 0 else None
+    if family == "mistral" and config.get("sliding_window") is not None:
+        return _size(config, "sliding_window", fail)
+    return None
+
+
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope_scaling(config: dict, fail) -> tuple[float, float, float, int] | None:
+    """rope_scaling of rope_type "llama3" (Llama 3.1, 3.2) as (factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings); null or "default": None; another type refused by name."""
+    scaling = config.get("rope_scaling")
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise fail(f"'rope_scaling' must be an object or null, got {scaling!r}", "rope_scaling")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise fail(f"rope_scaling of rope_type {kind!r}: schedc applies \"llama3\" (Llama 3.1's) alone", "rope_scaling")
+    values = []
+    for key in ROPE_SCALING_KEYS:
+        value = scaling.get(key)
+        whole = key == "original_max_position_embeddings"
+        if (not isinstance(value, int if whole else (int, float)) or isinstance(value, bool) or not 0 < value
+                <= MAX_SIZE):
+            raise fail(f"rope_scaling's '{key}' must be a positive {'integer' if whole else 'number'}, got {value!r}",
+                       "rope_scaling")
+        values.append(value if whole else float(value))
+    if not values[2] > values[1]:
+        raise fail(f"rope_scaling's 'high_freq_factor' ({values[2]}) must exceed 'low_freq_factor' ({values[1]})",
+                   "rope_scaling")
+    return tuple(values)

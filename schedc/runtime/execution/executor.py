@@ -128,6 +128,7 @@ class Executor:
         self.clip_grad: float | None = None  # --clip-grad: the global norm the gradients are brought to
         self.clip_stages: list[int] = []  # the stages whose gradients this rank counts in the norm (once each)
         self.set_lr: Callable[[int], None] | None = None  # --lr-warmup-steps, --lr-decay-steps
+        self.tied = None  # a tied embedding's pair on this rank (model/tied.py: TiedEmbeddings)
         setup_tasks(self)  # task modules attach their state and hooks (schedc/runtime/execution/tasks.py)
 
     # -- program ---------------------------------------------------------------------------------
@@ -388,6 +389,8 @@ class Executor:
         self.sends.clear()
         self._check_drained()
         sync_partial_gradients(self.stages.values(), self.tp)  # sequence-parallel layer norms' parts
+        if self.tied is not None:  # a tied embedding's two gradients summed (model/tied.py)
+            self.tied.sum_gradients()
         if self.shards is not None and self.shards.level >= 2:  # reduce-scattered (zero.py)
             self.shards.reduce_gradients()
         elif self.world.dp_group is not None:
@@ -412,14 +415,16 @@ class Executor:
     def _clip(self) -> None:
         """--clip-grad: the global norm over every stage once (its replicas and data-parallel copies hold
         the same synced gradients; under --tp a split weight's shards each once, a replicated one on
-        tensor rank 0), summed over all ranks; every gradient scaled by clip_coefficient."""
+        tensor rank 0; a tied embedding's copy not at all), summed over all ranks; every gradient scaled by
+        clip_coefficient."""
         square = torch.zeros((), dtype=torch.float32, device=self.world.device)
+        copies = {id(p) for p in self.tied.copies} if self.tied is not None else set()  # counted as the embedding
         for s in self.clip_stages:
-            if self.tp.size == 1:
+            if self.tp.size == 1 and not copies:
                 square += self.stages[s].flat_grad.float().square().sum()
                 continue
             for _, param, split in global_splits(self.stages[s]):
-                if param.grad is not None and (isinstance(split, Split) or self.tp.rank == 0):
+                if param.grad is not None and id(param) not in copies and (isinstance(split, Split) or self.tp.rank == 0):
                     square += param.grad.float().square().sum()
         self._all_reduce(square, None, list(range(self.world.size)))
         factor = clip_coefficient(square, self.clip_grad)

@@ -1,5 +1,5 @@
 # The Llama-family decoder as the runtime's pieces: RMSNorm, rotary positions, grouped-query attention,
-# a SwiGLU MLP and untied embedding and output layers, under Hugging Face's parameter names
+# a SwiGLU MLP and untied (or tied: tied.py) embedding and output layers, under Hugging Face's parameter names
 # (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ..., model.norm.weight,
 # lm_head.weight), built from the model facts of ModelConfig; and its tensor-parallel form.
 #
@@ -23,6 +23,8 @@ from torch import nn
 from ..execution import chunks, context
 from ..execution.recompute import recomputed
 from .tensor_parallel import ColumnParallelLinear, RowParallelLinear, TensorGroup, VocabParallelEmbedding, declare
+from .spans import band, llama3_frequencies
+from .tied import TiedEmbedding, TiedHead
 
 
 # -- the operators -----------------------------------------------------------------------------------
@@ -77,10 +79,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _SwiGLU.apply(gate, up)
 
 
-def rotary_table(positions: int, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [positions, dim] of HF Llama's rotary embedding: frequency i of theta^(-2i/dim),
-    the dim/2 angles repeated for the two halves rotate_half pairs."""
+def rotary_table(positions: int, dim: int, theta: float, scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, dim] of HF Llama's rotary embedding: frequency i of theta^(-2i/dim)
+    (Llama 3.1's rope_scaling applied: spans.py), the dim/2 angles repeated for the two halves
+    rotate_half pairs."""
     inverse = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if scaling is not None:
+        inverse = llama3_frequencies(inverse, scaling)
     angles = torch.outer(torch.arange(positions, dtype=torch.float64), inverse)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().float(), angles.sin().float()
@@ -114,10 +119,13 @@ class Attention(nn.Module):
     recompute_core = False  # --recompute selective: the attention core is a recomputed region
 
     def __init__(self, q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module, o_proj: nn.Module, head_dim: int,
-                 rotary: tuple[torch.Tensor, torch.Tensor] | None):
+                 rotary: tuple[torch.Tensor, torch.Tensor] | None, band: torch.Tensor | None = None):
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.head_dim = q_proj, k_proj, v_proj, o_proj, head_dim
         self.rotary = rotary is not None
+        self.windowed = band is not None  # a sliding window's [seq, seq] mask (spans.band), a buffer too
+        if band is not None:
+            self.register_buffer("band", band, persistent=False)
         if rotary is not None:  # buffers: model state, not saved activations (runtime/execution/memory.py)
             self.register_buffer("cos", rotary[0], persistent=False)
             self.register_buffer("sin", rotary[1], persistent=False)
@@ -141,6 +149,8 @@ class Attention(nn.Module):
             cos, sin = self.angles(q.shape[2])
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k, v, mask = chunks.extend(k, v)  # with the earlier sequence chunks' within a chunk's forward
+        if self.windowed:  # no chunks nor context ranks (refused: train.check_plan): the whole sequence
+            mask = self.band[:q.shape[2], :q.shape[2]]
         y = recomputed(self.recompute_core, grouped_attention_core, q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1))
 
@@ -148,7 +158,7 @@ class Attention(nn.Module):
         """q heads and key/value heads split over the group (q, k, v column-, o row-parallel)."""
         return Attention(ColumnParallelLinear(self.q_proj, tp), ColumnParallelLinear(self.k_proj, tp),
                          ColumnParallelLinear(self.v_proj, tp), RowParallelLinear(self.o_proj, tp), self.head_dim,
-                         (self.cos, self.sin) if self.rotary else None)
+                         (self.cos, self.sin) if self.rotary else None, self.band if self.windowed else None)
 
 
 class MLP(nn.Module):
@@ -218,6 +228,7 @@ class Output(nn.Module):
     """The piece "" (model.norm, lm_head): the final norm and the untied output layer."""
 
     vocab_parallel = False  # True in the tensor-parallel form: [b, s, V/t] logits
+    tied = False  # lm_head a copy of the word embedding (tied.py)
 
     def __init__(self, norm: nn.Module, lm_head: nn.Module):
         super().__init__()
@@ -230,7 +241,7 @@ class Output(nn.Module):
     def tensor_parallel(self, tp: TensorGroup) -> nn.Module:
         """lm_head vocabulary-parallel (its logits stay split: the loss is vocab_parallel_loss)."""
         out = Output(self.model["norm"], ColumnParallelLinear(self.lm_head, tp))
-        out.vocab_parallel = True
+        out.vocab_parallel, out.tied = True, self.tied
         return declare(out, {}, tp)
 
 
@@ -240,12 +251,12 @@ def norm(cfg) -> nn.Module:
     return RMSNorm(cfg.hidden, cfg.norm_eps) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
 
 
-def attention(cfg, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> Attention:
+def attention(cfg, rotary: tuple[torch.Tensor, torch.Tensor] | None, window: torch.Tensor | None = None) -> Attention:
     head_dim, kv = cfg.hidden // cfg.heads, cfg.kv_heads * (cfg.hidden // cfg.heads)
     qkv_bias = cfg.bias in ("all", "qkv")
     return Attention(nn.Linear(cfg.hidden, cfg.hidden, bias=qkv_bias), nn.Linear(cfg.hidden, kv, bias=qkv_bias),
                      nn.Linear(cfg.hidden, kv, bias=qkv_bias), nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias == "all"),
-                     head_dim, rotary)
+                     head_dim, rotary, window)
 
 
 def mlp(cfg) -> MLP:
@@ -256,9 +267,14 @@ def mlp(cfg) -> MLP:
 
 def build_decoder(cfg) -> list[tuple[str, nn.Module]]:
     """The decoder's pieces (the caller checks the facts: model.model_problem)."""
-    rotary = rotary_table(cfg.seq, cfg.hidden // cfg.heads, cfg.rope_theta) if cfg.positions == "rope" else None
+    rotary = (rotary_table(cfg.seq, cfg.hidden // cfg.heads, cfg.rope_theta, cfg.rope_scaling)
+              if cfg.positions == "rope" else None)
     positions = nn.Embedding(cfg.seq, cfg.hidden) if cfg.positions == "learned" else None
-    pieces = [("model", Embedding(nn.Embedding(cfg.vocab, cfg.hidden), positions))]
-    pieces += [(f"model.layers.{i}", DecoderLayer(norm(cfg), attention(cfg, rotary), norm(cfg), mlp(cfg)))
+    window = band(cfg.seq, cfg.window) if cfg.window is not None and cfg.window < cfg.seq else None  # one for all
+    words = (TiedEmbedding if cfg.tied_embeddings else nn.Embedding)(cfg.vocab, cfg.hidden)
+    pieces = [("model", Embedding(words, positions))]
+    pieces += [(f"model.layers.{i}", DecoderLayer(norm(cfg), attention(cfg, rotary, window), norm(cfg), mlp(cfg)))
                for i in range(cfg.layers)]
-    return [*pieces, ("", Output(norm(cfg), nn.Linear(cfg.hidden, cfg.vocab, bias=False)))]
+    output = Output(norm(cfg), (TiedHead if cfg.tied_embeddings else nn.Linear)(cfg.hidden, cfg.vocab, bias=False))
+    output.tied = cfg.tied_embeddings
+    return [*pieces, ("", output)]

@@ -29,6 +29,7 @@ from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TensorGro
                               declare, qualified)
 from ..errors import UserError
 from .init import deferred_parameters, materialize_pieces, placeholder
+from .tied import tie_ends
 
 
 class ModelError(UserError):
@@ -58,6 +59,8 @@ class ModelConfig:
     bias: str = "all"
     family: str = "gpt"
     max_positions: int | None = None
+    window: int | None = None  # a sliding window (the decoder's banded mask: spans.py)
+    rope_scaling: tuple | None = None  # Llama 3.1's (factor, low, high, original positions): spans.py
     experts: int = 0  # a mixture of experts (runtime/model/experts.py): the MoE facts of schedc.descriptions
     top_k: int = 0
     moe_ffn: int = 0
@@ -269,7 +272,7 @@ def gpt_problem(cfg: ModelConfig) -> str | None:
 
 def uses_gpt(cfg: ModelConfig) -> bool:
     """Whether the facts are the GPT's (Block), else the decoder's (runtime/model/decoder.py)."""
-    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings and not cfg.experts
+    return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings and cfg.window is None and not cfg.experts
             and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias) == ("gelu", "layernorm", "learned", "all"))
 
 
@@ -287,9 +290,6 @@ def model_problem(cfg: ModelConfig) -> str | None:
         return f"key/value heads {cfg.kv_heads} do not divide heads {cfg.heads}"
     if cfg.positions == "rope" and (cfg.hidden // cfg.heads) % 2:
         return f"rotary positions need an even head size, got {cfg.hidden // cfg.heads} (hidden / heads)"
-    if cfg.tied_embeddings:
-        return ("tied_embeddings: the runtime builds the embedding and the output layer as separate weights "
-                "(model.embed_tokens, lm_head); describe the model with tied_embeddings = false")
     return moe_problem(cfg)
 
 
@@ -322,6 +322,7 @@ class Stage(nn.Module):
         super().__init__()
         self.names = [name for name, _ in pieces]
         self.pieces = nn.ModuleList(module for _, module in pieces)
+        tie_ends(self.pieces)  # both ends of a tied model in this stage: one tensor (tied.py)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The pieces from `start` on (the executor runs stage 0's first piece apart where its backward
@@ -331,8 +332,12 @@ class Stage(nn.Module):
         return x
 
     def global_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(qualified(prefix, name), param) for prefix, piece in zip(self.names, self.pieces)
-                for name, param in piece.named_parameters()]
+        """(unpartitioned name, parameter), a tensor two pieces share (tied.py) once, by its first name."""
+        found: dict[int, tuple[str, nn.Parameter]] = {}
+        for prefix, piece in zip(self.names, self.pieces):
+            for name, param in piece.named_parameters():
+                found.setdefault(id(param), (qualified(prefix, name), param))
+        return list(found.values())
 
 
 def load_builder(spec: str | None) -> Callable[[ModelConfig], list[tuple[str, nn.Module]]]:

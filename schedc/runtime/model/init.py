@@ -5,7 +5,8 @@
 #
 # A parameter is deferred where its module defines reset_parameters (nn.Linear, nn.Embedding,
 # nn.LayerNorm, a user module that declares one): materializing allocates it and calls that method under
-# the module's seed. Any other parameter (a user's nn.Parameter(torch.randn(...)), RMSNorm's ones) is
+# the module's seed (a module naming `seed_name` is seeded as that module: a tied output layer as the
+# word embedding, model/tied.py). Any other parameter (a user's nn.Parameter(torch.randn(...)), RMSNorm's ones) is
 # kept as its constructor made it, on the host, drawn from the global generator seeded once with --seed
 # in construction order, the same on every rank.
 from __future__ import annotations
@@ -58,7 +59,8 @@ def materialize(prefix: str, piece: nn.Module, seed: int, device: torch.device |
                 module._parameters[key] = nn.Parameter(torch.empty_like(param, device=device),
                                                        requires_grad=param.requires_grad)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(module_seed(seed, f"{prefix}.{name}" if name else prefix))
+            own = f"{prefix}.{name}" if name else prefix
+            torch.manual_seed(module_seed(seed, getattr(module, "seed_name", None) or own))  # a tied copy: its twin's
             with torch.no_grad():
                 module.reset_parameters()
 

@@ -357,11 +357,14 @@ def qualified(prefix: str, name: str) -> str:
 
 def global_splits(stage) -> list[tuple[str, nn.Parameter, Split | str | None]]:
     """A stage's (unpartitioned name, parameter, declaration), in the stage's order: the same on every
-    tensor rank."""
-    found = []
+    tensor rank (a tensor two pieces share, once)."""
+    found, seen = [], set()
     for prefix, piece in zip(stage.names, stage.pieces):
         splits = parameter_splits(piece)
-        found += [(qualified(prefix, name), p, splits[name]) for name, p in piece.named_parameters()]
+        for name, p in piece.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                found.append((qualified(prefix, name), p, splits[name]))
     return found
 
 

@@ -33,6 +33,8 @@ from ..execution.placed import check_placed
 from ..execution.recompute import apply_recompute
 from ..execution.tasks import load_task_modules, task_handler
 from .tensor_parallel import Messages, TensorGroup, gathered_gradients, vocab_parallel_loss
+from .spans import span_problem
+from .tied import OUTPUT, tied_pair, tied_problem
 from ..process.watchdog import Watchdog
 from ..process.world import Env, World, check_size, pick_device, start, stop, warm_up
 from .data import Dataset, load_dataset
@@ -191,6 +193,9 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
         checkpoint.check_writable(opts.save)
     check_chunks(plan, opts)
     check_placed(plan, opts)
+    problem = span_problem(opts.model_config, plan.meta.get("chunks", 1), opts.cp) or tied_problem(plan, opts)
+    if problem:  # a window split by chunks or context ranks; what would move a tied copy apart
+        raise ModelError(problem)
     if opts.zero == 3 and any(i.op in (Opcode.O, Opcode.L) for steps in plan.ranks for step in steps for i in step):
         raise PlanError("--zero 3 does not compose with offload (O, L) yet: an offloaded forward's saved state "
                         "holds the stage's gathered weights; compile without 'offload F' or use --zero 2")
@@ -254,6 +259,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         materialize_pieces(runs[s], opts.seed)
     stages = {s: Stage(parallel_run(runs[s], tp)).to(world.device) for s in held}
     _recompute(stages, len(runs), opts.recompute)
+    tied = tied_pair(plan, runs, stages, world, opts.timeout)  # a tied model's embedding and copy (tied.py)
     shards = _shards(stages, opts, world)
     if shards is not None:
         params = shards.parameters()
@@ -261,6 +267,7 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    executor.tied = tied
     if world.ep > 1:  # each op's expert all-to-alls against the plan's declared ones (exchanges.py)
         check_exchanges(executor)
     if opts.model_config.experts and opts.report_out:
@@ -406,6 +413,8 @@ def _grad_dumper(directory: str, first: int, world: World):
         if world.ep > 1:  # the experts from the ranks of the first expert group, the rest from replica 0
             mine = {k: v for k, v in mine.items() if (world.lane < world.ep if k in experts else world.lane == 0)}
         mine = {} if world.tensor or (world.context and world.ep == 1) else mine
+        if executor.tied is not None:  # the copy's gradient is the embedding's (tied.py)
+            mine.pop(OUTPUT, None)
         parts = [None] * world.size if world.rank == 0 else None
         dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:

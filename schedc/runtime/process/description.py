@@ -51,7 +51,7 @@ def read_description(name: str, seq: int | None) -> tuple[dict, dict]:
 
 # what the runtime takes of a config.json's facts (schedc.descriptions.ModelFacts): a mixture of experts'
 # too (runtime/model/experts.py says which it builds)
-HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS, *MOE_FACTS)
+HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS, *MOE_FACTS, "rope_scaling")
 
 
 def _hf_facts(path: str, text: str, seq: int | None) -> dict:

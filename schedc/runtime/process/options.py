@@ -8,7 +8,7 @@ import math
 import os
 
 from schedc.descriptions import code_given_as_model
-from schedc.layout import LAYOUT_OPTIONS, OPTION, Layout, flag
+from schedc.layout import LAYOUT_OPTIONS, OPTION, SELECTIVE_OPS, Layout, flag
 
 from .description import DescriptionFileError, not_dense, read_description
 from ..errors import UserError
@@ -232,8 +232,17 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
                   or _parse_fault("--fault-hang", opts.fault_hang, "hang")
                   or _parse_fault("--fault-stop", opts.fault_stop, "stop"))
     _check(opts)
+    _check_recompute(opts)
     opts.layout = layout_of(opts)
     return opts
+
+
+def _check_recompute(opts: argparse.Namespace) -> None:
+    """--recompute selective-ops is the cost model's form of torchtitan's per-op policy; the runtime runs
+    none, selective and full (schedc.runtime.execution.recompute) and refuses it by name."""
+    if opts.recompute == SELECTIVE_OPS:
+        raise OptionError("--recompute selective-ops (torchtitan's per-op policy) is predicted by the cost model, "
+                          "not run: give none, selective or full")
 
 
 def layout_of(opts: argparse.Namespace) -> Layout:
