@@ -4,6 +4,7 @@ located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answ
     python benchmarks/fuzz_cli.py --count 10000 [--seed 1] [--jobs 2] [--failures out/fuzz]
     python benchmarks/fuzz_cli.py --first 2500 --count 2500   # cases 2,500-4,999 of the same seed
     python benchmarks/fuzz_cli.py --cases 325,1888             # these cases of the seed again
+    python benchmarks/fuzz_cli.py --summarize out/r.jsonl      # the table of --results files
 
 The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
 numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
@@ -41,11 +42,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fuzz_cases  # noqa: E402
-from fuzz_cases import DEFECTS, OUTCOMES, Case, classify, write_case  # noqa: E402
+from fuzz_cases import DEFECTS, OUTCOMES, Case, classify, launched, write_case  # noqa: E402
 
 PLAN_SOURCES = {"1f1b": ["-D", "p=2", "-D", "m=4"], "gpipe": ["-D", "p=2", "-D", "m=2"],
                 "interleaved_1f1b": ["-D", "p=2", "-D", "v=2", "-D", "m=4"], "chimera": ["-D", "p=2", "-D", "m=4"],
-                "pipefisher": ["-D", "p=2", "-D", "m=2"]}
+                "pipefisher": ["-D", "p=2", "-D", "m=2"], "seq1f1b": ["-D", "p=2", "-D", "m=2", "-D", "k=2"],
+                "offload_1f1b": ["-D", "p=2", "-D", "m=4"]}
 
 
 def library_plans(workdir: Path) -> dict[str, dict]:
@@ -58,7 +60,20 @@ def library_plans(workdir: Path) -> dict[str, dict]:
         result = CliRunner().invoke(main, ["compile", name, *defines, "-o", str(out)])
         assert result.exit_code == 0, result.output
         plans[name] = json.loads((out / "plan.json").read_text())
+        fuzz_cases.PLACEHOLDERS[f"@plan-{name}".encode()] = (out / "plan.json").read_bytes()
     return plans
+
+
+def make_checkpoint(workdir: Path) -> Path:
+    """A real checkpoint of fuzz_cases.TINY_RUN on the small 1F1B plan (one step, two ranks), which
+    the resume cases copy and resume under other options."""
+    import subprocess
+    ckpt = workdir / "ckpt"
+    command = [sys.executable, "-m", "schedc.cli", "run", str(workdir / "plan-1f1b" / "plan.json"),
+               *fuzz_cases.TINY_RUN, "--save", str(ckpt)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and (ckpt / "latest.json").is_file(), done.stderr
+    return ckpt
 
 
 def start(case: Case, directory: Path, memory: int, cpu_limit: float) -> int:
@@ -83,8 +98,11 @@ def start(case: Case, directory: Path, memory: int, cpu_limit: float) -> int:
         sys.argv = ["schedc", *argv]
         from schedc.cli import main
         try:
-            main(args=argv, prog_name="schedc")
-            code = 0
+            if case.argv[0] == "@api":
+                code = fuzz_cases.api_main(case.argv[1:], str(directory))
+            else:
+                main(args=argv, prog_name="schedc")
+                code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if isinstance(exc.code, str):
@@ -121,8 +139,9 @@ def _read_capped(path: Path) -> str:
             + tail.decode(errors="replace"))
 
 
-def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> tuple[str, str]:
-    """The case's outcome and output; `timed_out` when it used up its CPU time or the wall-clock guard."""
+def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> tuple[str, str, bool]:
+    """The case's outcome, output and whether it started torchrun; `timed_out` when it used up its CPU
+    time or the wall-clock guard."""
     stdout, stderr = _read_capped(directory / ".stdout"), _read_capped(directory / ".stderr")
     code = None if status is None else (os.waitstatus_to_exitcode(status))
     code = None if code is not None and code < 0 else code
@@ -131,7 +150,7 @@ def finish(case: Case, directory: Path, status: int | None, timed_out: bool) -> 
     size = (directory / ".stdout").stat().st_size + (directory / ".stderr").stat().st_size
     if size > FLOOD and outcome not in DEFECTS:
         outcome = "flood"
-    return outcome, output
+    return outcome, output, launched(case, code, output)
 
 
 def run_all(cases: list[tuple[int, Case]], args, workdir: Path, small_plan: bytes, results: list):
@@ -171,8 +190,14 @@ def run_all(cases: list[tuple[int, Case]], args, workdir: Path, small_plan: byte
                 except (ProcessLookupError, PermissionError):
                     pass
                 del running[pid]
-                outcome, output = finish(case, directory, status, timed_out)
-                results.append((index, case, outcome, output, elapsed, cpu))
+                outcome, output, started = finish(case, directory, status, timed_out)
+                results.append((index, case, outcome, output, elapsed, cpu, started))
+                if args.results:
+                    with open(args.results, "a") as handle:
+                        handle.write(json.dumps({"case": index, "category": case.category, "outcome": outcome,
+                                                 "cpu": round(cpu, 3), "wall": round(elapsed, 3), "launched": started,
+                                                 "argv": case.describe()[:300],
+                                                 "headline": headline(output) if outcome in DEFECTS else ""}) + "\n")
                 if outcome in DEFECTS and args.failures:
                     keep = Path(args.failures) / f"{outcome}-{case.category}-{index:06d}"
                     shutil.copytree(directory, keep, dirs_exist_ok=True, ignore=_special_files)
@@ -221,6 +246,9 @@ def report(results, skipped: Counter, seconds: float) -> None:
         total += row
         print(f"{category:<12}" + "".join(f"{row[o]:>14}" for o in shown) + f"{sum(row.values()):>8}")
     print(f"{'all':<12}" + "".join(f"{total[o]:>14}" for o in shown) + f"{sum(total.values()):>8}")
+    started = Counter(r[1].category for r in results if r[6])
+    print("started torchrun: " + (", ".join(f"{c} {n}" for c, n in sorted(started.items())) or "none")
+          + f" ({sum(started.values())} of {sum(1 for r in results if r[1].argv[:1] == ['run'])} run cases)")
     defects = sum(total[o] for o in DEFECTS)
     slowest = max((r[4] for r in results), default=0.0)
     most_cpu = max((r[5] for r in results), default=0.0)
@@ -231,10 +259,10 @@ def report(results, skipped: Counter, seconds: float) -> None:
     heaviest = sorted(results, key=lambda r: -r[5])[:5]
     if heaviest:
         print("\nthe most CPU (seconds, category, case):")
-    for index, case, _, _, _, cpu in heaviest:
+    for index, case, _, _, _, cpu, _ in heaviest:
         print(f"  {cpu:6.1f} s  [{case.category}] #{index}: schedc {case.describe()[:140]}")
     groups: dict[tuple, list] = defaultdict(list)
-    for index, case, outcome, output, elapsed, _ in results:
+    for index, case, outcome, output, elapsed, *_ in results:
         if outcome in DEFECTS:
             groups[(case.category, outcome, headline(output))].append((index, case, elapsed))
     if groups:
@@ -242,6 +270,41 @@ def report(results, skipped: Counter, seconds: float) -> None:
     for (category, outcome, line), found in sorted(groups.items(), key=lambda g: -len(g[1])):
         example = found[0][1].describe()
         print(f"  [{category}] {outcome} x{len(found)}: {line}\n      e.g. schedc {example[:160]}")
+
+
+def summarize(paths: list[str]) -> None:
+    """The markdown table of results files (--results; chunks of one seed): per category the cases, the
+    outcomes, the defects, the runs that started torchrun and the CPU seconds. A case run again (--cases,
+    into the same file) counts by its last line."""
+    last: dict[int, dict] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            record = json.loads(line)
+            last[record["case"]] = record
+    table: dict[str, Counter] = defaultdict(Counter)
+    cpu: Counter = Counter()
+    for record in last.values():
+        row = table[record["category"]]
+        row[record["outcome"] if record["outcome"] not in DEFECTS else "defects"] += 1
+        row["cases"] += 1
+        row["launched"] += record["launched"]
+        cpu[record["category"]] += record["cpu"]
+    columns = ("cases", "ok", "failed", "usage", "defects", "launched")
+    print("| category | cases | ok (exit 0) | failed (exit 1) | usage (exit 2) | defects | started torchrun | CPU s |")
+    print("|---|" + "---|" * 7)
+    total, seconds = Counter(), 0.0
+    for category in sorted(table):
+        total += table[category]
+        seconds += cpu[category]
+        print(f"| {category} | " + " | ".join(f"{table[category][c]:,}" for c in columns) + f" | {cpu[category]:,.0f} |")
+    print("| **all** | " + " | ".join(f"**{total[c]:,}**" for c in columns) + f" | **{seconds:,.0f}** |")
+    worst = max(last.values(), key=lambda r: r["cpu"], default=None)
+    if worst:
+        print(f"\n{len(last):,} cases (0 to {max(last):,}), most CPU {worst['cpu']:.1f} s (case {worst['case']}, "
+              f"{worst['category']}): schedc {worst['argv'][:120]}")
+    for record in sorted(last.values(), key=lambda r: r["case"]):
+        if record["outcome"] in DEFECTS:
+            print(f"  defect: case {record['case']} [{record['category']}] {record['outcome']}: {record['headline']}")
 
 
 def main() -> int:
@@ -254,21 +317,29 @@ def main() -> int:
     parser.add_argument("--wall-timeout", type=float, default=180.0,
                         help="wall-clock seconds per case, for one that waits without computing (default 180)")
     parser.add_argument("--memory-gib", type=float, default=4.0, help="address-space cap per case")
-    parser.add_argument("--run-cap", type=int, default=200, help="at most this many `schedc run` cases")
+    parser.add_argument("--run-cap", type=int, default=None, help="at most this many `schedc run` cases (default: all)")
+    parser.add_argument("--results", default=None, help="append one JSON line per finished case to this file")
     parser.add_argument("--no-slow", action="store_true", help="leave out Graphviz and torchrun cases")
     parser.add_argument("--only", default=None, help="comma-separated categories to run")
     parser.add_argument("--cases", default=None, help="comma-separated case numbers to run (e.g. defects found)")
     parser.add_argument("--failures", default=None, help="keep defective cases here")
     parser.add_argument("--progress", type=int, default=1000, help="a line every N cases (0: none)")
+    parser.add_argument("--summarize", default=None, help="comma-separated results files: print their table, run nothing")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize.split(","))
+        return 0
     if args.count < 1 or args.first < 0 or args.jobs < 1 or not args.timeout > 0 or not args.memory_gib > 0 \
             or not args.wall_timeout > 0:
         parser.error("--count, --jobs, --timeout and --memory-gib must be positive")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import schedc.cli  # noqa: F401 - imported once, before forking
+    import schedc.runtime.model.train  # noqa: F401 - torch and the runtime's checks too: a run case costs its own work
     workdir = Path(tempfile.mkdtemp(prefix="schedc-fuzz-"))
     try:
         plans = library_plans(workdir)
+        if not args.no_slow:
+            fuzz_cases.CHECKPOINT = make_checkpoint(workdir)
         small = (workdir / "plan-1f1b" / "plan.json").read_bytes()
         picked = sorted({int(n) for n in args.cases.split(",")}) if args.cases else None
         if picked:
@@ -281,7 +352,7 @@ def main() -> int:
                 continue
             if case.argv[:1] == ["run"]:
                 runs += 1
-                if runs > args.run_cap:
+                if args.run_cap is not None and runs > args.run_cap:
                     skipped[case.category] += 1
                     continue
             chosen.append((index, case))

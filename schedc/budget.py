@@ -59,6 +59,15 @@ SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundr
 # of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
 TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "
                     "the search with --tp, --pp, --microbatch, --recompute or --zero")
+# tune compiles a schedule with placed R, O, L ops, tasks or a greedy order whole for each candidate,
+# in time that grows with the candidates and with their stages x microbatches: GPT 1.7B on 8 GPUs, 468
+# candidates of 12,303 stage-microbatches in all, 5 s of CPU; GPT-3 175B on 1,024 GPUs at t = 8, p = 8
+# or 16, 104 candidates of 40,576, 7.5 s; the whole space there (6,360 candidates), 132 s. At both
+# limits some 10 s
+TUNE_WHOLE = Budget("candidates", 600, "each is compiled whole: narrow the search with --tp, --pp, "
+                    "--microbatch-size, --recompute or --zero")
+TUNE_WHOLE_UNITS = Budget("stage-microbatches", 60_000, "each candidate's stages x microbatches, compiled "
+                          "whole: narrow the search with --tp, --pp, --microbatch-size, --recompute or --zero")
 # a PNG's pixels: Graphviz takes about 1 s per 10^7 (p = 512 at 144 dpi is 1.7 x 10^8: 16 s); a
 # larger timeline is drawn at a lower resolution, down to MIN_PNG_DPI, and refused past that
 RENDER_PIXELS = Budget("pixels", 40_000_000, "a PNG this large takes Graphviz minutes: write .svg, .pdf or .json")

@@ -319,7 +319,7 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("sequence_parallel", "Sequence parallelism (with t > 1): layer norms and residuals on 1/t of the "
                  "sequence, reduce-scatter/all-gather around the tensor-parallel layers (Korthikanti et al. 2022)", words="sequence parallel"),
     LayoutOption("overlap_grad_reduce", "The data-parallel all-reduce overlaps the last backward (torch DDP)",
-                 runtime=False, words="overlapped gradient reduce"),
+                 words="overlapped gradient reduce"),
     LayoutOption("blocking_p2p", "A send holds its sender until the message is through, as Megatron-LM's "
                  "point-to-point calls do (default: it does not, as in schedc's runtime)", runtime=False, words="blocking sends"),
     LayoutOption("distributed_optimizer", "Shard the optimizer state over data parallelism (Megatron-LM's "
@@ -379,6 +379,7 @@ OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 # (switches_on): (field, words, help).
 SWITCHES: tuple[tuple[str, str, str], ...] = tuple((o.field, o.words, o.help) for o in LAYOUT_OPTIONS if o.words)
 SWITCH_NAMES = tuple(name for name, _, _ in SWITCHES)
-# What the runtime runs of a layout's switches (its own flags); overlap_grad_reduce and blocking_p2p describe
-# other runtimes to the cost model (torch DDP's overlap, Megatron-LM's blocking sends) and are not its options.
+# What the runtime runs of a layout's switches (its own flags); blocking_p2p describes other runtimes to the
+# cost model (Megatron-LM's blocking sends) and is not its option. overlap_grad_reduce is: the runtime's
+# buckets (runtime/execution/buckets.py).
 RUNTIME_SWITCHES = tuple(name for name in SWITCH_NAMES if OPTION[name].runtime)

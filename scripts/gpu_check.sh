@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The first checks on a machine with NVIDIA GPUs, in under 10 minutes: exactness against the one-process
-# reference on CUDA (fp32 with --tf32 off, then bf16 within its tolerance) for 1F1B, ZB-H1, DualPipeV,
+# reference on CUDA (fp32 with --tf32 off, then bf16 autocast and bf16-main, Megatron's bf16 weights with
+# fp32 main weights and gradients, within their tolerance) for 1F1B, ZB-H1, DualPipeV,
 # offload and recompute plans; a stream-race check of the overlapped F&B pairs and offload
 # (TORCH_CUDA_SANITIZER=1, and gradients bitwise equal under CUDA_LAUNCH_BLOCKING=1); tokens/s with and
-# without --report-out; time to the first step and peak host and device memory of a 1.7B GPT.
+# without --report-out, and with --dtype bf16-main; time to the first step and peak host and device memory
+# of a 1.7B GPT.
 #
 # With two GPUs or more the plans run on p = 2 ranks, one GPU each (NCCL). With one GPU, NCCL does not
 # let two ranks of one communicator share it, so the plans run at p = 1: one rank holding every stage
@@ -75,11 +77,14 @@ for entry in "${PLANS[@]}"; do
 done
 echo "    (p = $p: $([ "$p" = 2 ] && echo "two ranks on two GPUs over NCCL" || echo "one GPU: one rank holds every stage, no NCCL message"))"
 
-# 1. Exactness: fp32 products in full fp32 (--tf32 off), then bf16 within --tolerance's default 1e-2.
+# 1. Exactness: fp32 products in full fp32 (--tf32 off), then bf16 within --tolerance's default 1e-2: autocast,
+#    and bf16-main, whose reference does the same arithmetic per microbatch (on CPU bit for bit at p = 2).
 for entry in "${PLANS[@]}"; do
     name=${entry%%:*}
     step 60 "exact_fp32_$name" schedc run "$(plan_of "$name")" --nproc "$p" "${SMALL[@]}" --tf32 off --compare-to-reference
     step 60 "exact_bf16_$name" schedc run "$(plan_of "$name")" --nproc "$p" "${SMALL[@]}" --dtype bf16 --compare-to-reference
+    step 60 "exact_bf16main_$name" schedc run "$(plan_of "$name")" --nproc "$p" "${SMALL[@]}" --dtype bf16-main \
+        --compare-to-reference
 done
 
 # 2. Stream races: the overlapped pairs (DualPipeV) and offload under the CUDA sanitizer, then their
@@ -102,10 +107,13 @@ MEDIUM=(--layers 24 --hidden 1024 --heads 16 --seq 1024 --mb-size 4 --vocab 5030
 step 120 "tokens_plain" schedc run "$(plan_of 1f1b)" --nproc "$p" "${MEDIUM[@]}" --metrics-out "$out/tokens_plain.jsonl"
 step 120 "tokens_report" schedc run "$(plan_of 1f1b)" --nproc "$p" "${MEDIUM[@]}" --metrics-out "$out/tokens_report.jsonl" \
     --report-out "$out/tokens_report.json"
+step 120 "tokens_main" schedc run "$(plan_of 1f1b)" --nproc "$p" "${MEDIUM[@]}" --dtype bf16-main \
+    --metrics-out "$out/tokens_main.jsonl"
 step 10 "tokens_compare" python3 -c "import json, statistics
 rate = lambda f: statistics.median(json.loads(l)['tokens_per_s'] for l in list(open(f))[5:])
-plain, report = rate('$out/tokens_plain.jsonl'), rate('$out/tokens_report.jsonl')
-print(f'tokens/s {plain:,.0f} plain, {report:,.0f} with --report-out ({report / plain:.3f} of plain)')"
+plain, report, main = (rate(f'$out/tokens_{k}.jsonl') for k in ('plain', 'report', 'main'))
+print(f'tokens/s {plain:,.0f} plain, {report:,.0f} with --report-out ({report / plain:.3f} of plain)')
+print(f'tokens/s {main:,.0f} with --dtype bf16-main ({main / plain:.3f} of bf16 autocast)')"
 
 # 4. A 1.7B GPT (30 layers, hidden 2048, vocab 50304: 12 h^2 + 13 h a layer, 1.51e9, and 0.21e9 in the
 #    embeddings and head): time to the first step, peak host memory per rank (--report-out's

@@ -25,7 +25,7 @@ LIBRARY = {p.stem: p.read_text() for p in sorted((ROOT / "schedc" / "schedules")
 FIXTURES = {p.name: p.read_text() for p in sorted((ROOT / "tests" / "fixtures").rglob("*.sched"))}
 
 DEFECTS = ("traceback", "timeout", "memory", "bad-exit", "unlocated", "silent", "nonfinite", "invalid-stats",
-           "flood")
+           "flood", "data-loss", "late-refusal")
 OUTCOMES = ("ok", "failed", "usage") + DEFECTS
 
 
@@ -36,6 +36,8 @@ class Case:
     files: dict[str, bytes] = field(default_factory=dict)
     inputs: tuple[str, ...] = ()      # files (names in `files`) whose errors must be located
     slow: bool = False                # starts torchrun or Graphviz on something big: benchmark only
+    kept: tuple[str, ...] = ()        # files (names in `files`) the case must leave as they were
+    fails_late: bool = False          # a --fault-* run: its ranks fail after torchrun starts, by design
 
     def resolved(self, directory: str) -> list[str]:
         return [a.replace("{d}", directory) for a in self.argv]
@@ -342,6 +344,8 @@ def mutate_plan(rng: random.Random, plan: dict) -> bytes:
                         obj["ranks"].pop()
         except (TypeError, KeyError, IndexError, AttributeError):
             continue  # an earlier edit changed the shape this one expected
+    if rng.random() < 0.15:
+        _edit_fields(rng, obj)
     nest = "[" * depth + "0" + "]" * depth
     if rng.random() < 0.85:
         obj["hash"] = plan_hash(obj, nest)
@@ -351,6 +355,24 @@ def mutate_plan(rng: random.Random, plan: dict) -> bytes:
     if rng.random() < 0.03:
         text = text.replace("0", "NaN", 1)
     return text.encode()
+
+
+def _edit_fields(rng: random.Random, obj: dict) -> None:
+    """The fields the runtime and the checks read, edited as a user would: chunks of 0, "2", 3 or
+    1e400 (read as infinity), an O without its L (or the reverse), a placed R dropped, microbatches
+    that disagree with the pipelines'."""
+    edit = rng.random()
+    if edit < 0.4:
+        obj["chunks"] = rng.choice([0, "2", 3, -1, 1.5, 2, 4, 10 ** 6, None, float("inf")])
+    elif edit < 0.75:
+        gone = rng.choice(["L", "O", "R", "F", "B", "SEND_F", "RECV_B"])
+        ranks = obj.get("ranks") if isinstance(obj.get("ranks"), list) else []
+        for rank in (r for r in ranks if isinstance(r, dict) and rng.random() < 0.7):
+            steps = rank.get("steps") if isinstance(rank.get("steps"), list) else []
+            for step in (s for s in steps if isinstance(s, list)):
+                step[:] = [i for i in step if not (isinstance(i, dict) and i.get("op") == gone)]
+    else:
+        obj[rng.choice(["microbatches", "devices", "stages"])] = rng.choice([0, 1, 3, 8, -1, "2", 2 ** 64])
 
 
 def plan_case(rng: random.Random, plans: dict[str, dict], allow_slow: bool = True) -> Case:
@@ -382,6 +404,24 @@ def _run_steps(value: str) -> str:
         return str(RUN_STEPS) if int(value) > RUN_STEPS else value
     except ValueError:
         return value
+
+
+# a valid size above these trains for long (1,000 layers: 29 s of CPU), which says nothing of the checks:
+# held to them, as --steps is to RUN_STEPS; values past the runtime's limits stay as drawn
+RUN_SIZES = {"--layers": (16, 4096), "--hidden": (64, 65536), "--seq": (64, 65536), "--vocab": (4096, 2 ** 24)}
+
+
+def _run_value(option: str, value: str) -> str:
+    """A runtime option's value as drawn, a valid --steps or size held to what trains in seconds."""
+    if option == "--steps":
+        return _run_steps(value)
+    if option in RUN_SIZES:
+        held, limit = RUN_SIZES[option]
+        try:
+            return str(held) if held < int(value) <= limit else value
+        except ValueError:
+            return value
+    return value
 
 
 FULL = b"@full"  # written as a device that is always full (like /dev/full), where the runner may make one
@@ -451,7 +491,7 @@ def option_case(rng: random.Random, allow_slow: bool = True) -> Case:
         value = (rng.choice(["{d}/missing", "{d}/file.txt", "/proc/x", "{d}/full"])
                  if option in ("--save", "--resume", "--model") else rng.choice(ALL_NUMBERS))
         files["plan.json"] = b"@plan"  # replaced by a small valid plan when the case is written
-        argv = ["run", "{d}/plan.json", *TINY_RUN, option, _run_steps(value) if option == "--steps" else value]
+        argv = ["run", "{d}/plan.json", *TINY_RUN, option, _run_value(option, value)]
     else:
         argv = rng.choice([["nope"], ["check"], ["check", "--bogus", name], ["export", name, "--format", "x", "-o", "x"],
                            ["check", "{d}/missing.sched"], ["check", "{d}/file.txt"], ["check", "{d}"],
@@ -690,9 +730,321 @@ def checkpoint_case(rng: random.Random, allow_slow: bool = True) -> Case:
     return Case("checkpoint", ["run", "{d}/plan.json", *TINY_RUN, "--steps", str(RUN_STEPS), *extra], files, (), False)
 
 
-GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 15), "csv": (csv_case, 20),
+# The third round's surfaces: output paths, resume, every runtime option, the torch API, model
+# descriptions, calibrate's units and [overhead], the budgets ------------------------------------
+
+CKPT = b"@ckpt"  # a real checkpoint of TINY_RUN on the small plan (one step), copied in where the runner has one
+HF_CONFIGS = {p.parent.name: p.read_text() for p in sorted((ROOT / "tests" / "data").glob("hf*/*/config.json"))}
+MODEL_TOMLS = {p.stem: p.read_text() for p in sorted((ROOT / "schedc" / "models").glob("*.toml"))}
+RUN_OUTPUTS = ("--trace-out", "--report-out", "--profile-out", "--metrics-out", "--save-grads", "--save")
+# paths a user gives an output: an input of the command, a directory, a FIFO, a missing folder, a file
+# under a file, a device that is always full
+BAD_OUTPUTS = ["{d}/plan.json", "{d}/dir", "{d}/fifo", "{d}/missing/x.json", "{d}/file.txt/x.json", "{d}/full",
+               "{d}/mine.sched", "{d}/in.csv"]
+OUTPUT_FILES = {"plan.json": b"@plan", "dir": DIR, "fifo": FIFO, "file.txt": b"x", "full": FULL,
+                "mine.sched": LIBRARY["1f1b"].encode(), "in.csv": b"0F0,0B0\n"}
+
+
+def output_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Data loss: an output path equal to an input of the same command, two outputs on one path, a
+    directory, a FIFO, a missing folder or a full device as an output; a checkpoint directory holding the
+    user's own files; --every past --steps. Every input and the user's files must stay as they were."""
+    files = dict(OUTPUT_FILES)
+    kind = rng.random()
+    if kind < 0.3:  # the compiler writes a FIFO in place (docs: outputs.py), waiting for its reader: none here
+        out = rng.choice([o for o in BAD_OUTPUTS if o != "{d}/fifo"])
+        argv = rng.choice([["export", "{d}/mine.sched", "-o", out], ["render", "{d}/mine.sched", "-o", out],
+                           ["render", "{d}/plan.json", "-o", out], ["compile", "{d}/mine.sched", "-o", out],
+                           ["export", "{d}/in.csv", "-o", out], ["render", "{d}/in.csv", "-o", out],
+                           ["tune", "--synthesize", "-D", "p=2", "-D", "m=4", "-o", out],
+                           ["calibrate", "--cluster", "dgx-a100-80gb", "-o", out]])
+        return Case("outputs", argv, files, (), False, _kept(argv))
+    if kind < 0.55:  # the runtime's outputs, one or two of them, on bad paths or on one path
+        first, second = rng.sample(RUN_OUTPUTS, 2)
+        argv = ["run", "{d}/plan.json", *TINY_RUN, first, rng.choice(BAD_OUTPUTS)]
+        if rng.random() < 0.6:
+            argv += [second, rng.choice(BAD_OUTPUTS[:3] + ["{d}/o1", argv[-1]])]
+        return Case("outputs", argv, files, (), False, _kept(argv))
+    if kind < 0.8:  # --save into a directory of the user's own files (named like checkpoints, too)
+        files.update({"ck/step-plots/a.txt": b"mine", "ck/notes.txt": b"mine", "ck/step-00000001/x.txt": b"mine"})
+        argv = ["run", "{d}/plan.json", *TINY_RUN, "--save", "{d}/ck"]
+        argv += [flag for flag in ("--overwrite",) if rng.random() < 0.3]
+        if rng.random() < 0.3:
+            argv += ["--resume", "{d}/ck"]
+        return Case("outputs", argv, files, (), False, _kept(argv) + ("ck/step-plots/a.txt", "ck/notes.txt",
+                                                                     "ck/step-00000001/x.txt"))
+    every, steps = rng.choice(["5", "3", "0", "-1", "x", "2"]), rng.choice(["2", "1", "0"])
+    argv = ["run", "{d}/plan.json", *TINY_RUN, "--save", "{d}/" + rng.choice(["new", "dir", "fifo", "file.txt", "full"]),
+            "--every", every, "--steps", steps]
+    return Case("outputs", argv, files, (), False, _kept(argv))
+
+
+def _kept(argv: list[str]) -> tuple[str, ...]:
+    """The user's files a command must leave as they were: its input (even when also named as an
+    output: that is refused) and every file it is not told to write."""
+    read = {argv[1]} if argv[0] in ("export", "render", "compile", "run") else set()
+    return tuple(n for n in ("plan.json", "file.txt", "mine.sched", "in.csv")
+                 if "{d}/" + n in read or "{d}/" + n not in argv)
+
+
+# what a resume changes from the run that made the checkpoint (TINY_RUN, one step, 2 ranks)
+RESUME_CHANGES = [["--dp", "2"], ["--tp", "2"], ["--optimizer", "sgd"], ["--zero", "1", "--dp", "2"],
+                  ["--zero", "2", "--dp", "2"], ["--zero", "3", "--dp", "2"], ["--cp", "2"], ["--cp", "2", "--zero", "1"],
+                  ["--distributed-optimizer", "--dp", "2"], ["--stage-layers", "1,3"], ["--seed", "7"],
+                  ["--layers", "8"], ["--hidden", "16"], ["--account-for-embedding"], ["--steps", "1"],
+                  ["--dtype", "bf16"], ["--recompute", "full"], ["--vocab", "512"], ["--model", "{d}/tiny.json"],
+                  ["--heads", "2"], ["--seq", "16"], ["--no-reshard-after-forward"], ["--synthetic"]]
+
+
+def resume_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """--resume of a real checkpoint under another layout, optimizer, ZeRO level, cp, split, model,
+    seed or precision (refused before torchrun, naming the difference, unless it converts), now and
+    then broken (a rank file gone or changed, latest.json edited), or unchanged (it resumes)."""
+    files = {"plan.json": b"@plan", "ck": CKPT, "tiny.json": HF_CONFIGS["tiny-llama"].encode()}
+    changes = [] if rng.random() < 0.05 else [w for c in rng.sample(RESUME_CHANGES, rng.choice([1, 1, 2])) for w in c]
+    argv = ["run", "{d}/plan.json", *TINY_RUN, "--steps", "2", "--resume", "{d}/ck", *changes]
+    if rng.random() < 0.3:
+        argv += ["--save", rng.choice(["{d}/ck", "{d}/ck2"])]
+    breakage = rng.random()
+    if breakage < 0.1:
+        files["ck/latest.json"] = rng.choice([b"{", b"[]", b'{"dir": "step-00000001"}', b'{"dir": "../..", "files": {}}'])
+    elif breakage < 0.15:
+        files["ck/step-00000001/rank1.pt"] = b"not a checkpoint"
+    return Case("resume", argv, files, (), False)
+
+
+# the runtime's options: (values it accepts, values it must refuse before any process starts)
+RUN_OPTIONS = {
+    "--zero": (["0", "1", "2", "3"], ["4", "-1", "x", "1.5", ""]), "--cp": (["1", "2"], ["0", "3", "-2", "x", "65536"]),
+    "--ep": (["1", "2"], ["0", "x", "3"]), "--dtype": (["fp32", "bf16"], ["fp8", "fp16", "x", ""]),
+    "--timeout": (["15", "60"], ["0", "0.01", "-1", "nan", "inf", "1e309", "x", "0.5"]),
+    "--tp": (["1", "2"], ["0", "3", "x", "-1"]), "--dp": (["1", "2"], ["0", "-1", "x", "1e3", "300"]),
+    "--recompute": (["full", "selective", "none"], ["some", ""]), "--optimizer": (["adamw", "sgd"], ["lion", ""]),
+    "--lr": (["1e-3", "0.5"], ["nan", "inf", "-1", "0", "1e309"]), "--clip-grad": (["1.0"], ["0", "-1", "nan"]),
+    "--lr-warmup-steps": (["1"], ["-1", "x"]), "--lr-decay-steps": (["2"], ["-1", "0", "x"]),
+    "--stage-layers": (["2,2", "1,3"], ["4,0", "1,1", "a", "2,2,0", "-1,5", ""]),
+    "--microbatch-size": (["1", "2"], ["0", "-1", "x"]), "--device": (["cpu"], ["cuda", "tpu"]),
+    "--tf32": (["on", "off"], ["x"]), "--threads": (["1"], ["0", "-1", "100000"]),
+    "--warmup": (["0", "1"], ["-1", "99", "x"]), "--vocab": (["256"], ["255", "0", "100000000000"]),
+    "--seq": (["8", "16"], ["7", "0", "-8", "100000000"]), "--heads": (["1", "2"], ["0", "3", "-1"]),
+    "--hidden": (["8", "16"], ["0", "7", "-8", "1000000"]), "--layers": (["4", "8"], ["0", "1", "-1", "5000"]),
+    "--seed": (["0", "7"], ["-1", "x", "99999999999999999999999"]), "--nproc": (["2"], ["0", "-1", "3", "300"]),
+    "--every": (["1"], ["0", "-1", "x"]), "--model-code": ([], ["nope.mod:fn", "os:sep", "x", "os"]),
+    "--data": ([], ["nope.mod:fn", "os:sep", "x"]), "--loss": ([], ["nope.mod:fn", "json:nope", "x"]),
+    "--tasks": ([], ["nope.mod", "x y"]), "--model": (["{d}/tiny.json"], ["{d}/file.txt", "nope", "{d}/dir", "gpt-175b"]),
+    "--fault-kill": (["1:0"], ["2:0", "0:5", "x", "-1:0", "0"]), "--fault-hang": (["1:0"], ["9:0", "0:9"]),
+    "--tolerance": (["0.1"], ["-1", "nan"]), "--save-grads": (["{d}/g"], ["{d}/file.txt", "{d}/dir"]),
+}
+RUN_FLAGS = ["--sequence-parallel", "--distributed-optimizer", "--reshard-after-forward", "--no-reshard-after-forward",
+             "--no-scatter-gather", "--account-for-embedding", "--account-for-loss", "--synthetic", "--ignore-tasks",
+             "--compare-to-reference", "--overwrite", "--bogus"]
+CHUNKED = {"seq1f1b": "@plan-seq1f1b", "offload_1f1b": "@plan-offload_1f1b"}
+
+
+def runopt_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Every runtime option, one to three at once, each a value the runtime accepts (now and then) or
+    one it must refuse before torchrun; on the small 1F1B plan, a Seq1F1B plan or an offloading plan.
+    Few draw only accepted values (those launch a tiny model), by the odds of the table."""
+    plan = rng.choice(["@plan"] * 4 + sorted(CHUNKED.values()))
+    files = {"plan.json": plan.encode(), "tiny.json": HF_CONFIGS["tiny-llama"].encode(), "file.txt": b"x", "dir": DIR}
+    argv = ["run", "{d}/plan.json", *TINY_RUN]
+    for _ in range(rng.choice([1, 2, 2, 3])):
+        if rng.random() < 0.15:
+            argv.append(rng.choice(RUN_FLAGS))
+            continue
+        option = rng.choice(sorted(RUN_OPTIONS))
+        good, bad = RUN_OPTIONS[option]
+        value = rng.choice(good) if good and rng.random() < 0.15 else rng.choice(bad)
+        argv += [option, _run_value(option, value)]
+    if rng.random() < 0.15:
+        argv.append("--reference")
+    faults = any(a.startswith("--fault") for a in argv)
+    return Case("runopts", argv, files, (), False, (), faults)
+
+
+def _mangled_json(rng: random.Random, text: str) -> str:
+    """A config.json with one key's value made hostile, one key dropped, or an unknown key added."""
+    obj = json.loads(text)
+    key = rng.choice(sorted(obj))
+    edit = rng.random()
+    if edit < 0.6:
+        obj[key] = rng.choice([0, -1, 1, 3, 2 ** 40, 2 ** 70, 1.5, None, "x", [], {}, True, "Flash", "fp8", 1e300])
+    elif edit < 0.8:
+        del obj[key]
+    else:
+        obj[rng.choice(["nope", "attention", "dtype", "model_type", "ffn", "num_experts", "torch_dtype"])] = rng.choice(
+            ["Flash", "fp8", "bfloat16", "x", 2, "mixtral", "gpt2", "qwen2_moe"])
+    return json.dumps(obj, indent=1)
+
+
+def _mangled_model(rng: random.Random, text: str) -> str:
+    """A model TOML with a key's value made hostile (strings too), a key dropped, or a key added."""
+    lines = text.splitlines()
+    keyed = [i for i, line in enumerate(lines) if re.match(r"^\w+\s*=", line)]
+    i = rng.choice(keyed)
+    key = lines[i].split("=")[0].strip()
+    edit = rng.random()
+    if edit < 0.6:
+        lines[i] = f"{key} = " + rng.choice(["0", "-1", "3", "1.5", '"x"', '"Flash"', '"fp8"', "true", "1e999",
+                                             "99999999999999999999", "[]", '""', "2048"])
+    elif edit < 0.8:
+        del lines[i]
+    else:
+        lines.append(rng.choice(['attention = "Flash"', 'dtype = "fp8"', "nope = 1", 'mlp = "relu"', "ffn = 0",
+                                 'norm = "batchnorm"', "experts = 8", "kv_heads = 3", 'family = "bert"']))
+    return "\n".join(lines) + "\n"
+
+
+def describe_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """Model descriptions' keys, in TOML and Hugging Face config.json (tests/data/hf*), mangled, read by
+    simulate, tune, calibrate and the runtime (the one reader: what one refuses the others refuse)."""
+    if rng.random() < 0.5:
+        name = rng.choice(sorted(HF_CONFIGS))
+        text = HF_CONFIGS[name] if rng.random() < 0.15 else _mangled_json(rng, HF_CONFIGS[name])
+        path = "config.json"
+    else:
+        name = rng.choice(sorted(MODEL_TOMLS))
+        text = MODEL_TOMLS[name] if rng.random() < 0.15 else _mangled_model(rng, MODEL_TOMLS[name])
+        path = "model.toml"
+    files = {path: text.encode(), "plan.json": b"@plan"}
+    f = "{d}/" + path
+    argv = rng.choice([
+        ["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", f, "--global-batch", "16"],
+        ["check", "1f1b", "--model", f, "--microbatch-size", "1"],
+        ["tune", "--model", f, "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "16", "--schedules", "1f1b"],
+        ["run", "{d}/plan.json", "--model", f, "--steps", "1", "--threads", "1", "--quiet", "--timeout", "15",
+         "--reference", "--mb-size", "1"],
+        ["calibrate", "-o", "{d}/c.toml", "--cluster", "dgx-a100-80gb", "--costs", "{d}/p.json", "--model", f]])
+    files["p.json"] = b'{"unit": "ms", "F": [50, 60], "B": [100, 120], "microbatch_size": 1}'
+    return Case("describe", argv, files, (path,) if argv[0] in ("simulate", "check") else (), False, (path,))
+
+
+OVERHEADS = ["f_us = 100.0\nb_us = 200.0", "f_us = -1", "f_us = 1e999", "nope_us = 1", "f_us = \"x\"", "",
+             "f_us = 0\nb_us = 0\ni_us = 0\nw_us = 0", "f_us = 1e15", "b_us = nan"]
+UNITS = ['"ms"', '"s"', '"us"', '"x"', "5", "null", '"units"']
+
+
+def calibrate2_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """calibrate and simulate with a cluster that has an [overhead] table, profiles in declared units
+    (s, ms, us, none, junk), profiles at two sizes (the overhead fit) and a refit of calibrate's own output."""
+    files = {"small.toml": SMALL_MODEL.encode(),
+             "big.toml": SMALL_MODEL.replace("layers = 4", "layers = 8").replace("hidden = 256", "hidden = 512").encode(),
+             "cluster.toml": (CLUSTER_TOML + f"\n[overhead]\n{rng.choice(OVERHEADS)}\n").encode()}
+    for name, scale in (("p1.json", 1.0), ("p2.json", rng.choice([2.0, 4.0, 1.0, 0.0, 1e9]))):
+        unit = rng.choice(UNITS)
+        f, b = [round(50 * scale, 3), round(60 * scale, 3)], [round(100 * scale, 3), round(120 * scale, 3)]
+        files[name] = json.dumps({"F": f, "B": b, "microbatch_size": 1}).replace("{", '{"unit": ' + unit + ", ", 1).encode()
+    cluster = rng.choice(["{d}/cluster.toml", "dgx-a100-80gb"])
+    kind = rng.random()
+    if kind < 0.3:
+        argv = ["simulate", "1f1b", "--cluster", cluster, "--model", "{d}/small.toml", "--global-batch", "8"]
+    else:
+        argv = ["calibrate", "-o", "{d}/c.toml", "--cluster", cluster, "--costs", "{d}/p1.json", "--model",
+                "{d}/small.toml"]
+        if rng.random() < 0.5:
+            argv += ["--costs", "{d}/p2.json", "--model", "{d}/big.toml"]
+        if rng.random() < 0.3:
+            argv += ["--microbatch-size", rng.choice(["1", "2"])]
+    return Case("calibrate", argv, files, ("cluster.toml",) if argv[0] == "simulate" else (), False,
+                ("cluster.toml", "p1.json", "p2.json"))
+
+
+def budget_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """tune and synthesis at and just past their budgets: synthesis near budget.SYNTHESIS_OPS (p = 16,
+    m = 208; p = 64, m = 52), the offload search for 175B on 1,024 GPUs, large GPU counts."""
+    if rng.random() < 0.5 or not allow_slow:  # in process: only the sizes just past the budget (refused at once)
+        sizes = [(16, 208), (64, 52), (32, 104), (16, 209), (64, 53), (8, 416), (2, 1666), (128, 26)]
+        p, m = rng.choice(sizes if allow_slow else [(16, 209), (64, 53), (128, 27)])
+        argv = ["tune", "--synthesize", "-D", f"p={p}", "-D", f"m={m}"]
+        if rng.random() < 0.7:
+            argv += ["--activation-limit", rng.choice(["1", "2", "4", str(p), str(2 * p), "1e400"])]
+        if rng.random() < 0.3:
+            argv += ["--memory-limit", rng.choice(["1e400GiB", "80GiB", "1"])]
+        return Case("budget", argv, {}, (), False)
+    argv = ["tune", "--model", rng.choice(["gpt-175b", "gpt-1008b", "llama3.1-70b", "gpt-18.4b"]), "--cluster",
+            rng.choice(["dgx-a100-80gb", "dgx-h100-80gb"]), "--gpus", rng.choice(["1024", "512", "4096", "3072"]),
+            "--global-batch", rng.choice(["1536", "2048", "1024"])]
+    argv += rng.choice([["--schedules", "offload_1f1b"], ["--schedules", "1f1b,offload_1f1b"], ["--schedules", "seq1f1b"],
+                        [], ["--schedules", "interleaved_1f1b", "--zero", "0,1,2,3"]])
+    return Case("budget", argv, {}, (), False)
+
+
+API_SIZES = [0, -1, 1, 2, 4, 8, True, 2.0, "4", None, 10 ** 30, {"$": "nan"}, 1000000]
+API_FILES = ["1f1b", "v_half", "zbv", "interleaved_1f1b", "nope", "", "{d}/mine.sched", "{d}/file.txt", "seq1f1b",
+             "offload_1f1b", "dualpipev", "{d}"]
+
+
+def api_case(rng: random.Random, allow_slow: bool = True) -> Case:
+    """The torch API (schedc.torch) with hostile arguments: sizes of every type, ranks out of range, a
+    misspelt format, params that repeat p or m, stages that are not this rank's; each call must return
+    its documented value or raise ScheduleError."""
+    size = (lambda: rng.choice(API_SIZES)) if rng.random() < 0.5 else (lambda: rng.choice([1, 2, 4, 8]))
+    kwargs = {"file": rng.choice(API_FILES), "p": size()}
+    function = rng.choice(["stage_indices", "orders", "schedule"])
+    if function == "stage_indices":
+        kwargs["rank"] = rng.choice([0, 1, -1, 5, 2.0, "0", None, 10 ** 20])
+        if rng.random() < 0.5:
+            kwargs["n_microbatches"] = size()
+    else:
+        kwargs["n_microbatches"] = size()
+    if function != "stage_indices" and rng.random() < 0.3:
+        kwargs["format"] = rng.choice(["compute_only", "compute_comms", "csv", "Compute_Only", None, 1])
+    if rng.random() < 0.3:
+        kwargs.update(rng.choice([{"v": 2}, {"p": 4}, {"m": 8}, {"v": "x"}, {"k": 2}, {"v": 10 ** 9}, {"nope": 1}]))
+    if function == "schedule":  # stages that never match the placement (torch would be reached otherwise)
+        kwargs["stages"] = rng.choice([[], None, 5, "x", [{"stage_index": 99, "group_size": 2, "group_rank": 0,
+                                                             "num_stages": rng.choice([2, 4])}],
+                                       {"stage_index": -1, "group_size": rng.choice([1, 2, 4]), "group_rank": 0,
+                                        "num_stages": 4}])
+        kwargs.pop("p") if rng.random() < 0.5 else None
+    files = {"mine.sched": mutate_sched(rng, LIBRARY["1f1b"]).encode() if rng.random() < 0.5 else LIBRARY["1f1b"].encode(),
+             "file.txt": b"x"}
+    return Case("api", ["@api", function, json.dumps(kwargs)], files, (), False)
+
+
+def _api_value(value):
+    """A JSON argument as the API receives it: {"$": "nan"} a float NaN, an object with stage_index a
+    stand-in PipelineStage (attributes only)."""
+    from types import SimpleNamespace
+    if isinstance(value, dict) and set(value) == {"$"}:
+        return float(value["$"])
+    if isinstance(value, dict) and "stage_index" in value:
+        return SimpleNamespace(**value)
+    if isinstance(value, list):
+        return [_api_value(v) for v in value]
+    return value
+
+
+def api_main(argv: list[str], directory: str) -> int:
+    """Run an api case: 0 with the result printed, 2 with `error: ...` for a ScheduleError; anything else
+    raised propagates (a traceback, the defect). A result of the wrong shape is reported as an error, exit 3."""
+    import schedc.torch as api
+    function, kwargs = argv[0], json.loads(argv[1].replace("{d}", directory))
+    kwargs = {k: _api_value(v) for k, v in kwargs.items()}
+    try:
+        result = getattr(api, function)(**kwargs)
+    except api.ScheduleError as exc:
+        print(f"error: {exc}")
+        return 2
+    if function == "stage_indices" and not (isinstance(result, tuple) and all(type(s) is int and s >= 0 for s in result)):
+        print(f"error: stage_indices returned {result!r}")
+        return 3
+    if function == "orders" and not (isinstance(result, list) and len(result) == kwargs["p"]):
+        print(f"error: orders returned {len(result)} rows for p={kwargs['p']}")
+        return 3
+    print(repr(result)[:2000])
+    return 0
+
+
+GENERATORS = {"sched": (sched_case, 40), "define": (define_case, 10), "csv": (csv_case, 20),
               "plan": (None, 15), "options": (option_case, 10), "tune": (tune_case, 6), "inputs": (input_case, 10),
-              "expand": (expand_case, 5), "calibrate": (calibrate_case, 3), "checkpoint": (checkpoint_case, 2)}
+              "expand": (expand_case, 5), "calibrate": (calibrate_case, 3), "checkpoint": (checkpoint_case, 2),
+              "outputs": (output_case, 8), "resume": (resume_case, 2), "runopts": (runopt_case, 7), "api": (api_case, 5),
+              "describe": (describe_case, 6), "calibrate2": (calibrate2_case, 3), "budget": (budget_case, 1)}
+
+
+PLACEHOLDERS: dict[bytes, bytes] = {}  # "@plan-seq1f1b" -> that plan's bytes, where the runner compiled it
+CHECKPOINT: Path | None = None  # a checkpoint of TINY_RUN on the small plan, where the runner made one
 
 
 def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
@@ -700,6 +1052,7 @@ def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
     that refuses every write with ENOSPC (a character device 1:7 when this process may make one,
     else left out)."""
     import os
+    import shutil
     import stat
     directory.mkdir(parents=True, exist_ok=True)
     for name, data in case.files.items():
@@ -713,7 +1066,14 @@ def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
             except OSError:
                 pass
             continue
-        (directory / name).write_bytes(small_plan if data == b"@plan" else data)
+        if data == CKPT:
+            if CHECKPOINT is not None:
+                shutil.copytree(CHECKPOINT, directory / name, dirs_exist_ok=True)
+            continue
+        (directory / name).write_bytes(small_plan if data == b"@plan" else PLACEHOLDERS.get(data, data))
+    digests = {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in case.kept
+               if (directory / name).is_file()}
+    (directory / ".kept.json").write_text(json.dumps(digests))
 
 
 def cases(seed: int, count: int, plans: dict[str, dict], allow_slow: bool = True) -> list[Case]:
@@ -731,6 +1091,7 @@ def cases(seed: int, count: int, plans: dict[str, dict], allow_slow: bool = True
 # Verdicts -------------------------------------------------------------------------------------
 
 _ERROR_LINE = re.compile(r"^(.*?)(:\d+:\d+)?: error: (.*)$", re.M)
+_PLAN_REFUSED = re.compile(r"plan\.json(:\d+:\d+)?: error: ")  # `schedc run` refusing a plan that fails its checks
 _NONFINITE = re.compile(r"(?<![\w.])(-?inf|nan|Infinity|NaN)(?![\w])", re.I)
 
 
@@ -744,6 +1105,11 @@ def classify(case: Case, directory: str, code: int | None, output: str, timed_ou
         return "traceback"
     if code not in (0, 1, 2):
         return "bad-exit"
+    if _lost(case, directory):
+        return "data-loss"
+    if code == 1 and case.argv[0] == "run" and not case.fails_late and ("failed first" in output or (
+            "--reference" in case.argv and not _PLAN_REFUSED.search(output))):
+        return "late-refusal"  # a rank (or the one-process run) failed on what the pre-launch check could see
     if code == 0:
         stdout_numbers = output.split("\n#stderr#\n", 1)[0]
         if case.argv[0] in ("simulate", "compile") and _NONFINITE.search(stdout_numbers):
@@ -758,3 +1124,18 @@ def classify(case: Case, directory: str, code: int | None, output: str, timed_ou
     if code == 1 and case.argv[0] == "simulate" and re.search(r"utilization|\"makespan\"", output):
         return "invalid-stats"
     return "failed" if code == 1 else "usage"
+
+
+def _lost(case: Case, directory: str) -> bool:
+    """A file the user gave that the case changed or deleted (write_case kept their digests)."""
+    if not case.kept:
+        return False
+    digests = json.loads((Path(directory) / ".kept.json").read_text())
+    return any(not (Path(directory) / name).is_file()
+               or hashlib.sha256((Path(directory) / name).read_bytes()).hexdigest() != digest
+               for name, digest in digests.items())
+
+
+def launched(case: Case, code: int | None, output: str) -> bool:
+    """Whether a `run` case started torchrun: it trained (exit 0) or a rank failed."""
+    return case.argv[:1] == ["run"] and "--reference" not in case.argv and (code == 0 or "failed first" in output)

@@ -316,3 +316,22 @@ def test_a_profile_and_a_costs_file_with_a_byte_order_mark_read_as_without(tmp_p
     costs = tmp_path / "costs.json"
     costs.write_bytes(b'\xef\xbb\xbf{"F": 1.5, "B": 3}')
     assert load_costs(str(costs)) == {"F": 1.5, "B": 3.0}
+
+
+def test_a_fill_that_outgrows_the_op_limit_is_given_up_after_a_few_cuts(tmp_path, monkeypatch):
+    """`split auto` tries several cuts; each that outgrows the plan's op limit lays out about that many
+    ops (pipefisher_1f1b at m = 1,000: 17 s of CPU over every cut), so after OVER_LIMIT_TRIALS of them,
+    with no fill yet good, the search ends with that refusal."""
+    import schedc.passes.fill as fill
+    path = tmp_path / "s.sched"
+    path.write_text(ONE_F_ONE_B + "task a(s, i) = 50 after F(s, i)\ntask b(s) = 1 after a(s, *)\n"
+                    "fill bubbles with b, a split auto\n")
+    schedule = build_schedule(read_source(path))
+    calls, real = [], fill._fill
+    monkeypatch.setattr(fill, "_fill", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    with pytest.raises(SchedError, match="more than the 15 ops a plan may hold"):
+        fill_bubbles(schedule, simulate(schedule), max_ops=15)
+    assert len(calls) == fill.OVER_LIMIT_TRIALS
+    calls.clear()
+    fill_bubbles(schedule, simulate(schedule))  # under the default limit the same fill is found
+    assert len(calls) > fill.OVER_LIMIT_TRIALS

@@ -33,7 +33,7 @@ def generated(tmp_path_factory):
         result = CliRunner().invoke(main, ["compile", name, *defines, "-o", str(root / name)])
         assert result.exit_code == 0, result.output
         plans[name] = json.loads((root / name / "plan.json").read_text())
-    cases = [c for c in fuzz_cases.cases(SEED, CASES, plans, allow_slow=False) if c.argv[:1] != ["run"]]
+    cases = [c for c in fuzz_cases.cases(SEED, CASES, plans, allow_slow=False) if c.argv[0] not in ("run", "@api")]
     return cases, (root / "1f1b" / "plan.json").read_bytes()
 
 
@@ -74,3 +74,19 @@ def test_fuzzed_command_lines_keep_the_promise(generated, tmp_path, monkeypatch)
     finally:
         signal.signal(signal.SIGPROF, previous)
     assert not failures, f"{len(failures)} of {len(cases)} cases broke the promise:\n" + "\n".join(failures[:20])
+
+
+def test_fuzzed_torch_api_calls_return_or_raise_schedule_error(tmp_path, capsys):
+    """The torch API's generated calls (fuzz_cases.api_case: sizes of every type, ranks out of range,
+    misspelt formats, params repeating p or m, stages that are not this rank's) in process: each
+    returns its documented value (exit 0) or raises ScheduleError (2); anything else raised fails."""
+    import random
+    rng = random.Random(SEED)
+    cases = [fuzz_cases.api_case(rng, allow_slow=False) for _ in range(80)]
+    codes = []
+    for n, case in enumerate(cases):
+        directory = tmp_path / f"api{n}"
+        write_case(case, directory, b"")
+        codes.append(fuzz_cases.api_main(case.argv[1:], str(directory)))
+    capsys.readouterr()
+    assert set(codes) == {0, 2}  # both outcomes met, and never a result of the wrong shape (3)

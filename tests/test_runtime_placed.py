@@ -59,7 +59,7 @@ def test_an_offloaded_state_leaves_the_device_at_o_and_comes_back_at_l():
     meter, store, x, y = _offloaded_forward(stage, x0)
     saved = meter.live_bytes
     assert saved == meter.per_state[(1, 0)] > 10 * x0.numel() * 4
-    copier = Copier(torch.device("cpu"))
+    copier = Copier(torch.device("cpu"), 1)
     store.offload(copier)
     assert meter.live_bytes == x0.numel() * 4  # the input: the leaf the input gradient lands on
     assert sum(host.numel() for host, _, _ in store.moved) == saved - x0.numel() * 4
@@ -76,7 +76,7 @@ def test_a_backward_before_the_reload_is_refused():
     from schedc.runtime.execution.placed import Copier, OffloadError
     stage, x0, grad = _blocks()
     _, store, _, y = _offloaded_forward(stage, x0)
-    store.offload(Copier(torch.device("cpu")))
+    store.offload(Copier(torch.device("cpu"), 1))
     with pytest.raises(OffloadError, match="the backward of stage 1 microbatch 0 reads a saved tensor that O "
                                            "moved to host memory and no L brought back"):
         y.backward(grad)

@@ -158,6 +158,7 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     if wanted is not None and not chosen:
         raise usage(f"--why {options['why']!r}: no candidate of this search is that ({searcher.describe_space(space)})")
     refuse_fills(space, [e.name for e in searcher.entries.values() if e.filled])
+    refuse_whole(space, [e.name for e in searcher.entries.values() if e.plain and not e.filled])
     whole = [e.name for e in searcher.entries.values() if e.plain]
     if whole and not as_json:
         n = sum(c.schedule in whole for c in space)
@@ -195,6 +196,19 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
 def _progress(length: int, label: str):
     """A progress bar on stderr (tune's walk and --why's ranking)."""
     return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)
+
+
+def refuse_whole(space, whole: list[str]) -> None:
+    """Candidates compiled whole (placed R, O, L ops, tasks, a greedy order) take time that grows with
+    their count and their stages x microbatches: past TUNE_WHOLE or TUNE_WHOLE_UNITS the search is
+    refused before it starts, naming the limit."""
+    from ..budget import TUNE_WHOLE, TUNE_WHOLE_UNITS
+    chosen = [c for c in space if c.schedule in whole]
+    what = f"{', '.join(whole)}: the search would compile whole"
+    refused = TUNE_WHOLE.refusal(len(chosen), what) or TUNE_WHOLE_UNITS.refusal(
+        sum(c.p * (c.v or 1) * c.m for c in chosen), what)
+    if refused:
+        raise usage(refused)
 
 
 def refuse_fills(space, filled: list[str]) -> None:

@@ -19,6 +19,7 @@ from ..text import GIB, more, ordinal, plural, rate
 from ..search.results import Outcome, Refusal
 from ..search.searcher import Searcher
 from ..search.space import SET_PER_CANDIDATE, Request
+from .runnable import PLAN_SHOWN, LocalRun, run_refusal
 
 
 # The command line ---------------------------------------------------------------------------------
@@ -317,7 +318,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12, notes: tuple[str, ..
     lines.append("the winner:")
     lines += [f"  {command}" for command in winner_commands(outcome)]
     lines.append("the same layout scaled to this machine (the schedule, t, recomputation; p = 2, the runtime's GPT):")
-    lines += [f"  {command}" for command in local_commands(outcome)]
+    lines += [f"  {line}" for line in local_lines(outcome)]
     return "\n".join(lines)
 
 
@@ -342,21 +343,34 @@ LOCAL_STAGES = 2  # the winner scaled to this machine: two pipeline devices of a
 LOCAL_TP = 2
 
 
-def local_commands(outcome: Outcome) -> list[str]:
+def local_run(outcome: Outcome) -> LocalRun:
     """The winner's layout scaled to this machine: the same schedule, t (at most 2), recomputation and
-    sequence parallelism on the runtime's GPT, p = 2, m = 8, d = 1 (at most 4 CPU ranks): the compile
-    and the `schedc run` that executes it."""
-    import shlex
+    sequence parallelism on the runtime's GPT, p = 2, m = 8, d = 1 (at most 4 CPU ranks)."""
     r, c = outcome.request, outcome.ranked[0].candidate
     params = {**c.params(), "p": LOCAL_STAGES, "m": 4 * LOCAL_STAGES}
     t = min(c.t, LOCAL_TP)
     layout = Layout(tp=t, microbatch_size=min(c.b, 4), recompute=c.recompute,
                     sequence_parallel=r.layout.sequence_parallel and t > 1)
     layers = 4 * LOCAL_STAGES * int(params.get("v", 1))  # enough for V shapes and two-pipeline schedules
-    defines = " ".join(f"-D {k}={v}" for k, v in params.items())
-    return [f"schedc compile {shlex.quote(c.schedule)} {defines} -o out/tune-local",
-            f"schedc run out/tune-local/plan.json --nproc {t * LOCAL_STAGES} --steps 3 --layers {layers} "
-            + " ".join(run_flags(layout))]
+    return LocalRun(c.schedule, tuple(f"{k}={v}" for k, v in params.items()), t * LOCAL_STAGES,
+                    ("--steps", "3", "--layers", str(layers), *run_flags(layout)))
+
+
+def local_commands(run: LocalRun) -> list[str]:
+    """The compile and the `schedc run` of a local run, as a user types them."""
+    import shlex
+    defines = " ".join(f"-D {d}" for d in run.defines)
+    return [f"schedc compile {shlex.quote(run.schedule)} {defines} -o out/tune-local",
+            f"schedc run {PLAN_SHOWN} --nproc {run.nproc} " + " ".join(run.options)]
+
+
+def local_lines(outcome: Outcome) -> list[str]:
+    """The local run's commands, or, where the runtime's pre-launch check refuses the run, why."""
+    run = local_run(outcome)
+    refusal = run_refusal(run)
+    if refusal:
+        return [f"not runnable by schedc's runtime: {refusal}"]
+    return local_commands(run)
 
 
 REFERENCE_CLUSTER = "dgx-a100-80gb"  # the cluster whose efficiencies were fitted (docs/benchmarks.md, Table 1)

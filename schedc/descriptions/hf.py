@@ -84,7 +84,7 @@ def read_hf_config(text: str, seq: int | None) -> ModelFacts:
         return DescriptionError(message, key, *where.get(key, (1, 1)))
 
     kind = config.get("model_type")
-    if kind not in FAMILY_OF:
+    if not isinstance(kind, str) or kind not in FAMILY_OF:  # a list or an object is no family either
         known = ", ".join(FAMILY_OF)
         said = "no 'model_type'" if kind is None else f"model_type {kind!r} is not a family schedc knows"
         raise fail(f"{said} (known: {known})", "model_type" if kind is not None else None)
@@ -98,7 +98,10 @@ def read_hf_config(text: str, seq: int | None) -> ModelFacts:
     if kind in MOE_FAMILIES:
         values.update(moe_facts(config, kind, fail))
         values.setdefault("ffn", values["moe_ffn"])  # Mixtral and Qwen3-MoE have no dense layer
-    values["dtype"] = _DTYPES.get(config.get("torch_dtype"), "bf16")
+    dtype = config.get("torch_dtype")
+    if dtype is not None and not isinstance(dtype, str):
+        raise fail(f"'torch_dtype' must be a string such as \"bfloat16\", got {dtype!r}", "torch_dtype")
+    values["dtype"] = _DTYPES.get(dtype, "bf16")
     facts = ModelFacts(**values)
     names = {**keys, "kv_heads": "num_key_value_heads", "max_positions": "n_positions", **key_names(kind)}
     problems = consistency(facts, names)

@@ -37,6 +37,9 @@ WARN_CYCLE = 16  # a longer cycle is warned about: the tasks' work is that stale
 AUTO_CUTS = (1, 2, 4, 8, 16)  # `split auto`: pieces per unit tried
 AUTO_ROUNDS = 1
 AUTO_BUDGET = 60_000  # task pieces filled over choose_cuts' trials (Chimera p=8, m=8: 34,000-47,000)
+# trials whose cycle outgrew the plan's op limit before choose_cuts gives up: each lays out about that
+# many ops (pipefisher_1f1b at m = 1,000: some 0.3 s of CPU each, 17 s over every cut)
+OVER_LIMIT_TRIALS = 2
 
 
 def fill_bubbles(schedule: Schedule, timing: Timing,
@@ -60,11 +63,12 @@ def choose_cuts(schedule: Schedule, timing: Timing, kinds: list[str],
     then the first tried. Every kind cut alike first, then each kind in turn (AUTO_ROUNDS times over),
     the others held at the best so far; each cut filled with and without lagging the groups that may
     lag (laggable). Deterministic; each combination once, and no more than AUTO_BUDGET task pieces
-    filled in all once one fill succeeded (a big schedule tries fewer cuts)."""
+    filled in all once one fill succeeded (a big schedule tries fewer cuts); before one succeeds, at
+    most OVER_LIMIT_TRIALS fills that outgrow the op limit (each lays out about that many ops)."""
     may_lag = laggable(schedule)
     lags = [(frozenset(), False)] + ([(may_lag, True), (may_lag, False)] if may_lag else [])
     useful = _useful(schedule, timing)
-    cuts, tried, spent = dict.fromkeys(kinds, 1), set(), 0
+    cuts, tried, spent, over_limit = dict.fromkeys(kinds, 1), set(), 0, 0
     best, best_score, failure = None, None, None
     for kind, j in [(None, j) for j in AUTO_CUTS] + [(kind, j) for kind in kinds * AUTO_ROUNDS for j in AUTO_CUTS]:
         trial = dict.fromkeys(kinds, j) if kind is None else {**cuts, kind: j}
@@ -72,7 +76,7 @@ def choose_cuts(schedule: Schedule, timing: Timing, kinds: list[str],
             continue
         tried.add(tuple(trial.values()))
         size = sum(trial.get(op.kind, 1) for op in schedule.unplaced) * len(lags)  # pieces to fill
-        if best is not None and spent + size > AUTO_BUDGET:
+        if best is not None and spent + size > AUTO_BUDGET or best is None and over_limit >= OVER_LIMIT_TRIALS:
             continue
         spent += size
         refined = refine_tasks(schedule, trial)
@@ -80,6 +84,9 @@ def choose_cuts(schedule: Schedule, timing: Timing, kinds: list[str],
             try:
                 result = _fill(refined, timing, max_ops, lagged, first)
             except _NotLagged:
+                continue
+            except _OverLimit as exc:
+                failure, over_limit = failure or exc, over_limit + 1
                 continue
             except SchedError as exc:
                 failure = failure or exc
@@ -137,7 +144,7 @@ def _fill(schedule: Schedule, timing: Timing, max_ops: int, lagged: frozenset[tu
     while not steps or any(pending):
         if (len(steps) + 1) * per_step + len(ordered) > max_ops:
             left = sorted({ordered[n].kind for tasks in pending for n in tasks})
-            raise SchedError(error(f"the filled tasks need a cycle of more than {len(steps)} steps ({', '.join(left)} "
+            raise _OverLimit(error(f"the filled tasks need a cycle of more than {len(steps)} steps ({', '.join(left)} "
                                    f"still unplaced), more than the {max_ops:,} ops a plan may hold: give them "
                                    "less work or the schedule bigger bubbles", schedule.fill_span), schedule.source)
         steps.append(fill_step(state, len(steps), base, pending))
@@ -149,6 +156,10 @@ def _fill(schedule: Schedule, timing: Timing, max_ops: int, lagged: frozenset[tu
 
 class _NotLagged(Exception):
     """A lagged task did not run before its deps' last step: that fill is not a valid plan."""
+
+
+class _OverLimit(SchedError):
+    """A fill whose cycle would hold more ops than a plan may."""
 
 
 def laggable(schedule: Schedule) -> frozenset[tuple[str, int]]:

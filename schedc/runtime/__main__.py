@@ -17,6 +17,7 @@ from schedc.plan import PlanError, load_plan  # noqa: E402 (after the handler)
 
 from .errors import UserError, error_line
 from .execution.executor import ExecutionError
+from .process.failures import record_error
 from .process.options import OptionError, parse_options
 
 if __name__ == "__main__":  # loaded: Ctrl-C is a KeyboardInterrupt again, which main ends with exit 130
@@ -100,6 +101,7 @@ def _fail(rank: int, message: str, code: int, only_rank0: bool = False, debug: b
         traceback.print_exc()
     if rank == 0 or not only_rank0:
         print(message, file=sys.stderr, flush=True)
+        record_error(message)  # for the launcher's "failed first" (process/failures.py)
     elif "TORCHELASTIC_RUN_ID" in os.environ:
         time.sleep(QUIET_RANK_DELAY_S)
     return code

@@ -107,6 +107,8 @@ def save(directory: str, steps_done: int, executor, identity: dict) -> None:
              **cuda_rng(executor.world.device),
              "stages": {s: m.state_dict() for s, m in executor.stages.items()},
              "optimizer": executor.optimizer.state_dict(), "tasks": executor.task_state}
+    if executor.shards is not None and executor.shards.level == 0:  # --dtype bf16-main's fp32 main weights
+        state["main"] = [main.detach().cpu() for main in executor.shards.parameters()]
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
@@ -220,7 +222,9 @@ def load(directory: str, executor, identity: dict) -> int:
                               + "; ".join(found))
     for stage, module in executor.stages.items():
         module.load_state_dict(state["stages"][stage])
-    if executor.shards is not None:  # the distributed optimizer's shards: from the weights just loaded
+    if executor.shards is not None and executor.shards.level == 0:  # bf16-main: the main weights it saved
+        executor.shards.refresh(state.get("main"))
+    elif executor.shards is not None:  # the distributed optimizer's shards: from the weights just loaded
         executor.shards.refresh()
     executor.optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])

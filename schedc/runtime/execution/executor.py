@@ -32,6 +32,7 @@ from .chunks import SequenceChunks
 from .lifetimes import freed_by, plan_lifetimes, release_sent
 from .memory import SavedBytes
 from ..model.gpt import Stage, lm_loss
+from ..model.precision import gradient
 from .overlap import CudaStreams, run_overlapped
 from .placed import Placed
 from .tasks import setup_tasks, task_handler
@@ -110,6 +111,7 @@ class Executor:
         self.step_no = 0
         self.before_update: Callable[[Executor], None] | None = None
         self.shards = None  # the distributed optimizer's (sharding.Shards): the weights all-gathered after a step
+        self.buckets = None  # --overlap-grad-reduce's (buckets.GradBuckets)
         self.fault: tuple[int, str] | None = None  # (step, "kill" | "hang"), for fault tests
         self.current: Instr | None = None
         self.started = 0.0
@@ -171,6 +173,8 @@ class Executor:
                 handler(instr)
                 if self.shards is not None:
                     self.shards.after(instr)
+                if self.buckets is not None:  # --overlap-grad-reduce: the buckets this instruction completes
+                    self.buckets.after(step % len(self.programs), index)
             except Exception as exc:
                 raise ExecutionError(f"while executing {instr} (rank {self.rank}, step {step}): "
                                      f"{_describe(exc)}") from exc
@@ -393,6 +397,8 @@ class Executor:
             self.tied.sum_gradients()
         if self.shards is not None and self.shards.level >= 2:  # reduce-scattered (zero.py)
             self.shards.reduce_gradients()
+        elif self.buckets is not None:  # issued as each stage's gradients were final (buckets.py)
+            self.buckets.wait()
         elif self.world.dp_group is not None:
             ranks = self.world.dp_ranks()
             for stage in self.stages.values():  # with --ep the routed experts' apart (exchanges.py)
@@ -424,8 +430,8 @@ class Executor:
                 square += self.stages[s].flat_grad.float().square().sum()
                 continue
             for _, param, split in global_splits(self.stages[s]):
-                if param.grad is not None and id(param) not in copies and (isinstance(split, Split) or self.tp.rank == 0):
-                    square += param.grad.float().square().sum()
+                if gradient(param) is not None and id(param) not in copies and (isinstance(split, Split) or self.tp.rank == 0):
+                    square += gradient(param).float().square().sum()
         self._all_reduce(square, None, list(range(self.world.size)))
         factor = clip_coefficient(square, self.clip_grad)
         for stage in self.stages.values():

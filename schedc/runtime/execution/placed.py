@@ -12,10 +12,12 @@
 # they hold to host memory and drops the device references, so the storage is freed and the meter sees
 # the drop; L copies them back, and the backward's unpack hook serves the copies. Storages O leaves on the
 # device: the parameters', the step's batch's, and those of the state's input and output (the executor
-# keeps the input as the leaf the input gradient lands on, the output as the backward's root). On CUDA the
-# host buffers are pinned and the copies non_blocking on a side stream, the backward waiting for L's
-# copies at its first unpack; on CPU the host buffer is a clone and L a copy back. A backward reaching a
-# tensor offloaded and not reloaded raises OffloadError (the compiler refuses such plans already).
+# keeps the input as the leaf the input gradient lands on, the output as the backward's root). The host
+# buffers come from a pool bounded by the plan's offload peak (pool.py), pinned on CUDA, where O's copies
+# run non_blocking on one side stream (device to host) and L's on another (host to device), so a reload
+# does not queue behind an offload; the backward waits for L's copies at its first unpack. On CPU the
+# host buffer is a plain one and L a copy back. A backward reaching a tensor offloaded and not reloaded
+# raises OffloadError (the compiler refuses such plans already).
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -27,14 +29,11 @@ from schedc.ops import OpKind, follows
 from schedc.plan import Instr, Opcode, Plan, PlanError
 
 from . import memory
+from .pool import OffloadError, PinnedPool, host_buffers, offload_peak
 from .recompute import RunState
 
 Key = tuple[int, int]
 PLACED = frozenset({Opcode.R.value, Opcode.O.value, Opcode.L.value})
-
-
-class OffloadError(RuntimeError):
-    """A backward read a saved tensor that O moved to host memory and no L brought back."""
 
 
 def check_placed(plan: Plan, opts) -> None:
@@ -116,7 +115,7 @@ class Store:
             first = self.tensors[indices[0]]
             views = [(i, t.dtype, t.storage_offset(), t.size(), t.stride())
                      for i, t in ((i, self.tensors[i]) for i in indices)]
-            self.moved.append((copier.out(first.untyped_storage()), first.device, views))
+            self.moved.append((copier.out(self.key, first.untyped_storage()), first.device, views))
             for i in indices:
                 self.tensors[i] = None
 
@@ -129,6 +128,7 @@ class Store:
                 self.back.append(self.tensors[index])
         self.moved.clear()
         self.ready = copier.done()
+        copier.pool.release(self.key, self.ready)  # the host buffers, reusable once L's copies are through
         return self.back
 
 
@@ -147,33 +147,35 @@ def _view(storage: torch.UntypedStorage, view: tuple) -> torch.Tensor:
 
 
 class Copier:
-    """Copies between the device and host memory: on CUDA pinned host buffers and non_blocking copies
-    on a side stream (the copy engine); on CPU a clone into a separate buffer."""
+    """Copies between the device and host memory into the pool's buffers: on CUDA non_blocking, O's on
+    one side stream and L's on another (the copy engines); on CPU plain copies."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, peak: int):
         self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.pool = PinnedPool(peak, host_buffers(self.cuda))
+        self.out_stream, self.in_stream = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if self.cuda else (None, None)
 
-    def out(self, storage: torch.UntypedStorage) -> torch.Tensor:
+    def out(self, key: Key, storage: torch.UntypedStorage) -> torch.Tensor:
         source = _bytes_of(storage)
+        host = self.pool.take(key, source.numel())
         if not self.cuda:
-            return source.clone()
-        self.stream.wait_stream(torch.cuda.current_stream())  # the forward has written it
-        with torch.cuda.stream(self.stream):
-            host = torch.empty(source.numel(), dtype=torch.uint8, pin_memory=True)
+            return host.copy_(source)
+        self.out_stream.wait_stream(torch.cuda.current_stream())  # the forward has written it
+        with torch.cuda.stream(self.out_stream):
             host.copy_(source, non_blocking=True)
-        source.record_stream(self.stream)  # the device block is not reused before the copy is done
+        source.record_stream(self.out_stream)  # the device block is not reused before the copy is done
         return host
 
     def back(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         if not self.cuda:
             return host.clone()
-        with torch.cuda.stream(self.stream):
+        self.in_stream.wait_stream(self.out_stream)  # the state's own O copies are through
+        with torch.cuda.stream(self.in_stream):
             return host.to(device, non_blocking=True)
 
     def done(self):
-        """An event after the copies issued so far (None on CPU)."""
-        return self.stream.record_event() if self.cuda else None
+        """An event after L's copies issued so far (None on CPU)."""
+        return self.in_stream.record_event() if self.cuda else None
 
 
 @dataclass(slots=True)
@@ -195,7 +197,7 @@ class Placed:
         self.offloaded = keys_of(programs, Opcode.O)
         self.dropped: dict[Key, Dropped] = {}
         self.stores: dict[Key, Store] = {}  # from F to L; then the graph alone holds the store
-        self.copier = Copier(executor.world.device) if any(self.offloaded) else None
+        self.copier = Copier(executor.world.device, offload_peak(programs)) if any(self.offloaded) else None
         self.params = {p.untyped_storage().data_ptr() for stage in executor.stages.values()
                        for p in (*stage.parameters(), *stage.buffers())}  # buffers: the rotary tables
         self.table = {Opcode.R: self.recompute, Opcode.O: self.offload, Opcode.L: self.reload}

@@ -45,6 +45,11 @@ class Batch:
         rows = slice(index * self.size, (index + 1) * self.size)
         return self.tokens[rows], self.targets[rows]
 
+    def pinned(self) -> Batch:
+        """The batch in page-locked host memory (on CUDA: each microbatch's non_blocking copy to the
+        GPU then runs asynchronously, where pageable memory makes it a synchronous staged copy)."""
+        return Batch(*(t if t.is_pinned() else t.pin_memory() for t in (self.tokens, self.targets)), self.size)
+
 
 class Dataset:
     """Draws global batches deterministically from (seed, step). The interface a user's data provides

@@ -11,10 +11,11 @@ from schedc.plan import Plan
 
 from .train import (
     autocast, global_microbatches, load_loss, make_dataset, make_optimizer, matmul_precision, model_pieces,
-    log_step,
     set_learning_rate, tokens_per_step, write_grads, write_loss)
+from .readings import log_step
 from ..execution.executor import clip_coefficient
 from ..execution.executor import attach_flat_grads
+from . import precision
 from .gpt import Stage
 from ..process.world import Env, WorldError
 
@@ -28,7 +29,9 @@ def run_reference(plan: Plan, opts) -> int:
     matmul_precision(opts, device)
     model = Stage(pieces).to(device)
     attach_flat_grads(model)
-    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], opts)
+    main = precision.MainParams({0: model}) if opts.dtype == precision.MAIN else None
+    params = main.parameters() if main else [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, opts)
     dataset = make_dataset(opts)
     count = global_microbatches(plan, opts.dp)
     opts.first_step = 0
@@ -36,17 +39,36 @@ def run_reference(plan: Plan, opts) -> int:
     for step in range(opts.steps):
         begin = time.perf_counter()
         batch = dataset.batch(step, count, opts.model_config.mb_size)
-        with autocast(opts, device):
-            loss = loss_fn(model(batch.tokens.to(device)), batch.targets.to(device))
-        loss.backward()
+        if main is not None:
+            loss = _by_microbatch(model, batch, count, loss_fn, device)
+        else:
+            with autocast(opts, device):
+                loss = loss_fn(model(batch.tokens.to(device)), batch.targets.to(device))
+            loss.backward()
         if opts.clip_grad is not None:
             model.flat_grad.mul_(clip_coefficient(model.flat_grad.float().square().sum(), opts.clip_grad))
         if step == 0 and opts.save_grads:
-            write_grads(opts.save_grads, {n: p.grad.detach().cpu().clone()
+            write_grads(opts.save_grads, {n: precision.gradient(p).detach().cpu().clone()
                                           for n, p in model.global_parameters()})
             write_loss(opts.save_grads, loss.item())
         set_learning_rate(optimizer, opts, step)
         optimizer.step()
+        if main is not None:
+            main.after_step()
         model.flat_grad.zero_()
         log_step(opts, step, loss.item(), time.perf_counter() - begin, tokens_per_step(plan, opts))
     return 0
+
+
+def _by_microbatch(model: Stage, batch, count: int, loss_fn, device: torch.device) -> torch.Tensor:
+    """--dtype bf16-main: the pipeline's arithmetic in one process: each microbatch's forward and
+    backward of its loss times 1/count on the bf16 model, its bf16 gradients added into the fp32 main
+    gradients in microbatch order; the step's loss, the sum of the scaled losses."""
+    scale, total = 1.0 / count, torch.zeros((), device=device)
+    for mb in range(count):
+        tokens, targets = batch.microbatch(mb)
+        loss = loss_fn(model(tokens.to(device)), targets.to(device))
+        total += loss.detach()
+        (loss * scale).backward()
+        precision.fold(model)
+    return total * scale

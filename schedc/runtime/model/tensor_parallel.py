@@ -33,6 +33,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .precision import gradient
+
 SEQUENCE_DIM = 1  # activations are [batch, sequence, hidden]
 PARTIAL = "partial"
 
@@ -370,8 +372,8 @@ def global_splits(stage) -> list[tuple[str, nn.Parameter, Split | str | None]]:
 
 def sync_partial_gradients(stages, tp: TensorGroup) -> None:
     """All-reduce, over the tensor group, the gradients declared PARTIAL (one flat all-reduce)."""
-    grads = [p.grad for stage in stages for _, p, split in global_splits(stage)
-             if split == PARTIAL and p.grad is not None]
+    grads = [gradient(p) for stage in stages for _, p, split in global_splits(stage)
+             if split == PARTIAL and gradient(p) is not None]
     if tp.size == 1 or not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -387,7 +389,7 @@ def gathered_gradients(stage, tp: TensorGroup) -> dict[str, torch.Tensor]:
     over the tensor group and joined (collective: every tensor rank of the stage calls it)."""
     grads = {}
     for name, p, split in global_splits(stage):
-        grad = p.grad.detach()
+        grad = gradient(p).detach()
         if isinstance(split, Split) and tp.size > 1:
             parts = [torch.empty_like(grad) for _ in range(tp.size)]
             dist.all_gather(parts, grad.contiguous(), group=tp.group)

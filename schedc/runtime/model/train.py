@@ -20,6 +20,7 @@ from schedc.plan.channels import mismatches
 from schedc.plan.trace import event_name
 
 from ..execution import checkpoint, context, trace
+from ..execution.buckets import of_run
 from ..execution.chunks import check_chunks
 from ..execution.clocks import DeviceClock
 from ..execution.executor import Executor, attach_flat_grads
@@ -28,6 +29,8 @@ from .experts import ExpertGroup, expert_names, keep_local_experts, routed_token
 from ..execution.lifetimes import BUILTIN
 from ..execution.memory import SavedBytes
 from .init import materialize_pieces
+from .readings import Window, log_step, logged
+from . import precision
 from .gpt import ModelError, Stage, boundary_shapes, lm_loss, parallel_run, build_pieces, load_builder, partition
 from ..execution.placed import check_placed
 from ..execution.recompute import apply_recompute
@@ -149,22 +152,6 @@ def write_sent(directory: str, sent: list[int]) -> None:
     tmp.replace(out / "sent.json")
 
 
-def log_step(opts, step: int, loss: float, seconds: float, tokens: int, extra: dict | None = None) -> None:
-    """Rank 0's per-step line, and its JSON line in --metrics-out (truncated at the first step), with
-    `extra` fields (the pipelined run's peak saved bytes)."""
-    if not opts.quiet:
-        print(step_line(step, loss, seconds, tokens), flush=True)
-    if opts.metrics_out:
-        record = {"step": step, "loss": loss, "seconds": seconds, "tokens_per_s": tokens / seconds, **(extra or {})}
-        with open(opts.metrics_out, "a" if step > opts.first_step else "w") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-
-def step_line(step: int, loss: float, seconds: float, tokens: int) -> str:
-    return (f"step {step:5d}  loss {loss:.6f}  time {seconds * 1e3:8.1f} ms  "
-            f"{tokens / seconds:10.0f} tokens/s")
-
-
 MEASURED_STEPS = 200  # steps timed for the report and profile (all steps with --trace-out)
 
 
@@ -202,6 +189,7 @@ def check_plan(plan: Plan, opts, env: Env) -> None:
     load_task_modules(opts.tasks)
     for name in sorted({i.op for steps in plan.ranks for step in steps for i in step} - BUILTIN):
         task_handler(name, opts.ignore_tasks)
+        precision.check_task(name, opts.dtype)
 
 
 def check_messages(plan: Plan) -> None:
@@ -234,7 +222,8 @@ def run_pipeline(plan: Plan, opts, keep_group: bool = False) -> int:
     pieces, runs = model_runs(opts, plan.meta["stages"])
     context.configure(opts.model_config.seq, 1, 0, None)  # none while shapes are traced (after a --cp plan)
     local = replace(opts.model_config, seq=opts.model_config.seq // opts.cp)  # a context rank's tokens
-    shapes = boundary_shapes(pieces, runs, local, opts.dtype == "bf16")
+    shapes = precision.boundary_shapes(runs, local) if opts.dtype == precision.MAIN \
+        else boundary_shapes(pieces, runs, local, opts.dtype == "bf16")  # bf16-main: on meta, no forward
     dataset = make_dataset(opts)
     device = pick_device(opts.device, env)
     matmul_precision(opts, device)
@@ -261,12 +250,14 @@ def build_executor(plan: Plan, opts, world: World, runs: list[list], shapes: lis
     _recompute(stages, len(runs), opts.recompute)
     tied = tied_pair(plan, runs, stages, world, opts.timeout)  # a tied model's embedding and copy (tied.py)
     shards = _shards(stages, opts, world)
+    shards = precision.MainParams(stages) if opts.dtype == precision.MAIN else shards  # bf16-main: fp32 main
     if shards is not None:
         params = shards.parameters()
     else:
         params = [p for stage in stages.values() for p in stage.parameters() if p.requires_grad]
     executor = Executor(plan, world, stages, shapes, make_optimizer(params, opts), opts.ignore_tasks)
     executor.shards = shards
+    executor.buckets = of_run(plan, opts, world, stages)  # --overlap-grad-reduce (buckets.py)
     executor.tied = tied
     if world.ep > 1:  # each op's expert all-to-alls against the plan's declared ones (exchanges.py)
         check_exchanges(executor)
@@ -353,12 +344,16 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
     dist.barrier()
     origin = _shared_origin(time.perf_counter_ns())
+    window = Window(first)
     with Watchdog(executor, opts.timeout):
         for step in range(first, opts.steps):
-            begin = time.perf_counter()
-            executor.run_step(step, dataset.batch(step, count, opts.model_config.mb_size))
-            loss = _mean_loss(executor)
-            _after_step(opts, world, executor, step, first, loss, time.perf_counter() - begin, tokens)
+            batch = dataset.batch(step, count, opts.model_config.mb_size)
+            executor.run_step(step, batch.pinned() if world.device.type == "cuda" else batch)
+            read = logged(opts, step, first)  # the step's one host synchronization (readings.py)
+            loss = _mean_loss(executor) if read else None
+            _after_step(opts, world, executor, step, first, loss, window.mean(step) if read else 0.0, tokens)
+            if read:
+                window.restart(step)
     _finish(plan, opts, world, executor, origin, first)
     return 0
 
@@ -381,9 +376,12 @@ def _mean_loss(executor: Executor) -> float:
 
 
 def _after_step(opts, world, executor, step, first, loss, seconds, tokens) -> None:
-    extra = _step_memory(executor) if opts.metrics_out else None
-    if world.rank == 0:
-        log_step(opts, step, loss, seconds, tokens, extra)
+    if loss is None:
+        executor.take_loss()  # unread: dropped on the device
+    else:
+        extra = _step_memory(executor) if opts.metrics_out else None  # collective
+        if world.rank == 0:
+            log_step(opts, step, loss, seconds, tokens, extra)
     if step == first and opts.save_grads and world.rank == 0:
         write_loss(opts.save_grads, loss)
     due = (step + 1) % opts.every == 0 if opts.every else step + 1 == opts.steps

@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from ..errors import UserError, error_line
+from .failures import NCCL_ENV, report_of, summary
 
 RENDEZVOUS_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node")
 # After a rank fails, torchrun sends the others SIGTERM and waits this long before SIGKILL (its default,
@@ -38,7 +39,7 @@ def launch(plan_path: str | Path, nproc: int, options: list[str] = (),
     """Run the plan on `nproc` local processes (per node); return the exit status (0 = all ranks ok;
     128 + the signal when this process was told to stop: see `supervise`). OMP_NUM_THREADS is 1 unless
     the user set it: torchrun's own choice for several processes, without its banner saying so."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**NCCL_ENV, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # failures.py
     return supervise(subprocess.Popen(torchrun_command(plan_path, nproc, options, torchrun_args), env=env))
 
 
@@ -106,7 +107,7 @@ def compared_to_reference(plan_path, nproc: int, opts, options: list[str], torch
     from ..__main__ import main as run_here
     from ..compare import TOLERANCE, compare_dumps
     plain = without(options, ("--compare-to-reference",), ("--tolerance", "--save-grads"))
-    tolerance = opts.tolerance or (1e-2 if opts.dtype == "bf16" else TOLERANCE)
+    tolerance = opts.tolerance or (1e-2 if opts.dtype != "fp32" else TOLERANCE)
     with tempfile.TemporaryDirectory(prefix="schedc-compare-") as scratch:
         run_dir = opts.save_grads or str(Path(scratch) / "run")
         code = launch(plan_path, nproc, [*plain, "--save-grads", run_dir], torchrun_args)
@@ -175,12 +176,15 @@ def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], t
         if torchrun_args or nproc not in (None, 1):
             raise LaunchError("--reference trains the whole model in this one process: leave out --nproc "
                               "and torchrun's flags")
+        _check_cuda(opts)
         _check_memory(plan, opts, 1)
         return opts, plan
     if nproc is not None and nproc < 1:
         raise LaunchError(f"--nproc must be >= 1, got {nproc}")
     _check_fault(opts, need)
     standalone = not any(arg.startswith(RENDEZVOUS_FLAGS) for arg in torchrun_args)
+    if standalone:
+        _check_cuda(opts)
     local = nproc if nproc is not None else need
     if local > MAX_LOCAL_PROCESSES:
         raise LaunchError(f"{local:,} processes on this machine (the plan's {plan.devices} devices x "
@@ -317,6 +321,14 @@ def _check_memory(plan, opts, processes: int) -> None:
                 f"process{'es' * (processes != 1)}")
 
 
+def _check_cuda(opts) -> None:
+    """--device cuda for processes that all run on this machine: refused here when it has no CUDA,
+    which every rank would find after torchrun started."""
+    import torch
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        raise LaunchError("--device cuda, but CUDA is not available on this machine")
+
+
 def _runs_on_cuda(opts) -> bool:
     if opts.device != "auto":
         return opts.device == "cuda"
@@ -445,24 +457,9 @@ def _bound_shutdown(seconds: int) -> None:
 
 
 def _failure_line(failures: dict) -> str:
-    """Name the rank that failed first. A rank killed by a signal other than SIGTERM comes first: it
-    died (SIGKILL, a crash), or was stopped or stuck and had to be killed after ignoring the SIGTERM
-    torchrun sends the rest; then ranks that exited with an error (those that gave up waiting for
-    it), by time; ranks torchrun ended with SIGTERM after them come last."""
-    def key(item):
-        rank, failure = item
-        how = _how(failure)
-        group = 2 if how == "killed by SIGTERM" else 0 if how.startswith("killed by") else 1
-        return (group, failure.timestamp, rank)
-    order = sorted(failures.items(), key=key)
-    words = [f"rank {rank} ({_how(failure)})" for rank, failure in order]
-    return f"error: rank {order[0][0]} failed first; failed: {', '.join(words)}"
-
-
-def _how(failure) -> str:
-    if failure.exitcode is not None and failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}"
-    return f"exit code {failure.exitcode}"
+    """Name the rank that failed first, from the error lines the ranks recorded and how they ended
+    (failures.py: an error of its own or a death before the victims' lost peers and timeouts)."""
+    return summary([report_of(rank, failure) for rank, failure in failures.items()])
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from schedc.layout import LAYOUT_OPTIONS, OPTION, SELECTIVE_OPS, Layout, flag
 
 from .description import DescriptionFileError, not_dense, read_description
 from ..errors import UserError
-from ..model.experts import ep_problem
-from ..model.gpt import ModelConfig, model_problem, tp_problem
+from ..model.gpt import ModelConfig, model_problem
+from . import compose
 
 MIN_TIMEOUT = 1.0  # seconds: under it the ranks' rendezvous store times out before they meet (0.01 did)
 MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
@@ -124,9 +124,15 @@ def _training_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--clip-grad", type=float, metavar="NORM",
                        help="scale the gradients down to this global norm (over every stage of every "
                             "pipeline and data-parallel rank) where it is larger")
-    group.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+    group.add_argument("--dtype", choices=("fp32", "bf16", "bf16-main"), default="fp32",
                        help="bf16: mixed precision, the forward and backward under bf16 autocast with fp32 "
-                            "weights, gradients and optimizer state (default fp32)")
+                            "weights, gradients and optimizer state; bf16-main: Megatron-LM's, bf16 weights, "
+                            "activations and messages (no autocast), gradients added per microbatch into fp32 "
+                            "main gradients (reduced in fp32), the optimizer stepping fp32 main weights "
+                            "(default fp32)")
+    group.add_argument("--bucket-size", type=int, metavar="ELEMENTS",
+                       help="with --overlap-grad-reduce: gradient elements per bucket (default Megatron-LM's, "
+                            "max(40,000,000, 1,000,000 x --dp))")
     group.add_argument("--loss", metavar="PKG.MOD:FN",
                        help="user loss: FN(logits, targets) returns a microbatch's mean loss (default: "
                             "cross entropy over the tokens)")
@@ -169,6 +175,11 @@ def _output_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--metrics-out", metavar="FILE",
                        help="one JSON line per step (step, loss, seconds, tokens_per_s) from rank 0")
     group.add_argument("--quiet", action="store_true", help="no per-step lines")
+    group.add_argument("--log-every", type=int, default=1, metavar="N",
+                       help="read the loss (one all-reduce over the ranks and one host read, the step's only "
+                            "synchronization) every N steps, and at the last; its line and --metrics-out record "
+                            "that step's loss and the mean time of the steps since the last; with --quiet and "
+                            "no --metrics-out never (default 1)")
     group.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
 
 
@@ -324,6 +335,8 @@ def _check(opts: argparse.Namespace) -> None:
                           f"their first messages; give --timeout {MIN_TIMEOUT:g} or more")
     if not 0 < opts.lr < math.inf:
         raise OptionError(f"--lr must be a finite number > 0, got {opts.lr}")
+    if not -2 ** 63 <= opts.seed < 2 ** 63:  # torch's generators take 64 bits: refused here, not on every rank
+        raise OptionError(f"--seed must fit in 64 bits (-2^63 to 2^63 - 1), got {opts.seed}")
     if opts.clip_grad is not None and not 0 < opts.clip_grad < math.inf:
         raise OptionError(f"--clip-grad must be a finite norm > 0, got {opts.clip_grad}")
     if opts.lr_warmup_steps < 0:
@@ -352,11 +365,11 @@ def _check(opts: argparse.Namespace) -> None:
     if opts.reference and (opts.save or opts.resume or opts.fault):
         raise OptionError("--reference does not take --save, --resume or --fault-*")
     _check_comparison(opts)
-    _check_tensor_parallel(opts)
+    _refuse(compose.tensor_parallel(opts))
     _check_paths(opts)
     _check_zero(opts)
-    _check_context(opts)
-    _check_experts(opts)
+    for check in (compose.zero, compose.context, compose.experts, compose.step):
+        _refuse(check(opts))
     if opts.warmup is None:
         opts.warmup = 1 if opts.steps > 1 else 0
 
@@ -394,29 +407,24 @@ def _check_paths(opts: argparse.Namespace) -> None:
     problem = clash([("the plan", opts.plan), ("--model", getattr(opts, "model", None))], outputs)
     if problem:
         raise OptionError(problem)
+    _check_folders(opts)
     if opts.every and opts.every > opts.steps:
         raise OptionError(f"--every {opts.every} is past --steps {opts.steps}: no checkpoint would be written "
                           f"(give --every {opts.steps} or less)")
 
 
-def _check_tensor_parallel(opts: argparse.Namespace) -> None:
-    cfg = opts.model_config
-    if opts.tp < 1:
-        raise OptionError(f"--tp must be >= 1, got {opts.tp}")
-    if opts.sequence_parallel and opts.tp == 1:
-        raise OptionError("--sequence-parallel needs --tp 2 or more")
-    if opts.tp > 1 and not opts.model_code and tp_problem(cfg, opts.tp):
-        raise OptionError(tp_problem(cfg, opts.tp))
-    if opts.tp > 1 and not opts.model_code and opts.loss:
-        raise OptionError("--loss takes a microbatch's whole logits, and under --tp the GPT's head keeps them split "
-                          "over the tensor ranks (its loss is the vocabulary-parallel cross entropy): give one of "
-                          "--loss and --tp")
-    if opts.sequence_parallel and cfg.seq % opts.tp:
-        raise OptionError(f"--sequence-parallel: --tp {opts.tp} does not divide the sequence length {cfg.seq}")
+def _check_folders(opts: argparse.Namespace) -> None:
+    """An output file on the path an output folder (--save, --save-grads) makes: refused before launch,
+    where the ranks met it after training."""
+    given = [(option, getattr(opts, attribute, None), files) for option, attribute, files in OUTPUT_FILES]
+    for option, folder, files in given:
+        for other, path, other_files in given:
+            if files and folder and path and other_files is None and os.path.realpath(folder) == os.path.realpath(path):
+                raise OptionError(f"{other} {path} and {option} {folder} name one path: {option} makes it a folder")
 
 
 def _check_zero(opts: argparse.Namespace) -> None:
-    """--zero and its alias, --reshard-after-forward; what a sharding level does not compose with yet."""
+    """--zero and its alias, --reshard-after-forward: the level settled (what it composes with: compose.zero)."""
     if opts.distributed_optimizer and opts.zero not in (None, 1):
         raise OptionError(f"--distributed-optimizer is --zero 1: give one of it and --zero {opts.zero}")
     opts.zero = 1 if opts.distributed_optimizer else opts.zero or 0
@@ -426,46 +434,8 @@ def _check_zero(opts: argparse.Namespace) -> None:
                           f"gathered weights; give --zero 3 (got --zero {opts.zero})")
     if opts.reshard_after_forward is None:
         opts.reshard_after_forward = opts.zero == 3
-    if opts.zero < 2:
-        return
-    if opts.dp * opts.cp < 2:
-        raise OptionError(f"--zero {opts.zero} shards over the data-parallel ranks: give --dp 2 or more (or --cp 2 "
-                          "or more: the shards are over d x cp)")
-    given = [name for name, on in (("--clip-grad", opts.clip_grad is not None), ("--save", opts.save),
-                                   ("--resume", opts.resume), ("--tasks", opts.tasks)) if on]
-    if given:
-        raise OptionError(f"--zero {opts.zero} does not compose with {given[0]} yet (it reads or writes the whole "
-                          "gradients or optimizer state); use --zero 1 or leave it out")
 
 
-def _check_context(opts: argparse.Namespace) -> None:
-    """--cp: the sequence cut into 2 cp equal chunks (and each rank's part into t under sequence
-    parallelism); what it does not compose with yet."""
-    cp, seq = opts.cp, opts.model_config.seq
-    if cp < 1:
-        raise OptionError(f"--cp must be >= 1, got {cp}")
-    if cp == 1:
-        return
-    if seq % (2 * cp):
-        raise OptionError(f"--cp {cp} cuts the sequence into {2 * cp} equal chunks; the sequence length {seq} "
-                          f"(--seq) does not divide into {2 * cp}")
-    if opts.sequence_parallel and (seq // cp) % opts.tp:
-        raise OptionError(f"--sequence-parallel with --cp {cp}: --tp {opts.tp} does not divide each context rank's "
-                          f"{seq // cp} tokens")
-    given = [(name, why) for name, on, why in (
-        ("--model-code", opts.model_code, "a user model's attention does not exchange keys and values over the "
-         "context ranks"),
-        ("--tasks", opts.tasks, "K-FAC's factors are taken over whole sequences")) if on]
-    if given:
-        raise OptionError(f"--cp {cp} does not compose with {given[0][0]} yet ({given[0][1]}); leave one of them out")
-
-
-def _check_experts(opts: argparse.Namespace) -> None:
-    """--ep: experts to split, ep dividing them and d x cp (experts.ep_problem); what it does not compose
-    with yet (the whole gradients or optimizer state read or written in one place)."""
-    others = {"--zero": opts.zero >= 1, "--clip-grad": opts.clip_grad is not None, "--save": bool(opts.save),
-              "--resume": bool(opts.resume), "--tasks": bool(opts.tasks), "--model-code": bool(opts.model_code),
-              "--sequence-parallel": opts.sequence_parallel}
-    problem = ep_problem(opts.model_config, opts.ep, opts.dp * opts.cp, others)
+def _refuse(problem: str | None) -> None:
     if problem:
         raise OptionError(problem)

@@ -10,6 +10,8 @@ import time
 
 from schedc.plan import Opcode
 
+from .failures import record_error
+
 GRACE = 2.0  # let the process group's own timeout fire first
 EXIT_STUCK = 3
 
@@ -33,8 +35,10 @@ class Watchdog:
             ex = self.executor
             instr, started = ex.current, ex.started
             if instr is not None and time.monotonic() - started > self.limit:
-                print(f"error: rank {ex.rank}: no progress for {self.limit:.0f} s while executing "
-                      f"{instr} (step {ex.step_no}); {self._suspect(instr)}", file=sys.stderr, flush=True)
+                line = (f"error: rank {ex.rank}: no progress for {self.limit:.0f} s while executing "
+                        f"{instr} (step {ex.step_no}); {self._suspect(instr)}")
+                print(line, file=sys.stderr, flush=True)
+                record_error(line)
                 os._exit(EXIT_STUCK)
 
     def _suspect(self, instr) -> str:

@@ -1,0 +1,47 @@
+"""Whether `schedc run` accepts a run command that tune prints: the plan compiled here and checked by
+the runtime's own pre-launch check (the one `schedc run` makes before torchrun starts), in this
+process. The runtime's check is the only list of what it runs; tune prints the command only where the
+check passes, and its refusal otherwise."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRun:
+    """A plan of `schedule` compiled with `defines` and run on `nproc` processes with `options`."""
+    schedule: str
+    defines: tuple[str, ...]
+    nproc: int
+    options: tuple[str, ...]
+
+
+PLAN_SHOWN = "out/tune-local/plan.json"  # where the printed compile command writes the plan
+
+
+def run_refusal(run: LocalRun) -> str | None:
+    """The runtime's refusal of `run` (its message), or None where `schedc run` would start it; without
+    torch (the runtime's own requirement) the commands are not printed, and the line says why."""
+    from ..diagnostics import SchedError
+    from ..driver import compile_file
+    from ..plan.write import write_plan
+    try:  # the runtime's check needs torch; the compiler and tune do not
+        from ..runtime.process.launch import LaunchError, check_launch
+    except ImportError as exc:
+        return f"not checked: the runtime cannot be loaded here ({exc})"
+    try:
+        result = compile_file(run.schedule, list(run.defines))
+    except SchedError as exc:
+        return f"the plan does not compile: {exc.render().splitlines()[0]}"
+    if not result.ok:
+        return "the plan does not compile: it fails its checks"
+    with tempfile.TemporaryDirectory(prefix="schedc-tune-") as scratch:
+        write_plan(result.plan, scratch)
+        path = str(Path(scratch) / "plan.json")
+        try:
+            check_launch(path, run.nproc, list(run.options), [])
+        except LaunchError as exc:
+            return str(exc).replace(f"{path}: ", "").replace(path, PLAN_SHOWN)
+    return None

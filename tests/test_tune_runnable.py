@@ -1,0 +1,83 @@
+"""tune prints a `schedc run` command only where the runtime accepts it: for every library schedule
+under two layouts (t = 1, no recomputation; t = 2, full recomputation, sequence parallelism), the
+command tune prints is compiled as printed and put through the runtime's own pre-launch check (what
+`schedc run` runs before torchrun, in process); where tune prints no command it prints the runtime's
+refusal instead, and that refusal is the check's own on the same plan."""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from schedc.cli import main
+from schedc.cli.runnable import LocalRun, run_refusal
+from schedc.frontend.library import library_files
+from schedc.runtime.process.launch import LaunchError, check_launch
+
+SCHEDULES = sorted(p.stem for p in library_files())
+SLOW_TO_TUNE = ("pipefisher", "pipefisher_1f1b")  # a fill compiled for every candidate: minutes
+LAYOUTS = {"t1": ["--tp", "1", "--recompute", "none"],
+           "t2-full-sp": ["--tp", "2", "--recompute", "full", "--sequence-parallel"]}
+TUNE = ["tune", "--model", "gpt-1.7b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--global-batch", "64"]
+REFUSED = "not runnable by schedc's runtime: "
+
+
+def _local_lines(output: str) -> list[str]:
+    lines = output.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("the same layout scaled to this machine"))
+    return [line.strip() for line in lines[start + 1:start + 3] if line.startswith("  ")]
+
+
+def _printed_run(lines: list[str], tmp_path, monkeypatch):
+    """The printed compile run as printed (in tmp_path), then the printed run's pre-launch check."""
+    compile_words, run_words = (shlex.split(line) for line in lines)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, compile_words[1:])
+    assert result.exit_code == 0, result.output
+    assert run_words[:3] == ["schedc", "run", "out/tune-local/plan.json"] and run_words[3] == "--nproc"
+    check_launch(run_words[2], int(run_words[4]), run_words[5:], [])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s not in SLOW_TO_TUNE])
+def test_tune_prints_only_run_commands_the_runtime_accepts(schedule, layout, tmp_path, monkeypatch):
+    result = CliRunner().invoke(main, [*TUNE, "--schedules", schedule, *LAYOUTS[layout]])
+    if result.exit_code != 0:  # no layout of this schedule fits the request: nothing to run
+        assert "error" in result.output and "schedc run" not in result.output
+        return
+    lines = _local_lines(result.output)
+    if lines[0].startswith(REFUSED):
+        assert len(lines) == 1 or not lines[1].startswith("schedc")
+        return
+    _printed_run(lines, tmp_path, monkeypatch)  # raises LaunchError where the runtime would refuse it
+
+
+@pytest.mark.parametrize("schedule, layout, refusal", [
+    ("seq1f1b", LAYOUTS["t2-full-sp"], "sequence chunks"),
+    ("offload_1f1b", ["--tp", "1", "--recompute", "full"], "--recompute none")])
+def test_what_the_runtime_refuses_is_not_printed_but_its_reason(schedule, layout, refusal):
+    """The issue's two: Seq1F1B's chunks with t = 2, placed offload with full recomputation."""
+    result = CliRunner().invoke(main, [*TUNE, "--schedules", schedule, *layout])
+    assert result.exit_code == 0, result.output
+    lines = _local_lines(result.output)
+    assert lines[0].startswith(REFUSED) and refusal in lines[0] and "schedc run" not in result.output
+
+
+def test_a_runnable_winner_prints_its_commands_and_they_pass_the_check(tmp_path, monkeypatch):
+    result = CliRunner().invoke(main, [*TUNE, "--schedules", "1f1b", *LAYOUTS["t1"]])
+    assert result.exit_code == 0, result.output
+    lines = _local_lines(result.output)
+    assert lines[0].startswith("schedc compile 1f1b") and lines[1].startswith("schedc run ")
+    _printed_run(lines, tmp_path, monkeypatch)
+    with pytest.raises(LaunchError, match="--nproc"):  # the check is live: a wrong count is refused
+        check_launch("out/tune-local/plan.json", 3, shlex.split(lines[1])[5:], [])
+
+
+def test_without_the_runtime_the_commands_are_not_printed_and_the_line_says_why(monkeypatch):
+    """A machine without torch: tune's last lines say the check could not run, not a traceback."""
+    import sys
+    monkeypatch.setitem(sys.modules, "schedc.runtime.process.launch", None)  # import fails as without torch
+    run = LocalRun("1f1b", ("p=2", "m=4"), 2, ("--steps", "3"))
+    message = run_refusal(run)
+    assert message.startswith("not checked: the runtime cannot be loaded here"), message
