@@ -125,3 +125,16 @@ def test_bad_values_are_refused_where_they_stand(changes, key, message):
         read_hf_config(text, 16)
     line = next(n for n, row in enumerate(text.splitlines(), 1) if row.strip().startswith(f'"{key}"'))
     assert (caught.value.key, caught.value.line, caught.value.col) == (key, line, 3)
+
+
+def test_under_a_kernel_table_the_window_scales_the_kernels_blocks():
+    """dgx-h100-80gb's attention is its kernel table's (costmodel/attention.py): a window of 3 over 8
+    tokens leaves the blocks 21/36 of their seconds, forward and backward; without the window, as before."""
+    cluster = load_cluster("dgx-h100-80gb")
+    assert cluster.attention is not None
+    layout = Layout(recompute="none")
+    full = attention_terms(Setting(SMALL, cluster, layout))
+    banded = attention_terms(Setting(replace(SMALL, window=3), cluster, layout))
+    assert banded[0] == pytest.approx(full[0] * 21 / 36, rel=1e-12)
+    assert banded[2] == pytest.approx(full[2] * 21 / 36, rel=1e-12) and banded[1] == full[1] == 0.0
+    assert attention_terms(Setting(replace(SMALL, window=8), cluster, layout)) == full
