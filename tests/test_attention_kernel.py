@@ -143,6 +143,7 @@ def test_the_attention_table_is_written_back_and_read_to_the_same_kernel(tmp_pat
 ])
 def test_a_bad_attention_table_is_a_located_error(tmp_path, text, message, line):
     base = (ROOT / "schedc" / "clusters" / "dgx-h100-80gb.toml").read_text()
+    base = base[:base.index("\n[attention]")] + "\n"  # the file without its own table
     path = tmp_path / "bad.toml"
     path.write_text(base + "\n[attention]\nlengths = [512, 1024, 2048]\nforward_causal_tflops = [1, 2, 3]\n"
                     "backward_tflops = [1, 2, 3]\n" + text + "\n")
@@ -166,4 +167,5 @@ def test_latent_attention_keeps_its_own_charge_under_a_kernel_table():
     # MLA's heads are not the table's 128 wide: experts.mla_swap charges it, against the GEMM form
     with_table = replace(H100, attention=FLAT)
     model = load_cluster_model("deepseek-v3", H100, 4096)
-    assert attention_terms(Setting(model, with_table, Layout(cp=2))) == attention_terms(Setting(model, H100, Layout(cp=2)))
+    without = replace(H100, attention=None)
+    assert attention_terms(Setting(model, with_table, Layout(cp=2))) == attention_terms(Setting(model, without, Layout(cp=2)))

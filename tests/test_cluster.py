@@ -91,6 +91,8 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
     (lambda t: t.replace("hbm_gbps = 2039", ""), "missing field 'gpu.hbm_gbps'", ":5:1:"),
     (lambda t: t.replace("gpus = 8", "gpus = 8.5"), "'node.gpus' must be a positive integer", ":11:1:"),
     (lambda t: t.replace("gemm = 0.85", "gemm = 1.5"), "'efficiency.gemm' must be a number in [1e-06, 1]", ":22:1:"),
+    (lambda t: t.replace("gemm = 0.85 ", "gemm = 0.85\ngemm_fp8 = 1.2 "), "'efficiency.gemm_fp8' must be a number in "
+     "[1e-06, 1]", ":23:1:"),
     (lambda t: t.replace("latency_us = 10", "latency_us = -1"), "'inter.latency_us' must be a number from 1e-06 to 1e+15",
      ":19:1:"),
     (lambda t: t.replace("[node]", "[node]\nnics = 8"), "unknown key 'node.nics'", ":11:1:"),

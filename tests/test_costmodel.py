@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from schedc.cli import main
-from schedc.costmodel.specs import ClusterSpec, ModelSpec, load_cluster
+from schedc.costmodel.specs import ClusterSpec, ModelSpec, dump_cluster, load_cluster
 from schedc.layout import Layout
 from schedc.costmodel import (Hardware, Setting, layer_activation_bytes, layer_parts, link_times, model_flops,
                               stage_costs, stage_params)
@@ -800,8 +800,27 @@ def test_fp8_needs_the_clusters_fp8_peak_and_runs_the_gemms_at_it():
                                        "dgx-a100-80gb", "--fp8"])
     assert result.exit_code == 2 and "--fp8: " in result.output and "fp8_tflops" in result.output
     assert (H100.peak_flops, H100.fp8_flops) == (989e12, 1979e12)  # the datasheet's dense figures
+    hw = Hardware(H100)  # at the FP8 peak and the share of it FP8 GEMMs were measured at on H100 (0.709 vs 0.803)
+    assert hw.gemm(1024, 1024, 1024, fp8=True) == pytest.approx(hw.gemm(1024, 1024, 1024) * 989 * 0.803 / (1979 * 0.709))
+
+
+def test_an_h100_gemm_takes_the_rates_measured_on_h100(tmp_path):
+    """One GEMM of Llama 3.1 70B's MLP (8,192 tokens, 8,192 to 28,672) on dgx-h100-80gb, by hand:
+    2 x 8192 x 28672 x 8192 = 3,848,290,697,216 FLOPs; its smallest dimension, 8,192, runs at
+    8192 / (8192 + 128) = 0.984615 of the large-GEMM share. BF16: 989 TFLOP/s x 0.803 (794.5 of 989
+    measured) x 0.984615 = 781.949 TFLOP/s, 4.921409 ms. FP8: 1979 x 0.709 (1402.6 of 1979) x 0.984615
+    = 1381.525 TFLOP/s, 2.785539 ms. A cluster without gemm_fp8 runs FP8 at gemm's share."""
     hw = Hardware(H100)
-    assert hw.gemm(1024, 1024, 1024, fp8=True) == pytest.approx(hw.gemm(1024, 1024, 1024) * 989 / 1979)
+    assert (H100.gemm_efficiency, H100.gemm_fp8_efficiency, H100.hbm_efficiency) == (0.803, 0.709, 0.796)
+    assert hw.gemm(8192, 28672, 8192) == pytest.approx(4.921409e-3, rel=1e-6)
+    assert hw.gemm(8192, 28672, 8192, fp8=True) == pytest.approx(2.785539e-3, rel=1e-6)
+    assert hw.memory(3.35e9) == pytest.approx(1 / 0.796 * 1e-3)  # 3.35 GB at 79.6 % of 3,350 GB/s: 1.2563 ms
+    plain = Hardware(replace(H100, gemm_fp8_efficiency=0.0))
+    assert plain.gemm(8192, 28672, 8192, fp8=True) == pytest.approx(3.848290697216e12 / (1979e12 * 0.803 * 8192 / 8320))
+    assert A100.gemm_fp8_efficiency == 0.0
+    again = tmp_path / "h100.toml"
+    again.write_text(dump_cluster(H100))
+    assert load_cluster(str(again)) == H100
 
 
 def test_the_new_clusters_load_with_their_datasheet_peaks():

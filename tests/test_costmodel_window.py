@@ -24,7 +24,7 @@ from schedc.layout import Layout
 REPO = Path(__file__).resolve().parents[1]
 MISTRAL = REPO / "tests/data/hf/mistral-7b-v0.1/config.json"
 TINY = (REPO / "tests/data/hf/tiny-llama/config.json").read_text()
-H100 = load_cluster("dgx-h100-80gb")
+H100 = replace(load_cluster("dgx-h100-80gb"), attention=None)  # its attention as GEMMs (no kernel table)
 # a small decoder: h 64, 4 heads over 2 key/value heads (head 16, K and V 32 wide), SwiGLU 176, seq 8
 SMALL = ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, seq=8, vocab=256, ffn=176, mlp="swiglu", norm="rmsnorm",
                   positions="rope", tied_embeddings=False, bias="none", attention="flash")
@@ -77,7 +77,7 @@ def test_simulate_reads_the_window_and_refuses_it_under_cp():
     """Mistral 7B v0.1's config.json at seq 16,384 on 32 H100 (t = 8, p = 4): the window of 4,096 makes
     the step shorter than the same model without it; --cp 2 refused at the sliding_window key."""
     base = ["simulate", "schedc/schedules/1f1b.sched", "-D", "p=4", "-D", "m=8", "--seq", "16384", "--cluster",
-            "dgx-h100-80gb", "--tp", "8"]
+            "dgx-h800-80gb", "--tp", "8"]  # H100's compute without a kernel table (whose rates take no window)
     runner = CliRunner()
     windowed = runner.invoke(main, [*base, "--model", str(MISTRAL)])
     plain = runner.invoke(main, [*base, "--model", "mistral-7b"])  # the library's: no window stated
@@ -125,3 +125,16 @@ def test_bad_values_are_refused_where_they_stand(changes, key, message):
         read_hf_config(text, 16)
     line = next(n for n, row in enumerate(text.splitlines(), 1) if row.strip().startswith(f'"{key}"'))
     assert (caught.value.key, caught.value.line, caught.value.col) == (key, line, 3)
+
+
+def test_under_a_kernel_table_the_window_scales_the_kernels_blocks():
+    """dgx-h100-80gb's attention is its kernel table's (costmodel/attention.py): a window of 3 over 8
+    tokens leaves the blocks 21/36 of their seconds, forward and backward; without the window, as before."""
+    cluster = load_cluster("dgx-h100-80gb")
+    assert cluster.attention is not None
+    layout = Layout(recompute="none")
+    full = attention_terms(Setting(SMALL, cluster, layout))
+    banded = attention_terms(Setting(replace(SMALL, window=3), cluster, layout))
+    assert banded[0] == pytest.approx(full[0] * 21 / 36, rel=1e-12)
+    assert banded[2] == pytest.approx(full[2] * 21 / 36, rel=1e-12) and banded[1] == full[1] == 0.0
+    assert attention_terms(Setting(replace(SMALL, window=8), cluster, layout)) == full

@@ -724,6 +724,22 @@ def _running(pid: int) -> bool:
         return False
 
 
+def test_run_checks_each_process_against_the_address_space_limit(plans, monkeypatch):
+    """Under `ulimit -v` (a cap each rank inherits) a step whose share per process passes it is refused
+    before launch: with 4 GiB, mb-size 100,000 of the tiny model failed in rank 1's first backward
+    (`RuntimeError: err == 0`) after torchrun started. The share: the whole step (1F1B, 2 microbatches)
+    over the 2 processes, plus launch.ADDRESS_BYTES."""
+    import resource
+    from click.testing import CliRunner
+    from schedc.cli import main
+    import schedc.runtime.process.launch as launch
+    monkeypatch.setattr(launch.resource, "getrlimit", lambda which: (4 * 2 ** 30, resource.RLIM_INFINITY))
+    args = ["run", str(plans("1f1b", p=2, m=2)), "--layers", "4", "--hidden", "8", "--heads", "1", "--seq", "8",
+            "--mb-size", "100000", "--vocab", "256", "--steps", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "of address space" in result.output and "ulimit -v" in result.output, result.output
+
+
 def test_run_counts_each_process_it_would_start_against_the_memory(plans, tmp_path, monkeypatch):
     """Each rank holds torch before any model (launch.PROCESS_BYTES, 218 MiB measured); here a process
     is made to take 1 TiB, so that two of them pass any machine's memory."""

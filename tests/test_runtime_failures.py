@@ -84,8 +84,8 @@ def test_a_launch_gives_nccls_settings_unless_set(monkeypatch):
     seen = {}
     monkeypatch.setattr(launch, "supervise", lambda child: 0)
     monkeypatch.setattr(launch.subprocess, "Popen", lambda command, env: seen.update(env))
-    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "10")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "10")
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     launch.launch("plan.json", 2)
     assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert seen["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "10"  # the user's
+    assert seen["TORCH_FR_BUFFER_SIZE"] == "10"  # the user's

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..descriptions.facts import window_share
 from .hardware import Setting
 
 BACKWARD_FLOPS = 2.5   # a flash backward's products over its forward's (five against two: FlashAttention-2,
@@ -87,10 +88,13 @@ def block_seconds(st: Setting, block: Block) -> tuple[float, float]:
 
 def kernel_terms(st: Setting) -> tuple[float, float, float]:
     """attention_terms' three with a kernel table: the forward's blocks with the merges, nothing
-    through HBM beside (a flash kernel), the backward's blocks with the gradients' accumulation."""
+    through HBM beside (a flash kernel), the backward's blocks with the gradients' accumulation. A
+    sliding window w < s leaves the kernel the band's pairs (window_share: it skips the blocks outside
+    the band; context parallelism with a window is refused before this)."""
+    share = window_share(st.tokens, st.model.window)
     blocks = [block_seconds(st, b) for b in ring_blocks(st.layout.cp, st.tokens)]
     merge_forward, merge_backward = merge_seconds(st)
-    return (sum(f for f, _ in blocks) + merge_forward, 0.0, sum(b for _, b in blocks) + merge_backward)
+    return (share * sum(f for f, _ in blocks) + merge_forward, 0.0, share * sum(b for _, b in blocks) + merge_backward)
 
 
 def exchanged_values(st: Setting) -> tuple[float, float]:

@@ -90,10 +90,12 @@ class Hardware:
         self.c = cluster
 
     def gemm(self, m: float, n: float, k: float, count: float = 1, fp8: bool = False) -> float:
-        """A GEMM's time at its size's efficiency; fp8: at the GPU's FP8 peak (--fp8)."""
+        """A GEMM's time at its size's efficiency; fp8: at the GPU's FP8 peak (--fp8) and its FP8 share
+        of it (gemm_fp8, where the cluster gives one)."""
         c = self.c
         small = min(m, n, k)
-        efficiency = c.gemm_efficiency * small / (small + c.gemm_half_dim)
+        large = c.gemm_fp8_efficiency if fp8 and c.gemm_fp8_efficiency else c.gemm_efficiency
+        efficiency = large * small / (small + c.gemm_half_dim)
         return 2 * m * n * k * count / ((c.fp8_flops if fp8 else c.peak_flops) * efficiency)
 
     def memory(self, nbytes: float) -> float:

@@ -9,6 +9,7 @@ A cluster file (TOML; the library in schedc/clusters/*.toml is found by name, `-
     [intra]      bandwidth_gbps, latency_us                    (NVLink/NVSwitch, per GPU, one direction)
     [inter]      bandwidth_gbps, latency_us                    (InfiniBand, per GPU, one direction)
     [efficiency] gemm, gemm_half_dim, hbm, intra, inter        (the named fractions of the datasheet)
+                 gemm_fp8                                      (optional: of the FP8 peak; gemm's without it)
     [memory]     reserved_gib, fragmentation                   (optional: what the GPU's memory loses
                                                                 beside the tensors; 0 when left out)
     [attention]  kernel, lengths, forward_tflops, ...           (optional: the flash kernel's achieved
@@ -60,6 +61,7 @@ class ClusterSpec:
     # per layer of each op beyond its kernels' work (a CPU's op dispatch and autograd); none: 0
     fp8_flops: float = 0.0         # FLOP/s, dense FP8 tensor core ([gpu] fp8_tflops); 0: not given (no --fp8)
     attention: AttentionKernel | None = None  # [attention]: the flash kernel's achieved rates (kernels.py)
+    gemm_fp8_efficiency: float = 0.0  # of fp8_flops, for large FP8 GEMMs ([efficiency] gemm_fp8); 0: gemm_efficiency's
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -85,6 +87,7 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
                    "inter": (float, 1, "NCCL bus bandwidth over the network, fraction of the link")},
 }
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
+_OPTIONAL_KEYS = {"gpu": ("dtype", "fp8_tflops"), "efficiency": ("gemm_fp8",)}  # read on their own, below
 # the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
@@ -146,8 +149,7 @@ def load_cluster(name: str) -> ClusterSpec:
     gpu_dtype = _gpu_dtype(table, source, diags)
     for section, fields in _CLUSTER_FIELDS.items():
         given = table.get(section) if isinstance(table.get(section), dict) else {}
-        if section == "gpu":
-            given = {k: v for k, v in given.items() if k not in ("dtype", "fp8_tflops")}
+        given = {k: v for k, v in given.items() if k not in _OPTIONAL_KEYS.get(section, ())}
         diags += unknown_keys([k for k in given if k not in fields],
                               lambda k, section=section, fields=fields: f"unknown key '{section}.{k}' (keys: "
                                                                         f"{', '.join(fields)})",
@@ -177,7 +179,7 @@ def load_cluster(name: str) -> ClusterSpec:
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
-    fp8 = _fp8_flops(table, source, diags)
+    fp8, gemm_fp8 = _fp8_flops(table, source, diags), _gemm_fp8(table, source, diags)
     attention = read_attention(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
@@ -187,7 +189,21 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead, fp8, attention)
+        gpu_dtype, host, overhead, fp8, attention, gemm_fp8)
+
+
+def _gemm_fp8(table: dict, source: Source, diags: list[Diagnostic]) -> float:
+    """[efficiency] gemm_fp8: the share of the FP8 peak a large FP8 GEMM reaches (optional: 0.0
+    without it, and FP8 GEMMs run at `gemm`'s share)."""
+    given = table.get("efficiency") if isinstance(table.get("efficiency"), dict) else {}
+    value = given.get("gemm_fp8")
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not MIN_FIGURE <= value <= 1:
+        diags.append(error(f"'efficiency.gemm_fp8' must be a number in [{MIN_FIGURE:g}, 1], got {value!r} "
+                           "(fraction of the FP8 peak a large FP8 GEMM reaches)", locate(source, "gemm_fp8", "efficiency")))
+        return 0.0
+    return float(value)
 
 
 def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> float:
@@ -303,7 +319,7 @@ gemm = {spec.gemm_efficiency!r}
 gemm_half_dim = {spec.gemm_half_dim!r}
 hbm = {spec.hbm_efficiency!r}
 intra = {spec.intra_efficiency!r}
-inter = {spec.inter_efficiency!r}
+inter = {spec.inter_efficiency!r}{chr(10) + 'gemm_fp8 = ' + repr(spec.gemm_fp8_efficiency) if spec.gemm_fp8_efficiency else ''}
 
 [memory]
 reserved_gib = {spec.memory_reserved / GIB!r}

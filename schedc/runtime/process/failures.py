@@ -28,7 +28,7 @@ GLOG = re.compile(r"^(?:\[rank\d+\]:)?\[([EF])(\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+)
 # torch's NCCL settings the launcher gives the ranks unless set already: a failed or timed-out
 # collective tears the rank down (no hang), and a timeout dumps NCCL's flight recorder of each rank
 NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+            "TORCH_FR_BUFFER_SIZE": "2000"}  # the flight recorder (torch 2.13's name; TORCH_NCCL_TRACE_BUFFER_SIZE before)
 
 
 @dataclass(frozen=True, slots=True)

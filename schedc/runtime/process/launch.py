@@ -5,7 +5,9 @@
 # failed rank as one line instead of torchrun's traceback.
 from __future__ import annotations
 
+import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -147,6 +149,8 @@ class LaunchError(UserError):
 # before any model), so 256 of them already need some 64 GB.
 MAX_LOCAL_PROCESSES = 256
 PROCESS_BYTES = 250 * 2 ** 20  # what one rank holds before its model (218 MiB measured with torch 2.13, CPU)
+ADDRESS_BYTES = 2 ** 30  # a rank's address space beside its tensors: 624 MiB mapped once torch and
+#                          torch.distributed are imported (torch 2.13, CPU), and its threads' stacks
 
 
 def check_launch(plan_path: str | Path, nproc: int | None, options: list[str], torchrun_args: list[str]):
@@ -318,7 +322,7 @@ def _check_memory(plan, opts, processes: int) -> None:
     _check_fits(need + processes * PROCESS_BYTES,
                 f"layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, "
                 f"{microbatches} microbatches{'' if opts.reference else f', --dp {opts.dp}'}, {processes} "
-                f"process{'es' * (processes != 1)}")
+                f"process{'es' * (processes != 1)}", processes)
 
 
 def _check_cuda(opts) -> None:
@@ -351,15 +355,22 @@ def _check_gpus(plan, opts, processes: int) -> None:
                 f"{processes} process{'es' * (processes != 1)} and the model's weights on their way to the GPUs")
 
 
-def _check_fits(need: float, what: str) -> None:
-    """LaunchError when `need` bytes are more than this machine's memory."""
+def _check_fits(need: float, what: str, processes: int = 1) -> None:
+    """LaunchError when `need` bytes are more than this machine's memory, or when a process's share of
+    them (with ADDRESS_BYTES of its own) passes the address-space limit its ranks inherit (`ulimit -v`:
+    an allocation past it fails inside torch, on a rank, after launch)."""
     try:
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
-        return
+        have = math.inf
     if need > have:
         raise LaunchError(f"one step would need about {need / 2 ** 30:,.3g} GiB ({what}), more than this "
                           f"machine's {have / 2 ** 30:.3g} GiB")
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    share = need / max(processes, 1) + ADDRESS_BYTES
+    if limit != resource.RLIM_INFINITY and share > limit:
+        raise LaunchError(f"each process would need about {share / 2 ** 30:,.3g} GiB of address space ({what}), "
+                          f"more than the {limit / 2 ** 30:.3g} GiB limit this shell sets (ulimit -v)")
 
 
 def _check_plan_fits(plan, opts, world: int) -> None:

@@ -223,11 +223,13 @@ def model_parameters(cfg: ModelConfig) -> float:
 def gpt_bytes(cfg: ModelConfig, microbatches: int) -> float:
     """About the memory one step of the default GPT takes over all its ranks: weights, gradients and
     AdamW's two moments (4 x 4 bytes a parameter), and every microbatch's saved activations (a block
-    keeps about 16 hidden-wide values a token and its attention scores, heads x seq a token). A float:
-    absurd sizes give inf, not absurd integers."""
+    keeps about 16 hidden-wide values a token and its attention scores, heads x seq a token; the loss
+    its logits and their log-softmax, two vocabulary-wide values a token). A float: absurd sizes give
+    inf, not absurd integers."""
     try:
         tokens = float(microbatches) * cfg.mb_size * cfg.seq
-        return 16 * model_parameters(cfg) + 4 * cfg.layers * tokens * (16.0 * cfg.hidden + 2.0 * cfg.heads * cfg.seq)
+        blocks = 4 * cfg.layers * tokens * (16.0 * cfg.hidden + 2.0 * cfg.heads * cfg.seq)
+        return 16 * model_parameters(cfg) + blocks + 4 * tokens * 2.0 * cfg.vocab
     except OverflowError:
         return float("inf")
 
