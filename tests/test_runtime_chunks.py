@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from schedc.plan import Opcode, PlanError, load_plan
-from schedc.runtime.execution.chunks import ChunkError, SequenceChunks
+from schedc.runtime.execution.chunks import Cache, ChunkError, Running, SequenceChunks
 from schedc.runtime.model.data import Batch
 from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt, lm_loss
 from schedc.runtime.process.options import parse_options
@@ -171,3 +172,34 @@ def test_a_chunked_runs_profile_gives_a_microbatchs_costs():
               for unit, (start, end) in enumerate([(0, 1), (1, 4), (4, 6), (6, 8)])]
     assert profile(events, 1, 2, chunks=2) == {"unit": "ms", "microbatch_size": 2, "F": [4.0]}
     assert profile(events, 1, 2) == {"unit": "ms", "microbatch_size": 2, "F": [2.0]}
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_a_later_chunks_lower_right_causal_bias_equals_the_boolean_mask(chunk, heads, kv_heads):
+    """What `extend` gives chunk j of 4 (queries 4 tokens, keys 4 (j + 1)) attends as the boolean mask
+    built here does (query a at position 4j + a sees keys 0 .. 4j + a), forward and backward, within
+    1e-6; the bias is torch's lower-right causal form, not a mask tensor."""
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+    length, gen = 4, torch.Generator().manual_seed(2)
+    cache = Cache(own=[[] for _ in range(chunk)], leaves=[[] for _ in range(chunk)])
+    for j in range(chunk):
+        cache.leaves[j].append((torch.randn(2, kv_heads, length, 8, generator=gen),
+                                torch.randn(2, kv_heads, length, 8, generator=gen)))
+    cache.own.append([])
+    cache.leaves.append([])
+    k, v = (torch.randn(2, kv_heads, length, 8, generator=gen) for _ in range(2))
+    keys, values, bias = Running(cache, chunk, 4, length).extend(k, v)
+    assert isinstance(bias, CausalBias) and bias.variant == CausalVariant.LOWER_RIGHT
+    mask = torch.tensor([[key <= chunk * length + query for key in range(keys.shape[2])] for query in range(length)])
+    q = torch.randn(2, heads, length, 8, generator=gen)
+    got_in = [t.clone().requires_grad_() for t in (q, keys, values)]
+    want_in = [t.clone().requires_grad_() for t in (q, keys, values)]
+    got = F.scaled_dot_product_attention(*got_in, attn_mask=bias, enable_gqa=True)
+    want = F.scaled_dot_product_attention(*want_in, attn_mask=mask, enable_gqa=True)
+    assert torch.allclose(got, want, atol=1e-6)
+    dy = torch.randn(got.shape, generator=gen)
+    got.backward(dy)
+    want.backward(dy)
+    for a, b in zip(got_in, want_in):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)

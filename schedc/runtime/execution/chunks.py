@@ -15,12 +15,20 @@
 # dependencies, schedc.ops.chunk_step; anything else is refused as it happens). Chunk j's positions
 # are j*s/k .. (j+1)*s/k - 1 (`position`); its loss is the mean over its tokens divided by k, so the
 # chunks of a microbatch sum to the microbatch's mean loss.
+#
+# Chunk j's queries see every key of chunks 0..j (the keys run on s/k * j before its first query): the
+# causal mask aligned to the lower right corner, torch's causal_lower_right(s/k, s/k * (j + 1)), which
+# scaled_dot_product_attention runs as flash or memory-efficient attention on CUDA where those apply
+# (a boolean mask rules both out) and as the materialized mask elsewhere. The explicit masks stay where
+# the pattern is not that corner: a sliding window (model/spans.py) and context ranks (context.py),
+# neither of which runs with chunks.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from schedc.ops import DECLARED, split_unit
 from schedc.plan import Opcode, Plan, PlanError
@@ -70,17 +78,7 @@ class Running:
         earlier = [self.cache.leaves[j][layer] for j in range(self.chunk)]
         keys = torch.cat([lk for lk, _ in earlier] + [k], dim=2)
         values = torch.cat([lv for _, lv in earlier] + [v], dim=2)
-        return keys, values, causal_mask(self.chunk * self.length, k.shape[2], keys.shape[2], k.device)
-
-
-def causal_mask(offset: int, queries: int, keys: int, device: torch.device) -> torch.Tensor:
-    """[queries, keys] booleans: query a (at position offset + a) sees keys 0 .. offset + a.
-
-    >>> causal_mask(2, 2, 4, torch.device("cpu")).int().tolist()
-    [[1, 1, 1, 0], [1, 1, 1, 1]]
-    """
-    rows = torch.arange(queries, device=device).unsqueeze(1) + offset
-    return torch.arange(keys, device=device).unsqueeze(0) <= rows
+        return keys, values, causal_lower_right(k.shape[2], keys.shape[2])
 
 
 _RUNNING: list[Running] = []  # the chunk forward in progress (forwards do not nest)

@@ -36,7 +36,8 @@ from ..model.precision import gradient
 from .overlap import CudaStreams, run_overlapped
 from .placed import Placed
 from .tasks import setup_tasks, task_handler
-from ..model.tensor_parallel import Messages, Split, TensorGroup, global_splits, sync_partial_gradients
+from ..model.tensor_parallel import (Messages, Split, TensorGroup, global_splits, input_half,
+                                    sync_partial_gradients)
 from ..process.world import World
 
 @lru_cache(maxsize=1)
@@ -278,11 +279,12 @@ class Executor:
         if s == 0 and saved.head is None:
             return  # no input gradient to send: W does the whole backward
         halves = split_backward()
-        if halves is None:
-            (grad_x,) = torch.autograd.grad(saved.y, saved.x, saved.grad, retain_graph=True)
-        else:
-            grads = None if saved.grad is None else [saved.grad]
-            (grad_x,), saved.groups = halves[0]([saved.y], grads, [saved.x], self._params(s))
+        with input_half():  # sequence-parallel linears keep their gathered input for W
+            if halves is None:
+                (grad_x,) = torch.autograd.grad(saved.y, saved.x, saved.grad, retain_graph=True)
+            else:
+                grads = None if saved.grad is None else [saved.grad]
+                (grad_x,), saved.groups = halves[0]([saved.y], grads, [saved.x], self._params(s))
         if s > 0:
             self.tensors[("B", s, mb)] = grad_x
         else:  # kept for W, which carries it into the first piece

@@ -69,7 +69,8 @@ class _Frame:
 
     def replay(self) -> list[torch.Tensor]:
         saved: list[torch.Tensor] = []
-        inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+        # a tensor needing no gradient goes as it is (a subclass such as a CausalBias keeps its fields)
+        inputs = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
                   for a in self.args]
         with self.state.restored(), \
                 torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or len(saved) - 1,

@@ -26,6 +26,8 @@ torch.distributed's collectives.
 """
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -66,21 +68,34 @@ class TensorGroup:
 # -- collectives -------------------------------------------------------------------------------------
 
 def all_reduce(x: torch.Tensor, tp: TensorGroup, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    x = x.contiguous().clone()
+    """`x` summed (or `op`) over the tensor group in place, no copy: for a tensor nothing else reads (a
+    contiguous copy first where `x` is not contiguous)."""
+    x = x.contiguous()
     dist.all_reduce(x, op=op, group=tp.group)
     return x
 
 
 def all_gather(x: torch.Tensor, tp: TensorGroup, dim: int) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(tp.size)]
-    dist.all_gather(parts, x.contiguous(), group=tp.group)
-    return torch.cat(parts, dim=dim)
+    """Every rank's `x` joined along `dim`, in rank order: one all_gather_into_tensor into one tensor of
+    the ranks' parts joined along dimension 0, viewed as the join when `dim` is 0 or every dimension
+    before it has size 1, else reordered into it (one copy, as the cat of a list was)."""
+    out = x.new_empty((tp.size * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x.contiguous(), group=tp.group)
+    joined = (*x.shape[:dim], tp.size * x.shape[dim], *x.shape[dim + 1:])
+    if math.prod(x.shape[:dim]) == 1:
+        return out.view(joined)
+    return out.view(tp.size, *x.shape).movedim(0, dim).reshape(joined)
 
 
 def reduce_scatter(x: torch.Tensor, tp: TensorGroup, dim: int) -> torch.Tensor:
-    parts = [part.contiguous() for part in x.chunk(tp.size, dim=dim)]
-    out = torch.empty_like(parts[tp.rank])
-    dist.reduce_scatter(out, parts, group=tp.group)
+    """This rank's 1/t of `x` along `dim`, summed over the group: one reduce_scatter_tensor of `x` as
+    the ranks' parts joined along dimension 0 (a view when every dimension before `dim` has size 1,
+    else one reordering copy, as the chunk-and-copy was)."""
+    size = x.shape[dim] // tp.size
+    parts = x.reshape(*x.shape[:dim], tp.size, size, *x.shape[dim + 1:])
+    parts = parts.movedim(dim, 0).contiguous().flatten(0, 1)
+    out = x.new_empty((*x.shape[:dim], size, *x.shape[dim + 1:]))
+    dist.reduce_scatter_tensor(out, parts, group=tp.group)
     return out
 
 
@@ -95,7 +110,7 @@ class _Copy(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad):  # in place: enter's one reader is a linear, whose input gradient is new
         return all_reduce(grad, ctx.tp), None
 
 
@@ -103,7 +118,9 @@ class _Reduce(torch.autograd.Function):
     """g: all-reduce forward, identity backward."""
 
     @staticmethod
-    def forward(ctx, x, tp):
+    def forward(ctx, x, tp):  # in place: leave's input (a linear's or a lookup's output) is kept by no backward
+        if x.is_contiguous():
+            ctx.mark_dirty(x)
         return all_reduce(x, tp)
 
     @staticmethod
@@ -142,12 +159,15 @@ class _GatheredLinear(torch.autograd.Function):
     sequence parallelism: the forward all-gathers the sequence shards and keeps only its own shard for
     backward, which all-gathers them again for the weight gradient and reduce-scatters the input
     gradient (the gathered input would be t times the bytes Korthikanti et al.'s sbh(34/t) counts).
-    Backward runs in the forward's compute dtype (bf16 under autocast). A split backward calls it in I
-    and again in W: each call computes both gradients, and autograd keeps the one its call asked for."""
+    Backward runs in the forward's compute dtype (bf16 under autocast). A split backward's I (inside
+    `input_half`) computes the input gradient only and keeps the gathered input for W, as zero-bubble's
+    Megatron-LM keeps it for its deferred weight gradient; W takes it without an all-gather, lets it go,
+    and skips the input gradient I computed. What I keeps lives no longer than the node: W frees the
+    graph. A one-pass backward computes both and keeps nothing."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, tp):
-        ctx.tp, ctx.has_bias = tp, bias is not None
+        ctx.tp, ctx.has_bias, ctx.gathered = tp, bias is not None, None
         y = F.linear(all_gather(x, tp, SEQUENCE_DIM), weight, bias)
         ctx.dtype = y.dtype
         ctx.save_for_backward(x, weight)
@@ -156,13 +176,41 @@ class _GatheredLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        grad, dtype = grad.contiguous(), ctx.dtype
-        gathered = all_gather(x, ctx.tp, SEQUENCE_DIM).to(dtype)
-        grad_x = reduce_scatter(grad.to(dtype) @ weight.to(dtype), ctx.tp, SEQUENCE_DIM)
-        rows = grad.to(dtype).reshape(-1, grad.shape[-1])
-        grad_w = rows.T @ gathered.reshape(-1, gathered.shape[-1])
+        grad, dtype = grad.contiguous().to(ctx.dtype), ctx.dtype
+        after_input_half = ctx.gathered is not None  # W, after I kept the gathered input
+        gathered = ctx.gathered if after_input_half else all_gather(x, ctx.tp, SEQUENCE_DIM).to(dtype)
+        input_half = bool(_INPUT_HALF) and ctx.needs_input_grad[1]
+        ctx.gathered = gathered if input_half else None  # I keeps it for W; any other call lets it go
+        grad_x = None
+        if ctx.needs_input_grad[0] and (not after_input_half or _runs(ctx.next_functions[0][0])):
+            grad_x = reduce_scatter(grad @ weight.to(dtype), ctx.tp, SEQUENCE_DIM).to(x.dtype)
+        if input_half:
+            return grad_x, None, None, None
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_w = (rows.T @ gathered.reshape(-1, gathered.shape[-1])).to(weight.dtype)
         grad_b = rows.sum(dim=0).to(weight.dtype) if ctx.has_bias else None
-        return grad_x.to(x.dtype), grad_w.to(weight.dtype), grad_b, None
+        return grad_x, grad_w, grad_b, None
+
+
+_INPUT_HALF: list[bool] = []  # set while a split backward's I runs (input_half)
+
+
+@contextmanager
+def input_half():
+    """A split backward's I: the gathered linears compute input gradients only and keep their gathered
+    input for W."""
+    _INPUT_HALF.append(True)
+    try:
+        yield
+    finally:
+        _INPUT_HALF.pop()
+
+
+def _runs(node) -> bool:
+    """Whether W's backward pass runs `node`, the one the input gradient flows into (it does where the
+    gradient reaches weights before the linear). Never a leaf's (an AccumulateGrad, with its `variable`):
+    I gave that gradient, and the engine does not answer for a leaf under autograd.grad."""
+    return node is not None and not hasattr(node, "variable") and torch._C._will_engine_execute_node(node)
 
 
 def enter(x: torch.Tensor, tp: TensorGroup) -> torch.Tensor:
@@ -391,8 +439,6 @@ def gathered_gradients(stage, tp: TensorGroup) -> dict[str, torch.Tensor]:
     for name, p, split in global_splits(stage):
         grad = gradient(p).detach()
         if isinstance(split, Split) and tp.size > 1:
-            parts = [torch.empty_like(grad) for _ in range(tp.size)]
-            dist.all_gather(parts, grad.contiguous(), group=tp.group)
-            grad = join(parts, split)
+            grad = join(list(all_gather(grad, tp, 0).chunk(tp.size)), split)
         grads[name] = grad.cpu().clone()
     return grads
