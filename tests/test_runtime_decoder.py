@@ -197,9 +197,16 @@ def test_a_stage_saves_the_activation_tables_bytes(kv_heads, mode):
     """The saved-tensor meter over one forward of each of two stages equals schedc/costmodel/activations.py's
     decoder rows to the byte (the pipelined runs' meter: test_runtime_decoder_launch.py)."""
     cfg = config(kv_heads=kv_heads)
+    sizes = Sizes(16, 2, 64, 4, 96, 256, kv_heads)
+    for s, first, last, saved in stages_saved_bytes(cfg, mode):
+        assert saved == stage_bytes(sizes, LLAMA_FACTS, 1, first, last, recompute=mode), s
+
+
+def stages_saved_bytes(cfg, mode: str):
+    """(stage, first, last, the bytes the saved-tensor meter counts over one forward) of each of two
+    stages of the model cfg describes (its first two pieces, then the rest), under recompute `mode`."""
     pieces = build_model(cfg)
     tokens, targets = (t.contiguous() for t in _tokens(cfg))  # a step's batch: two storages
-    sizes = Sizes(16, 2, 64, 4, 96, 256, kv_heads)
     for s, (run, first, last) in enumerate([(pieces[:2], True, False), (pieces[2:], False, True)]):
         stage = Stage(run)
         apply_recompute(stage, mode, first, last)
@@ -210,7 +217,7 @@ def test_a_stage_saves_the_activation_tables_bytes(kv_heads, mode):
             y = stage(x)
             if last:
                 y = lm_loss(y, targets)  # kept alive, as the executor keeps its state
-        assert meter.per_state[(s, 0)] == stage_bytes(sizes, LLAMA_FACTS, 1, first, last, recompute=mode), s
+        yield s, first, last, meter.per_state[(s, 0)]
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -108,25 +108,12 @@ def test_tied_and_windowed_stages_save_the_activation_tables_bytes(changes, mode
     change nothing a forward saves: two stages' saved-tensor meter equals the untied, unwindowed
     decoder's rows of schedc/costmodel/activations.py to the byte."""
     from schedc.costmodel.activations import Sizes, runtime_decoder, stage_bytes
-    from schedc.runtime.execution.memory import SavedBytes
-    from schedc.runtime.execution.recompute import apply_recompute
-    from schedc.runtime.model.gpt import ModelConfig, lm_loss
-    from test_runtime_decoder import LLAMA, _tokens
+    from schedc.runtime.model.gpt import ModelConfig
+    from test_runtime_decoder import LLAMA, stages_saved_bytes
     cfg = ModelConfig(**{**LLAMA, **changes})
-    pieces = build_model(cfg)
-    tokens, targets = (t.contiguous() for t in _tokens(cfg))
     sizes, facts = Sizes(16, 2, 64, 4, 96, 256, 2), runtime_decoder("swiglu", "rmsnorm", "rope")
-    for s, (run, first, last) in enumerate([(pieces[:2], True, False), (pieces[2:], False, True)]):
-        stage = Stage(run)
-        apply_recompute(stage, mode, first, last)
-        meter = SavedBytes.of({s: stage})
-        x = tokens if first else torch.randn(2, 16, 64, requires_grad=True)
-        meter.new_step(type("Batch", (), {"tokens": tokens, "targets": targets}))
-        with meter.recording((s, 0)):
-            y = stage(x)
-            if last:
-                y = lm_loss(y, targets)
-        assert meter.per_state[(s, 0)] == stage_bytes(sizes, facts, 1, first, last, recompute=mode), s
+    for s, first, last, saved in stages_saved_bytes(cfg, mode):
+        assert saved == stage_bytes(sizes, facts, 1, first, last, recompute=mode), s
 
 
 # -- under torchrun ------------------------------------------------------------------------------------
