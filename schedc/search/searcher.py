@@ -186,7 +186,8 @@ class Searcher(Pieces):
         if isinstance(shape, Refusal):
             return shape
         if self.compiled_whole(c):
-            return self._evaluate_plain(c, free)
+            over = None if self.entries[c.schedule].plain else self._memory_first(c)
+            return over if over is not None else self._evaluate_plain(c, free)
         from ..passes.simulate import busy_times
         from ..passes.timing import Span
         st = self.setting(c)
@@ -215,6 +216,21 @@ class Searcher(Pieces):
         busy = busy_times(cost, structure.device, schedule.devices)
         return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span,
                        self.stage_costs(st, c, shape), self.request.global_batch)
+
+    def _memory_first(self, c: Candidate) -> Refusal | None:
+        """A ZeRO 2/3 candidate of a cached order (compiled whole for its collectives' lanes): refused
+        by the memory its order's activation peaks and held bytes give (device_memory, the figure the
+        whole compile predicts) before it is compiled whole; None where it fits, --exhaustive (which
+        compiles every candidate whole) or the order fails to build."""
+        if self.request.exhaustive:
+            return None
+        structure = self.structure(c)
+        if structure.error is not None:
+            return None
+        st, schedule = self.setting(c), structure.schedule
+        memory, _ = device_memory(st, schedule, structure.peaks, self.held(st, c, schedule))
+        top = max(range(len(memory)), key=lambda k: (memory[k], -k))
+        return self.over(memory[top], top) if memory[top] > self.limit else None
 
     def _evaluate_plain(self, c: Candidate, free: bool) -> Prediction | Refusal:
         """The whole compile of driver.cluster.compile_for (no shortcut): its prediction or its first error,
