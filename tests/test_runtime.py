@@ -270,24 +270,6 @@ def test_overlapped_halves_of_one_microbatch_run_in_order_on_cuda_too():
 
 
 @pytest.mark.slow
-def test_plans_that_declare_collectives_run_as_the_reference(reference, tmp_path):
-    """Plans whose F, B and I each declare two all-to-alls (plan version 2, as --ep writes them) run: the
-    runtime takes the declarations as such, and loss and gradients are the one-process reference's."""
-    from conftest import compile_exchanging
-    cases = []
-    for name, params in (("1f1b", {"p": 2, "m": 4}), ("dualpipev", {"p": 2, "m": 5})):
-        plan, _ = write_plan(compile_exchanging(name, **params).plan, tmp_path / name)
-        assert plan.to_json()["version"] == 2 and any(i.op == "ALL_TO_ALL" for i in plan.ranks[0][0])
-        cases.append((name, tmp_path / name / "plan.json"))
-    jobs = [(path, [*MODEL, "--steps", "1", "--quiet", "--save-grads", str(tmp_path / f"{name}_grads")])
-            for name, path in cases]
-    run = launch_plans(jobs, 2, tmp_path)
-    assert run.returncode == 0, run.stderr
-    for name, path in cases:
-        assert_same(_dump(tmp_path / f"{name}_grads"), reference(path, MODEL))
-
-
-@pytest.mark.slow
 def test_data_parallel_matches_reference(plans, reference, tmp_path):
     plan = plans("chimera", p=2, m=4)  # replica sync and data-parallel sync together
     run, _ = torchrun(plan, 4, *SMALL, "--dp", "2", "--steps", "1", "--save-grads", str(tmp_path))
