@@ -44,7 +44,7 @@ from typing import Any
 from .bounds import Shape, state_bound
 from ..costmodel.specs import MAX_GPUS
 from ..diagnostics import usage
-from ..costmodel import Prediction, device_memory, predict
+from ..costmodel import Prediction, Setting, device_memory, predict
 from ..diagnostics import SchedError
 from ..text import plural
 from .pieces import Pieces
@@ -198,10 +198,9 @@ class Searcher(Pieces):
         limit = schedule.memory_limit
         if limit is not None and any(peak > lim + 1e-9 for peak, lim in zip(structure.peaks, limit)):
             return Refusal("exceeds the schedule's own memory limit (in activations)")
-        memory, _ = device_memory(st, schedule, structure.peaks, self.held(st, c, schedule))
-        top = max(range(len(memory)), key=lambda k: (memory[k], -k))
-        if memory[top] > self.limit:
-            return self.over(memory[top], top)
+        over = self._order_over_memory(st, c, structure)
+        if over is not None:
+            return over
         if self.prepare(structure).error is not None:
             return Refusal(structure.error)
         table = self.cost_table(st, c, shape)[0]
@@ -227,8 +226,12 @@ class Searcher(Pieces):
         structure = self.structure(c)
         if structure.error is not None:
             return None
-        st, schedule = self.setting(c), structure.schedule
-        memory, _ = device_memory(st, schedule, structure.peaks, self.held(st, c, schedule))
+        return self._order_over_memory(self.setting(c), c, structure)
+
+    def _order_over_memory(self, st: Setting, c: Candidate, structure: Structure) -> Refusal | None:
+        """The refusal of a candidate whose busiest device, by its order's activation peaks and held
+        bytes (device_memory), passes the limit; None where it fits."""
+        memory, _ = device_memory(st, structure.schedule, structure.peaks, self.held(st, c, structure.schedule))
         top = max(range(len(memory)), key=lambda k: (memory[k], -k))
         return self.over(memory[top], top) if memory[top] > self.limit else None
 
