@@ -147,3 +147,74 @@ def test_torchs_cache_under_the_policy_is_the_tables_at_t2_sequence_parallel(fak
         "feed_forward.w3": ColwiseParallel()})
     x = torch.randn(1, SEQ // 2, 64, dtype=torch.bfloat16, requires_grad=True)
     assert cached_bytes(block, x) == table_bytes(tp=2, sequence_parallel=True) == 21_248
+
+
+class Float8(torch.Tensor):
+    """A stand-in for torchao's Float8Tensor (v0.7.0, tensorwise): FP8 data and a scale under the original
+    dtype, whose mm dequantizes and returns that dtype (float8_ops.float8_mm: output_dtype = a._orig_dtype)."""
+
+    @staticmethod
+    def __new__(cls, data, scale, dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=dtype, device=data.device)
+
+    def __init__(self, data, scale, dtype) -> None:
+        self.data8, self.scale, self.orig = data, scale, dtype
+
+    def high(self):
+        return (self.data8.float() / self.scale).to(self.orig)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mm.default:
+            return args[0].high() @ args[1].high()
+        if func in (torch.ops.aten.t.default, torch.ops.aten.detach.default):
+            return Float8(func(args[0].data8), args[0].scale, args[0].orig)
+        raise NotImplementedError(func)
+
+
+def to_float8(x):
+    """torchao's hp_tensor_to_float8_dynamic: amax = max(abs(x)) (tensor_to_amax), scale, clamp, cast."""
+    scale = 448.0 / torch.max(torch.abs(x)).float().clamp(min=1e-12)
+    return Float8((x.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale, x.dtype)
+
+
+class Float8Matmul(torch.autograd.Function):
+    """torchao's manual_float8_matmul_with_args_in_float8: saves the two FP8 casts, torch.mm on them."""
+
+    @staticmethod
+    def forward(ctx, x8, w8t):
+        ctx.save_for_backward(x8, w8t)
+        return torch.mm(x8, w8t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x8, w8t = ctx.saved_tensors
+        return grad @ w8t.high().t(), x8.high().t() @ grad
+
+
+class Float8Linear(torch.nn.Module):
+    def __init__(self, linear) -> None:
+        super().__init__()
+        self.weight = linear.weight
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        return Float8Matmul.apply(to_float8(flat), to_float8(self.weight).t()).view(*x.shape[:-1], -1)
+
+
+def test_torchs_cache_under_the_policy_with_float8_linears_is_the_tables_and_the_eager_abs():
+    """The policy sees each Float8 linear's aten.mm on the two casts (its dispatch mode before the subclass)
+    and caches the 16-bit output, so the count is BF16's; each cast's max is a 0-dim bf16 value (2 a
+    linear). Eager, it caches every abs(x) and abs(W) too (why --fp8 --eager is refused); compiled,
+    torchtitan #820 measured tensorwise memory the same without abs on the list: the table's --fp8
+    figure is the cache less the abs outputs."""
+    torch.manual_seed(0)
+    block = Block(json.loads(CONFIG.read_text())).to(torch.bfloat16)
+    for owner in (block.attention, block.feed_forward):
+        for name, child in list(owner.named_children()):
+            setattr(owner, name, Float8Linear(child))
+    x = torch.randn(1, SEQ, 64, dtype=torch.bfloat16, requires_grad=True)
+    tokens, linears = SEQ, [block.attention.wq, block.attention.wk, block.attention.wv, block.attention.wo,
+                            block.feed_forward.w1, block.feed_forward.w3, block.feed_forward.w2]
+    abs_bytes = sum(2 * (tokens * lin.weight.shape[1] + lin.weight.numel()) for lin in linears)
+    assert cached_bytes(block, x) - abs_bytes == table_bytes(fp8=True) == 30_236
