@@ -2,7 +2,8 @@
 9dec370 (parallelize_llama.py's _save_list and its every-second-mm rule) run by torch.utils.checkpoint on a
 block written here as torchtitan's model.py writes it (RMSNorm, grouped-query attention through
 scaled_dot_product_attention, SwiGLU), at t = 1 and at t = 2 under torchtitan's apply_tp plan (sequence-
-parallel norms, column- and row-parallel linears, on a one-process fake group of 2). What the policy's
+parallel norms, column- and row-parallel linears, on a one-process fake group of 2), and with Float8 linears
+written as torchao v0.7.0 writes them (a stand-in for its Float8Tensor). What the policy's
 cache holds after the forward, and the block's input the checkpoint keeps, is the table's figure for the
 same config to the byte. On CPU the fused attention is _scaled_dot_product_flash_attention_for_cpu, the
 CPU form of the CUDA flash op on the list (the same output and fp32 log-sum-exp)."""
