@@ -37,7 +37,7 @@ all-gathers are not, so the backward gathers again. With cp > 1 each op sees the
 (context parallelism's ring runs inside the flash op the policy saves). Under torchao's Float8 (dynamic
 tensorwise scaling, compiled) the policy sees each Float8Linear's mm on Float8Tensors and saves its
 16-bit output as before; the FP8 casts are recomputed, and of each cast's max(abs(x)) the max is kept
-(aten.max: a 0-dim value of the cast tensor's dtype, two a matmul, input and weight), not the abs
+(aten.max: a 0-dim value of the cast tensor's dtype, for each weight and each input cast), not the abs
 (compiled, the backward reads the scale, not |x|: torchtitan #820 measured tensorwise memory unchanged
 without abs on the list). Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
 sbh(10 + 24/t + 5as/(ht)), and sbh(34 + 5as/h)/t with sequence parallelism.
@@ -152,7 +152,9 @@ def op_policy_bytes(z: Sizes, facts: Facts, tp: int = 1) -> float:
     """Bytes torchtitan's per-op policy keeps of one block on one rank (a flash kernel; t > 1 sequence-
     parallel): the block's input, the odd-numbered matmuls' outputs (the policy saves mm but every second
     one), the flash kernel's output and its fp32 log-sum-exp per head and token, with t > 1 the two
-    reduce-scatters' outputs, under FP8 two amax values a matmul.
+    reduce-scatters' outputs, under FP8 the amax of each cast: every matmul's weight and input (t = 1: each
+    Float8Linear casts its own), at t > 1 the inputs cast once a module (torchao's PrepareFloat8ModuleInput
+    before the attention's and the MLP's gathers, Float8RowwiseParallel before wo and the MLP's last).
 
         Llama 3.1 8B, b 2, s 8192 (h 4096, kv 1024, f 14336, 32 heads), bf16:
         2·16384·(4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4·32·16384 = 1,042,284,544
@@ -161,7 +163,7 @@ def op_policy_bytes(z: Sizes, facts: Facts, tp: int = 1) -> float:
     kept = sum(width for width, _ in matmuls[::2])
     scattered = 2 * z.hidden / tp if tp > 1 else 0.0
     values = tokens * (z.hidden / tp + kept + z.hidden / tp + scattered)
-    amax = 2 * len(matmuls) if facts.fp8_inputs else 0
+    amax = len(matmuls) + (4 if tp > 1 else len(matmuls)) if facts.fp8_inputs else 0
     return facts.value_bytes * (values + amax) + FP32_BYTES * z.heads * tokens / tp
 
 
