@@ -460,6 +460,8 @@ def check_switches(layout: Layout, cluster: ClusterSpec) -> None:
                     "give --distributed-optimizer too (as Megatron-LM requires)")
     if layout.fp8 and not cluster.fp8_flops:
         raise usage(f"--fp8: {cluster.name} gives no FP8 peak; add [gpu] fp8_tflops to its cluster file")
+    if layout.fp8_current_scaling and not layout.fp8:
+        raise usage("--fp8-current-scaling is how --fp8's casts are scaled: give --fp8 too")
 
 
 def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | None = None) -> None:

@@ -12,7 +12,7 @@ from .activations import op_matmuls
 from .attention import kernel_ring_exposed, kernel_terms
 from .bytes import activation_sizes, layer_params
 from .experts import moe_layer_parts
-from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
+from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_AMAX_BYTES, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,12 @@ def eager_elementwise(st: Setting) -> float:
 def fp8_casts(st: Setting) -> float:
     """What Transformer Engine's FP8 GEMMs add in HBM traffic per layer and pass (forward, or the
     backward's input gradients): each linear GEMM's input read at 16 bits and written at 8 with its
-    amax, 3 bytes a value (the weights' casts once per step, not counted)."""
+    amax, 3 bytes a value, and 2 more with --fp8-current-scaling (its amax read first; the weights'
+    casts once per step, not counted)."""
     m, lay = st.model, st.layout
     bs, h, f, t = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp
-    return st.hw.memory(FP8_CAST_BYTES * bs * (2 * h + h / t + f / t))
+    per_value = FP8_CAST_BYTES + (FP8_AMAX_BYTES if lay.fp8_current_scaling else 0)
+    return st.hw.memory(per_value * bs * (2 * h + h / t + f / t))
 
 
 def layer_overhead(st: Setting) -> dict[str, float]:
