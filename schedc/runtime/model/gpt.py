@@ -248,7 +248,8 @@ def gpt_problem(cfg: ModelConfig) -> str | None:
 def uses_gpt(cfg: ModelConfig) -> bool:
     """Whether the facts are the GPT's (Block), else the decoder's (runtime/model/decoder.py)."""
     return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings and cfg.window is None and not cfg.experts
-            and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias) == ("gelu", "layernorm", "learned", "all"))
+            and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias, cfg.gelu_approximate)
+            == ("gelu", "layernorm", "learned", "all", "none"))
 
 
 def model_problem(cfg: ModelConfig) -> str | None:
