@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from schedc.descriptions import read_hf_config
 from schedc.plan import load_plan
 from schedc.runtime.__main__ import main as runtime_main
 from schedc.runtime.model.gpt import Stage, uses_gpt
+from schedc.runtime.model.gpt2_names import gpt2_gradients, saved_layout
 from schedc.runtime.model.train import global_microbatches, make_dataset, model_pieces
 from schedc.runtime.process.options import parse_options
 from test_runtime import _dump, launch_plans, plans  # noqa: F401 (fixtures)
@@ -129,6 +131,15 @@ def test_gpt2s_activation_is_read_and_built():
     assert read_hf_config(json.dumps(text), 16).gelu_approximate == "tanh"
     assert read_hf_config(json.dumps({**text, "activation_function": "gelu"}), 16).gelu_approximate == "none"
     assert not uses_gpt(parse_options(["plan.json", *MODEL]).model_config)
+
+
+def test_only_the_runtimes_own_gpt2_block_is_renamed():
+    """A user model's names, and a model TOML file's family gpt2 of another block, are written as built."""
+    cfg = parse_options(["plan.json", *MODEL]).model_config
+    assert saved_layout(cfg, None) is gpt2_gradients
+    assert saved_layout(cfg, "pkg.mod:build") is dict
+    assert saved_layout(replace(cfg, mlp="swiglu"), None) is dict
+    assert saved_layout(replace(cfg, family="llama"), None) is dict
 
 
 @pytest.mark.parametrize("value", ["relu", ["gelu"]])

@@ -41,7 +41,7 @@ class ModelConfig(ModelFacts):
     """The model the runtime builds: the description's facts (schedc.descriptions.ModelFacts, each
     declared there once; ffn 0 is 4 x hidden, kv_heads 0 is heads), one microbatch's size and `extra`,
     the keys a user model may want. The sizes have no defaults here: the runtime's default model is
-    options.DEFAULT_MODEL."""
+    process/description.DEFAULT_MODEL."""
 
     ffn: int = 0
     tied_embeddings: bool = False  # the runtime's GPT (Block, Head) unties its output layer unless told

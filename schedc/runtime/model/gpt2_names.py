@@ -35,12 +35,15 @@ QKV = ("q_proj", "k_proj", "v_proj")
 _IN_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 
 
+GPT2_FACTS = {"mlp": "gelu", "norm": "layernorm", "positions": "learned", "bias": "all", "experts": 0}
+
+
 def saved_layout(cfg, model_code: str | None) -> Callable[[dict], dict]:
     """How --save-grads writes the gradients of this model: GPT-2's names and layouts for the runtime's
-    own model of a gpt2 description (gpt2_gradients), else as the model names them."""
-    if cfg.family == "gpt2" and model_code is None:
-        return gpt2_gradients
-    return dict
+    own model of a gpt2 description with GPT-2's facts (a model TOML file may say family gpt2 of another
+    block), else as the model names them."""
+    gpt2 = cfg.family == "gpt2" and cfg.kv_heads == cfg.heads and all(getattr(cfg, k) == v for k, v in GPT2_FACTS.items())
+    return gpt2_gradients if gpt2 and model_code is None else dict
 
 
 def gpt2_gradients(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+
 from schedc.descriptions import DescriptionError, is_hf_config, known_models, read_hf_config, resolve_model
 
 from ..errors import UserError
