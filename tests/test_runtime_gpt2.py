@@ -5,7 +5,7 @@
 # GPT2LMHeadModel layout, its weights the run's initial ones laid out by this file's own table, whose loss
 # and gradients the saved files must equal by name (rel <= 1e-5): the reference run here, and under
 # torchrun t = 2, p = 2 (c_attn joined from the tensor ranks' q, k, v shards) with and without sequence
-# parallelism.
+# parallelism. The stages hold the weights the cost model counts (the position table's n_positions rows).
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ from schedc.cli import main
 from schedc.descriptions import read_hf_config
 from schedc.plan import load_plan
 from schedc.runtime.__main__ import main as runtime_main
-from schedc.runtime.model.gpt import Stage, uses_gpt
+from schedc.runtime.model.gpt import Stage, build_model, build_pieces, partition, uses_gpt
 from schedc.runtime.model.gpt2_names import gpt2_gradients, saved_layout
 from schedc.runtime.model.train import global_microbatches, make_dataset, model_pieces
 from schedc.runtime.process.options import parse_options
@@ -131,6 +131,19 @@ def test_gpt2s_activation_is_read_and_built():
     assert read_hf_config(json.dumps(text), 16).gelu_approximate == "tanh"
     assert read_hf_config(json.dumps({**text, "activation_function": "gelu"}), 16).gelu_approximate == "none"
     assert not uses_gpt(parse_options(["plan.json", *MODEL]).model_config)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_each_stages_weights_are_the_cost_models(stages):
+    """The position table has the config's n_positions rows (64, at seq 16), as the cost model counts it:
+    at p = 1, 4 layers of 12h^2 + 13h = 49,984 + 256 x 64 + 64 x 64 positions + the final norm's 128."""
+    from schedc.costmodel import stage_params
+    from schedc.costmodel.modelspec import load_model_spec
+    spec = load_model_spec(str(TINY_GPT2), 16)
+    runs = partition(build_pieces(build_model, parse_options(["plan.json", *MODEL]).model_config, seed=0), stages)
+    held = [sum(p.numel() for p in Stage(run).parameters()) for run in runs]
+    assert held == [stage_params(spec, 1, stages, s) for s in range(stages)]
+    assert stages > 1 or held == [4 * 49984 + 256 * 64 + 64 * 64 + 128]
 
 
 def test_only_the_runtimes_own_gpt2_block_is_renamed():
