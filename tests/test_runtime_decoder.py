@@ -346,3 +346,13 @@ def test_resizing_a_description_with_stated_widths_names_the_options_to_give(pla
     assert result.exit_code == 2 and "give --ffn with --hidden (--ffn 352 keeps its ratio" in result.output
     gpt = parse_options([plan, "--model", "gpt-1.7b", "--hidden", "64", "--heads", "8"]).model_config
     assert (gpt.hidden, gpt.heads, gpt.kv_heads, gpt.ffn) == (64, 8, 8, 256)
+
+
+def test_a_library_llama_on_cpu_ranks_is_warned_of_with_its_own_count_and_the_options_that_shrink_it(plans):  # noqa: F811
+    """Llama 3.1 70B's count as its facts give it (70.6e9, Meta's model card), not a GPT's 12 h^2 a layer
+    (66.6e9); the warning names the size options with --ffn and --kv-heads."""
+    from schedc.runtime.process.launch import size_warning
+    from schedc.runtime.process.options import parse_options
+    warning = size_warning(parse_options([str(plans("1f1b", p=2, m=4)), "--model", "llama3.1-70b", "--device", "cpu"]))
+    assert warning.startswith("warning: the model has about 7.06e+10 parameters (layers 80, hidden 8192")
+    assert "with --ffn and --kv-heads where it states them, give a small model of its facts" in warning

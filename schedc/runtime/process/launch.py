@@ -298,7 +298,8 @@ def size_warning(opts) -> str | None:
     return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
             f"runtime's default GPT has {model_parameters(type(cfg)(**DEFAULT_MODEL)):.3g} (a model file of schedc/models "
-            "describes costs for `schedc simulate --model`, not a model to train here)")
+            "describes costs for `schedc simulate --model`, not a model to train here; --layers, --hidden, --heads, --seq "
+            "and --vocab, with --ffn and --kv-heads where it states them, give a small model of its facts)")
 
 
 def _check_memory(plan, opts, processes: int) -> None:

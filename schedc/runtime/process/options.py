@@ -7,12 +7,12 @@ import argparse
 import math
 import os
 
-from schedc.descriptions import code_given_as_model
+from schedc.descriptions import code_given_as_model, parameters
 from schedc.layout import LAYOUT_OPTIONS, OPTION, SELECTIVE_OPS, Layout, flag
 
 from .description import DEFAULT_MODEL, DescriptionFileError, not_dense, read_description
 from ..errors import UserError
-from ..model.gpt import ModelConfig, model_problem
+from ..model.gpt import ModelConfig, model_problem, uses_gpt
 from . import compose
 
 MIN_TIMEOUT = 1.0  # seconds: under it the ranks' rendezvous store times out before they meet (0.01 did)
@@ -217,9 +217,12 @@ MAX_LAYERS = 4096  # the deepest models have a few hundred blocks; building 100,
 
 
 def model_parameters(cfg: ModelConfig) -> float:
-    """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block);
-    a float, so that absurd sizes do not make absurd integers."""
+    """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block), or
+    the decoder of these facts (schedc.descriptions.parameters: its MLP width and key/value heads); a
+    float, so that absurd sizes do not make absurd integers."""
     try:
+        if not uses_gpt(cfg):
+            return float(parameters(cfg))
         hidden = float(cfg.hidden)
         return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
     except OverflowError:  # a size past 1e308
