@@ -194,6 +194,15 @@ def test_a_null_key_value_heads_is_the_heads_as_transformers_reads_it(tmp_path):
     assert (spec.heads, spec.kv_heads) == (4, 4)
 
 
+def test_check_of_a_config_json_asks_for_the_microbatch_size_an_option_gives():
+    result = CliRunner().invoke(main, ["check", "1f1b", "-D", "p=2", "--model", str(TINY), "--seq", "32"])
+    assert result.exit_code == 2 and "give --microbatch-size B (or `microbatch_size = B` in a model TOML file; " \
+        "a config.json states none)" in result.output, result.output
+    ok = CliRunner().invoke(main, ["check", "1f1b", "-D", "p=2", "--model", str(TINY), "--seq", "32",
+                                   "--microbatch-size", "2"])
+    assert ok.exit_code == 0, ok.output
+
+
 def test_a_learned_position_model_refuses_a_longer_seq(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_layer": 4, "n_head": 4,
