@@ -101,20 +101,24 @@ def test_a_llama_winner_is_scaled_to_a_tiny_llama_the_runtime_accepts(tmp_path, 
 
 
 @pytest.mark.parametrize("model", ["llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen2.5-72b", "mistral-7b",
-                                   "examples/hf/llama3.1-70b/config.json"])
+                                   "examples/hf/llama3.1-70b/config.json", "tests/data/hf/tiny-gpt2/config.json"])
 def test_each_dense_family_is_scaled_to_its_own_facts(model):
-    """Every dense non-GPT description of the library and the README's config.json: the tiny model keeps the
-    family, MLP, norm, positions, embeddings and biases, groups its query heads, and its MLP keeps the
+    """Every dense non-GPT description of the library, the README's config.json and a GPT-2 config.json (64
+    learned positions): the tiny model keeps the family, MLP, norm, positions, embeddings and biases, groups
+    its query heads where the model does, fits its positions, and its MLP keeps the
     description's ratio to hidden within a multiple of 16."""
     from schedc.cli.tune_report import tiny_model
     from schedc.costmodel.modelspec import load_model_spec
+    from schedc.runtime.model.gpt import model_problem
     from schedc.runtime.process.options import parse_options
     from schedc.search.space import Request
-    seq = 8192 if model.endswith(".json") else None
+    seq = (64 if "gpt2" in model else 8192) if model.endswith(".json") else None
     family, options = tiny_model(Request(model, "dgx-h100-80gb", 8, 64, seq=seq))
     spec = load_model_spec(model, seq)
     cfg = parse_options(["plan.json", *options]).model_config
-    assert family == spec.family == cfg.family and (cfg.hidden, cfg.heads, cfg.kv_heads) == (64, 8, 2)
+    grouped = 2 if spec.kv_heads < spec.heads else 8  # GPT-2's full heads stay full
+    assert family == spec.family == cfg.family and (cfg.hidden, cfg.heads, cfg.kv_heads) == (64, 8, grouped)
+    assert model_problem(cfg) is None and cfg.seq <= (spec.max_positions or cfg.seq)
     facts = ("mlp", "norm", "positions", "tied_embeddings", "bias", "rope_theta")
     assert [getattr(cfg, f) for f in facts] == [getattr(spec, f) for f in facts]
     assert abs(cfg.ffn - 64 * spec.ffn / spec.hidden) <= 8 and cfg.ffn % 16 == 0

@@ -351,8 +351,8 @@ TINY_HIDDEN, TINY_HEADS, TINY_SEQ, TINY_VOCAB = 64, 8, 64, 256  # the runtime's 
 def tiny_model(r: Request) -> tuple[str, tuple[str, ...]] | None:
     """A model of the request's family the runtime builds on CPU ranks, as its family and the runtime's
     options: --model as asked with hidden 64, 8 heads over 2 key/value heads where it groups them (t <= 2
-    splits them), the MLP's width in the model's ratio to hidden (a multiple of 16), sequence 64 and
-    vocabulary 256. None for a GPT (the runtime's own, no --model needed), a mixture of experts or
+    splits them), the MLP's width in the model's ratio to hidden (a multiple of 16), sequence 64 (or
+    the learned positions' count, if fewer) and vocabulary 256. None for a GPT (the runtime's own, no --model needed), a mixture of experts or
     latent attention (the runtime builds those from a config.json only or not at all): the runtime's
     GPT stands in."""
     from ..costmodel.modelspec import load_model_spec
@@ -361,8 +361,9 @@ def tiny_model(r: Request) -> tuple[str, tuple[str, ...]] | None:
         return None
     kv_heads = TINY_HEADS if spec.kv_heads == spec.heads else LOCAL_TP
     ffn = max(16, 16 * round(spec.ffn * TINY_HIDDEN / spec.hidden / 16))
+    seq = min(TINY_SEQ, spec.max_positions or TINY_SEQ)  # within GPT-2's learned positions
     return spec.family, ("--model", r.model, "--hidden", str(TINY_HIDDEN), "--heads", str(TINY_HEADS),
-                         "--kv-heads", str(kv_heads), "--ffn", str(ffn), "--seq", str(TINY_SEQ),
+                         "--kv-heads", str(kv_heads), "--ffn", str(ffn), "--seq", str(seq),
                          "--vocab", str(TINY_VOCAB))
 
 
