@@ -15,7 +15,11 @@ from schedc.diagnostics import SchedError
 from schedc.frontend import ast
 from schedc.frontend.elaborate import Options, elaborate
 from schedc.frontend.library import library_files
-from schedc.frontend.prefix import order_starts
+from schedc.frontend.elaborate import build_ops, shape_of
+from schedc.frontend.expr import PipeRef
+from schedc.frontend.prefix import _DeviceOps, _LazyQueues, order_starts
+from schedc.frontend.queues import DeviceQueues, QueueKey, chunk_index
+from schedc.ops import MIXED_KINDS, builtin_kinds
 from schedc.search import Request, Searcher
 from schedc.search.bounds import state_bound
 from schedc.search.results import Refusal
@@ -55,7 +59,38 @@ def test_the_starts_are_the_whole_orders_starts_for_every_library_schedule(name)
             continue
         built += 1
         assert [[op.key for op in start] for start in starts] == [_start_of(order) for order in whole.orders]
+        assert [[(op.device, op.parts) for op in start] for start in starts] == [
+            [(op.device, op.parts) for op in order[:len(start)]] for start, order in zip(starts, whole.orders)]
     assert reordered or built >= 3, name
+
+
+@pytest.mark.parametrize("name", [path.stem for path in library_files()])
+def test_the_lazy_queues_are_the_device_queues(name):
+    """Every queue of every device, made over the integer columns (each op made when read) and sorted
+    there, pops the ops DeviceQueues pops over build_ops' list, in the same order."""
+    entry = library_entries([name])[0]
+    split = any(isinstance(d, ast.SplitBackward) for d in entry.decl.decls)
+    mixed = any(isinstance(d, ast.MixedBackward) for d in entry.decl.decls)
+    kinds = MIXED_KINDS if mixed else builtin_kinds(split)
+    compared = 0
+    for p, m, v in SIZES + [(8, 32, 4), (16, 64, 2)]:
+        try:
+            env, devices, pipelines = shape_of(entry.decl, entry.source, _params(entry, p, m, v))
+        except SchedError:
+            continue
+        env = {**env, **{pipe.name: PipeRef(pipe.name) for pipe in pipelines}}
+        keys = {(q.kind, q.pipe): QueueKey(q.key, env) for q in entry.decl.decls if isinstance(q, ast.QueueDecl)}
+        ops = build_ops(pipelines, {kind: (0.0,) * pipelines[0].stages for kind in kinds}, split, mixed)
+        chunk = chunk_index(pipelines)
+        ascending = [list(pipe.microbatches) == sorted(pipe.microbatches) for pipe in pipelines]
+        for dev in range(devices):
+            plain = DeviceQueues([op for op in ops if op.device == dev], keys, pipelines, chunk, mixed).all()
+            lazy = _LazyQueues(_DeviceOps(dev, pipelines, kinds, ascending), keys, pipelines, chunk, mixed).all()
+            assert list(lazy) == list(plain), (name, p, m, v, dev)
+            for where, queue in plain.items():
+                assert [op.key for op in lazy[where].ops] == [op.key for op in queue.ops], (name, where)
+            compared += len(plain)
+    assert compared >= 10, name
 
 
 def _candidates(request: Request, searcher: Searcher):
