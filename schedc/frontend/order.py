@@ -24,7 +24,7 @@ from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
 from .hoist import hoisted
-from .queues import DeviceQueues, QueueKey, StepBudget, chunk_index
+from .queues import DeviceQueues, QueueKey, StepBudget, by_device, chunk_index
 
 
 HOIST_ROUNDS = 32  # a loop of this many rounds or more runs its body with the invariants folded in
@@ -398,14 +398,16 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
                  source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
                  optional: frozenset = frozenset(), until: frozenset[str] = frozenset(),
-                 per_device: list | None = None, queues: type[DeviceQueues] = DeviceQueues  # the caller's (prefix.py)
+                 per_device: list | None = None, queues: type[DeviceQueues] = DeviceQueues
                  ) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
     """Run each device's program; report empty pops and ops left over, naming device, op and line.
     With `mixed` (a mixed backward), the programs choose B or I per backward and the halves not chosen
     are dropped from the orders. Overlapped pairs the programs place are appended to `fused`, each
     device's list of the unit slots of its ops (`F at t`) to `slots`. Ops of the `optional` kinds (O and
     L: a program offloads what it chooses) may be left. `until`: each program stops at its first op of
-    these kinds, and the orders are the starts of the full ones (nothing left over is reported)."""
+    these kinds, and the orders are the starts of the full ones (nothing left over is reported).
+    `per_device` and `queues`: each device's ops (`ops` unread) and its queues' class, where the caller
+    makes them (prefix.py: each op made when a program reads it)."""
     _check_queue_pipes(queue_decls, pipelines, source)
     specific = {p.device: p for p in programs if p.device is not None}
     generic = [p for p in programs if p.device_var is not None]
@@ -413,10 +415,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
     for dev in specific:
         if not 0 <= dev < devices:
             diags.append(error(f"program for device {dev}, but devices are 0..{devices - 1}", specific[dev].span))
-    if per_device is None:
-        per_device = [[] for _ in range(devices)]
-        for op in ops:
-            per_device[op.device].append(op)
+    per_device = by_device(ops, devices) if per_device is None else per_device
     chunk = chunk_index(pipelines)
     keys = {(q.kind, q.pipe): QueueKey(q.key, env) for q in queue_decls}
     budget = StepBudget(max(PROGRAM_STATEMENTS.allowed(), STATEMENTS_PER_OP * sum(map(len, per_device))))

@@ -20,23 +20,25 @@ from itertools import chain, repeat
 
 from . import ast
 from ..diagnostics import SchedError, Source, has_errors
-from ..ir import Op, Pipeline
-from ..ops import GRADIENT, MIXED_KINDS, SPLIT, builtin_kinds
+from ..ir import Op, Pipeline, ops_from_columns
+from ..ops import GRADIENT, MIXED_KINDS, SPLIT, OpKind, builtin_kinds
 from .elaborate import shape_of
 from .expr import EvalError, PipeRef
 from .order import run_programs
 from .queues import DeviceQueues, Queue, QueueKey, queue_order
 
 BACKWARDS = frozenset(GRADIENT | SPLIT)  # where a device's start ends: its first B, I or W
+WEIGHTS = frozenset({OpKind.W.value})  # or, a longer start, its first W (the W's deferred until then held)
 # what makes the programs' orders other than elaborate's (or memory other than the order walk's)
 _REORDERED = (ast.Greedy, ast.Squeeze, ast.TaskDecl, ast.Fill, ast.Recompute, ast.Offload, ast.MemoryDecl)
 
 
-def order_starts(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str]
-                 ) -> tuple[tuple[Op, ...], ...] | None:
-    """Per device, its order up to and including its first backward (the whole order where it has
-    none), as elaborate(decl, source, Options(overrides)) orders it; None where the programs alone do
-    not give that order, or the schedule cannot be built (elaborate says why)."""
+def order_starts(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, str],
+                 until: frozenset[str] = BACKWARDS) -> tuple[tuple[Op, ...], ...] | None:
+    """Per device, its order up to and including its first op of the `until` kinds, its first backward
+    by default (the whole order where it has none), as elaborate(decl, source, Options(overrides))
+    orders it; None where the programs alone do not give that order, or the schedule cannot be built
+    (elaborate says why)."""
     programs = [d for d in decl.decls if isinstance(d, ast.Program)]
     if not programs or any(isinstance(d, _REORDERED) for d in decl.decls):
         return None
@@ -50,7 +52,7 @@ def order_starts(decl: ast.ScheduleDecl, source: Source, overrides: dict[str, st
         per_device = [_DeviceOps(dev, pipelines, kinds, ascending) for dev in range(devices)]
         env = {**env, **{p.name: PipeRef(p.name) for p in pipelines}}
         orders, diags = run_programs(programs, queue_decls, [], pipelines, devices, env, source, mixed,
-                                     until=BACKWARDS, per_device=per_device, queues=_LazyQueues)
+                                     until=until, per_device=per_device, queues=_LazyQueues)
     except (SchedError, EvalError):
         return None
     return None if has_errors(diags) else orders
@@ -69,18 +71,25 @@ class _DeviceOps(Sequence):
         self.pipe = list(chain.from_iterable(repeat(k, len(pipelines[k].microbatches)) for k, _ in blocks))
         self.mb = list(chain.from_iterable(pipelines[k].microbatches for k, _ in blocks))
         self.made: dict[str, dict[int, Op]] = {kind: {} for kind in kinds}  # kind -> row -> its op
+        self.parts = [pipe.chunks for pipe in pipelines]
         # one stage of one pipeline, its units ascending: the rows are in the order a queue without key pops
         self.in_order = len(blocks) == 1 and ascending[blocks[0][0]]
 
     def op(self, kind: str, row: int) -> Op:
         """The op of `kind` in this row (what build_ops makes: part 0, cost 0, no span yet)."""
+        op = self.made[kind].get(row)
+        return op if op is not None else self.ops(kind, [row])[0]
+
+    def ops(self, kind: str, rows: Sequence[int]) -> list[Op]:
+        """The ops of `kind` in these rows, those not made yet made together (ir.ops_from_columns)."""
         made = self.made[kind]
-        op = made.get(row)
-        if op is None:
-            k = self.pipe[row]
-            op = made[row] = Op(kind, self.stage[row], self.mb[row], k, 0, self.device, 0.0, None,
-                                self.pipelines[k].chunks)
-        return op
+        new = [row for row in rows if row not in made]
+        if new:
+            pipes = list(map(self.pipe.__getitem__, new))
+            made.update(zip(new, ops_from_columns(
+                len(new), repeat(kind), map(self.stage.__getitem__, new), map(self.mb.__getitem__, new), pipes,
+                repeat(0), repeat(self.device), repeat(0.0), repeat(None), map(self.parts.__getitem__, pipes))))
+        return list(map(made.__getitem__, rows))
 
     def __len__(self) -> int:
         return len(self.stage) * len(self.kinds)
@@ -92,7 +101,8 @@ class _DeviceOps(Sequence):
         return self.op(self.kinds[kind], row)
 
     def __iter__(self) -> Iterator[Op]:
-        return (self.op(kind, row) for row in range(len(self.stage)) for kind in self.kinds)
+        rows = range(len(self.stage))
+        return chain.from_iterable(zip(*(self.ops(kind, rows) for kind in self.kinds)))
 
     def by_kind(self, mixed: bool) -> dict[str, _KindOps]:
         """The device's ops by kind in build order (queues._by_kind's: no I or W with a mixed backward)."""
@@ -121,8 +131,11 @@ class _KindOps(Sequence):
         return self.ops.op(self.kind, self.rows[n])
 
     def __iter__(self) -> Iterator[Op]:
-        op, kind = self.ops.op, self.kind
-        return (op(kind, row) for row in self.rows)
+        """The ops in order, made in batches that double (a reader that stops early makes few)."""
+        start, size = 0, 1
+        while start < len(self.rows):
+            yield from self.ops.ops(self.kind, self.rows[start:start + size])
+            start, size = start + size, size * 2
 
     def meets(self, taken: set[int]) -> bool:
         """Whether one of these ops is taken (only ops made so far can be)."""

@@ -5,6 +5,7 @@ program."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, groupby
 from operator import attrgetter
 from collections.abc import Sequence
 from typing import Any, Callable
@@ -211,13 +212,20 @@ class Queue:
         return self.ops[self.position] if self.position < len(self.ops) else None
 
 
+def by_device(ops: list[Op], devices: int) -> list[list[Op]]:
+    """Each device's ops in their order in `ops` (taken a run of one device's ops at a time)."""
+    per_device: list[list[Op]] = [[] for _ in range(devices)]
+    for device, run in groupby(ops, key=attrgetter("device")):
+        per_device[device] += run
+    return per_device
+
+
 def _by_kind(device_ops: list[Op], mixed: bool) -> dict[str, list[Op]]:
-    """The device's ops by kind, kinds in the order their first op comes (with a mixed backward, no I, W)."""
-    by_kind: dict[str, list[Op]] = {}
-    for op in device_ops:
-        if not (mixed and op.kind in SPLIT):
-            by_kind.setdefault(op.kind, []).append(op)
-    return by_kind
+    """The device's ops by kind, kinds in the order their first op comes (with a mixed backward, no I, W);
+    one pass over the ops per kind."""
+    kinds = list(map(attrgetter("kind"), device_ops))
+    return {kind: list(compress(device_ops, map(kind.__eq__, kinds))) for kind in dict.fromkeys(kinds)
+            if not (mixed and kind in SPLIT)}
 
 
 def _kind_key(keys: dict, kind: str, mixed: bool) -> QueueKey | None:
