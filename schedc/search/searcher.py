@@ -164,7 +164,8 @@ class Searcher(Pieces):
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
-        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, links)
+        messages = links if any(map(any, links)) else None  # none at all (the breakdown's): each arrival + 0.0 unread
+        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, messages)
         self.counts["simulated"] += 1
         self.simulated[key] = result
         return result
