@@ -20,8 +20,9 @@ their messages arrived, and (without a split backward) its last op, a backward, 
 backwards of the stages before it to wait for; then the end-of-step tail of the predict model. It
 never exceeds the simulated iteration, so pruning by it keeps the top K exact (`--exhaustive`
 simulates every candidate that fits, as the reference). Before an order is compiled whole, the memory
-its devices hold until their first backward (frontend/prefix.py: the programs run that far) refuses
-the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed
+its devices hold until their first backward (frontend/prefix.py: the programs run that far; with a
+split backward, then until their first W) refuses the candidates it already puts over the limit
+(start_bound): no order holds less at its peak. A mixed
 backward (B or I + W per microbatch) is bounded with each backward at the lesser and, where its
 programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair can save
 (bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole.
