@@ -356,3 +356,11 @@ def test_a_library_llama_on_cpu_ranks_is_warned_of_with_its_own_count_and_the_op
     warning = size_warning(parse_options([str(plans("1f1b", p=2, m=4)), "--model", "llama3.1-70b", "--device", "cpu"]))
     assert warning.startswith("warning: the model has about 7.06e+10 parameters (layers 80, hidden 8192")
     assert "with --ffn and --kv-heads where it states them, give a small model of its facts" in warning
+
+
+def test_a_library_llama_too_large_for_this_machine_is_refused_naming_the_options_that_shrink_it(plans):  # noqa: F811
+    """Llama 3.1 70B at its own size on two CPU ranks: 70.6e9 parameters x 16 bytes alone are about 1 TiB."""
+    from schedc.runtime.process.launch import LaunchError, check_launch
+    with pytest.raises(LaunchError, match=r"one step would need about .* GiB .*; --model llama3\.1-70b: --layers, "
+                                          r"--hidden, --heads, --seq and --vocab, with --ffn and --kv-heads"):
+        check_launch(str(plans("1f1b", p=2, m=4)), 2, ["--model", "llama3.1-70b", "--device", "cpu"], [])
