@@ -211,8 +211,8 @@ def test_a_learned_position_model_refuses_a_longer_seq(tmp_path):
     assert ok.exit_code == 0, ok.output
     result = CliRunner().invoke(main, [*SIMULATE, "--model", str(path), "--seq", "256"])
     assert result.exit_code == 2
-    assert f"{path}:{_line_of(str(path), 'n_positions')}:3: error: sequence 256 (--seq) is longer than the " \
-           "model's 128 learned positions" in result.output
+    assert f"{path}:{_line_of(str(path), 'n_positions')}:3: error: sequence 256 (the model's seq or --seq) is longer than its " \
+           "128 learned positions" in result.output
 
 
 def test_invalid_json_is_located(tmp_path):
