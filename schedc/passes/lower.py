@@ -293,6 +293,8 @@ def _task_costs(schedule: Schedule) -> dict[str, list[float]]:
     costs: dict[str, list[float]] = {}
     for program in schedule.steps:
         for order in program:
+            if BUILTIN.issuperset(map(_KIND, order)):  # no task on this device: a C-level pass
+                continue
             for op in order:
                 if op.is_task:
                     costs.setdefault(op.kind, [0.0] * schedule.stages)[op.stage] = op.cost
