@@ -231,26 +231,6 @@ def test_a_filled_cycle_sums_the_steady_state_idle_of_its_steps():
     assert all(0 <= inside <= idle for inside, idle in zip(result.stats.idle_inside, result.stats.idle))
 
 
-def _idle_inside_plainly(timing):
-    """The steady-state idle per device as a per-op loop of running minima and maxima."""
-    first, last = {}, {}
-    for op in timing.start:
-        first[op.device] = min(first.get(op.device, timing.start[op]), timing.start[op])
-        last[op.device] = max(last.get(op.device, timing.end[op]), timing.end[op])
-    return tuple(last[d] - first[d] - b if d in first else 0.0 for d, b in enumerate(timing.busy))
-
-
-@pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
-                                         ("zbv", {"p": 4, "m": 12}), ("dualpipev", {"p": 4, "m": 8})])
-def test_the_steady_state_idle_grouped_by_device_equals_a_per_op_loop(name, params):
-    from dataclasses import replace
-    timing = compile_library(name, **params).timing
-    plain = _idle_inside_plainly(timing)
-    assert timing.idle_inside == plain
-    assert replace(timing, sequence=()).idle_inside == plain  # from the start and end tables
-    assert len(plain) == params["p"]
-
-
 class _Gathers:
     """ZeRO-3-like collectives: half a unit gathered ahead of every op, a quarter reduced behind it."""
 

@@ -1,13 +1,11 @@
 """Timing: what simulate returns, the start and end of every placed op and the derived statistics."""
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any, Iterator
 
-from ..ir import Op, Schedule, consume
+from ..ir import Op, Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +46,13 @@ class Timing:
         cycle sums its step programs'."""
         if self.steps:
             return tuple(sum(row) for row in zip(*(step.idle_inside for step in self.steps)))
-        if self.sequence:
-            starts, ends, ops = zip(*self.sequence)
-        else:
-            ops = list(self.start)
-            starts, ends = map(self.start.__getitem__, ops), map(self.end.__getitem__, ops)
-        devices = list(map(_DEVICE, ops))
-        first, last = _by_device(devices, starts), _by_device(devices, ends)
-        return tuple(max(last[d]) - min(first[d]) - b if d in first else 0.0 for d, b in enumerate(self.busy))
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
+        timed = self.sequence or ((self.start[op], self.end[op], op) for op in self.start)
+        for start, end, op in timed:
+            first[op.device] = min(first.get(op.device, start), start)
+            last[op.device] = max(last.get(op.device, end), end)
+        return tuple(last[d] - first[d] - b if d in first else 0.0 for d, b in enumerate(self.busy))
 
     def stats(self) -> dict[str, Any]:
         devices = len(self.busy)
@@ -72,17 +69,6 @@ class Timing:
             "latency": self.latency,
             **({"peak_host_memory": [_round(m) for m in self.peak_host]} if self.peak_host else {}),
         }
-
-
-_DEVICE = attrgetter("device")
-
-
-def _by_device(devices: list[int], values) -> dict[int, list]:
-    """The values grouped by device, each device's in their order, in one C-level pass (idle_inside's
-    min and max then give what a per-op loop of running minima and maxima gives, ties alike)."""
-    grouped: defaultdict[int, list] = defaultdict(list)
-    consume(map(list.append, map(grouped.__getitem__, devices), values))
-    return grouped
 
 
 def bubble(makespan: float, busy) -> float:
