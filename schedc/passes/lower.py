@@ -168,14 +168,18 @@ def _order_arrays(starts: list[float], ends: list[float], sending: list[bool]):
     import numpy as np
     start, end, sends = np.array(starts, dtype=float), np.array(ends, dtype=float), np.array(sending, dtype=bool)
     late = sends & (end > start)
-    items = np.arange(3 * len(starts)).reshape(-1, 3)
-    first = items[:, 1:][late].ravel()
-    first.sort()
-    rest = items[:, 1:][sends & ~late].ravel()
-    rest = np.sort(np.concatenate((items[:, 0], rest)))
+    items = np.arange(3 * len(starts), dtype=np.int32 if 3 * len(starts) < 2 ** 31 else np.int64).reshape(-1, 3)
+    first = items[:, 1:][late].ravel()  # already in position order (row-major)
+    rest = np.concatenate((items[:, 0], items[:, 1:][sends & ~late].ravel()))
+    rest.sort()
+    del items, late, sends
     order = np.concatenate((first, rest))
+    del first, rest
     times = np.column_stack((start, end, end)).ravel()
-    return order[np.argsort(times[order], kind="stable")]
+    del start, end
+    keyed = times[order]
+    del times
+    return order[np.argsort(keyed, kind="stable")]
 
 
 def _sweep(order: list[int], targets: list, instrs: list, sending: list[bool]) -> None:

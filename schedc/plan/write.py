@@ -142,6 +142,8 @@ class _StepForms:
         self.step = step
         self.columns = tuple(zip(*step)) if step else ((),) * len(Instr._fields)
         self.others = self._irregular()
+        self.columns = self.columns[:5]  # op, stage, mb, pipe, peer: what the forms read (at 10^6 ops the
+        # other four, None nearly everywhere, would hold a tenth of a GiB until both files are written)
 
     def _irregular(self) -> list[int] | None:
         """Positions of the instructions that are not plain, ascending: those with a stage, mb or pipe
