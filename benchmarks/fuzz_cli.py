@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fuzz_cases  # noqa: E402
+import fuzz_layout  # noqa: E402
 from fuzz_cases import DEFECTS, OUTCOMES, Case, classify, launched, write_case  # noqa: E402
 
 PLAN_SOURCES = {"1f1b": ["-D", "p=2", "-D", "m=4"], "gpipe": ["-D", "p=2", "-D", "m=2"],
@@ -62,6 +63,19 @@ def library_plans(workdir: Path) -> dict[str, dict]:
         plans[name] = json.loads((out / "plan.json").read_text())
         fuzz_cases.PLACEHOLDERS[f"@plan-{name}".encode()] = (out / "plan.json").read_bytes()
     return plans
+
+
+def ep_plan(workdir: Path) -> None:
+    """The plan of fuzz_layout's expert-parallel runs (1F1B, p = 2, m = 4, for tiny-mixtral under --ep 2
+    --dp 2), compiled once: the runs' "@plan-ep"."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    out = workdir / "plan-ep"
+    result = CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=2", "-D", "m=4", "--cluster", "dgx-h100-80gb",
+                                       "--model", fuzz_layout.MIXTRAL, "--seq", "16", "--ep", "2", "--dp", "2",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    fuzz_cases.PLACEHOLDERS[b"@plan-ep"] = (out / "plan.json").read_bytes()
 
 
 def make_checkpoint(workdir: Path) -> Path:
@@ -338,6 +352,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="schedc-fuzz-"))
     try:
         plans = library_plans(workdir)
+        ep_plan(workdir)
         if not args.no_slow:
             fuzz_cases.CHECKPOINT = make_checkpoint(workdir)
         small = (workdir / "plan-1f1b" / "plan.json").read_bytes()
