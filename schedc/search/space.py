@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..diagnostics import SchedError, usage
-from ..layout import RECOMPUTE, Layout
+from ..layout import RECOMPUTE, SELECTIVE_OPS, Layout
 
 
 
@@ -213,6 +213,9 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
         raise usage(refused)
     out = []
     levels = sharding_choices(model, request)
+    recomputes = {(t, cp): recompute_choices(model, request, t, cp) for t, cp, _, _ in found}
+    if recomputes and not any(recomputes.values()):  # every layout refuses every form asked: why, as simulate says
+        recompute_choices(model, request, *min(recomputes), given=True)
     for t, cp, p, d in found:
         per_replica = request.global_batch // d
         zeros = [zero for c, zero in levels if c == cp and _shards(request, zero, d * cp)]
@@ -221,7 +224,7 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                 for b in divisors(per_replica):
                     if request.microbatch is not None and b not in request.microbatch:
                         continue
-                    for recompute in request.recompute:
+                    for recompute in recomputes[t, cp]:
                         out += [Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute, cp, zero, ep)
                                 for zero in zeros for ep in ep_choices(model, request, d, cp)]
     if not out and request.microbatch is not None:
@@ -234,14 +237,35 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
 def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int, int]]) -> int:
     """How many candidates `candidates` makes of these layouts, without making them."""
     total, levels = 0, sharding_choices(model, request)
-    for _, cp, p, d in found:
+    for t, cp, p, d in found:
         sizes = divisors(request.global_batch // d)
         b = len(sizes) if request.microbatch is None else sum(x in request.microbatch for x in sizes)
         chunked = len(chunk_choices(model, request, p))
         zeros = sum(c == cp and _shards(request, zero, d * cp) for c, zero in levels)
-        total += (b * len(request.recompute) * zeros * sum(chunked if e.chunked else 1 for e in entries)
+        total += (b * len(recompute_choices(model, request, t, cp)) * zeros * sum(chunked if e.chunked else 1 for e in entries)
                   * len(ep_choices(model, request, d, cp)))
     return total
+
+
+def recompute_choices(model, request: Request, t: int, cp: int, given: bool = False) -> list[str]:
+    """The recomputations searched at t and cp: the request's, less those the cost model does not model
+    there (--recompute selective-ops, torchtitan's per-op policy, and --eager's block are modelled at t = 1,
+    and the policy at cp = 1: costmodel.specs.check_layout, as simulate asks it). One refused at t = cp =
+    1 too (the model's form, --fp8), or at t and cp `given`, is refused as given, naming why (exit 2)."""
+    from ..costmodel.specs import check_layout
+    lay = request.layout
+    if SELECTIVE_OPS not in request.recompute and not lay.eager:
+        return list(request.recompute)
+    out = []
+    for recompute in request.recompute:
+        try:
+            check_layout(model, Layout(tp=t, cp=cp, recompute=recompute, fp8=lay.fp8, eager=lay.eager), request.model)
+        except SchedError:
+            if given or t == cp == 1:
+                raise
+            continue
+        out.append(recompute)
+    return out
 
 
 def _shards(request: Request, zero: int, group: int) -> bool:

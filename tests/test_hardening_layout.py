@@ -1,0 +1,76 @@
+"""hardening, round four: a test per defect the fuzz run of the layout's newest options, config.json
+descriptions and cluster tables (tests/fuzz_layout.py, docs/hardening.md) found: each refused with a
+usage error naming why (exit 2), or answered as simulate answers it."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from schedc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXTRAL = str(ROOT / "tests" / "data" / "hf" / "tiny-mixtral" / "config.json")
+TUNE = ["tune", "--cluster", "dgx-h100-80gb", "--gpus", "16", "--global-batch", "64", "--schedules", "1f1b"]
+
+
+def _invoke(argv: list[str]):
+    result = CliRunner().invoke(main, argv)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", MIXTRAL, "--seq", "16", "--recompute", "selective-ops"], "not with experts"),
+    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--fp8"], "not with --fp8"),
+    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--tp", "2"], "not with --tp 2"),
+    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--cp", "2"], "not with --cp 2"),
+    (["--model", "gpt-1.7b", "--eager"], "--eager is torchtitan's Llama block"),
+])
+def test_tune_refuses_a_form_simulate_refuses_at_every_layout(argv, message):
+    """tune of an MoE model under --recompute selective-ops raised KeyError: 'selective-ops' (the experts'
+    parts have no such form); over a dense model at t = 2 or with --fp8 or --cp 2, or with --eager over GPT,
+    it ranked and printed commands simulate refuses."""
+    result = _invoke([*TUNE, *argv])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+@pytest.mark.parametrize("argv", [["--recompute", "selective-ops,full", "--tp", "1,2"], ["--eager"]])
+def test_tune_searches_a_form_only_where_simulate_takes_it(argv):
+    """selective-ops and --eager are modelled at t = 1 (and the policy at cp = 1): tune's candidates at other
+    sizes leave the form out, and every command it prints, simulate runs (exit 0)."""
+    result = _invoke([*TUNE, "--model", "llama3.1-8b", *argv])
+    assert result.exit_code == 0, result.output
+    printed = re.findall(r"^  schedc (simulate .*)$", result.output, re.M)
+    assert printed
+    for line in printed:
+        if "selective-ops" in line or "--eager" in line:
+            assert "--tp 1 " in line and "--cp" not in line, line
+        simulated = _invoke(line.split())
+        assert simulated.exit_code == 0, (line, simulated.output)
+
+
+def _iteration(schedule: str, *extra: str) -> float:
+    result = _invoke(["simulate", schedule, "--cluster", "dgx-h100-80gb", "--model", "llama3.1-8b", "--global-batch",
+                      "16", "--microbatch-size", "1", "-D", "p=4", "--dp", "2", "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)["iteration_s"]
+
+
+def test_post_validation_repeats_overlapped_pairs():
+    """--post-validation of combined_1f1b (F&B pairs overlapped) raised KeyError in the simulator: the
+    repeated step's pairs named ops the repeated orders did not hold. Each pair is now the orders' own
+    ops, and the steady step is no longer than one step alone."""
+    import schedc
+    from schedc.driver.post_validation import repeat_steps
+    from schedc.frontend.library import resolve
+    schedule = schedc.compile_file(str(resolve("combined_1f1b")), ["p=4", "m=8"]).schedule
+    assert schedule.fused
+    twice = repeat_steps(schedule)
+    placed = {id(op) for order in twice.orders for op in order}
+    assert len(twice.fused) == 2 * len(schedule.fused)
+    assert all(id(f) in placed and id(b) in placed for f, b in twice.fused)
+    assert 0 < _iteration("combined_1f1b", "--post-validation") <= _iteration("combined_1f1b")
