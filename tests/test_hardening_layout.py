@@ -29,20 +29,30 @@ def _invoke(argv: list[str]):
     (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--tp", "2"], "not with --tp 2"),
     (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--cp", "2"], "not with --cp 2"),
     (["--model", "gpt-1.7b", "--eager"], "--eager is torchtitan's Llama block"),
+    (["--model", "mixtral-8x7b", "--ep", "3"], "--ep 3 does not divide the model's 8 experts"),
+    (["--model", "mixtral-8x7b", "--etp", "0"], "--etp must be a positive integer, got 0"),
+    (["--model", "mixtral-8x7b", "--etp", "3", "--gpus", "8"], "--etp 3 x --ep 1 = 3 does not divide t x cp x d"),
+    (["--model", "gpt-1.7b", "--etp", "2"], "--etp 2: the model has no experts to split"),
+    (["--model", "gpt-1.7b", "--ep", "2"], "--ep 2: the model has no experts to place"),
 ])
 def test_tune_refuses_a_form_simulate_refuses_at_every_layout(argv, message):
     """tune of an MoE model under --recompute selective-ops raised KeyError: 'selective-ops' (the experts'
     parts have no such form); over a dense model at t = 2 or with --fp8 or --cp 2, or with --eager over GPT,
-    it ranked and printed commands simulate refuses."""
+    it ranked and printed commands simulate refuses. --etp of 0 raised ZeroDivisionError; --ep and --etp
+    that no layout takes (an ep not dividing the experts, etp x ep not dividing t x cp x d, a dense model)
+    were ranked and printed as simulate commands that simulate refuses."""
     result = _invoke([*TUNE, *argv])
     assert result.exit_code == 2 and message in result.output, result.output
 
 
-@pytest.mark.parametrize("argv", [["--recompute", "selective-ops,full", "--tp", "1,2"], ["--eager"]])
-def test_tune_searches_a_form_only_where_simulate_takes_it(argv):
-    """selective-ops and --eager are modelled at t = 1 (and the policy at cp = 1): tune's candidates at other
-    sizes leave the form out, and every command it prints, simulate runs (exit 0)."""
-    result = _invoke([*TUNE, "--model", "llama3.1-8b", *argv])
+@pytest.mark.parametrize("argv", [["--model", "llama3.1-8b", "--recompute", "selective-ops,full", "--tp", "1,2"],
+                                  ["--model", "llama3.1-8b", "--eager"], ["--model", "mixtral-8x7b", "--ep", "1,2,3"],
+                                  ["--model", "mixtral-8x7b", "--etp", "2", "--tp", "2"]])
+def test_tune_searches_a_value_only_where_simulate_takes_it(argv):
+    """selective-ops and --eager are modelled at t = 1 (and the policy at cp = 1), an ep must divide the
+    experts and d x cp (with --etp, etp x ep divides t x cp x d): tune's candidates elsewhere leave the
+    value out, and every command it prints, simulate runs (exit 0)."""
+    result = _invoke([*TUNE, *argv])
     assert result.exit_code == 0, result.output
     printed = re.findall(r"^  schedc (simulate .*)$", result.output, re.M)
     assert printed
