@@ -14,7 +14,8 @@ newest tables. Every value is drawn from valid, boundary and hostile choices.
   fp8_tflops made hostile, read by simulate (with --fp8, --cp, --eager), tune and calibrate;
 - runlayout: `schedc run` of a plan compiled for tiny-mixtral with --ep 2 --dp 2 (or the small dense
   plan) with the runtime's --ep, --cp, --zero, resharding and --recompute, and the compiler-only
-  switches the runtime does not take.
+  switches the runtime does not take (the expert-parallel plan's runs, and any of more than 4 ranks, in
+  one process: --reference).
 """
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ def _invoke(argv: list[str]):
     (["--model", "mixtral-8x7b", "--etp", "3", "--gpus", "8"], "--etp 3 x --ep 1 = 3 does not divide t x cp x d"),
     (["--model", "gpt-1.7b", "--etp", "2"], "--etp 2: the model has no experts to split"),
     (["--model", "gpt-1.7b", "--ep", "2"], "--ep 2: the model has no experts to place"),
+    (["--model", "gpt-1.7b", "--moe-dispatcher", "flex"], "--moe-dispatcher flex: the model has no experts"),
 ])
 def test_tune_refuses_a_form_simulate_refuses_at_every_layout(argv, message):
     """tune of an MoE model under --recompute selective-ops raised KeyError: 'selective-ops' (the experts'
@@ -47,7 +48,8 @@ def test_tune_refuses_a_form_simulate_refuses_at_every_layout(argv, message):
 
 @pytest.mark.parametrize("argv", [["--model", "llama3.1-8b", "--recompute", "selective-ops,full", "--tp", "1,2"],
                                   ["--model", "llama3.1-8b", "--eager"], ["--model", "mixtral-8x7b", "--ep", "1,2,3"],
-                                  ["--model", "mixtral-8x7b", "--etp", "2", "--tp", "2"]])
+                                  ["--model", "mixtral-8x7b", "--etp", "2", "--tp", "2"],
+                                  ["--model", "mixtral-8x7b", "--moe-dispatcher", "flex"]])
 def test_tune_searches_a_value_only_where_simulate_takes_it(argv):
     """selective-ops and --eager are modelled at t = 1 (and the policy at cp = 1), an ep must divide the
     experts and d x cp (with --etp, etp x ep divides t x cp x d): tune's candidates elsewhere leave the
@@ -61,6 +63,14 @@ def test_tune_searches_a_value_only_where_simulate_takes_it(argv):
             assert "--tp 1 " in line and "--cp" not in line, line
         simulated = _invoke(line.split())
         assert simulated.exit_code == 0, (line, simulated.output)
+
+
+def test_simulate_refuses_a_token_dispatcher_without_experts():
+    """--moe-dispatcher over a dense model was taken and ignored (the same prediction as without it), as
+    --ep and --etp there are not."""
+    result = _invoke(["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", "gpt-1.7b", "--global-batch",
+                      "64", "-D", "p=4", "--moe-dispatcher", "alltoall"])
+    assert result.exit_code == 2 and "--moe-dispatcher alltoall: the model has no experts" in result.output, result.output
 
 
 def _iteration(schedule: str, *extra: str) -> float:

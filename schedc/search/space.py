@@ -350,15 +350,17 @@ def ep_choices(model, request: Request, d: int, cp: int) -> list[int]:
 
 def expert_choices(model, request: Request, t: int, d: int, cp: int, given: bool = False) -> list[int]:
     """ep_choices of a layout of t x cp x d ranks, less the sizes simulate refuses there with the request's
-    --etp (costmodel.specs.check_layout: ep dividing the experts and d x cp, or with --etp, etp x ep
-    dividing t x cp x d; --etp a positive size over a model with experts). At t, d, cp `given`, the
-    first refusal is raised (exit 2)."""
+    --etp and --moe-dispatcher (costmodel.specs.check_layout: ep dividing the experts and d x cp, or with
+    --etp, etp x ep dividing t x cp x d; --etp a positive size, either over a model with experts). At t,
+    d, cp `given`, the first refusal is raised (exit 2)."""
     from ..costmodel.specs import check_layout
-    etp = request.layout.etp
-    if request.ep is None and etp is None:  # ep_choices' own sizes: simulate takes every one
+    etp, dispatcher = request.layout.etp, request.layout.moe_dispatcher
+    if request.ep is None and etp is None and not dispatcher:  # ep_choices' own sizes: simulate takes every one
         return ep_choices(model, request, d, cp)
     if request.ep is not None:
         sizes = list(request.ep)
+    elif etp is None:
+        sizes = ep_choices(model, request, d, cp)
     elif model.moe and etp > 0:  # the folded expert layout: etp x ep of a stage's t x cp x d GPUs
         sizes = [ep for ep in divisors(model.experts) if (t * cp * d) % (etp * ep) == 0] or [1]
     else:
@@ -366,7 +368,7 @@ def expert_choices(model, request: Request, t: int, d: int, cp: int, given: bool
     out = []
     for ep in sizes:
         try:
-            check_layout(model, Layout(tp=t, dp=d, cp=cp, ep=ep, etp=etp), request.model)
+            check_layout(model, Layout(tp=t, dp=d, cp=cp, ep=ep, etp=etp, moe_dispatcher=dispatcher), request.model)
         except SchedError:
             if given:
                 raise
