@@ -73,6 +73,24 @@ def test_simulate_refuses_a_token_dispatcher_without_experts():
     assert result.exit_code == 2 and "--moe-dispatcher alltoall: the model has no experts" in result.output, result.output
 
 
+@pytest.mark.parametrize("edit, key", [("forward_tflops = [5000, 574, 617, 609, 600, 595]", "forward_tflops"),
+                                       ("backward_tflops = [305, 408, 465, 499, 518, 990]", "backward_tflops"),
+                                       ("measured_peak_tflops = 600", "forward_tflops")])
+def test_an_attention_rate_past_the_gpus_peak_is_a_located_error(tmp_path, edit, key):
+    """A flash kernel's rate above the 16-bit peak of the GPU measured (measured_peak_tflops, else [gpu]
+    peak_tflops) was taken: a forward of 5,000 TFLOP/s on a GPU of 989 made the causal backward (the
+    unmasked one scaled by causal over unmasked) slower and the iteration 1.7 times longer."""
+    text = (ROOT / "schedc" / "clusters" / "dgx-h100-80gb.toml").read_text()
+    name = edit.split(" =")[0]
+    lines = [edit if line.startswith(name + " ") else line for line in text.splitlines()]
+    (tmp_path / "c.toml").write_text("\n".join(lines) + "\n")
+    line = next(n for n, text in enumerate(lines, 1) if text.startswith(key + " "))
+    result = _invoke(["simulate", "1f1b", "--cluster", str(tmp_path / "c.toml"), "--model", "llama3.1-8b",
+                      "--global-batch", "64", "-D", "p=4"])
+    assert result.exit_code == 2, result.output
+    assert f"c.toml:{line}:1: error: 'attention.{key}' reaches" in result.output, result.output
+
+
 def _iteration(schedule: str, *extra: str) -> float:
     result = _invoke(["simulate", schedule, "--cluster", "dgx-h100-80gb", "--model", "llama3.1-8b", "--global-batch",
                       "16", "--microbatch-size", "1", "-D", "p=4", "--dp", "2", "--json", *extra])
