@@ -91,6 +91,28 @@ def test_an_attention_rate_past_the_gpus_peak_is_a_located_error(tmp_path, edit,
     assert f"c.toml:{line}:1: error: 'attention.{key}' reaches" in result.output, result.output
 
 
+@pytest.mark.parametrize("command", ["simulate", "run"])
+def test_a_config_whose_mlp_is_not_swiglu_is_refused_at_hidden_act(tmp_path, command):
+    """A llama-family config.json with hidden_act "gelu" (or 3) was read as SwiGLU, predicted and trained as
+    one: the description said otherwise. Refused at the key by every reader, before any process starts."""
+    config = json.loads((ROOT / "tests" / "data" / "hf" / "tiny-llama" / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    text = json.dumps(config, indent=1)
+    (tmp_path / "config.json").write_text(text)
+    line = text.splitlines().index(' "hidden_act": "gelu",') + 1
+    f = str(tmp_path / "config.json")
+    if command == "simulate":
+        argv = ["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", f, "--seq", "16", "--global-batch", "16",
+                "-D", "p=2"]
+    else:
+        plan = _invoke(["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(tmp_path / "plan")])
+        assert plan.exit_code == 0, plan.output
+        argv = ["run", str(tmp_path / "plan" / "plan.json"), "--model", f, "--seq", "16", "--steps", "1", "--reference"]
+    result = _invoke(argv)
+    assert result.exit_code == 2, result.output
+    assert f"config.json:{line}:2: error: 'hidden_act' 'gelu'" in result.output, result.output
+
+
 def _iteration(schedule: str, *extra: str) -> float:
     result = _invoke(["simulate", schedule, "--cluster", "dgx-h100-80gb", "--model", "llama3.1-8b", "--global-batch",
                       "16", "--microbatch-size", "1", "-D", "p=4", "--dp", "2", "--json", *extra])

@@ -149,6 +149,10 @@ def _llama_facts(config: dict, values: dict, fail) -> dict:
     for key in ("attention_bias", "mlp_bias"):
         if values["bias"] == "none" and _flag(config, key, fail, False):
             raise fail(f"'{key}' true: schedc models the {values['family']} family without biases", key)
+    activation = config.get("hidden_act", "silu")
+    if activation != "silu":  # the MLP's gate: SwiGLU's SiLU, as the runtime builds it
+        raise fail(f"'hidden_act' {activation!r}: schedc models and builds the {values['family']} family's MLP as "
+                   "SwiGLU (hidden_act \"silu\")", "hidden_act")
     return out
 
 
