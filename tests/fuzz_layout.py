@@ -10,8 +10,9 @@ newest tables. Every value is drawn from valid, boundary and hostile choices.
   first layers), rope_scaling, sliding_window, tie_word_embeddings, types swapped, numbers at and past
   their bounds, keys dropped; read by simulate, check, tune, compile and the runtime (`run --reference`);
 - clusterfile: a cluster TOML with its [attention] table (lengths and rates of every length and order,
-  the kernel, context_parallel, repeated_kv, measured_peak_tflops) or [efficiency] gemm_fp8 and [gpu]
-  fp8_tflops made hostile, read by simulate (with --fp8, --cp, --eager), tune and calibrate;
+  the kernel, context_parallel, repeated_kv, measured_peak_tflops), [efficiency] gemm_fp8, [gpu]
+  fp8_tflops and sms, or a [userbuffers.NAME] table made hostile, read by simulate (with --fp8,
+  --fp8-current-scaling, --cp, --eager, --tp-comm-overlap), tune and calibrate;
 - runlayout: `schedc run` of a plan compiled for tiny-mixtral with --ep 2 --dp 2 (or the small dense
   plan) with the runtime's --ep, --cp, --zero, resharding and --recompute, and the compiler-only
   switches the runtime does not take (the expert-parallel plan's runs, and any of more than 4 ranks, in
@@ -46,14 +47,14 @@ LAYOUT = {
 TUNE_LISTS = {"--ep": ["1,2", "2,,4", "8,8", "1,2,4,8,16,32,64"], "--tp": ["1,2", "1,,2"],
               "--recompute": ["full,selective-ops", "selective-ops,none", "selective-ops,selective-ops"],
               "--zero": ["0,1,2,3", "2,3", "3,4"]}
-FLAGS = ["--fp8", "--tp-comm-overlap", "--overlap-param-gather", "--eager", "--no-reshard-after-forward",
+FLAGS = ["--fp8", "--fp8-current-scaling", "--tp-comm-overlap", "--overlap-param-gather", "--eager", "--no-reshard-after-forward",
          "--reshard-after-forward", "--sequence-parallel", "--distributed-optimizer", "--overlap-grad-reduce",
          "--post-validation"]
 VALID, BOUNDARY = 0.5, 0.3
 # what a switch needs, given with it most of the time (so that its own checks and costs are reached)
 NEEDS = {"--no-reshard-after-forward": ["--zero", "3"], "--reshard-after-forward": ["--zero", "3"],
          "--tp-comm-overlap": ["--sequence-parallel", "--tp", "2"], "--overlap-param-gather": ["--distributed-optimizer"],
-         "--sequence-parallel": ["--tp", "2"]}
+         "--sequence-parallel": ["--tp", "2"], "--fp8-current-scaling": ["--fp8"]}
 LIBRARY_MODELS = ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "llama3.1-8b", "mistral-7b", "gpt-1.7b",
                   "mixtral-8x22b", "qwen3-235b-a22b", "llama3.1-70b"]
 SCHEDULES = ["1f1b", "interleaved_1f1b", "zbv", "dualpipev", "gpipe", "zb_h1", "v_half", "combined_1f1b", "1f1b"]
@@ -242,7 +243,11 @@ ATTENTION_VALUES = {
     "measured_peak_tflops": [989, 0, -1, 1e16, "x", float("inf"), 1],
     "nope": [1],
 }
-GPU_FP8 = {"fp8_tflops": [1979, 0, -1, 1e15, 1e16, "x", float("nan"), True], "peak_tflops": [0, 1e-300, 1e15]}
+GPU_FP8 = {"fp8_tflops": [1979, 0, -1, 1e15, 1e16, "x", float("nan"), True], "peak_tflops": [0, 1e-300, 1e15],
+           "sms": [132, 0, -1, 1, 24, 10 ** 6, 1.5, "x", True]}
+USERBUFFERS = {"proj_fprop": [1, 0, -1, 132, 200, 1.5, "x"], "fc2_fprop": [16, 131, 10 ** 9], "qkv_dgrad": [4, -4, 0],
+               "fc1_dgrad": [2, 2.5], "qkv_wgrad": [24, 133], "fc1_wgrad": [4, None], "hidden": [8192, 0, -1, 7],
+               "tp": [4, 0, 3, 1], "cp": [1, 0, 2], "fp8": [True, False, "x", 1], "nope": [1]}
 EFFICIENCY_FP8 = {"gemm_fp8": [0.709, 0, -0.1, 1.0, 1.5, 2, "x", float("nan"), float("inf"), True]}
 
 
@@ -290,11 +295,28 @@ def mangled_cluster(rng: random.Random) -> str:
             obj.setdefault("gpu", {})[key] = rng.choice(GPU_FP8[key])
             if rng.random() < 0.2:
                 del obj["gpu"][key]
-        else:
+        elif edit < 0.9:
             obj.setdefault("efficiency", {})["gemm_fp8"] = rng.choice(EFFICIENCY_FP8["gemm_fp8"])
             if rng.random() < 0.2:
                 del obj["efficiency"]["gemm_fp8"]
+        else:
+            _edit_userbuffers(rng, obj)
     return _toml_text(obj)
+
+
+def _edit_userbuffers(rng: random.Random, obj: dict) -> None:
+    """One [userbuffers.NAME] table (the SMs --tp-comm-overlap takes from each GEMM) made hostile: a key's
+    value, a key dropped, a table added with some keys, or the tables replaced by a value."""
+    tables = obj.get("userbuffers")
+    if not isinstance(tables, dict) or not tables or rng.random() < 0.1:
+        obj["userbuffers"] = rng.choice([{}, 5, {"mine": {"hidden": 8192, "tp": 4}}])
+        return
+    name = rng.choice(sorted(tables))
+    key = rng.choice(sorted(USERBUFFERS))
+    if rng.random() < 0.15 and key in tables[name]:
+        del tables[name][key]
+    else:
+        tables[name][key] = rng.choice(USERBUFFERS[key])
 
 
 def clusterfile_case(rng: random.Random, allow_slow: bool = True) -> Case:
@@ -302,13 +324,16 @@ def clusterfile_case(rng: random.Random, allow_slow: bool = True) -> Case:
     files = {"cluster.toml": mangled_cluster(rng).encode(), "small.toml": SMALL_MODEL.encode(),
              "p.json": b'{"unit": "ms", "F": [50, 60], "B": [100, 120], "microbatch_size": 1}'}
     c = "{d}/cluster.toml"
-    model = rng.choice(["llama3.1-8b", "mixtral-8x7b", "gpt-1.7b", "mistral-7b", "deepseek-v3"])
+    model = rng.choice(["llama3.1-8b", "mixtral-8x7b", "gpt-1.7b", "mistral-7b", "deepseek-v3", "llama3.1-70b"])
     kind = rng.random()
     if kind < 0.65:
         argv = ["simulate", rng.choice(SCHEDULES), "--cluster", c, "--model", model, "--global-batch", "64",
                 "-D", "p=4"] + rng.choice([[], ["--fp8"], ["--cp", "2", "--dp", "2"], ["--eager"],
                                            ["--seq", rng.choice(["256", "8192", "65536", "3"])],
-                                           ["--fp8", "--recompute", "selective-ops"]])
+                                           ["--fp8", "--recompute", "selective-ops"],
+                                           ["--tp-comm-overlap", "--sequence-parallel", "--tp", "4"],
+                                           ["--tp-comm-overlap", "--sequence-parallel", "--tp", "4", "--fp8"],
+                                           ["--fp8", "--fp8-current-scaling"]])
     elif kind < 0.85:
         argv = ["tune", "--model", model, "--cluster", c, "--gpus", "8", "--global-batch", "64", "--schedules", "1f1b"]
         argv += rng.choice([[], ["--fp8"], ["--cp", "2"], ["--eager"]])
