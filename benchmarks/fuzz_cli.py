@@ -8,7 +8,8 @@ located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answ
 
 The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
 numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
-recomputed) for `render` and `run`, and bad options to every subcommand. Each case runs in its own
+recomputed) for `render` and `run`, and bad options to every subcommand; tests/fuzz_layout.py adds the
+layout's newest options, mutated config.json descriptions and cluster tables. Each case runs in its own
 process, forked from this one after schedc is imported (so a case costs its own work, not Python's
 start-up), with a limit of 20 s of CPU time (--timeout: the case and every process it starts, summed;
 each of them is also stopped by the kernel past it) and an address-space cap (--memory-gib, 4 GiB);

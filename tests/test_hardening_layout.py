@@ -113,6 +113,27 @@ def test_a_config_whose_mlp_is_not_swiglu_is_refused_at_hidden_act(tmp_path, com
     assert f"config.json:{line}:2: error: 'hidden_act' 'gelu'" in result.output, result.output
 
 
+@pytest.mark.parametrize("config, key, value", [("hf/tiny-mixtral", "sliding_window", 4096),
+                                                ("hf_moe/qwen3-30b-a3b", "use_sliding_window", True),
+                                                ("hf_moe/qwen1.5-moe-a2.7b", "use_sliding_window", True)])
+def test_a_sliding_window_of_a_mixture_is_refused_at_its_key(tmp_path, config, key, value):
+    """Mixtral's sliding_window and Qwen2-MoE's and Qwen3-MoE's use_sliding_window (windowed attention in
+    their transformers code) were ignored: the model predicted and trained with attention over the whole
+    sequence. Refused at the key; null and false (every shipped config) read as before."""
+    obj = json.loads((ROOT / "tests" / "data" / config / "config.json").read_text())
+    obj[key] = value
+    text = json.dumps(obj, indent=1)
+    (tmp_path / "config.json").write_text(text)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if row.startswith(f' "{key}"'))
+    argv = ["check", "1f1b", "--model", str(tmp_path / "config.json"), "--seq", "64", "--microbatch-size", "1"]
+    result = _invoke(argv)
+    assert result.exit_code == 2, result.output
+    assert f"config.json:{line}:2: error: '{key}' {json.dumps(value)}: schedc models" in result.output, result.output
+    obj[key] = None if key == "sliding_window" else False
+    (tmp_path / "config.json").write_text(json.dumps(obj, indent=1))
+    assert "config.json" not in _invoke(argv).output
+
+
 def _iteration(schedule: str, *extra: str) -> float:
     result = _invoke(["simulate", schedule, "--cluster", "dgx-h100-80gb", "--model", "llama3.1-8b", "--global-batch",
                       "16", "--microbatch-size", "1", "-D", "p=4", "--dp", "2", "--json", *extra])
