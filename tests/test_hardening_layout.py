@@ -25,9 +25,8 @@ def _invoke(argv: list[str]):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", MIXTRAL, "--seq", "16", "--recompute", "selective-ops"], "not with experts"),
-    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--fp8"], "not with --fp8"),
-    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--tp", "2"], "not with --tp 2"),
-    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--cp", "2"], "not with --cp 2"),
+    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--tp", "2"], "not with --tp 2 without --sequence"),
+    (["--model", "llama3.1-8b", "--recompute", "selective-ops", "--fp8", "--eager"], "not with --fp8 with --eager"),
     (["--model", "gpt-1.7b", "--eager"], "--eager is torchtitan's Llama block"),
     (["--model", "mixtral-8x7b", "--ep", "3"], "--ep 3 does not divide the model's 8 experts"),
     (["--model", "mixtral-8x7b", "--etp", "0"], "--etp must be a positive integer, got 0"),
@@ -38,8 +37,8 @@ def _invoke(argv: list[str]):
 ])
 def test_tune_refuses_a_form_simulate_refuses_at_every_layout(argv, message):
     """tune of an MoE model under --recompute selective-ops raised KeyError: 'selective-ops' (the experts'
-    parts have no such form); over a dense model at t = 2 or with --fp8 or --cp 2, or with --eager over GPT,
-    it ranked and printed commands simulate refuses. --etp of 0 raised ZeroDivisionError; --ep and --etp
+    parts have no such form); over a dense model at t = 2 without sequence parallelism, or with --eager over
+    GPT or at t = 2, it ranked and printed commands simulate refuses. --etp of 0 raised ZeroDivisionError; --ep and --etp
     that no layout takes (an ep not dividing the experts, etp x ep not dividing t x cp x d, a dense model)
     were ranked and printed as simulate commands that simulate refuses."""
     result = _invoke([*TUNE, *argv])
@@ -47,20 +46,21 @@ def test_tune_refuses_a_form_simulate_refuses_at_every_layout(argv, message):
 
 
 @pytest.mark.parametrize("argv", [["--model", "llama3.1-8b", "--recompute", "selective-ops,full", "--tp", "1,2"],
+                                  ["--model", "llama3.1-8b", "--eager", "--tp", "1,2"],
                                   ["--model", "llama3.1-8b", "--eager"], ["--model", "mixtral-8x7b", "--ep", "1,2,3"],
                                   ["--model", "mixtral-8x7b", "--etp", "2", "--tp", "2"],
                                   ["--model", "mixtral-8x7b", "--moe-dispatcher", "flex"]])
 def test_tune_searches_a_value_only_where_simulate_takes_it(argv):
-    """selective-ops and --eager are modelled at t = 1 (and the policy at cp = 1), an ep must divide the
-    experts and d x cp (with --etp, etp x ep divides t x cp x d): tune's candidates elsewhere leave the
+    """selective-ops is modelled at t = 1 or with sequence parallelism, --eager at t = 1, an ep must divide
+    the experts and d x cp (with --etp, etp x ep divides t x cp x d): tune's candidates elsewhere leave the
     value out, and every command it prints, simulate runs (exit 0)."""
     result = _invoke([*TUNE, *argv])
     assert result.exit_code == 0, result.output
     printed = re.findall(r"^  schedc (simulate .*)$", result.output, re.M)
     assert printed
     for line in printed:
-        if "selective-ops" in line or "--eager" in line:
-            assert "--tp 1 " in line and "--cp" not in line, line
+        if "--eager" in line or ("selective-ops" in line and "--sequence-parallel" not in line):
+            assert "--tp 1 " in line, line
         simulated = _invoke(line.split())
         assert simulated.exit_code == 0, (line, simulated.output)
 

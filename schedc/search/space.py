@@ -260,10 +260,9 @@ def _count(model, entries: list[Entry], request: Request, found: list[tuple[int,
 
 
 def recompute_choices(model, request: Request, t: int, cp: int, given: bool = False) -> list[str]:
-    """The recomputations searched at t and cp: the request's, less those the cost model does not model
-    there (--recompute selective-ops, torchtitan's per-op policy, and --eager's block are modelled at t = 1,
-    and the policy at cp = 1: costmodel.specs.check_layout, as simulate asks it). One refused at t = cp =
-    1 too (the model's form, --fp8), or at t and cp `given`, is refused as given, naming why (exit 2)."""
+    """The recomputations searched at t and cp: the request's, less those simulate refuses there
+    (costmodel.specs.check_layout: torchtitan's per-op policy where specs.op_policy_refusal says it is not
+    modelled, --eager's block at t > 1). At t and cp `given`, the first refusal is raised (exit 2)."""
     from ..costmodel.specs import check_layout
     lay = request.layout
     if SELECTIVE_OPS not in request.recompute and not lay.eager:
@@ -271,9 +270,10 @@ def recompute_choices(model, request: Request, t: int, cp: int, given: bool = Fa
     out = []
     for recompute in request.recompute:
         try:
-            check_layout(model, Layout(tp=t, cp=cp, recompute=recompute, fp8=lay.fp8, eager=lay.eager), request.model)
+            check_layout(model, Layout(tp=t, cp=cp, recompute=recompute, fp8=lay.fp8, eager=lay.eager,
+                                       sequence_parallel=lay.sequence_parallel), request.model)
         except SchedError:
-            if given or t == cp == 1:
+            if given:
                 raise
             continue
         out.append(recompute)
