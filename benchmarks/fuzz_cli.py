@@ -53,7 +53,8 @@ PLAN_SOURCES = {"1f1b": ["-D", "p=2", "-D", "m=4"], "gpipe": ["-D", "p=2", "-D",
 
 
 def library_plans(workdir: Path) -> dict[str, dict]:
-    """Small plans of the library, compiled once by this process (in a child, as the cases are)."""
+    """Small plans of the library, compiled once by this process (in a child, as the cases are), and the
+    expert-parallel plan of fuzz_layout's runs."""
     from click.testing import CliRunner
     from schedc.cli import main
     plans = {}
@@ -63,6 +64,7 @@ def library_plans(workdir: Path) -> dict[str, dict]:
         assert result.exit_code == 0, result.output
         plans[name] = json.loads((out / "plan.json").read_text())
         fuzz_cases.PLACEHOLDERS[f"@plan-{name}".encode()] = (out / "plan.json").read_bytes()
+    ep_plan(workdir)
     return plans
 
 
@@ -353,7 +355,6 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="schedc-fuzz-"))
     try:
         plans = library_plans(workdir)
-        ep_plan(workdir)
         if not args.no_slow:
             fuzz_cases.CHECKPOINT = make_checkpoint(workdir)
         small = (workdir / "plan-1f1b" / "plan.json").read_bytes()
