@@ -134,6 +134,29 @@ def test_a_sliding_window_of_a_mixture_is_refused_at_its_key(tmp_path, config, k
     assert "config.json" not in _invoke(argv).output
 
 
+@pytest.mark.parametrize("value", ["1" + "0" * 400, "1e400"])
+@pytest.mark.parametrize("command", ["simulate", "run"])
+def test_a_norm_or_rope_number_past_its_bound_is_a_located_error(tmp_path, value, command):
+    """A config.json's rope_theta of 400 digits raised OverflowError in the runtime's reader (`run
+    --reference`), and one of 1e400 (infinity) was taken by every reader: held to 2^40 at its key."""
+    config = json.loads((ROOT / "tests" / "data" / "hf" / "tiny-llama" / "config.json").read_text())
+    config["rope_theta"] = "@"
+    text = json.dumps(config, indent=1).replace('"@"', value)
+    (tmp_path / "config.json").write_text(text)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if row.startswith(' "rope_theta"'))
+    f = str(tmp_path / "config.json")
+    if command == "simulate":
+        argv = ["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", f, "--seq", "16", "--global-batch", "16",
+                "-D", "p=2"]
+    else:
+        plan = _invoke(["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(tmp_path / "plan")])
+        argv = ["run", str(tmp_path / "plan" / "plan.json"), "--model", f, "--seq", "16", "--steps", "1", "--reference"]
+        assert plan.exit_code == 0, plan.output
+    result = _invoke(argv)
+    assert result.exit_code == 2, result.output
+    assert f"config.json:{line}:" in result.output and "'rope_theta'" in result.output, result.output
+
+
 def _iteration(schedule: str, *extra: str) -> float:
     result = _invoke(["simulate", schedule, "--cluster", "dgx-h100-80gb", "--model", "llama3.1-8b", "--global-batch",
                       "16", "--microbatch-size", "1", "-D", "p=4", "--dp", "2", "--json", *extra])

@@ -127,8 +127,9 @@ def _size(config: dict, key: str, fail, default: int | None = None) -> int:
 
 def _number(config: dict, key: str, fail, default: float) -> float:
     value = config.get(key, default)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise fail(f"'{key}' must be a positive number, got {value!r}", key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_SIZE:
+        shown = f"an integer of {len(str(value)):,} digits" if isinstance(value, int) and value > MAX_SIZE else repr(value)
+        raise fail(f"'{key}' must be a positive number up to {MAX_SIZE:,}, got {shown[:100]}", key)
     return float(value)
 
 
