@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..descriptions.facts import window_share
-from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
 from .activations import op_matmuls
 from .attention import kernel_ring_exposed, kernel_terms
@@ -357,13 +356,13 @@ def _add_sends(table: dict[str, list[Part]], placement: tuple[int, ...], times: 
                 table[kind][s] = part + Part(p2p=times[placement[s]][placement[to]])
 
 
-def costs_problem(table: dict[str, tuple[float, ...]], layout: Layout) -> str | None:
+def costs_problem(table: dict[str, tuple[float, ...]], st: Setting) -> str | None:
     """Why the derived op times (StageCosts.costs()) cannot be a schedule's costs (in_cost_range: finite,
-    at most what a schedule's sums keep finite), or None; past the range it is the layout's sizes (or
-    the cluster's figures) that made them so, not a measured cost."""
+    at most what a schedule's sums keep finite), or None; past the range it is the run's sizes (the
+    microbatch and the sequence) or the cluster's figures that made them so, not a measured cost."""
     for kind, row in table.items():  # F first
         bad = next((v for v in row if not in_cost_range(v)), None)
         if bad is not None:
-            return (f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "
-                    f"{bad:.3g} s, where a cost must be {cost_range()}")
+            return (f"--microbatch-size {st.layout.microbatch_size:,} of sequence {st.model.seq:,} (the model's seq or "
+                    f"--seq) with this model: one {kind} would take {bad:.3g} s, where a cost must be {cost_range()}")
     return None

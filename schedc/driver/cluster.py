@@ -78,7 +78,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
                                                 max_ops=max_ops, shape_only=True))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
-        problem = costs_problem(costs.costs(), layout)
+        problem = costs_problem(costs.costs(), st)
         if problem:
             raise usage(problem)
         placed, by_chunk = _placed_costs(probe, st, costs, source)
