@@ -8,7 +8,8 @@ located error and exit 0, 1 or 2, never a traceback, a hang or a misleading answ
 
 The cases (tests/fuzz_cases.py) are grammar-aware mutations of every library schedule and fixture,
 numeric extremes and junk in every -D, malformed torch CSVs of every shape, edited plans (hash
-recomputed) for `render` and `run`, and bad options to every subcommand. Each case runs in its own
+recomputed) for `render` and `run`, and bad options to every subcommand; tests/fuzz_layout.py adds the
+layout's newest options, mutated config.json descriptions and cluster tables. Each case runs in its own
 process, forked from this one after schedc is imported (so a case costs its own work, not Python's
 start-up), with a limit of 20 s of CPU time (--timeout: the case and every process it starts, summed;
 each of them is also stopped by the kernel past it) and an address-space cap (--memory-gib, 4 GiB);
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fuzz_cases  # noqa: E402
+import fuzz_layout  # noqa: E402
 from fuzz_cases import DEFECTS, OUTCOMES, Case, classify, launched, write_case  # noqa: E402
 
 PLAN_SOURCES = {"1f1b": ["-D", "p=2", "-D", "m=4"], "gpipe": ["-D", "p=2", "-D", "m=2"],
@@ -51,7 +53,8 @@ PLAN_SOURCES = {"1f1b": ["-D", "p=2", "-D", "m=4"], "gpipe": ["-D", "p=2", "-D",
 
 
 def library_plans(workdir: Path) -> dict[str, dict]:
-    """Small plans of the library, compiled once by this process (in a child, as the cases are)."""
+    """Small plans of the library, compiled once by this process (in a child, as the cases are), and the
+    expert-parallel plan of fuzz_layout's runs."""
     from click.testing import CliRunner
     from schedc.cli import main
     plans = {}
@@ -61,7 +64,21 @@ def library_plans(workdir: Path) -> dict[str, dict]:
         assert result.exit_code == 0, result.output
         plans[name] = json.loads((out / "plan.json").read_text())
         fuzz_cases.PLACEHOLDERS[f"@plan-{name}".encode()] = (out / "plan.json").read_bytes()
+    ep_plan(workdir)
     return plans
+
+
+def ep_plan(workdir: Path) -> None:
+    """The plan of fuzz_layout's expert-parallel runs (1F1B, p = 2, m = 4, for tiny-mixtral under --ep 2
+    --dp 2), compiled once: the runs' "@plan-ep"."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    out = workdir / "plan-ep"
+    result = CliRunner().invoke(main, ["compile", "1f1b", "-D", "p=2", "-D", "m=4", "--cluster", "dgx-h100-80gb",
+                                       "--model", fuzz_layout.MIXTRAL, "--seq", "16", "--ep", "2", "--dp", "2",
+                                       "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    fuzz_cases.PLACEHOLDERS[b"@plan-ep"] = (out / "plan.json").read_bytes()
 
 
 def make_checkpoint(workdir: Path) -> Path:

@@ -1076,14 +1076,22 @@ def write_case(case: Case, directory: Path, small_plan: bytes) -> None:
     (directory / ".kept.json").write_text(json.dumps(digests))
 
 
+def generators() -> dict:
+    """Every category's generator and weight: this module's and the fourth round's (fuzz_layout.py: the
+    layout's newest options, config.json files, the cluster files' newest tables; built on this one)."""
+    import fuzz_layout
+    return {**GENERATORS, **fuzz_layout.GENERATORS}
+
+
 def cases(seed: int, count: int, plans: dict[str, dict], allow_slow: bool = True) -> list[Case]:
-    """`count` cases drawn in fixed proportions (see GENERATORS), the same for the same seed."""
+    """`count` cases drawn in fixed proportions (see generators()), the same for the same seed."""
     rng = random.Random(seed)
-    names, weights = zip(*((n, w) for n, (_, w) in GENERATORS.items()))
+    every = generators()
+    names, weights = zip(*((n, w) for n, (_, w) in every.items()))
     out = []
     for _ in range(count):
         kind = rng.choices(names, weights)[0]
-        case = plan_case(rng, plans, allow_slow) if kind == "plan" else GENERATORS[kind][0](rng, allow_slow)
+        case = plan_case(rng, plans, allow_slow) if kind == "plan" else every[kind][0](rng, allow_slow)
         out.append(case)
     return out
 

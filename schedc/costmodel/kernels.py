@@ -91,6 +91,7 @@ def read_attention(table: dict, source: Source, diags: list[Diagnostic]) -> Atte
         if lengths and figures and len(figures) != len(lengths):
             diags.append(error(f"'attention.{key}' has {len(figures)} figures for {len(lengths)} lengths",
                                where(key)))
+    _within_peak(rates, given, table, where, diags)
     exchange = given.get("context_parallel", "p2p")
     if exchange not in EXCHANGES:
         diags.append(error(f"'attention.context_parallel' must be one of {', '.join(EXCHANGES)}, got {exchange!r}",
@@ -110,6 +111,21 @@ def read_attention(table: dict, source: Source, diags: list[Diagnostic]) -> Atte
     tera = {key: tuple(v * 1e12 for v in figures) for key, figures in rates.items()}
     return AttentionKernel(name, tuple(lengths), tera["forward_tflops"], tera["forward_causal_tflops"],
                            tera["backward_tflops"], exchange, repeated, float(measured) * 1e12)
+
+
+def _within_peak(rates: dict, given: dict, table: dict, where, diags: list[Diagnostic]) -> None:
+    """Each rate at most the 16-bit peak of the GPU it was measured on (measured_peak_tflops, else the
+    file's [gpu] peak_tflops): a kernel past its tensor cores' peak is a typo (a causal rate counts half
+    the unmasked FLOPs, so it is held to the peak too)."""
+    gpu = table.get("gpu")
+    peak = given.get("measured_peak_tflops") or (gpu.get("peak_tflops") if isinstance(gpu, dict) else None)
+    if not isinstance(peak, (int, float)) or isinstance(peak, bool) or not 0 < peak < math.inf:
+        return
+    for key, figures in rates.items():
+        if figures and max(figures) > peak:
+            diags.append(error(f"'attention.{key}' reaches {max(figures):,g} TFLOP/s, past the {peak:,g} TFLOP/s 16-bit "
+                               "peak of the GPU it was measured on ('attention.measured_peak_tflops', else "
+                               "'gpu.peak_tflops'): a kernel runs at most at its GPU's peak", where(key)))
 
 
 def _figures(given: dict, key: str, doc: str, where, diags: list[Diagnostic]) -> list[float]:

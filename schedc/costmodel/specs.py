@@ -422,6 +422,9 @@ def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:
     from; t dividing the experts' width (each expert split as the dense MLP is, Megatron-Core's default
     expert tensor parallelism). A usage error naming the option (exit 2)."""
     ep, t = layout.ep, layout.expert_tp
+    if layout.moe_dispatcher and not model.moe:
+        raise usage(f"--moe-dispatcher {layout.moe_dispatcher}: the model has no experts to dispatch tokens to "
+                    "(a token dispatcher needs an MoE model)")
     if layout.etp is not None:
         check_folding(model, layout)
     if model.moe and model.moe_ffn % t:

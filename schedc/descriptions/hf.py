@@ -131,8 +131,9 @@ def _size(config: dict, key: str, fail, default: int | None = None) -> int:
 
 def _number(config: dict, key: str, fail, default: float) -> float:
     value = config.get(key, default)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise fail(f"'{key}' must be a positive number, got {value!r}", key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_SIZE:
+        shown = f"an integer of {len(str(value)):,} digits" if isinstance(value, int) and value > MAX_SIZE else repr(value)
+        raise fail(f"'{key}' must be a positive number up to {MAX_SIZE:,}, got {shown[:100]}", key)
     return float(value)
 
 
@@ -187,8 +188,17 @@ def _gelu(config: dict, fail) -> str:
 def _window(config: dict, values: dict, fail) -> int | None:
     """Mistral's sliding_window (null: none); Qwen2's where use_sliding_window is true, on the layers
     from max_window_layers on (transformers' layer_types): every layer (0) or none (all layers below
-    it), a window on some layers only refused. Other families' configs have none."""
+    it), a window on some layers only refused. Mixtral's sliding_window and Qwen2-MoE's and Qwen3-MoE's
+    use_sliding_window are refused unless null or false (schedc's experts' attention has no window); other
+    families' configs have none."""
     family = values["family"]
+    if family in ("qwen2_moe", "qwen3_moe", "mixtral"):  # their transformers code windows too; schedc's does not
+        key = "sliding_window" if family == "mixtral" else "use_sliding_window"
+        if (config.get(key) is not None) if family == "mixtral" else _flag(config, key, fail, False):
+            raise fail(f"'{key}' {json.dumps(config[key])}: schedc models and builds the {family} family's attention "
+                       f"over the whole sequence, without a sliding window; give {'null' if key == 'sliding_window' else 'false'}",
+                       key)
+        return None
     if family == "qwen2":
         if not _flag(config, "use_sliding_window", fail, False):
             return None

@@ -34,8 +34,12 @@ def repeat_steps(schedule: Schedule, steps: int = 2) -> Schedule:
         raise usage(f"--post-validation repeats a step's orders: {problem}")
     count = max((op.mb for op in schedule.ops() if op.mb is not None), default=-1) + 1
 
+    made: dict[tuple[int, int], Op] = {}  # one op per (op, step): the fused pairs name the orders' own ops
+
     def shifted(op: Op, k: int) -> Op:
-        return op if op.mb is None or k == 0 else replace(op, mb=op.mb + k * count)
+        if op.mb is None or k == 0:
+            return op
+        return made.setdefault((id(op), k), replace(op, mb=op.mb + k * count))
 
     orders = tuple(tuple(shifted(op, k) for k in range(steps) for op in order) for order in schedule.orders)
     pipelines = tuple(replace(p, microbatches=tuple(mb + k * count for k in range(steps) for mb in p.microbatches))

@@ -208,7 +208,9 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
     counted first, and refused past budget.TUNE_CANDIDATES before any is made (exit 2)."""
     from ..budget import TUNE_CANDIDATES
     found = layouts(model, request)
-    refused = TUNE_CANDIDATES.refusal(_count(model, entries, request, found), "the search would bound")
+    recomputes, experts = _per_layout(model, request, found)
+    refused = TUNE_CANDIDATES.refusal(_count(model, entries, request, found, recomputes, experts),
+                                      "the search would bound")
     if refused:
         raise usage(refused)
     out = []
@@ -221,12 +223,9 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                 for b in divisors(per_replica):
                     if request.microbatch is not None and b not in request.microbatch:
                         continue
-                    for recompute in recompute_choices(model, request, t):
+                    for recompute in recomputes[t, cp]:
                         out += [Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute, cp, zero, ep)
-                                for zero in zeros for ep in ep_choices(model, request, d, cp)]
-    if not out and found and not recompute_choices(model, request, found[0][0]):
-        from ..costmodel.specs import op_policy_refusal
-        raise usage(op_policy_refusal(model, replace(request.layout, tp=found[0][0])))
+                                for zero in zeros for ep in experts[t, d, cp]]
     if not out and request.microbatch is not None:
         shares = sorted({request.global_batch // d for _, _, _, d in found})
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
@@ -234,7 +233,20 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
     return out
 
 
-def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int, int]]) -> int:
+def _per_layout(model, request: Request, found: list[tuple[int, int, int, int]]) -> tuple[dict, dict]:
+    """The recomputations of each (t, cp) and the expert-parallel sizes of each (t, d, cp) searched; where
+    every layout refuses every value asked, the refusal simulate gives (exit 2)."""
+    recomputes = {(t, cp): recompute_choices(model, request, t, cp) for t, cp, _, _ in found}
+    if recomputes and not any(recomputes.values()):
+        recompute_choices(model, request, *min(recomputes), given=True)
+    experts = {(t, d, cp): expert_choices(model, request, t, d, cp) for t, cp, _, d in found}
+    if experts and not any(experts.values()):
+        expert_choices(model, request, *min(experts), given=True)
+    return recomputes, experts
+
+
+def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int, int]],
+           recomputes: dict, experts: dict) -> int:
     """How many candidates `candidates` makes of these layouts, without making them."""
     total, levels = 0, sharding_choices(model, request)
     for t, cp, p, d in found:
@@ -242,18 +254,30 @@ def _count(model, entries: list[Entry], request: Request, found: list[tuple[int,
         b = len(sizes) if request.microbatch is None else sum(x in request.microbatch for x in sizes)
         chunked = len(chunk_choices(model, request, p))
         zeros = sum(c == cp and _shards(request, zero, d * cp) for c, zero in levels)
-        total += (b * len(recompute_choices(model, request, t)) * zeros * sum(chunked if e.chunked else 1 for e in entries)
-                  * len(ep_choices(model, request, d, cp)))
+        total += (b * len(recomputes[t, cp]) * zeros * sum(chunked if e.chunked else 1 for e in entries)
+                  * len(experts[t, d, cp]))
     return total
 
 
-def recompute_choices(model, request: Request, t: int) -> tuple[str, ...]:
-    """The recomputations searched at t: the request's, less torchtitan's per-op policy where the cost model
-    does not model it (costmodel.specs.op_policy_refusal: an MoE block, t > 1 without sequence parallelism)."""
-    from ..costmodel.specs import op_policy_refusal
-    if SELECTIVE_OPS not in request.recompute or not op_policy_refusal(model, replace(request.layout, tp=t)):
-        return request.recompute
-    return tuple(form for form in request.recompute if form != SELECTIVE_OPS)
+def recompute_choices(model, request: Request, t: int, cp: int, given: bool = False) -> list[str]:
+    """The recomputations searched at t and cp: the request's, less those simulate refuses there
+    (costmodel.specs.check_layout: torchtitan's per-op policy where specs.op_policy_refusal says it is not
+    modelled, --eager's block at t > 1). At t and cp `given`, the first refusal is raised (exit 2)."""
+    from ..costmodel.specs import check_layout
+    lay = request.layout
+    if SELECTIVE_OPS not in request.recompute and not lay.eager:
+        return list(request.recompute)
+    out = []
+    for recompute in request.recompute:
+        try:
+            check_layout(model, Layout(tp=t, cp=cp, recompute=recompute, fp8=lay.fp8, eager=lay.eager,
+                                       sequence_parallel=lay.sequence_parallel), request.model)
+        except SchedError:
+            if given:
+                raise
+            continue
+        out.append(recompute)
+    return out
 
 
 def _shards(request: Request, zero: int, group: int) -> bool:
@@ -313,12 +337,41 @@ def distinct_figures(a: float, b: float) -> tuple[str, str]:
 
 
 def ep_choices(model, request: Request, d: int, cp: int) -> list[int]:
-    """The expert-parallel sizes of a layout with d data and cp context ranks: --ep's values (checked later, each as
-    simulate checks it), else for a model with experts every ep dividing its experts and d x cp
-    (Megatron-Core carves the expert-parallel groups from the data and context ranks), else 1."""
+    """The expert-parallel sizes of a layout with d data and cp context ranks: --ep's values (filtered by
+    expert_choices, as simulate checks them), else for a model with experts every ep dividing its experts
+    and d x cp (Megatron-Core carves the expert-parallel groups from the data and context ranks), else 1."""
     if request.ep is not None:
         return list(request.ep)
     if not model.moe:
         return [1]
     ranks = d * cp
     return [ep for ep in divisors(model.experts) if ranks % ep == 0]
+
+
+def expert_choices(model, request: Request, t: int, d: int, cp: int, given: bool = False) -> list[int]:
+    """ep_choices of a layout of t x cp x d ranks, less the sizes simulate refuses there with the request's
+    --etp and --moe-dispatcher (costmodel.specs.check_layout: ep dividing the experts and d x cp, or with
+    --etp, etp x ep dividing t x cp x d; --etp a positive size, either over a model with experts). At t,
+    d, cp `given`, the first refusal is raised (exit 2)."""
+    from ..costmodel.specs import check_layout
+    etp, dispatcher = request.layout.etp, request.layout.moe_dispatcher
+    if request.ep is None and etp is None and not dispatcher:  # ep_choices' own sizes: simulate takes every one
+        return ep_choices(model, request, d, cp)
+    if request.ep is not None:
+        sizes = list(request.ep)
+    elif etp is None:
+        sizes = ep_choices(model, request, d, cp)
+    elif model.moe and etp > 0:  # the folded expert layout: etp x ep of a stage's t x cp x d GPUs
+        sizes = [ep for ep in divisors(model.experts) if (t * cp * d) % (etp * ep) == 0] or [1]
+    else:
+        sizes = [1]
+    out = []
+    for ep in sizes:
+        try:
+            check_layout(model, Layout(tp=t, dp=d, cp=cp, ep=ep, etp=etp, moe_dispatcher=dispatcher), request.model)
+        except SchedError:
+            if given:
+                raise
+            continue
+        out.append(ep)
+    return out
