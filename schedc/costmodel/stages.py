@@ -82,7 +82,7 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     forward = Part(gemms + attention + elementwise + attention_elementwise + tn_forward, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
     recompute = {"full": forward, "selective": core, "none": Part(),
-                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise, op_policy_gathers(st))}[lay.recompute]
+                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise + tn_forward, op_policy_gathers(st))}[lay.recompute]
     return {F: forward,
             I: Part(dgrad + attention_backward + 2 * (elementwise + attention_elementwise) + tn_input, comm,
                     cp=ring_backward),
