@@ -102,6 +102,8 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
     (lambda t: t.replace("reserved_gib = 1.0", "reserved_gib = -1"), "'memory.reserved_gib' must be a number in [0, 1e+15)",
      ":29:1:"),
     (lambda t: t.replace("fragmentation = 0.15", ""), "missing field 'memory.fragmentation'", ":28:1:"),
+    (lambda t: t.replace("peak_tflops = 312", "peak_tflops = 312\nfp8_tn_only = 1"), "'gpu.fp8_tn_only' must be true "
+     "or false, got 1", ":7:1:"),
     (lambda t: t.replace("latency_us = 10", "latency_us = 1" + "0" * 400), "'latency_us' is an integer of 401 digits "
      "(at most 40)", ":19:14:"),  # refused by schedc.inputs where it is written, before int() (an OverflowError once)
 ])
@@ -114,6 +116,19 @@ def test_a_bad_cluster_file_is_a_located_error_naming_the_field(tmp_path, edit, 
     assert message in caught.value.render() and f"bad.toml{where}" in caught.value.render()
     result = _simulate("1f1b", "--model", _model(tmp_path), "--cluster", str(path))
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_the_hopper_files_say_their_fp8_gemms_take_only_tn_and_a_dump_keeps_it(tmp_path):
+    """sm_90 takes FP8 GEMMs in the TN layout only, sm_100 (B200) in any (Transformer Engine's
+    nvte_is_non_tn_fp8_gemm_supported); a file without the key says false."""
+    from schedc.costmodel.specs import dump_cluster
+    tn_only = {name: load_cluster(name).fp8_tn_only for name in ("dgx-h100-80gb", "dgx-h200-141gb", "dgx-h800-80gb",
+                                                                 "dgx-b200-180gb", "dgx-a100-80gb")}
+    assert tn_only == {"dgx-h100-80gb": True, "dgx-h200-141gb": True, "dgx-h800-80gb": True,
+                       "dgx-b200-180gb": False, "dgx-a100-80gb": False}
+    path = tmp_path / "again.toml"
+    path.write_text(dump_cluster(load_cluster("dgx-h100-80gb")))
+    assert load_cluster(str(path)).fp8_tn_only
 
 
 def test_every_bad_cluster_field_is_reported_at_once(tmp_path):

@@ -880,6 +880,35 @@ def test_fp8_current_scaling_reads_each_cast_input_once_more():
     assert fp8_casts(current) == pytest.approx(0.3932e-3, rel=1e-3)
     assert layer_parts(current)["F"].compute - layer_parts(delayed)["F"].compute == pytest.approx(
         2 * 209_715_200 / (3350e9 * 0.796), rel=1e-9)
+
+
+def test_fp8_on_a_tn_only_gpu_writes_the_transposed_copies_for_the_weight_gradients():
+    """Llama 3.1 70B's layer at t 4 with sequence parallelism (8,192 tokens), h 8,192, f 28,672, kv 1,024.
+    Forward, the row-parallel inputs cast with their transpose: h/t + f/t = 2,048 + 7,168 = 9,216 bytes a
+    token (75,497,472). Backward, QKV's and the SwiGLU's output gradients (h + 2 kv)/t + 2f/t = 2,560 +
+    14,336 = 16,896 the same way, and the gathered output gradients of the projection and the MLP's second
+    (h each) transposed after their gather, read and written: 2 x 16,384 = 32,768; 49,664 in I
+    (406,847,488). W: the inputs of QKV and the MLP's first, gathered again and transposed, 32,768
+    (268,435,456). With --tp-comm-overlap the output gradients' transposes move into W: I 16,896
+    (138,412,032), W 65,536 (536,870,912). Without sequence parallelism nothing is gathered: F 9,216 +
+    16,384, I 16,896 + 16,384, W 0. Each at 3,350 GB/s x 0.796; none on a GPU with any FP8 layout."""
+    from schedc.costmodel.stages import fp8_transposes
+    model = replace(tiny_llama(8192), hidden=8192, heads=64, kv_heads=8, ffn=28672)
+    hopper = Setting(model, H100, Layout(tp=4, recompute="none", sequence_parallel=True, fp8=True))
+    blackwell = Setting(model, replace(H100, fp8_tn_only=False), hopper.layout)
+    bandwidth = 3350e9 * 0.796
+    assert H100.fp8_tn_only and fp8_transposes(blackwell) == (0.0, 0.0, 0.0)
+    assert fp8_transposes(hopper) == pytest.approx((75_497_472 / bandwidth, 406_847_488 / bandwidth,
+                                                    268_435_456 / bandwidth), rel=1e-12)
+    overlap = Setting(model, H100, replace(hopper.layout, tp_comm_overlap=True))
+    assert fp8_transposes(overlap) == pytest.approx((75_497_472 / bandwidth, 138_412_032 / bandwidth,
+                                                     536_870_912 / bandwidth), rel=1e-12)
+    replicated = Setting(model, H100, replace(hopper.layout, sequence_parallel=False))
+    assert fp8_transposes(replicated) == pytest.approx((209_715_200 / bandwidth, 272_629_760 / bandwidth, 0.0),
+                                                       rel=1e-12)
+    gained = {kind: layer_parts(hopper)[kind].compute - layer_parts(blackwell)[kind].compute for kind in "FIW"}
+    assert gained == pytest.approx({"F": 75_497_472 / bandwidth, "I": 406_847_488 / bandwidth,
+                                    "W": 268_435_456 / bandwidth}, rel=1e-9)
     result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--model", "llama3.1-8b", "--seq", "4096",
                                        "--cluster", "dgx-h100-80gb", "--fp8-current-scaling"])
     assert result.exit_code == 2 and "--fp8-current-scaling" in result.output and "--fp8 too" in result.output

@@ -66,6 +66,7 @@ class ClusterSpec:
     attention: AttentionKernel | None = None  # [attention]: the flash kernel's achieved rates (kernels.py)
     gemm_fp8_efficiency: float = 0.0  # of fp8_flops, for large FP8 GEMMs ([efficiency] gemm_fp8); 0: gemm_efficiency's
     userbuffers: Userbuffers | None = None  # [gpu] sms, [userbuffers.*]: SMs --tp-comm-overlap takes (userbuffers.py)
+    fp8_tn_only: bool = False      # [gpu] fp8_tn_only: FP8 GEMMs take only the TN layout (Hopper; stages.fp8_transposes)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -91,7 +92,7 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
                    "inter": (float, 1, "NCCL bus bandwidth over the network, fraction of the link")},
 }
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
-_OPTIONAL_KEYS = {"gpu": ("dtype", "fp8_tflops", "sms"), "efficiency": ("gemm_fp8",)}  # read on their own, below
+_OPTIONAL_KEYS = {"gpu": ("dtype", "fp8_tflops", "sms", "fp8_tn_only"), "efficiency": ("gemm_fp8",)}  # read on their own, below
 # the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
@@ -183,7 +184,7 @@ def load_cluster(name: str) -> ClusterSpec:
     if "name" in table and not isinstance(table["name"], str):
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
-    fp8, gemm_fp8 = _fp8_flops(table, source, diags), _gemm_fp8(table, source, diags)
+    (fp8, tn_only), gemm_fp8 = _fp8_flops(table, source, diags), _gemm_fp8(table, source, diags)
     attention, userbuffers = read_attention(table, source, diags), read_userbuffers(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
@@ -193,7 +194,7 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead, fp8, attention, gemm_fp8, userbuffers)
+        gpu_dtype, host, overhead, fp8, attention, gemm_fp8, userbuffers, tn_only)
 
 
 def _gemm_fp8(table: dict, source: Source, diags: list[Diagnostic]) -> float:
@@ -210,17 +211,21 @@ def _gemm_fp8(table: dict, source: Source, diags: list[Diagnostic]) -> float:
     return float(value)
 
 
-def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> float:
-    """[gpu] fp8_tflops in FLOP/s (optional: 0.0 without it, and --fp8 is refused on the cluster)."""
+def _fp8_flops(table: dict, source: Source, diags: list[Diagnostic]) -> tuple[float, bool]:
+    """[gpu] fp8_tflops in FLOP/s (optional: 0.0 without it, and --fp8 is refused on the cluster) and
+    fp8_tn_only (optional: false), whether FP8 GEMMs take only the TN layout (Hopper: stages.fp8_transposes)."""
     gpu = table.get("gpu") if isinstance(table.get("gpu"), dict) else {}
-    value = gpu.get("fp8_tflops")
+    value, tn_only = gpu.get("fp8_tflops"), gpu.get("fp8_tn_only", False)
+    if not isinstance(tn_only, bool):
+        diags.append(error(f"'gpu.fp8_tn_only' must be true or false, got {tn_only!r} (whether FP8 GEMMs take "
+                           "only the TN layout, as on Hopper)", locate(source, "fp8_tn_only", "gpu")))
     if value is None:
-        return 0.0
+        return 0.0, tn_only is True
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not MIN_FIGURE <= value <= MAX_FIGURE:
         diags.append(error(f"'gpu.fp8_tflops' must be a number from {MIN_FIGURE:g} to {MAX_FIGURE:g}, got {value!r} "
                            "(peak dense FP8 FLOP/s, in teraFLOP/s)", locate(source, "fp8_tflops", "gpu")))
-        return 0.0
-    return value * 1e12
+        return 0.0, tn_only is True
+    return value * 1e12, tn_only is True
 
 
 def _overhead(table: dict, source: Source, diags: list[Diagnostic]) -> tuple[tuple[str, float], ...]:
@@ -303,7 +308,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
     return head + f"""name = "{spec.name}"
 
 [gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
-peak_tflops = {spec.peak_flops / 1e12!r}{chr(10) + 'fp8_tflops = ' + repr(spec.fp8_flops / 1e12) if spec.fp8_flops else ''}{chr(10) + 'sms = ' + str(spec.userbuffers.sms) if spec.userbuffers else ''}
+peak_tflops = {spec.peak_flops / 1e12!r}{chr(10) + 'fp8_tflops = ' + repr(spec.fp8_flops / 1e12) if spec.fp8_flops else ''}{chr(10) + 'sms = ' + str(spec.userbuffers.sms) if spec.userbuffers else ''}{chr(10) + 'fp8_tn_only = true' if spec.fp8_tn_only else ''}
 memory_gib = {spec.memory_bytes / GIB!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
 

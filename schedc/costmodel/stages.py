@@ -78,13 +78,15 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
     ring_forward, ring_backward = ring_exposed(st) if lay.cp > 1 else (0.0, 0.0)
     dgrad, wgrad = sum(linear_gemms(st, "dgrad")), sum(linear_gemms(st, "wgrad"))
-    forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
+    tn_forward, tn_input, tn_weight = fp8_transposes(st) if lay.fp8 else (0.0, 0.0, 0.0)
+    forward = Part(gemms + attention + elementwise + attention_elementwise + tn_forward, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
     recompute = {"full": forward, "selective": core, "none": Part(),
-                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise, op_policy_gathers(st))}[lay.recompute]
+                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise + tn_forward, op_policy_gathers(st))}[lay.recompute]
     return {F: forward,
-            I: Part(dgrad + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
-            W: Part(wgrad + accumulate, 0.0),
+            I: Part(dgrad + attention_backward + 2 * (elementwise + attention_elementwise) + tn_input, comm,
+                    cp=ring_backward),
+            W: Part(wgrad + accumulate + tn_weight, 0.0),
             R: recompute}
 
 
@@ -201,6 +203,36 @@ def fp8_casts(st: Setting) -> float:
     bs, h, f, t = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp
     per_value = FP8_CAST_BYTES + (FP8_AMAX_BYTES if lay.fp8_current_scaling else 0)
     return st.hw.memory(per_value * bs * (2 * h + h / t + f / t))
+
+
+def fp8_transposes(st: Setting) -> tuple[float, float, float]:
+    """What FP8 GEMMs that take only the TN layout ([gpu] fp8_tn_only: Hopper) add to fp8_casts in F, I and
+    W per layer and microbatch: a cast tensor that both of its GEMMs use is also written transposed
+    (TransformerEngine@d0067d0 pytorch/csrc/quantizer.cpp, Float8Quantizer::create_tensor: with_transpose =
+    columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported(), true from sm_100 on). Where the tensor is
+    not all-gathered the cast's kernel writes it, 1 byte a value: the row-parallel inputs (h/t + f/t)
+    forward, the column-parallel output gradients (QKV's and the MLP's first, qkv + up) backward. Under
+    sequence parallelism per-tensor FP8 is gathered row-wise only (module/linear.py, layernorm_linear.py:
+    "All-gather is not supported with FP8 column-wise data") and transposed after the gather
+    (distributed.py, _all_gather_fp8: _create_transpose), read and written at 1 byte: the row-parallel
+    output gradients (2h) in I (in W's wgrad with --tp-comm-overlap's userbuffers gather), the
+    column-parallel inputs saved for W (2h) gathered again there. Without it those are cast with their
+    transpose, 1 byte a value, forward and backward.
+
+        Llama 3.1 70B, t 4, SP: F 9,216, I 16,896 + 2 x 16,384, W 2 x 16,384 bytes a token
+    """
+    m, lay, hw = st.model, st.layout, st.hw
+    if not st.cluster.fp8_tn_only:
+        return 0.0, 0.0, 0.0
+    bs, h, f, t = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp
+    qkv, up = (h + 2 * m.kv_hidden) / t, (2 * f if m.mlp == "swiglu" else f) / t
+    forward, backward = hw.memory(bs * (h / t + f / t)), hw.memory(bs * (qkv + up))
+    if not (lay.sequence_parallel and t > 1):
+        return forward + hw.memory(bs * 2 * h), backward + hw.memory(bs * 2 * h), 0.0
+    gathered = hw.memory(2 * bs * 2 * h)
+    if lay.tp_comm_overlap:
+        return forward, backward, 2 * gathered
+    return forward, backward + gathered, gathered
 
 
 def layer_overhead(st: Setting) -> dict[str, float]:
