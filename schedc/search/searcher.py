@@ -73,6 +73,7 @@ class Searcher(Pieces):
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
         self.orders: dict[tuple, int] = {}  # an order's identity -> its number (order_id)
+        self.lanes: dict[tuple, tuple[list[float], list[float]]] = {}  # (schedule, p, v, m, Sharded) -> per_op
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
                        "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0,
                        "started": 0}
@@ -162,8 +163,10 @@ class Searcher(Pieces):
             self.counts["cache_hits"] += 1
             return self.simulated[key]
         lane = None
-        if sharded is not None:
-            lane = Lane(*sharded.per_op(structure.schedule, structure.ops), structure.schedule.devices)
+        if sharded is not None:  # per op, its gather and reduce-scatter: once per order and collectives
+            if (key[0], sharded) not in self.lanes:
+                self.lanes[key[0], sharded] = sharded.per_op(structure.schedule, structure.ops)
+            lane = Lane(*self.lanes[key[0], sharded], structure.schedule.devices)
         result = order_makespan(cost, structure.device, structure.preds, structure.firsts, links, lane)
         self.counts["simulated"] += 1
         self.simulated[key] = result
