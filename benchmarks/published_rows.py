@@ -60,7 +60,8 @@ UNITS = {"tokens_per_s_per_gpu": "tok/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU", "
 # a flag of the command -> the row field that switches it on (True in the data file)
 SWITCHES = {"--sequence-parallel": "sequence_parallel", "--tp-comm-overlap": "tp_comm_overlap",
             "--overlap-param-gather": "overlap_param_gather", "--overlap-grad-reduce": "overlap_grad_reduce",
-            "--eager": "eager"}  # the last: torchtitan without torch.compile
+            "--eager": "eager",  # torchtitan without torch.compile
+            "--fp8-current-scaling": "fp8_current_scaling"}  # Megatron-Bridge's FP8-CS recipes
 
 
 class NotPredictable(Exception):

@@ -143,7 +143,8 @@ def build_torch(args: argparse.Namespace, rank: int, opts):
     from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt, build_pieces, lm_loss, partition
 
     _, cls_name, chunks, v_shape = SCHEDULES[args.worker]
-    cfg = ModelConfig(args.layers, args.hidden, args.heads, args.seq, 256, args.mb_size)
+    cfg = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=256,
+                      mb_size=args.mb_size)
     count = RANKS * chunks
     runs = partition(build_pieces(build_gpt, cfg, seed=0), count)
     held = [rank, count - 1 - rank] if v_shape else [rank + k * RANKS for k in range(chunks)]

@@ -63,6 +63,8 @@ class Layout:
                                          # once per GPU and per node); None: the model's (costmodel/experts.py)
     eager: bool = False                  # the block's elementwise work unfused, kernel by kernel (torchtitan
                                          # without torch.compile), not in fused kernels
+    fp8_current_scaling: bool = False    # with fp8: each cast's scale from its tensor's own amax, one more read
+                                         # (Transformer Engine's Float8CurrentScaling, Megatron-LM --fp8-recipe tensorwise)
 
     def __post_init__(self):
         if self.zero == 1:  # --zero 1 is the distributed optimizer: one value for level 1
@@ -372,6 +374,10 @@ LAYOUT_OPTIONS: tuple[LayoutOption, ...] = (
     LayoutOption("eager", "The Llama block's elementwise work run eagerly, one kernel a torch op (torchtitan without "
                  "torch.compile: RMSNorm in fp32, complex rotary, repeat_kv's copies, SiLU and the product apart, each "
                  "through HBM) instead of in fused kernels", runtime=False, words="eager elementwise"),
+    LayoutOption("fp8_current_scaling", "With --fp8: per-tensor current scaling (Megatron-LM's --fp8-recipe "
+                 "tensorwise, Megatron-Bridge's FP8-CS): Transformer Engine reads each cast's 16-bit input once more "
+                 "for its amax before the cast (default: delayed scaling, the amax taken in the cast)", runtime=False,
+                 words="FP8 current scaling"),
 )
 OPTION = {option.field: option for option in LAYOUT_OPTIONS}
 

@@ -865,3 +865,21 @@ def test_v_shapes_take_the_account_for_switches_units():
     assert layout.layer_split(30, 32) == (0,) + (1,) * 30 + (0,)
     with pytest.raises(SchedError, match="the plan has 32 model stages but the model has 30 layers"):
         compile_for("zbv", {"p": "16", "m": "48"}, Setting(model, cluster, Layout(microbatch_size=1)), lower=False)
+
+
+def test_fp8_current_scaling_reads_each_cast_input_once_more():
+    """Llama 3.1 70B's layer at t 4 (8,192 tokens): the casts' inputs are 2h + h/t + f/t = 16,384 + 2,048 +
+    7,168 = 25,600 values a token, 209,715,200 in all; delayed scaling moves 3 bytes a value (629.1 MB,
+    0.2359 ms at 3,350 GB/s x 0.796), current scaling 5 (1,048.6 MB, 0.3932 ms)."""
+    from schedc.costmodel.stages import fp8_casts
+    model = replace(tiny_llama(8192), hidden=8192, heads=64, kv_heads=8, ffn=28672)
+    delayed = Setting(model, H100, Layout(tp=4, recompute="none", sequence_parallel=True, fp8=True))
+    current = Setting(model, H100, replace(delayed.layout, fp8_current_scaling=True))
+    assert fp8_casts(delayed) == pytest.approx(3 * 209_715_200 / (3350e9 * 0.796), rel=1e-12)
+    assert fp8_casts(current) == pytest.approx(5 * 209_715_200 / (3350e9 * 0.796), rel=1e-12)
+    assert fp8_casts(current) == pytest.approx(0.3932e-3, rel=1e-3)
+    assert layer_parts(current)["F"].compute - layer_parts(delayed)["F"].compute == pytest.approx(
+        2 * 209_715_200 / (3350e9 * 0.796), rel=1e-9)
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "-D", "p=2", "--model", "llama3.1-8b", "--seq", "4096",
+                                       "--cluster", "dgx-h100-80gb", "--fp8-current-scaling"])
+    assert result.exit_code == 2 and "--fp8-current-scaling" in result.output and "--fp8 too" in result.output

@@ -28,7 +28,7 @@ def test_the_rank_order_is_tensor_innermost_and_invertible():
 def test_the_switches_are_named_once():
     assert [name for name, _, _ in SWITCHES] == ["sequence_parallel", "overlap_grad_reduce", "blocking_p2p",
                                                 "distributed_optimizer", "tp_comm_overlap", "overlap_param_gather",
-                                                "fp8", "post_validation", "eager"]
+                                                "fp8", "post_validation", "eager", "fp8_current_scaling"]
     assert flag("sequence_parallel") == "--sequence-parallel"
     assert switches_on(Layout(sequence_parallel=True, blocking_p2p=True)) == ["sequence parallel", "blocking sends"]
     assert switches_on({"distributed_optimizer": True}) == ["distributed optimizer"]

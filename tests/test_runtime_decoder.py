@@ -18,6 +18,7 @@ from schedc.runtime.model.decoder import RMSNorm, rotary_table, swiglu
 from schedc.runtime.execution.memory import SavedBytes
 from schedc.runtime.model.gpt import ModelConfig, ModelError, Stage, build_model, lm_loss, model_problem
 from schedc.runtime.execution.recompute import apply_recompute
+from schedc.runtime.process.description import DEFAULT_MODEL
 from schedc.runtime.model.tensor_parallel import PARTIAL, Split, TensorGroup, parameter_splits
 from test_runtime import plans  # noqa: F401 (fixture)
 from test_tensor_parallel import world_of_one  # noqa: F401 (fixture)
@@ -235,7 +236,7 @@ def test_facts_that_cannot_be_built_are_named(changes, message):
 
 
 def test_gpt_facts_build_the_gpt_and_other_facts_the_decoder():
-    assert build_model(ModelConfig())[0][0] == "embed"
+    assert build_model(ModelConfig(**DEFAULT_MODEL))[0][0] == "embed"
     assert build_model(config(layers=1, mlp="gelu", norm="layernorm", positions="learned", bias="all",
                               kv_heads=4))[0][0] == "embed"  # every fact the GPT's: the GPT
     assert [n for n, _ in build_model(config(layers=1))] == ["model", "model.layers.0", ""]

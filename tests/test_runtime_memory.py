@@ -95,7 +95,7 @@ def _blocks(mode: str):
     from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt
     from schedc.runtime.execution.recompute import apply_recompute
     torch.manual_seed(0)
-    stage = Stage(build_gpt(ModelConfig(layers=2, hidden=32, heads=2, seq=16, mb_size=2))[1:-1])
+    stage = Stage(build_gpt(ModelConfig(layers=2, hidden=32, heads=2, seq=16, vocab=256, mb_size=2))[1:-1])
     apply_recompute(stage, mode, first=False, last=False)
     return stage
 

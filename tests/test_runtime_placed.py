@@ -29,7 +29,7 @@ def _blocks():
     """Two GPT blocks as a middle stage, from one seed, and an input and output gradient for them."""
     from schedc.runtime.model.gpt import ModelConfig, Stage, build_gpt
     torch.manual_seed(0)
-    stage = Stage(build_gpt(ModelConfig(layers=2, hidden=32, heads=2, seq=16, mb_size=2))[1:-1])
+    stage = Stage(build_gpt(ModelConfig(layers=2, hidden=32, heads=2, seq=16, vocab=256, mb_size=2))[1:-1])
     return stage, torch.randn(2, 16, 32), torch.randn(2, 16, 32)
 
 

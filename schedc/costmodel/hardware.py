@@ -53,6 +53,9 @@ ATTENTION_ELEMENTWISE = 4.5  # values per b·(a/t)·s² moved by softmax and att
 
 
 FP8_CAST_BYTES = 3           # per value cast to FP8 for a GEMM (Transformer Engine): read at 16 bits, written at 8
+FP8_AMAX_BYTES = 2           # and with current scaling (--fp8-current-scaling) the 16-bit input read once more
+                             # for its amax first: TransformerEngine@d0067d0 pytorch/csrc/quantizer.cpp,
+                             # Float8CurrentScalingQuantizer::quantize_impl (nvte_compute_amax, then nvte_quantize_v2)
 
 
 GRAD_ACCUMULATION = 3        # values per weight and microbatch: the new gradient read, the accumulated one read and written

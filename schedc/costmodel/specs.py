@@ -14,6 +14,8 @@ A cluster file (TOML; the library in schedc/clusters/*.toml is found by name, `-
                                                                 beside the tensors; 0 when left out)
     [attention]  kernel, lengths, forward_tflops, ...           (optional: the flash kernel's achieved
                                                                 rates, kernels.py; a GEMM's without it)
+    [userbuffers.NAME] fp8, hidden, tp, cp, qkv_fprop, ...     (optional, with [gpu] sms: the SMs the GEMMs
+                                                                run without under --tp-comm-overlap, userbuffers.py)
 
 Every error names the field and points at it (`file:line:col: error: ...`, exit 2); a missing field
 points at the table it belongs in.
@@ -27,6 +29,7 @@ from ..descriptions import CLUSTERS_PACKAGE, find, is_hf_config, library, resolv
 from ..descriptions.facts import DTYPE_BYTES
 from .kernels import AttentionKernel, dump_attention, read_attention
 from .located import locate, read_toml, source_text, unknown_keys
+from .userbuffers import Userbuffers, dump_userbuffers, read_userbuffers
 from .modelspec import ModelSpec, load_model_spec, model_span, read_fields  # noqa: F401  (the cost model's model, here too)
 from ..diagnostics import USAGE, Diagnostic, SchedError, Source, error, usage
 from ..layout import SELECTIVE_OPS, ZERO_LEVELS, Layout, SplitError
@@ -62,6 +65,7 @@ class ClusterSpec:
     fp8_flops: float = 0.0         # FLOP/s, dense FP8 tensor core ([gpu] fp8_tflops); 0: not given (no --fp8)
     attention: AttentionKernel | None = None  # [attention]: the flash kernel's achieved rates (kernels.py)
     gemm_fp8_efficiency: float = 0.0  # of fp8_flops, for large FP8 GEMMs ([efficiency] gemm_fp8); 0: gemm_efficiency's
+    userbuffers: Userbuffers | None = None  # [gpu] sms, [userbuffers.*]: SMs --tp-comm-overlap takes (userbuffers.py)
 
     def reserved_bytes(self, allocated: float) -> float:
         """What a GPU needs to hold `allocated` bytes of tensors: the caching allocator's pool, of
@@ -87,7 +91,7 @@ _CLUSTER_FIELDS: dict[str, dict[str, tuple[type, float, str]]] = {
                    "inter": (float, 1, "NCCL bus bandwidth over the network, fraction of the link")},
 }
 _FRACTIONS = {("efficiency", k) for k in ("gemm", "hbm", "intra", "inter")}
-_OPTIONAL_KEYS = {"gpu": ("dtype", "fp8_tflops"), "efficiency": ("gemm_fp8",)}  # read on their own, below
+_OPTIONAL_KEYS = {"gpu": ("dtype", "fp8_tflops", "sms"), "efficiency": ("gemm_fp8",)}  # read on their own, below
 # the optional [memory] table: key -> (scale to SI, description, upper bound (exclusive) or None)
 _MEMORY_FIELDS: dict[str, tuple[float, str, float | None]] = {
     "reserved_gib": (GIB, "GiB per GPU outside the tensors: CUDA context, NCCL and cuBLAS buffers", None),
@@ -139,7 +143,7 @@ def load_cluster(name: str) -> ClusterSpec:
     table, source = read_toml(path, "cluster description")
     diags: list[Diagnostic] = []
     for key, value in table.items():
-        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead", "attention")
+        tables = (*_CLUSTER_FIELDS, "memory", "host", "overhead", "attention", "userbuffers")
         if key not in tables and key not in ("name", "description", "source"):
             what = "table" if isinstance(value, dict) else "key"
             diags.append(error(f"unknown {what} '{key}' (tables: {', '.join(tables)})", locate(source, key)))
@@ -180,7 +184,7 @@ def load_cluster(name: str) -> ClusterSpec:
         diags.append(error(f"'name' must be a string, got {table['name']!r}", locate(source, "name")))
     host, overhead = _host_bandwidth(table, source, diags), _overhead(table, source, diags)
     fp8, gemm_fp8 = _fp8_flops(table, source, diags), _gemm_fp8(table, source, diags)
-    attention = read_attention(table, source, diags)
+    attention, userbuffers = read_attention(table, source, diags), read_userbuffers(table, source, diags)
     if diags:
         raise SchedError(diags, source, kind=USAGE)
     return ClusterSpec(
@@ -189,7 +193,7 @@ def load_cluster(name: str) -> ClusterSpec:
         got["intra", "latency_us"], got["inter", "bandwidth_gbps"], got["inter", "latency_us"],
         got["efficiency", "gemm"], got["efficiency", "gemm_half_dim"], got["efficiency", "hbm"],
         got["efficiency", "intra"], got["efficiency", "inter"], memory["reserved_gib"], memory["fragmentation"],
-        gpu_dtype, host, overhead, fp8, attention, gemm_fp8)
+        gpu_dtype, host, overhead, fp8, attention, gemm_fp8, userbuffers)
 
 
 def _gemm_fp8(table: dict, source: Source, diags: list[Diagnostic]) -> float:
@@ -299,7 +303,7 @@ def dump_cluster(spec: ClusterSpec, comment: str = "") -> str:
     return head + f"""name = "{spec.name}"
 
 [gpu]{'' if spec.dtype == 'bf16' else chr(10) + 'dtype = "' + spec.dtype + '"'}
-peak_tflops = {spec.peak_flops / 1e12!r}{chr(10) + 'fp8_tflops = ' + repr(spec.fp8_flops / 1e12) if spec.fp8_flops else ''}
+peak_tflops = {spec.peak_flops / 1e12!r}{chr(10) + 'fp8_tflops = ' + repr(spec.fp8_flops / 1e12) if spec.fp8_flops else ''}{chr(10) + 'sms = ' + str(spec.userbuffers.sms) if spec.userbuffers else ''}
 memory_gib = {spec.memory_bytes / GIB!r}
 hbm_gbps = {spec.hbm_bandwidth / 1e9!r}
 
@@ -329,7 +333,7 @@ fragmentation = {spec.fragmentation!r}
 bandwidth_gbps = {spec.host_bandwidth / 1e9!r}
 """ if spec.host_bandwidth else "") + ("\n[overhead]\n" + "".join(
         f"{key} = {dict(spec.overhead)[kind] * 1e6!r}\n" for key, kind in OVERHEAD_KEYS.items()
-        if kind in dict(spec.overhead)) if spec.overhead else "") + dump_attention(spec.attention)
+        if kind in dict(spec.overhead)) if spec.overhead else "") + dump_attention(spec.attention) + dump_userbuffers(spec.userbuffers)
 
 
 def check_layout(model: ModelSpec, layout: Layout, model_path: str, model_source: Source | None = None) -> None:
@@ -456,6 +460,8 @@ def check_switches(layout: Layout, cluster: ClusterSpec) -> None:
                     "give --distributed-optimizer too (as Megatron-LM requires)")
     if layout.fp8 and not cluster.fp8_flops:
         raise usage(f"--fp8: {cluster.name} gives no FP8 peak; add [gpu] fp8_tflops to its cluster file")
+    if layout.fp8_current_scaling and not layout.fp8:
+        raise usage("--fp8-current-scaling is how --fp8's casts are scaled: give --fp8 too")
 
 
 def check_stages(model: ModelSpec, schedule, model_path: str, layout: Layout | None = None) -> None:

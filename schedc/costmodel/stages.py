@@ -12,7 +12,7 @@ from .activations import op_matmuls
 from .attention import kernel_ring_exposed, kernel_terms
 from .bytes import activation_sizes, layer_params
 from .experts import moe_layer_parts
-from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
+from .hardware import stage_layers, stage_mix, ATTENTION_ELEMENTWISE, B, CROSS_ENTROPY_BYTES, ELEMENTWISE, F, FP8_AMAX_BYTES, FP8_CAST_BYTES, GRAD_ACCUMULATION, I, R, TRANSPOSES, W, message_times, Part, Setting
 
 
 @dataclass(frozen=True)
@@ -78,26 +78,46 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     comm = tp_collectives(st)
     accumulate = hw.memory(GRAD_ACCUMULATION * w * layer_params(m, t))
     ring_forward, ring_backward = ring_exposed(st) if lay.cp > 1 else (0.0, 0.0)
+    dgrad, wgrad = sum(linear_gemms(st, "dgrad")), sum(linear_gemms(st, "wgrad"))
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
     recompute = {"full": forward, "selective": core, "none": Part(),
                  "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise)}[lay.recompute]
     return {F: forward,
-            I: Part(gemms + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
-            W: Part(gemms + accumulate, 0.0),
+            I: Part(dgrad + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
+            W: Part(wgrad + accumulate, 0.0),
             R: recompute}
 
 
-def linear_gemms(st: Setting) -> tuple[float, ...]:
-    """One layer's four linear GEMMs of one microbatch, forward, in the order the tensor-parallel
-    collectives meet them: QKV (h -> h + 2 kv_hidden over t), the projection, the MLP's first (h -> f,
-    or a SwiGLU's gate and up, 2f) and second; at the GPU's FP8 rate with --fp8."""
+def linear_gemms(st: Setting, gemm_pass: str = "fprop") -> tuple[float, ...]:
+    """One layer's four linear GEMMs of one microbatch in `gemm_pass` (fprop, dgrad or wgrad: each
+    pass's GEMM has the forward's FLOPs), in the order the tensor-parallel collectives meet them: QKV
+    (h -> h + 2 kv_hidden over t), the projection, the MLP's first (h -> f, or a SwiGLU's gate and up,
+    2f) and second; at the GPU's FP8 rate with --fp8, and each at the share of its rate that the
+    cluster's userbuffers overlap leaves it under --tp-comm-overlap (sm_rates)."""
     m, lay, hw = st.model, st.layout, st.hw
     bs, h, f, t, fp8 = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp, lay.fp8
     qkv = 3 * h / t if m.kv_heads == m.heads else (h + 2 * m.kv_hidden) / t
     up = 2 * f / t if m.mlp == "swiglu" else f / t
-    return (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
-            hw.gemm(bs, h, f / t, fp8=fp8))
+    gemms = (hw.gemm(bs, qkv, h, fp8=fp8), hw.gemm(bs, h, h / t, fp8=fp8), hw.gemm(bs, up, h, fp8=fp8),
+             hw.gemm(bs, h, f / t, fp8=fp8))
+    rates = sm_rates(st, gemm_pass)
+    return gemms if rates is None else tuple(g / r for g, r in zip(gemms, rates))
+
+
+def sm_rates(st: Setting, gemm_pass: str) -> tuple[float, ...] | None:
+    """The share of its rate each linear GEMM keeps in `gemm_pass` beside Transformer Engine's
+    userbuffers communication (--tp-comm-overlap at t > 1, the cluster's [userbuffers.*] configuration
+    for the run: (S - n) / S of S SMs, costmodel/userbuffers.py); None where nothing is taken: no
+    overlap, no table, or a model with experts or latent attention (the tables are of dense layers).
+
+        S = 132, proj_fprop = 24, fc2_fprop = 16  ->  fprop (1, 108/132, 1, 116/132)
+    """
+    m, lay, ub = st.model, st.layout, st.cluster.userbuffers
+    if not lay.tp_comm_overlap or lay.tp == 1 or ub is None or m.moe or m.mla:
+        return None
+    rates = ub.rates(gemm_pass, lay.fp8, m.hidden, lay.tp, lay.cp)
+    return None if all(r == 1 for r in rates) else rates
 
 
 def op_policy_gemms(st: Setting) -> tuple[float, ...]:
@@ -159,10 +179,12 @@ def eager_elementwise(st: Setting) -> float:
 def fp8_casts(st: Setting) -> float:
     """What Transformer Engine's FP8 GEMMs add in HBM traffic per layer and pass (forward, or the
     backward's input gradients): each linear GEMM's input read at 16 bits and written at 8 with its
-    amax, 3 bytes a value (the weights' casts once per step, not counted)."""
+    amax, 3 bytes a value, and 2 more with --fp8-current-scaling (its amax read first; the weights'
+    casts once per step, not counted)."""
     m, lay = st.model, st.layout
     bs, h, f, t = lay.microbatch_size * st.tokens, m.hidden, m.ffn, lay.tp
-    return st.hw.memory(FP8_CAST_BYTES * bs * (2 * h + h / t + f / t))
+    per_value = FP8_CAST_BYTES + (FP8_AMAX_BYTES if lay.fp8_current_scaling else 0)
+    return st.hw.memory(per_value * bs * (2 * h + h / t + f / t))
 
 
 def layer_overhead(st: Setting) -> dict[str, float]:

@@ -20,6 +20,7 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")         # learned: a table of max_positions rows; rope: rotary, no weights
 BIASES = ("all", "qkv", "none")         # GPT: all; Llama, Mistral: none; Qwen2: the q, k, v projections only
 ATTENTION_KERNELS = ("standard", "flash")
+GELU_APPROXIMATIONS = ("none", "tanh")  # torch's F.gelu(approximate=...): the same FLOPs and bytes
 FAMILIES = ("gpt", "gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "fp32": 4, "float32": 4,
                "float": 4}
@@ -88,6 +89,8 @@ class ModelFacts:
     # Llama 3.1's rope_scaling ("llama3"): (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings), a change of the rotary frequencies alone (None: unscaled)
     rope_scaling: tuple[float, float, float, int] | None = None
+    # the MLP's GeLU where mlp is gelu: "none" exact (erf), "tanh" its tanh approximation (GPT-2's gelu_new)
+    gelu_approximate: str = "none"
 
     def __post_init__(self):
         if not self.kv_heads:
@@ -155,7 +158,8 @@ class ModelFacts:
 FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {
     "kv_heads": (int, None), "mlp": (str, MLPS), "norm": (str, NORMS), "norm_eps": (float, None),
     "positions": (str, POSITIONS), "rope_theta": (float, None), "tied_embeddings": (bool, None),
-    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES), "window": (int, None)}
+    "bias": (str, BIASES), "max_positions": (int, None), "family": (str, FAMILIES), "window": (int, None),
+    "gelu_approximate": (str, GELU_APPROXIMATIONS)}
 # The facts of a mixture of experts, latent attention and a head width of its own (moe.py): the cost
 # model's (a TOML model file may state them); the runtime does not build them yet
 MOE_FACT_FIELDS: dict[str, tuple[type, tuple | None]] = {

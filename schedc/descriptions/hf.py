@@ -153,12 +153,27 @@ def _llama_facts(config: dict, values: dict, fail) -> dict:
 
 
 def _gpt2_facts(config: dict, values: dict, fail) -> dict:
-    """GPT-2's keys beyond the sizes: n_inner (absent or null: 4 x n_embd), n_positions, the epsilon."""
+    """GPT-2's keys beyond the sizes: n_inner (absent or null: 4 x n_embd), n_positions, the epsilon,
+    the activation (absent: gelu_new, transformers' GPT2Config default)."""
     inner = config.get("n_inner")
     return {"ffn": 4 * values["hidden"] if inner is None else _size(config, "n_inner", fail),
             "max_positions": _size(config, "n_positions", fail, 1024),
             "norm_eps": _number(config, "layer_norm_epsilon", fail, 1e-5),
-            "tied_embeddings": _flag(config, "tie_word_embeddings", fail, True)}
+            "tied_embeddings": _flag(config, "tie_word_embeddings", fail, True),
+            "gelu_approximate": _gelu(config, fail)}
+
+
+# GPT-2's activation_function -> the GeLU's approximation (facts.GELU_APPROXIMATIONS): transformers'
+# gelu is exact; gelu_new, gelu_fast and gelu_pytorch_tanh are 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+_GELUS = {"gelu": "none", "gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+def _gelu(config: dict, fail) -> str:
+    act = config.get("activation_function", "gelu_new")
+    if not isinstance(act, str) or act not in _GELUS:
+        raise fail(f"'activation_function' {act!r}: schedc builds GPT-2's MLP with a GeLU "
+                   f"({', '.join(_GELUS)})", "activation_function")
+    return _GELUS[act]
 
 
 def _window(config: dict, values: dict, fail) -> int | None:

@@ -162,23 +162,26 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """swiglu: down(silu(gate(x)) · up(x)); gelu (no gate): down(gelu(up(x)))."""
+    """swiglu: down(silu(gate(x)) · up(x)); gelu (no gate): down(gelu(up(x))), the GeLU exact or tanh-
+    approximated (`approximate`: GPT-2's gelu_new is "tanh")."""
 
-    def __init__(self, gate_proj: nn.Module | None, up_proj: nn.Module, down_proj: nn.Module):
+    def __init__(self, gate_proj: nn.Module | None, up_proj: nn.Module, down_proj: nn.Module,
+                 approximate: str = "none"):
         super().__init__()
         if gate_proj is not None:
             self.gate_proj = gate_proj
         self.up_proj, self.down_proj, self.gated = up_proj, down_proj, gate_proj is not None
+        self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(F.gelu(self.up_proj(x)))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate=self.approximate))
 
     def tensor_parallel(self, tp: TensorGroup) -> MLP:
         """gate and up column-, down row-parallel."""
         gate = ColumnParallelLinear(self.gate_proj, tp) if self.gated else None
-        return MLP(gate, ColumnParallelLinear(self.up_proj, tp), RowParallelLinear(self.down_proj, tp))
+        return MLP(gate, ColumnParallelLinear(self.up_proj, tp), RowParallelLinear(self.down_proj, tp), self.approximate)
 
 
 class DecoderLayer(nn.Module):
@@ -262,14 +265,16 @@ def attention(cfg, rotary: tuple[torch.Tensor, torch.Tensor] | None, window: tor
 def mlp(cfg) -> MLP:
     bias = cfg.bias == "all"
     gate = nn.Linear(cfg.hidden, cfg.ffn, bias=bias) if cfg.mlp == "swiglu" else None
-    return MLP(gate, nn.Linear(cfg.hidden, cfg.ffn, bias=bias), nn.Linear(cfg.ffn, cfg.hidden, bias=bias))
+    return MLP(gate, nn.Linear(cfg.hidden, cfg.ffn, bias=bias), nn.Linear(cfg.ffn, cfg.hidden, bias=bias),
+               cfg.gelu_approximate)
 
 
 def build_decoder(cfg) -> list[tuple[str, nn.Module]]:
     """The decoder's pieces (the caller checks the facts: model.model_problem)."""
     rotary = (rotary_table(cfg.seq, cfg.hidden // cfg.heads, cfg.rope_theta, cfg.rope_scaling)
               if cfg.positions == "rope" else None)
-    positions = nn.Embedding(cfg.seq, cfg.hidden) if cfg.positions == "learned" else None
+    # learned positions: the description's table (GPT-2's n_positions rows), else seq rows (position_rows)
+    positions = nn.Embedding(cfg.position_rows, cfg.hidden) if cfg.positions == "learned" else None
     window = band(cfg.seq, cfg.window) if cfg.window is not None and cfg.window < cfg.seq else None  # one for all
     words = (TiedEmbedding if cfg.tied_embeddings else nn.Embedding)(cfg.vocab, cfg.hidden)
     pieces = [("model", Embedding(words, positions))]

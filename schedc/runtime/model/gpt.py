@@ -10,14 +10,14 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedc.descriptions.facts import FACT_FIELDS
+from schedc.descriptions.facts import FACT_FIELDS, ModelFacts
 from schedc.layout import SplitError, split_layers
 
 from ..execution import chunks
@@ -37,54 +37,29 @@ class ModelError(UserError):
 
 
 @dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """Sizes of the model and of one microbatch, the model's facts (the defaults are the GPT's: see
-    FACTS), and `extra`, the keys a user model may want. kv_heads None is heads, ffn None 4 x hidden."""
+class ModelConfig(ModelFacts):
+    """The model the runtime builds: the description's facts (schedc.descriptions.ModelFacts, each
+    declared there once; ffn 0 is 4 x hidden, kv_heads 0 is heads), one microbatch's size and `extra`,
+    the keys a user model may want. The sizes have no defaults here: the runtime's default model is
+    process/description.DEFAULT_MODEL."""
 
-    layers: int = 4
-    hidden: int = 64
-    heads: int = 4
-    seq: int = 64
-    vocab: int = 256
+    ffn: int = 0
+    tied_embeddings: bool = False  # the runtime's GPT (Block, Head) unties its output layer unless told
     mb_size: int = 4
     extra: dict[str, Any] = field(default_factory=dict)
-    kv_heads: int | None = None
-    ffn: int | None = None
-    mlp: str = "gelu"
-    norm: str = "layernorm"
-    norm_eps: float = 1e-5
-    positions: str = "learned"
-    rope_theta: float = 10000.0
-    tied_embeddings: bool = False
-    bias: str = "all"
-    family: str = "gpt"
-    max_positions: int | None = None
-    window: int | None = None  # a sliding window (the decoder's banded mask: spans.py)
-    rope_scaling: tuple | None = None  # Llama 3.1's (factor, low, high, original positions): spans.py
-    experts: int = 0  # a mixture of experts (runtime/model/experts.py): the MoE facts of schedc.descriptions
-    top_k: int = 0
-    moe_ffn: int = 0
-    shared_experts: int = 0
-    first_k_dense: int = 0
-    router: str = "softmax"
-    capacity_factor: float = 0.0
-    aux_loss: float = 0.0
 
     def __post_init__(self):
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        if self.ffn is None:
+        ModelFacts.__post_init__(self)  # kv_heads (zero-argument super() fails in a slotted dataclass)
+        if not self.ffn:
             object.__setattr__(self, "ffn", 4 * self.hidden)
 
 
 # The model facts a description may state beside the sizes, as schedc.descriptions declares them (each
 # one's type and the values it may take), and the MLP's width. The runtime builds the GPT (Block) where
 # every fact is the GPT's, else the Llama-family decoder of schedc/runtime/model/decoder.py under Hugging
-# Face's parameter names. Of the descriptions' facts, those of a dense decoder (ModelConfig's); a mixture
-# of experts' are ModelConfig's too (runtime/model/experts.py), latent attention is predicted by the
-# compiler and refused here (description.py).
-FACTS: dict[str, tuple[type, tuple | None]] = {key: kind for key, kind in {**FACT_FIELDS, "ffn": (int, None)}.items()
-                                               if key in {f.name for f in fields(ModelConfig)}}
+# Face's parameter names. A mixture of experts' facts are built by runtime/model/experts.py; latent
+# attention is predicted by the compiler and refused here (description.py).
+FACTS: dict[str, tuple[type, tuple | None]] = {**FACT_FIELDS, "ffn": (int, None)}
 
 
 def fact_problem(key: str, value: Any) -> str | None:
@@ -273,7 +248,8 @@ def gpt_problem(cfg: ModelConfig) -> str | None:
 def uses_gpt(cfg: ModelConfig) -> bool:
     """Whether the facts are the GPT's (Block), else the decoder's (runtime/model/decoder.py)."""
     return (cfg.kv_heads == cfg.heads and not cfg.tied_embeddings and cfg.window is None and not cfg.experts
-            and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias) == ("gelu", "layernorm", "learned", "all"))
+            and (cfg.mlp, cfg.norm, cfg.positions, cfg.bias, cfg.gelu_approximate)
+            == ("gelu", "layernorm", "learned", "all", "none"))
 
 
 def model_problem(cfg: ModelConfig) -> str | None:

@@ -17,6 +17,7 @@ from ..execution.executor import clip_coefficient
 from ..execution.executor import attach_flat_grads
 from . import precision
 from .gpt import Stage
+from .gpt2_names import saved_layout
 from ..process.world import Env, WorldError
 
 
@@ -48,8 +49,9 @@ def run_reference(plan: Plan, opts) -> int:
         if opts.clip_grad is not None:
             model.flat_grad.mul_(clip_coefficient(model.flat_grad.float().square().sum(), opts.clip_grad))
         if step == 0 and opts.save_grads:
-            write_grads(opts.save_grads, {n: precision.gradient(p).detach().cpu().clone()
-                                          for n, p in model.global_parameters()})
+            layout = saved_layout(opts.model_config, opts.model_code)  # a GPT-2's under its own names
+            write_grads(opts.save_grads, layout({n: precision.gradient(p).detach().cpu().clone()
+                                                 for n, p in model.global_parameters()}))
             write_loss(opts.save_grads, loss.item())
         set_learning_rate(optimizer, opts, step)
         optimizer.step()

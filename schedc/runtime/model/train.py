@@ -31,6 +31,7 @@ from ..execution.memory import SavedBytes
 from .init import materialize_pieces
 from .readings import Window, log_step, logged
 from . import precision
+from .gpt2_names import saved_layout
 from .gpt import ModelError, Stage, boundary_shapes, lm_loss, parallel_run, build_pieces, load_builder, partition
 from ..execution.placed import check_placed
 from ..execution.recompute import apply_recompute
@@ -338,7 +339,8 @@ def train(plan: Plan, opts, world: World, executor: Executor, dataset) -> int:
         checkpoint.check_steps_left(opts.resume, first, opts.steps)
     opts.first_step = first
     if opts.save_grads:
-        executor.before_update = _grad_dumper(opts.save_grads, first, world)
+        layout = saved_layout(opts.model_config, opts.model_code)
+        executor.before_update = _grad_dumper(opts.save_grads, first, world, layout)
     if not opts.trace_out:
         executor.record_until = first + opts.warmup + MEASURED_STEPS
     count, tokens = global_microbatches(plan, opts.dp), tokens_per_step(plan, opts)
@@ -397,9 +399,10 @@ def _step_memory(executor: Executor) -> dict:
     return {"peak_saved_bytes": int(peak.item())}
 
 
-def _grad_dumper(directory: str, first: int, world: World):
+def _grad_dumper(directory: str, first: int, world: World, layout=dict):
     """At the first step, gather every stage's synced gradients to rank 0 and write grads.pt, under
-    the unpartitioned model's names (tensor-parallel shards gathered in replica 0's tensor groups)."""
+    the unpartitioned model's names (tensor-parallel shards gathered in replica 0's tensor groups), in
+    `layout` (gpt2_names.saved_layout: a GPT-2 description's under GPT-2's own)."""
     def dump(executor: Executor) -> None:
         if executor.step_no != first:
             return
@@ -416,7 +419,7 @@ def _grad_dumper(directory: str, first: int, world: World):
         parts = [None] * world.size if world.rank == 0 else None
         dist.gather_object((mine, executor.sent_bytes), parts, dst=0)
         if world.rank == 0:
-            write_grads(directory, {k: v for part, _ in parts for k, v in part.items()})
+            write_grads(directory, layout({k: v for part, _ in parts for k, v in part.items()}))
             write_sent(directory, [sent for _, sent in parts])
     return dump
 

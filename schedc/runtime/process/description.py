@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import fields
 
 from schedc.descriptions import DescriptionError, is_hf_config, known_models, read_hf_config, resolve_model
 
 from ..errors import UserError
 from ..model.experts import MOE_FACTS
-from ..model.gpt import FACTS, ModelConfig, fact_problem
+from ..model.gpt import FACTS, fact_problem
 
 MAX_CONFIG_BYTES = 1024 * 1024
 
@@ -52,6 +51,8 @@ def read_description(name: str, seq: int | None) -> tuple[dict, dict]:
 # what the runtime takes of a config.json's facts (schedc.descriptions.ModelFacts): a mixture of experts'
 # too (runtime/model/experts.py says which it builds)
 HF_FACTS = ("layers", "hidden", "heads", "vocab", "seq", *FACTS, *MOE_FACTS, "rope_scaling")
+# the runtime's sizes (a TOML file's, --layers and the other size options') and its default model's
+DEFAULT_MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq": 64, "vocab": 256, "mb_size": 4}
 
 
 def _hf_facts(path: str, text: str, seq: int | None) -> dict:
@@ -91,7 +92,7 @@ def _read_toml(path: str, text: str) -> tuple[dict, dict]:
         size = table.pop("microbatch_size")
         if table.setdefault("mb_size", size) != size:
             raise DescriptionFileError(f"--model {path}: mb_size {table['mb_size']!r} and microbatch_size {size!r} differ")
-    known = {f.name for f in fields(ModelConfig)} - {"extra", *MOE_FACTS}  # a TOML's experts: refused (options.py)
+    known = {*DEFAULT_MODEL, *FACTS, "rope_scaling"}  # a TOML's experts: refused (options.py); other keys, extra
     values = {k: v for k, v in table.items() if k in known}
     for key, value in values.items():
         problem = fact_problem(key, value) if key in FACTS else None

@@ -282,6 +282,7 @@ CPU_PARAMETERS = 10 ** 8  # a default GPT past this trains at minutes per step o
 def size_warning(opts) -> str | None:
     """A warning for a default GPT too large to train on CPU in reasonable time (a cost-model TOML of a
     GPU cluster's model given to --model, say): its parameter count and where the sizes came from."""
+    from .description import DEFAULT_MODEL
     from .options import model_parameters
     if opts.model_code or opts.device == "cuda":
         return None
@@ -296,7 +297,7 @@ def size_warning(opts) -> str | None:
     source = f" from --model {opts.model}" if opts.model else ""
     return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
-            f"runtime's default GPT has {model_parameters(type(cfg)()):.3g} (a model file of schedc/models "
+            f"runtime's default GPT has {model_parameters(type(cfg)(**DEFAULT_MODEL)):.3g} (a model file of schedc/models "
             "describes costs for `schedc simulate --model`, not a model to train here)")
 
 

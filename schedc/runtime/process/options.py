@@ -10,13 +10,13 @@ import os
 from schedc.descriptions import code_given_as_model
 from schedc.layout import LAYOUT_OPTIONS, OPTION, SELECTIVE_OPS, Layout, flag
 
-from .description import DescriptionFileError, not_dense, read_description
+from .description import DEFAULT_MODEL, DescriptionFileError, not_dense, read_description
 from ..errors import UserError
 from ..model.gpt import ModelConfig, model_problem
 from . import compose
 
 MIN_TIMEOUT = 1.0  # seconds: under it the ranks' rendezvous store times out before they meet (0.01 did)
-MODEL_KEYS = ("layers", "hidden", "heads", "seq", "vocab", "mb_size")
+MODEL_KEYS = tuple(DEFAULT_MODEL)
 
 
 class OptionError(UserError):
@@ -309,7 +309,7 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
         given = getattr(opts, OPTION["microbatch_size"].field if key == "mb_size" else key)
         if given is not None:
             values[key] = given
-    return ModelConfig(**values, extra=extra)
+    return ModelConfig(**{**DEFAULT_MODEL, **values}, extra=extra)
 
 
 def _parse_fault(option: str, text: str | None, kind: str) -> tuple[int, int, str] | None:
