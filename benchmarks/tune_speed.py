@@ -70,7 +70,7 @@ def main() -> None:
     fast = [timed(fast_request) for _ in range(args.runs)]
     outcome = fast[0][0]
     print(f"fast: {outcome.counts['candidates']:,} candidates, {outcome.counts['started']} orders started "
-          f"(their memory bounded until the first backward), {outcome.counts['structures']} compiled whole, "
+          f"(their memory bounded until the first backward, or the first W), {outcome.counts['structures']} compiled whole, "
           f"{outcome.counts['simulated']} simulations, {outcome.counts['bounded']:,} bounded out, "
           f"{outcome.counts['merged']} merged; CPU {spread([f[1] for f in fast])}; wall {spread([f[2] for f in fast])}")
     for r in outcome.ranked:

@@ -446,6 +446,18 @@ def test_a_reader_that_stops_early_ends_the_command_with_sigpipe_not_a_failed_ch
     assert "Traceback" not in err and "Exception ignored" not in err
 
 
+@pytest.mark.parametrize("args", [["compile", "1f1b", "-D", "p=4", "-o", "{out}"], ["simulate", "1f1b", "-D", "p=4"],
+                                  ["simulate", "1f1b", "-D", "p=4", "--json"]])
+def test_compile_and_simulate_end_their_own_process_with_the_output_whole(tmp_path, args):
+    """In its own process a command ends at once after its output (common.done: os._exit, not tearing
+    the compiled schedule down): exit 0, every line printed, as a caller of main(args) gets them."""
+    args = [a.format(out=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, "-m", "schedc.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == run(*args).output and proc.stdout.endswith("\n") and proc.stderr == ""
+
+
 def test_a_cluster_plans_recorded_message_times_are_not_overridden_by_a_latency(tmp_path):
     model = str(ROOT / "schedc" / "models" / "gpt-1.7b.toml")
     assert run("compile", "1f1b", "-D", "p=2", "--model", model, "--cluster", "dgx-a100-80gb", "--tp", "1", "--dp", "1",

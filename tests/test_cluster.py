@@ -197,7 +197,8 @@ def test_a_model_size_past_the_bound_is_a_located_error(tmp_path):
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--latency", "1"],  # was taken and dropped
      "--cluster derives each message's time from the cluster's links: give it without --latency"),
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--microbatch-size", "99999999999999999999"],
-     "--microbatch-size 99,999,999,999,999,999,999 with this model: one F would take"),  # not a "measured F"
+     "--microbatch-size 99,999,999,999,999,999,999 of sequence 512 (the model's seq or --seq) with this model: "
+     "one F would take"),  # not a "measured F"
     (["--cluster", "dgx-a100-80gb", "--model", "m.toml", "--dp", "99999999999"],
      "t x p x d = 1 x 4 x 99,999,999,999 = 399,999,999,996 GPUs, more than the 1,048,576 a prediction takes"),
 ])
@@ -206,6 +207,13 @@ def test_cluster_options_that_do_not_fit_together_are_refused(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # the cases name the model file m.toml, relative to here
     result = _simulate("1f1b", *args)
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_sequence_too_long_to_time_is_named_with_the_microbatch():
+    result = _simulate("1f1b", "-D", "p=4", "-D", "m=8", "--model", "llama3.1-8b", "--seq", "99999999999999",
+                       "--cluster", "dgx-h100-80gb")
+    assert result.exit_code == 2, result.output
+    assert "--microbatch-size 1 of sequence 99,999,999,999,999 (the model's seq or --seq)" in result.output
 
 
 def test_m_follows_from_the_global_batch(tmp_path):

@@ -176,6 +176,8 @@ def _line_of(path: str, key: str) -> int:
     ({"model_type": "mamba"}, (), "model_type", "model_type 'mamba' is not a family schedc knows"),
     ({"tie_word_embeddings": "no"}, (), "tie_word_embeddings", "'tie_word_embeddings' must be true or false"),
     ({"head_dim": 32}, (), "head_dim", "head_dim 32 is not hidden_size / num_attention_heads = 16"),
+    ({"hidden_size": None}, (), "hidden_size", "'hidden_size' is null (a positive integer)"),
+    ({"hidden_act": "gelu"}, (), "hidden_act", "'hidden_act' 'gelu': schedc builds the llama family's MLP as SwiGLU"),
 ])
 def test_a_bad_config_json_is_a_located_error(tmp_path, change, drop, key, words):
     path = _config(tmp_path, change, drop)
@@ -183,6 +185,22 @@ def test_a_bad_config_json_is_a_located_error(tmp_path, change, drop, key, words
     where = f"{path}:{_line_of(path, key)}:3" if key else f"{path}:1:1"
     assert result.exit_code == 2 and f"{where}: error: {words}" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_a_null_key_value_heads_is_the_heads_as_transformers_reads_it(tmp_path):
+    """LlamaConfig(num_key_value_heads=None) is multi-head attention: the tiny Llama's 4 heads."""
+    from schedc.costmodel.modelspec import load_model_spec
+    spec = load_model_spec(_config(tmp_path, {"num_key_value_heads": None}, ()), 32)
+    assert (spec.heads, spec.kv_heads) == (4, 4)
+
+
+def test_check_of_a_config_json_asks_for_the_microbatch_size_an_option_gives():
+    result = CliRunner().invoke(main, ["check", "1f1b", "-D", "p=2", "--model", str(TINY), "--seq", "32"])
+    assert result.exit_code == 2 and "give --microbatch-size B (or `microbatch_size = B` in a model TOML file; " \
+        "a config.json states none)" in result.output, result.output
+    ok = CliRunner().invoke(main, ["check", "1f1b", "-D", "p=2", "--model", str(TINY), "--seq", "32",
+                                   "--microbatch-size", "2"])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_a_learned_position_model_refuses_a_longer_seq(tmp_path):
@@ -193,8 +211,8 @@ def test_a_learned_position_model_refuses_a_longer_seq(tmp_path):
     assert ok.exit_code == 0, ok.output
     result = CliRunner().invoke(main, [*SIMULATE, "--model", str(path), "--seq", "256"])
     assert result.exit_code == 2
-    assert f"{path}:{_line_of(str(path), 'n_positions')}:3: error: sequence 256 (--seq) is longer than the " \
-           "model's 128 learned positions" in result.output
+    assert f"{path}:{_line_of(str(path), 'n_positions')}:3: error: sequence 256 (the model's seq or --seq) is longer than its " \
+           "128 learned positions" in result.output
 
 
 def test_invalid_json_is_located(tmp_path):

@@ -47,8 +47,8 @@ def plain_bound(searcher: Searcher, c):
         return "state", state, device
     times = message_times(st, shape.devices) if r.layout.blocking_p2p else None
     table = stage_costs(st, shape.stages, shape.pipelines[0].placement, times).costs()
-    if costs_problem(table, st.layout) is not None:
-        return "costs", costs_problem(table, st.layout)
+    if costs_problem(table, st) is not None:
+        return "costs", costs_problem(table, st)
     if entry.plain or r.exhaustive:
         return 0.0
     links = link_times(st, shape.devices)

@@ -316,3 +316,51 @@ def test_the_librarys_dense_models_are_decoders_to_the_runtime(plans, name, kv_h
     cfg = parse_options([str(plans("1f1b", p=2, m=4)), "--model", name]).model_config
     assert not uses_gpt(cfg) and model_problem(cfg) is None
     assert (cfg.kv_heads, cfg.bias, cfg.mlp, cfg.norm, cfg.positions) == (kv_heads, bias, "swiglu", "rmsnorm", "rope")
+
+
+def test_resizing_a_description_with_stated_widths_names_the_options_to_give(plans):  # noqa: F811
+    """--hidden and --heads over Llama 3.1 70B (SwiGLU 28,672 = 3.5 x 8,192; 8 key/value heads for 64) would
+    keep its MLP width and key/value heads: refused before launch, exit 2, naming --ffn and --kv-heads with
+    the values that keep its ratios (hand arithmetic: 3.5 x 64 = 224; 8 x 8 / 64 = 1); given, they build
+    that model. A GPT file's MLP (4 x hidden) and full heads follow the new sizes."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    from schedc.runtime.process.options import parse_options
+    plan = str(plans("1f1b", p=2, m=4))
+    resized = [plan, "--model", "llama3.1-70b", "--layers", "4", "--hidden", "64", "--heads", "8", "--seq", "64"]
+    for extra, message in (
+            ([], "--hidden 64 resizes --model llama3.1-70b, whose ffn 28672 (the MLP's width, against its hidden 8192) "
+                 "is stated, not derived from hidden: give --ffn with --hidden (--ffn 224 keeps its ratio to hidden)"),
+            (["--ffn", "224"], "--heads 8 resizes --model llama3.1-70b, whose kv_heads 8 (its key/value heads, against "
+                               "its heads 64) is stated, not derived from heads: give --kv-heads with --heads "
+                               "(--kv-heads 1 keeps its ratio to heads)"),
+            (["--ffn", "224", "--kv-heads", "0"], "--kv-heads must be positive, got 0"),
+            (["--ffn", "224", "--kv-heads", "3"], "key/value heads 3 do not divide heads 8")):
+        result = CliRunner().invoke(main, ["run", *resized, *extra])
+        assert result.exit_code == 2 and f"error: {message}" in result.output, result.output
+        assert "Traceback" not in result.output
+    cfg = parse_options([*resized, "--ffn", "224", "--kv-heads", "2", "--vocab", "256"]).model_config
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.ffn, cfg.seq, cfg.vocab, cfg.family) == (
+        4, 64, 8, 2, 224, 64, 256, "llama") and model_problem(cfg) is None
+    result = CliRunner().invoke(main, ["run", plan, "--model", TINY_LLAMA, "--seq", "16", "--hidden", "128"])
+    assert result.exit_code == 2 and "give --ffn with --hidden (--ffn 352 keeps its ratio" in result.output
+    gpt = parse_options([plan, "--model", "gpt-1.7b", "--hidden", "64", "--heads", "8"]).model_config
+    assert (gpt.hidden, gpt.heads, gpt.kv_heads, gpt.ffn) == (64, 8, 8, 256)
+
+
+def test_a_library_llama_on_cpu_ranks_is_warned_of_with_its_own_count_and_the_options_that_shrink_it(plans):  # noqa: F811
+    """Llama 3.1 70B's count as its facts give it (70.6e9, Meta's model card), not a GPT's 12 h^2 a layer
+    (66.6e9); the warning names the size options with --ffn and --kv-heads."""
+    from schedc.runtime.process.launch import size_warning
+    from schedc.runtime.process.options import parse_options
+    warning = size_warning(parse_options([str(plans("1f1b", p=2, m=4)), "--model", "llama3.1-70b", "--device", "cpu"]))
+    assert warning.startswith("warning: the model has about 7.06e+10 parameters (layers 80, hidden 8192")
+    assert "with --ffn and --kv-heads where it states them, give a small model of its facts" in warning
+
+
+def test_a_library_llama_too_large_for_this_machine_is_refused_naming_the_options_that_shrink_it(plans):  # noqa: F811
+    """Llama 3.1 70B at its own size on two CPU ranks: 70.6e9 parameters x 16 bytes alone are about 1 TiB."""
+    from schedc.runtime.process.launch import LaunchError, check_launch
+    with pytest.raises(LaunchError, match=r"one step would need about .* GiB .*; --model llama3\.1-70b: --layers, "
+                                          r"--hidden, --heads, --seq and --vocab, with --ffn and --kv-heads"):
+        check_launch(str(plans("1f1b", p=2, m=4)), 2, ["--model", "llama3.1-70b", "--device", "cpu"], [])

@@ -229,3 +229,24 @@ def test_a_filled_cycle_sums_the_steady_state_idle_of_its_steps():
     assert len(steps) == result.stats.cycle_steps == 3
     assert result.stats.idle_inside == pytest.approx([sum(s.idle_inside[d] for s in steps) for d in range(8)])
     assert all(0 <= inside <= idle for inside, idle in zip(result.stats.idle_inside, result.stats.idle))
+
+
+class _Gathers:
+    """ZeRO-3-like collectives: half a unit gathered ahead of every op, a quarter reduced behind it."""
+
+    def per_op(self, schedule, ops):
+        return [0.5] * len(ops), [0.25] * len(ops)
+
+
+@pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
+                                         ("dualpipev", {"p": 4, "m": 8}), ("zb_h1", {"p": 4, "m": 8})])
+@pytest.mark.parametrize("latency,lanes", [(0.0, False), (0.5, False), (0.0, True)])
+def test_the_makespan_alone_is_simulates(name, params, latency, lanes):
+    from schedc.passes.simulate import makespan
+    schedule = compile_library(name, **params).schedule
+    collectives = _Gathers() if lanes else None
+    expected = simulate(schedule, latency, collectives=collectives).makespan
+    assert makespan(schedule, latency, collectives=collectives) == expected
+    assert expected > 0
+    links = [[0.0 if a == b else 0.1 * (1 + a + b) for b in range(schedule.devices)] for a in range(schedule.devices)]
+    assert makespan(schedule, links=links) == simulate(schedule, links=links).makespan

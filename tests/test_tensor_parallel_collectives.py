@@ -48,8 +48,9 @@ def calls(monkeypatch):
     def refused(*args, **kwargs):
         raise AssertionError("a list-form collective was called")
 
-    monkeypatch.setattr(dist, "all_gather_into_tensor", gather_into)
-    monkeypatch.setattr(dist, "reduce_scatter_tensor", scatter_tensor)
+    for name, fake in (("all_gather_into_tensor", gather_into), ("reduce_scatter_tensor", scatter_tensor),
+                       ("all_gather_single", gather_into), ("reduce_scatter_single", scatter_tensor)):
+        monkeypatch.setattr(dist, name, fake, raising=False)  # the old names and torch 2.13's
     monkeypatch.setattr(dist, "all_reduce", reduce)
     monkeypatch.setattr(dist, "all_gather", refused)
     monkeypatch.setattr(dist, "reduce_scatter", refused)

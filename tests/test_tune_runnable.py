@@ -105,3 +105,65 @@ def test_tune_checks_its_run_command_without_importing_torch():
     args = [*TUNE, "--schedules", "1f1b", *LAYOUTS["t1"]]
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     assert done.stdout.split() == ["0", "True", "False"], (done.stdout, done.stderr)
+
+
+LLAMA_TUNE = ["tune", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "64",
+              "--schedules", "1f1b", *LAYOUTS["t2-full-sp"]]
+TINY = ["--hidden", "64", "--heads", "8", "--kv-heads", "2"]  # 8 query heads over 2 key/value heads: t = 2 splits them
+
+
+def test_a_llama_winner_is_scaled_to_a_tiny_llama_the_runtime_accepts(tmp_path, monkeypatch):
+    """Llama 3.1 8B's winner runs, scaled, as Llama 3.1 8B's facts at hidden 64 (SwiGLU 3.5 x 64 = 224 wide,
+    hand arithmetic from its 14,336 / 4,096), not the runtime's GPT; the commands pass the pre-launch check."""
+    result = CliRunner().invoke(main, LLAMA_TUNE)
+    assert result.exit_code == 0, result.output
+    assert "p = 2, a 64-wide llama of the same facts):" in result.output and "the runtime's GPT" not in result.output
+    lines = _local_lines(result.output)
+    words = shlex.split(lines[1])
+    assert words[words.index("--model") + 1] == "llama3.1-8b" and " ".join(TINY + ["--ffn", "224"]) in lines[1]
+    _printed_run(lines, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("model", ["llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "qwen2.5-72b", "mistral-7b",
+                                   "examples/hf/llama3.1-70b/config.json", "tests/data/hf/tiny-gpt2/config.json"])
+def test_each_dense_family_is_scaled_to_its_own_facts(model):
+    """Every dense non-GPT description of the library, the README's config.json and a GPT-2 config.json (64
+    learned positions): the tiny model keeps the family, MLP, norm, positions, embeddings and biases, groups
+    its query heads where the model does, fits its positions, and its MLP keeps the
+    description's ratio to hidden within a multiple of 16."""
+    from schedc.cli.tune_report import tiny_model
+    from schedc.costmodel.modelspec import load_model_spec
+    from schedc.runtime.model.gpt import model_problem
+    from schedc.runtime.process.options import parse_options
+    from schedc.search.space import Request
+    seq = (64 if "gpt2" in model else 8192) if model.endswith(".json") else None
+    family, options = tiny_model(Request(model, "dgx-h100-80gb", 8, 64, seq=seq))
+    spec = load_model_spec(model, seq)
+    cfg = parse_options(["plan.json", *options]).model_config
+    grouped = 2 if spec.kv_heads < spec.heads else 8  # GPT-2's full heads stay full
+    assert family == spec.family == cfg.family and (cfg.hidden, cfg.heads, cfg.kv_heads) == (64, 8, grouped)
+    assert model_problem(cfg) is None and cfg.seq <= (spec.max_positions or cfg.seq)
+    facts = ("mlp", "norm", "positions", "tied_embeddings", "bias", "rope_theta")
+    assert [getattr(cfg, f) for f in facts] == [getattr(spec, f) for f in facts]
+    assert abs(cfg.ffn - 64 * spec.ffn / spec.hidden) <= 8 and cfg.ffn % 16 == 0
+
+
+def test_a_gpt_winner_still_runs_the_runtimes_gpt():
+    from schedc.cli.tune_report import tiny_model
+    from schedc.search.space import Request
+    assert tiny_model(Request("gpt-1.7b", "dgx-a100-80gb", 8, 64)) is None
+
+
+@pytest.mark.slow
+def test_the_printed_llama_run_trains(tmp_path, monkeypatch):
+    """The tiny Llama tune prints for Llama 3.1 8B's winner (1F1B, t = 2, full recomputation, sequence
+    parallelism) trains on 4 ranks: three steps, each loss finite, the last below the first."""
+    from test_runtime import torchrun
+    result = CliRunner().invoke(main, LLAMA_TUNE)
+    lines = _local_lines(result.output)
+    _printed_run(lines, tmp_path, monkeypatch)
+    words = shlex.split(lines[1])
+    run, _ = torchrun(tmp_path / words[2], int(words[4]), *words[5:])
+    assert run.returncode == 0, run.stderr[-3000:]
+    losses = [float(line.split()[3]) for line in run.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 3 and losses[-1] < losses[0], run.stdout

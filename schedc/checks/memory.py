@@ -153,7 +153,7 @@ def check_memory_bytes(schedule: Schedule, timing: Timing, model_file: str | Non
     b = microbatch_size if microbatch_size is not None else model.microbatch_size
     if b is None:
         raise SchedError(error("the bytes check needs the microbatch size: give --microbatch-size B (or "
-                               "`microbatch_size = B` in the model file)"), OPTIONS, kind=USAGE)
+                               "`microbatch_size = B` in a model TOML file; a config.json states none)"), OPTIONS, kind=USAGE)
     layout = Layout(microbatch_size=b, recompute="none")
     check_layout(model, layout, model_file)
     check_stages(model, schedule, model_file)

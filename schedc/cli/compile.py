@@ -10,7 +10,7 @@ from ..text import plural
 from ..outputs import STDOUT, output_error, prepare_directory, reason
 from .group import main
 from .options import schedule_options
-from .common import fail, compiled, is_plan, on_cluster, cluster_summary, finish, refuse_clash
+from .common import done, fail, compiled, is_plan, on_cluster, cluster_summary, finish, refuse_clash
 
 
 
@@ -48,3 +48,4 @@ def compile_cmd(file, defines, costs, profile, microbatch_size, latency, model_f
         fail(output_error(out_dir, reason(exc)))
     click.echo(summary(result) + (cluster_summary(on) if on else ""))
     click.echo(f"wrote {paths[0]} and {plural(len(paths) - 1, 'rank stream')} (hash {plan.hash[:12]})")
+    done(result.diagnostics)

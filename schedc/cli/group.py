@@ -35,6 +35,12 @@ class _Commands(click.Group):
     with a failed check's 1 (what click itself exits with on a closed pipe): the closed pipe is met
     here, in the parse (where --help prints) or the command, before click sees it."""
 
+    whole_process = False  # the command line's own process (main() with no args), not a caller's
+
+    def main(self, args=None, *rest, **kwargs):
+        self.whole_process = args is None
+        return super().main(args, *rest, **kwargs)
+
     def make_context(self, *args, **kwargs) -> click.Context:
         with _closed_pipe_ends_quietly():
             return super().make_context(*args, **kwargs)

@@ -7,7 +7,7 @@ import click
 
 from .group import main
 from .options import schedule_options
-from .common import fail, fail_json, compiled, given_value, refusal_json, is_plan, plan_only, replayed, on_cluster, cluster_summary, finish
+from .common import done, fail, fail_json, compiled, given_value, refusal_json, is_plan, plan_only, replayed, on_cluster, cluster_summary, finish
 from ..text import plural
 
 
@@ -53,4 +53,4 @@ def simulate_cmd(file, defines, costs, profile, microbatch_size, latency, model_
                        "a task waits only for its rank's order"
                        + ("; its tasks' memory is not in a plan, so the peaks count activations only" if tasks else "")
                        + ")")
-    finish(result.diagnostics)
+    done(result.diagnostics)

@@ -317,8 +317,10 @@ def report(outcome: Outcome, pruned_lines: int | None = 12, notes: tuple[str, ..
     lines += pruned_report(outcome, pruned_lines)
     lines.append("the winner:")
     lines += [f"  {command}" for command in winner_commands(outcome)]
-    lines.append("the same layout scaled to this machine (the schedule, t, recomputation; p = 2, the runtime's GPT):")
-    lines += [f"  {line}" for line in local_lines(outcome)]
+    tiny = tiny_model(outcome.request)
+    shown = f"a {TINY_HIDDEN}-wide {tiny[0]} of the same facts" if tiny else "the runtime's GPT"
+    lines.append(f"the same layout scaled to this machine (the schedule, t, recomputation; p = 2, {shown}):")
+    lines += [f"  {line}" for line in local_lines(outcome, tiny)]
     return "\n".join(lines)
 
 
@@ -343,9 +345,32 @@ LOCAL_STAGES = 2  # the winner scaled to this machine: two pipeline devices of a
 LOCAL_TP = 2
 
 
-def local_run(outcome: Outcome) -> LocalRun:
+TINY_HIDDEN, TINY_HEADS, TINY_SEQ, TINY_VOCAB = 64, 8, 64, 256  # the runtime's byte text needs vocab 256
+
+
+def tiny_model(r: Request) -> tuple[str, tuple[str, ...]] | None:
+    """A model of the request's family the runtime builds on CPU ranks, as its family and the runtime's
+    options: --model as asked with hidden 64, 8 heads over 2 key/value heads where it groups them (t <= 2
+    splits them), the MLP's width in the model's ratio to hidden (a multiple of 16), sequence 64 (or
+    the learned positions' count, if fewer) and vocabulary 256. None for a GPT (the runtime's own, no --model needed), a mixture of experts or
+    latent attention (the runtime builds those from a config.json only or not at all): the runtime's
+    GPT stands in."""
+    from ..costmodel.modelspec import load_model_spec
+    spec = load_model_spec(r.model, r.seq)
+    if spec.family == "gpt" or spec.moe or spec.mla or spec.head_size:
+        return None
+    kv_heads = TINY_HEADS if spec.kv_heads == spec.heads else LOCAL_TP
+    ffn = max(16, 16 * round(spec.ffn * TINY_HIDDEN / spec.hidden / 16))
+    seq = min(TINY_SEQ, spec.max_positions or TINY_SEQ)  # within GPT-2's learned positions
+    return spec.family, ("--model", r.model, "--hidden", str(TINY_HIDDEN), "--heads", str(TINY_HEADS),
+                         "--kv-heads", str(kv_heads), "--ffn", str(ffn), "--seq", str(seq),
+                         "--vocab", str(TINY_VOCAB))
+
+
+def local_run(outcome: Outcome, tiny: tuple[str, tuple[str, ...]] | None = None) -> LocalRun:
     """The winner's layout scaled to this machine: the same schedule, t (at most 2), recomputation and
-    sequence parallelism on the runtime's GPT, p = 2, m = 8, d = 1 (at most 4 CPU ranks)."""
+    sequence parallelism, p = 2, m = 8, d = 1 (at most 4 CPU ranks), on `tiny` (tiny_model: a small
+    model of the request's family) or the runtime's GPT."""
     r, c = outcome.request, outcome.ranked[0].candidate
     params = {**c.params(), "p": LOCAL_STAGES, "m": 4 * LOCAL_STAGES}
     t = min(c.t, LOCAL_TP)
@@ -353,7 +378,7 @@ def local_run(outcome: Outcome) -> LocalRun:
                     sequence_parallel=r.layout.sequence_parallel and t > 1)
     layers = 4 * LOCAL_STAGES * int(params.get("v", 1))  # enough for V shapes and two-pipeline schedules
     return LocalRun(c.schedule, tuple(f"{k}={v}" for k, v in params.items()), t * LOCAL_STAGES,
-                    ("--steps", "3", "--layers", str(layers), *run_flags(layout)))
+                    ("--steps", "3", *(tiny[1] if tiny else ()), "--layers", str(layers), *run_flags(layout)))
 
 
 def local_commands(run: LocalRun) -> list[str]:
@@ -361,12 +386,12 @@ def local_commands(run: LocalRun) -> list[str]:
     import shlex
     defines = " ".join(f"-D {d}" for d in run.defines)
     return [f"schedc compile {shlex.quote(run.schedule)} {defines} -o out/tune-local",
-            f"schedc run {PLAN_SHOWN} --nproc {run.nproc} " + " ".join(run.options)]
+            f"schedc run {PLAN_SHOWN} --nproc {run.nproc} " + " ".join(shlex.quote(o) for o in run.options)]
 
 
-def local_lines(outcome: Outcome) -> list[str]:
+def local_lines(outcome: Outcome, tiny: tuple[str, tuple[str, ...]] | None = None) -> list[str]:
     """The local run's commands, or, where the runtime's pre-launch check refuses the run, why."""
-    run = local_run(outcome)
+    run = local_run(outcome, tiny)
     refusal = run_refusal(run)
     if refusal:
         return [f"not runnable by schedc's runtime: {refusal}"]

@@ -29,7 +29,17 @@ _save_list and "op" policy at 9dec370) keeps the block's input, the flash attent
 log-sum-exp, and the output of every other matmul of the block counted in forward order, the first, third,
 fifth... (Q, K, V, the projection, then a SwiGLU's gate, up and down: Q, V, gate and down kept; a GeLU
 MLP's in and out: its in kept); everything else (norms, rotary, the activation, K, the projection, up) is
-recomputed in the backward. Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
+recomputed in the backward. With t > 1 (sequence-parallel, as torchtitan's apply_tp always is) the block's
+input is a sequence shard, a column-parallel matmul keeps its output split over t, a row-parallel one (the
+projection, the MLP's last) its whole partial sum (the output before the reduce-scatter), and the two
+reduce-scatters' sequence shards are kept too (_c10d_functional.reduce_scatter_tensor is on the list); the
+all-gathers are not, so the backward gathers again. With cp > 1 each op sees the rank's s/cp tokens
+(context parallelism's ring runs inside the flash op the policy saves). Under torchao's Float8 (dynamic
+tensorwise scaling, compiled) the policy sees each Float8Linear's mm on Float8Tensors and saves its
+16-bit output as before; the FP8 casts are recomputed, and of each cast's max(abs(x)) the max is kept
+(aten.max: a 0-dim value of the cast tensor's dtype, for each weight and each input cast), not the abs
+(compiled, the backward reads the scale, not |x|: torchtitan #820 measured tensorwise memory unchanged
+without abs on the list). Korthikanti's table is these facts at 16 bits with dropout and scores, f = 4h:
 sbh(10 + 24/t + 5as/(ht)), and sbh(34 + 5as/h)/t with sequence parallelism.
 
 This module imports nothing of schedc and no torch: the cost model and the runtime's benchmark read it.
@@ -76,7 +86,7 @@ class Facts:
     ends: bool = False
     gated: bool = False   # a SwiGLU MLP: its first GEMM's output of 2f (gate and up) kept, not a GeLU input of f
     stat_values: int = 2  # fp32 values a norm keeps per token with norm_stats: LayerNorm's mean and 1/std, RMSNorm's 1/rms
-    fp8_inputs: bool = False  # the linear GEMMs' inputs kept as their FP8 casts (Transformer Engine under --fp8)
+    fp8_inputs: bool = False  # FP8 GEMMs (--fp8): Transformer Engine keeps their inputs as FP8 casts; the per-op policy their amaxes
     position_ids: bool = True  # with ends: learned positions, whose lookup keeps its ids (rotary: none)
 
 
@@ -108,7 +118,7 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     sbh, w, m = z.seq * z.batch * z.hidden, facts.value_bytes, facts.mask_bytes
     spread = tp if sequence_parallel else 1
     if recompute == "selective-ops":
-        return op_policy_bytes(z, facts)
+        return op_policy_bytes(z, facts, tp)
     if recompute == "full":
         return w * sbh / spread
     replicated = 4 * w + 2 * m
@@ -127,26 +137,34 @@ def layer_bytes(z: Sizes, facts: Facts, tp: int = 1, sequence_parallel: bool = F
     return sbh * per_sbh + stats
 
 
-def op_matmuls(z: Sizes, facts: Facts) -> tuple[tuple[float, float], ...]:
-    """A block's matmuls as (output width, input width) in the order its forward runs them (torchtitan's
-    Llama block: wq, wk, wv, wo, then w1, w3, w2 for a SwiGLU; a GeLU MLP's in and out). The per-op
-    policy keeps the outputs of [::2] and recomputes [1::2] (costmodel/stages.py's op_policy_gemms)."""
+def op_matmuls(z: Sizes, facts: Facts, tp: int = 1) -> tuple[tuple[float, float], ...]:
+    """A block's matmuls as a rank computes them, (output width, input width), in the order its forward runs
+    them (torchtitan's Llama block: wq, wk, wv, wo, then w1, w3, w2 for a SwiGLU; a GeLU MLP's in and out).
+    Over t the column-parallel ones split their output, the row-parallel ones (wo, the MLP's last) their
+    input and give a whole partial sum. The per-op policy keeps the outputs of [::2] and recomputes [1::2]
+    (costmodel/stages.py's op_policy_gemms)."""
     h, kv, f = z.hidden, z.kv_hidden, z.ffn
-    mlp = ((f, h), (f, h), (h, f)) if facts.gated else ((f, h), (h, f))
-    return ((h, h), (kv, h), (kv, h), (h, h)) + mlp
+    mlp = ((f / tp, h), (f / tp, h), (h, f / tp)) if facts.gated else ((f / tp, h), (h, f / tp))
+    return ((h / tp, h), (kv / tp, h), (kv / tp, h), (h, h / tp)) + mlp
 
 
-def op_policy_bytes(z: Sizes, facts: Facts) -> float:
-    """Bytes torchtitan's per-op policy keeps of one block (t = 1, a flash kernel): the block's input,
-    the odd-numbered matmuls' outputs (the policy saves mm but every second one), the flash kernel's
-    output and its fp32 log-sum-exp per head and token.
+def op_policy_bytes(z: Sizes, facts: Facts, tp: int = 1) -> float:
+    """Bytes torchtitan's per-op policy keeps of one block on one rank (a flash kernel; t > 1 sequence-
+    parallel): the block's input, the odd-numbered matmuls' outputs (the policy saves mm but every second
+    one), the flash kernel's output and its fp32 log-sum-exp per head and token, with t > 1 the two
+    reduce-scatters' outputs, under FP8 the amax of each cast: every matmul's weight and input (t = 1: each
+    Float8Linear casts its own), at t > 1 the inputs cast once a module (torchao's PrepareFloat8ModuleInput
+    before the attention's and the MLP's gathers, Float8RowwiseParallel before wo and the MLP's last).
 
         Llama 3.1 8B, b 2, s 8192 (h 4096, kv 1024, f 14336, 32 heads), bf16:
         2·16384·(4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4·32·16384 = 1,042,284,544
     """
-    tokens = z.seq * z.batch
-    kept = sum(width for width, _ in op_matmuls(z, facts)[::2])
-    return facts.value_bytes * tokens * (z.hidden + kept + z.hidden) + FP32_BYTES * z.heads * tokens
+    tokens, matmuls = z.seq * z.batch, op_matmuls(z, facts, tp)
+    kept = sum(width for width, _ in matmuls[::2])
+    scattered = 2 * z.hidden / tp if tp > 1 else 0.0
+    values = tokens * (z.hidden / tp + kept + z.hidden / tp + scattered)
+    amax = len(matmuls) + (4 if tp > 1 else len(matmuls)) if facts.fp8_inputs else 0
+    return facts.value_bytes * (values + amax) + FP32_BYTES * z.heads * tokens / tp
 
 
 def end_bytes(z: Sizes, facts: Facts, first: bool, last: bool, tp: int = 1,

@@ -392,22 +392,29 @@ def _check_sharding(model: ModelSpec, layout: Layout, source: Source) -> None:
 
 def _check_torchtitan_forms(model: ModelSpec, layout: Layout) -> None:
     """--eager is modelled for torchtitan's Llama block at t = 1. --recompute selective-ops is torchtitan's
-    per-op policy as its Llama block runs it at t = 1, cp = 1 in 16 bits with a flash kernel (its Tables 1
-    and 3); elsewhere what the policy saves differs (a
-    tensor-parallel block saves reduce-scatter outputs, torchao's Float8 GEMMs are not the mm it counts,
-    an MoE block has other matmuls): a usage error naming what is not modelled."""
+    per-op policy on a dense block with a flash kernel, in 16 bits or under torchao's Float8 compiled, at
+    any cp and at t > 1 with sequence parallelism (its only tensor parallelism); elsewhere what the policy
+    saves differs (an MoE block has other matmuls, eager Float8 keeps every cast's abs(x), t > 1 without
+    sequence parallelism all-reduces): a usage error naming what is not modelled."""
     if layout.eager and (layout.tp > 1 or model.moe or model.mla or (model.norm, model.positions, model.mlp) !=
                          ("rmsnorm", "rope", "swiglu")):
         raise usage("--eager is torchtitan's Llama block run without torch.compile (RMSNorm, rotary positions, SwiGLU) "
                     "at t = 1; this model or layout has another block")
-    if layout.recompute != SELECTIVE_OPS:
-        return
-    other = [name for name, on in ((f"--tp {layout.tp}", layout.tp > 1), (f"--cp {layout.cp}", layout.cp > 1),
-                                   ("--fp8", layout.fp8), ("experts", model.moe or model.mla),
+    refusal = op_policy_refusal(model, layout) if layout.recompute == SELECTIVE_OPS else ""
+    if refusal:
+        raise usage(refusal)
+
+
+def op_policy_refusal(model: ModelSpec, layout: Layout) -> str:
+    """Why --recompute selective-ops is not modelled for this model and layout ("" where it is): the one
+    rule the layout check and tune's candidates read."""
+    other = [name for name, on in ((f"--tp {layout.tp} without --sequence-parallel",
+                                    layout.tp > 1 and not layout.sequence_parallel),
+                                   ("--fp8 with --eager", layout.fp8 and layout.eager),
+                                   ("experts", model.moe or model.mla),
                                    ("attention without a flash kernel", not model.flash)) if on]
-    if other:
-        raise usage(f"--recompute selective-ops (torchtitan's per-op policy) is modelled for a dense model in 16 bits "
-                    f"at t = 1 and cp = 1 with a flash kernel, not with {', '.join(other)}")
+    return (f"--recompute selective-ops (torchtitan's per-op policy) is modelled for a dense model with a flash kernel, "
+            f"compiled under --fp8, sequence-parallel at t > 1, not with {', '.join(other)}") if other else ""
 
 
 def check_experts(model: ModelSpec, layout: Layout, source: Source) -> None:

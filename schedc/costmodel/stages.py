@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..descriptions.facts import window_share
-from ..layout import Layout
 from ..ops import OVERLAP, cost_range, feeds, in_cost_range
 from .activations import op_matmuls
 from .attention import kernel_ring_exposed, kernel_terms
@@ -82,7 +81,7 @@ def layer_parts(st: Setting) -> dict[str, Part]:
     forward = Part(gemms + attention + elementwise + attention_elementwise, comm, cp=ring_forward)
     core = Part() if m.flash else Part(attention + attention_elementwise, 0.0)  # flash recomputes it anyway
     recompute = {"full": forward, "selective": core, "none": Part(),
-                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise)}[lay.recompute]
+                 "selective-ops": Part(sum(op_policy_gemms(st)) + elementwise, op_policy_gathers(st))}[lay.recompute]
     return {F: forward,
             I: Part(dgrad + attention_backward + 2 * (elementwise + attention_elementwise), comm, cp=ring_backward),
             W: Part(wgrad + accumulate, 0.0),
@@ -122,12 +121,29 @@ def sm_rates(st: Setting, gemm_pass: str) -> tuple[float, ...] | None:
 
 def op_policy_gemms(st: Setting) -> tuple[float, ...]:
     """The GEMMs torchtitan's per-op selective checkpointing recomputes in a block's backward (--recompute
-    selective-ops, t = 1): every second matmul in forward order (activations.op_matmuls), K and the
-    projection, then a SwiGLU's up (w3) or a GeLU MLP's second; the kept ones (Q, V, gate, down) and the
-    flash attention are not rerun."""
+    selective-ops): every second matmul in forward order as a rank computes it (activations.op_matmuls), K
+    and the projection, then a SwiGLU's up (w3) or a GeLU MLP's second, at the FP8 rate with --fp8
+    (torchao's Float8Linear); the kept ones (Q, V, gate, down) and the flash attention are not rerun."""
     sizes, facts = activation_sizes(st.model, st.layout)
-    bs = st.layout.microbatch_size * st.tokens
-    return tuple(st.hw.gemm(bs, n, k) for n, k in op_matmuls(sizes, facts)[1::2])
+    bs, fp8 = st.layout.microbatch_size * st.tokens, st.layout.fp8
+    return tuple(st.hw.gemm(bs, n, k, fp8=fp8) for n, k in op_matmuls(sizes, facts, st.layout.tp)[1::2])
+
+
+def op_policy_gathers(st: Setting) -> float:
+    """The tensor-parallel communication the per-op policy repeats in a block's backward (t > 1, sequence-
+    parallel): the all-gathers of the attention's and the MLP's inputs, not on its save list (the reduce-
+    scatters are), each half of tp_collectives' all-reduce. With --tp-comm-overlap each runs beside the
+    recomputed GEMM that reads it, wk's and a SwiGLU's w3 (a GeLU MLP's first GEMM is kept: its gather
+    stays exposed), leaving max(0, c - g (t - 1) / t) as tp_collectives does."""
+    m, lay = st.model, st.layout
+    if lay.tp == 1:
+        return 0.0
+    gather = st.tp_all_reduce(m.width * lay.microbatch_size * st.tokens * m.hidden) / 2
+    if not lay.tp_comm_overlap:
+        return 2 * gather
+    recomputed, hiding = op_policy_gemms(st), (lay.tp - 1) / lay.tp
+    readers = (recomputed[0], recomputed[2] if m.mlp == "swiglu" else 0.0)
+    return sum(max(0.0, gather - gemm * hiding) for gemm in readers)
 
 
 def tp_collectives(st: Setting) -> float:
@@ -340,13 +356,13 @@ def _add_sends(table: dict[str, list[Part]], placement: tuple[int, ...], times: 
                 table[kind][s] = part + Part(p2p=times[placement[s]][placement[to]])
 
 
-def costs_problem(table: dict[str, tuple[float, ...]], layout: Layout) -> str | None:
+def costs_problem(table: dict[str, tuple[float, ...]], st: Setting) -> str | None:
     """Why the derived op times (StageCosts.costs()) cannot be a schedule's costs (in_cost_range: finite,
-    at most what a schedule's sums keep finite), or None; past the range it is the layout's sizes (or
-    the cluster's figures) that made them so, not a measured cost."""
+    at most what a schedule's sums keep finite), or None; past the range it is the run's sizes (the
+    microbatch and the sequence) or the cluster's figures that made them so, not a measured cost."""
     for kind, row in table.items():  # F first
         bad = next((v for v in row if not in_cost_range(v)), None)
         if bad is not None:
-            return (f"--microbatch-size {layout.microbatch_size:,} with this model: one {kind} would take "
-                    f"{bad:.3g} s, where a cost must be {cost_range()}")
+            return (f"--microbatch-size {st.layout.microbatch_size:,} of sequence {st.model.seq:,} (the model's seq or "
+                    f"--seq) with this model: one {kind} would take {bad:.3g} s, where a cost must be {cost_range()}")
     return None

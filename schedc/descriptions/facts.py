@@ -183,7 +183,7 @@ def consistency(facts: ModelFacts, names: dict[str, str] | None = None) -> list[
         out.append(("kv_heads", f"'{name['kv_heads']}' ({facts.kv_heads}) must divide '{name['heads']}' "
                                 f"({facts.heads}): each key/value head serves a group of query heads"))
     if facts.positions == "learned" and facts.max_positions is not None and facts.seq > facts.max_positions:
-        out.append(("max_positions", f"sequence {facts.seq} (--seq) is longer than the model's "
+        out.append(("max_positions", f"sequence {facts.seq} (the model's seq or --seq) is longer than its "
                                      f"{facts.max_positions} learned positions ('{name['max_positions']}')"))
     return out + moe_consistency(facts, name)
 

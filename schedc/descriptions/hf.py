@@ -116,10 +116,14 @@ def read_hf_config(text: str, seq: int | None) -> ModelFacts:
 
 
 def _size(config: dict, key: str, fail, default: int | None = None) -> int:
-    """A positive integer the config gives at `key` (default when absent and not None)."""
-    value = config.get(key, default)
+    """A positive integer the config gives at `key` (default when absent or null, as transformers reads
+    a null num_key_value_heads, and not None)."""
+    value = config.get(key)
+    if value is None and default is not None:
+        return default
     if value is None:
-        raise fail(f"missing key '{key}' (a positive integer)", None)
+        said = f"'{key}' is null" if key in config else f"missing key '{key}'"
+        raise fail(f"{said} (a positive integer)", key if key in config else None)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SIZE:
         raise fail(f"'{key}' must be a positive integer up to {MAX_SIZE:,}, got {value!r}", key)
     return value
@@ -149,6 +153,10 @@ def _llama_facts(config: dict, values: dict, fail) -> dict:
     for key in ("attention_bias", "mlp_bias"):
         if values["bias"] == "none" and _flag(config, key, fail, False):
             raise fail(f"'{key}' true: schedc models the {values['family']} family without biases", key)
+    act = config.get("hidden_act", "silu")
+    if act != "silu":  # transformers' LlamaMLP: down(act(gate(x)) * up(x)); schedc's is SwiGLU's silu
+        raise fail(f"'hidden_act' {act!r}: schedc builds the {values['family']} family's MLP as SwiGLU, its gate "
+                   "through silu", "hidden_act")
     return out
 
 

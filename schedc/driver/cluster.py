@@ -64,7 +64,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
     from ..frontend.library import resolve
     from ..frontend.parse import read_source
     from .inputs import TORCH_CSV, kind_of, load_declaration
-    from ..passes.simulate import simulate
+    from ..passes.simulate import makespan
     from .passes import analyse, collector_paused, compile_schedule
     path = resolve(file)
     if kind_of(path) == TORCH_CSV:
@@ -78,7 +78,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
                                                 max_ops=max_ops, shape_only=True))
         batch = _check_fit(probe, st.model, layout, request.model if request else "")
         costs = stage_costs(st, probe.stages, probe.pipelines[0].placement)
-        problem = costs_problem(costs.costs(), layout)
+        problem = costs_problem(costs.costs(), st)
         if problem:
             raise usage(problem)
         placed, by_chunk = _placed_costs(probe, st, costs, source)
@@ -90,11 +90,11 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         links, sharded = link_times(st, schedule.devices), sharded_collectives(st, schedule)
         compiled = (compile_schedule if lower else analyse)(schedule, 0.0, links, collectives=sharded)
         if free:  # no messages: for the bubble of the breakdown (a fill is chosen again for it)
-            without = (analyse(schedule, collectives=sharded).timing if schedule.fill
-                       else simulate(schedule, collectives=sharded)).makespan
+            without = (analyse(schedule, collectives=sharded).timing.makespan if schedule.fill
+                       else makespan(schedule, collectives=sharded))
         else:  # the search's walk: the iteration time does not depend on it (tune ranks its best with it)
             without = compiled.timing.makespan
-        unsharded = simulate(schedule).makespan if sharded is not None and free else without
+        unsharded = makespan(schedule) if sharded is not None and free else without
         timing, gathers = compiled.timing, without - unsharded
         if layout.post_validation:  # steps that overlap: the steady step's makespans, with and without messages
             timing, without = _post_validated(st, compiled.schedule, timing, without, links, free)
@@ -107,14 +107,14 @@ def _post_validated(st: Setting, schedule, timing, without: float, links, free: 
     """The optimizer's post-validation (--post-validation, post_validation.py): the timing of one step with its
     makespan the steady step's, two steps back to back less one, and the same of the message-free
     makespan (the breakdown's pipeline share)."""
-    from ..passes.simulate import simulate
+    from ..passes.simulate import makespan, simulate
     from .post_validation import repeat_steps, steady
     if st.layout.zero >= 2:
         raise usage(f"--post-validation with --zero {st.layout.zero}: the lanes' collectives are timed per step "
                     "here; give --zero 0 or 1")
     twice = repeat_steps(schedule)
     two = simulate(twice, 0.0, link_times(st, twice.devices))
-    free_two = simulate(twice).makespan if free else two.makespan
+    free_two = makespan(twice) if free else two.makespan
     return replace(timing, makespan=steady(timing.makespan, two.makespan)), steady(without, free_two)
 
 

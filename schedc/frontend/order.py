@@ -12,7 +12,7 @@ gradient (_MixedBackward).
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 
 from . import ast
@@ -24,7 +24,7 @@ from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
 from .hoist import hoisted
-from .queues import DeviceQueues, QueueKey, StepBudget, chunk_index
+from .queues import DeviceQueues, QueueKey, StepBudget, by_device, chunk_index
 
 
 HOIST_ROUNDS = 32  # a loop of this many rounds or more runs its body with the invariants folded in
@@ -200,7 +200,8 @@ class _ProgramRun:
         self.budget.left -= steps
         for queue in queues:
             queue.position += count
-        placed = list(chain.from_iterable(zip(*runs)))  # round by round
+        last = 1 if self.until & {c.kind for c in cursors} else count  # popping an `until` kind: ends in round 1
+        placed = list(chain.from_iterable(islice(zip(*runs), last)))  # round by round
         self.taken.update(map(id, placed))
         self.order += placed
         self.spans += [c.span for c in cursors] * count
@@ -396,14 +397,17 @@ class _MixedBackward:
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],
                  pipelines: tuple[Pipeline, ...], devices: int, env: dict[str, Any],
                  source: Source, mixed: bool = False, fused: list | None = None, slots: list | None = None,
-                 optional: frozenset = frozenset(), until: frozenset[str] = frozenset()
+                 optional: frozenset = frozenset(), until: frozenset[str] = frozenset(),
+                 per_device: list | None = None, queues: type[DeviceQueues] = DeviceQueues
                  ) -> tuple[tuple[tuple[Op, ...], ...], list[Diagnostic]]:
     """Run each device's program; report empty pops and ops left over, naming device, op and line.
     With `mixed` (a mixed backward), the programs choose B or I per backward and the halves not chosen
     are dropped from the orders. Overlapped pairs the programs place are appended to `fused`, each
     device's list of the unit slots of its ops (`F at t`) to `slots`. Ops of the `optional` kinds (O and
     L: a program offloads what it chooses) may be left. `until`: each program stops at its first op of
-    these kinds, and the orders are the starts of the full ones (nothing left over is reported)."""
+    these kinds, and the orders are the starts of the full ones (nothing left over is reported).
+    `per_device` and `queues`: each device's ops (`ops` unread) and its queues' class, where the caller
+    makes them (prefix.py: each op made when a program reads it)."""
     _check_queue_pipes(queue_decls, pipelines, source)
     specific = {p.device: p for p in programs if p.device is not None}
     generic = [p for p in programs if p.device_var is not None]
@@ -411,12 +415,10 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
     for dev in specific:
         if not 0 <= dev < devices:
             diags.append(error(f"program for device {dev}, but devices are 0..{devices - 1}", specific[dev].span))
-    per_device: list[list[Op]] = [[] for _ in range(devices)]
-    for op in ops:
-        per_device[op.device].append(op)
+    per_device = by_device(ops, devices) if per_device is None else per_device
     chunk = chunk_index(pipelines)
     keys = {(q.kind, q.pipe): QueueKey(q.key, env) for q in queue_decls}
-    budget = StepBudget(max(PROGRAM_STATEMENTS.allowed(), STATEMENTS_PER_OP * len(ops)))
+    budget = StepBudget(max(PROGRAM_STATEMENTS.allowed(), STATEMENTS_PER_OP * sum(map(len, per_device))))
     orders = []
     for dev in range(devices):
         program = specific.get(dev) or (generic[-1] if generic else None)
@@ -424,7 +426,7 @@ def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], 
             diags.append(error(f"no program for device {dev}", programs[0].span))
             orders.append(())
             continue
-        run = _ProgramRun(dev, DeviceQueues(per_device[dev], keys, pipelines, chunk, mixed),
+        run = _ProgramRun(dev, queues(per_device[dev], keys, pipelines, chunk, mixed),
                           per_device[dev], pipelines, budget, _MixedBackward(per_device[dev]) if mixed else None,
                           chunk, until)
         scope = {**env, program.device_var: dev} if program.device_var else dict(env)

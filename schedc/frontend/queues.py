@@ -5,7 +5,9 @@ program."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress, groupby
 from operator import attrgetter
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from ..budget import PROGRAM_STATEMENTS
@@ -67,7 +69,14 @@ def sort_queue(ops: list[Op], key: QueueKey | None, pipelines, chunk) -> list[Op
     Sorts plain tuples zipped from columns of the ops' values (see _Columns)."""
     if not ops:
         return []
-    columns = _Columns(ops, pipelines, chunk)
+    return list(map(ops.__getitem__, queue_order(ops, key, pipelines, chunk)))
+
+
+def queue_order(ops: Sequence[Op], key: QueueKey | None, pipelines, chunk, fields: dict[str, list] | None = None
+                ) -> list[int]:
+    """sort_queue's pop order as positions in `ops`; `fields`: the Op fields the caller has as columns
+    already (the kind, stage, mb, pipe and part of each op: then no op is read)."""
+    columns = _Columns(ops, pipelines, chunk, fields)
     if key is None:
         by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
     else:
@@ -78,7 +87,7 @@ def sort_queue(ops: list[Op], key: QueueKey | None, pipelines, chunk) -> list[Op
         by = zip(*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
                  columns.field("part"))
     keys = list(by)
-    return list(map(ops.__getitem__, sorted(range(len(ops)), key=keys.__getitem__)))
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 def _default_stages(columns: _Columns) -> list[int]:
@@ -94,11 +103,13 @@ def _none_as(values: list, default: Any) -> list:
 
 class _Columns:
     """A queue's ops as columns, each made on first use by one pass: Op fields, and what a key reads
-    as each of KEY_NAMES (the values bind_names gives them)."""
+    as each of KEY_NAMES (the values bind_names gives them). `fields`: Op fields the caller already
+    has as columns (prefix.py's ops, made only when a program reads them)."""
 
-    def __init__(self, ops: list[Op], pipelines: tuple[Pipeline, ...], chunk: dict[tuple[int, int], int]):
+    def __init__(self, ops: Sequence[Op], pipelines: tuple[Pipeline, ...], chunk: dict[tuple[int, int], int],
+                 fields: dict[str, list] | None = None):
         self.ops, self.pipelines, self.chunk = ops, pipelines, chunk
-        self.fields: dict[str, list] = {}
+        self.fields: dict[str, list] = dict(fields or {})
         self.names: dict[str, list] = {}
 
     def field(self, name: str) -> list:
@@ -201,13 +212,20 @@ class Queue:
         return self.ops[self.position] if self.position < len(self.ops) else None
 
 
+def by_device(ops: list[Op], devices: int) -> list[list[Op]]:
+    """Each device's ops in their order in `ops` (taken a run of one device's ops at a time)."""
+    per_device: list[list[Op]] = [[] for _ in range(devices)]
+    for device, run in groupby(ops, key=attrgetter("device")):
+        per_device[device] += run
+    return per_device
+
+
 def _by_kind(device_ops: list[Op], mixed: bool) -> dict[str, list[Op]]:
-    """The device's ops by kind, kinds in the order their first op comes (with a mixed backward, no I, W)."""
-    by_kind: dict[str, list[Op]] = {}
-    for op in device_ops:
-        if not (mixed and op.kind in SPLIT):
-            by_kind.setdefault(op.kind, []).append(op)
-    return by_kind
+    """The device's ops by kind, kinds in the order their first op comes (with a mixed backward, no I, W);
+    one pass over the ops per kind."""
+    kinds = list(map(attrgetter("kind"), device_ops))
+    return {kind: list(compress(device_ops, map(kind.__eq__, kinds))) for kind in dict.fromkeys(kinds)
+            if not (mixed and kind in SPLIT)}
 
 
 def _kind_key(keys: dict, kind: str, mixed: bool) -> QueueKey | None:
@@ -241,6 +259,8 @@ class DeviceQueues(dict):
     pipeline's) is sorted then, kinds in the order their first op comes; only the unkeyed sorts and the
     pipeline and chunk splits wait. all() makes every queue (an empty pop's report lists the chunks)."""
 
+    queue = Queue  # what holds a whole queue of a kind (or of a pipeline's ops of it)
+
     def __init__(self, device_ops: list[Op], keys: dict[tuple[str, str | None], QueueKey], pipelines, chunk,
                  mixed: bool = False):
         super().__init__()
@@ -249,16 +269,21 @@ class DeviceQueues(dict):
         self.pipes = {p.name: k for k, p in enumerate(pipelines)}
         self.ordered: dict[tuple[str, str | None], list[Op]] = {}  # (kind, pipeline) -> its ops in pop order
         self.split: dict[tuple[str, str | None], list[int]] = {}  # (kind, pipeline) -> its chunks, once split
+        self._sort_keyed()
+
+    def _sort_keyed(self) -> None:
+        """Sort every queue a key sorts now, kinds in the order their first op comes (a key's error is
+        raised when the device's queues are made)."""
         for kind in self.by_kind:
             for pipe in (None, *self.pipes):
-                if (_kind_key(keys, kind, mixed) if pipe is None else keys.get((kind, pipe))) is not None:
+                if (_kind_key(self.keys, kind, self.mixed) if pipe is None else self.keys.get((kind, pipe))) is not None:
                     self._ops(kind, pipe)
 
     def __missing__(self, key: tuple[str, str | None, int | None]) -> Queue | None:
         kind, pipe, chunk = key
         if chunk is None:
             ops = self._ops(kind, pipe)
-            self[key] = Queue(ops) if ops else None
+            self[key] = self.queue(ops) if ops else None
         elif key not in self._split(kind, pipe):
             self[key] = None
         return self[key]
@@ -268,14 +293,17 @@ class DeviceQueues(dict):
         found = self.ordered.get((kind, pipe))
         if found is None:
             if pipe is None:
-                found = sort_queue(self.by_kind.get(kind, []), _kind_key(self.keys, kind, self.mixed),
-                                   self.pipelines, self.chunk)
+                found = self._sorted(kind, _kind_key(self.keys, kind, self.mixed))
             else:
                 k = self.pipes.get(pipe)
                 found = [] if k is None else _pipe_ops(self._ops(kind, None), k, self.keys.get((kind, pipe)),
                                                        self.pipelines, self.chunk)
             self.ordered[(kind, pipe)] = found
         return found
+
+    def _sorted(self, kind: str, key: QueueKey | None) -> Sequence[Op]:
+        """A kind's whole queue in pop order."""
+        return sort_queue(self.by_kind.get(kind, []), key, self.pipelines, self.chunk)
 
     def _split(self, kind: str, pipe: str | None) -> dict[tuple, Queue]:
         """The chunk queues of a kind's queue (of one pipeline, or all), made now if new."""

@@ -108,8 +108,8 @@ def _items(ops: list[Op], links: _Links, streams: list[list[Instr]]) -> tuple[li
     instrs[::3] = _instrs(kind, stage, mb, pipe, _NONE)
     instrs[1::3] = _instrs(receive, stage, mb, pipe, device)
     instrs[2::3] = _instrs(send, stage, mb, pipe, peer)
-    parts = [1 if k in BUILTIN else n for k, n in zip(kind, map(_PARTS, ops))]  # a built-in's: its chunks
-    if parts.count(1) < len(parts):  # tasks split in parts
+    if not BUILTIN.issuperset(kind):  # tasks, which may be split in parts (a built-in's parts are its chunks)
+        parts = [1 if k in BUILTIN else n for k, n in zip(kind, map(_PARTS, ops))]
         for n in compress(range(len(ops)), map(ne, parts, repeat(1))):
             instrs[3 * n] = _instr((kind[n], stage[n], mb[n], pipe[n], None, None, ops[n].part, parts[n], None))
     return targets, instrs, list(map(truth, send))
@@ -293,6 +293,8 @@ def _task_costs(schedule: Schedule) -> dict[str, list[float]]:
     costs: dict[str, list[float]] = {}
     for program in schedule.steps:
         for order in program:
+            if BUILTIN.issuperset(map(_KIND, order)):  # no task on this device: a C-level pass
+                continue
             for op in order:
                 if op.is_task:
                     costs.setdefault(op.kind, [0.0] * schedule.stages)[op.stage] = op.cost

@@ -168,13 +168,7 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
     message from device a to device b (the link the two sit on, schedc/costmodel/) and replaces the
     one `latency` of every message. `collectives`, when given, times each op's sharded-data-parallel
     collectives on its device's communication lane (Lane): the step ends when the last lane is done."""
-    ops, preds, firsts = predecessors(schedule)
-    cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
-    pairs = _fuse(schedule, ops, preds, cost)
-    lane = None if collectives is None else Lane(*collectives.per_op(schedule, ops), schedule.devices)
-    start, end = times(cost, device, preds, firsts, latency, links, lane)
-    for n in pairs:  # the backward half of an overlapped op runs with its forward half
-        start[n + 1] = start[n]
+    ops, preds, firsts, cost, device, lane, start, end = _timed(schedule, latency, links, collectives)
     complete = None not in end
     ran = range(len(ops)) if complete else [n for n, e in enumerate(end) if e is not None]
     timed_ops, starts, ends = (ops, start, end) if complete else (
@@ -186,13 +180,38 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
     busy = busy_times([0.0 if op.kind in COPY else c for op, c in zip(ops, cost)] if schedule.offload else cost,
                       device, schedule.devices)  # a copy engine's work is not the device's compute
-    makespan = max(ends, default=0.0) if lane is None else max(max(ends, default=0.0), *lane.free)
-    timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), makespan,
+    timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), _makespan(ends, lane),
                     busy, peak_memory(schedule), latency, complete, sequence=tuple(sequence))
     if complete and timed_model(schedule):  # kept outputs, saved gradients, task state, host memory
         held = holdings(schedule, [timing])
         timing = replace(timing, peak_memory=peaks(held), peak_host=host_peaks(schedule, [timing]))
     return timing
+
+
+def makespan(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
+             collectives: Collectives | None = None) -> float:
+    """simulate(...).makespan alone, without the sequence, busy times and peaks (the message-free
+    makespan of a prediction's breakdown)."""
+    *_, lane, _, end = _timed(schedule, latency, links, collectives)
+    return _makespan(end if None not in end else [e for e in end if e is not None], lane)
+
+
+def _timed(schedule: Schedule, latency: float, links: Links | None, collectives: Collectives | None) -> tuple:
+    """The ops indexed and timed: (ops, preds, firsts, cost, device, lane, start, end), end None for an
+    op that never ran; an overlapped pair's halves start together."""
+    ops, preds, firsts = predecessors(schedule)
+    cost, device = list(map(COST, ops)), list(map(DEVICE, ops))
+    pairs = _fuse(schedule, ops, preds, cost)
+    lane = None if collectives is None else Lane(*collectives.per_op(schedule, ops), schedule.devices)
+    start, end = times(cost, device, preds, firsts, latency, links, lane)
+    for n in pairs:  # the backward half of an overlapped op runs with its forward half
+        start[n + 1] = start[n]
+    return ops, preds, firsts, cost, device, lane, start, end
+
+
+def _makespan(ends: list[float], lane: Lane | None) -> float:
+    """The last end of an op that ran, or of a collective on a lane."""
+    return max(ends, default=0.0) if lane is None else max(max(ends, default=0.0), *lane.free)
 
 
 COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -204,11 +205,13 @@ class Plan:
         return {"format": FORMAT, "version": version_of(self), "hash": self.hash or content_hash(body), **body}
 
 
-def version_of(plan: Plan) -> int:
+def version_of(plan: Plan, opcodes: Iterable[Iterable[str]] | None = None) -> int:
     """The format version a plan is written with: 2 where an instruction declares a collective (a reader
     of version 1 would take ALL_TO_ALL for a user task), else 1, so that plans without them keep their
-    bytes."""
-    declares = any(not DECLARED.isdisjoint(map(_OP, step)) for steps in plan.ranks for step in steps)
+    bytes. opcodes: each step's opcodes, when the caller holds them as a column (the plan writer)."""
+    if opcodes is None:
+        opcodes = (map(_OP, step) for steps in plan.ranks for step in steps)
+    declares = any(not DECLARED.isdisjoint(ops) for ops in opcodes)
     return COLLECTIVES_VERSION if declares else VERSION
 
 

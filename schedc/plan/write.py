@@ -68,7 +68,7 @@ def _write_plan_json(plan: Plan, path: Path, forms: list[list[_StepForms]]) -> t
     """Stream the canonical content into plan.json while hashing it, then fill in the hash, which the
     file names first (a 64-digit placeholder until the content has been hashed)."""
     digest, placeholder = hashlib.sha256(), "0" * 64
-    head = _file_head(placeholder, version_of(plan)).encode()
+    head = _file_head(placeholder, version_of(plan, (step.columns[0] for steps in forms for step in steps))).encode()
     with open_output(path) as stream:
         stream.write(head)
         for k, piece in enumerate(canonical_pieces(plan, forms)):

@@ -115,7 +115,7 @@ class Pieces:
             times = self.message_times(st, c, shape.devices) if blocking else None
             costs = stage_costs(st, shape.stages, shape.pipelines[0].placement, times)
             table = costs.costs()
-            self.costs[key] = (costs, table, costs_problem(table, st.layout))
+            self.costs[key] = (costs, table, costs_problem(table, st))
         return self.costs[key]
 
     def held(self, st: Setting, c: Candidate, shape: Shape) -> tuple:

@@ -20,8 +20,9 @@ their messages arrived, and (without a split backward) its last op, a backward, 
 backwards of the stages before it to wait for; then the end-of-step tail of the predict model. It
 never exceeds the simulated iteration, so pruning by it keeps the top K exact (`--exhaustive`
 simulates every candidate that fits, as the reference). Before an order is compiled whole, the memory
-its devices hold until their first backward (frontend/prefix.py: the programs run that far) refuses
-the candidates it already puts over the limit (start_bound): no order holds less at its peak. A mixed
+its devices hold until their first backward (frontend/prefix.py: the programs run that far; with a
+split backward, then until their first W) refuses the candidates it already puts over the limit
+(start_bound): no order holds less at its peak. A mixed
 backward (B or I + W per microbatch) is bounded with each backward at the lesser and, where its
 programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair can save
 (bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole.
@@ -69,7 +70,7 @@ class Searcher(Pieces):
         super().__init__(request)
         self.progress = progress or (lambda n: None)
         self.structures: dict[tuple, Structure] = {}
-        self.starts: dict[tuple, Shape | None] = {}  # (schedule, p, v, m) -> its orders' starts, if known
+        self.starts: dict[tuple, Shape | None] = {}  # ((schedule, p, v, m), until) -> its starts, if known
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
         self.orders: dict[tuple, int] = {}  # an order's identity -> its number (order_id)
@@ -90,27 +91,34 @@ class Searcher(Pieces):
     def start_bound(self, c: Candidate) -> Refusal | None:
         """The refusal of a candidate whose orders' starts (frontend/prefix.py: each device's order until
         its first backward) with its weights and state already hold more than the limit: no order that
-        starts so fits (bounds.state_bound), and the whole order is never elaborated. None where it
-        fits or no start is known (--exhaustive, a schedule compiled whole or ordered otherwise)."""
-        if self.request.exhaustive or self.entries[c.schedule].plain:  # ZeRO 2/3 too: its held bytes are the order's
-            return None
-        key = c.structure_key()
-        if key not in self.starts:
-            self.starts[key] = self._start(c)
-        if self.starts[key] is None:
-            return None
-        st, start = self.setting(c), self.starts[key]  # not cached: the start is the key's
-        memory, device = state_bound(st, start, self.held(st, c, start))
-        if memory <= self.limit:
-            return None
-        return self.over(memory, device, " (weights, optimizer state and what its order holds before its first "
-                         "backward alone)", bound=True)
-
-    def _start(self, c: Candidate) -> Shape | None:
-        from dataclasses import replace
-        from ..frontend.prefix import order_starts
+        starts so fits (bounds.state_bound), and the whole order is never elaborated. With a split
+        backward (not mixed) a start that fits is taken on to each device's first W, holding the W's
+        deferred until then (ZB-H1's device d defers d of them). None where it fits or no start is
+        known (--exhaustive, a schedule compiled whole or ordered otherwise)."""
+        from ..frontend.prefix import BACKWARDS, WEIGHTS
         entry = self.entries[c.schedule]
-        orders = order_starts(entry.decl, entry.source, c.params())
+        if self.request.exhaustive or entry.plain:  # ZeRO 2/3 too: its held bytes are the order's
+            return None
+        for until in (BACKWARDS, WEIGHTS) if entry.split and not entry.mixed else (BACKWARDS,):
+            key = (c.structure_key(), until)
+            if key not in self.starts:
+                self.starts[key] = self._start(c, until)
+            start = self.starts[key]
+            if start is None:
+                return None
+            st = self.setting(c)  # not cached: the start is the key's
+            memory, device = state_bound(st, start, self.held(st, c, start))
+            if memory > self.limit:
+                what = "backward" if until is BACKWARDS else "weight gradient"
+                return self.over(memory, device, " (weights, optimizer state and what its order holds before its "
+                                 f"first {what} alone)", bound=True)
+        return None
+
+    def _start(self, c: Candidate, until: frozenset[str] | None = None) -> Shape | None:
+        from dataclasses import replace
+        from ..frontend.prefix import BACKWARDS, order_starts
+        entry = self.entries[c.schedule]
+        orders = order_starts(entry.decl, entry.source, c.params(), until or BACKWARDS)
         self.counts["started"] += 1
         shape = self.shape(c)
         if orders is None or isinstance(shape, Refusal):
@@ -167,7 +175,8 @@ class Searcher(Pieces):
             if (key[0], sharded) not in self.lanes:
                 self.lanes[key[0], sharded] = sharded.per_op(structure.schedule, structure.ops)
             lane = Lane(*self.lanes[key[0], sharded], structure.schedule.devices)
-        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, links, lane)
+        messages = links if any(map(any, links)) else None  # none at all (the breakdown's): each arrival + 0.0 unread
+        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, messages, lane)
         self.counts["simulated"] += 1
         self.simulated[key] = result
         return result

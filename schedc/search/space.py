@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..diagnostics import SchedError, usage
-from ..layout import RECOMPUTE, Layout
+from ..layout import RECOMPUTE, SELECTIVE_OPS, Layout
 
 
 
@@ -221,9 +221,12 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
                 for b in divisors(per_replica):
                     if request.microbatch is not None and b not in request.microbatch:
                         continue
-                    for recompute in request.recompute:
+                    for recompute in recompute_choices(model, request, t):
                         out += [Candidate(entry.name, t, p, d, v, b, per_replica // b, recompute, cp, zero, ep)
                                 for zero in zeros for ep in ep_choices(model, request, d, cp)]
+    if not out and found and not recompute_choices(model, request, found[0][0]):
+        from ..costmodel.specs import op_policy_refusal
+        raise usage(op_policy_refusal(model, replace(request.layout, tp=found[0][0])))
     if not out and request.microbatch is not None:
         shares = sorted({request.global_batch // d for _, _, _, d in found})
         raise usage(f"--microbatch-size {','.join(map(str, request.microbatch))}: no value divides the "
@@ -234,14 +237,23 @@ def candidates(model, entries: list[Entry], request: Request) -> list[Candidate]
 def _count(model, entries: list[Entry], request: Request, found: list[tuple[int, int, int, int]]) -> int:
     """How many candidates `candidates` makes of these layouts, without making them."""
     total, levels = 0, sharding_choices(model, request)
-    for _, cp, p, d in found:
+    for t, cp, p, d in found:
         sizes = divisors(request.global_batch // d)
         b = len(sizes) if request.microbatch is None else sum(x in request.microbatch for x in sizes)
         chunked = len(chunk_choices(model, request, p))
         zeros = sum(c == cp and _shards(request, zero, d * cp) for c, zero in levels)
-        total += (b * len(request.recompute) * zeros * sum(chunked if e.chunked else 1 for e in entries)
+        total += (b * len(recompute_choices(model, request, t)) * zeros * sum(chunked if e.chunked else 1 for e in entries)
                   * len(ep_choices(model, request, d, cp)))
     return total
+
+
+def recompute_choices(model, request: Request, t: int) -> tuple[str, ...]:
+    """The recomputations searched at t: the request's, less torchtitan's per-op policy where the cost model
+    does not model it (costmodel.specs.op_policy_refusal: an MoE block, t > 1 without sequence parallelism)."""
+    from ..costmodel.specs import op_policy_refusal
+    if SELECTIVE_OPS not in request.recompute or not op_policy_refusal(model, replace(request.layout, tp=t)):
+        return request.recompute
+    return tuple(form for form in request.recompute if form != SELECTIVE_OPS)
 
 
 def _shards(request: Request, zero: int, group: int) -> bool:

@@ -75,12 +75,18 @@ def all_reduce(x: torch.Tensor, tp: TensorGroup, op=dist.ReduceOp.SUM) -> torch.
     return x
 
 
+def _current(name: str, old: str):
+    """torch's tensor collective by its current name (torch 2.13 renamed all_gather_into_tensor and
+    reduce_scatter_tensor, whose old names warn on every rank at every call), else by the old one."""
+    return getattr(dist, name, None) or getattr(dist, old)
+
+
 def all_gather(x: torch.Tensor, tp: TensorGroup, dim: int) -> torch.Tensor:
     """Every rank's `x` joined along `dim`, in rank order: one all_gather_into_tensor into one tensor of
     the ranks' parts joined along dimension 0, viewed as the join when `dim` is 0 or every dimension
     before it has size 1, else reordered into it (one copy, as the cat of a list was)."""
     out = x.new_empty((tp.size * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=tp.group)
+    _current("all_gather_single", "all_gather_into_tensor")(out, x.contiguous(), group=tp.group)
     joined = (*x.shape[:dim], tp.size * x.shape[dim], *x.shape[dim + 1:])
     if math.prod(x.shape[:dim]) == 1:
         return out.view(joined)
@@ -95,7 +101,7 @@ def reduce_scatter(x: torch.Tensor, tp: TensorGroup, dim: int) -> torch.Tensor:
     parts = x.reshape(*x.shape[:dim], tp.size, size, *x.shape[dim + 1:])
     parts = parts.movedim(dim, 0).contiguous().flatten(0, 1)
     out = x.new_empty((*x.shape[:dim], size, *x.shape[dim + 1:]))
-    dist.reduce_scatter_tensor(out, parts, group=tp.group)
+    _current("reduce_scatter_single", "reduce_scatter_tensor")(out, parts, group=tp.group)
     return out
 
 

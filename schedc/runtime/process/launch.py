@@ -277,6 +277,8 @@ def _check_fault(opts, world: int) -> None:
 
 
 CPU_PARAMETERS = 10 ** 8  # a default GPT past this trains at minutes per step or more on CPU ranks
+RESIZE = ("--layers, --hidden, --heads, --seq and --vocab, with --ffn and --kv-heads where it states them, give a "
+          "small model of its facts")
 
 
 def size_warning(opts) -> str | None:
@@ -298,7 +300,7 @@ def size_warning(opts) -> str | None:
     return (f"warning: the model has about {params:.3g} parameters (layers {cfg.layers}, hidden {cfg.hidden}, "
             f"vocab {cfg.vocab}, seq {cfg.seq}{source}): on CPU ranks a step may take many minutes; the "
             f"runtime's default GPT has {model_parameters(type(cfg)(**DEFAULT_MODEL)):.3g} (a model file of schedc/models "
-            "describes costs for `schedc simulate --model`, not a model to train here)")
+            f"describes costs for `schedc simulate --model`, not a model to train here; {RESIZE})")
 
 
 def _check_memory(plan, opts, processes: int) -> None:
@@ -320,10 +322,15 @@ def _check_memory(plan, opts, processes: int) -> None:
     microbatches = plan.meta["microbatches"] // plan.meta.get("chunks", 1)  # >= 1: checked on loading
     need = gpt_bytes(opts.model_config, microbatches) * (1 if opts.reference else opts.dp)
     cfg = opts.model_config
-    _check_fits(need + processes * PROCESS_BYTES,
-                f"layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, "
-                f"{microbatches} microbatches{'' if opts.reference else f', --dp {opts.dp}'}, {processes} "
-                f"process{'es' * (processes != 1)}", processes)
+    try:
+        _check_fits(need + processes * PROCESS_BYTES,
+                    f"layers {cfg.layers}, hidden {cfg.hidden}, heads {cfg.heads}, seq {cfg.seq}, mb-size {cfg.mb_size}, "
+                    f"{microbatches} microbatches{'' if opts.reference else f', --dp {opts.dp}'}, {processes} "
+                    f"process{'es' * (processes != 1)}", processes)
+    except LaunchError as exc:
+        if not opts.model:
+            raise
+        raise LaunchError(f"{exc}; --model {opts.model}: {RESIZE}") from None
 
 
 def _check_cuda(opts) -> None:

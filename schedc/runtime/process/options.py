@@ -7,12 +7,12 @@ import argparse
 import math
 import os
 
-from schedc.descriptions import code_given_as_model
+from schedc.descriptions import code_given_as_model, parameters
 from schedc.layout import LAYOUT_OPTIONS, OPTION, SELECTIVE_OPS, Layout, flag
 
 from .description import DEFAULT_MODEL, DescriptionFileError, not_dense, read_description
 from ..errors import UserError
-from ..model.gpt import ModelConfig, model_problem
+from ..model.gpt import ModelConfig, model_problem, uses_gpt
 from . import compose
 
 MIN_TIMEOUT = 1.0  # seconds: under it the ranks' rendezvous store times out before they meet (0.01 did)
@@ -64,6 +64,12 @@ def _model_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--layers", type=int, help="transformer blocks (default 4)")
     group.add_argument("--hidden", type=int, help="hidden size (default 64)")
     group.add_argument("--heads", type=int, help="attention heads (default 4)")
+    group.add_argument("--kv-heads", dest="kv_heads", type=int,
+                       help="key/value heads, dividing --heads (default: the description's, else --heads); "
+                            "needed with --heads where the description states grouped-query heads")
+    group.add_argument("--ffn", type=int,
+                       help="the MLP's width (default: the description's, else 4 x hidden); needed with "
+                            "--hidden where the description states a width of its own (a SwiGLU's)")
     group.add_argument("--seq", type=int, help="sequence length (default 64)")
     group.add_argument("--vocab", type=int, help="vocabulary size, >= 256 for byte text (default 256)")
 
@@ -211,9 +217,12 @@ MAX_LAYERS = 4096  # the deepest models have a few hundred blocks; building 100,
 
 
 def model_parameters(cfg: ModelConfig) -> float:
-    """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block);
-    a float, so that absurd sizes do not make absurd integers."""
+    """About how many weights the default GPT of these sizes has (embeddings, head, 12 h^2 a block), or
+    the decoder of these facts (schedc.descriptions.parameters: its MLP width and key/value heads); a
+    float, so that absurd sizes do not make absurd integers."""
     try:
+        if not uses_gpt(cfg):
+            return float(parameters(cfg))
         hidden = float(cfg.hidden)
         return 2 * float(cfg.vocab) * hidden + float(cfg.seq) * hidden + float(cfg.layers) * 12 * hidden * hidden
     except OverflowError:  # a size past 1e308
@@ -305,11 +314,42 @@ def model_config(opts: argparse.Namespace) -> ModelConfig:
     routed = {key: extra[key] for key in ("experts", "kv_lora_rank") if extra.get(key)}
     if routed and not opts.model_code:  # the library's mixtral/deepseek files: predicted, not built here
         raise OptionError(f"--model {opts.model}: {not_dense(routed.get('experts', 0), 'kv_lora_rank' in routed)}")
+    resized = resized_facts(opts, values)
     for key in MODEL_KEYS:  # the microbatch size is a layout option (--microbatch-size) the model reads
         given = getattr(opts, OPTION["microbatch_size"].field if key == "mb_size" else key)
         if given is not None:
             values[key] = given
-    return ModelConfig(**{**DEFAULT_MODEL, **values}, extra=extra)
+    return ModelConfig(**{**DEFAULT_MODEL, **values, **resized}, extra=extra)
+
+
+# a size option and the fact whose width the description may state against it: --hidden and the MLP's
+# width, --heads and the key/value heads
+SIZED_FACTS = {"hidden": ("ffn", 4), "heads": ("kv_heads", 1)}
+SIZED_WORDS = {"ffn": "the MLP's width", "kv_heads": "its key/value heads"}
+
+
+def resized_facts(opts: argparse.Namespace, values: dict) -> dict:
+    """--ffn and --kv-heads as given; where --hidden (--heads) resizes a description whose MLP width (key/
+    value heads) is the default's multiple of it (4 x hidden; heads), that fact follows the new size
+    (0: ModelConfig's default); where the description states it otherwise (Llama's SwiGLU 3.5 x hidden,
+    grouped-query heads), resizing without the fact is refused, naming the option to give with it."""
+    out = {}
+    for size, (fact, default) in SIZED_FACTS.items():
+        given, stated, old = getattr(opts, fact), values.get(fact), values.get(size)
+        if given is not None or getattr(opts, size) is None or not stated or old is None:
+            if given is not None:
+                out[fact] = given
+            continue
+        if stated == default * old:
+            out[fact] = 0
+            continue
+        flag, new = f"--{fact.replace('_', '-')}", getattr(opts, size)
+        keep = stated * new / old
+        hint = f" ({flag} {keep:g} keeps its ratio to {size})" if keep == int(keep) and keep >= 1 else ""
+        raise OptionError(f"--{size} {new} resizes --model {opts.model}, whose {fact} {stated} ({SIZED_WORDS[fact]}, "
+                          f"against its {size} {old}) is stated, not derived from {size}: give {flag} with "
+                          f"--{size}{hint}")
+    return out
 
 
 def _parse_fault(option: str, text: str | None, kind: str) -> tuple[int, int, str] | None:
@@ -326,6 +366,9 @@ def _check(opts: argparse.Namespace) -> None:
     for key in MODEL_KEYS:
         if getattr(cfg, key) < 1:
             raise OptionError(f"{key} must be positive, got {getattr(cfg, key)}")
+    for key in ("kv_heads", "ffn"):
+        if getattr(opts, key) is not None and getattr(opts, key) < 1:
+            raise OptionError(f"--{key.replace('_', '-')} must be positive, got {getattr(opts, key)}")
     if cfg.layers > MAX_LAYERS:
         raise OptionError(f"layers must be at most {MAX_LAYERS:,}, got {cfg.layers:,}")
     if opts.steps < 1 or opts.dp < 1 or opts.every < 0:
