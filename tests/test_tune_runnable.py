@@ -6,6 +6,8 @@ refusal instead, and that refusal is the check's own on the same plan."""
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -75,12 +77,34 @@ def test_a_runnable_winner_prints_its_commands_and_they_pass_the_check(tmp_path,
 
 
 def test_without_the_runtime_the_commands_are_not_printed_and_the_line_says_why(monkeypatch):
-    """A machine without torch: tune's last lines say the check could not run, not a traceback."""
-    import sys
-    monkeypatch.setitem(sys.modules, "schedc.runtime.process.launch", None)  # import fails as without torch
+    """A machine without torch: tune's last lines say the check could not run, not a traceback (the
+    child's check is a module that cannot be imported here, as the runtime without torch)."""
+    from schedc.cli import runnable
+    monkeypatch.setattr(runnable, "CHECK", "schedc.runtime.process.no_such_check")
     run = LocalRun("1f1b", ("p=2", "m=4"), 2, ("--steps", "3"))
     message = run_refusal(run)
     assert message.startswith("not checked: the runtime cannot be loaded here"), message
+    assert "no_such_check" in message
+
+
+def test_the_check_without_torch_says_so(tmp_path):
+    """The child's own answer where torch is missing: exit 3 and the import's message, which tune words
+    as `not checked`."""
+    code = ("import sys\nsys.modules['torch'] = None\nfrom schedc.runtime.process.prelaunch import main\n"
+            "sys.exit(main(['plan.json', '2']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 3 and "torch" in done.stdout, (done.stdout, done.stderr)
+
+
+def test_tune_checks_its_run_command_without_importing_torch():
+    """The compiler never imports torch: `schedc tune` prints a run command the runtime's check passed
+    (in its own process) and its own process ends with no torch module loaded."""
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom schedc.cli import main\n"
+            "result = CliRunner().invoke(main, sys.argv[1:])\n"
+            "print(result.exit_code, 'schedc run out/tune-local' in result.output, 'torch' in sys.modules)")
+    args = [*TUNE, "--schedules", "1f1b", *LAYOUTS["t1"]]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert done.stdout.split() == ["0", "True", "False"], (done.stdout, done.stderr)
 
 
 LLAMA_TUNE = ["tune", "--model", "llama3.1-8b", "--cluster", "dgx-h100-80gb", "--gpus", "8", "--global-batch", "64",

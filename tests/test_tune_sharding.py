@@ -90,6 +90,24 @@ def test_every_bound_of_a_zero_2_or_3_candidate_is_at_most_its_iteration(model):
     assert checked >= 20
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb_h1", "interleaved_1f1b", "dualpipev", "v_half"])
+def test_a_zero_2_or_3_candidate_on_the_cached_order_predicts_as_its_whole_compile(model, schedule):
+    """The walk times a ZeRO 2/3 candidate on its cached order with the lanes simulate builds; its
+    prediction (with the message-free run of a ranked row) equals driver.cluster.compile_for's, the
+    whole compile --exhaustive runs, field for field, for every such candidate of the schedule."""
+    searcher = Searcher(sharded(model, schedules=(schedule,), memory_limit=10**12))
+    space = [c for c in candidates(searcher.model, list(searcher.entries.values()), searcher.request) if c.zero >= 2]
+    timed = 0
+    for c in space:
+        assert not searcher.compiled_whole(c)
+        fast, whole = searcher.evaluate(c, free=True), searcher._compile_whole(c, True)
+        assert isinstance(fast, Refusal) == isinstance(whole, Refusal), (c, fast, whole)
+        if not isinstance(fast, Refusal):
+            assert fast == whole, c
+            timed += 1
+    assert timed >= 40 and searcher.counts["compiled_whole"] == 0
+
+
 def test_the_memory_pre_check_refuses_levels_before_anything_is_compiled(big):
     """Under 1.5 GiB the levels whose weights and state alone do not fit are refused by that lower bound
     before any order is elaborated or compiled; the ranking is still --exhaustive's, and fewer

@@ -1,9 +1,12 @@
 """Whether `schedc run` accepts a run command that tune prints: the plan compiled here and checked by
-the runtime's own pre-launch check (the one `schedc run` makes before torchrun starts), in this
-process. The runtime's check is the only list of what it runs; tune prints the command only where the
-check passes, and its refusal otherwise."""
+the runtime's own pre-launch check (the one `schedc run` makes before torchrun starts), run alone in a
+child process (schedc/runtime/process/prelaunch.py: it needs torch, which the compiler never imports).
+The runtime's check is the only list of what it runs; tune prints the command only where the check
+passes, and its refusal otherwise."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +22,17 @@ class LocalRun:
 
 
 PLAN_SHOWN = "out/tune-local/plan.json"  # where the printed compile command writes the plan
+CHECK = "schedc.runtime.process.prelaunch"  # the runtime's check alone: `python -m CHECK PLAN NPROC OPTIONS...`
+REFUSED = 2  # its exit status for a refusal (prelaunch.REFUSED; 3 where the runtime cannot be loaded)
 
 
 def run_refusal(run: LocalRun) -> str | None:
     """The runtime's refusal of `run` (its message), or None where `schedc run` would start it; without
-    torch (the runtime's own requirement) the commands are not printed, and the line says why."""
+    torch (the runtime's own requirement) the commands are not printed, and the line says why. The
+    check runs in a child process: it imports torch, which the compiler's process never does."""
     from ..diagnostics import SchedError
     from ..driver import compile_file
     from ..plan.write import write_plan
-    try:  # the runtime's check needs torch; the compiler and tune do not
-        from ..runtime.process.launch import LaunchError, check_launch
-    except ImportError as exc:
-        return f"not checked: the runtime cannot be loaded here ({exc})"
     try:
         result = compile_file(run.schedule, list(run.defines))
     except SchedError as exc:
@@ -40,8 +42,11 @@ def run_refusal(run: LocalRun) -> str | None:
     with tempfile.TemporaryDirectory(prefix="schedc-tune-") as scratch:
         write_plan(result.plan, scratch)
         path = str(Path(scratch) / "plan.json")
-        try:
-            check_launch(path, run.nproc, list(run.options), [])
-        except LaunchError as exc:
-            return str(exc).replace(f"{path}: ", "").replace(path, PLAN_SHOWN)
-    return None
+        checked = subprocess.run([sys.executable, "-m", CHECK, path, str(run.nproc), *run.options],
+                                 capture_output=True, text=True)
+    said = checked.stdout.strip() or (checked.stderr.strip().splitlines() or [f"exit {checked.returncode}"])[-1]
+    if checked.returncode == 0:
+        return None
+    if checked.returncode == REFUSED:
+        return said.replace(f"{path}: ", "").replace(path, PLAN_SHOWN)
+    return f"not checked: the runtime cannot be loaded here ({said})"

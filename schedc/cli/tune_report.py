@@ -301,7 +301,7 @@ def report(outcome: Outcome, pruned_lines: int | None = 12, notes: tuple[str, ..
                      f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
     lines += [f"note: {note}" for note in notes]
     counts = outcome.counts
-    why = "ZeRO 2/3's collectives on each device's lane, or " if r.zero == () or r.layout.zero >= 2 else ""
+    why = "ZeRO 2/3's collectives on each device's lane, or " if r.exhaustive and (r.zero == () or r.layout.zero >= 2) else ""
     whole = (f", {counts['compiled_whole']} compiled whole ({why}tasks, a fill, a greedy order or placed R, O, L ops)"
              if counts["compiled_whole"] else "")
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""

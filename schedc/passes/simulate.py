@@ -281,11 +281,14 @@ def busy_times(cost: list[float], device: list[int], devices: int) -> tuple[floa
 
 
 def order_makespan(cost: list[float], device: list[int], preds: list[tuple[int, ...]], firsts: list[int],
-                   links: Links | None = None) -> float | None:
+                   links: Links | None = None, lane: Lane | None = None) -> float | None:
     """simulate's timing of an order already indexed (predecessors(), fuse_pairs()) under one cost
-    vector, for a caller that times one order under many (tune): its makespan, None when it deadlocks."""
-    _, end = times(cost, device, preds, firsts, 0.0, links)
-    return None if None in end else max(end, default=0.0)
+    vector, for a caller that times one order under many (tune): its makespan, None when it deadlocks.
+    lane: a fresh Lane of the order's collectives, as simulate makes it (the step ends with the last)."""
+    _, end = times(cost, device, preds, firsts, 0.0, links, lane)
+    if None in end:
+        return None
+    return max(end, default=0.0) if lane is None else max(max(end, default=0.0), *lane.free)
 
 
 class Lane:

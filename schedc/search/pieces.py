@@ -19,6 +19,7 @@ from typing import Any
 
 from .bounds import Shape, combine_terms, lane_bound, pipeline_terms, state_bound, tail_bound
 from ..costmodel import Setting, costs_problem, held_bytes, link_times, message_times, stage_costs
+from ..costmodel.sharding import Sharded, sharded_collectives
 from ..costmodel.specs import check_switches, load_cluster, load_cluster_model
 from ..diagnostics import SchedError
 from ..layout import SPLIT_NAMES, SplitError
@@ -173,15 +174,23 @@ class Pieces:
         if entry.plain or self.request.exhaustive:
             return 0.0
         busy = self.makespan_bound(st, c, shape)
-        if self.compiled_whole(c):  # ZeRO 2/3: the step ends no sooner than the busiest communication lane
+        if c.zero >= 2:  # the step ends no sooner than the busiest communication lane
             busy = max(busy, self.lane_bound(st, c, shape))
         return busy + self.tail_bound(st, c, shape)
 
     def compiled_whole(self, c: Candidate) -> bool:
         """Whether the candidate is compiled whole (driver.cluster.compile_for) rather than through the
-        cached order: its schedule's order needs it, or ZeRO 2/3's collectives, which simulate times on
-        each device's lane, are there."""
-        return self.entries[c.schedule].plain or c.zero >= 2
+        cached order: its schedule's order needs it, or --exhaustive's ZeRO 2/3 (the reference the walk's
+        cached order, timed with the same lanes, is held to)."""
+        return self.entries[c.schedule].plain or (c.zero >= 2 and self.request.exhaustive)
+
+    def sharded(self, st: Setting, c: Candidate, shape) -> Sharded | None:
+        """sharding.sharded_collectives (what ZeRO 2/3 puts on each device's lane), cached per placement
+        and what the collectives' times read (t, d, cp, the level; not b, m or recomputation)."""
+        key = ("sharded", tuple(p.placement for p in shape.pipelines), shape.devices, c.t, c.d, c.cp, c.zero, c.ep)
+        if key not in self.states:
+            self.states[key] = sharded_collectives(st, shape)
+        return self.states[key]
 
     def lane_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
         """bounds.lane_bound, cached per placement and what the collectives' times read (t, d, cp, the

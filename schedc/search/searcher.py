@@ -28,9 +28,10 @@ programs place overlapped pairs (DualPipe's `F & B`), each F less what its pair 
 (bounds.mixed_costs); V-Half's and V-Min's programs place none, so their forwards count whole.
 Schedules whose order depends on the costs (greedy), that declare tasks, fill bubbles or memory
 beyond activations are compiled whole for every candidate (driver.cluster.compile_for), without the
-bound; so are ZeRO 2/3 candidates (their collectives are timed on each device's lane), but bounded
-first by the larger of the compute bound and their busiest lane (bounds.lane_bound) and refused by
-their sharded state before any compile.
+bound. ZeRO 2/3 candidates take the cached order too, timed with their collectives on each device's
+lane as simulate times them (a simulate.Lane of sharding.Sharded.per_op: the same figures as the whole
+compile, tested field for field), bounded first by the larger of the compute bound and their busiest
+lane (bounds.lane_bound); --exhaustive compiles them whole, the reference the walk is held to.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from .bounds import Shape, state_bound
 from ..costmodel.specs import MAX_GPUS
 from ..diagnostics import usage
 from ..costmodel import Prediction, Setting, device_memory, predict
+from ..costmodel.sharding import Sharded
 from ..diagnostics import SchedError
 from ..text import plural
 from .pieces import Pieces
@@ -72,6 +74,7 @@ class Searcher(Pieces):
         self.simulated: dict[tuple, float | None] = {}   # (schedule, p, v, m, costs, links) -> makespan
         self.whole: dict[tuple[Candidate, bool], Prediction | Refusal] = {}  # compiled whole: (c, free) -> answer
         self.orders: dict[tuple, int] = {}  # an order's identity -> its number (order_id)
+        self.lanes: dict[tuple, tuple[list[float], list[float]]] = {}  # (schedule, p, v, m, Sharded) -> per_op
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
                        "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0,
                        "started": 0}
@@ -156,17 +159,24 @@ class Searcher(Pieces):
             structure.units = list(map(attrgetter("kind", "stage"), structure.ops))
         return structure
 
-    def makespan(self, c: Candidate, structure: Structure, table, cost: list[float], links) -> float | None:
+    def makespan(self, c: Candidate, structure: Structure, table, cost: list[float], links,
+                 sharded: Sharded | None = None) -> float | None:
         """The simulated makespan with messages on their links (simulate's own timing of the order under
-        `cost`, its ops' costs from `table`), None when the order deadlocks; cached per (schedule, p, v,
-        m, cost vector, links)."""
-        from ..passes.simulate import order_makespan
-        key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)))
+        `cost`, its ops' costs from `table`), None when the order deadlocks; with `sharded`, ZeRO 2/3's
+        collectives on each device's lane as simulate times them (a fresh simulate.Lane of the order's
+        sharding.Sharded.per_op); cached per (schedule, p, v, m, cost vector, links, collectives)."""
+        from ..passes.simulate import Lane, order_makespan
+        key = (c.structure_key(), tuple(sorted(table.items())), tuple(map(tuple, links)), sharded)
         if key in self.simulated and not self.request.exhaustive:
             self.counts["cache_hits"] += 1
             return self.simulated[key]
+        lane = None
+        if sharded is not None:  # per op, its gather and reduce-scatter: once per order and collectives
+            if (key[0], sharded) not in self.lanes:
+                self.lanes[key[0], sharded] = sharded.per_op(structure.schedule, structure.ops)
+            lane = Lane(*self.lanes[key[0], sharded], structure.schedule.devices)
         messages = links if any(map(any, links)) else None  # none at all (the breakdown's): each arrival + 0.0 unread
-        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, messages)
+        result = order_makespan(cost, structure.device, structure.preds, structure.firsts, messages, lane)
         self.counts["simulated"] += 1
         self.simulated[key] = result
         return result
@@ -195,8 +205,7 @@ class Searcher(Pieces):
         if isinstance(shape, Refusal):
             return shape
         if self.compiled_whole(c):
-            over = None if self.entries[c.schedule].plain else self._memory_first(c)
-            return over if over is not None else self._evaluate_plain(c, free)
+            return self._evaluate_plain(c, free)
         from ..passes.simulate import busy_times
         from ..passes.timing import Span
         st = self.setting(c)
@@ -214,28 +223,20 @@ class Searcher(Pieces):
             return Refusal(structure.error)
         table = self.cost_table(st, c, shape)[0]
         cost = op_costs(structure, table)  # simulated with messages, without them, and the busy times
-        makespan = self.makespan(c, structure, table, cost, self.link_times(st, c, schedule.devices))
+        sharded = self.sharded(st, c, shape)
+        makespan = self.makespan(c, structure, table, cost, self.link_times(st, c, schedule.devices), sharded)
         if makespan is None:
             return Refusal(f"the order deadlocks (schedc check {shlex.quote(c.schedule)} {_defines(c)} shows where)",
                            fault=True)
-        free_span = makespan
-        if free:
-            free_span = self.makespan(c, structure, table, cost, [[0.0] * schedule.devices] * schedule.devices)
+        free_span, gathers = makespan, 0.0
+        if free:  # as compile_for: the lanes' share of the message-free makespan is data-parallel time
+            still = [[0.0] * schedule.devices] * schedule.devices
+            free_span = self.makespan(c, structure, table, cost, still, sharded)
+            if sharded is not None:
+                gathers = free_span - self.makespan(c, structure, table, cost, still)
         busy = busy_times(cost, structure.device, schedule.devices)
         return predict(st, schedule, Span(makespan, busy, structure.peaks), free_span,
-                       self.stage_costs(st, c, shape), self.request.global_batch)
-
-    def _memory_first(self, c: Candidate) -> Refusal | None:
-        """A ZeRO 2/3 candidate of a cached order (compiled whole for its collectives' lanes): refused
-        by the memory its order's activation peaks and held bytes give (device_memory, the figure the
-        whole compile predicts) before it is compiled whole; None where it fits, --exhaustive (which
-        compiles every candidate whole) or the order fails to build."""
-        if self.request.exhaustive:
-            return None
-        structure = self.structure(c)
-        if structure.error is not None:
-            return None
-        return self._order_over_memory(self.setting(c), c, structure)
+                       self.stage_costs(st, c, shape), self.request.global_batch, gathers)
 
     def _order_over_memory(self, st: Setting, c: Candidate, structure: Structure) -> Refusal | None:
         """The refusal of a candidate whose busiest device, by its order's activation peaks and held
