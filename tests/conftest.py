@@ -86,6 +86,25 @@ def compile_library(name: str, **params):
     return compile_source(read_source(SCHEDULES / f"{name}.sched"), options)
 
 
+def assert_bad_cluster_file(tmp_path, text: str, message: str, where: str) -> None:
+    """A cluster file of this text is a located usage error (exit 2) at `where` (":LINE:COL:") with the
+    message, both when loaded and when `schedc simulate --cluster` reads it (no traceback)."""
+    from click.testing import CliRunner
+    from schedc.cli import main
+    from schedc.costmodel.specs import load_cluster
+    from schedc.diagnostics import SchedError
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SchedError) as caught:
+        load_cluster(str(path))
+    assert caught.value.exit_code == 2
+    assert message in caught.value.render() and f"bad.toml{where}" in caught.value.render()
+    model = tmp_path / "model.toml"
+    model.write_text("layers = 8\nhidden = 1024\nheads = 16\nseq = 512\nvocab = 1024\n")
+    result = CliRunner().invoke(main, ["simulate", "1f1b", "--model", str(model), "--cluster", str(path)])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
 def compile_exchanging(name: str, replicas: bool = False, **params):
     """compile_library with every F, B, I and R issuing two ALL_TO_ALLs (an MoE layer's dispatch and
     combine: what costmodel.experts declares under --ep) in the plan, each over the op's rank (its

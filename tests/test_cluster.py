@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT
+from conftest import ROOT, assert_bad_cluster_file
 from schedc.cli import main
 from schedc.layout import Layout
 from schedc.costmodel.specs import library_clusters, load_cluster, load_model_spec, locate
@@ -108,14 +108,7 @@ def test_locate_finds_keys_in_their_table_and_a_missing_key_at_the_header():
      "(at most 40)", ":19:14:"),  # refused by schedc.inputs where it is written, before int() (an OverflowError once)
 ])
 def test_a_bad_cluster_file_is_a_located_error_naming_the_field(tmp_path, edit, message, where):
-    path = tmp_path / "bad.toml"
-    path.write_text(edit(A100.read_text()))
-    with pytest.raises(SchedError) as caught:
-        load_cluster(str(path))
-    assert caught.value.exit_code == 2
-    assert message in caught.value.render() and f"bad.toml{where}" in caught.value.render()
-    result = _simulate("1f1b", "--model", _model(tmp_path), "--cluster", str(path))
-    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert_bad_cluster_file(tmp_path, edit(A100.read_text()), message, where)
 
 
 def test_the_hopper_files_say_their_fp8_gemms_take_only_tn_and_a_dump_keeps_it(tmp_path):

@@ -91,6 +91,17 @@ def test_an_attention_rate_past_the_gpus_peak_is_a_located_error(tmp_path, edit,
     assert f"c.toml:{line}:1: error: 'attention.{key}' reaches" in result.output, result.output
 
 
+def _reading(command: str, tmp_path, model: str) -> list[str]:
+    """The command line by which `simulate --cluster` or `run --reference` (on a compiled 1F1B plan) reads
+    the model description."""
+    if command == "simulate":
+        return ["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", model, "--seq", "16", "--global-batch",
+                "16", "-D", "p=2"]
+    plan = _invoke(["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(tmp_path / "plan")])
+    assert plan.exit_code == 0, plan.output
+    return ["run", str(tmp_path / "plan" / "plan.json"), "--model", model, "--seq", "16", "--steps", "1", "--reference"]
+
+
 @pytest.mark.parametrize("command", ["simulate", "run"])
 def test_a_config_whose_mlp_is_not_swiglu_is_refused_at_hidden_act(tmp_path, command):
     """A llama-family config.json with hidden_act "gelu" (or 3) was read as SwiGLU, predicted and trained as
@@ -100,15 +111,7 @@ def test_a_config_whose_mlp_is_not_swiglu_is_refused_at_hidden_act(tmp_path, com
     text = json.dumps(config, indent=1)
     (tmp_path / "config.json").write_text(text)
     line = text.splitlines().index(' "hidden_act": "gelu",') + 1
-    f = str(tmp_path / "config.json")
-    if command == "simulate":
-        argv = ["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", f, "--seq", "16", "--global-batch", "16",
-                "-D", "p=2"]
-    else:
-        plan = _invoke(["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(tmp_path / "plan")])
-        assert plan.exit_code == 0, plan.output
-        argv = ["run", str(tmp_path / "plan" / "plan.json"), "--model", f, "--seq", "16", "--steps", "1", "--reference"]
-    result = _invoke(argv)
+    result = _invoke(_reading(command, tmp_path, str(tmp_path / "config.json")))
     assert result.exit_code == 2, result.output
     assert f"config.json:{line}:2: error: 'hidden_act' 'gelu'" in result.output, result.output
 
@@ -144,15 +147,7 @@ def test_a_norm_or_rope_number_past_its_bound_is_a_located_error(tmp_path, value
     text = json.dumps(config, indent=1).replace('"@"', value)
     (tmp_path / "config.json").write_text(text)
     line = next(n for n, row in enumerate(text.splitlines(), 1) if row.startswith(' "rope_theta"'))
-    f = str(tmp_path / "config.json")
-    if command == "simulate":
-        argv = ["simulate", "1f1b", "--cluster", "dgx-h100-80gb", "--model", f, "--seq", "16", "--global-batch", "16",
-                "-D", "p=2"]
-    else:
-        plan = _invoke(["compile", "1f1b", "-D", "p=2", "-D", "m=2", "-o", str(tmp_path / "plan")])
-        argv = ["run", str(tmp_path / "plan" / "plan.json"), "--model", f, "--seq", "16", "--steps", "1", "--reference"]
-        assert plan.exit_code == 0, plan.output
-    result = _invoke(argv)
+    result = _invoke(_reading(command, tmp_path, str(tmp_path / "config.json")))
     assert result.exit_code == 2, result.output
     assert f"config.json:{line}:" in result.output and "'rope_theta'" in result.output, result.output
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from click.testing import CliRunner
 
-from conftest import ROOT
-from schedc.cli import main
+from conftest import ROOT, assert_bad_cluster_file
 from schedc.costmodel import Setting, layer_parts
 from schedc.costmodel.specs import ModelSpec, dump_cluster, load_cluster
 from schedc.costmodel.stages import linear_gemms
 from schedc.costmodel.userbuffers import OverlapConfig, Userbuffers
-from schedc.diagnostics import SchedError
 from schedc.layout import Layout
 
 A100 = ROOT / "schedc" / "clusters" / "dgx-a100-80gb.toml"
@@ -99,13 +96,4 @@ TABLE = "\n[userbuffers.mine]\nfp8 = true\ntp = 2\nproj_fprop = 16\n"
     (lambda t: t.replace("[gpu]", "[gpu]\nsms = 0"), "'gpu.sms' must be an integer from 1", ":6:1:"),
 ])
 def test_a_bad_userbuffers_table_is_a_located_error(tmp_path, edit, message, where):
-    path = tmp_path / "bad.toml"
-    path.write_text(edit(A100.read_text()))
-    with pytest.raises(SchedError) as caught:
-        load_cluster(str(path))
-    assert caught.value.exit_code == 2
-    assert message in caught.value.render() and f"bad.toml{where}" in caught.value.render()
-    model = tmp_path / "model.toml"
-    model.write_text("layers = 8\nhidden = 1024\nheads = 16\nseq = 512\nvocab = 1024\n")
-    result = CliRunner().invoke(main, ["simulate", "1f1b", "--model", str(model), "--cluster", str(path)])
-    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    assert_bad_cluster_file(tmp_path, edit(A100.read_text()), message, where)
