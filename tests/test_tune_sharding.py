@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from schedc.cli import main
 from schedc.search import Refusal, Request, Searcher, candidates, search
 from schedc.search.bounds import lane_bound
+from schedc.costmodel.sharding import sharded_collectives
 
 MODEL = """layers = 4
 hidden = 64
@@ -84,7 +85,8 @@ def test_every_bound_of_a_zero_2_or_3_candidate_is_at_most_its_iteration(model):
         bound, result = searcher.bound(c), searcher.evaluate(c)
         if isinstance(bound, Refusal) or isinstance(result, Refusal):
             continue
-        assert 0 < lane_bound(searcher.setting(c), searcher.shape(c)) <= result.iteration_s
+        st, shape = searcher.setting(c), searcher.shape(c)
+        assert 0 < lane_bound(sharded_collectives(st, shape), shape) <= result.iteration_s
         assert bound <= result.iteration_s * (1 + 1e-12), (c, bound, result.iteration_s)
         checked += 1
     assert checked >= 20

@@ -152,16 +152,15 @@ def state_bound(st: Setting, shape: Shape, held: tuple | None = None) -> tuple[f
     return memory[top], top
 
 
-def lane_bound(st: Setting, shape: Shape) -> float:
+def lane_bound(sharded, shape: Shape) -> float:
     """ZeRO 2/3: the least time the busiest device's communication lane (simulate.Lane) needs, which the
     simulated makespan includes: one reduce-scatter of a stage's gradients per microbatch (its backward,
     or W, makes them: costmodel.sharding) and at level 3 at least one gather of each stage it holds
-    (none is gathered when the step starts), one after another on the lane.
+    (none is gathered when the step starts), one after another on the lane. `sharded`: the shape's
+    sharding.sharded_collectives (None without ZeRO 2/3).
 
         p = 2, m = 4, level 3, 1 s per collective of each stage  ->  4 + 1 = 5 s on each device
     """
-    from ..costmodel.sharding import sharded_collectives
-    sharded = sharded_collectives(st, shape)
     if sharded is None:
         return 0.0
     lane = [0.0] * shape.devices

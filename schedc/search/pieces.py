@@ -198,7 +198,7 @@ class Pieces:
         key = ("lane", tuple(p.placement for p in shape.pipelines), tuple(len(p.microbatches) for p in shape.pipelines),
                shape.devices, c.t, c.d, c.cp, c.zero, c.ep)
         if key not in self.states:
-            self.states[key] = lane_bound(st, shape)
+            self.states[key] = lane_bound(self.sharded(st, c, shape), shape)
         return self.states[key]
 
     def makespan_bound(self, st: Setting, c: Candidate, shape: Shape) -> float:
