@@ -251,7 +251,7 @@ def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], 
 class DeviceQueues(dict):
     """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order
     (with a mixed backward, I and W are not queued: B's queue is the backward queue, see
-    order._MixedBackward), each made when a cursor first asks for it (`queues[key]`, at a plain dict
+    mixed.MixedBackward), each made when a cursor first asks for it (`queues[key]`, at a plain dict
     lookup's cost once made; None where the device has no such queue): a program that pops only F and one
     backward (prefix.order_starts) splits no chunk and sorts no unkeyed queue it never pops. Exact: a queue's ops do not depend on
     when it is made, and a queue no cursor asked for yet is as it was made (nothing popped). A key's
