@@ -107,9 +107,19 @@ class _Source:
         self.lines.append("    " * depth + line)
 
     def charge(self, depth: int, span: ast.Span) -> None:
-        """One statement or round counted, as the interpreter counts it (budget.left, the span it names)."""
-        self.emit(depth, "budget.left -= 1")
-        self.emit(depth, f"if budget.left < 0: raise EvalError(budget.refusal(), {self.const(span)})")
+        """One statement or round counted, as the interpreter counts it (the span it names): in `left`,
+        budget.left's copy while the function runs (written back when it calls what counts, and when it
+        ends or fails)."""
+        self.emit(depth, "left -= 1")
+        self.emit(depth, f"if left < 0: raise EvalError(budget.refusal(), {self.const(span)})")
+
+    def call(self, depth: int, call: str) -> None:
+        """A call to what counts statements itself (_ProgramRun's methods), the budget handed over and back."""
+        self.emit(depth, "budget.left = left")
+        self.emit(depth, "try:")
+        self.emit(depth + 1, call)
+        self.emit(depth, "finally:")
+        self.emit(depth + 1, "left = budget.left")
 
     def body(self, body: tuple[ast.Stmt, ...], path: str, env: str, depth: int) -> None:
         """A body as _ProgramRun.run runs it: a scope of its own if it has a `let`, each statement counted."""
@@ -130,7 +140,7 @@ class _Source:
         self.emit(depth, f"{env}[{stmt.name!r}] = {self.expr(path + '.value')}({env})")
 
     def loop(self, stmt: ast.Loop, path: str, env: str, depth: int) -> None:
-        self.emit(depth, f"run._loop({self.node(path)}, {env})")
+        self.call(depth, f"run._loop({self.node(path)}, {env})")
 
     def when(self, stmt: ast.When, path: str, env: str, depth: int) -> None:
         """`if`, and its `else if`s: each one's test counted as a statement, as _ProgramRun._when counts it."""
@@ -162,7 +172,7 @@ class _Source:
     def item(self, stmt: ast.Item, path: str, env: str, depth: int) -> None:
         """`X at t` and `X? at t` (no repeat) inline; any other item by _ProgramRun._item."""
         if stmt.repeat is not None or (type(stmt.unit) is not ast.Cursor and not stmt.optional):
-            self.emit(depth, f"run._item({self.node(path)}, {env})")
+            self.call(depth, f"run._item({self.node(path)}, {env})")
             return
         if stmt.when is not None:
             self.emit(depth, f"if {self.expr(path + '.when')}({env}):")
@@ -173,7 +183,7 @@ class _Source:
             self.emit(depth, "run.lenient += 1")
             self.emit(depth, "try:")
             self.charge(depth + 1, stmt.span)
-            self.emit(depth + 1, f"{self.const(self.units[type(stmt.unit)])}(run, {self.node(path + '.unit')}, {env})")
+            self.call(depth + 1, f"{self.const(self.units[type(stmt.unit)])}(run, {self.node(path + '.unit')}, {env})")
             self.emit(depth, "finally:")
             self.emit(depth + 1, "run.lenient -= 1")
         else:
@@ -236,10 +246,14 @@ def compiled(loop: ast.Loop, mixed: bool, units: dict) -> Callable | None:
 def _make(loop: ast.Loop, mixed: bool, units: dict) -> Callable | None:
     source = _Source(loop, mixed, units)
     try:
-        source.emit(2, "for k in range(start, stop):")
-        source.charge(3, loop.span)
-        source.emit(3, f"scope[{loop.var!r}] = k")
-        source.body(loop.body, "b", "scope", 3)
+        source.emit(2, "left = budget.left")
+        source.emit(2, "try:")
+        source.emit(3, "for k in range(start, stop):")
+        source.charge(4, loop.span)
+        source.emit(4, f"scope[{loop.var!r}] = k")
+        source.body(loop.body, "b", "scope", 4)
+        source.emit(2, "finally:")
+        source.emit(3, "budget.left = left")
     except _TooBig:
         return None
     text = "\n".join([

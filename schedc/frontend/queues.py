@@ -78,16 +78,35 @@ def queue_order(ops: Sequence[Op], key: QueueKey | None, pipelines, chunk, field
     already (the kind, stage, mb, pipe and part of each op: then no op is read)."""
     columns = _Columns(ops, pipelines, chunk, fields)
     if key is None:
-        by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
+        table = [columns.name("i"), _default_stages(columns), columns.field("pipe"), columns.field("part")]
     else:
         try:
             values = key.columns(columns)
         except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
             values = list(zip(*_key_rows(key.key, key.env, columns)))
-        by = zip(*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
-                 columns.field("part"))
-    keys = list(by)
-    return sorted(range(len(keys)), key=keys.__getitem__)
+        table = [*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
+                 columns.field("part")]
+    return sorted_rows(table)
+
+
+ARRAY_ROWS = 4096  # a queue of this many ops or more is sorted over numpy arrays where its columns are integers
+
+
+def sorted_rows(table: list[Sequence]) -> list[int]:
+    """Positions 0..n-1 ordered by the rows of these columns (the first column first), stably: ties in
+    position order. From ARRAY_ROWS rows on, where every column holds integers or bools, by numpy's
+    lexsort (stable too: the same order as sorting the rows' tuples)."""
+    n = len(table[0])
+    table = [column for column in table if n and column.count(column[0]) < n]  # a column of one value decides nothing
+    if not table:
+        return list(range(n))
+    if n >= ARRAY_ROWS:
+        import numpy as np
+        arrays = [np.array(column) for column in reversed(table)]  # lexsort's last key is its first
+        if all(array.dtype.kind in "biu" for array in arrays):  # not floats (an int past 2**53), objects, str
+            return np.lexsort(arrays).tolist()
+    rows = list(zip(*table))
+    return sorted(range(len(rows)), key=rows.__getitem__)
 
 
 def _default_stages(columns: _Columns) -> list[int]:
