@@ -110,6 +110,15 @@ on device d {
   for k in 0 .. 2 * m { if k % 2 == 0 { F[0] ; F[1] } else { B[1] ; B[0] ; F[2]? } }
 }
 """,
+    "choices": """schedule s "s"
+param p = 2
+param m = 40
+pipeline main { stages 2 * p; device s -> s if s < p else 2 * p - 1 - s; microbatches m }
+backward split
+on device d {
+  for k in 0 .. 2 * m { F[0]? ; F[1]? ; (I[1] | I[0])? at (k * 10 + 5) ; (W[0] | W[1] | F[3])? ; (I[0] | W[1]) }
+}
+""",
     "mixed backward": """schedule s "s"
 param p = 2
 param m = 40

@@ -59,6 +59,13 @@ def _shape(node: ast.Expr) -> list[tuple[str, bool, str]] | None:
     return None
 
 
+def _plain(cursor: ast.Cursor) -> bool:
+    """A pop of the next op of a kind (of its local chunk, a literal): no pipeline, no arguments."""
+    chunk = cursor.chunk
+    return cursor.args is None and cursor.pipe is None and (chunk is None or (
+        type(chunk) is ast.Num and type(chunk.value) is int and -MAX_INT <= chunk.value <= MAX_INT))
+
+
 def atom_values(test: ast.Expr, shape: list[tuple[str, bool, str]]) -> tuple[bool, tuple]:
     """Whether the entry's test (invariants folded in) compiles to expr._conjunction's closure of the
     expected shape, and its divisors and numbers (mod_0, value_0, mod_1, ...; zeros where it does not)."""
@@ -183,7 +190,7 @@ class _Source:
             self.emit(depth, "run.lenient += 1")
             self.emit(depth, "try:")
             self.charge(depth + 1, stmt.span)
-            self.call(depth + 1, f"{self.const(self.units[type(stmt.unit)])}(run, {self.node(path + '.unit')}, {env})")
+            self.optional(stmt.unit, path + ".unit", env, depth + 1)
             self.emit(depth, "finally:")
             self.emit(depth + 1, "run.lenient -= 1")
         else:
@@ -204,25 +211,49 @@ class _Source:
         self.emit(depth, "run.next_slot = s")
 
     def cursor(self, cursor: ast.Cursor, path: str, env: str, depth: int) -> None:
-        """A pop: a plain one (no pipeline, argument or computed chunk) from its queue inline, its empty
-        queue's report (or an optional's nothing) by _ProgramRun._cursor; any other by _cursor."""
-        node, chunk = self.node(path), cursor.chunk
-        literal = chunk is None or (type(chunk) is ast.Num and type(chunk.value) is int
-                                    and -MAX_INT <= chunk.value <= MAX_INT)
-        if cursor.args is not None or cursor.pipe is not None or not literal or (self.mixed and cursor.kind == "W"):
+        """A pop: a plain one inline, its empty queue's report (or an optional's nothing) by
+        _ProgramRun._cursor; any other by _cursor."""
+        node = self.node(path)
+        if not _plain(cursor):
             self.emit(depth, f"run._cursor({node}, {env})")
             return
-        kind = "B" if self.mixed and cursor.kind == "I" else cursor.kind  # order._queued
-        key = self.const((kind, None, None if chunk is None else chunk.value))
-        self.emit(depth, f"q = queues[{key}]")
-        self.emit(depth, "op = q.pop(taken) if q else None")
+        self.pop(cursor, depth)
         self.emit(depth, f"if op is None: run._cursor({node}, {env})")
         self.emit(depth, "else:")
+        self.take(cursor, depth + 1)
+
+    def optional(self, unit: ast.Unit, path: str, env: str, depth: int) -> None:
+        """`X?` and `(X | Y)?` of plain cursors inline (the first that pops, or none), as _cursor and
+        _choice pop them while the item is optional; any other unit by its _ProgramRun method."""
+        options = (unit,) if type(unit) is ast.Cursor else unit.options if type(unit) is ast.Choice else ()
+        if not options or not all(map(_plain, options)):
+            self.call(depth, f"{self.const(self.units[type(unit)])}(run, {self.node(path)}, {env})")
+            return
+        for cursor in options:
+            self.pop(cursor, depth)
+            self.emit(depth, "if op is not None:")
+            self.take(cursor, depth + 1)
+            self.emit(depth, "else:")
+            depth += 1
+        self.emit(depth, "pass")
+
+    def pop(self, cursor: ast.Cursor, depth: int) -> None:
+        """`op = ` the plain cursor's pop (None: nothing to pop), as _ProgramRun._cursor pops it."""
+        chunk = None if cursor.chunk is None else cursor.chunk.value
+        if self.mixed and cursor.kind == "W":
+            self.emit(depth, f"op = run.mixed.pop_weight(run.pipelines, None, {chunk!r}, run.chunk)")
+            return
+        kind = "B" if self.mixed and cursor.kind == "I" else cursor.kind  # order._queued
+        self.emit(depth, f"q = queues[{self.const((kind, None, chunk))}]")
+        self.emit(depth, "op = q.pop(taken) if q else None")
         if self.mixed and cursor.kind in ("B", "I"):
-            self.emit(depth + 1, f"op = run.mixed.choose(op, {cursor.kind!r}, taken)")
+            self.emit(depth, f"if op is not None: op = run.mixed.choose(op, {cursor.kind!r}, taken)")
+
+    def take(self, cursor: ast.Cursor, depth: int) -> None:
+        """_ProgramRun._take of `op`, placed by this cursor."""
         for line in ("taken.add(id(op))", "order.append(op)", f"spans.append({self.const(cursor.span)})",
                      "slots.append(run.next_slot)", "run.next_slot += 1", "if op.kind in until: raise run.ENOUGH"):
-            self.emit(depth + 1, line)  # _ProgramRun._take
+            self.emit(depth, line)
 
     STATEMENTS = {ast.Let: let, ast.Loop: loop, ast.When: when, ast.Item: item}
 
