@@ -28,6 +28,11 @@ PROGRAMS = {
     if a == 0 { let b = a + 1 ; B at (2 * k + b) } else if a == 1 and m > 3 { B } else { F } }
 }
 """,
+    "a let rebinds the loop's variable": HEAD + """on device d {
+  for k in 0 .. m { F at (2 * k) ; let k = k * 2 + 1 ;
+    if k % 4 == 1 and k >= 0 { B at k } else { B at (k + 0.5 * (k > 70)) } }
+}
+""",
     "optional pops and conditions": HEAD + """backward split
 on device d {
   for k in 0 .. 2 * m { F? if k % 2 == 0 ; I? at (k + 100) if k % 2 == 1 ; W? }

@@ -87,7 +87,8 @@ class _Source:
 
     def __init__(self, loop: ast.Loop, mixed: bool, units: dict):
         self.var, self.mixed, self.units = loop.var, mixed, units
-        self.bound = {loop.var} | bound_names(loop.body)  # names never folded in (hoist.hoisted)
+        self.rebound = bound_names(loop.body)  # names the body binds (the loop's variable, if a let does)
+        self.bound = {loop.var} | self.rebound  # names never folded in (hoist.hoisted)
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self.reads: list[str] = []  # `n3 = b[0].orelse[0]` lines of make()
@@ -170,11 +171,17 @@ class _Source:
             return f"{self.expr(path)}({env})"
         fast, values = f"f{len(self.reads)}", [f"v{len(self.reads)}_{n}" for n in range(2 * len(shape))]
         self.reads.append(f"{fast}, ({', '.join(values)},) = atom_values({path}, {self.const(shape)})")
-        closure = self.expr(path)
-        parts = [f"x {op} {values[2 * n + 1]}" if not mod else f"x % {values[2 * n]} {op} {values[2 * n + 1]}"
-                 for n, (_, mod, op) in enumerate(shape)]
-        return (f"(({' and '.join(parts)}) if {fast} and type(x := {env}.get({shape[0][0]!r})) is int "
-                f"else {closure}({env}))")
+        closure, counter = self.expr(path), self.counter(shape[0][0])
+        x = "k" if counter else "x"
+        parts = " and ".join(f"{x} {op} {values[2 * n + 1]}" if not mod else f"{x} % {values[2 * n]} {op} {values[2 * n + 1]}"
+                             for n, (_, mod, op) in enumerate(shape))
+        if counter:
+            return f"(({parts}) if {fast} else {closure}({env}))"
+        return f"(({parts}) if {fast} and type(x := {env}.get({shape[0][0]!r})) is int else {closure}({env}))"
+
+    def counter(self, name: str) -> bool:
+        """Whether `name` is the loop's variable, which no let rebinds: in each round the int k."""
+        return name == self.var and name not in self.rebound
 
     def item(self, stmt: ast.Item, path: str, env: str, depth: int) -> None:
         """`X at t` and `X? at t` (no repeat) inline; any other item by _ProgramRun._item."""
@@ -201,12 +208,15 @@ class _Source:
         """`at slot`: read as _ProgramRun._item reads it (an int in range as it is, anything else as
         evaluate_int gives it), then _ProgramRun._at."""
         node = self.node(path)
-        if type(slot) is ast.Name and slot.id in self.bound:  # never folded: read as _item's fast path reads it
-            self.emit(depth, f"s = {env}.get({slot.id!r})")
+        if type(slot) is ast.Name and self.counter(slot.id):
+            self.emit(depth, "s = k")  # an int within MAX_INT (evaluate_int bounds the loop's ends)
         else:
-            self.emit(depth, f"s = {self.expr(path)}({env})")
-        self.emit(depth, f"if type(s) is not int or not {-MAX_INT} <= s <= {MAX_INT}: "
-                         f"s = evaluate_int({node}, {env}, 'slot')")
+            if type(slot) is ast.Name and slot.id in self.bound:  # never folded: read as _item's fast path reads it
+                self.emit(depth, f"s = {env}.get({slot.id!r})")
+            else:
+                self.emit(depth, f"s = {self.expr(path)}({env})")
+            self.emit(depth, f"if type(s) is not int or not {-MAX_INT} <= s <= {MAX_INT}: "
+                             f"s = evaluate_int({node}, {env}, 'slot')")
         self.emit(depth, f"if s < run.next_slot: run._at(s, {self.const(slot.span)})")
         self.emit(depth, "run.next_slot = s")
 

@@ -2,11 +2,14 @@
 popped by a later W cursor), chosen by the program (order.py's cursors)."""
 from __future__ import annotations
 
+from operator import attrgetter
+
 from ..ir import Op
 from ..ops import GRADIENT, SPLIT, OpKind
 
 _B, _I, _W = OpKind.B.value, OpKind.I.value, OpKind.W.value
 BACKWARDS = GRADIENT | SPLIT  # B, I, W: what a mixed backward chooses among
+_KEY = attrgetter("kind", "stage", "mb", "pipe")
 
 
 class MixedBackward:
@@ -15,7 +18,8 @@ class MixedBackward:
     chunk or pipeline, when the cursor names one). The halves not chosen count as taken."""
 
     def __init__(self, device_ops: list[Op]):
-        self.halves = {(op.kind, op.stage, op.mb, op.pipe): op for op in device_ops if op.kind in BACKWARDS}
+        # every op by (kind, stage, mb, pipe): the backwards' are what is read (F's are there, unread)
+        self.halves = dict(zip(map(_KEY, device_ops), device_ops))
         self.pending: list[Op] = []  # W ops of the I's placed so far, oldest first
 
     def choose(self, backward: Op, kind: str, taken: set[int]) -> Op:
