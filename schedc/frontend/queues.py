@@ -260,11 +260,10 @@ def _pipe_ops(ordered: list[Op], k: int, key: QueueKey | None, pipelines, chunk)
 
 def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
     """A queue per local chunk, in the order of the whole queue (made only for devices with chunks)."""
-    by_chunk: dict[int, list[Op]] = {}
-    for op in ordered:
-        by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
-    for c, ops in by_chunk.items():
-        queues[(kind, pipe, c)] = Queue(ops)
+    ops = list(ordered)
+    chunks = list(map(chunk.__getitem__, zip(map(attrgetter("pipe"), ops), map(attrgetter("stage"), ops))))
+    for c in dict.fromkeys(chunks):  # chunks in the order their first op comes, each one pass in C
+        queues[(kind, pipe, c)] = Queue(list(compress(ops, map(c.__eq__, chunks))))
 
 
 class DeviceQueues(dict):
