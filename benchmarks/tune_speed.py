@@ -73,13 +73,15 @@ def main() -> None:
           f"(their memory bounded until the first backward, or the first W), {outcome.counts['structures']} compiled whole, "
           f"{outcome.counts['simulated']} simulations, {outcome.counts['bounded']:,} bounded out, "
           f"{outcome.counts['merged']} merged; CPU {spread([f[1] for f in fast])}; wall {spread([f[2] for f in fast])}")
+    if outcome.stopped is not None:
+        print(f"the walk stopped at its budget ({outcome.stopped.limit:,} ops): {outcome.stopped.left} candidates left")
     for r in outcome.ranked:
         print(f"  {r.label():<24} {r.candidate.describe():<52} {r.iteration_s:.4f} s")
     print(f"tune {statistics.median(f[1] for f in fast):.2f} s (fast, median CPU)")
     if args.exhaustive_runs < 1:
         print("top K: not compared (--exhaustive-runs 0)")
         return
-    exhaustive = [timed(replace(fast_request, exhaustive=True)) for _ in range(args.exhaustive_runs)]
+    exhaustive = [timed(replace(fast_request, exhaustive=True, walk_ops=0)) for _ in range(args.exhaustive_runs)]
     reference = exhaustive[0][0]
     print(f"exhaustive: {reference.counts['structures']} orders compiled, {reference.counts['simulated']} simulations; "
           f"CPU {spread([e[1] for e in exhaustive])}; wall {spread([e[2] for e in exhaustive])}")
