@@ -24,7 +24,9 @@ from typing import Any, Callable
 from . import ast
 from .expr import ARITH, MAX_INT, EvalError, compile_expr, conjunction_atoms, evaluate_int
 from .hoist import bound_names
+from ..ops import GRADIENT, OpKind
 
+_B, _I, _W = OpKind.B.value, OpKind.I.value, OpKind.W.value
 MAX_STATEMENTS = 400  # statements and units of one loop's body made into one function
 MAX_DEPTH = 40        # nested blocks (an else-if chain nests one per `else if`)
 
@@ -250,13 +252,13 @@ class _Source:
     def pop(self, cursor: ast.Cursor, depth: int) -> None:
         """`op = ` the plain cursor's pop (None: nothing to pop), as _ProgramRun._cursor pops it."""
         chunk = None if cursor.chunk is None else cursor.chunk.value
-        if self.mixed and cursor.kind == "W":
+        if self.mixed and cursor.kind == _W:
             self.emit(depth, f"op = run.mixed.pop_weight(run.pipelines, None, {chunk!r}, run.chunk)")
             return
-        kind = "B" if self.mixed and cursor.kind == "I" else cursor.kind  # order._queued
+        kind = _B if self.mixed and cursor.kind == _I else cursor.kind  # order._queued
         self.emit(depth, f"q = queues[{self.const((kind, None, chunk))}]")
         self.emit(depth, "op = q.pop(taken) if q else None")
-        if self.mixed and cursor.kind in ("B", "I"):
+        if self.mixed and cursor.kind in GRADIENT:
             self.emit(depth, f"if op is not None: op = run.mixed.choose(op, {cursor.kind!r}, taken)")
 
     def take(self, cursor: ast.Cursor, depth: int) -> None:
