@@ -10,7 +10,6 @@ order in which the events happen, `sequence`, is then a sort by start time.
 """
 from __future__ import annotations
 
-from array import array
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -176,9 +175,8 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
         [ops[n] for n in ran], [start[n] for n in ran], [end[n] for n in ran])
     if latency >= 0 and (links is None or min(map(min, links), default=0.0) >= 0) \
             and all(map(gt, ends, starts)):  # see _event_order
-        by_start = sorted(range(len(timed_ops)), key=starts.__getitem__)  # stable: ties keep index order
-        sequence = [(starts[n], ends[n], timed_ops[n]) for n in by_start]
-        _RAN[:] = [schedule, array("l", by_start)] if complete else []  # packed: 8 bytes an op, no int objects
+        sequence = sorted(zip(starts, ends, timed_ops), key=START)  # stable: ties keep index order
+        _RAN[:] = [schedule, start] if complete else []
     else:
         sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
     busy = busy_times([0.0 if op.kind in COPY else c for op, c in zip(ops, cost)] if schedule.offload else cost,
@@ -194,19 +192,20 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
 def makespan(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
              collectives: Collectives | None = None) -> float:
     """simulate(...).makespan alone, without the sequence, busy times and peaks (the message-free
-    makespan of a prediction's breakdown). Without messages or lanes, once simulate has run the schedule
-    in start order (_RAN): one pass over that order, each op after its predecessors, the times as
-    `times` gives them."""
+    makespan of a prediction's breakdown). Without messages or lanes, once simulate has timed the
+    schedule (_RAN): one pass over the ops in that timing's start order, each op after its
+    predecessors, the times as `times` gives them."""
     if _RAN and _RAN[0] is schedule and not latency and links is None and collectives is None:
         ops, preds, _ = predecessors(schedule)
         cost = list(map(COST, ops))
         _fuse(schedule, ops, preds, cost)
-        return max(_ends_in(_RAN[1], cost, preds), default=0.0)
+        started = _RAN[1]
+        return max(_ends_in(sorted(range(len(started)), key=started.__getitem__), cost, preds), default=0.0)
     *_, lane, _, end = _timed(schedule, latency, links, collectives)
     return _makespan(end if None not in end else [e for e in end if e is not None], lane)
 
 
-_RAN: list = []  # [schedule, the op indices in start order] of the last complete simulate sorted by start
+_RAN: list = []  # [schedule, its ops' starts] of the last simulate that ran every op and sorted by start
 
 
 def _ends_in(order: list[int], cost: list[float], preds: list[tuple[int, ...]]) -> list[float]:
