@@ -7,7 +7,7 @@ import pytest
 
 from conftest import compile_library
 from schedc.passes.simulate import simulate
-from schedc.passes.timing import OpTimes, Timing, _device_runs, _device_spans
+from schedc.passes.timing import OpTimes, StartOrder, Timing, _device_runs, _device_spans
 
 
 @pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),
@@ -31,3 +31,21 @@ def test_a_device_in_several_runs_takes_its_first_start_and_last_end():
     first, last = _device_runs(shuffled.start, shuffled.end)
     assert (first, last) == _device_spans(timing) == _device_spans(shuffled)
     assert first == {0: 0.0, 1: 1.5, 2: 3.0}  # F takes 1, each message 0.5: device d starts at 1.5 d
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_start_order_is_the_sorted_tuple(seed):
+    """StartOrder against sorted() written out: by start, a tie in the lists' order; equal both ways."""
+    rng = random.Random(seed)
+    count = rng.randrange(0, 30)
+    starts = [float(rng.randrange(0, 6)) for _ in range(count)]  # many ties
+    ends = [s + rng.choice((0.5, 1.0, 2.0)) for s in starts]
+    ops = [f"op{n}" for n in range(count)]
+    plain = []
+    for s in sorted(set(starts)):
+        plain += [(s, e, op) for s2, e, op in zip(starts, ends, ops) if s2 == s]
+    order = StartOrder(starts, ends, ops)
+    assert len(order) == count and bool(order) == bool(count)  # before any sort
+    assert order == tuple(plain) and tuple(plain) == order and list(order) == plain
+    assert order[1:3] == tuple(plain[1:3]) and len(order) == count
+    assert order != tuple(plain[:-1]) or not plain

@@ -1,10 +1,10 @@
 """Timing: what simulate returns, the start and end of every placed op and the derived statistics."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Iterator
 
 from ..ir import Op, Schedule
@@ -34,7 +34,8 @@ class Timing:
     steps: tuple[Timing, ...] = ()  # a filled plan's K step programs, each timed from its own start
     extra: dict[str, Any] = field(default_factory=dict)  # written by fill_bubbles, read by no one: Stats.of
     # takes the fill's figures from the timings before and after it (to be dropped with fill's rewrite)
-    sequence: tuple[tuple[float, float, Op], ...] = ()  # (start, end, op) in start order: a topological order
+    sequence: Sequence[tuple[float, float, Op]] = ()  # (start, end, op) in start order: a topological order
+    # (a tuple, or simulate's StartOrder: the same, sorted when first read)
     peak_host: tuple[float, ...] = ()  # with `offload F`: per device, the peak of its activations on the host
 
     @property
@@ -143,6 +144,45 @@ class OpTimes(Mapping):
 
     def __len__(self) -> int:
         return len(self.table())
+
+
+class StartOrder(Sequence):
+    """(start, end, op) of parallel lists, sorted by start (stable: a tie keeps the lists' order), the
+    sort done when first read: simulate's Timing.sequence, which lowering reads and a compile that
+    stops before lowering (`simulate`, --cluster) does not. Equal to the tuple of the same items."""
+
+    __slots__ = ("_lists", "_sorted")
+
+    def __init__(self, starts: list[float], ends: list[float], ops: list[Op]):
+        self._lists, self._sorted = (starts, ends, ops), None
+
+    def items(self) -> tuple[tuple[float, float, Op], ...]:
+        if self._sorted is None:
+            self._sorted = tuple(sorted(zip(*self._lists), key=_START))
+            self._lists = None
+        return self._sorted
+
+    def __getitem__(self, n):
+        return self.items()[n]
+
+    def __len__(self) -> int:
+        return len(self._sorted if self._lists is None else self._lists[0])
+
+    def __iter__(self) -> Iterator[tuple[float, float, Op]]:
+        return iter(self.items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StartOrder | tuple):
+            return self.items() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"StartOrder({self.items()!r})"
+
+
+_START = itemgetter(0)
 
 
 @dataclass(frozen=True, slots=True)
