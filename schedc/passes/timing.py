@@ -91,7 +91,7 @@ def _device_runs(start: Mapping[Op, float], end: Mapping[Op, float]) -> tuple[di
     last: dict[int, float] = {}
     n = 0
     for d, run in groupby(map(_DEVICE, start._ops)):
-        k = n + sum(1 for _ in run)
+        k = n + len(list(run))
         low, high = min(starts[n:k]), max(ends[n:k])
         first[d], last[d] = (min(first[d], low), max(last[d], high)) if d in first else (low, high)
         n = k
