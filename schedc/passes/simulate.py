@@ -176,7 +176,7 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
     if latency >= 0 and (links is None or min(map(min, links), default=0.0) >= 0) \
             and all(map(gt, ends, starts)):  # see _event_order
         sequence = StartOrder(starts, ends, timed_ops)  # sorted when read (lowering): stable, ties in index order
-        _RAN[:] = [schedule, start, cost, preds] if complete else []
+        _RAN[:] = [schedule, start] if complete else []  # the Timing holds `start` too: no memory kept
     else:
         sequence = tuple((start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts))
     busy = busy_times([0.0 if op.kind in COPY else c for op, c in zip(ops, cost)] if schedule.offload else cost,
@@ -196,13 +196,16 @@ def makespan(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
     schedule (_RAN): one pass over the ops in that timing's start order, each op after its
     predecessors, the times as `times` gives them."""
     if _RAN and _RAN[0] is schedule and not latency and links is None and collectives is None:
-        _, started, cost, preds = _RAN  # the costs and predecessors as simulate timed them (pairs fused)
+        ops, preds, _ = predecessors(schedule)
+        cost = list(map(COST, ops))
+        _fuse(schedule, ops, preds, cost)
+        started = _RAN[1]
         return max(_ends_in(sorted(range(len(started)), key=started.__getitem__), cost, preds), default=0.0)
     *_, lane, _, end = _timed(schedule, latency, links, collectives)
     return _makespan(end if None not in end else [e for e in end if e is not None], lane)
 
 
-_RAN: list = []  # [schedule, starts, costs, predecessors] of the last simulate that ran every op, sorted by start
+_RAN: list = []  # [schedule, its ops' starts] of the last simulate that ran every op and sorted by start
 
 
 def _ends_in(order: list[int], cost: list[float], preds: list[tuple[int, ...]]) -> list[float]:
