@@ -153,3 +153,23 @@ def test_rows_sorted_over_arrays_or_not_are_the_tuples_order(table, arrays):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(queues_module, "ARRAY_ROWS", 10 if arrays else 10 ** 9)
         assert sorted_rows(table) == plain
+
+
+@pytest.mark.parametrize("name,params", [("1f1b", {"p": "4", "m": "8"}), ("gpipe", {"p": "3", "m": "5"}),
+                                         ("interleaved_1f1b", {"p": "2", "v": "2", "m": "4"}),
+                                         ("seq1f1b", {"p": "2", "m": "4"})])
+def test_a_queue_without_key_pops_by_unit_then_stage_pipe_and_part(name, params):
+    """queue_order without a key (one stage of one pipeline on a device sorted by its unit alone) against
+    the default rule written out: (unit, stage negated for backwards), pipe, part; the ops scrambled."""
+    import random
+    from schedc.frontend.queues import queue_order
+    from schedc.ops import split_unit
+    per_device, _, pipelines, chunk, mixed = _device_ops(name, params)
+    rng = random.Random(3)
+    for mine in per_device:
+        for ops in _by_kind(mine, mixed).values():
+            ops = rng.sample(ops, len(ops))
+            unit = [-1 if op.mb is None else split_unit(op.mb, pipelines[op.pipe].chunks)[0] for op in ops]
+            plain = sorted(range(len(ops)), key=lambda n: ((unit[n], -ops[n].stage if ops[n].kind in BACKWARD
+                                                            else ops[n].stage), ops[n].pipe, ops[n].part))
+            assert queue_order(ops, None, pipelines, chunk) == plain, (name, ops[0].kind)

@@ -77,6 +77,9 @@ def queue_order(ops: Sequence[Op], key: QueueKey | None, pipelines, chunk, field
     """sort_queue's pop order as positions in `ops`; `fields`: the Op fields the caller has as columns
     already (the kind, stage, mb, pipe and part of each op: then no op is read)."""
     columns = _Columns(ops, pipelines, chunk, fields)
+    if key is None and _one_home(columns):  # the stage, pipe and part tie: by the unit alone, stable
+        units = columns.name("i")
+        return sorted(range(len(units)), key=units.__getitem__)
     if key is None:
         table = [columns.name("i"), _default_stages(columns), columns.field("pipe"), columns.field("part")]
     else:
@@ -107,6 +110,12 @@ def sorted_rows(table: list[Sequence]) -> list[int]:
             return np.lexsort(arrays).tolist()
     rows = list(zip(*table))
     return sorted(range(len(rows)), key=rows.__getitem__)
+
+
+def _one_home(columns: _Columns) -> bool:
+    """Whether the queue's ops share one stage of one pipeline and one part (a device of 1F1B, GPipe):
+    then the default order's ties after the unit are all equal."""
+    return all(len(set(columns.field(name))) <= 1 for name in ("stage", "pipe", "part"))
 
 
 def _default_stages(columns: _Columns) -> list[int]:
