@@ -5,15 +5,16 @@ starts run over them against the whole orders elaboration gives; and the reports
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from schedc.diagnostics import SchedError, Source
 from schedc.driver import compile_source, load_declaration
-from schedc.frontend import ast
+from schedc.frontend import ast, queues as queues_module
 from schedc.frontend.elaborate import Options, build_ops, elaborate, shape_of
 from schedc.frontend.expr import PipeRef
 from schedc.frontend.prefix import order_starts
 from schedc.frontend.queues import (DeviceQueues, Queue, QueueKey, _by_kind, _chunk_queues, _kind_key, _pipe_ops,
-                                    chunk_index, sort_queue)
+                                    chunk_index, sort_queue, sorted_rows)
 from schedc.ops import MIXED_KINDS, builtin_kinds
 from schedc.search.space import library_entries
 
@@ -134,6 +135,24 @@ def test_reports_that_read_every_queue_name_the_same_op_and_line():
     assert "t.sched:6:13: error: division by zero" in _error(keyed), _error(keyed)
     source = Source("t.sched", keyed)
     assert order_starts(load_declaration(source), source, {}) is None
+
+
+COLUMN = st.one_of(st.lists(st.integers(-3, 3), min_size=40, max_size=40),
+                   st.lists(st.booleans(), min_size=40, max_size=40),
+                   st.lists(st.sampled_from([0, 2 ** 62, -2 ** 62, 2 ** 63 + 5]), min_size=40, max_size=40),
+                   st.lists(st.sampled_from([0, 1, 1.5, 2 ** 53 + 1]), min_size=40, max_size=40),
+                   st.just([7] * 40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(table=st.lists(COLUMN, min_size=1, max_size=5), arrays=st.booleans())
+def test_rows_sorted_over_arrays_or_not_are_the_tuples_order(table, arrays):
+    # the plain form: positions sorted by each row's tuple (Python's stable sort)
+    rows = list(zip(*table))
+    plain = sorted(range(len(rows)), key=rows.__getitem__)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(queues_module, "ARRAY_ROWS", 10 if arrays else 10 ** 9)
+        assert sorted_rows(table) == plain
 
 
 @pytest.mark.parametrize("name,params", [("1f1b", {"p": "4", "m": "8"}), ("gpipe", {"p": "3", "m": "5"}),

@@ -213,6 +213,8 @@ def _atoms(node: ast.Expr) -> list[tuple] | None:
 
 
 _COMPARED = ("==", "!=", "<", "<=", ">", ">=")
+conjunction_atoms = _atoms  # what _conjunction reads a chain as (frontend/loops.py inlines it)
+ARITH = _ARITH
 
 
 def _arith_error(exc: Exception, a: Any, b: Any, span: Span) -> Exception:

@@ -24,6 +24,8 @@ from ..ir import Op, Pipeline, set_spans
 from ..ops import BUILTIN, GRADIENT, SPLIT, OpKind
 from ..text import plural
 from .hoist import hoisted
+from .loops import compiled
+from .mixed import BACKWARDS, MixedBackward as _MixedBackward
 from .queues import DeviceQueues, QueueKey, StepBudget, by_device, chunk_index
 
 
@@ -38,6 +40,8 @@ class _ProgramRun:
     """Runs one device's program against its queues, collecting the order; the first fault (an empty
     queue, an op named twice or not of this device, a runaway loop) ends it with an EvalError, the first
     op of an `until` kind with _Enough."""
+
+    COMPILED = True  # loops of many rounds run as generated functions (frontend/loops.py; tested against False)
 
     def __init__(self, device: int, queues: DeviceQueues, ops: list[Op],
                  pipelines: tuple[Pipeline, ...], budget: StepBudget, mixed: _MixedBackward | None = None,
@@ -84,6 +88,9 @@ class _ProgramRun:
         if stop - start >= HOIST_ROUNDS:  # its invariants folded in (frontend/hoist.py), kept alive for lets
             body = hoisted(stmt, env)
             self.hoisted.append(body)
+            make = compiled(stmt, self.mixed is not None, self.UNITS) if self.COMPILED else None
+            if make is not None:  # its rounds as one Python function (frontend/loops.py)
+                return make(body)(self, dict(env), start, stop)
         scope = dict(env)  # one scope for every round: an unscoped body binds nothing, a scoped one copies it
         budget = self.budget
         for k in range(start, stop):
@@ -338,60 +345,16 @@ def _cursor_text(cursor: ast.Cursor, pipe: str | None = None, chunk: int | None 
 
 _ProgramRun.STATEMENTS = {ast.Let: _ProgramRun._let, ast.Loop: _ProgramRun._loop, ast.When: _ProgramRun._when,
                           ast.Item: _ProgramRun._item}
+_ProgramRun.ENOUGH = _Enough
 _ProgramRun.UNITS = {ast.Cursor: _ProgramRun._cursor, ast.Group: _ProgramRun._group,
                      ast.Overlap: _ProgramRun._overlap, ast.Choice: _ProgramRun._choice}
 
 _F, _B, _I, _W = OpKind.F.value, OpKind.B.value, OpKind.I.value, OpKind.W.value
-BACKWARDS = GRADIENT | SPLIT  # B, I, W: what a mixed backward chooses among
 
 
 def _queued(kind: str, mixed: _MixedBackward | None) -> str:
     """The queue a cursor pops from: with a mixed backward, B and I share B's (the next backward)."""
     return _B if mixed and kind == _I else kind
-
-
-class _MixedBackward:
-    """`backward mixed` on one device: the backward queue holds one op per (stage, microbatch), the B;
-    popping it as I places the I instead and makes its W pending; a W pops the oldest pending one (of a
-    chunk or pipeline, when the cursor names one). The halves not chosen count as taken."""
-
-    def __init__(self, device_ops: list[Op]):
-        self.halves = {(op.kind, op.stage, op.mb, op.pipe): op for op in device_ops if op.kind in BACKWARDS}
-        self.pending: list[Op] = []  # W ops of the I's placed so far, oldest first
-
-    def choose(self, backward: Op, kind: str, taken: set[int]) -> Op:
-        at = (backward.stage, backward.mb, backward.pipe)
-        i, w = self.halves[(_I, *at)], self.halves[(_W, *at)]
-        if kind == _B:
-            taken.update((id(i), id(w)))
-            return backward
-        taken.add(id(backward))
-        self.pending.append(w)
-        return i
-
-    def _find(self, pipelines, pipe: str | None, chunk: int | None, chunks) -> int | None:
-        for n, w in enumerate(self.pending):
-            if (pipe is None or pipelines[w.pipe].name == pipe) and (chunk is None or chunks[(w.pipe, w.stage)] == chunk):
-                return n
-        return None
-
-    def name(self, op: Op, taken: set[int]) -> None:
-        """An op named in an explicit list (`I(0, 3)`): the halves it excludes count as taken."""
-        at = (op.stage, op.mb, op.pipe)
-        if op.kind == _B:
-            taken.update(id(self.halves[(k, *at)]) for k in SPLIT)
-        elif op.kind == _I:
-            taken.add(id(self.halves[(_B, *at)]))
-        elif op in self.pending:
-            self.pending.remove(op)
-
-    def peek_weight(self, pipelines, pipe, chunk, chunks) -> Op | None:
-        n = self._find(pipelines, pipe, chunk, chunks)
-        return None if n is None else self.pending[n]
-
-    def pop_weight(self, pipelines, pipe, chunk, chunks) -> Op | None:
-        n = self._find(pipelines, pipe, chunk, chunks)
-        return None if n is None else self.pending.pop(n)
 
 
 def run_programs(programs: list[ast.Program], queue_decls: list[ast.QueueDecl], ops: list[Op],

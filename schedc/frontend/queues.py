@@ -81,16 +81,35 @@ def queue_order(ops: Sequence[Op], key: QueueKey | None, pipelines, chunk, field
         units = columns.name("i")
         return sorted(range(len(units)), key=units.__getitem__)
     if key is None:
-        by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
+        table = [columns.name("i"), _default_stages(columns), columns.field("pipe"), columns.field("part")]
     else:
         try:
             values = key.columns(columns)
         except EvalError:  # evaluate op by op, so the error is the first op's (then the first key part's)
             values = list(zip(*_key_rows(key.key, key.env, columns)))
-        by = zip(*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
-                 columns.field("part"))
-    keys = list(by)
-    return sorted(range(len(keys)), key=keys.__getitem__)
+        table = [*values, columns.field("pipe"), columns.field("stage"), _none_as(columns.field("mb"), 0),
+                 columns.field("part")]
+    return sorted_rows(table)
+
+
+ARRAY_ROWS = 4096  # a queue of this many ops or more is sorted over numpy arrays where its columns are integers
+
+
+def sorted_rows(table: list[Sequence]) -> list[int]:
+    """Positions 0..n-1 ordered by the rows of these columns (the first column first), stably: ties in
+    position order. From ARRAY_ROWS rows on, where every column holds integers or bools, by numpy's
+    lexsort (stable too: the same order as sorting the rows' tuples)."""
+    n = len(table[0])
+    table = [column for column in table if n and column.count(column[0]) < n]  # a column of one value decides nothing
+    if not table:
+        return list(range(n))
+    if n >= ARRAY_ROWS:
+        import numpy as np
+        arrays = [np.array(column) for column in reversed(table)]  # lexsort's last key is its first
+        if all(array.dtype.kind in "biu" for array in arrays):  # not floats (an int past 2**53), objects, str
+            return np.lexsort(arrays).tolist()
+    rows = list(zip(*table))
+    return sorted(range(len(rows)), key=rows.__getitem__)
 
 
 def _one_home(columns: _Columns) -> bool:
@@ -250,17 +269,16 @@ def _pipe_ops(ordered: list[Op], k: int, key: QueueKey | None, pipelines, chunk)
 
 def _chunk_queues(queues: dict, kind: str, pipe: str | None, ordered: list[Op], chunk) -> None:
     """A queue per local chunk, in the order of the whole queue (made only for devices with chunks)."""
-    by_chunk: dict[int, list[Op]] = {}
-    for op in ordered:
-        by_chunk.setdefault(chunk[(op.pipe, op.stage)], []).append(op)
-    for c, ops in by_chunk.items():
-        queues[(kind, pipe, c)] = Queue(ops)
+    ops = list(ordered)
+    chunks = list(map(chunk.__getitem__, zip(map(attrgetter("pipe"), ops), map(attrgetter("stage"), ops))))
+    for c in dict.fromkeys(chunks):  # chunks in the order their first op comes, each one pass in C
+        queues[(kind, pipe, c)] = Queue(list(compress(ops, map(c.__eq__, chunks))))
 
 
 class DeviceQueues(dict):
     """The device's queues: (kind, pipeline name or None, local chunk or None) -> its ops in pop order
     (with a mixed backward, I and W are not queued: B's queue is the backward queue, see
-    order._MixedBackward), each made when a cursor first asks for it (`queues[key]`, at a plain dict
+    mixed.MixedBackward), each made when a cursor first asks for it (`queues[key]`, at a plain dict
     lookup's cost once made; None where the device has no such queue): a program that pops only F and one
     backward (prefix.order_starts) splits no chunk and sorts no unkeyed queue it never pops. Exact: a queue's ops do not depend on
     when it is made, and a queue no cursor asked for yet is as it was made (nothing popped). A key's
