@@ -19,7 +19,7 @@ from ..diagnostics import Diagnostic, has_errors
 from ..ir import Schedule
 from ..passes.lower import lower
 from ..plan import Plan
-from ..passes.simulate import Collectives, Links, simulate, step_sequences
+from ..passes.simulate import Collectives, Links, forget_index, simulate, step_sequences
 from ..passes.timing import Stats, Timing
 
 
@@ -101,6 +101,7 @@ def _step_sequences(u: Unit) -> Unit:
 def _lower(u: Unit) -> Unit:
     if u.failed:
         return u
+    forget_index()  # the simulator's cache, read by no pass from here on
     return replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links), sequences=())  # their last reader
 
 
