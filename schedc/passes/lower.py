@@ -68,8 +68,7 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     devices, links = schedule.devices, _Links(schedule)
     starts, ends, ops = zip(*sequence) if sequence else ((), (), ())
     streams = None
-    if (ops and 3 * len(ops) >= ARRAY_ITEMS and not schedule.fused and BUILTIN.issuperset(map(_KIND, ops))
-            and all(map(le, starts, ends))):
+    if ops and 3 * len(ops) >= ARRAY_ITEMS and not schedule.fused and all(map(le, starts, ends)):
         streams = _rank_streams(ops, links, starts, ends, devices)
     if streams is None:
         streams = _swept(schedule, ops, links, starts, ends)
@@ -102,18 +101,19 @@ def _swept(schedule: Schedule, ops: list[Op], links: _Links, starts: list[float]
 
 def _rank_streams(ops: Sequence[Op], links: _Links, starts: Sequence[float], ends: Sequence[float],
                   devices: int) -> list[list[Instr]] | None:
-    """_swept's streams for a big program of built-in ops whose ends follow their starts, made rank by
-    rank: the items of _items, put in sweep order (_order_arrays) and grouped by rank, keeping that
-    order (a stable sort); each rank's instructions are then made one after another from the items'
-    columns (small integers, turned back into the opcodes, ints and peers by table lookups). A rank's
-    instructions so lie together in memory, and the passes after lowering (the channel check, the plan
-    writer) read them in order rather than scattered among every other rank's. None (make them with
-    _swept) unless every opcode is a str and every stage, mb and pipe an int >= 0 (tests/test_lower.py
-    holds the two forms together)."""
+    """_swept's streams for a big program whose ends follow their starts, made rank by rank: the items
+    of _items, put in sweep order (_order_arrays) and grouped by rank, keeping that order (a stable
+    sort); each rank's instructions are then made one after another from the items' columns (small
+    integers, turned back into the opcodes, ints and peers by table lookups). A rank's instructions so
+    lie together in memory, and the passes after lowering (the channel check, the plan writer) read
+    them in order rather than scattered among every other rank's. None (make them with _swept) unless
+    every op is a built-in one, its kind a str, and every stage, mb and pipe an int >= 0
+    (tests/test_lower.py holds the two forms together)."""
     import numpy as np
     kind, stage, mb, pipe, device = zip(*map(_ITEM_FIELDS, ops))  # one pass over the ops, scattered in memory
     values = list(chain(stage, mb, pipe))
-    if not ({str}.issuperset(map(type, kind)) and {int}.issuperset(map(type, values)) and min(values) >= 0):
+    if not (BUILTIN.issuperset(kind) and {str}.issuperset(map(type, kind)) and {int}.issuperset(map(type, values))
+            and min(values) >= 0):
         return None
     ints = list(range(max(values) + 1))  # the ints the instructions hold, one object per value
     del values

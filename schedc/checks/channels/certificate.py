@@ -168,7 +168,7 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
                            identity(op, stages[n])) for n, op in enumerate(ops) if op in COLLECTIVE]
         ends.append(len(peers))
         peers.append(None)
-        owner.extend(repeat(r, len(stream) + 1))
+        owner += array(owner.typecode, (r,)) * (len(stream) + 1)  # repeated in C
     owner.append(len(streams) + 1)   # owner[-1]: the rank `_completes` reads for a wait of -1 (stop)
     slots[0] = 0
     # A code met twice: each instruction with a nonzero code writes its position (>= 1) into its code's
