@@ -171,8 +171,12 @@ def test_predecessors_follow_keys_of(name):
         assert preds[n] == before + tuple(index.get(key, len(ops)) for key in schedule.deps.keys_of(op))
 
 
-def test_a_compile_keeps_no_index_and_one_forgotten_is_built_again_alike():
+def test_a_big_compile_keeps_no_index_and_one_forgotten_is_built_again_alike(monkeypatch):
+    from schedc.driver import passes
     compiled = compile_library("interleaved_1f1b", p=4, v=2, m=8)
+    assert compiled.plan is not None and simulate_module._LAST[0] is compiled.schedule  # a small one: kept
+    monkeypatch.setattr(passes, "KEEP_INDEX", 64)
+    compiled = compile_library("interleaved_1f1b", p=4, v=2, m=8)  # 96 ops
     assert compiled.plan is not None and simulate_module._LAST == []  # lowering let it go
     schedule = _schedule("1f1b")
     kept = predecessors(schedule)
