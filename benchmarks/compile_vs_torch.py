@@ -10,7 +10,8 @@ torch, in this process (its import not counted), CPU seconds (time.process_time)
 - constructor + dry run (--dry-run): the same, then `_simulate_comms_compute` over the lowered order
   (the actions it knows: compute, sends and receives), torch's check that the lowered streams complete.
 
-Each size runs --repeat times, the sides alternating; printed: the median and the spread (min-max) of
+The package is byte-compiled once first (byte_compile), as an install has its bytecode. Each size runs
+--repeat times, the sides alternating; printed: the median and the spread (min-max) of
 each, and `ratio P.V.M X` = the median of schedc compile / the median of torch's constructor.
 """
 from __future__ import annotations

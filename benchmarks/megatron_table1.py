@@ -11,6 +11,10 @@ v = layers / (p x layers per virtual stage).
 
     python benchmarks/megatron_table1.py            # one line per row, then mean_abs_error X max_abs_error Y
     python benchmarks/megatron_table1.py --speed 5  # also: `schedc simulate` of the 1T row, whole process, 5 runs
+
+--speed byte-compiles the package once before timing (compile_vs_torch.byte_compile), as an install
+has its bytecode: with PYTHONDONTWRITEBYTECODE set, a module changed since its .pyc was written would
+otherwise be compiled from source in every timed process.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(1, str(HERE))  # the benchmarks' own modules (compile_vs_torch.byte_compile)
 
 from schedc.costmodel.specs import load_cluster, load_model_spec  # noqa: E402
 from schedc.layout import Layout  # noqa: E402
@@ -81,6 +86,8 @@ def table(cluster_name: str = CLUSTER) -> list[float]:
 
 def speed(runs: int) -> None:
     """`schedc simulate` of the 1T row (p = 64, 512 microbatches per pipeline), whole process."""
+    from compile_vs_torch import byte_compile
+    byte_compile()
     name, t, p, gpus, batch, b, per_virtual, ddp, _ = ROWS[-1]
     schedc = Path(sys.executable).with_name("schedc")
     command = [str(schedc) if schedc.exists() else "schedc", "simulate", "1f1b", "-D", f"p={p}",

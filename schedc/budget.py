@@ -55,6 +55,14 @@ TUNE_CANDIDATES = Budget("candidates", 150_000, "each is bounded before any is s
 # times, and the .sched written is compiled back (p = 32, m = 64: 4,096 ops, 7 s; m = 1,000: 35 s)
 SYNTHESIS_OPS = Budget("ops", 10_000, "the synthesis times the whole order hundreds of times, some 10 s at "
                        "the limit: give a smaller p or m")
+# tune's walk over the bounded candidates: the ops of the orders it builds (and of their starts) and of
+# the simulations it runs, each weighted by about what it costs against a simulated op (search/searcher.py
+# _BUILT: 2 for an op the programs place, 6 where a squeeze then passes over it). Past the limit the walk
+# stops and says which of its rows are certain (no candidate left could pass them): Megatron's 1T row
+# walks 4.6 million, GPT-3 175B's whole library on 1,024 GPUs 2.7 million, the 1T model's whole library on
+# 512 GPUs with the ZeRO levels searched (docs/hardening.md, case 6697) 60 million, some
+# 200 s of CPU: the limit bounds a search of the largest sizes to minutes, a smaller one stops where asked
+TUNE_WALK = Budget("ops", 64_000_000, "ops built and simulated, weighted: --walk-ops N raises it, 0 lifts it")
 # tune compiles a schedule with `fill bubbles` whole for each candidate, its fill searched: about 1.5 s
 # of CPU each (PipeFisher, 8 GPUs: 180 candidates, minutes)
 TUNE_FILLS = Budget("candidates", 8, "each is compiled whole with its fill searched, a second or two: narrow "

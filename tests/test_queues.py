@@ -134,3 +134,23 @@ def test_reports_that_read_every_queue_name_the_same_op_and_line():
     assert "t.sched:6:13: error: division by zero" in _error(keyed), _error(keyed)
     source = Source("t.sched", keyed)
     assert order_starts(load_declaration(source), source, {}) is None
+
+
+@pytest.mark.parametrize("name,params", [("1f1b", {"p": "4", "m": "8"}), ("gpipe", {"p": "3", "m": "5"}),
+                                         ("interleaved_1f1b", {"p": "2", "v": "2", "m": "4"}),
+                                         ("seq1f1b", {"p": "2", "m": "4"})])
+def test_a_queue_without_key_pops_by_unit_then_stage_pipe_and_part(name, params):
+    """queue_order without a key (one stage of one pipeline on a device sorted by its unit alone) against
+    the default rule written out: (unit, stage negated for backwards), pipe, part; the ops scrambled."""
+    import random
+    from schedc.frontend.queues import queue_order
+    from schedc.ops import split_unit
+    per_device, _, pipelines, chunk, mixed = _device_ops(name, params)
+    rng = random.Random(3)
+    for mine in per_device:
+        for ops in _by_kind(mine, mixed).values():
+            ops = rng.sample(ops, len(ops))
+            unit = [-1 if op.mb is None else split_unit(op.mb, pipelines[op.pipe].chunks)[0] for op in ops]
+            plain = sorted(range(len(ops)), key=lambda n: ((unit[n], -ops[n].stage if ops[n].kind in BACKWARD
+                                                            else ops[n].stage), ops[n].pipe, ops[n].part))
+            assert queue_order(ops, None, pipelines, chunk) == plain, (name, ops[0].kind)

@@ -265,3 +265,20 @@ def test_the_makespan_alone_is_simulates(name, params, latency, lanes):
     assert expected > 0
     links = [[0.0 if a == b else 0.1 * (1 + a + b) for b in range(schedule.devices)] for a in range(schedule.devices)]
     assert makespan(schedule, links=links) == simulate(schedule, links=links).makespan
+
+
+@pytest.mark.parametrize("name", NAMES + ["dualpipe", "offload_1f1b", "zb_h1"])  # + overlapped pairs, copy lanes
+@pytest.mark.parametrize("latency", [0.0, 0.5])
+def test_makespan_after_a_simulate_is_the_event_loops(name, latency):
+    """makespan without messages, taken over the start order of a simulate just run, against the same
+    schedule timed afresh by the event loop (and, for the schedules it covers, the plain reference)."""
+    from schedc.passes import simulate as engine
+    variants = list(_variants(_schedule(name)))
+    for schedule in variants[:1] if variants[0].fused else variants:  # its pairs are the ops themselves
+        engine._LAST.clear(), engine._RAN.clear()
+        afresh = engine.makespan(schedule)  # no start order to follow: the event loop
+        timing = simulate(schedule, latency)
+        assert bool(engine._RAN) == (timing.complete and all(e > s for s, e, _ in timing.sequence))
+        assert engine.makespan(schedule) == afresh
+        if name in NAMES and timing.complete:
+            assert afresh == max(end for _, end, _ in reference_sequence(schedule, 0.0))

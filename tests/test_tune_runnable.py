@@ -87,6 +87,18 @@ def test_without_the_runtime_the_commands_are_not_printed_and_the_line_says_why(
     assert "no_such_check" in message
 
 
+def test_a_check_that_does_not_end_is_cut_and_said_not_waited_for(tmp_path, monkeypatch):
+    """The child's check is ended after CHECK_SECONDS (here a module that sleeps, as a check stuck on a
+    hung file system would): tune says it was not checked and goes on."""
+    from schedc.cli import runnable
+    (tmp_path / "sleeping_check.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{sys.path[0]}")
+    monkeypatch.setattr(runnable, "CHECK", "sleeping_check")
+    monkeypatch.setattr(runnable, "CHECK_SECONDS", 1)
+    message = run_refusal(LocalRun("1f1b", ("p=2", "m=4"), 2, ("--steps", "3")))
+    assert message == "not checked: the runtime's check did not end within 1 s"
+
+
 def test_the_check_without_torch_says_so(tmp_path):
     """The child's own answer where torch is missing: exit 3 and the import's message, which tune words
     as `not checked`."""

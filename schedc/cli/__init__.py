@@ -9,12 +9,23 @@ checks, 2 usage or syntax errors.
 """
 from __future__ import annotations
 
+import gc
 from importlib import import_module
 
-from .group import main
-
 VERBS = ("compile", "check", "simulate", "tune", "list", "render", "export", "calibrate", "demo", "run")
-for _verb in VERBS:  # each module adds its command to `main`, in the order `schedc --help` lists them
-    import_module(f".{_verb}", __name__)
+
+# Loading the command line makes some thousands of classes and functions, which live as long as the
+# process, and no garbage: the cyclic collector is paused while it loads and what is alive then is
+# frozen (left out of later passes), as the compile's own objects are (driver.passes.collector_paused).
+_collecting = gc.isenabled()
+gc.disable()
+try:
+    from .group import main
+    for _verb in VERBS:  # each module adds its command to `main`, in the order `schedc --help` lists them
+        import_module(f".{_verb}", __name__)
+finally:
+    gc.freeze()
+    if _collecting:
+        gc.enable()
 
 __all__ = ["main", "VERBS"]

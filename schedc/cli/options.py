@@ -11,7 +11,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
-from ..budget import COMPILE_OPS
+from ..budget import COMPILE_OPS, TUNE_WALK
 from ..diagnostics import SchedError
 from ..layout import LAYOUT_OPTIONS, OPTION, ClusterRequest, Layout, SplitError, flag, reshard_problem
 from ..search import GROUPS
@@ -227,6 +227,9 @@ _TUNE_OPTIONS = (
                  help="Rank the --top best of each schedule (or t, p, v, b, recompute) instead."),
     click.option("--exhaustive", is_flag=True,
                  help="Simulate every candidate that fits (no bound, no cache): the reference."),
+    click.option("--walk-ops", "walk_ops", type=click.IntRange(min=0), default=TUNE_WALK.limit, show_default=True,
+                 metavar="N", help="The walk's budget: ops of the orders it builds (weighted) and simulates; "
+                                   "past it the walk stops and says which rows are certain (0: no budget)."),
     # the layout options the search does not set: every candidate's, as given
     *(layout_option(field, "for every candidate" if field != "stage_layers" else
                     "every candidate; --stage-layers keeps those with as many stages", "tune")
@@ -240,7 +243,7 @@ _TUNE_OPTIONS = (
 
 
 _TUNE_NAMES = ("model", "seq", "cluster", "gpus", "global_batch", "memory_limit", "schedules", "recompute", "tp", "pp", "microbatch", "ep",
-               "top", "per", "exhaustive", *TUNE_FIXED, "pruned", "why")
+               "top", "per", "exhaustive", "walk_ops", *TUNE_FIXED, "pruned", "why")
 
 
 def tune_options(command):

@@ -11,6 +11,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.process import prelaunch  # its exit statuses; the module imports nothing (the child runs it)
+
 
 @dataclass(frozen=True, slots=True)
 class LocalRun:
@@ -22,8 +24,8 @@ class LocalRun:
 
 
 PLAN_SHOWN = "out/tune-local/plan.json"  # where the printed compile command writes the plan
-CHECK = "schedc.runtime.process.prelaunch"  # the runtime's check alone: `python -m CHECK PLAN NPROC OPTIONS...`
-REFUSED = 2  # its exit status for a refusal (prelaunch.REFUSED; 3 where the runtime cannot be loaded)
+CHECK = prelaunch.__name__  # the runtime's check alone: `python -m CHECK PLAN NPROC OPTIONS...`
+CHECK_SECONDS = 120  # the child's check imports torch and reads the plan, seconds; one that hangs ends here
 
 
 def run_refusal(run: LocalRun) -> str | None:
@@ -42,11 +44,14 @@ def run_refusal(run: LocalRun) -> str | None:
     with tempfile.TemporaryDirectory(prefix="schedc-tune-") as scratch:
         write_plan(result.plan, scratch)
         path = str(Path(scratch) / "plan.json")
-        checked = subprocess.run([sys.executable, "-m", CHECK, path, str(run.nproc), *run.options],
-                                 capture_output=True, text=True)
+        try:
+            checked = subprocess.run([sys.executable, "-m", CHECK, path, str(run.nproc), *run.options],
+                                     capture_output=True, text=True, timeout=CHECK_SECONDS)
+        except subprocess.TimeoutExpired:
+            return f"not checked: the runtime's check did not end within {CHECK_SECONDS} s"
     said = checked.stdout.strip() or (checked.stderr.strip().splitlines() or [f"exit {checked.returncode}"])[-1]
     if checked.returncode == 0:
         return None
-    if checked.returncode == REFUSED:
+    if checked.returncode == prelaunch.REFUSED:
         return said.replace(f"{path}: ", "").replace(path, PLAN_SHOWN)
     return f"not checked: the runtime cannot be loaded here ({said})"

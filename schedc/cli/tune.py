@@ -143,7 +143,7 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
     from ..text import GIB
     from .tune_report import (
         assumption_notes, matching, no_layout, nothing_fits, parse_why, pruned_lines, pruned_report, report,
-        request_from, why_lines)
+        request_from, stop_notes, why_lines)
     request = request_from(options)
     shown = pruned_lines(options["pruned"])
     searcher = Searcher(request)
@@ -184,8 +184,8 @@ def run_search(options: dict[str, Any], as_json: bool) -> str:
             nothing_fits(outcome, shown)
     why = why_lines(searcher, outcome, space, options["why"], chosen, bar=_progress if not as_json and sys.stderr.isatty() else None) \
         if chosen else []
-    if as_json:  # the list on stdout; why families were pruned, as in the table, and --why on stderr
-        for lines in (pruned_report(outcome, shown), why):
+    if as_json:  # the list on stdout; where the walk stopped, why families were pruned, as in the table, and --why on stderr
+        for lines in ([f"note: {note}" for note in stop_notes(outcome)], pruned_report(outcome, shown), why):
             for n, line in enumerate(lines):
                 click.echo(f"schedc tune: {line}" if n == 0 else line, err=True)
         return json.dumps([r.to_json() for r in outcome.ranked], indent=1)

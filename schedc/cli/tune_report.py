@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
+from ..budget import TUNE_WALK
 from ..diagnostics import usage
 from ..layout import LAYOUT_OPTIONS, RECOMPUTE, RECOMPUTE_FORMS, Layout, SplitError, option_flags, parse_stage_layers, reshard_problem, run_flags
 from ..diagnostics import SCHEDULE, SchedError
@@ -69,7 +70,7 @@ def request_from(o: dict[str, Any]) -> Request:
                    schedules=_names(o["schedules"], "--schedules"), memory_limit=limit,
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE_FORMS) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
-                   exhaustive=o["exhaustive"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
+                   exhaustive=o["exhaustive"], walk_ops=o.get("walk_ops", TUNE_WALK.limit), microbatch=_ints(o["microbatch"], "--microbatch-size"),
                    layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"),
                    # --cp not given: cp 1, not searched: the cost model's attention under the ring over-predicts
                    # as cp grows (docs/benchmarks.md, torchtitan's Table 6), so a searched cp would win on that error
@@ -257,6 +258,12 @@ def nothing_fits(outcome: Outcome, shown: int | None = 8) -> SchedError:
     counts = outcome.counts
     head = (f"no configuration fits in {what}"  # a deadlocking order runs in no memory
             if counts["over_memory"] and not counts["deadlocked"] else "no configuration runs")
+    stop = outcome.stopped
+    if stop is not None:  # not an answer: the walk stopped before one ran
+        return usage(f"the walk's budget of {stop.limit:,} ops (--walk-ops) was spent "
+                     f"before any candidate ran ({counts['over_memory']} over memory, {counts['refused']} refused "
+                     f"by their schedule), {plural(stop.left, 'candidate')} left: raise --walk-ops (0: no budget) or "
+                     f"narrow the search with --tp, --pp, --microbatch-size, --schedules or --zero")
     if counts["over_memory"] and counts["refused"]:  # not all for memory: the rest their schedule refused
         head += f" ({counts['over_memory']} over the memory, {counts['refused']} refused by their schedule)"
     return SchedError(error(f"{head} ({outcome.space})", notes=notes),
@@ -274,6 +281,21 @@ def pruned_report(outcome: Outcome, pruned_lines: int | None) -> list[str]:
     if pruned_lines is not None and len(outcome.pruned) > pruned_lines:
         lines.append(f"  {more(len(outcome.pruned) - pruned_lines)} (--pruned all lists them)")
     return lines
+
+
+def stop_notes(outcome: Outcome) -> tuple[str, ...]:
+    """Where the walk stopped at its budget, and which rows that leaves certain; () where it walked all."""
+    stop = outcome.stopped
+    if stop is None or not outcome.ranked:
+        return ()
+    exact = stop.exact(outcome.ranked)
+    best = outcome.ranked[0].prediction.iteration_s
+    certain = (f"rows 1 to {exact} are certain, the others may be passed by them" if exact > 1 else
+               "row 1 is certain, the others may be passed by them" if exact == 1 else
+               f"no row is certain: one of them may be up to {1 - stop.bound / best:.1%} faster than row 1")
+    return (f"the walk stopped at its budget of {stop.limit:,} ops (--walk-ops) with "
+            f"{plural(stop.left, 'candidate')} left, none faster than {stop.bound:.4g} s per iteration (their least "
+            f"lower bound): {certain}; --walk-ops 0 walks them all",)
 
 
 def report(outcome: Outcome, pruned_lines: int | None = 12, notes: tuple[str, ...] = ()) -> str:
@@ -299,18 +321,19 @@ def report(outcome: Outcome, pruned_lines: int | None = 12, notes: tuple[str, ..
                      f" {c.b:>4} {c.m:>5} {c.recompute:<9}{f' {c.zero:>4}' if zero else ''}"
                      f" {p.tflops_per_gpu:>11.1f} {p.iteration_s:>11.4f} {p.memory_bytes / GIB:>10.1f}"
                      f" {item.bubble:>7.4f} {p.extra['mfu']:>5.3f}")
-    lines += [f"note: {note}" for note in notes]
+    lines += [f"note: {note}" for note in (*stop_notes(outcome), *notes)]
     counts = outcome.counts
     why = "ZeRO 2/3's collectives on each device's lane, or " if r.exhaustive and (r.zero == () or r.layout.zero >= 2) else ""
     whole = (f", {counts['compiled_whole']} compiled whole ({why}tasks, a fill, a greedy order or placed R, O, L ops)"
              if counts["compiled_whole"] else "")
     grouped = f", the {r.top} best of each {r.per}" if r.per else ""
+    left = f"{counts['left']} left at the walk's budget, " if counts.get("left") else ""
     merged = f"{counts['merged']} merged into the row of the same order and layout, " if counts.get("merged") else ""
     lines.append(f"ranked by iteration time{grouped}; {counts['candidates']} candidates: "
                  f"{plural(counts['structures'], 'distinct order')} compiled, timed in "
                  f"{plural(counts['simulated'], 'simulation')} (one per cost vector and message times; the ranked are "
                  "timed once more without messages, for their bubble)"
-                 f"{whole}, {counts['bounded']} bounded out before simulating, {merged}"
+                 f"{whole}, {counts['bounded']} bounded out before simulating, {left}{merged}"
                  f"{counts['over_memory']} over memory, {counts['refused']} refused by their schedule, "
                  f"{counts['layers']} with stages that do not {_fit(r)}; "
                  f"{outcome.seconds:.2f} s")

@@ -98,7 +98,7 @@ def compile_for(file: str, overrides: dict[str, str], st: Setting, request: Clus
         timing, gathers = compiled.timing, without - unsharded
         if layout.post_validation:  # steps that overlap: the steady step's makespans, with and without messages
             timing, without = _post_validated(st, compiled.schedule, timing, without, links, free)
-    result = predict(st, compiled.schedule, timing, without, costs, batch, gathers)
+        result = predict(st, compiled.schedule, timing, without, costs, batch, gathers)  # (its walk: 10^5 tuples)
     over = _over_memory(result, st)
     return OnCluster(_with_prediction(compiled, result, st, request, over), result, st, over)
 

@@ -77,6 +77,9 @@ def queue_order(ops: Sequence[Op], key: QueueKey | None, pipelines, chunk, field
     """sort_queue's pop order as positions in `ops`; `fields`: the Op fields the caller has as columns
     already (the kind, stage, mb, pipe and part of each op: then no op is read)."""
     columns = _Columns(ops, pipelines, chunk, fields)
+    if key is None and _one_home(columns):  # the stage, pipe and part tie: by the unit alone, stable
+        units = columns.name("i")
+        return sorted(range(len(units)), key=units.__getitem__)
     if key is None:
         by = zip(zip(columns.name("i"), _default_stages(columns)), columns.field("pipe"), columns.field("part"))
     else:
@@ -88,6 +91,12 @@ def queue_order(ops: Sequence[Op], key: QueueKey | None, pipelines, chunk, field
                  columns.field("part"))
     keys = list(by)
     return sorted(range(len(keys)), key=keys.__getitem__)
+
+
+def _one_home(columns: _Columns) -> bool:
+    """Whether the queue's ops share one stage of one pipeline and one part (a device of 1F1B, GPipe):
+    then the default order's ties after the unit are all equal."""
+    return all(len(set(columns.field(name))) <= 1 for name in ("stage", "pipe", "part"))
 
 
 def _default_stages(columns: _Columns) -> list[int]:

@@ -16,12 +16,12 @@ from dataclasses import replace
 from heapq import heappop, heappush
 from itertools import chain, repeat
 from math import inf
-from operator import attrgetter, gt, itemgetter
+from operator import attrgetter, gt
 
 from ..ir import OP_KEY, Dependencies, Op, Schedule
 from .memory import holdings, host_peaks, peak_memory, peaks, timed_model
 from ..ops import BUILTIN, COPY, OVERLAP, OpKind, builtin_deps, fed_by
-from .timing import OpTimes, Timing  # noqa: F401 - Timing is simulate's result
+from .timing import OpTimes, StartOrder, Timing  # noqa: F401 - Timing is simulate's result
 
 
 def predecessors(schedule: Schedule) -> tuple[list[Op], list[tuple[int, ...]], list[int]]:
@@ -181,13 +181,14 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
         [ops[n] for n in ran], [start[n] for n in ran], [end[n] for n in ran])
     if latency >= 0 and (links is None or min(map(min, links), default=0.0) >= 0) \
             and all(map(gt, ends, starts)):  # see _event_order
-        sequence = sorted(zip(starts, ends, timed_ops), key=START)  # stable: ties keep index order
+        sequence = StartOrder(starts, ends, timed_ops)  # sorted when read (lowering): stable, ties in index order
+        _RAN[:] = [schedule, start] if complete else []  # the Timing holds `start` too: no memory kept
     else:
-        sequence = [(start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts)]
+        sequence = tuple((start[n], end[n], ops[n]) for n in _event_order(start, preds, firsts))
     busy = busy_times([0.0 if op.kind in COPY else c for op, c in zip(ops, cost)] if schedule.offload else cost,
                       device, schedule.devices)  # a copy engine's work is not the device's compute
     timing = Timing(OpTimes(timed_ops, starts), OpTimes(timed_ops, ends), _makespan(ends, lane),
-                    busy, peak_memory(schedule), latency, complete, sequence=tuple(sequence))
+                    busy, peak_memory(schedule), latency, complete, sequence=sequence)
     if complete and timed_model(schedule):  # kept outputs, saved gradients, task state, host memory
         held = holdings(schedule, [timing])
         timing = replace(timing, peak_memory=peaks(held), peak_host=host_peaks(schedule, [timing]))
@@ -197,9 +198,34 @@ def simulate(schedule: Schedule, latency: float = 0.0, links: Links | None = Non
 def makespan(schedule: Schedule, latency: float = 0.0, links: Links | None = None,
              collectives: Collectives | None = None) -> float:
     """simulate(...).makespan alone, without the sequence, busy times and peaks (the message-free
-    makespan of a prediction's breakdown)."""
+    makespan of a prediction's breakdown). Without messages or lanes, once simulate has timed the
+    schedule (_RAN): one pass over the ops in that timing's start order, each op after its
+    predecessors, the times as `times` gives them."""
+    if _RAN and _RAN[0] is schedule and not latency and links is None and collectives is None:
+        ops, preds, _ = predecessors(schedule)
+        cost = list(map(COST, ops))
+        _fuse(schedule, ops, preds, cost)
+        started = _RAN[1]
+        return max(_ends_in(sorted(range(len(started)), key=started.__getitem__), cost, preds), default=0.0)
     *_, lane, _, end = _timed(schedule, latency, links, collectives)
     return _makespan(end if None not in end else [e for e in end if e is not None], lane)
+
+
+_RAN: list = []  # [schedule, its ops' starts] of the last simulate that ran every op and sorted by start
+
+
+def _ends_in(order: list[int], cost: list[float], preds: list[tuple[int, ...]]) -> list[float]:
+    """Each op's end without messages, the ops taken in a topological order (a timing's start order
+    when every op takes time: an op starts after its predecessors end, so after they start)."""
+    end = [0.0] * (len(cost) + 1)  # + the sentinel, ended at 0 (an op starts at 0.0 at the earliest)
+    for c in order:
+        t = 0.0
+        for m in preds[c]:
+            if end[m] > t:
+                t = end[m]
+        end[c] = t + cost[c]
+    end.pop()
+    return end
 
 
 def _timed(schedule: Schedule, latency: float, links: Links | None, collectives: Collectives | None) -> tuple:
@@ -220,7 +246,7 @@ def _makespan(ends: list[float], lane: Lane | None) -> float:
     return max(ends, default=0.0) if lane is None else max(max(ends, default=0.0), *lane.free)
 
 
-COST, DEVICE, START = attrgetter("cost"), attrgetter("device"), itemgetter(0)
+COST, DEVICE = attrgetter("cost"), attrgetter("device")
 Links = Sequence[Sequence[float]]  # device x device -> message time
 
 

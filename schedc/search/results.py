@@ -3,6 +3,7 @@ structure of an order (its ops, predecessors and activation peaks) and of a fami
 from __future__ import annotations
 
 import math
+from itertools import takewhile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,27 @@ class Outcome:
     counts: dict[str, int]
     space: str
     seconds: float
+    stopped: Stop | None = None  # where the walk stopped at its budget (None: it walked every candidate)
+
+
+BOUND_SLACK = 1e-9  # relative: how far a bound may pass the simulated iteration by rounding (the sums' order)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The walk stopped at its budget (Request.walk_ops: `limit`, after `work`), `left` candidates not
+    walked, none faster than `bound` (the least of their lower bounds)."""
+
+    limit: int
+    work: int
+    left: int
+    bound: float
+
+    def exact(self, ranked) -> int:
+        """How many of the ranked rows (best first) are certain: those faster than every candidate left can
+        be (a tie at the bound is not certain: the left one may rank first)."""
+        below = self.bound * (1 - BOUND_SLACK)  # a bound may pass its own iteration by rounding
+        return sum(1 for _ in takewhile(lambda item: item.prediction.iteration_s < below, ranked))
 
 
 @dataclass
@@ -92,6 +114,11 @@ class Family:
     refused: str | None = None                    # a requirement or compile error of the schedule
     fault: str | None = None                      # its order deadlocks: said before any memory figure
     layers: str | None = None                     # its stages do not divide the layers (outside the space)
+    left: tuple[float, int] | None = None         # not walked (the walk's budget spent): least bound, count
+
+    def note_left(self, bound: float) -> None:
+        least, count = self.left or (bound, 0)
+        self.left = (min(least, bound), count + 1)
 
     def note_bound(self, bound: float, threshold: float) -> None:
         self.bounded += 1
@@ -148,6 +175,9 @@ def family_lines(families: dict[tuple, Family], request: Request, counts: dict[s
             seen, fault = faults[name, p]
             lines.append((0, 0.0, head + f"{fault}, seen at t={seen} (the same order; {fam.bounded} "
                                          "bounded out here)"))
+        elif fam.left is not None:
+            lines.append((1, fam.left[0], head + f"at best {fam.left[0]:.4g} s per iteration (a lower bound), not walked: the "
+                                                 f"walk's budget was spent (--walk-ops): {fam.left[1]} not simulated"))
         elif fam.bound is not None:
             bound, threshold = fam.bound
             a, b = distinct_figures(bound, threshold)

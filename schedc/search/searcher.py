@@ -52,9 +52,12 @@ from ..diagnostics import SchedError
 from ..text import plural
 from .pieces import Pieces
 from .space import Candidate, Request, candidates
-from .results import Family, Kept, Outcome, Ranked, Refusal, Structure, family_lines, op_costs
+from .results import BOUND_SLACK, Family, Kept, Outcome, Ranked, Refusal, Stop, Structure, family_lines, op_costs
 
-SLACK = 1e-9                      # relative: a bound this close to the threshold is simulated anyway
+# the walk's work per op (Request.walk_ops), about what each costs against a simulation's 1: an order's
+# or a start's op made by the programs 2, and 6 where a squeeze then passes over it four times
+_BUILT = {False: 2, True: 6}
+SLACK = BOUND_SLACK               # relative: a bound this close to the threshold is simulated anyway
 MAX_GLOBAL_BATCH = 2**24    # sequences per step
 
 
@@ -78,6 +81,8 @@ class Searcher(Pieces):
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
                        "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0,
                        "started": 0}
+        self.squeezes: dict[str, bool] = {}  # schedule -> whether its order is squeezed
+        self.work = 0  # the walk's budget (Request.walk_ops): ops built and simulated, weighted by _BUILT
 
     # the order's pieces, cached -------------------------------------------------------------------
 
@@ -86,6 +91,9 @@ class Searcher(Pieces):
         if key not in self.structures:
             self.structures[key] = self._structure(c)
             self.counts["structures"] += 1
+            built = self.structures[key].schedule
+            self.work += 0 if built is None else _BUILT[self.squeezed(c)] * sum(
+                map(len, built.orders))
         return self.structures[key]
 
     def start_bound(self, c: Candidate) -> Refusal | None:
@@ -120,6 +128,7 @@ class Searcher(Pieces):
         entry = self.entries[c.schedule]
         orders = order_starts(entry.decl, entry.source, c.params(), until or BACKWARDS)
         self.counts["started"] += 1
+        self.work += 0 if orders is None else _BUILT[False] * sum(map(len, orders))
         shape = self.shape(c)
         if orders is None or isinstance(shape, Refusal):
             return None
@@ -178,6 +187,7 @@ class Searcher(Pieces):
         messages = links if any(map(any, links)) else None  # none at all (the breakdown's): each arrival + 0.0 unread
         result = order_makespan(cost, structure.device, structure.preds, structure.firsts, messages, lane)
         self.counts["simulated"] += 1
+        self.work += len(structure.ops)
         self.simulated[key] = result
         return result
 
@@ -283,6 +293,24 @@ class Searcher(Pieces):
         best: dict[Any, list[Kept]] = {}   # group -> heap, worst on top: the K best so far
         rows: dict[tuple, Candidate] = {}  # twin_key -> the candidate evaluated for it
         same: dict[Candidate, list[Candidate]] = {}
+        stopped = None
+        left = self._walk(bounded, families, best, (rows, same))
+        if left is not None:  # the budget spent
+            stopped = self._stop(left, families)
+        kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
+        ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True), tuple(same.get(kept.key[1], ())))
+                  for kept in kept_all]  # best first
+        pruned = tuple(family_lines(families, r, self.counts, self.cluster.gpus_per_node))
+        return Outcome(r, tuple(ranked), pruned, dict(self.counts), self.describe_space(space),
+                       time.perf_counter() - start, stopped)
+
+    def _walk(self, bounded: list[tuple[float, Candidate]], families: dict[tuple, Family],
+              best: dict[Any, list[Kept]], merged: tuple[dict, dict]) -> list[tuple[float, Candidate]] | None:
+        """The walk over `bounded` (by increasing bound), keeping the K best of each group in `best`
+        and merging twins (`merged`: twin key -> the candidate evaluated for it, and each such
+        candidate's twins); what is left of `bounded` where the budget is spent, else None."""
+        r = self.request
+        rows, same = merged
         for n, (bound, c) in enumerate(bounded):
             heap = best.setdefault(c.group(r.per), [])
             threshold = heap[0].key[0] if len(heap) >= r.top else math.inf
@@ -295,6 +323,8 @@ class Searcher(Pieces):
                 if rest:
                     break
                 continue
+            if r.walk_ops and self.work >= r.walk_ops:
+                return bounded[n:]
             fam = families[(c.schedule, c.t, c.p)]
             refused = self.start_bound(c)
             if refused is not None:
@@ -321,12 +351,23 @@ class Searcher(Pieces):
                 heapq.heappush(heap, kept)
             elif kept.key < heap[0].key:
                 heapq.heapreplace(heap, kept)
-        kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
-        ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True), tuple(same.get(kept.key[1], ())))
-                  for kept in kept_all]  # best first
-        pruned = tuple(family_lines(families, r, self.counts, self.cluster.gpus_per_node))
-        return Outcome(r, tuple(ranked), pruned, dict(self.counts), self.describe_space(space),
-                       time.perf_counter() - start)
+        return None
+
+    def squeezed(self, c: Candidate) -> bool:
+        """Whether the candidate's order is squeezed (V-Half, V-Min): a squeeze passes over each of its ops
+        four times more after the programs placed it (the walk's work, _BUILT)."""
+        if c.schedule not in self.squeezes:
+            self.squeezes[c.schedule] = _squeezed(self.entries[c.schedule].decl)
+        return self.squeezes[c.schedule]
+
+    def _stop(self, left: list[tuple[float, Candidate]], families: dict[tuple, Family]) -> Stop:
+        """The walk's budget spent: the candidates `left` (by increasing bound) noted in their families
+        as not walked; none of them is faster than the first one's bound."""
+        for bound, c in left:
+            families[(c.schedule, c.t, c.p)].note_left(bound)
+        self.counts["left"] = len(left)
+        self.progress(len(left))
+        return Stop(self.request.walk_ops, self.work, len(left), left[0][0])
 
     def _bounded(self, space: list[Candidate], families: dict[tuple, Family]) -> list[tuple[float, Candidate]]:
         """(bound, candidate) of those not refused by their bound, by increasing bound; each family noted."""
@@ -404,6 +445,12 @@ def order_identity(schedule) -> tuple:
     pipes = tuple((p.stages, p.placement, p.microbatches) for p in schedule.pipelines)
     return (schedule.devices, pipes, schedule.replicas, schedule.orders, schedule.activation, schedule.memory_limit,
             schedule.split_backward, tuple(sorted(schedule.memory.items())), schedule.split_of, schedule.fused)
+
+
+def _squeezed(decl) -> bool:
+    """Whether the schedule's order is squeezed after its programs ran (frontend/squeeze.py)."""
+    from ..frontend import ast
+    return any(isinstance(d, ast.Squeeze) for d in decl.decls)
 
 
 def _defines(c: Candidate) -> str:

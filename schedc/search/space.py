@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..budget import TUNE_WALK
 from ..diagnostics import SchedError, usage
 from ..layout import RECOMPUTE, SELECTIVE_OPS, Layout
 
@@ -48,6 +49,7 @@ class Request:
     cp: tuple[int, ...] | None = None        # context-parallel sizes: None the layout's alone; () every size the
     #                                          model's sequence (2·cp chunks) and attention kernel allow
     zero: tuple[int, ...] | None = None      # ZeRO levels: None the layout's alone; () every level its switches allow
+    walk_ops: int = TUNE_WALK.limit          # the walk's budget (budget.TUNE_WALK); 0: none
 
 
 @dataclass(frozen=True, slots=True, order=True)
