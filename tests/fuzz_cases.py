@@ -552,7 +552,8 @@ def tune_case(rng: random.Random, allow_slow: bool = True) -> Case:
                                ("--pp", ["1", "2", "0", "-2", "3,5", "99999999999"]),
                                ("--recompute", ["full", "none,full", "some", ""]),
                                ("--top", ["1", "0", "5", "1000000000"]),
-                               ("--per", ["t", "p", "v", "b", "schedule", "recompute", "x"])):
+                               ("--per", ["t", "p", "v", "b", "schedule", "recompute", "x"]),
+                               ("--walk-ops", ["0", "1", "300", "-1", "x", "1e400", "99999999999999999999999"])):
             if rng.random() < 0.12:
                 argv += [option, rng.choice(values)]
         argv += [flag for flag in ("--json", "--exhaustive", "--sequence-parallel", "--overlap-grad-reduce",
@@ -966,6 +967,8 @@ def budget_case(rng: random.Random, allow_slow: bool = True) -> Case:
             "--global-batch", rng.choice(["1536", "2048", "1024"])]
     argv += rng.choice([["--schedules", "offload_1f1b"], ["--schedules", "1f1b,offload_1f1b"], ["--schedules", "seq1f1b"],
                         [], ["--schedules", "interleaved_1f1b", "--zero", "0,1,2,3"]])
+    if rng.random() < 0.3:
+        argv += ["--walk-ops", rng.choice(["1000000", "5000000", "1"])]
     return Case("budget", argv, {}, (), False)
 
 
