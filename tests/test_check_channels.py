@@ -8,7 +8,7 @@ import pytest
 
 from conftest import compile_exchanging, compile_library
 from schedc.checks.channels import _units as units, check_channels
-from schedc.checks.channels.certificate import certify
+from schedc.checks.channels.certificate import _zeros, certify
 from schedc.checks.channels.pairs import sync_errors
 from schedc.checks.channels.replay import replay
 from schedc.plan import Instr, Plan
@@ -164,6 +164,13 @@ def test_certificate_clears_every_library_plan(library_programs):
     for streams, place, bound in library_programs:
         assert replay(streams, place).clean
         assert certify(streams, place, bound)
+
+
+def test_the_certificates_positions_are_32_bit_items_while_they_fit():
+    assert (_zeros(3, 2 ** 31 - 1).typecode, list(_zeros(3, 7))) == ("i", [0, 0, 0])
+    big = _zeros(2, 2 ** 31)
+    big[1] = 2 ** 31
+    assert big.typecode == "q" and list(big) == [0, 2 ** 31]
 
 
 def verdicts(streams, place, bound) -> tuple[bool, bool]:

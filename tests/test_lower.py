@@ -150,7 +150,10 @@ def test_the_array_order_is_the_list_order(ops):
     assert lower_module._order_arrays(starts, ends, sending).tolist() == lower_module._order(starts, ends, sending)
 
 
-@pytest.mark.parametrize("name,params", [("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}), ("zbv", {"p": 4, "m": 8})])
+@pytest.mark.parametrize("name,params", [("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}), ("zbv", {"p": 4, "m": 8}),
+                                         ("1f1b", {"p": 3, "m": 7}), ("chimera", {"p": 4, "m": 8}),
+                                         ("dualpipe", {"p": 4, "m": 8}), ("pipefisher", {"p": 4, "m": 8}),
+                                         ("looped_bfs", {"p": 4, "v": 2, "m": 8})])
 def test_lowering_through_the_arrays_writes_the_same_plan(name, params, monkeypatch):
     plain = compile_library(name, **params).plan
     monkeypatch.setattr(lower_module, "ARRAY_ITEMS", 0)

@@ -8,7 +8,8 @@ from heapq import heappop, heappush
 import pytest
 
 from conftest import compile_library
-from schedc.passes.simulate import predecessors, simulate
+from schedc.passes import simulate as simulate_module
+from schedc.passes.simulate import forget_index, predecessors, simulate
 
 SIZES = [(p, m) for p in (2, 3, 4, 8) for m in (p, 2 * p, 3 * p)]
 
@@ -168,6 +169,20 @@ def test_predecessors_follow_keys_of(name):
     for n, op in enumerate(ops):
         before = () if n in firsts else (n - 1,)
         assert preds[n] == before + tuple(index.get(key, len(ops)) for key in schedule.deps.keys_of(op))
+
+
+def test_a_big_compile_keeps_no_index_and_one_forgotten_is_built_again_alike(monkeypatch):
+    from schedc.driver import passes
+    compiled = compile_library("interleaved_1f1b", p=4, v=2, m=8)
+    assert compiled.plan is not None and simulate_module._LAST[0] is compiled.schedule  # a small one: kept
+    monkeypatch.setattr(passes, "KEEP_INDEX", 64)
+    compiled = compile_library("interleaved_1f1b", p=4, v=2, m=8)  # 96 ops
+    assert compiled.plan is not None and simulate_module._LAST == []  # lowering let it go
+    schedule = _schedule("1f1b")
+    kept = predecessors(schedule)
+    assert simulate_module._LAST[0] is schedule
+    forget_index()
+    assert simulate_module._LAST == [] and predecessors(schedule) == kept
 
 
 @pytest.mark.parametrize("name,params", [("1f1b", {"p": 4, "m": 8}), ("interleaved_1f1b", {"p": 4, "v": 2, "m": 8}),

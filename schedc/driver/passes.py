@@ -19,7 +19,7 @@ from ..diagnostics import Diagnostic, has_errors
 from ..ir import Schedule
 from ..passes.lower import lower
 from ..plan import Plan
-from ..passes.simulate import Collectives, Links, simulate, step_sequences
+from ..passes.simulate import Collectives, Links, forget_index, simulate, step_sequences
 from ..passes.timing import Stats, Timing
 
 
@@ -98,9 +98,16 @@ def _step_sequences(u: Unit) -> Unit:
     return u if u.failed else replace(u, sequences=step_sequences(u.schedule, u.timing))
 
 
+# Lowering lets go of the simulator's predecessor index past this many ops (at 10^6 ops it holds 0.14
+# GiB while the plan is built); below, `compile --cluster` times the same schedule again from it.
+KEEP_INDEX = 1 << 18
+
+
 def _lower(u: Unit) -> Unit:
     if u.failed:
         return u
+    if sum(map(len, u.schedule.orders)) > KEEP_INDEX:
+        forget_index()  # the simulator's cache: no pass reads it from here on (compile --cluster's makespan may)
     return replace(u, plan=lower(u.schedule, u.stats, u.sequences, u.links), sequences=())  # their last reader
 
 

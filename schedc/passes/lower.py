@@ -12,9 +12,10 @@ Replicated stages get SYNC_GRAD (ascending stage, the same order on every rank),
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
-from itertools import compress, repeat
+from itertools import chain, compress, count, repeat
 from operator import and_, attrgetter, gt, itemgetter, le, ne, truth
 from typing import Any
 
@@ -26,6 +27,7 @@ LINK_KEY = attrgetter("kind", "pipe", "stage", "device")
 _START, _END, _OP = itemgetter(0), itemgetter(1), itemgetter(2)
 _KIND, _STAGE, _MB, _PIPE, _DEVICE, _PARTS = map(attrgetter, ("kind", "stage", "mb", "pipe", "device", "parts"))
 _NONE = repeat(None)
+_ITEM_FIELDS = attrgetter("kind", "stage", "mb", "pipe", "device")
 
 
 class _Links(dict):
@@ -64,17 +66,12 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
     negative costs; a Schedule built in Python may still carry one.
     """
     devices, links = schedule.devices, _Links(schedule)
-    streams: list[list[Instr]] = [[] for _ in range(devices)]
-    ops = list(map(_OP, sequence))
-    targets, instrs, sending = _items(ops, links, streams)
-    if schedule.fused:
-        _overlap(schedule.fused, ops, instrs)
-    starts, ends = list(map(_START, sequence)), list(map(_END, sequence))
-    if all(map(le, starts, ends)):  # each send posts just its own receive: append every item (in C)
-        for order in _order_pieces(starts, ends, sending):
-            consume(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)))
-    else:
-        _sweep(_order(starts, ends, sending), targets, instrs, sending)
+    starts, ends, ops = zip(*sequence) if sequence else ((), (), ())
+    streams = None
+    if ops and 3 * len(ops) >= ARRAY_ITEMS and not schedule.fused and all(map(le, starts, ends)):
+        streams = _rank_streams(ops, links, starts, ends, devices)
+    if streams is None:
+        streams = _swept(schedule, ops, links, starts, ends)
     if schedule.fused:
         for stream in streams:
             stream[:] = filter(None, stream)  # the second halves, now inside their OVERLAP_F_B
@@ -85,6 +82,67 @@ def lower_step(schedule: Schedule, step: tuple[tuple[Op, ...], ...],
         stream += unsent
         stream += syncs.get(d, ())
         stream.append(Instr(Opcode.STEP.value))
+    return streams
+
+
+def _swept(schedule: Schedule, ops: list[Op], links: _Links, starts: list[float], ends: list[float]) -> list[list[Instr]]:
+    """The streams of lower_step, every item made first (_items) and then appended in sweep order."""
+    streams: list[list[Instr]] = [[] for _ in range(schedule.devices)]
+    targets, instrs, sending = _items(ops, links, streams)
+    if schedule.fused:
+        _overlap(schedule.fused, ops, instrs)
+    if all(map(le, starts, ends)):  # each send posts just its own receive: append every item (in C)
+        for order in _order_pieces(starts, ends, sending):
+            consume(map(list.append, map(targets.__getitem__, order), map(instrs.__getitem__, order)))
+    else:
+        _sweep(_order(starts, ends, sending), targets, instrs, sending)
+    return streams
+
+
+def _rank_streams(ops: Sequence[Op], links: _Links, starts: Sequence[float], ends: Sequence[float],
+                  devices: int) -> list[list[Instr]] | None:
+    """_swept's streams for a big program whose ends follow their starts, made rank by rank: the items
+    of _items, put in sweep order (_order_arrays) and grouped by rank, keeping that order (a stable
+    sort); each rank's instructions are then made one after another from the items' columns (small
+    integers, turned back into the opcodes, ints and peers by table lookups). A rank's instructions so
+    lie together in memory, and the passes after lowering (the channel check, the plan writer) read
+    them in order rather than scattered among every other rank's. None (make them with _swept) unless
+    every op is a built-in one, its kind a str, and every stage, mb and pipe an int >= 0
+    (tests/test_lower.py holds the two forms together)."""
+    import numpy as np
+    kind, stage, mb, pipe, device = zip(*map(_ITEM_FIELDS, ops))  # one pass over the ops, scattered in memory
+    values = list(chain(stage, mb, pipe))
+    if not (BUILTIN.issuperset(kind) and {str}.issuperset(map(type, kind)) and {int}.issuperset(map(type, values))
+            and min(values) >= 0):
+        return None
+    ints = list(range(max(values) + 1))  # the ints the instructions hold, one object per value
+    del values
+    send, receive, peer = zip(*map(links.__getitem__, zip(kind, pipe, stage, device)))
+    number = defaultdict(count().__next__)  # opcode -> its number, in order of first use
+    code = np.array(list(map(number.__getitem__, chain(kind, receive, send))), dtype=np.int32)
+    code = code.reshape(3, -1).T.ravel()  # by item: 3n the op's kind, 3n + 1 its receive, 3n + 2 its send
+    names = list(number)
+    # by item, the peer field as a number, devices standing for None; then the rank it is written to
+    peers = np.array([[devices] * len(ops), device, peer], dtype=np.int32).T.ravel()
+    rank = np.array([device, peer, device], dtype=np.int32).T.ravel()
+    peer_of = [*range(devices), None]
+    sending = list(map(truth, send))
+    del kind, device, send, receive, peer
+    order = _order_arrays(starts, ends, sending)
+    del sending
+    grouped = rank[order]
+    order = order[np.argsort(grouped, kind="stable")]
+    bounds = np.concatenate(([0], np.cumsum(np.bincount(grouped, minlength=devices)))).tolist()
+    del grouped, rank
+    fields = [np.array(column, dtype=np.int64) for column in (stage, mb, pipe)]
+    streams = []
+    for a, b in zip(bounds, bounds[1:]):
+        items = order[a:b]
+        n = items // 3
+        columns = (map(names.__getitem__, code[items].tolist()),
+                   *(map(ints.__getitem__, column[n].tolist()) for column in fields),
+                   map(peer_of.__getitem__, peers[items].tolist()))
+        streams.append(list(map(_instr, zip(*columns, _NONE, _NONE, _NONE, _NONE))))
     return streams
 
 

@@ -151,10 +151,13 @@ class _StepForms:
         or an op is not a string (a hand-made plan; the memos cannot take such values, as True == 1
         and lists do not hash): then every instruction is formatted on its own."""
         ops, stages, mbs, pipes, peers, *rest = self.columns
-        types = list(map(type, chain(stages, mbs, pipes)))
-        unset = _positions(types, NoneType)
-        if (len(unset) + types.count(int) < len(types) or not _INT_OR_NONE.issuperset(map(type, peers))
-                or not {str}.issuperset(map(type, ops))):
+        unset: list[int] = []
+        if not {int}.issuperset(map(type, chain(stages, mbs, pipes))):  # else (nearly always) one pass, no list
+            types = list(map(type, chain(stages, mbs, pipes)))
+            unset = _positions(types, NoneType)
+            if len(unset) + types.count(int) < len(types):
+                return None
+        if not _INT_OR_NONE.issuperset(map(type, peers)) or not {str}.issuperset(map(type, ops)):
             return None
         found = [k % len(stages) for k in unset]  # position in the three columns -> instruction
         for column in rest:  # group, part, parts, halves: set on few instructions if any

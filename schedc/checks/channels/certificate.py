@@ -120,15 +120,23 @@ class _Layout:
     an end position: the rank and the peer field at each position, where each message K is sent,
     received and used (0 for a K not in the program), and what each position waits for."""
 
-    owner: list[int]   # rank per position; ranks at 0 ("none") and ranks + 1 at the extra last one
+    owner: array       # rank per position; ranks at 0 ("none") and ranks + 1 at the extra last one
     peers: list
     ends: list[int]
     sent: array        # by K: the positions (int arrays, as `waits`)
     posted: array
     used: array
     missing: int       # how many K in range(links.size) are not in the program
-    waits: array       # the position a SEND's receive, a use's SEND is at; 0 for none
+    waits: array       # the position a SEND's receive, a use's SEND is at; 0 for none (`_completes` marks
+    # its stops in it)
     syncs: list[tuple]
+
+
+def _zeros(size: int, top: int) -> array:
+    """size zeros in an int array whose items hold values up to top: 32-bit where they fit (at 10^6 ops
+    the positions and codes in 64-bit items would hold a tenth of a GiB more while the check runs)."""
+    code = "i" if top < 2 ** 31 else "q"
+    return array(code, bytes(array(code).itemsize * size))
 
 
 def _scatter(target: list, keys, values) -> None:
@@ -141,8 +149,10 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
     microbatch or pipeline is negative, or (one pipeline) a pipe field is neither 0 nor None."""
     # code -> position of its instruction; slot 0 collects code 0. Positions are kept in arrays here and
     # in `waits`, not as an int object each (at 10^6 ops, a tenth of a GiB while the check runs).
-    slots = array("q", bytes(8 * (3 * links.size + 1)))
-    owner, peers, ends, syncs, zeros, values, pipes_seen = [len(streams)], [None], [], [], 0, set(), set()
+    positions = sum(map(len, streams)) + len(streams) + 1
+    slots = _zeros(3 * links.size + 1, positions)
+    owner = array("i" if len(streams) < 2 ** 31 - 1 else "q", [len(streams)])
+    peers, ends, syncs, zeros, values, pipes_seen = [None], [], [], 0, set(), set()
     for r, stream in enumerate(streams):
         start = len(peers)
         if stream:
@@ -158,7 +168,7 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
                            identity(op, stages[n])) for n, op in enumerate(ops) if op in COLLECTIVE]
         ends.append(len(peers))
         peers.append(None)
-        owner += repeat(r, len(stream) + 1)
+        owner += array(owner.typecode, (r,)) * (len(stream) + 1)  # repeated in C
     owner.append(len(streams) + 1)   # owner[-1]: the rank `_completes` reads for a wait of -1 (stop)
     slots[0] = 0
     # A code met twice: each instruction with a nonzero code writes its position (>= 1) into its code's
@@ -170,7 +180,7 @@ def _layout(streams: list, links: _Links) -> _Layout | None:
             or filled != len(peers) - 1 - len(streams) - zeros or filled % 3):
         return None
     sent, posted, used = slots[_SENT::3], slots[_POSTED::3], slots[_USED::3]
-    waits = array("q", bytes(8 * len(peers)))
+    waits = _zeros(len(peers), len(peers))
     _scatter(waits, sent, posted)    # a SEND waits for its receive to be posted
     _scatter(waits, used, sent)      # a consumer waits for the SEND of its tensor
     return _Layout(owner, peers, ends, sent, posted, used, links.size - filled // 3, waits, syncs)
@@ -229,7 +239,7 @@ def _completes(lay: _Layout, ranks: int) -> bool:
     meets = _collectives(lay.syncs)
     if meets is None:
         return False
-    waits = lay.waits[:]                   # and -1: stop (a rank's end, a collective)
+    waits = lay.waits                      # and -1: stop (a rank's end, a collective), in place: its last reader
     for x in chain(lay.ends, meets):
         waits[x] = -1
     owner = lay.owner
