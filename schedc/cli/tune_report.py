@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from ..budget import TUNE_WALK
 from ..diagnostics import usage
 from ..layout import LAYOUT_OPTIONS, RECOMPUTE, RECOMPUTE_FORMS, Layout, SplitError, option_flags, parse_stage_layers, reshard_problem, run_flags
 from ..diagnostics import SCHEDULE, SchedError
@@ -70,7 +69,7 @@ def request_from(o: dict[str, Any]) -> Request:
                    schedules=_names(o["schedules"], "--schedules"), memory_limit=limit,
                    recompute=_names(o["recompute"], "--recompute", RECOMPUTE_FORMS) or RECOMPUTE,
                    tp=_ints(o["tp"], "--tp"), pp=_ints(o["pp"], "--pp"), top=o["top"], per=o["per"],
-                   exhaustive=o["exhaustive"], walk_ops=o.get("walk_ops", TUNE_WALK.limit), microbatch=_ints(o["microbatch"], "--microbatch-size"),
+                   exhaustive=o["exhaustive"], walk_ops=o["walk_ops"], microbatch=_ints(o["microbatch"], "--microbatch-size"),
                    layout=_layout(o), seq=o.get("seq"), ep=_ints(o.get("ep"), "--ep"),
                    # --cp not given: cp 1, not searched: the cost model's attention under the ring over-predicts
                    # as cp grows (docs/benchmarks.md, torchtitan's Table 6), so a searched cp would win on that error

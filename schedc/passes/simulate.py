@@ -318,9 +318,7 @@ def order_makespan(cost: list[float], device: list[int], preds: list[tuple[int, 
     vector, for a caller that times one order under many (tune): its makespan, None when it deadlocks.
     lane: a fresh Lane of the order's collectives, as simulate makes it (the step ends with the last)."""
     _, end = times(cost, device, preds, firsts, 0.0, links, lane)
-    if None in end:
-        return None
-    return max(end, default=0.0) if lane is None else max(max(end, default=0.0), *lane.free)
+    return None if None in end else _makespan(end, lane)
 
 
 class Lane:

@@ -81,7 +81,6 @@ class Searcher(Pieces):
         self.counts = {"candidates": 0, "simulated": 0, "cache_hits": 0, "structures": 0, "bounded": 0,
                        "over_memory": 0, "refused": 0, "layers": 0, "deadlocked": 0, "compiled_whole": 0, "merged": 0,
                        "started": 0}
-        self.squeezes: dict[str, bool] = {}  # schedule -> whether its order is squeezed
         self.work = 0  # the walk's budget (Request.walk_ops): ops built and simulated, weighted by _BUILT
 
     # the order's pieces, cached -------------------------------------------------------------------
@@ -92,7 +91,7 @@ class Searcher(Pieces):
             self.structures[key] = self._structure(c)
             self.counts["structures"] += 1
             built = self.structures[key].schedule
-            self.work += 0 if built is None else _BUILT[self.squeezed(c)] * sum(
+            self.work += 0 if built is None else _BUILT[self.entries[c.schedule].squeezed] * sum(
                 map(len, built.orders))
         return self.structures[key]
 
@@ -293,10 +292,8 @@ class Searcher(Pieces):
         best: dict[Any, list[Kept]] = {}   # group -> heap, worst on top: the K best so far
         rows: dict[tuple, Candidate] = {}  # twin_key -> the candidate evaluated for it
         same: dict[Candidate, list[Candidate]] = {}
-        stopped = None
         left = self._walk(bounded, families, best, (rows, same))
-        if left is not None:  # the budget spent
-            stopped = self._stop(left, families)
+        stopped = self._stop(left, families) if left is not None else None  # the budget spent
         kept_all = sorted((kept for group in best.values() for kept in group), key=lambda k: k.key)
         ranked = [Ranked(kept.key[1], self.evaluate(kept.key[1], free=True), tuple(same.get(kept.key[1], ())))
                   for kept in kept_all]  # best first
@@ -352,13 +349,6 @@ class Searcher(Pieces):
             elif kept.key < heap[0].key:
                 heapq.heapreplace(heap, kept)
         return None
-
-    def squeezed(self, c: Candidate) -> bool:
-        """Whether the candidate's order is squeezed (V-Half, V-Min): a squeeze passes over each of its ops
-        four times more after the programs placed it (the walk's work, _BUILT)."""
-        if c.schedule not in self.squeezes:
-            self.squeezes[c.schedule] = _squeezed(self.entries[c.schedule].decl)
-        return self.squeezes[c.schedule]
 
     def _stop(self, left: list[tuple[float, Candidate]], families: dict[tuple, Family]) -> Stop:
         """The walk's budget spent: the candidates `left` (by increasing bound) noted in their families
@@ -445,12 +435,6 @@ def order_identity(schedule) -> tuple:
     pipes = tuple((p.stages, p.placement, p.microbatches) for p in schedule.pipelines)
     return (schedule.devices, pipes, schedule.replicas, schedule.orders, schedule.activation, schedule.memory_limit,
             schedule.split_backward, tuple(sorted(schedule.memory.items())), schedule.split_of, schedule.fused)
-
-
-def _squeezed(decl) -> bool:
-    """Whether the schedule's order is squeezed after its programs ran (frontend/squeeze.py)."""
-    from ..frontend import ast
-    return any(isinstance(d, ast.Squeeze) for d in decl.decls)
 
 
 def _defines(c: Candidate) -> str:

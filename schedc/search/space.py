@@ -102,6 +102,7 @@ class Entry:
     mixed: bool = False  # a mixed backward (B or I + W per microbatch)
     filled: bool = False  # `fill bubbles with`: each candidate's compile searches a fill (about a second)
     pairs: bool = True  # its programs may place overlapped F & B pairs (`F & B`): a pair's F saves time
+    squeezed: bool = False  # `squeeze` moves its ops after the programs ran (V-Half, V-Min): no start, more work
 
     @property
     def chunked(self) -> bool:
@@ -142,8 +143,9 @@ def library_entries(names: Iterable[str]) -> list[Entry]:
         mixed = any(isinstance(d, ast.MixedBackward) for d in decl.decls)
         filled = any(isinstance(d, ast.Fill) for d in decl.decls)
         pairs = any(ast.contains(d, ast.Overlap) for d in decl.decls if isinstance(d, ast.Program))
+        squeezed = any(isinstance(d, ast.Squeeze) for d in decl.decls)
         entries.append(Entry(path.stem if default else name, decl, source, params, split, plain, mixed, filled,
-                             pairs))
+                             pairs, squeezed))
     return entries
 
 
