@@ -20,6 +20,12 @@ param m = 40
 pipeline main { stages p; device s -> s; microbatches m }
 """
 
+V_HEAD = """schedule s "s"
+param p = 2
+param m = 40
+pipeline main { stages 2 * p; device s -> s if s < p else 2 * p - 1 - s; microbatches m }
+"""  # two chunks per device in a V
+
 PROGRAMS = {
     "lets in a round and in a branch": HEAD + """on device d {
   let a = 1
@@ -107,38 +113,22 @@ on device d {
   for k in 0 .. 1000000000 { F? at k }
 }
 """,
-    "chunks": """schedule s "s"
-param p = 2
-param m = 40
-pipeline main { stages 2 * p; device s -> s if s < p else 2 * p - 1 - s; microbatches m }
-on device d {
+    "chunks": V_HEAD + """on device d {
   for k in 0 .. 2 * m { if k % 2 == 0 { F[0] ; F[1] } else { B[1] ; B[0] ; F[2]? } }
 }
 """,
-    "choices": """schedule s "s"
-param p = 2
-param m = 40
-pipeline main { stages 2 * p; device s -> s if s < p else 2 * p - 1 - s; microbatches m }
-backward split
+    "choices": V_HEAD + """backward split
 on device d {
   for k in 0 .. 2 * m { F[0]? ; F[1]? ; (I[1] | I[0])? at (k * 10 + 5) ; (W[0] | W[1] | F[3])? ; (I[0] | W[1]) }
 }
 """,
-    "mixed backward": """schedule s "s"
-param p = 2
-param m = 40
-pipeline main { stages 2 * p; device s -> s if s < p else 2 * p - 1 - s; microbatches m }
-backward mixed
+    "mixed backward": V_HEAD + """backward mixed
 on device d {
   for k in 0 .. m { F[0] ; F[1] ; I[1] ; B[0] ; (W[1] | W[0])? ; W? }
   W? * m
 }
 """,
-    "overlapped pairs": """schedule s "s"
-param p = 2
-param m = 40
-pipeline main { stages 2 * p; device s -> s if s < p else 2 * p - 1 - s; microbatches m }
-on device d {
+    "overlapped pairs": V_HEAD + """on device d {
   F[0] ; F[1] ; F[0] ; F[1]
   for k in 0 .. m - 2 { F[0] & B[1] ; F[1] & B[0] }
   B[1] * 2 ; B[0] * 2
